@@ -1,0 +1,356 @@
+// Backend: the per-layer op interface an engine calls.
+//
+// Every public op is a non-virtual method that validates its arguments
+// (shapes, dtypes, alignment, capacity, ownership) and throws ferrum::Error
+// naming the op, the argument and the offending value; only then does it call
+// the backend's protected `do_*` implementation. So CpuBackend and
+// CudaBackend share one set of checks and can never disagree on what is legal.
+//
+// Layout conventions (row-major everywhere):
+//   token-major activations  [tokens, dim]
+//   head-major activations   [heads, tokens, head_dim]
+//   KV cache (per layer)     [num_kv_heads, capacity, head_dim]
+//   attention q / out        [batch, num_heads, q_len, head_dim]
+//   attention k / v          [batch, num_kv_heads, kv_seq_stride, head_dim]
+//   linear weight            [n, k]   (out = a · weightᵀ)
+// Buffers may be larger than an op needs (scratch sized for the maximum);
+// the op touches exactly the elements its sizes name.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferrum/buffer.hpp"
+#include "ferrum/dtype.hpp"
+#include "ferrum/error.hpp"
+
+namespace ferrum {
+
+namespace detail {
+class OpCheck;
+}
+
+enum class BackendKind { Cpu, Cuda };
+
+// Every op of the interface, for supports().
+enum class Op {
+  RmsNorm,
+  FusedAddRmsNorm,
+  LayerNorm,
+  Gelu,
+  AddBias,
+  AddInplace,
+  Gemm,
+  EmbeddingLookup,
+  SplitQkv,
+  FusedSiluMulSplit,
+  QkNormRope,
+  KvCacheAppendHeadMajor,
+  TransposeHeadToToken,
+  CopySlice,
+  FlashAttention,
+  LoadGptq,
+  GemmGptq,
+  GemmQuant,
+  AllReduce,
+  AllGather,
+  Broadcast,
+  MlaAttention,
+  GraphCapture,
+  DeviceStateMode,
+};
+inline constexpr int kNumOps = static_cast<int>(Op::DeviceStateMode) + 1;
+std::string_view to_string(Op op) noexcept;
+
+// GELU formula. Erf is torch's F.gelu default; Tanh is approximate='tanh'.
+enum class GeluApproximation { Erf, Tanh };
+
+// qk_norm_rope: NormAndRope is Qwen3 (per-head RMSNorm with a [head_dim]
+// weight, then RoPE); RopeOnly is Llama (no norm; norm weight not read).
+enum class RopeMode { NormAndRope, RopeOnly };
+
+enum class ReduceOp { Sum, Max, Min, Prod, Avg };
+
+struct AttnConfig {
+  std::size_t num_heads = 0;
+  std::size_t num_kv_heads = 0;  // num_heads % num_kv_heads == 0 (GQA group)
+  std::size_t head_dim = 0;
+  bool causal = true;  // mask is bottom-right aligned: query i sits at pos_offset + i
+  float scale = 0.0f;  // softmax scale; 0 means 1/sqrt(head_dim)
+  std::size_t kv_seq_stride = 0;  // positions per kv head in k/v; 0 means kv_len
+};
+
+// DeepSeek-style multi-head latent attention (not implemented yet).
+struct MlaConfig {
+  std::size_t num_heads = 0;
+  std::size_t kv_lora_rank = 0;
+  std::size_t qk_nope_head_dim = 0;
+  std::size_t qk_rope_head_dim = 0;
+  std::size_t v_head_dim = 0;
+  float scale = 0.0f;
+};
+
+// GPTQ zero-point convention: V1 stores zero - 1 (AutoGPTQ's historical
+// format), V2 stores the zero itself.
+enum class GptqZeroFormat { V1, V2 };
+
+// A GPTQ checkpoint's tensors as they sit on disk (host memory).
+struct GptqHostTensors {
+  std::span<const std::int32_t> qweight;  // [k / 8, n], packed along k, low nibble first
+  std::span<const std::int32_t> qzeros;   // [groups, n / 8], packed along n
+  std::span<const float> scales;          // [groups, n]
+  std::span<const std::int32_t> g_idx;    // [k] group of each input row; may be empty
+  int bits = 4;
+  int group_size = 128;  // -1: one group over all of k
+  std::size_t k = 0;
+  std::size_t n = 0;
+  bool symmetric = true;
+  GptqZeroFormat zero_format = GptqZeroFormat::V1;
+};
+
+enum class QuantKind { Gptq, Awq, Fp8 };
+
+// A quantized weight living on one backend, made by load_gptq.
+class QuantWeight {
+ public:
+  virtual ~QuantWeight() = default;
+  virtual QuantKind kind() const noexcept = 0;
+  virtual std::size_t k() const noexcept = 0;
+  virtual std::size_t n() const noexcept = 0;
+  virtual const Backend* backend() const noexcept = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  // ── Lifecycle ──────────────────────────────────────────────────────────
+  virtual BackendKind kind() const noexcept = 0;
+  virtual std::string name() const = 0;
+  virtual bool supports(Op op) const noexcept = 0;
+  // Waits for all queued work; then reports any bad device-side value a
+  // kernel found (ErrorCode::DeviceCheck). Not allowed during capture.
+  virtual void synchronize() = 0;
+
+  // ── Buffers (setup-time: these may allocate and synchronize) ──────────
+  Buffer alloc(DType dtype, std::size_t numel);
+  // Allocates and fills from host f32, converting (round to nearest even;
+  // i32/u8 take the value truncated toward zero).
+  Buffer upload(std::span<const float> host, DType dtype);
+  // Writes host f32 values (converted) into dst starting at element offset.
+  void write(Buffer& dst, std::span<const float> host, std::size_t dst_offset = 0);
+  // Writes raw bytes (already in dst's element format).
+  void write_bytes(Buffer& dst, const void* host, std::size_t bytes, std::size_t dst_byte_offset = 0);
+  // Reads `count` elements as f32 (synchronizes).
+  std::vector<float> download(const Buffer& src, std::size_t count);
+  std::vector<float> download(const Buffer& src) { return download(src, src.numel()); }
+  void read_bytes(const Buffer& src, void* host, std::size_t bytes, std::size_t src_byte_offset = 0);
+
+  // dst[dst_offset .. +len) = src[src_offset .. +len); same dtype. Capture-safe.
+  void copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
+                  std::size_t len);
+
+  // ── Decode state (one captured graph serves every decode step) ───────
+  // Sets token, pos = step and kv_len = step + 1 in the backend's decode
+  // state. Stream-ordered and allocation-free; call it before each replay.
+  void set_decode_state(std::uint32_t token, std::uint32_t step);
+  // In device-state mode, single-token embedding_lookup, qk_norm_rope,
+  // kv_cache_append_head_major and decode flash_attention read token / pos /
+  // kv_len from the decode state instead of their host arguments.
+  void set_device_state_mode(bool enable) { device_state_mode_ = enable; }
+  bool device_state_mode() const noexcept { return device_state_mode_; }
+
+  // ── Graph capture ──────────────────────────────────────────────────────
+  void begin_graph_capture();
+  void end_graph_capture();     // instantiates and uploads; replaces any previous graph
+  bool replay_last_graph();     // false when no graph is held
+  void reset_graph();           // drops the held graph
+  virtual bool is_capturing() const noexcept { return false; }
+
+  // ── Norms ──────────────────────────────────────────────────────────────
+  // out = x / sqrt(mean(x²) + eps) * w
+  void rms_norm(const Buffer& x /*[tokens, dim]*/, const Buffer& w /*[dim]*/, float eps,
+                Buffer& out /*[tokens, dim]*/, std::size_t tokens, std::size_t dim);
+  // residual = residual + x (rounded to the dtype); out = rms_norm(residual) * w
+  void fused_add_rms_norm(Buffer& residual /*[tokens, dim], in/out*/, const Buffer& x /*[tokens, dim]*/,
+                          const Buffer& w /*[dim]*/, float eps, Buffer& out /*[tokens, dim]*/,
+                          std::size_t tokens, std::size_t dim);
+  // out = (x - mean) / sqrt(var + eps) * gamma + beta  (biased variance, as torch)
+  void layer_norm(const Buffer& x /*[tokens, dim]*/, const Buffer& gamma /*[dim]*/,
+                  const Buffer& beta /*[dim]*/, float eps, Buffer& out /*[tokens, dim]*/,
+                  std::size_t tokens, std::size_t dim);
+
+  // ── Elementwise ────────────────────────────────────────────────────────
+  void gelu(const Buffer& x /*[len]*/, Buffer& out /*[len]*/, std::size_t len, GeluApproximation approx);
+  // data[r, c] += bias[c]
+  void add_bias(Buffer& data /*[rows, cols], in/out*/, const Buffer& bias /*[cols]*/, std::size_t rows,
+                std::size_t cols);
+  // residual += x
+  void add_inplace(Buffer& residual /*[len], in/out*/, const Buffer& x /*[len]*/, std::size_t len);
+
+  // ── GEMM ───────────────────────────────────────────────────────────────
+  // out[m, n] = a[m, k] · b[n, k]ᵀ, fp32 accumulation.
+  void gemm(const Buffer& a /*[m, k]*/, const Buffer& b /*[n, k]*/, Buffer& out /*[m, n]*/,
+            std::size_t m, std::size_t n, std::size_t k);
+
+  // ── Embedding and reshaping ────────────────────────────────────────────
+  // out[t, :] = table[ids[t], :]; ids is i32. In device-state mode with
+  // tokens == 1 the id comes from the decode state and `ids` is not read.
+  void embedding_lookup(const Buffer& table /*[vocab, dim]*/, const Buffer& ids /*[tokens] i32*/,
+                        Buffer& out /*[tokens, dim]*/, std::size_t tokens, std::size_t dim);
+  // qkv[t] = [q | k | v] -> q[t], k[t], v[t]
+  void split_qkv(const Buffer& qkv /*[tokens, q_dim + 2*kv_dim]*/, Buffer& q /*[tokens, q_dim]*/,
+                 Buffer& k /*[tokens, kv_dim]*/, Buffer& v /*[tokens, kv_dim]*/, std::size_t tokens,
+                 std::size_t q_dim, std::size_t kv_dim);
+  // out[t, j] = silu(gate_up[t, j]) * gate_up[t, im + j]
+  void fused_silu_mul_split(const Buffer& gate_up /*[tokens, 2*im] as [gate | up]*/,
+                            Buffer& out /*[tokens, im]*/, std::size_t tokens, std::size_t im);
+  // Per (token, head): optional RMSNorm over head_dim (weight norm_w), then
+  // NeoX RoPE (rotate halves) at position pos_offset + t, from tables
+  // cos/sin [max_pos, head_dim / 2] in f32. Reads token-major, writes
+  // head-major. In device-state mode with tokens == 1 the position is the
+  // decode state's pos.
+  void qk_norm_rope(const Buffer& input /*[tokens, heads, head_dim]*/,
+                    const Buffer* norm_w /*[head_dim]; null in RopeOnly mode*/,
+                    const Buffer& cos /*[max_pos, head_dim/2] f32*/,
+                    const Buffer& sin /*[max_pos, head_dim/2] f32*/,
+                    Buffer& output /*[heads, tokens, head_dim]*/, std::size_t tokens,
+                    std::size_t heads, std::size_t head_dim, std::size_t pos_offset, float eps,
+                    RopeMode mode);
+  // cache[h, cache_len + t, :] = new[h, t, :] for K and V. In device-state
+  // mode with new_tokens == 1, cache_len is the decode state's pos.
+  void kv_cache_append_head_major(Buffer& cache_k /*[nkv, capacity, hd]*/,
+                                  Buffer& cache_v /*[nkv, capacity, hd]*/, std::size_t cache_len,
+                                  std::size_t capacity, const Buffer& new_k /*[nkv, new_tokens, hd]*/,
+                                  const Buffer& new_v /*[nkv, new_tokens, hd]*/,
+                                  std::size_t new_tokens, std::size_t nkv, std::size_t hd);
+  // dst[t, h, :] = src[h, t, :]
+  void transpose_head_to_token(const Buffer& src /*[heads, tokens, dim]*/,
+                               Buffer& dst /*[tokens, heads, dim]*/, std::size_t tokens,
+                               std::size_t heads, std::size_t dim);
+
+  // ── Attention ──────────────────────────────────────────────────────────
+  // softmax(q kᵀ · scale + mask) v, per (batch, head); q head h reads kv head
+  // h / (num_heads / num_kv_heads). Keys 0 .. kv_len-1 are valid.
+  void flash_attention(const Buffer& q /*[batch, num_heads, q_len, head_dim]*/,
+                       const Buffer& k /*[batch, num_kv_heads, kv_seq_stride, head_dim]*/,
+                       const Buffer& v /*[batch, num_kv_heads, kv_seq_stride, head_dim]*/,
+                       Buffer& out /*[batch, num_heads, q_len, head_dim]*/, std::size_t batch,
+                       std::size_t q_len, std::size_t kv_len, std::size_t pos_offset,
+                       const AttnConfig& cfg);
+  void mla_attention(const Buffer& q /*[batch, num_heads, q_len, kv_lora_rank + rope_dim]*/,
+                     const Buffer& kv_latent /*[batch, kv_len, kv_lora_rank + rope_dim]*/,
+                     Buffer& out /*[batch, num_heads, q_len, v_head_dim]*/, std::size_t batch,
+                     std::size_t q_len, std::size_t kv_len, const MlaConfig& cfg);
+
+  // ── Quantized GEMM ─────────────────────────────────────────────────────
+  std::unique_ptr<QuantWeight> load_gptq(const GptqHostTensors& tensors);
+  // out[m, n] = a[m, k] · dequant(w)  (w is [k, n] as GPTQ stores it)
+  void gemm_gptq(const Buffer& a /*[m, k]*/, const QuantWeight& w, Buffer& out /*[m, n]*/,
+                 std::size_t m);
+  // Routes by w.kind(): Gptq -> gemm_gptq; other kinds are Unsupported.
+  void gemm_quant(const Buffer& a /*[m, k]*/, const QuantWeight& w, Buffer& out /*[m, n]*/,
+                  std::size_t m);
+
+  // ── Tensor-parallel collectives ───────────────────────────────────────
+  // At world size 1 these are identities: all_reduce leaves buf as is,
+  // all_gather copies local into global, broadcast needs src_rank == 0.
+  virtual std::size_t world_size() const noexcept { return 1; }
+  virtual std::size_t rank() const noexcept { return 0; }
+  void all_reduce(Buffer& buf /*[len], in place*/, std::size_t len, ReduceOp op);
+  void all_gather(const Buffer& local /*[local_len]*/, Buffer& global /*[world * local_len]*/,
+                  std::size_t local_len);
+  void broadcast(Buffer& buf /*[len], in place*/, std::size_t len, std::size_t src_rank);
+
+ protected:
+  Backend() = default;
+
+  // Called before any op error is thrown: a backend that is capturing a
+  // graph ends and discards the capture, leaving its stream usable.
+  friend class detail::OpCheck;
+  virtual void abandon_capture() noexcept {}
+
+  // Memory hooks used by Buffer.
+  friend class Buffer;
+  virtual void* allocate_bytes(std::size_t bytes) = 0;
+  virtual void free_bytes(void* ptr) noexcept = 0;
+  Buffer make_buffer(void* data, DType dtype, std::size_t numel, bool owning) {
+    return Buffer(this, data, dtype, numel, owning);
+  }
+
+  virtual void do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host,
+                              std::size_t bytes) = 0;
+  virtual void do_read_bytes(const Buffer& src, std::size_t src_byte_offset, void* host,
+                             std::size_t bytes) = 0;
+  virtual void do_copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst,
+                             std::size_t dst_offset, std::size_t len) = 0;
+  virtual void do_set_decode_state(std::int32_t token, std::int32_t pos, std::int32_t kv_len) = 0;
+
+  virtual void do_begin_graph_capture();
+  virtual void do_end_graph_capture();
+  virtual bool do_replay_last_graph();
+  virtual void do_reset_graph();
+
+  virtual void do_rms_norm(const Buffer& x, const Buffer& w, float eps, Buffer& out,
+                           std::size_t tokens, std::size_t dim) = 0;
+  virtual void do_fused_add_rms_norm(Buffer& residual, const Buffer& x, const Buffer& w, float eps,
+                                     Buffer& out, std::size_t tokens, std::size_t dim) = 0;
+  virtual void do_layer_norm(const Buffer& x, const Buffer& gamma, const Buffer& beta, float eps,
+                             Buffer& out, std::size_t tokens, std::size_t dim) = 0;
+  virtual void do_gelu(const Buffer& x, Buffer& out, std::size_t len, GeluApproximation approx) = 0;
+  virtual void do_add_bias(Buffer& data, const Buffer& bias, std::size_t rows, std::size_t cols) = 0;
+  virtual void do_add_inplace(Buffer& residual, const Buffer& x, std::size_t len) = 0;
+  virtual void do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m, std::size_t n,
+                       std::size_t k) = 0;
+  // use_decode_state: read the token from the decode state (tokens == 1).
+  virtual void do_embedding_lookup(const Buffer& table, const Buffer& ids, Buffer& out,
+                                   std::size_t tokens, std::size_t dim, std::size_t vocab,
+                                   bool use_decode_state) = 0;
+  virtual void do_split_qkv(const Buffer& qkv, Buffer& q, Buffer& k, Buffer& v, std::size_t tokens,
+                            std::size_t q_dim, std::size_t kv_dim) = 0;
+  virtual void do_fused_silu_mul_split(const Buffer& gate_up, Buffer& out, std::size_t tokens,
+                                       std::size_t im) = 0;
+  virtual void do_qk_norm_rope(const Buffer& input, const Buffer* norm_w, const Buffer& cos,
+                               const Buffer& sin, Buffer& output, std::size_t tokens,
+                               std::size_t heads, std::size_t head_dim, std::size_t pos_offset,
+                               std::size_t max_pos, float eps, RopeMode mode,
+                               bool use_decode_state) = 0;
+  virtual void do_kv_cache_append_head_major(Buffer& cache_k, Buffer& cache_v, std::size_t cache_len,
+                                             std::size_t capacity, const Buffer& new_k,
+                                             const Buffer& new_v, std::size_t new_tokens,
+                                             std::size_t nkv, std::size_t hd,
+                                             bool use_decode_state) = 0;
+  virtual void do_transpose_head_to_token(const Buffer& src, Buffer& dst, std::size_t tokens,
+                                          std::size_t heads, std::size_t dim) = 0;
+  // use_decode_state: kv_len comes from the decode state (q_len == 1).
+  virtual void do_flash_attention(const Buffer& q, const Buffer& k, const Buffer& v, Buffer& out,
+                                  std::size_t batch, std::size_t q_len, std::size_t kv_len,
+                                  std::size_t pos_offset, const AttnConfig& cfg,
+                                  bool use_decode_state);
+  virtual void do_mla_attention(const Buffer& q, const Buffer& kv_latent, Buffer& out,
+                                std::size_t batch, std::size_t q_len, std::size_t kv_len,
+                                const MlaConfig& cfg);
+  virtual std::unique_ptr<QuantWeight> do_load_gptq(const GptqHostTensors& tensors);
+  virtual void do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m);
+  virtual void do_all_reduce(Buffer& buf, std::size_t len, ReduceOp op);
+  virtual void do_all_gather(const Buffer& local, Buffer& global, std::size_t local_len);
+  virtual void do_broadcast(Buffer& buf, std::size_t len, std::size_t src_rank);
+
+ private:
+  bool device_state_mode_ = false;
+};
+
+// CUDA devices visible to this process; 0 when there is no driver or GPU.
+int cuda_device_count() noexcept;
+
+// CudaBackend on device 0 when a GPU is present, else CpuBackend.
+std::unique_ptr<Backend> make_default_backend();
+
+}  // namespace ferrum

@@ -1,0 +1,83 @@
+// CpuBackend: plain host implementations of every op, accumulating in fp32
+// (fp64 where cheap). It is the oracle every GPU result is checked against,
+// and the fallback on machines without a GPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "ferrum/backend.hpp"
+
+namespace ferrum {
+
+struct CpuBackendConfig {
+  // Worker threads for row-parallel ops; 0 means std::thread::hardware_concurrency().
+  unsigned num_threads = 0;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(CpuBackendConfig config = {});
+  ~CpuBackend() override;
+
+  BackendKind kind() const noexcept override { return BackendKind::Cpu; }
+  std::string name() const override;
+  bool supports(Op op) const noexcept override;
+  void synchronize() override {}
+
+ protected:
+  void* allocate_bytes(std::size_t bytes) override;
+  void free_bytes(void* ptr) noexcept override;
+  void do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host,
+                      std::size_t bytes) override;
+  void do_read_bytes(const Buffer& src, std::size_t src_byte_offset, void* host,
+                     std::size_t bytes) override;
+  void do_copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
+                     std::size_t len) override;
+  void do_set_decode_state(std::int32_t token, std::int32_t pos, std::int32_t kv_len) override;
+
+  void do_rms_norm(const Buffer& x, const Buffer& w, float eps, Buffer& out, std::size_t tokens,
+                   std::size_t dim) override;
+  void do_fused_add_rms_norm(Buffer& residual, const Buffer& x, const Buffer& w, float eps,
+                             Buffer& out, std::size_t tokens, std::size_t dim) override;
+  void do_layer_norm(const Buffer& x, const Buffer& gamma, const Buffer& beta, float eps,
+                     Buffer& out, std::size_t tokens, std::size_t dim) override;
+  void do_gelu(const Buffer& x, Buffer& out, std::size_t len, GeluApproximation approx) override;
+  void do_add_bias(Buffer& data, const Buffer& bias, std::size_t rows, std::size_t cols) override;
+  void do_add_inplace(Buffer& residual, const Buffer& x, std::size_t len) override;
+  void do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m, std::size_t n,
+               std::size_t k) override;
+  void do_embedding_lookup(const Buffer& table, const Buffer& ids, Buffer& out, std::size_t tokens,
+                           std::size_t dim, std::size_t vocab, bool use_decode_state) override;
+  void do_split_qkv(const Buffer& qkv, Buffer& q, Buffer& k, Buffer& v, std::size_t tokens,
+                    std::size_t q_dim, std::size_t kv_dim) override;
+  void do_fused_silu_mul_split(const Buffer& gate_up, Buffer& out, std::size_t tokens,
+                               std::size_t im) override;
+  void do_qk_norm_rope(const Buffer& input, const Buffer* norm_w, const Buffer& cos,
+                       const Buffer& sin, Buffer& output, std::size_t tokens, std::size_t heads,
+                       std::size_t head_dim, std::size_t pos_offset, std::size_t max_pos, float eps,
+                       RopeMode mode, bool use_decode_state) override;
+  void do_kv_cache_append_head_major(Buffer& cache_k, Buffer& cache_v, std::size_t cache_len,
+                                     std::size_t capacity, const Buffer& new_k, const Buffer& new_v,
+                                     std::size_t new_tokens, std::size_t nkv, std::size_t hd,
+                                     bool use_decode_state) override;
+  void do_transpose_head_to_token(const Buffer& src, Buffer& dst, std::size_t tokens,
+                                  std::size_t heads, std::size_t dim) override;
+  void do_flash_attention(const Buffer& q, const Buffer& k, const Buffer& v, Buffer& out,
+                          std::size_t batch, std::size_t q_len, std::size_t kv_len,
+                          std::size_t pos_offset, const AttnConfig& cfg,
+                          bool use_decode_state) override;
+
+ private:
+  template <class F>
+  void parallel_for(std::size_t n, F&& body);
+
+  unsigned num_threads_;
+  // Decode state, as CudaBackend keeps it on the device.
+  std::int32_t state_token_ = 0;
+  std::int32_t state_pos_ = 0;
+  std::int32_t state_kv_len_ = 1;
+};
+
+}  // namespace ferrum

@@ -1,0 +1,97 @@
+// CudaBackend: the GPU implementation. All CudaBackend objects on one device
+// share one process-global runtime: the stream every op is queued on, the
+// cuBLAS handle with its workspace and device-resident alpha/beta, the
+// decode-state buffers and the graph slot. They are process-global because a
+// captured graph holds raw pointers to all of them, and must stay valid for
+// as long as the graph exists, whatever the engine does with its backend
+// objects. They are never freed before process exit.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "ferrum/backend.hpp"
+
+typedef struct CUstream_st* cudaStream_t;
+
+namespace ferrum {
+
+namespace detail {
+struct CudaRuntime;
+}
+
+struct CudaBackendConfig {
+  int device = 0;
+  // cuBLAS workspace, set once per device with cublasSetWorkspace. The first
+  // CudaBackend on a device decides it; later ones must agree.
+  std::size_t cublas_workspace_bytes = std::size_t{32} << 20;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(CudaBackendConfig config = {});
+  ~CudaBackend() override;
+
+  BackendKind kind() const noexcept override { return BackendKind::Cuda; }
+  std::string name() const override;
+  bool supports(Op op) const noexcept override;
+  void synchronize() override;
+  bool is_capturing() const noexcept override;
+
+  int device() const noexcept { return device_; }
+  // The stream every op of this device is queued on (for interop: engines
+  // that launch their own kernels between ours must use it too).
+  cudaStream_t stream() const noexcept;
+
+ protected:
+  void abandon_capture() noexcept override;
+  void* allocate_bytes(std::size_t bytes) override;
+  void free_bytes(void* ptr) noexcept override;
+  void do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host,
+                      std::size_t bytes) override;
+  void do_read_bytes(const Buffer& src, std::size_t src_byte_offset, void* host,
+                     std::size_t bytes) override;
+  void do_copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
+                     std::size_t len) override;
+  void do_set_decode_state(std::int32_t token, std::int32_t pos, std::int32_t kv_len) override;
+
+  void do_begin_graph_capture() override;
+  void do_end_graph_capture() override;
+  bool do_replay_last_graph() override;
+  void do_reset_graph() override;
+
+  void do_rms_norm(const Buffer& x, const Buffer& w, float eps, Buffer& out, std::size_t tokens,
+                   std::size_t dim) override;
+  void do_fused_add_rms_norm(Buffer& residual, const Buffer& x, const Buffer& w, float eps,
+                             Buffer& out, std::size_t tokens, std::size_t dim) override;
+  void do_layer_norm(const Buffer& x, const Buffer& gamma, const Buffer& beta, float eps,
+                     Buffer& out, std::size_t tokens, std::size_t dim) override;
+  void do_gelu(const Buffer& x, Buffer& out, std::size_t len, GeluApproximation approx) override;
+  void do_add_bias(Buffer& data, const Buffer& bias, std::size_t rows, std::size_t cols) override;
+  void do_add_inplace(Buffer& residual, const Buffer& x, std::size_t len) override;
+  void do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m, std::size_t n,
+               std::size_t k) override;
+  void do_embedding_lookup(const Buffer& table, const Buffer& ids, Buffer& out, std::size_t tokens,
+                           std::size_t dim, std::size_t vocab, bool use_decode_state) override;
+  void do_split_qkv(const Buffer& qkv, Buffer& q, Buffer& k, Buffer& v, std::size_t tokens,
+                    std::size_t q_dim, std::size_t kv_dim) override;
+  void do_fused_silu_mul_split(const Buffer& gate_up, Buffer& out, std::size_t tokens,
+                               std::size_t im) override;
+  void do_qk_norm_rope(const Buffer& input, const Buffer* norm_w, const Buffer& cos,
+                       const Buffer& sin, Buffer& output, std::size_t tokens, std::size_t heads,
+                       std::size_t head_dim, std::size_t pos_offset, std::size_t max_pos, float eps,
+                       RopeMode mode, bool use_decode_state) override;
+  void do_kv_cache_append_head_major(Buffer& cache_k, Buffer& cache_v, std::size_t cache_len,
+                                     std::size_t capacity, const Buffer& new_k, const Buffer& new_v,
+                                     std::size_t new_tokens, std::size_t nkv, std::size_t hd,
+                                     bool use_decode_state) override;
+  void do_transpose_head_to_token(const Buffer& src, Buffer& dst, std::size_t tokens,
+                                  std::size_t heads, std::size_t dim) override;
+
+ private:
+  int device_;
+  detail::CudaRuntime* rt_;  // process-global, never freed (see above)
+};
+
+}  // namespace ferrum

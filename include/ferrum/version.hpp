@@ -1,0 +1,5 @@
+#pragma once
+
+#define FERRUM_VERSION_MAJOR 0
+#define FERRUM_VERSION_MINOR 1
+#define FERRUM_VERSION_PATCH 0

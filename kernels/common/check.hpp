@@ -1,0 +1,21 @@
+// Error reporting shared by every launcher. The throwing side lives in
+// src/cuda/cuda_runtime.cpp so that .cu files never include fmt.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+namespace ferrum::kernels {
+
+// Throws ferrum::Error (ErrorCode::Cuda) naming the op and what failed.
+[[noreturn]] void throw_cuda_error(const char* op, const char* what, cudaError_t err);
+// Throws ferrum::Error (ErrorCode::Internal): a launcher got a value that the
+// validating layer should have refused.
+[[noreturn]] void throw_bad_dispatch(const char* op, const char* what, long long value);
+
+// Every launcher ends with this: an unchecked launch is a silent failure.
+inline void check_launch(const char* op) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw_cuda_error(op, "kernel launch", err);
+}
+
+}  // namespace ferrum::kernels

@@ -1,0 +1,69 @@
+// Row copies with an index map: the shared engine of embedding lookup,
+// split_qkv, transpose_head_to_token and the KV-cache append. A map functor
+// turns a row index into {src, dst} row pointers: dst == nullptr skips the
+// row, src == nullptr writes zeros.
+#pragma once
+
+#include "kernels/common/vec.cuh"
+
+namespace ferrum::kernels {
+
+template <class T>
+struct RowPtrs {
+  const T* src;
+  T* dst;
+};
+
+inline constexpr int kRowCopyThreads = 256;
+inline constexpr int kRowCopyItems = 2;
+
+template <class T, int VW, class Map>
+__global__ void copy_rows_kernel(long long rows, long long row_len, Map map) {
+  using V = vec_t<T, VW>;
+  const long long vec_per_row = row_len / VW;
+  const long long total = rows * vec_per_row;
+  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x * kRowCopyItems + threadIdx.x;
+  V data[kRowCopyItems];
+  T* dst[kRowCopyItems];
+#pragma unroll
+  for (int it = 0; it < kRowCopyItems; ++it) {
+    const long long vi = first + static_cast<long long>(it) * blockDim.x;
+    dst[it] = nullptr;
+    if (vi < total) {
+      const long long r = vi / vec_per_row;
+      const long long c = (vi - r * vec_per_row) * VW;
+      const RowPtrs<T> p = map(r);
+      if (p.dst != nullptr) {
+        dst[it] = p.dst + c;
+        if (p.src != nullptr) {
+          data[it].load(p.src + c);
+        } else {
+#pragma unroll
+          for (int j = 0; j < VW; ++j) data[it].set(j, 0.0f);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < kRowCopyItems; ++it) {
+    if (dst[it] != nullptr) data[it].store(dst[it]);
+  }
+}
+
+// Launches with 16-byte vectors when row_len and every row start allow it
+// (`aligned` says whether all base pointers are 16-byte aligned).
+template <class T, class Map>
+void launch_copy_rows(long long rows, long long row_len, bool aligned, Map map, cudaStream_t stream) {
+  constexpr int kWide = kVec16<T>;
+  const bool wide = aligned && row_len % kWide == 0;
+  const long long vec_per_row = wide ? row_len / kWide : row_len;
+  const long long per_block = static_cast<long long>(kRowCopyThreads) * kRowCopyItems;
+  const long long blocks = (rows * vec_per_row + per_block - 1) / per_block;
+  if (wide) {
+    copy_rows_kernel<T, kWide><<<static_cast<unsigned>(blocks), kRowCopyThreads, 0, stream>>>(rows, row_len, map);
+  } else {
+    copy_rows_kernel<T, 1><<<static_cast<unsigned>(blocks), kRowCopyThreads, 0, stream>>>(rows, row_len, map);
+  }
+}
+
+}  // namespace ferrum::kernels

@@ -1,0 +1,40 @@
+// vec_t: N elements moved with one wide access (16 bytes for 8 halves).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/dtype.cuh"
+
+namespace ferrum::kernels {
+
+template <class T, int N>
+struct alignas(sizeof(T) * N) vec_t {
+  T v[N];
+
+  __device__ __forceinline__ void load(const T* p) { *this = *reinterpret_cast<const vec_t*>(p); }
+  __device__ __forceinline__ void store(T* p) const { *reinterpret_cast<vec_t*>(p) = *this; }
+  // Streaming load: data read once, keep it out of L1.
+  __device__ __forceinline__ void load_stream(const T* p) {
+    if constexpr (sizeof(vec_t) == 16) {
+      const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(p));
+      *this = *reinterpret_cast<const vec_t*>(&raw);
+    } else {
+      load(p);
+    }
+  }
+  __device__ __forceinline__ float f(int i) const { return to_float(v[i]); }
+  __device__ __forceinline__ void set(int i, float x) { v[i] = from_float<T>(x); }
+};
+
+// Elements per 16-byte access.
+template <class T>
+inline constexpr int kVec16 = 16 / static_cast<int>(sizeof(T));
+
+// True when every pointer is 16-byte aligned, so vec_t<T, kVec16<T>> is legal.
+inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+template <class... P>
+inline bool all_aligned16(const P*... ps) {
+  return (aligned16(ps) && ...);
+}
+
+}  // namespace ferrum::kernels

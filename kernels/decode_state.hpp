@@ -1,0 +1,31 @@
+// The device-side decode state that `_dyn` kernels read, and the flag
+// through which kernels report bad device-side values.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace ferrum::kernels {
+
+// Lives in device memory for the life of the process (graphs point at it).
+struct DecodeState {
+  std::int32_t token;   // the token fed to embedding_lookup
+  std::int32_t pos;     // its position: RoPE position and KV append row
+  std::int32_t kv_len;  // keys attention sees (pos + 1)
+};
+
+// Bits a kernel sets in the device error word (host-mapped memory, read at
+// synchronize()). Plain stores: if two errors race, one of them is reported.
+enum DeviceErrorBits : std::uint32_t {
+  kErrEmbeddingIdOutOfRange = 1u << 0,
+  kErrRopePositionOutOfRange = 1u << 1,
+  kErrKvAppendOverCapacity = 1u << 2,
+};
+
+// Writes the decode state with one tiny kernel: the values travel as kernel
+// arguments, so there is no host buffer to race with and nothing pageable.
+void launch_set_decode_state(DecodeState* state, std::int32_t token, std::int32_t pos, std::int32_t kv_len,
+                             cudaStream_t stream);
+
+}  // namespace ferrum::kernels

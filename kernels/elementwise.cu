@@ -1,0 +1,173 @@
+// Elementwise ops. One flat map kernel serves gelu, add_inplace and add_bias
+// (the op is a functor, the second operand either flat or broadcast along
+// rows); silu·mul has its own indexing. 16-byte vectors when every pointer
+// allows it, with scalar code for the unaligned case and the tail.
+#include "kernels/common/check.hpp"
+#include "kernels/common/dtype.cuh"
+#include "kernels/common/vec.cuh"
+#include "kernels/elementwise.hpp"
+
+namespace ferrum::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kItems = 2;  // vectors per thread, loaded before any is used
+
+struct GeluErf {
+  __device__ float operator()(float x, float) const { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+};
+struct GeluTanh {
+  __device__ float operator()(float x, float) const {
+    const float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(inner));
+  }
+};
+struct Add {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+// out[e] = op(a[e], b[b_index(e)]), b_index(e) = period ? e % period : e.
+// b may be null for unary ops. out may alias a.
+template <class T, int VW, class Op>
+__global__ void flat_map_kernel(const T* a, const T* __restrict__ b, T* out, long long n, long long period, Op op) {
+  using V = vec_t<T, VW>;
+  const long long nvec = n / VW;
+  const long long first = (static_cast<long long>(blockIdx.x) * blockDim.x * kItems) + threadIdx.x;
+  V va[kItems], vb[kItems];
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const long long vi = first + static_cast<long long>(it) * blockDim.x;
+    if (vi < nvec) {
+      const long long e = vi * VW;
+      va[it].load(a + e);
+      if (b != nullptr) vb[it].load(b + (period ? e % period : e));
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const long long vi = first + static_cast<long long>(it) * blockDim.x;
+    if (vi < nvec) {
+      V o;
+#pragma unroll
+      for (int j = 0; j < VW; ++j) o.set(j, op(va[it].f(j), b != nullptr ? vb[it].f(j) : 0.0f));
+      o.store(out + vi * VW);
+    }
+  }
+  // Tail elements past the last whole vector (VW > 1 only).
+  if constexpr (VW > 1) {
+    const long long tail = n - nvec * VW;
+    const long long gid = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (gid < tail) {
+      const long long e = nvec * VW + gid;
+      const float bv = b != nullptr ? to_float(b[period ? e % period : e]) : 0.0f;
+      out[e] = from_float<T>(op(to_float(a[e]), bv));
+    }
+  }
+}
+
+template <class T, class Op>
+void launch_flat_map(const T* a, const T* b, T* out, long long n, long long period, Op op, cudaStream_t stream) {
+  constexpr int kWide = kVec16<T>;
+  const bool wide = aligned16(a) && aligned16(out) && (b == nullptr || aligned16(b)) && (period % kWide == 0);
+  const int vw = wide ? kWide : 1;
+  const long long nvec = n / vw;
+  long long blocks = (nvec + kThreads * kItems - 1) / (kThreads * kItems);
+  if (blocks == 0) blocks = 1;  // the tail alone
+  if (wide) {
+    flat_map_kernel<T, kWide><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a, b, out, n, period, op);
+  } else {
+    flat_map_kernel<T, 1><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a, b, out, n, period, op);
+  }
+}
+
+template <class T, int VW>
+__global__ void silu_mul_split_kernel(const T* __restrict__ gate_up,  // [tokens, 2*im]
+                                      T* __restrict__ out,             // [tokens, im]
+                                      long long tokens, long long im) {
+  using V = vec_t<T, VW>;
+  const long long vec_per_row = im / VW;
+  const long long total = tokens * vec_per_row;
+  const long long first = (static_cast<long long>(blockIdx.x) * blockDim.x * kItems) + threadIdx.x;
+  V g[kItems], u[kItems];
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const long long vi = first + static_cast<long long>(it) * blockDim.x;
+    if (vi < total) {
+      const long long t = vi / vec_per_row;
+      const long long j = (vi - t * vec_per_row) * VW;
+      const T* row = gate_up + t * 2 * im;
+      g[it].load(row + j);
+      u[it].load(row + im + j);
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const long long vi = first + static_cast<long long>(it) * blockDim.x;
+    if (vi < total) {
+      V o;
+#pragma unroll
+      for (int j = 0; j < VW; ++j) {
+        const float gv = g[it].f(j);
+        o.set(j, (gv / (1.0f + __expf(-gv))) * u[it].f(j));
+      }
+      o.store(out + vi * VW);
+    }
+  }
+}
+
+}  // namespace
+
+void launch_gelu(DType dtype, const void* x, void* out, long long n, bool approx_tanh, cudaStream_t stream) {
+  dispatch_half_dtype(dtype, "gelu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (approx_tanh) {
+      launch_flat_map(static_cast<const T*>(x), static_cast<const T*>(nullptr), static_cast<T*>(out), n, 0,
+                      GeluTanh{}, stream);
+    } else {
+      launch_flat_map(static_cast<const T*>(x), static_cast<const T*>(nullptr), static_cast<T*>(out), n, 0,
+                      GeluErf{}, stream);
+    }
+  });
+  check_launch("gelu");
+}
+
+void launch_add_inplace(DType dtype, void* residual, const void* x, long long n, cudaStream_t stream) {
+  dispatch_half_dtype(dtype, "add_inplace", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_flat_map(static_cast<const T*>(residual), static_cast<const T*>(x), static_cast<T*>(residual), n, 0,
+                    Add{}, stream);
+  });
+  check_launch("add_inplace");
+}
+
+void launch_add_bias(DType dtype, void* data, const void* bias, long long rows, long long cols,
+                     cudaStream_t stream) {
+  dispatch_half_dtype(dtype, "add_bias", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_flat_map(static_cast<const T*>(data), static_cast<const T*>(bias), static_cast<T*>(data), rows * cols,
+                    cols, Add{}, stream);
+  });
+  check_launch("add_bias");
+}
+
+void launch_silu_mul_split(DType dtype, const void* gate_up, void* out, long long tokens, long long im,
+                           cudaStream_t stream) {
+  dispatch_half_dtype(dtype, "fused_silu_mul_split", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int kWide = kVec16<T>;
+    const bool wide = im % kWide == 0 && aligned16(gate_up) && aligned16(out);
+    const int vw = wide ? kWide : 1;
+    const long long total = tokens * (im / vw);
+    const long long blocks = (total + kThreads * kItems - 1) / (kThreads * kItems);
+    if (wide) {
+      silu_mul_split_kernel<T, kWide><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+          static_cast<const T*>(gate_up), static_cast<T*>(out), tokens, im);
+    } else {
+      silu_mul_split_kernel<T, 1><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+          static_cast<const T*>(gate_up), static_cast<T*>(out), tokens, im);
+    }
+  });
+  check_launch("fused_silu_mul_split");
+}
+
+}  // namespace ferrum::kernels

@@ -1,0 +1,42 @@
+#include "kernels/common/check.hpp"
+#include "kernels/common/device_error.cuh"
+#include "kernels/common/row_copy.cuh"
+#include "kernels/embedding.hpp"
+
+namespace ferrum::kernels {
+namespace {
+
+template <class T>
+struct EmbeddingRows {
+  const T* table;  // [vocab, dim]
+  const std::int32_t* ids;  // [tokens] (null when reading the decode state)
+  const DecodeState* state;
+  T* out;  // [tokens, dim]
+  long long dim;
+  long long vocab;
+  std::uint32_t* error_flag;
+
+  __device__ RowPtrs<T> operator()(long long t) const {
+    const long long id = state != nullptr ? state->token : ids[t];
+    if (id < 0 || id >= vocab) {
+      report_device_error(error_flag, kErrEmbeddingIdOutOfRange);
+      return {nullptr, out + t * dim};
+    }
+    return {table + id * dim, out + t * dim};
+  }
+};
+
+}  // namespace
+
+void launch_embedding_lookup(DType dtype, const void* table, const std::int32_t* ids, const DecodeState* state,
+                             void* out, long long tokens, long long dim, long long vocab, std::uint32_t* error_flag,
+                             cudaStream_t stream) {
+  dispatch_half_dtype(dtype, "embedding_lookup", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const EmbeddingRows<T> map{static_cast<const T*>(table), ids, state, static_cast<T*>(out), dim, vocab, error_flag};
+    launch_copy_rows<T>(tokens, dim, all_aligned16(table, out), map, stream);
+  });
+  check_launch("embedding_lookup");
+}
+
+}  // namespace ferrum::kernels

@@ -1,0 +1,21 @@
+// Launcher for embedding_lookup. The caller (CudaBackend) has validated.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "ferrum/dtype.hpp"
+#include "kernels/decode_state.hpp"
+
+namespace ferrum::kernels {
+
+// out[t, :] = table[id(t), :] with id(t) = ids[t], or state->token when
+// `state` is non-null (tokens == 1). An id outside [0, vocab) writes a zero
+// row and sets kErrEmbeddingIdOutOfRange in *error_flag.
+void launch_embedding_lookup(DType dtype, const void* table /*[vocab, dim]*/,
+                             const std::int32_t* ids /*[tokens]*/, const DecodeState* state,
+                             void* out /*[tokens, dim]*/, long long tokens, long long dim, long long vocab,
+                             std::uint32_t* error_flag, cudaStream_t stream);
+
+}  // namespace ferrum::kernels

@@ -1,0 +1,53 @@
+#include "kernels/common/check.hpp"
+#include "kernels/common/device_error.cuh"
+#include "kernels/common/row_copy.cuh"
+#include "kernels/kv_cache.hpp"
+
+namespace ferrum::kernels {
+namespace {
+
+template <class T>
+struct KvAppendRows {
+  T* cache_k;
+  T* cache_v;
+  const T* new_k;
+  const T* new_v;
+  long long cache_len;
+  const DecodeState* state;
+  long long capacity, new_tokens, nkv, hd;
+  std::uint32_t* error_flag;
+
+  // r enumerates [K | V] x [nkv] x [new_tokens].
+  __device__ RowPtrs<T> operator()(long long r) const {
+    const long long base = state != nullptr ? state->pos : cache_len;
+    if (base < 0 || base > capacity - new_tokens) {
+      report_device_error(error_flag, kErrKvAppendOverCapacity);
+      return {nullptr, nullptr};
+    }
+    const long long per_tensor = nkv * new_tokens;
+    const bool is_v = r >= per_tensor;
+    const long long rr = is_v ? r - per_tensor : r;
+    const long long h = rr / new_tokens;
+    const long long t = rr - h * new_tokens;
+    const T* src = (is_v ? new_v : new_k) + rr * hd;
+    T* dst = (is_v ? cache_v : cache_k) + (h * capacity + base + t) * hd;
+    return {src, dst};
+  }
+};
+
+}  // namespace
+
+void launch_kv_cache_append(DType dtype, void* cache_k, void* cache_v, const void* new_k, const void* new_v,
+                            long long cache_len, const DecodeState* state, long long capacity, long long new_tokens,
+                            long long nkv, long long hd, std::uint32_t* error_flag, cudaStream_t stream) {
+  dispatch_half_dtype(dtype, "kv_cache_append_head_major", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const KvAppendRows<T> map{static_cast<T*>(cache_k), static_cast<T*>(cache_v), static_cast<const T*>(new_k),
+                              static_cast<const T*>(new_v), cache_len, state, capacity, new_tokens, nkv, hd,
+                              error_flag};
+    launch_copy_rows<T>(2 * nkv * new_tokens, hd, all_aligned16(cache_k, cache_v, new_k, new_v), map, stream);
+  });
+  check_launch("kv_cache_append_head_major");
+}
+
+}  // namespace ferrum::kernels

@@ -1,0 +1,205 @@
+// Row norms: RMSNorm, fused residual-add + RMSNorm, LayerNorm.
+//
+// One kernel body serves all three (NormKind is a template parameter), so
+// the loads, reductions and stores cannot drift apart. A row is handled by a
+// group of G threads (G a power of two, up to 1024); each thread keeps NVEC
+// vectors of VW elements in registers, so the row is read from memory once.
+// Rows too long for registers take the row-loop kernel, which re-reads them.
+#include <algorithm>
+
+#include "kernels/common/check.hpp"
+#include "kernels/common/dtype.cuh"
+#include "kernels/common/reduce.cuh"
+#include "kernels/common/vec.cuh"
+#include "kernels/norm.hpp"
+
+namespace ferrum::kernels {
+namespace {
+
+constexpr int kMaxNvec = 8;
+constexpr int kMaxGroup = 1024;
+
+// Sum of v over the G threads of this thread's row. For G > 32 this uses
+// shared memory and __syncthreads, so every thread of the block must call it.
+__device__ __forceinline__ float row_sum(float v, int group) {
+  if (group <= 32) return group_sum_in_warp(v, group);
+  __shared__ float warp_partials[kMaxGroup / 32];
+  v = group_sum_in_warp(v, 32);
+  const int warp = threadIdx.x / 32;
+  const int warps_per_row = group / 32;
+  const int first = (warp / warps_per_row) * warps_per_row;
+  if ((threadIdx.x & 31) == 0) warp_partials[warp] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < warps_per_row; ++w) total += warp_partials[first + w];
+  __syncthreads();  // the partials are reused by the next reduction
+  return total;
+}
+
+template <NormKind K, class T, int VW, int NVEC>
+__global__ void norm_rows_kernel(const T* __restrict__ x,       // [rows, dim]
+                                 T* residual,                    // [rows, dim] (AddRms)
+                                 const T* __restrict__ weight,  // [dim]
+                                 const T* __restrict__ bias,    // [dim] (Layer)
+                                 T* out,                         // [rows, dim]
+                                 int rows, int dim, float eps, int group) {
+  using V = vec_t<T, VW>;
+  const int rows_per_block = blockDim.x / group;
+  const int row = blockIdx.x * rows_per_block + threadIdx.x / group;
+  const int lane = threadIdx.x % group;
+  const bool row_ok = row < rows;
+  const int nvec = dim / VW;
+  const long long base = static_cast<long long>(row) * dim;
+
+  V data[NVEC];
+#pragma unroll
+  for (int i = 0; i < NVEC; ++i) {
+    const int vi = lane + i * group;
+    if (row_ok && vi < nvec) {
+      data[i].load(x + base + static_cast<long long>(vi) * VW);
+      if constexpr (K == NormKind::AddRms) {
+        V r;
+        r.load(residual + base + static_cast<long long>(vi) * VW);
+#pragma unroll
+        for (int j = 0; j < VW; ++j) data[i].set(j, data[i].f(j) + r.f(j));
+        data[i].store(residual + base + static_cast<long long>(vi) * VW);
+      }
+    }
+  }
+
+  float mean = 0.0f;
+  if constexpr (K == NormKind::Layer) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NVEC; ++i) {
+      if (row_ok && lane + i * group < nvec) {
+#pragma unroll
+        for (int j = 0; j < VW; ++j) s += data[i].f(j);
+      }
+    }
+    mean = row_sum(s, group) / static_cast<float>(dim);
+  }
+  float sq = 0.0f;
+#pragma unroll
+  for (int i = 0; i < NVEC; ++i) {
+    if (row_ok && lane + i * group < nvec) {
+#pragma unroll
+      for (int j = 0; j < VW; ++j) {
+        const float d = data[i].f(j) - mean;
+        sq += d * d;
+      }
+    }
+  }
+  const float inv = rsqrtf(row_sum(sq, group) / static_cast<float>(dim) + eps);
+
+  if (!row_ok) return;  // after the last block-wide reduction
+#pragma unroll
+  for (int i = 0; i < NVEC; ++i) {
+    const int vi = lane + i * group;
+    if (vi < nvec) {
+      V w, o;
+      w.load(weight + static_cast<long long>(vi) * VW);
+      if constexpr (K == NormKind::Layer) {
+        V b;
+        b.load(bias + static_cast<long long>(vi) * VW);
+#pragma unroll
+        for (int j = 0; j < VW; ++j) o.set(j, ((data[i].f(j) - mean) * inv) * w.f(j) + b.f(j));
+      } else {
+#pragma unroll
+        for (int j = 0; j < VW; ++j) o.set(j, (data[i].f(j) * inv) * w.f(j));
+      }
+      o.store(out + base + static_cast<long long>(vi) * VW);
+    }
+  }
+}
+
+// Block per row, rows longer than registers hold: accumulate, then re-read.
+template <NormKind K, class T>
+__global__ void norm_rows_loop_kernel(const T* __restrict__ x, T* residual, const T* __restrict__ weight,
+                                      const T* __restrict__ bias, T* out, int dim, float eps) {
+  const long long base = static_cast<long long>(blockIdx.x) * dim;
+  auto value = [&](int d) {
+    if constexpr (K == NormKind::AddRms) return to_float(residual[base + d]);
+    return to_float(x[base + d]);
+  };
+  float mean = 0.0f;
+  float s = 0.0f;
+  for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+    if constexpr (K == NormKind::AddRms) {
+      const T sum = from_float<T>(to_float(x[base + d]) + to_float(residual[base + d]));
+      residual[base + d] = sum;  // read back below by this same thread
+    }
+    s += value(d);
+  }
+  if constexpr (K == NormKind::Layer) mean = row_sum(s, blockDim.x) / static_cast<float>(dim);
+  float sq = 0.0f;
+  for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+    const float c = value(d) - mean;
+    sq += c * c;
+  }
+  const float inv = rsqrtf(row_sum(sq, blockDim.x) / static_cast<float>(dim) + eps);
+  for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+    float o = ((value(d) - mean) * inv) * to_float(weight[d]);
+    if constexpr (K == NormKind::Layer) o += to_float(bias[d]);
+    out[base + d] = from_float<T>(o);
+  }
+}
+
+int next_pow2(int v) {
+  int p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+template <NormKind K, class T>
+void launch_typed(const NormArgs& a, cudaStream_t stream) {
+  const T* x = static_cast<const T*>(a.x);
+  T* residual = static_cast<T*>(a.residual);
+  const T* weight = static_cast<const T*>(a.weight);
+  const T* bias = static_cast<const T*>(a.bias);
+  T* out = static_cast<T*>(a.out);
+
+  constexpr int kWide = kVec16<T>;
+  const bool wide = a.dim % kWide == 0 && aligned16(x) && aligned16(weight) && aligned16(out) &&
+                    (K != NormKind::AddRms || aligned16(residual)) && (K != NormKind::Layer || aligned16(bias));
+  const int vw = wide ? kWide : 1;
+  const int nvec = a.dim / vw;
+  // Aim for ~4 vectors per thread: enough bytes in flight, few registers.
+  const int group = std::min(kMaxGroup, next_pow2((nvec + 3) / 4));
+  const int nvec_per_thread = next_pow2((nvec + group - 1) / group);
+
+  if (nvec_per_thread > kMaxNvec) {
+    norm_rows_loop_kernel<K, T><<<a.rows, kMaxGroup, 0, stream>>>(x, residual, weight, bias, out, a.dim, a.eps);
+    return;
+  }
+  const int threads = std::max(group, 256);
+  const int rows_per_block = threads / group;
+  const int blocks = (a.rows + rows_per_block - 1) / rows_per_block;
+  auto go = [&](auto vw_c, auto nvec_c) {
+    norm_rows_kernel<K, T, decltype(vw_c)::value, decltype(nvec_c)::value>
+        <<<blocks, threads, 0, stream>>>(x, residual, weight, bias, out, a.rows, a.dim, a.eps, group);
+  };
+  dispatch_int<1, 2, 4, 8>(nvec_per_thread, "norm", "vectors per thread", [&](auto nvec_c) {
+    if (wide) {
+      go(std::integral_constant<int, kWide>{}, nvec_c);
+    } else {
+      go(std::integral_constant<int, 1>{}, nvec_c);
+    }
+  });
+}
+
+}  // namespace
+
+void launch_norm(const NormArgs& args, cudaStream_t stream) {
+  dispatch_half_dtype(args.dtype, "norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    switch (args.kind) {
+      case NormKind::Rms: launch_typed<NormKind::Rms, T>(args, stream); break;
+      case NormKind::AddRms: launch_typed<NormKind::AddRms, T>(args, stream); break;
+      case NormKind::Layer: launch_typed<NormKind::Layer, T>(args, stream); break;
+    }
+  });
+  check_launch(args.kind == NormKind::Rms ? "rms_norm" : args.kind == NormKind::AddRms ? "fused_add_rms_norm" : "layer_norm");
+}
+
+}  // namespace ferrum::kernels

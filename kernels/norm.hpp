@@ -1,0 +1,28 @@
+// Launchers for the norm family: rms_norm, fused_add_rms_norm, layer_norm.
+// Raw pointers, sizes and a stream; the caller (CudaBackend) has validated.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "ferrum/dtype.hpp"
+
+namespace ferrum::kernels {
+
+enum class NormKind { Rms, AddRms, Layer };
+
+struct NormArgs {
+  NormKind kind = NormKind::Rms;
+  DType dtype = DType::F16;
+  const void* x = nullptr;       // [rows, dim]
+  void* residual = nullptr;      // [rows, dim], in/out (AddRms: residual += x)
+  const void* weight = nullptr;  // [dim] (gamma for Layer)
+  const void* bias = nullptr;    // [dim] (beta, Layer only)
+  void* out = nullptr;           // [rows, dim]
+  int rows = 0;
+  int dim = 0;
+  float eps = 0.0f;
+};
+
+void launch_norm(const NormArgs& args, cudaStream_t stream);
+
+}  // namespace ferrum::kernels

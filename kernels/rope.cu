@@ -1,0 +1,100 @@
+// qk_norm_rope: per (token, head) row, an optional RMSNorm over head_dim,
+// then NeoX RoPE (element i pairs with i + head_dim/2), reading token-major
+// and writing head-major. One warp per row; lane l owns pair indices
+// l, l+32, ... so every load is coalesced across the warp. PAIRS is the
+// compile-time count of pairs per lane (head_dim/64 rounded up to 1,2,4,8).
+#include "kernels/common/check.hpp"
+#include "kernels/common/device_error.cuh"
+#include "kernels/common/dtype.cuh"
+#include "kernels/common/reduce.cuh"
+#include "kernels/rope.hpp"
+
+namespace ferrum::kernels {
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+
+template <class T, int PAIRS, bool NORM>
+__global__ void qk_norm_rope_kernel(const T* __restrict__ input, const T* __restrict__ norm_w,
+                                    const float* __restrict__ cos, const float* __restrict__ sin,
+                                    T* __restrict__ output, int tokens, int heads, int head_dim,
+                                    long long pos_offset, const DecodeState* state, long long max_pos, float eps,
+                                    std::uint32_t* error_flag) {
+  const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= static_cast<long long>(tokens) * heads) return;  // whole warps exit together
+  const int t = static_cast<int>(row / heads);
+  const int h = static_cast<int>(row - static_cast<long long>(t) * heads);
+  const int half = head_dim / 2;
+  const long long pos = (state != nullptr ? state->pos : pos_offset) + t;
+  if (pos < 0 || pos >= max_pos) {
+    if (lane == 0) report_device_error(error_flag, kErrRopePositionOutOfRange);
+    return;
+  }
+
+  const T* in = input + row * head_dim;
+  float lo[PAIRS], hi[PAIRS];
+#pragma unroll
+  for (int p = 0; p < PAIRS; ++p) {
+    const int i = lane + 32 * p;
+    lo[p] = i < half ? to_float(in[i]) : 0.0f;
+    hi[p] = i < half ? to_float(in[i + half]) : 0.0f;
+  }
+  if constexpr (NORM) {
+    float sq = 0.0f;
+#pragma unroll
+    for (int p = 0; p < PAIRS; ++p) sq += lo[p] * lo[p] + hi[p] * hi[p];
+    const float inv = rsqrtf(group_sum_in_warp(sq, 32) / static_cast<float>(head_dim) + eps);
+#pragma unroll
+    for (int p = 0; p < PAIRS; ++p) {
+      const int i = lane + 32 * p;
+      if (i < half) {
+        lo[p] = (lo[p] * inv) * to_float(norm_w[i]);
+        hi[p] = (hi[p] * inv) * to_float(norm_w[i + half]);
+      }
+    }
+  }
+  T* out = output + (static_cast<long long>(h) * tokens + t) * head_dim;
+  const float* c_row = cos + pos * half;
+  const float* s_row = sin + pos * half;
+#pragma unroll
+  for (int p = 0; p < PAIRS; ++p) {
+    const int i = lane + 32 * p;
+    if (i < half) {
+      const float c = c_row[i];
+      const float s = s_row[i];
+      out[i] = from_float<T>(lo[p] * c - hi[p] * s);
+      out[i + half] = from_float<T>(hi[p] * c + lo[p] * s);
+    }
+  }
+}
+
+}  // namespace
+
+void launch_qk_norm_rope(const RopeArgs& a, cudaStream_t stream) {
+  const int pairs_per_lane = (a.head_dim / 2 + 31) / 32;
+  const int pairs = pairs_per_lane <= 1 ? 1 : pairs_per_lane <= 2 ? 2 : pairs_per_lane <= 4 ? 4 : 8;
+  const long long rows = static_cast<long long>(a.tokens) * a.heads;
+  const auto blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  dispatch_half_dtype(a.dtype, "qk_norm_rope", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    dispatch_int<1, 2, 4, 8>(pairs, "qk_norm_rope", "pairs per lane", [&](auto pairs_c) {
+      constexpr int P = decltype(pairs_c)::value;
+      auto* in = static_cast<const T*>(a.input);
+      auto* w = static_cast<const T*>(a.norm_w);
+      auto* out = static_cast<T*>(a.output);
+      if (a.norm_w != nullptr) {
+        qk_norm_rope_kernel<T, P, true><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
+            in, w, a.cos, a.sin, out, a.tokens, a.heads, a.head_dim, a.pos_offset, a.state, a.max_pos, a.eps,
+            a.error_flag);
+      } else {
+        qk_norm_rope_kernel<T, P, false><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
+            in, w, a.cos, a.sin, out, a.tokens, a.heads, a.head_dim, a.pos_offset, a.state, a.max_pos, a.eps,
+            a.error_flag);
+      }
+    });
+  });
+  check_launch("qk_norm_rope");
+}
+
+}  // namespace ferrum::kernels

@@ -1,0 +1,750 @@
+// The validating layer of every public op (see backend.hpp): checks, then
+// the backend's do_* implementation. Both backends share these checks.
+#include "ferrum/backend.hpp"
+
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "common/fail.hpp"
+#include "common/op_check.hpp"
+#include "ferrum/half.hpp"
+
+namespace ferrum {
+
+using detail::OpCheck;
+
+std::string_view to_string(Op op) noexcept {
+  switch (op) {
+    case Op::RmsNorm: return "rms_norm";
+    case Op::FusedAddRmsNorm: return "fused_add_rms_norm";
+    case Op::LayerNorm: return "layer_norm";
+    case Op::Gelu: return "gelu";
+    case Op::AddBias: return "add_bias";
+    case Op::AddInplace: return "add_inplace";
+    case Op::Gemm: return "gemm";
+    case Op::EmbeddingLookup: return "embedding_lookup";
+    case Op::SplitQkv: return "split_qkv";
+    case Op::FusedSiluMulSplit: return "fused_silu_mul_split";
+    case Op::QkNormRope: return "qk_norm_rope";
+    case Op::KvCacheAppendHeadMajor: return "kv_cache_append_head_major";
+    case Op::TransposeHeadToToken: return "transpose_head_to_token";
+    case Op::CopySlice: return "copy_slice";
+    case Op::FlashAttention: return "flash_attention";
+    case Op::LoadGptq: return "load_gptq";
+    case Op::GemmGptq: return "gemm_gptq";
+    case Op::GemmQuant: return "gemm_quant";
+    case Op::AllReduce: return "all_reduce";
+    case Op::AllGather: return "all_gather";
+    case Op::Broadcast: return "broadcast";
+    case Op::MlaAttention: return "mla_attention";
+    case Op::GraphCapture: return "graph_capture";
+    case Op::DeviceStateMode: return "device_state_mode";
+  }
+  return "unknown_op";
+}
+
+namespace {
+
+void refuse_during_capture(const OpCheck& check) {
+  if (check.backend().is_capturing()) {
+    check.fail(ErrorCode::GraphCapture,
+               "{}: allocates, synchronizes or records host values, so it is not allowed while a graph is being captured",
+               check.op());
+  }
+}
+
+void encode_from_f32(DType dtype, std::span<const float> src, void* dst) {
+  switch (dtype) {
+    case DType::F16: {
+      auto* d = static_cast<std::uint16_t*>(dst);
+      for (std::size_t i = 0; i < src.size(); ++i) d[i] = f32_to_f16(src[i]);
+      return;
+    }
+    case DType::BF16: {
+      auto* d = static_cast<std::uint16_t*>(dst);
+      for (std::size_t i = 0; i < src.size(); ++i) d[i] = f32_to_bf16(src[i]);
+      return;
+    }
+    case DType::F32:
+      std::memcpy(dst, src.data(), src.size_bytes());
+      return;
+    case DType::I32: {
+      auto* d = static_cast<std::int32_t*>(dst);
+      for (std::size_t i = 0; i < src.size(); ++i) d[i] = static_cast<std::int32_t>(src[i]);
+      return;
+    }
+    case DType::U8: {
+      auto* d = static_cast<std::uint8_t*>(dst);
+      for (std::size_t i = 0; i < src.size(); ++i) d[i] = static_cast<std::uint8_t>(src[i]);
+      return;
+    }
+  }
+}
+
+void decode_to_f32(DType dtype, const void* src, std::size_t count, float* dst) {
+  switch (dtype) {
+    case DType::F16: {
+      const auto* s = static_cast<const std::uint16_t*>(src);
+      for (std::size_t i = 0; i < count; ++i) dst[i] = f16_to_f32(s[i]);
+      return;
+    }
+    case DType::BF16: {
+      const auto* s = static_cast<const std::uint16_t*>(src);
+      for (std::size_t i = 0; i < count; ++i) dst[i] = bf16_to_f32(s[i]);
+      return;
+    }
+    case DType::F32:
+      std::memcpy(dst, src, count * sizeof(float));
+      return;
+    case DType::I32: {
+      const auto* s = static_cast<const std::int32_t*>(src);
+      for (std::size_t i = 0; i < count; ++i) dst[i] = static_cast<float>(s[i]);
+      return;
+    }
+    case DType::U8: {
+      const auto* s = static_cast<const std::uint8_t*>(src);
+      for (std::size_t i = 0; i < count; ++i) dst[i] = static_cast<float>(s[i]);
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+// ── Buffers ────────────────────────────────────────────────────────────────
+
+Buffer Backend::alloc(DType dtype, std::size_t numel) {
+  OpCheck check(*this, "alloc");
+  refuse_during_capture(check);
+  check.size("numel", numel);
+  const std::size_t bytes = check.product({numel, size_of(dtype)});
+  void* p = allocate_bytes(bytes);
+  return make_buffer(p, dtype, numel, /*owning=*/true);
+}
+
+Buffer Backend::upload(std::span<const float> host, DType dtype) {
+  Buffer b = alloc(dtype, host.size());
+  write(b, host, 0);
+  return b;
+}
+
+void Backend::write(Buffer& dst, std::span<const float> host, std::size_t dst_offset) {
+  OpCheck check(*this, "write");
+  refuse_during_capture(check);
+  check.buffer("dst", dst);
+  if (dst_offset > dst.numel() || host.size() > dst.numel() - dst_offset) {
+    check.fail(ErrorCode::ShapeMismatch, "write: {} values at offset {} run past 'dst' ({} elements)",
+         host.size(), dst_offset, dst.numel());
+  }
+  if (host.empty()) return;
+  std::vector<std::uint8_t> staged(host.size() * size_of(dst.dtype()));
+  encode_from_f32(dst.dtype(), host, staged.data());
+  do_write_bytes(dst, dst_offset * size_of(dst.dtype()), staged.data(), staged.size());
+}
+
+void Backend::write_bytes(Buffer& dst, const void* host, std::size_t bytes, std::size_t dst_byte_offset) {
+  OpCheck check(*this, "write_bytes");
+  refuse_during_capture(check);
+  check.buffer("dst", dst);
+  if (host == nullptr && bytes > 0) check.fail(ErrorCode::NullBuffer, "write_bytes: argument 'host' is null");
+  if (dst_byte_offset > dst.nbytes() || bytes > dst.nbytes() - dst_byte_offset) {
+    check.fail(ErrorCode::ShapeMismatch, "write_bytes: {} bytes at byte offset {} run past 'dst' ({} bytes)",
+         bytes, dst_byte_offset, dst.nbytes());
+  }
+  if (bytes > 0) do_write_bytes(dst, dst_byte_offset, host, bytes);
+}
+
+std::vector<float> Backend::download(const Buffer& src, std::size_t count) {
+  OpCheck check(*this, "download");
+  refuse_during_capture(check);
+  check.buffer("src", src);
+  if (count > src.numel()) {
+    check.fail(ErrorCode::ShapeMismatch, "download: argument 'count' = {} exceeds the buffer's {} elements",
+         count, src.numel());
+  }
+  std::vector<std::uint8_t> raw(count * size_of(src.dtype()));
+  if (count > 0) do_read_bytes(src, 0, raw.data(), raw.size());
+  std::vector<float> out(count);
+  decode_to_f32(src.dtype(), raw.data(), count, out.data());
+  return out;
+}
+
+void Backend::read_bytes(const Buffer& src, void* host, std::size_t bytes, std::size_t src_byte_offset) {
+  OpCheck check(*this, "read_bytes");
+  refuse_during_capture(check);
+  check.buffer("src", src);
+  if (host == nullptr && bytes > 0) check.fail(ErrorCode::NullBuffer, "read_bytes: argument 'host' is null");
+  if (src_byte_offset > src.nbytes() || bytes > src.nbytes() - src_byte_offset) {
+    check.fail(ErrorCode::ShapeMismatch, "read_bytes: {} bytes at byte offset {} run past 'src' ({} bytes)",
+         bytes, src_byte_offset, src.nbytes());
+  }
+  if (bytes > 0) do_read_bytes(src, src_byte_offset, host, bytes);
+}
+
+void Backend::copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
+                         std::size_t len) {
+  OpCheck check(*this, "copy_slice");
+  check.buffer("src", src);
+  check.buffer("dst", dst);
+  check.same_dtype("dst", dst, "src", src);
+  check.size("len", len);
+  if (src_offset > src.numel() || len > src.numel() - src_offset) {
+    check.fail(ErrorCode::ShapeMismatch, "copy_slice: source range [{}, {}) runs past 'src' ({} elements)",
+         src_offset, src_offset + len, src.numel());
+  }
+  if (dst_offset > dst.numel() || len > dst.numel() - dst_offset) {
+    check.fail(ErrorCode::ShapeMismatch, "copy_slice: destination range [{}, {}) runs past 'dst' ({} elements)",
+         dst_offset, dst_offset + len, dst.numel());
+  }
+  do_copy_slice(src, src_offset, dst, dst_offset, len);
+}
+
+// ── Decode state and graphs ───────────────────────────────────────────────
+
+void Backend::set_decode_state(std::uint32_t token, std::uint32_t step) {
+  OpCheck check(*this, "set_decode_state");
+  refuse_during_capture(check);
+  constexpr auto kMax = static_cast<std::uint32_t>(std::numeric_limits<std::int32_t>::max());
+  if (token > kMax) check.fail(ErrorCode::InvalidArgument, "set_decode_state: argument 'token' = {} exceeds {}", token, kMax);
+  if (step >= kMax) check.fail(ErrorCode::InvalidArgument, "set_decode_state: argument 'step' = {} must be below {}", step, kMax);
+  do_set_decode_state(static_cast<std::int32_t>(token), static_cast<std::int32_t>(step),
+                      static_cast<std::int32_t>(step) + 1);
+}
+
+void Backend::begin_graph_capture() {
+  OpCheck check(*this, "begin_graph_capture");
+  if (is_capturing()) check.fail(ErrorCode::GraphCapture, "begin_graph_capture: a capture is already in progress");
+  do_begin_graph_capture();
+}
+
+void Backend::end_graph_capture() {
+  OpCheck check(*this, "end_graph_capture");
+  if (!is_capturing()) check.fail(ErrorCode::GraphCapture, "end_graph_capture: no capture is in progress");
+  do_end_graph_capture();
+}
+
+bool Backend::replay_last_graph() {
+  OpCheck check(*this, "replay_last_graph");
+  if (is_capturing()) check.fail(ErrorCode::GraphCapture, "replay_last_graph: not allowed while capturing");
+  return do_replay_last_graph();
+}
+
+void Backend::reset_graph() {
+  OpCheck check(*this, "reset_graph");
+  if (is_capturing()) check.fail(ErrorCode::GraphCapture, "reset_graph: not allowed while capturing");
+  do_reset_graph();
+}
+
+void Backend::do_begin_graph_capture() {
+  OpCheck check(*this, "begin_graph_capture");
+  check.fail(ErrorCode::Unsupported, "begin_graph_capture: the {} backend has no graph capture", name());
+}
+void Backend::do_end_graph_capture() {
+  OpCheck check(*this, "end_graph_capture");
+  check.fail(ErrorCode::Unsupported, "end_graph_capture: the {} backend has no graph capture", name());
+}
+bool Backend::do_replay_last_graph() { return false; }
+void Backend::do_reset_graph() {}
+
+// ── Norms ──────────────────────────────────────────────────────────────────
+
+void Backend::rms_norm(const Buffer& x, const Buffer& w, float eps, Buffer& out, std::size_t tokens,
+                       std::size_t dim) {
+  OpCheck check(*this, "rms_norm");
+  check.size("tokens", tokens);
+  check.size("dim", dim);
+  check.eps(eps);
+  check.buffer("x", x);
+  check.buffer("w", w);
+  check.buffer("out", out);
+  check.activation("x", x);
+  check.same_dtype("w", w, "x", x);
+  check.same_dtype("out", out, "x", x);
+  const std::size_t n = check.product({tokens, dim});
+  check.holds("x", x, n, "[tokens, dim]");
+  check.holds("w", w, dim, "[dim]");
+  check.holds("out", out, n, "[tokens, dim]");
+  do_rms_norm(x, w, eps, out, tokens, dim);
+}
+
+void Backend::fused_add_rms_norm(Buffer& residual, const Buffer& x, const Buffer& w, float eps,
+                                 Buffer& out, std::size_t tokens, std::size_t dim) {
+  OpCheck check(*this, "fused_add_rms_norm");
+  check.size("tokens", tokens);
+  check.size("dim", dim);
+  check.eps(eps);
+  check.buffer("residual", residual);
+  check.buffer("x", x);
+  check.buffer("w", w);
+  check.buffer("out", out);
+  check.activation("x", x);
+  check.same_dtype("residual", residual, "x", x);
+  check.same_dtype("w", w, "x", x);
+  check.same_dtype("out", out, "x", x);
+  const std::size_t n = check.product({tokens, dim});
+  check.holds("residual", residual, n, "[tokens, dim]");
+  check.holds("x", x, n, "[tokens, dim]");
+  check.holds("w", w, dim, "[dim]");
+  check.holds("out", out, n, "[tokens, dim]");
+  do_fused_add_rms_norm(residual, x, w, eps, out, tokens, dim);
+}
+
+void Backend::layer_norm(const Buffer& x, const Buffer& gamma, const Buffer& beta, float eps,
+                         Buffer& out, std::size_t tokens, std::size_t dim) {
+  OpCheck check(*this, "layer_norm");
+  check.size("tokens", tokens);
+  check.size("dim", dim);
+  check.eps(eps);
+  check.buffer("x", x);
+  check.buffer("gamma", gamma);
+  check.buffer("beta", beta);
+  check.buffer("out", out);
+  check.activation("x", x);
+  check.same_dtype("gamma", gamma, "x", x);
+  check.same_dtype("beta", beta, "x", x);
+  check.same_dtype("out", out, "x", x);
+  const std::size_t n = check.product({tokens, dim});
+  check.holds("x", x, n, "[tokens, dim]");
+  check.holds("gamma", gamma, dim, "[dim]");
+  check.holds("beta", beta, dim, "[dim]");
+  check.holds("out", out, n, "[tokens, dim]");
+  do_layer_norm(x, gamma, beta, eps, out, tokens, dim);
+}
+
+// ── Elementwise ────────────────────────────────────────────────────────────
+
+void Backend::gelu(const Buffer& x, Buffer& out, std::size_t len, GeluApproximation approx) {
+  OpCheck check(*this, "gelu");
+  check.size("len", len);
+  check.buffer("x", x);
+  check.buffer("out", out);
+  check.activation("x", x);
+  check.same_dtype("out", out, "x", x);
+  check.holds("x", x, len, "[len]");
+  check.holds("out", out, len, "[len]");
+  if (approx != GeluApproximation::Erf && approx != GeluApproximation::Tanh) {
+    check.fail(ErrorCode::InvalidArgument, "gelu: argument 'approx' = {} is not a GeluApproximation",
+         static_cast<int>(approx));
+  }
+  do_gelu(x, out, len, approx);
+}
+
+void Backend::add_bias(Buffer& data, const Buffer& bias, std::size_t rows, std::size_t cols) {
+  OpCheck check(*this, "add_bias");
+  check.size("rows", rows);
+  check.size("cols", cols);
+  check.buffer("data", data);
+  check.buffer("bias", bias);
+  check.activation("data", data);
+  check.same_dtype("bias", bias, "data", data);
+  check.holds("data", data, check.product({rows, cols}), "[rows, cols]");
+  check.holds("bias", bias, cols, "[cols]");
+  do_add_bias(data, bias, rows, cols);
+}
+
+void Backend::add_inplace(Buffer& residual, const Buffer& x, std::size_t len) {
+  OpCheck check(*this, "add_inplace");
+  check.size("len", len);
+  check.buffer("residual", residual);
+  check.buffer("x", x);
+  check.activation("residual", residual);
+  check.same_dtype("x", x, "residual", residual);
+  check.holds("residual", residual, len, "[len]");
+  check.holds("x", x, len, "[len]");
+  do_add_inplace(residual, x, len);
+}
+
+// ── GEMM ───────────────────────────────────────────────────────────────────
+
+void Backend::gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m, std::size_t n,
+                   std::size_t k) {
+  OpCheck check(*this, "gemm");
+  check.size("m", m);
+  check.size("n", n);
+  check.size("k", k);
+  check.buffer("a", a);
+  check.buffer("b", b);
+  check.buffer("out", out);
+  check.activation("a", a);
+  check.same_dtype("b", b, "a", a);
+  check.same_dtype("out", out, "a", a);
+  check.holds("a", a, check.product({m, k}), "[m, k]");
+  check.holds("b", b, check.product({n, k}), "[n, k]");
+  check.holds("out", out, check.product({m, n}), "[m, n]");
+  do_gemm(a, b, out, m, n, k);
+}
+
+// ── Embedding and reshaping ────────────────────────────────────────────────
+
+void Backend::embedding_lookup(const Buffer& table, const Buffer& ids, Buffer& out, std::size_t tokens,
+                               std::size_t dim) {
+  OpCheck check(*this, "embedding_lookup");
+  check.size("tokens", tokens);
+  check.size("dim", dim);
+  check.buffer("table", table);
+  check.buffer("out", out);
+  check.activation("table", table);
+  check.same_dtype("out", out, "table", table);
+  const std::size_t vocab = table.numel() / dim;
+  if (vocab == 0) {
+    check.fail(ErrorCode::ShapeMismatch, "embedding_lookup: argument 'table' has {} elements, less than one row of dim = {}",
+         table.numel(), dim);
+  }
+  check.holds("out", out, check.product({tokens, dim}), "[tokens, dim]");
+  const bool use_state = device_state_mode_ && tokens == 1;
+  if (!use_state) {
+    check.buffer("ids", ids);
+    check.dtype("ids", ids, DType::I32);
+    check.holds("ids", ids, tokens, "[tokens]");
+  }
+  do_embedding_lookup(table, ids, out, tokens, dim, vocab, use_state);
+}
+
+void Backend::split_qkv(const Buffer& qkv, Buffer& q, Buffer& k, Buffer& v, std::size_t tokens,
+                        std::size_t q_dim, std::size_t kv_dim) {
+  OpCheck check(*this, "split_qkv");
+  check.size("tokens", tokens);
+  check.size("q_dim", q_dim);
+  check.size("kv_dim", kv_dim);
+  check.buffer("qkv", qkv);
+  check.buffer("q", q);
+  check.buffer("k", k);
+  check.buffer("v", v);
+  check.activation("qkv", qkv);
+  check.same_dtype("q", q, "qkv", qkv);
+  check.same_dtype("k", k, "qkv", qkv);
+  check.same_dtype("v", v, "qkv", qkv);
+  const std::size_t row = q_dim + 2 * kv_dim;
+  check.holds("qkv", qkv, check.product({tokens, row}), "[tokens, q_dim + 2*kv_dim]");
+  check.holds("q", q, check.product({tokens, q_dim}), "[tokens, q_dim]");
+  check.holds("k", k, check.product({tokens, kv_dim}), "[tokens, kv_dim]");
+  check.holds("v", v, check.product({tokens, kv_dim}), "[tokens, kv_dim]");
+  do_split_qkv(qkv, q, k, v, tokens, q_dim, kv_dim);
+}
+
+void Backend::fused_silu_mul_split(const Buffer& gate_up, Buffer& out, std::size_t tokens, std::size_t im) {
+  OpCheck check(*this, "fused_silu_mul_split");
+  check.size("tokens", tokens);
+  check.size("im", im);
+  check.buffer("gate_up", gate_up);
+  check.buffer("out", out);
+  check.activation("gate_up", gate_up);
+  check.same_dtype("out", out, "gate_up", gate_up);
+  check.holds("gate_up", gate_up, check.product({tokens, 2, im}), "[tokens, 2*im]");
+  check.holds("out", out, check.product({tokens, im}), "[tokens, im]");
+  do_fused_silu_mul_split(gate_up, out, tokens, im);
+}
+
+void Backend::qk_norm_rope(const Buffer& input, const Buffer* norm_w, const Buffer& cos, const Buffer& sin,
+                           Buffer& output, std::size_t tokens, std::size_t heads, std::size_t head_dim,
+                           std::size_t pos_offset, float eps, RopeMode mode) {
+  OpCheck check(*this, "qk_norm_rope");
+  check.size("tokens", tokens);
+  check.size("heads", heads);
+  check.size("head_dim", head_dim);
+  if (head_dim % 2 != 0) {
+    check.fail(ErrorCode::InvalidArgument, "qk_norm_rope: argument 'head_dim' = {} must be even (NeoX rotation pairs halves)",
+         head_dim);
+  }
+  if (mode != RopeMode::NormAndRope && mode != RopeMode::RopeOnly) {
+    check.fail(ErrorCode::InvalidArgument, "qk_norm_rope: argument 'mode' = {} is not a RopeMode", static_cast<int>(mode));
+  }
+  check.buffer("input", input);
+  check.buffer("output", output);
+  check.buffer("cos", cos);
+  check.buffer("sin", sin);
+  check.activation("input", input);
+  check.same_dtype("output", output, "input", input);
+  check.dtype("cos", cos, DType::F32);
+  check.dtype("sin", sin, DType::F32);
+  if (mode == RopeMode::NormAndRope) {
+    check.eps(eps);
+    if (norm_w == nullptr) {
+      check.fail(ErrorCode::NullBuffer, "qk_norm_rope: argument 'norm_w' is null but mode is NormAndRope");
+    }
+    check.buffer("norm_w", *norm_w);
+    check.same_dtype("norm_w", *norm_w, "input", input);
+    check.holds("norm_w", *norm_w, head_dim, "[head_dim]");
+  }
+  const std::size_t n = check.product({tokens, heads, head_dim});
+  check.holds("input", input, n, "[tokens, heads, head_dim]");
+  check.holds("output", output, n, "[heads, tokens, head_dim]");
+  const std::size_t half = head_dim / 2;
+  if (cos.numel() != sin.numel()) {
+    check.fail(ErrorCode::ShapeMismatch, "qk_norm_rope: 'cos' has {} elements but 'sin' has {}", cos.numel(),
+         sin.numel());
+  }
+  const std::size_t max_pos = cos.numel() / half;
+  const bool use_state = device_state_mode_ && tokens == 1;
+  if (!use_state && (pos_offset > max_pos || tokens > max_pos - pos_offset)) {
+    check.fail(ErrorCode::CapacityExceeded,
+         "qk_norm_rope: positions [{}, {}) run past the {} positions of the cos/sin tables", pos_offset,
+         pos_offset + tokens, max_pos);
+  }
+  if (max_pos == 0) {
+    check.fail(ErrorCode::ShapeMismatch, "qk_norm_rope: 'cos' has {} elements, less than one row of head_dim/2 = {}",
+         cos.numel(), half);
+  }
+  do_qk_norm_rope(input, norm_w, cos, sin, output, tokens, heads, head_dim, pos_offset, max_pos, eps, mode,
+                  use_state);
+}
+
+void Backend::kv_cache_append_head_major(Buffer& cache_k, Buffer& cache_v, std::size_t cache_len,
+                                         std::size_t capacity, const Buffer& new_k, const Buffer& new_v,
+                                         std::size_t new_tokens, std::size_t nkv, std::size_t hd) {
+  OpCheck check(*this, "kv_cache_append_head_major");
+  check.size("capacity", capacity);
+  check.size("new_tokens", new_tokens);
+  check.size("nkv", nkv);
+  check.size("hd", hd);
+  check.buffer("cache_k", cache_k);
+  check.buffer("cache_v", cache_v);
+  check.buffer("new_k", new_k);
+  check.buffer("new_v", new_v);
+  check.activation("cache_k", cache_k);
+  check.same_dtype("cache_v", cache_v, "cache_k", cache_k);
+  check.same_dtype("new_k", new_k, "cache_k", cache_k);
+  check.same_dtype("new_v", new_v, "cache_k", cache_k);
+  const std::size_t cache_n = check.product({nkv, capacity, hd});
+  check.holds("cache_k", cache_k, cache_n, "[nkv, capacity, hd]");
+  check.holds("cache_v", cache_v, cache_n, "[nkv, capacity, hd]");
+  const std::size_t new_n = check.product({nkv, new_tokens, hd});
+  check.holds("new_k", new_k, new_n, "[nkv, new_tokens, hd]");
+  check.holds("new_v", new_v, new_n, "[nkv, new_tokens, hd]");
+  const bool use_state = device_state_mode_ && new_tokens == 1;
+  if (new_tokens > capacity || (!use_state && cache_len > capacity - new_tokens)) {
+    check.fail(ErrorCode::CapacityExceeded,
+         "kv_cache_append_head_major: cache_len {} + new_tokens {} exceeds capacity {}", cache_len,
+         new_tokens, capacity);
+  }
+  do_kv_cache_append_head_major(cache_k, cache_v, cache_len, capacity, new_k, new_v, new_tokens, nkv, hd,
+                                use_state);
+}
+
+void Backend::transpose_head_to_token(const Buffer& src, Buffer& dst, std::size_t tokens, std::size_t heads,
+                                      std::size_t dim) {
+  OpCheck check(*this, "transpose_head_to_token");
+  check.size("tokens", tokens);
+  check.size("heads", heads);
+  check.size("dim", dim);
+  check.buffer("src", src);
+  check.buffer("dst", dst);
+  check.activation("src", src);
+  check.same_dtype("dst", dst, "src", src);
+  const std::size_t n = check.product({tokens, heads, dim});
+  check.holds("src", src, n, "[heads, tokens, dim]");
+  check.holds("dst", dst, n, "[tokens, heads, dim]");
+  do_transpose_head_to_token(src, dst, tokens, heads, dim);
+}
+
+// ── Attention ──────────────────────────────────────────────────────────────
+
+void Backend::flash_attention(const Buffer& q, const Buffer& k, const Buffer& v, Buffer& out,
+                              std::size_t batch, std::size_t q_len, std::size_t kv_len,
+                              std::size_t pos_offset, const AttnConfig& cfg) {
+  OpCheck check(*this, "flash_attention");
+  check.size("batch", batch);
+  check.size("q_len", q_len);
+  check.size("kv_len", kv_len);
+  check.size("cfg.num_heads", cfg.num_heads);
+  check.size("cfg.num_kv_heads", cfg.num_kv_heads);
+  check.size("cfg.head_dim", cfg.head_dim);
+  if (cfg.num_heads % cfg.num_kv_heads != 0) {
+    check.fail(ErrorCode::InvalidArgument,
+         "flash_attention: cfg.num_heads = {} is not a multiple of cfg.num_kv_heads = {} (GQA group)",
+         cfg.num_heads, cfg.num_kv_heads);
+  }
+  if (!(cfg.scale >= 0.0f) || !std::isfinite(cfg.scale)) {
+    check.fail(ErrorCode::InvalidArgument, "flash_attention: cfg.scale = {} must be finite and >= 0 (0 means 1/sqrt(head_dim))",
+         cfg.scale);
+  }
+  check.buffer("q", q);
+  check.buffer("k", k);
+  check.buffer("v", v);
+  check.buffer("out", out);
+  check.activation("q", q);
+  check.same_dtype("k", k, "q", q);
+  check.same_dtype("v", v, "q", q);
+  check.same_dtype("out", out, "q", q);
+  const bool use_state = device_state_mode_ && q_len == 1;
+  const std::size_t stride = cfg.kv_seq_stride > 0 ? cfg.kv_seq_stride : kv_len;
+  if (kv_len > stride) {
+    check.fail(ErrorCode::CapacityExceeded, "flash_attention: kv_len = {} exceeds cfg.kv_seq_stride = {}", kv_len,
+         stride);
+  }
+  if (cfg.causal && !use_state && (pos_offset > kv_len || q_len > kv_len - pos_offset)) {
+    check.fail(ErrorCode::InvalidArgument,
+         "flash_attention: causal queries at positions [{}, {}) need keys past kv_len = {}", pos_offset,
+         pos_offset + q_len, kv_len);
+  }
+  const std::size_t qn = check.product({batch, cfg.num_heads, q_len, cfg.head_dim});
+  const std::size_t kvn = check.product({batch, cfg.num_kv_heads, stride, cfg.head_dim});
+  check.holds("q", q, qn, "[batch, num_heads, q_len, head_dim]");
+  check.holds("k", k, kvn, "[batch, num_kv_heads, kv_seq_stride, head_dim]");
+  check.holds("v", v, kvn, "[batch, num_kv_heads, kv_seq_stride, head_dim]");
+  check.holds("out", out, qn, "[batch, num_heads, q_len, head_dim]");
+  do_flash_attention(q, k, v, out, batch, q_len, kv_len, pos_offset, cfg, use_state);
+}
+
+void Backend::do_flash_attention(const Buffer&, const Buffer&, const Buffer&, Buffer&, std::size_t,
+                                 std::size_t, std::size_t, std::size_t, const AttnConfig&, bool) {
+  OpCheck check(*this, "flash_attention");
+  check.fail(ErrorCode::Unsupported,
+       "flash_attention: not implemented on the {} backend yet (split-K decode and tensor-core prefill "
+       "kernels are still to come)",
+       name());
+}
+
+void Backend::mla_attention(const Buffer& q, const Buffer& kv_latent, Buffer& out, std::size_t batch,
+                            std::size_t q_len, std::size_t kv_len, const MlaConfig& cfg) {
+  OpCheck check(*this, "mla_attention");
+  check.size("batch", batch);
+  check.size("q_len", q_len);
+  check.size("kv_len", kv_len);
+  check.size("cfg.num_heads", cfg.num_heads);
+  check.size("cfg.kv_lora_rank", cfg.kv_lora_rank);
+  check.size("cfg.v_head_dim", cfg.v_head_dim);
+  check.buffer("q", q);
+  check.buffer("kv_latent", kv_latent);
+  check.buffer("out", out);
+  check.activation("q", q);
+  check.same_dtype("kv_latent", kv_latent, "q", q);
+  check.same_dtype("out", out, "q", q);
+  const std::size_t latent = cfg.kv_lora_rank + cfg.qk_rope_head_dim;
+  check.holds("q", q, check.product({batch, cfg.num_heads, q_len, latent}),
+              "[batch, num_heads, q_len, kv_lora_rank + rope_dim]");
+  check.holds("kv_latent", kv_latent, check.product({batch, kv_len, latent}),
+              "[batch, kv_len, kv_lora_rank + rope_dim]");
+  check.holds("out", out, check.product({batch, cfg.num_heads, q_len, cfg.v_head_dim}),
+              "[batch, num_heads, q_len, v_head_dim]");
+  do_mla_attention(q, kv_latent, out, batch, q_len, kv_len, cfg);
+}
+
+void Backend::do_mla_attention(const Buffer&, const Buffer&, Buffer&, std::size_t, std::size_t, std::size_t,
+                               const MlaConfig&) {
+  OpCheck check(*this, "mla_attention");
+  check.fail(ErrorCode::Unsupported, "mla_attention: not implemented on the {} backend (no MLA kernel yet)", name());
+}
+
+// ── Quantized GEMM ─────────────────────────────────────────────────────────
+
+std::unique_ptr<QuantWeight> Backend::load_gptq(const GptqHostTensors& tensors) {
+  OpCheck check(*this, "load_gptq");
+  refuse_during_capture(check);
+  return do_load_gptq(tensors);
+}
+
+std::unique_ptr<QuantWeight> Backend::do_load_gptq(const GptqHostTensors&) {
+  OpCheck check(*this, "load_gptq");
+  check.fail(ErrorCode::Unsupported,
+       "load_gptq: not implemented on the {} backend yet (GPTQ repack and INT4 GEMM are still to come)",
+       name());
+}
+
+void Backend::gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) {
+  OpCheck check(*this, "gemm_gptq");
+  check.size("m", m);
+  if (w.backend() != this) check.fail(ErrorCode::WrongBackend, "gemm_gptq: argument 'w' belongs to another backend");
+  if (w.kind() != QuantKind::Gptq) check.fail(ErrorCode::InvalidArgument, "gemm_gptq: argument 'w' is not a GPTQ weight");
+  check.buffer("a", a);
+  check.buffer("out", out);
+  check.activation("a", a);
+  check.same_dtype("out", out, "a", a);
+  check.holds("a", a, check.product({m, w.k()}), "[m, k]");
+  check.holds("out", out, check.product({m, w.n()}), "[m, n]");
+  do_gemm_gptq(a, w, out, m);
+}
+
+void Backend::do_gemm_gptq(const Buffer&, const QuantWeight&, Buffer&, std::size_t) {
+  OpCheck check(*this, "gemm_gptq");
+  check.fail(ErrorCode::Unsupported, "gemm_gptq: not implemented on the {} backend yet", name());
+}
+
+void Backend::gemm_quant(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) {
+  OpCheck check(*this, "gemm_quant");
+  switch (w.kind()) {
+    case QuantKind::Gptq:
+      gemm_gptq(a, w, out, m);
+      return;
+    case QuantKind::Awq:
+      check.fail(ErrorCode::Unsupported, "gemm_quant: quant kind Awq is not supported");
+    case QuantKind::Fp8:
+      check.fail(ErrorCode::Unsupported, "gemm_quant: quant kind Fp8 is not supported");
+  }
+  check.fail(ErrorCode::InvalidArgument, "gemm_quant: argument 'w' has unknown quant kind {}", static_cast<int>(w.kind()));
+}
+
+// ── Collectives ────────────────────────────────────────────────────────────
+
+void Backend::all_reduce(Buffer& buf, std::size_t len, ReduceOp op) {
+  OpCheck check(*this, "all_reduce");
+  check.size("len", len);
+  check.buffer("buf", buf);
+  check.one_of("buf", buf, {DType::F16, DType::BF16, DType::F32});
+  check.holds("buf", buf, len, "[len]");
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Max:
+    case ReduceOp::Min:
+    case ReduceOp::Prod:
+    case ReduceOp::Avg:
+      break;
+    default:
+      check.fail(ErrorCode::InvalidArgument, "all_reduce: argument 'op' = {} is not a ReduceOp", static_cast<int>(op));
+  }
+  do_all_reduce(buf, len, op);
+}
+
+void Backend::all_gather(const Buffer& local, Buffer& global, std::size_t local_len) {
+  OpCheck check(*this, "all_gather");
+  check.size("local_len", local_len);
+  check.buffer("local", local);
+  check.buffer("global", global);
+  check.one_of("local", local, {DType::F16, DType::BF16, DType::F32});
+  check.same_dtype("global", global, "local", local);
+  check.holds("local", local, local_len, "[local_len]");
+  check.holds("global", global, check.product({world_size(), local_len}), "[world_size * local_len]");
+  do_all_gather(local, global, local_len);
+}
+
+void Backend::broadcast(Buffer& buf, std::size_t len, std::size_t src_rank) {
+  OpCheck check(*this, "broadcast");
+  check.size("len", len);
+  check.buffer("buf", buf);
+  check.one_of("buf", buf, {DType::F16, DType::BF16, DType::F32});
+  check.holds("buf", buf, len, "[len]");
+  if (src_rank >= world_size()) {
+    check.fail(ErrorCode::InvalidArgument, "broadcast: argument 'src_rank' = {} is not below world size {}", src_rank,
+         world_size());
+  }
+  do_broadcast(buf, len, src_rank);
+}
+
+// World size 1 without a communicator: the collectives are identities.
+void Backend::do_all_reduce(Buffer&, std::size_t, ReduceOp) {
+  OpCheck check(*this, "all_reduce");
+  if (world_size() != 1) {
+    check.fail(ErrorCode::Unsupported, "all_reduce: world size is {} but the {} backend has no communicator",
+         world_size(), name());
+  }
+}
+
+void Backend::do_all_gather(const Buffer& local, Buffer& global, std::size_t local_len) {
+  OpCheck check(*this, "all_gather");
+  if (world_size() != 1) {
+    check.fail(ErrorCode::Unsupported, "all_gather: world size is {} but the {} backend has no communicator",
+         world_size(), name());
+  }
+  do_copy_slice(local, 0, global, 0, local_len);
+}
+
+void Backend::do_broadcast(Buffer&, std::size_t, std::size_t) {
+  OpCheck check(*this, "broadcast");
+  if (world_size() != 1) {
+    check.fail(ErrorCode::Unsupported, "broadcast: world size is {} but the {} backend has no communicator",
+         world_size(), name());
+  }
+}
+
+}  // namespace ferrum

@@ -1,0 +1,17 @@
+// Throwing ferrum::Error with an fmt-formatted message. Private to src/.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "ferrum/error.hpp"
+
+namespace ferrum::detail {
+
+template <class... Args>
+[[noreturn]] void fail(ErrorCode code, fmt::format_string<Args...> format, Args&&... args) {
+  throw Error(code, fmt::format(format, std::forward<Args>(args)...));
+}
+
+}  // namespace ferrum::detail

@@ -1,0 +1,733 @@
+// CpuBackend: the reference implementation of every op. It is the oracle the
+// GPU kernels are tested against, so it favours plain, literal semantics:
+// values are decoded to f32, elementwise math is done in f32, reductions are
+// accumulated in f64, and each output is rounded once (round to nearest
+// even) into the buffer's dtype. Work is split over rows across threads;
+// every output element is computed by one thread in a fixed order, so
+// results do not depend on the thread count.
+#include "ferrum/cpu_backend.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "common/fail.hpp"
+#include "ferrum/half.hpp"
+
+namespace ferrum {
+
+using detail::fail;
+
+namespace {
+
+// Below this many elements of work a task is not worth a thread of its own.
+constexpr std::size_t kMinTaskElements = std::size_t{1} << 14;
+
+constexpr std::size_t kHostAlignment = 64;
+
+// ── Element access ──────────────────────────────────────────────────────────
+
+const std::byte* bytes_of(const Buffer& b) { return static_cast<const std::byte*>(b.data()); }
+std::byte* bytes_of(Buffer& b) { return static_cast<std::byte*>(b.data()); }
+
+[[noreturn]] void not_floating_point(std::string_view what, DType dtype) {
+  // Validation lets only f16 / bf16 / f32 reach the decoders; anything else is a bug here.
+  fail(ErrorCode::Internal, "cpu backend: {} got dtype {}, which is not a floating-point type", what,
+       to_string(dtype));
+}
+
+// dst[0 .. count) = src[offset .. offset + count) as f32.
+void decode(const Buffer& src, std::size_t offset, std::size_t count, float* dst) {
+  switch (src.dtype()) {
+    case DType::F16: {
+      const auto* s = static_cast<const std::uint16_t*>(src.data()) + offset;
+      for (std::size_t i = 0; i < count; ++i) dst[i] = f16_to_f32(s[i]);
+      return;
+    }
+    case DType::BF16: {
+      const auto* s = static_cast<const std::uint16_t*>(src.data()) + offset;
+      for (std::size_t i = 0; i < count; ++i) dst[i] = bf16_to_f32(s[i]);
+      return;
+    }
+    case DType::F32:
+      std::memcpy(dst, static_cast<const float*>(src.data()) + offset, count * sizeof(float));
+      return;
+    case DType::I32:
+    case DType::U8:
+      break;
+  }
+  not_floating_point("decode", src.dtype());
+}
+
+// dst[offset .. offset + count) = src[0 .. count), rounded to dst's dtype.
+void encode(const float* src, std::size_t count, Buffer& dst, std::size_t offset) {
+  switch (dst.dtype()) {
+    case DType::F16: {
+      auto* d = static_cast<std::uint16_t*>(dst.data()) + offset;
+      for (std::size_t i = 0; i < count; ++i) d[i] = f32_to_f16(src[i]);
+      return;
+    }
+    case DType::BF16: {
+      auto* d = static_cast<std::uint16_t*>(dst.data()) + offset;
+      for (std::size_t i = 0; i < count; ++i) d[i] = f32_to_bf16(src[i]);
+      return;
+    }
+    case DType::F32:
+      std::memcpy(static_cast<float*>(dst.data()) + offset, src, count * sizeof(float));
+      return;
+    case DType::I32:
+    case DType::U8:
+      break;
+  }
+  not_floating_point("encode", dst.dtype());
+}
+
+// f64 -> f32 rounding to odd: when inexact, the neighbour of the two around
+// `value` whose last mantissa bit is 1. f32 keeps far more than two bits
+// beyond f16 / bf16, so rounding this to nearest even gives the same result
+// as rounding `value` itself once; a plain f64 -> f32 -> f16 chain would
+// round twice and can miss at ties.
+float round_to_odd_f32(double value) {
+  const float nearest = static_cast<float>(value);
+  if (std::isnan(value) || static_cast<double>(nearest) == value) return nearest;
+  if ((f32_to_bits(nearest) & 1u) != 0) return nearest;
+  const float toward = value > static_cast<double>(nearest) ? std::numeric_limits<float>::infinity()
+                                                            : -std::numeric_limits<float>::infinity();
+  return std::nextafter(nearest, toward);
+}
+
+// dst[offset] = value (f64), rounded once into dst's dtype.
+void store_f64(double value, Buffer& dst, std::size_t offset) {
+  switch (dst.dtype()) {
+    case DType::F16:
+      static_cast<std::uint16_t*>(dst.data())[offset] = f32_to_f16(round_to_odd_f32(value));
+      return;
+    case DType::BF16:
+      static_cast<std::uint16_t*>(dst.data())[offset] = f32_to_bf16(round_to_odd_f32(value));
+      return;
+    case DType::F32:
+      static_cast<float*>(dst.data())[offset] = static_cast<float>(value);
+      return;
+    case DType::I32:
+    case DType::U8:
+      break;
+  }
+  not_floating_point("store_f64", dst.dtype());
+}
+
+std::vector<float> decode_all(const Buffer& src, std::size_t count) {
+  std::vector<float> values(count);
+  decode(src, 0, count, values.data());
+  return values;
+}
+
+// The value `value` becomes once stored in a buffer of `dtype`.
+float round_to(DType dtype, float value) {
+  switch (dtype) {
+    case DType::F16:
+      return f16_to_f32(f32_to_f16(value));
+    case DType::BF16:
+      return bf16_to_f32(f32_to_bf16(value));
+    case DType::F32:
+      return value;
+    case DType::I32:
+    case DType::U8:
+      break;
+  }
+  not_floating_point("round_to", dtype);
+}
+
+// Bit copy of `count` elements; src and dst have the same dtype.
+void copy_elements(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
+                   std::size_t count) {
+  const std::size_t elem = size_of(src.dtype());
+  std::memcpy(bytes_of(dst) + dst_offset * elem, bytes_of(src) + src_offset * elem, count * elem);
+}
+
+// ── Work splitting ──────────────────────────────────────────────────────────
+
+// Groups `rows` rows of `row_elements` elements each into tasks of whole rows
+// holding at least kMinTaskElements elements, so small ops run inline instead
+// of paying for thread start-up, and scratch space is set up once per task.
+struct RowTasks {
+  RowTasks(std::size_t rows, std::size_t row_elements)
+      : rows(rows), rows_per_task(std::max<std::size_t>(1, kMinTaskElements / std::max<std::size_t>(1, row_elements))) {}
+
+  std::size_t count() const { return (rows + rows_per_task - 1) / rows_per_task; }
+  std::size_t begin(std::size_t task) const { return task * rows_per_task; }
+  std::size_t end(std::size_t task) const { return std::min(rows, begin(task) + rows_per_task); }
+
+  std::size_t rows;
+  std::size_t rows_per_task;
+};
+
+// 1 / sqrt(mean(x²) + eps) of row x[0 .. dim), the sum of squares in f64.
+float rms_scale(const float* x /*[dim]*/, std::size_t dim, float eps) {
+  double sum_sq = 0.0;
+  for (std::size_t d = 0; d < dim; ++d) sum_sq += static_cast<double>(x[d]) * static_cast<double>(x[d]);
+  const double mean_sq = sum_sq / static_cast<double>(dim);
+  return static_cast<float>(1.0 / std::sqrt(mean_sq + static_cast<double>(eps)));
+}
+
+// out_d = (x_d * r) * w_d in f32, with r = rms_scale(x); out may alias x.
+void rms_normalize_row(const float* x /*[dim]*/, const float* w /*[dim]*/, std::size_t dim, float eps,
+                       float* out /*[dim]*/) {
+  const float r = rms_scale(x, dim, eps);
+  for (std::size_t d = 0; d < dim; ++d) out[d] = (x[d] * r) * w[d];
+}
+
+// sums[r] = a_r · b for kRows rows a_r = a + r * lda, each in f64. Loading each
+// element of b once for several rows of a, and keeping several independent
+// partial sums per row (so the adds need not wait on each other), is what
+// makes this usable at 4096³; the partial sums are combined in a fixed order.
+template <std::size_t kRows>
+void dot_rows(const float* a /*[kRows, lda]*/, std::size_t lda, const float* b /*[k]*/, std::size_t k,
+              double* sums /*[kRows]*/) {
+  constexpr std::size_t kLanes = 4;
+  double partial[kRows][kLanes] = {};
+  std::size_t i = 0;
+  for (; i + kLanes <= k; i += kLanes) {
+    for (std::size_t r = 0; r < kRows; ++r) {
+      const float* a_row = a + r * lda + i;
+      for (std::size_t l = 0; l < kLanes; ++l) {
+        partial[r][l] += static_cast<double>(a_row[l]) * static_cast<double>(b[i + l]);
+      }
+    }
+  }
+  for (std::size_t r = 0; r < kRows; ++r) {
+    double sum = (partial[r][0] + partial[r][1]) + (partial[r][2] + partial[r][3]);
+    for (std::size_t j = i; j < k; ++j) {
+      sum += static_cast<double>(a[r * lda + j]) * static_cast<double>(b[j]);
+    }
+    sums[r] = sum;
+  }
+}
+
+}  // namespace
+
+// ── Lifecycle ────────────────────────────────────────────────────────────────
+
+CpuBackend::CpuBackend(CpuBackendConfig config)
+    : num_threads_(config.num_threads != 0 ? config.num_threads
+                                           : std::max(1u, std::thread::hardware_concurrency())) {}
+
+CpuBackend::~CpuBackend() = default;
+
+std::string CpuBackend::name() const { return fmt::format("cpu ({} threads)", num_threads_); }
+
+bool CpuBackend::supports(Op op) const noexcept {
+  switch (op) {
+    case Op::RmsNorm:
+    case Op::FusedAddRmsNorm:
+    case Op::LayerNorm:
+    case Op::Gelu:
+    case Op::AddBias:
+    case Op::AddInplace:
+    case Op::Gemm:
+    case Op::EmbeddingLookup:
+    case Op::SplitQkv:
+    case Op::FusedSiluMulSplit:
+    case Op::QkNormRope:
+    case Op::KvCacheAppendHeadMajor:
+    case Op::TransposeHeadToToken:
+    case Op::CopySlice:
+    case Op::FlashAttention:
+    case Op::DeviceStateMode:
+    case Op::AllReduce:  // world size 1: identities, in the base class
+    case Op::AllGather:
+    case Op::Broadcast:
+      return true;
+    case Op::LoadGptq:
+    case Op::GemmGptq:
+    case Op::GemmQuant:
+    case Op::MlaAttention:
+    case Op::GraphCapture:
+      return false;
+  }
+  return false;
+}
+
+// Runs body(i) for every i in [0, n): [0, n) is cut into one contiguous chunk
+// per worker and the calling thread takes the first. The first exception any
+// chunk throws is rethrown here once every chunk has finished.
+template <class F>
+void CpuBackend::parallel_for(std::size_t n, F&& body) {
+  const std::size_t workers = std::min<std::size_t>(num_threads_, n);
+  if (workers <= 1) {
+    for (std::size_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+
+  std::mutex error_mutex;
+  std::exception_ptr first_error;
+  const std::size_t base = n / workers;
+  const std::size_t extra = n % workers;  // the first `extra` chunks take one more
+  auto run_chunk = [&](std::size_t w) {
+    const std::size_t begin = w * base + std::min(w, extra);
+    const std::size_t end = begin + base + (w < extra ? 1 : 0);
+    try {
+      for (std::size_t i = begin; i < end; ++i) body(i);
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(error_mutex);
+      if (!first_error) first_error = std::current_exception();
+    }
+  };
+
+  std::vector<std::thread> threads;
+  threads.reserve(workers - 1);
+  std::size_t started = 1;
+  for (; started < workers; ++started) {
+    try {
+      threads.emplace_back(run_chunk, started);
+    } catch (const std::system_error&) {
+      break;  // out of threads: the chunks not started run on this thread below
+    }
+  }
+  for (std::size_t w = started; w < workers; ++w) run_chunk(w);
+  run_chunk(0);
+  for (std::thread& t : threads) t.join();
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+// ── Memory ───────────────────────────────────────────────────────────────────
+
+void* CpuBackend::allocate_bytes(std::size_t bytes) {
+  // std::aligned_alloc wants a size that is a multiple of the alignment.
+  if (bytes > SIZE_MAX - (kHostAlignment - 1)) {
+    fail(ErrorCode::OutOfMemory, "alloc: {} bytes is more than host memory can hold", bytes);
+  }
+  const std::size_t rounded = std::max(kHostAlignment, (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment);
+  void* p = std::aligned_alloc(kHostAlignment, rounded);
+  if (p == nullptr) {
+    fail(ErrorCode::OutOfMemory, "alloc: could not allocate {} bytes of host memory", rounded);
+  }
+  return p;
+}
+
+void CpuBackend::free_bytes(void* ptr) noexcept { std::free(ptr); }
+
+void CpuBackend::do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host,
+                                std::size_t bytes) {
+  std::memcpy(bytes_of(dst) + dst_byte_offset, host, bytes);
+}
+
+void CpuBackend::do_read_bytes(const Buffer& src, std::size_t src_byte_offset, void* host,
+                               std::size_t bytes) {
+  std::memcpy(host, bytes_of(src) + src_byte_offset, bytes);
+}
+
+void CpuBackend::do_copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst,
+                               std::size_t dst_offset, std::size_t len) {
+  // memmove: src and dst may be views of one buffer with overlapping ranges.
+  const std::size_t elem = size_of(src.dtype());
+  std::memmove(bytes_of(dst) + dst_offset * elem, bytes_of(src) + src_offset * elem, len * elem);
+}
+
+void CpuBackend::do_set_decode_state(std::int32_t token, std::int32_t pos, std::int32_t kv_len) {
+  state_token_ = token;
+  state_pos_ = pos;
+  state_kv_len_ = kv_len;
+}
+
+// ── Norms ────────────────────────────────────────────────────────────────────
+
+void CpuBackend::do_rms_norm(const Buffer& x /*[tokens, dim]*/, const Buffer& w /*[dim]*/, float eps,
+                             Buffer& out /*[tokens, dim]*/, std::size_t tokens, std::size_t dim) {
+  const std::vector<float> weight = decode_all(w, dim);
+  const RowTasks tasks(tokens, dim);
+  parallel_for(tasks.count(), [&](std::size_t task) {
+    std::vector<float> row(dim);
+    for (std::size_t t = tasks.begin(task); t < tasks.end(task); ++t) {
+      decode(x, t * dim, dim, row.data());
+      rms_normalize_row(row.data(), weight.data(), dim, eps, row.data());
+      encode(row.data(), dim, out, t * dim);
+    }
+  });
+}
+
+void CpuBackend::do_fused_add_rms_norm(Buffer& residual /*[tokens, dim], in/out*/,
+                                       const Buffer& x /*[tokens, dim]*/, const Buffer& w /*[dim]*/,
+                                       float eps, Buffer& out /*[tokens, dim]*/, std::size_t tokens,
+                                       std::size_t dim) {
+  const std::vector<float> weight = decode_all(w, dim);
+  const DType dtype = residual.dtype();
+  const RowTasks tasks(tokens, dim);
+  parallel_for(tasks.count(), [&](std::size_t task) {
+    std::vector<float> sum(dim);
+    std::vector<float> addend(dim);
+    for (std::size_t t = tasks.begin(task); t < tasks.end(task); ++t) {
+      decode(residual, t * dim, dim, sum.data());
+      decode(x, t * dim, dim, addend.data());
+      // The norm reads the sum as stored, i.e. rounded to the dtype.
+      for (std::size_t d = 0; d < dim; ++d) sum[d] = round_to(dtype, sum[d] + addend[d]);
+      encode(sum.data(), dim, residual, t * dim);
+      rms_normalize_row(sum.data(), weight.data(), dim, eps, sum.data());
+      encode(sum.data(), dim, out, t * dim);
+    }
+  });
+}
+
+void CpuBackend::do_layer_norm(const Buffer& x /*[tokens, dim]*/, const Buffer& gamma /*[dim]*/,
+                               const Buffer& beta /*[dim]*/, float eps, Buffer& out /*[tokens, dim]*/,
+                               std::size_t tokens, std::size_t dim) {
+  const std::vector<float> scale = decode_all(gamma, dim);
+  const std::vector<float> shift = decode_all(beta, dim);
+  const RowTasks tasks(tokens, dim);
+  parallel_for(tasks.count(), [&](std::size_t task) {
+    std::vector<float> row(dim);
+    for (std::size_t t = tasks.begin(task); t < tasks.end(task); ++t) {
+      decode(x, t * dim, dim, row.data());
+      // Two passes (mean, then mean squared deviation): no cancellation.
+      double sum = 0.0;
+      for (std::size_t d = 0; d < dim; ++d) sum += row[d];
+      const double mean = sum / static_cast<double>(dim);
+      double sum_sq_dev = 0.0;
+      for (std::size_t d = 0; d < dim; ++d) {
+        const double dev = row[d] - mean;
+        sum_sq_dev += dev * dev;
+      }
+      const double variance = sum_sq_dev / static_cast<double>(dim);  // biased, as torch
+      const double rstd = 1.0 / std::sqrt(variance + static_cast<double>(eps));
+      for (std::size_t d = 0; d < dim; ++d) {
+        const float normalized = static_cast<float>((row[d] - mean) * rstd);
+        row[d] = normalized * scale[d] + shift[d];
+      }
+      encode(row.data(), dim, out, t * dim);
+    }
+  });
+}
+
+// ── Elementwise ──────────────────────────────────────────────────────────────
+
+void CpuBackend::do_gelu(const Buffer& x /*[len]*/, Buffer& out /*[len]*/, std::size_t len,
+                         GeluApproximation approx) {
+  const RowTasks blocks(len, 1);  // blocks of kMinTaskElements elements
+  parallel_for(blocks.count(), [&](std::size_t block) {
+    const std::size_t begin = blocks.begin(block);
+    const std::size_t count = blocks.end(block) - begin;
+    std::vector<float> values(count);
+    decode(x, begin, count, values.data());
+    for (float& v : values) {
+      if (approx == GeluApproximation::Erf) {
+        v = 0.5f * v * (1.0f + std::erf(v * 0.70710678f));
+      } else {
+        v = 0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v)));
+      }
+    }
+    encode(values.data(), count, out, begin);
+  });
+}
+
+void CpuBackend::do_add_bias(Buffer& data /*[rows, cols], in/out*/, const Buffer& bias /*[cols]*/,
+                             std::size_t rows, std::size_t cols) {
+  const std::vector<float> bias_values = decode_all(bias, cols);
+  const RowTasks tasks(rows, cols);
+  parallel_for(tasks.count(), [&](std::size_t task) {
+    std::vector<float> row(cols);
+    for (std::size_t r = tasks.begin(task); r < tasks.end(task); ++r) {
+      decode(data, r * cols, cols, row.data());
+      for (std::size_t c = 0; c < cols; ++c) row[c] += bias_values[c];
+      encode(row.data(), cols, data, r * cols);
+    }
+  });
+}
+
+void CpuBackend::do_add_inplace(Buffer& residual /*[len], in/out*/, const Buffer& x /*[len]*/,
+                                std::size_t len) {
+  const RowTasks blocks(len, 1);  // blocks of kMinTaskElements elements
+  parallel_for(blocks.count(), [&](std::size_t block) {
+    const std::size_t begin = blocks.begin(block);
+    const std::size_t count = blocks.end(block) - begin;
+    std::vector<float> sum(count);
+    std::vector<float> addend(count);
+    decode(residual, begin, count, sum.data());
+    decode(x, begin, count, addend.data());
+    for (std::size_t i = 0; i < count; ++i) sum[i] += addend[i];
+    encode(sum.data(), count, residual, begin);
+  });
+}
+
+// ── GEMM ─────────────────────────────────────────────────────────────────────
+
+void CpuBackend::do_gemm(const Buffer& a /*[m, k]*/, const Buffer& b /*[n, k]*/, Buffer& out /*[m, n]*/,
+                         std::size_t m, std::size_t n, std::size_t k) {
+  // a is decoded once, whole (activations: modest). b is a weight that can be
+  // vocab-sized, so each task decodes only the block of its rows it needs.
+  std::vector<float> a_values(m * k);
+  const RowTasks a_tasks(m, k);
+  parallel_for(a_tasks.count(), [&](std::size_t task) {
+    const std::size_t begin = a_tasks.begin(task);
+    decode(a, begin * k, (a_tasks.end(task) - begin) * k, a_values.data() + begin * k);
+  });
+
+  // A task is kBlockM rows of a by kBlockN rows of b. The b block (kBlockN * k
+  // f32) stays in cache while the a rows stream past it, kRowsAtOnce at a time.
+  constexpr std::size_t kRowsAtOnce = 4;
+  constexpr std::size_t kBlockM = 64;
+  constexpr std::size_t kBlockN = 32;
+  const std::size_t blocks_m = (m + kBlockM - 1) / kBlockM;
+  const std::size_t blocks_n = (n + kBlockN - 1) / kBlockN;
+  auto run_block = [&](std::size_t block) {
+    const std::size_t i_begin = (block % blocks_m) * kBlockM;
+    const std::size_t i_end = std::min(m, i_begin + kBlockM);
+    const std::size_t j_begin = (block / blocks_m) * kBlockN;
+    const std::size_t j_end = std::min(n, j_begin + kBlockN);
+    std::vector<float> b_block((j_end - j_begin) * k);
+    decode(b, j_begin * k, (j_end - j_begin) * k, b_block.data());
+    double sums[kRowsAtOnce];
+    for (std::size_t i = i_begin; i < i_end; i += kRowsAtOnce) {
+      const std::size_t rows = std::min(kRowsAtOnce, i_end - i);
+      for (std::size_t j = j_begin; j < j_end; ++j) {
+        const float* b_row = b_block.data() + (j - j_begin) * k;
+        if (rows == kRowsAtOnce) {
+          dot_rows<kRowsAtOnce>(a_values.data() + i * k, k, b_row, k, sums);
+        } else {
+          for (std::size_t r = 0; r < rows; ++r) dot_rows<1>(a_values.data() + (i + r) * k, k, b_row, k, &sums[r]);
+        }
+        for (std::size_t r = 0; r < rows; ++r) store_f64(sums[r], out, (i + r) * n + j);
+      }
+    }
+  };
+  // A small product is cheaper than starting threads for it.
+  const double macs = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  if (macs < static_cast<double>(kMinTaskElements) * kBlockN * kRowsAtOnce) {
+    for (std::size_t block = 0; block < blocks_m * blocks_n; ++block) run_block(block);
+  } else {
+    parallel_for(blocks_m * blocks_n, run_block);
+  }
+}
+
+// ── Embedding and reshaping ──────────────────────────────────────────────────
+
+void CpuBackend::do_embedding_lookup(const Buffer& table /*[vocab, dim]*/, const Buffer& ids /*[tokens] i32*/,
+                                     Buffer& out /*[tokens, dim]*/, std::size_t tokens, std::size_t dim,
+                                     std::size_t vocab, bool use_decode_state) {
+  // Check every id before writing anything, so a bad id leaves out untouched.
+  std::vector<std::size_t> rows(tokens);
+  for (std::size_t t = 0; t < tokens; ++t) {
+    const std::int64_t id = use_decode_state ? state_token_ : static_cast<const std::int32_t*>(ids.data())[t];
+    if (id < 0 || static_cast<std::uint64_t>(id) >= vocab) {
+      if (use_decode_state) {
+        fail(ErrorCode::InvalidArgument,
+             "embedding_lookup: token id {} (decode-state token) is outside the vocabulary [0, {})", id, vocab);
+      }
+      fail(ErrorCode::InvalidArgument, "embedding_lookup: token id {} (ids[{}]) is outside the vocabulary [0, {})",
+           id, t, vocab);
+    }
+    rows[t] = static_cast<std::size_t>(id);
+  }
+  const RowTasks tasks(tokens, dim);
+  parallel_for(tasks.count(), [&](std::size_t task) {
+    for (std::size_t t = tasks.begin(task); t < tasks.end(task); ++t) {
+      copy_elements(table, rows[t] * dim, out, t * dim, dim);
+    }
+  });
+}
+
+void CpuBackend::do_split_qkv(const Buffer& qkv /*[tokens, q_dim + 2*kv_dim]*/, Buffer& q /*[tokens, q_dim]*/,
+                              Buffer& k /*[tokens, kv_dim]*/, Buffer& v /*[tokens, kv_dim]*/,
+                              std::size_t tokens, std::size_t q_dim, std::size_t kv_dim) {
+  const std::size_t row = q_dim + 2 * kv_dim;
+  const RowTasks tasks(tokens, row);
+  parallel_for(tasks.count(), [&](std::size_t task) {
+    for (std::size_t t = tasks.begin(task); t < tasks.end(task); ++t) {
+      copy_elements(qkv, t * row, q, t * q_dim, q_dim);
+      copy_elements(qkv, t * row + q_dim, k, t * kv_dim, kv_dim);
+      copy_elements(qkv, t * row + q_dim + kv_dim, v, t * kv_dim, kv_dim);
+    }
+  });
+}
+
+void CpuBackend::do_fused_silu_mul_split(const Buffer& gate_up /*[tokens, 2*im] as [gate | up]*/,
+                                         Buffer& out /*[tokens, im]*/, std::size_t tokens, std::size_t im) {
+  const RowTasks tasks(tokens, 2 * im);
+  parallel_for(tasks.count(), [&](std::size_t task) {
+    std::vector<float> gate_and_up(2 * im);
+    std::vector<float> result(im);
+    for (std::size_t t = tasks.begin(task); t < tasks.end(task); ++t) {
+      decode(gate_up, t * 2 * im, 2 * im, gate_and_up.data());
+      const float* gate = gate_and_up.data();
+      const float* up = gate_and_up.data() + im;
+      for (std::size_t j = 0; j < im; ++j) {
+        const float g = gate[j];
+        result[j] = (g / (1.0f + std::exp(-g))) * up[j];
+      }
+      encode(result.data(), im, out, t * im);
+    }
+  });
+}
+
+void CpuBackend::do_qk_norm_rope(const Buffer& input /*[tokens, heads, head_dim]*/,
+                                 const Buffer* norm_w /*[head_dim]; null in RopeOnly mode*/,
+                                 const Buffer& cos /*[max_pos, head_dim/2] f32*/,
+                                 const Buffer& sin /*[max_pos, head_dim/2] f32*/,
+                                 Buffer& output /*[heads, tokens, head_dim]*/, std::size_t tokens,
+                                 std::size_t heads, std::size_t head_dim, std::size_t pos_offset,
+                                 std::size_t max_pos, float eps, RopeMode mode, bool use_decode_state) {
+  if (use_decode_state && (state_pos_ < 0 || static_cast<std::size_t>(state_pos_) >= max_pos)) {
+    fail(ErrorCode::CapacityExceeded,
+         "qk_norm_rope: decode-state position {} is outside the {} positions of the cos/sin tables", state_pos_,
+         max_pos);
+  }
+  const std::size_t first_pos = use_decode_state ? static_cast<std::size_t>(state_pos_) : pos_offset;
+  const bool normalize = mode == RopeMode::NormAndRope;
+  const std::vector<float> weight = normalize ? decode_all(*norm_w, head_dim) : std::vector<float>{};
+  const auto* cos_table = static_cast<const float*>(cos.data());
+  const auto* sin_table = static_cast<const float*>(sin.data());
+  const std::size_t half = head_dim / 2;
+
+  const RowTasks tasks(tokens, heads * head_dim);
+  parallel_for(tasks.count(), [&](std::size_t task) {
+    std::vector<float> x(head_dim);
+    std::vector<float> rotated(head_dim);
+    for (std::size_t t = tasks.begin(task); t < tasks.end(task); ++t) {
+      const float* c = cos_table + (first_pos + t) * half;
+      const float* s = sin_table + (first_pos + t) * half;
+      for (std::size_t h = 0; h < heads; ++h) {
+        decode(input, (t * heads + h) * head_dim, head_dim, x.data());
+        // The normalized row feeds the rotation unrounded.
+        if (normalize) rms_normalize_row(x.data(), weight.data(), head_dim, eps, x.data());
+        for (std::size_t i = 0; i < half; ++i) {
+          rotated[i] = x[i] * c[i] - x[i + half] * s[i];
+          rotated[i + half] = x[i + half] * c[i] + x[i] * s[i];
+        }
+        encode(rotated.data(), head_dim, output, (h * tokens + t) * head_dim);
+      }
+    }
+  });
+}
+
+void CpuBackend::do_kv_cache_append_head_major(Buffer& cache_k /*[nkv, capacity, hd]*/,
+                                               Buffer& cache_v /*[nkv, capacity, hd]*/, std::size_t cache_len,
+                                               std::size_t capacity, const Buffer& new_k /*[nkv, new_tokens, hd]*/,
+                                               const Buffer& new_v /*[nkv, new_tokens, hd]*/,
+                                               std::size_t new_tokens, std::size_t nkv, std::size_t hd,
+                                               bool use_decode_state) {
+  const std::int64_t base = use_decode_state ? state_pos_ : static_cast<std::int64_t>(cache_len);
+  if (base < 0 || new_tokens > capacity || static_cast<std::size_t>(base) > capacity - new_tokens) {
+    if (use_decode_state) {
+      fail(ErrorCode::CapacityExceeded,
+           "kv_cache_append_head_major: decode-state position {} + new_tokens {} exceeds capacity {}", base,
+           new_tokens, capacity);
+    }
+    fail(ErrorCode::CapacityExceeded, "kv_cache_append_head_major: cache_len {} + new_tokens {} exceeds capacity {}",
+         base, new_tokens, capacity);
+  }
+  const auto first = static_cast<std::size_t>(base);
+  // Per kv head, the new positions are one contiguous run in the cache.
+  auto append_head = [&](std::size_t h) {
+    copy_elements(new_k, h * new_tokens * hd, cache_k, (h * capacity + first) * hd, new_tokens * hd);
+    copy_elements(new_v, h * new_tokens * hd, cache_v, (h * capacity + first) * hd, new_tokens * hd);
+  };
+  if (nkv * new_tokens * hd < 2 * kMinTaskElements) {  // a decode step's few rows: no threads
+    for (std::size_t h = 0; h < nkv; ++h) append_head(h);
+  } else {
+    parallel_for(nkv, append_head);
+  }
+}
+
+void CpuBackend::do_transpose_head_to_token(const Buffer& src /*[heads, tokens, dim]*/,
+                                            Buffer& dst /*[tokens, heads, dim]*/, std::size_t tokens,
+                                            std::size_t heads, std::size_t dim) {
+  const RowTasks tasks(tokens, heads * dim);
+  parallel_for(tasks.count(), [&](std::size_t task) {
+    for (std::size_t t = tasks.begin(task); t < tasks.end(task); ++t) {
+      for (std::size_t h = 0; h < heads; ++h) {
+        copy_elements(src, (h * tokens + t) * dim, dst, (t * heads + h) * dim, dim);
+      }
+    }
+  });
+}
+
+// ── Attention ────────────────────────────────────────────────────────────────
+
+void CpuBackend::do_flash_attention(const Buffer& q /*[batch, num_heads, q_len, head_dim]*/,
+                                    const Buffer& k /*[batch, num_kv_heads, kv_seq_stride, head_dim]*/,
+                                    const Buffer& v /*[batch, num_kv_heads, kv_seq_stride, head_dim]*/,
+                                    Buffer& out /*[batch, num_heads, q_len, head_dim]*/, std::size_t batch,
+                                    std::size_t q_len, std::size_t kv_len, std::size_t pos_offset,
+                                    const AttnConfig& cfg, bool use_decode_state) {
+  const std::size_t stride = cfg.kv_seq_stride > 0 ? cfg.kv_seq_stride : kv_len;
+  if (use_decode_state) {
+    if (state_kv_len_ < 1 || static_cast<std::size_t>(state_kv_len_) > stride) {
+      fail(ErrorCode::CapacityExceeded,
+           "flash_attention: decode-state kv_len {} is outside [1, {}] (cfg.kv_seq_stride, or kv_len when 0)",
+           state_kv_len_, stride);
+    }
+    kv_len = static_cast<std::size_t>(state_kv_len_);
+    pos_offset = kv_len - 1;  // the single query is the newest position
+  }
+  const std::size_t num_heads = cfg.num_heads;
+  const std::size_t hd = cfg.head_dim;
+  const std::size_t group = num_heads / cfg.num_kv_heads;
+  const double scale = cfg.scale > 0.0f ? static_cast<double>(cfg.scale) : 1.0 / std::sqrt(static_cast<double>(hd));
+
+  // Keys query i may see: j < kv_len, and under the causal mask j <= pos_offset + i.
+  auto visible_keys = [&](std::size_t i) {
+    return cfg.causal ? std::min(kv_len, pos_offset + i + 1) : kv_len;
+  };
+
+  // Tasks are blocks of queries of one (batch, head), so the K and V rows a
+  // block reads are decoded once for the whole block.
+  constexpr std::size_t kQueryBlock = 16;
+  const std::size_t blocks_per_head = (q_len + kQueryBlock - 1) / kQueryBlock;
+  parallel_for(batch * num_heads * blocks_per_head, [&](std::size_t task) {
+    const std::size_t bh = task / blocks_per_head;  // b * num_heads + h
+    const std::size_t b = bh / num_heads;
+    const std::size_t h = bh % num_heads;
+    const std::size_t kv_head = h / group;
+    const std::size_t i_begin = (task % blocks_per_head) * kQueryBlock;
+    const std::size_t i_end = std::min(q_len, i_begin + kQueryBlock);
+
+    const std::size_t keys = visible_keys(i_end - 1);  // the most any query of the block sees
+    const std::size_t kv_base = (b * cfg.num_kv_heads + kv_head) * stride * hd;
+    std::vector<float> key_values(keys * hd);
+    std::vector<float> value_values(keys * hd);
+    decode(k, kv_base, keys * hd, key_values.data());
+    decode(v, kv_base, keys * hd, value_values.data());
+
+    std::vector<float> query(hd);
+    std::vector<double> probs(keys);
+    std::vector<double> acc(hd);
+    for (std::size_t i = i_begin; i < i_end; ++i) {
+      const std::size_t row = bh * q_len + i;
+      decode(q, row * hd, hd, query.data());
+      const std::size_t seen = visible_keys(i);
+      if (seen == 0) {  // validation rules this out; a fully masked row is defined as 0
+        for (std::size_t d = 0; d < hd; ++d) store_f64(0.0, out, row * hd + d);
+        continue;
+      }
+      double max_score = -std::numeric_limits<double>::infinity();
+      for (std::size_t j = 0; j < seen; ++j) {
+        const float* key = key_values.data() + j * hd;
+        double dot = 0.0;
+        for (std::size_t d = 0; d < hd; ++d) dot += static_cast<double>(query[d]) * static_cast<double>(key[d]);
+        probs[j] = scale * dot;
+        max_score = std::max(max_score, probs[j]);
+      }
+      double total = 0.0;
+      for (std::size_t j = 0; j < seen; ++j) {
+        probs[j] = std::exp(probs[j] - max_score);
+        total += probs[j];
+      }
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (std::size_t j = 0; j < seen; ++j) {
+        const double p = probs[j] / total;
+        const float* value = value_values.data() + j * hd;
+        for (std::size_t d = 0; d < hd; ++d) acc[d] += p * static_cast<double>(value[d]);
+      }
+      for (std::size_t d = 0; d < hd; ++d) store_f64(acc[d], out, row * hd + d);
+    }
+  });
+}
+
+}  // namespace ferrum

@@ -1,0 +1,374 @@
+// CudaBackend: each do_* turns validated Buffers into raw pointers and calls
+// the kernel family's launcher (kernels/*.hpp) on the device's one stream.
+// Nothing here allocates, synchronizes or touches pageable memory, except the
+// setup-time buffer calls (alloc, write, read) that the base class keeps out
+// of graph capture.
+#include "ferrum/cuda_backend.hpp"
+
+#include <fmt/format.h>
+
+#include <string>
+
+#include "common/fail.hpp"
+#include "cuda/cuda_runtime.hpp"
+#include "kernels/elementwise.hpp"
+#include "kernels/embedding.hpp"
+#include "kernels/kv_cache.hpp"
+#include "kernels/norm.hpp"
+#include "kernels/reshape.hpp"
+#include "kernels/rope.hpp"
+
+namespace ferrum {
+
+using detail::check_cublas;
+using detail::check_cuda;
+
+namespace {
+
+template <class T = void>
+T* ptr(Buffer& b) {
+  return static_cast<T*>(b.data());
+}
+template <class T = void>
+const T* ptr(const Buffer& b) {
+  return static_cast<const T*>(b.data());
+}
+
+std::string describe_device_errors(std::uint32_t bits) {
+  std::string what;
+  auto add = [&](std::uint32_t bit, const char* text) {
+    if ((bits & bit) == 0) return;
+    if (!what.empty()) what += "; ";
+    what += text;
+  };
+  add(kernels::kErrEmbeddingIdOutOfRange, "embedding_lookup: a token id was outside [0, vocab) (zero row written)");
+  add(kernels::kErrRopePositionOutOfRange,
+      "qk_norm_rope: a position was past the cos/sin tables (row not written)");
+  add(kernels::kErrKvAppendOverCapacity,
+      "kv_cache_append_head_major: the decode-state position + new tokens exceeded the capacity (nothing written)");
+  if (what.empty()) what = fmt::format("unknown device error bits {:#x}", bits);
+  return what;
+}
+
+}  // namespace
+
+int cuda_device_count() noexcept {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver / no device: not an error for callers
+    return 0;
+  }
+  return count;
+}
+
+CudaBackend::CudaBackend(CudaBackendConfig config)
+    : device_(config.device), rt_(&detail::cuda_runtime(config)) {}
+
+CudaBackend::~CudaBackend() = default;
+
+std::string CudaBackend::name() const {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device_) != cudaSuccess) return fmt::format("cuda:{}", device_);
+  return fmt::format("cuda:{} ({})", device_, prop.name);
+}
+
+bool CudaBackend::supports(Op op) const noexcept {
+  switch (op) {
+    case Op::FlashAttention:  // split-K decode / tensor-core prefill still to come
+    case Op::LoadGptq:
+    case Op::GemmGptq:
+    case Op::GemmQuant:
+    case Op::MlaAttention:
+      return false;
+    default:
+      return true;
+  }
+}
+
+cudaStream_t CudaBackend::stream() const noexcept { return rt_->stream; }
+
+bool CudaBackend::is_capturing() const noexcept { return rt_->capturing; }
+
+void CudaBackend::abandon_capture() noexcept { detail::abandon_capture(*rt_); }
+
+void CudaBackend::synchronize() {
+  if (rt_->capturing) {
+    detail::abandon_capture(*rt_);
+    detail::fail(ErrorCode::GraphCapture, "synchronize: not allowed while a graph is being captured");
+  }
+  detail::activate_device(device_);
+  check_cuda(cudaStreamSynchronize(rt_->stream), "synchronize", "cudaStreamSynchronize");
+  const std::uint32_t bits = *reinterpret_cast<volatile std::uint32_t*>(rt_->error_host);
+  if (bits != 0) {
+    *reinterpret_cast<volatile std::uint32_t*>(rt_->error_host) = 0;
+    detail::fail(ErrorCode::DeviceCheck, "synchronize: a kernel found a bad device-side value: {}",
+                 describe_device_errors(bits));
+  }
+}
+
+// ── Memory ─────────────────────────────────────────────────────────────────
+
+void* CudaBackend::allocate_bytes(std::size_t bytes) {
+  detail::activate_device(device_);
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    detail::fail(ErrorCode::OutOfMemory, "alloc: cudaMalloc of {} bytes on device {} failed: {}", bytes, device_,
+                 cudaGetErrorString(err));
+  }
+  return p;
+}
+
+void CudaBackend::free_bytes(void* ptr) noexcept {
+  int current = -1;
+  cudaGetDevice(&current);
+  if (current != device_) cudaSetDevice(device_);
+  cudaFree(ptr);
+  if (current != device_ && current >= 0) cudaSetDevice(current);
+}
+
+void CudaBackend::do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host, std::size_t bytes) {
+  detail::activate_device(device_);
+  check_cuda(cudaMemcpyAsync(ptr<std::uint8_t>(dst) + dst_byte_offset, host, bytes, cudaMemcpyHostToDevice,
+                             rt_->stream),
+             "write", "cudaMemcpyAsync");
+  check_cuda(cudaStreamSynchronize(rt_->stream), "write", "cudaStreamSynchronize");
+}
+
+void CudaBackend::do_read_bytes(const Buffer& src, std::size_t src_byte_offset, void* host, std::size_t bytes) {
+  detail::activate_device(device_);
+  check_cuda(cudaMemcpyAsync(host, ptr<std::uint8_t>(src) + src_byte_offset, bytes, cudaMemcpyDeviceToHost,
+                             rt_->stream),
+             "read", "cudaMemcpyAsync");
+  check_cuda(cudaStreamSynchronize(rt_->stream), "read", "cudaStreamSynchronize");
+}
+
+void CudaBackend::do_copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
+                                std::size_t len) {
+  detail::activate_device(device_);
+  const std::size_t es = size_of(src.dtype());
+  check_cuda(cudaMemcpyAsync(ptr<std::uint8_t>(dst) + dst_offset * es, ptr<std::uint8_t>(src) + src_offset * es,
+                             len * es, cudaMemcpyDeviceToDevice, rt_->stream),
+             "copy_slice", "cudaMemcpyAsync");
+}
+
+void CudaBackend::do_set_decode_state(std::int32_t token, std::int32_t pos, std::int32_t kv_len) {
+  detail::activate_device(device_);
+  kernels::launch_set_decode_state(rt_->decode_state, token, pos, kv_len, rt_->stream);
+}
+
+// ── Graph slot ─────────────────────────────────────────────────────────────
+
+void CudaBackend::do_begin_graph_capture() {
+  detail::activate_device(device_);
+  // Relaxed: other threads may still call capture-unsafe APIs (e.g. a
+  // cudaMalloc by the engine's allocator) without breaking our capture.
+  check_cuda(cudaStreamBeginCapture(rt_->stream, cudaStreamCaptureModeRelaxed), "begin_graph_capture",
+             "cudaStreamBeginCapture");
+  rt_->capturing = true;
+}
+
+void CudaBackend::do_end_graph_capture() {
+  detail::activate_device(device_);
+  rt_->capturing = false;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end_err = cudaStreamEndCapture(rt_->stream, &graph);
+  if (end_err != cudaSuccess || graph == nullptr) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    detail::fail(ErrorCode::GraphCapture, "end_graph_capture: the capture was invalidated: {}",
+                 cudaGetErrorString(end_err));
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst_err = cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch);
+  if (inst_err != cudaSuccess) {
+    cudaGraphDestroy(graph);
+    check_cuda(inst_err, "end_graph_capture", "cudaGraphInstantiateWithFlags");
+  }
+  // Upload now so the first replay does not pay for it (and so a failure
+  // shows here, not at an arbitrary later replay).
+  const cudaError_t up_err = cudaGraphUpload(exec, rt_->stream);
+  if (up_err != cudaSuccess) {
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    check_cuda(up_err, "end_graph_capture", "cudaGraphUpload");
+  }
+  do_reset_graph();
+  rt_->graph = graph;
+  rt_->graph_exec = exec;
+}
+
+bool CudaBackend::do_replay_last_graph() {
+  if (rt_->graph_exec == nullptr) return false;
+  detail::activate_device(device_);
+  check_cuda(cudaGraphLaunch(rt_->graph_exec, rt_->stream), "replay_last_graph", "cudaGraphLaunch");
+  return true;
+}
+
+void CudaBackend::do_reset_graph() {
+  if (rt_->graph_exec == nullptr && rt_->graph == nullptr) return;
+  detail::activate_device(device_);
+  // A replay may still be running; let it finish before freeing the graph.
+  check_cuda(cudaStreamSynchronize(rt_->stream), "reset_graph", "cudaStreamSynchronize");
+  if (rt_->graph_exec != nullptr) cudaGraphExecDestroy(rt_->graph_exec);
+  if (rt_->graph != nullptr) cudaGraphDestroy(rt_->graph);
+  rt_->graph_exec = nullptr;
+  rt_->graph = nullptr;
+}
+
+// ── Norms ──────────────────────────────────────────────────────────────────
+
+void CudaBackend::do_rms_norm(const Buffer& x, const Buffer& w, float eps, Buffer& out, std::size_t tokens,
+                              std::size_t dim) {
+  detail::activate_device(device_);
+  kernels::NormArgs a;
+  a.kind = kernels::NormKind::Rms;
+  a.dtype = x.dtype();
+  a.x = ptr(x);
+  a.weight = ptr(w);
+  a.out = ptr(out);
+  a.rows = static_cast<int>(tokens);
+  a.dim = static_cast<int>(dim);
+  a.eps = eps;
+  kernels::launch_norm(a, rt_->stream);
+}
+
+void CudaBackend::do_fused_add_rms_norm(Buffer& residual, const Buffer& x, const Buffer& w, float eps, Buffer& out,
+                                        std::size_t tokens, std::size_t dim) {
+  detail::activate_device(device_);
+  kernels::NormArgs a;
+  a.kind = kernels::NormKind::AddRms;
+  a.dtype = x.dtype();
+  a.x = ptr(x);
+  a.residual = ptr(residual);
+  a.weight = ptr(w);
+  a.out = ptr(out);
+  a.rows = static_cast<int>(tokens);
+  a.dim = static_cast<int>(dim);
+  a.eps = eps;
+  kernels::launch_norm(a, rt_->stream);
+}
+
+void CudaBackend::do_layer_norm(const Buffer& x, const Buffer& gamma, const Buffer& beta, float eps, Buffer& out,
+                                std::size_t tokens, std::size_t dim) {
+  detail::activate_device(device_);
+  kernels::NormArgs a;
+  a.kind = kernels::NormKind::Layer;
+  a.dtype = x.dtype();
+  a.x = ptr(x);
+  a.weight = ptr(gamma);
+  a.bias = ptr(beta);
+  a.out = ptr(out);
+  a.rows = static_cast<int>(tokens);
+  a.dim = static_cast<int>(dim);
+  a.eps = eps;
+  kernels::launch_norm(a, rt_->stream);
+}
+
+// ── Elementwise ────────────────────────────────────────────────────────────
+
+void CudaBackend::do_gelu(const Buffer& x, Buffer& out, std::size_t len, GeluApproximation approx) {
+  detail::activate_device(device_);
+  kernels::launch_gelu(x.dtype(), ptr(x), ptr(out), static_cast<long long>(len), approx == GeluApproximation::Tanh,
+                       rt_->stream);
+}
+
+void CudaBackend::do_add_bias(Buffer& data, const Buffer& bias, std::size_t rows, std::size_t cols) {
+  detail::activate_device(device_);
+  kernels::launch_add_bias(data.dtype(), ptr(data), ptr(bias), static_cast<long long>(rows),
+                           static_cast<long long>(cols), rt_->stream);
+}
+
+void CudaBackend::do_add_inplace(Buffer& residual, const Buffer& x, std::size_t len) {
+  detail::activate_device(device_);
+  kernels::launch_add_inplace(residual.dtype(), ptr(residual), ptr(x), static_cast<long long>(len), rt_->stream);
+}
+
+// ── GEMM ───────────────────────────────────────────────────────────────────
+
+void CudaBackend::do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m, std::size_t n,
+                          std::size_t k) {
+  detail::activate_device(device_);
+  const cudaDataType_t type = a.dtype() == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
+  // Row-major out[m,n] = a[m,k] · b[n,k]ᵀ is column-major outᵀ[n,m] =
+  // (b viewed as [k,n] col-major)ᵀ · (a viewed as [k,m] col-major).
+  check_cublas(cublasGemmEx(rt_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                            static_cast<int>(k), rt_->one_zero, ptr(b), type, static_cast<int>(k), ptr(a), type,
+                            static_cast<int>(k), rt_->one_zero + 1, ptr(out), type, static_cast<int>(n),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "gemm", "cublasGemmEx");
+}
+
+// ── Embedding and reshaping ────────────────────────────────────────────────
+
+void CudaBackend::do_embedding_lookup(const Buffer& table, const Buffer& ids, Buffer& out, std::size_t tokens,
+                                      std::size_t dim, std::size_t vocab, bool use_decode_state) {
+  detail::activate_device(device_);
+  kernels::launch_embedding_lookup(table.dtype(), ptr(table), use_decode_state ? nullptr : ptr<std::int32_t>(ids),
+                                   use_decode_state ? rt_->decode_state : nullptr, ptr(out),
+                                   static_cast<long long>(tokens), static_cast<long long>(dim),
+                                   static_cast<long long>(vocab), rt_->error_device, rt_->stream);
+}
+
+void CudaBackend::do_split_qkv(const Buffer& qkv, Buffer& q, Buffer& k, Buffer& v, std::size_t tokens,
+                               std::size_t q_dim, std::size_t kv_dim) {
+  detail::activate_device(device_);
+  kernels::launch_split_qkv(qkv.dtype(), ptr(qkv), ptr(q), ptr(k), ptr(v), static_cast<long long>(tokens),
+                            static_cast<long long>(q_dim), static_cast<long long>(kv_dim), rt_->stream);
+}
+
+void CudaBackend::do_fused_silu_mul_split(const Buffer& gate_up, Buffer& out, std::size_t tokens, std::size_t im) {
+  detail::activate_device(device_);
+  kernels::launch_silu_mul_split(gate_up.dtype(), ptr(gate_up), ptr(out), static_cast<long long>(tokens),
+                                 static_cast<long long>(im), rt_->stream);
+}
+
+void CudaBackend::do_qk_norm_rope(const Buffer& input, const Buffer* norm_w, const Buffer& cos, const Buffer& sin,
+                                  Buffer& output, std::size_t tokens, std::size_t heads, std::size_t head_dim,
+                                  std::size_t pos_offset, std::size_t max_pos, float eps, RopeMode mode,
+                                  bool use_decode_state) {
+  if (head_dim > static_cast<std::size_t>(kernels::kRopeMaxHeadDim)) {
+    abandon_capture();
+    detail::fail(ErrorCode::Unsupported, "qk_norm_rope: argument 'head_dim' = {} exceeds the CUDA kernel's limit {}",
+                 head_dim, kernels::kRopeMaxHeadDim);
+  }
+  detail::activate_device(device_);
+  kernels::RopeArgs a;
+  a.dtype = input.dtype();
+  a.input = ptr(input);
+  a.norm_w = mode == RopeMode::NormAndRope ? norm_w->data() : nullptr;
+  a.cos = ptr<float>(cos);
+  a.sin = ptr<float>(sin);
+  a.output = ptr(output);
+  a.tokens = static_cast<int>(tokens);
+  a.heads = static_cast<int>(heads);
+  a.head_dim = static_cast<int>(head_dim);
+  a.pos_offset = static_cast<long long>(pos_offset);
+  a.state = use_decode_state ? rt_->decode_state : nullptr;
+  a.max_pos = static_cast<long long>(max_pos);
+  a.eps = eps;
+  a.error_flag = rt_->error_device;
+  kernels::launch_qk_norm_rope(a, rt_->stream);
+}
+
+void CudaBackend::do_kv_cache_append_head_major(Buffer& cache_k, Buffer& cache_v, std::size_t cache_len,
+                                                std::size_t capacity, const Buffer& new_k, const Buffer& new_v,
+                                                std::size_t new_tokens, std::size_t nkv, std::size_t hd,
+                                                bool use_decode_state) {
+  detail::activate_device(device_);
+  kernels::launch_kv_cache_append(cache_k.dtype(), ptr(cache_k), ptr(cache_v), ptr(new_k), ptr(new_v),
+                                  static_cast<long long>(cache_len), use_decode_state ? rt_->decode_state : nullptr,
+                                  static_cast<long long>(capacity), static_cast<long long>(new_tokens),
+                                  static_cast<long long>(nkv), static_cast<long long>(hd), rt_->error_device,
+                                  rt_->stream);
+}
+
+void CudaBackend::do_transpose_head_to_token(const Buffer& src, Buffer& dst, std::size_t tokens, std::size_t heads,
+                                             std::size_t dim) {
+  detail::activate_device(device_);
+  kernels::launch_transpose_head_to_token(src.dtype(), ptr(src), ptr(dst), static_cast<long long>(tokens),
+                                          static_cast<long long>(heads), static_cast<long long>(dim), rt_->stream);
+}
+
+}  // namespace ferrum

@@ -1,0 +1,139 @@
+#include "cuda/cuda_runtime.hpp"
+
+#include <array>
+#include <mutex>
+
+#include "common/fail.hpp"
+#include "kernels/common/check.hpp"
+
+namespace ferrum::detail {
+namespace {
+
+constexpr int kMaxDevices = 64;
+std::mutex g_runtimes_mutex;
+std::array<CudaRuntime*, kMaxDevices> g_runtimes{};
+
+CudaRuntime* runtime_of_current_device() noexcept {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return nullptr;
+  std::lock_guard<std::mutex> lock(g_runtimes_mutex);
+  return g_runtimes[device];
+}
+
+CudaRuntime* create_runtime(const CudaBackendConfig& config) {
+  auto* rt = new CudaRuntime();
+  rt->device = config.device;
+  const char* op = "CudaBackend";
+  check_cuda(cudaSetDevice(config.device), op, "cudaSetDevice");
+  check_cuda(cudaStreamCreateWithFlags(&rt->stream, cudaStreamNonBlocking), op, "cudaStreamCreate");
+
+  check_cublas(cublasCreate(&rt->cublas), op, "cublasCreate");
+  check_cublas(cublasSetStream(rt->cublas, rt->stream), op, "cublasSetStream");
+  rt->cublas_workspace_bytes = config.cublas_workspace_bytes;
+  check_cuda(cudaMalloc(&rt->cublas_workspace, rt->cublas_workspace_bytes), op, "cudaMalloc(cuBLAS workspace)");
+  check_cublas(cublasSetWorkspace(rt->cublas, rt->cublas_workspace, rt->cublas_workspace_bytes), op,
+               "cublasSetWorkspace");
+  // Device-resident alpha/beta: a captured gemm must not hold a host pointer.
+  check_cublas(cublasSetPointerMode(rt->cublas, CUBLAS_POINTER_MODE_DEVICE), op, "cublasSetPointerMode");
+  const float one_zero[2] = {1.0f, 0.0f};
+  float* one_zero_dev = nullptr;
+  check_cuda(cudaMalloc(reinterpret_cast<void**>(&one_zero_dev), sizeof one_zero), op, "cudaMalloc(alpha/beta)");
+  check_cuda(cudaMemcpy(one_zero_dev, one_zero, sizeof one_zero, cudaMemcpyHostToDevice), op, "cudaMemcpy(alpha/beta)");
+  rt->one_zero = one_zero_dev;
+
+  check_cuda(cudaMalloc(reinterpret_cast<void**>(&rt->decode_state), sizeof(kernels::DecodeState)), op, "cudaMalloc(decode state)");
+  const kernels::DecodeState initial{0, 0, 1};
+  check_cuda(cudaMemcpy(rt->decode_state, &initial, sizeof initial, cudaMemcpyHostToDevice), op,
+             "cudaMemcpy(decode state)");
+
+  check_cuda(cudaHostAlloc(reinterpret_cast<void**>(&rt->error_host), sizeof(std::uint32_t), cudaHostAllocMapped), op,
+             "cudaHostAlloc(error word)");
+  *rt->error_host = 0;
+  check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&rt->error_device), rt->error_host, 0), op,
+             "cudaHostGetDevicePointer(error word)");
+  return rt;
+}
+
+}  // namespace
+
+CudaRuntime& cuda_runtime(const CudaBackendConfig& config) {
+  if (config.device < 0 || config.device >= kMaxDevices) {
+    fail(ErrorCode::InvalidArgument, "CudaBackend: argument 'config.device' = {} is out of range", config.device);
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    fail(ErrorCode::Cuda, "CudaBackend: no CUDA device is available");
+  }
+  if (config.device >= count) {
+    fail(ErrorCode::InvalidArgument, "CudaBackend: argument 'config.device' = {} but only {} device(s) exist",
+         config.device, count);
+  }
+  if (config.cublas_workspace_bytes == 0) {
+    fail(ErrorCode::InvalidArgument, "CudaBackend: argument 'config.cublas_workspace_bytes' = 0");
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_runtimes_mutex);
+    CudaRuntime* existing = g_runtimes[config.device];
+    if (existing != nullptr) {
+      if (existing->cublas_workspace_bytes != config.cublas_workspace_bytes) {
+        fail(ErrorCode::InvalidArgument,
+             "CudaBackend: argument 'config.cublas_workspace_bytes' = {} but device {} already runs with {}",
+             config.cublas_workspace_bytes, config.device, existing->cublas_workspace_bytes);
+      }
+      return *existing;
+    }
+  }
+  CudaRuntime* rt = create_runtime(config);
+  std::lock_guard<std::mutex> lock(g_runtimes_mutex);
+  if (g_runtimes[config.device] == nullptr) g_runtimes[config.device] = rt;
+  return *g_runtimes[config.device];
+}
+
+void activate_device(int device) {
+  int current = -1;
+  check_cuda(cudaGetDevice(&current), "CudaBackend", "cudaGetDevice");
+  if (current != device) check_cuda(cudaSetDevice(device), "CudaBackend", "cudaSetDevice");
+}
+
+void abandon_capture(CudaRuntime& rt) noexcept {
+  if (!rt.capturing) return;
+  rt.capturing = false;
+  cudaGraph_t partial = nullptr;
+  // Fails with cudaErrorStreamCaptureInvalidated when an illegal call broke
+  // the capture; either way the stream leaves capture mode.
+  cudaStreamEndCapture(rt.stream, &partial);
+  if (partial != nullptr) cudaGraphDestroy(partial);
+  cudaGetLastError();
+}
+
+void check_cuda(cudaError_t err, const char* op, const char* what) {
+  if (err == cudaSuccess) return;
+  kernels::throw_cuda_error(op, what, err);
+}
+
+void check_cublas(cublasStatus_t status, const char* op, const char* what) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  if (CudaRuntime* rt = runtime_of_current_device()) abandon_capture(*rt);
+  fail(ErrorCode::Cublas, "{}: {} failed: {} ({})", op, what, cublasGetStatusName(status),
+       cublasGetStatusString(status));
+}
+
+}  // namespace ferrum::detail
+
+namespace ferrum::kernels {
+
+void throw_cuda_error(const char* op, const char* what, cudaError_t err) {
+  if (detail::CudaRuntime* rt = detail::runtime_of_current_device()) detail::abandon_capture(*rt);
+  const ErrorCode code = err == cudaErrorMemoryAllocation ? ErrorCode::OutOfMemory
+                         : (err == cudaErrorStreamCaptureUnsupported || err == cudaErrorStreamCaptureInvalidated)
+                             ? ErrorCode::GraphCapture
+                             : ErrorCode::Cuda;
+  detail::fail(code, "{}: {} failed: {} ({})", op, what, cudaGetErrorName(err), cudaGetErrorString(err));
+}
+
+void throw_bad_dispatch(const char* op, const char* what, long long value) {
+  detail::fail(ErrorCode::Internal, "{}: no kernel instance for {} = {}", op, what, value);
+}
+
+}  // namespace ferrum::kernels

@@ -1,0 +1,45 @@
+// The process-global CUDA state of one device (see cuda_backend.hpp for why
+// it is process-global). Private to src/.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ferrum/cuda_backend.hpp"
+#include "kernels/decode_state.hpp"
+
+namespace ferrum::detail {
+
+struct CudaRuntime {
+  int device = 0;
+  cudaStream_t stream = nullptr;  // every op of this device is queued here
+  cublasHandle_t cublas = nullptr;  // bound to `stream`, CUBLAS_POINTER_MODE_DEVICE
+  void* cublas_workspace = nullptr;
+  std::size_t cublas_workspace_bytes = 0;
+  const float* one_zero = nullptr;  // device [1.0f, 0.0f]: gemm alpha and beta
+  kernels::DecodeState* decode_state = nullptr;  // device
+  std::uint32_t* error_host = nullptr;    // host-mapped error word (kernels::DeviceErrorBits)
+  std::uint32_t* error_device = nullptr;  // the same word as the device sees it
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t graph_exec = nullptr;
+  bool capturing = false;
+};
+
+// The runtime of config.device, created on first use and never freed.
+CudaRuntime& cuda_runtime(const CudaBackendConfig& config);
+
+// Makes `device` current on this thread if it is not already.
+void activate_device(int device);
+
+// Ends and discards a capture in progress on rt.stream; clears the error.
+void abandon_capture(CudaRuntime& rt) noexcept;
+
+// Throw ferrum::Error for a failed CUDA / cuBLAS call, abandoning any
+// capture on the current device first.
+void check_cuda(cudaError_t err, const char* op, const char* what);
+void check_cublas(cublasStatus_t status, const char* op, const char* what);
+
+}  // namespace ferrum::detail

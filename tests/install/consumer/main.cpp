@@ -1,0 +1,31 @@
+// Uses the installed library through its public headers only.
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include <ferrum/ferrum.hpp>
+
+int main() {
+  ferrum::CpuBackend cpu;
+  const std::vector<float> x = {1.0f, 2.0f, 3.0f, 4.0f};
+  const std::vector<float> w = {1.0f, 1.0f, 1.0f, 1.0f};
+  ferrum::Buffer xb = cpu.upload(x, ferrum::DType::F16);
+  ferrum::Buffer wb = cpu.upload(w, ferrum::DType::F16);
+  ferrum::Buffer out = cpu.alloc(ferrum::DType::F16, 4);
+  cpu.rms_norm(xb, wb, 1e-6f, out, 1, 4);
+  const std::vector<float> got = cpu.download(out);
+  const float expect0 = 1.0f / std::sqrt(7.5f);
+  if (std::fabs(got[0] - expect0) > 1e-3f) {
+    std::printf("consumer: rms_norm gave %f, expected %f\n", got[0], expect0);
+    return 1;
+  }
+  try {
+    cpu.rms_norm(xb, wb, 1e-6f, out, 1, 5);
+    std::printf("consumer: a bad size did not throw\n");
+    return 1;
+  } catch (const ferrum::Error& e) {
+    if (e.code() != ferrum::ErrorCode::ShapeMismatch) return 1;
+  }
+  std::printf("consumer: ok (%s, %d CUDA device(s))\n", cpu.name().c_str(), ferrum::cuda_device_count());
+  return 0;
+}

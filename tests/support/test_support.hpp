@@ -1,0 +1,274 @@
+// Shared test machinery: seeded randomness, host tensors, uploads with
+// unaligned starts, poisoned and guarded outputs, the comparisons (allclose
+// per tolerance.hpp, bitwise), error expectations, backend fixtures and RoPE
+// tables. Every test file shares code through tests/support only.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <source_location>
+#include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "ferrum/ferrum.hpp"
+#include "support/tolerance.hpp"
+
+namespace ferrum::test {
+
+// ── Strings ──────────────────────────────────────────────────────────────────
+
+// Concatenates anything streamable: cat("tokens=", 7, " dim=", 769).
+template <class... Args>
+std::string cat(const Args&... args) {
+  std::ostringstream s;
+  (s << ... << args);
+  return s.str();
+}
+
+// ── Seeded randomness ────────────────────────────────────────────────────────
+
+// Every test draws FRESH inputs: the seed comes from std::random_device, or
+// from the environment variable FERRUM_TEST_SEED to reproduce a failure.
+// Use FERRUM_SEEDED_RNG so the seed is printed with every failure.
+class Rng {
+ public:
+  Rng();
+  explicit Rng(std::uint64_t seed);
+
+  std::uint64_t seed() const noexcept { return seed_; }
+  // "seed=N (reproduce with FERRUM_TEST_SEED=N)", for SCOPED_TRACE.
+  std::string describe() const;
+  std::mt19937_64& engine() noexcept { return engine_; }
+
+  float uniform(float lo, float hi);
+  float normal(float mean, float stddev);
+  // Uniform in [0, n).
+  std::uint32_t below(std::uint32_t n);
+  std::uint32_t bits32();
+
+ private:
+  std::uint64_t seed_;
+  std::mt19937_64 engine_;
+};
+
+// Declares `name` and SCOPED_TRACEs its seed for the rest of the scope.
+#define FERRUM_SEEDED_RNG(name)       \
+  ::ferrum::test::Rng name;           \
+  SCOPED_TRACE(name.describe())
+
+std::vector<float> uniform_values(Rng& rng, std::size_t n, float lo = -1.0f, float hi = 1.0f);
+std::vector<float> normal_values(Rng& rng, std::size_t n, float mean = 0.0f, float stddev = 1.0f);
+
+// ── Host tensors ─────────────────────────────────────────────────────────────
+
+// f32 -> `dtype` -> f32 (RNE): the value a buffer of `dtype` holds after write().
+float round_to(DType dtype, float value);
+
+// Values exactly representable in `dtype` (so uploading them is lossless and
+// an fp64 reference can take them as the exact inputs).
+struct HostTensor {
+  DType dtype = DType::F16;
+  std::vector<float> values;
+
+  std::size_t size() const noexcept { return values.size(); }
+  bool empty() const noexcept { return values.empty(); }
+};
+
+// Rounds every value into `dtype`.
+HostTensor make_tensor(DType dtype, std::vector<float> values);
+HostTensor random_uniform(Rng& rng, DType dtype, std::size_t n, float lo = -1.0f, float hi = 1.0f);
+HostTensor random_normal(Rng& rng, DType dtype, std::size_t n, float mean = 0.0f, float stddev = 1.0f);
+// i32 tensor of ids in [0, vocab).
+HostTensor random_ids(Rng& rng, std::size_t n, std::uint32_t vocab);
+
+// Raw element bytes as a buffer of t.dtype stores them.
+std::vector<std::uint8_t> encode_bytes(const HostTensor& t);
+
+// ── Uploads ──────────────────────────────────────────────────────────────────
+
+// An input: `lead` + n elements on a backend, exposing the view of the n
+// elements at `lead` (lead = 1 makes a 2-byte element start 2 bytes past a
+// 16-byte boundary, so vectorized paths must fall back).
+class DeviceTensor {
+ public:
+  DeviceTensor() = default;
+  DeviceTensor(Backend& backend, const HostTensor& host, std::size_t lead = 0);
+
+  Buffer& view() noexcept { return view_; }
+  const Buffer& view() const noexcept { return view_; }
+
+ private:
+  Buffer storage_;
+  Buffer view_;  // into storage_ (moving a Buffer keeps its memory in place)
+};
+
+// ── Poisoned, guarded outputs ────────────────────────────────────────────────
+
+inline constexpr std::uint8_t kPoisonByte = 0xFF;    // 0xFFFF: NaN in f16 and bf16; f32 NaN
+inline constexpr std::uint8_t kSentinelByte = 0xA5;  // guard fill: 0xA5A5 is a finite value
+inline constexpr std::size_t kDefaultGuard = 67;     // elements after the view (> one 16-byte vector)
+
+// An output buffer of lead + need + guard elements. The op gets view(), the
+// `need` elements at `lead`. The lead and guard elements hold a sentinel;
+// the view holds poison (NaN bit patterns) or, for in/out buffers, the
+// initial contents given. check_guard() verifies the op wrote nothing
+// outside its view.
+class GuardedOutput {
+ public:
+  GuardedOutput(Backend& backend, DType dtype, std::size_t need, std::size_t lead = 0,
+                std::size_t guard = kDefaultGuard);
+  GuardedOutput(Backend& backend, const HostTensor& initial, std::size_t lead = 0,
+                std::size_t guard = kDefaultGuard);
+
+  Buffer& view() noexcept { return view_; }
+  DType dtype() const noexcept { return dtype_; }
+  std::size_t need() const noexcept { return need_; }
+
+  // Refills the view with poison and the lead/guard with the sentinel.
+  void poison();
+  ::testing::AssertionResult check_guard() const;
+  std::vector<float> values() const;          // the view, decoded
+  std::vector<std::uint8_t> bytes() const;    // the view, raw
+
+ private:
+  void fill(const std::vector<std::uint8_t>& view_bytes);
+
+  Backend* backend_;
+  DType dtype_;
+  std::size_t need_, lead_, guard_;
+  Buffer storage_;
+  Buffer view_;
+};
+
+// ── Comparisons ──────────────────────────────────────────────────────────────
+
+// Every element: |got - ref| <= atol*scale + rtol*|ref| with the table's
+// tolerance for `dtype`; NaN never passes. On failure reports the number of
+// failing elements, the worst one (index, got, ref, error, allowed) and the
+// first few failures.
+::testing::AssertionResult all_close(std::span<const float> got, std::span<const double> ref, DType dtype,
+                                     double scale = op_scale::kUnit);
+::testing::AssertionResult all_close(std::span<const float> got, std::span<const float> ref, DType dtype,
+                                     double scale = op_scale::kUnit);
+// Byte-for-byte equality, reported per element of `elem_bytes`.
+::testing::AssertionResult bitwise_equal(std::span<const std::uint8_t> got, std::span<const std::uint8_t> want,
+                                         std::size_t elem_bytes);
+
+// ── Errors ───────────────────────────────────────────────────────────────────
+
+// Success iff fn() throws ferrum::Error with `code` whose message contains
+// `op` (and `arg` when non-empty).
+::testing::AssertionResult throws_error(ErrorCode code, std::string_view op, const std::function<void()>& fn,
+                                        std::string_view arg = {});
+// Non-fatal expectation of the above, reported at the caller's line.
+void expect_error(ErrorCode code, std::string_view op, const std::function<void()>& fn, std::string_view arg = {},
+                  std::source_location where = std::source_location::current());
+
+// ── Backends and fixtures ────────────────────────────────────────────────────
+
+bool have_cuda();
+// A CudaBackend (device 0) or CpuBackend.
+std::unique_ptr<Backend> make_backend(BackendKind kind);
+std::string_view kind_name(BackendKind kind);
+
+// While alive, the backend is in device-state mode `enable`; restores the
+// previous mode on destruction (also when an op throws).
+class DeviceStateScope {
+ public:
+  DeviceStateScope(Backend& backend, bool enable);
+  ~DeviceStateScope();
+  DeviceStateScope(const DeviceStateScope&) = delete;
+  DeviceStateScope& operator=(const DeviceStateScope&) = delete;
+
+ private:
+  Backend& backend_;
+  bool previous_;
+};
+
+inline constexpr const char* kNoCudaMessage =
+    "no CUDA device visible (ferrum::cuda_device_count() == 0): CUDA tests skipped";
+
+// GPU tests: skipped with kNoCudaMessage when there is no device; otherwise
+// gives a CudaBackend and a CpuBackend (the oracle).
+template <class Base = ::testing::Test>
+class CudaFixture : public Base {
+ protected:
+  void SetUp() override {
+    if (!have_cuda()) GTEST_SKIP() << kNoCudaMessage;
+    cuda_ = make_backend(BackendKind::Cuda);
+    cpu_ = make_backend(BackendKind::Cpu);
+  }
+  void TearDown() override {
+    if (cuda_) cuda_->set_device_state_mode(false);
+  }
+  Backend& cuda() { return *cuda_; }
+  Backend& cpu() { return *cpu_; }
+
+  std::unique_ptr<Backend> cuda_;
+  std::unique_ptr<Backend> cpu_;
+};
+using CudaTest = CudaFixture<>;
+template <class Param>
+using CudaParamTest = CudaFixture<::testing::TestWithParam<Param>>;
+
+// Suites that run on every backend: parameterized by BackendKind, the CUDA
+// instance skipped without a device. backend() and other() are two distinct
+// instances of the same kind.
+class BackendTest : public ::testing::TestWithParam<BackendKind> {
+ protected:
+  void SetUp() override;
+  Backend& backend() { return *backend_; }
+  Backend& other() { return *other_; }
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Backend> other_;
+};
+std::string backend_param_name(const ::testing::TestParamInfo<BackendKind>& info);
+#define FERRUM_INSTANTIATE_ON_ALL_BACKENDS(Suite)                                                       \
+  INSTANTIATE_TEST_SUITE_P(AllBackends, Suite,                                                          \
+                           ::testing::Values(::ferrum::BackendKind::Cpu, ::ferrum::BackendKind::Cuda),  \
+                           ::ferrum::test::backend_param_name)
+
+// ── RoPE tables ──────────────────────────────────────────────────────────────
+
+inline constexpr double kRopeTheta10k = 10000.0;     // Llama 2
+inline constexpr double kRopeTheta1M = 1000000.0;    // Qwen 2/3, Llama 3 long
+
+// cos/sin [max_pos, head_dim / 2] in f32: angle(p, i) = p * theta^(-2i / head_dim),
+// computed in double and rounded once to f32.
+struct RopeTables {
+  std::size_t max_pos = 0;
+  std::size_t head_dim = 0;
+  double theta = 0.0;
+  HostTensor cos;
+  HostTensor sin;
+};
+RopeTables make_rope_tables(std::size_t max_pos, std::size_t head_dim, double theta);
+
+// ── Sweep parameters ─────────────────────────────────────────────────────────
+
+inline constexpr DType kHalfDTypes[] = {DType::F16, DType::BF16};
+inline constexpr std::size_t kSweepDims[] = {8, 769, 4096, 5120};
+inline constexpr std::size_t kSweepTokens[] = {1, 7, 83, 4096};
+
+// (dtype, tokens, dim): every combination, for row ops.
+using RowParam = std::tuple<DType, std::size_t, std::size_t>;
+std::vector<RowParam> all_row_params();  // use with ::testing::ValuesIn
+std::string row_param_name(const ::testing::TestParamInfo<RowParam>& info);
+
+// (dtype, case index) for ops whose size cases are a hand-picked list; the
+// test SCOPED_TRACEs the case's full description.
+using DTypeCaseParam = std::tuple<DType, std::size_t>;
+std::vector<DTypeCaseParam> dtype_case_params(std::size_t num_cases);
+std::string dtype_case_param_name(const ::testing::TestParamInfo<DTypeCaseParam>& info);
+
+}  // namespace ferrum::test
