@@ -174,6 +174,9 @@ struct Record {
   double gbps = std::numeric_limits<double>::quiet_NaN();
   double tflops = std::numeric_limits<double>::quiet_NaN();
   double pct = std::numeric_limits<double>::quiet_NaN();
+  // GB/s of a device copy moving the same bytes (read + write), rotated the
+  // same way: the ceiling at this size, where ramp-up and tail cost more.
+  double copy_same_gbps = std::numeric_limits<double>::quiet_NaN();
   double bytes = 0.0;
   double flops = 0.0;
   std::size_t sets = 0;
@@ -276,6 +279,35 @@ class Bench {
     copy_gbps_ = 2.0 * static_cast<double>(kCopyBytes) / copy_us_ / 1e3;
   }
 
+  // Copy of bytes/2 (so bytes are moved, read + write), rotated past L2 like
+  // the cases; cached by size.
+  double copy_gbps_for(double bytes) {
+    const auto half = static_cast<std::size_t>(bytes / 2.0) & ~std::size_t{255};
+    if (half == 0) return std::numeric_limits<double>::quiet_NaN();
+    auto it = copy_same_.find(half);
+    if (it != copy_same_.end()) return it->second;
+    const auto sets = std::max<std::size_t>(2, static_cast<std::size_t>(std::ceil(kRotateBytes / (2.0 * static_cast<double>(half)))));
+    Buffer src = be_.alloc(DType::U8, half * sets);
+    Buffer dst = be_.alloc(DType::U8, half * sets);
+    FB_CUDA(cudaMemsetAsync(src.data(), 0x5a, half * sets, st_));
+    auto* s8 = static_cast<unsigned char*>(src.data());
+    auto* d8 = static_cast<unsigned char*>(dst.data());
+    const int reps = 40;
+    for (std::size_t i = 0; i < sets; ++i)
+      FB_CUDA(cudaMemcpyAsync(d8 + i * half, s8 + i * half, half, cudaMemcpyDeviceToDevice, st_));
+    Events ev(reps);
+    for (int i = 0; i < reps; ++i) {
+      const std::size_t k = static_cast<std::size_t>(i) % sets;
+      FB_CUDA(cudaEventRecord(ev.start(i), st_));
+      FB_CUDA(cudaMemcpyAsync(d8 + k * half, s8 + k * half, half, cudaMemcpyDeviceToDevice, st_));
+      FB_CUDA(cudaEventRecord(ev.stop(i), st_));
+    }
+    FB_CUDA(cudaStreamSynchronize(st_));
+    const double gbps = 2.0 * static_cast<double>(half) / median(ev.elapsed_us()) / 1e3;
+    copy_same_.emplace(half, gbps);
+    return gbps;
+  }
+
   // ── Measurement ──
   // Runs `body` for one case; any exception becomes an error record.
   template <class F>
@@ -309,6 +341,12 @@ class Bench {
     if (spec.bytes > 0.0) {
       r.gbps = spec.bytes / t.us / 1e3;
       if (copy_gbps_ > 0.0) r.pct = 100.0 * r.gbps / copy_gbps_;
+      if (!spec.graph && spec.flops == 0.0) {
+        r.copy_same_gbps = copy_gbps_for(spec.bytes);
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "copy at this size %.0f GB/s", r.copy_same_gbps);
+        r.note = r.note.empty() ? buf : r.note + "; " + buf;
+      }
     }
     if (spec.flops > 0.0) r.tflops = spec.flops / t.us / 1e6;
     print_row(r);
@@ -508,6 +546,7 @@ class Bench {
   Options opt_;
   double copy_gbps_ = 0.0;
   double copy_us_ = 0.0;
+  std::map<std::size_t, double> copy_same_;
   std::vector<Record> records_;
   std::map<DType, Buffer> pools_;
   Rng fill_rng_{0xC0FFEEull};
@@ -772,6 +811,7 @@ void write_json(const std::string& path, const Bench& b, const std::string& devi
       << ", \"shape\": " << json_str(r.shape) << ", \"impl\": \"ferrum\", \"mode\": " << json_str(r.mode)
       << ", \"us\": " << json_num(r.us) << ", \"gbps\": " << json_num(r.gbps)
       << ", \"tflops\": " << json_num(r.tflops) << ", \"pct_of_copy\": " << json_num(r.pct)
+      << ", \"copy_same_size_gbps\": " << json_num(r.copy_same_gbps)
       << ", \"bytes\": " << json_num(r.bytes) << ", \"flops\": " << json_num(r.flops)
       << ", \"sets\": " << r.sets << ", \"reps\": " << r.reps << ", \"graphs\": " << r.graphs;
     if (!r.note.empty()) f << ", \"note\": " << json_str(r.note);

@@ -36,8 +36,17 @@ __device__ __forceinline__ float row_sum(float v, int group) {
   return total;
 }
 
-template <NormKind K, class T, int VW, int NVEC>
-__global__ void norm_rows_kernel(const T* __restrict__ x,       // [rows, dim]
+// PREFETCH_W: load weight (and bias) with x, before the reduction. That
+// removes a dependent DRAM round trip when the grid is too small to hide
+// latency (decode shapes); on large grids the weight is L2-hot and the extra
+// registers would cost occupancy, so it is loaded after the reduction.
+//
+// Launch bounds: blocks of up to 1024 threads must fit the register file, so
+// the compiler keeps these kernels at 64 registers (bf16 otherwise unpacks
+// everything to fp32 and halves occupancy); the 8-vector variant is only
+// launched with 256 threads and may use more.
+template <NormKind K, class T, int VW, int NVEC, bool PREFETCH_W>
+__global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const T* __restrict__ x,       // [rows, dim]
                                  T* residual,                    // [rows, dim] (AddRms)
                                  const T* __restrict__ weight,  // [dim]
                                  const T* __restrict__ bias,    // [dim] (Layer)
@@ -51,17 +60,38 @@ __global__ void norm_rows_kernel(const T* __restrict__ x,       // [rows, dim]
   const int nvec = dim / VW;
   const long long base = static_cast<long long>(row) * dim;
 
-  V data[NVEC];
+  // Issue every load before the first use, so that no load waits behind a
+  // store the compiler cannot prove independent.
+  V data[NVEC], w[NVEC], b[NVEC];
+  auto load_weights = [&] {
+#pragma unroll
+    for (int i = 0; i < NVEC; ++i) {
+      const int vi = lane + i * group;
+      if (row_ok && vi < nvec) {
+        w[i].load(weight + static_cast<long long>(vi) * VW);
+        if constexpr (K == NormKind::Layer) b[i].load(bias + static_cast<long long>(vi) * VW);
+      }
+    }
+  };
 #pragma unroll
   for (int i = 0; i < NVEC; ++i) {
     const int vi = lane + i * group;
-    if (row_ok && vi < nvec) {
-      data[i].load(x + base + static_cast<long long>(vi) * VW);
-      if constexpr (K == NormKind::AddRms) {
-        V r;
-        r.load(residual + base + static_cast<long long>(vi) * VW);
+    if (row_ok && vi < nvec) data[i].load(x + base + static_cast<long long>(vi) * VW);
+  }
+  if constexpr (PREFETCH_W) load_weights();
+  if constexpr (K == NormKind::AddRms) {
+    V r[NVEC];
 #pragma unroll
-        for (int j = 0; j < VW; ++j) data[i].set(j, data[i].f(j) + r.f(j));
+    for (int i = 0; i < NVEC; ++i) {
+      const int vi = lane + i * group;
+      if (row_ok && vi < nvec) r[i].load(residual + base + static_cast<long long>(vi) * VW);
+    }
+#pragma unroll
+    for (int i = 0; i < NVEC; ++i) {
+      const int vi = lane + i * group;
+      if (row_ok && vi < nvec) {
+#pragma unroll
+        for (int j = 0; j < VW; ++j) data[i].set(j, data[i].f(j) + r[i].f(j));  // rounded to T, as stored
         data[i].store(residual + base + static_cast<long long>(vi) * VW);
       }
     }
@@ -93,20 +123,19 @@ __global__ void norm_rows_kernel(const T* __restrict__ x,       // [rows, dim]
   const float inv = rsqrtf(row_sum(sq, group) / static_cast<float>(dim) + eps);
 
   if (!row_ok) return;  // after the last block-wide reduction
+  if constexpr (!PREFETCH_W) load_weights();
 #pragma unroll
   for (int i = 0; i < NVEC; ++i) {
     const int vi = lane + i * group;
     if (vi < nvec) {
-      V w, o;
-      w.load(weight + static_cast<long long>(vi) * VW);
-      if constexpr (K == NormKind::Layer) {
-        V b;
-        b.load(bias + static_cast<long long>(vi) * VW);
+      V o;
 #pragma unroll
-        for (int j = 0; j < VW; ++j) o.set(j, ((data[i].f(j) - mean) * inv) * w.f(j) + b.f(j));
-      } else {
-#pragma unroll
-        for (int j = 0; j < VW; ++j) o.set(j, (data[i].f(j) * inv) * w.f(j));
+      for (int j = 0; j < VW; ++j) {
+        if constexpr (K == NormKind::Layer) {
+          o.set(j, ((data[i].f(j) - mean) * inv) * w[i].f(j) + b[i].f(j));
+        } else {
+          o.set(j, (data[i].f(j) * inv) * w[i].f(j));
+        }
       }
       o.store(out + base + static_cast<long long>(vi) * VW);
     }
@@ -115,7 +144,7 @@ __global__ void norm_rows_kernel(const T* __restrict__ x,       // [rows, dim]
 
 // Block per row, rows longer than registers hold: accumulate, then re-read.
 template <NormKind K, class T>
-__global__ void norm_rows_loop_kernel(const T* __restrict__ x, T* residual, const T* __restrict__ weight,
+__global__ void __launch_bounds__(1024) norm_rows_loop_kernel(const T* __restrict__ x, T* residual, const T* __restrict__ weight,
                                       const T* __restrict__ bias, T* out, int dim, float eps) {
   const long long base = static_cast<long long>(blockIdx.x) * dim;
   auto value = [&](int d) {
@@ -164,20 +193,41 @@ void launch_typed(const NormArgs& a, cudaStream_t stream) {
                     (K != NormKind::AddRms || aligned16(residual)) && (K != NormKind::Layer || aligned16(bias));
   const int vw = wide ? kWide : 1;
   const int nvec = a.dim / vw;
-  // Aim for ~4 vectors per thread: enough bytes in flight, few registers.
-  const int group = std::min(kMaxGroup, next_pow2((nvec + 3) / 4));
-  const int nvec_per_thread = next_pow2((nvec + group - 1) / group);
-
-  if (nvec_per_thread > kMaxNvec) {
+  struct Plan {
+    int group, nvec_per_thread, threads, blocks;
+  };
+  auto plan_for = [&](int target) {
+    Plan p{};
+    p.group = std::min(kMaxGroup, next_pow2((nvec + target - 1) / target));
+    p.nvec_per_thread = next_pow2((nvec + p.group - 1) / p.group);
+    p.threads = std::max(p.group, std::min(kMaxGroup, std::max(32, a.min_block_threads)));
+    p.blocks = (a.rows + p.threads / p.group - 1) / (p.threads / p.group);
+    return p;
+  };
+  Plan plan = plan_for(std::max(1, a.target_vectors_per_thread));
+  // At most one block per SM: latency-bound. Then spread the row over more
+  // threads (fewer registers each) and prefetch the weight with x.
+  const bool prefetch_w = plan.blocks <= a.num_sms;
+  if (prefetch_w && a.target_vectors_per_thread > 2) plan = plan_for(2);
+  const int group = plan.group;
+  const int nvec_per_thread = plan.nvec_per_thread;
+  const int threads = plan.threads;
+  const int blocks = plan.blocks;
+  // 8 vectors per thread need up to ~230 registers: at most 256 threads.
+  if (nvec_per_thread > kMaxNvec || (nvec_per_thread == kMaxNvec && threads > 256)) {
     norm_rows_loop_kernel<K, T><<<a.rows, kMaxGroup, 0, stream>>>(x, residual, weight, bias, out, a.dim, a.eps);
     return;
   }
-  const int threads = std::max(group, 256);
-  const int rows_per_block = threads / group;
-  const int blocks = (a.rows + rows_per_block - 1) / rows_per_block;
   auto go = [&](auto vw_c, auto nvec_c) {
-    norm_rows_kernel<K, T, decltype(vw_c)::value, decltype(nvec_c)::value>
-        <<<blocks, threads, 0, stream>>>(x, residual, weight, bias, out, a.rows, a.dim, a.eps, group);
+    constexpr int kVw = decltype(vw_c)::value;
+    constexpr int kNvec = decltype(nvec_c)::value;
+    if (prefetch_w) {
+      norm_rows_kernel<K, T, kVw, kNvec, true>
+          <<<blocks, threads, 0, stream>>>(x, residual, weight, bias, out, a.rows, a.dim, a.eps, group);
+    } else {
+      norm_rows_kernel<K, T, kVw, kNvec, false>
+          <<<blocks, threads, 0, stream>>>(x, residual, weight, bias, out, a.rows, a.dim, a.eps, group);
+    }
   };
   dispatch_int<1, 2, 4, 8>(nvec_per_thread, "norm", "vectors per thread", [&](auto nvec_c) {
     if (wide) {

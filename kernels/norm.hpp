@@ -21,6 +21,12 @@ struct NormArgs {
   int rows = 0;
   int dim = 0;
   float eps = 0.0f;
+  int num_sms = 0;  // multiprocessors of the device (picks the small-grid variant)
+  // Launch shape: vectors each thread aims to hold (the group of threads per
+  // row grows until a row fits), and the smallest block. Defaults are the
+  // tuned values (bench/norm_tuning.cpp sweeps them); callers leave them.
+  int target_vectors_per_thread = 4;
+  int min_block_threads = 256;
 };
 
 void launch_norm(const NormArgs& args, cudaStream_t stream);

@@ -71,12 +71,22 @@ void encode_from_f32(DType dtype, std::span<const float> src, void* dst) {
       return;
     case DType::I32: {
       auto* d = static_cast<std::int32_t*>(dst);
-      for (std::size_t i = 0; i < src.size(); ++i) d[i] = static_cast<std::int32_t>(src[i]);
+      for (std::size_t i = 0; i < src.size(); ++i) {
+        if (!(src[i] > -2147483649.0f && src[i] < 2147483648.0f)) {
+          detail::fail(ErrorCode::InvalidArgument, "write: value {} at index {} does not fit an i32", src[i], i);
+        }
+        d[i] = static_cast<std::int32_t>(src[i]);
+      }
       return;
     }
     case DType::U8: {
       auto* d = static_cast<std::uint8_t*>(dst);
-      for (std::size_t i = 0; i < src.size(); ++i) d[i] = static_cast<std::uint8_t>(src[i]);
+      for (std::size_t i = 0; i < src.size(); ++i) {
+        if (!(src[i] > -1.0f && src[i] < 256.0f)) {
+          detail::fail(ErrorCode::InvalidArgument, "write: value {} at index {} does not fit a u8", src[i], i);
+        }
+        d[i] = static_cast<std::uint8_t>(src[i]);
+      }
       return;
     }
   }
@@ -117,7 +127,7 @@ void decode_to_f32(DType dtype, const void* src, std::size_t count, float* dst) 
 Buffer Backend::alloc(DType dtype, std::size_t numel) {
   OpCheck check(*this, "alloc");
   refuse_during_capture(check);
-  check.size("numel", numel);
+  if (numel == 0) check.fail(ErrorCode::InvalidArgument, "alloc: argument 'numel' = 0, must be at least 1");
   const std::size_t bytes = check.product({numel, size_of(dtype)});
   void* p = allocate_bytes(bytes);
   return make_buffer(p, dtype, numel, /*owning=*/true);
@@ -475,16 +485,21 @@ void Backend::qk_norm_rope(const Buffer& input, const Buffer* norm_w, const Buff
     check.fail(ErrorCode::ShapeMismatch, "qk_norm_rope: 'cos' has {} elements but 'sin' has {}", cos.numel(),
          sin.numel());
   }
-  const std::size_t max_pos = cos.numel() / half;
-  const bool use_state = device_state_mode_ && tokens == 1;
-  if (!use_state && (pos_offset > max_pos || tokens > max_pos - pos_offset)) {
-    check.fail(ErrorCode::CapacityExceeded,
-         "qk_norm_rope: positions [{}, {}) run past the {} positions of the cos/sin tables", pos_offset,
-         pos_offset + tokens, max_pos);
+  if (cos.numel() % half != 0) {
+    check.fail(ErrorCode::ShapeMismatch,
+               "qk_norm_rope: 'cos' has {} elements, not a whole number of rows of head_dim/2 = {}", cos.numel(),
+               half);
   }
+  const std::size_t max_pos = cos.numel() / half;
   if (max_pos == 0) {
     check.fail(ErrorCode::ShapeMismatch, "qk_norm_rope: 'cos' has {} elements, less than one row of head_dim/2 = {}",
-         cos.numel(), half);
+               cos.numel(), half);
+  }
+  const bool use_state = device_state_mode() && tokens == 1;
+  if (!use_state && (pos_offset > max_pos || tokens > max_pos - pos_offset)) {
+    check.fail(ErrorCode::CapacityExceeded,
+               "qk_norm_rope: positions [{}, {}) run past the {} positions of the cos/sin tables", pos_offset,
+               pos_offset + tokens, max_pos);
   }
   do_qk_norm_rope(input, norm_w, cos, sin, output, tokens, heads, head_dim, pos_offset, max_pos, eps, mode,
                   use_state);
@@ -568,6 +583,12 @@ void Backend::flash_attention(const Buffer& q, const Buffer& k, const Buffer& v,
   check.same_dtype("v", v, "q", q);
   check.same_dtype("out", out, "q", q);
   const bool use_state = device_state_mode_ && q_len == 1;
+  if (use_state && cfg.kv_seq_stride == 0) {
+    check.fail(ErrorCode::InvalidArgument,
+               "flash_attention: device-state decode needs cfg.kv_seq_stride (the cache capacity); 0 would bake "
+               "the host kv_len = {} into a captured graph",
+               kv_len);
+  }
   const std::size_t stride = cfg.kv_seq_stride > 0 ? cfg.kv_seq_stride : kv_len;
   if (kv_len > stride) {
     check.fail(ErrorCode::CapacityExceeded, "flash_attention: kv_len = {} exceeds cfg.kv_seq_stride = {}", kv_len,

@@ -142,7 +142,8 @@ class Backend {
   // ── Buffers (setup-time: these may allocate and synchronize) ──────────
   Buffer alloc(DType dtype, std::size_t numel);
   // Allocates and fills from host f32, converting (round to nearest even;
-  // i32/u8 take the value truncated toward zero).
+  // i32/u8 take the value truncated toward zero, and refuse values that do
+  // not fit).
   Buffer upload(std::span<const float> host, DType dtype);
   // Writes host f32 values (converted) into dst starting at element offset.
   void write(Buffer& dst, std::span<const float> host, std::size_t dst_offset = 0);
@@ -196,7 +197,7 @@ class Backend {
   void add_inplace(Buffer& residual /*[len], in/out*/, const Buffer& x /*[len]*/, std::size_t len);
 
   // ── GEMM ───────────────────────────────────────────────────────────────
-  // out[m, n] = a[m, k] · b[n, k]ᵀ, fp32 accumulation.
+  // out[m, n] = a[m, k] · b[n, k]ᵀ (fp32 accumulation on CUDA, fp64 on CPU).
   void gemm(const Buffer& a /*[m, k]*/, const Buffer& b /*[n, k]*/, Buffer& out /*[m, n]*/,
             std::size_t m, std::size_t n, std::size_t k);
 
@@ -238,7 +239,9 @@ class Backend {
 
   // ── Attention ──────────────────────────────────────────────────────────
   // softmax(q kᵀ · scale + mask) v, per (batch, head); q head h reads kv head
-  // h / (num_heads / num_kv_heads). Keys 0 .. kv_len-1 are valid.
+  // h / (num_heads / num_kv_heads). Keys 0 .. kv_len-1 are valid. In
+  // device-state mode with q_len == 1, kv_len is the decode state's and
+  // cfg.kv_seq_stride must be set (the cache capacity).
   void flash_attention(const Buffer& q /*[batch, num_heads, q_len, head_dim]*/,
                        const Buffer& k /*[batch, num_kv_heads, kv_seq_stride, head_dim]*/,
                        const Buffer& v /*[batch, num_kv_heads, kv_seq_stride, head_dim]*/,

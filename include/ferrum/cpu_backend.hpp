@@ -1,5 +1,6 @@
-// CpuBackend: plain host implementations of every op, accumulating in fp32
-// (fp64 where cheap). It is the oracle every GPU result is checked against,
+// CpuBackend: plain host implementations of every op: elementwise math in
+// fp32, reductions and dot products accumulated in fp64, one rounding at the
+// output. It is the oracle every GPU result is checked against,
 // and the fallback on machines without a GPU.
 #pragma once
 

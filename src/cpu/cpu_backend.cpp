@@ -31,6 +31,9 @@ namespace {
 
 // Below this many elements of work a task is not worth a thread of its own.
 constexpr std::size_t kMinTaskElements = std::size_t{1} << 14;
+// A product (gemm, attention) of fewer multiply-adds than this runs inline:
+// starting threads would cost more than it saves.
+constexpr double kMinParallelMacs = double{1 << 21};
 
 constexpr std::size_t kHostAlignment = 64;
 
@@ -159,8 +162,9 @@ void copy_elements(const Buffer& src, std::size_t src_offset, Buffer& dst, std::
 // holding at least kMinTaskElements elements, so small ops run inline instead
 // of paying for thread start-up, and scratch space is set up once per task.
 struct RowTasks {
-  RowTasks(std::size_t rows, std::size_t row_elements)
-      : rows(rows), rows_per_task(std::max<std::size_t>(1, kMinTaskElements / std::max<std::size_t>(1, row_elements))) {}
+  RowTasks(std::size_t row_count, std::size_t row_elements)
+      : rows(row_count),
+        rows_per_task(std::max<std::size_t>(1, kMinTaskElements / std::max<std::size_t>(1, row_elements))) {}
 
   std::size_t count() const { return (rows + rows_per_task - 1) / rows_per_task; }
   std::size_t begin(std::size_t task) const { return task * rows_per_task; }
@@ -497,9 +501,8 @@ void CpuBackend::do_gemm(const Buffer& a /*[m, k]*/, const Buffer& b /*[n, k]*/,
       }
     }
   };
-  // A small product is cheaper than starting threads for it.
   const double macs = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  if (macs < static_cast<double>(kMinTaskElements) * kBlockN * kRowsAtOnce) {
+  if (macs < kMinParallelMacs) {
     for (std::size_t block = 0; block < blocks_m * blocks_n; ++block) run_block(block);
   } else {
     parallel_for(blocks_m * blocks_n, run_block);
@@ -680,7 +683,7 @@ void CpuBackend::do_flash_attention(const Buffer& q /*[batch, num_heads, q_len, 
   // block reads are decoded once for the whole block.
   constexpr std::size_t kQueryBlock = 16;
   const std::size_t blocks_per_head = (q_len + kQueryBlock - 1) / kQueryBlock;
-  parallel_for(batch * num_heads * blocks_per_head, [&](std::size_t task) {
+  auto run_block = [&](std::size_t task) {
     const std::size_t bh = task / blocks_per_head;  // b * num_heads + h
     const std::size_t b = bh / num_heads;
     const std::size_t h = bh % num_heads;
@@ -727,7 +730,16 @@ void CpuBackend::do_flash_attention(const Buffer& q /*[batch, num_heads, q_len, 
       }
       for (std::size_t d = 0; d < hd; ++d) store_f64(acc[d], out, row * hd + d);
     }
-  });
+  };
+  const std::size_t num_blocks = batch * num_heads * blocks_per_head;
+  // q·k and p·v: about 2 * head_dim multiply-adds per (query, key) pair.
+  const double macs = 2.0 * static_cast<double>(batch * num_heads * q_len) * static_cast<double>(kv_len) *
+                      static_cast<double>(hd);
+  if (macs < kMinParallelMacs) {
+    for (std::size_t block = 0; block < num_blocks; ++block) run_block(block);
+  } else {
+    parallel_for(num_blocks, run_block);
+  }
 }
 
 }  // namespace ferrum

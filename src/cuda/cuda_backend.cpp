@@ -231,6 +231,7 @@ void CudaBackend::do_rms_norm(const Buffer& x, const Buffer& w, float eps, Buffe
   a.rows = static_cast<int>(tokens);
   a.dim = static_cast<int>(dim);
   a.eps = eps;
+  a.num_sms = rt_->num_sms;
   kernels::launch_norm(a, rt_->stream);
 }
 
@@ -247,6 +248,7 @@ void CudaBackend::do_fused_add_rms_norm(Buffer& residual, const Buffer& x, const
   a.rows = static_cast<int>(tokens);
   a.dim = static_cast<int>(dim);
   a.eps = eps;
+  a.num_sms = rt_->num_sms;
   kernels::launch_norm(a, rt_->stream);
 }
 
@@ -263,6 +265,7 @@ void CudaBackend::do_layer_norm(const Buffer& x, const Buffer& gamma, const Buff
   a.rows = static_cast<int>(tokens);
   a.dim = static_cast<int>(dim);
   a.eps = eps;
+  a.num_sms = rt_->num_sms;
   kernels::launch_norm(a, rt_->stream);
 }
 

@@ -25,6 +25,8 @@ CudaRuntime* create_runtime(const CudaBackendConfig& config) {
   rt->device = config.device;
   const char* op = "CudaBackend";
   check_cuda(cudaSetDevice(config.device), op, "cudaSetDevice");
+  check_cuda(cudaDeviceGetAttribute(&rt->num_sms, cudaDevAttrMultiProcessorCount, config.device), op,
+             "cudaDeviceGetAttribute");
   check_cuda(cudaStreamCreateWithFlags(&rt->stream, cudaStreamNonBlocking), op, "cudaStreamCreate");
 
   check_cublas(cublasCreate(&rt->cublas), op, "cublasCreate");

@@ -15,6 +15,7 @@ namespace ferrum::detail {
 
 struct CudaRuntime {
   int device = 0;
+  int num_sms = 0;
   cudaStream_t stream = nullptr;  // every op of this device is queued here
   cublasHandle_t cublas = nullptr;  // bound to `stream`, CUBLAS_POINTER_MODE_DEVICE
   void* cublas_workspace = nullptr;

@@ -1,11 +1,10 @@
 // Independent reference conversions for the 16-bit float formats, written
 // from the format definitions with double arithmetic (frexp / ldexp /
-// nearbyint) rather than bit tricks, so they share no code or technique with
+// floor) rather than bit tricks, so they share no code or technique with
 // ferrum/half.hpp. test_half.cpp checks ferrum's conversions against these;
 // the fp64 op references use them to round sums "once, to nearest even".
 #pragma once
 
-#include <cfenv>
 #include <cmath>
 #include <cstdint>
 
@@ -62,10 +61,11 @@ inline std::uint16_t encode_half(double value, const HalfFormat& f) {
   if (e < f.min_exp()) e = f.min_exp();  // subnormal range: fixed quantum
   // In units of the quantum 2^(e - mant_bits): exact (power-of-two scaling).
   const double q = std::ldexp(a, f.mant_bits - e);
-  const int saved = std::fegetround();
-  std::fesetround(FE_TONEAREST);
-  double r = std::nearbyint(q);  // ties to even
-  std::fesetround(saved);
+  // Round to an integer, ties to even, spelled out (no dependence on the
+  // floating-point environment). q < 2^12 here, so every step is exact.
+  double r = std::floor(q);
+  const double frac = q - r;
+  if (frac > 0.5 || (frac == 0.5 && std::fmod(r, 2.0) != 0.0)) r += 1.0;
   const double one = std::ldexp(1.0, f.mant_bits);  // the implicit leading 1
   if (r >= 2.0 * one) {  // carried into the next binade
     r = one;

@@ -357,6 +357,10 @@ RopeTables make_rope_tables(std::size_t max_pos, std::size_t head_dim, double th
 
 // ── Sweep parameters ─────────────────────────────────────────────────────────
 
+std::string dtype_param_name(const ::testing::TestParamInfo<DType>& info) {
+  return std::string(to_string(info.param));
+}
+
 std::vector<RowParam> all_row_params() {
   std::vector<RowParam> params;
   for (DType dt : kHalfDTypes) {

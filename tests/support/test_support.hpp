@@ -260,6 +260,8 @@ inline constexpr DType kHalfDTypes[] = {DType::F16, DType::BF16};
 inline constexpr std::size_t kSweepDims[] = {8, 769, 4096, 5120};
 inline constexpr std::size_t kSweepTokens[] = {1, 7, 83, 4096};
 
+std::string dtype_param_name(const ::testing::TestParamInfo<DType>& info);
+
 // (dtype, tokens, dim): every combination, for row ops.
 using RowParam = std::tuple<DType, std::size_t, std::size_t>;
 std::vector<RowParam> all_row_params();  // use with ::testing::ValuesIn

@@ -1,0 +1,96 @@
+// Sweeps the norm kernels' launch shape (vectors per thread, block size) on
+// the shapes the acceptance names, straight through the launcher. Used to
+// pick NormArgs' defaults; not part of the library.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <exception>
+#include <cstdio>
+#include <vector>
+
+#include "kernels/norm.hpp"
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::printf("%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+}  // namespace
+
+int main() {
+  using ferrum::kernels::NormArgs;
+  using ferrum::kernels::NormKind;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("no GPU: nothing to tune\n");
+    return 0;
+  }
+  const int dim = 4096;
+  int sms = 0;
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
+  const std::size_t pool_bytes = std::size_t{1} << 30;  // rotate through 1 GiB
+  void* pool = nullptr;
+  check(cudaMalloc(&pool, pool_bytes), "cudaMalloc");
+  check(cudaMemset(pool, 0x3c, pool_bytes), "cudaMemset");  // 1.05 in f16: finite, non-zero
+  void* weight = nullptr;
+  check(cudaMalloc(&weight, dim * 2), "cudaMalloc");
+  check(cudaMemset(weight, 0x3c, dim * 2), "cudaMemset");
+  cudaStream_t stream;
+  check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  std::printf("%-8s %-6s %-7s %-6s %10s %9s\n", "kind", "rows", "target", "block", "median_us", "GB/s");
+  for (NormKind kind : {NormKind::Rms, NormKind::AddRms}) {
+    for (int rows : {4096, 32768, 16}) {
+      const std::size_t tensor = static_cast<std::size_t>(rows) * dim * 2;
+      const int sets = static_cast<int>(pool_bytes / (3 * tensor));
+      const double bytes = static_cast<double>(tensor) * (kind == NormKind::Rms ? 2 : 4);
+      for (int target : {1, 2, 4, 8}) {
+        for (int block : {128, 256, 512}) {
+          NormArgs a;
+          a.kind = kind;
+          a.dtype = ferrum::DType::F16;
+          a.weight = weight;
+          a.rows = rows;
+          a.dim = dim;
+          a.eps = 1e-6f;
+          a.num_sms = sms;
+          a.target_vectors_per_thread = target;
+          a.min_block_threads = block;
+          std::vector<float> times;
+          cudaEvent_t e0, e1;
+          cudaEventCreate(&e0);
+          cudaEventCreate(&e1);
+          for (int rep = 0; rep < 60; ++rep) {
+            auto* base = static_cast<char*>(pool) + static_cast<std::size_t>(rep % sets) * 3 * tensor;
+            a.x = base;
+            a.residual = base + tensor;
+            a.out = base + 2 * tensor;
+            cudaEventRecord(e0, stream);
+            try {
+              ferrum::kernels::launch_norm(a, stream);
+            } catch (const std::exception& e) {
+              std::printf("%-8s %-6d %-7d %-6d  not launchable: %s\n", kind == NormKind::Rms ? "rms" : "add_rms",
+                          rows, target, block, e.what());
+              times.clear();
+              break;
+            }
+            cudaEventRecord(e1, stream);
+            cudaEventSynchronize(e1);
+            float ms = 0;
+            cudaEventElapsedTime(&ms, e0, e1);
+            if (rep >= 10) times.push_back(ms * 1000.0f);
+          }
+          if (times.empty()) continue;
+          std::sort(times.begin(), times.end());
+          const double us = times[times.size() / 2];
+          std::printf("%-8s %-6d %-7d %-6d %10.2f %9.0f\n", kind == NormKind::Rms ? "rms" : "add_rms", rows, target,
+                      block, us, bytes / us / 1e3);
+        }
+      }
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,381 @@
+// Bad input to EVERY public op, on CpuBackend always and on CudaBackend when
+// a GPU is present (skipped otherwise). Each case checks the ErrorCode AND
+// that the message names the op (and the offending argument).
+//
+// The generic cases walk the op table of support/op_registry.hpp, replacing
+// one argument of a valid call at a time:
+//   null buffer -> NullBuffer, buffer of another backend instance ->
+//   WrongBackend, one element too few -> ShapeMismatch, wrong dtype ->
+//   DTypeMismatch, size 0 or > INT32_MAX -> InvalidArgument.
+// The op-specific cases cover eps / scale / enum domains, capacities, GQA
+// grouping, causal reach, size-product overflow, misalignment (Buffer::wrap)
+// and the host-side buffer API.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+
+#include "support/op_registry.hpp"
+#include "support/test_support.hpp"
+
+namespace ferrum::test {
+namespace {
+
+constexpr std::size_t kHuge = std::size_t{1} << 31;  // one past INT32_MAX
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+const float kInf = std::numeric_limits<float>::infinity();
+
+class BadInput : public BackendTest {
+ protected:
+  // Runs `mutate` on fresh valid arguments of `op`, then the call; expects
+  // `code` with a message naming the op and `arg` (quoted, as messages quote it).
+  void expect_call_error(Op op, ErrorCode code, const std::string& arg, const std::function<void(OpArgs&)>& mutate,
+                         std::source_location where = std::source_location::current()) {
+    const OpSpec& spec = op_spec(op);
+    OpArgs a = make_args(backend(), spec);
+    mutate(a);
+    expect_error(code, spec.name, [&] { spec.call(backend(), a); }, arg, where);
+  }
+};
+
+// ── The valid calls themselves are valid ─────────────────────────────────────
+
+TEST_P(BadInput, BaselineCallsAreValid) {
+  for (const OpSpec& spec : op_specs()) {
+    SCOPED_TRACE(spec.name);
+    OpArgs a = make_args(backend(), spec);
+    if (backend().supports(spec.op)) {
+      EXPECT_NO_THROW({
+        spec.call(backend(), a);
+        backend().synchronize();
+      });
+    } else {
+      expect_error(ErrorCode::Unsupported, spec.name, [&] { spec.call(backend(), a); });
+    }
+  }
+}
+
+// ── One argument at a time, for every op ─────────────────────────────────────
+
+TEST_P(BadInput, NullBuffer) {
+  for (const OpSpec& spec : op_specs()) {
+    for (const BufferArg& b : spec.buffers) {
+      SCOPED_TRACE(cat(spec.name, " '", b.name, "' = null"));
+      expect_call_error(spec.op, ErrorCode::NullBuffer, cat("'", b.name, "'"),
+                        [&](OpArgs& a) { a.buffers[b.name] = Buffer{}; });
+    }
+  }
+}
+
+TEST_P(BadInput, BufferOfAnotherBackend) {
+  for (const OpSpec& spec : op_specs()) {
+    for (const BufferArg& b : spec.buffers) {
+      SCOPED_TRACE(cat(spec.name, " '", b.name, "' from another backend"));
+      expect_call_error(spec.op, ErrorCode::WrongBackend, cat("'", b.name, "'"),
+                        [&](OpArgs& a) { a.buffers[b.name] = zeros(other(), b.dtype, b.numel); });
+    }
+  }
+}
+
+TEST_P(BadInput, BufferTooSmall) {
+  for (const OpSpec& spec : op_specs()) {
+    for (const BufferArg& b : spec.buffers) {
+      SCOPED_TRACE(cat(spec.name, " '", b.name, "' with ", b.too_small, " elements"));
+      expect_call_error(spec.op, ErrorCode::ShapeMismatch, cat("'", b.name, "'"), [&](OpArgs& a) {
+        // A view: too small by the view's count, though the memory behind it is larger.
+        a.shrink(b.name, b.too_small);
+      });
+    }
+  }
+}
+
+TEST_P(BadInput, WrongDType) {
+  for (const OpSpec& spec : op_specs()) {
+    for (const BufferArg& b : spec.buffers) {
+      SCOPED_TRACE(cat(spec.name, " '", b.name, "' as ", to_string(b.wrong_dtype)));
+      expect_call_error(spec.op, ErrorCode::DTypeMismatch, cat("'", b.name, "'"),
+                        [&](OpArgs& a) { a.buffers[b.name] = zeros(backend(), b.wrong_dtype, b.numel); });
+    }
+  }
+}
+
+TEST_P(BadInput, MixedHalfDTypes) {
+  // bf16 among f16 arguments (each alone is a legal dtype; together they are not).
+  for (const OpSpec& spec : op_specs()) {
+    for (const BufferArg& b : spec.buffers) {
+      if (b.dtype != DType::F16 || spec.buffers.size() < 2) continue;
+      SCOPED_TRACE(cat(spec.name, " '", b.name, "' as bf16"));
+      expect_call_error(spec.op, ErrorCode::DTypeMismatch, "",
+                        [&](OpArgs& a) { a.buffers[b.name] = zeros(backend(), DType::BF16, b.numel); });
+    }
+  }
+}
+
+TEST_P(BadInput, ZeroSize) {
+  for (const OpSpec& spec : op_specs()) {
+    for (const SizeArg& s : spec.sizes) {
+      SCOPED_TRACE(cat(spec.name, " ", s.name, " = 0"));
+      expect_call_error(spec.op, ErrorCode::InvalidArgument, cat("'", s.name, "'"),
+                        [&](OpArgs& a) { a.sizes[s.name] = 0; });
+    }
+  }
+}
+
+TEST_P(BadInput, SizePast32Bits) {
+  for (const OpSpec& spec : op_specs()) {
+    for (const SizeArg& s : spec.sizes) {
+      SCOPED_TRACE(cat(spec.name, " ", s.name, " = 2^31"));
+      expect_call_error(spec.op, ErrorCode::InvalidArgument, cat("'", s.name, "'"),
+                        [&](OpArgs& a) { a.sizes[s.name] = kHuge; });
+    }
+  }
+}
+
+// ── Scalars: eps, scale, enums ───────────────────────────────────────────────
+
+TEST_P(BadInput, BadEps) {
+  for (Op op : {Op::RmsNorm, Op::FusedAddRmsNorm, Op::LayerNorm, Op::QkNormRope}) {
+    for (float eps : {kNaN, -1e-6f, kInf, -kInf}) {
+      SCOPED_TRACE(cat(to_string(op), " eps=", eps));
+      expect_call_error(op, ErrorCode::InvalidArgument, "'eps'", [&](OpArgs& a) { a.eps = eps; });
+    }
+  }
+}
+
+TEST_P(BadInput, EpsZeroIsAllowed) {
+  for (Op op : {Op::RmsNorm, Op::FusedAddRmsNorm, Op::LayerNorm, Op::QkNormRope}) {
+    SCOPED_TRACE(to_string(op));
+    OpArgs a = make_args(backend(), op_spec(op));
+    a.eps = 0.0f;
+    EXPECT_NO_THROW(op_spec(op).call(backend(), a));
+  }
+  backend().synchronize();
+}
+
+TEST_P(BadInput, GeluBadApproximation) {
+  expect_call_error(Op::Gelu, ErrorCode::InvalidArgument, "'approx'",
+                    [](OpArgs& a) { a.approx = static_cast<GeluApproximation>(7); });
+}
+
+TEST_P(BadInput, AllReduceBadOp) {
+  expect_call_error(Op::AllReduce, ErrorCode::InvalidArgument, "'op'",
+                    [](OpArgs& a) { a.reduce = static_cast<ReduceOp>(42); });
+}
+
+TEST_P(BadInput, BroadcastFromRankPastWorld) {
+  expect_call_error(Op::Broadcast, ErrorCode::InvalidArgument, "'src_rank'", [](OpArgs& a) { a.src_rank = 1; });
+}
+
+// ── qk_norm_rope ─────────────────────────────────────────────────────────────
+
+TEST_P(BadInput, QkNormRopeDomain) {
+  expect_call_error(Op::QkNormRope, ErrorCode::InvalidArgument, "'head_dim'", [](OpArgs& a) {
+    a.sizes["head_dim"] = 7;  // odd: no halves to rotate
+  });
+  expect_call_error(Op::QkNormRope, ErrorCode::InvalidArgument, "'mode'",
+                    [](OpArgs& a) { a.mode = static_cast<RopeMode>(9); });
+  expect_call_error(Op::QkNormRope, ErrorCode::NullBuffer, "'norm_w'", [](OpArgs& a) { a.null_norm_w = true; });
+  // RopeOnly reads neither norm_w nor eps.
+  {
+    OpArgs a = make_args(backend(), op_spec(Op::QkNormRope));
+    a.mode = RopeMode::RopeOnly;
+    a.null_norm_w = true;
+    a.eps = kNaN;
+    EXPECT_NO_THROW(op_spec(Op::QkNormRope).call(backend(), a));
+    backend().synchronize();
+  }
+}
+
+TEST_P(BadInput, QkNormRopePositionsPastTable) {
+  // The table has 6 positions; 3 tokens fit at offsets 0..3.
+  expect_call_error(Op::QkNormRope, ErrorCode::CapacityExceeded, "qk_norm_rope", [](OpArgs& a) { a.pos_offset = 4; });
+  expect_call_error(Op::QkNormRope, ErrorCode::CapacityExceeded, "qk_norm_rope",
+                    [](OpArgs& a) { a.pos_offset = std::numeric_limits<std::size_t>::max() - 1; });
+  expect_call_error(Op::QkNormRope, ErrorCode::CapacityExceeded, "qk_norm_rope", [&](OpArgs& a) {
+    a.sizes["tokens"] = 7;  // more tokens than the table has positions (buffers sized to match)
+    a.buffers["input"] = zeros(backend(), DType::F16, 7 * 2 * 8);
+    a.buffers["output"] = zeros(backend(), DType::F16, 7 * 2 * 8);
+  });
+  OpArgs a = make_args(backend(), op_spec(Op::QkNormRope));
+  a.pos_offset = 3;  // the last three positions: legal
+  EXPECT_NO_THROW(op_spec(Op::QkNormRope).call(backend(), a));
+  backend().synchronize();
+}
+
+// ── kv_cache_append_head_major ───────────────────────────────────────────────
+
+TEST_P(BadInput, KvAppendPastCapacity) {
+  // Capacity 5, 2 new tokens: cache_len 0..3 fit.
+  expect_call_error(Op::KvCacheAppendHeadMajor, ErrorCode::CapacityExceeded, "kv_cache_append_head_major",
+                    [](OpArgs& a) { a.cache_len = 4; });
+  expect_call_error(Op::KvCacheAppendHeadMajor, ErrorCode::CapacityExceeded, "kv_cache_append_head_major",
+                    [](OpArgs& a) { a.cache_len = std::numeric_limits<std::size_t>::max(); });
+  expect_call_error(Op::KvCacheAppendHeadMajor, ErrorCode::CapacityExceeded, "kv_cache_append_head_major",
+                    [&](OpArgs& a) {
+                      a.sizes["new_tokens"] = 6;  // more than the whole capacity
+                      a.buffers["new_k"] = zeros(backend(), DType::F16, 2 * 6 * 4);
+                      a.buffers["new_v"] = zeros(backend(), DType::F16, 2 * 6 * 4);
+                    });
+  OpArgs a = make_args(backend(), op_spec(Op::KvCacheAppendHeadMajor));
+  a.cache_len = 3;  // ends exactly at capacity: legal
+  EXPECT_NO_THROW(op_spec(Op::KvCacheAppendHeadMajor).call(backend(), a));
+  backend().synchronize();
+}
+
+// ── flash_attention ──────────────────────────────────────────────────────────
+
+TEST_P(BadInput, FlashAttentionDomain) {
+  expect_call_error(Op::FlashAttention, ErrorCode::CapacityExceeded, "cfg.kv_seq_stride",
+                    [](OpArgs& a) { a.kv_seq_stride = 2; });  // kv_len 3 > stride 2
+  expect_call_error(Op::FlashAttention, ErrorCode::InvalidArgument, "cfg.num_kv_heads",
+                    [](OpArgs& a) { a.sizes["cfg.num_kv_heads"] = 3; });  // 4 heads are not groups of 3
+  for (float scale : {kNaN, -0.5f, kInf}) {
+    SCOPED_TRACE(cat("scale=", scale));
+    expect_call_error(Op::FlashAttention, ErrorCode::InvalidArgument, "cfg.scale",
+                      [&](OpArgs& a) { a.scale = scale; });
+  }
+  // Causal queries at positions [2, 4) need keys up to 3, but kv_len is 3.
+  expect_call_error(Op::FlashAttention, ErrorCode::InvalidArgument, "flash_attention",
+                    [](OpArgs& a) { a.pos_offset = 2; });
+  // Size products that overflow 64 bits, each size within 32 bits.
+  expect_call_error(Op::FlashAttention, ErrorCode::InvalidArgument, "overflow", [](OpArgs& a) {
+    for (const char* n : {"batch", "q_len", "kv_len", "cfg.num_heads", "cfg.head_dim"}) a.sizes[n] = kHuge - 1;
+    a.sizes["cfg.num_kv_heads"] = 1;
+    a.causal = false;
+  });
+}
+
+TEST_P(BadInput, FlashAttentionLegalVariantsPassValidation) {
+  // Non-causal with pos_offset past kv_len, and kv_seq_stride > kv_len, are
+  // legal: the call reaches the backend (which may not implement it yet).
+  for (int variant = 0; variant < 2; ++variant) {
+    SCOPED_TRACE(variant == 0 ? "non-causal, pos_offset 100" : "kv_seq_stride 5 > kv_len 3");
+    const OpSpec& spec = op_spec(Op::FlashAttention);
+    OpArgs a = make_args(backend(), spec);
+    if (variant == 0) {
+      a.causal = false;
+      a.pos_offset = 100;
+    } else {
+      a.kv_seq_stride = 5;
+      a.buffers["k"] = zeros(backend(), DType::F16, 1 * 2 * 5 * 8);
+      a.buffers["v"] = zeros(backend(), DType::F16, 1 * 2 * 5 * 8);
+    }
+    if (backend().supports(Op::FlashAttention)) {
+      EXPECT_NO_THROW(spec.call(backend(), a));
+    } else {
+      expect_error(ErrorCode::Unsupported, "flash_attention", [&] { spec.call(backend(), a); });
+    }
+  }
+}
+
+// ── Quantized GEMM ───────────────────────────────────────────────────────────
+
+TEST_P(BadInput, QuantWeightChecks) {
+  expect_call_error(Op::GemmGptq, ErrorCode::WrongBackend, "'w'", [&](OpArgs& a) {
+    a.weight = std::make_unique<FakeQuantWeight>(&other(), QuantKind::Gptq, a.weight->k(), a.weight->n());
+  });
+  expect_call_error(Op::GemmGptq, ErrorCode::InvalidArgument, "'w'", [&](OpArgs& a) {
+    a.weight = std::make_unique<FakeQuantWeight>(&backend(), QuantKind::Awq, a.weight->k(), a.weight->n());
+  });
+  for (QuantKind kind : {QuantKind::Awq, QuantKind::Fp8}) {
+    expect_call_error(Op::GemmQuant, ErrorCode::Unsupported, "gemm_quant", [&](OpArgs& a) {
+      a.weight = std::make_unique<FakeQuantWeight>(&backend(), kind, a.weight->k(), a.weight->n());
+    });
+  }
+  GptqHostTensors empty;
+  expect_error(ErrorCode::Unsupported, "load_gptq", [&] { (void)backend().load_gptq(empty); });
+}
+
+// ── Misalignment: Buffer::wrap refuses pointers off the element grid ─────────
+
+TEST_P(BadInput, MisalignedWrap) {
+  Buffer base = zeros(backend(), DType::U8, 64);
+  auto* bytes = static_cast<std::uint8_t*>(base.data());
+  for (DType dt : {DType::F16, DType::BF16, DType::F32, DType::I32}) {
+    for (std::size_t off = 1; off < size_of(dt); ++off) {
+      SCOPED_TRACE(cat(to_string(dt), " at byte offset ", off));
+      expect_error(ErrorCode::Misaligned, "Buffer::wrap", [&] { (void)Buffer::wrap(backend(), bytes + off, dt, 4); },
+                   "'ptr'");
+    }
+    // On the element grid it is accepted, and an op takes it.
+    EXPECT_NO_THROW((void)Buffer::wrap(backend(), bytes + size_of(dt), dt, 4));
+  }
+  EXPECT_NO_THROW((void)Buffer::wrap(backend(), bytes + 1, DType::U8, 4));  // u8 has no alignment
+  expect_error(ErrorCode::NullBuffer, "Buffer::wrap", [&] { (void)Buffer::wrap(backend(), nullptr, DType::F16, 4); },
+               "'ptr'");
+  // A wrapped, element-aligned but not 16-byte-aligned buffer is a legal op argument.
+  Buffer x = Buffer::wrap(backend(), bytes + 2, DType::F16, 8);
+  Buffer y = Buffer::wrap(backend(), bytes + 34, DType::F16, 8);
+  EXPECT_NO_THROW(backend().add_inplace(x, y, 8));
+  backend().synchronize();
+}
+
+// ── Host-side buffer API ─────────────────────────────────────────────────────
+
+TEST_P(BadInput, AllocSizes) {
+  expect_error(ErrorCode::InvalidArgument, "alloc", [&] { (void)backend().alloc(DType::F16, 0); }, "'numel'");
+  expect_error(ErrorCode::InvalidArgument, "alloc", [&] { (void)backend().alloc(DType::F16, kHuge); }, "'numel'");
+}
+
+TEST_P(BadInput, WriteAndReadBounds) {
+  Buffer b = zeros(backend(), DType::F16, 8);
+  const std::vector<float> nine(9, 1.0f), four(4, 1.0f);
+  std::vector<std::uint8_t> host(32);
+  expect_error(ErrorCode::ShapeMismatch, "write", [&] { backend().write(b, nine); }, "'dst'");
+  expect_error(ErrorCode::ShapeMismatch, "write", [&] { backend().write(b, four, 5); }, "'dst'");
+  expect_error(ErrorCode::ShapeMismatch, "write_bytes", [&] { backend().write_bytes(b, host.data(), 17); }, "'dst'");
+  expect_error(ErrorCode::ShapeMismatch, "write_bytes", [&] { backend().write_bytes(b, host.data(), 2, 15); }, "'dst'");
+  expect_error(ErrorCode::NullBuffer, "write_bytes", [&] { backend().write_bytes(b, nullptr, 2); }, "'host'");
+  expect_error(ErrorCode::ShapeMismatch, "download", [&] { (void)backend().download(b, 9); }, "'count'");
+  expect_error(ErrorCode::ShapeMismatch, "read_bytes", [&] { backend().read_bytes(b, host.data(), 17); }, "'src'");
+  expect_error(ErrorCode::ShapeMismatch, "read_bytes", [&] { backend().read_bytes(b, host.data(), 4, 14); }, "'src'");
+  expect_error(ErrorCode::NullBuffer, "read_bytes", [&] { backend().read_bytes(b, nullptr, 2); }, "'host'");
+  // Null and foreign buffers.
+  Buffer null;
+  Buffer foreign = zeros(other(), DType::F16, 8);
+  expect_error(ErrorCode::NullBuffer, "write", [&] { backend().write(null, four); }, "'dst'");
+  expect_error(ErrorCode::WrongBackend, "write", [&] { backend().write(foreign, four); }, "'dst'");
+  expect_error(ErrorCode::NullBuffer, "download", [&] { (void)backend().download(null, 0); }, "'src'");
+  expect_error(ErrorCode::WrongBackend, "download", [&] { (void)backend().download(foreign, 4); }, "'src'");
+  expect_error(ErrorCode::WrongBackend, "read_bytes", [&] { backend().read_bytes(foreign, host.data(), 2); }, "'src'");
+  expect_error(ErrorCode::WrongBackend, "write_bytes", [&] { backend().write_bytes(foreign, host.data(), 2); }, "'dst'");
+}
+
+TEST_P(BadInput, CopySliceRanges) {
+  // Offsets are not size arguments: ranges running past either buffer are ShapeMismatch.
+  expect_call_error(Op::CopySlice, ErrorCode::ShapeMismatch, "'src'", [&](OpArgs& a) {
+    a.buffers["dst"] = zeros(backend(), DType::F16, 20);
+    a.sizes["len"] = 7;
+  });
+  Buffer src = zeros(backend(), DType::F16, 6), dst = zeros(backend(), DType::F16, 6);
+  expect_error(ErrorCode::ShapeMismatch, "copy_slice", [&] { backend().copy_slice(src, 1, dst, 0, 6); }, "'src'");
+  expect_error(ErrorCode::ShapeMismatch, "copy_slice", [&] { backend().copy_slice(src, 0, dst, 1, 6); }, "'dst'");
+  expect_error(ErrorCode::ShapeMismatch, "copy_slice", [&] { backend().copy_slice(src, 7, dst, 0, 1); }, "'src'");
+  expect_error(ErrorCode::ShapeMismatch, "copy_slice",
+               [&] { backend().copy_slice(src, 0, dst, std::numeric_limits<std::size_t>::max(), 1); }, "'dst'");
+}
+
+TEST_P(BadInput, DecodeStateDomain) {
+  expect_error(ErrorCode::InvalidArgument, "set_decode_state", [&] { backend().set_decode_state(0x80000000u, 0); },
+               "'token'");
+  expect_error(ErrorCode::InvalidArgument, "set_decode_state", [&] { backend().set_decode_state(0, 0x7fffffffu); },
+               "'step'");
+  EXPECT_NO_THROW(backend().set_decode_state(0x7fffffffu, 0x7ffffffeu));  // the largest legal values
+  backend().synchronize();
+}
+
+TEST_P(BadInput, GraphCaptureStateErrors) {
+  expect_error(ErrorCode::GraphCapture, "end_graph_capture", [&] { backend().end_graph_capture(); });
+  EXPECT_FALSE(backend().is_capturing());
+  if (!backend().supports(Op::GraphCapture)) {
+    expect_error(ErrorCode::Unsupported, "begin_graph_capture", [&] { backend().begin_graph_capture(); });
+    EXPECT_FALSE(backend().is_capturing());
+    EXPECT_FALSE(backend().replay_last_graph());
+    EXPECT_NO_THROW(backend().reset_graph());
+  }
+}
+
+FERRUM_INSTANTIATE_ON_ALL_BACKENDS(BadInput);
+
+}  // namespace
+}  // namespace ferrum::test

@@ -1,0 +1,559 @@
+// CpuBackend (the oracle of every GPU test) against an INDEPENDENT fp64
+// reference written here: naive double loops over the inputs' exact dtype
+// values. Fresh random inputs every run (the seed is in every failure), f16
+// and bf16, odd sizes, poisoned outputs with guard regions.
+//
+// Arithmetic outputs: all_close per tolerance.hpp (scale 1, gemm sqrt(k)).
+// Bit copies (embedding, split_qkv, transpose, kv append, copy_slice) and
+// single-rounding adds (add_inplace, add_bias, the residual of
+// fused_add_rms_norm: one correctly rounded addition has exactly one right
+// answer): bitwise.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "support/half_reference.hpp"
+#include "support/op_runners.hpp"
+#include "support/test_support.hpp"
+
+namespace ferrum::test {
+namespace {
+
+// ── fp64 references ──────────────────────────────────────────────────────────
+
+std::vector<double> as_double(const HostTensor& t) { return {t.values.begin(), t.values.end()}; }
+
+// x[row] / sqrt(mean(x[row]²) + eps) * w, for one row of `dim` values.
+void ref_rms_row(const double* x, const double* w, std::size_t dim, double eps, double* out) {
+  double ss = 0.0;
+  for (std::size_t d = 0; d < dim; ++d) ss += x[d] * x[d];
+  const double r = 1.0 / std::sqrt(ss / static_cast<double>(dim) + eps);
+  for (std::size_t d = 0; d < dim; ++d) out[d] = x[d] * r * w[d];
+}
+
+std::vector<double> ref_rms_norm(const RmsNormCase& c) {
+  const std::vector<double> x = as_double(c.x), w = as_double(c.w);
+  std::vector<double> out(c.tokens * c.dim);
+  for (std::size_t t = 0; t < c.tokens; ++t) ref_rms_row(&x[t * c.dim], w.data(), c.dim, c.eps, &out[t * c.dim]);
+  return out;
+}
+
+// The stored sum round(residual + x) and the norm of it.
+struct FusedRef {
+  HostTensor residual;
+  std::vector<double> out;
+};
+FusedRef ref_fused_add_rms_norm(const FusedAddRmsNormCase& c) {
+  const DType dt = c.x.dtype;
+  std::vector<double> s(c.tokens * c.dim);
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    s[i] = ref::round_to_dtype(static_cast<double>(c.residual.values[i]) + c.x.values[i], dt);
+  }
+  const std::vector<double> w = as_double(c.w);
+  FusedRef r{HostTensor{dt, std::vector<float>(s.begin(), s.end())}, std::vector<double>(s.size())};
+  for (std::size_t t = 0; t < c.tokens; ++t) ref_rms_row(&s[t * c.dim], w.data(), c.dim, c.eps, &r.out[t * c.dim]);
+  return r;
+}
+
+std::vector<double> ref_layer_norm(const LayerNormCase& c) {
+  std::vector<double> out(c.tokens * c.dim);
+  for (std::size_t t = 0; t < c.tokens; ++t) {
+    const float* x = &c.x.values[t * c.dim];
+    double mean = 0.0;
+    for (std::size_t d = 0; d < c.dim; ++d) mean += x[d];
+    mean /= static_cast<double>(c.dim);
+    double var = 0.0;
+    for (std::size_t d = 0; d < c.dim; ++d) var += (x[d] - mean) * (x[d] - mean);
+    var /= static_cast<double>(c.dim);  // biased
+    const double rstd = 1.0 / std::sqrt(var + c.eps);
+    for (std::size_t d = 0; d < c.dim; ++d) {
+      out[t * c.dim + d] = (x[d] - mean) * rstd * c.gamma.values[d] + c.beta.values[d];
+    }
+  }
+  return out;
+}
+
+std::vector<double> ref_gelu(const GeluCase& c) {
+  std::vector<double> out(c.len);
+  const double kSqrt2OverPi = std::sqrt(2.0 / std::acos(-1.0));
+  for (std::size_t i = 0; i < c.len; ++i) {
+    const double x = c.x.values[i];
+    out[i] = c.approx == GeluApproximation::Erf
+                 ? 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)))
+                 : 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x)));
+  }
+  return out;
+}
+
+// round(a + b) per element, as a tensor of the dtype.
+HostTensor ref_rounded_sum(const HostTensor& a, const std::function<double(std::size_t)>& b) {
+  HostTensor r{a.dtype, std::vector<float>(a.size())};
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    r.values[i] = static_cast<float>(ref::round_to_dtype(static_cast<double>(a.values[i]) + b(i), a.dtype));
+  }
+  return r;
+}
+
+std::vector<double> ref_gemm(const GemmCase& c) {
+  std::vector<double> a = as_double(c.a), b = as_double(c.b), out(c.m * c.n);
+  for (std::size_t i = 0; i < c.m; ++i) {
+    for (std::size_t j = 0; j < c.n; ++j) {
+      const double* ar = &a[i * c.k];
+      const double* br = &b[j * c.k];
+      double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;  // independent sums: not latency bound
+      std::size_t p = 0;
+      for (; p + 4 <= c.k; p += 4) {
+        s0 += ar[p] * br[p];
+        s1 += ar[p + 1] * br[p + 1];
+        s2 += ar[p + 2] * br[p + 2];
+        s3 += ar[p + 3] * br[p + 3];
+      }
+      for (; p < c.k; ++p) s0 += ar[p] * br[p];
+      out[i * c.n + j] = (s0 + s1) + (s2 + s3);
+    }
+  }
+  return out;
+}
+
+HostTensor ref_embedding(const EmbeddingCase& c, const RunOptions& o) {
+  HostTensor r{c.table.dtype, std::vector<float>(c.tokens * c.dim)};
+  for (std::size_t t = 0; t < c.tokens; ++t) {
+    const std::size_t id = effective_token(c, t, o);
+    std::copy_n(c.table.values.begin() + static_cast<std::ptrdiff_t>(id * c.dim), c.dim,
+                r.values.begin() + static_cast<std::ptrdiff_t>(t * c.dim));
+  }
+  return r;
+}
+
+// Columns [first, first + width) of a [rows, row_len] tensor.
+HostTensor ref_columns(const HostTensor& src, std::size_t rows, std::size_t row_len, std::size_t first,
+                       std::size_t width) {
+  HostTensor r{src.dtype, std::vector<float>(rows * width)};
+  for (std::size_t t = 0; t < rows; ++t) {
+    for (std::size_t j = 0; j < width; ++j) r.values[t * width + j] = src.values[t * row_len + first + j];
+  }
+  return r;
+}
+
+std::vector<double> ref_silu_mul(const SiluMulCase& c) {
+  std::vector<double> out(c.tokens * c.im);
+  for (std::size_t t = 0; t < c.tokens; ++t) {
+    for (std::size_t j = 0; j < c.im; ++j) {
+      const double g = c.gate_up.values[t * 2 * c.im + j];
+      const double u = c.gate_up.values[t * 2 * c.im + c.im + j];
+      out[t * c.im + j] = g / (1.0 + std::exp(-g)) * u;
+    }
+  }
+  return out;
+}
+
+std::vector<double> ref_qk_norm_rope(const QkNormRopeCase& c, const RunOptions& o) {
+  const std::size_t hd = c.head_dim, half = hd / 2;
+  const std::size_t pos0 = effective_pos_offset(c, o);
+  std::vector<double> out(c.tokens * c.heads * hd);
+  std::vector<double> x(hd);
+  const std::vector<double> w = as_double(c.norm_w);
+  for (std::size_t t = 0; t < c.tokens; ++t) {
+    for (std::size_t h = 0; h < c.heads; ++h) {
+      for (std::size_t d = 0; d < hd; ++d) x[d] = c.input.values[(t * c.heads + h) * hd + d];
+      if (c.mode == RopeMode::NormAndRope) {
+        ref_rms_row(x.data(), w.data(), hd, c.eps, x.data());  // not rounded before the rotation
+      }
+      const std::size_t p = pos0 + t;
+      double* o_row = &out[(h * c.tokens + t) * hd];
+      for (std::size_t i = 0; i < half; ++i) {
+        const double cs = c.tables.cos.values[p * half + i];
+        const double sn = c.tables.sin.values[p * half + i];
+        o_row[i] = x[i] * cs - x[i + half] * sn;
+        o_row[i + half] = x[i + half] * cs + x[i] * sn;
+      }
+    }
+  }
+  return out;
+}
+
+// The caches after the append.
+std::pair<HostTensor, HostTensor> ref_kv_append(const KvAppendCase& c, const RunOptions& o) {
+  HostTensor k = c.cache_k, v = c.cache_v;
+  const std::size_t first = effective_cache_len(c, o);
+  for (std::size_t h = 0; h < c.nkv; ++h) {
+    for (std::size_t t = 0; t < c.new_tokens; ++t) {
+      for (std::size_t d = 0; d < c.hd; ++d) {
+        k.values[(h * c.capacity + first + t) * c.hd + d] = c.new_k.values[(h * c.new_tokens + t) * c.hd + d];
+        v.values[(h * c.capacity + first + t) * c.hd + d] = c.new_v.values[(h * c.new_tokens + t) * c.hd + d];
+      }
+    }
+  }
+  return {k, v};
+}
+
+HostTensor ref_transpose(const TransposeCase& c) {
+  HostTensor r{c.src.dtype, std::vector<float>(c.src.size())};
+  for (std::size_t h = 0; h < c.heads; ++h) {
+    for (std::size_t t = 0; t < c.tokens; ++t) {
+      for (std::size_t d = 0; d < c.dim; ++d) {
+        r.values[(t * c.heads + h) * c.dim + d] = c.src.values[(h * c.tokens + t) * c.dim + d];
+      }
+    }
+  }
+  return r;
+}
+
+std::vector<double> ref_flash(const FlashCase& c, const RunOptions& o) {
+  const std::size_t nh = c.cfg.num_heads, nkv = c.cfg.num_kv_heads, hd = c.cfg.head_dim;
+  const std::size_t kv_len = effective_kv_len(c, o), pos0 = effective_pos_offset(c, o), stride = c.stride();
+  const double scale = c.cfg.scale > 0.0f ? c.cfg.scale : 1.0 / std::sqrt(static_cast<double>(hd));
+  std::vector<double> out(c.q.size());
+  std::vector<double> p(kv_len);
+  for (std::size_t b = 0; b < c.batch; ++b) {
+    for (std::size_t h = 0; h < nh; ++h) {
+      const std::size_t g = h / (nh / nkv);
+      const float* kb = &c.k.values[(b * nkv + g) * stride * hd];
+      const float* vb = &c.v.values[(b * nkv + g) * stride * hd];
+      for (std::size_t i = 0; i < c.q_len; ++i) {
+        const float* q = &c.q.values[((b * nh + h) * c.q_len + i) * hd];
+        const std::size_t visible = c.cfg.causal ? std::min(kv_len, pos0 + i + 1) : kv_len;
+        double mx = -std::numeric_limits<double>::infinity();
+        for (std::size_t j = 0; j < visible; ++j) {
+          double s = 0.0;
+          for (std::size_t d = 0; d < hd; ++d) s += static_cast<double>(q[d]) * kb[j * hd + d];
+          p[j] = s * scale;
+          mx = std::max(mx, p[j]);
+        }
+        double total = 0.0;
+        for (std::size_t j = 0; j < visible; ++j) total += (p[j] = std::exp(p[j] - mx));
+        double* o_row = &out[((b * nh + h) * c.q_len + i) * hd];
+        for (std::size_t d = 0; d < hd; ++d) {
+          double acc = 0.0;
+          for (std::size_t j = 0; j < visible; ++j) acc += p[j] * vb[j * hd + d];
+          o_row[d] = acc / total;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// ── Checks ───────────────────────────────────────────────────────────────────
+
+void expect_exact(const OpResult& r, std::string_view name, const HostTensor& want) {
+  SCOPED_TRACE(cat("output '", name, "' (bitwise)"));
+  EXPECT_TRUE(bitwise_equal(r.at(name).bytes, encode_bytes(want), size_of(want.dtype)));
+}
+
+void expect_close(const OpResult& r, std::string_view name, const std::vector<double>& ref,
+                  double scale = op_scale::kUnit) {
+  SCOPED_TRACE(cat("output '", name, "'"));
+  const Output& out = r.at(name);
+  EXPECT_TRUE(all_close(out.values, ref, out.dtype, scale));
+}
+
+// ── Row ops: dtype x tokens {1,7,83,4096} x dim {8,769,4096,5120} ────────────
+
+class CpuRowOps : public ::testing::TestWithParam<RowParam> {
+ protected:
+  DType dt() const { return std::get<0>(GetParam()); }
+  std::size_t tokens() const { return std::get<1>(GetParam()); }
+  std::size_t dim() const { return std::get<2>(GetParam()); }
+  std::size_t dim_index() const {
+    return static_cast<std::size_t>(std::find(std::begin(kSweepDims), std::end(kSweepDims), dim()) -
+                                    std::begin(kSweepDims));
+  }
+  CpuBackend cpu_;
+};
+
+TEST_P(CpuRowOps, RmsNorm) {
+  FERRUM_SEEDED_RNG(rng);
+  const auto c = make_rms_norm_case(rng, dt(), tokens(), dim());
+  const OpResult r = run(cpu_, c);
+  EXPECT_TRUE(r.guards_ok());
+  expect_close(r, "out", ref_rms_norm(c));
+}
+
+TEST_P(CpuRowOps, FusedAddRmsNorm) {
+  FERRUM_SEEDED_RNG(rng);
+  const auto c = make_fused_add_rms_norm_case(rng, dt(), tokens(), dim());
+  const OpResult r = run(cpu_, c);
+  EXPECT_TRUE(r.guards_ok());
+  const FusedRef ref = ref_fused_add_rms_norm(c);
+  expect_exact(r, "residual", ref.residual);
+  expect_close(r, "out", ref.out);
+}
+
+TEST_P(CpuRowOps, LayerNorm) {
+  FERRUM_SEEDED_RNG(rng);
+  const auto c = make_layer_norm_case(rng, dt(), tokens(), dim());
+  const OpResult r = run(cpu_, c);
+  EXPECT_TRUE(r.guards_ok());
+  expect_close(r, "out", ref_layer_norm(c));
+}
+
+TEST_P(CpuRowOps, Gelu) {
+  FERRUM_SEEDED_RNG(rng);
+  for (GeluApproximation approx : {GeluApproximation::Erf, GeluApproximation::Tanh}) {
+    const auto c = make_gelu_case(rng, dt(), tokens() * dim(), approx);
+    SCOPED_TRACE(describe(c));
+    const OpResult r = run(cpu_, c);
+    EXPECT_TRUE(r.guards_ok());
+    expect_close(r, "out", ref_gelu(c));
+  }
+}
+
+TEST_P(CpuRowOps, AddBias) {
+  FERRUM_SEEDED_RNG(rng);
+  const auto c = make_add_bias_case(rng, dt(), tokens(), dim());
+  const OpResult r = run(cpu_, c);
+  EXPECT_TRUE(r.guards_ok());
+  expect_exact(r, "data", ref_rounded_sum(c.data, [&](std::size_t i) { return c.bias.values[i % c.cols]; }));
+}
+
+TEST_P(CpuRowOps, AddInplace) {
+  FERRUM_SEEDED_RNG(rng);
+  const auto c = make_add_inplace_case(rng, dt(), tokens() * dim());
+  const OpResult r = run(cpu_, c);
+  EXPECT_TRUE(r.guards_ok());
+  expect_exact(r, "residual", ref_rounded_sum(c.residual, [&](std::size_t i) { return c.x.values[i]; }));
+}
+
+TEST_P(CpuRowOps, EmbeddingLookup) {
+  FERRUM_SEEDED_RNG(rng);
+  const auto c = make_embedding_case(rng, dt(), tokens(), dim(), kEmbeddingVocab);
+  const OpResult r = run(cpu_, c);
+  EXPECT_TRUE(r.guards_ok());
+  expect_exact(r, "out", ref_embedding(c, {}));
+}
+
+TEST_P(CpuRowOps, SplitQkv) {
+  FERRUM_SEEDED_RNG(rng);
+  const std::size_t kv = kv_dim_for(dim());
+  const auto c = make_split_qkv_case(rng, dt(), tokens(), dim(), kv);
+  const OpResult r = run(cpu_, c);
+  EXPECT_TRUE(r.guards_ok());
+  const std::size_t row = dim() + 2 * kv;
+  expect_exact(r, "q", ref_columns(c.qkv, tokens(), row, 0, dim()));
+  expect_exact(r, "k", ref_columns(c.qkv, tokens(), row, dim(), kv));
+  expect_exact(r, "v", ref_columns(c.qkv, tokens(), row, dim() + kv, kv));
+}
+
+TEST_P(CpuRowOps, FusedSiluMulSplit) {
+  FERRUM_SEEDED_RNG(rng);
+  const auto c = make_silu_mul_case(rng, dt(), tokens(), dim());
+  const OpResult r = run(cpu_, c);
+  EXPECT_TRUE(r.guards_ok());
+  expect_close(r, "out", ref_silu_mul(c));
+}
+
+TEST_P(CpuRowOps, TransposeHeadToToken) {
+  FERRUM_SEEDED_RNG(rng);
+  const auto [heads, head_dim] = transpose_shape_for(dim_index());
+  const auto c = make_transpose_case(rng, dt(), tokens(), heads, head_dim);
+  SCOPED_TRACE(describe(c));
+  const OpResult r = run(cpu_, c);
+  EXPECT_TRUE(r.guards_ok());
+  expect_exact(r, "out", ref_transpose(c));
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, CpuRowOps, ::testing::ValuesIn(all_row_params()), row_param_name);
+
+// ── Ops with hand-picked size lists ──────────────────────────────────────────
+
+class CpuCaseOps : public ::testing::TestWithParam<DTypeCaseParam> {
+ protected:
+  DType dt() const { return std::get<0>(GetParam()); }
+  std::size_t index() const { return std::get<1>(GetParam()); }
+  CpuBackend cpu_;
+};
+
+class CpuGemm : public CpuCaseOps {};
+TEST_P(CpuGemm, MatchesFp64) {
+  FERRUM_SEEDED_RNG(rng);
+  const GemmShape s = gemm_shapes()[index()];
+  const auto c = make_gemm_case(rng, dt(), s.m, s.n, s.k);
+  SCOPED_TRACE(describe(c));
+  const OpResult r = run(cpu_, c);
+  EXPECT_TRUE(r.guards_ok());
+  expect_close(r, "out", ref_gemm(c), op_scale::gemm(c.k));
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, CpuGemm, ::testing::ValuesIn(dtype_case_params(gemm_shapes().size())),
+                         dtype_case_param_name);
+
+class CpuQkNormRope : public CpuCaseOps {};
+TEST_P(CpuQkNormRope, MatchesFp64) {
+  FERRUM_SEEDED_RNG(rng);
+  const RopeSpec s = rope_specs()[index()];
+  const auto c = make_qk_norm_rope_case(rng, dt(), s.tokens, s.heads, s.head_dim, s.pos_offset, s.mode, s.theta);
+  SCOPED_TRACE(describe(c));
+  const OpResult r = run(cpu_, c);
+  EXPECT_TRUE(r.guards_ok());
+  expect_close(r, "out", ref_qk_norm_rope(c, {}));
+}
+INSTANTIATE_TEST_SUITE_P(Specs, CpuQkNormRope, ::testing::ValuesIn(dtype_case_params(rope_specs().size())),
+                         dtype_case_param_name);
+
+class CpuKvAppend : public CpuCaseOps {};
+TEST_P(CpuKvAppend, MatchesCopy) {
+  FERRUM_SEEDED_RNG(rng);
+  const KvAppendSpec s = kv_append_specs()[index()];
+  const auto c = make_kv_append_case(rng, dt(), s.nkv, s.capacity, s.hd, s.cache_len, s.new_tokens);
+  SCOPED_TRACE(describe(c));
+  const OpResult r = run(cpu_, c);
+  EXPECT_TRUE(r.guards_ok());
+  const auto [k, v] = ref_kv_append(c, {});
+  expect_exact(r, "cache_k", k);
+  expect_exact(r, "cache_v", v);
+}
+INSTANTIATE_TEST_SUITE_P(Specs, CpuKvAppend, ::testing::ValuesIn(dtype_case_params(kv_append_specs().size())),
+                         dtype_case_param_name);
+
+class CpuFlashAttention : public CpuCaseOps {};
+TEST_P(CpuFlashAttention, MatchesFp64) {
+  FERRUM_SEEDED_RNG(rng);
+  const FlashSpec s = flash_specs()[index()];
+  const auto c = make_flash_case(rng, dt(), s.batch, s.q_len, s.kv_len, s.pos_offset, s.cfg);
+  SCOPED_TRACE(describe(c));
+  const OpResult r = run(cpu_, c);
+  EXPECT_TRUE(r.guards_ok());
+  expect_close(r, "out", ref_flash(c, {}));
+}
+INSTANTIATE_TEST_SUITE_P(Specs, CpuFlashAttention, ::testing::ValuesIn(dtype_case_params(flash_specs().size())),
+                         dtype_case_param_name);
+
+class CpuCopySlice : public ::testing::TestWithParam<std::size_t> {};
+TEST_P(CpuCopySlice, MatchesCopy) {
+  FERRUM_SEEDED_RNG(rng);
+  CpuBackend cpu;
+  const CopySliceSpec s = copy_slice_specs()[GetParam()];
+  const auto c = make_copy_slice_case(rng, s.dtype, s.src_size, s.src_offset, s.dst_size, s.dst_offset, s.len);
+  SCOPED_TRACE(describe(c));
+  const OpResult r = run(cpu, c);
+  EXPECT_TRUE(r.guards_ok());
+  HostTensor want = c.dst;
+  std::copy_n(c.src.values.begin() + static_cast<std::ptrdiff_t>(c.src_offset), c.len,
+              want.values.begin() + static_cast<std::ptrdiff_t>(c.dst_offset));
+  expect_exact(r, "dst", want);
+}
+INSTANTIATE_TEST_SUITE_P(Specs, CpuCopySlice, ::testing::Range<std::size_t>(0, copy_slice_specs().size()));
+
+// ── Device-state mode: token / pos / kv_len from set_decode_state ────────────
+// The host arguments are decoys (a different id, position 0, kv_len 1): the
+// result must follow the decode state.
+
+class CpuDeviceState : public ::testing::TestWithParam<DType> {
+ protected:
+  DType dt() const { return GetParam(); }
+  CpuBackend cpu_;
+};
+
+TEST_P(CpuDeviceState, EmbeddingLookupReadsStateToken) {
+  FERRUM_SEEDED_RNG(rng);
+  for (bool null_ids : {false, true}) {
+    auto c = make_embedding_case(rng, dt(), 1, 769, kEmbeddingVocab);
+    c.null_ids = null_ids;
+    const auto token = static_cast<std::uint32_t>((static_cast<std::size_t>(c.ids.values[0]) + 1 + rng.below(999)) %
+                                                  kEmbeddingVocab);  // != the decoy id
+    const RunOptions o{0, DecodeStep{token, rng.below(5000)}};
+    SCOPED_TRACE(describe(c) + " " + describe(o));
+    const OpResult r = run(cpu_, c, o);
+    EXPECT_TRUE(r.guards_ok());
+    expect_exact(r, "out", ref_embedding(c, o));
+  }
+}
+
+TEST_P(CpuDeviceState, QkNormRopeReadsStatePosition) {
+  FERRUM_SEEDED_RNG(rng);
+  constexpr std::size_t kMaxPos = 4096;
+  for (std::size_t hd : {64, 128, 256}) {
+    for (RopeMode mode : {RopeMode::NormAndRope, RopeMode::RopeOnly}) {
+      const auto c = make_qk_norm_rope_case(rng, dt(), 1, 8, hd, 0, mode, kRopeTheta1M, kMaxPos);
+      for (std::uint32_t step : {0u, 1u, 1000u + rng.below(2000), static_cast<std::uint32_t>(c.tables.max_pos - 1)}) {
+        const RunOptions o{0, DecodeStep{0, step}};
+        SCOPED_TRACE(describe(c) + " " + describe(o));
+        const OpResult r = run(cpu_, c, o);
+        EXPECT_TRUE(r.guards_ok());
+        expect_close(r, "out", ref_qk_norm_rope(c, o));
+      }
+    }
+  }
+}
+
+TEST_P(CpuDeviceState, KvAppendWritesStateRow) {
+  FERRUM_SEEDED_RNG(rng);
+  const auto c = make_kv_append_case(rng, dt(), 4, 97, 128, 0, 1);
+  for (std::uint32_t step : {0u, 5u, 1u + rng.below(95), 96u}) {
+    const RunOptions o{0, DecodeStep{0, step}};
+    SCOPED_TRACE(describe(c) + " " + describe(o));
+    const OpResult r = run(cpu_, c, o);
+    EXPECT_TRUE(r.guards_ok());
+    const auto [k, v] = ref_kv_append(c, o);
+    expect_exact(r, "cache_k", k);
+    expect_exact(r, "cache_v", v);
+  }
+}
+
+TEST_P(CpuDeviceState, FlashAttentionDecodeReadsStateKvLen) {
+  FERRUM_SEEDED_RNG(rng);
+  constexpr std::size_t kStride = 300;
+  for (const auto& [nh, nkv] : {std::pair<std::size_t, std::size_t>{8, 8}, {8, 2}, {16, 2}}) {
+    for (std::uint32_t step : {0u, 6u, 128u, static_cast<std::uint32_t>(kStride - 1)}) {
+      AttnConfig cfg;
+      cfg.num_heads = nh;
+      cfg.num_kv_heads = nkv;
+      cfg.head_dim = 128;
+      cfg.kv_seq_stride = kStride;
+      // Host kv_len 1 / pos_offset 0 are decoys; keys past step + 1 are NaN.
+      const auto c = make_flash_case(rng, dt(), 1, 1, 1, 0, cfg, step + 1);
+      const RunOptions o{0, DecodeStep{0, step}};
+      SCOPED_TRACE(describe(c) + " " + describe(o));
+      const OpResult r = run(cpu_, c, o);
+      EXPECT_TRUE(r.guards_ok());
+      expect_close(r, "out", ref_flash(c, o));
+    }
+  }
+}
+
+// ── CpuBackend refuses bad device-side values immediately ────────────────────
+
+TEST_P(CpuDeviceState, OutOfRangeTokenThrows) {
+  FERRUM_SEEDED_RNG(rng);
+  auto c = make_embedding_case(rng, dt(), 1, 64, kEmbeddingVocab);
+  expect_error(ErrorCode::InvalidArgument, "embedding_lookup",
+               [&] { run(cpu_, c, RunOptions{0, DecodeStep{kEmbeddingVocab, 0}}); });
+  expect_error(ErrorCode::InvalidArgument, "embedding_lookup",
+               [&] { run(cpu_, c, RunOptions{0, DecodeStep{0x7fffffffu, 0}}); });
+  EXPECT_FALSE(cpu_.device_state_mode()) << "device-state mode must be restored after the throw";
+  // Out-of-range ids from the ids buffer, too (-1 and vocab).
+  auto multi = make_embedding_case(rng, dt(), 7, 64, kEmbeddingVocab);
+  multi.ids.values[3] = static_cast<float>(kEmbeddingVocab);
+  expect_error(ErrorCode::InvalidArgument, "embedding_lookup", [&] { run(cpu_, multi); });
+  multi.ids.values[3] = -1.0f;
+  expect_error(ErrorCode::InvalidArgument, "embedding_lookup", [&] { run(cpu_, multi); });
+}
+
+TEST_P(CpuDeviceState, StatePositionPastCapacityThrows) {
+  FERRUM_SEEDED_RNG(rng);
+  const auto kv = make_kv_append_case(rng, dt(), 2, 16, 64, 0, 1);
+  expect_error(ErrorCode::CapacityExceeded, "kv_cache_append_head_major",
+               [&] { run(cpu_, kv, RunOptions{0, DecodeStep{0, 16}}); });
+  const auto rope = make_qk_norm_rope_case(rng, dt(), 1, 4, 64, 0, RopeMode::RopeOnly, kRopeTheta10k, 20);
+  expect_error(ErrorCode::CapacityExceeded, "qk_norm_rope",
+               [&] { run(cpu_, rope, RunOptions{0, DecodeStep{0, static_cast<std::uint32_t>(rope.tables.max_pos)}}); });
+  AttnConfig cfg;
+  cfg.num_heads = 4;
+  cfg.num_kv_heads = 2;
+  cfg.head_dim = 64;
+  cfg.kv_seq_stride = 32;
+  const auto attn = make_flash_case(rng, dt(), 1, 1, 1, 0, cfg);
+  expect_error(ErrorCode::CapacityExceeded, "flash_attention",
+               [&] { run(cpu_, attn, RunOptions{0, DecodeStep{0, 32}}); });  // kv_len 33 > stride 32
+  // The last legal step of each still works.
+  EXPECT_NO_THROW(run(cpu_, kv, RunOptions{0, DecodeStep{0, 15}}));
+  EXPECT_NO_THROW(run(cpu_, attn, RunOptions{0, DecodeStep{0, 31}}));
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, CpuDeviceState, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
+
+}  // namespace
+}  // namespace ferrum::test

@@ -1,0 +1,229 @@
+#include "support/op_registry.hpp"
+
+#include <stdexcept>
+
+namespace ferrum::test {
+
+namespace {
+
+constexpr DType kH = DType::F16;
+constexpr DType kBad = DType::I32;  // not an activation dtype
+
+// A buffer argument that must hold exactly `numel` elements of f16.
+BufferArg act(std::string name, std::size_t numel) { return {std::move(name), kH, numel, numel - 1, kBad}; }
+
+// Small valid sizes, distinct so a mix-up shows.
+constexpr std::size_t kTokens = 3, kDim = 8, kVocab = 5;
+constexpr std::size_t kQDim = 8, kKvDim = 4;
+constexpr std::size_t kHeads = 2, kHeadDim = 8, kMaxPos = 6;
+constexpr std::size_t kNkv = 2, kCapacity = 5, kNewTokens = 2, kHd = 4;
+constexpr std::size_t kBatch = 1, kQLen = 2, kKvLen = 3, kNumHeads = 4, kNumKvHeads = 2, kAttnHd = 8;
+constexpr std::size_t kM = 2, kN = 8, kK = 16;
+constexpr std::size_t kLoraRank = 8, kRopeDim = 4, kVHeadDim = 8;
+
+std::vector<OpSpec> build_specs() {
+  std::vector<OpSpec> s;
+  s.push_back({Op::CopySlice, "copy_slice", {act("src", 6), act("dst", 6)}, {{"len", 6}},
+               [](Backend& be, OpArgs& a) { be.copy_slice(a.buf("src"), 0, a.buf("dst"), 0, a.size("len")); }});
+  s.push_back({Op::RmsNorm, "rms_norm", {act("x", kTokens * kDim), act("w", kDim), act("out", kTokens * kDim)},
+               {{"tokens", kTokens}, {"dim", kDim}}, [](Backend& be, OpArgs& a) {
+                 be.rms_norm(a.buf("x"), a.buf("w"), a.eps, a.buf("out"), a.size("tokens"), a.size("dim"));
+               }});
+  s.push_back({Op::FusedAddRmsNorm, "fused_add_rms_norm",
+               {act("residual", kTokens * kDim), act("x", kTokens * kDim), act("w", kDim),
+                act("out", kTokens * kDim)},
+               {{"tokens", kTokens}, {"dim", kDim}}, [](Backend& be, OpArgs& a) {
+                 be.fused_add_rms_norm(a.buf("residual"), a.buf("x"), a.buf("w"), a.eps, a.buf("out"),
+                                       a.size("tokens"), a.size("dim"));
+               }});
+  s.push_back({Op::LayerNorm, "layer_norm",
+               {act("x", kTokens * kDim), act("gamma", kDim), act("beta", kDim), act("out", kTokens * kDim)},
+               {{"tokens", kTokens}, {"dim", kDim}}, [](Backend& be, OpArgs& a) {
+                 be.layer_norm(a.buf("x"), a.buf("gamma"), a.buf("beta"), a.eps, a.buf("out"), a.size("tokens"),
+                               a.size("dim"));
+               }});
+  s.push_back({Op::Gelu, "gelu", {act("x", 10), act("out", 10)}, {{"len", 10}},
+               [](Backend& be, OpArgs& a) { be.gelu(a.buf("x"), a.buf("out"), a.size("len"), a.approx); }});
+  s.push_back({Op::AddBias, "add_bias", {act("data", kTokens * kDim), act("bias", kDim)},
+               {{"rows", kTokens}, {"cols", kDim}},
+               [](Backend& be, OpArgs& a) { be.add_bias(a.buf("data"), a.buf("bias"), a.size("rows"), a.size("cols")); }});
+  s.push_back({Op::AddInplace, "add_inplace", {act("residual", 10), act("x", 10)}, {{"len", 10}},
+               [](Backend& be, OpArgs& a) { be.add_inplace(a.buf("residual"), a.buf("x"), a.size("len")); }});
+  s.push_back({Op::Gemm, "gemm", {act("a", kM * kK), act("b", kN * kK), act("out", kM * kN)},
+               {{"m", kM}, {"n", kN}, {"k", kK}}, [](Backend& be, OpArgs& a) {
+                 be.gemm(a.buf("a"), a.buf("b"), a.buf("out"), a.size("m"), a.size("n"), a.size("k"));
+               }});
+  s.push_back({Op::EmbeddingLookup, "embedding_lookup",
+               {{"table", kH, kVocab * kDim, kDim - 1, kBad},
+                {"ids", DType::I32, kTokens, kTokens - 1, DType::F32},
+                act("out", kTokens * kDim)},
+               {{"tokens", kTokens}, {"dim", kDim}}, [](Backend& be, OpArgs& a) {
+                 be.embedding_lookup(a.buf("table"), a.buf("ids"), a.buf("out"), a.size("tokens"), a.size("dim"));
+               }});
+  s.push_back({Op::SplitQkv, "split_qkv",
+               {act("qkv", kTokens * (kQDim + 2 * kKvDim)), act("q", kTokens * kQDim), act("k", kTokens * kKvDim),
+                act("v", kTokens * kKvDim)},
+               {{"tokens", kTokens}, {"q_dim", kQDim}, {"kv_dim", kKvDim}}, [](Backend& be, OpArgs& a) {
+                 be.split_qkv(a.buf("qkv"), a.buf("q"), a.buf("k"), a.buf("v"), a.size("tokens"), a.size("q_dim"),
+                              a.size("kv_dim"));
+               }});
+  s.push_back({Op::FusedSiluMulSplit, "fused_silu_mul_split",
+               {act("gate_up", kTokens * 2 * kDim), act("out", kTokens * kDim)}, {{"tokens", kTokens}, {"im", kDim}},
+               [](Backend& be, OpArgs& a) {
+                 be.fused_silu_mul_split(a.buf("gate_up"), a.buf("out"), a.size("tokens"), a.size("im"));
+               }});
+  const std::size_t table = kMaxPos * kHeadDim / 2;
+  s.push_back({Op::QkNormRope, "qk_norm_rope",
+               {act("input", kTokens * kHeads * kHeadDim), act("norm_w", kHeadDim),
+                {"cos", DType::F32, table, table - 1, kH}, {"sin", DType::F32, table, table - 1, kH},
+                act("output", kTokens * kHeads * kHeadDim)},
+               {{"tokens", kTokens}, {"heads", kHeads}, {"head_dim", kHeadDim}}, [](Backend& be, OpArgs& a) {
+                 be.qk_norm_rope(a.buf("input"), a.null_norm_w ? nullptr : &a.buf("norm_w"), a.buf("cos"),
+                                 a.buf("sin"), a.buf("output"), a.size("tokens"), a.size("heads"),
+                                 a.size("head_dim"), a.pos_offset, a.eps, a.mode);
+               }});
+  s.push_back({Op::KvCacheAppendHeadMajor, "kv_cache_append_head_major",
+               {act("cache_k", kNkv * kCapacity * kHd), act("cache_v", kNkv * kCapacity * kHd),
+                act("new_k", kNkv * kNewTokens * kHd), act("new_v", kNkv * kNewTokens * kHd)},
+               {{"capacity", kCapacity}, {"new_tokens", kNewTokens}, {"nkv", kNkv}, {"hd", kHd}},
+               [](Backend& be, OpArgs& a) {
+                 be.kv_cache_append_head_major(a.buf("cache_k"), a.buf("cache_v"), a.cache_len, a.size("capacity"),
+                                               a.buf("new_k"), a.buf("new_v"), a.size("new_tokens"), a.size("nkv"),
+                                               a.size("hd"));
+               }});
+  s.push_back({Op::TransposeHeadToToken, "transpose_head_to_token",
+               {act("src", kTokens * kHeads * kHeadDim), act("dst", kTokens * kHeads * kHeadDim)},
+               {{"tokens", kTokens}, {"heads", kHeads}, {"dim", kHeadDim}}, [](Backend& be, OpArgs& a) {
+                 be.transpose_head_to_token(a.buf("src"), a.buf("dst"), a.size("tokens"), a.size("heads"),
+                                            a.size("dim"));
+               }});
+  const std::size_t qn = kBatch * kNumHeads * kQLen * kAttnHd, kvn = kBatch * kNumKvHeads * kKvLen * kAttnHd;
+  s.push_back({Op::FlashAttention, "flash_attention", {act("q", qn), act("k", kvn), act("v", kvn), act("out", qn)},
+               {{"batch", kBatch},
+                {"q_len", kQLen},
+                {"kv_len", kKvLen},
+                {"cfg.num_heads", kNumHeads},
+                {"cfg.num_kv_heads", kNumKvHeads},
+                {"cfg.head_dim", kAttnHd}},
+               [](Backend& be, OpArgs& a) {
+                 AttnConfig cfg;
+                 cfg.num_heads = a.size("cfg.num_heads");
+                 cfg.num_kv_heads = a.size("cfg.num_kv_heads");
+                 cfg.head_dim = a.size("cfg.head_dim");
+                 cfg.causal = a.causal;
+                 cfg.scale = a.scale;
+                 cfg.kv_seq_stride = a.kv_seq_stride;
+                 be.flash_attention(a.buf("q"), a.buf("k"), a.buf("v"), a.buf("out"), a.size("batch"),
+                                    a.size("q_len"), a.size("kv_len"), a.pos_offset, cfg);
+               }});
+  const std::size_t latent = kLoraRank + kRopeDim;
+  s.push_back({Op::MlaAttention, "mla_attention",
+               {act("q", kBatch * kNumHeads * kQLen * latent), act("kv_latent", kBatch * kKvLen * latent),
+                act("out", kBatch * kNumHeads * kQLen * kVHeadDim)},
+               {{"batch", kBatch},
+                {"q_len", kQLen},
+                {"kv_len", kKvLen},
+                {"cfg.num_heads", kNumHeads},
+                {"cfg.kv_lora_rank", kLoraRank},
+                {"cfg.v_head_dim", kVHeadDim}},
+               [](Backend& be, OpArgs& a) {
+                 MlaConfig cfg;
+                 cfg.num_heads = a.size("cfg.num_heads");
+                 cfg.kv_lora_rank = a.size("cfg.kv_lora_rank");
+                 cfg.qk_nope_head_dim = 8;
+                 cfg.qk_rope_head_dim = kRopeDim;
+                 cfg.v_head_dim = a.size("cfg.v_head_dim");
+                 be.mla_attention(a.buf("q"), a.buf("kv_latent"), a.buf("out"), a.size("batch"), a.size("q_len"),
+                                  a.size("kv_len"), cfg);
+               }});
+  s.push_back({Op::GemmGptq, "gemm_gptq", {act("a", kM * kK), act("out", kM * kN)}, {{"m", kM}},
+               [](Backend& be, OpArgs& a) { be.gemm_gptq(a.buf("a"), *a.weight, a.buf("out"), a.size("m")); }});
+  s.push_back({Op::GemmQuant, "gemm_quant", {act("a", kM * kK), act("out", kM * kN)}, {{"m", kM}},
+               [](Backend& be, OpArgs& a) { be.gemm_quant(a.buf("a"), *a.weight, a.buf("out"), a.size("m")); }});
+  // Collectives take f32 as well: use it, so the activation-only ops are not the only dtype path.
+  s.push_back({Op::AllReduce, "all_reduce", {{"buf", DType::F32, 10, 9, kBad}}, {{"len", 10}},
+               [](Backend& be, OpArgs& a) { be.all_reduce(a.buf("buf"), a.size("len"), a.reduce); }});
+  s.push_back({Op::AllGather, "all_gather", {act("local", 10), act("global", 10)}, {{"local_len", 10}},
+               [](Backend& be, OpArgs& a) { be.all_gather(a.buf("local"), a.buf("global"), a.size("local_len")); }});
+  s.push_back({Op::Broadcast, "broadcast", {act("buf", 10)}, {{"len", 10}},
+               [](Backend& be, OpArgs& a) { be.broadcast(a.buf("buf"), a.size("len"), a.src_rank); }});
+  return s;
+}
+
+}  // namespace
+
+const std::vector<OpSpec>& op_specs() {
+  static const std::vector<OpSpec> specs = build_specs();
+  return specs;
+}
+
+const OpSpec& op_spec(Op op) {
+  for (const OpSpec& s : op_specs()) {
+    if (s.op == op) return s;
+  }
+  throw std::out_of_range(cat("op_spec: no spec for ", to_string(op)));
+}
+
+Buffer zeros(Backend& backend, DType dtype, std::size_t numel) {
+  Buffer b = backend.alloc(dtype, numel);
+  const std::vector<std::uint8_t> zero(b.nbytes(), 0);
+  backend.write_bytes(b, zero.data(), zero.size());
+  return b;
+}
+
+OpArgs make_args(Backend& backend, const OpSpec& spec) {
+  OpArgs a;
+  for (const BufferArg& b : spec.buffers) a.buffers.emplace(b.name, zeros(backend, b.dtype, b.numel));
+  for (const SizeArg& s : spec.sizes) a.sizes.emplace(s.name, s.value);
+  if (spec.op == Op::FlashAttention) a.pos_offset = kKvLen - kQLen;  // causal: the queries end at kv_len
+  if (spec.op == Op::GemmGptq || spec.op == Op::GemmQuant) {
+    a.weight = std::make_unique<FakeQuantWeight>(&backend, QuantKind::Gptq, kK, kN);
+  }
+  return a;
+}
+
+void call_op_validly(Backend& backend, Op op) {
+  switch (op) {
+    case Op::LoadGptq: {
+      // A well-formed 4-bit GPTQ checkpoint of k = 128, n = 8, one group.
+      constexpr std::size_t k = 128, n = 8;
+      const std::vector<std::int32_t> qweight(k / 8 * n, 0x77777777);
+      const std::vector<std::int32_t> qzeros(n / 8, 0x77777777);
+      const std::vector<float> scales(n, 0.01f);
+      GptqHostTensors t;
+      t.qweight = qweight;
+      t.qzeros = qzeros;
+      t.scales = scales;
+      t.k = k;
+      t.n = n;
+      t.group_size = 128;
+      (void)backend.load_gptq(t);
+      break;
+    }
+    case Op::GraphCapture: {
+      Buffer x = zeros(backend, kH, 10), y = zeros(backend, kH, 10);
+      backend.begin_graph_capture();
+      backend.add_inplace(x, y, 10);
+      backend.end_graph_capture();
+      if (!backend.replay_last_graph()) throw std::runtime_error("replay_last_graph() returned false after a capture");
+      backend.reset_graph();
+      break;
+    }
+    case Op::DeviceStateMode: {
+      Buffer table = zeros(backend, kH, kVocab * kDim), out = zeros(backend, kH, kDim);
+      DeviceStateScope scope(backend, true);
+      backend.set_decode_state(kVocab - 1, 0);
+      backend.embedding_lookup(table, Buffer{}, out, 1, kDim);
+      break;
+    }
+    default: {
+      const OpSpec& spec = op_spec(op);
+      OpArgs a = make_args(backend, spec);
+      spec.call(backend, a);
+      break;
+    }
+  }
+  backend.synchronize();
+}
+
+}  // namespace ferrum::test

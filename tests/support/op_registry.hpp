@@ -1,0 +1,103 @@
+// A table of every public op that takes buffers, each with a small VALID
+// call: its buffer arguments (name as the op's error messages spell it,
+// dtype, element count), its size arguments, and how to call it. The
+// bad-input suite mutates one argument at a time (null, wrong backend, too
+// small, wrong dtype, zero / huge size) and expects the matching ErrorCode;
+// the supports() test makes the valid call and expects success or
+// Unsupported as supports() says.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "support/test_support.hpp"
+
+namespace ferrum::test {
+
+struct BufferArg {
+  std::string name;
+  DType dtype;
+  std::size_t numel;       // what a valid call passes (exactly what the op needs)
+  std::size_t too_small;   // an element count the op must refuse with ShapeMismatch
+  DType wrong_dtype;       // a dtype the op must refuse with DTypeMismatch
+};
+
+struct SizeArg {
+  std::string name;  // as the error message spells it ("tokens", "cfg.num_heads")
+  std::size_t value;
+};
+
+// A QuantWeight that is not backed by anything: enough for the validating
+// layer of gemm_gptq / gemm_quant (load_gptq is not implemented anywhere).
+class FakeQuantWeight final : public QuantWeight {
+ public:
+  FakeQuantWeight(const Backend* backend, QuantKind kind, std::size_t k, std::size_t n)
+      : backend_(backend), kind_(kind), k_(k), n_(n) {}
+  QuantKind kind() const noexcept override { return kind_; }
+  std::size_t k() const noexcept override { return k_; }
+  std::size_t n() const noexcept override { return n_; }
+  const Backend* backend() const noexcept override { return backend_; }
+
+ private:
+  const Backend* backend_;
+  QuantKind kind_;
+  std::size_t k_, n_;
+};
+
+// The arguments of one call. Buffers and sizes start valid; tests replace
+// one of them. Scalars the ops take besides sizes live here too.
+struct OpArgs {
+  std::map<std::string, Buffer> buffers;
+  std::map<std::string, std::size_t> sizes;
+  float eps = 1e-5f;
+  float scale = 0.0f;  // flash_attention cfg.scale
+  std::size_t pos_offset = 0;
+  std::size_t cache_len = 0;
+  std::size_t kv_seq_stride = 0;
+  std::size_t src_rank = 0;
+  bool causal = true;
+  RopeMode mode = RopeMode::NormAndRope;
+  GeluApproximation approx = GeluApproximation::Erf;
+  ReduceOp reduce = ReduceOp::Sum;
+  std::unique_ptr<QuantWeight> weight;  // gemm_gptq / gemm_quant
+  bool null_norm_w = false;             // qk_norm_rope: pass norm_w as a null pointer
+  std::vector<Buffer> keep_alive;       // parents of views placed in `buffers`
+
+  // Replaces buffer `name` by a view of its first `count` elements.
+  void shrink(const std::string& name, std::size_t count) {
+    Buffer parent = std::move(buffers.at(name));  // moving keeps the memory in place
+    buffers[name] = parent.view(0, count);
+    keep_alive.push_back(std::move(parent));
+  }
+
+  Buffer& buf(const std::string& name) { return buffers.at(name); }
+  std::size_t size(const std::string& name) const { return sizes.at(name); }
+};
+
+struct OpSpec {
+  Op op;
+  std::string name;  // how its error messages name it
+  std::vector<BufferArg> buffers;
+  std::vector<SizeArg> sizes;  // each validated as >= 1 and <= INT32_MAX
+  std::function<void(Backend&, OpArgs&)> call;
+};
+
+// Every buffer-taking op of the interface (all of Op except LoadGptq,
+// GraphCapture and DeviceStateMode, which take no buffers).
+const std::vector<OpSpec>& op_specs();
+const OpSpec& op_spec(Op op);
+// Valid arguments on `backend` (buffers zero-filled, ids in range).
+OpArgs make_args(Backend& backend, const OpSpec& spec);
+// A zero-filled buffer.
+Buffer zeros(Backend& backend, DType dtype, std::size_t numel);
+
+// A valid call of ANY Op (including LoadGptq, GraphCapture and
+// DeviceStateMode), for the supports() consistency test; synchronizes.
+void call_op_validly(Backend& backend, Op op);
+
+}  // namespace ferrum::test
