@@ -16,13 +16,13 @@ struct EmbeddingRows {
   long long vocab;
   std::uint32_t* error_flag;
 
-  __device__ RowPtrs<T> operator()(long long t) const {
+  __device__ RowPtrs<T> operator()(long long t, long long c) const {
     const long long id = state != nullptr ? state->token : ids[t];
     if (id < 0 || id >= vocab) {
       report_device_error(error_flag, kErrEmbeddingIdOutOfRange);
-      return {nullptr, out + t * dim};
+      return {nullptr, out + t * dim + c};
     }
-    return {table + id * dim, out + t * dim};
+    return {table + id * dim + c, out + t * dim + c};
   }
 };
 

@@ -18,7 +18,7 @@ struct KvAppendRows {
   std::uint32_t* error_flag;
 
   // r enumerates [K | V] x [nkv] x [new_tokens].
-  __device__ RowPtrs<T> operator()(long long r) const {
+  __device__ RowPtrs<T> operator()(long long r, long long c) const {
     const long long base = state != nullptr ? state->pos : cache_len;
     if (base < 0 || base > capacity - new_tokens) {
       report_device_error(error_flag, kErrKvAppendOverCapacity);
@@ -29,8 +29,8 @@ struct KvAppendRows {
     const long long rr = is_v ? r - per_tensor : r;
     const long long h = rr / new_tokens;
     const long long t = rr - h * new_tokens;
-    const T* src = (is_v ? new_v : new_k) + rr * hd;
-    T* dst = (is_v ? cache_v : cache_k) + (h * capacity + base + t) * hd;
+    const T* src = (is_v ? new_v : new_k) + rr * hd + c;
+    T* dst = (is_v ? cache_v : cache_k) + (h * capacity + base + t) * hd + c;
     return {src, dst};
   }
 };

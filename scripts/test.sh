@@ -4,9 +4,6 @@
 # skip themselves on a machine without a GPU and ctest reports them skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install_deps.sh
-export PATH="/usr/local/cuda/bin:$PATH"
-BUILD_DIR="${BUILD_DIR:-build}"
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release
+source scripts/configure.sh  # installs what is missing, configures $BUILD_DIR
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"

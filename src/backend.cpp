@@ -3,6 +3,8 @@
 #include "ferrum/backend.hpp"
 
 #include <cstring>
+#include <initializer_list>
+#include <string_view>
 #include <limits>
 #include <vector>
 
@@ -259,66 +261,56 @@ void Backend::do_reset_graph() {}
 
 // ── Norms ──────────────────────────────────────────────────────────────────
 
-void Backend::rms_norm(const Buffer& x, const Buffer& w, float eps, Buffer& out, std::size_t tokens,
-                       std::size_t dim) {
-  OpCheck check(*this, "rms_norm");
+namespace {
+
+struct NamedBuffer {
+  std::string_view name;
+  const Buffer& buffer;
+};
+
+// The checks the three row norms share: sizes and eps; x is an activation;
+// every other buffer has x's dtype; `rows` hold [tokens, dim], `params` [dim].
+void check_row_norm(OpCheck& check, const Buffer& x, std::initializer_list<NamedBuffer> rows,
+                    std::initializer_list<NamedBuffer> params, float eps, std::size_t tokens, std::size_t dim) {
   check.size("tokens", tokens);
   check.size("dim", dim);
   check.eps(eps);
   check.buffer("x", x);
-  check.buffer("w", w);
-  check.buffer("out", out);
   check.activation("x", x);
-  check.same_dtype("w", w, "x", x);
-  check.same_dtype("out", out, "x", x);
   const std::size_t n = check.product({tokens, dim});
   check.holds("x", x, n, "[tokens, dim]");
-  check.holds("w", w, dim, "[dim]");
-  check.holds("out", out, n, "[tokens, dim]");
+  for (const NamedBuffer& b : rows) {
+    check.buffer(b.name, b.buffer);
+    check.same_dtype(b.name, b.buffer, "x", x);
+    check.holds(b.name, b.buffer, n, "[tokens, dim]");
+  }
+  for (const NamedBuffer& b : params) {
+    check.buffer(b.name, b.buffer);
+    check.same_dtype(b.name, b.buffer, "x", x);
+    check.holds(b.name, b.buffer, dim, "[dim]");
+  }
+}
+
+}  // namespace
+
+void Backend::rms_norm(const Buffer& x, const Buffer& w, float eps, Buffer& out, std::size_t tokens,
+                       std::size_t dim) {
+  OpCheck check(*this, "rms_norm");
+  check_row_norm(check, x, {{"out", out}}, {{"w", w}}, eps, tokens, dim);
   do_rms_norm(x, w, eps, out, tokens, dim);
 }
 
 void Backend::fused_add_rms_norm(Buffer& residual, const Buffer& x, const Buffer& w, float eps,
                                  Buffer& out, std::size_t tokens, std::size_t dim) {
   OpCheck check(*this, "fused_add_rms_norm");
-  check.size("tokens", tokens);
-  check.size("dim", dim);
-  check.eps(eps);
-  check.buffer("residual", residual);
-  check.buffer("x", x);
-  check.buffer("w", w);
-  check.buffer("out", out);
-  check.activation("x", x);
-  check.same_dtype("residual", residual, "x", x);
-  check.same_dtype("w", w, "x", x);
-  check.same_dtype("out", out, "x", x);
-  const std::size_t n = check.product({tokens, dim});
-  check.holds("residual", residual, n, "[tokens, dim]");
-  check.holds("x", x, n, "[tokens, dim]");
-  check.holds("w", w, dim, "[dim]");
-  check.holds("out", out, n, "[tokens, dim]");
+  check_row_norm(check, x, {{"residual", residual}, {"out", out}}, {{"w", w}}, eps, tokens, dim);
   do_fused_add_rms_norm(residual, x, w, eps, out, tokens, dim);
 }
 
 void Backend::layer_norm(const Buffer& x, const Buffer& gamma, const Buffer& beta, float eps,
                          Buffer& out, std::size_t tokens, std::size_t dim) {
   OpCheck check(*this, "layer_norm");
-  check.size("tokens", tokens);
-  check.size("dim", dim);
-  check.eps(eps);
-  check.buffer("x", x);
-  check.buffer("gamma", gamma);
-  check.buffer("beta", beta);
-  check.buffer("out", out);
-  check.activation("x", x);
-  check.same_dtype("gamma", gamma, "x", x);
-  check.same_dtype("beta", beta, "x", x);
-  check.same_dtype("out", out, "x", x);
-  const std::size_t n = check.product({tokens, dim});
-  check.holds("x", x, n, "[tokens, dim]");
-  check.holds("gamma", gamma, dim, "[dim]");
-  check.holds("beta", beta, dim, "[dim]");
-  check.holds("out", out, n, "[tokens, dim]");
+  check_row_norm(check, x, {{"out", out}}, {{"gamma", gamma}, {"beta", beta}}, eps, tokens, dim);
   do_layer_norm(x, gamma, beta, eps, out, tokens, dim);
 }
 
@@ -663,17 +655,27 @@ std::unique_ptr<QuantWeight> Backend::do_load_gptq(const GptqHostTensors&) {
        name());
 }
 
-void Backend::gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) {
-  OpCheck check(*this, "gemm_gptq");
+namespace {
+
+// The checks gemm_gptq and gemm_quant share (each reports under its own name).
+void check_quant_gemm(OpCheck& check, const Backend& self, const Buffer& a, const QuantWeight& w,
+                      const Buffer& out, std::size_t m) {
   check.size("m", m);
-  if (w.backend() != this) check.fail(ErrorCode::WrongBackend, "gemm_gptq: argument 'w' belongs to another backend");
-  if (w.kind() != QuantKind::Gptq) check.fail(ErrorCode::InvalidArgument, "gemm_gptq: argument 'w' is not a GPTQ weight");
+  if (w.backend() != &self) check.fail(ErrorCode::WrongBackend, "{}: argument 'w' belongs to another backend", check.op());
   check.buffer("a", a);
   check.buffer("out", out);
   check.activation("a", a);
   check.same_dtype("out", out, "a", a);
   check.holds("a", a, check.product({m, w.k()}), "[m, k]");
   check.holds("out", out, check.product({m, w.n()}), "[m, n]");
+}
+
+}  // namespace
+
+void Backend::gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) {
+  OpCheck check(*this, "gemm_gptq");
+  check_quant_gemm(check, *this, a, w, out, m);
+  if (w.kind() != QuantKind::Gptq) check.fail(ErrorCode::InvalidArgument, "gemm_gptq: argument 'w' is not a GPTQ weight");
   do_gemm_gptq(a, w, out, m);
 }
 
@@ -684,9 +686,14 @@ void Backend::do_gemm_gptq(const Buffer&, const QuantWeight&, Buffer&, std::size
 
 void Backend::gemm_quant(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) {
   OpCheck check(*this, "gemm_quant");
+  check_quant_gemm(check, *this, a, w, out, m);
   switch (w.kind()) {
     case QuantKind::Gptq:
-      gemm_gptq(a, w, out, m);
+      if (!supports(Op::GemmGptq)) {
+        check.fail(ErrorCode::Unsupported, "gemm_quant: GPTQ weights need gemm_gptq, which the {} backend lacks yet",
+                   name());
+      }
+      do_gemm_gptq(a, w, out, m);
       return;
     case QuantKind::Awq:
       check.fail(ErrorCode::Unsupported, "gemm_quant: quant kind Awq is not supported");

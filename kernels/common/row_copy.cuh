@@ -1,7 +1,7 @@
 // Row copies with an index map: the shared engine of embedding lookup,
 // split_qkv, transpose_head_to_token and the KV-cache append. A map functor
-// turns a row index into {src, dst} row pointers: dst == nullptr skips the
-// row, src == nullptr writes zeros.
+// turns (row, column) of the vector being copied into {src, dst} element
+// pointers: dst == nullptr skips it, src == nullptr writes zeros.
 #pragma once
 
 #include "kernels/common/vec.cuh"
@@ -32,11 +32,11 @@ __global__ void copy_rows_kernel(long long rows, long long row_len, Map map) {
     if (vi < total) {
       const long long r = vi / vec_per_row;
       const long long c = (vi - r * vec_per_row) * VW;
-      const RowPtrs<T> p = map(r);
+      const RowPtrs<T> p = map(r, c);
       if (p.dst != nullptr) {
-        dst[it] = p.dst + c;
+        dst[it] = p.dst;
         if (p.src != nullptr) {
-          data[it].load(p.src + c);
+          data[it].load(p.src);
         } else {
 #pragma unroll
           for (int j = 0; j < VW; ++j) data[it].set(j, 0.0f);
@@ -50,12 +50,13 @@ __global__ void copy_rows_kernel(long long rows, long long row_len, Map map) {
   }
 }
 
-// Launches with 16-byte vectors when row_len and every row start allow it
-// (`aligned` says whether all base pointers are 16-byte aligned).
+// Launches with 16-byte vectors when row_len allows it and `wide_ok` says
+// every base pointer is 16-byte aligned and every split point the map makes
+// falls on a vector boundary.
 template <class T, class Map>
-void launch_copy_rows(long long rows, long long row_len, bool aligned, Map map, cudaStream_t stream) {
+void launch_copy_rows(long long rows, long long row_len, bool wide_ok, Map map, cudaStream_t stream) {
   constexpr int kWide = kVec16<T>;
-  const bool wide = aligned && row_len % kWide == 0;
+  const bool wide = wide_ok && row_len % kWide == 0;
   const long long vec_per_row = wide ? row_len / kWide : row_len;
   const long long per_block = static_cast<long long>(kRowCopyThreads) * kRowCopyItems;
   const long long blocks = (rows * vec_per_row + per_block - 1) / per_block;

@@ -219,53 +219,44 @@ void CudaBackend::do_reset_graph() {
 
 // ── Norms ──────────────────────────────────────────────────────────────────
 
-void CudaBackend::do_rms_norm(const Buffer& x, const Buffer& w, float eps, Buffer& out, std::size_t tokens,
-                              std::size_t dim) {
-  detail::activate_device(device_);
+namespace {
+
+kernels::NormArgs norm_args(kernels::NormKind kind, const Buffer& x, const Buffer& weight, float eps, Buffer& out,
+                            std::size_t tokens, std::size_t dim, int num_sms) {
   kernels::NormArgs a;
-  a.kind = kernels::NormKind::Rms;
+  a.kind = kind;
   a.dtype = x.dtype();
   a.x = ptr(x);
-  a.weight = ptr(w);
+  a.weight = ptr(weight);
   a.out = ptr(out);
   a.rows = static_cast<int>(tokens);
   a.dim = static_cast<int>(dim);
   a.eps = eps;
-  a.num_sms = rt_->num_sms;
-  kernels::launch_norm(a, rt_->stream);
+  a.num_sms = num_sms;
+  return a;
+}
+
+}  // namespace
+
+void CudaBackend::do_rms_norm(const Buffer& x, const Buffer& w, float eps, Buffer& out, std::size_t tokens,
+                              std::size_t dim) {
+  detail::activate_device(device_);
+  kernels::launch_norm(norm_args(kernels::NormKind::Rms, x, w, eps, out, tokens, dim, rt_->num_sms), rt_->stream);
 }
 
 void CudaBackend::do_fused_add_rms_norm(Buffer& residual, const Buffer& x, const Buffer& w, float eps, Buffer& out,
                                         std::size_t tokens, std::size_t dim) {
   detail::activate_device(device_);
-  kernels::NormArgs a;
-  a.kind = kernels::NormKind::AddRms;
-  a.dtype = x.dtype();
-  a.x = ptr(x);
+  kernels::NormArgs a = norm_args(kernels::NormKind::AddRms, x, w, eps, out, tokens, dim, rt_->num_sms);
   a.residual = ptr(residual);
-  a.weight = ptr(w);
-  a.out = ptr(out);
-  a.rows = static_cast<int>(tokens);
-  a.dim = static_cast<int>(dim);
-  a.eps = eps;
-  a.num_sms = rt_->num_sms;
   kernels::launch_norm(a, rt_->stream);
 }
 
 void CudaBackend::do_layer_norm(const Buffer& x, const Buffer& gamma, const Buffer& beta, float eps, Buffer& out,
                                 std::size_t tokens, std::size_t dim) {
   detail::activate_device(device_);
-  kernels::NormArgs a;
-  a.kind = kernels::NormKind::Layer;
-  a.dtype = x.dtype();
-  a.x = ptr(x);
-  a.weight = ptr(gamma);
+  kernels::NormArgs a = norm_args(kernels::NormKind::Layer, x, gamma, eps, out, tokens, dim, rt_->num_sms);
   a.bias = ptr(beta);
-  a.out = ptr(out);
-  a.rows = static_cast<int>(tokens);
-  a.dim = static_cast<int>(dim);
-  a.eps = eps;
-  a.num_sms = rt_->num_sms;
   kernels::launch_norm(a, rt_->stream);
 }
 

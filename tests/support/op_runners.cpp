@@ -23,13 +23,16 @@ const Output& OpResult::at(std::string_view name) const {
   return ::testing::AssertionFailure() << guard_failures;
 }
 
-void expect_same_outputs(const OpResult& got, const OpResult& want, bool exact, double scale) {
+void expect_same_outputs(const OpResult& got, const OpResult& want, Match match, double scale,
+                         std::initializer_list<std::string_view> exact_outputs) {
   EXPECT_TRUE(got.guards_ok()) << "(backend under test)";
   EXPECT_TRUE(want.guards_ok()) << "(reference backend)";
   ASSERT_EQ(got.outputs.size(), want.outputs.size());
   for (const auto& [name, ref] : want.outputs) {
     SCOPED_TRACE(cat("output '", name, "'"));
     const Output& out = got.at(name);
+    const bool exact = match == Match::Exact ||
+                       std::find(exact_outputs.begin(), exact_outputs.end(), name) != exact_outputs.end();
     if (exact) {
       EXPECT_TRUE(bitwise_equal(out.bytes, ref.bytes, size_of(ref.dtype)));
     } else {

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -50,10 +51,16 @@ struct OpResult {
   ::testing::AssertionResult guards_ok() const;
 };
 
-// Compares every output of `got` with the same output of `want`: bitwise for
-// bit-copy / single-rounding ops (exact = true), else all_close with `scale`.
-// Also requires both results' guards to be intact.
-void expect_same_outputs(const OpResult& got, const OpResult& want, bool exact, double scale = op_scale::kUnit);
+// How an output must match its reference: bitwise (bit copies, and single
+// correctly rounded additions, which have exactly one right answer) or
+// all_close per tolerance.hpp.
+enum class Match { Exact, Close };
+
+// Compares every output of `got` with the same output of `want` (`match`
+// with `scale`; outputs named in `exact_outputs` bitwise regardless), and
+// requires both results' guards to be intact.
+void expect_same_outputs(const OpResult& got, const OpResult& want, Match match, double scale = op_scale::kUnit,
+                         std::initializer_list<std::string_view> exact_outputs = {});
 
 // ── Cases ────────────────────────────────────────────────────────────────────
 

@@ -22,6 +22,12 @@
 #include "ferrum/ferrum.hpp"
 #include "support/tolerance.hpp"
 
+namespace ferrum {
+// gtest printers (found by ADL), so failure messages show "f16" / "Cuda".
+inline void PrintTo(DType dtype, std::ostream* os) { *os << to_string(dtype); }
+inline void PrintTo(BackendKind kind, std::ostream* os) { *os << (kind == BackendKind::Cuda ? "Cuda" : "Cpu"); }
+}  // namespace ferrum
+
 namespace ferrum::test {
 
 // ── Strings ──────────────────────────────────────────────────────────────────

@@ -1,0 +1,351 @@
+// The public API surface: Buffer (views, bounds, wrap, null, ownership),
+// ferrum::Error (codes, messages naming op / argument / value), supports()
+// agreeing with behaviour for every Op, world-size-1 collectives, and
+// upload / download / write / read round trips for every dtype. Suites
+// parameterized by backend run on CpuBackend always and CudaBackend when a
+// GPU is present.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <string>
+
+#include "support/op_registry.hpp"
+#include "support/op_runners.hpp"
+#include "support/test_support.hpp"
+
+namespace ferrum::test {
+namespace {
+
+constexpr DType kAllDTypes[] = {DType::F16, DType::BF16, DType::F32, DType::I32, DType::U8};
+
+// ── Buffer ───────────────────────────────────────────────────────────────────
+
+TEST(BufferApi, NullBuffer) {
+  Buffer b;
+  EXPECT_TRUE(b.is_null());
+  EXPECT_EQ(b.numel(), 0u);
+  EXPECT_EQ(b.nbytes(), 0u);
+  EXPECT_EQ(b.data(), nullptr);
+  EXPECT_EQ(b.backend(), nullptr);
+  EXPECT_FALSE(b.owns_memory());
+  expect_error(ErrorCode::NullBuffer, "Buffer::view", [&] { (void)b.view(0, 0); });
+}
+
+TEST(BufferApi, AllocatedBuffer) {
+  CpuBackend cpu;
+  for (DType dt : kAllDTypes) {
+    SCOPED_TRACE(to_string(dt));
+    Buffer b = cpu.alloc(dt, 13);
+    EXPECT_FALSE(b.is_null());
+    EXPECT_TRUE(b.owns_memory());
+    EXPECT_EQ(b.backend(), &cpu);
+    EXPECT_EQ(b.dtype(), dt);
+    EXPECT_EQ(b.numel(), 13u);
+    EXPECT_EQ(b.nbytes(), 13u * size_of(dt));
+  }
+}
+
+TEST(BufferApi, ViewBounds) {
+  CpuBackend cpu;
+  Buffer b = cpu.alloc(DType::F16, 10);
+  const auto* base = static_cast<const std::uint8_t*>(b.data());
+
+  Buffer whole = b.view(0, 10);
+  EXPECT_EQ(whole.data(), b.data());
+  EXPECT_FALSE(whole.owns_memory());
+  EXPECT_EQ(whole.backend(), &cpu);
+  EXPECT_EQ(whole.dtype(), DType::F16);
+
+  Buffer mid = b.view(3, 4);
+  EXPECT_EQ(mid.data(), base + 3 * 2);
+  EXPECT_EQ(mid.numel(), 4u);
+  EXPECT_NO_THROW((void)b.view(10, 0));  // empty window at the end
+  EXPECT_NO_THROW((void)b.view(0, 0));
+
+  expect_error(ErrorCode::ShapeMismatch, "Buffer::view", [&] { (void)b.view(9, 2); });
+  expect_error(ErrorCode::ShapeMismatch, "Buffer::view", [&] { (void)b.view(11, 0); });
+  expect_error(ErrorCode::ShapeMismatch, "Buffer::view", [&] { (void)b.view(0, 11); });
+  // No wrap-around in offset + count.
+  expect_error(ErrorCode::ShapeMismatch, "Buffer::view",
+               [&] { (void)b.view(2, std::numeric_limits<std::size_t>::max()); });
+  expect_error(ErrorCode::ShapeMismatch, "Buffer::view",
+               [&] { (void)b.view(std::numeric_limits<std::size_t>::max(), 2); });
+
+  // A view of a view is bounded by the inner view and offsets compose.
+  Buffer inner = mid.view(1, 3);
+  EXPECT_EQ(inner.data(), base + 4 * 2);
+  expect_error(ErrorCode::ShapeMismatch, "Buffer::view", [&] { (void)mid.view(2, 3); });
+}
+
+TEST(BufferApi, ViewsDoNotOwn) {
+  CpuBackend cpu;
+  Buffer b = cpu.upload(std::vector<float>{1, 2, 3, 4}, DType::F32);
+  { Buffer v = b.view(1, 2); }  // destroying a view must not free the parent
+  EXPECT_EQ(cpu.download(b), (std::vector<float>{1, 2, 3, 4}));
+  Buffer v = b.view(1, 2);
+  cpu.write(v, std::vector<float>{20, 30});
+  EXPECT_EQ(cpu.download(b), (std::vector<float>{1, 20, 30, 4}));
+}
+
+TEST(BufferApi, MoveTransfersOwnership) {
+  CpuBackend cpu;
+  Buffer a = cpu.upload(std::vector<float>{5, 6}, DType::F32);
+  const void* data = a.data();
+  Buffer b = std::move(a);
+  EXPECT_TRUE(a.is_null());  // NOLINT(bugprone-use-after-move): the moved-from state is specified
+  EXPECT_EQ(b.data(), data);
+  EXPECT_TRUE(b.owns_memory());
+  Buffer c = cpu.alloc(DType::F32, 3);
+  c = std::move(b);  // releases c's old memory, takes b's
+  EXPECT_EQ(c.data(), data);
+  EXPECT_EQ(cpu.download(c), (std::vector<float>{5, 6}));
+}
+
+TEST(BufferApi, WrapHostMemory) {
+  CpuBackend cpu;
+  std::vector<std::uint16_t> host(8);
+  for (std::size_t i = 0; i < host.size(); ++i) host[i] = f32_to_f16(static_cast<float>(i));
+  Buffer w = Buffer::wrap(cpu, host.data(), DType::F16, host.size());
+  EXPECT_FALSE(w.owns_memory());
+  EXPECT_EQ(w.data(), host.data());
+  EXPECT_EQ(cpu.download(w), (std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7}));
+  // Ops write straight into the caller's memory.
+  Buffer ones = cpu.upload(std::vector<float>(8, 1.0f), DType::F16);
+  cpu.add_inplace(w, ones, 8);
+  for (std::size_t i = 0; i < host.size(); ++i) EXPECT_EQ(f16_to_f32(host[i]), static_cast<float>(i) + 1.0f);
+  // Off the element grid: refused.
+  auto* odd = reinterpret_cast<std::uint8_t*>(host.data()) + 1;
+  expect_error(ErrorCode::Misaligned, "Buffer::wrap", [&] { (void)Buffer::wrap(cpu, odd, DType::F16, 2); }, "'ptr'");
+  expect_error(ErrorCode::NullBuffer, "Buffer::wrap", [&] { (void)Buffer::wrap(cpu, nullptr, DType::F16, 2); },
+               "'ptr'");
+}
+
+// ── Error ────────────────────────────────────────────────────────────────────
+
+TEST(ErrorApi, CodeAndMessage) {
+  const Error e(ErrorCode::ShapeMismatch, "rms_norm: argument 'w' is short");
+  EXPECT_EQ(e.code(), ErrorCode::ShapeMismatch);
+  const std::string what = e.what();
+  EXPECT_NE(what.find("ShapeMismatch"), std::string::npos) << what;
+  EXPECT_NE(what.find("rms_norm: argument 'w' is short"), std::string::npos) << what;
+  const std::runtime_error& base = e;  // catchable as std::runtime_error
+  EXPECT_STREQ(base.what(), e.what());
+}
+
+TEST(ErrorApi, EveryCodeHasADistinctName) {
+  std::set<std::string> names;
+  for (int c = static_cast<int>(ErrorCode::InvalidArgument); c <= static_cast<int>(ErrorCode::Internal); ++c) {
+    const std::string n(to_string(static_cast<ErrorCode>(c)));
+    EXPECT_NE(n, "Unknown") << c;
+    EXPECT_TRUE(names.insert(n).second) << "duplicate name " << n;
+  }
+  EXPECT_EQ(names.size(), 15u);
+}
+
+TEST(ErrorApi, EveryOpHasADistinctName) {
+  std::set<std::string> names;
+  for (int o = 0; o < kNumOps; ++o) {
+    const std::string n(to_string(static_cast<Op>(o)));
+    EXPECT_NE(n, "unknown_op") << o;
+    EXPECT_TRUE(names.insert(n).second) << "duplicate name " << n;
+  }
+}
+
+TEST(ErrorApi, MessagesNameOpArgumentAndValue) {
+  CpuBackend cpu;
+  Buffer x = zeros(cpu, DType::F16, 24), w = zeros(cpu, DType::F16, 7), out = zeros(cpu, DType::F16, 24);
+  try {
+    cpu.rms_norm(x, w, 1e-6f, out, 3, 8);
+    FAIL() << "rms_norm with a 7-element weight for dim 8 did not throw";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.code(), ErrorCode::ShapeMismatch);
+    for (const char* part : {"rms_norm", "'w'", "7", "8"}) EXPECT_NE(what.find(part), std::string::npos) << part << " in " << what;
+  }
+  try {
+    cpu.gemm(x, x, out, 1, 1, 0);
+    FAIL() << "gemm with k = 0 did not throw";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    for (const char* part : {"gemm", "'k'", "0"}) EXPECT_NE(what.find(part), std::string::npos) << part << " in " << what;
+  }
+  try {
+    cpu.rms_norm(x, w, std::numeric_limits<float>::quiet_NaN(), out, 3, 8);
+    FAIL() << "rms_norm with eps NaN did not throw";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    for (const char* part : {"rms_norm", "'eps'", "nan"}) EXPECT_NE(what.find(part), std::string::npos) << part << " in " << what;
+  }
+}
+
+// ── supports() agrees with behaviour, for every Op ───────────────────────────
+
+class ApiOnBackend : public BackendTest {};
+
+TEST_P(ApiOnBackend, SupportsMatchesBehaviour) {
+  for (int o = 0; o < kNumOps; ++o) {
+    const Op op = static_cast<Op>(o);
+    SCOPED_TRACE(cat(to_string(op), backend().supports(op) ? " (supported)" : " (not supported)"));
+    if (backend().supports(op)) {
+      EXPECT_NO_THROW(call_op_validly(backend(), op));
+    } else {
+      expect_error(ErrorCode::Unsupported, to_string(op), [&] { call_op_validly(backend(), op); });
+    }
+    EXPECT_FALSE(backend().is_capturing());
+  }
+}
+
+TEST(CpuSupports, ExactlyTheDocumentedSet) {
+  CpuBackend cpu;
+  const std::set<Op> unsupported = {Op::LoadGptq, Op::GemmGptq, Op::GemmQuant, Op::MlaAttention, Op::GraphCapture};
+  for (int o = 0; o < kNumOps; ++o) {
+    const Op op = static_cast<Op>(o);
+    EXPECT_EQ(cpu.supports(op), unsupported.count(op) == 0) << to_string(op);
+  }
+  EXPECT_EQ(cpu.kind(), BackendKind::Cpu);
+  EXPECT_FALSE(cpu.name().empty());
+  EXPECT_FALSE(cpu.is_capturing());
+  EXPECT_FALSE(cpu.replay_last_graph());
+  EXPECT_NO_THROW(cpu.reset_graph());
+}
+
+TEST(DefaultBackend, FollowsDeviceCount) {
+  const std::unique_ptr<Backend> be = make_default_backend();
+  ASSERT_NE(be, nullptr);
+  EXPECT_EQ(be->kind(), cuda_device_count() > 0 ? BackendKind::Cuda : BackendKind::Cpu);
+}
+
+TEST(CpuDeterminism, ResultsDoNotDependOnThreadCount) {
+  FERRUM_SEEDED_RNG(rng);
+  CpuBackend one(CpuBackendConfig{1});
+  CpuBackend three(CpuBackendConfig{3});
+  const auto norm = make_rms_norm_case(rng, DType::BF16, 83, 769);
+  expect_same_outputs(run(three, norm), run(one, norm), Match::Exact);
+  const auto mm = make_gemm_case(rng, DType::F16, 83, 769, 513);
+  expect_same_outputs(run(three, mm), run(one, mm), Match::Exact);
+  AttnConfig cfg;
+  cfg.num_heads = 8;
+  cfg.num_kv_heads = 2;
+  cfg.head_dim = 64;
+  const auto attn = make_flash_case(rng, DType::F16, 2, 37, 37, 0, cfg);
+  expect_same_outputs(run(three, attn), run(one, attn), Match::Exact);
+}
+
+// ── Device-state mode flag ───────────────────────────────────────────────────
+
+TEST_P(ApiOnBackend, DeviceStateModeFlag) {
+  EXPECT_FALSE(backend().device_state_mode());
+  backend().set_device_state_mode(true);
+  EXPECT_TRUE(backend().device_state_mode());
+  EXPECT_FALSE(other().device_state_mode()) << "the mode is per backend object";
+  backend().set_device_state_mode(false);
+  EXPECT_FALSE(backend().device_state_mode());
+}
+
+// ── World size 1 collectives ─────────────────────────────────────────────────
+
+TEST_P(ApiOnBackend, WorldSizeOneCollectives) {
+  FERRUM_SEEDED_RNG(rng);
+  EXPECT_EQ(backend().world_size(), 1u);
+  EXPECT_EQ(backend().rank(), 0u);
+  for (DType dt : {DType::F16, DType::BF16, DType::F32}) {
+    const HostTensor data = random_uniform(rng, dt, 1000);
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod, ReduceOp::Avg}) {
+      SCOPED_TRACE(cat(to_string(dt), " all_reduce op ", static_cast<int>(op)));
+      GuardedOutput buf(backend(), data);
+      backend().all_reduce(buf.view(), 1000, op);
+      backend().synchronize();
+      EXPECT_TRUE(buf.check_guard());
+      EXPECT_TRUE(bitwise_equal(buf.bytes(), encode_bytes(data), size_of(dt)));
+    }
+    {
+      SCOPED_TRACE(cat(to_string(dt), " all_gather"));
+      const DeviceTensor local(backend(), data);
+      GuardedOutput global(backend(), dt, 1000);
+      backend().all_gather(local.view(), global.view(), 1000);
+      backend().synchronize();
+      EXPECT_TRUE(global.check_guard());
+      EXPECT_TRUE(bitwise_equal(global.bytes(), encode_bytes(data), size_of(dt)));
+    }
+    {
+      SCOPED_TRACE(cat(to_string(dt), " broadcast"));
+      GuardedOutput buf(backend(), data);
+      backend().broadcast(buf.view(), 1000, 0);
+      backend().synchronize();
+      EXPECT_TRUE(buf.check_guard());
+      EXPECT_TRUE(bitwise_equal(buf.bytes(), encode_bytes(data), size_of(dt)));
+      expect_error(ErrorCode::InvalidArgument, "broadcast", [&] { backend().broadcast(buf.view(), 1000, 1); },
+                   "'src_rank'");
+    }
+  }
+}
+
+// ── Upload / download / write / read round trips ─────────────────────────────
+
+TEST_P(ApiOnBackend, RoundTripEveryDType) {
+  FERRUM_SEEDED_RNG(rng);
+  for (DType dt : kAllDTypes) {
+    SCOPED_TRACE(to_string(dt));
+    // Representable values come back exactly.
+    const HostTensor t = dt == DType::I32  ? make_tensor(dt, uniform_values(rng, 777, -1e7f, 1e7f))
+                         : dt == DType::U8 ? make_tensor(dt, uniform_values(rng, 777, 0.0f, 255.0f))
+                                           : random_normal(rng, dt, 777, 0.0f, 100.0f);
+    Buffer b = backend().upload(t.values, dt);
+    EXPECT_EQ(b.numel(), 777u);
+    EXPECT_EQ(b.dtype(), dt);
+    EXPECT_EQ(backend().download(b), t.values);
+    std::vector<std::uint8_t> raw(b.nbytes());
+    backend().read_bytes(b, raw.data(), raw.size());
+    EXPECT_TRUE(bitwise_equal(raw, encode_bytes(t), size_of(dt)));
+    // Partial download, partial write at an offset, raw read / write at byte offsets.
+    EXPECT_EQ(backend().download(b, 5), std::vector<float>(t.values.begin(), t.values.begin() + 5));
+    backend().write(b, std::vector<float>{1.0f, 2.0f, 3.0f}, 774);
+    const std::vector<float> tail = backend().download(b);
+    EXPECT_EQ(std::vector<float>(tail.end() - 3, tail.end()), (std::vector<float>{1.0f, 2.0f, 3.0f}));
+    EXPECT_EQ(tail[773], t.values[773]);
+    const std::size_t es = size_of(dt);
+    std::vector<std::uint8_t> patch(3 * es, 0x11);
+    backend().write_bytes(b, patch.data(), patch.size(), 10 * es);
+    std::vector<std::uint8_t> back(5 * es);
+    backend().read_bytes(b, back.data(), back.size(), 9 * es);
+    EXPECT_TRUE(std::equal(patch.begin(), patch.end(), back.begin() + static_cast<std::ptrdiff_t>(es)));
+    EXPECT_TRUE(std::equal(raw.begin() + static_cast<std::ptrdiff_t>(9 * es),
+                           raw.begin() + static_cast<std::ptrdiff_t>(10 * es), back.begin()));
+  }
+}
+
+TEST_P(ApiOnBackend, UploadConvertsLikeTheDocumentation) {
+  FERRUM_SEEDED_RNG(rng);
+  // Halves: round to nearest even (ferrum/half.hpp, tested in test_half).
+  const std::vector<float> any = normal_values(rng, 4096, 0.0f, 1000.0f);
+  for (DType dt : {DType::F16, DType::BF16}) {
+    SCOPED_TRACE(to_string(dt));
+    std::vector<float> want(any.size());
+    for (std::size_t i = 0; i < any.size(); ++i) want[i] = round_to(dt, any[i]);
+    EXPECT_EQ(backend().download(backend().upload(any, dt)), want);
+  }
+  // f32: every bit pattern, including NaN payloads, infinities and -0.
+  std::vector<float> specials = {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+                                 -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::denorm_min(),
+                                 bits_to_f32(0x7fc01234u), bits_to_f32(0xff800001u)};
+  Buffer f = backend().upload(specials, DType::F32);
+  std::vector<std::uint32_t> bits(specials.size());
+  backend().read_bytes(f, bits.data(), bits.size() * 4);
+  for (std::size_t i = 0; i < specials.size(); ++i) EXPECT_EQ(bits[i], f32_to_bits(specials[i])) << i;
+  // Integers: truncation toward zero.
+  EXPECT_EQ(backend().download(backend().upload(std::vector<float>{0.0f, 1.9f, -1.9f, -7.5f, 123456.7f, 16777216.0f},
+                                                DType::I32)),
+            (std::vector<float>{0.0f, 1.0f, -1.0f, -7.0f, 123456.0f, 16777216.0f}));
+  EXPECT_EQ(backend().download(backend().upload(std::vector<float>{0.0f, 1.5f, 254.9f, 255.0f}, DType::U8)),
+            (std::vector<float>{0.0f, 1.0f, 254.0f, 255.0f}));
+}
+
+FERRUM_INSTANTIATE_ON_ALL_BACKENDS(ApiOnBackend);
+
+}  // namespace
+}  // namespace ferrum::test

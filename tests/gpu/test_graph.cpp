@@ -1,0 +1,304 @@
+// CUDA graph capture and replay on CudaBackend.
+//
+// Decode loop: ONE graph of embedding_lookup -> qk_norm_rope ->
+// kv_cache_append_head_major -> rms_norm -> gemm is captured in device-state
+// mode (small Llama-ish sizes), then replayed for 1000 steps with a changing
+// token and position. Every step is also run eagerly on two more sets of
+// buffers: in device-state mode, and with host arguments. All three must
+// agree BITWISE on every output (embedding, rope, the kv rows written, the
+// norm, the gemm), and at the end on the whole caches (rows never written
+// still hold their poison).
+//
+// Capture errors: an op refused during capture (bad arguments, or a call not
+// allowed while capturing: synchronize, alloc, host transfers, ...) throws,
+// ends the capture, and leaves the backend usable. replay_last_graph() is
+// false with no graph held.
+//
+// Skipped (GTEST_SKIP) when no CUDA device is visible.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "support/op_runners.hpp"
+#include "support/test_support.hpp"
+
+namespace ferrum::test {
+namespace {
+
+constexpr std::size_t kDim = 512, kHeads = 8, kHd = 64, kVocab = 1000, kCapacity = 1024, kN = 768;
+constexpr std::size_t kSteps = 1000;
+constexpr float kEps = 1e-6f;
+
+// Inputs every set of buffers shares (read-only).
+struct Weights {
+  Weights(Backend& be, Rng& rng, DType dt)
+      : table(be, random_uniform(rng, dt, kVocab * kDim)),
+        qk_norm_w(be, random_uniform(rng, dt, kHd, 0.5f, 1.5f)),
+        norm_w(be, random_uniform(rng, dt, kDim, 0.5f, 1.5f)),
+        w_out(be, random_uniform(rng, dt, kN * kDim, -0.1f, 0.1f)) {
+    const RopeTables t = make_rope_tables(kCapacity, kHd, kRopeTheta10k);
+    cos = DeviceTensor(be, t.cos);
+    sin = DeviceTensor(be, t.sin);
+  }
+  DeviceTensor table, qk_norm_w, norm_w, w_out, cos, sin;
+};
+
+// One set of outputs for the decode chain, all poisoned and guarded.
+struct DecodeBuffers {
+  DecodeBuffers(Backend& be, DType dt)
+      : ids(be, HostTensor{DType::I32, {0.0f}}),
+        x(be, dt, kDim),
+        q(be, dt, kHeads * kHd),
+        cache_k(be, dt, kHeads * kCapacity * kHd),
+        cache_v(be, dt, kHeads * kCapacity * kHd),
+        normed(be, dt, kDim),
+        logits(be, dt, kN) {}
+
+  // The per-step outputs, in chain order.
+  std::vector<GuardedOutput*> step_outputs() { return {&x, &q, &normed, &logits}; }
+
+  DeviceTensor ids;
+  GuardedOutput x, q, cache_k, cache_v, normed, logits;
+};
+
+// The decode chain. With `host` it passes the real token / position as host
+// arguments (ids must hold the token); without, decoys that device-state mode
+// must ignore (null ids, position 0).
+void decode_chain(Backend& be, const Weights& w, DecodeBuffers& b, std::optional<DecodeStep> host) {
+  const std::size_t pos = host ? host->step : 0;
+  const Buffer null_ids;
+  be.embedding_lookup(w.table.view(), host ? b.ids.view() : null_ids, b.x.view(), 1, kDim);
+  // x is [1, heads, hd] token-major; q comes out [heads, 1, hd] head-major.
+  be.qk_norm_rope(b.x.view(), &w.qk_norm_w.view(), w.cos.view(), w.sin.view(), b.q.view(), 1, kHeads, kHd, pos, kEps,
+                  RopeMode::NormAndRope);
+  // K = the rotated q, V = the embedding ([1, 8*64] is [8, 1, 64] for one token).
+  be.kv_cache_append_head_major(b.cache_k.view(), b.cache_v.view(), pos, kCapacity, b.q.view(), b.x.view(), 1,
+                                kHeads, kHd);
+  be.rms_norm(b.x.view(), w.norm_w.view(), kEps, b.normed.view(), 1, kDim);
+  be.gemm(b.normed.view(), w.w_out.view(), b.logits.view(), 1, kN, kDim);
+}
+
+// Bytes of row `step` of every kv head of a cache.
+std::vector<std::uint8_t> cache_row(Backend& be, GuardedOutput& cache, std::size_t step) {
+  const std::size_t es = size_of(cache.dtype()), row = kHd * es;
+  std::vector<std::uint8_t> bytes(kHeads * row);
+  for (std::size_t h = 0; h < kHeads; ++h) {
+    be.read_bytes(cache.view(), bytes.data() + h * row, row, (h * kCapacity + step) * row);
+  }
+  return bytes;
+}
+
+class CudaGraphDecode : public CudaParamTest<DType> {};
+
+TEST_P(CudaGraphDecode, ReplayMatchesEagerBitwiseFor1000Steps) {
+  FERRUM_SEEDED_RNG(rng);
+  const DType dt = GetParam();
+  Backend& be = cuda();
+  const Weights w(be, rng, dt);
+  DecodeBuffers graph(be, dt), eager_state(be, dt), eager_host(be, dt);
+
+  be.reset_graph();
+  EXPECT_FALSE(be.replay_last_graph()) << "no graph is held after reset_graph()";
+  {
+    DeviceStateScope scope(be, true);
+    be.begin_graph_capture();
+    EXPECT_TRUE(be.is_capturing());
+    decode_chain(be, w, graph, std::nullopt);
+    be.end_graph_capture();
+  }
+  EXPECT_FALSE(be.is_capturing());
+  // Capturing records work; it must not have run any of it.
+  for (GuardedOutput* out : graph.step_outputs()) {
+    EXPECT_EQ(out->bytes(), std::vector<std::uint8_t>(out->need() * size_of(dt), kPoisonByte))
+        << "capture executed work";
+  }
+
+  const std::size_t es = size_of(dt);
+  std::size_t failed_steps = 0;
+  for (std::size_t step = 0; step < kSteps && failed_steps < 3; ++step) {
+    const DecodeStep s{rng.below(kVocab), static_cast<std::uint32_t>(step)};
+    SCOPED_TRACE(cat("step ", step, " token ", s.token));
+    be.set_decode_state(s.token, s.step);
+    ASSERT_TRUE(be.replay_last_graph());
+    {
+      DeviceStateScope scope(be, true);
+      decode_chain(be, w, eager_state, std::nullopt);
+    }
+    be.write(eager_host.ids.view(), std::vector<float>{static_cast<float>(s.token)});
+    decode_chain(be, w, eager_host, s);
+    be.synchronize();
+
+    const auto graph_outs = graph.step_outputs(), state_outs = eager_state.step_outputs(),
+               host_outs = eager_host.step_outputs();
+    const char* names[] = {"embedding", "qk_norm_rope", "rms_norm", "gemm"};
+    bool ok = true;
+    for (std::size_t i = 0; i < graph_outs.size(); ++i) {
+      SCOPED_TRACE(names[i]);
+      const std::vector<std::uint8_t> g = graph_outs[i]->bytes();
+      const auto a = bitwise_equal(g, state_outs[i]->bytes(), es);
+      const auto b = bitwise_equal(g, host_outs[i]->bytes(), es);
+      EXPECT_TRUE(a) << "graph replay vs eager device-state";
+      EXPECT_TRUE(b) << "graph replay vs eager host arguments";
+      ok = ok && a && b;
+    }
+    for (auto [name, member] : {std::pair{"cache_k", &DecodeBuffers::cache_k}, {"cache_v", &DecodeBuffers::cache_v}}) {
+      SCOPED_TRACE(cat(name, " row ", step));
+      const std::vector<std::uint8_t> g = cache_row(be, graph.*member, step);
+      const auto a = bitwise_equal(g, cache_row(be, eager_state.*member, step), es);
+      const auto b = bitwise_equal(g, cache_row(be, eager_host.*member, step), es);
+      EXPECT_TRUE(a) << "graph replay vs eager device-state";
+      EXPECT_TRUE(b) << "graph replay vs eager host arguments";
+      ok = ok && a && b;
+    }
+    if (!ok) ++failed_steps;
+  }
+  ASSERT_EQ(failed_steps, 0u) << "stopped after the first failing steps";
+
+  // Whole caches: identical across the three sets, and rows >= kSteps were
+  // never written (still poison).
+  for (auto member : {&DecodeBuffers::cache_k, &DecodeBuffers::cache_v}) {
+    const std::vector<std::uint8_t> g = (graph.*member).bytes();
+    EXPECT_TRUE(bitwise_equal(g, (eager_state.*member).bytes(), es));
+    EXPECT_TRUE(bitwise_equal(g, (eager_host.*member).bytes(), es));
+    for (std::size_t h = 0; h < kHeads; ++h) {
+      const auto first = g.begin() + static_cast<std::ptrdiff_t>((h * kCapacity + kSteps) * kHd * es);
+      const auto last = g.begin() + static_cast<std::ptrdiff_t>((h + 1) * kCapacity * kHd * es);
+      EXPECT_TRUE(std::all_of(first, last, [](std::uint8_t v) { return v == kPoisonByte; }))
+          << "kv head " << h << ": rows past the last step were written";
+    }
+  }
+  for (DecodeBuffers* set : {&graph, &eager_state, &eager_host}) {
+    for (GuardedOutput* out : set->step_outputs()) EXPECT_TRUE(out->check_guard());
+    EXPECT_TRUE(set->cache_k.check_guard());
+    EXPECT_TRUE(set->cache_v.check_guard());
+  }
+  be.reset_graph();
+  EXPECT_FALSE(be.replay_last_graph());
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, CudaGraphDecode, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
+
+// ── Capture errors ───────────────────────────────────────────────────────────
+
+class CudaGraphErrors : public CudaTest {
+ protected:
+  // Eager ops work and match the CPU; a new capture can be made and replayed.
+  void expect_backend_usable(Rng& rng) {
+    EXPECT_FALSE(cuda().is_capturing());
+    EXPECT_NO_THROW(cuda().synchronize());
+    const auto c = make_rms_norm_case(rng, DType::F16, 7, 769);
+    expect_same_outputs(run(cuda(), c), run(cpu(), c), Match::Close);
+    expect_capture_replays(rng);
+  }
+
+  // Captures add_inplace(acc, one) and replays it 3 times: acc == 3.
+  void expect_capture_replays(Rng&) {
+    Buffer acc = cuda().upload(std::vector<float>(100, 0.0f), DType::F16);
+    Buffer one = cuda().upload(std::vector<float>(100, 1.0f), DType::F16);
+    cuda().begin_graph_capture();
+    cuda().add_inplace(acc, one, 100);
+    cuda().end_graph_capture();
+    EXPECT_EQ(cuda().download(acc), std::vector<float>(100, 0.0f)) << "capture ran the op";
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(cuda().replay_last_graph());
+    EXPECT_EQ(cuda().download(acc), std::vector<float>(100, 3.0f));
+    cuda().reset_graph();
+  }
+
+  // Begins a capture with one op recorded, then runs `refused`, which must
+  // throw `code` naming `op` and end the capture.
+  void expect_refused_during_capture(ErrorCode code, std::string_view op, const std::function<void()>& refused,
+                                     std::source_location where = std::source_location::current()) {
+    SCOPED_TRACE(cat("refused during capture: ", op));
+    Buffer a = cuda().upload(std::vector<float>(64, 1.0f), DType::F16);
+    Buffer b = cuda().upload(std::vector<float>(64, 2.0f), DType::F16);
+    cuda().begin_graph_capture();
+    cuda().add_inplace(a, b, 64);
+    expect_error(code, op, refused, {}, where);
+    EXPECT_FALSE(cuda().is_capturing()) << "the capture must be ended by the error";
+    EXPECT_FALSE(cuda().replay_last_graph()) << "a half-recorded graph must never be kept for replay";
+    EXPECT_EQ(cuda().download(a), std::vector<float>(64, 1.0f)) << "the recorded op must not have run";
+  }
+};
+
+TEST_F(CudaGraphErrors, ReplayIsFalseWithoutAGraph) {
+  FERRUM_SEEDED_RNG(rng);
+  cuda().reset_graph();
+  EXPECT_FALSE(cuda().replay_last_graph());
+  EXPECT_NO_THROW(cuda().reset_graph());  // resetting nothing is fine
+  expect_capture_replays(rng);            // ends with reset_graph()
+  EXPECT_FALSE(cuda().replay_last_graph());
+}
+
+TEST_F(CudaGraphErrors, BadArgumentsDuringCapture) {
+  FERRUM_SEEDED_RNG(rng);
+  cuda().reset_graph();
+  Buffer x = cuda().upload(std::vector<float>(64, 1.0f), DType::F16);
+  Buffer w = cuda().upload(std::vector<float>(64, 1.0f), DType::F16);
+  Buffer out = cuda().alloc(DType::F16, 64);
+  Buffer wrong = cuda().alloc(DType::F32, 64);
+  expect_refused_during_capture(ErrorCode::InvalidArgument, "rms_norm",
+                                [&] { cuda().rms_norm(x, w, 1e-6f, out, 0, 64); });
+  expect_refused_during_capture(ErrorCode::ShapeMismatch, "rms_norm",
+                                [&] { cuda().rms_norm(x, w, 1e-6f, out, 2, 64); });
+  expect_refused_during_capture(ErrorCode::DTypeMismatch, "gemm", [&] { cuda().gemm(x, wrong, out, 1, 1, 64); });
+  expect_refused_during_capture(ErrorCode::NullBuffer, "add_inplace", [&] {
+    Buffer null;
+    cuda().add_inplace(null, x, 64);
+  });
+  expect_refused_during_capture(ErrorCode::CapacityExceeded, "kv_cache_append_head_major", [&] {
+    cuda().kv_cache_append_head_major(out, out, 1, 1, x, x, 1, 1, 64);  // cache_len 1 + 1 > capacity 1
+  });
+  expect_backend_usable(rng);
+}
+
+TEST_F(CudaGraphErrors, CallsNotAllowedDuringCapture) {
+  FERRUM_SEEDED_RNG(rng);
+  cuda().reset_graph();
+  Buffer buf = cuda().alloc(DType::F16, 64);
+  std::vector<std::uint8_t> host(128);
+  expect_refused_during_capture(ErrorCode::GraphCapture, "synchronize", [&] { cuda().synchronize(); });
+  expect_refused_during_capture(ErrorCode::GraphCapture, "alloc", [&] { (void)cuda().alloc(DType::F16, 8); });
+  expect_refused_during_capture(ErrorCode::GraphCapture, "write",
+                                [&] { cuda().write(buf, std::vector<float>(4, 1.0f)); });
+  expect_refused_during_capture(ErrorCode::GraphCapture, "write_bytes",
+                                [&] { cuda().write_bytes(buf, host.data(), 8); });
+  expect_refused_during_capture(ErrorCode::GraphCapture, "download", [&] { (void)cuda().download(buf); });
+  expect_refused_during_capture(ErrorCode::GraphCapture, "read_bytes",
+                                [&] { cuda().read_bytes(buf, host.data(), 8); });
+  expect_refused_during_capture(ErrorCode::GraphCapture, "set_decode_state", [&] { cuda().set_decode_state(1, 1); });
+  expect_refused_during_capture(ErrorCode::GraphCapture, "begin_graph_capture", [&] { cuda().begin_graph_capture(); });
+  expect_refused_during_capture(ErrorCode::GraphCapture, "replay_last_graph", [&] { (void)cuda().replay_last_graph(); });
+  expect_refused_during_capture(ErrorCode::GraphCapture, "reset_graph", [&] { cuda().reset_graph(); });
+  expect_refused_during_capture(ErrorCode::GraphCapture, "load_gptq", [&] { (void)cuda().load_gptq({}); });
+  expect_backend_usable(rng);
+}
+
+TEST_F(CudaGraphErrors, FailedCaptureKeepsNoStaleGraph) {
+  // A graph held from an earlier capture, then a capture that fails: replay
+  // must not run the half-recorded one. (Whether the earlier graph survives
+  // is the backend's choice; either way the stream stays usable.)
+  FERRUM_SEEDED_RNG(rng);
+  Buffer acc = cuda().upload(std::vector<float>(16, 0.0f), DType::F16);
+  Buffer one = cuda().upload(std::vector<float>(16, 1.0f), DType::F16);
+  cuda().begin_graph_capture();
+  cuda().add_inplace(acc, one, 16);
+  cuda().end_graph_capture();
+  Buffer other_acc = cuda().upload(std::vector<float>(16, 0.0f), DType::F16);
+  cuda().begin_graph_capture();
+  cuda().add_inplace(other_acc, one, 16);
+  expect_error(ErrorCode::InvalidArgument, "add_inplace", [&] { cuda().add_inplace(other_acc, one, 0); });
+  EXPECT_FALSE(cuda().is_capturing());
+  if (cuda().replay_last_graph()) {
+    cuda().synchronize();
+    EXPECT_EQ(cuda().download(acc), std::vector<float>(16, 1.0f)) << "the replayed graph must be the earlier one";
+  }
+  EXPECT_EQ(cuda().download(other_acc), std::vector<float>(16, 0.0f)) << "the abandoned capture must never run";
+  cuda().reset_graph();
+  expect_backend_usable(rng);
+}
+
+}  // namespace
+}  // namespace ferrum::test

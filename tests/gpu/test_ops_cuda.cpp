@@ -1,0 +1,362 @@
+// Every op on CudaBackend against CpuBackend (the oracle): fresh random
+// inputs (seed in every failure), f16 and bf16, the odd-size sweeps of
+// support/op_runners.hpp, poisoned outputs with guard regions on BOTH
+// backends. Memory-bound ops also run on views that start one element into
+// their buffers (2-byte aligned, never 16-byte aligned), so vectorized paths
+// must fall back. Device-state variants set the same decode state on both
+// backends. Bad device-side values must surface as DeviceCheck at
+// synchronize(), and the backend must keep working afterwards.
+//
+// Skipped (GTEST_SKIP) when no CUDA device is visible.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <initializer_list>
+#include <vector>
+
+#include "support/op_runners.hpp"
+#include "support/test_support.hpp"
+
+namespace ferrum::test {
+namespace {
+
+// Runs `c` once on the CPU and on CUDA with every lead in `leads` (the same
+// CPU result serves all: the oracle ignores alignment), comparing each.
+template <class Case>
+void expect_cuda_matches_cpu(Backend& cuda, Backend& cpu, const Case& c, Match match,
+                             std::initializer_list<std::size_t> leads, double scale = op_scale::kUnit,
+                             std::initializer_list<std::string_view> exact_outputs = {},
+                             const RunOptions& base = {}) {
+  SCOPED_TRACE(describe(c));
+  const OpResult want = run(cpu, c, base);
+  for (std::size_t lead : leads) {
+    RunOptions o = base;
+    o.lead = lead;
+    SCOPED_TRACE(describe(o));
+    expect_same_outputs(run(cuda, c, o), want, match, scale, exact_outputs);
+  }
+}
+
+constexpr std::initializer_list<std::size_t> kAlignedAndNot = {0, 1};
+
+// ── Row ops: dtype x tokens {1,7,83,4096} x dim {8,769,4096,5120} ────────────
+
+class CudaRowOps : public CudaParamTest<RowParam> {
+ protected:
+  DType dt() const { return std::get<0>(GetParam()); }
+  std::size_t tokens() const { return std::get<1>(GetParam()); }
+  std::size_t dim() const { return std::get<2>(GetParam()); }
+  std::size_t dim_index() const {
+    return static_cast<std::size_t>(std::find(std::begin(kSweepDims), std::end(kSweepDims), dim()) -
+                                    std::begin(kSweepDims));
+  }
+};
+
+TEST_P(CudaRowOps, RmsNorm) {
+  FERRUM_SEEDED_RNG(rng);
+  expect_cuda_matches_cpu(cuda(), cpu(), make_rms_norm_case(rng, dt(), tokens(), dim()), Match::Close, kAlignedAndNot);
+}
+
+TEST_P(CudaRowOps, FusedAddRmsNorm) {
+  FERRUM_SEEDED_RNG(rng);
+  expect_cuda_matches_cpu(cuda(), cpu(), make_fused_add_rms_norm_case(rng, dt(), tokens(), dim()), Match::Close,
+                          kAlignedAndNot, op_scale::kUnit, {"residual"});
+}
+
+TEST_P(CudaRowOps, LayerNorm) {
+  FERRUM_SEEDED_RNG(rng);
+  expect_cuda_matches_cpu(cuda(), cpu(), make_layer_norm_case(rng, dt(), tokens(), dim()), Match::Close,
+                          kAlignedAndNot);
+}
+
+TEST_P(CudaRowOps, GeluErf) {
+  FERRUM_SEEDED_RNG(rng);
+  expect_cuda_matches_cpu(cuda(), cpu(), make_gelu_case(rng, dt(), tokens() * dim(), GeluApproximation::Erf),
+                          Match::Close, kAlignedAndNot);
+}
+
+TEST_P(CudaRowOps, GeluTanh) {
+  FERRUM_SEEDED_RNG(rng);
+  expect_cuda_matches_cpu(cuda(), cpu(), make_gelu_case(rng, dt(), tokens() * dim(), GeluApproximation::Tanh),
+                          Match::Close, kAlignedAndNot);
+}
+
+TEST_P(CudaRowOps, AddBias) {
+  FERRUM_SEEDED_RNG(rng);
+  expect_cuda_matches_cpu(cuda(), cpu(), make_add_bias_case(rng, dt(), tokens(), dim()), Match::Exact, kAlignedAndNot);
+}
+
+TEST_P(CudaRowOps, AddInplace) {
+  FERRUM_SEEDED_RNG(rng);
+  expect_cuda_matches_cpu(cuda(), cpu(), make_add_inplace_case(rng, dt(), tokens() * dim()), Match::Exact,
+                          kAlignedAndNot);
+}
+
+TEST_P(CudaRowOps, EmbeddingLookup) {
+  FERRUM_SEEDED_RNG(rng);
+  expect_cuda_matches_cpu(cuda(), cpu(), make_embedding_case(rng, dt(), tokens(), dim(), kEmbeddingVocab),
+                          Match::Exact, kAlignedAndNot);
+}
+
+TEST_P(CudaRowOps, SplitQkv) {
+  FERRUM_SEEDED_RNG(rng);
+  expect_cuda_matches_cpu(cuda(), cpu(), make_split_qkv_case(rng, dt(), tokens(), dim(), kv_dim_for(dim())),
+                          Match::Exact, kAlignedAndNot);
+}
+
+TEST_P(CudaRowOps, FusedSiluMulSplit) {
+  FERRUM_SEEDED_RNG(rng);
+  expect_cuda_matches_cpu(cuda(), cpu(), make_silu_mul_case(rng, dt(), tokens(), dim()), Match::Close,
+                          kAlignedAndNot);
+}
+
+TEST_P(CudaRowOps, TransposeHeadToToken) {
+  FERRUM_SEEDED_RNG(rng);
+  const auto [heads, head_dim] = transpose_shape_for(dim_index());
+  expect_cuda_matches_cpu(cuda(), cpu(), make_transpose_case(rng, dt(), tokens(), heads, head_dim), Match::Exact,
+                          kAlignedAndNot);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, CudaRowOps, ::testing::ValuesIn(all_row_params()), row_param_name);
+
+// ── Ops with hand-picked size lists ──────────────────────────────────────────
+
+class CudaCaseOps : public CudaParamTest<DTypeCaseParam> {
+ protected:
+  DType dt() const { return std::get<0>(GetParam()); }
+  std::size_t index() const { return std::get<1>(GetParam()); }
+};
+
+class CudaGemm : public CudaCaseOps {};
+TEST_P(CudaGemm, MatchesCpu) {
+  FERRUM_SEEDED_RNG(rng);
+  const GemmShape s = gemm_shapes()[index()];
+  expect_cuda_matches_cpu(cuda(), cpu(), make_gemm_case(rng, dt(), s.m, s.n, s.k), Match::Close, {0},
+                          op_scale::gemm(s.k));
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaGemm, ::testing::ValuesIn(dtype_case_params(gemm_shapes().size())),
+                         dtype_case_param_name);
+
+class CudaQkNormRope : public CudaCaseOps {};
+TEST_P(CudaQkNormRope, MatchesCpu) {
+  FERRUM_SEEDED_RNG(rng);
+  const RopeSpec s = rope_specs()[index()];
+  expect_cuda_matches_cpu(cuda(), cpu(),
+                          make_qk_norm_rope_case(rng, dt(), s.tokens, s.heads, s.head_dim, s.pos_offset, s.mode, s.theta),
+                          Match::Close, kAlignedAndNot);
+}
+INSTANTIATE_TEST_SUITE_P(Specs, CudaQkNormRope, ::testing::ValuesIn(dtype_case_params(rope_specs().size())),
+                         dtype_case_param_name);
+
+class CudaKvAppend : public CudaCaseOps {};
+TEST_P(CudaKvAppend, MatchesCpu) {
+  FERRUM_SEEDED_RNG(rng);
+  const KvAppendSpec s = kv_append_specs()[index()];
+  expect_cuda_matches_cpu(cuda(), cpu(), make_kv_append_case(rng, dt(), s.nkv, s.capacity, s.hd, s.cache_len, s.new_tokens),
+                          Match::Exact, kAlignedAndNot);
+}
+INSTANTIATE_TEST_SUITE_P(Specs, CudaKvAppend, ::testing::ValuesIn(dtype_case_params(kv_append_specs().size())),
+                         dtype_case_param_name);
+
+class CudaFlashAttention : public CudaCaseOps {
+ protected:
+  void SetUp() override {
+    CudaCaseOps::SetUp();
+    if (IsSkipped()) return;
+    if (!cuda().supports(Op::FlashAttention)) {
+      // Consistent with supports(): the op is refused, not silently wrong.
+      AttnConfig cfg;
+      cfg.num_heads = cfg.num_kv_heads = 1;
+      cfg.head_dim = 64;
+      Rng rng(1);
+      const auto c = make_flash_case(rng, DType::F16, 1, 1, 1, 0, cfg);
+      expect_error(ErrorCode::Unsupported, "flash_attention", [&] { run(cuda(), c); });
+      GTEST_SKIP() << "CudaBackend::supports(Op::FlashAttention) is false: no CUDA attention kernel to compare yet";
+    }
+  }
+};
+TEST_P(CudaFlashAttention, MatchesCpu) {
+  FERRUM_SEEDED_RNG(rng);
+  const FlashSpec s = flash_specs()[index()];
+  expect_cuda_matches_cpu(cuda(), cpu(), make_flash_case(rng, dt(), s.batch, s.q_len, s.kv_len, s.pos_offset, s.cfg),
+                          Match::Close, {0});
+}
+INSTANTIATE_TEST_SUITE_P(Specs, CudaFlashAttention, ::testing::ValuesIn(dtype_case_params(flash_specs().size())),
+                         dtype_case_param_name);
+
+class CudaCopySlice : public CudaParamTest<std::size_t> {};
+TEST_P(CudaCopySlice, MatchesCpu) {
+  FERRUM_SEEDED_RNG(rng);
+  const CopySliceSpec s = copy_slice_specs()[GetParam()];
+  expect_cuda_matches_cpu(cuda(), cpu(),
+                          make_copy_slice_case(rng, s.dtype, s.src_size, s.src_offset, s.dst_size, s.dst_offset, s.len),
+                          Match::Exact, kAlignedAndNot);
+}
+INSTANTIATE_TEST_SUITE_P(Specs, CudaCopySlice, ::testing::Range<std::size_t>(0, copy_slice_specs().size()));
+
+class CudaUnaligned : public CudaParamTest<DType> {};
+TEST_P(CudaUnaligned, Gemm) {
+  // cuBLAS on operands that start 2 bytes past an allocation's alignment.
+  FERRUM_SEEDED_RNG(rng);
+  for (const GemmShape s : {GemmShape{7, 769, 769}, GemmShape{83, 4096, 512}, GemmShape{1, 5120, 4096}}) {
+    expect_cuda_matches_cpu(cuda(), cpu(), make_gemm_case(rng, GetParam(), s.m, s.n, s.k), Match::Close, {1, 3},
+                            op_scale::gemm(s.k));
+  }
+}
+INSTANTIATE_TEST_SUITE_P(DTypes, CudaUnaligned, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
+
+// ── Device-state mode: the same decode state on both backends ────────────────
+
+class CudaDeviceState : public CudaParamTest<DType> {
+ protected:
+  DType dt() const { return GetParam(); }
+};
+
+TEST_P(CudaDeviceState, EmbeddingLookup) {
+  FERRUM_SEEDED_RNG(rng);
+  for (bool null_ids : {false, true}) {
+    for (std::size_t dim : {8, 769, 4096}) {
+      auto c = make_embedding_case(rng, dt(), 1, dim, kEmbeddingVocab);
+      c.null_ids = null_ids;
+      const RunOptions o{0, DecodeStep{rng.below(kEmbeddingVocab), rng.below(4096)}};
+      expect_cuda_matches_cpu(cuda(), cpu(), c, Match::Exact, kAlignedAndNot, op_scale::kUnit, {}, o);
+    }
+  }
+}
+
+TEST_P(CudaDeviceState, QkNormRope) {
+  FERRUM_SEEDED_RNG(rng);
+  for (std::size_t hd : {64, 128, 256}) {
+    for (RopeMode mode : {RopeMode::NormAndRope, RopeMode::RopeOnly}) {
+      const auto c = make_qk_norm_rope_case(rng, dt(), 1, 8, hd, 0, mode, kRopeTheta1M, 4096);
+      for (std::uint32_t step : {0u, 1u + rng.below(4000), static_cast<std::uint32_t>(c.tables.max_pos - 1)}) {
+        expect_cuda_matches_cpu(cuda(), cpu(), c, Match::Close, kAlignedAndNot, op_scale::kUnit, {},
+                                RunOptions{0, DecodeStep{0, step}});
+      }
+    }
+  }
+}
+
+TEST_P(CudaDeviceState, KvAppend) {
+  FERRUM_SEEDED_RNG(rng);
+  for (std::size_t hd : {64, 128, 256}) {
+    const auto c = make_kv_append_case(rng, dt(), 8, 1024, hd, 0, 1);
+    for (std::uint32_t step : {0u, 1u + rng.below(1022), 1023u}) {
+      expect_cuda_matches_cpu(cuda(), cpu(), c, Match::Exact, kAlignedAndNot, op_scale::kUnit, {},
+                              RunOptions{0, DecodeStep{0, step}});
+    }
+  }
+}
+
+TEST_P(CudaDeviceState, FlashAttentionDecode) {
+  if (!cuda().supports(Op::FlashAttention)) {
+    GTEST_SKIP() << "CudaBackend::supports(Op::FlashAttention) is false: no CUDA attention kernel to compare yet";
+  }
+  FERRUM_SEEDED_RNG(rng);
+  constexpr std::size_t kStride = 1024;
+  for (const auto& [nh, nkv] : {std::pair<std::size_t, std::size_t>{8, 8}, {32, 8}, {16, 2}}) {
+    AttnConfig cfg;
+    cfg.num_heads = nh;
+    cfg.num_kv_heads = nkv;
+    cfg.head_dim = 128;
+    cfg.kv_seq_stride = kStride;
+    for (std::uint32_t step : {0u, 6u, 128u + rng.below(800), static_cast<std::uint32_t>(kStride - 1)}) {
+      const auto c = make_flash_case(rng, dt(), 1, 1, 1, 0, cfg, step + 1);
+      expect_cuda_matches_cpu(cuda(), cpu(), c, Match::Close, {0}, op_scale::kUnit, {},
+                              RunOptions{0, DecodeStep{0, step}});
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, CudaDeviceState, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
+
+// ── Bad device-side values: DeviceCheck at synchronize(), then business as usual ──
+
+class CudaDeviceCheck : public CudaTest {
+ protected:
+  // After a reported DeviceCheck: the error is not reported twice and ops
+  // still give the CPU's results.
+  void expect_backend_still_works(Rng& rng) {
+    EXPECT_NO_THROW(cuda().synchronize()) << "the device error must be reported once";
+    expect_cuda_matches_cpu(cuda(), cpu(), make_rms_norm_case(rng, DType::F16, 7, 769), Match::Close, {0});
+    expect_cuda_matches_cpu(cuda(), cpu(), make_embedding_case(rng, DType::BF16, 7, 769, kEmbeddingVocab),
+                            Match::Exact, {0});
+  }
+};
+
+TEST_F(CudaDeviceCheck, OutOfRangeDecodeStateToken) {
+  FERRUM_SEEDED_RNG(rng);
+  const auto c = make_embedding_case(rng, DType::F16, 1, 64, kEmbeddingVocab);
+  const DeviceTensor table(cuda(), c.table);
+  for (std::uint32_t bad : {static_cast<std::uint32_t>(kEmbeddingVocab), 0x7fffffffu}) {
+    SCOPED_TRACE(cat("token ", bad));
+    GuardedOutput out(cuda(), DType::F16, 64);
+    {
+      DeviceStateScope scope(cuda(), true);
+      cuda().set_decode_state(bad, 0);
+      EXPECT_NO_THROW(cuda().embedding_lookup(table.view(), Buffer{}, out.view(), 1, 64))
+          << "the bad id is a device-side value: reported at synchronize(), not at the call";
+    }
+    expect_error(ErrorCode::DeviceCheck, "embedding_lookup", [&] { cuda().synchronize(); });
+    EXPECT_TRUE(out.check_guard());
+    expect_backend_still_works(rng);
+  }
+}
+
+TEST_F(CudaDeviceCheck, OutOfRangeIdInBuffer) {
+  FERRUM_SEEDED_RNG(rng);
+  auto c = make_embedding_case(rng, DType::BF16, 7, 64, kEmbeddingVocab);
+  for (float bad : {static_cast<float>(kEmbeddingVocab), -1.0f}) {
+    c.ids.values[4] = bad;
+    SCOPED_TRACE(cat("ids[4] = ", bad));
+    const DeviceTensor table(cuda(), c.table), ids(cuda(), c.ids);
+    GuardedOutput out(cuda(), DType::BF16, 7 * 64);
+    EXPECT_NO_THROW(cuda().embedding_lookup(table.view(), ids.view(), out.view(), 7, 64));
+    expect_error(ErrorCode::DeviceCheck, "embedding_lookup", [&] { cuda().synchronize(); });
+    EXPECT_TRUE(out.check_guard());
+    expect_backend_still_works(rng);
+  }
+}
+
+TEST_F(CudaDeviceCheck, DecodeStatePositionPastRopeTable) {
+  FERRUM_SEEDED_RNG(rng);
+  const auto c = make_qk_norm_rope_case(rng, DType::F16, 1, 8, 128, 0, RopeMode::NormAndRope, kRopeTheta10k, 20);
+  const DeviceTensor input(cuda(), c.input), norm_w(cuda(), c.norm_w), cos(cuda(), c.tables.cos),
+      sin(cuda(), c.tables.sin);
+  GuardedOutput out(cuda(), DType::F16, 8 * 128);
+  {
+    DeviceStateScope scope(cuda(), true);
+    cuda().set_decode_state(0, static_cast<std::uint32_t>(c.tables.max_pos));
+    EXPECT_NO_THROW(cuda().qk_norm_rope(input.view(), &norm_w.view(), cos.view(), sin.view(), out.view(), 1, 8, 128,
+                                        0, c.eps, c.mode));
+  }
+  expect_error(ErrorCode::DeviceCheck, "qk_norm_rope", [&] { cuda().synchronize(); });
+  EXPECT_TRUE(out.check_guard());
+  expect_backend_still_works(rng);
+}
+
+TEST_F(CudaDeviceCheck, DecodeStatePositionPastKvCapacity) {
+  FERRUM_SEEDED_RNG(rng);
+  const auto c = make_kv_append_case(rng, DType::BF16, 4, 64, 128, 0, 1);
+  GuardedOutput cache_k(cuda(), c.cache_k), cache_v(cuda(), c.cache_v);
+  const DeviceTensor new_k(cuda(), c.new_k), new_v(cuda(), c.new_v);
+  for (std::uint32_t step : {64u, 65u, 100000u}) {
+    SCOPED_TRACE(cat("step ", step, " capacity 64"));
+    {
+      DeviceStateScope scope(cuda(), true);
+      cuda().set_decode_state(0, step);
+      EXPECT_NO_THROW(
+          cuda().kv_cache_append_head_major(cache_k.view(), cache_v.view(), 0, 64, new_k.view(), new_v.view(), 1, 4, 128));
+    }
+    expect_error(ErrorCode::DeviceCheck, "kv_cache_append_head_major", [&] { cuda().synchronize(); });
+    // Nothing written: not past the capacity (guards) and not inside the cache.
+    EXPECT_TRUE(cache_k.check_guard());
+    EXPECT_TRUE(cache_v.check_guard());
+    EXPECT_TRUE(bitwise_equal(cache_k.bytes(), encode_bytes(c.cache_k), 2));
+    EXPECT_TRUE(bitwise_equal(cache_v.bytes(), encode_bytes(c.cache_v), 2));
+    expect_backend_still_works(rng);
+  }
+}
+
+}  // namespace
+}  // namespace ferrum::test
