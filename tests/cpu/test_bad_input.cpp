@@ -175,6 +175,10 @@ TEST_P(BadInput, QkNormRopeDomain) {
   expect_call_error(Op::QkNormRope, ErrorCode::InvalidArgument, "'mode'",
                     [](OpArgs& a) { a.mode = static_cast<RopeMode>(9); });
   expect_call_error(Op::QkNormRope, ErrorCode::NullBuffer, "'norm_w'", [](OpArgs& a) { a.null_norm_w = true; });
+  expect_call_error(Op::QkNormRope, ErrorCode::ShapeMismatch, "'cos'", [](OpArgs& a) {
+    a.shrink("cos", 3);  // less than one row of head_dim / 2 = 4, in both tables
+    a.shrink("sin", 3);
+  });
   // RopeOnly reads neither norm_w nor eps.
   {
     OpArgs a = make_args(backend(), op_spec(Op::QkNormRope));

@@ -237,7 +237,7 @@ std::vector<double> ref_flash(const FlashCase& c, const RunOptions& o) {
   return out;
 }
 
-// ── Checks ───────────────────────────────────────────────────────────────────
+// ── Checks: run on the CPU, compare with the fp64 reference ─────────────────
 
 void expect_exact(const OpResult& r, std::string_view name, const HostTensor& want) {
   SCOPED_TRACE(cat("output '", name, "' (bitwise)"));
@@ -251,119 +251,187 @@ void expect_close(const OpResult& r, std::string_view name, const std::vector<do
   EXPECT_TRUE(all_close(out.values, ref, out.dtype, scale));
 }
 
+// Runs the case (poisoned, guarded outputs) and checks guards; the caller
+// checks the outputs.
+template <class Case>
+OpResult checked_run(Backend& cpu, const Case& c, const RunOptions& o) {
+  SCOPED_TRACE(describe(o));
+  OpResult r = run(cpu, c, o);
+  EXPECT_TRUE(r.guards_ok());
+  return r;
+}
+
+// verify(cpu, case[, options]): one per op.
+void verify(Backend& cpu, const RmsNormCase& c, const RunOptions& o = {}) {
+  SCOPED_TRACE(describe(c));
+  expect_close(checked_run(cpu, c, o), "out", ref_rms_norm(c));
+}
+void verify(Backend& cpu, const FusedAddRmsNormCase& c, const RunOptions& o = {}) {
+  SCOPED_TRACE(describe(c));
+  const OpResult r = checked_run(cpu, c, o);
+  const FusedRef ref = ref_fused_add_rms_norm(c);
+  expect_exact(r, "residual", ref.residual);
+  expect_close(r, "out", ref.out);
+}
+void verify(Backend& cpu, const LayerNormCase& c, const RunOptions& o = {}) {
+  SCOPED_TRACE(describe(c));
+  expect_close(checked_run(cpu, c, o), "out", ref_layer_norm(c));
+}
+void verify(Backend& cpu, const GeluCase& c, const RunOptions& o = {}) {
+  SCOPED_TRACE(describe(c));
+  expect_close(checked_run(cpu, c, o), "out", ref_gelu(c));
+}
+void verify(Backend& cpu, const AddBiasCase& c, const RunOptions& o = {}) {
+  SCOPED_TRACE(describe(c));
+  expect_exact(checked_run(cpu, c, o), "data",
+               ref_rounded_sum(c.data, [&](std::size_t i) { return c.bias.values[i % c.cols]; }));
+}
+void verify(Backend& cpu, const AddInplaceCase& c, const RunOptions& o = {}) {
+  SCOPED_TRACE(describe(c));
+  expect_exact(checked_run(cpu, c, o), "residual",
+               ref_rounded_sum(c.residual, [&](std::size_t i) { return c.x.values[i]; }));
+}
+void verify(Backend& cpu, const GemmCase& c, const RunOptions& o = {}) {
+  SCOPED_TRACE(describe(c));
+  expect_close(checked_run(cpu, c, o), "out", ref_gemm(c), op_scale::gemm(c.k));
+}
+void verify(Backend& cpu, const EmbeddingCase& c, const RunOptions& o = {}) {
+  SCOPED_TRACE(describe(c));
+  expect_exact(checked_run(cpu, c, o), "out", ref_embedding(c, o));
+}
+void verify(Backend& cpu, const SplitQkvCase& c, const RunOptions& o = {}) {
+  SCOPED_TRACE(describe(c));
+  const OpResult r = checked_run(cpu, c, o);
+  const std::size_t row = c.q_dim + 2 * c.kv_dim;
+  expect_exact(r, "q", ref_columns(c.qkv, c.tokens, row, 0, c.q_dim));
+  expect_exact(r, "k", ref_columns(c.qkv, c.tokens, row, c.q_dim, c.kv_dim));
+  expect_exact(r, "v", ref_columns(c.qkv, c.tokens, row, c.q_dim + c.kv_dim, c.kv_dim));
+}
+void verify(Backend& cpu, const SiluMulCase& c, const RunOptions& o = {}) {
+  SCOPED_TRACE(describe(c));
+  expect_close(checked_run(cpu, c, o), "out", ref_silu_mul(c));
+}
+void verify(Backend& cpu, const QkNormRopeCase& c, const RunOptions& o = {}) {
+  SCOPED_TRACE(describe(c));
+  expect_close(checked_run(cpu, c, o), "out", ref_qk_norm_rope(c, o));
+}
+void verify(Backend& cpu, const KvAppendCase& c, const RunOptions& o = {}) {
+  SCOPED_TRACE(describe(c));
+  const OpResult r = checked_run(cpu, c, o);
+  const auto [k, v] = ref_kv_append(c, o);
+  expect_exact(r, "cache_k", k);
+  expect_exact(r, "cache_v", v);
+}
+void verify(Backend& cpu, const TransposeCase& c, const RunOptions& o = {}) {
+  SCOPED_TRACE(describe(c));
+  expect_exact(checked_run(cpu, c, o), "out", ref_transpose(c));
+}
+void verify(Backend& cpu, const CopySliceCase& c, const RunOptions& o = {}) {
+  SCOPED_TRACE(describe(c));
+  HostTensor want = c.dst;
+  std::copy_n(c.src.values.begin() + static_cast<std::ptrdiff_t>(c.src_offset), c.len,
+              want.values.begin() + static_cast<std::ptrdiff_t>(c.dst_offset));
+  expect_exact(checked_run(cpu, c, o), "dst", want);
+}
+void verify(Backend& cpu, const FlashCase& c, const RunOptions& o = {}) {
+  SCOPED_TRACE(describe(c));
+  expect_close(checked_run(cpu, c, o), "out", ref_flash(c, o));
+}
+
+// Every state case at every one of its steps.
+template <class Case>
+void verify_state_cases(Backend& cpu, const std::vector<StateCase<Case>>& cases) {
+  for (const StateCase<Case>& sc : cases) {
+    for (const DecodeStep& step : sc.steps) verify(cpu, sc.c, RunOptions{0, step});
+  }
+}
+
 // ── Row ops: dtype x tokens {1,7,83,4096} x dim {8,769,4096,5120} ────────────
 
-class CpuRowOps : public ::testing::TestWithParam<RowParam> {
+class CpuRowOps : public RowParamTest<::testing::TestWithParam<RowParam>> {
  protected:
-  DType dt() const { return std::get<0>(GetParam()); }
-  std::size_t tokens() const { return std::get<1>(GetParam()); }
-  std::size_t dim() const { return std::get<2>(GetParam()); }
-  std::size_t dim_index() const {
-    return static_cast<std::size_t>(std::find(std::begin(kSweepDims), std::end(kSweepDims), dim()) -
-                                    std::begin(kSweepDims));
-  }
   CpuBackend cpu_;
 };
 
 TEST_P(CpuRowOps, RmsNorm) {
   FERRUM_SEEDED_RNG(rng);
-  const auto c = make_rms_norm_case(rng, dt(), tokens(), dim());
-  const OpResult r = run(cpu_, c);
-  EXPECT_TRUE(r.guards_ok());
-  expect_close(r, "out", ref_rms_norm(c));
+  verify(cpu_, make_rms_norm_case(rng, dt(), tokens(), dim()));
 }
 
 TEST_P(CpuRowOps, FusedAddRmsNorm) {
   FERRUM_SEEDED_RNG(rng);
-  const auto c = make_fused_add_rms_norm_case(rng, dt(), tokens(), dim());
-  const OpResult r = run(cpu_, c);
-  EXPECT_TRUE(r.guards_ok());
-  const FusedRef ref = ref_fused_add_rms_norm(c);
-  expect_exact(r, "residual", ref.residual);
-  expect_close(r, "out", ref.out);
+  verify(cpu_, make_fused_add_rms_norm_case(rng, dt(), tokens(), dim()));
 }
 
 TEST_P(CpuRowOps, LayerNorm) {
   FERRUM_SEEDED_RNG(rng);
-  const auto c = make_layer_norm_case(rng, dt(), tokens(), dim());
-  const OpResult r = run(cpu_, c);
-  EXPECT_TRUE(r.guards_ok());
-  expect_close(r, "out", ref_layer_norm(c));
+  verify(cpu_, make_layer_norm_case(rng, dt(), tokens(), dim()));
 }
 
 TEST_P(CpuRowOps, Gelu) {
   FERRUM_SEEDED_RNG(rng);
-  for (GeluApproximation approx : {GeluApproximation::Erf, GeluApproximation::Tanh}) {
-    const auto c = make_gelu_case(rng, dt(), tokens() * dim(), approx);
-    SCOPED_TRACE(describe(c));
-    const OpResult r = run(cpu_, c);
-    EXPECT_TRUE(r.guards_ok());
-    expect_close(r, "out", ref_gelu(c));
-  }
+  verify(cpu_, make_gelu_case(rng, dt(), tokens() * dim(), GeluApproximation::Erf));
+  verify(cpu_, make_gelu_case(rng, dt(), tokens() * dim(), GeluApproximation::Tanh));
 }
 
 TEST_P(CpuRowOps, AddBias) {
   FERRUM_SEEDED_RNG(rng);
-  const auto c = make_add_bias_case(rng, dt(), tokens(), dim());
-  const OpResult r = run(cpu_, c);
-  EXPECT_TRUE(r.guards_ok());
-  expect_exact(r, "data", ref_rounded_sum(c.data, [&](std::size_t i) { return c.bias.values[i % c.cols]; }));
+  verify(cpu_, make_add_bias_case(rng, dt(), tokens(), dim()));
 }
 
 TEST_P(CpuRowOps, AddInplace) {
   FERRUM_SEEDED_RNG(rng);
-  const auto c = make_add_inplace_case(rng, dt(), tokens() * dim());
-  const OpResult r = run(cpu_, c);
-  EXPECT_TRUE(r.guards_ok());
-  expect_exact(r, "residual", ref_rounded_sum(c.residual, [&](std::size_t i) { return c.x.values[i]; }));
+  verify(cpu_, make_add_inplace_case(rng, dt(), tokens() * dim()));
 }
 
 TEST_P(CpuRowOps, EmbeddingLookup) {
   FERRUM_SEEDED_RNG(rng);
-  const auto c = make_embedding_case(rng, dt(), tokens(), dim(), kEmbeddingVocab);
-  const OpResult r = run(cpu_, c);
-  EXPECT_TRUE(r.guards_ok());
-  expect_exact(r, "out", ref_embedding(c, {}));
+  verify(cpu_, make_embedding_case(rng, dt(), tokens(), dim(), kEmbeddingVocab));
 }
 
 TEST_P(CpuRowOps, SplitQkv) {
   FERRUM_SEEDED_RNG(rng);
-  const std::size_t kv = kv_dim_for(dim());
-  const auto c = make_split_qkv_case(rng, dt(), tokens(), dim(), kv);
-  const OpResult r = run(cpu_, c);
-  EXPECT_TRUE(r.guards_ok());
-  const std::size_t row = dim() + 2 * kv;
-  expect_exact(r, "q", ref_columns(c.qkv, tokens(), row, 0, dim()));
-  expect_exact(r, "k", ref_columns(c.qkv, tokens(), row, dim(), kv));
-  expect_exact(r, "v", ref_columns(c.qkv, tokens(), row, dim() + kv, kv));
+  verify(cpu_, make_split_qkv_case(rng, dt(), tokens(), dim(), kv_dim_for(dim())));
 }
 
 TEST_P(CpuRowOps, FusedSiluMulSplit) {
   FERRUM_SEEDED_RNG(rng);
-  const auto c = make_silu_mul_case(rng, dt(), tokens(), dim());
-  const OpResult r = run(cpu_, c);
-  EXPECT_TRUE(r.guards_ok());
-  expect_close(r, "out", ref_silu_mul(c));
+  verify(cpu_, make_silu_mul_case(rng, dt(), tokens(), dim()));
 }
 
 TEST_P(CpuRowOps, TransposeHeadToToken) {
   FERRUM_SEEDED_RNG(rng);
   const auto [heads, head_dim] = transpose_shape_for(dim_index());
-  const auto c = make_transpose_case(rng, dt(), tokens(), heads, head_dim);
-  SCOPED_TRACE(describe(c));
-  const OpResult r = run(cpu_, c);
-  EXPECT_TRUE(r.guards_ok());
-  expect_exact(r, "out", ref_transpose(c));
+  verify(cpu_, make_transpose_case(rng, dt(), tokens(), heads, head_dim));
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, CpuRowOps, ::testing::ValuesIn(all_row_params()), row_param_name);
 
+// ── Eps-dominated norms: eps comparable to mean(x²) / the variance ───────────
+
+class CpuDTypeTest : public ::testing::TestWithParam<DType> {
+ protected:
+  DType dt() const { return GetParam(); }
+  CpuBackend cpu_;
+};
+
+class CpuSmallNorms : public CpuDTypeTest {};
+TEST_P(CpuSmallNorms, EpsMatters) {
+  FERRUM_SEEDED_RNG(rng);
+  for (const auto& [tokens, dim] : kSmallNormShapes) {
+    verify(cpu_, make_rms_norm_case(rng, dt(), tokens, dim, kSmallAmplitude, kSmallEps));
+    verify(cpu_, make_fused_add_rms_norm_case(rng, dt(), tokens, dim, kSmallAmplitude, kSmallEps));
+    verify(cpu_, make_layer_norm_case(rng, dt(), tokens, dim, kSmallAmplitude, kSmallEps));
+  }
+  verify(cpu_, make_qk_norm_rope_case(rng, dt(), 7, 7, 128, 3, RopeMode::NormAndRope, kRopeTheta10k, 0,
+                                      kSmallAmplitude, kSmallEps));
+}
+INSTANTIATE_TEST_SUITE_P(DTypes, CpuSmallNorms, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
+
 // ── Ops with hand-picked size lists ──────────────────────────────────────────
 
-class CpuCaseOps : public ::testing::TestWithParam<DTypeCaseParam> {
+class CpuCaseOps : public CaseParamTest<::testing::TestWithParam<DTypeCaseParam>> {
  protected:
-  DType dt() const { return std::get<0>(GetParam()); }
-  std::size_t index() const { return std::get<1>(GetParam()); }
   CpuBackend cpu_;
 };
 
@@ -371,11 +439,7 @@ class CpuGemm : public CpuCaseOps {};
 TEST_P(CpuGemm, MatchesFp64) {
   FERRUM_SEEDED_RNG(rng);
   const GemmShape s = gemm_shapes()[index()];
-  const auto c = make_gemm_case(rng, dt(), s.m, s.n, s.k);
-  SCOPED_TRACE(describe(c));
-  const OpResult r = run(cpu_, c);
-  EXPECT_TRUE(r.guards_ok());
-  expect_close(r, "out", ref_gemm(c), op_scale::gemm(c.k));
+  verify(cpu_, make_gemm_case(rng, dt(), s.m, s.n, s.k));
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CpuGemm, ::testing::ValuesIn(dtype_case_params(gemm_shapes().size())),
                          dtype_case_param_name);
@@ -384,11 +448,7 @@ class CpuQkNormRope : public CpuCaseOps {};
 TEST_P(CpuQkNormRope, MatchesFp64) {
   FERRUM_SEEDED_RNG(rng);
   const RopeSpec s = rope_specs()[index()];
-  const auto c = make_qk_norm_rope_case(rng, dt(), s.tokens, s.heads, s.head_dim, s.pos_offset, s.mode, s.theta);
-  SCOPED_TRACE(describe(c));
-  const OpResult r = run(cpu_, c);
-  EXPECT_TRUE(r.guards_ok());
-  expect_close(r, "out", ref_qk_norm_rope(c, {}));
+  verify(cpu_, make_qk_norm_rope_case(rng, dt(), s.tokens, s.heads, s.head_dim, s.pos_offset, s.mode, s.theta));
 }
 INSTANTIATE_TEST_SUITE_P(Specs, CpuQkNormRope, ::testing::ValuesIn(dtype_case_params(rope_specs().size())),
                          dtype_case_param_name);
@@ -397,13 +457,7 @@ class CpuKvAppend : public CpuCaseOps {};
 TEST_P(CpuKvAppend, MatchesCopy) {
   FERRUM_SEEDED_RNG(rng);
   const KvAppendSpec s = kv_append_specs()[index()];
-  const auto c = make_kv_append_case(rng, dt(), s.nkv, s.capacity, s.hd, s.cache_len, s.new_tokens);
-  SCOPED_TRACE(describe(c));
-  const OpResult r = run(cpu_, c);
-  EXPECT_TRUE(r.guards_ok());
-  const auto [k, v] = ref_kv_append(c, {});
-  expect_exact(r, "cache_k", k);
-  expect_exact(r, "cache_v", v);
+  verify(cpu_, make_kv_append_case(rng, dt(), s.nkv, s.capacity, s.hd, s.cache_len, s.new_tokens));
 }
 INSTANTIATE_TEST_SUITE_P(Specs, CpuKvAppend, ::testing::ValuesIn(dtype_case_params(kv_append_specs().size())),
                          dtype_case_param_name);
@@ -412,11 +466,7 @@ class CpuFlashAttention : public CpuCaseOps {};
 TEST_P(CpuFlashAttention, MatchesFp64) {
   FERRUM_SEEDED_RNG(rng);
   const FlashSpec s = flash_specs()[index()];
-  const auto c = make_flash_case(rng, dt(), s.batch, s.q_len, s.kv_len, s.pos_offset, s.cfg);
-  SCOPED_TRACE(describe(c));
-  const OpResult r = run(cpu_, c);
-  EXPECT_TRUE(r.guards_ok());
-  expect_close(r, "out", ref_flash(c, {}));
+  verify(cpu_, make_flash_case(rng, dt(), s.batch, s.q_len, s.kv_len, s.pos_offset, s.cfg));
 }
 INSTANTIATE_TEST_SUITE_P(Specs, CpuFlashAttention, ::testing::ValuesIn(dtype_case_params(flash_specs().size())),
                          dtype_case_param_name);
@@ -426,14 +476,7 @@ TEST_P(CpuCopySlice, MatchesCopy) {
   FERRUM_SEEDED_RNG(rng);
   CpuBackend cpu;
   const CopySliceSpec s = copy_slice_specs()[GetParam()];
-  const auto c = make_copy_slice_case(rng, s.dtype, s.src_size, s.src_offset, s.dst_size, s.dst_offset, s.len);
-  SCOPED_TRACE(describe(c));
-  const OpResult r = run(cpu, c);
-  EXPECT_TRUE(r.guards_ok());
-  HostTensor want = c.dst;
-  std::copy_n(c.src.values.begin() + static_cast<std::ptrdiff_t>(c.src_offset), c.len,
-              want.values.begin() + static_cast<std::ptrdiff_t>(c.dst_offset));
-  expect_exact(r, "dst", want);
+  verify(cpu, make_copy_slice_case(rng, s.dtype, s.src_size, s.src_offset, s.dst_size, s.dst_offset, s.len));
 }
 INSTANTIATE_TEST_SUITE_P(Specs, CpuCopySlice, ::testing::Range<std::size_t>(0, copy_slice_specs().size()));
 
@@ -441,77 +484,26 @@ INSTANTIATE_TEST_SUITE_P(Specs, CpuCopySlice, ::testing::Range<std::size_t>(0, c
 // The host arguments are decoys (a different id, position 0, kv_len 1): the
 // result must follow the decode state.
 
-class CpuDeviceState : public ::testing::TestWithParam<DType> {
- protected:
-  DType dt() const { return GetParam(); }
-  CpuBackend cpu_;
-};
+class CpuDeviceState : public CpuDTypeTest {};
 
 TEST_P(CpuDeviceState, EmbeddingLookupReadsStateToken) {
   FERRUM_SEEDED_RNG(rng);
-  for (bool null_ids : {false, true}) {
-    auto c = make_embedding_case(rng, dt(), 1, 769, kEmbeddingVocab);
-    c.null_ids = null_ids;
-    const auto token = static_cast<std::uint32_t>((static_cast<std::size_t>(c.ids.values[0]) + 1 + rng.below(999)) %
-                                                  kEmbeddingVocab);  // != the decoy id
-    const RunOptions o{0, DecodeStep{token, rng.below(5000)}};
-    SCOPED_TRACE(describe(c) + " " + describe(o));
-    const OpResult r = run(cpu_, c, o);
-    EXPECT_TRUE(r.guards_ok());
-    expect_exact(r, "out", ref_embedding(c, o));
-  }
+  verify_state_cases(cpu_, embedding_state_cases(rng, dt()));
 }
 
 TEST_P(CpuDeviceState, QkNormRopeReadsStatePosition) {
   FERRUM_SEEDED_RNG(rng);
-  constexpr std::size_t kMaxPos = 4096;
-  for (std::size_t hd : {64, 128, 256}) {
-    for (RopeMode mode : {RopeMode::NormAndRope, RopeMode::RopeOnly}) {
-      const auto c = make_qk_norm_rope_case(rng, dt(), 1, 8, hd, 0, mode, kRopeTheta1M, kMaxPos);
-      for (std::uint32_t step : {0u, 1u, 1000u + rng.below(2000), static_cast<std::uint32_t>(c.tables.max_pos - 1)}) {
-        const RunOptions o{0, DecodeStep{0, step}};
-        SCOPED_TRACE(describe(c) + " " + describe(o));
-        const OpResult r = run(cpu_, c, o);
-        EXPECT_TRUE(r.guards_ok());
-        expect_close(r, "out", ref_qk_norm_rope(c, o));
-      }
-    }
-  }
+  verify_state_cases(cpu_, rope_state_cases(rng, dt()));
 }
 
 TEST_P(CpuDeviceState, KvAppendWritesStateRow) {
   FERRUM_SEEDED_RNG(rng);
-  const auto c = make_kv_append_case(rng, dt(), 4, 97, 128, 0, 1);
-  for (std::uint32_t step : {0u, 5u, 1u + rng.below(95), 96u}) {
-    const RunOptions o{0, DecodeStep{0, step}};
-    SCOPED_TRACE(describe(c) + " " + describe(o));
-    const OpResult r = run(cpu_, c, o);
-    EXPECT_TRUE(r.guards_ok());
-    const auto [k, v] = ref_kv_append(c, o);
-    expect_exact(r, "cache_k", k);
-    expect_exact(r, "cache_v", v);
-  }
+  verify_state_cases(cpu_, kv_append_state_cases(rng, dt()));
 }
 
 TEST_P(CpuDeviceState, FlashAttentionDecodeReadsStateKvLen) {
   FERRUM_SEEDED_RNG(rng);
-  constexpr std::size_t kStride = 300;
-  for (const auto& [nh, nkv] : {std::pair<std::size_t, std::size_t>{8, 8}, {8, 2}, {16, 2}}) {
-    for (std::uint32_t step : {0u, 6u, 128u, static_cast<std::uint32_t>(kStride - 1)}) {
-      AttnConfig cfg;
-      cfg.num_heads = nh;
-      cfg.num_kv_heads = nkv;
-      cfg.head_dim = 128;
-      cfg.kv_seq_stride = kStride;
-      // Host kv_len 1 / pos_offset 0 are decoys; keys past step + 1 are NaN.
-      const auto c = make_flash_case(rng, dt(), 1, 1, 1, 0, cfg, step + 1);
-      const RunOptions o{0, DecodeStep{0, step}};
-      SCOPED_TRACE(describe(c) + " " + describe(o));
-      const OpResult r = run(cpu_, c, o);
-      EXPECT_TRUE(r.guards_ok());
-      expect_close(r, "out", ref_flash(c, o));
-    }
-  }
+  verify_state_cases(cpu_, flash_state_cases(rng, dt()));
 }
 
 // ── CpuBackend refuses bad device-side values immediately ────────────────────

@@ -41,16 +41,7 @@ constexpr std::initializer_list<std::size_t> kAlignedAndNot = {0, 1};
 
 // ── Row ops: dtype x tokens {1,7,83,4096} x dim {8,769,4096,5120} ────────────
 
-class CudaRowOps : public CudaParamTest<RowParam> {
- protected:
-  DType dt() const { return std::get<0>(GetParam()); }
-  std::size_t tokens() const { return std::get<1>(GetParam()); }
-  std::size_t dim() const { return std::get<2>(GetParam()); }
-  std::size_t dim_index() const {
-    return static_cast<std::size_t>(std::find(std::begin(kSweepDims), std::end(kSweepDims), dim()) -
-                                    std::begin(kSweepDims));
-  }
-};
+class CudaRowOps : public RowParamTest<CudaParamTest<RowParam>> {};
 
 TEST_P(CudaRowOps, RmsNorm) {
   FERRUM_SEEDED_RNG(rng);
@@ -119,13 +110,33 @@ TEST_P(CudaRowOps, TransposeHeadToToken) {
 
 INSTANTIATE_TEST_SUITE_P(Sweep, CudaRowOps, ::testing::ValuesIn(all_row_params()), row_param_name);
 
+// ── Eps-dominated norms: eps comparable to mean(x²) / the variance ───────────
+
+class CudaSmallNorms : public CudaParamTest<DType> {};
+TEST_P(CudaSmallNorms, EpsMatters) {
+  FERRUM_SEEDED_RNG(rng);
+  const DType dt = GetParam();
+  for (const auto& [tokens, dim] : kSmallNormShapes) {
+    expect_cuda_matches_cpu(cuda(), cpu(), make_rms_norm_case(rng, dt, tokens, dim, kSmallAmplitude, kSmallEps),
+                            Match::Close, kAlignedAndNot);
+    expect_cuda_matches_cpu(cuda(), cpu(),
+                            make_fused_add_rms_norm_case(rng, dt, tokens, dim, kSmallAmplitude, kSmallEps),
+                            Match::Close, kAlignedAndNot, op_scale::kUnit, {"residual"});
+    expect_cuda_matches_cpu(cuda(), cpu(), make_layer_norm_case(rng, dt, tokens, dim, kSmallAmplitude, kSmallEps),
+                            Match::Close, kAlignedAndNot);
+  }
+  for (std::size_t hd : {64, 128, 256}) {
+    expect_cuda_matches_cpu(cuda(), cpu(),
+                            make_qk_norm_rope_case(rng, dt, 7, 7, hd, 3, RopeMode::NormAndRope, kRopeTheta10k, 0,
+                                                   kSmallAmplitude, kSmallEps),
+                            Match::Close, kAlignedAndNot);
+  }
+}
+INSTANTIATE_TEST_SUITE_P(DTypes, CudaSmallNorms, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
+
 // ── Ops with hand-picked size lists ──────────────────────────────────────────
 
-class CudaCaseOps : public CudaParamTest<DTypeCaseParam> {
- protected:
-  DType dt() const { return std::get<0>(GetParam()); }
-  std::size_t index() const { return std::get<1>(GetParam()); }
-};
+class CudaCaseOps : public CaseParamTest<CudaParamTest<DTypeCaseParam>> {};
 
 class CudaGemm : public CudaCaseOps {};
 TEST_P(CudaGemm, MatchesCpu) {
@@ -209,43 +220,31 @@ INSTANTIATE_TEST_SUITE_P(DTypes, CudaUnaligned, ::testing::ValuesIn(kHalfDTypes)
 
 class CudaDeviceState : public CudaParamTest<DType> {
  protected:
-  DType dt() const { return GetParam(); }
+  // Every state case at every one of its steps, CUDA against the CPU.
+  template <class Case>
+  void expect_state_cases_match(const std::vector<StateCase<Case>>& cases, Match match,
+                                std::initializer_list<std::size_t> leads) {
+    for (const StateCase<Case>& sc : cases) {
+      for (const DecodeStep& step : sc.steps) {
+        expect_cuda_matches_cpu(cuda(), cpu(), sc.c, match, leads, op_scale::kUnit, {}, RunOptions{0, step});
+      }
+    }
+  }
 };
 
 TEST_P(CudaDeviceState, EmbeddingLookup) {
   FERRUM_SEEDED_RNG(rng);
-  for (bool null_ids : {false, true}) {
-    for (std::size_t dim : {8, 769, 4096}) {
-      auto c = make_embedding_case(rng, dt(), 1, dim, kEmbeddingVocab);
-      c.null_ids = null_ids;
-      const RunOptions o{0, DecodeStep{rng.below(kEmbeddingVocab), rng.below(4096)}};
-      expect_cuda_matches_cpu(cuda(), cpu(), c, Match::Exact, kAlignedAndNot, op_scale::kUnit, {}, o);
-    }
-  }
+  expect_state_cases_match(embedding_state_cases(rng, GetParam()), Match::Exact, kAlignedAndNot);
 }
 
 TEST_P(CudaDeviceState, QkNormRope) {
   FERRUM_SEEDED_RNG(rng);
-  for (std::size_t hd : {64, 128, 256}) {
-    for (RopeMode mode : {RopeMode::NormAndRope, RopeMode::RopeOnly}) {
-      const auto c = make_qk_norm_rope_case(rng, dt(), 1, 8, hd, 0, mode, kRopeTheta1M, 4096);
-      for (std::uint32_t step : {0u, 1u + rng.below(4000), static_cast<std::uint32_t>(c.tables.max_pos - 1)}) {
-        expect_cuda_matches_cpu(cuda(), cpu(), c, Match::Close, kAlignedAndNot, op_scale::kUnit, {},
-                                RunOptions{0, DecodeStep{0, step}});
-      }
-    }
-  }
+  expect_state_cases_match(rope_state_cases(rng, GetParam()), Match::Close, kAlignedAndNot);
 }
 
 TEST_P(CudaDeviceState, KvAppend) {
   FERRUM_SEEDED_RNG(rng);
-  for (std::size_t hd : {64, 128, 256}) {
-    const auto c = make_kv_append_case(rng, dt(), 8, 1024, hd, 0, 1);
-    for (std::uint32_t step : {0u, 1u + rng.below(1022), 1023u}) {
-      expect_cuda_matches_cpu(cuda(), cpu(), c, Match::Exact, kAlignedAndNot, op_scale::kUnit, {},
-                              RunOptions{0, DecodeStep{0, step}});
-    }
-  }
+  expect_state_cases_match(kv_append_state_cases(rng, GetParam()), Match::Exact, kAlignedAndNot);
 }
 
 TEST_P(CudaDeviceState, FlashAttentionDecode) {
@@ -253,19 +252,7 @@ TEST_P(CudaDeviceState, FlashAttentionDecode) {
     GTEST_SKIP() << "CudaBackend::supports(Op::FlashAttention) is false: no CUDA attention kernel to compare yet";
   }
   FERRUM_SEEDED_RNG(rng);
-  constexpr std::size_t kStride = 1024;
-  for (const auto& [nh, nkv] : {std::pair<std::size_t, std::size_t>{8, 8}, {32, 8}, {16, 2}}) {
-    AttnConfig cfg;
-    cfg.num_heads = nh;
-    cfg.num_kv_heads = nkv;
-    cfg.head_dim = 128;
-    cfg.kv_seq_stride = kStride;
-    for (std::uint32_t step : {0u, 6u, 128u + rng.below(800), static_cast<std::uint32_t>(kStride - 1)}) {
-      const auto c = make_flash_case(rng, dt(), 1, 1, 1, 0, cfg, step + 1);
-      expect_cuda_matches_cpu(cuda(), cpu(), c, Match::Close, {0}, op_scale::kUnit, {},
-                              RunOptions{0, DecodeStep{0, step}});
-    }
-  }
+  expect_state_cases_match(flash_state_cases(rng, GetParam()), Match::Close, {0});
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, CudaDeviceState, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
@@ -278,9 +265,7 @@ class CudaDeviceCheck : public CudaTest {
   // still give the CPU's results.
   void expect_backend_still_works(Rng& rng) {
     EXPECT_NO_THROW(cuda().synchronize()) << "the device error must be reported once";
-    expect_cuda_matches_cpu(cuda(), cpu(), make_rms_norm_case(rng, DType::F16, 7, 769), Match::Close, {0});
-    expect_cuda_matches_cpu(cuda(), cpu(), make_embedding_case(rng, DType::BF16, 7, 769, kEmbeddingVocab),
-                            Match::Exact, {0});
+    expect_backend_works(cuda(), cpu(), rng);
   }
 };
 

@@ -142,18 +142,22 @@ HostTensor random_with_nan_tail(Rng& rng, DType dt, std::size_t blocks, std::siz
 
 // ── Case generators ──────────────────────────────────────────────────────────
 
-RmsNormCase make_rms_norm_case(Rng& rng, DType dt, std::size_t tokens, std::size_t dim) {
-  return {tokens, dim, 1e-6f, random_uniform(rng, dt, tokens * dim), random_uniform(rng, dt, dim, -2.0f, 2.0f)};
-}
-
-FusedAddRmsNormCase make_fused_add_rms_norm_case(Rng& rng, DType dt, std::size_t tokens, std::size_t dim) {
-  return {tokens, dim, 1e-5f, random_uniform(rng, dt, tokens * dim), random_uniform(rng, dt, tokens * dim),
+RmsNormCase make_rms_norm_case(Rng& rng, DType dt, std::size_t tokens, std::size_t dim, float amplitude,
+                               float eps) {
+  return {tokens, dim, eps, random_uniform(rng, dt, tokens * dim, -amplitude, amplitude),
           random_uniform(rng, dt, dim, -2.0f, 2.0f)};
 }
 
-LayerNormCase make_layer_norm_case(Rng& rng, DType dt, std::size_t tokens, std::size_t dim) {
+FusedAddRmsNormCase make_fused_add_rms_norm_case(Rng& rng, DType dt, std::size_t tokens, std::size_t dim,
+                                                 float amplitude, float eps) {
+  return {tokens, dim, eps, random_uniform(rng, dt, tokens * dim, -amplitude, amplitude),
+          random_uniform(rng, dt, tokens * dim, -amplitude, amplitude), random_uniform(rng, dt, dim, -2.0f, 2.0f)};
+}
+
+LayerNormCase make_layer_norm_case(Rng& rng, DType dt, std::size_t tokens, std::size_t dim, float amplitude,
+                                   float eps) {
   // A non-zero mean, so that the mean subtraction matters.
-  return {tokens, dim, 1e-5f, random_normal(rng, dt, tokens * dim, 0.5f, 1.0f),
+  return {tokens, dim, eps, random_normal(rng, dt, tokens * dim, 0.5f * amplitude, amplitude),
           random_uniform(rng, dt, dim, -2.0f, 2.0f), random_uniform(rng, dt, dim)};
 }
 
@@ -188,10 +192,10 @@ SiluMulCase make_silu_mul_case(Rng& rng, DType dt, std::size_t tokens, std::size
 
 QkNormRopeCase make_qk_norm_rope_case(Rng& rng, DType dt, std::size_t tokens, std::size_t heads,
                                       std::size_t head_dim, std::size_t pos_offset, RopeMode mode, double theta,
-                                      std::size_t min_max_pos) {
+                                      std::size_t min_max_pos, float amplitude, float eps) {
   const std::size_t max_pos = std::max(pos_offset + tokens, min_max_pos) + 3;
-  QkNormRopeCase c{tokens, heads, head_dim, pos_offset, 1e-6f, mode,
-                   random_normal(rng, dt, tokens * heads * head_dim), HostTensor{dt, {}},
+  QkNormRopeCase c{tokens, heads, head_dim, pos_offset, eps, mode,
+                   random_normal(rng, dt, tokens * heads * head_dim, 0.0f, amplitude), HostTensor{dt, {}},
                    make_rope_tables(max_pos, head_dim, theta)};
   if (mode == RopeMode::NormAndRope) c.norm_w = random_uniform(rng, dt, head_dim, -2.0f, 2.0f);
   return c;
@@ -523,6 +527,74 @@ std::vector<FlashSpec> flash_specs() {
     }
   }
   return specs;
+}
+
+std::vector<StateCase<EmbeddingCase>> embedding_state_cases(Rng& rng, DType dt) {
+  std::vector<StateCase<EmbeddingCase>> cases;
+  for (bool null_ids : {false, true}) {
+    for (std::size_t dim : {8, 769, 4096}) {
+      EmbeddingCase c = make_embedding_case(rng, dt, 1, dim, kEmbeddingVocab);
+      c.null_ids = null_ids;
+      const auto decoy = static_cast<std::uint32_t>(c.ids.values[0]);
+      std::vector<DecodeStep> steps;
+      for (std::uint32_t i = 0; i < 3; ++i) {
+        // Any token but the decoy id, at any step.
+        const auto token = static_cast<std::uint32_t>((decoy + 1 + rng.below(kEmbeddingVocab - 1)) % kEmbeddingVocab);
+        steps.push_back({i == 2 ? static_cast<std::uint32_t>(kEmbeddingVocab - 1) : token, rng.below(1u << 20)});
+      }
+      if (steps[2].token == decoy) steps.pop_back();
+      cases.push_back({std::move(c), std::move(steps)});
+    }
+  }
+  return cases;
+}
+
+std::vector<StateCase<QkNormRopeCase>> rope_state_cases(Rng& rng, DType dt) {
+  std::vector<StateCase<QkNormRopeCase>> cases;
+  for (std::size_t hd : {64, 128, 256}) {
+    for (RopeMode mode : {RopeMode::NormAndRope, RopeMode::RopeOnly}) {
+      QkNormRopeCase c = make_qk_norm_rope_case(rng, dt, 1, 8, hd, 0, mode, kRopeTheta1M, 4096);
+      const auto last = static_cast<std::uint32_t>(c.tables.max_pos - 1);
+      std::vector<DecodeStep> steps = {{0, 0}, {0, 1}, {0, 2 + rng.below(last - 2)}, {0, last}};
+      cases.push_back({std::move(c), std::move(steps)});
+    }
+  }
+  return cases;
+}
+
+std::vector<StateCase<KvAppendCase>> kv_append_state_cases(Rng& rng, DType dt) {
+  constexpr std::uint32_t kCap = 1024;
+  std::vector<StateCase<KvAppendCase>> cases;
+  for (std::size_t hd : {64, 128, 256}) {
+    cases.push_back({make_kv_append_case(rng, dt, 8, kCap, hd, 0, 1),
+                     {{0, 0}, {0, 5}, {0, 6 + rng.below(kCap - 7)}, {0, kCap - 1}}});
+  }
+  return cases;
+}
+
+std::vector<StateCase<FlashCase>> flash_state_cases(Rng& rng, DType dt) {
+  constexpr std::uint32_t kStride = 300;
+  std::vector<StateCase<FlashCase>> cases;
+  for (const auto& [nh, nkv] : {std::pair<std::size_t, std::size_t>{8, 8}, {8, 2}, {16, 2}}) {
+    for (std::uint32_t step : {0u, 6u, 7u + rng.below(kStride - 8), kStride - 1}) {
+      AttnConfig cfg;
+      cfg.num_heads = nh;
+      cfg.num_kv_heads = nkv;
+      cfg.head_dim = 128;
+      cfg.kv_seq_stride = kStride;
+      // Host kv_len 1 / pos_offset 0 are decoys.
+      cases.push_back({make_flash_case(rng, dt, 1, 1, 1, 0, cfg, step + 1), {{0, step}}});
+    }
+  }
+  return cases;
+}
+
+void expect_backend_works(Backend& test, Backend& ref, Rng& rng) {
+  SCOPED_TRACE("the backend still works");
+  const auto norm = make_rms_norm_case(rng, DType::F16, 7, 769);
+  expect_same_outputs(run(test, norm), run(ref, norm), Match::Close);
+  const auto emb = make_embedding_case(rng, DType::BF16, 7, 769, kEmbeddingVocab);
+  expect_same_outputs(run(test, emb), run(ref, emb), Match::Exact);
 }
 
 std::vector<CopySliceSpec> copy_slice_specs() {

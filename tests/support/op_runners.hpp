@@ -138,9 +138,14 @@ struct FlashCase {
   std::size_t stride() const { return cfg.kv_seq_stride > 0 ? cfg.kv_seq_stride : kv_len; }
 };
 
-RmsNormCase make_rms_norm_case(Rng& rng, DType dt, std::size_t tokens, std::size_t dim);
-FusedAddRmsNormCase make_fused_add_rms_norm_case(Rng& rng, DType dt, std::size_t tokens, std::size_t dim);
-LayerNormCase make_layer_norm_case(Rng& rng, DType dt, std::size_t tokens, std::size_t dim);
+// Norm inputs have magnitude `amplitude`; with kSmallAmplitude and kSmallEps
+// the eps term is as large as mean(x²) / the variance, so misusing eps shows.
+RmsNormCase make_rms_norm_case(Rng& rng, DType dt, std::size_t tokens, std::size_t dim, float amplitude = 1.0f,
+                               float eps = 1e-6f);
+FusedAddRmsNormCase make_fused_add_rms_norm_case(Rng& rng, DType dt, std::size_t tokens, std::size_t dim,
+                                                 float amplitude = 1.0f, float eps = 1e-5f);
+LayerNormCase make_layer_norm_case(Rng& rng, DType dt, std::size_t tokens, std::size_t dim, float amplitude = 1.0f,
+                                   float eps = 1e-5f);
 GeluCase make_gelu_case(Rng& rng, DType dt, std::size_t len, GeluApproximation approx);
 AddBiasCase make_add_bias_case(Rng& rng, DType dt, std::size_t rows, std::size_t cols);
 AddInplaceCase make_add_inplace_case(Rng& rng, DType dt, std::size_t len);
@@ -151,7 +156,7 @@ SiluMulCase make_silu_mul_case(Rng& rng, DType dt, std::size_t tokens, std::size
 // Tables cover max_pos = max(pos_offset + tokens, min_max_pos) + 3 positions.
 QkNormRopeCase make_qk_norm_rope_case(Rng& rng, DType dt, std::size_t tokens, std::size_t heads,
                                       std::size_t head_dim, std::size_t pos_offset, RopeMode mode, double theta,
-                                      std::size_t min_max_pos = 0);
+                                      std::size_t min_max_pos = 0, float amplitude = 1.0f, float eps = 1e-6f);
 KvAppendCase make_kv_append_case(Rng& rng, DType dt, std::size_t nkv, std::size_t capacity, std::size_t hd,
                                  std::size_t cache_len, std::size_t new_tokens);
 TransposeCase make_transpose_case(Rng& rng, DType dt, std::size_t tokens, std::size_t heads, std::size_t dim);
@@ -207,6 +212,12 @@ std::size_t effective_pos_offset(const FlashCase& c, const RunOptions& o);
 
 // ── Shared size lists ────────────────────────────────────────────────────────
 
+// Eps-dominated norm cases: inputs of magnitude ~4e-3 (normal numbers in
+// f16), so mean(x²) ~ 5e-6 and the variance ~ 2e-5 are comparable to eps.
+inline constexpr float kSmallAmplitude = 4e-3f;
+inline constexpr float kSmallEps = 1e-5f;
+inline constexpr std::pair<std::size_t, std::size_t> kSmallNormShapes[] = {{1, 8}, {7, 769}, {83, 4096}};
+
 inline constexpr std::size_t kEmbeddingVocab = 1001;
 // split_qkv kv_dim for a q_dim of the dim sweep: odd, and a quarter-ish of q_dim.
 inline std::size_t kv_dim_for(std::size_t q_dim) { return q_dim / 4 + 1; }
@@ -239,6 +250,26 @@ struct FlashSpec {
 // kv_len {1, 7, 129} x GQA ratio {1, 4, 8} x causal / not x {decode query,
 // full prefill, queries at pos_offset > 0}, kv_seq_stride > kv_len in most.
 std::vector<FlashSpec> flash_specs();
+
+// Device-state variants: a case whose host arguments are decoys (another
+// id, position 0, kv_len 1) and the decode steps to run it at.
+template <class Case>
+struct StateCase {
+  Case c;
+  std::vector<DecodeStep> steps;
+};
+// Single tokens of dim 8 / 769 / 4096, with a decoy id and with null ids.
+std::vector<StateCase<EmbeddingCase>> embedding_state_cases(Rng& rng, DType dt);
+// head_dim 64 / 128 / 256 x both modes, steps from 0 to the table's end.
+std::vector<StateCase<QkNormRopeCase>> rope_state_cases(Rng& rng, DType dt);
+// head_dim 64 / 128 / 256, steps from 0 to the last row of the cache.
+std::vector<StateCase<KvAppendCase>> kv_append_state_cases(Rng& rng, DType dt);
+// GQA 1 / 4 / 8, steps 0 .. stride - 1; keys past step + 1 hold NaN.
+std::vector<StateCase<FlashCase>> flash_state_cases(Rng& rng, DType dt);
+
+// `test` still gives `ref`'s results (rms_norm and embedding_lookup), after
+// something went wrong on it.
+void expect_backend_works(Backend& test, Backend& ref, Rng& rng);
 
 struct CopySliceSpec {
   DType dtype;

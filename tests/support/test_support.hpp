@@ -273,9 +273,33 @@ using RowParam = std::tuple<DType, std::size_t, std::size_t>;
 std::vector<RowParam> all_row_params();  // use with ::testing::ValuesIn
 std::string row_param_name(const ::testing::TestParamInfo<RowParam>& info);
 
+// Accessors for suites parameterized by RowParam: derive as
+// `class S : public RowParamTest<::testing::TestWithParam<RowParam>>` (or
+// over CudaParamTest<RowParam>).
+template <class Base>
+class RowParamTest : public Base {
+ protected:
+  DType dt() const { return std::get<0>(this->GetParam()); }
+  std::size_t tokens() const { return std::get<1>(this->GetParam()); }
+  std::size_t dim() const { return std::get<2>(this->GetParam()); }
+  // Position of dim() in kSweepDims.
+  std::size_t dim_index() const {
+    std::size_t i = 0;
+    while (kSweepDims[i] != dim()) ++i;
+    return i;
+  }
+};
+
 // (dtype, case index) for ops whose size cases are a hand-picked list; the
 // test SCOPED_TRACEs the case's full description.
 using DTypeCaseParam = std::tuple<DType, std::size_t>;
+
+template <class Base>
+class CaseParamTest : public Base {
+ protected:
+  DType dt() const { return std::get<0>(this->GetParam()); }
+  std::size_t index() const { return std::get<1>(this->GetParam()); }
+};
 std::vector<DTypeCaseParam> dtype_case_params(std::size_t num_cases);
 std::string dtype_case_param_name(const ::testing::TestParamInfo<DTypeCaseParam>& info);
 
