@@ -689,7 +689,7 @@ void bench_embedding(Bench& b, DType dt, std::size_t T, std::size_t vocab, std::
     }
     Rotated out = b.rotated(dt, T * dim, sets);
     b.measure(spec, sets,
-              [&](std::size_t s) { b.be().embedding_lookup(table, ids[s], out[s], T, dim); });
+              [&](std::size_t s) { b.be().embedding_lookup(table, ids[s], out[s], T, dim, vocab); });
   });
 }
 
@@ -717,7 +717,7 @@ void bench_qk_norm_rope(Bench& b, DType dt, std::size_t T, std::size_t H, std::s
     const std::size_t pos_span = max_pos - T + 1;
     b.measure(spec, sets, [&](std::size_t s) {
       const std::size_t pos = (s * 131) % pos_span;
-      b.be().qk_norm_rope(in[s], &w[s], cos_t, sin_t, out[s], T, H, hd, pos, kEps,
+      b.be().qk_norm_rope(in[s], &w[s], cos_t, sin_t, out[s], T, H, hd, pos, max_pos, kEps,
                           ferrum::RopeMode::NormAndRope);
     }, "NormAndRope");
   });

@@ -380,19 +380,16 @@ void Backend::gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m,
 // ── Embedding and reshaping ────────────────────────────────────────────────
 
 void Backend::embedding_lookup(const Buffer& table, const Buffer& ids, Buffer& out, std::size_t tokens,
-                               std::size_t dim) {
+                               std::size_t dim, std::size_t vocab) {
   OpCheck check(*this, "embedding_lookup");
   check.size("tokens", tokens);
   check.size("dim", dim);
+  check.size("vocab", vocab);
   check.buffer("table", table);
   check.buffer("out", out);
   check.activation("table", table);
   check.same_dtype("out", out, "table", table);
-  const std::size_t vocab = table.numel() / dim;
-  if (vocab == 0) {
-    check.fail(ErrorCode::ShapeMismatch, "embedding_lookup: argument 'table' has {} elements, less than one row of dim = {}",
-         table.numel(), dim);
-  }
+  check.holds("table", table, check.product({vocab, dim}), "[vocab, dim]");
   check.holds("out", out, check.product({tokens, dim}), "[tokens, dim]");
   const bool use_state = device_state_mode_ && tokens == 1;
   if (!use_state) {
@@ -440,11 +437,12 @@ void Backend::fused_silu_mul_split(const Buffer& gate_up, Buffer& out, std::size
 
 void Backend::qk_norm_rope(const Buffer& input, const Buffer* norm_w, const Buffer& cos, const Buffer& sin,
                            Buffer& output, std::size_t tokens, std::size_t heads, std::size_t head_dim,
-                           std::size_t pos_offset, float eps, RopeMode mode) {
+                           std::size_t pos_offset, std::size_t max_pos, float eps, RopeMode mode) {
   OpCheck check(*this, "qk_norm_rope");
   check.size("tokens", tokens);
   check.size("heads", heads);
   check.size("head_dim", head_dim);
+  check.size("max_pos", max_pos);
   if (head_dim % 2 != 0) {
     check.fail(ErrorCode::InvalidArgument, "qk_norm_rope: argument 'head_dim' = {} must be even (NeoX rotation pairs halves)",
          head_dim);
@@ -472,21 +470,9 @@ void Backend::qk_norm_rope(const Buffer& input, const Buffer* norm_w, const Buff
   const std::size_t n = check.product({tokens, heads, head_dim});
   check.holds("input", input, n, "[tokens, heads, head_dim]");
   check.holds("output", output, n, "[heads, tokens, head_dim]");
-  const std::size_t half = head_dim / 2;
-  if (cos.numel() != sin.numel()) {
-    check.fail(ErrorCode::ShapeMismatch, "qk_norm_rope: 'cos' has {} elements but 'sin' has {}", cos.numel(),
-         sin.numel());
-  }
-  if (cos.numel() % half != 0) {
-    check.fail(ErrorCode::ShapeMismatch,
-               "qk_norm_rope: 'cos' has {} elements, not a whole number of rows of head_dim/2 = {}", cos.numel(),
-               half);
-  }
-  const std::size_t max_pos = cos.numel() / half;
-  if (max_pos == 0) {
-    check.fail(ErrorCode::ShapeMismatch, "qk_norm_rope: 'cos' has {} elements, less than one row of head_dim/2 = {}",
-               cos.numel(), half);
-  }
+  const std::size_t table = check.product({max_pos, head_dim / 2});
+  check.holds("cos", cos, table, "[max_pos, head_dim/2]");
+  check.holds("sin", sin, table, "[max_pos, head_dim/2]");
   const bool use_state = device_state_mode() && tokens == 1;
   if (!use_state && (pos_offset > max_pos || tokens > max_pos - pos_offset)) {
     check.fail(ErrorCode::CapacityExceeded,

@@ -116,16 +116,16 @@ LayerRun run_layers(ferrum::Backend& be, const Shape& s, const HostWeights& hw, 
   LayerRun run;
   be.write(mlp_out, std::vector<float>(tokens * s.dim, 0.0f));  // no MLP output before layer 0
   const auto t0 = std::chrono::steady_clock::now();
-  be.embedding_lookup(embedding, ids_b, residual, tokens, s.dim);
+  be.embedding_lookup(embedding, ids_b, residual, tokens, s.dim, s.vocab);
   ++run.ops;
   for (std::size_t layer = 0; layer < layers; ++layer) {
     // residual += previous layer's MLP output; normed = rms_norm(residual)
     be.fused_add_rms_norm(residual, mlp_out, attn_norm, s.eps, normed, tokens, s.dim);
     be.gemm(normed, qkv_w, qkv, tokens, qkv_dim, s.dim);
     be.split_qkv(qkv, q, k, v, tokens, q_dim, kv_dim);
-    be.qk_norm_rope(q, &q_norm, cos, sin, q_hm, tokens, s.heads, s.head_dim, 0, s.eps,
+    be.qk_norm_rope(q, &q_norm, cos, sin, q_hm, tokens, s.heads, s.head_dim, 0, s.capacity, s.eps,
                     ferrum::RopeMode::NormAndRope);
-    be.qk_norm_rope(k, &k_norm, cos, sin, k_hm, tokens, s.kv_heads, s.head_dim, 0, s.eps,
+    be.qk_norm_rope(k, &k_norm, cos, sin, k_hm, tokens, s.kv_heads, s.head_dim, 0, s.capacity, s.eps,
                     ferrum::RopeMode::NormAndRope);
     // v is token-major [tokens, kv_heads, hd]; the cache wants head-major:
     // read it as [heads=tokens, tokens=kv_heads, hd] and swap the two.

@@ -159,6 +159,11 @@ class Backend {
                   std::size_t len);
 
   // ── Decode state (one captured graph serves every decode step) ───────
+  // On CudaBackend the decode state, the device error word and the graph
+  // slot belong to the device, not to the object: every CudaBackend on one
+  // device shares them (a captured graph points at them), so
+  // set_decode_state, synchronize's DeviceCheck and reset_graph act for all.
+  // Device-state mode is per object. CpuBackend keeps all of it per object.
   // Sets token, pos = step and kv_len = step + 1 in the backend's decode
   // state. Stream-ordered and allocation-free; call it before each replay.
   void set_decode_state(std::uint32_t token, std::uint32_t step);
@@ -202,10 +207,12 @@ class Backend {
             std::size_t m, std::size_t n, std::size_t k);
 
   // ── Embedding and reshaping ────────────────────────────────────────────
-  // out[t, :] = table[ids[t], :]; ids is i32. In device-state mode with
-  // tokens == 1 the id comes from the decode state and `ids` is not read.
+  // out[t, :] = table[ids[t], :]; ids is i32 in [0, vocab). In device-state
+  // mode with tokens == 1 the id comes from the decode state and `ids` is
+  // not read. An id outside [0, vocab) throws on CpuBackend; on CudaBackend
+  // the kernel writes a zero row and synchronize() throws DeviceCheck.
   void embedding_lookup(const Buffer& table /*[vocab, dim]*/, const Buffer& ids /*[tokens] i32*/,
-                        Buffer& out /*[tokens, dim]*/, std::size_t tokens, std::size_t dim);
+                        Buffer& out /*[tokens, dim]*/, std::size_t tokens, std::size_t dim, std::size_t vocab);
   // qkv[t] = [q | k | v] -> q[t], k[t], v[t]
   void split_qkv(const Buffer& qkv /*[tokens, q_dim + 2*kv_dim]*/, Buffer& q /*[tokens, q_dim]*/,
                  Buffer& k /*[tokens, kv_dim]*/, Buffer& v /*[tokens, kv_dim]*/, std::size_t tokens,
@@ -217,14 +224,14 @@ class Backend {
   // NeoX RoPE (rotate halves) at position pos_offset + t, from tables
   // cos/sin [max_pos, head_dim / 2] in f32. Reads token-major, writes
   // head-major. In device-state mode with tokens == 1 the position is the
-  // decode state's pos.
+  // decode state's pos (a position past max_pos: see embedding_lookup).
   void qk_norm_rope(const Buffer& input /*[tokens, heads, head_dim]*/,
                     const Buffer* norm_w /*[head_dim]; null in RopeOnly mode*/,
                     const Buffer& cos /*[max_pos, head_dim/2] f32*/,
                     const Buffer& sin /*[max_pos, head_dim/2] f32*/,
                     Buffer& output /*[heads, tokens, head_dim]*/, std::size_t tokens,
-                    std::size_t heads, std::size_t head_dim, std::size_t pos_offset, float eps,
-                    RopeMode mode);
+                    std::size_t heads, std::size_t head_dim, std::size_t pos_offset, std::size_t max_pos,
+                    float eps, RopeMode mode);
   // cache[h, cache_len + t, :] = new[h, t, :] for K and V. In device-state
   // mode with new_tokens == 1, cache_len is the decode state's pos.
   void kv_cache_append_head_major(Buffer& cache_k /*[nkv, capacity, hd]*/,

@@ -70,10 +70,10 @@ struct DecodeBuffers {
 void decode_chain(Backend& be, const Weights& w, DecodeBuffers& b, std::optional<DecodeStep> host) {
   const std::size_t pos = host ? host->step : 0;
   const Buffer null_ids;
-  be.embedding_lookup(w.table.view(), host ? b.ids.view() : null_ids, b.x.view(), 1, kDim);
+  be.embedding_lookup(w.table.view(), host ? b.ids.view() : null_ids, b.x.view(), 1, kDim, kVocab);
   // x is [1, heads, hd] token-major; q comes out [heads, 1, hd] head-major.
-  be.qk_norm_rope(b.x.view(), &w.qk_norm_w.view(), w.cos.view(), w.sin.view(), b.q.view(), 1, kHeads, kHd, pos, kEps,
-                  RopeMode::NormAndRope);
+  be.qk_norm_rope(b.x.view(), &w.qk_norm_w.view(), w.cos.view(), w.sin.view(), b.q.view(), 1, kHeads, kHd, pos, kCapacity,
+                  kEps, RopeMode::NormAndRope);
   // K = the rotated q, V = the embedding ([1, 8*64] is [8, 1, 64] for one token).
   be.kv_cache_append_head_major(b.cache_k.view(), b.cache_v.view(), pos, kCapacity, b.q.view(), b.x.view(), 1,
                                 kHeads, kHd);

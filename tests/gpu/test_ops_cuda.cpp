@@ -279,7 +279,7 @@ TEST_F(CudaDeviceCheck, OutOfRangeDecodeStateToken) {
     {
       DeviceStateScope scope(cuda(), true);
       cuda().set_decode_state(bad, 0);
-      EXPECT_NO_THROW(cuda().embedding_lookup(table.view(), Buffer{}, out.view(), 1, 64))
+      EXPECT_NO_THROW(cuda().embedding_lookup(table.view(), Buffer{}, out.view(), 1, 64, kEmbeddingVocab))
           << "the bad id is a device-side value: reported at synchronize(), not at the call";
     }
     expect_error(ErrorCode::DeviceCheck, "embedding_lookup", [&] { cuda().synchronize(); });
@@ -296,7 +296,7 @@ TEST_F(CudaDeviceCheck, OutOfRangeIdInBuffer) {
     SCOPED_TRACE(cat("ids[4] = ", bad));
     const DeviceTensor table(cuda(), c.table), ids(cuda(), c.ids);
     GuardedOutput out(cuda(), DType::BF16, 7 * 64);
-    EXPECT_NO_THROW(cuda().embedding_lookup(table.view(), ids.view(), out.view(), 7, 64));
+    EXPECT_NO_THROW(cuda().embedding_lookup(table.view(), ids.view(), out.view(), 7, 64, kEmbeddingVocab));
     expect_error(ErrorCode::DeviceCheck, "embedding_lookup", [&] { cuda().synchronize(); });
     EXPECT_TRUE(out.check_guard());
     expect_backend_still_works(rng);
@@ -313,7 +313,7 @@ TEST_F(CudaDeviceCheck, DecodeStatePositionPastRopeTable) {
     DeviceStateScope scope(cuda(), true);
     cuda().set_decode_state(0, static_cast<std::uint32_t>(c.tables.max_pos));
     EXPECT_NO_THROW(cuda().qk_norm_rope(input.view(), &norm_w.view(), cos.view(), sin.view(), out.view(), 1, 8, 128,
-                                        0, c.eps, c.mode));
+                                        0, c.tables.max_pos, c.eps, c.mode));
   }
   expect_error(ErrorCode::DeviceCheck, "qk_norm_rope", [&] { cuda().synchronize(); });
   EXPECT_TRUE(out.check_guard());

@@ -57,8 +57,9 @@ std::vector<OpSpec> build_specs() {
                {{"table", kH, kVocab * kDim, kDim - 1, kBad},
                 {"ids", DType::I32, kTokens, kTokens - 1, DType::F32},
                 act("out", kTokens * kDim)},
-               {{"tokens", kTokens}, {"dim", kDim}}, [](Backend& be, OpArgs& a) {
-                 be.embedding_lookup(a.buf("table"), a.buf("ids"), a.buf("out"), a.size("tokens"), a.size("dim"));
+               {{"tokens", kTokens}, {"dim", kDim}, {"vocab", kVocab}}, [](Backend& be, OpArgs& a) {
+                 be.embedding_lookup(a.buf("table"), a.buf("ids"), a.buf("out"), a.size("tokens"), a.size("dim"),
+                                     a.size("vocab"));
                }});
   s.push_back({Op::SplitQkv, "split_qkv",
                {act("qkv", kTokens * (kQDim + 2 * kKvDim)), act("q", kTokens * kQDim), act("k", kTokens * kKvDim),
@@ -77,10 +78,11 @@ std::vector<OpSpec> build_specs() {
                {act("input", kTokens * kHeads * kHeadDim), act("norm_w", kHeadDim),
                 {"cos", DType::F32, table, table - 1, kH}, {"sin", DType::F32, table, table - 1, kH},
                 act("output", kTokens * kHeads * kHeadDim)},
-               {{"tokens", kTokens}, {"heads", kHeads}, {"head_dim", kHeadDim}}, [](Backend& be, OpArgs& a) {
+               {{"tokens", kTokens}, {"heads", kHeads}, {"head_dim", kHeadDim}, {"max_pos", kMaxPos}},
+               [](Backend& be, OpArgs& a) {
                  be.qk_norm_rope(a.buf("input"), a.null_norm_w ? nullptr : &a.buf("norm_w"), a.buf("cos"),
                                  a.buf("sin"), a.buf("output"), a.size("tokens"), a.size("heads"),
-                                 a.size("head_dim"), a.pos_offset, a.eps, a.mode);
+                                 a.size("head_dim"), a.pos_offset, a.size("max_pos"), a.eps, a.mode);
                }});
   s.push_back({Op::KvCacheAppendHeadMajor, "kv_cache_append_head_major",
                {act("cache_k", kNkv * kCapacity * kHd), act("cache_v", kNkv * kCapacity * kHd),
@@ -213,7 +215,7 @@ void call_op_validly(Backend& backend, Op op) {
       Buffer table = zeros(backend, kH, kVocab * kDim), out = zeros(backend, kH, kDim);
       DeviceStateScope scope(backend, true);
       backend.set_decode_state(kVocab - 1, 0);
-      backend.embedding_lookup(table, Buffer{}, out, 1, kDim);
+      backend.embedding_lookup(table, Buffer{}, out, 1, kDim, kVocab);
       break;
     }
     default: {

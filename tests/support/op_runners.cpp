@@ -365,7 +365,7 @@ OpResult run(Backend& be, const EmbeddingCase& c, const RunOptions& o) {
   Buffer null_ids;
   Buffer& ids = c.null_ids ? null_ids : r.in(c.ids);
   Buffer& out = r.out("out", c.table.dtype, c.tokens * c.dim);
-  return r.go([&] { be.embedding_lookup(table, ids, out, c.tokens, c.dim); });
+  return r.go([&] { be.embedding_lookup(table, ids, out, c.tokens, c.dim, c.vocab); });
 }
 
 OpResult run(Backend& be, const SplitQkvCase& c, const RunOptions& o) {
@@ -392,7 +392,8 @@ OpResult run(Backend& be, const QkNormRopeCase& c, const RunOptions& o) {
   Buffer& sin = r.in(c.tables.sin);
   Buffer& out = r.out("out", c.input.dtype, c.tokens * c.heads * c.head_dim);
   return r.go([&] {
-    be.qk_norm_rope(input, norm_w, cos, sin, out, c.tokens, c.heads, c.head_dim, c.pos_offset, c.eps, c.mode);
+    be.qk_norm_rope(input, norm_w, cos, sin, out, c.tokens, c.heads, c.head_dim, c.pos_offset, c.tables.max_pos,
+                    c.eps, c.mode);
   });
 }
 
