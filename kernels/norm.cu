@@ -208,7 +208,7 @@ void launch_typed(const NormArgs& a, cudaStream_t stream) {
   // At most one block per SM: latency-bound. Then spread the row over more
   // threads (fewer registers each) and prefetch the weight with x.
   const bool prefetch_w = plan.blocks <= a.num_sms;
-  if (prefetch_w && a.target_vectors_per_thread > 2) plan = plan_for(2);
+  if (prefetch_w && a.target_vectors_per_thread > 2) plan = plan_for(2);  // fewer registers for the prefetched weight
   const int group = plan.group;
   const int nvec_per_thread = plan.nvec_per_thread;
   const int threads = plan.threads;

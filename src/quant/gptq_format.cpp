@@ -42,8 +42,7 @@ bool g_idx_is_default(std::span<const std::int32_t> g_idx /*[k]*/, int group_siz
 }
 
 // Every entry of g_idx /*[k]*/ in [0, groups).
-void check_g_idx_range(std::span<const std::int32_t> g_idx, std::size_t groups, int group_size,
-                       std::string_view op) {
+void check_g_idx_range(std::span<const std::int32_t> g_idx, std::size_t groups, int group_size, std::string_view op) {
   for (std::size_t row = 0; row < g_idx.size(); ++row) {
     const std::int32_t g = g_idx[row];
     if (g < 0 || static_cast<std::size_t>(g) >= groups) {
@@ -54,8 +53,8 @@ void check_g_idx_range(std::span<const std::int32_t> g_idx, std::size_t groups, 
              op, row, g);
       }
       fail(ErrorCode::InvalidArgument,
-           "{}: argument 'g_idx' entry {} = {} is outside [0, groups = {}) (groups = k / group_size = {} / {})",
-           op, row, g, groups, g_idx.size(), group_size);
+           "{}: argument 'g_idx' entry {} = {} is outside [0, groups = {}) (groups = k / group_size = {} / {})", op,
+           row, g, groups, g_idx.size(), group_size);
     }
   }
 }
@@ -66,8 +65,9 @@ void derive_order(GptqUnpacked& w) {
   w.perm.resize(w.k);
   std::iota(w.perm.begin(), w.perm.end(), std::int32_t{0});
   const std::vector<std::int32_t>& g_idx = w.g_idx;
-  std::stable_sort(w.perm.begin(), w.perm.end(),
-                   [&](std::int32_t a, std::int32_t b) { return g_idx[static_cast<std::size_t>(a)] < g_idx[static_cast<std::size_t>(b)]; });
+  std::stable_sort(w.perm.begin(), w.perm.end(), [&](std::int32_t a, std::int32_t b) {
+    return g_idx[static_cast<std::size_t>(a)] < g_idx[static_cast<std::size_t>(b)];
+  });
 }
 
 // The shape invariants of an unpacked weight (k, n, group_size, groups and
@@ -76,13 +76,12 @@ void derive_order(GptqUnpacked& w) {
 void check_unpacked(const GptqUnpacked& w, std::string_view op) {
   const std::size_t groups = gptq_groups(w.k, w.n, w.group_size, op);
   if (w.groups != groups) {
-    fail(ErrorCode::ShapeMismatch, "{}: 'groups' = {} but k = {} and group_size = {} make {} groups", op,
-         w.groups, w.k, w.group_size, groups);
+    fail(ErrorCode::ShapeMismatch, "{}: 'groups' = {} but k = {} and group_size = {} make {} groups", op, w.groups, w.k,
+         w.group_size, groups);
   }
   auto size_is = [&](std::string_view arg, std::size_t have, std::size_t want, std::string_view shape) {
     if (have != want) {
-      fail(ErrorCode::ShapeMismatch, "{}: '{}' has {} elements but {} needs exactly {}", op, arg, have, shape,
-           want);
+      fail(ErrorCode::ShapeMismatch, "{}: '{}' has {} elements but {} needs exactly {}", op, arg, have, shape, want);
     }
   };
   size_is("q", w.q.size(), w.k * w.n, "[k, n]");
@@ -108,8 +107,8 @@ std::size_t gptq_groups(std::size_t k, std::size_t n, int group_size, std::strin
          op, k);
   }
   if (n % kPack != 0) {
-    fail(ErrorCode::InvalidArgument,
-         "{}: argument 'n' = {} is not a multiple of 8 (qzeros packs 8 columns per int32)", op, n);
+    fail(ErrorCode::InvalidArgument, "{}: argument 'n' = {} is not a multiple of 8 (qzeros packs 8 columns per int32)",
+         op, n);
   }
   if (group_size == -1) return 1;
   if (group_size <= 0) {
@@ -120,12 +119,11 @@ std::size_t gptq_groups(std::size_t k, std::size_t n, int group_size, std::strin
   }
   if (group_size % static_cast<int>(kPack) != 0) {
     fail(ErrorCode::Unsupported,
-         "{}: argument 'group_size' = {} is not a multiple of 8 (a group must span whole int32 rows of qweight)",
-         op, group_size);
+         "{}: argument 'group_size' = {} is not a multiple of 8 (a group must span whole int32 rows of qweight)", op,
+         group_size);
   }
   if (k % static_cast<std::size_t>(group_size) != 0) {
-    fail(ErrorCode::ShapeMismatch, "{}: argument 'k' = {} is not a multiple of group_size = {}", op, k,
-         group_size);
+    fail(ErrorCode::ShapeMismatch, "{}: argument 'k' = {} is not a multiple of group_size = {}", op, k, group_size);
   }
   return k / static_cast<std::size_t>(group_size);
 }
@@ -156,8 +154,8 @@ void validate_gptq(const GptqHostTensors& t, std::string_view op) {
 
   for (std::size_t i = 0; i < t.scales.size(); ++i) {
     if (!std::isfinite(t.scales[i])) {
-      fail(ErrorCode::InvalidArgument, "{}: argument 'scales' entry {} (group {}, column {}) = {} is not finite", op,
-           i, i / t.n, i % t.n, t.scales[i]);
+      fail(ErrorCode::InvalidArgument, "{}: argument 'scales' entry {} (group {}, column {}) = {} is not finite", op, i,
+           i / t.n, i % t.n, t.scales[i]);
     }
   }
 }
@@ -253,18 +251,20 @@ GptqUnpacked permute_rows_for_act_order(const GptqUnpacked& w) {
   const std::size_t n = w.n;
   for (std::size_t j = 0; j < w.k; ++j) {
     const std::size_t src = static_cast<std::size_t>(w.perm[j]);
-    std::copy_n(w.q.begin() + static_cast<std::ptrdiff_t>(src * n), n, out.q.begin() + static_cast<std::ptrdiff_t>(j * n));
+    std::copy_n(w.q.begin() + static_cast<std::ptrdiff_t>(src * n), n,
+                out.q.begin() + static_cast<std::ptrdiff_t>(j * n));
     out.g_idx[j] = w.g_idx[src];
   }
   derive_order(out);
   return out;
 }
 
-void gather_columns(const float* a, std::size_t m, std::size_t k, std::span<const std::int32_t> perm, float* out) {
+void gather_columns(const float* a /*[m, k]*/, std::size_t m, std::size_t k,
+                    std::span<const std::int32_t> perm /*[k]*/, float* out /*[m, k]*/) {
   constexpr std::string_view op = "gather_columns";
   if (perm.size() != k) {
-    fail(ErrorCode::ShapeMismatch, "{}: argument 'perm' has {} elements but [k] needs exactly k = {}", op,
-         perm.size(), k);
+    fail(ErrorCode::ShapeMismatch, "{}: argument 'perm' has {} elements but [k] needs exactly k = {}", op, perm.size(),
+         k);
   }
   if (m == 0 || k == 0) return;
   if (a == nullptr) fail(ErrorCode::InvalidArgument, "{}: argument 'a' is null", op);

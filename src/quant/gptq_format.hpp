@@ -57,17 +57,17 @@ std::size_t gptq_groups(std::size_t k, std::size_t n, int group_size, std::strin
 // A GPTQ weight unpacked to one byte per value, with true zeros and a g_idx
 // that is always filled in. Everything is row-major.
 struct GptqUnpacked {
-  std::size_t k = 0;       // input features (rows of W)
-  std::size_t n = 0;       // output features (columns of W)
-  std::size_t groups = 0;  // G
-  int group_size = 128;    // as in the checkpoint (-1: one group)
-  std::vector<std::uint8_t> q;       // [k][n]       0..15
-  std::vector<std::uint8_t> zero;    // [groups][n]  true zero, 0..16 (V1 stored 15 + 1 gives 16)
-  std::vector<float> scale;          // [groups][n]
-  std::vector<std::int32_t> g_idx;   // [k]          group of each row, in [0, groups)
-  bool act_order = false;            // g_idx differs somewhere from k / group_size (0 when group_size = -1)
-  std::vector<std::int32_t> perm;    // [k] the row order that sorts g_idx stably
-                                     //     (the identity when g_idx is already sorted)
+  std::size_t k = 0;                // input features (rows of W)
+  std::size_t n = 0;                // output features (columns of W)
+  std::size_t groups = 0;           // G
+  int group_size = 128;             // as in the checkpoint (-1: one group)
+  std::vector<std::uint8_t> q;      // [k][n]       0..15
+  std::vector<std::uint8_t> zero;   // [groups][n]  true zero, 0..16 (V1 stored 15 + 1 gives 16)
+  std::vector<float> scale;         // [groups][n]
+  std::vector<std::int32_t> g_idx;  // [k]          group of each row, in [0, groups)
+  bool act_order = false;           // g_idx differs somewhere from k / group_size (0 when group_size = -1)
+  std::vector<std::int32_t> perm;   // [k] the row order that sorts g_idx stably
+                                    //     (the identity when g_idx is already sorted)
 };
 
 // Validates `t` (under `op`), then unpacks it.
@@ -99,8 +99,8 @@ GptqUnpacked permute_rows_for_act_order(const GptqUnpacked& w);
 // Host reference of the run-time gather:
 //   out[i][j] = a[i][perm[j]]   for i < m, j < k.
 // a [m, k], perm [k] with entries in [0, k), out [m, k]; out must not alias a.
-void gather_columns(const float* a, std::size_t m, std::size_t k, std::span<const std::int32_t> perm,
-                    float* out);
+void gather_columns(const float* a /*[m, k]*/, std::size_t m, std::size_t k,
+                    std::span<const std::int32_t> perm /*[k]*/, float* out /*[m, k]*/);
 
 // A packed checkpoint that owns its arrays.
 struct GptqPacked {

@@ -125,7 +125,8 @@ void expect_stable_sorting_perm(const GptqUnpacked& w) {
   ASSERT_EQ(w.perm.size(), w.k);
   std::vector<std::int32_t> sorted = w.perm;
   std::sort(sorted.begin(), sorted.end());
-  for (std::size_t i = 0; i < w.k; ++i) ASSERT_EQ(sorted[i], static_cast<std::int32_t>(i)) << "perm is not a permutation";
+  for (std::size_t i = 0; i < w.k; ++i)
+    ASSERT_EQ(sorted[i], static_cast<std::int32_t>(i)) << "perm is not a permutation";
   for (std::size_t j = 1; j < w.k; ++j) {
     const auto a = static_cast<std::size_t>(w.perm[j - 1]);
     const auto b = static_cast<std::size_t>(w.perm[j]);
@@ -169,7 +170,7 @@ struct Shape {
 
 const Shape kShapes[] = {
     {256, 72, 32}, {256, 72, 64}, {256, 72, 128}, {256, 72, -1}, {4096, 8, 128}, {4096, 8, 32},
-    {4096, 8, -1}, {96, 16, 32},  {128, 8, -1},   {8, 8, -1},    {64, 24, 64},  {512, 40, 128},
+    {4096, 8, -1}, {96, 16, 32},  {128, 8, -1},   {8, 8, -1},    {64, 24, 64},   {512, 40, 128},
 };
 
 // ── Known values ─────────────────────────────────────────────────────────────
@@ -185,7 +186,8 @@ struct HandCheckpoint {
     for (std::size_t c = 0; c < 8; ++c) {
       qweight[0 * 8 + c] = static_cast<std::int32_t>(0x76543210u);
       qweight[1 * 8 + c] = static_cast<std::int32_t>(0xFEDCBA98u);
-      for (std::size_t g = 0; g < 2; ++g) scales[g * 8 + c] = 0.5f * static_cast<float>(g + 1) + 0.25f * static_cast<float>(c);
+      for (std::size_t g = 0; g < 2; ++g)
+        scales[g * 8 + c] = 0.5f * static_cast<float>(g + 1) + 0.25f * static_cast<float>(c);
     }
   }
   GptqHostTensors tensors(GptqZeroFormat f) const {
@@ -391,7 +393,8 @@ TEST(GptqFormat, DequantizeMatchesFormulaOnPackedWords) {
             const int q = nibble_by_division(qweight[(r / 8) * n + c], r % 8);
             const int zero = nibble_by_division(qzeros[g * (n / 8) + c / 8], c % 8) + (f == GptqZeroFormat::V1 ? 1 : 0);
             const float want = static_cast<float>(q - zero) * scales[g * n + c];
-            if (std::memcmp(&W[r * n + c], &want, sizeof(float)) != 0 || std::memcmp(&Wt[c * k + r], &want, sizeof(float)) != 0) {
+            if (std::memcmp(&W[r * n + c], &want, sizeof(float)) != 0 ||
+                std::memcmp(&Wt[c * k + r], &want, sizeof(float)) != 0) {
               if (++bad <= 5) ADD_FAILURE() << "W[" << r << "][" << c << "] = " << W[r * n + c] << ", want " << want;
             }
           }
@@ -447,7 +450,8 @@ TEST(GptqFormat, ActOrderPermutationAndGatherKeepTheProductExactly) {
       detail::gather_columns(a.data(), m, k, w.perm, a_perm.data());
       const std::vector<double> got = product(a_perm, detail::dequantize_gptq(wp), m, k, n);
       ASSERT_EQ(got.size(), want.size());
-      for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << "out[" << i / n << "][" << i % n << "]";
+      for (std::size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(got[i], want[i]) << "out[" << i / n << "][" << i % n << "]";
 
       // The permuted weight: rows moved with perm, g_idx sorted, its own perm the identity.
       for (std::size_t j = 0; j < k; ++j) {
@@ -502,10 +506,12 @@ TEST(GptqFormat, GatherColumnsKnownValuesAndBadPerm) {
 
   const std::vector<std::int32_t> short_perm = {0, 1, 2};
   expect_error(ErrorCode::ShapeMismatch, "gather_columns",
-               [&] { detail::gather_columns(a.data(), 2, 4, short_perm, out.data()); }, {"'perm' has 3 elements", "k = 4"});
+               [&] { detail::gather_columns(a.data(), 2, 4, short_perm, out.data()); },
+               {"'perm' has 3 elements", "k = 4"});
   const std::vector<std::int32_t> bad_perm = {0, 1, 4, 2};
   expect_error(ErrorCode::InvalidArgument, "gather_columns",
-               [&] { detail::gather_columns(a.data(), 2, 4, bad_perm, out.data()); }, {"'perm' entry 2 = 4", "[0, k = 4)"});
+               [&] { detail::gather_columns(a.data(), 2, 4, bad_perm, out.data()); },
+               {"'perm' entry 2 = 4", "[0, k = 4)"});
   std::vector<float> inplace = a;
   expect_error(ErrorCode::InvalidArgument, "gather_columns",
                [&] { detail::gather_columns(inplace.data(), 2, 4, perm, inplace.data()); }, {"aliases"});
@@ -519,16 +525,18 @@ class GptqBadInput : public testing::Test {
  protected:
   void SetUp() override {
     std::mt19937 rng(42);
-    packed_ = detail::pack_gptq(
-        random_unpacked(256, 16, 64, Zeros::Asymmetric, GptqZeroFormat::V1, true, rng), GptqZeroFormat::V1);
+    packed_ = detail::pack_gptq(random_unpacked(256, 16, 64, Zeros::Asymmetric, GptqZeroFormat::V1, true, rng),
+                                GptqZeroFormat::V1);
     ASSERT_NO_THROW(detail::validate_gptq(valid(), "load_gptq"));
   }
   GptqHostTensors valid() const { return packed_.host_tensors(); }
 
   // validate_gptq and unpack_gptq both refuse `t` with `code` and `parts`, under the op they are given.
   void expect_invalid(const GptqHostTensors& t, ErrorCode code, std::initializer_list<std::string_view> parts) {
-    expect_error(code, "load_gptq", [&] { detail::validate_gptq(t, "load_gptq"); }, parts);
-    expect_error(code, "unpack_gptq", [&] { detail::unpack_gptq(t); }, parts);
+    expect_error(
+        code, "load_gptq", [&] { detail::validate_gptq(t, "load_gptq"); }, parts);
+    expect_error(
+        code, "unpack_gptq", [&] { detail::unpack_gptq(t); }, parts);
   }
 
   GptqPacked packed_;
@@ -632,8 +640,8 @@ TEST_F(GptqBadInput, GIdxEntriesMustNameAGroup) {
 
   // group_size = -1: one group, so every entry must be 0.
   std::mt19937 rng(5);
-  const GptqPacked one = detail::pack_gptq(
-      random_unpacked(64, 8, -1, Zeros::Symmetric, GptqZeroFormat::V2, false, rng), GptqZeroFormat::V2);
+  const GptqPacked one = detail::pack_gptq(random_unpacked(64, 8, -1, Zeros::Symmetric, GptqZeroFormat::V2, false, rng),
+                                           GptqZeroFormat::V2);
   std::vector<std::int32_t> g1(64, 0);
   g1[63] = 1;
   GptqHostTensors t1 = one.host_tensors();
