@@ -10,6 +10,7 @@
 
 #include "common/fail.hpp"
 #include "common/op_check.hpp"
+#include "quant/gptq_format.hpp"
 #include "ferrum/half.hpp"
 
 namespace ferrum {
@@ -631,6 +632,7 @@ void Backend::do_mla_attention(const Buffer&, const Buffer&, Buffer&, std::size_
 std::unique_ptr<QuantWeight> Backend::load_gptq(const GptqHostTensors& tensors) {
   OpCheck check(*this, "load_gptq");
   refuse_during_capture(check);
+  detail::validate_gptq(tensors, "load_gptq");  // every shape and divisibility rule, for every backend
   return do_load_gptq(tensors);
 }
 

@@ -6,7 +6,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "ferrum/backend.hpp"
 
@@ -69,10 +71,16 @@ class CpuBackend final : public Backend {
                           std::size_t batch, std::size_t q_len, std::size_t kv_len,
                           std::size_t pos_offset, const AttnConfig& cfg,
                           bool use_decode_state) override;
+  std::unique_ptr<QuantWeight> do_load_gptq(const GptqHostTensors& tensors) override;
+  void do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) override;
 
  private:
   template <class F>
   void parallel_for(std::size_t n, F&& body);
+  std::vector<float> decode_rows(const Buffer& a, std::size_t m, std::size_t k);
+  template <class DecodeB>
+  void gemm_f32(const std::vector<float>& a_values, std::size_t m, std::size_t n, std::size_t k, DecodeB&& decode_b,
+                Buffer& out);
 
   unsigned num_threads_;
   // Decode state, as CudaBackend keeps it on the device.

@@ -7,6 +7,8 @@
 // results do not depend on the thread count.
 #include "ferrum/cpu_backend.hpp"
 
+#include "quant/gptq_format.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -249,10 +251,10 @@ bool CpuBackend::supports(Op op) const noexcept {
     case Op::AllReduce:  // world size 1: identities, in the base class
     case Op::AllGather:
     case Op::Broadcast:
-      return true;
     case Op::LoadGptq:
     case Op::GemmGptq:
     case Op::GemmQuant:
+      return true;
     case Op::MlaAttention:
     case Op::GraphCapture:
       return false;
@@ -464,15 +466,25 @@ void CpuBackend::do_add_inplace(Buffer& residual /*[len], in/out*/, const Buffer
 
 void CpuBackend::do_gemm(const Buffer& a /*[m, k]*/, const Buffer& b /*[n, k]*/, Buffer& out /*[m, n]*/,
                          std::size_t m, std::size_t n, std::size_t k) {
-  // a is decoded once, whole (activations: modest). b is a weight that can be
-  // vocab-sized, so each task decodes only the block of its rows it needs.
-  std::vector<float> a_values(m * k);
-  const RowTasks a_tasks(m, k);
-  parallel_for(a_tasks.count(), [&](std::size_t task) {
-    const std::size_t begin = a_tasks.begin(task);
-    decode(a, begin * k, (a_tasks.end(task) - begin) * k, a_values.data() + begin * k);
-  });
+  // b is a weight that can be vocab-sized, so each task decodes only the
+  // block of its rows it needs.
+  gemm_f32(decode_rows(a, m, k), m, n, k,
+           [&](std::size_t j_begin, std::size_t rows, float* dst) { decode(b, j_begin * k, rows * k, dst); }, out);
+}
 
+std::vector<float> CpuBackend::decode_rows(const Buffer& a /*[m, k]*/, std::size_t m, std::size_t k) {
+  std::vector<float> values(m * k);
+  const RowTasks tasks(m, k);
+  parallel_for(tasks.count(), [&](std::size_t task) {
+    const std::size_t begin = tasks.begin(task);
+    decode(a, begin * k, (tasks.end(task) - begin) * k, values.data() + begin * k);
+  });
+  return values;
+}
+
+template <class DecodeB>
+void CpuBackend::gemm_f32(const std::vector<float>& a_values /*[m, k]*/, std::size_t m, std::size_t n, std::size_t k,
+                          DecodeB&& decode_b /*(first row, rows, float* [rows, k])*/, Buffer& out /*[m, n]*/) {
   // A task is kBlockM rows of a by kBlockN rows of b. The b block (kBlockN * k
   // f32) stays in cache while the a rows stream past it, kRowsAtOnce at a time.
   constexpr std::size_t kRowsAtOnce = 4;
@@ -486,7 +498,7 @@ void CpuBackend::do_gemm(const Buffer& a /*[m, k]*/, const Buffer& b /*[n, k]*/,
     const std::size_t j_begin = (block / blocks_m) * kBlockN;
     const std::size_t j_end = std::min(n, j_begin + kBlockN);
     std::vector<float> b_block((j_end - j_begin) * k);
-    decode(b, j_begin * k, (j_end - j_begin) * k, b_block.data());
+    decode_b(j_begin, j_end - j_begin, b_block.data());
     double sums[kRowsAtOnce];
     for (std::size_t i = i_begin; i < i_end; i += kRowsAtOnce) {
       const std::size_t rows = std::min(kRowsAtOnce, i_end - i);
@@ -507,6 +519,49 @@ void CpuBackend::do_gemm(const Buffer& a /*[m, k]*/, const Buffer& b /*[n, k]*/,
   } else {
     parallel_for(blocks_m * blocks_n, run_block);
   }
+}
+
+// ── GPTQ (the reference: dequantize once at load, then a plain GEMM) ────────
+
+namespace {
+
+class CpuGptqWeight final : public QuantWeight {
+ public:
+  CpuGptqWeight(const Backend* owner, std::size_t k, std::size_t n, std::vector<float> w_t)
+      : owner_(owner), k_(k), n_(n), w_t_(std::move(w_t)) {}
+  QuantKind kind() const noexcept override { return QuantKind::Gptq; }
+  std::size_t k() const noexcept override { return k_; }
+  std::size_t n() const noexcept override { return n_; }
+  const Backend* backend() const noexcept override { return owner_; }
+  const std::vector<float>& transposed() const noexcept { return w_t_; }  // [n, k]
+
+ private:
+  const Backend* owner_;
+  std::size_t k_, n_;
+  std::vector<float> w_t_;
+};
+
+}  // namespace
+
+std::unique_ptr<QuantWeight> CpuBackend::do_load_gptq(const GptqHostTensors& tensors) {
+  const detail::GptqUnpacked w = detail::unpack_gptq(tensors, "load_gptq");
+  return std::make_unique<CpuGptqWeight>(this, w.k, w.n, detail::dequantize_gptq_transposed(w));
+}
+
+void CpuBackend::do_gemm_gptq(const Buffer& a /*[m, k]*/, const QuantWeight& w, Buffer& out /*[m, n]*/,
+                              std::size_t m) {
+  const auto* weight_ptr = dynamic_cast<const CpuGptqWeight*>(&w);
+  if (weight_ptr == nullptr) {
+    fail(ErrorCode::InvalidArgument, "gemm_gptq: argument 'w' was not made by this backend's load_gptq");
+  }
+  const CpuGptqWeight& weight = *weight_ptr;
+  const std::size_t k = weight.k();
+  const float* w_t = weight.transposed().data();
+  gemm_f32(decode_rows(a, m, k), m, weight.n(), k,
+           [&](std::size_t j_begin, std::size_t rows, float* dst) {
+             std::memcpy(dst, w_t + j_begin * k, rows * k * sizeof(float));
+           },
+           out);
 }
 
 // ── Embedding and reshaping ──────────────────────────────────────────────────

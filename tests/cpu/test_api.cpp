@@ -202,7 +202,7 @@ TEST_P(ApiOnBackend, SupportsMatchesBehaviour) {
 
 TEST(CpuSupports, ExactlyTheDocumentedSet) {
   CpuBackend cpu;
-  const std::set<Op> unsupported = {Op::LoadGptq, Op::GemmGptq, Op::GemmQuant, Op::MlaAttention, Op::GraphCapture};
+  const std::set<Op> unsupported = {Op::MlaAttention, Op::GraphCapture};
   for (int o = 0; o < kNumOps; ++o) {
     const Op op = static_cast<Op>(o);
     EXPECT_EQ(cpu.supports(op), unsupported.count(op) == 0) << to_string(op);

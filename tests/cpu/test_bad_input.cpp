@@ -286,8 +286,15 @@ TEST_P(BadInput, QuantWeightChecks) {
       a.weight = std::make_unique<FakeQuantWeight>(&backend(), kind, a.weight->k(), a.weight->n());
     });
   }
+  // Every backend validates the checkpoint before anything else.
   GptqHostTensors empty;
-  expect_error(ErrorCode::Unsupported, "load_gptq", [&] { (void)backend().load_gptq(empty); });
+  expect_error(ErrorCode::InvalidArgument, "load_gptq", [&] { (void)backend().load_gptq(empty); });
+  // A weight that claims this backend but was not made by its load_gptq.
+  if (backend().supports(Op::GemmGptq)) {
+    expect_call_error(Op::GemmGptq, ErrorCode::InvalidArgument, "'w'", [&](OpArgs& a) {
+      a.weight = std::make_unique<FakeQuantWeight>(&backend(), QuantKind::Gptq, a.weight->k(), a.weight->n());
+    });
+  }
 }
 
 // ── Misalignment: Buffer::wrap refuses pointers off the element grid ─────────

@@ -173,13 +173,35 @@ Buffer zeros(Backend& backend, DType dtype, std::size_t numel) {
   return b;
 }
 
+// A well-formed 4-bit GPTQ checkpoint (one group of -1, symmetric V1 zeros).
+struct ValidGptq {
+  std::vector<std::int32_t> qweight, qzeros;
+  std::vector<float> scales;
+  GptqHostTensors tensors;
+
+  ValidGptq(std::size_t k, std::size_t n)
+      : qweight(k / 8 * n, 0x77777777), qzeros(n / 8, 0x77777777), scales(n, 0.01f) {
+    tensors.qweight = qweight;
+    tensors.qzeros = qzeros;
+    tensors.scales = scales;
+    tensors.k = k;
+    tensors.n = n;
+    tensors.group_size = -1;
+  }
+};
+
 OpArgs make_args(Backend& backend, const OpSpec& spec) {
   OpArgs a;
   for (const BufferArg& b : spec.buffers) a.buffers.emplace(b.name, zeros(backend, b.dtype, b.numel));
   for (const SizeArg& s : spec.sizes) a.sizes.emplace(s.name, s.value);
   if (spec.op == Op::FlashAttention) a.pos_offset = kKvLen - kQLen;  // causal: the queries end at kv_len
   if (spec.op == Op::GemmGptq || spec.op == Op::GemmQuant) {
-    a.weight = std::make_unique<FakeQuantWeight>(&backend, QuantKind::Gptq, kK, kN);
+    // A real weight where the backend can load one, so valid calls run.
+    if (backend.supports(Op::LoadGptq)) {
+      a.weight = backend.load_gptq(ValidGptq(kK, kN).tensors);
+    } else {
+      a.weight = std::make_unique<FakeQuantWeight>(&backend, QuantKind::Gptq, kK, kN);
+    }
   }
   return a;
 }
@@ -187,19 +209,7 @@ OpArgs make_args(Backend& backend, const OpSpec& spec) {
 void call_op_validly(Backend& backend, Op op) {
   switch (op) {
     case Op::LoadGptq: {
-      // A well-formed 4-bit GPTQ checkpoint of k = 128, n = 8, one group.
-      constexpr std::size_t k = 128, n = 8;
-      const std::vector<std::int32_t> qweight(k / 8 * n, 0x77777777);
-      const std::vector<std::int32_t> qzeros(n / 8, 0x77777777);
-      const std::vector<float> scales(n, 0.01f);
-      GptqHostTensors t;
-      t.qweight = qweight;
-      t.qzeros = qzeros;
-      t.scales = scales;
-      t.k = k;
-      t.n = n;
-      t.group_size = 128;
-      (void)backend.load_gptq(t);
+      (void)backend.load_gptq(ValidGptq(128, 8).tensors);
       break;
     }
     case Op::GraphCapture: {
