@@ -1,0 +1,202 @@
+#include "decoder.hpp"
+
+#include <algorithm>
+
+#include "engine_error.hpp"
+
+namespace ferrum::engine {
+
+std::string to_string(DecodeMode mode) {
+  switch (mode) {
+    case DecodeMode::Eager:
+      return "eager";
+    case DecodeMode::DeviceState:
+      return "device-state";
+    case DecodeMode::Graph:
+      return "graph";
+  }
+  return "?";
+}
+
+std::vector<Op> required_ops(DecodeMode mode) {
+  std::vector<Op> ops = {Op::EmbeddingLookup, Op::RmsNorm,          Op::FusedAddRmsNorm,
+                         Op::Gemm,            Op::SplitQkv,         Op::QkNormRope,
+                         Op::TransposeHeadToToken, Op::KvCacheAppendHeadMajor, Op::FlashAttention,
+                         Op::FusedSiluMulSplit};
+  if (mode != DecodeMode::Eager) ops.push_back(Op::DeviceStateMode);
+  if (mode == DecodeMode::Graph) ops.push_back(Op::GraphCapture);
+  return ops;
+}
+
+std::vector<Op> missing_ops(const Backend& backend, DecodeMode mode) {
+  std::vector<Op> missing;
+  for (Op op : required_ops(mode)) {
+    if (!backend.supports(op)) missing.push_back(op);
+  }
+  return missing;
+}
+
+Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_capacity,
+                 std::size_t max_prefill_tokens, DecodeMode mode)
+    : be_(backend), w_(weights), cfg_(weights.config), capacity_(kv_capacity), max_tokens_(max_prefill_tokens),
+      mode_(mode) {
+  const std::vector<Op> missing = missing_ops(backend, mode);
+  if (!missing.empty()) {
+    std::string names;
+    for (Op op : missing) names += concat(names.empty() ? "" : ", ", ferrum::to_string(op));
+    fail(ErrorCode::Unsupported, "Decoder: the ", backend.name(), " backend lacks ", names, " (needed by ",
+         to_string(mode), " decoding)");
+  }
+  if (kv_capacity == 0 || kv_capacity > cfg_.max_position_embeddings) {
+    fail(ErrorCode::InvalidArgument, "Decoder: kv_capacity = ", kv_capacity, " must be in [1, ",
+         cfg_.max_position_embeddings, "] (max_position_embeddings)");
+  }
+  if (max_prefill_tokens == 0 || max_prefill_tokens > kv_capacity) {
+    fail(ErrorCode::InvalidArgument, "Decoder: max_prefill_tokens = ", max_prefill_tokens, " must be in [1, ",
+         kv_capacity, "] (kv_capacity)");
+  }
+  const DType dt = cfg_.dtype;
+  const std::size_t t = max_tokens_;
+  const std::size_t hidden = cfg_.hidden_size;
+  const std::size_t im = cfg_.intermediate_size;
+  for (std::size_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    k_cache_.push_back(be_.alloc(dt, cfg_.num_key_value_heads * capacity_ * cfg_.head_dim));
+    v_cache_.push_back(be_.alloc(dt, cfg_.num_key_value_heads * capacity_ * cfg_.head_dim));
+  }
+  ids_ = be_.alloc(DType::I32, t);
+  residual_ = be_.alloc(dt, t * hidden);
+  normed_ = be_.alloc(dt, t * hidden);
+  qkv_ = be_.alloc(dt, t * cfg_.qkv_dim());
+  q_ = be_.alloc(dt, t * cfg_.q_dim());
+  k_ = be_.alloc(dt, t * cfg_.kv_dim());
+  v_ = be_.alloc(dt, t * cfg_.kv_dim());
+  q_heads_ = be_.alloc(dt, t * cfg_.q_dim());
+  k_heads_ = be_.alloc(dt, t * cfg_.kv_dim());
+  v_heads_ = be_.alloc(dt, t * cfg_.kv_dim());
+  attn_heads_ = be_.alloc(dt, t * cfg_.q_dim());
+  attn_tokens_ = be_.alloc(dt, t * cfg_.q_dim());
+  attn_out_ = be_.alloc(dt, t * hidden);
+  gate_up_ = be_.alloc(dt, t * 2 * im);
+  act_ = be_.alloc(dt, t * im);
+  mlp_out_ = be_.alloc(dt, t * hidden);
+  logits_ = be_.alloc(dt, cfg_.vocab_size);
+}
+
+void Decoder::check_tokens(std::span<const std::int32_t> tokens) const {
+  if (tokens.empty()) fail(ErrorCode::InvalidArgument, "Decoder: no tokens given");
+  if (tokens.size() > max_tokens_) {
+    fail(ErrorCode::InvalidArgument, "Decoder: ", tokens.size(), " tokens exceed max_prefill_tokens = ", max_tokens_);
+  }
+  if (position_ + tokens.size() > capacity_) {
+    fail(ErrorCode::CapacityExceeded, "Decoder: positions [", position_, ", ", position_ + tokens.size(),
+         ") run past kv_capacity = ", capacity_);
+  }
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || static_cast<std::size_t>(tokens[i]) >= cfg_.vocab_size) {
+      fail(ErrorCode::InvalidArgument, "Decoder: token id ", tokens[i], " at index ", i, " is outside [0, ",
+           cfg_.vocab_size, ") (vocab_size)");
+    }
+  }
+}
+
+std::vector<float> Decoder::prefill(std::span<const std::int32_t> tokens) {
+  check_tokens(tokens);
+  be_.set_device_state_mode(false);
+  be_.write_bytes(ids_, tokens.data(), tokens.size_bytes());
+  enqueue_forward(tokens.size(), position_);
+  position_ += tokens.size();
+  return read_logits();
+}
+
+std::vector<float> Decoder::decode(std::int32_t token) {
+  const std::int32_t one[1] = {token};
+  check_tokens(one);
+  if (mode_ == DecodeMode::Eager) return prefill(one);
+
+  be_.set_device_state_mode(true);
+  if (mode_ == DecodeMode::Graph && !graph_captured_) {
+    // The captured step reads token / pos / kv_len from the decode state, so
+    // one graph serves every later step.
+    be_.begin_graph_capture();
+    enqueue_forward(1, position_);
+    be_.end_graph_capture();
+    graph_captured_ = true;
+  }
+  be_.set_decode_state(static_cast<std::uint32_t>(token), static_cast<std::uint32_t>(position_));
+  if (mode_ == DecodeMode::Graph) {
+    if (!be_.replay_last_graph()) {
+      fail(ErrorCode::GraphCapture, "Decoder: the captured decode graph is gone (another user reset the graph slot)");
+    }
+  } else {
+    enqueue_forward(1, position_);
+  }
+  be_.set_device_state_mode(false);
+  position_ += 1;
+  return read_logits();
+}
+
+void Decoder::enqueue_forward(std::size_t tokens, std::size_t pos_offset) {
+  const std::size_t hidden = cfg_.hidden_size;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  be_.embedding_lookup(w_.embed_tokens, ids_, residual_, tokens, hidden, cfg_.vocab_size);
+  be_.rms_norm(residual_, w_.layers[0].input_norm, eps, normed_, tokens, hidden);
+  for (std::size_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    enqueue_attention(l, tokens, pos_offset);  // normed_ -> attn_out_
+    be_.fused_add_rms_norm(residual_, attn_out_, w_.layers[l].post_attention_norm, eps, normed_, tokens, hidden);
+    enqueue_mlp(l, tokens);  // normed_ -> mlp_out_
+    const bool last = l + 1 == cfg_.num_hidden_layers;
+    const Buffer& next_norm = last ? w_.final_norm : w_.layers[l + 1].input_norm;
+    be_.fused_add_rms_norm(residual_, mlp_out_, next_norm, eps, normed_, tokens, hidden);
+  }
+  const Buffer last_row = normed_.view((tokens - 1) * hidden, hidden);  // [1, hidden]
+  be_.gemm(last_row, w_.output_projection(), logits_, 1, cfg_.vocab_size, hidden);
+}
+
+void Decoder::enqueue_attention(std::size_t l, std::size_t tokens, std::size_t pos_offset) {
+  const LayerWeights& lw = w_.layers[l];
+  const std::size_t heads = cfg_.num_attention_heads;
+  const std::size_t kv = cfg_.num_key_value_heads;
+  const std::size_t hd = cfg_.head_dim;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const std::size_t max_pos = cfg_.max_position_embeddings;
+
+  be_.gemm(normed_, lw.qkv_proj, qkv_, tokens, cfg_.qkv_dim(), cfg_.hidden_size);  // [T, q|k|v]
+  be_.split_qkv(qkv_, q_, k_, v_, tokens, cfg_.q_dim(), cfg_.kv_dim());
+  const RopeMode mode = cfg_.has_qk_norm() ? RopeMode::NormAndRope : RopeMode::RopeOnly;
+  const Buffer* q_norm = cfg_.has_qk_norm() ? &lw.q_norm : nullptr;
+  const Buffer* k_norm = cfg_.has_qk_norm() ? &lw.k_norm : nullptr;
+  be_.qk_norm_rope(q_, q_norm, w_.rope_cos, w_.rope_sin, q_heads_, tokens, heads, hd, pos_offset, max_pos, eps, mode);
+  be_.qk_norm_rope(k_, k_norm, w_.rope_cos, w_.rope_sin, k_heads_, tokens, kv, hd, pos_offset, max_pos, eps, mode);
+  // v is token-major [T, kv, hd]; read it as [heads = T, tokens = kv, hd] to get [kv, T, hd].
+  be_.transpose_head_to_token(v_, v_heads_, /*tokens=*/kv, /*heads=*/tokens, hd);
+  be_.kv_cache_append_head_major(k_cache_[l], v_cache_[l], pos_offset, capacity_, k_heads_, v_heads_, tokens, kv, hd);
+
+  AttnConfig attn;
+  attn.num_heads = heads;
+  attn.num_kv_heads = kv;
+  attn.head_dim = hd;
+  attn.causal = true;
+  attn.kv_seq_stride = capacity_;
+  // q [1, heads, T, hd] against cache positions [0, pos_offset + T).
+  be_.flash_attention(q_heads_, k_cache_[l], v_cache_[l], attn_heads_, 1, tokens, pos_offset + tokens, pos_offset,
+                      attn);
+  be_.transpose_head_to_token(attn_heads_, attn_tokens_, tokens, heads, hd);  // [T, heads * hd]
+  be_.gemm(attn_tokens_, lw.o_proj, attn_out_, tokens, cfg_.hidden_size, cfg_.q_dim());
+}
+
+void Decoder::enqueue_mlp(std::size_t l, std::size_t tokens) {
+  const LayerWeights& lw = w_.layers[l];
+  const std::size_t im = cfg_.intermediate_size;
+  be_.gemm(normed_, lw.gate_up_proj, gate_up_, tokens, 2 * im, cfg_.hidden_size);  // [T, gate | up]
+  be_.fused_silu_mul_split(gate_up_, act_, tokens, im);
+  be_.gemm(act_, lw.down_proj, mlp_out_, tokens, cfg_.hidden_size, im);
+}
+
+std::vector<float> Decoder::read_logits() { return be_.download(logits_, cfg_.vocab_size); }
+
+std::int32_t argmax(std::span<const float> logits) {
+  if (logits.empty()) fail(ErrorCode::InvalidArgument, "argmax: no logits");
+  return static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+}  // namespace ferrum::engine

@@ -1,0 +1,206 @@
+// ferrum_engine: greedy decoding of a Llama / Qwen3 model on the Backend API.
+//
+// Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N]
+//                      [--cpu] [--eager | --graph] [--seed N]
+//   --model DIR      Hugging Face checkpoint: config.json + *.safetensors
+//   --random NAME    seeded random weights for a preset (llama3-8b, qwen3-0.6b, tiny-llama, tiny-qwen3)
+//   --prompt-tokens  comma-separated token ids (there is no tokenizer); default "1"
+//   --steps N        tokens to generate (default 16)
+//   --cpu            CpuBackend even when a GPU is present
+//   --eager/--graph  decode steps as op calls, or one captured graph replayed
+//                    per step (graph needs Op::GraphCapture; else eager)
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ferrum/ferrum.hpp>
+
+#include "decoder.hpp"
+#include "engine_error.hpp"
+#include "model_config.hpp"
+#include "weights.hpp"
+
+namespace {
+
+using namespace ferrum;
+using namespace ferrum::engine;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::string model_dir;
+  std::string random_preset;
+  std::vector<std::int32_t> prompt = {1};
+  std::size_t steps = 16;
+  bool force_cpu = false;
+  bool graph = false;
+  std::uint64_t seed = 1234;
+};
+
+void usage(std::FILE* out) {
+  std::fprintf(out,
+               "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3\"] [--steps N]\n"
+               "                     [--cpu] [--eager | --graph] [--seed N]\n"
+               "presets:");
+  for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
+  std::fprintf(out, "\n");
+}
+
+std::size_t parse_count(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || text[0] == '-') {
+    fail(ErrorCode::InvalidArgument, flag, " takes a non-negative integer, got '", text, "'");
+  }
+  return static_cast<std::size_t>(value);
+}
+
+std::vector<std::int32_t> parse_tokens(const std::string& text) {
+  std::vector<std::int32_t> tokens;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::size_t id = parse_count("--prompt-tokens", text.substr(start, comma - start));
+    if (id > 0x7fffffff) fail(ErrorCode::InvalidArgument, "--prompt-tokens: token id ", id, " does not fit an i32");
+    tokens.push_back(static_cast<std::int32_t>(id));
+    start = comma + 1;
+  }
+  return tokens;
+}
+
+// Returns false when the program should exit (help or a usage error printed).
+bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) fail(ErrorCode::InvalidArgument, arg, " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--model") {
+      opt.model_dir = value();
+    } else if (arg == "--random") {
+      opt.random_preset = value();
+    } else if (arg == "--prompt-tokens") {
+      opt.prompt = parse_tokens(value());
+    } else if (arg == "--steps") {
+      opt.steps = parse_count(arg, value());
+    } else if (arg == "--seed") {
+      opt.seed = parse_count(arg, value());
+    } else if (arg == "--cpu") {
+      opt.force_cpu = true;
+    } else if (arg == "--eager") {
+      opt.graph = false;
+    } else if (arg == "--graph") {
+      opt.graph = true;
+    } else {
+      usage(arg == "--help" ? stdout : stderr);
+      exit_code = arg == "--help" ? 0 : 2;
+      return false;
+    }
+  }
+  if (opt.model_dir.empty() == opt.random_preset.empty()) {
+    std::fprintf(stderr, "ferrum_engine: give exactly one of --model DIR or --random NAME\n");
+    usage(stderr);
+    exit_code = 2;
+    return false;
+  }
+  return true;
+}
+
+std::string op_list(const std::vector<Op>& ops) {
+  std::string text;
+  for (Op op : ops) text += concat(text.empty() ? "" : ", ", ferrum::to_string(op));
+  return text;
+}
+
+// The GPU backend when present and complete enough for the model, else CpuBackend.
+std::unique_ptr<Backend> choose_backend(const Options& opt, DecodeMode& mode) {
+  std::unique_ptr<Backend> backend;
+  if (opt.force_cpu) {
+    backend = std::make_unique<CpuBackend>();
+  } else {
+    backend = make_default_backend();
+    const std::vector<Op> missing = missing_ops(*backend, DecodeMode::Eager);
+    if (!missing.empty()) {
+      std::printf("ferrum_engine: the %s backend lacks %s; falling back to the CPU backend\n",
+                  backend->name().c_str(), op_list(missing).c_str());
+      backend = std::make_unique<CpuBackend>();
+    }
+  }
+  if (mode == DecodeMode::Graph && !missing_ops(*backend, DecodeMode::Graph).empty()) {
+    std::printf("ferrum_engine: the %s backend lacks %s; decoding eagerly instead of with a graph\n",
+                backend->name().c_str(), op_list(missing_ops(*backend, DecodeMode::Graph)).c_str());
+    mode = DecodeMode::Eager;
+  }
+  return backend;
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+int run(const Options& opt) {
+  DecodeMode mode = opt.graph ? DecodeMode::Graph : DecodeMode::Eager;
+  std::unique_ptr<Backend> backend = choose_backend(opt, mode);
+  std::printf("ferrum_engine: backend %s, %s decoding\n", backend->name().c_str(), to_string(mode).c_str());
+
+  const auto load_start = Clock::now();
+  ModelWeights weights = opt.model_dir.empty() ? random_weights(*backend, preset_config(opt.random_preset), opt.seed)
+                                               : load_checkpoint(*backend, opt.model_dir);
+  const ModelConfig& c = weights.config;
+  std::printf("  model: %s (%s), %zu layers, hidden %zu, heads %zu/%zu, head_dim %zu, intermediate %zu, vocab %zu, %s%s\n",
+              opt.model_dir.empty() ? ("random " + opt.random_preset).c_str() : opt.model_dir.c_str(),
+              to_string(c.architecture).c_str(), c.num_hidden_layers, c.hidden_size, c.num_attention_heads,
+              c.num_key_value_heads, c.head_dim, c.intermediate_size, c.vocab_size,
+              std::string(ferrum::to_string(c.dtype)).c_str(), c.tie_word_embeddings ? ", tied embeddings" : "");
+  std::printf("  loaded in %.2f s\n", seconds_since(load_start));
+
+  const std::size_t total = opt.prompt.size() + opt.steps;
+  if (total > c.max_position_embeddings) {
+    fail(ErrorCode::InvalidArgument, "prompt (", opt.prompt.size(), " tokens) + --steps ", opt.steps,
+         " exceed max_position_embeddings = ", c.max_position_embeddings);
+  }
+  Decoder decoder(*backend, weights, total, opt.prompt.size(), mode);
+
+  const auto prefill_start = Clock::now();
+  std::vector<float> logits = decoder.prefill(opt.prompt);
+  const double prefill_s = seconds_since(prefill_start);
+  std::printf("  prefill: %zu tokens in %.3f s (%.1f tokens/s)\n", opt.prompt.size(), prefill_s,
+              static_cast<double>(opt.prompt.size()) / prefill_s);
+
+  std::vector<std::int32_t> generated;
+  const auto decode_start = Clock::now();
+  std::int32_t token = argmax(logits);
+  for (std::size_t step = 0; step < opt.steps; ++step) {
+    generated.push_back(token);
+    std::printf("  step %zu: token %d\n", step, token);
+    std::fflush(stdout);
+    if (step + 1 < opt.steps) token = argmax(decoder.decode(token));
+  }
+  const double decode_s = seconds_since(decode_start);
+  std::printf("  generated:");
+  for (std::int32_t t : generated) std::printf(" %d", t);
+  std::printf("\n");
+  if (opt.steps > 1) {
+    std::printf("  decode: %zu steps in %.3f s (%.1f tokens/s)\n", opt.steps - 1, decode_s,
+                static_cast<double>(opt.steps - 1) / decode_s);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Options opt;
+    int exit_code = 0;
+    if (!parse_options(argc, argv, opt, exit_code)) return exit_code;
+    return run(opt);
+  } catch (const ferrum::Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "ferrum_engine: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,126 @@
+#include "tensor_source.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "checkpoint_layout.hpp"
+#include "engine_error.hpp"
+
+namespace ferrum::engine {
+
+// ── CheckpointDirectory ───────────────────────────────────────────────────
+
+CheckpointDirectory::CheckpointDirectory(const std::filesystem::path& dir) : dir_(dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    fail(ErrorCode::InvalidArgument, "checkpoint '", dir.string(), "': not a directory");
+  }
+  std::vector<std::filesystem::path> paths;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") paths.push_back(entry.path());
+  }
+  std::sort(paths.begin(), paths.end());
+  if (paths.empty()) fail(ErrorCode::InvalidArgument, "checkpoint '", dir.string(), "': no *.safetensors file");
+  for (const auto& path : paths) {
+    files_.push_back(SafetensorsFile::open(path));
+    for (const auto& [name, info] : files_.back().tensors()) {
+      const auto [it, inserted] = owner_.emplace(name, files_.size() - 1);
+      if (!inserted) {
+        fail(ErrorCode::InvalidArgument, "checkpoint '", dir.string(), "': tensor '", name, "' is in both '",
+             files_[it->second].path().filename().string(), "' and '", path.filename().string(), "'");
+      }
+    }
+  }
+}
+
+const SafetensorsFile& CheckpointDirectory::file_of(const std::string& name) const {
+  const auto it = owner_.find(name);
+  if (it == owner_.end()) {
+    fail(ErrorCode::InvalidArgument, "checkpoint '", dir_.string(), "': missing tensor '", name, "' (", owner_.size(),
+         " tensors in ", files_.size(), " file(s))");
+  }
+  return files_[it->second];
+}
+
+TensorMeta CheckpointDirectory::meta(const std::string& name) const {
+  const SafetensorsTensorInfo& info = file_of(name).info(name);
+  return {info.dtype, info.shape};
+}
+
+std::vector<float> CheckpointDirectory::read_f32(const std::string& name) const { return file_of(name).read_f32(name); }
+
+std::string CheckpointDirectory::describe(const std::string& name) const {
+  const auto it = owner_.find(name);
+  const std::string file = it == owner_.end() ? "" : concat(" (file '", files_[it->second].path().filename().string(), "')");
+  return concat("checkpoint '", dir_.string(), "'", file);
+}
+
+// ── RandomTensorSource ────────────────────────────────────────────────────
+
+namespace {
+
+std::uint64_t splitmix64(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+std::uint64_t hash_name(const std::string& name) {  // FNV-1a
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+float round_to(DType dtype, float x) {
+  return dtype == DType::F16 ? f16_to_f32(f32_to_f16(x)) : bf16_to_f32(f32_to_bf16(x));
+}
+
+}  // namespace
+
+RandomTensorSource::RandomTensorSource(const ModelConfig& config, std::uint64_t seed) : config_(config), seed_(seed) {
+  for (const ExpectedTensor& t : expected_tensors(config)) shapes_[t.name] = t.shape;
+}
+
+const std::vector<std::size_t>& RandomTensorSource::shape_of(const std::string& name) const {
+  const auto it = shapes_.find(name);
+  if (it == shapes_.end()) fail(ErrorCode::InvalidArgument, describe(name), ": no tensor '", name, "' in this model");
+  return it->second;
+}
+
+TensorMeta RandomTensorSource::meta(const std::string& name) const {
+  return {config_.dtype == DType::F16 ? SafetensorsDType::F16 : SafetensorsDType::BF16, shape_of(name)};
+}
+
+std::vector<float> RandomTensorSource::read_f32(const std::string& name) const {
+  const std::vector<std::size_t>& shape = shape_of(name);
+  std::size_t numel = 1;
+  for (std::size_t dim : shape) numel *= dim;
+  // Norm weights: 1 + U(-0.2, 0.2). Embeddings: U(-1, 1).
+  // Projections [n, k]: U(-a, a) with a = sqrt(3 / k), unit-variance outputs.
+  float center = 0.0f;
+  float half_width = 1.0f;
+  if (ends_with(name, "norm.weight") || ends_with(name, "layernorm.weight")) {
+    center = 1.0f;
+    half_width = 0.2f;
+  } else if (name != "model.embed_tokens.weight") {
+    half_width = static_cast<float>(std::sqrt(3.0 / static_cast<double>(shape.back())));
+  }
+  std::uint64_t state = seed_ ^ hash_name(name);
+  std::vector<float> values(numel);
+  for (float& v : values) {
+    const double unit = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;  // [0, 1)
+    v = round_to(config_.dtype, center + half_width * static_cast<float>(2.0 * unit - 1.0));
+  }
+  return values;
+}
+
+std::string RandomTensorSource::describe(const std::string&) const {
+  return concat("random weights (", to_string(config_.architecture), ", seed ", seed_, ")");
+}
+
+}  // namespace ferrum::engine

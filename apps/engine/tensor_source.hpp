@@ -1,0 +1,75 @@
+// Where a model's tensors come from, by Hugging Face name: a checkpoint
+// directory of *.safetensors files, or seeded random values for a config.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "model_config.hpp"
+#include "safetensors.hpp"
+
+namespace ferrum::engine {
+
+struct TensorMeta {
+  SafetensorsDType dtype = SafetensorsDType::F32;
+  std::vector<std::size_t> shape;
+};
+
+class TensorSource {
+ public:
+  virtual ~TensorSource() = default;
+  virtual bool contains(const std::string& name) const = 0;
+  // Both throw InvalidArgument naming the source and the tensor when absent.
+  virtual TensorMeta meta(const std::string& name) const = 0;
+  virtual std::vector<float> read_f32(const std::string& name) const = 0;
+  // "checkpoint '/dir' (file 'x.safetensors')": where a tensor lives, for messages.
+  virtual std::string describe(const std::string& name) const = 0;
+};
+
+// Every *.safetensors file of a directory (sharded checkpoints included).
+class CheckpointDirectory final : public TensorSource {
+ public:
+  // Throws InvalidArgument when the directory has no *.safetensors file or
+  // two files hold the same tensor name.
+  explicit CheckpointDirectory(const std::filesystem::path& dir);
+
+  bool contains(const std::string& name) const override { return owner_.count(name) != 0; }
+  TensorMeta meta(const std::string& name) const override;
+  std::vector<float> read_f32(const std::string& name) const override;
+  std::string describe(const std::string& name) const override;
+  const std::vector<SafetensorsFile>& files() const noexcept { return files_; }
+
+ private:
+  const SafetensorsFile& file_of(const std::string& name) const;
+
+  std::filesystem::path dir_;
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, std::size_t> owner_;  // tensor name -> index into files_
+};
+
+// Seeded random weights for a config, every value already rounded to the
+// config's dtype. Projections are scaled by sqrt(3 / fan_in) (unit-variance
+// outputs for unit-variance inputs), norms are 1 ± 0.2, embeddings ±1, so
+// activations and logits stay O(1). A tensor's values depend only on the
+// seed and its name, so they can be regenerated one at a time.
+class RandomTensorSource final : public TensorSource {
+ public:
+  RandomTensorSource(const ModelConfig& config, std::uint64_t seed);
+
+  bool contains(const std::string& name) const override { return shapes_.count(name) != 0; }
+  TensorMeta meta(const std::string& name) const override;
+  std::vector<float> read_f32(const std::string& name) const override;
+  std::string describe(const std::string& name) const override;
+
+ private:
+  const std::vector<std::size_t>& shape_of(const std::string& name) const;
+
+  ModelConfig config_;
+  std::uint64_t seed_;
+  std::map<std::string, std::vector<std::size_t>> shapes_;
+};
+
+}  // namespace ferrum::engine

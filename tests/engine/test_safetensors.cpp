@@ -1,0 +1,180 @@
+// safetensors reader / writer: round trip and every malformed-file case.
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "engine_test_support.hpp"
+#include "safetensors.hpp"
+
+namespace ferrum::engine {
+namespace {
+
+using testing::scratch_dir;
+using testing::write_raw_safetensors;
+
+TEST(Safetensors, RoundTripF16Bf16F32AndMetadata) {
+  const auto dir = scratch_dir();
+  const std::vector<float> a = {1.0f, -2.5f, 0.125f, 3.0f, 65504.0f, -0.0f};  // exact in f16
+  const std::vector<float> b = {1.0f, 2.0f, -4.0f, 0.5f};                      // exact in bf16
+  const std::vector<float> c = {3.14159f, -1e-20f, 7.0f};
+  write_safetensors(dir / "t.safetensors",
+                    {make_write_tensor("a", SafetensorsDType::F16, {2, 3}, a),
+                     make_write_tensor("b", SafetensorsDType::BF16, {4}, b),
+                     make_write_tensor("c.weight", SafetensorsDType::F32, {3, 1}, c)},
+                    {{"format", "pt"}});
+  const SafetensorsFile file = SafetensorsFile::open(dir / "t.safetensors");
+  ASSERT_EQ(file.tensors().size(), 3u);
+  EXPECT_EQ(file.metadata().at("format"), "pt");
+  EXPECT_EQ(file.info("a").dtype, SafetensorsDType::F16);
+  EXPECT_EQ(file.info("a").shape, (std::vector<std::size_t>{2, 3}));
+  EXPECT_EQ(file.info("c.weight").shape, (std::vector<std::size_t>{3, 1}));
+  EXPECT_EQ(file.read_f32("a"), a);
+  EXPECT_EQ(file.read_f32("b"), b);
+  EXPECT_EQ(file.read_f32("c.weight"), c);
+  EXPECT_EQ(file.read_bytes("b").size(), 8u);
+}
+
+TEST(Safetensors, HeaderIsPaddedToEightBytes) {
+  const auto dir = scratch_dir();
+  write_safetensors(dir / "t.safetensors", {make_write_tensor("x", SafetensorsDType::F32, {1}, {1.0f})});
+  std::ifstream in(dir / "t.safetensors", std::ios::binary);
+  unsigned char len[8];
+  in.read(reinterpret_cast<char*>(len), 8);
+  EXPECT_EQ(len[0] % 8, 0);
+}
+
+TEST(Safetensors, EmptyAndScalarTensors) {
+  const auto dir = scratch_dir();
+  write_safetensors(dir / "t.safetensors", {make_write_tensor("empty", SafetensorsDType::F16, {0, 4}, {}),
+                                            make_write_tensor("scalar", SafetensorsDType::F32, {}, {2.0f})});
+  const SafetensorsFile file = SafetensorsFile::open(dir / "t.safetensors");
+  EXPECT_TRUE(file.read_f32("empty").empty());
+  EXPECT_EQ(file.read_f32("scalar"), std::vector<float>{2.0f});
+}
+
+TEST(Safetensors, FileShorterThanLengthField) {
+  const auto path = scratch_dir() / "short.safetensors";
+  std::ofstream(path, std::ios::binary) << "abc";
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(path), ErrorCode::InvalidArgument, "short.safetensors", "truncated");
+}
+
+TEST(Safetensors, HeaderLengthPastEndOfFile) {
+  const auto path = scratch_dir() / "t.safetensors";
+  write_raw_safetensors(path, "{}", {}, 4096);
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(path), ErrorCode::InvalidArgument, "t.safetensors", "4096", "truncated");
+}
+
+TEST(Safetensors, DataOffsetsPastDataSection) {
+  const auto path = scratch_dir() / "t.safetensors";
+  write_raw_safetensors(path, R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
+                        std::vector<std::uint8_t>(12));  // 4 bytes missing
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(path), ErrorCode::InvalidArgument, "t.safetensors", "'w'", "truncated");
+}
+
+TEST(Safetensors, MalformedJson) {
+  const auto path = scratch_dir() / "t.safetensors";
+  write_raw_safetensors(path, R"({"w":{"dtype":"F32",)", {});
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(path), ErrorCode::InvalidArgument, "t.safetensors", "not valid JSON");
+}
+
+TEST(Safetensors, HeaderNotAnObject) {
+  const auto path = scratch_dir() / "t.safetensors";
+  write_raw_safetensors(path, "[1, 2]", {});
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(path), ErrorCode::InvalidArgument, "JSON object");
+}
+
+TEST(Safetensors, EntryMissingField) {
+  const auto path = scratch_dir() / "t.safetensors";
+  write_raw_safetensors(path, R"({"w":{"dtype":"F32","shape":[1]}})", std::vector<std::uint8_t>(4));
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(path), ErrorCode::InvalidArgument, "'w'", "data_offsets");
+}
+
+TEST(Safetensors, OverlappingOffsets) {
+  const auto path = scratch_dir() / "t.safetensors";
+  write_raw_safetensors(path,
+                        R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                        R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                        std::vector<std::uint8_t>(12));
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(path), ErrorCode::InvalidArgument, "'b'", "overlap", "'a'");
+}
+
+TEST(Safetensors, HoleBetweenTensors) {
+  const auto path = scratch_dir() / "t.safetensors";
+  write_raw_safetensors(path,
+                        R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                        R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                        std::vector<std::uint8_t>(12));
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(path), ErrorCode::InvalidArgument, "'b'", "hole");
+}
+
+TEST(Safetensors, TrailingBytes) {
+  const auto path = scratch_dir() / "t.safetensors";
+  write_raw_safetensors(path, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                        std::vector<std::uint8_t>(8));
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(path), ErrorCode::InvalidArgument, "trailing");
+}
+
+TEST(Safetensors, OffsetsShortForShape) {
+  const auto path = scratch_dir() / "t.safetensors";
+  write_raw_safetensors(path, R"({"w":{"dtype":"F16","shape":[2,3],"data_offsets":[0,10]}})",
+                        std::vector<std::uint8_t>(10));
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(path), ErrorCode::ShapeMismatch, "'w'", "10 bytes", "[2, 3]", "12");
+}
+
+TEST(Safetensors, OffsetsEndBeforeBegin) {
+  const auto path = scratch_dir() / "t.safetensors";
+  write_raw_safetensors(path, R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[4,0]}})",
+                        std::vector<std::uint8_t>(4));
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(path), ErrorCode::InvalidArgument, "'w'", "end before");
+}
+
+TEST(Safetensors, UnknownDType) {
+  const auto path = scratch_dir() / "t.safetensors";
+  write_raw_safetensors(path, R"({"w":{"dtype":"F17","shape":[1],"data_offsets":[0,2]}})",
+                        std::vector<std::uint8_t>(2));
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(path), ErrorCode::InvalidArgument, "'w'", "unknown dtype", "F17");
+}
+
+TEST(Safetensors, NegativeShape) {
+  const auto path = scratch_dir() / "t.safetensors";
+  write_raw_safetensors(path, R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})",
+                        std::vector<std::uint8_t>(4));
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(path), ErrorCode::InvalidArgument, "'w'", "shape");
+}
+
+TEST(Safetensors, MissingTensor) {
+  const auto path = scratch_dir() / "t.safetensors";
+  write_safetensors(path, {make_write_tensor("present", SafetensorsDType::F32, {1}, {1.0f})});
+  const SafetensorsFile file = SafetensorsFile::open(path);
+  EXPECT_FALSE(file.contains("absent"));
+  EXPECT_ENGINE_ERROR(file.info("absent"), ErrorCode::InvalidArgument, "t.safetensors", "'absent'", "no such tensor");
+  EXPECT_ENGINE_ERROR(file.read_f32("absent"), ErrorCode::InvalidArgument, "'absent'");
+}
+
+TEST(Safetensors, ReadF32OfIntegerTensorIsDTypeMismatch) {
+  const auto path = scratch_dir() / "t.safetensors";
+  write_raw_safetensors(path, R"({"ids":{"dtype":"I32","shape":[2],"data_offsets":[0,8]}})",
+                        std::vector<std::uint8_t>(8));
+  const SafetensorsFile file = SafetensorsFile::open(path);
+  EXPECT_EQ(file.read_bytes("ids").size(), 8u);
+  EXPECT_ENGINE_ERROR(file.read_f32("ids"), ErrorCode::DTypeMismatch, "'ids'", "I32");
+}
+
+TEST(Safetensors, MetadataMustHoldStrings) {
+  const auto path = scratch_dir() / "t.safetensors";
+  write_raw_safetensors(path, R"({"__metadata__":{"n":1}})", {});
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(path), ErrorCode::InvalidArgument, "__metadata__", "'n'");
+}
+
+TEST(Safetensors, MissingFile) {
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(scratch_dir() / "nope.safetensors"), ErrorCode::InvalidArgument,
+                      "nope.safetensors", "cannot open");
+}
+
+TEST(Safetensors, WriterRefusesWrongByteCount) {
+  SafetensorsWriteTensor bad{"w", SafetensorsDType::F32, {3}, std::vector<std::uint8_t>(8)};
+  EXPECT_ENGINE_ERROR(write_safetensors(scratch_dir() / "t.safetensors", {bad}), ErrorCode::ShapeMismatch, "'w'");
+}
+
+}  // namespace
+}  // namespace ferrum::engine
