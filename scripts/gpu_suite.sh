@@ -8,7 +8,7 @@
 #                                figures in the same call, one comparison table
 #   scripts/gpu_suite.sh all     both (needs about 12 minutes)
 # Output goes under $OUT (default ./out): suite.log, bench.log, bench.json,
-# torch.json, compare.md. Add --quick to shorten the benchmark.
+# torch.json, compare.md, gemm.json. Add --quick to shorten the benchmark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
@@ -54,5 +54,8 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
     timeout 240 python3 bench/torch_reference.py $QUICK --compile large --json "$OUT/torch.json" >> "$OUT/bench.log" 2>&1
     echo "torch_reference exit $?"
     python3 bench/compare.py "$OUT/bench.json" "$OUT/torch.json" --markdown-out "$OUT/compare.md" | tail -n 3
+    # GEMM against torch.matmul interleaved in one process (the 3 % verdict).
+    timeout 120 python3 bench/gemm_interleaved.py --capi $B/bench/libferrum_bench_capi.so --json "$OUT/gemm.json"
+    echo "gemm_interleaved exit $?"
   } 2>&1 | tee -a "$LOG"
 fi

@@ -1,5 +1,6 @@
 // safetensors reader / writer: round trip and every malformed-file case.
 #include <cstring>
+#include <fstream>
 
 #include <gtest/gtest.h>
 

@@ -1,0 +1,137 @@
+// config.json parsing and presets.
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "engine_test_support.hpp"
+#include "model_config.hpp"
+
+namespace ferrum::engine {
+namespace {
+
+// Trimmed from meta-llama/Meta-Llama-3-8B's config.json.
+const char* kLlamaConfig = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+  "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 8192,
+  "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+  "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 500000.0,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.40.0.dev0",
+  "use_cache": true, "vocab_size": 128256})";
+
+// Trimmed from Qwen/Qwen3-0.6B's config.json.
+const char* kQwen3Config = R"({
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+  "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+  "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+  "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null, "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+  "use_sliding_window": false, "vocab_size": 151936})";
+
+void expect_same(const ModelConfig& a, const ModelConfig& b) {
+  EXPECT_EQ(a.architecture, b.architecture);
+  EXPECT_EQ(a.hidden_size, b.hidden_size);
+  EXPECT_EQ(a.intermediate_size, b.intermediate_size);
+  EXPECT_EQ(a.num_hidden_layers, b.num_hidden_layers);
+  EXPECT_EQ(a.num_attention_heads, b.num_attention_heads);
+  EXPECT_EQ(a.num_key_value_heads, b.num_key_value_heads);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_DOUBLE_EQ(a.rms_norm_eps, b.rms_norm_eps);
+  EXPECT_DOUBLE_EQ(a.rope_theta, b.rope_theta);
+  EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
+  EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
+  EXPECT_EQ(a.dtype, b.dtype);
+}
+
+TEST(ModelConfig, ParsesLlama3Config) {
+  const ModelConfig c = parse_model_config(kLlamaConfig, "llama config");
+  EXPECT_EQ(c.architecture, Architecture::Llama);
+  EXPECT_EQ(c.head_dim, 128u);  // hidden / heads
+  EXPECT_FALSE(c.has_qk_norm());
+  expect_same(c, preset_config("llama3-8b"));
+}
+
+TEST(ModelConfig, ParsesQwen3Config) {
+  const ModelConfig c = parse_model_config(kQwen3Config, "qwen3 config");
+  EXPECT_EQ(c.architecture, Architecture::Qwen3);
+  EXPECT_TRUE(c.has_qk_norm());
+  EXPECT_EQ(c.qkv_dim(), (16u + 2 * 8u) * 128u);
+  expect_same(c, preset_config("qwen3-0.6b"));
+}
+
+TEST(ModelConfig, Defaults) {
+  nlohmann::json j = nlohmann::json::parse(kLlamaConfig);
+  j.erase("num_key_value_heads");
+  j.erase("rope_theta");
+  j.erase("tie_word_embeddings");
+  j["torch_dtype"] = "float16";
+  const ModelConfig c = parse_model_config(j.dump(), "cfg");
+  EXPECT_EQ(c.num_key_value_heads, 32u);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.dtype, DType::F16);
+}
+
+TEST(ModelConfig, NewerDTypeKey) {
+  nlohmann::json j = nlohmann::json::parse(kQwen3Config);
+  j.erase("torch_dtype");
+  j["dtype"] = "float16";
+  EXPECT_EQ(parse_model_config(j.dump(), "cfg").dtype, DType::F16);
+}
+
+TEST(ModelConfig, MissingRequiredFields) {
+  for (const char* key : {"architectures", "hidden_size", "intermediate_size", "num_hidden_layers",
+                          "num_attention_heads", "vocab_size", "rms_norm_eps", "max_position_embeddings",
+                          "torch_dtype"}) {
+    nlohmann::json j = nlohmann::json::parse(kLlamaConfig);
+    j.erase(key);
+    EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "my/config.json"), ErrorCode::InvalidArgument,
+                        "my/config.json", key, "missing");
+  }
+  nlohmann::json j = nlohmann::json::parse(kQwen3Config);
+  j.erase("head_dim");
+  EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "q"), ErrorCode::InvalidArgument, "head_dim", "missing");
+}
+
+TEST(ModelConfig, BadValues) {
+  auto with = [](const char* key, nlohmann::json value) {
+    nlohmann::json j = nlohmann::json::parse(kLlamaConfig);
+    j[key] = std::move(value);
+    return j.dump();
+  };
+  EXPECT_ENGINE_ERROR(parse_model_config(with("hidden_size", 0), "c"), ErrorCode::InvalidArgument, "hidden_size");
+  EXPECT_ENGINE_ERROR(parse_model_config(with("hidden_size", "4096"), "c"), ErrorCode::InvalidArgument, "hidden_size");
+  EXPECT_ENGINE_ERROR(parse_model_config(with("num_key_value_heads", 5), "c"), ErrorCode::InvalidArgument,
+                      "num_key_value_heads = 5");
+  EXPECT_ENGINE_ERROR(parse_model_config(with("rms_norm_eps", -1), "c"), ErrorCode::InvalidArgument, "rms_norm_eps");
+  EXPECT_ENGINE_ERROR(parse_model_config(with("torch_dtype", "float32"), "c"), ErrorCode::DTypeMismatch, "float32");
+  EXPECT_ENGINE_ERROR(parse_model_config(with("architectures", {"MistralForCausalLM"}), "c"), ErrorCode::Unsupported,
+                      "MistralForCausalLM");
+  EXPECT_ENGINE_ERROR(parse_model_config(with("rope_scaling", {{"rope_type", "llama3"}}), "c"), ErrorCode::Unsupported,
+                      "rope_scaling");
+  EXPECT_ENGINE_ERROR(parse_model_config(with("attention_bias", true), "c"), ErrorCode::Unsupported, "attention_bias");
+  EXPECT_ENGINE_ERROR(parse_model_config("{not json", "c"), ErrorCode::InvalidArgument, "not valid JSON");
+}
+
+TEST(ModelConfig, LoadFromFile) {
+  const auto dir = testing::scratch_dir();
+  std::ofstream(dir / "config.json") << kQwen3Config;
+  expect_same(load_model_config(dir / "config.json"), preset_config("qwen3-0.6b"));
+  EXPECT_ENGINE_ERROR(load_model_config(dir / "absent.json"), ErrorCode::InvalidArgument, "absent.json");
+}
+
+TEST(ModelConfig, TinyPresetsRoundTripThroughConfigJson) {
+  for (const std::string& name : preset_names()) {
+    const ModelConfig preset = preset_config(name);
+    expect_same(parse_model_config(testing::config_json(preset), name), preset);
+  }
+  EXPECT_ENGINE_ERROR(preset_config("gpt2"), ErrorCode::InvalidArgument, "gpt2", "tiny-llama");
+}
+
+}  // namespace
+}  // namespace ferrum::engine

@@ -1,0 +1,189 @@
+// Loading a tiny checkpoint directory: fused layouts, tables, and every error.
+#include <cmath>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "checkpoint_layout.hpp"
+#include "engine_test_support.hpp"
+#include "weights.hpp"
+
+namespace ferrum::engine {
+namespace {
+
+using testing::write_checkpoint;
+
+std::vector<float> rows_of(const std::vector<std::vector<float>>& parts) {
+  std::vector<float> out;
+  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+void expect_loaded_like(CpuBackend& be, const ModelWeights& w, const TensorSource& src) {
+  const ModelConfig& c = w.config;
+  EXPECT_EQ(be.download(w.embed_tokens), src.read_f32("model.embed_tokens.weight"));
+  ASSERT_EQ(w.layers.size(), c.num_hidden_layers);
+  for (std::size_t i = 0; i < c.num_hidden_layers; ++i) {
+    const LayerWeights& lw = w.layers[i];
+    auto host = [&](const char* suffix) { return src.read_f32(layer_tensor_name(i, suffix)); };
+    EXPECT_EQ(lw.qkv_proj.numel(), c.qkv_dim() * c.hidden_size);
+    EXPECT_EQ(be.download(lw.qkv_proj), rows_of({host("self_attn.q_proj.weight"), host("self_attn.k_proj.weight"),
+                                                  host("self_attn.v_proj.weight")}));
+    EXPECT_EQ(lw.gate_up_proj.numel(), 2 * c.intermediate_size * c.hidden_size);
+    EXPECT_EQ(be.download(lw.gate_up_proj), rows_of({host("mlp.gate_proj.weight"), host("mlp.up_proj.weight")}));
+    EXPECT_EQ(be.download(lw.o_proj), host("self_attn.o_proj.weight"));
+    EXPECT_EQ(be.download(lw.down_proj), host("mlp.down_proj.weight"));
+    EXPECT_EQ(be.download(lw.input_norm), host("input_layernorm.weight"));
+    EXPECT_EQ(be.download(lw.post_attention_norm), host("post_attention_layernorm.weight"));
+    if (c.has_qk_norm()) {
+      EXPECT_EQ(be.download(lw.q_norm), host("self_attn.q_norm.weight"));
+      EXPECT_EQ(be.download(lw.k_norm), host("self_attn.k_norm.weight"));
+    } else {
+      EXPECT_TRUE(lw.q_norm.is_null());
+    }
+    EXPECT_EQ(lw.qkv_proj.dtype(), c.dtype);
+  }
+  EXPECT_EQ(be.download(w.final_norm), src.read_f32("model.norm.weight"));
+  if (c.tie_word_embeddings) {
+    EXPECT_TRUE(w.lm_head.is_null());
+    EXPECT_EQ(&w.output_projection(), &w.embed_tokens);
+  } else {
+    EXPECT_EQ(be.download(w.lm_head), src.read_f32("lm_head.weight"));
+  }
+}
+
+class WeightsTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(WeightsTest, LoadsShardedCheckpointIntoFusedLayouts) {
+  const ModelConfig config = preset_config(GetParam());
+  const RandomTensorSource src(config, 7);
+  const auto dir = testing::scratch_dir() / "ckpt";
+  write_checkpoint(dir, config, src, SafetensorsDType::F16, 3);
+  CpuBackend be;
+  const ModelWeights w = load_checkpoint(be, dir);
+  expect_loaded_like(be, w, src);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, WeightsTest, ::testing::Values("tiny-llama", "tiny-qwen3"));
+
+TEST(Weights, RopeTablesFollowRotateHalfConvention) {
+  const ModelConfig c = preset_config("tiny-qwen3");
+  CpuBackend be;
+  const ModelWeights w = random_weights(be, c, 1);
+  const std::size_t half = c.head_dim / 2;
+  ASSERT_EQ(w.rope_cos.numel(), c.max_position_embeddings * half);
+  EXPECT_EQ(w.rope_cos.dtype(), DType::F32);
+  const std::vector<float> cos = be.download(w.rope_cos), sin = be.download(w.rope_sin);
+  for (std::size_t pos : {0u, 1u, 17u, 127u}) {
+    for (std::size_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(pos) / std::pow(c.rope_theta, 2.0 * i / c.head_dim);
+      EXPECT_NEAR(cos[pos * half + i], std::cos(angle), 1e-6);
+      EXPECT_NEAR(sin[pos * half + i], std::sin(angle), 1e-6);
+    }
+  }
+}
+
+TEST(Weights, Bf16CheckpointConvertsToF16Config) {
+  const ModelConfig config = preset_config("tiny-llama");  // f16
+  const RandomTensorSource src(config, 3);
+  const auto dir = testing::scratch_dir() / "ckpt";
+  write_checkpoint(dir, config, src, SafetensorsDType::BF16, 1);
+  CpuBackend be;
+  const ModelWeights w = load_checkpoint(be, dir);  // converted via f32
+  EXPECT_EQ(w.embed_tokens.dtype(), DType::F16);
+  const std::vector<float> host = src.read_f32("model.embed_tokens.weight");
+  const std::vector<float> loaded = be.download(w.embed_tokens);
+  for (std::size_t i = 0; i < host.size(); ++i) {
+    ASSERT_EQ(loaded[i], f16_to_f32(f32_to_f16(bf16_to_f32(f32_to_bf16(host[i])))));
+  }
+  EXPECT_ENGINE_ERROR(load_checkpoint(be, dir, LoadOptions{.allow_dtype_conversion = false}), ErrorCode::DTypeMismatch,
+                      "model.embed_tokens.weight", "BF16", "F16");
+}
+
+// A checkpoint whose tensor `name` is replaced by `replacement` (or dropped).
+std::filesystem::path checkpoint_with(const ModelConfig& config, const std::string& name,
+                                      const SafetensorsWriteTensor* replacement) {
+  const RandomTensorSource src(config, 5);
+  const auto dir = testing::scratch_dir() / "ckpt";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << testing::config_json(config);
+  std::vector<SafetensorsWriteTensor> tensors;
+  for (const ExpectedTensor& t : expected_tensors(config)) {
+    if (t.name != name) {
+      tensors.push_back(make_write_tensor(t.name, SafetensorsDType::F16, t.shape, src.read_f32(t.name)));
+    } else if (replacement != nullptr) {
+      tensors.push_back(*replacement);
+    }
+  }
+  write_safetensors(dir / "model.safetensors", tensors);
+  return dir;
+}
+
+TEST(Weights, MissingTensor) {
+  const ModelConfig config = preset_config("tiny-qwen3");
+  const auto dir = checkpoint_with(config, "model.layers.1.self_attn.k_norm.weight", nullptr);
+  CpuBackend be;
+  EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::InvalidArgument, "model.layers.1.self_attn.k_norm.weight",
+                      "missing", "[16]", dir.string());
+}
+
+TEST(Weights, MissingUntiedLmHead) {
+  const ModelConfig config = preset_config("tiny-llama");
+  const auto dir = checkpoint_with(config, "lm_head.weight", nullptr);
+  CpuBackend be;
+  EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::InvalidArgument, "lm_head.weight", "[256, 64]");
+}
+
+TEST(Weights, ShapeDisagreesWithConfig) {
+  const ModelConfig config = preset_config("tiny-llama");
+  const SafetensorsWriteTensor wrong =
+      make_write_tensor("model.layers.0.mlp.up_proj.weight", SafetensorsDType::F16, {64, 128},
+                        std::vector<float>(64 * 128, 0.5f));  // transposed
+  const auto dir = checkpoint_with(config, wrong.name, &wrong);
+  CpuBackend be;
+  EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::ShapeMismatch, "model.layers.0.mlp.up_proj.weight",
+                      "[64, 128]", "[128, 64]", "model.safetensors");
+}
+
+TEST(Weights, WrongDType) {
+  const ModelConfig config = preset_config("tiny-llama");
+  const SafetensorsWriteTensor ints{"model.norm.weight", SafetensorsDType::I32, {64},
+                                    std::vector<std::uint8_t>(64 * 4)};
+  const auto dir = checkpoint_with(config, ints.name, &ints);
+  CpuBackend be;
+  EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::DTypeMismatch, "model.norm.weight", "I32");
+}
+
+TEST(Weights, DuplicateTensorAcrossShards) {
+  const ModelConfig config = preset_config("tiny-llama");
+  const RandomTensorSource src(config, 5);
+  const auto dir = testing::scratch_dir() / "ckpt";
+  write_checkpoint(dir, config, src, SafetensorsDType::F16, 2);
+  write_safetensors(dir / "extra.safetensors",
+                    {make_write_tensor("model.norm.weight", SafetensorsDType::F16, {64}, std::vector<float>(64, 1.0f))});
+  CpuBackend be;
+  EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::InvalidArgument, "model.norm.weight", "extra.safetensors");
+}
+
+TEST(Weights, DirectoryWithoutSafetensors) {
+  const auto dir = testing::scratch_dir();
+  std::ofstream(dir / "config.json") << testing::config_json(preset_config("tiny-llama"));
+  CpuBackend be;
+  EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::InvalidArgument, "no *.safetensors");
+}
+
+TEST(Weights, RandomWeightsAreSeededAndRounded) {
+  const ModelConfig config = preset_config("tiny-qwen3");
+  const RandomTensorSource a(config, 11), b(config, 11), c(config, 12);
+  const std::string name = "model.layers.0.self_attn.q_proj.weight";
+  EXPECT_EQ(a.read_f32(name), b.read_f32(name));
+  EXPECT_NE(a.read_f32(name), c.read_f32(name));
+  for (float v : a.read_f32(name)) {
+    ASSERT_EQ(v, f16_to_f32(f32_to_f16(v)));
+    ASSERT_LE(std::fabs(v), std::sqrt(3.0 / 64.0) + 1e-3);
+  }
+  for (float v : a.read_f32("model.norm.weight")) ASSERT_NEAR(v, 1.0f, 0.2001f);
+}
+
+}  // namespace
+}  // namespace ferrum::engine
