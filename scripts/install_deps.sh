@@ -4,7 +4,7 @@
 # already be installed (/usr/local/cuda).
 set -euo pipefail
 need=()
-for pkg in cmake ninja-build g++ libgtest-dev libfmt-dev; do
+for pkg in cmake ninja-build g++ libgtest-dev libfmt-dev nlohmann-json3-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

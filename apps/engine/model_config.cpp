@@ -58,7 +58,10 @@ Architecture parse_architecture(const Json& config, const std::string& source) {
 DType parse_torch_dtype(const Json& config, const std::string& source) {
   // Newer transformers write "dtype"; older ones "torch_dtype".
   const char* key = config.contains("torch_dtype") ? "torch_dtype" : "dtype";
-  const Json& value = required(config, key, source);
+  if (!config.contains(key) || config[key].is_null()) {
+    fail(ErrorCode::InvalidArgument, source, ": required field \"torch_dtype\" (or \"dtype\") is missing");
+  }
+  const Json& value = config[key];
   const std::string text = value.is_string() ? value.get<std::string>() : value.dump();
   if (text == "float16") return DType::F16;
   if (text == "bfloat16") return DType::BF16;

@@ -1,0 +1,144 @@
+#include "naive_decoder.hpp"
+
+#include <cmath>
+
+#include "checkpoint_layout.hpp"
+
+namespace ferrum::engine::testing {
+
+namespace {
+
+using Vec = std::vector<double>;
+
+Vec to_f64(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
+
+// HF LlamaRMSNorm: x * rsqrt(mean(x²) + eps) * w
+Vec rms_norm(const Vec& x, const Vec& w, double eps) {
+  double ss = 0.0;
+  for (double v : x) ss += v * v;
+  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + eps);
+  Vec out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) out[i] = x[i] * inv * w[i];
+  return out;
+}
+
+// y = W x with W [n, k] row-major.
+Vec matvec(const Vec& w, const Vec& x, std::size_t n) {
+  const std::size_t k = x.size();
+  Vec y(n, 0.0);
+  for (std::size_t r = 0; r < n; ++r) {
+    double acc = 0.0;
+    for (std::size_t j = 0; j < k; ++j) acc += w[r * k + j] * x[j];
+    y[r] = acc;
+  }
+  return y;
+}
+
+// HF apply_rotary_pos_emb with rotate_half: x·cos + rotate_half(x)·sin,
+// rotate_half(x) = [-x2, x1], cos/sin repeated over both halves.
+void rope(double* x, std::size_t hd, std::size_t pos, double theta) {
+  const std::size_t half = hd / 2;
+  for (std::size_t i = 0; i < half; ++i) {
+    const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+    const double angle = static_cast<double>(pos) * inv_freq;
+    const double c = std::cos(angle), s = std::sin(angle);
+    const double x1 = x[i], x2 = x[i + half];
+    x[i] = x1 * c - x2 * s;
+    x[i + half] = x2 * c + x1 * s;
+  }
+}
+
+}  // namespace
+
+NaiveDecoder::NaiveDecoder(const ModelConfig& config, const TensorSource& src) : c_(config) {
+  embed_ = to_f64(src.read_f32("model.embed_tokens.weight"));
+  final_norm_ = to_f64(src.read_f32("model.norm.weight"));
+  lm_head_ = config.tie_word_embeddings ? embed_ : to_f64(src.read_f32("lm_head.weight"));
+  for (std::size_t i = 0; i < config.num_hidden_layers; ++i) {
+    auto get = [&](const char* suffix) { return to_f64(src.read_f32(layer_tensor_name(i, suffix))); };
+    Layer l;
+    l.input_norm = get("input_layernorm.weight");
+    l.q = get("self_attn.q_proj.weight");
+    l.k = get("self_attn.k_proj.weight");
+    l.v = get("self_attn.v_proj.weight");
+    if (config.has_qk_norm()) {
+      l.q_norm = get("self_attn.q_norm.weight");
+      l.k_norm = get("self_attn.k_norm.weight");
+    }
+    l.o = get("self_attn.o_proj.weight");
+    l.post_norm = get("post_attention_layernorm.weight");
+    l.gate = get("mlp.gate_proj.weight");
+    l.up = get("mlp.up_proj.weight");
+    l.down = get("mlp.down_proj.weight");
+    layers_.push_back(std::move(l));
+  }
+}
+
+std::vector<std::vector<double>> NaiveDecoder::forward(const std::vector<std::int32_t>& tokens) const {
+  const std::size_t n = tokens.size(), hidden = c_.hidden_size, hd = c_.head_dim;
+  const std::size_t heads = c_.num_attention_heads, kv = c_.num_key_value_heads, group = heads / kv;
+  std::vector<Vec> x(n);
+  for (std::size_t t = 0; t < n; ++t) {
+    const auto row = static_cast<std::size_t>(tokens[t]);
+    x[t].assign(embed_.begin() + row * hidden, embed_.begin() + (row + 1) * hidden);
+  }
+  for (const Layer& l : layers_) {
+    std::vector<Vec> q(n), k(n), v(n);  // [t][head * hd]
+    for (std::size_t t = 0; t < n; ++t) {
+      const Vec h = rms_norm(x[t], l.input_norm, c_.rms_norm_eps);
+      q[t] = matvec(l.q, h, heads * hd);
+      k[t] = matvec(l.k, h, kv * hd);
+      v[t] = matvec(l.v, h, kv * hd);
+      for (std::size_t head = 0; head < heads; ++head) {
+        if (c_.has_qk_norm()) {
+          const Vec normed = rms_norm(Vec(q[t].begin() + head * hd, q[t].begin() + (head + 1) * hd), l.q_norm,
+                                      c_.rms_norm_eps);
+          std::copy(normed.begin(), normed.end(), q[t].begin() + head * hd);
+        }
+        rope(q[t].data() + head * hd, hd, t, c_.rope_theta);
+      }
+      for (std::size_t head = 0; head < kv; ++head) {
+        if (c_.has_qk_norm()) {
+          const Vec normed = rms_norm(Vec(k[t].begin() + head * hd, k[t].begin() + (head + 1) * hd), l.k_norm,
+                                      c_.rms_norm_eps);
+          std::copy(normed.begin(), normed.end(), k[t].begin() + head * hd);
+        }
+        rope(k[t].data() + head * hd, hd, t, c_.rope_theta);
+      }
+    }
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    for (std::size_t t = 0; t < n; ++t) {
+      Vec attn(heads * hd, 0.0);
+      for (std::size_t head = 0; head < heads; ++head) {
+        const std::size_t kvh = head / group;
+        Vec score(t + 1);
+        double max_score = -1e300;
+        for (std::size_t j = 0; j <= t; ++j) {  // causal
+          double dot = 0.0;
+          for (std::size_t d = 0; d < hd; ++d) dot += q[t][head * hd + d] * k[j][kvh * hd + d];
+          score[j] = dot * scale;
+          max_score = std::max(max_score, score[j]);
+        }
+        double sum = 0.0;
+        for (double& s : score) sum += (s = std::exp(s - max_score));
+        for (std::size_t j = 0; j <= t; ++j) {
+          for (std::size_t d = 0; d < hd; ++d) attn[head * hd + d] += score[j] / sum * v[j][kvh * hd + d];
+        }
+      }
+      const Vec o = matvec(l.o, attn, hidden);
+      for (std::size_t i = 0; i < hidden; ++i) x[t][i] += o[i];
+      const Vec h = rms_norm(x[t], l.post_norm, c_.rms_norm_eps);
+      const Vec gate = matvec(l.gate, h, c_.intermediate_size);
+      const Vec up = matvec(l.up, h, c_.intermediate_size);
+      Vec act(c_.intermediate_size);
+      for (std::size_t i = 0; i < act.size(); ++i) act[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
+      const Vec down = matvec(l.down, act, hidden);
+      for (std::size_t i = 0; i < hidden; ++i) x[t][i] += down[i];
+    }
+  }
+  std::vector<Vec> logits(n);
+  for (std::size_t t = 0; t < n; ++t) logits[t] = matvec(lm_head_, rms_norm(x[t], final_norm_, c_.rms_norm_eps), c_.vocab_size);
+  return logits;
+}
+
+}  // namespace ferrum::engine::testing
