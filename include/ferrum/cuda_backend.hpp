@@ -26,6 +26,12 @@ struct CudaBackendConfig {
   // cuBLAS workspace, set once per device with cublasSetWorkspace. The first
   // CudaBackend on a device decides it; later ones must agree.
   std::size_t cublas_workspace_bytes = std::size_t{32} << 20;
+  // Split-K scratch of decode attention, allocated once with the runtime
+  // (ops never allocate). A decode call needs batch * num_heads *
+  // ceil(kv_seq_stride / 512) * (head_dim + 1) floats; more throws
+  // CapacityExceeded naming this field. Like the cuBLAS workspace, the first
+  // CudaBackend on a device decides it.
+  std::size_t attention_workspace_bytes = std::size_t{256} << 20;
 };
 
 class CudaBackend final : public Backend {
@@ -88,6 +94,9 @@ class CudaBackend final : public Backend {
                                      bool use_decode_state) override;
   void do_transpose_head_to_token(const Buffer& src, Buffer& dst, std::size_t tokens,
                                   std::size_t heads, std::size_t dim) override;
+  void do_flash_attention(const Buffer& q, const Buffer& k, const Buffer& v, Buffer& out, std::size_t batch,
+                          std::size_t q_len, std::size_t kv_len, std::size_t pos_offset, const AttnConfig& cfg,
+                          bool use_decode_state) override;
 
  private:
   int device_;

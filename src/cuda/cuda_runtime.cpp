@@ -43,6 +43,11 @@ CudaRuntime* create_runtime(const CudaBackendConfig& config) {
   check_cuda(cudaMemcpy(one_zero_dev, one_zero, sizeof one_zero, cudaMemcpyHostToDevice), op, "cudaMemcpy(alpha/beta)");
   rt->one_zero = one_zero_dev;
 
+  rt->attention_workspace_bytes = config.attention_workspace_bytes;
+  if (rt->attention_workspace_bytes > 0) {
+    check_cuda(cudaMalloc(reinterpret_cast<void**>(&rt->attention_workspace), rt->attention_workspace_bytes), op,
+               "cudaMalloc(attention workspace)");
+  }
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&rt->decode_state), sizeof(kernels::DecodeState)), op, "cudaMalloc(decode state)");
   const kernels::DecodeState initial{0, 0, 1};
   check_cuda(cudaMemcpy(rt->decode_state, &initial, sizeof initial, cudaMemcpyHostToDevice), op,
@@ -78,6 +83,11 @@ CudaRuntime& cuda_runtime(const CudaBackendConfig& config) {
     std::lock_guard<std::mutex> lock(g_runtimes_mutex);
     CudaRuntime* existing = g_runtimes[config.device];
     if (existing != nullptr) {
+      if (existing->attention_workspace_bytes != config.attention_workspace_bytes) {
+        fail(ErrorCode::InvalidArgument,
+             "CudaBackend: argument 'config.attention_workspace_bytes' = {} but device {} already runs with {}",
+             config.attention_workspace_bytes, config.device, existing->attention_workspace_bytes);
+      }
       if (existing->cublas_workspace_bytes != config.cublas_workspace_bytes) {
         fail(ErrorCode::InvalidArgument,
              "CudaBackend: argument 'config.cublas_workspace_bytes' = {} but device {} already runs with {}",

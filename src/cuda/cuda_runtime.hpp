@@ -21,6 +21,8 @@ struct CudaRuntime {
   void* cublas_workspace = nullptr;
   std::size_t cublas_workspace_bytes = 0;
   const float* one_zero = nullptr;  // device [1.0f, 0.0f]: gemm alpha and beta
+  float* attention_workspace = nullptr;  // decode split-K partials
+  std::size_t attention_workspace_bytes = 0;
   kernels::DecodeState* decode_state = nullptr;  // device
   std::uint32_t* error_host = nullptr;    // host-mapped error word (kernels::DeviceErrorBits)
   std::uint32_t* error_device = nullptr;  // the same word as the device sees it

@@ -261,8 +261,8 @@ TEST_P(BadInput, FlashAttentionLegalVariantsPassValidation) {
       a.pos_offset = 100;
     } else {
       a.kv_seq_stride = 5;
-      a.buffers["k"] = zeros(backend(), DType::F16, 1 * 2 * 5 * 8);
-      a.buffers["v"] = zeros(backend(), DType::F16, 1 * 2 * 5 * 8);
+      a.buffers["k"] = zeros(backend(), DType::F16, 1 * 2 * 5 * 64);
+      a.buffers["v"] = zeros(backend(), DType::F16, 1 * 2 * 5 * 64);
     }
     if (backend().supports(Op::FlashAttention)) {
       EXPECT_NO_THROW(spec.call(backend(), a));

@@ -17,7 +17,8 @@ constexpr std::size_t kTokens = 3, kDim = 8, kVocab = 5;
 constexpr std::size_t kQDim = 8, kKvDim = 4;
 constexpr std::size_t kHeads = 2, kHeadDim = 8, kMaxPos = 6;
 constexpr std::size_t kNkv = 2, kCapacity = 5, kNewTokens = 2, kHd = 4;
-constexpr std::size_t kBatch = 1, kQLen = 2, kKvLen = 3, kNumHeads = 4, kNumKvHeads = 2, kAttnHd = 8;
+constexpr std::size_t kBatch = 1, kQLen = 2, kKvLen = 3, kNumHeads = 4, kNumKvHeads = 2,
+                      kAttnHd = 64;  // a head_dim every backend implements
 constexpr std::size_t kM = 2, kN = 8, kK = 16;
 constexpr std::size_t kLoraRank = 8, kRopeDim = 4, kVHeadDim = 8;
 

@@ -527,6 +527,19 @@ std::vector<FlashSpec> flash_specs() {
       }
     }
   }
+  // Decode across several fixed 512-key slices of the CUDA kernel, GQA 16
+  // (more q heads per kv head than one block takes), and head_dim 256.
+  for (std::size_t kv : {std::size_t{1000}, std::size_t{2100}}) {
+    AttnConfig cfg;
+    cfg.num_heads = 32;
+    cfg.num_kv_heads = 2;
+    cfg.head_dim = kv == 1000 ? 128 : 256;
+    cfg.causal = true;
+    cfg.kv_seq_stride = kv + 300;
+    specs.push_back({2, 1, kv, kv - 1, cfg});
+    cfg.kv_seq_stride = 0;
+    specs.push_back({1, 9, kv, kv - 9, cfg});
+  }
   return specs;
 }
 
