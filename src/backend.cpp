@@ -40,6 +40,7 @@ std::string_view to_string(Op op) noexcept {
     case Op::AllReduce: return "all_reduce";
     case Op::AllGather: return "all_gather";
     case Op::Broadcast: return "broadcast";
+    case Op::ReduceScatter: return "reduce_scatter";
     case Op::MlaAttention: return "mla_attention";
     case Op::GraphCapture: return "graph_capture";
     case Op::DeviceStateMode: return "device_state_mode";
@@ -693,22 +694,29 @@ void Backend::gemm_quant(const Buffer& a, const QuantWeight& w, Buffer& out, std
 
 // ── Collectives ────────────────────────────────────────────────────────────
 
-void Backend::all_reduce(Buffer& buf, std::size_t len, ReduceOp op) {
-  OpCheck check(*this, "all_reduce");
-  check.size("len", len);
-  check.buffer("buf", buf);
-  check.one_of("buf", buf, {DType::F16, DType::BF16, DType::F32});
-  check.holds("buf", buf, len, "[len]");
+namespace {
+
+void check_reduce_op(const OpCheck& check, ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
     case ReduceOp::Max:
     case ReduceOp::Min:
     case ReduceOp::Prod:
     case ReduceOp::Avg:
-      break;
-    default:
-      check.fail(ErrorCode::InvalidArgument, "all_reduce: argument 'op' = {} is not a ReduceOp", static_cast<int>(op));
+      return;
   }
+  check.fail(ErrorCode::InvalidArgument, "{}: argument 'op' = {} is not a ReduceOp", check.op(), static_cast<int>(op));
+}
+
+}  // namespace
+
+void Backend::all_reduce(Buffer& buf, std::size_t len, ReduceOp op) {
+  OpCheck check(*this, "all_reduce");
+  check.size("len", len);
+  check.buffer("buf", buf);
+  check.one_of("buf", buf, {DType::F16, DType::BF16, DType::F32});
+  check.holds("buf", buf, len, "[len]");
+  check_reduce_op(check, op);
   do_all_reduce(buf, len, op);
 }
 
@@ -737,6 +745,19 @@ void Backend::broadcast(Buffer& buf, std::size_t len, std::size_t src_rank) {
   do_broadcast(buf, len, src_rank);
 }
 
+void Backend::reduce_scatter(const Buffer& input, Buffer& output, std::size_t len, ReduceOp op) {
+  OpCheck check(*this, "reduce_scatter");
+  check.size("len", len);
+  check.buffer("input", input);
+  check.buffer("output", output);
+  check.one_of("input", input, {DType::F16, DType::BF16, DType::F32});
+  check.same_dtype("output", output, "input", input);
+  check.holds("input", input, check.product({world_size(), len}), "[world_size * len]");
+  check.holds("output", output, len, "[len]");
+  check_reduce_op(check, op);
+  do_reduce_scatter(input, output, len, op);
+}
+
 // World size 1 without a communicator: the collectives are identities.
 void Backend::do_all_reduce(Buffer&, std::size_t, ReduceOp) {
   OpCheck check(*this, "all_reduce");
@@ -761,6 +782,16 @@ void Backend::do_broadcast(Buffer&, std::size_t, std::size_t) {
     check.fail(ErrorCode::Unsupported, "broadcast: world size is {} but the {} backend has no communicator",
          world_size(), name());
   }
+}
+
+// One rank: the reduction over ranks of input[0 .. len) is input itself (any op).
+void Backend::do_reduce_scatter(const Buffer& input, Buffer& output, std::size_t len, ReduceOp) {
+  OpCheck check(*this, "reduce_scatter");
+  if (world_size() != 1) {
+    check.fail(ErrorCode::Unsupported, "reduce_scatter: world size is {} but the {} backend has no communicator",
+         world_size(), name());
+  }
+  do_copy_slice(input, 0, output, 0, len);
 }
 
 }  // namespace ferrum

@@ -60,6 +60,7 @@ enum class Op {
   AllReduce,
   AllGather,
   Broadcast,
+  ReduceScatter,
   MlaAttention,
   GraphCapture,
   DeviceStateMode,
@@ -271,13 +272,21 @@ class Backend {
 
   // ── Tensor-parallel collectives ───────────────────────────────────────
   // At world size 1 these are identities: all_reduce leaves buf as is,
-  // all_gather copies local into global, broadcast needs src_rank == 0.
+  // all_gather copies local into global, broadcast needs src_rank == 0,
+  // reduce_scatter copies input into output. A CudaBackend with a
+  // Communicator (communicator.hpp) runs them over NCCL on its stream
+  // (capture-safe); a world size above 1 without a communicator throws
+  // Unsupported, never a silent no-op. f16, bf16 and f32.
   virtual std::size_t world_size() const noexcept { return 1; }
   virtual std::size_t rank() const noexcept { return 0; }
   void all_reduce(Buffer& buf /*[len], in place*/, std::size_t len, ReduceOp op);
   void all_gather(const Buffer& local /*[local_len]*/, Buffer& global /*[world * local_len]*/,
                   std::size_t local_len);
   void broadcast(Buffer& buf /*[len], in place*/, std::size_t len, std::size_t src_rank);
+  // output = op over ranks of input[rank * len .. +len): each rank gets its
+  // own len-slice of the reduced [world_size * len].
+  void reduce_scatter(const Buffer& input /*[world_size * len]*/, Buffer& output /*[len]*/, std::size_t len,
+                      ReduceOp op);
 
  protected:
   Backend() = default;
@@ -352,6 +361,7 @@ class Backend {
   virtual void do_all_reduce(Buffer& buf, std::size_t len, ReduceOp op);
   virtual void do_all_gather(const Buffer& local, Buffer& global, std::size_t local_len);
   virtual void do_broadcast(Buffer& buf, std::size_t len, std::size_t src_rank);
+  virtual void do_reduce_scatter(const Buffer& input, Buffer& output, std::size_t len, ReduceOp op);
 
  private:
   bool device_state_mode_ = false;

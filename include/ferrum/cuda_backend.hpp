@@ -7,11 +7,14 @@
 // objects. They are never freed before process exit.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "ferrum/backend.hpp"
+#include "ferrum/communicator.hpp"
 
 typedef struct CUstream_st* cudaStream_t;
 
@@ -32,6 +35,15 @@ struct CudaBackendConfig {
   // CapacityExceeded naming this field. Like the cuBLAS workspace, the first
   // CudaBackend on a device decides it.
   std::size_t attention_workspace_bytes = std::size_t{256} << 20;
+  // Tensor parallelism: the collectives run over this communicator, and
+  // world_size() / rank() come from it. Its device must be `device`. Null:
+  // world size 1 (the collectives are identities).
+  std::shared_ptr<Communicator> communicator;
+  // With a communicator, synchronize() (and the blocking reads / writes)
+  // wait at most this long for the stream; past it, or on an asynchronous
+  // NCCL error (a peer gone), the communicator is aborted and they throw
+  // ErrorCode::Nccl. Must be positive.
+  std::chrono::milliseconds collective_timeout{60000};
 };
 
 class CudaBackend final : public Backend {
@@ -46,6 +58,10 @@ class CudaBackend final : public Backend {
   bool is_capturing() const noexcept override;
 
   int device() const noexcept { return device_; }
+  std::size_t world_size() const noexcept override;
+  std::size_t rank() const noexcept override;
+  // The attached communicator; null at world size 1.
+  const std::shared_ptr<Communicator>& communicator() const noexcept { return comm_; }
   // The stream every op of this device is queued on (for interop: engines
   // that launch their own kernels between ours must use it too).
   cudaStream_t stream() const noexcept;
@@ -97,10 +113,20 @@ class CudaBackend final : public Backend {
   void do_flash_attention(const Buffer& q, const Buffer& k, const Buffer& v, Buffer& out, std::size_t batch,
                           std::size_t q_len, std::size_t kv_len, std::size_t pos_offset, const AttnConfig& cfg,
                           bool use_decode_state) override;
+  void do_all_reduce(Buffer& buf, std::size_t len, ReduceOp op) override;
+  void do_all_gather(const Buffer& local, Buffer& global, std::size_t local_len) override;
+  void do_broadcast(Buffer& buf, std::size_t len, std::size_t src_rank) override;
+  void do_reduce_scatter(const Buffer& input, Buffer& output, std::size_t len, ReduceOp op) override;
 
  private:
+  // Waits for the stream; with a communicator, polls it under the
+  // collective timeout and the communicator's asynchronous error.
+  void wait_stream(const char* op);
+
   int device_;
   detail::CudaRuntime* rt_;  // process-global, never freed (see above)
+  std::shared_ptr<Communicator> comm_;
+  std::chrono::milliseconds collective_timeout_;
 };
 
 }  // namespace ferrum

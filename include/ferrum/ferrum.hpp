@@ -3,6 +3,7 @@
 
 #include "ferrum/backend.hpp"
 #include "ferrum/buffer.hpp"
+#include "ferrum/communicator.hpp"
 #include "ferrum/cpu_backend.hpp"
 #include "ferrum/cuda_backend.hpp"
 #include "ferrum/dtype.hpp"

@@ -251,6 +251,7 @@ bool CpuBackend::supports(Op op) const noexcept {
     case Op::AllReduce:  // world size 1: identities, in the base class
     case Op::AllGather:
     case Op::Broadcast:
+    case Op::ReduceScatter:
     case Op::LoadGptq:
     case Op::GemmGptq:
     case Op::GemmQuant:

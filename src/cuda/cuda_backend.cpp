@@ -7,13 +7,16 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "common/fail.hpp"
 #include "cuda/cuda_runtime.hpp"
+#include "cuda/nccl_check.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/elementwise.hpp"
 #include "kernels/embedding.hpp"
@@ -65,8 +68,35 @@ int cuda_device_count() noexcept {
   return count;
 }
 
+namespace {
+
+// The communicator must live on the backend's device and still be usable.
+std::shared_ptr<Communicator> checked_communicator(const CudaBackendConfig& config) {
+  if (config.collective_timeout.count() <= 0) {
+    detail::fail(ErrorCode::InvalidArgument, "CudaBackend: argument 'config.collective_timeout' = {} ms, must be positive",
+                 config.collective_timeout.count());
+  }
+  const std::shared_ptr<Communicator>& comm = config.communicator;
+  if (comm == nullptr) return nullptr;
+  if (comm->device() != config.device) {
+    detail::fail(ErrorCode::InvalidArgument,
+                 "CudaBackend: argument 'config.communicator' is on device {} (rank {} of {}) but 'config.device' = {}",
+                 comm->device(), comm->rank(), comm->world_size(), config.device);
+  }
+  if (comm->aborted()) {
+    detail::fail(ErrorCode::InvalidArgument, "CudaBackend: argument 'config.communicator' (rank {} of {}) was aborted: {}",
+                 comm->rank(), comm->world_size(), comm->abort_reason());
+  }
+  return comm;
+}
+
+}  // namespace
+
 CudaBackend::CudaBackend(CudaBackendConfig config)
-    : device_(config.device), rt_(&detail::cuda_runtime(config)) {}
+    : device_(config.device),
+      rt_(&detail::cuda_runtime(config)),
+      comm_(checked_communicator(config)),
+      collective_timeout_(config.collective_timeout) {}
 
 CudaBackend::~CudaBackend() = default;
 
@@ -90,6 +120,12 @@ bool CudaBackend::supports(Op op) const noexcept {
 
 cudaStream_t CudaBackend::stream() const noexcept { return rt_->stream; }
 
+std::size_t CudaBackend::world_size() const noexcept {
+  return comm_ != nullptr ? static_cast<std::size_t>(comm_->world_size()) : 1;
+}
+
+std::size_t CudaBackend::rank() const noexcept { return comm_ != nullptr ? static_cast<std::size_t>(comm_->rank()) : 0; }
+
 bool CudaBackend::is_capturing() const noexcept { return rt_->capturing; }
 
 void CudaBackend::abandon_capture() noexcept { detail::abandon_capture(*rt_); }
@@ -100,12 +136,61 @@ void CudaBackend::synchronize() {
     detail::fail(ErrorCode::GraphCapture, "synchronize: not allowed while a graph is being captured");
   }
   detail::activate_device(device_);
-  check_cuda(cudaStreamSynchronize(rt_->stream), "synchronize", "cudaStreamSynchronize");
+  wait_stream("synchronize");
   const std::uint32_t bits = *reinterpret_cast<volatile std::uint32_t*>(rt_->error_host);
   if (bits != 0) {
     *reinterpret_cast<volatile std::uint32_t*>(rt_->error_host) = 0;
     detail::fail(ErrorCode::DeviceCheck, "synchronize: a kernel found a bad device-side value: {}",
                  describe_device_errors(bits));
+  }
+}
+
+// Without a communicator: cudaStreamSynchronize. With one, a collective may
+// wait forever on a peer that is gone, so the stream is polled instead: each
+// round checks the communicator's asynchronous error, and past
+// collective_timeout the communicator is aborted (its kernels then return).
+// Either way the error is ErrorCode::Nccl and the communicator stays aborted.
+void CudaBackend::wait_stream(const char* op) {
+  if (comm_ == nullptr) {
+    check_cuda(cudaStreamSynchronize(rt_->stream), op, "cudaStreamSynchronize");
+    return;
+  }
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  const auto spin = std::chrono::milliseconds(1);  // then sleep between polls
+  for (;;) {
+    const cudaError_t q = cudaStreamQuery(rt_->stream);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) check_cuda(q, op, "cudaStreamQuery");
+    const std::string async = detail::nccl_take_async_error(*comm_);
+    if (!async.empty()) {
+      detail::fail(ErrorCode::Nccl,
+                   "{}: NCCL reported an asynchronous error on rank {} of {} (device {}): {}; the communicator was "
+                   "aborted (a peer may be gone)",
+                   op, comm_->rank(), comm_->world_size(), device_, async);
+    }
+    const Clock::duration waited = Clock::now() - start;
+    if (waited > collective_timeout_) {
+      if (comm_->aborted()) {
+        detail::fail(ErrorCode::Nccl,
+                     "{}: the stream of device {} did not finish within collective_timeout = {} ms; its communicator "
+                     "(rank {} of {}) was already aborted: {}",
+                     op, device_, collective_timeout_.count(), comm_->rank(), comm_->world_size(),
+                     comm_->abort_reason());
+      }
+      detail::nccl_abort(*comm_, fmt::format("{} timed out after collective_timeout = {} ms", op,
+                                             collective_timeout_.count()));
+      detail::fail(ErrorCode::Nccl,
+                   "{}: timeout: the stream of device {} did not finish within collective_timeout = {} ms (a "
+                   "collective waits for a peer that is gone or never issued it); the communicator (rank {} of {}) "
+                   "was aborted",
+                   op, device_, collective_timeout_.count(), comm_->rank(), comm_->world_size());
+    }
+    if (waited < spin) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
   }
 }
 
@@ -136,7 +221,7 @@ void CudaBackend::do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const
   check_cuda(cudaMemcpyAsync(ptr<std::uint8_t>(dst) + dst_byte_offset, host, bytes, cudaMemcpyHostToDevice,
                              rt_->stream),
              "write", "cudaMemcpyAsync");
-  check_cuda(cudaStreamSynchronize(rt_->stream), "write", "cudaStreamSynchronize");
+  wait_stream("write");
 }
 
 void CudaBackend::do_read_bytes(const Buffer& src, std::size_t src_byte_offset, void* host, std::size_t bytes) {
@@ -144,7 +229,7 @@ void CudaBackend::do_read_bytes(const Buffer& src, std::size_t src_byte_offset, 
   check_cuda(cudaMemcpyAsync(host, ptr<std::uint8_t>(src) + src_byte_offset, bytes, cudaMemcpyDeviceToHost,
                              rt_->stream),
              "read", "cudaMemcpyAsync");
-  check_cuda(cudaStreamSynchronize(rt_->stream), "read", "cudaStreamSynchronize");
+  wait_stream("read");
 }
 
 void CudaBackend::do_copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
@@ -419,6 +504,35 @@ void CudaBackend::do_flash_attention(const Buffer& q, const Buffer& k, const Buf
   a.partial_out = rt_->attention_workspace;
   a.partial_lse = rt_->attention_workspace + (need / (cfg.head_dim + 1)) * cfg.head_dim;
   kernels::launch_attention(a, rt_->stream);
+}
+
+// ── Collectives ────────────────────────────────────────────────────────────
+// Without a communicator the base class's world-size-1 identities apply. With
+// one, each op is one NCCL call on the device's stream: no host sync, no
+// allocation, so they can be captured into a graph like any kernel.
+
+void CudaBackend::do_all_reduce(Buffer& buf, std::size_t len, ReduceOp op) {
+  if (comm_ == nullptr) return Backend::do_all_reduce(buf, len, op);
+  detail::activate_device(device_);
+  detail::nccl_all_reduce(*comm_, ptr(buf), len, buf.dtype(), op, rt_->stream);
+}
+
+void CudaBackend::do_all_gather(const Buffer& local, Buffer& global, std::size_t local_len) {
+  if (comm_ == nullptr) return Backend::do_all_gather(local, global, local_len);
+  detail::activate_device(device_);
+  detail::nccl_all_gather(*comm_, ptr(local), ptr(global), local_len, local.dtype(), rt_->stream);
+}
+
+void CudaBackend::do_broadcast(Buffer& buf, std::size_t len, std::size_t src_rank) {
+  if (comm_ == nullptr) return Backend::do_broadcast(buf, len, src_rank);
+  detail::activate_device(device_);
+  detail::nccl_broadcast(*comm_, ptr(buf), len, buf.dtype(), static_cast<int>(src_rank), rt_->stream);
+}
+
+void CudaBackend::do_reduce_scatter(const Buffer& input, Buffer& output, std::size_t len, ReduceOp op) {
+  if (comm_ == nullptr) return Backend::do_reduce_scatter(input, output, len, op);
+  detail::activate_device(device_);
+  detail::nccl_reduce_scatter(*comm_, ptr(input), ptr(output), len, input.dtype(), op, rt_->stream);
 }
 
 }  // namespace ferrum

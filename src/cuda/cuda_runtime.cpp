@@ -119,6 +119,10 @@ void abandon_capture(CudaRuntime& rt) noexcept {
   cudaGetLastError();
 }
 
+void abandon_capture_on_current_device() noexcept {
+  if (CudaRuntime* rt = runtime_of_current_device()) abandon_capture(*rt);
+}
+
 void check_cuda(cudaError_t err, const char* op, const char* what) {
   if (err == cudaSuccess) return;
   kernels::throw_cuda_error(op, what, err);

@@ -39,6 +39,8 @@ void activate_device(int device);
 
 // Ends and discards a capture in progress on rt.stream; clears the error.
 void abandon_capture(CudaRuntime& rt) noexcept;
+// The same for the runtime of the current device, if it has one (NCCL errors).
+void abandon_capture_on_current_device() noexcept;
 
 // Throw ferrum::Error for a failed CUDA / cuBLAS call, abandoning any
 // capture on the current device first.

@@ -150,6 +150,10 @@ std::vector<OpSpec> build_specs() {
                [](Backend& be, OpArgs& a) { be.all_gather(a.buf("local"), a.buf("global"), a.size("local_len")); }});
   s.push_back({Op::Broadcast, "broadcast", {act("buf", 10)}, {{"len", 10}},
                [](Backend& be, OpArgs& a) { be.broadcast(a.buf("buf"), a.size("len"), a.src_rank); }});
+  s.push_back({Op::ReduceScatter, "reduce_scatter", {act("input", 10), act("output", 10)}, {{"len", 10}},
+               [](Backend& be, OpArgs& a) {
+                 be.reduce_scatter(a.buf("input"), a.buf("output"), a.size("len"), a.reduce);
+               }});
   return s;
 }
 
