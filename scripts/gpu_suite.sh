@@ -7,6 +7,8 @@
 #   scripts/gpu_suite.sh bench   build, ferrum_bench, torch's reference
 #                                figures in the same call, one comparison table
 #   scripts/gpu_suite.sh all     both (needs about 12 minutes)
+#   scripts/gpu_suite.sh nccl    on a machine with 2+ GPUs: the NCCL tests and
+#                                ferrum_bench_nccl (bus bandwidth vs raw NCCL)
 # Output goes under $OUT (default ./out): suite.log, bench.log, bench.json,
 # torch.json, compare.md, gemm.json. Add --quick to shorten the benchmark.
 set -uo pipefail
@@ -57,5 +59,17 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
     # GEMM against torch.matmul interleaved in one process (the 3 % verdict).
     timeout 120 python3 bench/gemm_interleaved.py --capi $B/bench/libferrum_bench_capi.so --json "$OUT/gemm.json"
     echo "gemm_interleaved exit $?"
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if [ "$MODE" = nccl ]; then
+  # NVLink multicast stays off on shared machines (see README).
+  export NCCL_NVLS_ENABLE=0
+  {
+    echo "== NCCL tests"
+    timeout 300 $B/tests/ferrum_tests_gpu --gtest_brief=1 --gtest_filter='*Nccl*' 2>&1 | tail -20
+    echo "nccl tests exit ${PIPESTATUS[0]}"
+    timeout 200 $B/bench/ferrum_bench_nccl --json "$OUT/nccl.json" 2>&1 | tail -40
+    echo "ferrum_bench_nccl exit ${PIPESTATUS[0]}"
   } 2>&1 | tee -a "$LOG"
 fi
