@@ -696,6 +696,22 @@ void Backend::gemm_quant(const Buffer& a, const QuantWeight& w, Buffer& out, std
 
 namespace {
 
+// all_gather and reduce_scatter: a source and a destination, one of them
+// world_size shards of `len` elements and the other one shard; f16 / bf16 /
+// f32 as the source is, the destination of the same dtype.
+void check_shard_pair(const OpCheck& check, NamedBuffer source, NamedBuffer dest, bool source_is_full,
+                      std::string_view len_name, std::size_t len, std::size_t world) {
+  check.size(len_name, len);
+  check.buffer(source.name, source.buffer);
+  check.buffer(dest.name, dest.buffer);
+  check.one_of(source.name, source.buffer, {DType::F16, DType::BF16, DType::F32});
+  check.same_dtype(dest.name, dest.buffer, source.name, source.buffer);
+  const NamedBuffer& full = source_is_full ? source : dest;
+  const NamedBuffer& shard = source_is_full ? dest : source;
+  check.holds(shard.name, shard.buffer, len, "[len]");
+  check.holds(full.name, full.buffer, check.product({world, len}), "[world_size * len]");
+}
+
 void check_reduce_op(const OpCheck& check, ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
@@ -722,13 +738,8 @@ void Backend::all_reduce(Buffer& buf, std::size_t len, ReduceOp op) {
 
 void Backend::all_gather(const Buffer& local, Buffer& global, std::size_t local_len) {
   OpCheck check(*this, "all_gather");
-  check.size("local_len", local_len);
-  check.buffer("local", local);
-  check.buffer("global", global);
-  check.one_of("local", local, {DType::F16, DType::BF16, DType::F32});
-  check.same_dtype("global", global, "local", local);
-  check.holds("local", local, local_len, "[local_len]");
-  check.holds("global", global, check.product({world_size(), local_len}), "[world_size * local_len]");
+  check_shard_pair(check, {"local", local}, {"global", global}, /*source_is_full=*/false, "local_len", local_len,
+                   world_size());
   do_all_gather(local, global, local_len);
 }
 
@@ -747,13 +758,7 @@ void Backend::broadcast(Buffer& buf, std::size_t len, std::size_t src_rank) {
 
 void Backend::reduce_scatter(const Buffer& input, Buffer& output, std::size_t len, ReduceOp op) {
   OpCheck check(*this, "reduce_scatter");
-  check.size("len", len);
-  check.buffer("input", input);
-  check.buffer("output", output);
-  check.one_of("input", input, {DType::F16, DType::BF16, DType::F32});
-  check.same_dtype("output", output, "input", input);
-  check.holds("input", input, check.product({world_size(), len}), "[world_size * len]");
-  check.holds("output", output, len, "[len]");
+  check_shard_pair(check, {"input", input}, {"output", output}, /*source_is_full=*/true, "len", len, world_size());
   check_reduce_op(check, op);
   do_reduce_scatter(input, output, len, op);
 }
