@@ -15,9 +15,9 @@
 #include <utility>
 
 #include "common/fail.hpp"
+#include "cuda/buffer_ptr.hpp"
 #include "cuda/cuda_runtime.hpp"
 #include "cuda/nccl_check.hpp"
-#include "kernels/attention.hpp"
 #include "kernels/elementwise.hpp"
 #include "kernels/embedding.hpp"
 #include "kernels/kv_cache.hpp"
@@ -29,17 +29,9 @@ namespace ferrum {
 
 using detail::check_cublas;
 using detail::check_cuda;
+using detail::ptr;
 
 namespace {
-
-template <class T = void>
-T* ptr(Buffer& b) {
-  return static_cast<T*>(b.data());
-}
-template <class T = void>
-const T* ptr(const Buffer& b) {
-  return static_cast<const T*>(b.data());
-}
 
 std::string describe_device_errors(std::uint32_t bits) {
   std::string what;
@@ -367,21 +359,6 @@ void CudaBackend::do_add_inplace(Buffer& residual, const Buffer& x, std::size_t 
   kernels::launch_add_inplace(residual.dtype(), ptr(residual), ptr(x), static_cast<long long>(len), rt_->stream);
 }
 
-// ── GEMM ───────────────────────────────────────────────────────────────────
-
-void CudaBackend::do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m, std::size_t n,
-                          std::size_t k) {
-  detail::activate_device(device_);
-  const cudaDataType_t type = a.dtype() == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
-  // Row-major out[m,n] = a[m,k] · b[n,k]ᵀ is column-major outᵀ[n,m] =
-  // (b viewed as [k,n] col-major)ᵀ · (a viewed as [k,m] col-major).
-  check_cublas(cublasGemmEx(rt_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                            static_cast<int>(k), rt_->one_zero, ptr(b), type, static_cast<int>(k), ptr(a), type,
-                            static_cast<int>(k), rt_->one_zero + 1, ptr(out), type, static_cast<int>(n),
-                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-               "gemm", "cublasGemmEx");
-}
-
 // ── Embedding and reshaping ────────────────────────────────────────────────
 
 void CudaBackend::do_embedding_lookup(const Buffer& table, const Buffer& ids, Buffer& out, std::size_t tokens,
@@ -451,59 +428,6 @@ void CudaBackend::do_transpose_head_to_token(const Buffer& src, Buffer& dst, std
   detail::activate_device(device_);
   kernels::launch_transpose_head_to_token(src.dtype(), ptr(src), ptr(dst), static_cast<long long>(tokens),
                                           static_cast<long long>(heads), static_cast<long long>(dim), rt_->stream);
-}
-
-// ── Attention ──────────────────────────────────────────────────────────────
-
-void CudaBackend::do_flash_attention(const Buffer& q, const Buffer& k, const Buffer& v, Buffer& out,
-                                     std::size_t batch, std::size_t q_len, std::size_t kv_len, std::size_t pos_offset,
-                                     const AttnConfig& cfg, bool use_decode_state) {
-  auto refuse = [&](ErrorCode code, const std::string& message) {
-    abandon_capture();
-    detail::fail(code, "flash_attention: {}", message);
-  };
-  if (cfg.head_dim != 64 && cfg.head_dim != 128 && cfg.head_dim != 256) {
-    refuse(ErrorCode::Unsupported,
-           fmt::format("cfg.head_dim = {} is not one of the CUDA kernel's 64, 128, 256", cfg.head_dim));
-  }
-  // Rows are read and written as 16-byte vectors.
-  const std::pair<const char*, const Buffer*> buffers[] = {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}};
-  for (const auto& [name, b] : buffers) {
-    if ((reinterpret_cast<std::uintptr_t>(b->data()) & 15u) != 0) {
-      refuse(ErrorCode::Misaligned, fmt::format("argument '{}' at {} is not 16-byte aligned", name, b->data()));
-    }
-  }
-  const auto stride = static_cast<long long>(cfg.kv_seq_stride > 0 ? cfg.kv_seq_stride : kv_len);
-  const std::size_t need = kernels::attention_workspace_floats(static_cast<int>(batch), static_cast<int>(cfg.num_heads),
-                                                               static_cast<int>(q_len), static_cast<int>(cfg.head_dim),
-                                                               stride);
-  if (need * sizeof(float) > rt_->attention_workspace_bytes) {
-    refuse(ErrorCode::CapacityExceeded,
-           fmt::format("decode split-K scratch needs {} bytes, more than CudaBackendConfig::attention_workspace_bytes = {}",
-                       need * sizeof(float), rt_->attention_workspace_bytes));
-  }
-  detail::activate_device(device_);
-  kernels::AttentionArgs a;
-  a.dtype = q.dtype();
-  a.q = ptr(q);
-  a.k = ptr(k);
-  a.v = ptr(v);
-  a.out = ptr(out);
-  a.batch = static_cast<int>(batch);
-  a.num_heads = static_cast<int>(cfg.num_heads);
-  a.num_kv_heads = static_cast<int>(cfg.num_kv_heads);
-  a.q_len = static_cast<int>(q_len);
-  a.head_dim = static_cast<int>(cfg.head_dim);
-  a.kv_stride = stride;
-  a.kv_len = static_cast<int>(kv_len);
-  a.pos_offset = static_cast<long long>(pos_offset);
-  a.state = use_decode_state ? rt_->decode_state : nullptr;
-  a.causal = cfg.causal;
-  a.scale = cfg.scale > 0.0f ? cfg.scale : 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
-  // Partial outputs first, then the log-sum-exps ([rows][splits] floats).
-  a.partial_out = rt_->attention_workspace;
-  a.partial_lse = rt_->attention_workspace + (need / (cfg.head_dim + 1)) * cfg.head_dim;
-  kernels::launch_attention(a, rt_->stream);
 }
 
 // ── Collectives ────────────────────────────────────────────────────────────

@@ -1,0 +1,30 @@
+// CudaBackend: dense GEMM (cuBLAS).
+#include "ferrum/cuda_backend.hpp"
+
+#include <fmt/format.h>
+
+#include "common/fail.hpp"
+#include "cuda/buffer_ptr.hpp"
+#include "cuda/cuda_runtime.hpp"
+
+namespace ferrum {
+
+using detail::ptr;
+using detail::check_cublas;
+
+// ── GEMM ───────────────────────────────────────────────────────────────────
+
+void CudaBackend::do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m, std::size_t n,
+                          std::size_t k) {
+  detail::activate_device(device_);
+  const cudaDataType_t type = a.dtype() == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
+  // Row-major out[m,n] = a[m,k] · b[n,k]ᵀ is column-major outᵀ[n,m] =
+  // (b viewed as [k,n] col-major)ᵀ · (a viewed as [k,m] col-major).
+  check_cublas(cublasGemmEx(rt_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                            static_cast<int>(k), rt_->one_zero, ptr(b), type, static_cast<int>(k), ptr(a), type,
+                            static_cast<int>(k), rt_->one_zero + 1, ptr(out), type, static_cast<int>(n),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "gemm", "cublasGemmEx");
+}
+
+}  // namespace ferrum
