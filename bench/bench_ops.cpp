@@ -760,6 +760,47 @@ void bench_gemm(Bench& b, DType dt, std::size_t m, std::size_t n, std::size_t k)
   });
 }
 
+// Decode attention, GQA 32/8, hd 128: one query per sequence against L keys
+// of a head-major cache. Bytes count K+V only (what bounds it).
+void bench_attention_decode(Bench& b, DType dt, std::size_t B, std::size_t L) {
+  constexpr std::size_t kNh = 32, kNkv = 8, kHd = 128;
+  const std::size_t es = ferrum::size_of(dt);
+  const bool graph = B == 1 && L <= 8192;  // tiny calls: graph replay
+  const std::string shape = "B=" + std::to_string(B) + " L=" + std::to_string(L) + " h=32/8 hd=128";
+  Spec spec{"attention_decode", dt, shape, graph, dbl(2 * B * kNkv * L * kHd * es), 0.0};
+  b.guarded(spec, [&] {
+    const std::size_t sets = Bench::sets_for(spec.bytes);
+    Rotated q = b.rotated(dt, B * kNh * kHd, sets), out = b.rotated(dt, B * kNh * kHd, sets, false);
+    Rotated k = b.rotated(dt, B * kNkv * L * kHd, sets), v = b.rotated(dt, B * kNkv * L * kHd, sets);
+    ferrum::AttnConfig cfg;
+    cfg.num_heads = kNh;
+    cfg.num_kv_heads = kNkv;
+    cfg.head_dim = kHd;
+    cfg.kv_seq_stride = L;
+    b.measure(spec, sets, [&](std::size_t s) { b.be().flash_attention(q[s], k[s], v[s], out[s], B, 1, L, L - 1, cfg); });
+  });
+}
+
+// Causal prefill, 32 heads, hd 128, batch 1: FLOPs = 4 * h * S^2 * hd / 2.
+void bench_attention_prefill(Bench& b, DType dt, std::size_t S, std::size_t nkv) {
+  constexpr std::size_t kNh = 32, kHd = 128;
+  const std::size_t es = ferrum::size_of(dt);
+  const std::string shape = "S=" + std::to_string(S) + " h=32/" + std::to_string(nkv) + " hd=128 causal";
+  const double flops = 4.0 * dbl(kNh) * dbl(S) * dbl(S) * dbl(kHd) / 2.0;
+  Spec spec{"attention_prefill", dt, shape, false, dbl((2 * kNh + 2 * nkv) * S * kHd * es), flops};
+  b.guarded(spec, [&] {
+    const std::size_t sets = Bench::sets_for(spec.bytes);
+    Rotated q = b.rotated(dt, kNh * S * kHd, sets), out = b.rotated(dt, kNh * S * kHd, sets, false);
+    Rotated k = b.rotated(dt, nkv * S * kHd, sets), v = b.rotated(dt, nkv * S * kHd, sets);
+    ferrum::AttnConfig cfg;
+    cfg.num_heads = kNh;
+    cfg.num_kv_heads = nkv;
+    cfg.head_dim = kHd;
+    cfg.causal = true;
+    b.measure(spec, sets, [&](std::size_t s) { b.be().flash_attention(q[s], k[s], v[s], out[s], 1, S, S, 0, cfg); });
+  });
+}
+
 // ── JSON ───────────────────────────────────────────────────────────────────
 
 std::string json_str(const std::string& s) {
@@ -874,7 +915,10 @@ int run(int argc, char** argv) {
     std::printf("no GPU: nothing to benchmark\n");
     return 0;
   }
-  ferrum::CudaBackend be;
+  // Decode at B = 64, L = 128k needs ~270 MB of split-K scratch.
+  ferrum::CudaBackendConfig config;
+  config.attention_workspace_bytes = std::size_t{1} << 30;
+  ferrum::CudaBackend be(config);
   FB_CUDA(cudaSetDevice(be.device()));
   cudaDeviceProp prop{};
   FB_CUDA(cudaGetDeviceProperties(&prop, be.device()));
@@ -928,6 +972,20 @@ int run(int argc, char** argv) {
     bench_gemm(b, dt, 8192, 8192, 8192);
     for (std::size_t n : {std::size_t{8192}, std::size_t{28672}})
       for (std::size_t m : {std::size_t{1}, std::size_t{16}, std::size_t{64}}) bench_gemm(b, dt, m, n, 8192);
+  }
+
+  // Attention (f16, as the torch reference figures): decode B x L, prefill S.
+  for (std::size_t B : {std::size_t{1}, std::size_t{16}, std::size_t{64}}) {
+    for (std::size_t L : {std::size_t{1024}, std::size_t{4096}, std::size_t{8192}, std::size_t{32768},
+                          std::size_t{131072}}) {
+      if (L == 4096 && B != 1) continue;  // 4k: only for the 10 us bar at B = 1
+      bench_attention_decode(b, DType::F16, B, L);
+    }
+  }
+  for (std::size_t nkv : {std::size_t{32}, std::size_t{8}}) {
+    for (std::size_t S : {std::size_t{1024}, std::size_t{4096}, std::size_t{16384}}) {
+      bench_attention_prefill(b, DType::F16, S, nkv);
+    }
   }
 
   std::size_t errors = 0;

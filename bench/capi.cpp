@@ -7,6 +7,10 @@
 
 #include <ferrum/ferrum.hpp>
 
+// The skinny-GEMM dispatch predicate (the header needs only ferrum/ and
+// cudart, so no include path beyond the library's public one).
+#include "kernels/gemm_skinny.hpp"
+
 namespace {
 
 ferrum::CudaBackend& backend() {
@@ -44,6 +48,14 @@ int ferrum_bench_gemm(void* a, void* b, void* out, long long m, long long n, lon
   } catch (const std::exception& e) {
     return report(e, err, err_len);
   }
+}
+
+// Which kernel ferrum_bench_gemm runs for these arguments: 1 = the skinny
+// decode kernel (kernels/gemm_skinny.cu), 0 = cuBLAS. Mirrors the dispatch
+// in CudaBackend::do_gemm.
+int ferrum_bench_gemm_is_skinny(const void* a, const void* b, long long m, long long n, long long k, int dtype) {
+  const ferrum::DType dt = dtype == 0 ? ferrum::DType::F16 : ferrum::DType::BF16;
+  return ferrum::kernels::gemm_skinny_applicable(dt, a, b, m, n, k) ? 1 : 0;
 }
 
 }  // extern "C"

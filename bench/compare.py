@@ -14,6 +14,9 @@ Acceptance bars (a row that misses one is flagged with "MISS"):
   * other elementwise ops, large shapes: >= 80% of copy
   * tiny shapes (graph replay): <= 4 us per op
   * gemm: no more than 3% slower than torch.matmul (eager)
+  * attention (torch columns: SDPA flash / cuDNN backends): never slower than
+    the faster one; decode >= 85% of copy at B=1 L>=32k and B=16 L>=8k, and
+    <= 10 us at B=1 L<=4k; causal prefill >= 330 TFLOP/s at S=16k
 --strict exits 1 when any bar is missed or a ferrum case errored.
 """
 
@@ -26,6 +29,9 @@ NORM_PCT = 90.0
 ELEMWISE_PCT = 80.0
 SMALL_US = 4.0
 GEMM_SLACK = 1.03
+DECODE_PCT = 85.0        # decode attention at B=1 L>=32k and B=16 L>=8k, % of copy
+DECODE_SMALL_US = 10.0   # decode attention at B=1, L<=4k, graph replay
+PREFILL_TFLOPS = 330.0   # causal prefill at S=16k
 
 
 def load(path):
@@ -45,12 +51,33 @@ def ok_us(r):
     return r is not None and not r.get("error") and r.get("us") is not None
 
 
-def judge(fr, eager):
+def shape_fields(shape):
+    """'B=1 L=1024 h=32/8 hd=128' -> {'B': '1', 'L': '1024', ...}"""
+    return dict(part.split("=", 1) for part in shape.split() if "=" in part)
+
+
+def judge(fr, eager, comp=None):
     """(misses, infos) for one ferrum record."""
     misses, infos = [], []
     if fr.get("error"):
         return [f"ERROR: {short(fr['error'])}"], infos
     op, mode, pct, us = fr.get("op"), fr.get("mode"), fr.get("pct_of_copy"), fr.get("us")
+    if op in ("attention_decode", "attention_prefill"):
+        best = min((r["us"] for r in (eager, comp) if ok_us(r)), default=None)
+        if best is None:
+            infos.append("no torch SDPA to compare")
+        elif us > best:
+            misses.append(f"{100.0 * (us / best - 1.0):.1f}% slower than the faster torch backend")
+        f = shape_fields(fr.get("shape", ""))
+        if op == "attention_decode":
+            b, l = int(f.get("B", 0)), int(f.get("L", 0))
+            if ((b == 1 and l >= 32768) or (b == 16 and l >= 8192)) and pct is not None and pct < DECODE_PCT:
+                misses.append(f"< {DECODE_PCT:g}% of copy")
+            if b == 1 and l <= 4096 and us > DECODE_SMALL_US:
+                misses.append(f"> {DECODE_SMALL_US:g} us")
+        elif int(f.get("S", 0)) >= 16384 and (fr.get("tflops") or 0.0) < PREFILL_TFLOPS:
+            misses.append(f"< {PREFILL_TFLOPS:g} TFLOP/s")
+        return misses, infos
     if op == "gemm":
         if ok_us(eager):
             if us > GEMM_SLACK * eager["us"]:
@@ -119,12 +146,18 @@ def build(ferrum, torch_doc):
         seen.add(k)
         eager = trecs.get(k + ("torch_eager",))
         comp = trecs.get(k + ("torch_compile",))
-        misses, infos = judge(fr, eager)
+        # SDPA rows: flash backend in the first torch column, cuDNN in the second.
+        if eager is None and comp is None:
+            eager = trecs.get(k + ("torch_flash",))
+            comp = trecs.get(k + ("torch_cudnn",))
+        misses, infos = judge(fr, eager, comp)
         if fr.get("error"):
             n_err += 1
         elif misses:
             n_miss += 1
-        if fr.get("op") == "gemm":
+        if fr.get("op") == "attention_prefill":
+            rate = f"{num(fr.get('tflops'), '.1f')} TFLOP/s"
+        elif fr.get("op") == "gemm":
             rate = f"{num(fr.get('tflops'), '.1f')} TFLOP/s"
             if fr.get("gbps") is not None and fr.get("mode") == "stream" and (fr.get("shape", "").startswith(
                     ("m=1 ", "m=16 ", "m=64 "))):

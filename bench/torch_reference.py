@@ -66,11 +66,17 @@ def torch_dtype(name):
 
 
 def rand(shape, dtype):
-    """Uniform magnitude in [1/64, 1] with a random sign (never zero)."""
-    u = torch.empty(shape, device="cuda", dtype=torch.float32).uniform_(-1.0, 1.0)
-    mag = u.abs().mul_(63.0 / 64.0).add_(1.0 / 64.0)
-    out = torch.where(u >= 0, mag, -mag).to(dtype)
-    del u, mag
+    """Uniform magnitude in [1/64, 1] with a random sign (never zero). Made in
+    chunks, so a 34 GB KV cache needs no 68 GB fp32 temporary."""
+    out = torch.empty(shape, device="cuda", dtype=dtype)
+    flat = out.view(-1)
+    chunk = 1 << 28
+    for start in range(0, flat.numel(), chunk):
+        n = min(chunk, flat.numel() - start)
+        u = torch.empty(n, device="cuda", dtype=torch.float32).uniform_(-1.0, 1.0)
+        mag = u.abs().mul_(63.0 / 64.0).add_(1.0 / 64.0)
+        flat[start:start + n] = torch.where(u >= 0, mag, -mag).to(dtype)
+        del u, mag
     return out
 
 
@@ -203,15 +209,17 @@ def print_row(r):
     sys.stdout.flush()
 
 
-def run_case(ctx, op, dt, shape, graph, nbytes, setup, flops=0.0, compile_ok=True, note=""):
+def run_case(ctx, op, dt, shape, graph, nbytes, setup, flops=0.0, compile_ok=True, note="", impls=None):
     """setup(sets) -> (core, argsets): core(*tensors) is the torch code for one
-    call, argsets[s] the tensors of set s."""
+    call, argsets[s] the tensors of set s. With `impls` (names), core is a
+    dict impl -> function instead, each timed under its own name."""
     mode = "graph" if graph else "stream"
     if not ctx.want(op, dt, shape, mode):
         return
-    impls = ["torch_eager"]
-    if compile_ok and ctx.compile_enabled(graph):
-        impls.append("torch_compile")
+    if impls is None:
+        impls = ["torch_eager"]
+        if compile_ok and ctx.compile_enabled(graph):
+            impls.append("torch_compile")
     sets = sets_for(nbytes)
     state = None
     try:
@@ -237,6 +245,8 @@ def run_case(ctx, op, dt, shape, graph, nbytes, setup, flops=0.0, compile_ok=Tru
                 fcore(*argsets[0])  # compile now, so a failure names the compile
                 torch.cuda.synchronize()
                 rec["compile_s"] = round(time.time() - t0, 2)
+            elif isinstance(core, dict):
+                fcore = core[impl]
             else:
                 fcore = core
 
@@ -487,6 +497,51 @@ def case_gemm(ctx, dt, m, n, k):
              compile_ok=False, note="torch.matmul(a, w.t())")
 
 
+SDPA_IMPLS = ["torch_flash", "torch_cudnn"]
+
+
+def sdpa_cores(is_causal):
+    """SDPA pinned to one backend each; GQA through enable_gqa (no K/V copy)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    pins = {"torch_flash": SDPBackend.FLASH_ATTENTION, "torch_cudnn": SDPBackend.CUDNN_ATTENTION}
+
+    def make(backend):
+        def core(q, k, v):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
+                                                      enable_gqa=k.shape[1] != q.shape[1])
+        return core
+    return {name: make(b) for name, b in pins.items()}
+
+
+def case_attention_decode(ctx, dt, B, L):
+    td = torch_dtype(dt)
+    nh, nkv, hd = 32, 8, 128
+    graph = B == 1 and L <= 8192
+    nbytes = 2 * B * nkv * L * hd * esize(dt)
+
+    def setup(sets):
+        q = rotated(sets, (B, nh, 1, hd), td)
+        k, v = rotated(sets, (B, nkv, L, hd), td), rotated(sets, (B, nkv, L, hd), td)
+        return sdpa_cores(False), [(q[s], k[s], v[s]) for s in range(sets)]
+    run_case(ctx, "attention_decode", dt, f"B={B} L={L} h=32/8 hd=128", graph, nbytes, setup,
+             impls=SDPA_IMPLS, note="SDPA q_len 1, enable_gqa")
+
+
+def case_attention_prefill(ctx, dt, S, nkv):
+    td = torch_dtype(dt)
+    nh, hd = 32, 128
+    nbytes = (2 * nh + 2 * nkv) * S * hd * esize(dt)
+    flops = 4.0 * nh * S * S * hd / 2.0
+
+    def setup(sets):
+        q = rotated(sets, (1, nh, S, hd), td)
+        k, v = rotated(sets, (1, nkv, S, hd), td), rotated(sets, (1, nkv, S, hd), td)
+        return sdpa_cores(True), [(q[s], k[s], v[s]) for s in range(sets)]
+    run_case(ctx, "attention_prefill", dt, f"S={S} h=32/{nkv} hd=128 causal", False, nbytes, setup,
+             flops=flops, impls=SDPA_IMPLS, note="SDPA causal")
+
+
 # ── main ────────────────────────────────────────────────────────────────────
 
 def main():
@@ -558,6 +613,15 @@ def main():
         for n in (8192, 28672):
             for m in (1, 16, 64):
                 case_gemm(ctx, dt, m, n, 8192)
+
+    for B in (1, 16, 64):
+        for L in (1024, 4096, 8192, 32768, 131072):
+            if L == 4096 and B != 1:
+                continue
+            case_attention_decode(ctx, "f16", B, L)
+    for nkv in (32, 8):
+        for S in (1024, 4096, 16384):
+            case_attention_prefill(ctx, "f16", S, nkv)
 
     errors = sum(1 for r in ctx.records if r.get("error"))
     print(f"\n{len(ctx.records)} records, {errors} errors; copy {ctx.copy_gbps:.0f} GB/s")

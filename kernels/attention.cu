@@ -16,12 +16,14 @@
 // capacity and slices past the decode state's kv_len exit at once, so one
 // captured launch serves every step. Prefill uses one slice per query row.
 //
-// Everything runs on CUDA cores in fp32. The tensor-core prefill kernel
-// and a tuned decode pipeline are still to come.
+// Everything here runs on CUDA cores in fp32. Prefill goes to the
+// tensor-core kernel (kernels/attention_prefill.cu) whenever it applies.
 #include <cfloat>
 
 #include "kernels/attention.hpp"
+#include "kernels/attention_prefill.hpp"
 #include "kernels/common/check.hpp"
+#include "kernels/common/device_error.cuh"
 #include "kernels/common/dtype.cuh"
 #include "kernels/common/vec.cuh"
 
@@ -41,12 +43,20 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// The keys query row `i` of sequence `b` may see: [0, limit).
-__device__ __forceinline__ long long key_limit(const AttentionArgs& a, int i, long long* query_pos) {
-  const long long kv_len = a.state != nullptr ? a.state->kv_len : a.kv_len;
-  const long long pos = a.state != nullptr ? kv_len - 1 : a.pos_offset + i;
-  *query_pos = pos;
-  long long limit = kv_len;
+// The keys query row `i` of sequence `b` may see: [0, limit). A decode
+// whose kv_len comes from the device (kv_lens or the decode state) and lies
+// outside [1, kv_stride] sees nothing (zeros are written) and is reported.
+__device__ __forceinline__ long long key_limit(const AttentionArgs& a, int b, int i, bool report) {
+  if (a.kv_lens != nullptr || a.state != nullptr) {
+    const long long kv_len = a.kv_lens != nullptr ? a.kv_lens[b] : a.state->kv_len;
+    if (kv_len < 1 || kv_len > a.kv_stride) {
+      if (report) report_device_error(a.error_flag, kErrAttnKvLenOutOfRange);
+      return 0;
+    }
+    return kv_len;  // the one query is the newest position: it sees every key
+  }
+  long long limit = a.kv_len;
+  const long long pos = a.pos_offset + i;
   if (a.causal && pos + 1 < limit) limit = pos + 1;
   return limit < 0 ? 0 : limit;
 }
@@ -74,8 +84,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_rows_kernel(const Atten
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
 
-  long long query_pos = 0;
-  const long long limit = key_limit(a, i, &query_pos);
+  const long long limit = key_limit(a, b, i, split == 0 && threadIdx.x == 0);
   const long long slice = splits > 1 ? kAttnSplitKeys : limit;
   const long long begin = static_cast<long long>(split) * slice;
   const long long end = min(limit, begin + slice);
@@ -228,8 +237,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_rows_kernel(const Atten
 template <class T, int HD>
 __global__ void attention_combine_kernel(const AttentionArgs a, int splits) {
   const long long row = blockIdx.x;  // b * num_heads + head (q_len == 1)
-  long long query_pos = 0;
-  const long long limit = key_limit(a, 0, &query_pos);
+  const long long limit = key_limit(a, static_cast<int>(row / a.num_heads), 0, false);
   const int used = static_cast<int>(min(static_cast<long long>(splits), (limit + kAttnSplitKeys - 1) / kAttnSplitKeys));
   const float* lse = a.partial_lse + row * splits;
   for (int d = threadIdx.x; d < HD; d += blockDim.x) {
@@ -260,6 +268,9 @@ std::size_t attention_workspace_floats(int batch, int num_heads, int q_len, int 
 }
 
 void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
+  // Prefill (q_len > 1) runs on tensor cores wherever that kernel applies;
+  // this CUDA-core kernel stays the fallback and the decode path.
+  if (launch_attention_prefill_tc(a, stream)) return;
   const int splits = a.q_len == 1 ? decode_splits(a.kv_stride) : 1;
   const int group = a.num_heads / a.num_kv_heads;
   const int heads_per_block = group < kMaxGroupPerBlock ? group : kMaxGroupPerBlock;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include <cuda_runtime_api.h>
 
@@ -29,6 +30,8 @@ struct AttentionArgs {
   int kv_len = 0;            // valid keys (ignored when state is set)
   long long pos_offset = 0;  // position of query 0 (state: kv_len - 1)
   const DecodeState* state = nullptr;  // q_len == 1: kv_len from the decode state
+  const int* kv_lens = nullptr;        // [batch] (q_len == 1): per-sequence kv_len; wins over state
+  std::uint32_t* error_flag = nullptr; // device error word (a device-side kv_len out of range)
   bool causal = true;
   float scale = 0.0f;  // softmax scale (already resolved: > 0)
   // Split-K scratch for decode (q_len == 1): [batch * num_heads][splits][head_dim]

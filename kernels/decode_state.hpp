@@ -21,6 +21,7 @@ enum DeviceErrorBits : std::uint32_t {
   kErrEmbeddingIdOutOfRange = 1u << 0,
   kErrRopePositionOutOfRange = 1u << 1,
   kErrKvAppendOverCapacity = 1u << 2,
+  kErrAttnKvLenOutOfRange = 1u << 3,
 };
 
 // Writes the decode state with one tiny kernel: the values travel as kernel

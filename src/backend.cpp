@@ -34,6 +34,7 @@ std::string_view to_string(Op op) noexcept {
     case Op::TransposeHeadToToken: return "transpose_head_to_token";
     case Op::CopySlice: return "copy_slice";
     case Op::FlashAttention: return "flash_attention";
+    case Op::FlashDecodeRagged: return "flash_decode_ragged";
     case Op::LoadGptq: return "load_gptq";
     case Op::GemmGptq: return "gemm_gptq";
     case Op::GemmQuant: return "gemm_quant";
@@ -595,6 +596,49 @@ void Backend::do_flash_attention(const Buffer&, const Buffer&, const Buffer&, Bu
        "flash_attention: not implemented on the {} backend yet (split-K decode and tensor-core prefill "
        "kernels are still to come)",
        name());
+}
+
+void Backend::flash_decode_ragged(const Buffer& q, const Buffer& k, const Buffer& v, Buffer& out,
+                                  const Buffer& kv_lens, std::size_t batch, const AttnConfig& cfg) {
+  OpCheck check(*this, "flash_decode_ragged");
+  check.size("batch", batch);
+  check.size("cfg.num_heads", cfg.num_heads);
+  check.size("cfg.num_kv_heads", cfg.num_kv_heads);
+  check.size("cfg.head_dim", cfg.head_dim);
+  check.size("cfg.kv_seq_stride", cfg.kv_seq_stride);
+  if (cfg.num_heads % cfg.num_kv_heads != 0) {
+    check.fail(ErrorCode::InvalidArgument,
+               "flash_decode_ragged: cfg.num_heads = {} is not a multiple of cfg.num_kv_heads = {} (GQA group)",
+               cfg.num_heads, cfg.num_kv_heads);
+  }
+  if (!(cfg.scale >= 0.0f) || !std::isfinite(cfg.scale)) {
+    check.fail(ErrorCode::InvalidArgument,
+               "flash_decode_ragged: cfg.scale = {} must be finite and >= 0 (0 means 1/sqrt(head_dim))", cfg.scale);
+  }
+  check.buffer("q", q);
+  check.buffer("k", k);
+  check.buffer("v", v);
+  check.buffer("out", out);
+  check.buffer("kv_lens", kv_lens);
+  check.activation("q", q);
+  check.same_dtype("k", k, "q", q);
+  check.same_dtype("v", v, "q", q);
+  check.same_dtype("out", out, "q", q);
+  check.dtype("kv_lens", kv_lens, DType::I32);
+  const std::size_t qn = check.product({batch, cfg.num_heads, cfg.head_dim});
+  const std::size_t kvn = check.product({batch, cfg.num_kv_heads, cfg.kv_seq_stride, cfg.head_dim});
+  check.holds("q", q, qn, "[batch, num_heads, head_dim]");
+  check.holds("k", k, kvn, "[batch, num_kv_heads, kv_seq_stride, head_dim]");
+  check.holds("v", v, kvn, "[batch, num_kv_heads, kv_seq_stride, head_dim]");
+  check.holds("out", out, qn, "[batch, num_heads, head_dim]");
+  check.holds("kv_lens", kv_lens, batch, "[batch]");
+  do_flash_decode_ragged(q, k, v, out, kv_lens, batch, cfg);
+}
+
+void Backend::do_flash_decode_ragged(const Buffer&, const Buffer&, const Buffer&, Buffer&, const Buffer&,
+                                     std::size_t, const AttnConfig&) {
+  OpCheck check(*this, "flash_decode_ragged");
+  check.fail(ErrorCode::Unsupported, "flash_decode_ragged: not implemented on the {} backend", name());
 }
 
 void Backend::mla_attention(const Buffer& q, const Buffer& kv_latent, Buffer& out, std::size_t batch,

@@ -54,6 +54,7 @@ enum class Op {
   TransposeHeadToToken,
   CopySlice,
   FlashAttention,
+  FlashDecodeRagged,
   LoadGptq,
   GemmGptq,
   GemmQuant,
@@ -256,6 +257,17 @@ class Backend {
                        Buffer& out /*[batch, num_heads, q_len, head_dim]*/, std::size_t batch,
                        std::size_t q_len, std::size_t kv_len, std::size_t pos_offset,
                        const AttnConfig& cfg);
+  // Decode for a batch of sequences of different lengths: one new query per
+  // sequence, and sequence b sees keys [0, kv_lens[b]) of its cache. kv_lens
+  // is read on the device (I32), so one captured graph serves every step.
+  // cfg.kv_seq_stride is the cache capacity and is required; cfg.causal does
+  // not matter (the query is the newest position). A kv_lens[b] outside
+  // [1, capacity] is reported at synchronize() (CUDA) or thrown (CPU).
+  void flash_decode_ragged(const Buffer& q /*[batch, num_heads, head_dim]*/,
+                           const Buffer& k /*[batch, num_kv_heads, kv_seq_stride, head_dim]*/,
+                           const Buffer& v /*[batch, num_kv_heads, kv_seq_stride, head_dim]*/,
+                           Buffer& out /*[batch, num_heads, head_dim]*/, const Buffer& kv_lens /*[batch] i32*/,
+                           std::size_t batch, const AttnConfig& cfg);
   void mla_attention(const Buffer& q /*[batch, num_heads, q_len, kv_lora_rank + rope_dim]*/,
                      const Buffer& kv_latent /*[batch, kv_len, kv_lora_rank + rope_dim]*/,
                      Buffer& out /*[batch, num_heads, q_len, v_head_dim]*/, std::size_t batch,
@@ -353,6 +365,8 @@ class Backend {
                                   std::size_t batch, std::size_t q_len, std::size_t kv_len,
                                   std::size_t pos_offset, const AttnConfig& cfg,
                                   bool use_decode_state);
+  virtual void do_flash_decode_ragged(const Buffer& q, const Buffer& k, const Buffer& v, Buffer& out,
+                                     const Buffer& kv_lens, std::size_t batch, const AttnConfig& cfg);
   virtual void do_mla_attention(const Buffer& q, const Buffer& kv_latent, Buffer& out,
                                 std::size_t batch, std::size_t q_len, std::size_t kv_len,
                                 const MlaConfig& cfg);

@@ -71,6 +71,8 @@ class CpuBackend final : public Backend {
                           std::size_t batch, std::size_t q_len, std::size_t kv_len,
                           std::size_t pos_offset, const AttnConfig& cfg,
                           bool use_decode_state) override;
+  void do_flash_decode_ragged(const Buffer& q, const Buffer& k, const Buffer& v, Buffer& out,
+                              const Buffer& kv_lens, std::size_t batch, const AttnConfig& cfg) override;
   std::unique_ptr<QuantWeight> do_load_gptq(const GptqHostTensors& tensors) override;
   void do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) override;
 

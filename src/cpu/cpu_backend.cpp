@@ -247,6 +247,7 @@ bool CpuBackend::supports(Op op) const noexcept {
     case Op::TransposeHeadToToken:
     case Op::CopySlice:
     case Op::FlashAttention:
+    case Op::FlashDecodeRagged:
     case Op::DeviceStateMode:
     case Op::AllReduce:  // world size 1: identities, in the base class
     case Op::AllGather:
@@ -795,6 +796,31 @@ void CpuBackend::do_flash_attention(const Buffer& q /*[batch, num_heads, q_len, 
     for (std::size_t block = 0; block < num_blocks; ++block) run_block(block);
   } else {
     parallel_for(num_blocks, run_block);
+  }
+}
+
+// Each sequence is one single-query decode over its own kv_lens[b] keys.
+void CpuBackend::do_flash_decode_ragged(const Buffer& q /*[batch, num_heads, head_dim]*/,
+                                        const Buffer& k /*[batch, num_kv_heads, kv_seq_stride, head_dim]*/,
+                                        const Buffer& v /*[batch, num_kv_heads, kv_seq_stride, head_dim]*/,
+                                        Buffer& out /*[batch, num_heads, head_dim]*/,
+                                        const Buffer& kv_lens /*[batch] i32*/, std::size_t batch,
+                                        const AttnConfig& cfg) {
+  const auto* lens = static_cast<const std::int32_t*>(kv_lens.data());
+  const std::size_t capacity = cfg.kv_seq_stride;
+  for (std::size_t b = 0; b < batch; ++b) {
+    if (lens[b] < 1 || static_cast<std::size_t>(lens[b]) > capacity) {
+      fail(ErrorCode::CapacityExceeded, "flash_decode_ragged: kv_lens[{}] = {} is outside [1, {}] (cfg.kv_seq_stride)",
+           b, lens[b], capacity);
+    }
+  }
+  const std::size_t q_row = cfg.num_heads * cfg.head_dim;
+  const std::size_t kv_seq = cfg.num_kv_heads * capacity * cfg.head_dim;
+  for (std::size_t b = 0; b < batch; ++b) {
+    const auto len = static_cast<std::size_t>(lens[b]);
+    Buffer out_b = out.view(b * q_row, q_row);
+    do_flash_attention(q.view(b * q_row, q_row), k.view(b * kv_seq, kv_seq), v.view(b * kv_seq, kv_seq), out_b, 1, 1,
+                       len, len - 1, cfg, false);
   }
 }
 

@@ -45,6 +45,9 @@ std::string describe_device_errors(std::uint32_t bits) {
       "qk_norm_rope: a position was past the cos/sin tables (row not written)");
   add(kernels::kErrKvAppendOverCapacity,
       "kv_cache_append_head_major: the decode-state position + new tokens exceeded the capacity (nothing written)");
+  add(kernels::kErrAttnKvLenOutOfRange,
+      "flash_attention / flash_decode_ragged: a device-side kv_len (decode state or kv_lens) was outside "
+      "[1, kv_seq_stride] (zeros written)");
   if (what.empty()) what = fmt::format("unknown device error bits {:#x}", bits);
   return what;
 }

@@ -1,10 +1,12 @@
-// CudaBackend: flash_attention (kernels/attention.hpp).
+// CudaBackend: flash_attention and flash_decode_ragged (kernels/attention.hpp).
 #include "ferrum/cuda_backend.hpp"
 
 #include <fmt/format.h>
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -17,36 +19,43 @@ namespace ferrum {
 
 using detail::ptr;
 
-// ── Attention ──────────────────────────────────────────────────────────────
+namespace {
 
-void CudaBackend::do_flash_attention(const Buffer& q, const Buffer& k, const Buffer& v, Buffer& out,
-                                     std::size_t batch, std::size_t q_len, std::size_t kv_len, std::size_t pos_offset,
-                                     const AttnConfig& cfg, bool use_decode_state) {
-  auto refuse = [&](ErrorCode code, const std::string& message) {
-    abandon_capture();
-    detail::fail(code, "flash_attention: {}", message);
-  };
+// What the CUDA kernels need beyond the base class's checks: a head dim they
+// were built for, 16-byte aligned rows, and split-K scratch that fits the
+// preallocated workspace. Sets *need to the workspace floats the call uses;
+// returns the problem, if any, for the caller to raise.
+struct Problem {
+  ErrorCode code;
+  std::string message;
+};
+std::optional<Problem> cuda_attention_problem(const AttnConfig& cfg,
+                                              std::initializer_list<std::pair<const char*, const Buffer*>> buffers,
+                                              std::size_t batch, std::size_t q_len, long long stride,
+                                              std::size_t workspace_bytes, std::size_t* need) {
   if (cfg.head_dim != 64 && cfg.head_dim != 128 && cfg.head_dim != 256) {
-    refuse(ErrorCode::Unsupported,
-           fmt::format("cfg.head_dim = {} is not one of the CUDA kernel's 64, 128, 256", cfg.head_dim));
+    return Problem{ErrorCode::Unsupported,
+                   fmt::format("cfg.head_dim = {} is not one of the CUDA kernel's 64, 128, 256", cfg.head_dim)};
   }
-  // Rows are read and written as 16-byte vectors.
-  const std::pair<const char*, const Buffer*> buffers[] = {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}};
   for (const auto& [name, b] : buffers) {
     if ((reinterpret_cast<std::uintptr_t>(b->data()) & 15u) != 0) {
-      refuse(ErrorCode::Misaligned, fmt::format("argument '{}' at {} is not 16-byte aligned", name, b->data()));
+      return Problem{ErrorCode::Misaligned, fmt::format("argument '{}' at {} is not 16-byte aligned", name, b->data())};
     }
   }
-  const auto stride = static_cast<long long>(cfg.kv_seq_stride > 0 ? cfg.kv_seq_stride : kv_len);
-  const std::size_t need = kernels::attention_workspace_floats(static_cast<int>(batch), static_cast<int>(cfg.num_heads),
-                                                               static_cast<int>(q_len), static_cast<int>(cfg.head_dim),
-                                                               stride);
-  if (need * sizeof(float) > rt_->attention_workspace_bytes) {
-    refuse(ErrorCode::CapacityExceeded,
-           fmt::format("decode split-K scratch needs {} bytes, more than CudaBackendConfig::attention_workspace_bytes = {}",
-                       need * sizeof(float), rt_->attention_workspace_bytes));
+  *need = kernels::attention_workspace_floats(static_cast<int>(batch), static_cast<int>(cfg.num_heads),
+                                              static_cast<int>(q_len), static_cast<int>(cfg.head_dim), stride);
+  if (*need * sizeof(float) > workspace_bytes) {
+    return Problem{ErrorCode::CapacityExceeded,
+                   fmt::format("decode split-K scratch needs {} bytes, more than "
+                               "CudaBackendConfig::attention_workspace_bytes = {}",
+                               *need * sizeof(float), workspace_bytes)};
   }
-  detail::activate_device(device_);
+  return std::nullopt;
+}
+
+kernels::AttentionArgs attention_args(const Buffer& q, const Buffer& k, const Buffer& v, Buffer& out,
+                                      std::size_t batch, std::size_t q_len, const AttnConfig& cfg, long long stride,
+                                      float* workspace, std::size_t workspace_floats) {
   kernels::AttentionArgs a;
   a.dtype = q.dtype();
   a.q = ptr(q);
@@ -59,14 +68,52 @@ void CudaBackend::do_flash_attention(const Buffer& q, const Buffer& k, const Buf
   a.q_len = static_cast<int>(q_len);
   a.head_dim = static_cast<int>(cfg.head_dim);
   a.kv_stride = stride;
-  a.kv_len = static_cast<int>(kv_len);
-  a.pos_offset = static_cast<long long>(pos_offset);
-  a.state = use_decode_state ? rt_->decode_state : nullptr;
   a.causal = cfg.causal;
   a.scale = cfg.scale > 0.0f ? cfg.scale : 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
   // Partial outputs first, then the log-sum-exps ([rows][splits] floats).
-  a.partial_out = rt_->attention_workspace;
-  a.partial_lse = rt_->attention_workspace + (need / (cfg.head_dim + 1)) * cfg.head_dim;
+  a.partial_out = workspace;
+  a.partial_lse = workspace + (workspace_floats / (cfg.head_dim + 1)) * cfg.head_dim;
+  return a;
+}
+
+}  // namespace
+
+void CudaBackend::do_flash_attention(const Buffer& q, const Buffer& k, const Buffer& v, Buffer& out,
+                                     std::size_t batch, std::size_t q_len, std::size_t kv_len, std::size_t pos_offset,
+                                     const AttnConfig& cfg, bool use_decode_state) {
+  const auto stride = static_cast<long long>(cfg.kv_seq_stride > 0 ? cfg.kv_seq_stride : kv_len);
+  std::size_t need = 0;
+  if (auto problem = cuda_attention_problem(cfg, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}}, batch, q_len,
+                                            stride, rt_->attention_workspace_bytes, &need)) {
+    abandon_capture();
+    detail::fail(problem->code, "flash_attention: {}", problem->message);
+  }
+  detail::activate_device(device_);
+  kernels::AttentionArgs a =
+      attention_args(q, k, v, out, batch, q_len, cfg, stride, rt_->attention_workspace, need);
+  a.kv_len = static_cast<int>(kv_len);
+  a.pos_offset = static_cast<long long>(pos_offset);
+  if (use_decode_state) {
+    a.state = rt_->decode_state;
+    a.error_flag = rt_->error_device;
+  }
+  kernels::launch_attention(a, rt_->stream);
+}
+
+void CudaBackend::do_flash_decode_ragged(const Buffer& q, const Buffer& k, const Buffer& v, Buffer& out,
+                                         const Buffer& kv_lens, std::size_t batch, const AttnConfig& cfg) {
+  const auto stride = static_cast<long long>(cfg.kv_seq_stride);
+  std::size_t need = 0;
+  if (auto problem = cuda_attention_problem(cfg, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}}, batch, 1, stride,
+                                            rt_->attention_workspace_bytes, &need)) {
+    abandon_capture();
+    detail::fail(problem->code, "flash_decode_ragged: {}", problem->message);
+  }
+  detail::activate_device(device_);
+  kernels::AttentionArgs a = attention_args(q, k, v, out, batch, 1, cfg, stride, rt_->attention_workspace, need);
+  a.kv_len = 0;  // per sequence, from kv_lens on the device
+  a.kv_lens = ptr<int>(kv_lens);
+  a.error_flag = rt_->error_device;
   kernels::launch_attention(a, rt_->stream);
 }
 

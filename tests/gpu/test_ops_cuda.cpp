@@ -195,6 +195,15 @@ TEST_P(CudaFlashAttention, MatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Specs, CudaFlashAttention, ::testing::ValuesIn(dtype_case_params(flash_specs().size())),
                          dtype_case_param_name);
 
+class CudaFlashDecodeRagged : public CudaCaseOps {};
+TEST_P(CudaFlashDecodeRagged, MatchesCpu) {
+  FERRUM_SEEDED_RNG(rng);
+  const RaggedDecodeSpec s = ragged_decode_specs()[index()];
+  expect_cuda_matches_cpu(cuda(), cpu(), make_ragged_decode_case(rng, dt(), s.cfg, s.kv_lens), Match::Close, {0});
+}
+INSTANTIATE_TEST_SUITE_P(Specs, CudaFlashDecodeRagged,
+                         ::testing::ValuesIn(dtype_case_params(ragged_decode_specs().size())), dtype_case_param_name);
+
 class CudaCopySlice : public CudaParamTest<std::size_t> {};
 TEST_P(CudaCopySlice, MatchesCpu) {
   FERRUM_SEEDED_RNG(rng);

@@ -119,6 +119,28 @@ std::vector<OpSpec> build_specs() {
                  be.flash_attention(a.buf("q"), a.buf("k"), a.buf("v"), a.buf("out"), a.size("batch"),
                                     a.size("q_len"), a.size("kv_len"), a.pos_offset, cfg);
                }});
+  {
+    constexpr std::size_t kRaggedBatch = 2, kCap = 5;
+    const std::size_t rq = kRaggedBatch * kNumHeads * kAttnHd, rkv = kRaggedBatch * kNumKvHeads * kCap * kAttnHd;
+    s.push_back({Op::FlashDecodeRagged, "flash_decode_ragged",
+                 {act("q", rq), act("k", rkv), act("v", rkv), act("out", rq),
+                  {"kv_lens", DType::I32, kRaggedBatch, kRaggedBatch - 1, DType::F32}},
+                 {{"batch", kRaggedBatch},
+                  {"cfg.num_heads", kNumHeads},
+                  {"cfg.num_kv_heads", kNumKvHeads},
+                  {"cfg.head_dim", kAttnHd},
+                  {"cfg.kv_seq_stride", kCap}},
+                 [](Backend& be, OpArgs& a) {
+                   AttnConfig cfg;
+                   cfg.num_heads = a.size("cfg.num_heads");
+                   cfg.num_kv_heads = a.size("cfg.num_kv_heads");
+                   cfg.head_dim = a.size("cfg.head_dim");
+                   cfg.scale = a.scale;
+                   cfg.kv_seq_stride = a.size("cfg.kv_seq_stride");
+                   be.flash_decode_ragged(a.buf("q"), a.buf("k"), a.buf("v"), a.buf("out"), a.buf("kv_lens"),
+                                          a.size("batch"), cfg);
+                 }});
+  }
   const std::size_t latent = kLoraRank + kRopeDim;
   s.push_back({Op::MlaAttention, "mla_attention",
                {act("q", kBatch * kNumHeads * kQLen * latent), act("kv_latent", kBatch * kKvLen * latent),
@@ -200,6 +222,10 @@ OpArgs make_args(Backend& backend, const OpSpec& spec) {
   for (const BufferArg& b : spec.buffers) a.buffers.emplace(b.name, zeros(backend, b.dtype, b.numel));
   for (const SizeArg& s : spec.sizes) a.sizes.emplace(s.name, s.value);
   if (spec.op == Op::FlashAttention) a.pos_offset = kKvLen - kQLen;  // causal: the queries end at kv_len
+  if (spec.op == Op::FlashDecodeRagged) {  // lengths 1 and the whole capacity
+    const std::int32_t lens[] = {1, static_cast<std::int32_t>(a.size("cfg.kv_seq_stride"))};
+    backend.write_bytes(a.buf("kv_lens"), lens, sizeof(lens));
+  }
   if (spec.op == Op::GemmGptq || spec.op == Op::GemmQuant) {
     // A real weight where the backend can load one, so valid calls run.
     if (backend.supports(Op::LoadGptq)) {

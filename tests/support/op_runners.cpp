@@ -243,6 +243,22 @@ FlashCase make_flash_case(Rng& rng, DType dt, std::size_t batch, std::size_t q_l
   return c;
 }
 
+RaggedDecodeCase make_ragged_decode_case(Rng& rng, DType dt, const AttnConfig& cfg,
+                                         const std::vector<std::size_t>& kv_lens) {
+  RaggedDecodeCase c{kv_lens.size(), cfg, {}, {}, {}, {}};
+  c.q = random_normal(rng, dt, c.batch * cfg.num_heads * cfg.head_dim);
+  c.k.dtype = c.v.dtype = dt;
+  for (std::size_t len : kv_lens) {
+    for (HostTensor* t : {&c.k, &c.v}) {
+      const HostTensor seq = random_with_nan_tail(rng, dt, cfg.num_kv_heads, cfg.kv_seq_stride, len, cfg.head_dim);
+      t->values.insert(t->values.end(), seq.values.begin(), seq.values.end());
+    }
+  }
+  std::vector<float> lens(kv_lens.begin(), kv_lens.end());
+  c.kv_lens = make_tensor(DType::I32, std::move(lens));
+  return c;
+}
+
 // ── Descriptions ─────────────────────────────────────────────────────────────
 
 std::string describe(const RmsNormCase& c) {
@@ -295,6 +311,13 @@ std::string describe(const FlashCase& c) {
              c.cfg.num_kv_heads, " head_dim=", c.cfg.head_dim, " q_len=", c.q_len, " kv_len=", c.kv_len,
              " pos_offset=", c.pos_offset, " stride=", c.stride(), " valid_kv=", c.valid_kv,
              c.cfg.causal ? " causal" : " non-causal", " scale=", c.cfg.scale);
+}
+std::string describe(const RaggedDecodeCase& c) {
+  std::string lens;
+  for (float l : c.kv_lens.values) lens += cat(lens.empty() ? "" : ",", static_cast<long>(l));
+  return cat("flash_decode_ragged ", dt_name(c.q), " batch=", c.batch, " heads=", c.cfg.num_heads, "/",
+             c.cfg.num_kv_heads, " head_dim=", c.cfg.head_dim, " capacity=", c.cfg.kv_seq_stride, " kv_lens=[", lens,
+             "] scale=", c.cfg.scale);
 }
 std::string describe(const RunOptions& o) {
   std::string s = cat("lead=", o.lead);
@@ -432,6 +455,16 @@ OpResult run(Backend& be, const FlashCase& c, const RunOptions& o) {
   return r.go([&] { be.flash_attention(q, k, v, out, c.batch, c.q_len, c.kv_len, c.pos_offset, c.cfg); });
 }
 
+OpResult run(Backend& be, const RaggedDecodeCase& c, const RunOptions& o) {
+  OpRun r(be, o);
+  Buffer& q = r.in(c.q);
+  Buffer& k = r.in(c.k);
+  Buffer& v = r.in(c.v);
+  Buffer& kv_lens = r.in(c.kv_lens);
+  Buffer& out = r.out("out", c.q.dtype, c.q.size());
+  return r.go([&] { be.flash_decode_ragged(q, k, v, out, kv_lens, c.batch, c.cfg); });
+}
+
 // ── Effective arguments ──────────────────────────────────────────────────────
 
 std::size_t effective_token(const EmbeddingCase& c, std::size_t t, const RunOptions& o) {
@@ -540,6 +573,31 @@ std::vector<FlashSpec> flash_specs() {
     cfg.kv_seq_stride = 0;
     specs.push_back({1, 9, kv, kv - 9, cfg});
   }
+  return specs;
+}
+
+std::vector<RaggedDecodeSpec> ragged_decode_specs() {
+  std::vector<RaggedDecodeSpec> specs;
+  const std::pair<std::size_t, std::size_t> heads[] = {{4, 4}, {8, 2}, {16, 2}};  // GQA ratios 1, 4, 8
+  std::size_t index = 0;
+  for (std::size_t hd : {64, 128, 256}) {
+    for (const auto& [nh, nkv] : heads) {
+      AttnConfig cfg;
+      cfg.num_heads = nh;
+      cfg.num_kv_heads = nkv;
+      cfg.head_dim = hd;
+      cfg.scale = ++index % 3 == 0 ? 0.3f : 0.0f;
+      cfg.kv_seq_stride = 1100;
+      specs.push_back({cfg, {1, 7, 129, 1000, 512, 513, 1100}});
+    }
+  }
+  // One long sequence beside short ones, and GQA 16 (two blocks per group).
+  AttnConfig cfg;
+  cfg.num_heads = 32;
+  cfg.num_kv_heads = 2;
+  cfg.head_dim = 128;
+  cfg.kv_seq_stride = 5000;
+  specs.push_back({cfg, {4999, 3, 2048}});
   return specs;
 }
 

@@ -137,6 +137,14 @@ struct FlashCase {
 
   std::size_t stride() const { return cfg.kv_seq_stride > 0 ? cfg.kv_seq_stride : kv_len; }
 };
+// flash_decode_ragged: one query per sequence; sequence b sees kv_lens[b]
+// keys of its [num_kv_heads, kv_seq_stride, head_dim] cache; rows past
+// kv_lens[b] hold NaN (they must not be read).
+struct RaggedDecodeCase {
+  std::size_t batch;
+  AttnConfig cfg;  // kv_seq_stride = capacity
+  HostTensor q, k, v, kv_lens;  // kv_lens: i32 [batch]
+};
 
 // Norm inputs have magnitude `amplitude`; with kSmallAmplitude and kSmallEps
 // the eps term is as large as mean(x²) / the variance, so misusing eps shows.
@@ -165,6 +173,8 @@ CopySliceCase make_copy_slice_case(Rng& rng, DType dt, std::size_t src_size, std
 // valid_kv = 0 means kv_len.
 FlashCase make_flash_case(Rng& rng, DType dt, std::size_t batch, std::size_t q_len, std::size_t kv_len,
                           std::size_t pos_offset, const AttnConfig& cfg, std::size_t valid_kv = 0);
+RaggedDecodeCase make_ragged_decode_case(Rng& rng, DType dt, const AttnConfig& cfg,
+                                         const std::vector<std::size_t>& kv_lens);
 
 std::string describe(const RmsNormCase& c);
 std::string describe(const FusedAddRmsNormCase& c);
@@ -181,6 +191,7 @@ std::string describe(const KvAppendCase& c);
 std::string describe(const TransposeCase& c);
 std::string describe(const CopySliceCase& c);
 std::string describe(const FlashCase& c);
+std::string describe(const RaggedDecodeCase& c);
 std::string describe(const RunOptions& o);
 
 // Outputs: "out" for single-output ops; fused_add_rms_norm also "residual";
@@ -201,6 +212,7 @@ OpResult run(Backend& be, const KvAppendCase& c, const RunOptions& o = {});
 OpResult run(Backend& be, const TransposeCase& c, const RunOptions& o = {});
 OpResult run(Backend& be, const CopySliceCase& c, const RunOptions& o = {});
 OpResult run(Backend& be, const FlashCase& c, const RunOptions& o = {});
+OpResult run(Backend& be, const RaggedDecodeCase& c, const RunOptions& o = {});
 
 // What an op uses in device-state mode (single token / single query) or,
 // without o.decode, the case's own host arguments.
@@ -250,6 +262,14 @@ struct FlashSpec {
 // kv_len {1, 7, 129} x GQA ratio {1, 4, 8} x causal / not x {decode query,
 // full prefill, queries at pos_offset > 0}, kv_seq_stride > kv_len in most.
 std::vector<FlashSpec> flash_specs();
+
+// Ragged decode batches: kv lengths 1, 7, 129, 1000 and across several
+// 512-key slices, GQA 1 / 4 / 8, head dims 64 / 128 / 256.
+struct RaggedDecodeSpec {
+  AttnConfig cfg;
+  std::vector<std::size_t> kv_lens;
+};
+std::vector<RaggedDecodeSpec> ragged_decode_specs();
 
 // Device-state variants: a case whose host arguments are decoys (another
 // id, position 0, kv_len 1) and the decode steps to run it at.

@@ -1,0 +1,217 @@
+// Decode attention on CudaBackend beyond "matches the CPU":
+//
+// - Graph: ONE captured decode step (kv_cache_append_head_major, then
+//   flash_attention, both in device-state mode) is replayed for 4096 steps
+//   while kv_len grows 1..4096 and fresh K/V rows arrive each step. Every
+//   step's attention output equals an eager device-state run on a second set
+//   of caches, bit for bit, and the replayed cache equals the eager one.
+// - Ragged graph: one captured flash_decode_ragged replayed while kv_lens
+//   changes between replays (written outside the capture) equals eager.
+// - Batch independence: each sequence of a ragged batch equals, bitwise, the
+//   single-sequence flash_attention decode of the same data (the split size
+//   is fixed, so nothing depends on the batch).
+// - Determinism: a long decode (many slices) and a prefill, twice, bitwise.
+// - Device check: kv_lens outside [1, capacity] is reported as DeviceCheck
+//   at synchronize(), zeros are written, and the backend keeps working.
+//
+// Skipped (GTEST_SKIP) when no CUDA device is visible.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "support/op_runners.hpp"
+#include "support/test_support.hpp"
+
+namespace ferrum::test {
+namespace {
+
+class CudaDecodeGraph : public CudaParamTest<DType> {};
+
+TEST_P(CudaDecodeGraph, ReplayEqualsEagerFor4096StepsAsKvLenGrows) {
+  constexpr std::size_t kNh = 8, kNkv = 2, kHd = 128, kCap = 4096, kSteps = 4096;
+  FERRUM_SEEDED_RNG(rng);
+  const DType dt = GetParam();
+  Backend& be = cuda();
+  AttnConfig cfg;
+  cfg.num_heads = kNh;
+  cfg.num_kv_heads = kNkv;
+  cfg.head_dim = kHd;
+  cfg.kv_seq_stride = kCap;
+
+  // Inputs rewritten before every step (outside any capture): q and the new
+  // K/V row of every kv head.
+  HostTensor q_host = random_normal(rng, dt, kNh * kHd);
+  DeviceTensor q(be, q_host);
+  DeviceTensor new_k(be, random_normal(rng, dt, kNkv * kHd)), new_v(be, random_normal(rng, dt, kNkv * kHd));
+  struct Set {
+    Set(Backend& be, DType dt)
+        : cache_k(be, dt, kNkv * kCap * kHd), cache_v(be, dt, kNkv * kCap * kHd), out(be, dt, kNh * kHd) {}
+    GuardedOutput cache_k, cache_v, out;
+  };
+  Set graph(be, dt), eager(be, dt);
+  auto step = [&](Set& s) {
+    be.kv_cache_append_head_major(s.cache_k.view(), s.cache_v.view(), 0, kCap, new_k.view(), new_v.view(), 1, kNkv,
+                                  kHd);
+    be.flash_attention(q.view(), s.cache_k.view(), s.cache_v.view(), s.out.view(), 1, 1, 1, 0, cfg);
+  };
+  be.reset_graph();
+  {
+    DeviceStateScope scope(be, true);
+    be.begin_graph_capture();
+    step(graph);
+    be.end_graph_capture();
+  }
+  const std::size_t es = size_of(dt);
+  std::size_t failed = 0;
+  for (std::size_t i = 0; i < kSteps && failed < 3; ++i) {
+    SCOPED_TRACE(cat("step ", i, " kv_len ", i + 1));
+    // Fresh inputs every 16 steps keep the run short while K/V still vary.
+    if (i % 16 == 0) {
+      q_host = random_normal(rng, dt, kNh * kHd);
+      be.write(q.view(), q_host.values);
+      be.write(new_k.view(), random_normal(rng, dt, kNkv * kHd).values);
+      be.write(new_v.view(), random_normal(rng, dt, kNkv * kHd).values);
+    }
+    be.set_decode_state(0, static_cast<std::int32_t>(i));
+    ASSERT_TRUE(be.replay_last_graph());
+    {
+      DeviceStateScope scope(be, true);
+      step(eager);
+    }
+    be.synchronize();
+    const auto eq = bitwise_equal(graph.out.bytes(), eager.out.bytes(), es);
+    EXPECT_TRUE(eq) << "graph replay vs eager device-state";
+    if (!eq) ++failed;
+  }
+  ASSERT_EQ(failed, 0u);
+  EXPECT_TRUE(bitwise_equal(graph.cache_k.bytes(), eager.cache_k.bytes(), es));
+  EXPECT_TRUE(bitwise_equal(graph.cache_v.bytes(), eager.cache_v.bytes(), es));
+  // The last step attended all 4096 keys: check it against the CPU oracle.
+  FlashCase last{1, 1, kCap, kCap - 1, cfg, kCap, q_host, make_tensor(dt, graph.cache_k.values()),
+                 make_tensor(dt, graph.cache_v.values())};
+  const OpResult want = run(cpu(), last);
+  EXPECT_TRUE(all_close(graph.out.values(), want.at("out").values, dt));
+  EXPECT_TRUE(graph.out.check_guard());
+  be.reset_graph();
+}
+
+TEST_P(CudaDecodeGraph, RaggedReplayFollowsKvLens) {
+  constexpr std::size_t kBatch = 3, kSteps = 64;
+  FERRUM_SEEDED_RNG(rng);
+  const DType dt = GetParam();
+  Backend& be = cuda();
+  AttnConfig cfg;
+  cfg.num_heads = 16;
+  cfg.num_kv_heads = 4;
+  cfg.head_dim = 128;
+  cfg.kv_seq_stride = 3000;
+  const RaggedDecodeCase c = make_ragged_decode_case(rng, dt, cfg, {3000, 3000, 3000});  // no NaN rows
+  DeviceTensor q(be, c.q), k(be, c.k), v(be, c.v);
+  DeviceTensor lens_graph(be, c.kv_lens), lens_eager(be, c.kv_lens);
+  GuardedOutput out_graph(be, dt, c.q.size()), out_eager(be, dt, c.q.size());
+  be.reset_graph();
+  be.begin_graph_capture();
+  be.flash_decode_ragged(q.view(), k.view(), v.view(), out_graph.view(), lens_graph.view(), kBatch, cfg);
+  be.end_graph_capture();
+  for (std::size_t i = 0; i < kSteps; ++i) {
+    std::vector<float> lens(kBatch);
+    for (float& l : lens) l = static_cast<float>(1 + rng.below(3000));
+    SCOPED_TRACE(cat("step ", i, " kv_lens ", lens[0], ",", lens[1], ",", lens[2]));
+    be.write(lens_graph.view(), lens);
+    be.write(lens_eager.view(), lens);
+    ASSERT_TRUE(be.replay_last_graph());
+    be.flash_decode_ragged(q.view(), k.view(), v.view(), out_eager.view(), lens_eager.view(), kBatch, cfg);
+    be.synchronize();
+    ASSERT_TRUE(bitwise_equal(out_graph.bytes(), out_eager.bytes(), size_of(dt)));
+  }
+  be.reset_graph();
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, CudaDecodeGraph, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
+
+class CudaDecodeBatch : public CudaParamTest<DType> {};
+
+// Sequence b of a ragged batch == a batch-1 flash_attention decode of it.
+TEST_P(CudaDecodeBatch, RaggedSequenceEqualsItsOwnDecodeBitwise) {
+  FERRUM_SEEDED_RNG(rng);
+  const DType dt = GetParam();
+  Backend& be = cuda();
+  AttnConfig cfg;
+  cfg.num_heads = 32;
+  cfg.num_kv_heads = 8;
+  cfg.head_dim = 128;
+  cfg.kv_seq_stride = 2600;
+  const std::vector<std::size_t> lens = {2600, 1, 513, 1024, 77};
+  const RaggedDecodeCase c = make_ragged_decode_case(rng, dt, cfg, lens);
+  const OpResult batch = run(be, c);
+  ASSERT_TRUE(batch.guards_ok());
+  const std::size_t q_row = cfg.num_heads * cfg.head_dim, kv_seq = cfg.num_kv_heads * cfg.kv_seq_stride * cfg.head_dim;
+  const std::size_t es = size_of(dt);
+  for (std::size_t b = 0; b < lens.size(); ++b) {
+    SCOPED_TRACE(cat("sequence ", b, " kv_len ", lens[b]));
+    FlashCase one{1, 1, lens[b], lens[b] - 1, cfg, lens[b], {}, {}, {}};
+    one.q = make_tensor(dt, {c.q.values.begin() + b * q_row, c.q.values.begin() + (b + 1) * q_row});
+    one.k = make_tensor(dt, {c.k.values.begin() + b * kv_seq, c.k.values.begin() + (b + 1) * kv_seq});
+    one.v = make_tensor(dt, {c.v.values.begin() + b * kv_seq, c.v.values.begin() + (b + 1) * kv_seq});
+    const OpResult single = run(be, one);
+    const auto& all = batch.at("out").bytes;
+    const std::vector<std::uint8_t> mine(all.begin() + b * q_row * es, all.begin() + (b + 1) * q_row * es);
+    EXPECT_TRUE(bitwise_equal(mine, single.at("out").bytes, es));
+  }
+}
+
+TEST_P(CudaDecodeBatch, TwoRunsAreBitwiseEqual) {
+  FERRUM_SEEDED_RNG(rng);
+  const DType dt = GetParam();
+  Backend& be = cuda();
+  AttnConfig cfg;
+  cfg.num_heads = 32;
+  cfg.num_kv_heads = 8;
+  cfg.head_dim = 128;
+  cfg.kv_seq_stride = 40000;
+  // Decode over 79 slices, then a causal prefill chunk.
+  const FlashCase decode = make_flash_case(rng, dt, 2, 1, 40000, 39999, cfg);
+  const OpResult d1 = run(be, decode), d2 = run(be, decode);
+  EXPECT_TRUE(bitwise_equal(d1.at("out").bytes, d2.at("out").bytes, size_of(dt)));
+  cfg.kv_seq_stride = 0;
+  const FlashCase prefill = make_flash_case(rng, dt, 1, 300, 1000, 700, cfg);
+  const OpResult p1 = run(be, prefill), p2 = run(be, prefill);
+  EXPECT_TRUE(bitwise_equal(p1.at("out").bytes, p2.at("out").bytes, size_of(dt)));
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, CudaDecodeBatch, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
+
+class CudaDecodeCheck : public CudaTest {};
+
+TEST_F(CudaDecodeCheck, KvLensOutOfRangeIsADeviceCheck) {
+  FERRUM_SEEDED_RNG(rng);
+  Backend& be = cuda();
+  AttnConfig cfg;
+  cfg.num_heads = 8;
+  cfg.num_kv_heads = 2;
+  cfg.head_dim = 64;
+  cfg.kv_seq_stride = 700;
+  for (std::int32_t bad : {0, -3, 701}) {
+    SCOPED_TRACE(cat("kv_lens[1] = ", bad));
+    RaggedDecodeCase c = make_ragged_decode_case(rng, DType::F16, cfg, {700, 700});
+    c.kv_lens.values[1] = static_cast<float>(bad);
+    DeviceTensor q(be, c.q), k(be, c.k), v(be, c.v), lens(be, c.kv_lens);
+    GuardedOutput out(be, DType::F16, c.q.size());
+    be.flash_decode_ragged(q.view(), k.view(), v.view(), out.view(), lens.view(), 2, cfg);
+    expect_error(ErrorCode::DeviceCheck, "flash_decode_ragged", [&] { be.synchronize(); });
+    // The bad sequence gets zeros; the good one is computed.
+    const std::vector<float> got = out.values();
+    const std::size_t row = cfg.num_heads * cfg.head_dim;
+    for (std::size_t i = row; i < 2 * row; ++i) ASSERT_EQ(got[i], 0.0f) << "element " << i;
+    for (std::size_t i = 0; i < row; ++i) ASSERT_TRUE(std::isfinite(got[i])) << "element " << i;
+    EXPECT_TRUE(out.check_guard());
+  }
+  // Still usable.
+  const RaggedDecodeCase ok = make_ragged_decode_case(rng, DType::F16, cfg, {5, 9});
+  EXPECT_TRUE(run(be, ok).guards_ok());
+}
+
+}  // namespace
+}  // namespace ferrum::test

@@ -1,0 +1,143 @@
+// The skinny decode GEMM (kernels/gemm_skinny.cu, m <= 8) through
+// CudaBackend::gemm, against CpuBackend (exact fp64 accumulation, one
+// rounding): every element within the tolerance table at the gemm scale,
+// poisoned outputs with guard regions on both backends.
+//
+// - MatchesCpu: m in {1, 2, 3, 5, 7, 8} x n in {1, 3, 67, 1001} x k in {8,
+//   64, 4104, 8192} (k % 256 != 0 leaves a partial last chunk), plus
+//   n = 4099 (a grid large enough for the 4-warp block shape), f16 and bf16.
+// - Deterministic: two runs of the same call are bitwise identical.
+// - FallsBack: views one element into their buffers (not 16-byte aligned)
+//   and k % 8 != 0 must take cuBLAS and still be right.
+// - GemmSkinnyApplicable (host only, runs without a GPU): the predicate the
+//   backend dispatches on.
+//
+// The CUDA tests are skipped (GTEST_SKIP) when no CUDA device is visible.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include "kernels/gemm_skinny.hpp"  // the dispatch predicate (header needs only ferrum/ and cudart)
+#include "support/op_runners.hpp"
+#include "support/test_support.hpp"
+
+namespace ferrum::test {
+namespace {
+
+constexpr std::size_t kSkinnyMs[] = {1, 2, 3, 5, 7, 8};
+constexpr std::size_t kSkinnyNs[] = {1, 3, 67, 1001};
+constexpr std::size_t kSkinnyKs[] = {8, 64, 4104, 8192};
+constexpr std::size_t kLargeN = 4099;  // > 2 blocks per SM on an H200 for every m
+constexpr std::size_t kLargeNK = 4104;
+
+using SkinnyParam = std::tuple<DType, std::size_t>;  // (dtype, m)
+
+std::vector<SkinnyParam> skinny_params() {
+  std::vector<SkinnyParam> params;
+  for (DType dt : kHalfDTypes) {
+    for (std::size_t m : kSkinnyMs) params.emplace_back(dt, m);
+  }
+  return params;
+}
+
+std::string skinny_param_name(const ::testing::TestParamInfo<SkinnyParam>& info) {
+  return cat(to_string(std::get<0>(info.param)), "_m", std::get<1>(info.param));
+}
+
+class CudaGemmSkinny : public CudaParamTest<SkinnyParam> {
+ protected:
+  DType dt() const { return std::get<0>(GetParam()); }
+  std::size_t m() const { return std::get<1>(GetParam()); }
+
+  // CUDA (with `lead`) against the CPU oracle.
+  void expect_matches_cpu(Rng& rng, std::size_t n, std::size_t k, std::size_t lead = 0) {
+    const GemmCase c = make_gemm_case(rng, dt(), m(), n, k);
+    SCOPED_TRACE(describe(c));
+    RunOptions o;
+    o.lead = lead;
+    SCOPED_TRACE(describe(o));
+    expect_same_outputs(run(cuda(), c, o), run(cpu(), c), Match::Close, op_scale::gemm(k));
+  }
+};
+
+TEST_P(CudaGemmSkinny, MatchesCpu) {
+  FERRUM_SEEDED_RNG(rng);
+  for (std::size_t n : kSkinnyNs) {
+    for (std::size_t k : kSkinnyKs) expect_matches_cpu(rng, n, k);
+  }
+  expect_matches_cpu(rng, kLargeN, kLargeNK);
+}
+
+TEST_P(CudaGemmSkinny, Deterministic) {
+  FERRUM_SEEDED_RNG(rng);
+  const std::size_t shapes[][2] = {{kLargeN, kLargeNK}, {67, 8192}, {1001, 64}};
+  for (const auto& [n, k] : shapes) {
+    const GemmCase c = make_gemm_case(rng, dt(), m(), n, k);
+    SCOPED_TRACE(describe(c));
+    const OpResult first = run(cuda(), c);
+    const OpResult second = run(cuda(), c);
+    EXPECT_TRUE(first.guards_ok());
+    EXPECT_TRUE(second.guards_ok());
+    EXPECT_TRUE(bitwise_equal(second.at("out").bytes, first.at("out").bytes, size_of(dt())));
+  }
+}
+
+TEST_P(CudaGemmSkinny, FallsBack) {
+  FERRUM_SEEDED_RNG(rng);
+  // Unaligned views (lead 1: a, b and out start 2 bytes past a 16-byte boundary).
+  for (std::size_t n : {std::size_t{67}, std::size_t{1001}}) {
+    for (std::size_t k : {std::size_t{64}, std::size_t{4104}}) expect_matches_cpu(rng, n, k, 1);
+  }
+  // k % 8 != 0 with aligned views.
+  for (std::size_t k : {std::size_t{769}, std::size_t{4100}}) expect_matches_cpu(rng, 67, k);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaGemmSkinny, ::testing::ValuesIn(skinny_params()), skinny_param_name);
+
+// The views the tests above hand to the backend are what the predicate sees:
+// lead 0 is applicable, lead 1 is not (so FallsBack really tests cuBLAS).
+class CudaGemmSkinnyViews : public CudaTest {};
+TEST_F(CudaGemmSkinnyViews, LeadDecidesThePath) {
+  FERRUM_SEEDED_RNG(rng);
+  for (std::size_t lead : {std::size_t{0}, std::size_t{1}}) {
+    const DeviceTensor a(cuda(), random_uniform(rng, DType::F16, 4 * 64), lead);
+    const DeviceTensor b(cuda(), random_uniform(rng, DType::F16, 67 * 64), lead);
+    EXPECT_EQ(kernels::gemm_skinny_applicable(DType::F16, a.view().data(), b.view().data(), 4, 67, 64), lead == 0)
+        << "lead=" << lead;
+  }
+}
+
+// ── Host only: the dispatch predicate ────────────────────────────────────────
+
+TEST(GemmSkinnyApplicable, Rules) {
+  const auto* aligned = reinterpret_cast<const void*>(std::uintptr_t{0x10000});
+  const auto* aligned_too = reinterpret_cast<const void*>(std::uintptr_t{0x20010});
+  const auto* off2 = reinterpret_cast<const void*>(std::uintptr_t{0x10002});
+  const auto* off8 = reinterpret_cast<const void*>(std::uintptr_t{0x10008});
+  using kernels::gemm_skinny_applicable;
+  EXPECT_TRUE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, 1, 1, 8));
+  EXPECT_TRUE(gemm_skinny_applicable(DType::BF16, aligned, aligned_too, 8, 1001, 8192));
+  EXPECT_TRUE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, kernels::kSkinnyMaxM, 128256, 4096));
+  // m outside [1, 8]
+  EXPECT_FALSE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, 0, 67, 64));
+  EXPECT_FALSE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, kernels::kSkinnyMaxM + 1, 67, 64));
+  EXPECT_FALSE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, 16, 67, 64));
+  // k % 8 != 0
+  EXPECT_FALSE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, 1, 67, 4100));
+  EXPECT_FALSE(gemm_skinny_applicable(DType::BF16, aligned, aligned_too, 1, 67, 769));
+  // a or b not 16-byte aligned
+  EXPECT_FALSE(gemm_skinny_applicable(DType::F16, off2, aligned_too, 1, 67, 64));
+  EXPECT_FALSE(gemm_skinny_applicable(DType::F16, aligned, off2, 1, 67, 64));
+  EXPECT_FALSE(gemm_skinny_applicable(DType::BF16, off8, aligned_too, 1, 67, 64));
+  // dtypes other than f16 / bf16
+  EXPECT_FALSE(gemm_skinny_applicable(DType::F32, aligned, aligned_too, 1, 67, 64));
+  // empty or past 32-bit sizes
+  EXPECT_FALSE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, 1, 0, 64));
+  EXPECT_FALSE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, 1, 67, 0));
+  EXPECT_FALSE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, 1, 1LL << 31, 64));
+}
+
+}  // namespace
+}  // namespace ferrum::test
