@@ -9,8 +9,9 @@
 #   scripts/gpu_suite.sh all     both (needs about 12 minutes)
 #   scripts/gpu_suite.sh nccl    on a machine with 2+ GPUs: the NCCL tests and
 #                                ferrum_bench_nccl (bus bandwidth vs raw NCCL)
-# Output goes under $OUT (default ./out): suite.log, bench.log, bench.json,
-# torch.json, compare.md, gemm.json. Add --quick to shorten the benchmark.
+# Output goes under $OUT (default ./out): suite.log, ctest.log, bench.log,
+# bench.json, torch.json, compare.md, gemm.json. To run exactly a commit
+# while the working tree has other edits: scripts/gpu_tree.sh (below). Add --quick to shorten the benchmark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
@@ -23,7 +24,7 @@ B=build-gpu
 LOG="$OUT/suite.log"
 
 {
-  echo "== $(date -u) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown) mode $MODE"
+  echo "== $(date -u) commit $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown) mode $MODE"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   echo "== configure + build"
   # .deps (ignored, carried) holds headers the GPU machine lacks, e.g.
@@ -37,17 +38,18 @@ LOG="$OUT/suite.log"
 if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
   {
     echo "== ctest (all labels)"
-    timeout 300 ctest --test-dir $B --output-on-failure -j14 2>&1 | grep -E "tests passed|tests failed|\(Failed\)|\*\*\*Failed|Timeout|Error" | head -40
+    timeout 300 ctest --test-dir $B --output-on-failure -j14 > "$OUT/ctest.log" 2>&1
+    grep -E "tests passed|tests failed|\(Failed\)|\*\*\*Failed|Timeout|Error" "$OUT/ctest.log" | head -40
     # memcheck over the whole GPU binary (the largest shapes are left out:
     # they only lengthen the run, the same kernels run at every other size).
     echo "== compute-sanitizer memcheck"
     timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
-      --gtest_filter='-*t4096*' 2>&1 | tail -4
+      --gtest_filter='-*t4096*:*4096Steps*' 2>&1 | tail -4
     echo "memcheck exit ${PIPESTATUS[0]}"
     # racecheck only sees shared memory: norm block reductions, attention tiles.
     echo "== compute-sanitizer racecheck"
-    timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
-      --gtest_filter='Sweep/CudaRowOps.*Norm*:DTypes/CudaUnaligned.*:Specs/CudaFlashAttention.*:DTypes/CudaDeviceState.Flash*-*t4096*' 2>&1 | tail -3
+    timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
+      --gtest_filter='Sweep/CudaRowOps.*Norm*:DTypes/CudaUnaligned.*:Specs/CudaFlashAttention.*:DTypes/CudaDeviceState.Flash*:Specs/CudaFlashDecodeRagged.*_case?:Sweep/CudaPrefillAttention.*_case?:Shapes/CudaGemmSkinny.*-*t4096*' 2>&1 | tail -3
     echo "racecheck exit ${PIPESTATUS[0]}"
   } 2>&1 | tee -a "$LOG"
 fi
@@ -61,7 +63,7 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
     echo "torch_reference exit $?"
     python3 bench/compare.py "$OUT/bench.json" "$OUT/torch.json" --markdown-out "$OUT/compare.md" | tail -n 3
     # GEMM against torch.matmul interleaved in one process (the 3 % verdict).
-    timeout 120 python3 bench/gemm_interleaved.py --capi $B/bench/libferrum_bench_capi.so --json "$OUT/gemm.json"
+    timeout 150 python3 bench/gemm_interleaved.py --capi $B/bench/libferrum_bench_capi.so --suite decode --json "$OUT/gemm.json"
     echo "gemm_interleaved exit $?"
   } 2>&1 | tee -a "$LOG"
 fi
