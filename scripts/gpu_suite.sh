@@ -20,7 +20,7 @@ MODE="${1:-all}"
 QUICK=""
 [ "${2:-}" = "--quick" ] && QUICK="--quick"
 export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1
-B=build-gpu
+B="${BUILD_DIR:-build-gpu}"
 LOG="$OUT/suite.log"
 
 {
