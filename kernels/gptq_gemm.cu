@@ -1,2 +1,707 @@
-// Placeholder: filled in by its owner this session.
-namespace ferrum::kernels {}
+// GPTQ INT4 x f16/bf16 GEMM: out[m, n] = a[m, k] · dequant(W)[k, n].
+//
+// Fused kernel (m <= kGptqMaxM per launch):
+//   * CTA = 256 threads = 8 warps over a block of NB x 64 columns. Warp w owns
+//     column block w % NB and k-group w / NB: the KG = 8 / NB k-groups split
+//     each 128-row pipeline stage (KS = 8 / KG k16 steps each) and are summed
+//     through shared memory at the end, in k-group order.
+//   * A kStages-deep cp.async pipeline streams, per stage, the weight tiles
+//     (L2 evict_first: read once), the activation tile (zero-filled past m
+//     and k; XOR-swizzled for conflict-free ldmatrix), and the scale / zero
+//     rows of the stage's groups.
+//   * Dequantization in registers: one 16-byte shared load gives a lane the
+//     nibbles of its B fragments for 8 n tiles of one k16 step (layout:
+//     src/quant/gptq_repack.hpp). f16: (w & 0x000F000F) | 0x64006400 is the
+//     half2 (1024 + q0, 1024 + q1); the next nibble up, | 0x64006400, is
+//     1024 + 16q, scaled by 1/16 in the same fma that removes the bias.
+//     bf16: ((w >> 4i) & 0x000F000F) | 0x43004300 is (128 + q0, 128 + q1).
+//     Subtracting (magic + zero) is exact; one multiply by the scale rounds
+//     once, exactly as rounding the f32 weight to the activation dtype.
+//   * mma.sync m16n8k16 with f32 accumulators.
+//   * Split over k (grid.y) when the columns alone do not fill the GPU. Each
+//     split writes its f32 partial tile to the workspace; the CTA that
+//     arrives last at the tile's counter sums the partials in split order
+//     0, 1, ..., S-1 (fixed, so bitwise reproducible) and resets the counter.
+//
+// Gather (act-order) and dequantize (cuBLAS path) kernels follow.
+#include "kernels/gptq_gemm.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+
+#include "kernels/common/check.hpp"
+#include "kernels/common/dtype.cuh"
+
+namespace ferrum::kernels {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kStages = 4;
+constexpr int kK16PerStage = kGptqTileK / 16;  // 8
+constexpr int kMaxGroupsPerStage = kK16PerStage;  // group_rows >= 16
+
+// ── PTX helpers ─────────────────────────────────────────────────────────────
+
+__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ std::uint64_t l2_evict_first_policy() {
+  std::uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+// 16 bytes global -> shared, bypassing L1, marked evict-first in L2.
+__device__ __forceinline__ void cp_async_16_evict_first(void* smem, const void* gmem, std::uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
+               "l"(policy));
+}
+
+// 16 bytes global -> shared; when !valid, writes 16 zero bytes (gmem is not read).
+__device__ __forceinline__ void cp_async_16_zfill(void* smem, const void* gmem, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes));
+}
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(smem)));
+}
+
+// (a & b) | c in one instruction.
+__device__ __forceinline__ std::uint32_t and_or(std::uint32_t a, std::uint32_t b, std::uint32_t c) {
+  std::uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+__device__ __forceinline__ std::uint32_t dup16(std::uint32_t x) { return (x & 0xFFFFu) | (x << 16); }
+
+// ── Element types: dequantization and mma ───────────────────────────────────
+
+template <class T>
+struct Int4Math;
+
+template <>
+struct Int4Math<__half> {
+  // Per n tile: the negated biases -(1024 + z) (low nibble) and -(64 + z)
+  // (second nibble, after the 1/16 scaling), as duplicated half2 patterns.
+  static __device__ __forceinline__ void biases(int z, std::uint32_t& lo, std::uint32_t& hi) {
+    lo = dup16(0xE400u | static_cast<std::uint32_t>(z));
+    hi = dup16(0xD400u + (static_cast<std::uint32_t>(z) << 4));
+  }
+  static __device__ __forceinline__ std::uint32_t add(std::uint32_t a, std::uint32_t b) {
+    std::uint32_t d;
+    asm("add.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+  }
+  static __device__ __forceinline__ std::uint32_t mul(std::uint32_t a, std::uint32_t b) {
+    std::uint32_t d;
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+  }
+  static __device__ __forceinline__ std::uint32_t fma(std::uint32_t a, std::uint32_t b, std::uint32_t c) {
+    std::uint32_t d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+  }
+  // One word -> the 4 B registers of n tiles 2j (b[0], b[1]) and 2j+1 (b[2], b[3]).
+  static __device__ __forceinline__ void dequant(std::uint32_t w, std::uint32_t s0, std::uint32_t lo0,
+                                                 std::uint32_t hi0, std::uint32_t s1, std::uint32_t lo1,
+                                                 std::uint32_t hi1, std::uint32_t (&b)[4]) {
+    constexpr std::uint32_t kMagic = 0x64006400u;   // half2 (1024, 1024)
+    constexpr std::uint32_t kSixteenth = 0x2C002C00u;  // half2 (1/16, 1/16)
+    const std::uint32_t w8 = w >> 8;
+    b[0] = mul(add(and_or(w, 0x000F000Fu, kMagic), lo0), s0);
+    b[1] = mul(fma(and_or(w, 0x00F000F0u, kMagic), kSixteenth, hi0), s0);
+    b[2] = mul(add(and_or(w8, 0x000F000Fu, kMagic), lo1), s1);
+    b[3] = mul(fma(and_or(w8, 0x00F000F0u, kMagic), kSixteenth, hi1), s1);
+  }
+  static __device__ __forceinline__ void mma(float* c, const std::uint32_t (&a)[4], std::uint32_t b0,
+                                             std::uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ std::uint32_t pack(float x, float y) {
+    const __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<const std::uint32_t*>(&h);
+  }
+};
+
+template <>
+struct Int4Math<__nv_bfloat16> {
+  // -(128 + z) as duplicated bf16x2 (the second pattern is unused).
+  static __device__ __forceinline__ void biases(int z, std::uint32_t& lo, std::uint32_t& hi) {
+    lo = dup16(0xC300u + static_cast<std::uint32_t>(z));
+    hi = lo;
+  }
+  static __device__ __forceinline__ std::uint32_t add(std::uint32_t a, std::uint32_t b) {
+    std::uint32_t d;
+    asm("add.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+  }
+  static __device__ __forceinline__ std::uint32_t mul(std::uint32_t a, std::uint32_t b) {
+    std::uint32_t d;
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+  }
+  static __device__ __forceinline__ void dequant(std::uint32_t w, std::uint32_t s0, std::uint32_t lo0,
+                                                 std::uint32_t /*hi0*/, std::uint32_t s1, std::uint32_t lo1,
+                                                 std::uint32_t /*hi1*/, std::uint32_t (&b)[4]) {
+    constexpr std::uint32_t kMagic = 0x43004300u;  // bf16x2 (128, 128)
+    b[0] = mul(add(and_or(w, 0x000F000Fu, kMagic), lo0), s0);
+    b[1] = mul(add(and_or(w >> 4, 0x000F000Fu, kMagic), lo0), s0);
+    b[2] = mul(add(and_or(w >> 8, 0x000F000Fu, kMagic), lo1), s1);
+    b[3] = mul(add(and_or(w >> 12, 0x000F000Fu, kMagic), lo1), s1);
+  }
+  static __device__ __forceinline__ void mma(float* c, const std::uint32_t (&a)[4], std::uint32_t b0,
+                                             std::uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ std::uint32_t pack(float x, float y) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<const std::uint32_t*>(&h);
+  }
+};
+
+// ── Fused kernel ────────────────────────────────────────────────────────────
+
+struct FusedParams {
+  const std::uint32_t* qweight;  // [n_pad/64][k_pad/16][32][4]
+  const void* scales;            // [scale_rows][n_pad] T
+  const std::uint8_t* zeros;     // [scale_rows][n_pad] or null
+  const void* a;                 // [m, k] T
+  void* out;                     // [m, n] T
+  float* partials;               // [splits][n_ctas][block partial]
+  int* counters;                 // [n_ctas]
+  int m, k, n, k_pad, n_pad;
+  int zero_value;
+  int groups_per_stage;  // 128 / group_rows when group_rows <= 128, else 1
+  int stages_per_group;  // group_rows / 128 when group_rows >= 128, else 1
+  int splits;
+};
+
+template <int MT, int NB, bool kZeros>
+struct FusedShape {
+  static constexpr int kKG = kWarps / NB;                // k-groups of warps
+  static constexpr int kKS = kK16PerStage / kKG;         // k16 steps per warp per stage
+  static constexpr int kBN = NB * kGptqTileN;            // columns per CTA
+  static constexpr int kRows = MT * 16;                  // activation rows per CTA
+  static constexpr int kWBytes = NB * (kGptqTileK / 16) * 512;
+  static constexpr int kABytes = kRows * kGptqTileK * 2;
+  static constexpr int kSBytes = kMaxGroupsPerStage * kBN * 2;
+  static constexpr int kZBytes = kZeros ? kMaxGroupsPerStage * kBN : 0;
+  static constexpr int kStageBytes = kWBytes + kABytes + kSBytes + kZBytes;
+  static constexpr int kSmemBytes = kStageBytes * kStages;
+  static constexpr int kFrag = MT * 8 * 4;  // accumulator floats per thread
+  static constexpr int kRedBytes = (kKG - 1) * NB * kFrag * 32 * 4;
+  static_assert(kKG * kKS == kK16PerStage, "k16 steps must split evenly over the k-groups");
+  static_assert(kRedBytes <= kSmemBytes, "the k-group reduction reuses the pipeline's shared memory");
+  static_assert(kStageBytes % 16 == 0, "stages must stay 16-byte aligned");
+};
+
+template <class T, int MT, int NB, bool kZeros, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const FusedParams p) {
+  using Shape = FusedShape<MT, NB, kZeros>;
+  using M = Int4Math<T>;
+  constexpr int kKG = Shape::kKG, kKS = Shape::kKS, kBN = Shape::kBN, kFrag = Shape::kFrag;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int s_is_last;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+  const int nbl = warp % NB, kg = warp / NB;
+  const int cta_n = static_cast<int>(blockIdx.x), split = static_cast<int>(blockIdx.y);
+  const int n_ctas = static_cast<int>(gridDim.x);
+  const int nb_first = cta_n * NB;
+  const int nb_total = p.n_pad / kGptqTileN;
+  const int nb = nb_first + nbl;
+  const bool warp_active = nb < nb_total;
+  const int k_tiles = p.k_pad / kGptqTileK;
+  const int k16_total = p.k_pad / 16;
+  const int kt_begin = static_cast<int>(static_cast<long long>(split) * k_tiles / p.splits);
+  const int kt_end = static_cast<int>(static_cast<long long>(split + 1) * k_tiles / p.splits);
+  const int num_kt = kt_end - kt_begin;
+  const std::uint64_t policy = l2_evict_first_policy();
+  const T* a = static_cast<const T*>(p.a);
+  const T* scales = static_cast<const T*>(p.scales);
+
+  auto load_stage = [&](int slot, int kt) {
+    unsigned char* st = smem + slot * Shape::kStageBytes;
+    // Weights: per column block, 8 consecutive 512-byte k16 tiles (4 KiB contiguous).
+#pragma unroll
+    for (int c = tid; c < NB * 256; c += kThreads) {
+      const int l = c >> 8, off = c & 255;
+      if (nb_first + l < nb_total) {
+        const std::uint32_t* src =
+            p.qweight + (static_cast<std::size_t>(nb_first + l) * k16_total + static_cast<std::size_t>(kt) * 8) * 128 +
+            off * 4;
+        cp_async_16_evict_first(st + l * 4096 + off * 16, src, policy);
+      }
+    }
+    // Activations: kRows x 128, 16 chunks of 16 bytes per row, chunk c at c ^ (row & 7).
+    unsigned char* as = st + Shape::kWBytes;
+#pragma unroll
+    for (int c = tid; c < Shape::kRows * 16; c += kThreads) {
+      const int row = c >> 4, ch = c & 15;
+      const int col = kt * kGptqTileK + ch * 8;
+      const bool ok = row < p.m && col < p.k;
+      const T* src = ok ? a + static_cast<std::size_t>(row) * p.k + col : a;
+      cp_async_16_zfill(as + row * 256 + ((ch ^ (row & 7)) << 4), src, ok);
+    }
+    // Scale (and zero) rows of the stage's groups.
+    const int g0 = kt * p.groups_per_stage / p.stages_per_group;
+    unsigned char* ss = as + Shape::kABytes;
+    for (int c = tid; c < p.groups_per_stage * (kBN / 8); c += kThreads) {
+      const int gi = c / (kBN / 8), cc = c % (kBN / 8);
+      const int col = nb_first * kGptqTileN + cc * 8;
+      if (col < p.n_pad) {
+        cp_async_16(ss + (gi * kBN + cc * 8) * 2, scales + static_cast<std::size_t>(g0 + gi) * p.n_pad + col);
+      }
+    }
+    if constexpr (kZeros) {
+      unsigned char* zs = ss + Shape::kSBytes;
+      for (int c = tid; c < p.groups_per_stage * (kBN / 16); c += kThreads) {
+        const int gi = c / (kBN / 16), cc = c % (kBN / 16);
+        const int col = nb_first * kGptqTileN + cc * 16;
+        if (col < p.n_pad) {
+          cp_async_16(zs + gi * kBN + cc * 16, p.zeros + static_cast<std::size_t>(g0 + gi) * p.n_pad + col);
+        }
+      }
+    }
+  };
+
+  float acc[kFrag];
+#pragma unroll
+  for (int i = 0; i < kFrag; ++i) acc[i] = 0.0f;
+
+  // Per-n-tile scale and negated biases of the current group (registers).
+  std::uint32_t sc[8], blo[8], bhi[8];
+  int cur_group = -1;
+  auto set_group = [&](const unsigned char* st, int gl) {
+    const unsigned char* ss = st + Shape::kWBytes + Shape::kABytes;
+    const uint4 raw = *reinterpret_cast<const uint4*>(ss + (gl * kBN + nbl * kGptqTileN + gid * 8) * 2);
+    const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int t = 0; t < 8; ++t) sc[t] = dup16(t % 2 == 0 ? words[t / 2] : words[t / 2] >> 16);
+    if constexpr (kZeros) {
+      const unsigned char* zs = ss + Shape::kSBytes;
+      const uint2 zr = *reinterpret_cast<const uint2*>(zs + gl * kBN + nbl * kGptqTileN + gid * 8);
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        const std::uint32_t zw = t < 4 ? zr.x : zr.y;
+        M::biases(static_cast<int>((zw >> (8 * (t % 4))) & 0xFFu), blo[t], bhi[t]);
+      }
+    }
+  };
+  if constexpr (!kZeros) {
+#pragma unroll
+    for (int t = 0; t < 8; ++t) M::biases(p.zero_value, blo[t], bhi[t]);
+  }
+
+  auto compute_stage = [&](int slot) {
+    if (!warp_active) return;
+    const unsigned char* st = smem + slot * Shape::kStageBytes;
+    const unsigned char* ws = st + nbl * 4096;
+    const unsigned char* as = st + Shape::kWBytes;
+#pragma unroll
+    for (int ks = 0; ks < kKS; ++ks) {
+      const int kk = kg * kKS + ks;
+      const int gl = (kk * p.groups_per_stage) / kK16PerStage;
+      if (ks == 0 || gl != cur_group) {
+        cur_group = gl;
+        set_group(st, gl);
+      }
+      const uint4 wq = *reinterpret_cast<const uint4*>(ws + kk * 512 + lane * 16);
+      std::uint32_t af[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if (mt * 16 < p.m) {
+          const int row = mt * 16 + (lane & 15);
+          const int chunk = kk * 2 + (lane >> 4);
+          ldmatrix_x4(af[mt], as + row * 256 + ((chunk ^ (row & 7)) << 4));
+        }
+      }
+      const std::uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        std::uint32_t b[4];
+        M::dequant(words[j], sc[2 * j], blo[2 * j], bhi[2 * j], sc[2 * j + 1], blo[2 * j + 1], bhi[2 * j + 1], b);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          if (mt * 16 < p.m) {
+            M::mma(&acc[(mt * 8 + 2 * j) * 4], af[mt], b[0], b[1]);
+            M::mma(&acc[(mt * 8 + 2 * j + 1) * 4], af[mt], b[2], b[3]);
+          }
+        }
+      }
+    }
+  };
+
+  // ── Pipeline ──
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_kt) load_stage(s, kt_begin + s);
+    cp_async_commit();
+  }
+  for (int it = 0; it < num_kt; ++it) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    const int next = it + kStages - 1;
+    if (next < num_kt) load_stage(next % kStages, kt_begin + next);
+    cp_async_commit();
+    compute_stage(it % kStages);
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // ── k-groups -> k-group 0, in k-group order ──
+  if constexpr (kKG > 1) {
+    float* red = reinterpret_cast<float*>(smem);
+    if (kg > 0 && warp_active) {
+      float* mine = red + ((kg - 1) * NB + nbl) * kFrag * 32;
+#pragma unroll
+      for (int i = 0; i < kFrag; ++i) mine[i * 32 + lane] = acc[i];
+    }
+    __syncthreads();
+    if (kg == 0 && warp_active) {
+#pragma unroll
+      for (int g = 1; g < kKG; ++g) {
+        const float* theirs = red + ((g - 1) * NB + nbl) * kFrag * 32;
+#pragma unroll
+        for (int i = 0; i < kFrag; ++i) acc[i] += theirs[i * 32 + lane];
+      }
+    }
+  }
+
+  T* out = static_cast<T*>(p.out);
+  auto store_out = [&]() {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        const int col = nb * kGptqTileN + t * 8 + tig * 2;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = mt * 16 + gid + 8 * h;
+          if (row < p.m && col < p.n) {
+            const int i = (mt * 8 + t) * 4 + 2 * h;
+            *reinterpret_cast<std::uint32_t*>(out + static_cast<std::size_t>(row) * p.n + col) =
+                M::pack(acc[i], acc[i + 1]);
+          }
+        }
+      }
+    }
+  };
+
+  if (p.splits == 1) {
+    if (kg == 0 && warp_active) store_out();
+    return;
+  }
+
+  // ── Split-K: partial tile to the workspace; the last CTA sums in split order ──
+  const std::size_t tile_floats = static_cast<std::size_t>(NB) * kFrag * 32;
+  if (kg == 0 && warp_active) {
+    float* part = p.partials + (static_cast<std::size_t>(split) * n_ctas + cta_n) * tile_floats +
+                  static_cast<std::size_t>(nbl) * kFrag * 32;
+#pragma unroll
+    for (int i = 0; i < kFrag; ++i) __stcg(part + i * 32 + lane, acc[i]);
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) s_is_last = atomicAdd(p.counters + cta_n, 1) == p.splits - 1 ? 1 : 0;
+  __syncthreads();
+  if (s_is_last == 0) return;
+  __threadfence();
+  if (kg == 0 && warp_active) {
+#pragma unroll
+    for (int i = 0; i < kFrag; ++i) acc[i] = 0.0f;
+    for (int s = 0; s < p.splits; ++s) {
+      const float* part = p.partials + (static_cast<std::size_t>(s) * n_ctas + cta_n) * tile_floats +
+                          static_cast<std::size_t>(nbl) * kFrag * 32;
+#pragma unroll
+      for (int i = 0; i < kFrag; ++i) acc[i] += __ldcg(part + i * 32 + lane);
+    }
+    store_out();
+  }
+  if (tid == 0) p.counters[cta_n] = 0;  // ready for the next launch on the stream
+}
+
+// ── Configurations ──────────────────────────────────────────────────────────
+
+struct FusedConfig {
+  int mt;  // m16 tiles
+  int nb;  // 64-column blocks per CTA
+};
+constexpr FusedConfig kConfigs[] = {{1, 2}, {2, 2}, {4, 4}};
+constexpr int kNumConfigs = 3;
+
+int config_for_m(int m) { return m <= 16 ? 0 : (m <= 32 ? 1 : 2); }
+
+template <class T, int MT, int NB, bool kZeros>
+auto fused_kernel_ptr() {
+  return &gptq_fused_kernel<T, MT, NB, kZeros, (MT <= 2 ? 2 : 1)>;
+}
+
+template <class T, int MT, int NB, bool kZeros>
+int prepare_one(int& blocks_per_sm) {
+  using Shape = FusedShape<MT, NB, kZeros>;
+  auto kernel = fused_kernel_ptr<T, MT, NB, kZeros>();
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes);
+  if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaFuncSetAttribute", err);
+  int blocks = 0;
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, Shape::kSmemBytes);
+  if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveBlocksPerMultiprocessor", err);
+  blocks_per_sm = std::max(blocks, 1);
+  return 0;
+}
+
+// Blocks per SM of each (dtype, config), the zero-array variant (the plan
+// must not depend on it). Sets the shared-memory limits of every instance once.
+struct Occupancy {
+  int blocks[2][kNumConfigs] = {};
+};
+
+template <class T>
+void prepare_dtype(int (&blocks)[kNumConfigs]) {
+  int unused = 0;
+  prepare_one<T, 1, 2, false>(unused);
+  prepare_one<T, 1, 2, true>(blocks[0]);
+  prepare_one<T, 2, 2, false>(unused);
+  prepare_one<T, 2, 2, true>(blocks[1]);
+  prepare_one<T, 4, 4, false>(unused);
+  prepare_one<T, 4, 4, true>(blocks[2]);
+}
+
+const Occupancy& occupancy() {
+  static Occupancy occ;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    prepare_dtype<__half>(occ.blocks[0]);
+    prepare_dtype<__nv_bfloat16>(occ.blocks[1]);
+  });
+  return occ;
+}
+
+GptqPlan plan_for(int dtype_index, int config, int k_pad, int n_pad, int num_sms) {
+  const FusedConfig cfg = kConfigs[config];
+  GptqPlan plan;
+  plan.config = config;
+  plan.m_tile = cfg.mt * 16;
+  plan.block_n = cfg.nb * kGptqTileN;
+  plan.n_ctas = (n_pad + plan.block_n - 1) / plan.block_n;
+  const int k_tiles = k_pad / kGptqTileK;
+  const long long slots = static_cast<long long>(std::max(num_sms, 1)) * occupancy().blocks[dtype_index][config];
+  // Time model: waves x (k tiles per CTA + a fixed cost of ~2 tiles for the
+  // pipeline fill and the epilogue). Fewest splits among the best.
+  constexpr int kFixedTiles = 2;
+  constexpr int kMaxSplits = 32;
+  long long best = -1;
+  for (int s = 1; s <= std::min(k_tiles, kMaxSplits); ++s) {
+    const long long waves = (static_cast<long long>(plan.n_ctas) * s + slots - 1) / slots;
+    const long long cost = waves * ((k_tiles + s - 1) / s + kFixedTiles);
+    if (best < 0 || cost < best) {
+      best = cost;
+      plan.splits = s;
+    }
+  }
+  return plan;
+}
+
+template <class T, int MT, int NB>
+void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t stream) {
+  FusedParams p{};
+  p.qweight = args.w.qweight;
+  p.scales = args.w.scales;
+  p.zeros = args.w.zeros;
+  p.a = args.a;
+  p.out = args.out;
+  p.partials = args.partials;
+  p.counters = args.counters;
+  p.m = args.m;
+  p.k = args.w.k;
+  p.n = args.w.n;
+  p.k_pad = args.w.k_pad;
+  p.n_pad = args.w.n_pad;
+  p.zero_value = args.w.zero_value;
+  const int rows = args.w.group_rows;
+  p.groups_per_stage = rows <= kGptqTileK ? kGptqTileK / rows : 1;
+  p.stages_per_group = rows >= kGptqTileK ? rows / kGptqTileK : 1;
+  p.splits = plan.splits;
+  const dim3 grid(static_cast<unsigned>(plan.n_ctas), static_cast<unsigned>(plan.splits));
+  if (args.w.zeros != nullptr) {
+    gptq_fused_kernel<T, MT, NB, true, (MT <= 2 ? 2 : 1)>
+        <<<grid, kThreads, FusedShape<MT, NB, true>::kSmemBytes, stream>>>(p);
+  } else {
+    gptq_fused_kernel<T, MT, NB, false, (MT <= 2 ? 2 : 1)>
+        <<<grid, kThreads, FusedShape<MT, NB, false>::kSmemBytes, stream>>>(p);
+  }
+}
+
+// ── Gather (act-order) ──────────────────────────────────────────────────────
+
+__global__ void gather_columns_kernel(const std::uint16_t* a, const std::int32_t* perm, std::uint16_t* out, int m,
+                                      int k) {
+  const long long total = static_cast<long long>(m) * k;
+  for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long row = e / k;
+    const int j = static_cast<int>(e - row * k);
+    out[e] = a[row * k + __ldg(perm + j)];
+  }
+}
+
+// ── Dequantize (cuBLAS path) ────────────────────────────────────────────────
+
+constexpr int kDequantPitch = kGptqTileN + 8;  // halves per staged row (16-byte multiple, fewer conflicts)
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) gptq_dequant_kernel(const GptqDeviceWeight w, int n0, int cols,
+                                                                 T* scratch) {
+  __shared__ __align__(16) T stage[kWarps][16][kDequantPitch];
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+  const int k16_total = w.k_pad / 16;
+  const int k16_used = (w.k + 15) / 16;
+  const int blocks_n = cols / kGptqTileN;
+  const long long tiles = static_cast<long long>(blocks_n) * k16_used;
+  const T* scales = static_cast<const T*>(w.scales);
+  for (long long tile = static_cast<long long>(blockIdx.x) * kWarps + warp; tile < tiles;
+       tile += static_cast<long long>(gridDim.x) * kWarps) {
+    const int nb = n0 / kGptqTileN + static_cast<int>(tile / k16_used);
+    const int kt = static_cast<int>(tile % k16_used);
+    if (nb * kGptqTileN >= w.n) continue;  // warp-uniform
+    const uint4 wq = __ldcs(reinterpret_cast<const uint4*>(
+        w.qweight + ((static_cast<std::size_t>(nb) * k16_total + kt) * 32 + lane) * 4));
+    const std::uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int slot = 0; slot < 8; ++slot) {
+        const int r = 2 * tig + (slot >= 4 ? 1 : 0) + ((slot & 1) != 0 ? 8 : 0);
+        const int t = 2 * j + ((slot >> 1) & 1);
+        const int row = kt * 16 + r;
+        float v = 0.0f;
+        if (row < w.k) {
+          const std::size_t at = static_cast<std::size_t>(__ldg(w.row_group + row)) * w.n_pad + nb * kGptqTileN +
+                                 gid * 8 + t;
+          const int z = w.zeros != nullptr ? static_cast<int>(__ldg(w.zeros + at)) : w.zero_value;
+          const int q = static_cast<int>((words[j] >> (4 * slot)) & 0xFu);
+          v = static_cast<float>(q - z) * to_float(scales[at]);
+        }
+        stage[warp][r][t * 8 + gid] = from_float<T>(v);
+      }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int idx = lane + 32 * i;
+      const int r = idx >> 3, ch = idx & 7;
+      const int row = kt * 16 + r;
+      const int col = nb * kGptqTileN + ch * 8;
+      if (row < w.k && col < w.n) {
+        const int dst_row = w.perm != nullptr ? __ldg(w.perm + row) : row;
+        *reinterpret_cast<uint4*>(scratch + static_cast<std::size_t>(dst_row) * cols + (col - n0)) =
+            *reinterpret_cast<const uint4*>(&stage[warp][r][ch * 8]);
+      }
+    }
+    __syncwarp();
+  }
+}
+
+}  // namespace
+
+GptqPlan gptq_plan(DType dtype, int m, int k_pad, int n_pad, int num_sms) {
+  return plan_for(dtype == DType::BF16 ? 1 : 0, config_for_m(m), k_pad, n_pad, num_sms);
+}
+
+std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms) {
+  std::size_t most = 0;
+  for (int d = 0; d < 2; ++d) {
+    for (int c = 0; c < kNumConfigs; ++c) {
+      const GptqPlan plan = plan_for(d, c, k_pad, n_pad, num_sms);
+      if (plan.splits > 1) {
+        most = std::max(most, static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile);
+      }
+    }
+  }
+  return most;
+}
+
+std::size_t gptq_counter_ints(int n_pad) {
+  // The narrowest configuration has the most CTAs along n.
+  int narrowest = kConfigs[0].nb;
+  for (const FusedConfig& c : kConfigs) narrowest = std::min(narrowest, c.nb);
+  const int block_n = narrowest * kGptqTileN;
+  return static_cast<std::size_t>((n_pad + block_n - 1) / block_n);
+}
+
+void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream) {
+  if (args.m < 1 || args.m > kGptqMaxM) throw_bad_dispatch("gemm_gptq", "rows per launch m", args.m);
+  if (args.w.group_rows <= 0) throw_bad_dispatch("gemm_gptq", "fused group_rows", args.w.group_rows);
+  const GptqPlan plan = gptq_plan(args.dtype, args.m, args.w.k_pad, args.w.n_pad, args.num_sms);
+  dispatch_half_dtype(args.dtype, "gemm_gptq", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    switch (plan.config) {
+      case 0:
+        launch_fused<T, 1, 2>(args, plan, stream);
+        break;
+      case 1:
+        launch_fused<T, 2, 2>(args, plan, stream);
+        break;
+      default:
+        launch_fused<T, 4, 4>(args, plan, stream);
+        break;
+    }
+  });
+  check_launch("gemm_gptq");
+}
+
+void launch_gptq_gather(DType dtype, const void* a, const std::int32_t* perm, void* a_perm, int m, int k,
+                        cudaStream_t stream) {
+  (void)dtype;  // 16-bit elements either way
+  const long long total = static_cast<long long>(m) * k;
+  const long long blocks = std::min<long long>((total + 255) / 256, 65535);
+  gather_columns_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+      static_cast<const std::uint16_t*>(a), perm, static_cast<std::uint16_t*>(a_perm), m, k);
+  check_launch("gemm_gptq (act-order gather)");
+}
+
+void launch_gptq_dequant(DType dtype, const GptqDeviceWeight& w, int n0, int cols, void* scratch,
+                         cudaStream_t stream) {
+  const long long tiles = static_cast<long long>(cols / kGptqTileN) * ((w.k + 15) / 16);
+  const long long blocks = std::min<long long>((tiles + kWarps - 1) / kWarps, 65535);
+  dispatch_half_dtype(dtype, "gemm_gptq", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    gptq_dequant_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(w, n0, cols,
+                                                                                   static_cast<T*>(scratch));
+  });
+  check_launch("gemm_gptq (dequantize)");
+}
+
+}  // namespace ferrum::kernels

@@ -103,9 +103,6 @@ std::string CudaBackend::name() const {
 
 bool CudaBackend::supports(Op op) const noexcept {
   switch (op) {
-    case Op::LoadGptq:
-    case Op::GemmGptq:
-    case Op::GemmQuant:
     case Op::MlaAttention:
       return false;
     default:

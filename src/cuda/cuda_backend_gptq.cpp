@@ -1,16 +1,290 @@
 // CudaBackend: GPTQ INT4 weights (load_gptq, gemm_gptq).
+//
+// load_gptq repacks the checkpoint on the host (src/quant/gptq_repack.hpp)
+// and uploads it once: weights, scales in f16 AND bf16 (the activation dtype
+// is only known at gemm time; scales are 1/64 of the weight bytes at group
+// size 128), zeros (omitted when every zero is the same, as in symmetric
+// checkpoints), the act-order permutation and the row -> group table.
+//
+// gemm_gptq picks one of two paths, both allocation- and sync-free and
+// capture-safe:
+//   * fused (m <= kFusedMaxM and a fused layout): the INT4 tensor-core kernel,
+//     kernels::kGptqMaxM rows per launch; act-order first gathers the
+//     activation columns into a workspace.
+//   * dequantize + cuBLAS (larger m, or a checkpoint outside the fused
+//     layout: odd group sizes, uneven act-order groups): W is dequantized in
+//     column chunks into a bounded scratch, each chunk followed by one
+//     cublasGemmEx; rows come back in checkpoint order, so no gather.
+//
+// Workspaces (split-K partials and counters, the act-order gather, the
+// dequantize scratch) are sized at load time. They are shared by every GPTQ
+// weight of a device through shared ownership: all ops of a device run on
+// its one stream, so one set serves them all, and per-weight copies would
+// cost tens of MB per layer. A load that needs more than the current set
+// makes a new, larger one (weights already loaded keep theirs, so pointers
+// captured in a graph stay valid).
 #include "ferrum/cuda_backend.hpp"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
 #include "common/fail.hpp"
+#include "cuda/buffer_ptr.hpp"
+#include "cuda/cuda_runtime.hpp"
+#include "kernels/gptq_gemm.hpp"
+#include "quant/gptq_repack.hpp"
 
 namespace ferrum {
 
+using detail::check_cublas;
+using detail::check_cuda;
+using detail::ptr;
+
+namespace {
+
+static_assert(kernels::kGptqTileK == static_cast<int>(detail::kGptqTileK), "repack and kernel disagree on k padding");
+static_assert(kernels::kGptqTileN == static_cast<int>(detail::kGptqTileN), "repack and kernel disagree on n padding");
+
+// Largest m that takes the fused kernel (in launches of kernels::kGptqMaxM
+// rows); above it, dequantize + cuBLAS. To be set from bench/bench_gptq.cpp's
+// crossover measurement.
+constexpr std::size_t kFusedMaxM = 256;
+// Bound of the dequantize scratch (the cuBLAS path works in column chunks).
+constexpr std::size_t kScratchBytes = std::size_t{64} << 20;
+
+// The device workspaces shared by the GPTQ weights of one device.
+struct GptqWorkspace {
+  int device = 0;
+  float* partials = nullptr;  // [partial_floats] f32
+  std::size_t partial_floats = 0;
+  int* counters = nullptr;  // [counter_ints], zero between launches
+  std::size_t counter_ints = 0;
+  void* gather = nullptr;  // [kGptqMaxM, k] activations, act-order
+  std::size_t gather_bytes = 0;
+  void* scratch = nullptr;  // dequantized W chunk [k][cols]
+  std::size_t scratch_bytes = 0;
+
+  GptqWorkspace() = default;
+  GptqWorkspace(const GptqWorkspace&) = delete;
+  GptqWorkspace& operator=(const GptqWorkspace&) = delete;
+  ~GptqWorkspace() {
+    int current = -1;
+    cudaGetDevice(&current);
+    if (current != device) cudaSetDevice(device);
+    for (void* p : {static_cast<void*>(partials), static_cast<void*>(counters), gather, scratch}) {
+      if (p != nullptr) cudaFree(p);
+    }
+    if (current != device && current >= 0) cudaSetDevice(current);
+  }
+};
+
+struct WorkspaceNeeds {
+  std::size_t partial_floats = 0, counter_ints = 0, gather_bytes = 0, scratch_bytes = 0;
+};
+
+bool covers(const GptqWorkspace& ws, const WorkspaceNeeds& need) {
+  return ws.partial_floats >= need.partial_floats && ws.counter_ints >= need.counter_ints &&
+         ws.gather_bytes >= need.gather_bytes && ws.scratch_bytes >= need.scratch_bytes;
+}
+
+void* device_alloc(std::size_t bytes, int device) {
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    detail::fail(ErrorCode::OutOfMemory, "load_gptq: cudaMalloc of {} bytes of GPTQ workspace on device {} failed: {}",
+                 bytes, device, cudaGetErrorString(err));
+  }
+  return p;
+}
+
+// The current workspace of `device` if it covers `need`, else a new one
+// covering both (setup time: allocates and synchronizes).
+std::shared_ptr<GptqWorkspace> acquire_workspace(int device, const WorkspaceNeeds& need) {
+  static std::mutex mutex;
+  static std::map<int, std::weak_ptr<GptqWorkspace>> current;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::shared_ptr<GptqWorkspace> ws = current[device].lock();
+  if (ws != nullptr && covers(*ws, need)) return ws;
+  WorkspaceNeeds size = need;
+  if (ws != nullptr) {
+    size.partial_floats = std::max(size.partial_floats, ws->partial_floats);
+    size.counter_ints = std::max(size.counter_ints, ws->counter_ints);
+    size.gather_bytes = std::max(size.gather_bytes, ws->gather_bytes);
+    size.scratch_bytes = std::max(size.scratch_bytes, ws->scratch_bytes);
+  }
+  auto fresh = std::make_shared<GptqWorkspace>();
+  fresh->device = device;
+  fresh->partials = static_cast<float*>(device_alloc(size.partial_floats * sizeof(float), device));
+  fresh->partial_floats = size.partial_floats;
+  fresh->counters = static_cast<int*>(device_alloc(size.counter_ints * sizeof(int), device));
+  fresh->counter_ints = size.counter_ints;
+  if (fresh->counters != nullptr) {
+    check_cuda(cudaMemset(fresh->counters, 0, size.counter_ints * sizeof(int)), "load_gptq", "cudaMemset");
+  }
+  fresh->gather = device_alloc(size.gather_bytes, device);
+  fresh->gather_bytes = size.gather_bytes;
+  fresh->scratch = device_alloc(size.scratch_bytes, device);
+  fresh->scratch_bytes = size.scratch_bytes;
+  current[device] = fresh;
+  return fresh;
+}
+
+class CudaGptqWeight final : public QuantWeight {
+ public:
+  CudaGptqWeight(const Backend* owner, const detail::GptqRepacked& r) : owner_(owner), k_(r.k), n_(r.n) {
+    view_.zero_value = r.zero_value;
+    view_.k = static_cast<int>(r.k);
+    view_.n = static_cast<int>(r.n);
+    view_.k_pad = static_cast<int>(r.k_pad);
+    view_.n_pad = static_cast<int>(r.n_pad);
+    view_.group_rows = static_cast<int>(r.group_rows);
+    act_order_ = r.act_order;
+  }
+  QuantKind kind() const noexcept override { return QuantKind::Gptq; }
+  std::size_t k() const noexcept override { return k_; }
+  std::size_t n() const noexcept override { return n_; }
+  const Backend* backend() const noexcept override { return owner_; }
+
+  bool fused() const noexcept { return view_.group_rows > 0; }
+  bool act_order() const noexcept { return act_order_; }
+  std::size_t scratch_cols() const noexcept { return scratch_cols_; }
+  const GptqWorkspace& workspace() const noexcept { return *workspace_; }
+  const std::int32_t* perm() const { return ptr<std::int32_t>(perm_); }
+
+  // The device view with the scales of `dtype`.
+  kernels::GptqDeviceWeight view(DType dtype) const {
+    kernels::GptqDeviceWeight v = view_;
+    v.scales = dtype == DType::BF16 ? scales_bf16_.data() : scales_f16_.data();
+    return v;
+  }
+
+  void upload(Backend& be, int device, const detail::GptqRepacked& r, int num_sms) {
+    auto put = [&](Buffer& dst, DType dtype, const void* src, std::size_t count) {
+      dst = be.alloc(dtype, count);
+      be.write_bytes(dst, src, count * size_of(dtype));
+    };
+    put(qweight_, DType::I32, r.qweight.data(), r.qweight.size());
+    const std::vector<std::uint16_t> f16 = detail::gptq_scales_as(r, DType::F16);
+    const std::vector<std::uint16_t> bf16 = detail::gptq_scales_as(r, DType::BF16);
+    put(scales_f16_, DType::F16, f16.data(), f16.size());
+    put(scales_bf16_, DType::BF16, bf16.data(), bf16.size());
+    if (!r.uniform_zero) put(zeros_, DType::U8, r.zeros.data(), r.zeros.size());
+    put(row_group_, DType::I32, r.row_group.data(), r.row_group.size());
+    if (r.act_order) put(perm_, DType::I32, r.perm.data(), r.perm.size());
+    view_.qweight = ptr<std::uint32_t>(qweight_);
+    view_.zeros = zeros_.is_null() ? nullptr : ptr<std::uint8_t>(zeros_);
+    view_.row_group = ptr<std::int32_t>(row_group_);
+    view_.perm = perm_.is_null() ? nullptr : ptr<std::int32_t>(perm_);
+
+    // Dequantize scratch: whole 64-column blocks, at most kScratchBytes (at least one block).
+    const std::size_t per_block = r.k * kernels::kGptqTileN * 2;
+    const std::size_t blocks = std::clamp<std::size_t>(kScratchBytes / per_block, 1, r.n_pad / kernels::kGptqTileN);
+    scratch_cols_ = blocks * kernels::kGptqTileN;
+
+    WorkspaceNeeds need;
+    need.scratch_bytes = r.k * scratch_cols_ * 2;
+    if (fused()) {
+      need.partial_floats =
+          kernels::gptq_partials_floats(static_cast<int>(r.k_pad), static_cast<int>(r.n_pad), num_sms);
+      need.counter_ints = kernels::gptq_counter_ints(static_cast<int>(r.n_pad));
+      if (r.act_order) need.gather_bytes = static_cast<std::size_t>(kernels::kGptqMaxM) * r.k * 2;
+    }
+    workspace_ = acquire_workspace(device, need);
+  }
+
+ private:
+  const Backend* owner_;
+  std::size_t k_, n_;
+  bool act_order_ = false;
+  std::size_t scratch_cols_ = 0;
+  kernels::GptqDeviceWeight view_;
+  Buffer qweight_, scales_f16_, scales_bf16_, zeros_, row_group_, perm_;
+  std::shared_ptr<GptqWorkspace> workspace_;
+};
+
+}  // namespace
+
 std::unique_ptr<QuantWeight> CudaBackend::do_load_gptq(const GptqHostTensors& tensors) {
-  return Backend::do_load_gptq(tensors);  // Unsupported until the INT4 kernel lands
+  detail::activate_device(device_);
+  const detail::GptqRepacked repacked = detail::repack_gptq(tensors, "load_gptq");
+  auto weight = std::make_unique<CudaGptqWeight>(this, repacked);
+  weight->upload(*this, device_, repacked, rt_->num_sms);
+  // The uploads read pageable host memory that goes away with `repacked`.
+  check_cuda(cudaStreamSynchronize(rt_->stream), "load_gptq", "cudaStreamSynchronize");
+  return weight;
 }
 
 void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) {
-  Backend::do_gemm_gptq(a, w, out, m);
+  auto refuse = [&](ErrorCode code, const std::string& message) {
+    abandon_capture();
+    detail::fail(code, "gemm_gptq: {}", message);
+  };
+  const auto* weight = dynamic_cast<const CudaGptqWeight*>(&w);
+  if (weight == nullptr) {
+    refuse(ErrorCode::InvalidArgument, "argument 'w' was not made by this backend's load_gptq");
+  }
+  // Rows of a and out are moved as 16-byte vectors (k and n are multiples of 8).
+  const std::pair<const char*, const Buffer*> buffers[] = {{"a", &a}, {"out", &out}};
+  for (const auto& [name, b] : buffers) {
+    if ((reinterpret_cast<std::uintptr_t>(b->data()) & 15u) != 0) {
+      refuse(ErrorCode::Misaligned, fmt::format("argument '{}' at {} is not 16-byte aligned", name, b->data()));
+    }
+  }
+  detail::activate_device(device_);
+  const DType dtype = a.dtype();
+  const kernels::GptqDeviceWeight view = weight->view(dtype);
+  const GptqWorkspace& ws = weight->workspace();
+  const std::size_t k = weight->k(), n = weight->n();
+  const auto* a_bytes = ptr<std::uint8_t>(a);
+  auto* out_bytes = ptr<std::uint8_t>(out);
+
+  if (weight->fused() && m <= kFusedMaxM) {
+    const std::size_t step = static_cast<std::size_t>(kernels::kGptqMaxM);
+    for (std::size_t row0 = 0; row0 < m; row0 += step) {
+      const int rows = static_cast<int>(std::min(step, m - row0));
+      const void* a_rows = a_bytes + row0 * k * 2;
+      if (weight->act_order()) {
+        kernels::launch_gptq_gather(dtype, a_rows, weight->perm(), ws.gather, rows, static_cast<int>(k), rt_->stream);
+        a_rows = ws.gather;
+      }
+      kernels::GptqGemmArgs args;
+      args.dtype = dtype;
+      args.w = view;
+      args.a = a_rows;
+      args.out = out_bytes + row0 * n * 2;
+      args.m = rows;
+      args.partials = ws.partials;
+      args.counters = ws.counters;
+      args.num_sms = rt_->num_sms;
+      kernels::launch_gptq_gemm(args, rt_->stream);
+    }
+    return;
+  }
+
+  // Dequantize + cuBLAS, one column chunk at a time. Row-major out[m, n] =
+  // a[m, k] · W[k, n] is column-major outᵀ[n, m] = Wᵀ · aᵀ, where the chunk
+  // W[:, n0 .. n0 + cols) (row-major [k][cols]) is column-major [cols x k].
+  const cudaDataType_t type = dtype == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
+  const std::size_t chunk = weight->scratch_cols();
+  for (std::size_t n0 = 0; n0 < n; n0 += chunk) {
+    const std::size_t cols = std::min(chunk, n - n0);
+    kernels::launch_gptq_dequant(dtype, view, static_cast<int>(n0), static_cast<int>(chunk), ws.scratch, rt_->stream);
+    check_cublas(cublasGemmEx(rt_->cublas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(cols), static_cast<int>(m),
+                              static_cast<int>(k), rt_->one_zero, ws.scratch, type, static_cast<int>(chunk), a_bytes,
+                              type, static_cast<int>(k), rt_->one_zero + 1, out_bytes + n0 * 2, type,
+                              static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "gemm_gptq", "cublasGemmEx");
+  }
 }
 
 }  // namespace ferrum

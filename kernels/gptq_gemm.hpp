@@ -1,0 +1,78 @@
+// Launchers for the GPTQ INT4 x f16/bf16 GEMM (kernels/gptq_gemm.cu).
+// Raw pointers, sizes and a stream; the caller (CudaBackend) has validated.
+// The weight layout is the repacked one of src/quant/gptq_repack.hpp.
+//
+//   launch_gptq_gemm     out[m, n] = a[m, k] · W, m <= kGptqMaxM per launch
+//                        (mma.sync m16n8k16, fp32 accumulation, split over k
+//                        with a deterministic fixed-order reduction).
+//   launch_gptq_gather   a_perm[i, j] = a[i, perm[j]] (act-order).
+//   launch_gptq_dequant  W[:, n0 .. n0 + cols) as f16 / bf16, rows in the
+//                        checkpoint's order (for the cuBLAS path at large m).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ferrum/dtype.hpp"
+
+namespace ferrum::kernels {
+
+inline constexpr int kGptqMaxM = 64;     // rows of a per launch of the fused kernel
+inline constexpr int kGptqTileK = 128;   // must equal detail::kGptqTileK
+inline constexpr int kGptqTileN = 64;    // must equal detail::kGptqTileN
+
+// A repacked weight on the device.
+struct GptqDeviceWeight {
+  const std::uint32_t* qweight = nullptr;  // [n_pad/64][k_pad/16][32][4] u32 (gptq_repack.hpp layout)
+  const void* scales = nullptr;            // [scale_rows][n_pad] f16 or bf16 (the activation dtype), permuted columns
+  const std::uint8_t* zeros = nullptr;     // [scale_rows][n_pad] true zeros, permuted columns; null: all zero_value
+  const std::int32_t* perm = nullptr;      // [k] checkpoint row of repacked row j; null: identity
+  const std::int32_t* row_group = nullptr; // [k] scale row of repacked row j
+  int zero_value = 8;                      // the zero when `zeros` is null
+  int k = 0, n = 0;                        // true sizes (multiples of 8)
+  int k_pad = 0, n_pad = 0;                // k rounded up to 128, n to 64
+  int group_rows = 0;                      // fused layout: rows per scale row; 0: general (no fused kernel)
+};
+
+// The fused kernel's launch plan for m rows: one of its configurations and
+// the split count over k (deterministic: a function of the sizes and the
+// device only). The workspace sizes below are maxima over every m <= kGptqMaxM.
+struct GptqPlan {
+  int config = 0;      // index of the kernel configuration
+  int m_tile = 0;      // rows the configuration covers (16, 32 or 64)
+  int block_n = 0;     // columns per CTA
+  int n_ctas = 0;      // CTAs along n
+  int splits = 1;      // CTAs along k
+};
+GptqPlan gptq_plan(DType dtype, int m, int k_pad, int n_pad, int num_sms);
+// f32 partial sums the fused kernel may need for any m <= kGptqMaxM.
+std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms);
+// Split-K arrival counters (ints, zero-initialized once; each launch leaves them 0).
+std::size_t gptq_counter_ints(int n_pad);
+
+struct GptqGemmArgs {
+  DType dtype = DType::F16;
+  GptqDeviceWeight w;
+  const void* a = nullptr;  // [m, k] row-major, 16-byte aligned; act-order: already gathered (a_perm)
+  void* out = nullptr;      // [m, n] row-major, 16-byte aligned
+  int m = 0;                // 1 .. kGptqMaxM
+  float* partials = nullptr;  // [gptq_partials_floats] f32 workspace
+  int* counters = nullptr;    // [gptq_counter_ints] zeroed ints
+  int num_sms = 0;
+};
+void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream);
+
+// a_perm[i, j] = a[i, perm[j]] for i < m, j < k. a and a_perm: [m, k] row-major.
+void launch_gptq_gather(DType dtype, const void* a, const std::int32_t* perm /*[k]*/, void* a_perm, int m, int k,
+                        cudaStream_t stream);
+
+// scratch[perm[j], c] = W[j, n0 + c] for j < k, c < min(cols, n - n0): the
+// dequantized weight in the checkpoint's row order, [k][cols] row-major
+// (16-byte aligned), dtype f16 or bf16 (scales must be of that dtype).
+// n0 and cols are multiples of 64.
+void launch_gptq_dequant(DType dtype, const GptqDeviceWeight& w, int n0, int cols, void* scratch,
+                         cudaStream_t stream);
+
+}  // namespace ferrum::kernels

@@ -1,0 +1,357 @@
+// CudaBackend's GPTQ path (load_gptq, gemm_gptq, gemm_quant) against
+// CpuBackend, the oracle.
+//
+// Integer activations in [-4, 4] and power-of-two scales make every product
+// and every partial sum exactly representable in f32 (|sum| <= 8k, on a grid
+// of 2^-8), so whatever the summation order (mma, split-K, cuBLAS) both
+// backends hold the same exact f32 sum and round it once into the output
+// dtype: the results must be bitwise equal. Covered: group sizes 32, 64,
+// 128, -1; symmetric / asymmetric zeros; V1 / V2; act-order; non-square and
+// padded k / n; m in {1, 3, 16, 17, 33, 64, 65, 200, 300} (every fused kernel
+// configuration, row chunking, and the dequantize + cuBLAS path); split-K;
+// general layouts (group size 8, uneven act-order groups); f16 and bf16.
+// Also: bitwise determinism run to run on random (non-exact) data, graph
+// capture and replay, workspaces shared across weights, and bad input.
+//
+// Skipped (GTEST_SKIP) when no CUDA device is visible. The checkpoints are
+// packed here from the format definition (no library code).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "support/test_support.hpp"
+
+namespace ferrum::test {
+namespace {
+
+// A checkpoint in the on-disk format, owning its arrays.
+struct Checkpoint {
+  std::size_t k = 0, n = 0, groups = 0;
+  int group_size = 128;
+  GptqZeroFormat format = GptqZeroFormat::V1;
+  std::vector<std::uint8_t> q;     // [k][n]
+  std::vector<std::uint8_t> zero;  // [groups][n], true zeros
+  std::vector<float> scale;        // [groups][n]
+  std::vector<std::int32_t> g_idx; // [k]
+  std::vector<std::int32_t> qweight, qzeros;
+
+  // Packs q / zero into the GPTQ words (low nibble first).
+  void pack() {
+    qweight.assign(k / 8 * n, 0);
+    for (std::size_t r = 0; r < k; ++r) {
+      for (std::size_t c = 0; c < n; ++c) {
+        auto& word = reinterpret_cast<std::uint32_t&>(qweight[(r / 8) * n + c]);
+        word |= static_cast<std::uint32_t>(q[r * n + c]) << (4 * (r % 8));
+      }
+    }
+    const unsigned offset = format == GptqZeroFormat::V1 ? 1u : 0u;
+    qzeros.assign(groups * (n / 8), 0);
+    for (std::size_t g = 0; g < groups; ++g) {
+      for (std::size_t c = 0; c < n; ++c) {
+        auto& word = reinterpret_cast<std::uint32_t&>(qzeros[g * (n / 8) + c / 8]);
+        word |= static_cast<std::uint32_t>(zero[g * n + c] - offset) << (4 * (c % 8));
+      }
+    }
+  }
+
+  GptqHostTensors tensors() const {
+    GptqHostTensors t;
+    t.qweight = qweight;
+    t.qzeros = qzeros;
+    t.scales = scale;
+    t.g_idx = g_idx;
+    t.group_size = group_size;
+    t.k = k;
+    t.n = n;
+    t.zero_format = format;
+    return t;
+  }
+};
+
+struct WeightCase {
+  std::size_t k, n;
+  int group_size;
+  bool symmetric;
+  bool act_order;
+  GptqZeroFormat format;
+  bool exact = true;  // power-of-two scales (else uniform random)
+};
+
+std::string describe(const WeightCase& c) {
+  return cat("k=", c.k, " n=", c.n, " group=", c.group_size, c.symmetric ? " sym" : " asym",
+             c.act_order ? " act-order" : "", c.format == GptqZeroFormat::V1 ? " v1" : " v2");
+}
+
+Checkpoint make_checkpoint(const WeightCase& c, Rng& rng) {
+  Checkpoint ck;
+  ck.k = c.k;
+  ck.n = c.n;
+  ck.group_size = c.group_size;
+  ck.format = c.format;
+  const std::size_t rows = c.group_size == -1 ? c.k : static_cast<std::size_t>(c.group_size);
+  ck.groups = c.k / rows;
+  ck.q.resize(c.k * c.n);
+  for (auto& v : ck.q) v = static_cast<std::uint8_t>(rng.below(16));
+  ck.zero.resize(ck.groups * c.n);
+  for (auto& v : ck.zero) {
+    if (c.symmetric) {
+      v = 8;
+    } else {
+      v = static_cast<std::uint8_t>(c.format == GptqZeroFormat::V1 ? 1 + rng.below(16) : rng.below(16));
+    }
+  }
+  ck.scale.resize(ck.groups * c.n);
+  for (auto& v : ck.scale) {
+    v = c.exact ? std::ldexp(1.0f, -3 - static_cast<int>(rng.below(6))) * (rng.below(2) == 0 ? 1.0f : -1.0f)
+                : rng.uniform(0.001f, 0.02f);
+  }
+  ck.g_idx.resize(c.k);
+  for (std::size_t r = 0; r < c.k; ++r) ck.g_idx[r] = static_cast<std::int32_t>(r / rows);
+  if (c.act_order) std::shuffle(ck.g_idx.begin(), ck.g_idx.end(), rng.engine());
+  ck.pack();
+  return ck;
+}
+
+std::vector<float> integer_activations(Rng& rng, std::size_t count) {
+  std::vector<float> a(count);
+  for (auto& v : a) v = static_cast<float>(static_cast<int>(rng.below(9)) - 4);
+  return a;
+}
+
+// out of gemm_gptq (or gemm_quant) on `be`, downloaded.
+std::vector<float> run_gemm(Backend& be, const QuantWeight& w, const std::vector<float>& a, DType dtype, std::size_t m,
+                            bool via_quant = false) {
+  Buffer a_buf = be.upload(a, dtype);
+  Buffer out = be.upload(std::vector<float>(m * w.n(), NAN), dtype);  // poisoned
+  if (via_quant) {
+    be.gemm_quant(a_buf, w, out, m);
+  } else {
+    be.gemm_gptq(a_buf, w, out, m);
+  }
+  return be.download(out);
+}
+
+::testing::AssertionResult same_floats(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "sizes " << got.size() << " vs " << want.size();
+  std::size_t bad = 0;
+  std::string first;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+      if (bad++ < 4) first += cat(" [", i, "] got ", got[i], " want ", want[i], ";");
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << got.size() << " elements differ:" << first;
+}
+
+class CudaGptq : public CudaTest {
+ protected:
+  // Loads `c` on both backends and compares every m in `ms`, f16 and bf16.
+  void expect_exact(const WeightCase& c, std::initializer_list<std::size_t> ms, Rng& rng) {
+    SCOPED_TRACE(describe(c));
+    const Checkpoint ck = make_checkpoint(c, rng);
+    std::unique_ptr<QuantWeight> on_gpu = cuda().load_gptq(ck.tensors());
+    std::unique_ptr<QuantWeight> on_cpu = cpu().load_gptq(ck.tensors());
+    ASSERT_EQ(on_gpu->k(), c.k);
+    ASSERT_EQ(on_gpu->n(), c.n);
+    for (std::size_t m : ms) {
+      const std::vector<float> a = integer_activations(rng, m * c.k);
+      for (DType dt : kHalfDTypes) {
+        SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
+        const std::vector<float> want = run_gemm(cpu(), *on_cpu, a, dt, m);
+        EXPECT_TRUE(same_floats(run_gemm(cuda(), *on_gpu, a, dt, m), want));
+      }
+    }
+  }
+};
+
+constexpr std::initializer_list<std::size_t> kAllM = {1, 3, 16, 17, 33, 64, 65, 200, 300};
+
+TEST_F(CudaGptq, ExactOnEveryStandardLayout) {
+  FERRUM_SEEDED_RNG(rng);
+  for (int gs : {32, 64, 128, -1}) {
+    for (bool sym : {true, false}) {
+      for (bool act : {false, true}) {
+        if (gs == -1 && act) continue;
+        for (GptqZeroFormat f : {GptqZeroFormat::V1, GptqZeroFormat::V2}) {
+          // Non-square, n not a multiple of 64 (padded columns), k a multiple of 128.
+          expect_exact({384, 200, gs, sym, act, f}, kAllM, rng);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaGptq, ExactWithPaddedKAndTinyShapes) {
+  FERRUM_SEEDED_RNG(rng);
+  expect_exact({96, 136, 32, false, true, GptqZeroFormat::V1}, {1, 17, 64, 300}, rng);  // k padded to 128
+  expect_exact({64, 8, 64, false, false, GptqZeroFormat::V2}, {1, 3, 65}, rng);
+  expect_exact({16, 8, -1, true, false, GptqZeroFormat::V1}, {2, 300}, rng);  // the op registry's shape
+  expect_exact({4224, 72, -1, false, false, GptqZeroFormat::V2}, {1, 16}, rng);
+}
+
+// Long k with few columns: many splits over k, the last CTA reducing them.
+TEST_F(CudaGptq, ExactWithSplitK) {
+  FERRUM_SEEDED_RNG(rng);
+  expect_exact({4096, 128, 128, false, true, GptqZeroFormat::V1}, {1, 16, 32, 64}, rng);
+  expect_exact({2048, 1024, 32, true, false, GptqZeroFormat::V2}, {1, 5, 48}, rng);
+}
+
+// Layouts outside the fused kernel run the dequantize + cuBLAS path at every m.
+TEST_F(CudaGptq, ExactOnGeneralLayouts) {
+  FERRUM_SEEDED_RNG(rng);
+  expect_exact({128, 40, 8, false, false, GptqZeroFormat::V1}, {1, 17, 300}, rng);
+  expect_exact({96, 64, 24, false, true, GptqZeroFormat::V2}, {3, 64}, rng);
+  // Act-order with uneven groups.
+  WeightCase c{256, 72, 64, false, false, GptqZeroFormat::V1};
+  Checkpoint ck = make_checkpoint(c, rng);
+  for (auto& g : ck.g_idx) g = static_cast<std::int32_t>(rng.below(4));
+  ck.g_idx[0] = 3;
+  std::unique_ptr<QuantWeight> on_gpu = cuda().load_gptq(ck.tensors());
+  std::unique_ptr<QuantWeight> on_cpu = cpu().load_gptq(ck.tensors());
+  for (std::size_t m : {1, 20}) {
+    const std::vector<float> a = integer_activations(rng, m * c.k);
+    for (DType dt : kHalfDTypes) {
+      SCOPED_TRACE(cat("uneven act-order m=", m, " ", to_string(dt)));
+      EXPECT_TRUE(same_floats(run_gemm(cuda(), *on_gpu, a, dt, m), run_gemm(cpu(), *on_cpu, a, dt, m)));
+    }
+  }
+}
+
+TEST_F(CudaGptq, GemmQuantRoutesToGptq) {
+  FERRUM_SEEDED_RNG(rng);
+  const WeightCase c{256, 64, 128, false, true, GptqZeroFormat::V2};
+  const Checkpoint ck = make_checkpoint(c, rng);
+  std::unique_ptr<QuantWeight> on_gpu = cuda().load_gptq(ck.tensors());
+  std::unique_ptr<QuantWeight> on_cpu = cpu().load_gptq(ck.tensors());
+  const std::vector<float> a = integer_activations(rng, 5 * c.k);
+  EXPECT_TRUE(same_floats(run_gemm(cuda(), *on_gpu, a, DType::BF16, 5, true), run_gemm(cpu(), *on_cpu, a, DType::BF16, 5)));
+}
+
+// Random scales and activations: not exact, so check closeness to the CPU
+// and bitwise equality between two runs (the split-K reduction has a fixed order).
+TEST_F(CudaGptq, DeterministicRunToRunAndClose) {
+  FERRUM_SEEDED_RNG(rng);
+  for (const WeightCase& c : {WeightCase{4096, 512, 128, false, true, GptqZeroFormat::V1, false},
+                              WeightCase{2048, 2048, 32, true, false, GptqZeroFormat::V2, false}}) {
+    SCOPED_TRACE(describe(c));
+    const Checkpoint ck = make_checkpoint(c, rng);
+    std::unique_ptr<QuantWeight> on_gpu = cuda().load_gptq(ck.tensors());
+    std::unique_ptr<QuantWeight> on_cpu = cpu().load_gptq(ck.tensors());
+    for (std::size_t m : {1, 16, 40, 64, 300}) {
+      const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
+      for (DType dt : kHalfDTypes) {
+        SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
+        const std::vector<float> first = run_gemm(cuda(), *on_gpu, a, dt, m);
+        const std::vector<float> second = run_gemm(cuda(), *on_gpu, a, dt, m);
+        EXPECT_TRUE(same_floats(second, first)) << "two runs differ";
+        const std::vector<float> want = run_gemm(cpu(), *on_cpu, a, dt, m);
+        // Bound: the weight rounded to the dtype (2^-8 relative for bf16,
+        // 2^-11 for f16) plus the output rounding; |a| <= 1, |w| <= 16 * 0.02.
+        const double eps = dt == DType::BF16 ? 1.0 / 256 : 1.0 / 2048;
+        const double bound = eps * (static_cast<double>(c.k) * 0.32 + 8.0);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < want.size(); ++i) {
+          if (!(std::fabs(static_cast<double>(first[i]) - want[i]) <= bound)) {
+            if (bad++ < 3) ADD_FAILURE() << "element " << i << ": got " << first[i] << " want " << want[i];
+          }
+        }
+        EXPECT_EQ(bad, 0u);
+      }
+    }
+  }
+}
+
+// gemm_gptq is capture-safe: recorded in a graph (fused path with act-order
+// gather and split-K, and the cuBLAS path), replay gives the eager result.
+TEST_F(CudaGptq, GraphCaptureAndReplay) {
+  FERRUM_SEEDED_RNG(rng);
+  const WeightCase c{2048, 256, 128, false, true, GptqZeroFormat::V1};
+  const Checkpoint ck = make_checkpoint(c, rng);
+  std::unique_ptr<QuantWeight> w = cuda().load_gptq(ck.tensors());
+  for (std::size_t m : {4, 300}) {
+    SCOPED_TRACE(cat("m=", m));
+    const std::vector<float> a = integer_activations(rng, m * c.k);
+    const std::vector<float> eager = run_gemm(cuda(), *w, a, DType::F16, m);
+    Buffer a_buf = cuda().upload(a, DType::F16);
+    Buffer out = cuda().upload(std::vector<float>(m * c.n, NAN), DType::F16);
+    cuda().begin_graph_capture();
+    cuda().gemm_gptq(a_buf, *w, out, m);
+    cuda().end_graph_capture();
+    ASSERT_TRUE(cuda().replay_last_graph());
+    EXPECT_TRUE(same_floats(cuda().download(out), eager));
+    cuda().write(out, std::vector<float>(m * c.n, NAN));
+    ASSERT_TRUE(cuda().replay_last_graph());
+    EXPECT_TRUE(same_floats(cuda().download(out), eager));
+    cuda().reset_graph();
+  }
+}
+
+// A larger weight loaded later gets larger workspaces; the earlier one keeps working.
+TEST_F(CudaGptq, WeightsOfDifferentSizesCoexist) {
+  FERRUM_SEEDED_RNG(rng);
+  const WeightCase small{256, 64, 64, false, true, GptqZeroFormat::V2};
+  const WeightCase large{4096, 1024, 128, false, true, GptqZeroFormat::V1};
+  const Checkpoint cs = make_checkpoint(small, rng), cl = make_checkpoint(large, rng);
+  std::unique_ptr<QuantWeight> gs = cuda().load_gptq(cs.tensors());
+  std::unique_ptr<QuantWeight> gl = cuda().load_gptq(cl.tensors());
+  std::unique_ptr<QuantWeight> ps = cpu().load_gptq(cs.tensors());
+  std::unique_ptr<QuantWeight> pl = cpu().load_gptq(cl.tensors());
+  for (std::size_t m : {1, 64}) {
+    const std::vector<float> as = integer_activations(rng, m * small.k), al = integer_activations(rng, m * large.k);
+    EXPECT_TRUE(same_floats(run_gemm(cuda(), *gs, as, DType::F16, m), run_gemm(cpu(), *ps, as, DType::F16, m)));
+    EXPECT_TRUE(same_floats(run_gemm(cuda(), *gl, al, DType::F16, m), run_gemm(cpu(), *pl, al, DType::F16, m)));
+  }
+  gl.reset();  // the small weight still holds its workspaces
+  const std::vector<float> a = integer_activations(rng, 3 * small.k);
+  EXPECT_TRUE(same_floats(run_gemm(cuda(), *gs, a, DType::BF16, 3), run_gemm(cpu(), *ps, a, DType::BF16, 3)));
+}
+
+TEST_F(CudaGptq, BadInput) {
+  FERRUM_SEEDED_RNG(rng);
+  const WeightCase c{128, 64, 32, false, false, GptqZeroFormat::V1};
+  const Checkpoint ck = make_checkpoint(c, rng);
+  std::unique_ptr<QuantWeight> w = cuda().load_gptq(ck.tensors());
+  Buffer a = cuda().upload(std::vector<float>(2 * c.k + 8, 0.0f), DType::F16);
+  Buffer out = cuda().upload(std::vector<float>(2 * c.n + 8, 0.0f), DType::F16);
+  // Not 16-byte aligned (element-aligned, so Buffer::wrap accepts it).
+  Buffer a_off = Buffer::wrap(cuda(), static_cast<std::uint8_t*>(a.data()) + 2, DType::F16, 2 * c.k);
+  expect_error(ErrorCode::Misaligned, "gemm_gptq", [&] { cuda().gemm_gptq(a_off, *w, out, 2); }, "'a'");
+  Buffer out_off = Buffer::wrap(cuda(), static_cast<std::uint8_t*>(out.data()) + 8, DType::F16, 2 * c.n);
+  expect_error(ErrorCode::Misaligned, "gemm_gptq", [&] { cuda().gemm_gptq(a, *w, out_off, 2); }, "'out'");
+  // f32 activations; mixed dtypes; too few elements; m = 0.
+  Buffer a32 = cuda().upload(std::vector<float>(2 * c.k, 0.0f), DType::F32);
+  expect_error(ErrorCode::DTypeMismatch, "gemm_gptq", [&] { cuda().gemm_gptq(a32, *w, out, 2); }, "'a'");
+  Buffer out_bf = cuda().upload(std::vector<float>(2 * c.n, 0.0f), DType::BF16);
+  expect_error(ErrorCode::DTypeMismatch, "gemm_gptq", [&] { cuda().gemm_gptq(a, *w, out_bf, 2); }, "'out'");
+  expect_error(ErrorCode::ShapeMismatch, "gemm_gptq", [&] { cuda().gemm_gptq(a, *w, out, 3); }, "'a'");
+  expect_error(ErrorCode::InvalidArgument, "gemm_gptq", [&] { cuda().gemm_gptq(a, *w, out, 0); }, "'m'");
+  // A weight of another backend instance, or of the CPU backend.
+  auto other = make_backend(BackendKind::Cuda);
+  std::unique_ptr<QuantWeight> foreign = other->load_gptq(ck.tensors());
+  expect_error(ErrorCode::WrongBackend, "gemm_gptq", [&] { cuda().gemm_gptq(a, *foreign, out, 2); }, "'w'");
+  std::unique_ptr<QuantWeight> cpu_weight = cpu().load_gptq(ck.tensors());
+  expect_error(ErrorCode::WrongBackend, "gemm_gptq", [&] { cuda().gemm_gptq(a, *cpu_weight, out, 2); }, "'w'");
+  // A bad checkpoint: validated before anything is uploaded.
+  Checkpoint bad = ck;
+  bad.scale[3] = NAN;
+  expect_error(ErrorCode::InvalidArgument, "load_gptq", [&] { (void)cuda().load_gptq(bad.tensors()); }, "'scales'");
+  GptqHostTensors t = ck.tensors();
+  t.bits = 3;
+  expect_error(ErrorCode::Unsupported, "load_gptq", [&] { (void)cuda().load_gptq(t); }, "'bits'");
+  // The backend still works afterwards.
+  EXPECT_NO_THROW({
+    cuda().gemm_gptq(a, *w, out, 2);
+    cuda().synchronize();
+  });
+}
+
+}  // namespace
+}  // namespace ferrum::test
