@@ -9,6 +9,10 @@
 #   scripts/gpu_suite.sh all     both (needs about 12 minutes)
 #   scripts/gpu_suite.sh nccl    on a machine with 2+ GPUs: the NCCL tests and
 #                                ferrum_bench_nccl (bus bandwidth vs raw NCCL)
+#   scripts/gpu_suite.sh gptq    the GPTQ GPU tests under memcheck and racecheck,
+#                                ferrum_bench_gptq and bench/gptq_torch.py
+# Modes combine with commas (gptq,bench). BENCH_FILTER=attention_,gemm passes
+# --filter to ferrum_bench and torch_reference.py.
 # Output goes under $OUT (default ./out): suite.log, ctest.log, bench.log,
 # bench.json, torch.json, compare.md, gemm.json. To run exactly a commit
 # while the working tree has other edits: scripts/gpu_tree.sh (below). Add --quick to shorten the benchmark.
@@ -17,6 +21,9 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 MODE="${1:-all}"
+has_mode() { [ "$MODE" = all ] && [ "$1" != nccl ] && [ "$1" != gptq ] && return 0; [[ ",$MODE," == *",$1,"* ]]; }
+BF=()
+[ -n "${BENCH_FILTER:-}" ] && BF=(--filter "$BENCH_FILTER")
 QUICK=""
 [ "${2:-}" = "--quick" ] && QUICK="--quick"
 export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1
@@ -35,7 +42,7 @@ LOG="$OUT/suite.log"
   cmake --build $B -j16 2>&1 | grep -E "error|warning|FAILED" || echo "build ok"
 } 2>&1 | tee -a "$LOG"
 
-if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
+if has_mode tests; then
   {
     echo "== ctest (all labels)"
     timeout 300 ctest --test-dir $B --output-on-failure -j14 > "$OUT/ctest.log" 2>&1
@@ -54,12 +61,28 @@ if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
   } 2>&1 | tee -a "$LOG"
 fi
 
-if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
+if has_mode gptq; then
+  {
+    echo "== GPTQ tests (memcheck, then racecheck)"
+    timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
+      --gtest_filter='*Gptq*:*BadInput*' 2>&1 | tail -25
+    echo "gptq memcheck exit ${PIPESTATUS[0]}"
+    timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
+      --gtest_filter='CudaGptq*' 2>&1 | tail -3
+    echo "gptq racecheck exit ${PIPESTATUS[0]}"
+    timeout 150 $B/bench/ferrum_bench_gptq $QUICK --json "$OUT/gptq.json" > "$OUT/gptq.log" 2>&1
+    echo "ferrum_bench_gptq exit $?"
+    timeout 120 python3 bench/gptq_torch.py $QUICK --json "$OUT/gptq_torch.json" >> "$OUT/gptq.log" 2>&1
+    echo "gptq_torch exit $?"
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode bench; then
   {
     echo "== benchmark"
-    timeout 200 $B/bench/ferrum_bench $QUICK --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+    timeout 200 $B/bench/ferrum_bench $QUICK "${BF[@]}" --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
     echo "ferrum_bench exit $?"
-    timeout 240 python3 bench/torch_reference.py $QUICK --compile large --json "$OUT/torch.json" >> "$OUT/bench.log" 2>&1
+    timeout 240 python3 bench/torch_reference.py $QUICK "${BF[@]}" --compile large --json "$OUT/torch.json" >> "$OUT/bench.log" 2>&1
     echo "torch_reference exit $?"
     python3 bench/compare.py "$OUT/bench.json" "$OUT/torch.json" --markdown-out "$OUT/compare.md" | tail -n 3
     # GEMM against torch.matmul interleaved in one process (the 3 % verdict).
@@ -68,7 +91,7 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   } 2>&1 | tee -a "$LOG"
 fi
 
-if [ "$MODE" = nccl ]; then
+if has_mode nccl; then
   # NVLink multicast stays off on shared machines (see README).
   export NCCL_NVLS_ENABLE=0
   {
