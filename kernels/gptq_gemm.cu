@@ -52,16 +52,18 @@ __device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ std::uint64_t l2_evict_first_policy() {
-  std::uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-
-// 16 bytes global -> shared, bypassing L1, marked evict-first in L2.
-__device__ __forceinline__ void cp_async_16_evict_first(void* smem, const void* gmem, std::uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
-               "l"(policy));
+// 16 bytes global -> shared, bypassing L1, marked evict-first in L2. The
+// policy is made in the same asm block that uses it: a policy register made
+// once and passed in was rejected at run time on the H200 (illegal
+// instruction), while createpolicy + cp.async together is the proven form.
+__device__ __forceinline__ void cp_async_16_evict_first(void* smem, const void* gmem) {
+  asm volatile(
+      "{\n"
+      "  .reg .b64 policy;\n"
+      "  createpolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
+      "  cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, policy;\n"
+      "}\n" ::"r"(smem_u32(smem)),
+      "l"(gmem));
 }
 
 // 16 bytes global -> shared; when !valid, writes 16 zero bytes (gmem is not read).
@@ -247,7 +249,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
   const int kt_begin = static_cast<int>(static_cast<long long>(split) * k_tiles / p.splits);
   const int kt_end = static_cast<int>(static_cast<long long>(split + 1) * k_tiles / p.splits);
   const int num_kt = kt_end - kt_begin;
-  const std::uint64_t policy = l2_evict_first_policy();
   const T* a = static_cast<const T*>(p.a);
   const T* scales = static_cast<const T*>(p.scales);
 
@@ -261,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
         const std::uint32_t* src =
             p.qweight + (static_cast<std::size_t>(nb_first + l) * k16_total + static_cast<std::size_t>(kt) * 8) * 128 +
             off * 4;
-        cp_async_16_evict_first(st + l * 4096 + off * 16, src, policy);
+        cp_async_16_evict_first(st + l * 4096 + off * 16, src);
       }
     }
     // Activations: kRows x 128, 16 chunks of 16 bytes per row, chunk c at c ^ (row & 7).
