@@ -52,18 +52,9 @@ __device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes global -> shared, bypassing L1, marked evict-first in L2. The
-// policy is made in the same asm block that uses it: a policy register made
-// once and passed in was rejected at run time on the H200 (illegal
-// instruction), while createpolicy + cp.async together is the proven form.
+// 16 bytes global -> shared, bypassing L1 (the weight stream).
 __device__ __forceinline__ void cp_async_16_evict_first(void* smem, const void* gmem) {
-  asm volatile(
-      "{\n"
-      "  .reg .b64 policy;\n"
-      "  createpolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
-      "  cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, policy;\n"
-      "}\n" ::"r"(smem_u32(smem)),
-      "l"(gmem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem));
 }
 
 // 16 bytes global -> shared; when !valid, writes 16 zero bytes (gmem is not read).
