@@ -6,8 +6,8 @@
 // iteration issues both ranks' calls between group_start / group_end. Sizes
 // run from 1 KB to 256 MB (doubling); for all_gather the size is the gathered
 // output, as in nccl-tests. Each sample times a batch of iterations with CUDA
-// events on both streams (the slower rank counts); the table shows the median
-// of the samples. Bus bandwidth as nccl-tests defines it:
+// events on both streams (the slower rank counts); ours and raw samples
+// alternate, and the table shows the median of each. Bus bandwidth as nccl-tests defines it:
 //   all_reduce  busbw = algbw * 2 (n - 1) / n
 //   all_gather  busbw = algbw * (n - 1) / n       (algbw = bytes / time)
 //
@@ -27,6 +27,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ferrum/ferrum.hpp"
@@ -37,7 +39,7 @@ using namespace ferrum;
 
 constexpr int kWorld = 2;
 constexpr int kWarmup = 3;
-constexpr int kSamples = 9;
+constexpr int kSamples = 21;
 
 void cuda_ok(cudaError_t err, const char* what) {
   if (err != cudaSuccess) {
@@ -60,38 +62,53 @@ struct Rank {
   ncclComm_t raw() const { return static_cast<ncclComm_t>(comm->native_handle()); }
 };
 
-// Median seconds per iteration of launch(rank) issued on both ranks as one group.
-double time_op(std::array<Rank, kWorld>& ranks, int iters, const std::function<void(Rank&)>& launch) {
-  auto batch = [&](int n, bool timed) {
-    for (Rank& r : ranks) {
-      cuda_ok(cudaSetDevice(r.be->device()), "cudaSetDevice");
-      if (timed) cuda_ok(cudaEventRecord(r.start, r.be->stream()), "cudaEventRecord");
-    }
-    for (int i = 0; i < n; ++i) {
-      Communicator::group_start();
-      for (Rank& r : ranks) launch(r);
-      Communicator::group_end();
-    }
-    for (Rank& r : ranks) {
-      cuda_ok(cudaSetDevice(r.be->device()), "cudaSetDevice");
-      if (timed) cuda_ok(cudaEventRecord(r.stop, r.be->stream()), "cudaEventRecord");
-    }
-    for (Rank& r : ranks) r.be->synchronize();  // polls, with the collective timeout
-  };
-  batch(kWarmup, false);
-  std::vector<double> samples;
-  for (int s = 0; s < kSamples; ++s) {
-    batch(iters, true);
-    double worst = 0.0;
-    for (Rank& r : ranks) {
-      float ms = 0.0f;
-      cuda_ok(cudaEventElapsedTime(&ms, r.start, r.stop), "cudaEventElapsedTime");
-      worst = std::max(worst, static_cast<double>(ms) * 1e-3 / iters);
-    }
-    samples.push_back(worst);
+// Seconds per iteration of one timed batch of launch(rank), issued on both
+// ranks as one group per iteration (the slower rank counts).
+double sample_op(std::array<Rank, kWorld>& ranks, int iters, const std::function<void(Rank&)>& launch,
+                 bool timed = true) {
+  for (Rank& r : ranks) {
+    cuda_ok(cudaSetDevice(r.be->device()), "cudaSetDevice");
+    if (timed) cuda_ok(cudaEventRecord(r.start, r.be->stream()), "cudaEventRecord");
   }
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
+  for (int i = 0; i < iters; ++i) {
+    Communicator::group_start();
+    for (Rank& r : ranks) launch(r);
+    Communicator::group_end();
+  }
+  for (Rank& r : ranks) {
+    cuda_ok(cudaSetDevice(r.be->device()), "cudaSetDevice");
+    if (timed) cuda_ok(cudaEventRecord(r.stop, r.be->stream()), "cudaEventRecord");
+  }
+  for (Rank& r : ranks) r.be->synchronize();  // polls, with the collective timeout
+  if (!timed) return 0.0;
+  double worst = 0.0;
+  for (Rank& r : ranks) {
+    float ms = 0.0f;
+    cuda_ok(cudaEventElapsedTime(&ms, r.start, r.stop), "cudaEventElapsedTime");
+    worst = std::max(worst, static_cast<double>(ms) * 1e-3 / iters);
+  }
+  return worst;
+}
+
+// Median seconds per iteration of `ours` and of `raw`, their samples
+// interleaved (ours, raw, raw, ours, ...) so clock and host drift hit both.
+std::pair<double, double> time_pair(std::array<Rank, kWorld>& ranks, int iters,
+                                    const std::function<void(Rank&)>& ours, const std::function<void(Rank&)>& raw) {
+  sample_op(ranks, kWarmup, ours, false);
+  sample_op(ranks, kWarmup, raw, false);
+  std::vector<double> a, b;
+  for (int s = 0; s < kSamples; ++s) {
+    if (s % 2 == 0) {
+      a.push_back(sample_op(ranks, iters, ours));
+      b.push_back(sample_op(ranks, iters, raw));
+    } else {
+      b.push_back(sample_op(ranks, iters, raw));
+      a.push_back(sample_op(ranks, iters, ours));
+    }
+  }
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  return {a[a.size() / 2], b[b.size() / 2]};
 }
 
 struct Row {
@@ -179,8 +196,7 @@ int main(int argc, char** argv) {
         row.dtype = std::string(to_string(dt));
         row.bytes = bytes;
         row.count = count;
-        row.raw_s = time_op(ranks, iters, raw);
-        row.ours_s = time_op(ranks, iters, ours);
+        std::tie(row.ours_s, row.raw_s) = time_pair(ranks, iters, ours, raw);
         const double factor = reduce ? 2.0 * (n - 1.0) / n : (n - 1.0) / n;
         row.ours_busbw = static_cast<double>(bytes) / row.ours_s / 1e9 * factor;
         row.raw_busbw = static_cast<double>(bytes) / row.raw_s / 1e9 * factor;
