@@ -11,6 +11,10 @@
 #                                ferrum_bench_nccl (bus bandwidth vs raw NCCL)
 #   scripts/gpu_suite.sh gptq    the GPTQ GPU tests under memcheck and racecheck,
 #                                ferrum_bench_gptq and bench/gptq_torch.py
+#   scripts/gpu_suite.sh quicktests  the GPU test binary directly (faster than
+#                                ctest), racecheck over attention and GPTQ
+#   scripts/gpu_suite.sh engine  ferrum_engine on llama3-8b-shaped random
+#                                weights, graph and eager (needs .deps)
 # Modes combine with commas (gptq,bench). BENCH_FILTER=attention_,gemm passes
 # --filter to ferrum_bench and torch_reference.py.
 # Output goes under $OUT (default ./out): suite.log, ctest.log, bench.log,
@@ -21,7 +25,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 MODE="${1:-all}"
-has_mode() { [ "$MODE" = all ] && [ "$1" != nccl ] && [ "$1" != gptq ] && return 0; [[ ",$MODE," == *",$1,"* ]]; }
+has_mode() { [ "$MODE" = all ] && [ "$1" != nccl ] && [ "$1" != gptq ] && [ "$1" != engine ] && [ "$1" != quicktests ] && return 0; [[ ",$MODE," == *",$1,"* ]]; }
 BF=()
 [ -n "${BENCH_FILTER:-}" ] && BF=(--filter "$BENCH_FILTER")
 QUICK=""
@@ -61,6 +65,19 @@ if has_mode tests; then
   } 2>&1 | tee -a "$LOG"
 fi
 
+if has_mode quicktests; then
+  {
+    echo "== GPU test binary"
+    NCCL_NVLS_ENABLE=0 timeout 300 $B/tests/ferrum_tests_gpu --gtest_brief=1 > "$OUT/gputests.log" 2>&1
+    echo "ferrum_tests_gpu exit $?"
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$OUT/gputests.log" | head -30
+    echo "== racecheck: attention decode/prefill, GPTQ"
+    timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
+      --gtest_filter='Specs/CudaFlashDecodeRagged.*_case?:Specs/CudaFlashAttention.*_case?:Sweep/CudaPrefillAttention.*_case?:CudaGptq.*' 2>&1 | tail -3
+    echo "racecheck exit ${PIPESTATUS[0]}"
+  } 2>&1 | tee -a "$LOG"
+fi
+
 if has_mode gptq; then
   {
     echo "== GPTQ tests (memcheck, then racecheck)"
@@ -88,6 +105,15 @@ if has_mode bench; then
     # GEMM against torch.matmul interleaved in one process (the 3 % verdict).
     timeout 150 python3 bench/gemm_interleaved.py --capi $B/bench/libferrum_bench_capi.so --suite decode --json "$OUT/gemm.json"
     echo "gemm_interleaved exit $?"
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode engine; then
+  {
+    echo "== engine (llama3-8b shape, random fp16 weights)"
+    for mode in --graph --eager; do
+      timeout 120 $B/apps/engine/ferrum_engine --random llama3-8b --steps 128 $mode 2>&1 | grep -E "backend|model|decode:|prefill:|error"
+    done
   } 2>&1 | tee -a "$LOG"
 fi
 
