@@ -10,7 +10,8 @@
 #   scripts/gpu_suite.sh nccl    on a machine with 2+ GPUs: the NCCL tests and
 #                                ferrum_bench_nccl (bus bandwidth vs raw NCCL)
 #   scripts/gpu_suite.sh gptq    the GPTQ GPU tests under memcheck and racecheck,
-#                                ferrum_bench_gptq and bench/gptq_torch.py
+#                                then gptqbench: ferrum_bench_gptq and
+#                                bench/gptq_torch.py
 #   scripts/gpu_suite.sh quicktests  the GPU test binary directly (faster than
 #                                ctest), racecheck over attention and GPTQ
 #   scripts/gpu_suite.sh engine  ferrum_engine on llama3-8b-shaped random
@@ -25,7 +26,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 MODE="${1:-all}"
-has_mode() { [ "$MODE" = all ] && [ "$1" != nccl ] && [ "$1" != gptq ] && [ "$1" != engine ] && [ "$1" != quicktests ] && return 0; [[ ",$MODE," == *",$1,"* ]]; }
+has_mode() { [ "$MODE" = all ] && [ "$1" != nccl ] && [ "$1" != gptq ] && [ "$1" != engine ] && [ "$1" != quicktests ] && [ "$1" != gptqbench ] && return 0; [[ ",$MODE," == *",$1,"* ]]; }
 BF=()
 [ -n "${BENCH_FILTER:-}" ] && BF=(--filter "$BENCH_FILTER")
 QUICK=""
@@ -87,6 +88,12 @@ if has_mode gptq; then
     timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
       --gtest_filter='CudaGptq*' 2>&1 | tail -3
     echo "gptq racecheck exit ${PIPESTATUS[0]}"
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode gptq || has_mode gptqbench; then
+  {
+    echo "== GPTQ benchmarks"
     timeout 150 $B/bench/ferrum_bench_gptq $QUICK --json "$OUT/gptq.json" > "$OUT/gptq.log" 2>&1
     echo "ferrum_bench_gptq exit $?"
     timeout 120 python3 bench/gptq_torch.py $QUICK --json "$OUT/gptq_torch.json" >> "$OUT/gptq.log" 2>&1
