@@ -13,8 +13,14 @@
 
 namespace {
 
+int g_skinny_max_m = -1;  // set by ferrum_bench_init before the first call
+
 ferrum::CudaBackend& backend() {
-  static ferrum::CudaBackend be;
+  static ferrum::CudaBackend be = [] {
+    ferrum::CudaBackendConfig config;
+    config.gemm_skinny_max_m = g_skinny_max_m;
+    return ferrum::CudaBackend(config);
+  }();
   return be;
 }
 
@@ -26,6 +32,10 @@ int report(const std::exception& e, char* err, int err_len) {
 }  // namespace
 
 extern "C" {
+
+// Chooses CudaBackendConfig::gemm_skinny_max_m (-1: the library default;
+// 8: every m <= 8 on the skinny kernel). Call before anything else.
+void ferrum_bench_init(int skinny_max_m) { g_skinny_max_m = skinny_max_m; }
 
 // The stream ferrum queues its work on, or null without a GPU.
 void* ferrum_bench_stream() {
@@ -52,10 +62,11 @@ int ferrum_bench_gemm(void* a, void* b, void* out, long long m, long long n, lon
 
 // Which kernel ferrum_bench_gemm runs for these arguments: 1 = the skinny
 // decode kernel (kernels/gemm_skinny.cu), 0 = cuBLAS. Mirrors the dispatch
-// in CudaBackend::do_gemm.
+// in CudaBackend::do_gemm (gemm_skinny_max_m, then applicability).
 int ferrum_bench_gemm_is_skinny(const void* a, const void* b, long long m, long long n, long long k, int dtype) {
   const ferrum::DType dt = dtype == 0 ? ferrum::DType::F16 : ferrum::DType::BF16;
-  return ferrum::kernels::gemm_skinny_applicable(dt, a, b, m, n, k) ? 1 : 0;
+  const int max_m = g_skinny_max_m < 0 ? ferrum::kernels::kSkinnyPreferredMaxM : g_skinny_max_m;
+  return m <= max_m && ferrum::kernels::gemm_skinny_applicable(dt, a, b, m, n, k) ? 1 : 0;
 }
 
 }  // extern "C"

@@ -136,6 +136,8 @@ def bench_one(torch, lib, stream, err, dtype_name, td, code, m, n, k, reps, copy
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--capi", required=True, help="path to libferrum_bench_capi.so")
+    ap.add_argument("--skinny-max-m", type=int, default=-1,
+                    help="CudaBackendConfig::gemm_skinny_max_m (-1: library default; 8: skinny for every m <= 8)")
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--reps", type=int, default=64)
     ap.add_argument("--suite", choices=("decode", "legacy", "all"), default="all")
@@ -146,6 +148,8 @@ def main():
         print("no GPU: nothing to benchmark")
         return 0
     lib = ctypes.CDLL(args.capi)
+    lib.ferrum_bench_init.argtypes = [ctypes.c_int]
+    lib.ferrum_bench_init(args.skinny_max_m)
     lib.ferrum_bench_stream.restype = ctypes.c_void_p
     lib.ferrum_bench_gemm.restype = ctypes.c_int
     lib.ferrum_bench_gemm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_longlong] * 3 + [ctypes.c_int, ctypes.c_char_p,

@@ -1,30 +1,45 @@
 // flash_attention: softmax(q kᵀ · scale + causal mask) v with GQA, reading
 // the head-major cache [num_kv_heads, capacity, head_dim] directly.
 //
-// One kernel body, attention_rows_kernel, handles a block of (query row,
-// kv head, slice of the key range). Its 4 warps walk the slice 32 keys at a
-// time: lane j scores key j against every q head of the GQA group (so each
-// K row is read once for the whole group), the warp keeps an online softmax
-// (running max and sum, base 2), and P·V broadcasts each key's probability
-// across the warp while every lane accumulates its own head_dim/32 output
-// columns. The four warps are merged through shared memory at the end.
+// Decode (q_len == 1) is flash-decoding on tensor cores,
+// attention_decode_kernel. The key range is cut into fixed slices of
+// kAttnSplitKeys (so a result never depends on the batch or the launch
+// size); one block owns (sequence, kv head, slice) and every q head of the
+// GQA group: the group is the M dimension of mma.sync m16n8k16 (padded to
+// 16 rows per m-tile; groups above 16 take a second set of 4 warps, above
+// 32 a further block per 32 heads). The slice streams through shared memory
+// 64 keys at a time; each of the 4 key warps owns 16 keys of every 64:
 //
-// Decode (q_len == 1) splits the key range into fixed slices of
-// kAttnSplitKeys (flash-decoding): one block per slice writes a partial
-// output and its log-sum-exp, and attention_combine_kernel merges the
-// slices in a fixed order. In device-state mode the grid covers the whole
-// capacity and slices past the decode state's kv_len exit at once, so one
-// captured launch serves every step. Prefill uses one slice per query row.
+//   S = Q Kᵀ        Q fragments in registers (hd <= 128; hd 256 re-reads
+//                   them from shared memory), K through ldmatrix
+//   online softmax  fp32, base 2, per warp for the whole slice
+//   O += P V        P re-packed from the S accumulators as the A operand,
+//                   V through ldmatrix.trans
 //
-// Everything here runs on CUDA cores in fp32. Prefill goes to the
-// tensor-core kernel (kernels/attention_prefill.cu) whenever it applies.
+// A warp's 16-key sub-tiles arrive through its own ring of kStages slots
+// filled by cp.async (16-byte, L2-only; rows past the valid keys are
+// zero-filled, never read), so the key warps run decoupled: the only
+// barriers in the loop are per warp (or per pair of warps sharing keys when
+// the group has two m-tiles). At the end of the slice the warps' (m, l, O)
+// merge through shared memory in a fixed order into a partial output and
+// its base-2 log-sum-exp; attention_combine_kernel then merges the slices
+// of each (sequence, head) in a fixed order. Bitwise deterministic. In
+// device-state / ragged mode the grid covers the whole capacity and slices
+// past kv_len exit at once, so one captured launch serves every step.
+//
+// attention_rows_kernel (CUDA cores, fp32) is the prefill fallback for
+// calls the tensor-core prefill (kernels/attention_prefill.cu) declines,
+// and runs decode only on a device without sm_80 tensor-core support.
+#include <atomic>
 #include <cfloat>
+#include <cstdint>
 
 #include "kernels/attention.hpp"
 #include "kernels/attention_prefill.hpp"
 #include "kernels/common/check.hpp"
 #include "kernels/common/device_error.cuh"
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/mma.cuh"
 #include "kernels/common/vec.cuh"
 
 namespace ferrum::kernels {
@@ -32,7 +47,6 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kMaxGroupPerBlock = 8;  // q heads of one GQA group per block
-constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -233,30 +247,482 @@ __global__ void __launch_bounds__(kWarps * 32) attention_rows_kernel(const Atten
   }
 }
 
-// Merges the decode slices of each (sequence, head) in slice order.
+// ── Decode on tensor cores ───────────────────────────────────────────────────
+
+// Ring slots per key warp (>= 2). Shared memory per block is
+// kStages * 4 warps * (K + V) * 16 keys * head_dim * 2 B, plus Q of 32 heads:
+//   hd 64:  4 * 4 * 2 * 16 * 128 B = 64 KiB + 4 KiB   (3 blocks per SM)
+//   hd 128: 3 * 4 * 2 * 16 * 256 B = 96 KiB + 8 KiB   (2 blocks per SM)
+//   hd 256: 3 * 4 * 2 * 16 * 512 B = 192 KiB + 16 KiB (1 block per SM)
+template <int HD>
+struct DecodeTraits;
+template <>
+struct DecodeTraits<64> {
+  static constexpr int kStages = 4;
+};
+template <>
+struct DecodeTraits<128> {
+  static constexpr int kStages = 3;
+};
+template <>
+struct DecodeTraits<256> {
+  static constexpr int kStages = 3;
+};
+
+template <int HD>
+struct DecodeShape {
+  static constexpr int kKeyWarps = 4;    // warps splitting the keys of a tile
+  static constexpr int kSub = 16;        // keys per warp per tile (one k16 step of P·V)
+  static constexpr int kTileKeys = kKeyWarps * kSub;
+  static constexpr int kMaxMTiles = 2;   // m16 tiles of q heads per block
+  static constexpr int kMaxHeads = 16 * kMaxMTiles;
+  static constexpr int kMaxWarps = kKeyWarps * kMaxMTiles;
+  static constexpr int kMaxThreads = kMaxWarps * 32;
+  static constexpr int kStages = DecodeTraits<HD>::kStages;
+  static constexpr int kChunks = HD / 8;  // 16-byte chunks per row
+  static constexpr bool kQInRegs = HD <= 128;
+  static constexpr int kSubElems = kSub * HD;  // one K or V sub-tile
+  static constexpr int kRingElems = kStages * kKeyWarps * 2 * kSubElems;
+  static constexpr int kQElems = kMaxHeads * HD;
+  static constexpr int kSmemBytes = (kRingElems + kQElems) * 2;
+  // End-of-slice merge, reusing the ring: O [warps][16][kOStride] f32 (rows
+  // padded against bank conflicts), then m and l [warps][16].
+  static constexpr int kOStride = HD + 8;
+  static constexpr int kMergeFloats = kMaxWarps * 16 * (kOStride + 2);
+  static_assert(kStages >= 2, "the ring needs a slot to fill while another is read");
+  static_assert(kMergeFloats * 4 <= kRingElems * 2, "the merge fits in the drained ring");
+  static_assert(kAttnSplitKeys % kTileKeys == 0, "whole tiles per slice");
+  static_assert(kChunks >= 8, "the swizzle permutes 8 chunks of a row");
+  static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of sm_90");
+};
+
+// One 16-key sub-tile of K and of V into swizzled shared memory, PT threads
+// (the warps sharing these keys); rows >= valid_rows are zero-filled.
+template <class T, int HD, int PT>
+__device__ __forceinline__ void load_sub_tile(T* dk, T* dv, const T* gk, const T* gv, int valid_rows, int ptid) {
+  constexpr int kChunks = HD / 8;
+  constexpr int kTotal = 16 * kChunks;
+  static_assert(kTotal % PT == 0, "whole chunks per thread");
+#pragma unroll
+  for (int i = 0; i < kTotal / PT; ++i) {
+    const int idx = ptid + i * PT;
+    const int row = idx / kChunks;
+    const int chunk = idx % kChunks;
+    const bool valid = row < valid_rows;
+    const int off = swz<HD>(row, chunk);
+    const int goff = valid ? row * HD + chunk * 8 : 0;  // not read when invalid
+    cp_async_16_l2_256(smem_u32(dk + off), gk + goff, valid);
+    cp_async_16_l2_256(smem_u32(dv + off), gv + goff, valid);
+  }
+}
+
+// Barrier of the warps that share key warp kw's sub-tiles (ids 1..4; a
+// literal id per case so ptxas reserves only those).
+__device__ __forceinline__ void key_warp_barrier(int kw, int threads) {
+  switch (kw) {
+    case 0:
+      named_barrier<1>(threads);
+      break;
+    case 1:
+      named_barrier<2>(threads);
+      break;
+    case 2:
+      named_barrier<3>(threads);
+      break;
+    default:
+      named_barrier<4>(threads);
+      break;
+  }
+}
+
+// grid.x = (batch * splits) * chunks (chunk fastest, so the blocks of one
+// slice that split a large group run together and share K/V through L2),
+// grid.y = kv heads; blockDim = 128 * m-tiles.
 template <class T, int HD>
-__global__ void attention_combine_kernel(const AttentionArgs a, int splits) {
+__global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
+    attention_decode_kernel(const AttentionArgs a, int splits, int chunks, bool prefetch_l2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using Sh = DecodeShape<HD>;
+  constexpr int kStages = Sh::kStages;
+  constexpr int kChunks = Sh::kChunks;
+  constexpr int kKSteps = HD / 16;  // k16 steps of Q Kᵀ
+  constexpr int kDT = HD / 8;       // n8 tiles of O (head dims)
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* const ring = reinterpret_cast<T*>(smem_raw);  // [kStages][4 key warps][K, V][16][HD]
+  T* const sQ = ring + Sh::kRingElems;              // [32][HD]
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int nthreads = static_cast<int>(blockDim.x);
+  const int mtiles = nthreads / (32 * Sh::kKeyWarps);
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int kw = warp % Sh::kKeyWarps;  // which 16 keys of each tile
+  const int mt = warp / Sh::kKeyWarps;  // which 16 q heads
+  const int g = lane / 4;
+  const int tig = lane % 4;
+
+  const int chunk = static_cast<int>(blockIdx.x % static_cast<unsigned>(chunks));
+  const long long seq_split = blockIdx.x / static_cast<unsigned>(chunks);
+  const int split = static_cast<int>(seq_split % splits);
+  const int b = static_cast<int>(seq_split / splits);
+  const int kvh = static_cast<int>(blockIdx.y);
+  const int group = a.num_heads / a.num_kv_heads;
+  const int head0 = kvh * group + chunk * 16 * mtiles;
+  const int heads = min(16 * mtiles, kvh * group + group - head0);
+  const long long row0 = static_cast<long long>(b) * a.num_heads + head0;  // q / out row of head0
+
+  const long long limit = key_limit(a, b, 0, split == 0 && chunk == 0 && tid == 0);
+  const long long begin = static_cast<long long>(split) * kAttnSplitKeys;
+  if (begin >= limit) {  // a slice past the valid keys (or no keys at all)
+    if (splits > 1) {
+      for (int h = tid; h < heads; h += nthreads) a.partial_lse[(row0 + h) * splits + split] = -INFINITY;
+    } else {
+      T* const out = static_cast<T*>(a.out) + row0 * HD;
+      for (int idx = tid; idx < heads * HD; idx += nthreads) out[idx] = from_float<T>(0.0f);
+    }
+    return;
+  }
+  const int n_keys = static_cast<int>(min(static_cast<long long>(kAttnSplitKeys), limit - begin));
+  // This warp's sub-tiles: keys [t * 64 + kw * 16, + 16) of the slice.
+  const int n_sub = n_keys > kw * Sh::kSub ? (n_keys - kw * Sh::kSub + Sh::kTileKeys - 1) / Sh::kTileKeys : 0;
+
+  const long long kv_row0 = (static_cast<long long>(b) * a.num_kv_heads + kvh) * a.kv_stride + begin;
+  const T* const k = static_cast<const T*>(a.k) + kv_row0 * HD;
+  const T* const v = static_cast<const T*>(a.v) + kv_row0 * HD;
+  if (prefetch_l2 && chunk == 0 && tid == 0) {
+    // A small grid (about one block per SM): request the whole slice from
+    // DRAM at once, so the cp.async stream below is served from L2.
+    const auto bytes = static_cast<std::uint32_t>(n_keys) * HD * 2u;
+    prefetch_l2_bulk(k, bytes);
+    prefetch_l2_bulk(v, bytes);
+  }
+  const int ptid = mt * 32 + lane;  // index among the warps sharing this warp's keys
+  auto load_sub = [&](int t) {
+    const int key0 = t * Sh::kTileKeys + kw * Sh::kSub;
+    T* const dk = ring + ((t % kStages) * Sh::kKeyWarps + kw) * 2 * Sh::kSubElems;
+    const long long goff = static_cast<long long>(key0) * HD;
+    if (mtiles == 1) {
+      load_sub_tile<T, HD, 32>(dk, dk + Sh::kSubElems, k + goff, v + goff, n_keys - key0, ptid);
+    } else {
+      load_sub_tile<T, HD, 64>(dk, dk + Sh::kSubElems, k + goff, v + goff, n_keys - key0, ptid);
+    }
+  };
+
+  // Prologue: Q (rows past the block's heads zero), then this warp's first
+  // kStages - 1 sub-tiles. Always commit, so the group count is fixed.
+  {
+    const T* const q = static_cast<const T*>(a.q) + row0 * HD;
+    for (int idx = tid; idx < 16 * mtiles * kChunks; idx += nthreads) {
+      const int row = idx / kChunks;
+      const int c = idx % kChunks;
+      const bool valid = row < heads;
+      cp_async_16(smem_u32(sQ + swz<HD>(row, c)), q + (valid ? row * HD + c * 8 : 0), valid);
+    }
+    cp_async_commit();
+  }
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) {
+    if (t < n_sub) load_sub(t);
+    cp_async_commit();
+  }
+  cp_async_wait<kStages - 1>();  // Q has landed
+  __syncthreads();
+
+  // ldmatrix row addresses. Chunk 2 * (4j + i) + c of a swizzled row lies
+  // at offset[i] + j * 128 bytes (the swizzle only permutes the low 3 bits
+  // of the chunk), so 4 offsets per operand cover every k16 step.
+  //   A (Q, this warp's 16 heads): rows lane & 15, chunk c = lane >> 4
+  //   K: keys (lane & 7) + 8 (lane >> 4), c = (lane >> 3) & 1: both n8 key
+  //      tiles of one k16 step per ldmatrix.x4
+  //   V (transposed): keys lane & 15, c = lane >> 4: two n8 dim tiles
+  std::uint32_t q_off[4], k_off[4], v_off[4];
+  {
+    const int a_row = mt * 16 + (lane & 15);
+    const int k_row = (lane & 7) + ((lane >> 4) << 3);
+    const int v_row = lane & 15;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      q_off[i] = smem_u32(sQ + swz<HD>(a_row, 2 * i + (lane >> 4)));
+      k_off[i] = static_cast<std::uint32_t>(swz<HD>(k_row, 2 * i + ((lane >> 3) & 1)) * 2);
+      v_off[i] = static_cast<std::uint32_t>(swz<HD>(v_row, 2 * i + (lane >> 4)) * 2);
+    }
+  }
+  std::uint32_t qf[Sh::kQInRegs ? kKSteps : 1][4];
+  if constexpr (Sh::kQInRegs) {
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) ldmatrix_x4(qf[kk], q_off[kk % 4] + (kk / 4) * 128);
+  }
+
+  float o[kDT][4];
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
+  }
+  float m_run[2] = {-INFINITY, -INFINITY};  // running max of rows g, g + 8, raw score units
+  float l_run[2] = {0.0f, 0.0f};           // this thread's share of the row sums
+  const float scale_log2 = a.scale * kLog2e;
+
+  for (int t = 0; t < n_sub; ++t) {
+    // Sub-tile t has landed for every thread sharing it, and all of them are
+    // done with sub-tile t - 1, whose slot is refilled next.
+    cp_async_wait<kStages - 2>();
+    key_warp_barrier(kw, 32 * mtiles);
+    if (t + kStages - 1 < n_sub) load_sub(t + kStages - 1);
+    cp_async_commit();
+    const std::uint32_t sK = smem_u32(ring + ((t % kStages) * Sh::kKeyWarps + kw) * 2 * Sh::kSubElems);
+    const std::uint32_t sV = sK + Sh::kSubElems * 2;
+
+    // S = Q Kᵀ: 16 heads x 16 keys.
+    float s[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      std::uint32_t qa[4];
+      if constexpr (Sh::kQInRegs) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) qa[e] = qf[kk][e];
+      } else {
+        ldmatrix_x4(qa, q_off[kk % 4] + (kk / 4) * 128);
+      }
+      std::uint32_t kb[4];
+      ldmatrix_x4(kb, sK + k_off[kk % 4] + (kk / 4) * 128);
+      mma_16816<T>(s[0], qa, kb[0], kb[1]);
+      mma_16816<T>(s[1], qa, kb[2], kb[3]);
+    }
+
+    // Keys past the slice's valid range (the last sub-tile only).
+    const int key0 = t * Sh::kTileKeys + kw * Sh::kSub;
+    if (key0 + Sh::kSub > n_keys) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (key0 + nt * 8 + tig * 2 + (e & 1) >= n_keys) s[nt][e] = -INFINITY;
+        }
+      }
+    }
+
+    // Online softmax per row; the quad (4 lanes) shares a row.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = fmaxf(m_run[r], fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1])));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // Every key of the sub-tile masked and none seen before: m stays -inf;
+      // subtract 0, not inf.
+      const float base = mx == -INFINITY ? 0.0f : mx * scale_log2;
+      const float alpha = fast_exp2(m_run[r] * scale_log2 - base);  // 0 while m_run = -inf
+      m_run[r] = mx;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float p = fast_exp2(fmaf(s[nt][2 * r + c], scale_log2, -base));  // masked: 0
+          s[nt][2 * r + c] = p;
+          sum += p;
+        }
+      }
+      l_run[r] = l_run[r] * alpha + sum;
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) {
+        o[dt][2 * r] *= alpha;
+        o[dt][2 * r + 1] *= alpha;
+      }
+    }
+
+    // O += P V: the two n8 accumulators of S are the A fragment of P.
+    const std::uint32_t pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]),
+                                 pack2<T>(s[1][0], s[1][1]), pack2<T>(s[1][2], s[1][3])};
+#pragma unroll
+    for (int dp = 0; dp < kDT / 2; ++dp) {
+      std::uint32_t vb[4];
+      ldmatrix_x4_trans(vb, sV + v_off[dp % 4] + (dp / 4) * 128);
+      mma_16816<T>(o[2 * dp], pa, vb[0], vb[1]);
+      mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
+    }
+  }
+  cp_async_wait<0>();  // only empty groups can remain; leave none behind
+  __syncthreads();     // every warp is done with the ring: reuse it for the merge
+
+  // Publish each warp's (m in base-2 units, l, O) per row.
+  float* const mo = reinterpret_cast<float*>(smem_raw);      // [warps][16][kOStride]
+  float* const mm = mo + Sh::kMaxWarps * 16 * Sh::kOStride;  // [warps][16]
+  float* const ml = mm + Sh::kMaxWarps * 16;                 // [warps][16]
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = l_run[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int row = warp * 16 + g + 8 * r;
+    if (tig == 0) {
+      mm[row] = m_run[r] == -INFINITY ? -INFINITY : m_run[r] * scale_log2;
+      ml[row] = l;
+    }
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      *reinterpret_cast<float2*>(mo + row * Sh::kOStride + dt * 8 + tig * 2) = make_float2(o[dt][2 * r], o[dt][2 * r + 1]);
+    }
+  }
+  __syncthreads();
+
+  // Merge the key warps of each head in a fixed order; normalize per slice.
+  for (int idx = tid; idx < heads * HD; idx += nthreads) {
+    const int h = idx / HD;
+    const int d = idx % HD;
+    const int wrow = (h / 16) * Sh::kKeyWarps * 16 + h % 16;  // row of key warp 0 of h's m-tile
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < Sh::kKeyWarps; ++w) mx = fmaxf(mx, mm[wrow + w * 16]);
+    float sum = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < Sh::kKeyWarps; ++w) {
+      const float mw = mm[wrow + w * 16];
+      if (mw == -INFINITY) continue;  // a warp that saw no key
+      const float f = exp2f(mw - mx);
+      sum += ml[wrow + w * 16] * f;
+      acc += mo[(wrow + w * 16) * Sh::kOStride + d] * f;
+    }
+    // Key 0 of the slice is valid and belongs to key warp 0: sum > 0.
+    if (splits > 1) {
+      a.partial_out[((row0 + h) * splits + split) * HD + d] = acc / sum;
+      if (d == 0) a.partial_lse[(row0 + h) * splits + split] = mx + log2f(sum);
+    } else {
+      static_cast<T*>(a.out)[(row0 + h) * HD + d] = from_float<T>(acc / sum);
+    }
+  }
+#else
+  __trap();  // built without sm_80+: the launcher never launches this
+#endif
+}
+
+// Merges the decode slices of each (sequence, head) in a fixed order: warp w
+// takes slices w, w + 8, ... (in order), then the 8 warps are summed in
+// order. Nothing depends on the launch size: bitwise reproducible.
+constexpr int kCombineWarps = 8;
+
+template <class T, int HD>
+__global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(const AttentionArgs a, int splits) {
+  constexpr int kCols = HD / 32;  // columns per lane
+  __shared__ float acc_s[kCombineWarps][HD];
+  __shared__ float sum_s[kCombineWarps];
   const long long row = blockIdx.x;  // b * num_heads + head (q_len == 1)
   const long long limit = key_limit(a, static_cast<int>(row / a.num_heads), 0, false);
   const int used = static_cast<int>(min(static_cast<long long>(splits), (limit + kAttnSplitKeys - 1) / kAttnSplitKeys));
-  const float* lse = a.partial_lse + row * splits;
-  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-    float mx = -INFINITY;
-    for (int s = 0; s < used; ++s) mx = fmaxf(mx, lse[s]);
-    float sum = 0.0f, acc = 0.0f;
-    if (mx != -INFINITY) {
-      for (int s = 0; s < used; ++s) {
-        const float f = exp2f(lse[s] - mx);
-        sum += f;
-        acc += f * a.partial_out[(row * splits + s) * HD + d];
+  const float* const lse = a.partial_lse + row * splits;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+
+  float mx = -INFINITY;  // every warp finds the same (max is exact in any order)
+  for (int s = lane; s < used; s += 32) mx = fmaxf(mx, lse[s]);
+  mx = warp_max(mx);
+  float sum = 0.0f;
+  float acc[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
+  if (mx != -INFINITY) {
+    for (int s = warp; s < used; s += kCombineWarps) {
+      const float f = exp2f(lse[s] - mx);
+      const float* const po = a.partial_out + (row * splits + s) * HD + lane * kCols;
+      float x[kCols];
+      if constexpr (kCols % 4 == 0) {
+#pragma unroll
+        for (int c = 0; c < kCols; c += 4) {
+          const float4 t = *reinterpret_cast<const float4*>(po + c);
+          x[c] = t.x;
+          x[c + 1] = t.y;
+          x[c + 2] = t.z;
+          x[c + 3] = t.w;
+        }
+      } else {
+        const float2 t = *reinterpret_cast<const float2*>(po);
+        x[0] = t.x;
+        x[1] = t.y;
       }
+      sum += f;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) acc[c] += f * x[c];
     }
-    static_cast<T*>(a.out)[row * HD + d] = from_float<T>(sum > 0.0f ? acc / sum : 0.0f);
+  }
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) acc_s[warp][lane * kCols + c] = acc[c];
+  if (lane == 0) sum_s[warp] = sum;
+  __syncthreads();
+  for (int d = static_cast<int>(threadIdx.x); d < HD; d += kCombineWarps * 32) {
+    float total = 0.0f, out = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kCombineWarps; ++w) {
+      total += sum_s[w];
+      out += acc_s[w][d];
+    }
+    static_cast<T*>(a.out)[row * HD + d] = from_float<T>(total > 0.0f ? out / total : 0.0f);
   }
 }
 
 int decode_splits(long long kv_stride) {
   return static_cast<int>((kv_stride + kAttnSplitKeys - 1) / kAttnSplitKeys);
+}
+
+// K + V bytes (batch x kv heads x kv_stride) up to which a decode launch
+// prefetches its slices into L2 (H200: 50 MiB of L2). Tunable.
+constexpr double kDecodeL2PrefetchBytes = 36.0 * 1024 * 1024;
+
+// Bit d set: device d allows this instantiation's dynamic shared memory.
+template <class T, int HD>
+std::atomic<unsigned long long>& decode_prepared_devices() {
+  static std::atomic<unsigned long long> bits{0};
+  return bits;
+}
+
+template <class T, int HD>
+bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
+  using Sh = DecodeShape<HD>;
+  const auto kernel = attention_decode_kernel<T, HD>;
+  if (!prepare_kernel(reinterpret_cast<const void*>(kernel), Sh::kSmemBytes, decode_prepared_devices<T, HD>())) {
+    return false;
+  }
+  const int splits = decode_splits(a.kv_stride);
+  const int group = a.num_heads / a.num_kv_heads;
+  const int mtiles = group > 16 ? Sh::kMaxMTiles : 1;
+  const int chunks = (group + 16 * mtiles - 1) / (16 * mtiles);
+  const dim3 grid(static_cast<unsigned>(static_cast<long long>(a.batch) * splits * chunks),
+                  static_cast<unsigned>(a.num_kv_heads));
+  // L2 prefetch of whole slices only while everything the launch may read
+  // fits well inside L2 (else prefetched lines would be evicted unread).
+  const double footprint = static_cast<double>(a.batch) * a.num_kv_heads * static_cast<double>(a.kv_stride) * HD * 4.0;
+  const bool prefetch_l2 = footprint <= kDecodeL2PrefetchBytes;
+  kernel<<<grid, static_cast<unsigned>(Sh::kKeyWarps * 32 * mtiles), Sh::kSmemBytes, stream>>>(a, splits, chunks,
+                                                                                              prefetch_l2);
+  if (splits > 1) {
+    attention_combine_kernel<T, HD>
+        <<<static_cast<unsigned>(a.batch * a.num_heads), kCombineWarps * 32, 0, stream>>>(a, splits);
+  }
+  check_launch("flash_attention");
+  return true;
+}
+
+// Decode (q_len == 1) on tensor cores; false (nothing launched) where it
+// does not apply, so the caller falls back to the CUDA-core kernel.
+bool launch_attention_decode_tc(const AttentionArgs& a, cudaStream_t stream) {
+  if (a.q_len != 1 || a.kv_stride < 1) return false;
+  if (a.dtype != DType::F16 && a.dtype != DType::BF16) return false;
+  if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return false;
+  if (a.num_kv_heads < 1 || a.num_kv_heads > 65535 || a.num_heads % a.num_kv_heads != 0) return false;
+  if (!all_aligned16(a.q, a.k, a.v)) return false;
+  bool launched = false;
+  dispatch_half_dtype(a.dtype, "flash_attention", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    dispatch_int<64, 128, 256>(a.head_dim, "flash_attention", "head_dim", [&](auto hd_c) {
+      launched = launch_decode_typed<T, decltype(hd_c)::value>(a, stream);
+    });
+  });
+  return launched;
 }
 
 }  // namespace
@@ -268,9 +734,10 @@ std::size_t attention_workspace_floats(int batch, int num_heads, int q_len, int 
 }
 
 void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
-  // Prefill (q_len > 1) runs on tensor cores wherever that kernel applies;
-  // this CUDA-core kernel stays the fallback and the decode path.
-  if (launch_attention_prefill_tc(a, stream)) return;
+  // Decode runs on tensor cores wherever the device allows (sm_80+),
+  // prefill on the tensor-core prefill kernel wherever that applies; the
+  // CUDA-core kernel below is the fallback for both.
+  if (a.q_len == 1 ? launch_attention_decode_tc(a, stream) : launch_attention_prefill_tc(a, stream)) return;
   const int splits = a.q_len == 1 ? decode_splits(a.kv_stride) : 1;
   const int group = a.num_heads / a.num_kv_heads;
   const int heads_per_block = group < kMaxGroupPerBlock ? group : kMaxGroupPerBlock;
@@ -284,7 +751,7 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
       attention_rows_kernel<T, HD><<<grid, kWarps * 32, 0, stream>>>(a, splits, heads_per_block);
       if (splits > 1) {
         attention_combine_kernel<T, HD>
-            <<<static_cast<unsigned>(a.batch * a.num_heads), HD, 0, stream>>>(a, splits);
+            <<<static_cast<unsigned>(a.batch * a.num_heads), kCombineWarps * 32, 0, stream>>>(a, splits);
       }
     });
   });

@@ -31,17 +31,15 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/attention_prefill.hpp"
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/mma.cuh"
 #include "kernels/common/vec.cuh"
 
 namespace ferrum::kernels {
 namespace {
-
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Per head_dim tile shapes. kBc keys per tile, kStages ring slots (>= 2),
 // kMinBlocks resident blocks per SM the register budget is sized for.
@@ -76,83 +74,6 @@ struct PrefillShape : PrefillTraits<HD> {
   static_assert(Base::kBc % 16 == 0 && HD % 16 == 0, "k16 steps");
   static_assert(kChunks >= 8, "the swizzle permutes 8 chunks of a row");
 };
-
-// ── PTX wrappers (sm_80+) ────────────────────────────────────────────────────
-
-__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, L2 only; valid == false writes 16 zero bytes and
-// reads nothing.
-__device__ __forceinline__ void cp_async_16(std::uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most N of this thread's groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-
-// c += a (16x16, row) * b (16x8, col), fp32 accumulate.
-template <class T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                          std::uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// 2^x with one MUFU op (ex2.approx, |rel err| < 2^-22; subnormal results
-// flush to 0, far below what a probability can contribute). -inf gives 0.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Two floats rounded to T, `lo` in the low half (the lower column).
-template <class T>
-__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __half>) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const std::uint32_t*>(&h);
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const std::uint32_t*>(&h);
-  }
-}
-
-// Element offset of 16-byte chunk `chunk` of shared row `row` (rows of HD).
-template <int HD>
-__device__ __forceinline__ int swz(int row, int chunk) {
-  return row * HD + ((chunk ^ (row & 7)) << 3);
-}
 
 // ROWS x HD tile from global rows src[0..) (contiguous, HD apart) into
 // swizzled shared memory; rows >= valid_rows are zero-filled.
@@ -423,28 +344,6 @@ template <class T, int HD>
 std::atomic<unsigned long long>& prepared_devices() {
   static std::atomic<unsigned long long> bits{0};
   return bits;
-}
-
-// Makes `kernel` launchable with `smem_bytes` of dynamic shared memory on
-// the current device, once per device (idempotent, so a race is harmless).
-// False when the device cannot run it (below sm_80, or less opt-in shared
-// memory than the kernel needs).
-bool prepare_kernel(const void* kernel, int smem_bytes, std::atomic<unsigned long long>& prepared) {
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) throw_cuda_error("flash_attention", "cudaGetDevice", err);
-  const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0ull;
-  if (bit != 0 && (prepared.load(std::memory_order_acquire) & bit) != 0) return true;
-  int major = 0;
-  int optin = 0;
-  err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  if (err != cudaSuccess) throw_cuda_error("flash_attention", "cudaDeviceGetAttribute", err);
-  if (major < 8 || optin < smem_bytes) return false;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  if (err != cudaSuccess) throw_cuda_error("flash_attention", "cudaFuncSetAttribute (prefill shared memory)", err);
-  prepared.fetch_or(bit, std::memory_order_acq_rel);
-  return true;
 }
 
 template <class T, int HD>

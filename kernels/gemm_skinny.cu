@@ -1,24 +1,34 @@
 // Skinny dense GEMM for decode: out[m, n] = a[m, k] · b[n, k]ᵀ with m <= 8.
 //
 // At these sizes the op is a stream of the weight b through the SMs (a is a
-// few KB to a few hundred KB and stays in L1/L2), so the kernel is built to
-// keep HBM busy:
-// - A block owns kRows consecutive rows of b and the whole of k. Its W warps
-//   split k into chunks of 256 elements (one 16-byte load per lane per row);
-//   chunk c belongs to warp c % W, so the block reads each row front to back
-//   in W * 512-byte strides.
-// - Each thread issues kRows * kUnroll 16-byte loads of b before it uses
-//   any of them. They skip L1 (read once) and are evict-first in L2, so a
-//   decode step's weights do not push the activations and KV cache out.
-// - a is read with 16-byte L1-cached loads; every block reads all of a, so
-//   it is served from L1/L2. One a vector feeds kRows rows of b.
-// - Every lane accumulates kRows x M fp32 sums. The warp reduces them with a
-//   fixed shuffle tree, the W warp partials are summed in warp order from
-//   shared memory, and each output is rounded once. The order depends only
-//   on (m, n, k, num_sms): repeated calls are bitwise identical.
+// few KB to a few hundred KB and stays in L1/L2), so both kernels below are
+// built to keep HBM busy, and share one plan:
+// - A block owns a few consecutive rows of b and the whole of k. Its W warps
+//   split k into fixed chunks; chunk c belongs to warp c % W, so the block
+//   reads its rows front to back in W-chunk strides.
+// - Each thread issues 16 loads of 16 bytes of b before it uses any of them
+//   (8 KB in flight per warp). They skip L1 (read once) and are evict-first
+//   in L2, so a decode step's weights do not push the activations and KV
+//   cache out.
+// - a is read with 16-byte L1-cached loads; every block reads all of a once,
+//   so it is served from L1/L2.
+// - The warp partials are summed in warp order from shared memory and each
+//   output is rounded once. The summation order depends only on (m, n, k,
+//   num_sms): repeated calls are bitwise identical.
 // - Tails: rows past n and vectors past k load a clamped, valid address;
 //   past-n rows are not stored and past-k vectors are zeroed, so no branch
 //   surrounds the loads.
+//
+// Two kernels, picked by m:
+// - m <= kSimtMaxM (1, 2): gemm_skinny_simt_kernel. Every lane does fp32
+//   FMAs: 8 m per weight element plus the conversions, cheap for m <= 2
+//   (measured ~84 % of copy bandwidth on an H200, ahead of cuBLAS).
+// - m > kSimtMaxM (3..8): gemm_skinny_mma_kernel. At m = 8 the SIMT FMAs
+//   alone need about half the GPU's FP32 issue rate at HBM speed, and with
+//   the conversions and the a loads the SIMT kernel measured only 2.4-2.8
+//   TB/s. Here mma.sync m16n8k16 (fp32 accumulators) takes 16 rows of b as
+//   its A operand and the 8 rows of a (padded) as its B operand, so the
+//   lanes only issue loads and one mma per 512 bytes of b; see the kernel.
 #include <algorithm>
 #include <cstdint>
 
@@ -30,22 +40,18 @@
 namespace ferrum::kernels {
 namespace {
 
-constexpr int kVecElems = 8;   // elements of one 16-byte load (f16 and bf16 are 2 bytes)
-constexpr int kChunkVecs = 32;  // 16-byte vectors of one row per warp-wide load (256 elements)
-constexpr int kMaxWarps = 8;    // warps per block when the grid is small
-constexpr int kMinWarps = 4;    // warps per block when there are >= 2 blocks per SM
+constexpr int kVecElems = 8;  // elements of one 16-byte load (f16 and bf16 are 2 bytes)
+constexpr int kMaxWarps = 8;  // warps per block when the grid is small
+constexpr int kMinWarps = 4;  // warps per block when there are >= 2 blocks per SM
+constexpr int kSimtMaxM = 2;  // m above this takes the tensor-core kernel
 
-// Block shape per M. kRows * kUnroll 16-byte loads of b are in flight per
-// thread; kRows is the reuse of each a vector (a traffic from L1 is M / kRows
-// times the b traffic). Registers (sm_90, CUDA 13.0, -Xptxas -v, no spills):
-// M=1: 80, M=2: 106, M=3/4: 80, M=5: 108, M=6/7: 128, M=8: 140, i.e. 3-6
-// blocks of 4 warps per SM, 4 KB (M >= 3) or 8 KB (M <= 2) of b in flight
-// per warp.
-template <int M>
-struct SkinnyConfig {
-  static constexpr int kRows = M <= 2 ? 8 : 4;
-  static constexpr int kUnroll = 2;
-};
+// Warps per block: at >= 2 blocks per SM, 4 warps per block keep ~8-16 warps
+// on every SM; a smaller grid (small n) spreads k over 8. Never more warps
+// than chunks of k.
+int warps_per_block(long long blocks, long long chunks, int num_sms) {
+  const long long wanted = blocks >= 2LL * std::max(1, num_sms) ? kMinWarps : kMaxWarps;
+  return static_cast<int>(std::max(1LL, std::min(wanted, chunks)));
+}
 
 constexpr int next_pow2(int v) {
   int p = 1;
@@ -64,9 +70,9 @@ __device__ __forceinline__ std::uint64_t evict_first_policy() {
 }
 
 // 16 bytes of the weight: read-only path, no L1 allocation, L2 evict-first,
-// 256-byte L2 prefetch (a warp reads 512 contiguous bytes of a row anyway).
-// Not volatile: the compiler may hoist and batch these loads (every address
-// passed is valid, see "Tails" at the top).
+// 256-byte L2 prefetch (the block reads at least 256 contiguous bytes of a
+// row per chunk anyway). Not volatile: the compiler may hoist and batch these
+// loads (every address passed is valid, see "Tails" at the top).
 __device__ __forceinline__ uint4 load_weight(const uint4* p, std::uint64_t policy) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   uint4 r;
@@ -83,6 +89,19 @@ __device__ __forceinline__ uint4 load_weight(const uint4* p, std::uint64_t polic
 __device__ __forceinline__ uint4 zero_unless(bool keep, uint4 v) {
   return keep ? v : make_uint4(0u, 0u, 0u, 0u);  // all-zero bits: +0.0 in f16 and bf16
 }
+
+// ── SIMT kernel (m <= kSimtMaxM) ─────────────────────────────────────────────
+
+constexpr int kChunkVecs = 32;  // 16-byte vectors of one row per warp-wide load (256 elements)
+
+// Block shape per M. kRows * kUnroll 16-byte loads of b are in flight per
+// thread; kRows is the reuse of each a vector. Registers (sm_90, CUDA 13.0,
+// -Xptxas -v, no spills): M=1: 80, M=2: 106.
+template <int M>
+struct SimtConfig {
+  static constexpr int kRows = 8;
+  static constexpr int kUnroll = 2;
+};
 
 // The two elements of a 32-bit word (the lower address in the low half) as fp32.
 template <class T>
@@ -135,15 +154,18 @@ __device__ __forceinline__ void halve_values(float (&v)[N], int lane, int& index
   }
 }
 
+// Warp w handles chunks w, w + W, ... of 256 elements (one 16-byte load per
+// lane per row); every lane accumulates R x M fp32 sums, reduced over the
+// warp with a fixed shuffle tree.
 template <class T, int M, int R, int U>
-__global__ void __launch_bounds__(kMaxWarps * 32) gemm_skinny_kernel(const T* __restrict__ a,  // [M, k]
-                                                                     const T* __restrict__ b,  // [n, k]
-                                                                     T* __restrict__ out,      // [M, n]
-                                                                     int n, int k) {
-  constexpr int kSums = R * M;                   // per lane: [R][M], flattened r * M + m
-  constexpr int kSumsPow2 = next_pow2(kSums);    // padded with zeros for the reduction
+__global__ void __launch_bounds__(kMaxWarps * 32) gemm_skinny_simt_kernel(const T* __restrict__ a,  // [M, k]
+                                                                          const T* __restrict__ b,  // [n, k]
+                                                                          T* __restrict__ out,      // [M, n]
+                                                                          int n, int k) {
+  constexpr int kSums = R * M;                 // per lane: [R][M], flattened r * M + m
+  constexpr int kSumsPow2 = next_pow2(kSums);  // padded with zeros for the reduction
   static_assert(kSumsPow2 <= 32, "one reduced value per lane at most");
-  constexpr int kSpreadLanes = 32 / kSumsPow2;   // lanes left holding the same reduced value
+  constexpr int kSpreadLanes = 32 / kSumsPow2;  // lanes left holding the same reduced value
 
   const int warps = blockDim.x / 32;
   const int warp = threadIdx.x / 32;
@@ -215,20 +237,212 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemm_skinny_kernel(const T* __
 }
 
 template <class T, int M>
-void launch_typed(const void* a, const void* b, void* out, long long n, long long k, int num_sms,
-                  cudaStream_t stream) {
-  using C = SkinnyConfig<M>;
+void launch_simt(const void* a, const void* b, void* out, long long n, long long k, int num_sms,
+                 cudaStream_t stream) {
+  using C = SimtConfig<M>;
   const long long blocks = (n + C::kRows - 1) / C::kRows;
   const long long chunks = (k / kVecElems + kChunkVecs - 1) / kChunkVecs;
-  // Enough warps in flight: at >= 2 blocks per SM, 4 warps per block keep
-  // ~8-16 warps on every SM; a smaller grid (small n) spreads k over 8.
-  // Never more warps than chunks of k.
-  const long long wanted = blocks >= 2LL * std::max(1, num_sms) ? kMinWarps : kMaxWarps;
-  const int warps = static_cast<int>(std::max(1LL, std::min(wanted, chunks)));
-  gemm_skinny_kernel<T, M, C::kRows, C::kUnroll><<<static_cast<unsigned>(blocks), warps * 32, 0, stream>>>(
+  const int warps = warps_per_block(blocks, chunks, num_sms);
+  gemm_skinny_simt_kernel<T, M, C::kRows, C::kUnroll><<<static_cast<unsigned>(blocks), warps * 32, 0, stream>>>(
       static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), static_cast<int>(n),
       static_cast<int>(k));
   check_launch("gemm_skinny");
+}
+
+// ── Tensor-core kernel (kSimtMaxM < m <= 8) ──────────────────────────────────
+//
+// mma.sync.m16n8k16.row.col, fp32 accumulate: D[16 x 8] += A[16 x 16] ·
+// B[16 x 8]. A = 16 rows of b (one "row tile"), B[kk][j] = a[j][kk]; D[r][j]
+// is then out[j][row0 + r]. Lane = 4 g + t (g = groupID 0..7, t = 0..3). Per
+// the PTX fragment layouts, lane (g, t) supplies A rows g and g + 8, B
+// column g, and receives D rows g, g + 8 x columns 2t, 2t + 1.
+//
+// A dot product does not care in which order its k terms are visited, as
+// long as A and B visit them in the same order, so the mma's 16 logical k
+// columns are mapped onto memory to suit 16-byte loads: lane (g, t) loads
+// the 8 elements [8 t, 8 t + 8) of a 32-element k step from rows g and g + 8
+// of the tile (two loads of b) and from row g of a (one load). Word w of a
+// load holds elements 2w, 2w + 1. Two mmas consume the step: mma s (0, 1)
+// takes words 2s (as logical columns 2t, 2t + 1) and 2s + 1 (as logical
+// columns 2t + 8, 2t + 9), for A and B alike:
+//   A regs {row g word 2s, row g+8 word 2s, row g word 2s+1, row g+8 word 2s+1}
+//   B regs {a row g word 2s, a row g word 2s+1}
+// Every element of the 32-element step is used exactly once. The 4 lanes of
+// a group read 64 contiguous bytes of a row per load (two full sectors).
+//
+// Lanes g >= m read row m - 1 of a (a valid address): D columns never mix,
+// so those columns hold finite garbage that is never stored.
+//
+// A warp iteration is 16 loads of b per lane: kTiles row tiles x 2 rows x
+// kSteps 32-element k steps, kTiles * kSteps = 8. kTiles = 2 halves the a
+// traffic per byte of b (a is 8 / (16 kTiles) of b, read from L1/L2) but
+// needs n >= 32 per block.
+constexpr int kMmaLoads = 16;  // 16-byte loads of b per lane per warp iteration
+
+template <class T>
+struct Mma;
+template <>
+struct Mma<__half> {
+  static __device__ __forceinline__ void run(float4& d, std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
+                                             std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d.x), "+f"(d.y), "+f"(d.z), "+f"(d.w)
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+};
+template <>
+struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float4& d, std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
+                                             std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d.x), "+f"(d.y), "+f"(d.z), "+f"(d.w)
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+};
+
+__device__ __forceinline__ std::uint32_t word(const uint4& v, int w) {
+  return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;  // w is a compile-time constant after unrolling
+}
+
+template <class T, int kTiles>
+__global__ void __launch_bounds__(kMaxWarps * 32, 2) gemm_skinny_mma_kernel(const T* __restrict__ a,  // [m, k]
+                                                                            const T* __restrict__ b,  // [n, k]
+                                                                            T* __restrict__ out,      // [m, n]
+                                                                            int m, int n, int k) {
+  constexpr int kSteps = kMmaLoads / (2 * kTiles);  // 32-element k steps per warp iteration
+  constexpr int kIterVecs = 4 * kSteps;             // 16-byte vectors of a row per warp iteration
+  constexpr int kRows = 16 * kTiles;                // rows of b per block
+
+  const int warps = blockDim.x / 32;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int row0 = blockIdx.x * kRows;
+  const int kvecs = k / kVecElems;
+  const int iters = (kvecs + kIterVecs - 1) / kIterVecs;
+  const std::uint64_t policy = evict_first_policy();
+
+  const uint4* brow[kTiles][2];  // rows row0 + 16 tile + g + 8 h
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = min(row0 + 16 * tile + 8 * h + g, n - 1);  // rows past n re-read the last row; never stored
+      brow[tile][h] = reinterpret_cast<const uint4*>(b + static_cast<long long>(row) * k);
+    }
+  }
+  const uint4* arow = reinterpret_cast<const uint4*>(a + static_cast<long long>(min(g, m - 1)) * k);
+
+  // Two accumulator sets (one per mma of a k step) halve the chain of
+  // dependent mmas per iteration; they are added once, at the end.
+  float4 acc[2][kTiles];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int tile = 0; tile < kTiles; ++tile) acc[half][tile] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+
+  for (int it = warp; it < iters; it += warps) {
+    const int v0 = it * kIterVecs + t;
+    const bool full = (it + 1) * kIterVecs <= kvecs;  // warp-uniform; false only in the last chunk of a row
+    uint4 braw[kSteps][kTiles][2];
+    uint4 araw[kSteps];
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      const int v = full ? v0 + 4 * s : min(v0 + 4 * s, kvecs - 1);
+#pragma unroll
+      for (int tile = 0; tile < kTiles; ++tile) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) braw[s][tile][h] = load_weight(brow[tile][h] + v, policy);
+      }
+      araw[s] = __ldg(arow + v);
+    }
+    if (!full) {
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s) {
+        const bool ok = v0 + 4 * s < kvecs;
+        araw[s] = zero_unless(ok, araw[s]);
+#pragma unroll
+        for (int tile = 0; tile < kTiles; ++tile) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) braw[s][tile][h] = zero_unless(ok, braw[s][tile][h]);
+        }
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const std::uint32_t b0 = word(araw[s], 2 * half);
+        const std::uint32_t b1 = word(araw[s], 2 * half + 1);
+#pragma unroll
+        for (int tile = 0; tile < kTiles; ++tile) {
+          const uint4& lo = braw[s][tile][0];  // row g
+          const uint4& hi = braw[s][tile][1];  // row g + 8
+          Mma<T>::run(acc[half][tile], word(lo, 2 * half), word(hi, 2 * half), word(lo, 2 * half + 1),
+                      word(hi, 2 * half + 1), b0, b1);
+        }
+      }
+    }
+  }
+
+  // Warp partials: D fragments as they are, [warp][tile][lane] x 4.
+  __shared__ float4 partial[kMaxWarps][kTiles][32];
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile) {
+    const float4 x = acc[0][tile];
+    const float4 y = acc[1][tile];
+    partial[warp][tile][lane] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+  }
+  __syncthreads();
+
+  // Block: output (j, r) with r fastest (coalesced stores), the warp
+  // partials in warp order, one rounding. D[r][j] of a tile sits in lane
+  // 4 (r % 8) + j / 2, component 2 (r / 8) + j % 2.
+  const float* flat = reinterpret_cast<const float*>(&partial[0][0][0]);
+  constexpr int kWarpStride = kTiles * 32 * 4;
+  for (int idx = threadIdx.x; idx < m * kRows; idx += blockDim.x) {
+    const int j = idx / kRows;
+    const int r = idx % kRows;
+    const int row = row0 + r;
+    if (row >= n) continue;
+    const int tile = r / 16;
+    const int rt = r % 16;
+    const int src = (tile * 32 + 4 * (rt % 8) + j / 2) * 4 + 2 * (rt / 8) + j % 2;
+    float s = flat[src];
+    for (int w = 1; w < warps; ++w) s += flat[w * kWarpStride + src];
+    out[static_cast<long long>(j) * n + row] = from_float<T>(s);
+  }
+}
+
+template <class T, int kTiles>
+void launch_mma_tiles(const void* a, const void* b, void* out, long long m, long long n, long long k, int num_sms,
+                      cudaStream_t stream) {
+  constexpr int kRows = 16 * kTiles;
+  constexpr int kIterElems = kVecElems * 4 * kMmaLoads / (2 * kTiles);
+  const long long blocks = (n + kRows - 1) / kRows;
+  const long long chunks = (k + kIterElems - 1) / kIterElems;
+  const int warps = warps_per_block(blocks, chunks, num_sms);
+  gemm_skinny_mma_kernel<T, kTiles><<<static_cast<unsigned>(blocks), warps * 32, 0, stream>>>(
+      static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), static_cast<int>(m),
+      static_cast<int>(n), static_cast<int>(k));
+  check_launch("gemm_skinny");
+}
+
+template <class T>
+void launch_mma(const void* a, const void* b, void* out, long long m, long long n, long long k, int num_sms,
+                cudaStream_t stream) {
+  // Two row tiles (32 rows) per block when that still gives every SM a
+  // block; otherwise one (16 rows), so that e.g. n = 4096 runs 256 blocks on
+  // 132 SMs rather than 128.
+  if ((n + 31) / 32 >= std::max(1, num_sms)) {
+    launch_mma_tiles<T, 2>(a, b, out, m, n, k, num_sms, stream);
+  } else {
+    launch_mma_tiles<T, 1>(a, b, out, m, n, k, num_sms, stream);
+  }
 }
 
 }  // namespace
@@ -246,8 +460,13 @@ bool launch_gemm_skinny(DType dtype, const void* a, const void* b, void* out, lo
   if (!gemm_skinny_applicable(dtype, a, b, m, n, k)) return false;
   dispatch_half_dtype(dtype, "gemm_skinny", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    dispatch_int<1, 2, 3, 4, 5, 6, 7, 8>(static_cast<int>(m), "gemm_skinny", "m (rows of a)", [&](auto m_c) {
-      launch_typed<T, decltype(m_c)::value>(a, b, out, n, k, num_sms, stream);
+    if (m > kSimtMaxM) {
+      launch_mma<T>(a, b, out, m, n, k, num_sms, stream);
+      return;
+    }
+    static_assert(kSimtMaxM == 2, "the SIMT kernel is instantiated for m = 1, 2");
+    dispatch_int<1, 2>(static_cast<int>(m), "gemm_skinny", "m (rows of a)", [&](auto m_c) {
+      launch_simt<T, decltype(m_c)::value>(a, b, out, n, k, num_sms, stream);
     });
   });
   return true;

@@ -110,7 +110,7 @@ if has_mode bench; then
     echo "torch_reference exit $?"
     python3 bench/compare.py "$OUT/bench.json" "$OUT/torch.json" --markdown-out "$OUT/compare.md" | tail -n 3
     # GEMM against torch.matmul interleaved in one process (the 3 % verdict).
-    timeout 150 python3 bench/gemm_interleaved.py --capi $B/bench/libferrum_bench_capi.so --suite decode --json "$OUT/gemm.json"
+    timeout 150 python3 bench/gemm_interleaved.py --capi $B/bench/libferrum_bench_capi.so --suite decode --skinny-max-m 8 --json "$OUT/gemm.json"
     echo "gemm_interleaved exit $?"
   } 2>&1 | tee -a "$LOG"
 fi

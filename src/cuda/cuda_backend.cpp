@@ -20,6 +20,7 @@
 #include "cuda/nccl_check.hpp"
 #include "kernels/elementwise.hpp"
 #include "kernels/embedding.hpp"
+#include "kernels/gemm_skinny.hpp"
 #include "kernels/kv_cache.hpp"
 #include "kernels/norm.hpp"
 #include "kernels/reshape.hpp"
@@ -87,11 +88,25 @@ std::shared_ptr<Communicator> checked_communicator(const CudaBackendConfig& conf
 
 }  // namespace
 
+namespace {
+
+int resolved_skinny_max_m(int requested) {
+  if (requested < -1 || requested > kernels::kSkinnyMaxM) {
+    detail::fail(ErrorCode::InvalidArgument,
+                 "CudaBackend: CudaBackendConfig::gemm_skinny_max_m = {} is outside [-1, {}] (-1: the default)",
+                 requested, kernels::kSkinnyMaxM);
+  }
+  return requested == -1 ? kernels::kSkinnyPreferredMaxM : requested;
+}
+
+}  // namespace
+
 CudaBackend::CudaBackend(CudaBackendConfig config)
     : device_(config.device),
       rt_(&detail::cuda_runtime(config)),
       comm_(checked_communicator(config)),
-      collective_timeout_(config.collective_timeout) {}
+      collective_timeout_(config.collective_timeout),
+      gemm_skinny_max_m_(resolved_skinny_max_m(config.gemm_skinny_max_m)) {}
 
 CudaBackend::~CudaBackend() = default;
 

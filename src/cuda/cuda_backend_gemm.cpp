@@ -18,11 +18,12 @@ using detail::check_cublas;
 void CudaBackend::do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m, std::size_t n,
                           std::size_t k) {
   detail::activate_device(device_);
-  // Decode (m <= 8): cuBLAS streams the weight at only ~2.0-2.2 TB/s there;
-  // the skinny kernel is built to stream it near copy bandwidth. It declines
-  // (returns false, launches nothing) for unaligned a / b or k % 8 != 0, and
-  // cuBLAS runs instead. Both paths are launch-only: capture-safe.
-  if (m <= static_cast<std::size_t>(kernels::kSkinnyMaxM) &&
+  // Decode (m <= gemm_skinny_max_m_): the skinny kernel where it measured
+  // faster than cuBLAS (the table and numbers are in kernels/gemm_skinny.hpp;
+  // by default m <= 2; CudaBackendConfig::gemm_skinny_max_m overrides). It declines (returns false,
+  // launches nothing) for unaligned a / b or k % 8 != 0, and cuBLAS runs
+  // instead. Both paths are launch-only: capture-safe.
+  if (m <= static_cast<std::size_t>(gemm_skinny_max_m_) &&
       kernels::launch_gemm_skinny(a.dtype(), ptr(a), ptr(b), ptr(out), static_cast<long long>(m),
                                   static_cast<long long>(n), static_cast<long long>(k), rt_->num_sms, rt_->stream)) {
     return;

@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <memory>
 #include <tuple>
 #include <vector>
 
@@ -48,6 +49,18 @@ std::string skinny_param_name(const ::testing::TestParamInfo<SkinnyParam>& info)
 
 class CudaGemmSkinny : public CudaParamTest<SkinnyParam> {
  protected:
+  // A backend that sends every m <= 8 to the skinny kernel, whatever the
+  // library's default crossover is.
+  void SetUp() override {
+    CudaParamTest<SkinnyParam>::SetUp();
+    if (IsSkipped()) return;
+    CudaBackendConfig config;
+    config.gemm_skinny_max_m = kernels::kSkinnyMaxM;
+    skinny_ = std::make_unique<CudaBackend>(config);
+  }
+  Backend& skinny() { return *skinny_; }
+  std::unique_ptr<CudaBackend> skinny_;
+
   DType dt() const { return std::get<0>(GetParam()); }
   std::size_t m() const { return std::get<1>(GetParam()); }
 
@@ -58,7 +71,7 @@ class CudaGemmSkinny : public CudaParamTest<SkinnyParam> {
     RunOptions o;
     o.lead = lead;
     SCOPED_TRACE(describe(o));
-    expect_same_outputs(run(cuda(), c, o), run(cpu(), c), Match::Close, op_scale::gemm(k));
+    expect_same_outputs(run(skinny(), c, o), run(cpu(), c), Match::Close, op_scale::gemm(k));
   }
 };
 
@@ -76,8 +89,8 @@ TEST_P(CudaGemmSkinny, Deterministic) {
   for (const auto& [n, k] : shapes) {
     const GemmCase c = make_gemm_case(rng, dt(), m(), n, k);
     SCOPED_TRACE(describe(c));
-    const OpResult first = run(cuda(), c);
-    const OpResult second = run(cuda(), c);
+    const OpResult first = run(skinny(), c);
+    const OpResult second = run(skinny(), c);
     EXPECT_TRUE(first.guards_ok());
     EXPECT_TRUE(second.guards_ok());
     EXPECT_TRUE(bitwise_equal(second.at("out").bytes, first.at("out").bytes, size_of(dt())));
@@ -106,6 +119,14 @@ TEST_F(CudaGemmSkinnyViews, LeadDecidesThePath) {
     const DeviceTensor b(cuda(), random_uniform(rng, DType::F16, 67 * 64), lead);
     EXPECT_EQ(kernels::gemm_skinny_applicable(DType::F16, a.view().data(), b.view().data(), 4, 67, 64), lead == 0)
         << "lead=" << lead;
+  }
+}
+
+TEST_F(CudaGemmSkinnyViews, ConfigOutsideItsRangeIsRefused) {
+  for (int bad : {-2, kernels::kSkinnyMaxM + 1}) {
+    CudaBackendConfig config;
+    config.gemm_skinny_max_m = bad;
+    expect_error(ErrorCode::InvalidArgument, "CudaBackend", [&] { CudaBackend be(config); }, "gemm_skinny_max_m");
   }
 }
 

@@ -1,0 +1,159 @@
+// Tensor-core building blocks shared by the attention kernels
+// (kernels/attention.cu decode, kernels/attention_prefill.cu prefill):
+// sm_80+ PTX wrappers (cp.async, ldmatrix, mma.sync m16n8k16), the 16-byte
+// chunk swizzle of shared-memory rows, fp32 -> f16/bf16 packing, and the
+// host-side opt-in to large dynamic shared memory.
+//
+// Fragment layouts (m16n8k16, per PTX ISA), lane = 4 * g + tig:
+//   A (16x16, row)  a0: (g, 2tig..+1)  a1: (g+8, 2tig..+1)
+//                   a2: (g, 2tig+8..)  a3: (g+8, 2tig+8..)
+//   B (16x8, col)   b0: (k 2tig..+1, n g)  b1: (k 2tig+8.., n g)
+//   C (16x8)        c0,c1: (g, 2tig..+1)  c2,c3: (g+8, 2tig..+1)
+// so the C fragments of two adjacent n8 tiles are exactly one A fragment.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/common/check.hpp"
+
+namespace ferrum::kernels {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// ── PTX wrappers (sm_80+) ────────────────────────────────────────────────────
+
+__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, L2 only; valid == false writes 16 zero bytes and
+// reads nothing.
+__device__ __forceinline__ void cp_async_16(std::uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+// The same, with a 256-byte L2 fetch granularity hint (rows streamed whole).
+__device__ __forceinline__ void cp_async_16_l2_256(std::uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+// Asks L2 to fetch [src, src + bytes) (sm_90; 16-byte aligned, bytes a
+// multiple of 16). Fire and forget: no completion to wait for. A no-op below
+// sm_90.
+__device__ __forceinline__ void prefetch_l2_bulk(const void* src, std::uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+#else
+  (void)src;
+  (void)bytes;
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Barrier ID (1..15; 0 is __syncthreads) over `threads` threads (a
+// multiple of 32). Orders memory accesses like __syncthreads among the
+// participants. ID is a literal so ptxas reserves only the barriers used.
+template <int ID>
+__device__ __forceinline__ void named_barrier(int threads) {
+  static_assert(ID >= 1 && ID < 16, "barrier 0 is __syncthreads; 16 per block");
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// c += a (16x16, row) * b (16x8, col), fp32 accumulate.
+template <class T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                          std::uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// 2^x with one MUFU op (ex2.approx, |rel err| < 2^-22; subnormal results
+// flush to 0, far below what a probability can contribute). -inf gives 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two floats rounded to T, `lo` in the low half (the lower column).
+template <class T>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&h);
+  }
+}
+
+// Element offset of 16-byte chunk `chunk` of shared row `row` (rows of HD
+// elements). XOR-swizzling the chunk with row & 7 keeps 8 consecutive rows'
+// same chunk in distinct banks: cp.async stores and ldmatrix reads (8 rows
+// per 8x8 matrix) are conflict-free.
+template <int HD>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  return row * HD + ((chunk ^ (row & 7)) << 3);
+}
+
+// ── Host side ────────────────────────────────────────────────────────────────
+
+// Makes `kernel` launchable with `smem_bytes` of dynamic shared memory on
+// the current device, once per device (`prepared`: bit d set once device d
+// is done; idempotent, so a race is harmless). False when the device cannot
+// run it (below sm_80, or less opt-in shared memory than the kernel needs).
+inline bool prepare_kernel(const void* kernel, int smem_bytes, std::atomic<unsigned long long>& prepared) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) throw_cuda_error("flash_attention", "cudaGetDevice", err);
+  const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0ull;
+  if (bit != 0 && (prepared.load(std::memory_order_acquire) & bit) != 0) return true;
+  int major = 0;
+  int optin = 0;
+  err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (err != cudaSuccess) throw_cuda_error("flash_attention", "cudaDeviceGetAttribute", err);
+  if (major < 8 || optin < smem_bytes) return false;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (err != cudaSuccess) throw_cuda_error("flash_attention", "cudaFuncSetAttribute (dynamic shared memory)", err);
+  prepared.fetch_or(bit, std::memory_order_acq_rel);
+  return true;
+}
+
+}  // namespace ferrum::kernels
