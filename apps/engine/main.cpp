@@ -1,7 +1,7 @@
 // ferrum_engine: greedy decoding of a Llama / Qwen3 model on the Backend API.
 //
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N]
-//                      [--cpu] [--eager | --graph] [--seed N]
+//                      [--cpu] [--eager | --graph] [--seed N] [--dump-logits FILE]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors
 //   --random NAME    seeded random weights for a preset (llama3-8b, qwen3-0.6b, tiny-llama, tiny-qwen3)
 //   --prompt-tokens  comma-separated token ids (there is no tokenizer); default "1"
@@ -9,9 +9,17 @@
 //   --cpu            CpuBackend even when a GPU is present
 //   --eager/--graph  decode steps as op calls, or one captured graph replayed
 //                    per step (graph needs Op::GraphCapture; else eager)
+//   --dump-logits F  writes the logits each generated token was chosen from
+//                    (the prefill's last position, then every decode step):
+//                    --steps rows of vocab_size float32, little-endian, no header
+//
+// Prints "  generated: ID ID ..." (the --steps greedy token ids) on one line.
+#include <bit>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,12 +45,51 @@ struct Options {
   bool force_cpu = false;
   bool graph = false;
   std::uint64_t seed = 1234;
+  std::string dump_logits;  // empty: no dump
+};
+
+// The --dump-logits file: rows of raw float32, appended in order.
+class LogitsDump {
+ public:
+  explicit LogitsDump(const std::string& path) : path_(path) {
+    if (path_.empty()) return;
+    file_ = std::fopen(path_.c_str(), "wb");
+    if (file_ == nullptr) {
+      fail(ErrorCode::InvalidArgument, "--dump-logits: cannot open '", path_, "' for writing (",
+           std::strerror(errno), ")");
+    }
+  }
+  LogitsDump(const LogitsDump&) = delete;
+  LogitsDump& operator=(const LogitsDump&) = delete;
+  ~LogitsDump() {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+
+  void write(const std::vector<float>& row) {
+    static_assert(std::endian::native == std::endian::little, "--dump-logits writes host floats as little-endian");
+    if (file_ == nullptr) return;
+    if (std::fwrite(row.data(), sizeof(float), row.size(), file_) != row.size()) {
+      fail(ErrorCode::InvalidArgument, "--dump-logits: writing '", path_, "' failed (", std::strerror(errno), ")");
+    }
+  }
+  void close() {
+    if (file_ == nullptr) return;
+    const int rc = std::fclose(file_);
+    file_ = nullptr;
+    if (rc != 0) {
+      fail(ErrorCode::InvalidArgument, "--dump-logits: closing '", path_, "' failed (", std::strerror(errno), ")");
+    }
+  }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
 };
 
 void usage(std::FILE* out) {
   std::fprintf(out,
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3\"] [--steps N]\n"
-               "                     [--cpu] [--eager | --graph] [--seed N]\n"
+               "                     [--cpu] [--eager | --graph] [--seed N] [--dump-logits FILE]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
   std::fprintf(out, "\n");
@@ -88,6 +135,9 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.steps = parse_count(arg, value());
     } else if (arg == "--seed") {
       opt.seed = parse_count(arg, value());
+    } else if (arg == "--dump-logits") {
+      opt.dump_logits = value();
+      if (opt.dump_logits.empty()) fail(ErrorCode::InvalidArgument, "--dump-logits needs a file name");
     } else if (arg == "--cpu") {
       opt.force_cpu = true;
     } else if (arg == "--eager") {
@@ -142,6 +192,7 @@ double seconds_since(Clock::time_point start) {
 }
 
 int run(const Options& opt) {
+  LogitsDump dump(opt.dump_logits);  // opened first: a bad path fails before the model loads
   DecodeMode mode = opt.graph ? DecodeMode::Graph : DecodeMode::Eager;
   std::unique_ptr<Backend> backend = choose_backend(opt, mode);
   std::printf("ferrum_engine: backend %s, %s decoding\n", backend->name().c_str(), to_string(mode).c_str());
@@ -172,14 +223,16 @@ int run(const Options& opt) {
 
   std::vector<std::int32_t> generated;
   const auto decode_start = Clock::now();
-  std::int32_t token = argmax(logits);
   for (std::size_t step = 0; step < opt.steps; ++step) {
+    if (step > 0) logits = decoder.decode(generated.back());
+    dump.write(logits);
+    const std::int32_t token = argmax(logits);
     generated.push_back(token);
     std::printf("  step %zu: token %d\n", step, token);
     std::fflush(stdout);
-    if (step + 1 < opt.steps) token = argmax(decoder.decode(token));
   }
   const double decode_s = seconds_since(decode_start);
+  dump.close();
   std::printf("  generated:");
   for (std::int32_t t : generated) std::printf(" %d", t);
   std::printf("\n");

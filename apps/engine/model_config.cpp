@@ -72,9 +72,17 @@ DType parse_torch_dtype(const Json& config, const std::string& source) {
 // Features of the HF configs that this engine does not implement: refuse
 // them rather than run a different model.
 void refuse_unsupported(const Json& config, const std::string& source) {
-  if (config.contains("rope_scaling") && !config["rope_scaling"].is_null()) {
-    fail(ErrorCode::Unsupported, source, ": \"rope_scaling\" ", config["rope_scaling"].dump(),
-         " is not supported yet (plain RoPE only)");
+  // transformers >= 5 writes "rope_parameters" (and may keep "rope_scaling")
+  // with rope_type "default" for plain RoPE; any other type is refused.
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (!config.contains(key) || config[key].is_null()) continue;
+    const Json& rope = config[key];
+    const Json* type = nullptr;
+    if (rope.is_object() && rope.contains("rope_type")) type = &rope["rope_type"];
+    if (rope.is_object() && rope.contains("type")) type = &rope["type"];
+    if (type == nullptr || !type->is_string() || *type != "default") {
+      fail(ErrorCode::Unsupported, source, ": \"", key, "\" ", rope.dump(), " is not supported yet (plain RoPE only)");
+    }
   }
   for (const char* key : {"attention_bias", "mlp_bias"}) {
     if (bool_field(config, key, false, source)) fail(ErrorCode::Unsupported, source, ": \"", key, "\" = true is not supported");
@@ -137,7 +145,15 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   cfg.num_key_value_heads = config.contains("num_key_value_heads") && !config["num_key_value_heads"].is_null()
                                 ? size_field(config["num_key_value_heads"], "num_key_value_heads", source)
                                 : cfg.num_attention_heads;
-  cfg.rope_theta = config.contains("rope_theta") ? number_field(config["rope_theta"], "rope_theta", source) : 10000.0;
+  // Top-level rope_theta (transformers 4), else rope_parameters.rope_theta
+  // (transformers 5), else HF's default.
+  cfg.rope_theta = 10000.0;
+  if (config.contains("rope_theta") && !config["rope_theta"].is_null()) {
+    cfg.rope_theta = number_field(config["rope_theta"], "rope_theta", source);
+  } else if (config.contains("rope_parameters") && config["rope_parameters"].is_object() &&
+             config["rope_parameters"].contains("rope_theta")) {
+    cfg.rope_theta = number_field(config["rope_parameters"]["rope_theta"], "rope_parameters.rope_theta", source);
+  }
   if (config.contains("head_dim") && !config["head_dim"].is_null()) {
     cfg.head_dim = size_field(config["head_dim"], "head_dim", source);
   } else if (cfg.architecture == Architecture::Qwen3) {

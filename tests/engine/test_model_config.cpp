@@ -77,6 +77,18 @@ TEST(ModelConfig, Defaults) {
   EXPECT_EQ(c.dtype, DType::F16);
 }
 
+// transformers >= 5 keeps RoPE settings in "rope_parameters".
+TEST(ModelConfig, RopeParametersOfTransformers5) {
+  nlohmann::json j = nlohmann::json::parse(kQwen3Config);
+  j.erase("rope_theta");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+  j["rope_scaling"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+  EXPECT_DOUBLE_EQ(parse_model_config(j.dump(), "cfg").rope_theta, 1000000.0);
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1000000.0}, {"factor", 4.0}};
+  j.erase("rope_scaling");
+  EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::Unsupported, "rope_parameters");
+}
+
 TEST(ModelConfig, NewerDTypeKey) {
   nlohmann::json j = nlohmann::json::parse(kQwen3Config);
   j.erase("torch_dtype");
