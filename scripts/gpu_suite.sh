@@ -13,7 +13,7 @@
 #                                then gptqbench: ferrum_bench_gptq and
 #                                bench/gptq_torch.py
 #   scripts/gpu_suite.sh quicktests  the GPU test binary directly (faster than
-#                                ctest), racecheck over attention and GPTQ
+#                                ctest); race: racecheck over attention and GPTQ
 #   scripts/gpu_suite.sh engine  ferrum_engine on llama3-8b-shaped random
 #                                weights, graph and eager (needs .deps)
 # Modes combine with commas (gptq,bench). BENCH_FILTER=attention_,gemm passes
@@ -26,7 +26,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 MODE="${1:-all}"
-has_mode() { [ "$MODE" = all ] && [ "$1" != nccl ] && [ "$1" != gptq ] && [ "$1" != engine ] && [ "$1" != quicktests ] && [ "$1" != gptqbench ] && return 0; [[ ",$MODE," == *",$1,"* ]]; }
+has_mode() { [ "$MODE" = all ] && [ "$1" != nccl ] && [ "$1" != gptq ] && [ "$1" != engine ] && [ "$1" != quicktests ] && [ "$1" != gptqbench ] && [ "$1" != race ] && [ "$1" != hf ] && return 0; [[ ",$MODE," == *",$1,"* ]]; }
 BF=()
 [ -n "${BENCH_FILTER:-}" ] && BF=(--filter "$BENCH_FILTER")
 QUICK=""
@@ -72,6 +72,11 @@ if has_mode quicktests; then
     NCCL_NVLS_ENABLE=0 timeout 300 $B/tests/ferrum_tests_gpu --gtest_brief=1 > "$OUT/gputests.log" 2>&1
     echo "ferrum_tests_gpu exit $?"
     grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$OUT/gputests.log" | head -30
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode race; then
+  {
     echo "== racecheck: attention decode/prefill, GPTQ"
     timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
       --gtest_filter='Specs/CudaFlashDecodeRagged.*_case?:Specs/CudaFlashAttention.*_case?:Sweep/CudaPrefillAttention.*_case?:CudaGptq.*' 2>&1 | tail -3
@@ -121,6 +126,16 @@ if has_mode engine; then
     for mode in --graph --eager; do
       timeout 120 $B/apps/engine/ferrum_engine --random llama3-8b --steps 128 $mode 2>&1 | grep -E "backend|model|decode:|prefill:|error"
     done
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode hf; then
+  {
+    echo "== engine vs transformers (scripts/hf_check.py)"
+    timeout 240 python3 scripts/hf_check.py --engine $B/apps/engine/ferrum_engine --workdir /tmp/ferrum_hf_check \
+      --json "$OUT/hf_check.json" > "$OUT/hf_check.log" 2>&1
+    echo "hf_check exit $?"
+    grep -E "PASS|FAIL|OVERALL|PROBLEM" "$OUT/hf_check.log" | head -30
   } 2>&1 | tee -a "$LOG"
 fi
 
