@@ -32,23 +32,25 @@ bool gemm_skinny_applicable(DType dtype, const void* a /*[m, k] row-major*/, con
 // skinny kernel only when both hold.
 //
 // Measured on an H200 (f16, weight GB/s, bench/gemm_interleaved.py: cuBLAS
-// = torch.matmul on the same stream, interleaved; copy ceiling 4254 GB/s),
-// with the all-SIMT kernel (before the tensor-core path for m >= 3):
+// = torch.matmul on the same stream, interleaved; copy 4248 GB/s), commit
+// e22416e: SIMT kernel at m = 1, 2, tensor-core kernel at m = 4, 8:
 //   n x k            m=1 ours/cuBLAS  m=2        m=4        m=8
-//   4096 x 4096      2530/2203        2497/2182  2114/2166  1759/2138
-//   14336 x 4096     3544/3531        3482/3541  3248/3512  2402/3489
-//   4096 x 14336     3593/3467        3575/3479  2902/3444  2499/3251
-//   8192 x 8192      3582/3425        3631/3388  3326/3384  2529/3350
-//   128256 x 4096    4241/4235        4261/4208  4130/4203  2754/4160
-// m = 1, 2: ahead or level everywhere (the one deficit, 1.7 % at m = 2,
-// 14336 x 4096, is within run-to-run spread; the gain at 4096 x 4096 is
-// 14 %), so no shape rule. m = 4, 8: behind cuBLAS on every shape, hence
-// cuBLAS. m = 3..8 now take a tensor-core kernel that has NOT been measured
-// yet; until it is, the policy keeps them on cuBLAS.
-//
-// CudaBackendConfig::gemm_skinny_max_m overrides this per backend (tests
-// and benchmarks set 8 to measure the m = 3..8 kernel against cuBLAS).
-inline constexpr int kSkinnyPreferredMaxM = 2;
+//   4096 x 4096      2383/2076        2370/2064  2305/2052  2248/2040
+//   14336 x 4096     3469/3495        3403/3459  3312/3428  3265/3425
+//   4096 x 14336     3539/3409        3519/3393  3482/3386  3412/3078
+//   8192 x 8192      3478/3236        3582/3192  3441/3212  3387/3161
+//   128256 x 4096    4235/4203        4250/4200  4210/4184  4254/4141
+// m = 1, 2: ahead or level everywhere (14336 x 4096 is within run-to-run
+// spread: 1.004x and 0.992x in two runs). m = 3..8: ahead except on
+// 14336 x 4096 (0.95-0.97x), the one measured shape with 2k <= n < 16k;
+// such shapes (an MLP's up projection, n/k = 3.5) stay on cuBLAS there.
+
+// The default policy (CudaBackendConfig::gemm_skinny_max_m = -1).
+inline bool gemm_skinny_default(long long m, long long n, long long k) {
+  if (m < 1 || m > kSkinnyMaxM) return false;
+  if (m <= 2) return true;
+  return !(n >= 2 * k && n < 16 * k);
+}
 
 // out[m, n] = a[m, k] · b[n, k]ᵀ, fp32 accumulation, one rounding per output
 // element. Deterministic: the summation order depends only on (m, n, k) and

@@ -1,19 +1,15 @@
 // GPTQ INT4 x f16/bf16 GEMM: out[m, n] = a[m, k] · dequant(W)[k, n].
 //
 // Fused kernel (m <= kGptqMaxM per launch):
-//   * CTA = 256 threads = 8 warps over a block of NB x 64 columns and MW x MTW
-//     m16 tiles. Warp w owns column block w % NB, row slice (w / NB) % MW and
-//     k-group w / (NB MW): the KG = 8 / (NB MW) k-groups split each 128-row
-//     stage (KS = 8 / KG k16 steps each) and are summed through shared
-//     memory at the end, in k-group order.
-//   * Weights go straight from global memory into registers (ld.global.nc,
-//     not kept in L1: read once), PS stages ahead per warp: one coalesced
-//     512-byte block per warp and k16 step. Nothing but the registers holds
-//     them, so the per-stage barrier never drains the weight stream.
-//   * An SA-slot cp.async ring streams, per stage, the activation tile
-//     (zero-filled past m and k; XOR-swizzled for conflict-free ldmatrix) and
-//     the scale / zero rows of the stage's groups.
-//   * Dequantization in registers: one 16-byte word group gives a lane the
+//   * CTA = 256 threads = 8 warps over a block of NB x 64 columns. Warp w owns
+//     column block w % NB and k-group w / NB: the KG = 8 / NB k-groups split
+//     each 128-row pipeline stage (KS = 8 / KG k16 steps each) and are summed
+//     through shared memory at the end, in k-group order.
+//   * A kStages-deep cp.async pipeline streams, per stage, the weight tiles
+//     (L2 evict_first: read once), the activation tile (zero-filled past m
+//     and k; XOR-swizzled for conflict-free ldmatrix), and the scale / zero
+//     rows of the stage's groups.
+//   * Dequantization in registers: one 16-byte shared load gives a lane the
 //     nibbles of its B fragments for 8 n tiles of one k16 step (layout:
 //     src/quant/gptq_repack.hpp). f16: (w & 0x000F000F) | 0x64006400 is the
 //     half2 (1024 + q0, 1024 + q1); the next nibble up, | 0x64006400, is
@@ -22,11 +18,10 @@
 //     Subtracting (magic + zero) is exact; one multiply by the scale rounds
 //     once, exactly as rounding the f32 weight to the activation dtype.
 //   * mma.sync m16n8k16 with f32 accumulators.
-//   * Split over k (grid.y), the count a function of the shape only. Each
-//     split writes its f32 partial tile (rows < m) to the workspace; the CTA
-//     that arrives last at the tile's counter sums the partials in split
-//     order 0, 1, ..., S-1 (fixed, so bitwise reproducible) and resets the
-//     counter.
+//   * Split over k (grid.y) when the columns alone do not fill the GPU. Each
+//     split writes its f32 partial tile to the workspace; the CTA that
+//     arrives last at the tile's counter sums the partials in split order
+//     0, 1, ..., S-1 (fixed, so bitwise reproducible) and resets the counter.
 //
 // Gather (act-order) and dequantize (cuBLAS path) kernels follow.
 #include "kernels/gptq_gemm.hpp"
@@ -47,6 +42,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+constexpr int kStages = 4;
 constexpr int kK16PerStage = kGptqTileK / 16;  // 8
 constexpr int kMaxGroupsPerStage = kK16PerStage;  // group_rows >= 16
 
@@ -54,6 +50,11 @@ constexpr int kMaxGroupsPerStage = kK16PerStage;  // group_rows >= 16
 
 __device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, bypassing L1 (the weight stream).
+__device__ __forceinline__ void cp_async_16_evict_first(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem));
 }
 
 // 16 bytes global -> shared; when !valid, writes 16 zero bytes (gmem is not read).
@@ -197,49 +198,28 @@ struct FusedParams {
   int splits;
 };
 
-// 16 bytes of the weight stream straight into registers: read once, so not
-// kept in L1 (kNoL1) unless two warps of the CTA read the same words.
-template <bool kNoL1>
-__device__ __forceinline__ uint4 ldg_weights(const std::uint32_t* p) {
-  uint4 v;
-  if constexpr (kNoL1) {
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-  } else {
-    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-  }
-  return v;
-}
-
-// MTW m16 tiles per warp, MW warps along m, NB 64-column blocks, KG = 8 /
-// (MW * NB) k-groups; PS stages of weights in flight per warp (registers),
-// SA slots of the activation / scale ring (shared memory).
-template <int MTW, int MW, int NB, bool kZeros, int PS, int SA>
+template <int MT, int NB, bool kZeros>
 struct FusedShape {
-  static constexpr int kKG = kWarps / (NB * MW);         // k-groups of warps
+  static constexpr int kKG = kWarps / NB;                // k-groups of warps
   static constexpr int kKS = kK16PerStage / kKG;         // k16 steps per warp per stage
   static constexpr int kBN = NB * kGptqTileN;            // columns per CTA
-  static constexpr int kRows = MTW * MW * 16;            // activation rows per CTA
+  static constexpr int kRows = MT * 16;                  // activation rows per CTA
+  static constexpr int kWBytes = NB * (kGptqTileK / 16) * 512;
   static constexpr int kABytes = kRows * kGptqTileK * 2;
   static constexpr int kSBytes = kMaxGroupsPerStage * kBN * 2;
   static constexpr int kZBytes = kZeros ? kMaxGroupsPerStage * kBN : 0;
-  static constexpr int kStageBytes = kABytes + kSBytes + kZBytes;
-  static constexpr int kRingBytes = kStageBytes * SA;
-  static constexpr int kFrag = MTW * 8 * 4;  // accumulator floats per thread
-  static constexpr int kRedBytes = (kKG - 1) * NB * MW * kFrag * 32 * 4;
-  static constexpr int kSmemBytes = kRingBytes > kRedBytes ? kRingBytes : kRedBytes;
-  static_assert(kWarps % (NB * MW) == 0, "warps must split evenly over columns and rows");
+  static constexpr int kStageBytes = kWBytes + kABytes + kSBytes + kZBytes;
+  static constexpr int kSmemBytes = kStageBytes * kStages;
+  static constexpr int kFrag = MT * 8 * 4;  // accumulator floats per thread
+  static constexpr int kRedBytes = (kKG - 1) * NB * kFrag * 32 * 4;
   static_assert(kKG * kKS == kK16PerStage, "k16 steps must split evenly over the k-groups");
+  static_assert(kRedBytes <= kSmemBytes, "the k-group reduction reuses the pipeline's shared memory");
   static_assert(kStageBytes % 16 == 0, "stages must stay 16-byte aligned");
-  static_assert(SA >= 2 && PS >= 1, "pipeline depths");
 };
 
-template <class T, int MTW, int MW, int NB, bool kZeros, int PS, int SA>
-__global__ void __launch_bounds__(kThreads, 2) gptq_fused_kernel(const FusedParams p) {
-  using Shape = FusedShape<MTW, MW, NB, kZeros, PS, SA>;
+template <class T, int MT, int NB, bool kZeros, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const FusedParams p) {
+  using Shape = FusedShape<MT, NB, kZeros>;
   using M = Int4Math<T>;
   constexpr int kKG = Shape::kKG, kKS = Shape::kKS, kBN = Shape::kBN, kFrag = Shape::kFrag;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -248,15 +228,13 @@ __global__ void __launch_bounds__(kThreads, 2) gptq_fused_kernel(const FusedPara
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
   const int gid = lane >> 2, tig = lane & 3;
-  const int nbl = warp % NB, mw = (warp / NB) % MW, kg = warp / (NB * MW);
+  const int nbl = warp % NB, kg = warp / NB;
   const int cta_n = static_cast<int>(blockIdx.x), split = static_cast<int>(blockIdx.y);
   const int n_ctas = static_cast<int>(gridDim.x);
   const int nb_first = cta_n * NB;
   const int nb_total = p.n_pad / kGptqTileN;
   const int nb = nb_first + nbl;
-  const int row_base = mw * MTW * 16;  // first activation row of this warp
-  // Warp-uniform: this warp has columns and at least one live row.
-  const bool warp_active = nb < nb_total && row_base < p.m;
+  const bool warp_active = nb < nb_total;
   const int k_tiles = p.k_pad / kGptqTileK;
   const int k16_total = p.k_pad / 16;
   const int kt_begin = static_cast<int>(static_cast<long long>(split) * k_tiles / p.splits);
@@ -265,22 +243,32 @@ __global__ void __launch_bounds__(kThreads, 2) gptq_fused_kernel(const FusedPara
   const T* a = static_cast<const T*>(p.a);
   const T* scales = static_cast<const T*>(p.scales);
 
-  // Activation / scale / zero ring (cp.async, SA slots).
   auto load_stage = [&](int slot, int kt) {
     unsigned char* st = smem + slot * Shape::kStageBytes;
+    // Weights: per column block, 8 consecutive 512-byte k16 tiles (4 KiB contiguous).
+#pragma unroll
+    for (int c = tid; c < NB * 256; c += kThreads) {
+      const int l = c >> 8, off = c & 255;
+      if (nb_first + l < nb_total) {
+        const std::uint32_t* src =
+            p.qweight + (static_cast<std::size_t>(nb_first + l) * k16_total + static_cast<std::size_t>(kt) * 8) * 128 +
+            off * 4;
+        cp_async_16_evict_first(st + l * 4096 + off * 16, src);
+      }
+    }
     // Activations: kRows x 128, 16 chunks of 16 bytes per row, chunk c at c ^ (row & 7).
-    // Rows >= m and columns >= k are zero-filled (nothing read).
+    unsigned char* as = st + Shape::kWBytes;
 #pragma unroll
     for (int c = tid; c < Shape::kRows * 16; c += kThreads) {
       const int row = c >> 4, ch = c & 15;
       const int col = kt * kGptqTileK + ch * 8;
       const bool ok = row < p.m && col < p.k;
       const T* src = ok ? a + static_cast<std::size_t>(row) * p.k + col : a;
-      cp_async_16_zfill(st + row * 256 + ((ch ^ (row & 7)) << 4), src, ok);
+      cp_async_16_zfill(as + row * 256 + ((ch ^ (row & 7)) << 4), src, ok);
     }
     // Scale (and zero) rows of the stage's groups.
     const int g0 = kt * p.groups_per_stage / p.stages_per_group;
-    unsigned char* ss = st + Shape::kABytes;
+    unsigned char* ss = as + Shape::kABytes;
     for (int c = tid; c < p.groups_per_stage * (kBN / 8); c += kThreads) {
       const int gi = c / (kBN / 8), cc = c % (kBN / 8);
       const int col = nb_first * kGptqTileN + cc * 8;
@@ -300,37 +288,15 @@ __global__ void __launch_bounds__(kThreads, 2) gptq_fused_kernel(const FusedPara
     }
   };
 
-  // Weight stream: this warp's kKS k16 steps of stage kt, 16 bytes per lane
-  // each (one coalesced 512-byte block per step), into registers.
-  const std::uint32_t* wbase =
-      p.qweight + (static_cast<std::size_t>(nb < nb_total ? nb : 0) * k16_total * 32 + lane) * 4 +
-      static_cast<std::size_t>(kg * kKS) * 128;
-  auto load_weights = [&](uint4 (&w)[kKS], int kt) {
-    if (!warp_active) return;
-    const std::uint32_t* src = wbase + static_cast<std::size_t>(kt) * (kK16PerStage * 128);
-#pragma unroll
-    for (int ks = 0; ks < kKS; ++ks) w[ks] = ldg_weights<(MW == 1)>(src + ks * 128);
-  };
-
   float acc[kFrag];
 #pragma unroll
   for (int i = 0; i < kFrag; ++i) acc[i] = 0.0f;
 
   // Per-n-tile scale and negated biases of the current group (registers).
   std::uint32_t sc[8], blo[8], bhi[8];
-  {
-    std::uint32_t lo = 0, hi = 0;
-    M::biases(kZeros ? 0 : p.zero_value, lo, hi);
-#pragma unroll
-    for (int t = 0; t < 8; ++t) {
-      sc[t] = 0;
-      blo[t] = lo;
-      bhi[t] = hi;
-    }
-  }
   int cur_group = -1;
   auto set_group = [&](const unsigned char* st, int gl) {
-    const unsigned char* ss = st + Shape::kABytes;
+    const unsigned char* ss = st + Shape::kWBytes + Shape::kABytes;
     const uint4 raw = *reinterpret_cast<const uint4*>(ss + (gl * kBN + nbl * kGptqTileN + gid * 8) * 2);
     const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
@@ -345,10 +311,16 @@ __global__ void __launch_bounds__(kThreads, 2) gptq_fused_kernel(const FusedPara
       }
     }
   };
+  if constexpr (!kZeros) {
+#pragma unroll
+    for (int t = 0; t < 8; ++t) M::biases(p.zero_value, blo[t], bhi[t]);
+  }
 
-  auto compute_stage = [&](int slot, const uint4 (&w)[kKS]) {
+  auto compute_stage = [&](int slot) {
     if (!warp_active) return;
     const unsigned char* st = smem + slot * Shape::kStageBytes;
+    const unsigned char* ws = st + nbl * 4096;
+    const unsigned char* as = st + Shape::kWBytes;
 #pragma unroll
     for (int ks = 0; ks < kKS; ++ks) {
       const int kk = kg * kKS + ks;
@@ -357,23 +329,24 @@ __global__ void __launch_bounds__(kThreads, 2) gptq_fused_kernel(const FusedPara
         cur_group = gl;
         set_group(st, gl);
       }
-      std::uint32_t af[MTW][4];
+      const uint4 wq = *reinterpret_cast<const uint4*>(ws + kk * 512 + lane * 16);
+      std::uint32_t af[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MTW; ++mt) {
-        if (row_base + mt * 16 < p.m) {
-          const int row = row_base + mt * 16 + (lane & 15);
+      for (int mt = 0; mt < MT; ++mt) {
+        if (mt * 16 < p.m) {
+          const int row = mt * 16 + (lane & 15);
           const int chunk = kk * 2 + (lane >> 4);
-          ldmatrix_x4(af[mt], st + row * 256 + ((chunk ^ (row & 7)) << 4));
+          ldmatrix_x4(af[mt], as + row * 256 + ((chunk ^ (row & 7)) << 4));
         }
       }
-      const std::uint32_t words[4] = {w[ks].x, w[ks].y, w[ks].z, w[ks].w};
+      const std::uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         std::uint32_t b[4];
         M::dequant(words[j], sc[2 * j], blo[2 * j], bhi[2 * j], sc[2 * j + 1], blo[2 * j + 1], bhi[2 * j + 1], b);
 #pragma unroll
-        for (int mt = 0; mt < MTW; ++mt) {
-          if (row_base + mt * 16 < p.m) {
+        for (int mt = 0; mt < MT; ++mt) {
+          if (mt * 16 < p.m) {
             M::mma(&acc[(mt * 8 + 2 * j) * 4], af[mt], b[0], b[1]);
             M::mma(&acc[(mt * 8 + 2 * j + 1) * 4], af[mt], b[2], b[3]);
           }
@@ -383,76 +356,51 @@ __global__ void __launch_bounds__(kThreads, 2) gptq_fused_kernel(const FusedPara
   };
 
   // ── Pipeline ──
-  // Ring slot s % SA holds the activations / scales of stage s; it is
-  // refilled (stage s + SA) only after the __syncthreads at the top of
-  // iteration s + 1, i.e. after every warp finished reading it in iteration s.
-  // The weights of stage s sit in registers wreg[s % PS], loaded PS stages
-  // ahead; a barrier does not drain them.
 #pragma unroll
-  for (int s = 0; s < SA - 1; ++s) {
+  for (int s = 0; s < kStages - 1; ++s) {
     if (s < num_kt) load_stage(s, kt_begin + s);
     cp_async_commit();
   }
-  uint4 wreg[PS][kKS];
-#pragma unroll
-  for (int u = 0; u < PS; ++u) {
-#pragma unroll
-    for (int ks = 0; ks < kKS; ++ks) wreg[u][ks] = make_uint4(0u, 0u, 0u, 0u);
-    if (u < num_kt) load_weights(wreg[u], kt_begin + u);
+  for (int it = 0; it < num_kt; ++it) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    const int next = it + kStages - 1;
+    if (next < num_kt) load_stage(next % kStages, kt_begin + next);
+    cp_async_commit();
+    compute_stage(it % kStages);
   }
-  for (int s0 = 0; s0 < num_kt; s0 += PS) {
-#pragma unroll
-    for (int u = 0; u < PS; ++u) {
-      const int it = s0 + u;
-      if (it < num_kt) {  // CTA-uniform
-        cp_async_wait<SA - 2>();  // this thread's copies of stage it have landed
-        __syncthreads();          // everyone's have; slot (it - 1) % SA is free
-        const int next = it + SA - 1;
-        if (next < num_kt) load_stage(next % SA, kt_begin + next);
-        cp_async_commit();
-        compute_stage(it % SA, wreg[u]);
-        if (it + PS < num_kt) load_weights(wreg[u], kt_begin + it + PS);
-      }
-    }
-  }
-  // Every copy landed and every warp is done with the ring before it is reused.
   cp_async_wait<0>();
   __syncthreads();
 
   // ── k-groups -> k-group 0, in k-group order ──
   if constexpr (kKG > 1) {
     float* red = reinterpret_cast<float*>(smem);
-    const int slice = nbl + NB * mw;  // (column block, row half) of this warp
     if (kg > 0 && warp_active) {
-      float* mine = red + ((kg - 1) * NB * MW + slice) * kFrag * 32;
+      float* mine = red + ((kg - 1) * NB + nbl) * kFrag * 32;
 #pragma unroll
       for (int i = 0; i < kFrag; ++i) mine[i * 32 + lane] = acc[i];
     }
-    __syncthreads();  // writes before reads
+    __syncthreads();
     if (kg == 0 && warp_active) {
 #pragma unroll
       for (int g = 1; g < kKG; ++g) {
-        const float* theirs = red + ((g - 1) * NB * MW + slice) * kFrag * 32;
+        const float* theirs = red + ((g - 1) * NB + nbl) * kFrag * 32;
 #pragma unroll
         for (int i = 0; i < kFrag; ++i) acc[i] += theirs[i * 32 + lane];
       }
     }
-    // (no shared memory is written after this point)
   }
-
-  // Row of accumulator i of this lane: acc[(mt * 8 + t) * 4 + 2 * h + e].
-  auto row_of = [&](int i) { return row_base + (i / 32) * 16 + gid + 8 * ((i / 2) % 2); };
 
   T* out = static_cast<T*>(p.out);
   auto store_out = [&]() {
 #pragma unroll
-    for (int mt = 0; mt < MTW; ++mt) {
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
       for (int t = 0; t < 8; ++t) {
         const int col = nb * kGptqTileN + t * 8 + tig * 2;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int row = row_base + mt * 16 + gid + 8 * h;
+          const int row = mt * 16 + gid + 8 * h;
           if (row < p.m && col < p.n) {
             const int i = (mt * 8 + t) * 4 + 2 * h;
             *reinterpret_cast<std::uint32_t*>(out + static_cast<std::size_t>(row) * p.n + col) =
@@ -469,31 +417,27 @@ __global__ void __launch_bounds__(kThreads, 2) gptq_fused_kernel(const FusedPara
   }
 
   // ── Split-K: partial tile to the workspace; the last CTA sums in split order ──
-  // Only rows < m are written and read (the partial traffic scales with m).
-  const std::size_t tile_floats = static_cast<std::size_t>(NB) * MW * kFrag * 32;
-  const std::size_t warp_offset = static_cast<std::size_t>(nbl + NB * mw) * kFrag * 32;
+  const std::size_t tile_floats = static_cast<std::size_t>(NB) * kFrag * 32;
   if (kg == 0 && warp_active) {
-    float* part = p.partials + (static_cast<std::size_t>(split) * n_ctas + cta_n) * tile_floats + warp_offset;
+    float* part = p.partials + (static_cast<std::size_t>(split) * n_ctas + cta_n) * tile_floats +
+                  static_cast<std::size_t>(nbl) * kFrag * 32;
 #pragma unroll
-    for (int i = 0; i < kFrag; ++i) {
-      if (row_of(i) < p.m) __stcg(part + i * 32 + lane, acc[i]);
-    }
+    for (int i = 0; i < kFrag; ++i) __stcg(part + i * 32 + lane, acc[i]);
   }
-  __threadfence();  // each writer's partials are visible device-wide before the count
-  __syncthreads();  // ... and every writer has fenced before thread 0 counts
+  __threadfence();
+  __syncthreads();
   if (tid == 0) s_is_last = atomicAdd(p.counters + cta_n, 1) == p.splits - 1 ? 1 : 0;
-  __syncthreads();  // s_is_last written before it is read
+  __syncthreads();
   if (s_is_last == 0) return;
   __threadfence();
   if (kg == 0 && warp_active) {
 #pragma unroll
     for (int i = 0; i < kFrag; ++i) acc[i] = 0.0f;
     for (int s = 0; s < p.splits; ++s) {
-      const float* part = p.partials + (static_cast<std::size_t>(s) * n_ctas + cta_n) * tile_floats + warp_offset;
+      const float* part = p.partials + (static_cast<std::size_t>(s) * n_ctas + cta_n) * tile_floats +
+                          static_cast<std::size_t>(nbl) * kFrag * 32;
 #pragma unroll
-      for (int i = 0; i < kFrag; ++i) {
-        if (row_of(i) < p.m) acc[i] += __ldcg(part + i * 32 + lane);
-      }
+      for (int i = 0; i < kFrag; ++i) acc[i] += __ldcg(part + i * 32 + lane);
     }
     store_out();
   }
@@ -501,101 +445,87 @@ __global__ void __launch_bounds__(kThreads, 2) gptq_fused_kernel(const FusedPara
 }
 
 // ── Configurations ──────────────────────────────────────────────────────────
-//
-// Bytes in flight: a warp keeps PS stages x kKS k16 steps x 512 bytes of
-// weights in registers. Configs 0 / 1: 4 x 2 x 512 = 4 KiB per warp, 16 warps
-// per SM (2 CTAs at <= 128 registers) = 64 KiB per SM, above the ~30-40 KiB
-// that 4 TB/s x ~1 us of loaded latency asks of each of 132 SMs. Config 2:
-// warp pairs split the 64 rows (32 accumulator rows per warp keep 2 CTAs per
-// SM; its 16 mma per k16 step per warp make it mma-bound, not memory-bound).
-//
-// ALU per byte (config 0, f16): per 512-byte k16 step a warp spends ~13 x 4
-// dequant instructions, 8 mma, 1 ldmatrix, 1 load; per SM that is ~650
-// issue cycles per 16 KiB of weights against ~1000 cycles for 16 KiB to
-// arrive at 4 TB/s / 132 SMs.
 
 struct FusedConfig {
-  int mtw;    // m16 tiles per warp
-  int mw;     // warps along m
-  int nb;     // 64-column blocks per CTA
-  int min_ctas;  // split k until the grid has at least this many CTAs
+  int mt;  // m16 tiles
+  int nb;  // 64-column blocks per CTA
 };
-// The split count depends on the shape only (never on the device), so a
-// result is bitwise the same on any GPU and run.
-constexpr FusedConfig kConfigs[] = {{1, 1, 2, 512}, {2, 1, 2, 384}, {2, 2, 2, 256}};
+constexpr FusedConfig kConfigs[] = {{1, 2}, {2, 2}, {4, 4}};
 constexpr int kNumConfigs = 3;
-constexpr int kMinTilesPerSplit = 4;  // >= 512 rows of k per CTA
-constexpr int kMaxSplits = 16;
-
-// Pipeline depths per configuration: weight stages in registers, ring slots.
-template <int C>
-struct ConfigDepth;
-template <>
-struct ConfigDepth<0> {
-  static constexpr int kPS = 4, kSA = 5;
-};
-template <>
-struct ConfigDepth<1> {
-  static constexpr int kPS = 2, kSA = 5;
-};
-template <>
-struct ConfigDepth<2> {
-  static constexpr int kPS = 1, kSA = 4;
-};
 
 int config_for_m(int m) { return m <= 16 ? 0 : (m <= 32 ? 1 : 2); }
 
-template <class T, int C, bool kZeros>
-struct ConfigKernel {
-  static constexpr FusedConfig cfg = kConfigs[C];
-  using Shape = FusedShape<cfg.mtw, cfg.mw, cfg.nb, kZeros, ConfigDepth<C>::kPS, ConfigDepth<C>::kSA>;
-  static auto ptr() {
-    return &gptq_fused_kernel<T, cfg.mtw, cfg.mw, cfg.nb, kZeros, ConfigDepth<C>::kPS, ConfigDepth<C>::kSA>;
-  }
+template <class T, int MT, int NB, bool kZeros>
+auto fused_kernel_ptr() {
+  return &gptq_fused_kernel<T, MT, NB, kZeros, (MT <= 2 ? 2 : 1)>;
+}
+
+template <class T, int MT, int NB, bool kZeros>
+int prepare_one(int& blocks_per_sm) {
+  using Shape = FusedShape<MT, NB, kZeros>;
+  auto kernel = fused_kernel_ptr<T, MT, NB, kZeros>();
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes);
+  if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaFuncSetAttribute", err);
+  int blocks = 0;
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, Shape::kSmemBytes);
+  if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveBlocksPerMultiprocessor", err);
+  blocks_per_sm = std::max(blocks, 1);
+  return 0;
+}
+
+// Blocks per SM of each (dtype, config), the zero-array variant (the plan
+// must not depend on it). Sets the shared-memory limits of every instance once.
+struct Occupancy {
+  int blocks[2][kNumConfigs] = {};
 };
 
-template <class T, int C, bool kZeros>
-void prepare_one() {
-  using K = ConfigKernel<T, C, kZeros>;
-  const cudaError_t err =
-      cudaFuncSetAttribute(K::ptr(), cudaFuncAttributeMaxDynamicSharedMemorySize, K::Shape::kSmemBytes);
-  if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaFuncSetAttribute", err);
-}
-
 template <class T>
-void prepare_dtype() {
-  prepare_one<T, 0, false>();
-  prepare_one<T, 0, true>();
-  prepare_one<T, 1, false>();
-  prepare_one<T, 1, true>();
-  prepare_one<T, 2, false>();
-  prepare_one<T, 2, true>();
+void prepare_dtype(int (&blocks)[kNumConfigs]) {
+  int unused = 0;
+  prepare_one<T, 1, 2, false>(unused);
+  prepare_one<T, 1, 2, true>(blocks[0]);
+  prepare_one<T, 2, 2, false>(unused);
+  prepare_one<T, 2, 2, true>(blocks[1]);
+  prepare_one<T, 4, 4, false>(unused);
+  prepare_one<T, 4, 4, true>(blocks[2]);
 }
 
-// Sets the shared-memory limits of every instance once.
-void ensure_prepared() {
+const Occupancy& occupancy() {
+  static Occupancy occ;
   static std::once_flag once;
   std::call_once(once, [] {
-    prepare_dtype<__half>();
-    prepare_dtype<__nv_bfloat16>();
+    prepare_dtype<__half>(occ.blocks[0]);
+    prepare_dtype<__nv_bfloat16>(occ.blocks[1]);
   });
+  return occ;
 }
 
-GptqPlan plan_for(int config, int k_pad, int n_pad) {
+GptqPlan plan_for(int dtype_index, int config, int k_pad, int n_pad, int num_sms) {
   const FusedConfig cfg = kConfigs[config];
   GptqPlan plan;
   plan.config = config;
-  plan.m_tile = cfg.mtw * cfg.mw * 16;
+  plan.m_tile = cfg.mt * 16;
   plan.block_n = cfg.nb * kGptqTileN;
   plan.n_ctas = (n_pad + plan.block_n - 1) / plan.block_n;
   const int k_tiles = k_pad / kGptqTileK;
-  const int most = std::max(1, std::min(kMaxSplits, k_tiles / kMinTilesPerSplit));
-  const int want = (cfg.min_ctas + plan.n_ctas - 1) / plan.n_ctas;
-  plan.splits = std::clamp(want, 1, most);
+  const long long slots = static_cast<long long>(std::max(num_sms, 1)) * occupancy().blocks[dtype_index][config];
+  // Time model: waves x (k tiles per CTA + a fixed cost of ~2 tiles for the
+  // pipeline fill and the epilogue). Fewest splits among the best.
+  constexpr int kFixedTiles = 2;
+  constexpr int kMaxSplits = 32;
+  long long best = -1;
+  for (int s = 1; s <= std::min(k_tiles, kMaxSplits); ++s) {
+    const long long waves = (static_cast<long long>(plan.n_ctas) * s + slots - 1) / slots;
+    const long long cost = waves * ((k_tiles + s - 1) / s + kFixedTiles);
+    if (best < 0 || cost < best) {
+      best = cost;
+      plan.splits = s;
+    }
+  }
   return plan;
 }
 
-template <class T, int C>
+template <class T, int MT, int NB>
 void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t stream) {
   FusedParams p{};
   p.qweight = args.w.qweight;
@@ -617,11 +547,11 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
   p.splits = plan.splits;
   const dim3 grid(static_cast<unsigned>(plan.n_ctas), static_cast<unsigned>(plan.splits));
   if (args.w.zeros != nullptr) {
-    using K = ConfigKernel<T, C, true>;
-    K::ptr()<<<grid, kThreads, K::Shape::kSmemBytes, stream>>>(p);
+    gptq_fused_kernel<T, MT, NB, true, (MT <= 2 ? 2 : 1)>
+        <<<grid, kThreads, FusedShape<MT, NB, true>::kSmemBytes, stream>>>(p);
   } else {
-    using K = ConfigKernel<T, C, false>;
-    K::ptr()<<<grid, kThreads, K::Shape::kSmemBytes, stream>>>(p);
+    gptq_fused_kernel<T, MT, NB, false, (MT <= 2 ? 2 : 1)>
+        <<<grid, kThreads, FusedShape<MT, NB, false>::kSmemBytes, stream>>>(p);
   }
 }
 
@@ -699,21 +629,17 @@ __global__ void __launch_bounds__(kThreads) gptq_dequant_kernel(const GptqDevice
 }  // namespace
 
 GptqPlan gptq_plan(DType dtype, int m, int k_pad, int n_pad, int num_sms) {
-  (void)dtype;    // both dtypes run the same plan
-  (void)num_sms;  // the plan depends on the shape only (bitwise reproducible across devices)
-  return plan_for(config_for_m(m), k_pad, n_pad);
+  return plan_for(dtype == DType::BF16 ? 1 : 0, config_for_m(m), k_pad, n_pad, num_sms);
 }
 
 std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms) {
-  (void)num_sms;
-  // Called at load time (CudaBackend::load_gptq): set the kernels' shared-memory
-  // limits here, outside any graph capture.
-  ensure_prepared();
   std::size_t most = 0;
-  for (int c = 0; c < kNumConfigs; ++c) {
-    const GptqPlan plan = plan_for(c, k_pad, n_pad);
-    if (plan.splits > 1) {
-      most = std::max(most, static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile);
+  for (int d = 0; d < 2; ++d) {
+    for (int c = 0; c < kNumConfigs; ++c) {
+      const GptqPlan plan = plan_for(d, c, k_pad, n_pad, num_sms);
+      if (plan.splits > 1) {
+        most = std::max(most, static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile);
+      }
     }
   }
   return most;
@@ -730,19 +656,18 @@ std::size_t gptq_counter_ints(int n_pad) {
 void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream) {
   if (args.m < 1 || args.m > kGptqMaxM) throw_bad_dispatch("gemm_gptq", "rows per launch m", args.m);
   if (args.w.group_rows <= 0) throw_bad_dispatch("gemm_gptq", "fused group_rows", args.w.group_rows);
-  ensure_prepared();
   const GptqPlan plan = gptq_plan(args.dtype, args.m, args.w.k_pad, args.w.n_pad, args.num_sms);
   dispatch_half_dtype(args.dtype, "gemm_gptq", [&](auto tag) {
     using T = typename decltype(tag)::type;
     switch (plan.config) {
       case 0:
-        launch_fused<T, 0>(args, plan, stream);
+        launch_fused<T, 1, 2>(args, plan, stream);
         break;
       case 1:
-        launch_fused<T, 1>(args, plan, stream);
+        launch_fused<T, 2, 2>(args, plan, stream);
         break;
       default:
-        launch_fused<T, 2>(args, plan, stream);
+        launch_fused<T, 4, 4>(args, plan, stream);
         break;
     }
   });

@@ -37,9 +37,8 @@ struct GptqDeviceWeight {
 };
 
 // The fused kernel's launch plan for m rows: one of its configurations and
-// the split count over k (a function of m, k_pad and n_pad only: num_sms is
-// accepted but unused, so results are bitwise the same on every device). The
-// workspace sizes below are maxima over every m <= kGptqMaxM.
+// the split count over k (deterministic: a function of the sizes and the
+// device only). The workspace sizes below are maxima over every m <= kGptqMaxM.
 struct GptqPlan {
   int config = 0;      // index of the kernel configuration
   int m_tile = 0;      // rows the configuration covers (16, 32 or 64)

@@ -46,8 +46,8 @@ struct CudaBackendConfig {
   std::chrono::milliseconds collective_timeout{60000};
   // gemm with m <= gemm_skinny_max_m (0..8) takes the skinny decode kernel
   // (kernels/gemm_skinny.cu) where it applies; larger m, and 0, use cuBLAS.
-  // -1: the library's measured default (kernels/gemm_skinny.hpp,
-  // kSkinnyPreferredMaxM), where the kernel beat cuBLAS on the H200.
+  // -1: the library's measured per-shape default (kernels/gemm_skinny.hpp,
+  // gemm_skinny_default), which takes it where it beat cuBLAS on the H200.
   int gemm_skinny_max_m = -1;
 };
 
@@ -136,7 +136,7 @@ class CudaBackend final : public Backend {
   detail::CudaRuntime* rt_;  // process-global, never freed (see above)
   std::shared_ptr<Communicator> comm_;
   std::chrono::milliseconds collective_timeout_;
-  int gemm_skinny_max_m_;  // resolved: 0..8
+  int gemm_skinny_max_m_;  // -1 (per-shape default) or 0..8
 };
 
 }  // namespace ferrum

@@ -96,7 +96,7 @@ int resolved_skinny_max_m(int requested) {
                  "CudaBackend: CudaBackendConfig::gemm_skinny_max_m = {} is outside [-1, {}] (-1: the default)",
                  requested, kernels::kSkinnyMaxM);
   }
-  return requested == -1 ? kernels::kSkinnyPreferredMaxM : requested;
+  return requested;
 }
 
 }  // namespace

@@ -18,12 +18,16 @@ using detail::check_cublas;
 void CudaBackend::do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m, std::size_t n,
                           std::size_t k) {
   detail::activate_device(device_);
-  // Decode (m <= gemm_skinny_max_m_): the skinny kernel where it measured
-  // faster than cuBLAS (the table and numbers are in kernels/gemm_skinny.hpp;
-  // by default m <= 2; CudaBackendConfig::gemm_skinny_max_m overrides). It declines (returns false,
+  // Decode (small m): the skinny kernel where it measured faster than
+  // cuBLAS (the table and the per-shape rule are in kernels/gemm_skinny.hpp;
+  // CudaBackendConfig::gemm_skinny_max_m overrides). It declines (returns false,
   // launches nothing) for unaligned a / b or k % 8 != 0, and cuBLAS runs
   // instead. Both paths are launch-only: capture-safe.
-  if (m <= static_cast<std::size_t>(gemm_skinny_max_m_) &&
+  const bool skinny = gemm_skinny_max_m_ < 0 ? kernels::gemm_skinny_default(static_cast<long long>(m),
+                                                                              static_cast<long long>(n),
+                                                                              static_cast<long long>(k))
+                                             : m <= static_cast<std::size_t>(gemm_skinny_max_m_);
+  if (skinny &&
       kernels::launch_gemm_skinny(a.dtype(), ptr(a), ptr(b), ptr(out), static_cast<long long>(m),
                                   static_cast<long long>(n), static_cast<long long>(k), rt_->num_sms, rt_->stream)) {
     return;

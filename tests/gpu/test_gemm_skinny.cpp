@@ -130,7 +130,7 @@ TEST_F(CudaGemmSkinnyViews, ConfigOutsideItsRangeIsRefused) {
   }
 }
 
-// ── Host only: the dispatch predicate ────────────────────────────────────────
+// ── Host only: the dispatch predicate and the default policy ────────────────────────────────────────
 
 TEST(GemmSkinnyApplicable, Rules) {
   const auto* aligned = reinterpret_cast<const void*>(std::uintptr_t{0x10000});
@@ -158,6 +158,32 @@ TEST(GemmSkinnyApplicable, Rules) {
   EXPECT_FALSE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, 1, 0, 64));
   EXPECT_FALSE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, 1, 67, 0));
   EXPECT_FALSE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, 1, 1LL << 31, 64));
+}
+
+}  // namespace
+}  // namespace ferrum::test
+
+namespace ferrum::test {
+namespace {
+
+// The measured default (kernels/gemm_skinny.hpp): skinny for m <= 2; for
+// m = 3..8 except where n / k lies in [2, 16) (cuBLAS measured faster).
+TEST(GemmSkinnyDefault, FollowsTheMeasuredTable) {
+  using kernels::gemm_skinny_default;
+  for (long long m : {1LL, 2LL}) {
+    EXPECT_TRUE(gemm_skinny_default(m, 14336, 4096));
+    EXPECT_TRUE(gemm_skinny_default(m, 128256, 4096));
+  }
+  for (long long m : {3LL, 4LL, 8LL}) {
+    EXPECT_TRUE(gemm_skinny_default(m, 4096, 4096));
+    EXPECT_TRUE(gemm_skinny_default(m, 4096, 14336));
+    EXPECT_TRUE(gemm_skinny_default(m, 8192, 8192));
+    EXPECT_TRUE(gemm_skinny_default(m, 128256, 4096));
+    EXPECT_FALSE(gemm_skinny_default(m, 14336, 4096));
+  }
+  EXPECT_FALSE(gemm_skinny_default(0, 4096, 4096));
+  EXPECT_FALSE(gemm_skinny_default(9, 4096, 4096));
+  EXPECT_FALSE(gemm_skinny_default(16, 4096, 4096));
 }
 
 }  // namespace
