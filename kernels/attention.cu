@@ -30,7 +30,6 @@
 // attention_rows_kernel (CUDA cores, fp32) is the prefill fallback for
 // calls the tensor-core prefill (kernels/attention_prefill.cu) declines,
 // and runs decode only on a device without sm_80 tensor-core support.
-#include <atomic>
 #include <cfloat>
 #include <cstdint>
 
@@ -509,33 +508,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     }
 
     // Online softmax per row; the quad (4 lanes) shares a row.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = fmaxf(m_run[r], fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1])));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      // Every key of the sub-tile masked and none seen before: m stays -inf;
-      // subtract 0, not inf.
-      const float base = mx == -INFINITY ? 0.0f : mx * scale_log2;
-      const float alpha = fast_exp2(m_run[r] * scale_log2 - base);  // 0 while m_run = -inf
-      m_run[r] = mx;
-      float sum = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float p = fast_exp2(fmaf(s[nt][2 * r + c], scale_log2, -base));  // masked: 0
-          s[nt][2 * r + c] = p;
-          sum += p;
-        }
-      }
-      l_run[r] = l_run[r] * alpha + sum;
-#pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) {
-        o[dt][2 * r] *= alpha;
-        o[dt][2 * r + 1] *= alpha;
-      }
-    }
+    online_softmax_step(s, m_run, l_run, o, scale_log2);
 
     // O += P V: the two n8 accumulators of S are the A fragment of P.
     const std::uint32_t pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]),
@@ -673,20 +646,11 @@ int decode_splits(long long kv_stride) {
 // prefetches its slices into L2 (H200: 50 MiB of L2). Tunable.
 constexpr double kDecodeL2PrefetchBytes = 36.0 * 1024 * 1024;
 
-// Bit d set: device d allows this instantiation's dynamic shared memory.
-template <class T, int HD>
-std::atomic<unsigned long long>& decode_prepared_devices() {
-  static std::atomic<unsigned long long> bits{0};
-  return bits;
-}
-
 template <class T, int HD>
 bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   using Sh = DecodeShape<HD>;
   const auto kernel = attention_decode_kernel<T, HD>;
-  if (!prepare_kernel(reinterpret_cast<const void*>(kernel), Sh::kSmemBytes, decode_prepared_devices<T, HD>())) {
-    return false;
-  }
+  if (!prepare_kernel<attention_decode_kernel<T, HD>>(Sh::kSmemBytes)) return false;
   const int splits = decode_splits(a.kv_stride);
   const int group = a.num_heads / a.num_kv_heads;
   const int mtiles = group > 16 ? Sh::kMaxMTiles : 1;

@@ -28,7 +28,6 @@
 // Heavy (late) query tiles are scheduled first. The output is normalized
 // in fp32, rounded once to the dtype, and written through shared memory as
 // 16-byte rows. No atomics: bitwise reproducible.
-#include <atomic>
 #include <climits>
 #include <cstdint>
 
@@ -252,34 +251,7 @@ __global__ void __launch_bounds__(PrefillShape<HD>::kThreads, PrefillShape<HD>::
     }
 
     // Online softmax, per row: the quad (4 lanes) shares a row.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = m_run[r];
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      // A row with no visible key so far keeps m = -inf: subtract 0, not inf.
-      const float base = mx == -INFINITY ? 0.0f : mx * scale_log2;
-      const float alpha = fast_exp2(m_run[r] * scale_log2 - base);  // 0 while m_run = -inf
-      m_run[r] = mx;
-      float sum = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float p = fast_exp2(fmaf(s[nt][2 * r + c], scale_log2, -base));  // masked: exp2(-inf) = 0
-          s[nt][2 * r + c] = p;
-          sum += p;
-        }
-      }
-      l_run[r] = l_run[r] * alpha + sum;
-#pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) {
-        o[dt][2 * r] *= alpha;
-        o[dt][2 * r + 1] *= alpha;
-      }
-    }
+    online_softmax_step(s, m_run, l_run, o, scale_log2);
 
     // V(t) has landed for every thread.
     cp_async_wait<2 * (kStages - 1)>();
@@ -339,18 +311,11 @@ __global__ void __launch_bounds__(PrefillShape<HD>::kThreads, PrefillShape<HD>::
 #endif
 }
 
-// Bit d set: device d allows this instantiation's dynamic shared memory.
-template <class T, int HD>
-std::atomic<unsigned long long>& prepared_devices() {
-  static std::atomic<unsigned long long> bits{0};
-  return bits;
-}
-
 template <class T, int HD>
 bool launch_typed(const AttentionArgs& a, cudaStream_t stream) {
   using Sh = PrefillShape<HD>;
   const auto kernel = attention_prefill_kernel<T, HD>;
-  if (!prepare_kernel(reinterpret_cast<const void*>(kernel), Sh::kSmemBytes, prepared_devices<T, HD>())) return false;
+  if (!prepare_kernel<attention_prefill_kernel<T, HD>>(Sh::kSmemBytes)) return false;
   const dim3 grid(static_cast<unsigned>((a.q_len + Sh::kBr - 1) / Sh::kBr), static_cast<unsigned>(a.num_heads),
                   static_cast<unsigned>(a.batch));
   kernel<<<grid, Sh::kThreads, Sh::kSmemBytes, stream>>>(a);

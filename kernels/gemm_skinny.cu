@@ -34,6 +34,7 @@
 
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/mma.cuh"
 #include "kernels/common/vec.cuh"
 #include "kernels/gemm_skinny.hpp"
 
@@ -279,29 +280,6 @@ void launch_simt(const void* a, const void* b, void* out, long long n, long long
 // needs n >= 32 per block.
 constexpr int kMmaLoads = 16;  // 16-byte loads of b per lane per warp iteration
 
-template <class T>
-struct Mma;
-template <>
-struct Mma<__half> {
-  static __device__ __forceinline__ void run(float4& d, std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
-                                             std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d.x), "+f"(d.y), "+f"(d.z), "+f"(d.w)
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-};
-template <>
-struct Mma<__nv_bfloat16> {
-  static __device__ __forceinline__ void run(float4& d, std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
-                                             std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d.x), "+f"(d.y), "+f"(d.z), "+f"(d.w)
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-};
-
 __device__ __forceinline__ std::uint32_t word(const uint4& v, int w) {
   return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;  // w is a compile-time constant after unrolling
 }
@@ -382,8 +360,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) gemm_skinny_mma_kernel(cons
         for (int tile = 0; tile < kTiles; ++tile) {
           const uint4& lo = braw[s][tile][0];  // row g
           const uint4& hi = braw[s][tile][1];  // row g + 8
-          Mma<T>::run(acc[half][tile], word(lo, 2 * half), word(hi, 2 * half), word(lo, 2 * half + 1),
-                      word(hi, 2 * half + 1), b0, b1);
+          const std::uint32_t a_frag[4] = {word(lo, 2 * half), word(hi, 2 * half), word(lo, 2 * half + 1),
+                                           word(hi, 2 * half + 1)};
+          mma_16816_at<T>(&acc[half][tile].x, a_frag, b0, b1);
         }
       }
     }

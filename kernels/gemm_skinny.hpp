@@ -52,6 +52,12 @@ inline bool gemm_skinny_default(long long m, long long n, long long k) {
   return !(n >= 2 * k && n < 16 * k);
 }
 
+// Whether CudaBackend::do_gemm picks the skinny kernel for this shape, given
+// CudaBackendConfig::gemm_skinny_max_m (-1: the default policy above).
+inline bool gemm_skinny_wanted(int max_m, long long m, long long n, long long k) {
+  return max_m < 0 ? gemm_skinny_default(m, n, k) : m >= 1 && m <= max_m;
+}
+
 // out[m, n] = a[m, k] · b[n, k]ᵀ, fp32 accumulation, one rounding per output
 // element. Deterministic: the summation order depends only on (m, n, k) and
 // num_sms, so repeated calls give bitwise identical results. No allocation,

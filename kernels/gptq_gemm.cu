@@ -35,6 +35,7 @@
 
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/mma.cuh"
 
 namespace ferrum::kernels {
 
@@ -48,37 +49,9 @@ constexpr int kMaxGroupsPerStage = kK16PerStage;  // group_rows >= 16
 
 // ── PTX helpers ─────────────────────────────────────────────────────────────
 
-__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, bypassing L1 (the weight stream).
-__device__ __forceinline__ void cp_async_16_evict_first(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem));
-}
-
-// 16 bytes global -> shared; when !valid, writes 16 zero bytes (gmem is not read).
-__device__ __forceinline__ void cp_async_16_zfill(void* smem, const void* gmem, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes));
-}
-
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(smem)));
-}
+// cp.async, ldmatrix and mma.sync come from kernels/common/mma.cuh. The
+// weight stream uses plain cp.async.cg: the L2::cache_hint (evict-first)
+// form trapped as an illegal instruction on the H200.
 
 // (a & b) | c in one instruction.
 __device__ __forceinline__ std::uint32_t and_or(std::uint32_t a, std::uint32_t b, std::uint32_t c) {
@@ -129,17 +102,6 @@ struct Int4Math<__half> {
     b[2] = mul(add(and_or(w8, 0x000F000Fu, kMagic), lo1), s1);
     b[3] = mul(fma(and_or(w8, 0x00F000F0u, kMagic), kSixteenth, hi1), s1);
   }
-  static __device__ __forceinline__ void mma(float* c, const std::uint32_t (&a)[4], std::uint32_t b0,
-                                             std::uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static __device__ __forceinline__ std::uint32_t pack(float x, float y) {
-    const __half2 h = __floats2half2_rn(x, y);
-    return *reinterpret_cast<const std::uint32_t*>(&h);
-  }
 };
 
 template <>
@@ -167,17 +129,6 @@ struct Int4Math<__nv_bfloat16> {
     b[1] = mul(add(and_or(w >> 4, 0x000F000Fu, kMagic), lo0), s0);
     b[2] = mul(add(and_or(w >> 8, 0x000F000Fu, kMagic), lo1), s1);
     b[3] = mul(add(and_or(w >> 12, 0x000F000Fu, kMagic), lo1), s1);
-  }
-  static __device__ __forceinline__ void mma(float* c, const std::uint32_t (&a)[4], std::uint32_t b0,
-                                             std::uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static __device__ __forceinline__ std::uint32_t pack(float x, float y) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-    return *reinterpret_cast<const std::uint32_t*>(&h);
   }
 };
 
@@ -253,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
         const std::uint32_t* src =
             p.qweight + (static_cast<std::size_t>(nb_first + l) * k16_total + static_cast<std::size_t>(kt) * 8) * 128 +
             off * 4;
-        cp_async_16_evict_first(st + l * 4096 + off * 16, src);
+        cp_async_16(smem_u32(st + l * 4096 + off * 16), src);
       }
     }
     // Activations: kRows x 128, 16 chunks of 16 bytes per row, chunk c at c ^ (row & 7).
@@ -264,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
       const int col = kt * kGptqTileK + ch * 8;
       const bool ok = row < p.m && col < p.k;
       const T* src = ok ? a + static_cast<std::size_t>(row) * p.k + col : a;
-      cp_async_16_zfill(as + row * 256 + ((ch ^ (row & 7)) << 4), src, ok);
+      cp_async_16(smem_u32(as + row * 256 + ((ch ^ (row & 7)) << 4)), src, ok);
     }
     // Scale (and zero) rows of the stage's groups.
     const int g0 = kt * p.groups_per_stage / p.stages_per_group;
@@ -273,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
       const int gi = c / (kBN / 8), cc = c % (kBN / 8);
       const int col = nb_first * kGptqTileN + cc * 8;
       if (col < p.n_pad) {
-        cp_async_16(ss + (gi * kBN + cc * 8) * 2, scales + static_cast<std::size_t>(g0 + gi) * p.n_pad + col);
+        cp_async_16(smem_u32(ss + (gi * kBN + cc * 8) * 2), scales + static_cast<std::size_t>(g0 + gi) * p.n_pad + col);
       }
     }
     if constexpr (kZeros) {
@@ -282,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
         const int gi = c / (kBN / 16), cc = c % (kBN / 16);
         const int col = nb_first * kGptqTileN + cc * 16;
         if (col < p.n_pad) {
-          cp_async_16(zs + gi * kBN + cc * 16, p.zeros + static_cast<std::size_t>(g0 + gi) * p.n_pad + col);
+          cp_async_16(smem_u32(zs + gi * kBN + cc * 16), p.zeros + static_cast<std::size_t>(g0 + gi) * p.n_pad + col);
         }
       }
     }
@@ -336,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
         if (mt * 16 < p.m) {
           const int row = mt * 16 + (lane & 15);
           const int chunk = kk * 2 + (lane >> 4);
-          ldmatrix_x4(af[mt], as + row * 256 + ((chunk ^ (row & 7)) << 4));
+          ldmatrix_x4(af[mt], smem_u32(as + row * 256 + ((chunk ^ (row & 7)) << 4)));
         }
       }
       const std::uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
@@ -347,8 +298,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           if (mt * 16 < p.m) {
-            M::mma(&acc[(mt * 8 + 2 * j) * 4], af[mt], b[0], b[1]);
-            M::mma(&acc[(mt * 8 + 2 * j + 1) * 4], af[mt], b[2], b[3]);
+            mma_16816_at<T>(&acc[(mt * 8 + 2 * j) * 4], af[mt], b[0], b[1]);
+            mma_16816_at<T>(&acc[(mt * 8 + 2 * j + 1) * 4], af[mt], b[2], b[3]);
           }
         }
       }
@@ -404,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
           if (row < p.m && col < p.n) {
             const int i = (mt * 8 + t) * 4 + 2 * h;
             *reinterpret_cast<std::uint32_t*>(out + static_cast<std::size_t>(row) * p.n + col) =
-                M::pack(acc[i], acc[i + 1]);
+                pack2<T>(acc[i], acc[i + 1]);
           }
         }
       }

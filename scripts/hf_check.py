@@ -52,37 +52,23 @@ import sys
 DEFAULT_PROMPT = "1,17,42,255,3,99,200,511,7,64,128,900,33,1000,5,600"
 
 # The two model shapes. head_dim must be one the CUDA attention takes (64, 128, 256).
+_SHARED_SHAPE = dict(
+    vocab_size=1024,
+    hidden_size=512,
+    intermediate_size=1024,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+)
 MODELS = {
-    "llama": dict(
-        arch="LlamaForCausalLM",
-        vocab_size=1024,
-        hidden_size=512,
-        intermediate_size=1024,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-    ),
+    "llama": dict(_SHARED_SHAPE, arch="LlamaForCausalLM", head_dim=64, rope_theta=10000.0,
+                  tie_word_embeddings=False),
     # q_dim = 8 * 128 = 1024 != hidden (as in real Qwen3), tied embeddings (as
     # Qwen3-0.6B), Qwen3's rope_theta 1e6.
-    "qwen3": dict(
-        arch="Qwen3ForCausalLM",
-        vocab_size=1024,
-        hidden_size=512,
-        intermediate_size=1024,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=128,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-    ),
+    "qwen3": dict(_SHARED_SHAPE, arch="Qwen3ForCausalLM", head_dim=128, rope_theta=1000000.0,
+                  tie_word_embeddings=True),
 }
 
 SAFETENSORS_DTYPE = {"float16": "F16", "bfloat16": "BF16"}

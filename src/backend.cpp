@@ -536,24 +536,22 @@ void Backend::transpose_head_to_token(const Buffer& src, Buffer& dst, std::size_
 
 // ── Attention ──────────────────────────────────────────────────────────────
 
-void Backend::flash_attention(const Buffer& q, const Buffer& k, const Buffer& v, Buffer& out,
-                              std::size_t batch, std::size_t q_len, std::size_t kv_len,
-                              std::size_t pos_offset, const AttnConfig& cfg) {
-  OpCheck check(*this, "flash_attention");
-  check.size("batch", batch);
-  check.size("q_len", q_len);
-  check.size("kv_len", kv_len);
+namespace {
+
+// What flash_attention and flash_decode_ragged share: the head counts and
+// GQA ratio, the scale, and q / k / v / out present with one activation dtype.
+void check_attention_common(const OpCheck& check, const AttnConfig& cfg, const Buffer& q, const Buffer& k,
+                            const Buffer& v, const Buffer& out) {
   check.size("cfg.num_heads", cfg.num_heads);
   check.size("cfg.num_kv_heads", cfg.num_kv_heads);
   check.size("cfg.head_dim", cfg.head_dim);
   if (cfg.num_heads % cfg.num_kv_heads != 0) {
-    check.fail(ErrorCode::InvalidArgument,
-         "flash_attention: cfg.num_heads = {} is not a multiple of cfg.num_kv_heads = {} (GQA group)",
-         cfg.num_heads, cfg.num_kv_heads);
+    check.fail(ErrorCode::InvalidArgument, "{}: cfg.num_heads = {} is not a multiple of cfg.num_kv_heads = {} (GQA group)",
+               check.op(), cfg.num_heads, cfg.num_kv_heads);
   }
   if (!(cfg.scale >= 0.0f) || !std::isfinite(cfg.scale)) {
-    check.fail(ErrorCode::InvalidArgument, "flash_attention: cfg.scale = {} must be finite and >= 0 (0 means 1/sqrt(head_dim))",
-         cfg.scale);
+    check.fail(ErrorCode::InvalidArgument, "{}: cfg.scale = {} must be finite and >= 0 (0 means 1/sqrt(head_dim))",
+               check.op(), cfg.scale);
   }
   check.buffer("q", q);
   check.buffer("k", k);
@@ -563,6 +561,18 @@ void Backend::flash_attention(const Buffer& q, const Buffer& k, const Buffer& v,
   check.same_dtype("k", k, "q", q);
   check.same_dtype("v", v, "q", q);
   check.same_dtype("out", out, "q", q);
+}
+
+}  // namespace
+
+void Backend::flash_attention(const Buffer& q, const Buffer& k, const Buffer& v, Buffer& out,
+                              std::size_t batch, std::size_t q_len, std::size_t kv_len,
+                              std::size_t pos_offset, const AttnConfig& cfg) {
+  OpCheck check(*this, "flash_attention");
+  check.size("batch", batch);
+  check.size("q_len", q_len);
+  check.size("kv_len", kv_len);
+  check_attention_common(check, cfg, q, k, v, out);
   const bool use_state = device_state_mode_ && q_len == 1;
   if (use_state && cfg.kv_seq_stride == 0) {
     check.fail(ErrorCode::InvalidArgument,
@@ -602,28 +612,9 @@ void Backend::flash_decode_ragged(const Buffer& q, const Buffer& k, const Buffer
                                   const Buffer& kv_lens, std::size_t batch, const AttnConfig& cfg) {
   OpCheck check(*this, "flash_decode_ragged");
   check.size("batch", batch);
-  check.size("cfg.num_heads", cfg.num_heads);
-  check.size("cfg.num_kv_heads", cfg.num_kv_heads);
-  check.size("cfg.head_dim", cfg.head_dim);
   check.size("cfg.kv_seq_stride", cfg.kv_seq_stride);
-  if (cfg.num_heads % cfg.num_kv_heads != 0) {
-    check.fail(ErrorCode::InvalidArgument,
-               "flash_decode_ragged: cfg.num_heads = {} is not a multiple of cfg.num_kv_heads = {} (GQA group)",
-               cfg.num_heads, cfg.num_kv_heads);
-  }
-  if (!(cfg.scale >= 0.0f) || !std::isfinite(cfg.scale)) {
-    check.fail(ErrorCode::InvalidArgument,
-               "flash_decode_ragged: cfg.scale = {} must be finite and >= 0 (0 means 1/sqrt(head_dim))", cfg.scale);
-  }
-  check.buffer("q", q);
-  check.buffer("k", k);
-  check.buffer("v", v);
-  check.buffer("out", out);
+  check_attention_common(check, cfg, q, k, v, out);
   check.buffer("kv_lens", kv_lens);
-  check.activation("q", q);
-  check.same_dtype("k", k, "q", q);
-  check.same_dtype("v", v, "q", q);
-  check.same_dtype("out", out, "q", q);
   check.dtype("kv_lens", kv_lens, DType::I32);
   const std::size_t qn = check.product({batch, cfg.num_heads, cfg.head_dim});
   const std::size_t kvn = check.product({batch, cfg.num_kv_heads, cfg.kv_seq_stride, cfg.head_dim});

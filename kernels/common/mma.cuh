@@ -1,5 +1,5 @@
-// Tensor-core building blocks shared by the attention kernels
-// (kernels/attention.cu decode, kernels/attention_prefill.cu prefill):
+// Tensor-core building blocks shared by the kernels that use mma.sync
+// (attention decode and prefill, the skinny GEMM, the GPTQ INT4 GEMM):
 // sm_80+ PTX wrappers (cp.async, ldmatrix, mma.sync m16n8k16), the 16-byte
 // chunk swizzle of shared-memory rows, fp32 -> f16/bf16 packing, and the
 // host-side opt-in to large dynamic shared memory.
@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -38,7 +39,12 @@ __device__ __forceinline__ void cp_async_16(std::uint32_t dst, const void* src, 
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
-// The same, with a 256-byte L2 fetch granularity hint (rows streamed whole).
+// 16 bytes global -> shared, L2 only, always read.
+__device__ __forceinline__ void cp_async_16(std::uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+// The same as the valid form, with a 256-byte L2 fetch granularity hint
+// (rows streamed whole).
 __device__ __forceinline__ void cp_async_16_l2_256(std::uint32_t dst, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
@@ -103,12 +109,57 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const std::uint32_t (&a
   }
 }
 
+// The same on 4 consecutive floats of a larger accumulator array.
+template <class T>
+__device__ __forceinline__ void mma_16816_at(float* c, const std::uint32_t (&a)[4], std::uint32_t b0,
+                                             std::uint32_t b1) {
+  mma_16816<T>(*reinterpret_cast<float(*)[4]>(c), a, b0, b1);
+}
+
 // 2^x with one MUFU op (ex2.approx, |rel err| < 2^-22; subnormal results
 // flush to 0, far below what a probability can contribute). -inf gives 0.
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// One online-softmax step over the two rows (g, g + 8) of an m16 tile that a
+// thread holds: s holds raw scores of NT n8 key tiles (-inf where masked) and
+// becomes p = 2^(s * scale_log2 - max); the running max m_run (raw units),
+// this thread's share of the row sums l_run, and the output accumulators o
+// are rescaled. The quad (4 lanes) of a row agrees on the max.
+template <int NT, int DT>
+__device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&m_run)[2], float (&l_run)[2],
+                                                    float (&o)[DT][4], float scale_log2) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = m_run[r];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // A row with no visible key so far keeps m = -inf: subtract 0, not inf.
+    const float base = mx == -INFINITY ? 0.0f : mx * scale_log2;
+    const float alpha = fast_exp2(m_run[r] * scale_log2 - base);  // 0 while m_run = -inf
+    m_run[r] = mx;
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float p = fast_exp2(fmaf(s[nt][2 * r + c], scale_log2, -base));  // masked: exp2(-inf) = 0
+        s[nt][2 * r + c] = p;
+        sum += p;
+      }
+    }
+    l_run[r] = l_run[r] * alpha + sum;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      o[dt][2 * r] *= alpha;
+      o[dt][2 * r + 1] *= alpha;
+    }
+  }
 }
 
 // Two floats rounded to T, `lo` in the low half (the lower column).
@@ -154,6 +205,13 @@ inline bool prepare_kernel(const void* kernel, int smem_bytes, std::atomic<unsig
   if (err != cudaSuccess) throw_cuda_error("flash_attention", "cudaFuncSetAttribute (dynamic shared memory)", err);
   prepared.fetch_or(bit, std::memory_order_acq_rel);
   return true;
+}
+
+// The same, remembering per kernel (one set of device bits per Kernel).
+template <auto Kernel>
+bool prepare_kernel(int smem_bytes) {
+  static std::atomic<unsigned long long> prepared{0};
+  return prepare_kernel(reinterpret_cast<const void*>(Kernel), smem_bytes, prepared);
 }
 
 }  // namespace ferrum::kernels

@@ -23,11 +23,8 @@ void CudaBackend::do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::si
   // CudaBackendConfig::gemm_skinny_max_m overrides). It declines (returns false,
   // launches nothing) for unaligned a / b or k % 8 != 0, and cuBLAS runs
   // instead. Both paths are launch-only: capture-safe.
-  const bool skinny = gemm_skinny_max_m_ < 0 ? kernels::gemm_skinny_default(static_cast<long long>(m),
-                                                                              static_cast<long long>(n),
-                                                                              static_cast<long long>(k))
-                                             : m <= static_cast<std::size_t>(gemm_skinny_max_m_);
-  if (skinny &&
+  if (kernels::gemm_skinny_wanted(gemm_skinny_max_m_, static_cast<long long>(m), static_cast<long long>(n),
+                                  static_cast<long long>(k)) &&
       kernels::launch_gemm_skinny(a.dtype(), ptr(a), ptr(b), ptr(out), static_cast<long long>(m),
                                   static_cast<long long>(n), static_cast<long long>(k), rt_->num_sms, rt_->stream)) {
     return;

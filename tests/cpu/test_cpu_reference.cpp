@@ -479,21 +479,7 @@ TEST_P(CpuFlashDecodeRagged, EachSequenceEqualsItsOwnDecode) {
   const RaggedDecodeSpec s = ragged_decode_specs()[index()];
   const RaggedDecodeCase c = make_ragged_decode_case(rng, dt(), s.cfg, s.kv_lens);
   SCOPED_TRACE(describe(c));
-  const OpResult batch = run(cpu_, c);
-  ASSERT_TRUE(batch.guards_ok());
-  const std::size_t q_row = s.cfg.num_heads * s.cfg.head_dim;
-  const std::size_t kv_seq = s.cfg.num_kv_heads * s.cfg.kv_seq_stride * s.cfg.head_dim;
-  const std::size_t es = size_of(dt());
-  for (std::size_t b = 0; b < c.batch; ++b) {
-    const std::size_t len = s.kv_lens[b];
-    FlashCase one{1, 1, len, len - 1, s.cfg, len, {}, {}, {}};
-    one.q = make_tensor(dt(), {c.q.values.begin() + b * q_row, c.q.values.begin() + (b + 1) * q_row});
-    one.k = make_tensor(dt(), {c.k.values.begin() + b * kv_seq, c.k.values.begin() + (b + 1) * kv_seq});
-    one.v = make_tensor(dt(), {c.v.values.begin() + b * kv_seq, c.v.values.begin() + (b + 1) * kv_seq});
-    const auto& all = batch.at("out").bytes;
-    const std::vector<std::uint8_t> mine(all.begin() + b * q_row * es, all.begin() + (b + 1) * q_row * es);
-    EXPECT_TRUE(bitwise_equal(mine, run(cpu_, one).at("out").bytes, es)) << "sequence " << b;
-  }
+  EXPECT_TRUE(ragged_equals_single_decodes(cpu_, c));
 }
 INSTANTIATE_TEST_SUITE_P(Specs, CpuFlashDecodeRagged,
                          ::testing::ValuesIn(dtype_case_params(ragged_decode_specs().size())), dtype_case_param_name);
@@ -501,11 +487,7 @@ INSTANTIATE_TEST_SUITE_P(Specs, CpuFlashDecodeRagged,
 TEST(CpuFlashDecodeRaggedErrors, KvLensOutOfRangeThrows) {
   FERRUM_SEEDED_RNG(rng);
   CpuBackend cpu;
-  AttnConfig cfg;
-  cfg.num_heads = 4;
-  cfg.num_kv_heads = 2;
-  cfg.head_dim = 64;
-  cfg.kv_seq_stride = 9;
+  const AttnConfig cfg = attn_config(4, 2, 64, 9);
   for (float bad : {0.0f, -1.0f, 10.0f}) {
     RaggedDecodeCase c = make_ragged_decode_case(rng, DType::F16, cfg, {9, 3});
     c.kv_lens.values[1] = bad;

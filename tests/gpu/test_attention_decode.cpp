@@ -34,11 +34,7 @@ TEST_P(CudaDecodeGraph, ReplayEqualsEagerFor4096StepsAsKvLenGrows) {
   FERRUM_SEEDED_RNG(rng);
   const DType dt = GetParam();
   Backend& be = cuda();
-  AttnConfig cfg;
-  cfg.num_heads = kNh;
-  cfg.num_kv_heads = kNkv;
-  cfg.head_dim = kHd;
-  cfg.kv_seq_stride = kCap;
+  const AttnConfig cfg = attn_config(kNh, kNkv, kHd, kCap);
 
   // Inputs rewritten before every step (outside any capture): q and the new
   // K/V row of every kv head.
@@ -102,11 +98,7 @@ TEST_P(CudaDecodeGraph, RaggedReplayFollowsKvLens) {
   FERRUM_SEEDED_RNG(rng);
   const DType dt = GetParam();
   Backend& be = cuda();
-  AttnConfig cfg;
-  cfg.num_heads = 16;
-  cfg.num_kv_heads = 4;
-  cfg.head_dim = 128;
-  cfg.kv_seq_stride = 3000;
+  const AttnConfig cfg = attn_config(16, 4, 128, 3000);
   const RaggedDecodeCase c = make_ragged_decode_case(rng, dt, cfg, {3000, 3000, 3000});  // no NaN rows
   DeviceTensor q(be, c.q), k(be, c.k), v(be, c.v);
   DeviceTensor lens_graph(be, c.kv_lens), lens_eager(be, c.kv_lens);
@@ -136,41 +128,17 @@ class CudaDecodeBatch : public CudaParamTest<DType> {};
 // Sequence b of a ragged batch == a batch-1 flash_attention decode of it.
 TEST_P(CudaDecodeBatch, RaggedSequenceEqualsItsOwnDecodeBitwise) {
   FERRUM_SEEDED_RNG(rng);
-  const DType dt = GetParam();
-  Backend& be = cuda();
-  AttnConfig cfg;
-  cfg.num_heads = 32;
-  cfg.num_kv_heads = 8;
-  cfg.head_dim = 128;
-  cfg.kv_seq_stride = 2600;
-  const std::vector<std::size_t> lens = {2600, 1, 513, 1024, 77};
-  const RaggedDecodeCase c = make_ragged_decode_case(rng, dt, cfg, lens);
-  const OpResult batch = run(be, c);
-  ASSERT_TRUE(batch.guards_ok());
-  const std::size_t q_row = cfg.num_heads * cfg.head_dim, kv_seq = cfg.num_kv_heads * cfg.kv_seq_stride * cfg.head_dim;
-  const std::size_t es = size_of(dt);
-  for (std::size_t b = 0; b < lens.size(); ++b) {
-    SCOPED_TRACE(cat("sequence ", b, " kv_len ", lens[b]));
-    FlashCase one{1, 1, lens[b], lens[b] - 1, cfg, lens[b], {}, {}, {}};
-    one.q = make_tensor(dt, {c.q.values.begin() + b * q_row, c.q.values.begin() + (b + 1) * q_row});
-    one.k = make_tensor(dt, {c.k.values.begin() + b * kv_seq, c.k.values.begin() + (b + 1) * kv_seq});
-    one.v = make_tensor(dt, {c.v.values.begin() + b * kv_seq, c.v.values.begin() + (b + 1) * kv_seq});
-    const OpResult single = run(be, one);
-    const auto& all = batch.at("out").bytes;
-    const std::vector<std::uint8_t> mine(all.begin() + b * q_row * es, all.begin() + (b + 1) * q_row * es);
-    EXPECT_TRUE(bitwise_equal(mine, single.at("out").bytes, es));
-  }
+  const RaggedDecodeCase c = make_ragged_decode_case(rng, GetParam(), attn_config(32, 8, 128, 2600),
+                                                     {2600, 1, 513, 1024, 77});
+  SCOPED_TRACE(describe(c));
+  EXPECT_TRUE(ragged_equals_single_decodes(cuda(), c));
 }
 
 TEST_P(CudaDecodeBatch, TwoRunsAreBitwiseEqual) {
   FERRUM_SEEDED_RNG(rng);
   const DType dt = GetParam();
   Backend& be = cuda();
-  AttnConfig cfg;
-  cfg.num_heads = 32;
-  cfg.num_kv_heads = 8;
-  cfg.head_dim = 128;
-  cfg.kv_seq_stride = 40000;
+  AttnConfig cfg = attn_config(32, 8, 128, 40000);
   // Decode over 79 slices, then a causal prefill chunk.
   const FlashCase decode = make_flash_case(rng, dt, 2, 1, 40000, 39999, cfg);
   const OpResult d1 = run(be, decode), d2 = run(be, decode);
@@ -188,11 +156,7 @@ class CudaDecodeCheck : public CudaTest {};
 TEST_F(CudaDecodeCheck, KvLensOutOfRangeIsADeviceCheck) {
   FERRUM_SEEDED_RNG(rng);
   Backend& be = cuda();
-  AttnConfig cfg;
-  cfg.num_heads = 8;
-  cfg.num_kv_heads = 2;
-  cfg.head_dim = 64;
-  cfg.kv_seq_stride = 700;
+  const AttnConfig cfg = attn_config(8, 2, 64, 700);
   for (std::int32_t bad : {0, -3, 701}) {
     SCOPED_TRACE(cat("kv_lens[1] = ", bad));
     RaggedDecodeCase c = make_ragged_decode_case(rng, DType::F16, cfg, {700, 700});

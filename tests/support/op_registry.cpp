@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "support/op_runners.hpp"
+
 namespace ferrum::test {
 
 namespace {
@@ -109,13 +111,10 @@ std::vector<OpSpec> build_specs() {
                 {"cfg.num_kv_heads", kNumKvHeads},
                 {"cfg.head_dim", kAttnHd}},
                [](Backend& be, OpArgs& a) {
-                 AttnConfig cfg;
-                 cfg.num_heads = a.size("cfg.num_heads");
-                 cfg.num_kv_heads = a.size("cfg.num_kv_heads");
-                 cfg.head_dim = a.size("cfg.head_dim");
+                 AttnConfig cfg = attn_config(a.size("cfg.num_heads"), a.size("cfg.num_kv_heads"),
+                                              a.size("cfg.head_dim"), a.kv_seq_stride);
                  cfg.causal = a.causal;
                  cfg.scale = a.scale;
-                 cfg.kv_seq_stride = a.kv_seq_stride;
                  be.flash_attention(a.buf("q"), a.buf("k"), a.buf("v"), a.buf("out"), a.size("batch"),
                                     a.size("q_len"), a.size("kv_len"), a.pos_offset, cfg);
                }});
@@ -131,12 +130,9 @@ std::vector<OpSpec> build_specs() {
                   {"cfg.head_dim", kAttnHd},
                   {"cfg.kv_seq_stride", kCap}},
                  [](Backend& be, OpArgs& a) {
-                   AttnConfig cfg;
-                   cfg.num_heads = a.size("cfg.num_heads");
-                   cfg.num_kv_heads = a.size("cfg.num_kv_heads");
-                   cfg.head_dim = a.size("cfg.head_dim");
+                   AttnConfig cfg = attn_config(a.size("cfg.num_heads"), a.size("cfg.num_kv_heads"),
+                                                a.size("cfg.head_dim"), a.size("cfg.kv_seq_stride"));
                    cfg.scale = a.scale;
-                   cfg.kv_seq_stride = a.size("cfg.kv_seq_stride");
                    be.flash_decode_ragged(a.buf("q"), a.buf("k"), a.buf("v"), a.buf("out"), a.buf("kv_lens"),
                                           a.size("batch"), cfg);
                  }});

@@ -259,6 +259,16 @@ RaggedDecodeCase make_ragged_decode_case(Rng& rng, DType dt, const AttnConfig& c
   return c;
 }
 
+AttnConfig attn_config(std::size_t num_heads, std::size_t num_kv_heads, std::size_t head_dim,
+                       std::size_t kv_seq_stride) {
+  AttnConfig cfg;
+  cfg.num_heads = num_heads;
+  cfg.num_kv_heads = num_kv_heads;
+  cfg.head_dim = head_dim;
+  cfg.kv_seq_stride = kv_seq_stride;
+  return cfg;
+}
+
 // ── Descriptions ─────────────────────────────────────────────────────────────
 
 std::string describe(const RmsNormCase& c) {
@@ -463,6 +473,32 @@ OpResult run(Backend& be, const RaggedDecodeCase& c, const RunOptions& o) {
   Buffer& kv_lens = r.in(c.kv_lens);
   Buffer& out = r.out("out", c.q.dtype, c.q.size());
   return r.go([&] { be.flash_decode_ragged(q, k, v, out, kv_lens, c.batch, c.cfg); });
+}
+
+::testing::AssertionResult ragged_equals_single_decodes(Backend& be, const RaggedDecodeCase& c) {
+  const OpResult batch = run(be, c);
+  if (auto guards = batch.guards_ok(); !guards) return guards << " (ragged batch)";
+  const std::size_t q_row = c.cfg.num_heads * c.cfg.head_dim;
+  const std::size_t kv_seq = c.cfg.num_kv_heads * c.cfg.kv_seq_stride * c.cfg.head_dim;
+  const DType dt = c.q.dtype;
+  const std::size_t es = size_of(dt);
+  const auto slice = [&](const HostTensor& t, std::size_t b, std::size_t n) {
+    return make_tensor(dt, {t.values.begin() + static_cast<std::ptrdiff_t>(b * n),
+                            t.values.begin() + static_cast<std::ptrdiff_t>((b + 1) * n)});
+  };
+  const auto& all = batch.at("out").bytes;
+  for (std::size_t b = 0; b < c.batch; ++b) {
+    const auto len = static_cast<std::size_t>(c.kv_lens.values[b]);
+    const FlashCase one{1, 1, len, len - 1, c.cfg, len, slice(c.q, b, q_row), slice(c.k, b, kv_seq),
+                        slice(c.v, b, kv_seq)};
+    const OpResult single = run(be, one);
+    const std::vector<std::uint8_t> mine(all.begin() + static_cast<std::ptrdiff_t>(b * q_row * es),
+                                         all.begin() + static_cast<std::ptrdiff_t>((b + 1) * q_row * es));
+    if (auto eq = bitwise_equal(mine, single.at("out").bytes, es); !eq) {
+      return eq << " (sequence " << b << ", kv_len " << len << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
 }
 
 // ── Effective arguments ──────────────────────────────────────────────────────

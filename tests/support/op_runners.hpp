@@ -176,6 +176,16 @@ FlashCase make_flash_case(Rng& rng, DType dt, std::size_t batch, std::size_t q_l
 RaggedDecodeCase make_ragged_decode_case(Rng& rng, DType dt, const AttnConfig& cfg,
                                          const std::vector<std::size_t>& kv_lens);
 
+// An AttnConfig with the given heads / head_dim / kv_seq_stride (causal,
+// default scale).
+AttnConfig attn_config(std::size_t num_heads, std::size_t num_kv_heads, std::size_t head_dim,
+                       std::size_t kv_seq_stride = 0);
+
+// Runs `c` on `be`, then each sequence alone as a batch-1 flash_attention
+// decode over its own kv_len; success iff every sequence's output is
+// bitwise the same (nothing may depend on the batch) and guards held.
+::testing::AssertionResult ragged_equals_single_decodes(Backend& be, const RaggedDecodeCase& c);
+
 std::string describe(const RmsNormCase& c);
 std::string describe(const FusedAddRmsNormCase& c);
 std::string describe(const LayerNormCase& c);
