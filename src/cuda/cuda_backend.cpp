@@ -305,7 +305,11 @@ void CudaBackend::do_reset_graph() {
   if (rt_->graph_exec == nullptr && rt_->graph == nullptr) return;
   detail::activate_device(device_);
   // A replay may still be running; let it finish before freeing the graph.
-  check_cuda(cudaStreamSynchronize(rt_->stream), "reset_graph", "cudaStreamSynchronize");
+  // A replayed collective may wait on a peer that is gone: the same bounded
+  // wait as synchronize() (on timeout the communicator is aborted, its
+  // kernels return, and this throws Nccl with the graph still held; a later
+  // reset_graph() then frees it).
+  wait_stream("reset_graph");
   if (rt_->graph_exec != nullptr) cudaGraphExecDestroy(rt_->graph_exec);
   if (rt_->graph != nullptr) cudaGraphDestroy(rt_->graph);
   rt_->graph_exec = nullptr;
