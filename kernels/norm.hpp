@@ -25,7 +25,7 @@ struct NormArgs {
   // Launch shape: vectors each thread aims to hold (the group of threads per
   // row grows until a row fits), and the smallest block. Defaults are the
   // tuned values (bench/norm_tuning.cpp sweeps them); callers leave them.
-  int target_vectors_per_thread = 4;
+  int target_vectors_per_thread = 2;
   int min_block_threads = 256;
 };
 

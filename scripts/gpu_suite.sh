@@ -26,7 +26,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 MODE="${1:-all}"
-has_mode() { [ "$MODE" = all ] && [ "$1" != nccl ] && [ "$1" != gptq ] && [ "$1" != engine ] && [ "$1" != quicktests ] && [ "$1" != gptqbench ] && [ "$1" != race ] && [ "$1" != hf ] && return 0; [[ ",$MODE," == *",$1,"* ]]; }
+has_mode() { [ "$MODE" = all ] && [ "$1" != nccl ] && [ "$1" != gptq ] && [ "$1" != engine ] && [ "$1" != quicktests ] && [ "$1" != gptqbench ] && [ "$1" != race ] && [ "$1" != hf ] && [ "$1" != profile ] && return 0; [[ ",$MODE," == *",$1,"* ]]; }
 BF=()
 [ -n "${BENCH_FILTER:-}" ] && BF=(--filter "$BENCH_FILTER")
 QUICK=""
@@ -136,6 +136,25 @@ if has_mode hf; then
       --json "$OUT/hf_check.json" > "$OUT/hf_check.log" 2>&1
     echo "hf_check exit $?"
     grep -E "PASS|FAIL|OVERALL|PROBLEM" "$OUT/hf_check.log" | head -30
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode profile; then
+  # Nsight Compute on the kernels still below their bars (one launch each,
+  # clocks left alone), and racecheck's hazard report with source lines.
+  {
+    echo "== ncu profiles"
+    NCU=(ncu --clock-control none --set detailed --launch-skip 12 --launch-count 1)
+    timeout 120 "${NCU[@]}" -k regex:gptq_fused $B/bench/ferrum_bench_gptq --quick --iters 20 > "$OUT/ncu_gptq_m1.txt" 2>&1
+    echo "ncu gptq exit $?"
+    for L in 1024 32768; do
+      timeout 120 "${NCU[@]}" -k regex:attention_decode $B/bench/ferrum_bench --reps 20 \
+        --filter "attention_decode f16 B=1 L=$L " > "$OUT/ncu_decode_L$L.txt" 2>&1
+      echo "ncu decode L=$L exit $?"
+    done
+    timeout 150 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 6 $B/tests/ferrum_tests_gpu \
+      --gtest_brief=1 --gtest_filter='Specs/CudaFlashDecodeRagged.*_case1:CudaGptq*' > "$OUT/racecheck_detail.txt" 2>&1
+    echo "racecheck detail exit $?"
   } 2>&1 | tee -a "$LOG"
 fi
 
