@@ -54,9 +54,11 @@ if has_mode tests; then
     grep -E "tests passed|tests failed|\(Failed\)|\*\*\*Failed|Timeout|Error" "$OUT/ctest.log" | head -40
     # memcheck over the whole GPU binary (the largest shapes are left out:
     # they only lengthen the run, the same kernels run at every other size).
+    # The NCCL tests run under memcheck in the nccl mode, on 2 GPUs, with their
+    # own log: they fork workers and kill peers on purpose.
     echo "== compute-sanitizer memcheck"
     timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
-      --gtest_filter='-*t4096*:*4096Steps*' 2>&1 | tail -4
+      --gtest_filter='-*t4096*:*4096Steps*:*Nccl*' 2>&1 | tail -4
     echo "memcheck exit ${PIPESTATUS[0]}"
     # racecheck only sees shared memory: norm block reductions, attention tiles.
     echo "== compute-sanitizer racecheck"
@@ -123,8 +125,10 @@ fi
 if has_mode engine; then
   {
     echo "== engine (llama3-8b shape, random fp16 weights)"
-    for mode in --graph --eager; do
-      timeout 120 $B/apps/engine/ferrum_engine --random llama3-8b --steps 128 $mode 2>&1 | grep -E "backend|model|decode:|prefill:|error"
+    for dtype in f16 bf16; do
+      for mode in --graph --eager; do
+        timeout 120 $B/apps/engine/ferrum_engine --random llama3-8b --dtype $dtype --steps 128 $mode 2>&1 | grep -E "backend|model|decode:|prefill:|error"
+      done
     done
   } 2>&1 | tee -a "$LOG"
 fi
@@ -165,6 +169,10 @@ if has_mode nccl; then
     echo "== NCCL tests"
     timeout 300 $B/tests/ferrum_tests_gpu --gtest_brief=1 --gtest_filter='*Nccl*' 2>&1 | tail -20
     echo "nccl tests exit ${PIPESTATUS[0]}"
+    timeout 240 compute-sanitizer --tool memcheck --print-limit 20 --target-processes all $B/tests/ferrum_tests_gpu \
+      --gtest_brief=1 --gtest_filter='*Nccl*' > "$OUT/nccl_memcheck.log" 2>&1
+    echo "nccl memcheck exit $?"
+    grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/nccl_memcheck.log" | sort | uniq -c | head
     timeout 200 $B/bench/ferrum_bench_nccl --json "$OUT/nccl.json" 2>&1 | tail -40
     echo "ferrum_bench_nccl exit ${PIPESTATUS[0]}"
   } 2>&1 | tee -a "$LOG"

@@ -1,11 +1,13 @@
 // ferrum_engine: greedy decoding of a Llama / Qwen3 model on the Backend API.
 //
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N]
-//                      [--cpu] [--eager | --graph] [--seed N] [--dump-logits FILE]
+//                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--dump-logits FILE]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors
 //   --random NAME    seeded random weights for a preset (llama3-8b, qwen3-0.6b, tiny-llama, tiny-qwen3)
 //   --prompt-tokens  comma-separated token ids (there is no tokenizer); default "1"
 //   --steps N        tokens to generate (default 16)
+//   --dtype D        f16 or bf16: the activation/weight dtype of a --random
+//                    preset (default: the preset's, bf16 as the checkpoints ship)
 //   --cpu            CpuBackend even when a GPU is present
 //   --eager/--graph  decode steps as op calls, or one captured graph replayed
 //                    per step (graph needs Op::GraphCapture; else eager)
@@ -46,6 +48,7 @@ struct Options {
   bool graph = false;
   std::uint64_t seed = 1234;
   std::string dump_logits;  // empty: no dump
+  std::string dtype;        // --random only; empty: the preset's dtype
 };
 
 // The --dump-logits file: rows of raw float32, appended in order.
@@ -89,7 +92,7 @@ class LogitsDump {
 void usage(std::FILE* out) {
   std::fprintf(out,
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3\"] [--steps N]\n"
-               "                     [--cpu] [--eager | --graph] [--seed N] [--dump-logits FILE]\n"
+               "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--dump-logits FILE]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
   std::fprintf(out, "\n");
@@ -138,6 +141,11 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
     } else if (arg == "--dump-logits") {
       opt.dump_logits = value();
       if (opt.dump_logits.empty()) fail(ErrorCode::InvalidArgument, "--dump-logits needs a file name");
+    } else if (arg == "--dtype") {
+      opt.dtype = value();
+      if (opt.dtype != "f16" && opt.dtype != "bf16") {
+        fail(ErrorCode::InvalidArgument, "--dtype takes f16 or bf16, got '", opt.dtype, "'");
+      }
     } else if (arg == "--cpu") {
       opt.force_cpu = true;
     } else if (arg == "--eager") {
@@ -155,6 +163,9 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
     usage(stderr);
     exit_code = 2;
     return false;
+  }
+  if (!opt.dtype.empty() && opt.random_preset.empty()) {
+    fail(ErrorCode::InvalidArgument, "--dtype applies to --random presets; a checkpoint keeps its torch_dtype");
   }
   return true;
 }
@@ -187,6 +198,12 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, DecodeMode& mode) {
   return backend;
 }
 
+ModelConfig random_config(const Options& opt) {
+  ModelConfig cfg = preset_config(opt.random_preset);
+  if (!opt.dtype.empty()) cfg.dtype = opt.dtype == "f16" ? DType::F16 : DType::BF16;
+  return cfg;
+}
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -198,7 +215,7 @@ int run(const Options& opt) {
   std::printf("ferrum_engine: backend %s, %s decoding\n", backend->name().c_str(), to_string(mode).c_str());
 
   const auto load_start = Clock::now();
-  ModelWeights weights = opt.model_dir.empty() ? random_weights(*backend, preset_config(opt.random_preset), opt.seed)
+  ModelWeights weights = opt.model_dir.empty() ? random_weights(*backend, random_config(opt), opt.seed)
                                                : load_checkpoint(*backend, opt.model_dir);
   const ModelConfig& c = weights.config;
   std::printf("  model: %s (%s), %zu layers, hidden %zu, heads %zu/%zu, head_dim %zu, intermediate %zu, vocab %zu, %s%s\n",

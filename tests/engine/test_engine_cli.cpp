@@ -120,5 +120,18 @@ TEST(EngineCli, UnwritableDumpPathIsAnError) {
   EXPECT_EQ(output.find("prefill:"), std::string::npos) << "ran before failing: " << output;
 }
 
+TEST(EngineCli, DtypeOverridesTheRandomPresetsDtype) {
+  const std::filesystem::path dir = testing::scratch_dir();
+  const std::filesystem::path log = dir / "engine.log";
+  for (const char* dtype : {"f16", "bf16"}) {
+    ASSERT_EQ(run_engine(std::string("--random tiny-llama --cpu --steps 2 --dtype ") + dtype, log), 0) << read_text(log);
+    const std::string output = read_text(log);
+    EXPECT_NE(output.find(std::string(", ") + dtype), std::string::npos) << output;
+    EXPECT_EQ(generated_tokens(output).size(), 2u);
+  }
+  EXPECT_EQ(run_engine("--random tiny-llama --cpu --steps 2 --dtype f32", log), 1);
+  EXPECT_NE(read_text(log).find("--dtype takes f16 or bf16, got 'f32'"), std::string::npos) << read_text(log);
+}
+
 }  // namespace
 }  // namespace ferrum::engine
