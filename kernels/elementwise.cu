@@ -4,6 +4,7 @@
 // allows it, with scalar code for the unaligned case and the tail.
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/launch.cuh"
 #include "kernels/common/vec.cuh"
 #include "kernels/elementwise.hpp"
 
@@ -30,6 +31,7 @@ struct Add {
 // b may be null for unary ops. out may alias a.
 template <class T, int VW, class Op>
 __global__ void flat_map_kernel(const T* a, const T* __restrict__ b, T* out, long long n, long long period, Op op) {
+  pdl_begin();
   using V = vec_t<T, VW>;
   const long long nvec = n / VW;
   const long long first = (static_cast<long long>(blockIdx.x) * blockDim.x * kItems) + threadIdx.x;
@@ -66,17 +68,19 @@ __global__ void flat_map_kernel(const T* a, const T* __restrict__ b, T* out, lon
 }
 
 template <class T, class Op>
-void launch_flat_map(const T* a, const T* b, T* out, long long n, long long period, Op op, cudaStream_t stream) {
+void launch_flat_map(const char* name, const T* a, const T* b, T* out, long long n, long long period, Op op,
+                     cudaStream_t stream) {
   constexpr int kWide = kVec16<T>;
   const bool wide = aligned16(a) && aligned16(out) && (b == nullptr || aligned16(b)) && (period % kWide == 0);
   const int vw = wide ? kWide : 1;
   const long long nvec = n / vw;
   long long blocks = (nvec + kThreads * kItems - 1) / (kThreads * kItems);
   if (blocks == 0) blocks = 1;  // the tail alone
+  const dim3 grid(static_cast<unsigned>(blocks));
   if (wide) {
-    flat_map_kernel<T, kWide><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a, b, out, n, period, op);
+    launch_pdl(name, flat_map_kernel<T, kWide, Op>, grid, kThreads, 0, stream, a, b, out, n, period, op);
   } else {
-    flat_map_kernel<T, 1><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a, b, out, n, period, op);
+    launch_pdl(name, flat_map_kernel<T, 1, Op>, grid, kThreads, 0, stream, a, b, out, n, period, op);
   }
 }
 
@@ -84,6 +88,7 @@ template <class T, int VW>
 __global__ void silu_mul_split_kernel(const T* __restrict__ gate_up,  // [tokens, 2*im]
                                       T* __restrict__ out,             // [tokens, im]
                                       long long tokens, long long im) {
+  pdl_begin();
   using V = vec_t<T, VW>;
   const long long vec_per_row = im / VW;
   const long long total = tokens * vec_per_row;
@@ -121,10 +126,10 @@ void launch_gelu(DType dtype, const void* x, void* out, long long n, bool approx
   dispatch_half_dtype(dtype, "gelu", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (approx_tanh) {
-      launch_flat_map(static_cast<const T*>(x), static_cast<const T*>(nullptr), static_cast<T*>(out), n, 0,
+      launch_flat_map("gelu", static_cast<const T*>(x), static_cast<const T*>(nullptr), static_cast<T*>(out), n, 0,
                       GeluTanh{}, stream);
     } else {
-      launch_flat_map(static_cast<const T*>(x), static_cast<const T*>(nullptr), static_cast<T*>(out), n, 0,
+      launch_flat_map("gelu", static_cast<const T*>(x), static_cast<const T*>(nullptr), static_cast<T*>(out), n, 0,
                       GeluErf{}, stream);
     }
   });
@@ -134,8 +139,8 @@ void launch_gelu(DType dtype, const void* x, void* out, long long n, bool approx
 void launch_add_inplace(DType dtype, void* residual, const void* x, long long n, cudaStream_t stream) {
   dispatch_half_dtype(dtype, "add_inplace", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch_flat_map(static_cast<const T*>(residual), static_cast<const T*>(x), static_cast<T*>(residual), n, 0,
-                    Add{}, stream);
+    launch_flat_map("add_inplace", static_cast<const T*>(residual), static_cast<const T*>(x),
+                    static_cast<T*>(residual), n, 0, Add{}, stream);
   });
   check_launch("add_inplace");
 }
@@ -144,8 +149,8 @@ void launch_add_bias(DType dtype, void* data, const void* bias, long long rows, 
                      cudaStream_t stream) {
   dispatch_half_dtype(dtype, "add_bias", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch_flat_map(static_cast<const T*>(data), static_cast<const T*>(bias), static_cast<T*>(data), rows * cols,
-                    cols, Add{}, stream);
+    launch_flat_map("add_bias", static_cast<const T*>(data), static_cast<const T*>(bias), static_cast<T*>(data),
+                    rows * cols, cols, Add{}, stream);
   });
   check_launch("add_bias");
 }
@@ -159,12 +164,13 @@ void launch_silu_mul_split(DType dtype, const void* gate_up, void* out, long lon
     const int vw = wide ? kWide : 1;
     const long long total = tokens * (im / vw);
     const long long blocks = (total + kThreads * kItems - 1) / (kThreads * kItems);
+    const dim3 grid(static_cast<unsigned>(blocks));
+    const auto* in = static_cast<const T*>(gate_up);
+    auto* o = static_cast<T*>(out);
     if (wide) {
-      silu_mul_split_kernel<T, kWide><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-          static_cast<const T*>(gate_up), static_cast<T*>(out), tokens, im);
+      launch_pdl("fused_silu_mul_split", silu_mul_split_kernel<T, kWide>, grid, kThreads, 0, stream, in, o, tokens, im);
     } else {
-      silu_mul_split_kernel<T, 1><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-          static_cast<const T*>(gate_up), static_cast<T*>(out), tokens, im);
+      launch_pdl("fused_silu_mul_split", silu_mul_split_kernel<T, 1>, grid, kThreads, 0, stream, in, o, tokens, im);
     }
   });
   check_launch("fused_silu_mul_split");

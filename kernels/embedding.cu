@@ -34,7 +34,7 @@ void launch_embedding_lookup(DType dtype, const void* table, const std::int32_t*
   dispatch_half_dtype(dtype, "embedding_lookup", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const EmbeddingRows<T> map{static_cast<const T*>(table), ids, state, static_cast<T*>(out), dim, vocab, error_flag};
-    launch_copy_rows<T>(tokens, dim, all_aligned16(table, out), map, stream);
+    launch_copy_rows<T>("embedding_lookup", tokens, dim, all_aligned16(table, out), map, stream);
   });
   check_launch("embedding_lookup");
 }

@@ -34,6 +34,7 @@
 
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/launch.cuh"
 #include "kernels/common/mma.cuh"
 #include "kernels/common/vec.cuh"
 #include "kernels/gemm_skinny.hpp"
@@ -163,6 +164,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemm_skinny_simt_kernel(const 
                                                                           const T* __restrict__ b,  // [n, k]
                                                                           T* __restrict__ out,      // [M, n]
                                                                           int n, int k) {
+  pdl_begin();
   constexpr int kSums = R * M;                 // per lane: [R][M], flattened r * M + m
   constexpr int kSumsPow2 = next_pow2(kSums);  // padded with zeros for the reduction
   static_assert(kSumsPow2 <= 32, "one reduced value per lane at most");
@@ -244,9 +246,9 @@ void launch_simt(const void* a, const void* b, void* out, long long n, long long
   const long long blocks = (n + C::kRows - 1) / C::kRows;
   const long long chunks = (k / kVecElems + kChunkVecs - 1) / kChunkVecs;
   const int warps = warps_per_block(blocks, chunks, num_sms);
-  gemm_skinny_simt_kernel<T, M, C::kRows, C::kUnroll><<<static_cast<unsigned>(blocks), warps * 32, 0, stream>>>(
-      static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), static_cast<int>(n),
-      static_cast<int>(k));
+  launch_pdl("gemm_skinny", gemm_skinny_simt_kernel<T, M, C::kRows, C::kUnroll>, dim3(static_cast<unsigned>(blocks)),
+             warps * 32, 0, stream, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out),
+             static_cast<int>(n), static_cast<int>(k));
   check_launch("gemm_skinny");
 }
 
@@ -289,6 +291,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) gemm_skinny_mma_kernel(cons
                                                                             const T* __restrict__ b,  // [n, k]
                                                                             T* __restrict__ out,      // [m, n]
                                                                             int m, int n, int k) {
+  pdl_begin();
   constexpr int kSteps = kMmaLoads / (2 * kTiles);  // 32-element k steps per warp iteration
   constexpr int kIterVecs = 4 * kSteps;             // 16-byte vectors of a row per warp iteration
   constexpr int kRows = 16 * kTiles;                // rows of b per block
@@ -405,9 +408,9 @@ void launch_mma_tiles(const void* a, const void* b, void* out, long long m, long
   const long long blocks = (n + kRows - 1) / kRows;
   const long long chunks = (k + kIterElems - 1) / kIterElems;
   const int warps = warps_per_block(blocks, chunks, num_sms);
-  gemm_skinny_mma_kernel<T, kTiles><<<static_cast<unsigned>(blocks), warps * 32, 0, stream>>>(
-      static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), static_cast<int>(m),
-      static_cast<int>(n), static_cast<int>(k));
+  launch_pdl("gemm_skinny", gemm_skinny_mma_kernel<T, kTiles>, dim3(static_cast<unsigned>(blocks)), warps * 32, 0,
+             stream, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), static_cast<int>(m),
+             static_cast<int>(n), static_cast<int>(k));
   check_launch("gemm_skinny");
 }
 

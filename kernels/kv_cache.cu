@@ -45,7 +45,8 @@ void launch_kv_cache_append(DType dtype, void* cache_k, void* cache_v, const voi
     const KvAppendRows<T> map{static_cast<T*>(cache_k), static_cast<T*>(cache_v), static_cast<const T*>(new_k),
                               static_cast<const T*>(new_v), cache_len, state, capacity, new_tokens, nkv, hd,
                               error_flag};
-    launch_copy_rows<T>(2 * nkv * new_tokens, hd, all_aligned16(cache_k, cache_v, new_k, new_v), map, stream);
+    launch_copy_rows<T>("kv_cache_append_head_major", 2 * nkv * new_tokens, hd,
+                        all_aligned16(cache_k, cache_v, new_k, new_v), map, stream);
   });
   check_launch("kv_cache_append_head_major");
 }

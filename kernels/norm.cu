@@ -9,6 +9,7 @@
 
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/launch.cuh"
 #include "kernels/common/reduce.cuh"
 #include "kernels/common/vec.cuh"
 #include "kernels/norm.hpp"
@@ -52,6 +53,7 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
                                  const T* __restrict__ bias,    // [dim] (Layer)
                                  T* out,                         // [rows, dim]
                                  int rows, int dim, float eps, int group) {
+  pdl_begin();
   using V = vec_t<T, VW>;
   const int rows_per_block = blockDim.x / group;
   const int row = blockIdx.x * rows_per_block + threadIdx.x / group;
@@ -146,6 +148,7 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
 template <NormKind K, class T>
 __global__ void __launch_bounds__(1024) norm_rows_loop_kernel(const T* __restrict__ x, T* residual, const T* __restrict__ weight,
                                       const T* __restrict__ bias, T* out, int dim, float eps) {
+  pdl_begin();
   const long long base = static_cast<long long>(blockIdx.x) * dim;
   auto value = [&](int d) {
     if constexpr (K == NormKind::AddRms) return to_float(residual[base + d]);
@@ -215,18 +218,19 @@ void launch_typed(const NormArgs& a, cudaStream_t stream) {
   const int blocks = plan.blocks;
   // 8 vectors per thread need up to ~230 registers: at most 256 threads.
   if (nvec_per_thread > kMaxNvec || (nvec_per_thread == kMaxNvec && threads > 256)) {
-    norm_rows_loop_kernel<K, T><<<a.rows, kMaxGroup, 0, stream>>>(x, residual, weight, bias, out, a.dim, a.eps);
+    launch_pdl("norm", norm_rows_loop_kernel<K, T>, dim3(a.rows), kMaxGroup, 0, stream, x, residual, weight, bias, out,
+               a.dim, a.eps);
     return;
   }
   auto go = [&](auto vw_c, auto nvec_c) {
     constexpr int kVw = decltype(vw_c)::value;
     constexpr int kNvec = decltype(nvec_c)::value;
     if (prefetch_w) {
-      norm_rows_kernel<K, T, kVw, kNvec, true>
-          <<<blocks, threads, 0, stream>>>(x, residual, weight, bias, out, a.rows, a.dim, a.eps, group);
+      launch_pdl("norm", norm_rows_kernel<K, T, kVw, kNvec, true>, dim3(blocks), threads, 0, stream, x, residual,
+                 weight, bias, out, a.rows, a.dim, a.eps, group);
     } else {
-      norm_rows_kernel<K, T, kVw, kNvec, false>
-          <<<blocks, threads, 0, stream>>>(x, residual, weight, bias, out, a.rows, a.dim, a.eps, group);
+      launch_pdl("norm", norm_rows_kernel<K, T, kVw, kNvec, false>, dim3(blocks), threads, 0, stream, x, residual,
+                 weight, bias, out, a.rows, a.dim, a.eps, group);
     }
   };
   dispatch_int<1, 2, 4, 8>(nvec_per_thread, "norm", "vectors per thread", [&](auto nvec_c) {

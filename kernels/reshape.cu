@@ -46,7 +46,7 @@ void launch_split_qkv(DType dtype, const void* qkv, void* q, void* k, void* v, l
     const bool wide_ok = q_dim % kWide == 0 && kv_dim % kWide == 0 && all_aligned16(qkv, q, k, v);
     const SplitQkvRows<T> map{static_cast<const T*>(qkv), static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v),
                               q_dim, kv_dim};
-    launch_copy_rows<T>(tokens, q_dim + 2 * kv_dim, wide_ok, map, stream);
+    launch_copy_rows<T>("split_qkv", tokens, q_dim + 2 * kv_dim, wide_ok, map, stream);
   });
   check_launch("split_qkv");
 }
@@ -56,7 +56,7 @@ void launch_transpose_head_to_token(DType dtype, const void* src, void* dst, lon
   dispatch_half_dtype(dtype, "transpose_head_to_token", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const HeadToTokenRows<T> map{static_cast<const T*>(src), static_cast<T*>(dst), tokens, heads, dim};
-    launch_copy_rows<T>(tokens * heads, dim, all_aligned16(src, dst), map, stream);
+    launch_copy_rows<T>("transpose_head_to_token", tokens * heads, dim, all_aligned16(src, dst), map, stream);
   });
   check_launch("transpose_head_to_token");
 }

@@ -10,6 +10,7 @@
 #include "kernels/common/check.hpp"
 #include "kernels/common/device_error.cuh"
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/launch.cuh"
 #include "kernels/common/reduce.cuh"
 #include "kernels/common/vec.cuh"
 #include "kernels/rope.hpp"
@@ -25,6 +26,7 @@ __global__ void qk_norm_rope_kernel(const T* __restrict__ input, const T* __rest
                                     T* __restrict__ output, int tokens, int heads, int head_dim,
                                     long long pos_offset, const DecodeState* state, long long max_pos, float eps,
                                     std::uint32_t* error_flag) {
+  pdl_begin();
   const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= static_cast<long long>(tokens) * heads) return;  // whole warps exit together
@@ -80,6 +82,7 @@ __global__ void qk_norm_rope_vec_kernel(const T* __restrict__ input, const T* __
                                         T* __restrict__ output, int tokens, int heads, int head_dim, int group,
                                         long long pos_offset, const DecodeState* state, long long max_pos, float eps,
                                         std::uint32_t* error_flag) {
+  pdl_begin();
   using V = vec_t<T, 8>;
   const long long row = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / group;
   const int g = threadIdx.x % group;
@@ -154,15 +157,9 @@ void launch_qk_norm_rope(const RopeArgs& a, cudaStream_t stream) {
       auto* in = static_cast<const T*>(a.input);
       auto* w = static_cast<const T*>(a.norm_w);
       auto* out = static_cast<T*>(a.output);
-      if (a.norm_w != nullptr) {
-        qk_norm_rope_vec_kernel<T, true><<<blocks, kThreads, 0, stream>>>(in, w, a.cos, a.sin, out, a.tokens, a.heads,
-                                                                           a.head_dim, group, a.pos_offset, a.state,
-                                                                           a.max_pos, a.eps, a.error_flag);
-      } else {
-        qk_norm_rope_vec_kernel<T, false><<<blocks, kThreads, 0, stream>>>(in, w, a.cos, a.sin, out, a.tokens,
-                                                                            a.heads, a.head_dim, group, a.pos_offset,
-                                                                            a.state, a.max_pos, a.eps, a.error_flag);
-      }
+      auto* kernel = a.norm_w != nullptr ? qk_norm_rope_vec_kernel<T, true> : qk_norm_rope_vec_kernel<T, false>;
+      launch_pdl("qk_norm_rope", kernel, dim3(blocks), kThreads, 0, stream, in, w, a.cos, a.sin, out, a.tokens, a.heads,
+                 a.head_dim, group, a.pos_offset, a.state, a.max_pos, a.eps, a.error_flag);
     });
     check_launch("qk_norm_rope");
     return;
@@ -178,15 +175,9 @@ void launch_qk_norm_rope(const RopeArgs& a, cudaStream_t stream) {
       auto* in = static_cast<const T*>(a.input);
       auto* w = static_cast<const T*>(a.norm_w);
       auto* out = static_cast<T*>(a.output);
-      if (a.norm_w != nullptr) {
-        qk_norm_rope_kernel<T, P, true><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
-            in, w, a.cos, a.sin, out, a.tokens, a.heads, a.head_dim, a.pos_offset, a.state, a.max_pos, a.eps,
-            a.error_flag);
-      } else {
-        qk_norm_rope_kernel<T, P, false><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
-            in, w, a.cos, a.sin, out, a.tokens, a.heads, a.head_dim, a.pos_offset, a.state, a.max_pos, a.eps,
-            a.error_flag);
-      }
+      auto* kernel = a.norm_w != nullptr ? qk_norm_rope_kernel<T, P, true> : qk_norm_rope_kernel<T, P, false>;
+      launch_pdl("qk_norm_rope", kernel, dim3(blocks), 32 * kWarpsPerBlock, 0, stream, in, w, a.cos, a.sin, out,
+                 a.tokens, a.heads, a.head_dim, a.pos_offset, a.state, a.max_pos, a.eps, a.error_flag);
     });
   });
   check_launch("qk_norm_rope");

@@ -12,6 +12,10 @@ namespace ferrum::kernels {
 // validating layer should have refused.
 [[noreturn]] void throw_bad_dispatch(const char* op, const char* what, long long value);
 
+// Whether the current device supports programmatic dependent launch (sm_90+;
+// see kernels/common/launch.cuh). Cached per device.
+bool pdl_available();
+
 // Every launcher ends with this: an unchecked launch is a silent failure.
 inline void check_launch(const char* op) {
   const cudaError_t err = cudaGetLastError();

@@ -4,6 +4,7 @@
 // pointers: dst == nullptr skips it, src == nullptr writes zeros.
 #pragma once
 
+#include "kernels/common/launch.cuh"
 #include "kernels/common/vec.cuh"
 
 namespace ferrum::kernels {
@@ -19,6 +20,7 @@ inline constexpr int kRowCopyItems = 2;
 
 template <class T, int VW, class Map>
 __global__ void copy_rows_kernel(long long rows, long long row_len, Map map) {
+  pdl_begin();
   using V = vec_t<T, VW>;
   const long long vec_per_row = row_len / VW;
   const long long total = rows * vec_per_row;
@@ -54,16 +56,17 @@ __global__ void copy_rows_kernel(long long rows, long long row_len, Map map) {
 // every base pointer is 16-byte aligned and every split point the map makes
 // falls on a vector boundary.
 template <class T, class Map>
-void launch_copy_rows(long long rows, long long row_len, bool wide_ok, Map map, cudaStream_t stream) {
+void launch_copy_rows(const char* op, long long rows, long long row_len, bool wide_ok, Map map, cudaStream_t stream) {
   constexpr int kWide = kVec16<T>;
   const bool wide = wide_ok && row_len % kWide == 0;
   const long long vec_per_row = wide ? row_len / kWide : row_len;
   const long long per_block = static_cast<long long>(kRowCopyThreads) * kRowCopyItems;
   const long long blocks = (rows * vec_per_row + per_block - 1) / per_block;
+  const dim3 grid(static_cast<unsigned>(blocks));
   if (wide) {
-    copy_rows_kernel<T, kWide><<<static_cast<unsigned>(blocks), kRowCopyThreads, 0, stream>>>(rows, row_len, map);
+    launch_pdl(op, copy_rows_kernel<T, kWide, Map>, grid, kRowCopyThreads, 0, stream, rows, row_len, map);
   } else {
-    copy_rows_kernel<T, 1><<<static_cast<unsigned>(blocks), kRowCopyThreads, 0, stream>>>(rows, row_len, map);
+    launch_pdl(op, copy_rows_kernel<T, 1, Map>, grid, kRowCopyThreads, 0, stream, rows, row_len, map);
   }
 }
 

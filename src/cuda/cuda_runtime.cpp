@@ -1,6 +1,7 @@
 #include "cuda/cuda_runtime.hpp"
 
 #include <array>
+#include <atomic>
 #include <mutex>
 
 #include "common/fail.hpp"
@@ -146,6 +147,22 @@ void throw_cuda_error(const char* op, const char* what, cudaError_t err) {
                              ? ErrorCode::GraphCapture
                              : ErrorCode::Cuda;
   detail::fail(code, "{}: {} failed: {} ({})", op, what, cudaGetErrorName(err), cudaGetErrorString(err));
+}
+
+bool pdl_available() {
+  // Per device: 0 not asked yet, 1 no, 2 yes. The answer never changes.
+  static std::array<std::atomic<int>, detail::kMaxDevices> known{};
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= detail::kMaxDevices) return false;
+  int state = known[device].load(std::memory_order_relaxed);
+  if (state == 0) {
+    int major = 0;
+    const bool hopper_or_later =
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
+    state = hopper_or_later ? 2 : 1;
+    known[device].store(state, std::memory_order_relaxed);
+  }
+  return state == 2;
 }
 
 void throw_bad_dispatch(const char* op, const char* what, long long value) {
