@@ -130,6 +130,16 @@ if has_mode engine; then
         timeout 120 $B/apps/engine/ferrum_engine --random llama3-8b --dtype $dtype --steps 128 $mode 2>&1 | grep -E "backend|model|decode:|prefill:|error"
       done
     done
+    # Where a graph-replayed decode step spends its time, per kernel (Nsight
+    # Systems when the machine has it).
+    if command -v nsys >/dev/null; then
+      timeout 150 nsys profile --force-overwrite true -o /tmp/ferrum_engine_prof --cuda-graph-trace node \
+        $B/apps/engine/ferrum_engine --random llama3-8b --dtype f16 --steps 64 --graph > /dev/null 2>&1
+      nsys stats --report cuda_gpu_kern_sum --format csv /tmp/ferrum_engine_prof.nsys-rep > "$OUT/engine_kernels.csv" 2>/dev/null
+      echo "nsys engine profile exit $? ($(wc -l < "$OUT/engine_kernels.csv") lines)"
+    else
+      echo "nsys not found: no per-kernel engine profile"
+    fi
   } 2>&1 | tee -a "$LOG"
 fi
 
