@@ -17,7 +17,9 @@
 #   scripts/gpu_suite.sh engine  ferrum_engine on llama3-8b-shaped random
 #                                weights, graph and eager (needs .deps)
 # Modes combine with commas (gptq,bench). BENCH_FILTER=attention_,gemm passes
-# --filter to ferrum_bench and torch_reference.py.
+# --filter to ferrum_bench and torch_reference.py. SKIP_GEMM_INTERLEAVED=1 and
+# SKIP_TORCH_GPTQ=1 leave out those two reference runs (to fit a call).
+# Every section header carries the time, so a log shows where a call went.
 # Output goes under $OUT (default ./out): suite.log, ctest.log, bench.log,
 # bench.json, torch.json, compare.md, gemm.json. To run exactly a commit
 # while the working tree has other edits: scripts/gpu_tree.sh (below). Add --quick to shorten the benchmark.
@@ -38,7 +40,7 @@ LOG="$OUT/suite.log"
 {
   echo "== $(date -u) commit $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown) mode $MODE"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
-  echo "== configure + build"
+  echo "== configure + build ($(date +%T))"
   # .deps (ignored, carried) holds headers the GPU machine lacks, e.g.
   # nlohmann-json for the engine; without it the engine is left out.
   DEPS=""
@@ -49,19 +51,19 @@ LOG="$OUT/suite.log"
 
 if has_mode tests; then
   {
-    echo "== ctest (all labels)"
+    echo "== ctest (all labels) ($(date +%T))"
     timeout 300 ctest --test-dir $B --output-on-failure -j14 > "$OUT/ctest.log" 2>&1
     grep -E "tests passed|tests failed|\(Failed\)|\*\*\*Failed|Timeout|Error" "$OUT/ctest.log" | head -40
     # memcheck over the whole GPU binary (the largest shapes are left out:
     # they only lengthen the run, the same kernels run at every other size).
     # The NCCL tests run under memcheck in the nccl mode, on 2 GPUs, with their
     # own log: they fork workers and kill peers on purpose.
-    echo "== compute-sanitizer memcheck"
+    echo "== compute-sanitizer memcheck ($(date +%T))"
     timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
       --gtest_filter='-*t4096*:*4096Steps*:*Nccl*' 2>&1 | tail -4
     echo "memcheck exit ${PIPESTATUS[0]}"
     # racecheck only sees shared memory: norm block reductions, attention tiles.
-    echo "== compute-sanitizer racecheck"
+    echo "== compute-sanitizer racecheck ($(date +%T))"
     timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
       --gtest_filter='Sweep/CudaRowOps.*Norm*:DTypes/CudaUnaligned.*:Specs/CudaFlashAttention.*:DTypes/CudaDeviceState.Flash*:Specs/CudaFlashDecodeRagged.*_case?:Sweep/CudaPrefillAttention.*_case?:Shapes/CudaGemmSkinny.*-*t4096*' 2>&1 | tail -3
     echo "racecheck exit ${PIPESTATUS[0]}"
@@ -70,7 +72,7 @@ fi
 
 if has_mode quicktests; then
   {
-    echo "== GPU test binary"
+    echo "== GPU test binary ($(date +%T))"
     NCCL_NVLS_ENABLE=0 timeout 300 $B/tests/ferrum_tests_gpu --gtest_brief=1 > "$OUT/gputests.log" 2>&1
     echo "ferrum_tests_gpu exit $?"
     grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$OUT/gputests.log" | head -30
@@ -79,7 +81,7 @@ fi
 
 if has_mode race; then
   {
-    echo "== racecheck: attention decode/prefill, GPTQ"
+    echo "== racecheck: attention decode/prefill, GPTQ ($(date +%T))"
     timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
       --gtest_filter='Specs/CudaFlashDecodeRagged.*_case?:Specs/CudaFlashAttention.*_case?:Sweep/CudaPrefillAttention.*_case?:CudaGptq.*' 2>&1 | tail -3
     echo "racecheck exit ${PIPESTATUS[0]}"
@@ -88,7 +90,7 @@ fi
 
 if has_mode gptq; then
   {
-    echo "== GPTQ tests (memcheck, then racecheck)"
+    echo "== GPTQ tests (memcheck, then racecheck) ($(date +%T))"
     timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
       --gtest_filter='*Gptq*:*BadInput*' 2>&1 | tail -25
     echo "gptq memcheck exit ${PIPESTATUS[0]}"
@@ -100,31 +102,35 @@ fi
 
 if has_mode gptq || has_mode gptqbench; then
   {
-    echo "== GPTQ benchmarks"
+    echo "== GPTQ benchmarks ($(date +%T))"
     timeout 150 $B/bench/ferrum_bench_gptq $QUICK --json "$OUT/gptq.json" > "$OUT/gptq.log" 2>&1
     echo "ferrum_bench_gptq exit $?"
-    timeout 120 python3 bench/gptq_torch.py $QUICK --json "$OUT/gptq_torch.json" >> "$OUT/gptq.log" 2>&1
-    echo "gptq_torch exit $?"
+    if [ "${SKIP_TORCH_GPTQ:-0}" != 1 ]; then
+      timeout 120 python3 bench/gptq_torch.py $QUICK --json "$OUT/gptq_torch.json" >> "$OUT/gptq.log" 2>&1
+      echo "gptq_torch exit $?"
+    fi
   } 2>&1 | tee -a "$LOG"
 fi
 
 if has_mode bench; then
   {
-    echo "== benchmark"
+    echo "== benchmark ($(date +%T))"
     timeout 200 $B/bench/ferrum_bench $QUICK "${BF[@]}" --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
     echo "ferrum_bench exit $?"
     timeout 240 python3 bench/torch_reference.py $QUICK "${BF[@]}" --compile large --json "$OUT/torch.json" >> "$OUT/bench.log" 2>&1
     echo "torch_reference exit $?"
     python3 bench/compare.py "$OUT/bench.json" "$OUT/torch.json" --markdown-out "$OUT/compare.md" | tail -n 3
     # GEMM against torch.matmul interleaved in one process (the 3 % verdict).
-    timeout 150 python3 bench/gemm_interleaved.py --capi $B/bench/libferrum_bench_capi.so --suite decode --skinny-max-m 8 --json "$OUT/gemm.json"
-    echo "gemm_interleaved exit $?"
+    if [ "${SKIP_GEMM_INTERLEAVED:-0}" != 1 ]; then
+      timeout 150 python3 bench/gemm_interleaved.py --capi $B/bench/libferrum_bench_capi.so --suite decode --skinny-max-m 8 --json "$OUT/gemm.json"
+      echo "gemm_interleaved exit $?"
+    fi
   } 2>&1 | tee -a "$LOG"
 fi
 
 if has_mode engine; then
   {
-    echo "== engine (llama3-8b shape, random fp16 weights)"
+    echo "== engine (llama3-8b shape, random f16 and bf16 weights) ($(date +%T))"
     for dtype in f16 bf16; do
       for mode in --graph --eager; do
         timeout 120 $B/apps/engine/ferrum_engine --random llama3-8b --dtype $dtype --steps 128 $mode 2>&1 | grep -E "backend|model|decode:|prefill:|error"
@@ -145,7 +151,7 @@ fi
 
 if has_mode hf; then
   {
-    echo "== engine vs transformers (scripts/hf_check.py)"
+    echo "== engine vs transformers (scripts/hf_check.py) ($(date +%T))"
     timeout 240 python3 scripts/hf_check.py --engine $B/apps/engine/ferrum_engine --workdir /tmp/ferrum_hf_check \
       --json "$OUT/hf_check.json" > "$OUT/hf_check.log" 2>&1
     echo "hf_check exit $?"
@@ -157,7 +163,7 @@ if has_mode profile; then
   # Nsight Compute on the kernels still below their bars (one launch each,
   # clocks left alone), and racecheck's hazard report with source lines.
   {
-    echo "== ncu profiles"
+    echo "== ncu profiles ($(date +%T))"
     NCU=(ncu --clock-control none --set detailed --launch-skip 12 --launch-count 1)
     timeout 120 "${NCU[@]}" -k regex:gptq_fused $B/bench/ferrum_bench_gptq --quick --iters 20 > "$OUT/ncu_gptq_m1.txt" 2>&1
     echo "ncu gptq exit $?"
@@ -176,7 +182,7 @@ if has_mode nccl; then
   # NVLink multicast stays off on shared machines (see README).
   export NCCL_NVLS_ENABLE=0
   {
-    echo "== NCCL tests"
+    echo "== NCCL tests ($(date +%T))"
     timeout 300 $B/tests/ferrum_tests_gpu --gtest_brief=1 --gtest_filter='*Nccl*' 2>&1 | tail -20
     echo "nccl tests exit ${PIPESTATUS[0]}"
     timeout 240 compute-sanitizer --tool memcheck --print-limit 20 --target-processes all $B/tests/ferrum_tests_gpu \
