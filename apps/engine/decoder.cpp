@@ -18,19 +18,24 @@ std::string to_string(DecodeMode mode) {
   return "?";
 }
 
-std::vector<Op> required_ops(DecodeMode mode) {
+std::vector<Op> required_ops(DecodeMode mode, bool gptq) {
   std::vector<Op> ops = {Op::EmbeddingLookup, Op::RmsNorm,          Op::FusedAddRmsNorm,
                          Op::Gemm,            Op::SplitQkv,         Op::QkNormRope,
                          Op::TransposeHeadToToken, Op::KvCacheAppendHeadMajor, Op::FlashAttention,
                          Op::FusedSiluMulSplit};
+  if (gptq) {
+    ops.push_back(Op::LoadGptq);
+    ops.push_back(Op::GemmGptq);
+    ops.push_back(Op::CopySlice);  // prefill through an unfused gate | up
+  }
   if (mode != DecodeMode::Eager) ops.push_back(Op::DeviceStateMode);
   if (mode == DecodeMode::Graph) ops.push_back(Op::GraphCapture);
   return ops;
 }
 
-std::vector<Op> missing_ops(const Backend& backend, DecodeMode mode) {
+std::vector<Op> missing_ops(const Backend& backend, DecodeMode mode, bool gptq) {
   std::vector<Op> missing;
-  for (Op op : required_ops(mode)) {
+  for (Op op : required_ops(mode, gptq)) {
     if (!backend.supports(op)) missing.push_back(op);
   }
   return missing;
@@ -40,7 +45,7 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
                  std::size_t max_prefill_tokens, DecodeMode mode)
     : be_(backend), w_(weights), cfg_(weights.config), capacity_(kv_capacity), max_tokens_(max_prefill_tokens),
       mode_(mode) {
-  const std::vector<Op> missing = missing_ops(backend, mode);
+  const std::vector<Op> missing = missing_ops(backend, mode, weights.has_gptq());
   if (!missing.empty()) {
     std::string names;
     for (Op op : missing) names += concat(names.empty() ? "" : ", ", ferrum::to_string(op));
@@ -160,8 +165,14 @@ void Decoder::enqueue_attention(std::size_t l, std::size_t tokens, std::size_t p
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const std::size_t max_pos = cfg_.max_position_embeddings;
 
-  be_.gemm(normed_, lw.qkv_proj, qkv_, tokens, cfg_.qkv_dim(), cfg_.hidden_size);  // [T, q|k|v]
-  be_.split_qkv(qkv_, q_, k_, v_, tokens, cfg_.q_dim(), cfg_.kv_dim());
+  if (lw.qkv_proj.fused()) {
+    project(lw.qkv_proj.parts[0], normed_, qkv_, tokens);  // [T, q|k|v]
+    be_.split_qkv(qkv_, q_, k_, v_, tokens, cfg_.q_dim(), cfg_.kv_dim());
+  } else {  // the outputs split_qkv would make, directly
+    project(lw.qkv_proj.parts[0], normed_, q_, tokens);
+    project(lw.qkv_proj.parts[1], normed_, k_, tokens);
+    project(lw.qkv_proj.parts[2], normed_, v_, tokens);
+  }
   const RopeMode mode = cfg_.has_qk_norm() ? RopeMode::NormAndRope : RopeMode::RopeOnly;
   const Buffer* q_norm = cfg_.has_qk_norm() ? &lw.q_norm : nullptr;
   const Buffer* k_norm = cfg_.has_qk_norm() ? &lw.k_norm : nullptr;
@@ -181,15 +192,37 @@ void Decoder::enqueue_attention(std::size_t l, std::size_t tokens, std::size_t p
   be_.flash_attention(q_heads_, k_cache_[l], v_cache_[l], attn_heads_, 1, tokens, pos_offset + tokens, pos_offset,
                       attn);
   be_.transpose_head_to_token(attn_heads_, attn_tokens_, tokens, heads, hd);  // [T, heads * hd]
-  be_.gemm(attn_tokens_, lw.o_proj, attn_out_, tokens, cfg_.hidden_size, cfg_.q_dim());
+  project(lw.o_proj, attn_tokens_, attn_out_, tokens);
 }
 
 void Decoder::enqueue_mlp(std::size_t l, std::size_t tokens) {
   const LayerWeights& lw = w_.layers[l];
   const std::size_t im = cfg_.intermediate_size;
-  be_.gemm(normed_, lw.gate_up_proj, gate_up_, tokens, 2 * im, cfg_.hidden_size);  // [T, gate | up]
+  if (lw.gate_up_proj.fused()) {
+    project(lw.gate_up_proj.parts[0], normed_, gate_up_, tokens);  // [T, gate | up]
+  } else if (tokens == 1) {
+    // One row: gate and up are two contiguous halves of it.
+    Buffer gate = gate_up_.view(0, im), up = gate_up_.view(im, im);
+    project(lw.gate_up_proj.parts[0], normed_, gate, 1);
+    project(lw.gate_up_proj.parts[1], normed_, up, 1);
+  } else {
+    // Several rows (prefill): each part into act_ [T, im], then its rows into
+    // their half of gate_up_ (act_ is overwritten below anyway).
+    for (std::size_t part = 0; part < 2; ++part) {
+      project(lw.gate_up_proj.parts[part], normed_, act_, tokens);
+      for (std::size_t t = 0; t < tokens; ++t) be_.copy_slice(act_, t * im, gate_up_, t * 2 * im + part * im, im);
+    }
+  }
   be_.fused_silu_mul_split(gate_up_, act_, tokens, im);
-  be_.gemm(act_, lw.down_proj, mlp_out_, tokens, cfg_.hidden_size, im);
+  project(lw.down_proj, act_, mlp_out_, tokens);
+}
+
+void Decoder::project(const Projection& p, const Buffer& x, Buffer& out, std::size_t m) {
+  if (p.quantized()) {
+    be_.gemm_gptq(x, *p.gptq, out, m);
+  } else {
+    be_.gemm(x, p.dense, out, m, p.n, p.k);
+  }
 }
 
 std::vector<float> Decoder::read_logits() { return be_.download(logits_, cfg_.vocab_size); }

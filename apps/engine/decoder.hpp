@@ -4,6 +4,7 @@
 //   residual = embed(ids); normed = rms_norm(residual, input_norm[0])
 //   per layer l:
 //     qkv = normed · qkv_projᵀ -> split -> q/k (norm +) RoPE, head-major
+//       (unfused GPTQ parts: q, k, v each straight into its buffer, no split)
 //     v -> head-major; k, v appended to the layer's cache [kv, capacity, hd]
 //     attn = causal GQA attention over the cache -> token-major -> o_proj
 //     residual += attn; normed = rms_norm(residual, post_attention_norm[l])
@@ -13,6 +14,8 @@
 //
 // Every buffer is allocated in the constructor and reused; a decode step
 // only enqueues ops, so it can be captured once and replayed (Graph mode).
+// Projections run gemm (dense) or gemm_gptq (GPTQ INT4); gemm_gptq is
+// allocation- and sync-free on both backends, so it is captured like gemm.
 #pragma once
 
 #include <cstddef>
@@ -34,9 +37,10 @@ enum class DecodeMode {
 };
 std::string to_string(DecodeMode mode);
 
-// The ops a decoder in `mode` calls, and those of them `backend` lacks.
-std::vector<Op> required_ops(DecodeMode mode);
-std::vector<Op> missing_ops(const Backend& backend, DecodeMode mode);
+// The ops a decoder in `mode` calls (with `gptq`: also LoadGptq and
+// GemmGptq, for a model with GPTQ projections), and those `backend` lacks.
+std::vector<Op> required_ops(DecodeMode mode, bool gptq = false);
+std::vector<Op> missing_ops(const Backend& backend, DecodeMode mode, bool gptq = false);
 
 class Decoder {
  public:
@@ -66,6 +70,8 @@ class Decoder {
   void enqueue_forward(std::size_t tokens, std::size_t pos_offset);
   void enqueue_attention(std::size_t layer, std::size_t tokens, std::size_t pos_offset);
   void enqueue_mlp(std::size_t layer, std::size_t tokens);
+  // out[m, p.n] = x[m, p.k] · Wᵀ with gemm or gemm_gptq.
+  void project(const Projection& p, const Buffer& x, Buffer& out, std::size_t m);
   std::vector<float> read_logits();
 
   Backend& be_;
@@ -95,7 +101,7 @@ class Decoder {
   Buffer attn_tokens_;  // [T, heads * hd]
   Buffer attn_out_;     // [T, hidden]
   Buffer gate_up_;      // [T, 2 * im]
-  Buffer act_;          // [T, im]
+  Buffer act_;          // [T, im]; also the gate / up scratch of an unfused gate_up_proj
   Buffer mlp_out_;      // [T, hidden]
   Buffer logits_;       // [vocab]
 };

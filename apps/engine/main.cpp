@@ -1,13 +1,19 @@
 // ferrum_engine: greedy decoding of a Llama / Qwen3 model on the Backend API.
 //
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N]
-//                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--dump-logits FILE]
-//   --model DIR      Hugging Face checkpoint: config.json + *.safetensors
+//                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
+//                      [--dump-logits FILE]
+//   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
+//                    INT4 checkpoint (quantization_config quant_method "gptq")
+//                    runs its projections with gemm_gptq
 //   --random NAME    seeded random weights for a preset (llama3-8b, qwen3-0.6b, tiny-llama, tiny-qwen3)
 //   --prompt-tokens  comma-separated token ids (there is no tokenizer); default "1"
 //   --steps N        tokens to generate (default 16)
 //   --dtype D        f16 or bf16: the activation/weight dtype of a --random
 //                    preset (default: the preset's, bf16 as the checkpoints ship)
+//   --quant gptq     a --random preset with seeded random GPTQ INT4 projections
+//                    (group 128, symmetric, no act-order; embeddings, norms and
+//                    lm_head dense), e.g. to time gemm_gptq decoding
 //   --cpu            CpuBackend even when a GPU is present
 //   --eager/--graph  decode steps as op calls, or one captured graph replayed
 //                    per step (graph needs Op::GraphCapture; else eager)
@@ -49,6 +55,7 @@ struct Options {
   std::uint64_t seed = 1234;
   std::string dump_logits;  // empty: no dump
   std::string dtype;        // --random only; empty: the preset's dtype
+  std::string quant;        // --random only; empty: dense, "gptq"
 };
 
 // The --dump-logits file: rows of raw float32, appended in order.
@@ -92,7 +99,8 @@ class LogitsDump {
 void usage(std::FILE* out) {
   std::fprintf(out,
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3\"] [--steps N]\n"
-               "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--dump-logits FILE]\n"
+               "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
+               "                     [--dump-logits FILE]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
   std::fprintf(out, "\n");
@@ -146,6 +154,9 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       if (opt.dtype != "f16" && opt.dtype != "bf16") {
         fail(ErrorCode::InvalidArgument, "--dtype takes f16 or bf16, got '", opt.dtype, "'");
       }
+    } else if (arg == "--quant") {
+      opt.quant = value();
+      if (opt.quant != "gptq") fail(ErrorCode::InvalidArgument, "--quant takes gptq, got '", opt.quant, "'");
     } else if (arg == "--cpu") {
       opt.force_cpu = true;
     } else if (arg == "--eager") {
@@ -167,6 +178,10 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
   if (!opt.dtype.empty() && opt.random_preset.empty()) {
     fail(ErrorCode::InvalidArgument, "--dtype applies to --random presets; a checkpoint keeps its torch_dtype");
   }
+  if (!opt.quant.empty() && opt.random_preset.empty()) {
+    fail(ErrorCode::InvalidArgument,
+         "--quant applies to --random presets; a checkpoint's config.json says how it is quantized");
+  }
   return true;
 }
 
@@ -177,22 +192,22 @@ std::string op_list(const std::vector<Op>& ops) {
 }
 
 // The GPU backend when present and complete enough for the model, else CpuBackend.
-std::unique_ptr<Backend> choose_backend(const Options& opt, DecodeMode& mode) {
+std::unique_ptr<Backend> choose_backend(const Options& opt, bool gptq, DecodeMode& mode) {
   std::unique_ptr<Backend> backend;
   if (opt.force_cpu) {
     backend = std::make_unique<CpuBackend>();
   } else {
     backend = make_default_backend();
-    const std::vector<Op> missing = missing_ops(*backend, DecodeMode::Eager);
+    const std::vector<Op> missing = missing_ops(*backend, DecodeMode::Eager, gptq);
     if (!missing.empty()) {
       std::printf("ferrum_engine: the %s backend lacks %s; falling back to the CPU backend\n",
                   backend->name().c_str(), op_list(missing).c_str());
       backend = std::make_unique<CpuBackend>();
     }
   }
-  if (mode == DecodeMode::Graph && !missing_ops(*backend, DecodeMode::Graph).empty()) {
+  if (mode == DecodeMode::Graph && !missing_ops(*backend, DecodeMode::Graph, gptq).empty()) {
     std::printf("ferrum_engine: the %s backend lacks %s; decoding eagerly instead of with a graph\n",
-                backend->name().c_str(), op_list(missing_ops(*backend, DecodeMode::Graph)).c_str());
+                backend->name().c_str(), op_list(missing_ops(*backend, DecodeMode::Graph, gptq)).c_str());
     mode = DecodeMode::Eager;
   }
   return backend;
@@ -201,6 +216,7 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, DecodeMode& mode) {
 ModelConfig random_config(const Options& opt) {
   ModelConfig cfg = preset_config(opt.random_preset);
   if (!opt.dtype.empty()) cfg.dtype = opt.dtype == "f16" ? DType::F16 : DType::BF16;
+  if (opt.quant == "gptq") cfg.gptq = random_gptq_config(cfg);
   return cfg;
 }
 
@@ -210,19 +226,27 @@ double seconds_since(Clock::time_point start) {
 
 int run(const Options& opt) {
   LogitsDump dump(opt.dump_logits);  // opened first: a bad path fails before the model loads
+  // The config first: whether the backend needs the GPTQ ops depends on it.
+  const ModelConfig config = opt.model_dir.empty() ? random_config(opt) : load_checkpoint_config(opt.model_dir);
   DecodeMode mode = opt.graph ? DecodeMode::Graph : DecodeMode::Eager;
-  std::unique_ptr<Backend> backend = choose_backend(opt, mode);
+  std::unique_ptr<Backend> backend = choose_backend(opt, config.gptq.has_value(), mode);
   std::printf("ferrum_engine: backend %s, %s decoding\n", backend->name().c_str(), to_string(mode).c_str());
 
   const auto load_start = Clock::now();
-  ModelWeights weights = opt.model_dir.empty() ? random_weights(*backend, random_config(opt), opt.seed)
-                                               : load_checkpoint(*backend, opt.model_dir);
+  ModelWeights weights = opt.model_dir.empty() ? random_weights(*backend, config, opt.seed)
+                                               : load_weights(*backend, config, CheckpointDirectory(opt.model_dir));
   const ModelConfig& c = weights.config;
-  std::printf("  model: %s (%s), %zu layers, hidden %zu, heads %zu/%zu, head_dim %zu, intermediate %zu, vocab %zu, %s%s\n",
+  std::string quant;
+  if (c.gptq) {
+    quant = concat(", gptq int4 group ", c.gptq->group_size, c.gptq->desc_act ? " act-order" : "",
+                   c.gptq->zero_format == GptqZeroFormat::V2 ? " v2" : "", weights.has_gptq() ? "" : " (no GPTQ tensors)");
+  }
+  std::printf("  model: %s (%s), %zu layers, hidden %zu, heads %zu/%zu, head_dim %zu, intermediate %zu, vocab %zu, %s%s%s\n",
               opt.model_dir.empty() ? ("random " + opt.random_preset).c_str() : opt.model_dir.c_str(),
               to_string(c.architecture).c_str(), c.num_hidden_layers, c.hidden_size, c.num_attention_heads,
               c.num_key_value_heads, c.head_dim, c.intermediate_size, c.vocab_size,
-              std::string(ferrum::to_string(c.dtype)).c_str(), c.tie_word_embeddings ? ", tied embeddings" : "");
+              std::string(ferrum::to_string(c.dtype)).c_str(), quant.c_str(),
+              c.tie_word_embeddings ? ", tied embeddings" : "");
   std::printf("  loaded in %.2f s\n", seconds_since(load_start));
 
   const std::size_t total = opt.prompt.size() + opt.steps;

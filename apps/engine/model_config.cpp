@@ -92,6 +92,102 @@ void refuse_unsupported(const Json& config, const std::string& source) {
   }
 }
 
+std::string read_text_file(const std::filesystem::path& path, const char* what) {
+  std::ifstream in(path);
+  if (!in) fail(ErrorCode::InvalidArgument, what, " '", path.string(), "': cannot open it for reading");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// An integer field of quantization_config (JSON integers only: 4, not 4.0).
+long long gptq_int(const Json& q, const char* key, const std::string& where) {
+  const Json& value = q[key];
+  if (!value.is_number_integer()) {
+    fail(ErrorCode::InvalidArgument, where, ": \"quantization_config.", key, "\" must be an integer, got ", value.dump());
+  }
+  return value.get<long long>();
+}
+
+bool gptq_bool(const Json& q, const char* key, bool fallback, const std::string& where) {
+  if (!q.contains(key) || q[key].is_null()) return fallback;
+  if (!q[key].is_boolean()) {
+    fail(ErrorCode::InvalidArgument, where, ": \"quantization_config.", key, "\" must be true or false, got ",
+         q[key].dump());
+  }
+  return q[key].get<bool>();
+}
+
+// The zero-point convention: "checkpoint_format" (transformers / AutoGPTQ),
+// or "format" (GPTQModel); absent means v1, as every older export is.
+GptqZeroFormat parse_checkpoint_format(const Json& q, const std::string& where) {
+  std::optional<std::string> chosen;
+  const char* chosen_key = nullptr;
+  for (const char* key : {"checkpoint_format", "format"}) {
+    if (!q.contains(key) || q[key].is_null()) continue;
+    if (!q[key].is_string()) {
+      fail(ErrorCode::InvalidArgument, where, ": \"quantization_config.", key, "\" must be a string, got ",
+           q[key].dump());
+    }
+    const std::string text = q[key].get<std::string>();
+    if (chosen && *chosen != text) {
+      fail(ErrorCode::InvalidArgument, where, ": \"quantization_config.", chosen_key, "\" \"", *chosen, "\" and \"", key,
+           "\" \"", text, "\" disagree");
+    }
+    chosen = text;
+    chosen_key = key;
+  }
+  if (!chosen || *chosen == "gptq") return GptqZeroFormat::V1;
+  if (*chosen == "gptq_v2") return GptqZeroFormat::V2;
+  fail(ErrorCode::Unsupported, where, ": \"quantization_config.", chosen_key, "\" \"", *chosen,
+       "\" is not supported (\"gptq\" or \"gptq_v2\")");
+}
+
+GptqConfig parse_gptq_object(const Json& q, const std::string& where) {
+  if (!q.is_object()) {
+    fail(ErrorCode::InvalidArgument, where, ": \"quantization_config\" must be an object, got ", q.dump());
+  }
+  GptqConfig gptq;
+  if (!q.contains("quant_method") || q["quant_method"].is_null()) {
+    fail(ErrorCode::InvalidArgument, where, ": \"quantization_config.quant_method\" is missing");
+  }
+  const Json& method = q["quant_method"];
+  if (!method.is_string() || method.get<std::string>() != "gptq") {
+    fail(ErrorCode::Unsupported, where, ": \"quantization_config.quant_method\" ", method.dump(),
+         " is not supported (only \"gptq\")");
+  }
+  if (!q.contains("bits") || q["bits"].is_null()) {
+    fail(ErrorCode::InvalidArgument, where, ": \"quantization_config.bits\" is missing");
+  }
+  const long long bits = gptq_int(q, "bits", where);
+  if (bits != 4) {
+    fail(ErrorCode::Unsupported, where, ": \"quantization_config.bits\" = ", bits, " is not supported (only 4)");
+  }
+  gptq.bits = 4;
+  if (q.contains("group_size") && !q["group_size"].is_null()) {  // transformers' default is 128
+    const long long group = gptq_int(q, "group_size", where);
+    if (group != -1 && group <= 0) {
+      fail(ErrorCode::InvalidArgument, where, ": \"quantization_config.group_size\" = ", group,
+           " must be positive or -1 (one group)");
+    }
+    if (group > 0 && group % 8 != 0) {
+      fail(ErrorCode::Unsupported, where, ": \"quantization_config.group_size\" = ", group,
+           " is not a multiple of 8 (the INT4 GEMM packs 8 rows per word)");
+    }
+    if (group > 0x7fffffff) {
+      fail(ErrorCode::InvalidArgument, where, ": \"quantization_config.group_size\" = ", group, " is too large");
+    }
+    gptq.group_size = static_cast<int>(group);
+  }
+  gptq.desc_act = gptq_bool(q, "desc_act", false, where);
+  gptq.sym = gptq_bool(q, "sym", true, where);
+  gptq.zero_format = parse_checkpoint_format(q, where);
+  if (gptq_bool(q, "lm_head", false, where)) {
+    fail(ErrorCode::Unsupported, where, ": \"quantization_config.lm_head\" = true (a quantized lm_head) is not supported");
+  }
+  return gptq;
+}
+
 }  // namespace
 
 std::string to_string(Architecture arch) { return arch == Architecture::Llama ? "llama" : "qwen3"; }
@@ -118,6 +214,27 @@ void ModelConfig::validate(const std::string& source) const {
   if (!(rope_theta > 0.0)) fail(ErrorCode::InvalidArgument, source, ": rope_theta = ", rope_theta, " must be > 0");
   if (!is_half_precision(dtype)) {
     fail(ErrorCode::DTypeMismatch, source, ": dtype ", ferrum::to_string(dtype), " is not f16 or bf16");
+  }
+  if (gptq) {
+    if (gptq->bits != 4) fail(ErrorCode::Unsupported, source, ": GPTQ bits = ", gptq->bits, " (only 4)");
+    if (gptq->group_size == 0 || gptq->group_size < -1 || (gptq->group_size > 0 && gptq->group_size % 8 != 0)) {
+      fail(ErrorCode::InvalidArgument, source, ": GPTQ group_size = ", gptq->group_size,
+           " must be a positive multiple of 8 or -1");
+    }
+    // Every projection's k must split into whole groups and whole 8-row
+    // words, and its n into whole 8-column qzeros words.
+    const std::pair<const char*, std::size_t> ks[] = {
+        {"hidden_size", hidden_size}, {"num_attention_heads * head_dim", q_dim()}, {"intermediate_size", intermediate_size}};
+    for (const auto& [name, k] : ks) {
+      if (k % 8 != 0 || (gptq->group_size > 0 && k % static_cast<std::size_t>(gptq->group_size) != 0)) {
+        fail(ErrorCode::InvalidArgument, source, ": GPTQ group_size = ", gptq->group_size, " and 8-row packing need ",
+             name, " = ", k, " to be a multiple of both");
+      }
+    }
+    if (kv_dim() % 8 != 0) {
+      fail(ErrorCode::InvalidArgument, source, ": GPTQ packs 8 columns per qzeros word; num_key_value_heads * head_dim = ",
+           kv_dim(), " is not a multiple of 8");
+    }
   }
 }
 
@@ -167,16 +284,49 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   }
   cfg.tie_word_embeddings = bool_field(config, "tie_word_embeddings", false, source);
   cfg.dtype = parse_torch_dtype(config, source);
+  if (config.contains("quantization_config") && !config["quantization_config"].is_null()) {
+    cfg.gptq = parse_gptq_object(config["quantization_config"], source);
+  }
   cfg.validate(source);
   return cfg;
 }
 
+GptqConfig parse_gptq_config(const std::string& json_text, const std::string& source) {
+  Json q;
+  try {
+    q = Json::parse(json_text);
+  } catch (const Json::parse_error& e) {
+    fail(ErrorCode::InvalidArgument, source, ": not valid JSON (", e.what(), ")");
+  }
+  // AutoGPTQ's quantize_config.json has no quant_method: it is GPTQ by being there.
+  if (q.is_object() && !q.contains("quant_method")) q["quant_method"] = "gptq";
+  return parse_gptq_object(q, source);
+}
+
 ModelConfig load_model_config(const std::filesystem::path& config_json) {
-  std::ifstream in(config_json);
-  if (!in) fail(ErrorCode::InvalidArgument, "config '", config_json.string(), "': cannot open it for reading");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_model_config(text.str(), concat("config '", config_json.string(), "'"));
+  return parse_model_config(read_text_file(config_json, "config"), concat("config '", config_json.string(), "'"));
+}
+
+ModelConfig load_checkpoint_config(const std::filesystem::path& dir) {
+  ModelConfig cfg = load_model_config(dir / "config.json");
+  const std::filesystem::path quantize_config = dir / "quantize_config.json";
+  std::error_code ec;
+  if (!cfg.gptq && std::filesystem::is_regular_file(quantize_config, ec)) {
+    const std::string source = concat("quantize config '", quantize_config.string(), "'");
+    cfg.gptq = parse_gptq_config(read_text_file(quantize_config, "quantize config"), source);
+    cfg.validate(source);
+  }
+  return cfg;
+}
+
+GptqConfig random_gptq_config(const ModelConfig& config) {
+  GptqConfig gptq;  // group 128, symmetric, v1, no act-order
+  for (int group : {128, 64, 32, 16, 8}) {
+    gptq.group_size = group;
+    const auto g = static_cast<std::size_t>(group);
+    if (config.hidden_size % g == 0 && config.q_dim() % g == 0 && config.intermediate_size % g == 0) break;
+  }
+  return gptq;
 }
 
 std::vector<std::string> preset_names() { return {"llama3-8b", "qwen3-0.6b", "tiny-llama", "tiny-qwen3"}; }
@@ -184,13 +334,13 @@ std::vector<std::string> preset_names() { return {"llama3-8b", "qwen3-0.6b", "ti
 ModelConfig preset_config(const std::string& name) {
   ModelConfig cfg;
   if (name == "llama3-8b") {
-    cfg = {Architecture::Llama, 4096, 14336, 32, 32, 8, 128, 128256, 1e-5, 500000.0, 8192, false, DType::BF16};
+    cfg = {Architecture::Llama, 4096, 14336, 32, 32, 8, 128, 128256, 1e-5, 500000.0, 8192, false, DType::BF16, std::nullopt};
   } else if (name == "qwen3-0.6b") {
-    cfg = {Architecture::Qwen3, 1024, 3072, 28, 16, 8, 128, 151936, 1e-6, 1000000.0, 40960, true, DType::BF16};
+    cfg = {Architecture::Qwen3, 1024, 3072, 28, 16, 8, 128, 151936, 1e-6, 1000000.0, 40960, true, DType::BF16, std::nullopt};
   } else if (name == "tiny-llama") {
-    cfg = {Architecture::Llama, 64, 128, 2, 4, 2, 16, 256, 1e-5, 10000.0, 128, false, DType::F16};
+    cfg = {Architecture::Llama, 64, 128, 2, 4, 2, 16, 256, 1e-5, 10000.0, 128, false, DType::F16, std::nullopt};
   } else if (name == "tiny-qwen3") {
-    cfg = {Architecture::Qwen3, 64, 128, 2, 4, 2, 16, 256, 1e-6, 1000000.0, 128, true, DType::F16};
+    cfg = {Architecture::Qwen3, 64, 128, 2, 4, 2, 16, 256, 1e-6, 1000000.0, 128, true, DType::F16, std::nullopt};
   } else {
     std::string known;
     for (const std::string& preset : preset_names()) known += " " + preset;

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,22 @@ namespace ferrum::engine {
 enum class Architecture { Llama, Qwen3 };
 
 std::string to_string(Architecture arch);
+
+// The "quantization_config" of a GPTQ checkpoint (quant_method "gptq").
+// Every projection of the decoder layers is INT4 with these settings;
+// embeddings, norms and lm_head stay dense.
+struct GptqConfig {
+  int bits = 4;          // only 4 is supported
+  int group_size = 128;  // rows of k per scale / zero; -1: one group over all of k
+  bool desc_act = false;  // act-order: g_idx may be any grouping of the rows (read from the checkpoint)
+  bool sym = true;        // informational: the stored zeros are what is used
+  GptqZeroFormat zero_format = GptqZeroFormat::V1;  // checkpoint_format "gptq" (v1) or "gptq_v2"
+
+  // Groups of a projection with k input features: k / group_size, or 1.
+  std::size_t groups(std::size_t k) const noexcept {
+    return group_size < 0 ? 1 : k / static_cast<std::size_t>(group_size);
+  }
+};
 
 struct ModelConfig {
   Architecture architecture = Architecture::Llama;
@@ -31,6 +48,7 @@ struct ModelConfig {
   std::size_t max_position_embeddings = 0;
   bool tie_word_embeddings = false;
   DType dtype = DType::BF16;  // from torch_dtype: f16 or bf16
+  std::optional<GptqConfig> gptq;  // from quantization_config; none: dense projections
 
   std::size_t q_dim() const noexcept { return num_attention_heads * head_dim; }
   std::size_t kv_dim() const noexcept { return num_key_value_heads * head_dim; }
@@ -38,13 +56,29 @@ struct ModelConfig {
   bool has_qk_norm() const noexcept { return architecture == Architecture::Qwen3; }
 
   // Throws InvalidArgument naming the field when sizes are zero or disagree
-  // (heads % kv_heads, odd head_dim, dtype not f16/bf16, ...).
+  // (heads % kv_heads, odd head_dim, dtype not f16/bf16, a GPTQ group size
+  // that does not divide a projection's k, ...).
   void validate(const std::string& source) const;
 };
 
 // Parses the text of a config.json; `source` names it in error messages.
+// A "quantization_config" must be GPTQ (quant_method "gptq", bits 4,
+// checkpoint_format / format "gptq" or "gptq_v2", lm_head not quantized):
+// anything else is Unsupported, a malformed field InvalidArgument, each
+// message naming the field and its value.
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
 ModelConfig load_model_config(const std::filesystem::path& config_json);
+// The text of a "quantization_config" object alone (as in AutoGPTQ's
+// quantize_config.json); `source` names it in error messages.
+GptqConfig parse_gptq_config(const std::string& json_text, const std::string& source);
+// dir/config.json; when it has no "quantization_config" and the directory
+// holds a quantize_config.json (older AutoGPTQ exports), that one is used.
+ModelConfig load_checkpoint_config(const std::filesystem::path& dir);
+
+// The GPTQ settings of a random --quant gptq model: group 128, symmetric,
+// v1 zeros, no act-order; a smaller group (64, 32, 16, 8) when 128 does not
+// divide every projection's k (the tiny presets).
+GptqConfig random_gptq_config(const ModelConfig& config);
 
 // "llama3-8b", "qwen3-0.6b", "tiny-llama", "tiny-qwen3"; InvalidArgument otherwise.
 ModelConfig preset_config(const std::string& name);

@@ -258,6 +258,40 @@ std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
   return values;
 }
 
+std::vector<std::int32_t> SafetensorsFile::read_i32(const std::string& name) const {
+  const SafetensorsTensorInfo& tensor = info(name);
+  if (tensor.dtype != SafetensorsDType::I32) {
+    fail(ErrorCode::DTypeMismatch, where(path_, name), ": dtype ", to_string(tensor.dtype),
+         " cannot be read as int32 (I32 expected)");
+  }
+  const std::vector<std::uint8_t> bytes = read_bytes(name);
+  std::vector<std::int32_t> values(tensor.numel());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const std::uint8_t* p = bytes.data() + i * 4;
+    values[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8 |
+                                          static_cast<std::uint32_t>(p[2]) << 16 |
+                                          static_cast<std::uint32_t>(p[3]) << 24);
+  }
+  return values;
+}
+
+SafetensorsWriteTensor make_write_tensor(std::string name, std::vector<std::size_t> shape,
+                                         const std::vector<std::int32_t>& values) {
+  SafetensorsWriteTensor tensor{std::move(name), SafetensorsDType::I32, std::move(shape), {}};
+  std::size_t numel = 1;
+  for (std::size_t dim : tensor.shape) numel *= dim;
+  if (values.size() != numel) {
+    fail(ErrorCode::ShapeMismatch, "make_write_tensor: tensor '", tensor.name, "' has ", values.size(),
+         " values but shape ", shape_to_string(tensor.shape), " holds ", numel);
+  }
+  tensor.data.resize(numel * 4);
+  for (std::size_t i = 0; i < numel; ++i) {
+    const auto bits = static_cast<std::uint32_t>(values[i]);
+    for (int b = 0; b < 4; ++b) tensor.data[i * 4 + b] = static_cast<std::uint8_t>(bits >> (8 * b));
+  }
+  return tensor;
+}
+
 SafetensorsWriteTensor make_write_tensor(std::string name, SafetensorsDType dtype, std::vector<std::size_t> shape,
                                          const std::vector<float>& values) {
   SafetensorsWriteTensor tensor{std::move(name), dtype, std::move(shape), {}};

@@ -10,7 +10,8 @@
 //   InvalidArgument  truncated file, malformed JSON, unknown dtype string,
 //                    missing tensor, offsets past the data section, overlap/hole
 //   ShapeMismatch    data_offsets disagree with dtype size × product(shape)
-//   DTypeMismatch    read_f32 of a tensor that is not F16/BF16/F32
+//   DTypeMismatch    read_f32 of a tensor that is not F16/BF16/F32,
+//                    read_i32 of a tensor that is not I32
 #pragma once
 
 #include <cstddef>
@@ -60,6 +61,8 @@ class SafetensorsFile {
   std::vector<std::uint8_t> read_bytes(const std::string& name) const;
   // F16 / BF16 / F32 tensors converted to f32; other dtypes throw DTypeMismatch.
   std::vector<float> read_f32(const std::string& name) const;
+  // I32 tensors (GPTQ qweight / qzeros / g_idx); other dtypes throw DTypeMismatch.
+  std::vector<std::int32_t> read_i32(const std::string& name) const;
 
  private:
   std::filesystem::path path_;
@@ -79,6 +82,9 @@ struct SafetensorsWriteTensor {
 // Encodes f32 values as F16 / BF16 / F32 (round to nearest even).
 SafetensorsWriteTensor make_write_tensor(std::string name, SafetensorsDType dtype,
                                          std::vector<std::size_t> shape, const std::vector<float>& values);
+// An I32 tensor (little-endian).
+SafetensorsWriteTensor make_write_tensor(std::string name, std::vector<std::size_t> shape,
+                                         const std::vector<std::int32_t>& values);
 
 // Writes a valid file: tensors laid out in the given order, header padded
 // with spaces to a multiple of 8 bytes (as the reference implementation does).

@@ -49,6 +49,10 @@ TensorMeta CheckpointDirectory::meta(const std::string& name) const {
 
 std::vector<float> CheckpointDirectory::read_f32(const std::string& name) const { return file_of(name).read_f32(name); }
 
+std::vector<std::int32_t> CheckpointDirectory::read_i32(const std::string& name) const {
+  return file_of(name).read_i32(name);
+}
+
 std::string CheckpointDirectory::describe(const std::string& name) const {
   const auto it = owner_.find(name);
   const std::string file = it == owner_.end() ? "" : concat(" (file '", files_[it->second].path().filename().string(), "')");
@@ -83,23 +87,40 @@ float round_to(DType dtype, float x) {
 }  // namespace
 
 RandomTensorSource::RandomTensorSource(const ModelConfig& config, std::uint64_t seed) : config_(config), seed_(seed) {
-  for (const ExpectedTensor& t : expected_tensors(config)) shapes_[t.name] = t.shape;
+  for (ExpectedTensor& t : expected_tensors(config)) shapes_.emplace(t.name, std::move(t));
 }
 
-const std::vector<std::size_t>& RandomTensorSource::shape_of(const std::string& name) const {
+const ExpectedTensor& RandomTensorSource::tensor_of(const std::string& name) const {
   const auto it = shapes_.find(name);
   if (it == shapes_.end()) fail(ErrorCode::InvalidArgument, describe(name), ": no tensor '", name, "' in this model");
   return it->second;
 }
 
 TensorMeta RandomTensorSource::meta(const std::string& name) const {
-  return {config_.dtype == DType::F16 ? SafetensorsDType::F16 : SafetensorsDType::BF16, shape_of(name)};
+  const ExpectedTensor& t = tensor_of(name);
+  if (t.kind == TensorKind::Int32) return {SafetensorsDType::I32, t.shape};
+  if (ends_with(name, ".scales")) return {SafetensorsDType::F16, t.shape};  // as GPTQ exports store them
+  return {config_.dtype == DType::F16 ? SafetensorsDType::F16 : SafetensorsDType::BF16, t.shape};
 }
 
 std::vector<float> RandomTensorSource::read_f32(const std::string& name) const {
-  const std::vector<std::size_t>& shape = shape_of(name);
+  const ExpectedTensor& t = tensor_of(name);
+  if (t.kind != TensorKind::Float) {
+    fail(ErrorCode::DTypeMismatch, describe(name), ": tensor '", name, "' is I32, not floats");
+  }
   std::size_t numel = 1;
-  for (std::size_t dim : shape) numel *= dim;
+  for (std::size_t dim : t.shape) numel *= dim;
+  std::uint64_t state = seed_ ^ hash_name(name);
+  auto unit = [&state] { return static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53; };  // [0, 1)
+  std::vector<float> values(numel);
+  if (ends_with(name, ".scales")) {
+    // k from the sibling qweight [k / 8, n].
+    const std::string base = name.substr(0, name.size() - std::string(".scales").size());
+    const double k = 8.0 * static_cast<double>(tensor_of(base + ".qweight").shape[0]);
+    const double base_scale = 1.0 / std::sqrt(21.5 * k);
+    for (float& v : values) v = round_to(DType::F16, static_cast<float>(base_scale * (0.75 + 0.5 * unit())));
+    return values;
+  }
   // Norm weights: 1 + U(-0.2, 0.2). Embeddings: U(-1, 1).
   // Projections [n, k]: U(-a, a) with a = sqrt(3 / k), unit-variance outputs.
   float center = 0.0f;
@@ -108,19 +129,42 @@ std::vector<float> RandomTensorSource::read_f32(const std::string& name) const {
     center = 1.0f;
     half_width = 0.2f;
   } else if (name != "model.embed_tokens.weight") {
-    half_width = static_cast<float>(std::sqrt(3.0 / static_cast<double>(shape.back())));
+    half_width = static_cast<float>(std::sqrt(3.0 / static_cast<double>(t.shape.back())));
   }
-  std::uint64_t state = seed_ ^ hash_name(name);
-  std::vector<float> values(numel);
-  for (float& v : values) {
-    const double unit = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;  // [0, 1)
-    v = round_to(config_.dtype, center + half_width * static_cast<float>(2.0 * unit - 1.0));
+  for (float& v : values) v = round_to(config_.dtype, center + half_width * static_cast<float>(2.0 * unit() - 1.0));
+  return values;
+}
+
+std::vector<std::int32_t> RandomTensorSource::read_i32(const std::string& name) const {
+  const ExpectedTensor& t = tensor_of(name);
+  if (t.kind != TensorKind::Int32 || !config_.gptq) {
+    fail(ErrorCode::DTypeMismatch, describe(name), ": tensor '", name, "' is floats, not I32");
+  }
+  std::size_t numel = 1;
+  for (std::size_t dim : t.shape) numel *= dim;
+  std::vector<std::int32_t> values(numel);
+  if (ends_with(name, ".qweight")) {
+    // Every bit pattern is 8 valid 4-bit values: uniform words are uniform q.
+    std::uint64_t state = seed_ ^ hash_name(name);
+    for (std::size_t i = 0; i < numel; i += 2) {
+      const std::uint64_t bits = splitmix64(state);
+      values[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(bits));
+      if (i + 1 < numel) values[i + 1] = static_cast<std::int32_t>(static_cast<std::uint32_t>(bits >> 32));
+    }
+  } else if (ends_with(name, ".qzeros")) {
+    // Symmetric: true zero 8, stored as 7 (v1 stores zero - 1) or 8 (v2) in every nibble.
+    const std::uint32_t word = config_.gptq->zero_format == GptqZeroFormat::V1 ? 0x77777777u : 0x88888888u;
+    std::fill(values.begin(), values.end(), static_cast<std::int32_t>(word));
+  } else {  // g_idx: row / group (no act-order)
+    const std::size_t group = config_.gptq->group_size < 0 ? numel : static_cast<std::size_t>(config_.gptq->group_size);
+    for (std::size_t i = 0; i < numel; ++i) values[i] = static_cast<std::int32_t>(i / group);
   }
   return values;
 }
 
 std::string RandomTensorSource::describe(const std::string&) const {
-  return concat("random weights (", to_string(config_.architecture), ", seed ", seed_, ")");
+  return concat("random weights (", to_string(config_.architecture), config_.gptq ? ", gptq" : "", ", seed ", seed_,
+                ")");
 }
 
 }  // namespace ferrum::engine

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint_layout.hpp"
 #include "model_config.hpp"
 #include "safetensors.hpp"
 
@@ -22,9 +23,12 @@ class TensorSource {
  public:
   virtual ~TensorSource() = default;
   virtual bool contains(const std::string& name) const = 0;
-  // Both throw InvalidArgument naming the source and the tensor when absent.
+  // These throw InvalidArgument naming the source and the tensor when absent.
   virtual TensorMeta meta(const std::string& name) const = 0;
+  // Float tensors (F16 / BF16 / F32) as f32; DTypeMismatch for other dtypes.
   virtual std::vector<float> read_f32(const std::string& name) const = 0;
+  // I32 tensors (GPTQ qweight / qzeros / g_idx); DTypeMismatch for other dtypes.
+  virtual std::vector<std::int32_t> read_i32(const std::string& name) const = 0;
   // "checkpoint '/dir' (file 'x.safetensors')": where a tensor lives, for messages.
   virtual std::string describe(const std::string& name) const = 0;
 };
@@ -39,6 +43,7 @@ class CheckpointDirectory final : public TensorSource {
   bool contains(const std::string& name) const override { return owner_.count(name) != 0; }
   TensorMeta meta(const std::string& name) const override;
   std::vector<float> read_f32(const std::string& name) const override;
+  std::vector<std::int32_t> read_i32(const std::string& name) const override;
   std::string describe(const std::string& name) const override;
   const std::vector<SafetensorsFile>& files() const noexcept { return files_; }
 
@@ -55,6 +60,11 @@ class CheckpointDirectory final : public TensorSource {
 // outputs for unit-variance inputs), norms are 1 ± 0.2, embeddings ±1, so
 // activations and logits stay O(1). A tensor's values depend only on the
 // seed and its name, so they can be regenerated one at a time.
+//
+// With config.gptq the projections are GPTQ tensors instead (what
+// expected_tensors lists): uniform random 4-bit values, the stored zeros of a
+// symmetric checkpoint (true zero 8), F16 scales of (0.75 .. 1.25) / sqrt(21.5 k)
+// (E[(q - 8)²] = 21.5, so outputs again have unit variance), and g_idx = row / group.
 class RandomTensorSource final : public TensorSource {
  public:
   RandomTensorSource(const ModelConfig& config, std::uint64_t seed);
@@ -62,14 +72,15 @@ class RandomTensorSource final : public TensorSource {
   bool contains(const std::string& name) const override { return shapes_.count(name) != 0; }
   TensorMeta meta(const std::string& name) const override;
   std::vector<float> read_f32(const std::string& name) const override;
+  std::vector<std::int32_t> read_i32(const std::string& name) const override;
   std::string describe(const std::string& name) const override;
 
  private:
-  const std::vector<std::size_t>& shape_of(const std::string& name) const;
+  const ExpectedTensor& tensor_of(const std::string& name) const;
 
   ModelConfig config_;
   std::uint64_t seed_;
-  std::map<std::string, std::vector<std::size_t>> shapes_;
+  std::map<std::string, ExpectedTensor> shapes_;
 };
 
 }  // namespace ferrum::engine

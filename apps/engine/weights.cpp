@@ -18,24 +18,90 @@ SafetensorsDType safetensors_dtype_of(DType dtype) {
 }
 
 // Host tensors stacked row-wise: [rows_a + rows_b + ..., cols].
-std::vector<float> concat_rows(std::initializer_list<const std::vector<float>*> parts) {
+template <class T>
+std::vector<T> concat_rows(const std::vector<const std::vector<T>*>& parts) {
   std::size_t total = 0;
   for (const auto* part : parts) total += part->size();
-  std::vector<float> out;
+  std::vector<T> out;
   out.reserve(total);
   for (const auto* part : parts) out.insert(out.end(), part->begin(), part->end());
   return out;
 }
+
+// Row-major [rows, cols_i] matrices side by side: [rows, sum cols_i].
+template <class T>
+std::vector<T> concat_columns(const std::vector<const std::vector<T>*>& parts, std::size_t rows) {
+  std::size_t total = 0;
+  for (const auto* part : parts) total += part->size();
+  std::vector<T> out;
+  out.reserve(total);
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (const auto* part : parts) {
+      const std::size_t cols = part->size() / rows;
+      out.insert(out.end(), part->begin() + static_cast<std::ptrdiff_t>(r * cols),
+                 part->begin() + static_cast<std::ptrdiff_t>((r + 1) * cols));
+    }
+  }
+  return out;
+}
+
+// Presence (InvalidArgument) and shape (ShapeMismatch) of one tensor.
+TensorMeta checked_meta(const TensorSource& source, const ExpectedTensor& expected) {
+  if (!source.contains(expected.name)) {
+    fail(ErrorCode::InvalidArgument, source.describe(expected.name), ": missing tensor '", expected.name,
+         "' (expected shape ", shape_to_string(expected.shape), ")");
+  }
+  const TensorMeta meta = source.meta(expected.name);
+  if (meta.shape != expected.shape) {
+    fail(ErrorCode::ShapeMismatch, source.describe(expected.name), ": tensor '", expected.name, "' has shape ",
+         shape_to_string(meta.shape), " but the config needs ", shape_to_string(expected.shape));
+  }
+  return meta;
+}
+
+std::vector<std::int32_t> read_checked_i32(const TensorSource& source, const ExpectedTensor& expected) {
+  const TensorMeta meta = checked_meta(source, expected);
+  if (meta.dtype != SafetensorsDType::I32) {
+    fail(ErrorCode::DTypeMismatch, source.describe(expected.name), ": tensor '", expected.name, "' has dtype ",
+         to_string(meta.dtype), "; GPTQ stores it as I32");
+  }
+  return source.read_i32(expected.name);
+}
+
+// GPTQ scales keep their own precision (F16 in every export): load_gptq takes floats.
+std::vector<float> read_checked_scales(const TensorSource& source, const ExpectedTensor& expected) {
+  const TensorMeta meta = checked_meta(source, expected);
+  if (!is_float_dtype(meta.dtype)) {
+    fail(ErrorCode::DTypeMismatch, source.describe(expected.name), ": tensor '", expected.name, "' has dtype ",
+         to_string(meta.dtype), "; expected F16, BF16 or F32 scales");
+  }
+  return source.read_f32(expected.name);
+}
+
+// One projection as read from the source, before it goes to the backend.
+struct HostProjection {
+  std::string base;  // "model.layers.0.self_attn.q_proj"
+  std::size_t n = 0, k = 0;
+  bool quantized = false;
+  std::vector<float> dense;           // [n, k]
+  std::vector<std::int32_t> qweight;  // [k / 8, n]
+  std::vector<std::int32_t> qzeros;   // [groups, n / 8]
+  std::vector<float> scales;          // [groups, n]
+  std::vector<std::int32_t> g_idx;    // [k], always filled in (row / group_size when the checkpoint has none)
+};
 
 class WeightLoader {
  public:
   WeightLoader(Backend& backend, const ModelConfig& config, const TensorSource& source, const LoadOptions& options)
       : backend_(backend), config_(config), source_(source), options_(options) {
     for (ExpectedTensor& t : expected_tensors(config)) expected_.emplace(t.name, std::move(t));
+    for (ProjectionShape& p : projection_shapes(config)) projections_.emplace(p.suffix, std::move(p));
   }
 
   std::vector<float> host(const std::string& name) const {
-    return read_checked(source_, expected_.at(name), config_.dtype, options_);
+    const auto it = expected_.find(name);
+    const ExpectedTensor expected = it != expected_.end() ? it->second : dense_projection_tensor(name);
+    return read_checked(source_, expected, config_.dtype, options_);
   }
   Buffer upload(const std::string& name) const { return backend_.upload(host(name), config_.dtype); }
   Buffer upload_layer(std::size_t layer, const std::string& suffix) const {
@@ -45,33 +111,143 @@ class WeightLoader {
   LayerWeights layer(std::size_t i) const {
     LayerWeights w;
     w.input_norm = upload_layer(i, "input_layernorm.weight");
-    {
-      const std::vector<float> q = host(layer_tensor_name(i, "self_attn.q_proj.weight"));  // [heads*hd, hidden]
-      const std::vector<float> k = host(layer_tensor_name(i, "self_attn.k_proj.weight"));  // [kv*hd, hidden]
-      const std::vector<float> v = host(layer_tensor_name(i, "self_attn.v_proj.weight"));  // [kv*hd, hidden]
-      w.qkv_proj = backend_.upload(concat_rows({&q, &k, &v}), config_.dtype);
-    }
+    w.qkv_proj = fuse({read_projection(i, "self_attn.q_proj"), read_projection(i, "self_attn.k_proj"),
+                       read_projection(i, "self_attn.v_proj")});
     if (config_.has_qk_norm()) {
       w.q_norm = upload_layer(i, "self_attn.q_norm.weight");
       w.k_norm = upload_layer(i, "self_attn.k_norm.weight");
     }
-    w.o_proj = upload_layer(i, "self_attn.o_proj.weight");
+    w.o_proj = upload_projection(read_projection(i, "self_attn.o_proj"));
     w.post_attention_norm = upload_layer(i, "post_attention_layernorm.weight");
-    {
-      const std::vector<float> gate = host(layer_tensor_name(i, "mlp.gate_proj.weight"));  // [im, hidden]
-      const std::vector<float> up = host(layer_tensor_name(i, "mlp.up_proj.weight"));      // [im, hidden]
-      w.gate_up_proj = backend_.upload(concat_rows({&gate, &up}), config_.dtype);
-    }
-    w.down_proj = upload_layer(i, "mlp.down_proj.weight");
+    w.gate_up_proj = fuse({read_projection(i, "mlp.gate_proj"), read_projection(i, "mlp.up_proj")});
+    w.down_proj = upload_projection(read_projection(i, "mlp.down_proj"));
     return w;
   }
 
  private:
+  // "model.layers.0.mlp.up_proj.weight" of a GPTQ config (not in expected_):
+  // its shape from the projection table.
+  ExpectedTensor dense_projection_tensor(const std::string& name) const {
+    for (const auto& [suffix, p] : projections_) {
+      const std::string tail = "." + suffix + ".weight";
+      if (name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0) {
+        return {name, {p.n, p.k}};
+      }
+    }
+    fail(ErrorCode::InvalidArgument, "load_weights: no tensor '", name, "' in this model");
+  }
+
+  HostProjection read_projection(std::size_t layer, const std::string& suffix) const {
+    const ProjectionShape& shape = projections_.at(suffix);
+    HostProjection p;
+    p.base = layer_tensor_name(layer, suffix);
+    p.n = shape.n;
+    p.k = shape.k;
+    check_bias(p);
+    const std::string qweight = p.base + ".qweight";
+    const bool has_qweight = source_.contains(qweight);
+    if (!has_qweight && (!config_.gptq || source_.contains(p.base + ".weight"))) {
+      p.dense = host(p.base + ".weight");
+      return p;
+    }
+    if (!config_.gptq) {
+      fail(ErrorCode::InvalidArgument, source_.describe(qweight), ": tensor '", qweight,
+           "' is GPTQ, but the config has no \"quantization_config\" (and no quantize_config.json)");
+    }
+    const std::vector<ExpectedTensor> tensors = gptq_tensors(p.base, p.n, p.k, *config_.gptq);
+    p.quantized = true;
+    p.qweight = read_checked_i32(source_, tensors[0]);
+    p.qzeros = read_checked_i32(source_, tensors[1]);
+    p.scales = read_checked_scales(source_, tensors[2]);
+    if (source_.contains(tensors[3].name)) {
+      p.g_idx = read_checked_i32(source_, tensors[3]);
+    } else {
+      const std::size_t group = config_.gptq->group_size < 0 ? p.k : static_cast<std::size_t>(config_.gptq->group_size);
+      p.g_idx.resize(p.k);
+      for (std::size_t r = 0; r < p.k; ++r) p.g_idx[r] = static_cast<std::int32_t>(r / group);
+    }
+    return p;
+  }
+
+  void check_bias(const HostProjection& p) const {
+    const ExpectedTensor bias{p.base + ".bias", {p.n}};
+    if (!source_.contains(bias.name)) return;
+    for (float b : read_checked(source_, bias, config_.dtype, options_)) {
+      if (b != 0.0f) {
+        fail(ErrorCode::Unsupported, source_.describe(bias.name), ": tensor '", bias.name, "' holds a nonzero bias (",
+             b, "); projection biases are not supported");
+      }
+    }
+  }
+
+  Projection upload_projection(const HostProjection& p) const {
+    Projection out;
+    out.n = p.n;
+    out.k = p.k;
+    if (!p.quantized) {
+      out.dense = backend_.upload(p.dense, config_.dtype);
+      return out;
+    }
+    GptqHostTensors t;
+    t.qweight = p.qweight;
+    t.qzeros = p.qzeros;
+    t.scales = p.scales;
+    t.g_idx = p.g_idx;
+    t.bits = config_.gptq->bits;
+    t.group_size = config_.gptq->group_size;
+    t.k = p.k;
+    t.n = p.n;
+    t.symmetric = config_.gptq->sym;
+    t.zero_format = config_.gptq->zero_format;
+    out.gptq = backend_.load_gptq(t);
+    return out;
+  }
+
+  // One projection over the concatenated outputs when exact (see FusedProjection).
+  FusedProjection fuse(std::vector<HostProjection> parts) const {
+    bool all_dense = true, all_gptq_same_g_idx = true;
+    for (const HostProjection& p : parts) {
+      all_dense = all_dense && !p.quantized;
+      all_gptq_same_g_idx = all_gptq_same_g_idx && p.quantized && p.g_idx == parts.front().g_idx;
+    }
+    FusedProjection fused;
+    if (!all_dense && !all_gptq_same_g_idx) {
+      for (const HostProjection& p : parts) fused.parts.push_back(upload_projection(p));
+      return fused;
+    }
+    HostProjection joined;
+    joined.base = parts.front().base;
+    joined.k = parts.front().k;
+    joined.quantized = !all_dense;
+    std::vector<const std::vector<float>*> dense, scales;
+    std::vector<const std::vector<std::int32_t>*> qweight, qzeros;
+    for (const HostProjection& p : parts) {
+      joined.n += p.n;
+      dense.push_back(&p.dense);
+      scales.push_back(&p.scales);
+      qweight.push_back(&p.qweight);
+      qzeros.push_back(&p.qzeros);
+    }
+    if (all_dense) {
+      joined.dense = concat_rows(dense);  // W is [n, k]: stack rows
+    } else {
+      const std::size_t groups = config_.gptq->groups(joined.k);
+      joined.qweight = concat_columns(qweight, joined.k / 8);  // [k / 8, n]: side by side
+      joined.qzeros = concat_columns(qzeros, groups);
+      joined.scales = concat_columns(scales, groups);
+      joined.g_idx = parts.front().g_idx;
+    }
+    parts.clear();  // the host copies are no longer needed
+    fused.parts.push_back(upload_projection(joined));
+    return fused;
+  }
+
   Backend& backend_;
   const ModelConfig& config_;
   const TensorSource& source_;
   const LoadOptions& options_;
   std::map<std::string, ExpectedTensor> expected_;
+  std::map<std::string, ProjectionShape> projections_;  // by suffix
 };
 
 }  // namespace
@@ -93,11 +269,7 @@ void make_rope_tables(const ModelConfig& config, std::size_t rows, std::vector<f
 
 std::vector<float> read_checked(const TensorSource& source, const ExpectedTensor& expected, DType config_dtype,
                                 const LoadOptions& options) {
-  if (!source.contains(expected.name)) {
-    fail(ErrorCode::InvalidArgument, source.describe(expected.name), ": missing tensor '", expected.name,
-         "' (expected shape ", shape_to_string(expected.shape), ")");
-  }
-  const TensorMeta meta = source.meta(expected.name);
+  const TensorMeta meta = checked_meta(source, expected);
   if (!is_float_dtype(meta.dtype)) {
     fail(ErrorCode::DTypeMismatch, source.describe(expected.name), ": tensor '", expected.name, "' has dtype ",
          to_string(meta.dtype), "; expected F16 or BF16 (F32 is converted)");
@@ -107,11 +279,19 @@ std::vector<float> read_checked(const TensorSource& source, const ExpectedTensor
          to_string(meta.dtype), " but the config's dtype is ", to_string(safetensors_dtype_of(config_dtype)),
          " (dtype conversion is off)");
   }
-  if (meta.shape != expected.shape) {
-    fail(ErrorCode::ShapeMismatch, source.describe(expected.name), ": tensor '", expected.name, "' has shape ",
-         shape_to_string(meta.shape), " but the config needs ", shape_to_string(expected.shape));
-  }
   return source.read_f32(expected.name);
+}
+
+bool ModelWeights::has_gptq() const noexcept {
+  for (const LayerWeights& l : layers) {
+    for (const FusedProjection* f : {&l.qkv_proj, &l.gate_up_proj}) {
+      for (const Projection& p : f->parts) {
+        if (p.quantized()) return true;
+      }
+    }
+    if (l.o_proj.quantized() || l.down_proj.quantized()) return true;
+  }
+  return false;
 }
 
 ModelWeights load_weights(Backend& backend, const ModelConfig& config, const TensorSource& source,
@@ -132,7 +312,7 @@ ModelWeights load_weights(Backend& backend, const ModelConfig& config, const Ten
 }
 
 ModelWeights load_checkpoint(Backend& backend, const std::filesystem::path& dir, const LoadOptions& options) {
-  const ModelConfig config = load_model_config(dir / "config.json");
+  const ModelConfig config = load_checkpoint_config(dir);
   const CheckpointDirectory source(dir);
   return load_weights(backend, config, source, options);
 }

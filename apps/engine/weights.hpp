@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,15 +22,42 @@ struct LoadOptions {
   bool allow_dtype_conversion = true;
 };
 
+// One linear layer, out[m, n] = x[m, k] · Wᵀ, on the backend: dense (gemm
+// with `dense` [n, k]) or GPTQ INT4 (gemm_gptq with `gptq`, W stored [k, n]).
+struct Projection {
+  std::size_t n = 0;                  // output features
+  std::size_t k = 0;                  // input features
+  Buffer dense;                       // [n, k] in the config dtype; null when quantized
+  std::unique_ptr<QuantWeight> gptq;  // null when dense
+
+  bool quantized() const noexcept { return gptq != nullptr; }
+};
+
+// Projections that read the same input and whose outputs sit side by side
+// in one row (q | k | v, gate | up). `parts` is ONE projection over the
+// concatenated output whenever that is exact:
+//   dense parts: rows stacked, [n_q + n_k + n_v, k];
+//   GPTQ parts with identical g_idx (always without act-order; with act-order
+//   when the parts were quantized from the same Hessian, as AutoGPTQ does for
+//   q/k/v): qweight / scales / qzeros columns concatenated along n, one
+//   gemm_gptq (the qzeros words never straddle parts: every n is a multiple of 8).
+// Otherwise (GPTQ parts with different g_idx, or a mix of dense and GPTQ
+// parts) one projection per part, in output order, each its own GEMM.
+struct FusedProjection {
+  std::vector<Projection> parts;
+
+  bool fused() const noexcept { return parts.size() == 1; }
+};
+
 struct LayerWeights {
-  Buffer input_norm;           // [hidden]
-  Buffer qkv_proj;             // [(heads + 2*kv_heads) * hd, hidden]: rows q | k | v
-  Buffer q_norm;               // [hd]  Qwen3 only (null for Llama)
-  Buffer k_norm;               // [hd]  Qwen3 only (null for Llama)
-  Buffer o_proj;               // [hidden, heads * hd]
-  Buffer post_attention_norm;  // [hidden]
-  Buffer gate_up_proj;         // [2 * im, hidden]: rows gate | up
-  Buffer down_proj;            // [hidden, im]
+  Buffer input_norm;             // [hidden]
+  FusedProjection qkv_proj;      // n = (heads + 2*kv_heads) * hd, k = hidden: outputs q | k | v
+  Buffer q_norm;                 // [hd]  Qwen3 only (null for Llama)
+  Buffer k_norm;                 // [hd]  Qwen3 only (null for Llama)
+  Projection o_proj;             // n = hidden, k = heads * hd
+  Buffer post_attention_norm;    // [hidden]
+  FusedProjection gate_up_proj;  // n = 2 * im, k = hidden: outputs gate | up
+  Projection down_proj;          // n = hidden, k = im
 };
 
 struct ModelWeights {
@@ -44,6 +72,8 @@ struct ModelWeights {
   const Buffer& output_projection() const noexcept {  // [vocab, hidden]
     return config.tie_word_embeddings ? embed_tokens : lm_head;
   }
+  // Whether any projection runs gemm_gptq (the decoder then needs Op::GemmGptq).
+  bool has_gptq() const noexcept;
 };
 
 // Host RoPE tables [rows, hd / 2] in the NeoX / HF rotate_half convention:
@@ -57,10 +87,19 @@ void make_rope_tables(const ModelConfig& config, std::size_t rows, std::vector<f
 std::vector<float> read_checked(const TensorSource& source, const ExpectedTensor& expected, DType config_dtype,
                                 const LoadOptions& options = {});
 
+// A projection `<base>` is GPTQ when the source has `<base>.qweight` (then
+// the config must have a quantization_config), else dense `<base>.weight`.
+// GPTQ: qweight / qzeros / g_idx must be I32 and scales F16 / BF16 / F32
+// (passed to load_gptq as floats, never rounded to the config dtype); a
+// missing g_idx means row / group_size. A `<base>.bias` must be all zeros
+// (some exports write zero biases; a nonzero one is Unsupported, as
+// attention_bias / mlp_bias are).
 ModelWeights load_weights(Backend& backend, const ModelConfig& config, const TensorSource& source,
                           const LoadOptions& options = {});
-// dir holds config.json and one or more *.safetensors.
+// dir holds config.json (and for older GPTQ exports quantize_config.json,
+// see load_checkpoint_config) and one or more *.safetensors.
 ModelWeights load_checkpoint(Backend& backend, const std::filesystem::path& dir, const LoadOptions& options = {});
+// Seeded random weights (RandomTensorSource); GPTQ projections when config.gptq is set.
 ModelWeights random_weights(Backend& backend, const ModelConfig& config, std::uint64_t seed);
 
 }  // namespace ferrum::engine

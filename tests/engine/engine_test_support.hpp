@@ -1,9 +1,11 @@
 // Helpers for the engine tests: scratch directories under the build tree,
-// raw safetensors files (for the error cases), tiny checkpoints on disk.
+// raw safetensors files (for the error cases), tiny checkpoints on disk
+// (dense and GPTQ), and the logits tolerance of the decoder tests.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,16 @@
 
 namespace ferrum::engine::testing {
 
+// f16 activations, 2 layers, logits of O(1): each op rounds to f16 (relative
+// 2^-11), so the engine's logits sit within a few 1e-3 of the fp64 model.
+// Tolerance: |engine - reference| <= 0.02 · max(1, max |reference|). GPTQ
+// models use the same bound: the reference runs on the exactly dequantized
+// weights, so quantization adds no error of its own to the comparison.
+inline constexpr double kLogitTolerance = 0.02;
+
+double max_abs(const std::vector<double>& v);
+double max_diff(const std::vector<float>& a, const std::vector<double>& b);
+
 // A fresh, empty directory for the running test, under the build tree.
 std::filesystem::path scratch_dir();
 
@@ -27,13 +39,85 @@ void write_raw_safetensors(const std::filesystem::path& path, const std::string&
 void write_raw_safetensors(const std::filesystem::path& path, const std::string& header,
                            const std::vector<std::uint8_t>& data);
 
-// A Hugging Face style config.json for `config`.
+// A Hugging Face style config.json for `config` (with a "quantization_config"
+// when config.gptq is set).
 std::string config_json(const ModelConfig& config);
 
+// The safetensors tensor of `expected` read from `source`: floats as `dtype`
+// (GPTQ scales always F16, as exports store them), I32 tensors as I32.
+SafetensorsWriteTensor write_tensor_from(const TensorSource& source, const ExpectedTensor& expected,
+                                         SafetensorsDType dtype);
+
 // Writes config.json and every tensor of `source` the config needs, as
-// `dtype`, split over `shards` *.safetensors files.
+// `dtype`, split over `shards` *.safetensors files. A GPTQ g_idx the source
+// lacks is left out (as some exports do).
 void write_checkpoint(const std::filesystem::path& dir, const ModelConfig& config, const TensorSource& source,
                       SafetensorsDType dtype, std::size_t shards);
+
+// ── GPTQ ─────────────────────────────────────────────────────────────────
+
+// How GptqTestSource quantizes.
+struct GptqTestOptions {
+  bool symmetric = true;  // true zero 8 everywhere; else random zeros the format can hold
+  // Act-order: g_idx is a seeded permutation of row / group_size (every group
+  // keeps group_size rows, as GPTQ exports do). q, k and v share one
+  // permutation (one Hessian, as in AutoGPTQ), gate and up share one unless
+  // split_gate_up, o and down have their own.
+  bool act_order = false;
+  bool split_gate_up = false;
+  bool write_g_idx = true;  // false: no g_idx tensors (only without act-order)
+};
+
+// A GPTQ model's tensors: the projections as random 4-bit values (all 16
+// codes), zeros and F16 scales packed the way AutoGPTQ exports them (config.gptq
+// says group size and zero format), everything else from RandomTensorSource.
+// The packing is written here from the format description, independently of
+// the engine and of the library.
+class GptqTestSource final : public TensorSource {
+ public:
+  GptqTestSource(const ModelConfig& config, std::uint64_t seed, GptqTestOptions options = {});
+
+  bool contains(const std::string& name) const override;
+  TensorMeta meta(const std::string& name) const override;
+  std::vector<float> read_f32(const std::string& name) const override;
+  std::vector<std::int32_t> read_i32(const std::string& name) const override;
+  std::string describe(const std::string& name) const override;
+
+ private:
+  struct Packed {
+    std::vector<std::int32_t> qweight, qzeros, g_idx;
+    std::vector<float> scales;
+  };
+  // The packed tensors of projection `base` ("model.layers.0.mlp.up_proj"), or null.
+  const Packed* projection(const std::string& name, std::string* suffix) const;
+
+  ModelConfig config_;
+  RandomTensorSource dense_;
+  std::map<std::string, Packed> projections_;  // by base name
+};
+
+// A dense view of a GPTQ source: `<projection>.weight` [n, k] is
+//   W[n][k] = (q(k, n) - zero(g_idx[k], n)) · scales[g_idx[k]][n]
+// unpacked here from the source's qweight / qzeros / scales / g_idx (a missing
+// g_idx means k / group_size); every other tensor comes from the source as is.
+// The fp64 NaiveDecoder on this source is the oracle of GPTQ decoding.
+class DequantizedSource final : public TensorSource {
+ public:
+  DequantizedSource(const ModelConfig& config, const TensorSource& gptq);
+
+  bool contains(const std::string& name) const override;
+  TensorMeta meta(const std::string& name) const override;
+  std::vector<float> read_f32(const std::string& name) const override;
+  std::vector<std::int32_t> read_i32(const std::string& name) const override { return gptq_.read_i32(name); }
+  std::string describe(const std::string& name) const override { return "dequantized " + gptq_.describe(name); }
+
+ private:
+  const ProjectionShape* projection_of(const std::string& name) const;
+
+  ModelConfig config_;
+  const TensorSource& gptq_;
+  std::vector<ProjectionShape> shapes_;
+};
 
 // Expects `statement` to throw ferrum::Error with `code` and a message
 // containing every one of `needles`.

@@ -14,25 +14,12 @@
 namespace ferrum::engine {
 namespace {
 
-// f16 activations, 2 layers, logits of O(1): each op rounds to f16 (relative
-// 2^-11), so the engine's logits sit within a few 1e-3 of the fp64 model.
-// Tolerance: |engine - reference| <= 0.02 · max(1, max |reference|).
-constexpr double kLogitTolerance = 0.02;
+using testing::kLogitTolerance;
+using testing::max_abs;
+using testing::max_diff;
 
 const std::vector<std::int32_t> kPrompt = {1, 17, 42, 255, 3, 99, 200};
 constexpr std::size_t kSteps = 8;
-
-double max_abs(const std::vector<double>& v) {
-  double m = 0.0;
-  for (double x : v) m = std::max(m, std::fabs(x));
-  return m;
-}
-
-double max_diff(const std::vector<float>& a, const std::vector<double>& b) {
-  double m = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
-  return m;
-}
 
 struct Model {
   explicit Model(const std::string& preset, std::uint64_t seed = 2024)

@@ -1,7 +1,8 @@
 // The ferrum_engine program itself (CPU backend): --dump-logits writes one
 // float32 row per generated token, the rows are the in-process Decoder's
-// logits bit for bit, the "generated:" line lists their argmaxes, and a bad
-// dump path is an error before any work.
+// logits bit for bit (dense and GPTQ models: --random NAME --quant gptq, a
+// GPTQ checkpoint), the "generated:" line lists their argmaxes, and a bad
+// dump path or --quant value is an error before any work.
 #include <sys/wait.h>
 
 #include <cmath>
@@ -60,6 +61,23 @@ std::vector<std::int32_t> generated_tokens(const std::string& output) {
   return tokens;
 }
 
+// The program's dumped rows (--prompt-tokens kPrompt) are the in-process
+// Decoder's logits bit for bit, and `tokens` are their argmaxes.
+void expect_rows_match_decoder(CpuBackend& be, const ModelWeights& weights, const std::vector<float>& rows,
+                               const std::vector<std::int32_t>& tokens) {
+  const std::size_t vocab = weights.config.vocab_size;
+  ASSERT_EQ(rows.size(), tokens.size() * vocab);
+  Decoder decoder(be, weights, kPrompt.size() + tokens.size(), kPrompt.size());
+  std::vector<float> logits = decoder.prefill(kPrompt);
+  for (std::size_t step = 0; step < tokens.size(); ++step) {
+    if (step > 0) logits = decoder.decode(tokens[step - 1]);
+    const std::vector<float> row(rows.begin() + static_cast<std::ptrdiff_t>(step * vocab),
+                                 rows.begin() + static_cast<std::ptrdiff_t>((step + 1) * vocab));
+    EXPECT_EQ(row, logits) << "row " << step;
+    EXPECT_EQ(argmax(row), tokens[step]) << "step " << step;
+  }
+}
+
 class EngineCliTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EngineCliTest, DumpLogitsMatchesInProcessDecoder) {
@@ -86,16 +104,7 @@ TEST_P(EngineCliTest, DumpLogitsMatchesInProcessDecoder) {
 
   // The same model in process: the CPU backend is deterministic, so the rows are identical.
   CpuBackend be;
-  const ModelWeights weights = random_weights(be, config, kSeed);
-  Decoder decoder(be, weights, kPrompt.size() + kSteps, kPrompt.size());
-  std::vector<float> logits = decoder.prefill(kPrompt);
-  for (std::size_t step = 0; step < kSteps; ++step) {
-    if (step > 0) logits = decoder.decode(tokens[step - 1]);
-    const std::vector<float> row(rows.begin() + static_cast<std::ptrdiff_t>(step * config.vocab_size),
-                                 rows.begin() + static_cast<std::ptrdiff_t>((step + 1) * config.vocab_size));
-    EXPECT_EQ(row, logits) << "row " << step;
-    EXPECT_EQ(argmax(row), tokens[step]) << "step " << step;
-  }
+  expect_rows_match_decoder(be, random_weights(be, config, kSeed), rows, tokens);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, EngineCliTest, ::testing::Values("tiny-llama", "tiny-qwen3"));
@@ -131,6 +140,61 @@ TEST(EngineCli, DtypeOverridesTheRandomPresetsDtype) {
   }
   EXPECT_EQ(run_engine("--random tiny-llama --cpu --steps 2 --dtype f32", log), 1);
   EXPECT_NE(read_text(log).find("--dtype takes f16 or bf16, got 'f32'"), std::string::npos) << read_text(log);
+}
+
+TEST(EngineCli, RandomGptqPresetMatchesInProcessDecoder) {
+  const std::filesystem::path dir = testing::scratch_dir();
+  const std::filesystem::path dump = dir / "logits.bin";
+  const std::filesystem::path log = dir / "engine.log";
+  ASSERT_EQ(run_engine("--random tiny-llama --quant gptq --cpu --graph --seed " + std::to_string(kSeed) +
+                           " --prompt-tokens 1,17,42,3 --steps " +
+                           std::to_string(kSteps) + " --dump-logits \"" + dump.string() + "\"",
+                       log),
+            0)
+      << read_text(log);
+  const std::string output = read_text(log);
+  EXPECT_NE(output.find(", f16, gptq int4 group 64"), std::string::npos) << output;
+  EXPECT_NE(output.find("decoding eagerly instead of with a graph"), std::string::npos) << output;  // CPU: no graphs
+  ModelConfig config = preset_config("tiny-llama");
+  config.gptq = random_gptq_config(config);
+  CpuBackend be;
+  expect_rows_match_decoder(be, random_weights(be, config, kSeed), read_floats(dump), generated_tokens(output));
+}
+
+TEST(EngineCli, GptqActOrderCheckpointMatchesInProcessDecoder) {
+  const std::filesystem::path dir = testing::scratch_dir();
+  ModelConfig config = preset_config("tiny-qwen3");
+  GptqConfig gptq;
+  gptq.group_size = 32;
+  gptq.desc_act = true;
+  gptq.zero_format = GptqZeroFormat::V2;
+  config.gptq = gptq;
+  testing::GptqTestOptions options;
+  options.act_order = true;
+  options.split_gate_up = true;
+  options.symmetric = false;
+  testing::write_checkpoint(dir / "model", config, testing::GptqTestSource(config, kSeed, options),
+                            SafetensorsDType::F16, 2);
+  const std::filesystem::path dump = dir / "logits.bin";
+  const std::filesystem::path log = dir / "engine.log";
+  ASSERT_EQ(run_engine("--model \"" + (dir / "model").string() + "\" --cpu --prompt-tokens 1,17,42,3 --steps " +
+                           std::to_string(kSteps) + " --dump-logits \"" + dump.string() + "\"",
+                       log),
+            0)
+      << read_text(log);
+  const std::string output = read_text(log);
+  EXPECT_NE(output.find("gptq int4 group 32 act-order v2"), std::string::npos) << output;
+  CpuBackend be;
+  expect_rows_match_decoder(be, load_checkpoint(be, dir / "model"), read_floats(dump), generated_tokens(output));
+}
+
+TEST(EngineCli, QuantFlagErrors) {
+  const std::filesystem::path dir = testing::scratch_dir();
+  const std::filesystem::path log = dir / "engine.log";
+  EXPECT_EQ(run_engine("--random tiny-llama --cpu --quant awq", log), 1);
+  EXPECT_NE(read_text(log).find("--quant takes gptq, got 'awq'"), std::string::npos) << read_text(log);
+  EXPECT_EQ(run_engine("--model \"" + dir.string() + "\" --cpu --quant gptq", log), 1);
+  EXPECT_NE(read_text(log).find("--quant applies to --random presets"), std::string::npos) << read_text(log);
 }
 
 }  // namespace

@@ -161,6 +161,24 @@ TEST(Safetensors, ReadF32OfIntegerTensorIsDTypeMismatch) {
   EXPECT_ENGINE_ERROR(file.read_f32("ids"), ErrorCode::DTypeMismatch, "'ids'", "I32");
 }
 
+TEST(Safetensors, I32TensorsRoundTrip) {
+  // GPTQ qweight words use all 32 bits: the sign bit must survive.
+  const auto path = scratch_dir() / "t.safetensors";
+  const std::vector<std::int32_t> words = {0, 1, -1, 0x7fffffff, static_cast<std::int32_t>(0x80000000u),
+                                           static_cast<std::int32_t>(0x89abcdefu)};
+  write_safetensors(path, {make_write_tensor("qweight", {2, 3}, words),
+                           make_write_tensor("scales", SafetensorsDType::F16, {2}, {0.5f, 0.25f})});
+  const SafetensorsFile file = SafetensorsFile::open(path);
+  EXPECT_EQ(file.info("qweight").dtype, SafetensorsDType::I32);
+  EXPECT_EQ(file.info("qweight").shape, (std::vector<std::size_t>{2, 3}));
+  EXPECT_EQ(file.read_i32("qweight"), words);
+  const std::vector<std::uint8_t> bytes = file.read_bytes("qweight");
+  EXPECT_EQ(bytes[20], 0xefu);  // little-endian: the low byte of 0x89abcdef first
+  EXPECT_EQ(bytes[23], 0x89u);
+  EXPECT_ENGINE_ERROR(file.read_i32("scales"), ErrorCode::DTypeMismatch, "'scales'", "F16", "I32");
+  EXPECT_ENGINE_ERROR(make_write_tensor("bad", {4}, words), ErrorCode::ShapeMismatch, "'bad'");
+}
+
 TEST(Safetensors, MetadataMustHoldStrings) {
   const auto path = scratch_dir() / "t.safetensors";
   write_raw_safetensors(path, R"({"__metadata__":{"n":1}})", {});

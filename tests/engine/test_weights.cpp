@@ -26,13 +26,25 @@ void expect_loaded_like(CpuBackend& be, const ModelWeights& w, const TensorSourc
   for (std::size_t i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& lw = w.layers[i];
     auto host = [&](const char* suffix) { return src.read_f32(layer_tensor_name(i, suffix)); };
-    EXPECT_EQ(lw.qkv_proj.numel(), c.qkv_dim() * c.hidden_size);
-    EXPECT_EQ(be.download(lw.qkv_proj), rows_of({host("self_attn.q_proj.weight"), host("self_attn.k_proj.weight"),
-                                                  host("self_attn.v_proj.weight")}));
-    EXPECT_EQ(lw.gate_up_proj.numel(), 2 * c.intermediate_size * c.hidden_size);
-    EXPECT_EQ(be.download(lw.gate_up_proj), rows_of({host("mlp.gate_proj.weight"), host("mlp.up_proj.weight")}));
-    EXPECT_EQ(be.download(lw.o_proj), host("self_attn.o_proj.weight"));
-    EXPECT_EQ(be.download(lw.down_proj), host("mlp.down_proj.weight"));
+    // Dense parts are always fused into one projection.
+    ASSERT_TRUE(lw.qkv_proj.fused());
+    const Projection& qkv = lw.qkv_proj.parts[0];
+    EXPECT_FALSE(qkv.quantized());
+    EXPECT_EQ(qkv.n, c.qkv_dim());
+    EXPECT_EQ(qkv.k, c.hidden_size);
+    EXPECT_EQ(qkv.dense.numel(), c.qkv_dim() * c.hidden_size);
+    EXPECT_EQ(be.download(qkv.dense), rows_of({host("self_attn.q_proj.weight"), host("self_attn.k_proj.weight"),
+                                               host("self_attn.v_proj.weight")}));
+    ASSERT_TRUE(lw.gate_up_proj.fused());
+    const Projection& gate_up = lw.gate_up_proj.parts[0];
+    EXPECT_EQ(gate_up.n, 2 * c.intermediate_size);
+    EXPECT_EQ(gate_up.dense.numel(), 2 * c.intermediate_size * c.hidden_size);
+    EXPECT_EQ(be.download(gate_up.dense), rows_of({host("mlp.gate_proj.weight"), host("mlp.up_proj.weight")}));
+    EXPECT_EQ(be.download(lw.o_proj.dense), host("self_attn.o_proj.weight"));
+    EXPECT_EQ(lw.o_proj.n, c.hidden_size);
+    EXPECT_EQ(lw.o_proj.k, c.q_dim());
+    EXPECT_EQ(be.download(lw.down_proj.dense), host("mlp.down_proj.weight"));
+    EXPECT_EQ(lw.down_proj.k, c.intermediate_size);
     EXPECT_EQ(be.download(lw.input_norm), host("input_layernorm.weight"));
     EXPECT_EQ(be.download(lw.post_attention_norm), host("post_attention_layernorm.weight"));
     if (c.has_qk_norm()) {
@@ -41,8 +53,9 @@ void expect_loaded_like(CpuBackend& be, const ModelWeights& w, const TensorSourc
     } else {
       EXPECT_TRUE(lw.q_norm.is_null());
     }
-    EXPECT_EQ(lw.qkv_proj.dtype(), c.dtype);
+    EXPECT_EQ(qkv.dense.dtype(), c.dtype);
   }
+  EXPECT_FALSE(w.has_gptq());
   EXPECT_EQ(be.download(w.final_norm), src.read_f32("model.norm.weight"));
   if (c.tie_word_embeddings) {
     EXPECT_TRUE(w.lm_head.is_null());
