@@ -136,6 +136,12 @@ if has_mode engine; then
         timeout 120 $B/apps/engine/ferrum_engine --random llama3-8b --dtype $dtype --steps 128 $mode 2>&1 | grep -E "backend|model|decode:|prefill:|error"
       done
     done
+    echo "== engine, GPTQ INT4 (llama3-8b shape, random int4 weights, f16) ($(date +%T))"
+    for mode in --graph --eager; do
+      timeout 150 $B/apps/engine/ferrum_engine --random llama3-8b --quant gptq --dtype f16 --steps 128 $mode 2>&1 | grep -E "backend|model|loaded|decode:|prefill:|error"
+    done
+    timeout 120 $B/tests/engine/ferrum_tests_engine --gtest_brief=1 --gtest_filter='*Gpu*' 2>&1 | tail -4
+    echo "engine GPU tests exit ${PIPESTATUS[0]}"
     # Where a graph-replayed decode step spends its time, per kernel (Nsight
     # Systems when the machine has it).
     if command -v nsys >/dev/null; then
