@@ -6,7 +6,7 @@
 //                     [--asym] [--act-order] [--crossover] [--quick]
 //
 // Shapes [k x n]: 4096x4096, 4096x14336, 14336x4096, 8192x8192, 8192x28672;
-// m in {1, 2, 4, 8, 16, 32, 64, 128} (--crossover adds 256, 512, 1024, where
+// m in {1, 2, 4, 8, 16, 32, 48, 64, 128} (--crossover adds 256, 512, 1024, where
 // the dequantize + cuBLAS path is also timed: the crossover sets
 // kFusedMaxM in src/cuda/cuda_backend_gptq.cpp). Group size 128.
 //
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
   check(cublasSetWorkspace(cublas, cublas_ws, std::size_t{32} << 20), "cublasSetWorkspace");
 
   std::vector<std::pair<int, int>> shapes = {{4096, 4096}, {4096, 14336}, {14336, 4096}, {8192, 8192}, {8192, 28672}};
-  std::vector<int> ms = {1, 2, 4, 8, 16, 32, 64, 128};
+  std::vector<int> ms = {1, 2, 4, 8, 16, 32, 48, 64, 128};
   if (opt.crossover) ms.insert(ms.end(), {256, 512, 1024});
   if (opt.quick) {
     shapes = {{8192, 8192}};

@@ -1,14 +1,19 @@
 // GPTQ INT4 x f16/bf16 GEMM: out[m, n] = a[m, k] · dequant(W)[k, n].
 //
-// Fused kernel (m <= kGptqMaxM per launch):
+// Fused kernel (m <= kGptqMaxM per launch; three configurations by m, see
+// FusedConfigOf):
 //   * CTA = 256 threads = 8 warps over a block of NB x 64 columns. Warp w owns
 //     column block w % NB and k-group w / NB: the KG = 8 / NB k-groups split
 //     each 128-row pipeline stage (KS = 8 / KG k16 steps each) and are summed
 //     through shared memory at the end, in k-group order.
-//   * A kStages-deep cp.async pipeline streams, per stage, the weight tiles
-//     (L2 evict_first: read once), the activation tile (zero-filled past m
-//     and k; XOR-swizzled for conflict-free ldmatrix), and the scale / zero
-//     rows of the stage's groups.
+//   * A kStages-deep cp.async ring streams, per stage, the weight tiles (4 KiB
+//     contiguous per column block, 16 bytes per thread), the live activation
+//     rows (rows >= m are zeroed once and never requested; XOR-swizzled for
+//     conflict-free ldmatrix), and the scale / zero rows of the stage's groups.
+//     Ahead of the ring, cp.async.bulk.prefetch.L2 requests kL2Ahead more
+//     stages of weights per column block (one instruction per 4 KiB), so DRAM
+//     sees ~64 KiB more in flight per CTA than shared memory holds and the
+//     ring's cp.async are served from L2.
 //   * Dequantization in registers: one 16-byte shared load gives a lane the
 //     nibbles of its B fragments for 8 n tiles of one k16 step (layout:
 //     src/quant/gptq_repack.hpp). f16: (w & 0x000F000F) | 0x64006400 is the
@@ -17,11 +22,12 @@
 //     bf16: ((w >> 4i) & 0x000F000F) | 0x43004300 is (128 + q0, 128 + q1).
 //     Subtracting (magic + zero) is exact; one multiply by the scale rounds
 //     once, exactly as rounding the f32 weight to the activation dtype.
-//   * mma.sync m16n8k16 with f32 accumulators.
-//   * Split over k (grid.y) when the columns alone do not fill the GPU. Each
-//     split writes its f32 partial tile to the workspace; the CTA that
-//     arrives last at the tile's counter sums the partials in split order
-//     0, 1, ..., S-1 (fixed, so bitwise reproducible) and resets the counter.
+//   * mma.sync m16n8k16 with f32 accumulators, only over the live m16 tiles.
+//   * Split over k (grid.y, a function of the shape and device only) when the
+//     columns alone do not fill the GPU. Each split writes the live rows of its
+//     f32 partial tile to the workspace; the CTA that arrives last at the
+//     tile's counter sums the partials with all its threads, in split order
+//     0, 1, ..., S-1 (fixed, so bitwise reproducible), and resets the counter.
 //
 // Gather (act-order) and dequantize (cuBLAS path) kernels follow.
 #include "kernels/gptq_gemm.hpp"
@@ -32,6 +38,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
+#include <type_traits>
 
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
@@ -43,7 +50,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kStages = 4;
 constexpr int kK16PerStage = kGptqTileK / 16;  // 8
 constexpr int kMaxGroupsPerStage = kK16PerStage;  // group_rows >= 16
 
@@ -60,7 +66,9 @@ __device__ __forceinline__ std::uint32_t and_or(std::uint32_t a, std::uint32_t b
   return d;
 }
 
-__device__ __forceinline__ std::uint32_t dup16(std::uint32_t x) { return (x & 0xFFFFu) | (x << 16); }
+// The low / high 16 bits of x in both halves (one prmt each).
+__device__ __forceinline__ std::uint32_t dup16(std::uint32_t x) { return __byte_perm(x, 0u, 0x1010u); }
+__device__ __forceinline__ std::uint32_t dup16_hi(std::uint32_t x) { return __byte_perm(x, 0u, 0x3232u); }
 
 // ── Element types: dequantization and mma ───────────────────────────────────
 
@@ -135,13 +143,13 @@ struct Int4Math<__nv_bfloat16> {
 // ── Fused kernel ────────────────────────────────────────────────────────────
 
 struct FusedParams {
-  const std::uint32_t* qweight;  // [n_pad/64][k_pad/16][32][4]
-  const void* scales;            // [scale_rows][n_pad] T
-  const std::uint8_t* zeros;     // [scale_rows][n_pad] or null
-  const void* a;                 // [m, k] T
-  void* out;                     // [m, n] T
-  float* partials;               // [splits][n_ctas][block partial]
-  int* counters;                 // [n_ctas]
+  const std::uint32_t* qweight;  // [n_pad/64][k_pad/16][32][4] u32 (gptq_repack.hpp layout)
+  const void* scales;            // [scale_rows][n_pad] T, permuted columns
+  const std::uint8_t* zeros;     // [scale_rows][n_pad] u8, permuted columns, or null
+  const void* a;                 // [m, k] T row-major (act-order: already gathered)
+  void* out;                     // [m, n] T row-major
+  float* partials;               // [splits][n_ctas][m][block_n] f32: the live rows only
+  int* counters;                 // [n_ctas] ints, zero between launches
   int m, k, n, k_pad, n_pad;
   int zero_value;
   int groups_per_stage;  // 128 / group_rows when group_rows <= 128, else 1
@@ -149,29 +157,37 @@ struct FusedParams {
   int splits;
 };
 
-template <int MT, int NB, bool kZeros>
+template <int MT, int NB, bool kZeros, int kStagesN>
 struct FusedShape {
+  static constexpr int kStages = kStagesN;               // cp.async ring depth
   static constexpr int kKG = kWarps / NB;                // k-groups of warps
   static constexpr int kKS = kK16PerStage / kKG;         // k16 steps per warp per stage
   static constexpr int kBN = NB * kGptqTileN;            // columns per CTA
   static constexpr int kRows = MT * 16;                  // activation rows per CTA
-  static constexpr int kWBytes = NB * (kGptqTileK / 16) * 512;
+  static constexpr int kBlockBytes = (kGptqTileK / 16) * 512;  // one column block's weights per stage
+  static constexpr int kWBytes = NB * kBlockBytes;
   static constexpr int kABytes = kRows * kGptqTileK * 2;
   static constexpr int kSBytes = kMaxGroupsPerStage * kBN * 2;
   static constexpr int kZBytes = kZeros ? kMaxGroupsPerStage * kBN : 0;
   static constexpr int kStageBytes = kWBytes + kABytes + kSBytes + kZBytes;
   static constexpr int kSmemBytes = kStageBytes * kStages;
+  // Stages of weights requested into L2 (bulk prefetch) beyond the cp.async
+  // ring, about 64 KiB per CTA: DRAM sees far more bytes in flight than
+  // shared memory could hold, and the ring's cp.async then hit L2.
+  static constexpr int kL2Ahead = 16 / NB;
   static constexpr int kFrag = MT * 8 * 4;  // accumulator floats per thread
   static constexpr int kRedBytes = (kKG - 1) * NB * kFrag * 32 * 4;
   static_assert(kKG * kKS == kK16PerStage, "k16 steps must split evenly over the k-groups");
   static_assert(kRedBytes <= kSmemBytes, "the k-group reduction reuses the pipeline's shared memory");
   static_assert(kStageBytes % 16 == 0, "stages must stay 16-byte aligned");
+  static_assert(kBlockBytes == kThreads * 16, "one 16-byte cp.async per thread per column block");
 };
 
-template <class T, int MT, int NB, bool kZeros, int kMinBlocks>
+template <class T, int MT, int NB, bool kZeros, int kStagesN, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const FusedParams p) {
-  using Shape = FusedShape<MT, NB, kZeros>;
+  using Shape = FusedShape<MT, NB, kZeros, kStagesN>;
   using M = Int4Math<T>;
+  constexpr int kStages = Shape::kStages;
   constexpr int kKG = Shape::kKG, kKS = Shape::kKS, kBN = Shape::kBN, kFrag = Shape::kFrag;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int s_is_last;
@@ -184,58 +200,84 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
   const int n_ctas = static_cast<int>(gridDim.x);
   const int nb_first = cta_n * NB;
   const int nb_total = p.n_pad / kGptqTileN;
-  const int nb = nb_first + nbl;
-  const bool warp_active = nb < nb_total;
+  const int nb_live = min(NB, nb_total - nb_first);  // column blocks of this CTA that exist
+  const bool warp_active = nbl < nb_live;
   const int k_tiles = p.k_pad / kGptqTileK;
   const int k16_total = p.k_pad / 16;
   const int kt_begin = static_cast<int>(static_cast<long long>(split) * k_tiles / p.splits);
   const int kt_end = static_cast<int>(static_cast<long long>(split + 1) * k_tiles / p.splits);
   const int num_kt = kt_end - kt_begin;
+  const int live_rows = min(p.m, Shape::kRows);
   const T* a = static_cast<const T*>(p.a);
   const T* scales = static_cast<const T*>(p.scales);
 
+  // Weights of column block l (< nb_live) of this CTA at k tile kt.
+  auto w_stage = [&](int l, int kt) {
+    return p.qweight + (static_cast<std::size_t>(nb_first + l) * k16_total + static_cast<std::size_t>(kt) * kK16PerStage) * 128;
+  };
+
+  // Activation rows >= m: zeroed once in every slot; the pipeline never
+  // writes them (no global request for rows that do not exist).
+  {
+    const int dead_chunks = (Shape::kRows - live_rows) * 16;
+    for (int c = tid; c < kStages * dead_chunks; c += kThreads) {
+      const int s = c / dead_chunks, r = c - s * dead_chunks;
+      *reinterpret_cast<uint4*>(smem + s * Shape::kStageBytes + Shape::kWBytes + live_rows * 256 + r * 16) =
+          make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+
   auto load_stage = [&](int slot, int kt) {
     unsigned char* st = smem + slot * Shape::kStageBytes;
-    // Weights: per column block, 8 consecutive 512-byte k16 tiles (4 KiB contiguous).
+    // Weights: per column block 8 consecutive 512-byte k16 tiles (4 KiB contiguous), 16 bytes per thread.
 #pragma unroll
-    for (int c = tid; c < NB * 256; c += kThreads) {
-      const int l = c >> 8, off = c & 255;
-      if (nb_first + l < nb_total) {
-        const std::uint32_t* src =
-            p.qweight + (static_cast<std::size_t>(nb_first + l) * k16_total + static_cast<std::size_t>(kt) * 8) * 128 +
-            off * 4;
-        cp_async_16(smem_u32(st + l * 4096 + off * 16), src);
-      }
+    for (int l = 0; l < NB; ++l) {
+      if (l < nb_live) cp_async_16(smem_u32(st + l * Shape::kBlockBytes + tid * 16), w_stage(l, kt) + tid * 4);
     }
-    // Activations: kRows x 128, 16 chunks of 16 bytes per row, chunk c at c ^ (row & 7).
+    // Activations: live rows x 128, 16 chunks of 16 bytes per row, chunk c at c ^ (row & 7).
     unsigned char* as = st + Shape::kWBytes;
 #pragma unroll
-    for (int c = tid; c < Shape::kRows * 16; c += kThreads) {
-      const int row = c >> 4, ch = c & 15;
-      const int col = kt * kGptqTileK + ch * 8;
-      const bool ok = row < p.m && col < p.k;
-      const T* src = ok ? a + static_cast<std::size_t>(row) * p.k + col : a;
-      cp_async_16(smem_u32(as + row * 256 + ((ch ^ (row & 7)) << 4)), src, ok);
+    for (int i = 0; i < (Shape::kRows * 16 + kThreads - 1) / kThreads; ++i) {
+      const int c = tid + i * kThreads;
+      if (c < live_rows * 16) {
+        const int row = c >> 4, ch = c & 15;
+        const int col = kt * kGptqTileK + ch * 8;
+        const bool ok = col < p.k;
+        const T* src = ok ? a + static_cast<std::size_t>(row) * p.k + col : a;
+        cp_async_16(smem_u32(as + row * 256 + ((ch ^ (row & 7)) << 4)), src, ok);
+      }
     }
-    // Scale (and zero) rows of the stage's groups.
+    // Scale (and zero) rows of the stage's groups (columns < n_pad: whole column blocks).
     const int g0 = kt * p.groups_per_stage / p.stages_per_group;
     unsigned char* ss = as + Shape::kABytes;
-    for (int c = tid; c < p.groups_per_stage * (kBN / 8); c += kThreads) {
+#pragma unroll
+    for (int i = 0; i < (kMaxGroupsPerStage * (kBN / 8) + kThreads - 1) / kThreads; ++i) {
+      const int c = tid + i * kThreads;
       const int gi = c / (kBN / 8), cc = c % (kBN / 8);
-      const int col = nb_first * kGptqTileN + cc * 8;
-      if (col < p.n_pad) {
-        cp_async_16(smem_u32(ss + (gi * kBN + cc * 8) * 2), scales + static_cast<std::size_t>(g0 + gi) * p.n_pad + col);
+      if (gi < p.groups_per_stage && cc < nb_live * (kGptqTileN / 8)) {
+        cp_async_16(smem_u32(ss + (gi * kBN + cc * 8) * 2),
+                    scales + static_cast<std::size_t>(g0 + gi) * p.n_pad + nb_first * kGptqTileN + cc * 8);
       }
     }
     if constexpr (kZeros) {
       unsigned char* zs = ss + Shape::kSBytes;
-      for (int c = tid; c < p.groups_per_stage * (kBN / 16); c += kThreads) {
+#pragma unroll
+      for (int i = 0; i < (kMaxGroupsPerStage * (kBN / 16) + kThreads - 1) / kThreads; ++i) {
+        const int c = tid + i * kThreads;
         const int gi = c / (kBN / 16), cc = c % (kBN / 16);
-        const int col = nb_first * kGptqTileN + cc * 16;
-        if (col < p.n_pad) {
-          cp_async_16(smem_u32(zs + gi * kBN + cc * 16), p.zeros + static_cast<std::size_t>(g0 + gi) * p.n_pad + col);
+        if (gi < p.groups_per_stage && cc < nb_live * (kGptqTileN / 16)) {
+          cp_async_16(smem_u32(zs + gi * kBN + cc * 16),
+                      p.zeros + static_cast<std::size_t>(g0 + gi) * p.n_pad + nb_first * kGptqTileN + cc * 16);
         }
       }
+    }
+  };
+
+  // Stages [first, first + count) of this CTA's k range into L2: one bulk
+  // request per column block (its k range is contiguous).
+  auto prefetch_l2 = [&](int first, int count) {
+    if (tid < nb_live && count > 0) {
+      prefetch_l2_bulk(w_stage(tid, kt_begin + first), static_cast<std::uint32_t>(count * Shape::kBlockBytes));
     }
   };
 
@@ -251,7 +293,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
     const uint4 raw = *reinterpret_cast<const uint4*>(ss + (gl * kBN + nbl * kGptqTileN + gid * 8) * 2);
     const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-    for (int t = 0; t < 8; ++t) sc[t] = dup16(t % 2 == 0 ? words[t / 2] : words[t / 2] >> 16);
+    for (int t = 0; t < 8; ++t) sc[t] = t % 2 == 0 ? dup16(words[t / 2]) : dup16_hi(words[t / 2]);
     if constexpr (kZeros) {
       const unsigned char* zs = ss + Shape::kSBytes;
       const uint2 zr = *reinterpret_cast<const uint2*>(zs + gl * kBN + nbl * kGptqTileN + gid * 8);
@@ -267,10 +309,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
     for (int t = 0; t < 8; ++t) M::biases(p.zero_value, blo[t], bhi[t]);
   }
 
-  auto compute_stage = [&](int slot) {
-    if (!warp_active) return;
+  // One stage of this warp: kTiles m16 tiles (the live ones; no per-mma
+  // branches, so dequantization and mma interleave freely).
+  auto compute_stage = [&](auto tiles, int slot) {
+    constexpr int kTiles = decltype(tiles)::value;
     const unsigned char* st = smem + slot * Shape::kStageBytes;
-    const unsigned char* ws = st + nbl * 4096;
+    const unsigned char* ws = st + nbl * Shape::kBlockBytes;
     const unsigned char* as = st + Shape::kWBytes;
 #pragma unroll
     for (int ks = 0; ks < kKS; ++ks) {
@@ -281,14 +325,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
         set_group(st, gl);
       }
       const uint4 wq = *reinterpret_cast<const uint4*>(ws + kk * 512 + lane * 16);
-      std::uint32_t af[MT][4];
+      std::uint32_t af[kTiles][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        if (mt * 16 < p.m) {
-          const int row = mt * 16 + (lane & 15);
-          const int chunk = kk * 2 + (lane >> 4);
-          ldmatrix_x4(af[mt], smem_u32(as + row * 256 + ((chunk ^ (row & 7)) << 4)));
-        }
+      for (int mt = 0; mt < kTiles; ++mt) {
+        const int row = mt * 16 + (lane & 15);
+        const int chunk = kk * 2 + (lane >> 4);
+        ldmatrix_x4(af[mt], smem_u32(as + row * 256 + ((chunk ^ (row & 7)) << 4)));
       }
       const std::uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
 #pragma unroll
@@ -296,11 +338,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
         std::uint32_t b[4];
         M::dequant(words[j], sc[2 * j], blo[2 * j], bhi[2 * j], sc[2 * j + 1], blo[2 * j + 1], bhi[2 * j + 1], b);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          if (mt * 16 < p.m) {
-            mma_16816_at<T>(&acc[(mt * 8 + 2 * j) * 4], af[mt], b[0], b[1]);
-            mma_16816_at<T>(&acc[(mt * 8 + 2 * j + 1) * 4], af[mt], b[2], b[3]);
-          }
+        for (int mt = 0; mt < kTiles; ++mt) {
+          mma_16816_at<T>(&acc[(mt * 8 + 2 * j) * 4], af[mt], b[0], b[1]);
+          mma_16816_at<T>(&acc[(mt * 8 + 2 * j + 1) * 4], af[mt], b[2], b[3]);
         }
       }
     }
@@ -312,13 +352,26 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
     if (s < num_kt) load_stage(s, kt_begin + s);
     cp_async_commit();
   }
+  prefetch_l2(kStages - 1, min(Shape::kL2Ahead, num_kt - (kStages - 1)));
   for (int it = 0; it < num_kt; ++it) {
     cp_async_wait<kStages - 2>();
     __syncthreads();
     const int next = it + kStages - 1;
     if (next < num_kt) load_stage(next % kStages, kt_begin + next);
     cp_async_commit();
-    compute_stage(it % kStages);
+    if (next + Shape::kL2Ahead < num_kt) prefetch_l2(next + Shape::kL2Ahead, 1);
+    if (warp_active) {
+      if constexpr (MT >= 3) {
+        // The top tile is all padding for m <= (MT - 1) * 16 (zero rows): skip its mma.
+        if (live_rows > (MT - 1) * 16) {
+          compute_stage(std::integral_constant<int, MT>{}, it % kStages);
+        } else {
+          compute_stage(std::integral_constant<int, MT - 1>{}, it % kStages);
+        }
+      } else {
+        compute_stage(std::integral_constant<int, MT>{}, it % kStages);
+      }
+    }
   }
   cp_async_wait<0>();
   __syncthreads();
@@ -343,37 +396,49 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
   }
 
   T* out = static_cast<T*>(p.out);
-  auto store_out = [&]() {
+  if (p.splits == 1) {
+    if (kg == 0 && warp_active) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
+      for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        const int col = nb * kGptqTileN + t * 8 + tig * 2;
+        for (int t = 0; t < 8; ++t) {
+          const int col = (nb_first + nbl) * kGptqTileN + t * 8 + tig * 2;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = mt * 16 + gid + 8 * h;
-          if (row < p.m && col < p.n) {
-            const int i = (mt * 8 + t) * 4 + 2 * h;
-            *reinterpret_cast<std::uint32_t*>(out + static_cast<std::size_t>(row) * p.n + col) =
-                pack2<T>(acc[i], acc[i + 1]);
+          for (int h = 0; h < 2; ++h) {
+            const int row = mt * 16 + gid + 8 * h;
+            if (row < live_rows && col < p.n) {
+              const int i = (mt * 8 + t) * 4 + 2 * h;
+              *reinterpret_cast<std::uint32_t*>(out + static_cast<std::size_t>(row) * p.n + col) =
+                  pack2<T>(acc[i], acc[i + 1]);
+            }
           }
         }
       }
     }
-  };
-
-  if (p.splits == 1) {
-    if (kg == 0 && warp_active) store_out();
     return;
   }
 
-  // ── Split-K: partial tile to the workspace; the last CTA sums in split order ──
-  const std::size_t tile_floats = static_cast<std::size_t>(NB) * kFrag * 32;
+  // ── Split-K: the live rows of the partial tile, [row][kBN] f32, to the
+  // workspace; the CTA that arrives last sums them in split order ──
+  const std::size_t tile_floats = static_cast<std::size_t>(live_rows) * kBN;
   if (kg == 0 && warp_active) {
-    float* part = p.partials + (static_cast<std::size_t>(split) * n_ctas + cta_n) * tile_floats +
-                  static_cast<std::size_t>(nbl) * kFrag * 32;
+    float* part = p.partials + (static_cast<std::size_t>(split) * n_ctas + cta_n) * tile_floats;
 #pragma unroll
-    for (int i = 0; i < kFrag; ++i) __stcg(part + i * 32 + lane, acc[i]);
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        const int col = nbl * kGptqTileN + t * 8 + tig * 2;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = mt * 16 + gid + 8 * h;
+          if (row < live_rows) {
+            const int i = (mt * 8 + t) * 4 + 2 * h;
+            __stcg(reinterpret_cast<float2*>(part + static_cast<std::size_t>(row) * kBN + col),
+                   make_float2(acc[i], acc[i + 1]));
+          }
+        }
+      }
+    }
   }
   __threadfence();
   __syncthreads();
@@ -381,47 +446,89 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
   __syncthreads();
   if (s_is_last == 0) return;
   __threadfence();
-  if (kg == 0 && warp_active) {
+  // Every thread: up to kPer quads of 4 columns (16-byte loads), all of
+  // them in flight for one split at a time, splits added in order 0..S-1.
+  constexpr int kQuads = kBN / 4;
+  constexpr int kPer = (Shape::kRows * kQuads + kThreads - 1) / kThreads;
+  const int col0 = nb_first * kGptqTileN;
+  const int quads = live_rows * kQuads;
+  const float* tile0 = p.partials + static_cast<std::size_t>(cta_n) * tile_floats;
+  const std::size_t split_stride = static_cast<std::size_t>(n_ctas) * tile_floats;
+  float4 sum[kPer];
 #pragma unroll
-    for (int i = 0; i < kFrag; ++i) acc[i] = 0.0f;
-    for (int s = 0; s < p.splits; ++s) {
-      const float* part = p.partials + (static_cast<std::size_t>(s) * n_ctas + cta_n) * tile_floats +
-                          static_cast<std::size_t>(nbl) * kFrag * 32;
+  for (int i = 0; i < kPer; ++i) sum[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int s = 0; s < p.splits; ++s) {
+    const float* tile = tile0 + static_cast<std::size_t>(s) * split_stride;
 #pragma unroll
-      for (int i = 0; i < kFrag; ++i) acc[i] += __ldcg(part + i * 32 + lane);
+    for (int i = 0; i < kPer; ++i) {
+      const int c = tid + i * kThreads;
+      // Quad c is row c / kQuads, columns (c % kQuads) * 4 ..: the tile is [row][kBN].
+      // Columns >= n are skipped (a column block past n_pad has no partial).
+      if (c < quads && col0 + (c % kQuads) * 4 < p.n) {
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(tile) + c);
+        sum[i].x += v.x;
+        sum[i].y += v.y;
+        sum[i].z += v.z;
+        sum[i].w += v.w;
+      }
     }
-    store_out();
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int c = tid + i * kThreads;
+    const int row = c / kQuads, col = col0 + (c % kQuads) * 4;
+    if (c < quads && col < p.n) {  // n is a multiple of 8: a quad is all in or all out
+      *reinterpret_cast<uint2*>(out + static_cast<std::size_t>(row) * p.n + col) =
+          make_uint2(pack2<T>(sum[i].x, sum[i].y), pack2<T>(sum[i].z, sum[i].w));
+    }
   }
   if (tid == 0) p.counters[cta_n] = 0;  // ready for the next launch on the stream
 }
 
 // ── Configurations ──────────────────────────────────────────────────────────
 
-struct FusedConfig {
-  int mt;  // m16 tiles
-  int nb;  // 64-column blocks per CTA
+// m16 tiles, 64-column blocks per CTA, cp.async stages, CTAs per SM asked of
+// the register allocator. Shared memory (symmetric / with zeros): 84 / 90,
+// 90 / 95, 180 / 190 KiB, so 2, 2 and 1 CTAs per SM.
+template <int Config>
+struct FusedConfigOf;
+template <>
+struct FusedConfigOf<0> {  // m <= 16
+  static constexpr int kMT = 1, kNB = 2, kStages = 6, kMinBlocks = 2;
 };
-constexpr FusedConfig kConfigs[] = {{1, 2}, {2, 2}, {4, 4}};
+template <>
+struct FusedConfigOf<1> {  // m <= 32
+  static constexpr int kMT = 2, kNB = 2, kStages = 5, kMinBlocks = 2;
+};
+template <>
+struct FusedConfigOf<2> {  // m <= 64 (three live m16 tiles up to m = 48)
+  static constexpr int kMT = 4, kNB = 4, kStages = 5, kMinBlocks = 1;
+};
 constexpr int kNumConfigs = 3;
 
 int config_for_m(int m) { return m <= 16 ? 0 : (m <= 32 ? 1 : 2); }
 
-template <class T, int MT, int NB, bool kZeros>
+template <class T, int Config, bool kZeros>
 auto fused_kernel_ptr() {
-  return &gptq_fused_kernel<T, MT, NB, kZeros, (MT <= 2 ? 2 : 1)>;
+  using C = FusedConfigOf<Config>;
+  return &gptq_fused_kernel<T, C::kMT, C::kNB, kZeros, C::kStages, C::kMinBlocks>;
+}
+template <int Config, bool kZeros>
+constexpr int fused_smem_bytes() {
+  using C = FusedConfigOf<Config>;
+  return FusedShape<C::kMT, C::kNB, kZeros, C::kStages>::kSmemBytes;
 }
 
-template <class T, int MT, int NB, bool kZeros>
-int prepare_one(int& blocks_per_sm) {
-  using Shape = FusedShape<MT, NB, kZeros>;
-  auto kernel = fused_kernel_ptr<T, MT, NB, kZeros>();
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes);
+template <class T, int Config, bool kZeros>
+void prepare_one(int& blocks_per_sm) {
+  auto kernel = fused_kernel_ptr<T, Config, kZeros>();
+  constexpr int smem = fused_smem_bytes<Config, kZeros>();
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaFuncSetAttribute", err);
   int blocks = 0;
-  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, Shape::kSmemBytes);
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem);
   if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveBlocksPerMultiprocessor", err);
   blocks_per_sm = std::max(blocks, 1);
-  return 0;
 }
 
 // Blocks per SM of each (dtype, config), the zero-array variant (the plan
@@ -433,12 +540,12 @@ struct Occupancy {
 template <class T>
 void prepare_dtype(int (&blocks)[kNumConfigs]) {
   int unused = 0;
-  prepare_one<T, 1, 2, false>(unused);
-  prepare_one<T, 1, 2, true>(blocks[0]);
-  prepare_one<T, 2, 2, false>(unused);
-  prepare_one<T, 2, 2, true>(blocks[1]);
-  prepare_one<T, 4, 4, false>(unused);
-  prepare_one<T, 4, 4, true>(blocks[2]);
+  prepare_one<T, 0, false>(unused);
+  prepare_one<T, 0, true>(blocks[0]);
+  prepare_one<T, 1, false>(unused);
+  prepare_one<T, 1, true>(blocks[1]);
+  prepare_one<T, 2, false>(unused);
+  prepare_one<T, 2, true>(blocks[2]);
 }
 
 const Occupancy& occupancy() {
@@ -451,12 +558,18 @@ const Occupancy& occupancy() {
   return occ;
 }
 
+constexpr int config_nb(int config) {
+  return config == 0 ? FusedConfigOf<0>::kNB : (config == 1 ? FusedConfigOf<1>::kNB : FusedConfigOf<2>::kNB);
+}
+constexpr int config_mt(int config) {
+  return config == 0 ? FusedConfigOf<0>::kMT : (config == 1 ? FusedConfigOf<1>::kMT : FusedConfigOf<2>::kMT);
+}
+
 GptqPlan plan_for(int dtype_index, int config, int k_pad, int n_pad, int num_sms) {
-  const FusedConfig cfg = kConfigs[config];
   GptqPlan plan;
   plan.config = config;
-  plan.m_tile = cfg.mt * 16;
-  plan.block_n = cfg.nb * kGptqTileN;
+  plan.m_tile = config_mt(config) * 16;
+  plan.block_n = config_nb(config) * kGptqTileN;
   plan.n_ctas = (n_pad + plan.block_n - 1) / plan.block_n;
   const int k_tiles = k_pad / kGptqTileK;
   const long long slots = static_cast<long long>(std::max(num_sms, 1)) * occupancy().blocks[dtype_index][config];
@@ -476,7 +589,7 @@ GptqPlan plan_for(int dtype_index, int config, int k_pad, int n_pad, int num_sms
   return plan;
 }
 
-template <class T, int MT, int NB>
+template <class T, int Config>
 void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t stream) {
   FusedParams p{};
   p.qweight = args.w.qweight;
@@ -498,11 +611,9 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
   p.splits = plan.splits;
   const dim3 grid(static_cast<unsigned>(plan.n_ctas), static_cast<unsigned>(plan.splits));
   if (args.w.zeros != nullptr) {
-    gptq_fused_kernel<T, MT, NB, true, (MT <= 2 ? 2 : 1)>
-        <<<grid, kThreads, FusedShape<MT, NB, true>::kSmemBytes, stream>>>(p);
+    fused_kernel_ptr<T, Config, true>()<<<grid, kThreads, fused_smem_bytes<Config, true>(), stream>>>(p);
   } else {
-    gptq_fused_kernel<T, MT, NB, false, (MT <= 2 ? 2 : 1)>
-        <<<grid, kThreads, FusedShape<MT, NB, false>::kSmemBytes, stream>>>(p);
+    fused_kernel_ptr<T, Config, false>()<<<grid, kThreads, fused_smem_bytes<Config, false>(), stream>>>(p);
   }
 }
 
@@ -598,8 +709,7 @@ std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms) {
 
 std::size_t gptq_counter_ints(int n_pad) {
   // The narrowest configuration has the most CTAs along n.
-  int narrowest = kConfigs[0].nb;
-  for (const FusedConfig& c : kConfigs) narrowest = std::min(narrowest, c.nb);
+  const int narrowest = std::min({config_nb(0), config_nb(1), config_nb(2)});
   const int block_n = narrowest * kGptqTileN;
   return static_cast<std::size_t>((n_pad + block_n - 1) / block_n);
 }
@@ -612,13 +722,13 @@ void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream) {
     using T = typename decltype(tag)::type;
     switch (plan.config) {
       case 0:
-        launch_fused<T, 1, 2>(args, plan, stream);
+        launch_fused<T, 0>(args, plan, stream);
         break;
       case 1:
-        launch_fused<T, 2, 2>(args, plan, stream);
+        launch_fused<T, 1>(args, plan, stream);
         break;
       default:
-        launch_fused<T, 4, 4>(args, plan, stream);
+        launch_fused<T, 2>(args, plan, stream);
         break;
     }
   });

@@ -8,7 +8,8 @@
 // dtype: the results must be bitwise equal. Covered: group sizes 32, 64,
 // 128, -1; symmetric / asymmetric zeros; V1 / V2; act-order; non-square and
 // padded k / n; m in {1, 3, 16, 17, 33, 64, 65, 200, 300} (every fused kernel
-// configuration, row chunking, and the dequantize + cuBLAS path); split-K;
+// configuration, row chunking, and the dequantize + cuBLAS path); split-K,
+// also at every configuration boundary and with partly empty column blocks;
 // general layouts (group size 8, uneven act-order groups); f16 and bf16.
 // Also: bitwise determinism run to run on random (non-exact) data, graph
 // capture and replay, workspaces shared across weights, and bad input.
@@ -202,6 +203,19 @@ TEST_F(CudaGptq, ExactWithSplitK) {
   FERRUM_SEEDED_RNG(rng);
   expect_exact({4096, 128, 128, false, true, GptqZeroFormat::V1}, {1, 16, 32, 64}, rng);
   expect_exact({2048, 1024, 32, true, false, GptqZeroFormat::V2}, {1, 5, 48}, rng);
+}
+
+// Split-K at m on both sides of every configuration boundary (16 / 32 / 64,
+// and 48, where the m <= 64 configuration drops its top m16 tile): the
+// partial tiles hold only the live rows and the last CTA sums them. n = 264
+// pads to 5 column blocks, so the last CTA along n has fewer live blocks than
+// its configuration covers; k = 4000 pads to 4096 (zero-filled tail stage).
+TEST_F(CudaGptq, ExactWithSplitKAtConfigBoundaries) {
+  FERRUM_SEEDED_RNG(rng);
+  expect_exact({4000, 264, 32, false, true, GptqZeroFormat::V1},
+               {1, 2, 8, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65}, rng);
+  expect_exact({4096, 328, 128, true, false, GptqZeroFormat::V2}, {1, 16, 17, 33, 48, 64}, rng);
+  expect_exact({4224, 200, -1, false, false, GptqZeroFormat::V2}, {3, 40, 64}, rng);  // one group over all of k
 }
 
 // Layouts outside the fused kernel run the dequantize + cuBLAS path at every m.
