@@ -2,9 +2,11 @@
 // the head-major cache [num_kv_heads, capacity, head_dim] directly.
 //
 // Decode (q_len == 1) is flash-decoding on tensor cores,
-// attention_decode_kernel. The key range is cut into fixed slices of
-// kAttnSplitKeys (so a result never depends on the batch or the launch
-// size); one block owns (sequence, kv head, slice) and every q head of the
+// attention_decode_kernel. The key range is cut into slices whose size
+// depends on the cache capacity alone (attention_decode_slice_keys: 128
+// keys up to a 4k cache, then at most 16 slices), so a result never depends
+// on kv_len, the batch or the launch size; one block owns (sequence, kv
+// head, slice) and every q head of the
 // GQA group: the group is the M dimension of mma.sync m16n8k16 (padded to
 // 16 rows per m-tile; groups above 16 take a second set of 4 warps, above
 // 32 a further block per 32 heads). The slice streams through shared memory
@@ -22,10 +24,15 @@
 // barriers in the loop are per warp (or per pair of warps sharing keys when
 // the group has two m-tiles). At the end of the slice the warps' (m, l, O)
 // merge through shared memory in a fixed order into a partial output and
-// its base-2 log-sum-exp; attention_combine_kernel then merges the slices
-// of each (sequence, head) in a fixed order. Bitwise deterministic. In
-// device-state / ragged mode the grid covers the whole capacity and slices
-// past kv_len exit at once, so one captured launch serves every step.
+// its base-2 log-sum-exp. The block that finishes a (sequence, kv head)
+// last -- an arrival counter, which that block returns to zero -- merges
+// the slices' partials in slice order (merge_slice_partials), so there is
+// no second kernel; a row with one valid slice is written directly.
+// Bitwise deterministic: which block merges never changes the arithmetic.
+// In device-state / ragged mode the grid covers the whole capacity and
+// slices past kv_len exit at once (they do not arrive: the count to wait
+// for is the number of valid slices), so one captured launch serves every
+// step.
 //
 // attention_rows_kernel (CUDA cores, fp32) is the prefill fallback for
 // calls the tensor-core prefill (kernels/attention_prefill.cu) declines,
@@ -74,9 +81,75 @@ __device__ __forceinline__ long long key_limit(const AttentionArgs& a, int b, in
   return limit < 0 ? 0 : limit;
 }
 
+// Merges the decode slice partials of rows row0 .. row0 + heads - 1 (one
+// sequence; slices 0 .. used - 1 hold a valid key) into a.out, in slice
+// order:  out = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max).
+// The arithmetic depends on the partials alone, so the same bits come out
+// whichever block or kernel runs it; used == 0 writes zeros. Reads through
+// L2 (the partials come from other blocks). Every thread of the block calls
+// it (it holds __syncthreads); smem: heads * (splits + 1) floats.
+template <class T, int HD>
+__device__ void merge_slice_partials(const AttentionArgs& a, long long row0, int heads, int splits, int used,
+                                     float* smem) {
+  static_assert(HD % 4 == 0, "4 columns per thread");
+  const int tid = static_cast<int>(threadIdx.x);
+  const int nthreads = static_cast<int>(blockDim.x);
+  float* const w_s = smem;                     // [heads][splits]: lse, then weights
+  float* const sum_s = smem + heads * splits;  // [heads]
+  for (int i = tid; i < heads * used; i += nthreads) {
+    const int h = i / used;
+    const int s = i % used;
+    w_s[h * splits + s] = __ldcg(a.partial_lse + (row0 + h) * splits + s);
+  }
+  __syncthreads();
+  for (int h = tid; h < heads; h += nthreads) {
+    float* const w = w_s + h * splits;
+    float mx = -INFINITY;
+    for (int s = 0; s < used; ++s) mx = fmaxf(mx, w[s]);  // finite: a valid slice has sum > 0
+    float sum = 0.0f;
+    for (int s = 0; s < used; ++s) {
+      w[s] = exp2f(w[s] - mx);
+      sum += w[s];
+    }
+    sum_s[h] = sum;
+  }
+  __syncthreads();
+  constexpr int kQuads = HD / 4;
+  for (int idx = tid; idx < heads * kQuads; idx += nthreads) {
+    const int h = idx / kQuads;
+    const int d = (idx % kQuads) * 4;
+    const float* const w = w_s + h * splits;
+    const float* const po = a.partial_out + (row0 + h) * splits * HD + d;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 8
+    for (int s = 0; s < used; ++s) {
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(po + static_cast<long long>(s) * HD));
+      acc[0] = fmaf(w[s], x.x, acc[0]);
+      acc[1] = fmaf(w[s], x.y, acc[1]);
+      acc[2] = fmaf(w[s], x.z, acc[2]);
+      acc[3] = fmaf(w[s], x.w, acc[3]);
+    }
+    const float sum = sum_s[h];
+    vec_t<T, 4> o;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) o.set(c, sum > 0.0f ? acc[c] / sum : 0.0f);
+    o.store(static_cast<T*>(a.out) + (row0 + h) * HD + d);
+  }
+}
+
+// Arrival counters of the fused decode merge, one per (sequence, kv head,
+// head chunk) of a launch. Zero at module load, and every launch leaves
+// them zero (each group's last block wraps its counter back), so every
+// launch and graph replay starts from zero. Per device: decode launches of
+// one device must not run concurrently (the backend queues every op of a
+// device on one stream), as for the split-K workspace. A launch with more
+// groups merges in attention_combine_kernel instead (the same bits).
+constexpr int kDecodeArrivalSlots = 1 << 16;
+__device__ unsigned int g_decode_arrivals[kDecodeArrivalSlots];
+
 template <class T, int HD>
 __global__ void __launch_bounds__(kWarps * 32) attention_rows_kernel(const AttentionArgs a, int splits,
-                                                                      int heads_per_block) {
+                                                                      int slice_keys, int heads_per_block) {
   constexpr int kCols = HD / 32;  // output columns per lane
   __shared__ float q_s[kMaxGroupPerBlock][HD];
   __shared__ float m_s[kWarps][kMaxGroupPerBlock];
@@ -98,17 +171,13 @@ __global__ void __launch_bounds__(kWarps * 32) attention_rows_kernel(const Atten
   const int lane = threadIdx.x % 32;
 
   const long long limit = key_limit(a, b, i, split == 0 && threadIdx.x == 0);
-  const long long slice = splits > 1 ? kAttnSplitKeys : limit;
+  const long long slice = splits > 1 ? slice_keys : limit;
   const long long begin = static_cast<long long>(split) * slice;
   const long long end = min(limit, begin + slice);
   const long long row_base = (static_cast<long long>(b) * a.num_heads + head0) * a.q_len + i;  // head0's row
 
   if (begin >= end) {  // a slice past the valid keys (or an empty row)
-    if (splits > 1) {
-      for (int h = threadIdx.x; h < heads; h += blockDim.x) {
-        a.partial_lse[(row_base + static_cast<long long>(h) * a.q_len) * splits + split] = -INFINITY;
-      }
-    } else {
+    if (splits == 1) {  // else the merge reads only the slices that hold a valid key
       T* out = static_cast<T*>(a.out);
       for (int idx = threadIdx.x; idx < heads * HD; idx += blockDim.x) {
         out[(row_base + static_cast<long long>(idx / HD) * a.q_len) * HD + idx % HD] = from_float<T>(0.0f);
@@ -268,6 +337,10 @@ struct DecodeTraits<256> {
   static constexpr int kStages = 3;
 };
 
+// Sub-tiles per key warp requested into L2 ahead of the cp.async ring
+// (large launches; see prefetch_sub). Tunable; 0 turns it off.
+constexpr int kL2Ahead = 2;
+
 template <int HD>
 struct DecodeShape {
   static constexpr int kKeyWarps = 4;    // warps splitting the keys of a tile
@@ -290,7 +363,8 @@ struct DecodeShape {
   static constexpr int kMergeFloats = kMaxWarps * 16 * (kOStride + 2);
   static_assert(kStages >= 2, "the ring needs a slot to fill while another is read");
   static_assert(kMergeFloats * 4 <= kRingElems * 2, "the merge fits in the drained ring");
-  static_assert(kAttnSplitKeys % kTileKeys == 0, "whole tiles per slice");
+  static_assert(kAttnDecodeMinSliceKeys % kTileKeys == 0, "whole tiles per slice (powers of two from 128)");
+  static_assert(kMaxHeads * (kAttnDecodeMaxSplits + 1) * 4 <= kRingElems * 2, "the slice merge fits in the ring");
   static_assert(kChunks >= 8, "the swizzle permutes 8 chunks of a row");
   static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of sm_90");
 };
@@ -315,21 +389,29 @@ __device__ __forceinline__ void load_sub_tile(T* dk, T* dv, const T* gk, const T
   }
 }
 
-// Barrier of the warps that share key warp kw's sub-tiles (ids 1..4; a
-// literal id per case so ptxas reserves only those).
-__device__ __forceinline__ void key_warp_barrier(int kw, int threads) {
+// Orders a ring slot among the warps that share key warp kw's sub-tiles:
+// after it, the slot's cp.async data has landed for all of them (each lane
+// waited for its own groups) and all are done reading the slot refilled
+// next. One m-tile: the warp alone, __syncwarp (it orders memory among the
+// warp's lanes). Two: the warp pair, a named barrier (ids 1..4, a literal
+// per case so ptxas reserves only those).
+__device__ __forceinline__ void ring_barrier(int kw, int mtiles) {
+  if (mtiles == 1) {
+    __syncwarp();
+    return;
+  }
   switch (kw) {
     case 0:
-      named_barrier<1>(threads);
+      named_barrier<1>(64);
       break;
     case 1:
-      named_barrier<2>(threads);
+      named_barrier<2>(64);
       break;
     case 2:
-      named_barrier<3>(threads);
+      named_barrier<3>(64);
       break;
     default:
-      named_barrier<4>(threads);
+      named_barrier<4>(64);
       break;
   }
 }
@@ -339,7 +421,8 @@ __device__ __forceinline__ void key_warp_barrier(int kw, int threads) {
 // grid.y = kv heads; blockDim = 128 * m-tiles.
 template <class T, int HD>
 __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
-    attention_decode_kernel(const AttentionArgs a, int splits, int chunks, bool prefetch_l2) {
+    attention_decode_kernel(const AttentionArgs a, int splits, int slice_keys, int chunks, bool prefetch_l2,
+                            bool fused) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using Sh = DecodeShape<HD>;
   constexpr int kStages = Sh::kStages;
@@ -372,17 +455,19 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   const long long row0 = static_cast<long long>(b) * a.num_heads + head0;  // q / out row of head0
 
   const long long limit = key_limit(a, b, 0, split == 0 && chunk == 0 && tid == 0);
-  const long long begin = static_cast<long long>(split) * kAttnSplitKeys;
-  if (begin >= limit) {  // a slice past the valid keys (or no keys at all)
-    if (splits > 1) {
-      for (int h = tid; h < heads; h += nthreads) a.partial_lse[(row0 + h) * splits + split] = -INFINITY;
-    } else {
+  const long long begin = static_cast<long long>(split) * slice_keys;
+  if (begin >= limit) {
+    // A slice past the valid keys takes no part (it does not arrive). With
+    // no valid key at all (a reported bad kv_len), slice 0 writes zeros.
+    if (split == 0) {
       T* const out = static_cast<T*>(a.out) + row0 * HD;
       for (int idx = tid; idx < heads * HD; idx += nthreads) out[idx] = from_float<T>(0.0f);
     }
     return;
   }
-  const int n_keys = static_cast<int>(min(static_cast<long long>(kAttnSplitKeys), limit - begin));
+  // The slices that hold a valid key (the blocks that arrive), this one's keys.
+  const int used = static_cast<int>(min(static_cast<long long>(splits), (limit + slice_keys - 1) / slice_keys));
+  const int n_keys = static_cast<int>(min(static_cast<long long>(slice_keys), limit - begin));
   // This warp's sub-tiles: keys [t * 64 + kw * 16, + 16) of the slice.
   const int n_sub = n_keys > kw * Sh::kSub ? (n_keys - kw * Sh::kSub + Sh::kTileKeys - 1) / Sh::kTileKeys : 0;
 
@@ -396,6 +481,17 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     prefetch_l2_bulk(k, bytes);
     prefetch_l2_bulk(v, bytes);
   }
+  // Otherwise each warp asks L2 for its sub-tiles kL2Ahead beyond the ring
+  // (lane 0 of m-tile 0): twice the bytes in flight per SM without more
+  // shared memory. At most 8 warps x 132 SMs x kL2Ahead x 8 KiB (hd 128)
+  // wait in L2, used within a few microseconds: never evicted unread.
+  const bool prefetch_ahead = !prefetch_l2 && mt == 0 && lane == 0;
+  auto prefetch_sub = [&](int t) {
+    const int key0 = t * Sh::kTileKeys + kw * Sh::kSub;
+    const auto bytes = static_cast<std::uint32_t>(min(Sh::kSub, n_keys - key0)) * HD * 2u;
+    prefetch_l2_bulk(k + static_cast<long long>(key0) * HD, bytes);
+    prefetch_l2_bulk(v + static_cast<long long>(key0) * HD, bytes);
+  };
   const int ptid = mt * 32 + lane;  // index among the warps sharing this warp's keys
   auto load_sub = [&](int t) {
     const int key0 = t * Sh::kTileKeys + kw * Sh::kSub;
@@ -424,6 +520,12 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   for (int t = 0; t < kStages - 1; ++t) {
     if (t < n_sub) load_sub(t);
     cp_async_commit();
+  }
+  if (prefetch_ahead) {
+#pragma unroll
+    for (int t = kStages - 1; t < kStages - 1 + kL2Ahead; ++t) {
+      if (t < n_sub) prefetch_sub(t);
+    }
   }
   cp_async_wait<kStages - 1>();  // Q has landed
   __syncthreads();
@@ -467,9 +569,10 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     // Sub-tile t has landed for every thread sharing it, and all of them are
     // done with sub-tile t - 1, whose slot is refilled next.
     cp_async_wait<kStages - 2>();
-    key_warp_barrier(kw, 32 * mtiles);
+    ring_barrier(kw, mtiles);
     if (t + kStages - 1 < n_sub) load_sub(t + kStages - 1);
     cp_async_commit();
+    if (prefetch_ahead && t + kStages - 1 + kL2Ahead < n_sub) prefetch_sub(t + kStages - 1 + kL2Ahead);
     const std::uint32_t sK = smem_u32(ring + ((t % kStages) * Sh::kKeyWarps + kw) * 2 * Sh::kSubElems);
     const std::uint32_t sV = sK + Sh::kSubElems * 2;
 
@@ -546,6 +649,8 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   __syncthreads();
 
   // Merge the key warps of each head in a fixed order; normalize per slice.
+  // The row's only valid slice (fused) is its final output.
+  const bool direct = fused && used == 1;
   for (int idx = tid; idx < heads * HD; idx += nthreads) {
     const int h = idx / HD;
     const int d = idx % HD;
@@ -563,83 +668,58 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       acc += mo[(wrow + w * 16) * Sh::kOStride + d] * f;
     }
     // Key 0 of the slice is valid and belongs to key warp 0: sum > 0.
-    if (splits > 1) {
+    if (direct) {
+      static_cast<T*>(a.out)[(row0 + h) * HD + d] = from_float<T>(acc / sum);
+    } else {
       a.partial_out[((row0 + h) * splits + split) * HD + d] = acc / sum;
       if (d == 0) a.partial_lse[(row0 + h) * splits + split] = mx + log2f(sum);
-    } else {
-      static_cast<T*>(a.out)[(row0 + h) * HD + d] = from_float<T>(acc / sum);
     }
   }
+  if (direct || !fused) return;  // done, or attention_combine_kernel merges
+
+  // Arrive. The last of the `used` blocks of this (sequence, kv head,
+  // chunk) merges their partials. Every writer fences before the arrival
+  // (release: its partials are visible device-wide first); the last block
+  // fences after it (acquire) and reads the partials through L2.
+  unsigned int* const s_last = reinterpret_cast<unsigned int*>(sQ);  // Q is no longer read
+  __threadfence();
+  __syncthreads();  // also: every warp is done with mo / mm / ml
+  if (tid == 0) {
+    unsigned int* const counter =
+        g_decode_arrivals + (static_cast<long long>(b) * a.num_kv_heads + kvh) * chunks + chunk;
+    // atomicInc wraps to 0 after used - 1: the last arrival leaves it zero.
+    const unsigned int last = static_cast<unsigned int>(used - 1);
+    *s_last = atomicInc(counter, last) == last ? 1u : 0u;
+  }
+  __syncthreads();
+  if (*s_last == 0) return;
+  __threadfence();
+  merge_slice_partials<T, HD>(a, row0, heads, splits, used, reinterpret_cast<float*>(smem_raw));
 #else
   __trap();  // built without sm_80+: the launcher never launches this
 #endif
 }
 
-// Merges the decode slices of each (sequence, head) in a fixed order: warp w
-// takes slices w, w + 8, ... (in order), then the 8 warps are summed in
-// order. Nothing depends on the launch size: bitwise reproducible.
-constexpr int kCombineWarps = 8;
+// The merge as a kernel of its own, one block per (sequence, head): after
+// attention_rows_kernel, and after the tensor-core kernel when a launch has
+// more (sequence, kv head, chunk) groups than arrival counters. The same
+// arithmetic as the fused merge, so the same bits.
+constexpr int kCombineThreads = 64;
 
 template <class T, int HD>
-__global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(const AttentionArgs a, int splits) {
-  constexpr int kCols = HD / 32;  // columns per lane
-  __shared__ float acc_s[kCombineWarps][HD];
-  __shared__ float sum_s[kCombineWarps];
+__global__ void __launch_bounds__(kCombineThreads)
+    attention_combine_kernel(const AttentionArgs a, int splits, int slice_keys) {
+  __shared__ float smem[kAttnDecodeMaxSplits + 1];
   const long long row = blockIdx.x;  // b * num_heads + head (q_len == 1)
   const long long limit = key_limit(a, static_cast<int>(row / a.num_heads), 0, false);
-  const int used = static_cast<int>(min(static_cast<long long>(splits), (limit + kAttnSplitKeys - 1) / kAttnSplitKeys));
-  const float* const lse = a.partial_lse + row * splits;
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-
-  float mx = -INFINITY;  // every warp finds the same (max is exact in any order)
-  for (int s = lane; s < used; s += 32) mx = fmaxf(mx, lse[s]);
-  mx = warp_max(mx);
-  float sum = 0.0f;
-  float acc[kCols];
-#pragma unroll
-  for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
-  if (mx != -INFINITY) {
-    for (int s = warp; s < used; s += kCombineWarps) {
-      const float f = exp2f(lse[s] - mx);
-      const float* const po = a.partial_out + (row * splits + s) * HD + lane * kCols;
-      float x[kCols];
-      if constexpr (kCols % 4 == 0) {
-#pragma unroll
-        for (int c = 0; c < kCols; c += 4) {
-          const float4 t = *reinterpret_cast<const float4*>(po + c);
-          x[c] = t.x;
-          x[c + 1] = t.y;
-          x[c + 2] = t.z;
-          x[c + 3] = t.w;
-        }
-      } else {
-        const float2 t = *reinterpret_cast<const float2*>(po);
-        x[0] = t.x;
-        x[1] = t.y;
-      }
-      sum += f;
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) acc[c] += f * x[c];
-    }
-  }
-#pragma unroll
-  for (int c = 0; c < kCols; ++c) acc_s[warp][lane * kCols + c] = acc[c];
-  if (lane == 0) sum_s[warp] = sum;
-  __syncthreads();
-  for (int d = static_cast<int>(threadIdx.x); d < HD; d += kCombineWarps * 32) {
-    float total = 0.0f, out = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kCombineWarps; ++w) {
-      total += sum_s[w];
-      out += acc_s[w][d];
-    }
-    static_cast<T*>(a.out)[row * HD + d] = from_float<T>(total > 0.0f ? out / total : 0.0f);
-  }
+  const int used = static_cast<int>(min(static_cast<long long>(splits), (limit + slice_keys - 1) / slice_keys));
+  merge_slice_partials<T, HD>(a, row, 1, splits, used, smem);
 }
 
-int decode_splits(long long kv_stride) {
-  return static_cast<int>((kv_stride + kAttnSplitKeys - 1) / kAttnSplitKeys);
+template <class T, int HD>
+void launch_combine(const AttentionArgs& a, int splits, int slice_keys, cudaStream_t stream) {
+  attention_combine_kernel<T, HD>
+      <<<static_cast<unsigned>(a.batch * a.num_heads), kCombineThreads, 0, stream>>>(a, splits, slice_keys);
 }
 
 // K + V bytes (batch x kv heads x kv_stride) up to which a decode launch
@@ -651,7 +731,8 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   using Sh = DecodeShape<HD>;
   const auto kernel = attention_decode_kernel<T, HD>;
   if (!prepare_kernel<attention_decode_kernel<T, HD>>(Sh::kSmemBytes)) return false;
-  const int splits = decode_splits(a.kv_stride);
+  const int splits = attention_decode_splits(a.kv_stride);
+  const int slice_keys = static_cast<int>(attention_decode_slice_keys(a.kv_stride));
   const int group = a.num_heads / a.num_kv_heads;
   const int mtiles = group > 16 ? Sh::kMaxMTiles : 1;
   const int chunks = (group + 16 * mtiles - 1) / (16 * mtiles);
@@ -661,12 +742,13 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   // fits well inside L2 (else prefetched lines would be evicted unread).
   const double footprint = static_cast<double>(a.batch) * a.num_kv_heads * static_cast<double>(a.kv_stride) * HD * 4.0;
   const bool prefetch_l2 = footprint <= kDecodeL2PrefetchBytes;
-  kernel<<<grid, static_cast<unsigned>(Sh::kKeyWarps * 32 * mtiles), Sh::kSmemBytes, stream>>>(a, splits, chunks,
-                                                                                              prefetch_l2);
-  if (splits > 1) {
-    attention_combine_kernel<T, HD>
-        <<<static_cast<unsigned>(a.batch * a.num_heads), kCombineWarps * 32, 0, stream>>>(a, splits);
-  }
+  // The kernel finishes every row itself (no second launch) unless there
+  // are more (sequence, kv head, chunk) groups than arrival counters.
+  const bool fused =
+      splits == 1 || static_cast<long long>(a.batch) * a.num_kv_heads * chunks <= kDecodeArrivalSlots;
+  kernel<<<grid, static_cast<unsigned>(Sh::kKeyWarps * 32 * mtiles), Sh::kSmemBytes, stream>>>(
+      a, splits, slice_keys, chunks, prefetch_l2, fused);
+  if (!fused) launch_combine<T, HD>(a, splits, slice_keys, stream);
   check_launch("flash_attention");
   return true;
 }
@@ -694,7 +776,7 @@ bool launch_attention_decode_tc(const AttentionArgs& a, cudaStream_t stream) {
 std::size_t attention_workspace_floats(int batch, int num_heads, int q_len, int head_dim, long long kv_stride) {
   if (q_len != 1) return 0;
   const auto rows = static_cast<std::size_t>(batch) * static_cast<std::size_t>(num_heads);
-  return rows * static_cast<std::size_t>(decode_splits(kv_stride)) * static_cast<std::size_t>(head_dim + 1);
+  return rows * static_cast<std::size_t>(attention_decode_splits(kv_stride)) * static_cast<std::size_t>(head_dim + 1);
 }
 
 void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
@@ -702,7 +784,8 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
   // prefill on the tensor-core prefill kernel wherever that applies; the
   // CUDA-core kernel below is the fallback for both.
   if (a.q_len == 1 ? launch_attention_decode_tc(a, stream) : launch_attention_prefill_tc(a, stream)) return;
-  const int splits = a.q_len == 1 ? decode_splits(a.kv_stride) : 1;
+  const int splits = a.q_len == 1 ? attention_decode_splits(a.kv_stride) : 1;
+  const int slice_keys = static_cast<int>(attention_decode_slice_keys(a.kv_stride));
   const int group = a.num_heads / a.num_kv_heads;
   const int heads_per_block = group < kMaxGroupPerBlock ? group : kMaxGroupPerBlock;
   const int chunks = (group + heads_per_block - 1) / heads_per_block;
@@ -712,11 +795,8 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
     using T = typename decltype(tag)::type;
     dispatch_int<64, 128, 256>(a.head_dim, "flash_attention", "head_dim", [&](auto hd_c) {
       constexpr int HD = decltype(hd_c)::value;
-      attention_rows_kernel<T, HD><<<grid, kWarps * 32, 0, stream>>>(a, splits, heads_per_block);
-      if (splits > 1) {
-        attention_combine_kernel<T, HD>
-            <<<static_cast<unsigned>(a.batch * a.num_heads), kCombineWarps * 32, 0, stream>>>(a, splits);
-      }
+      attention_rows_kernel<T, HD><<<grid, kWarps * 32, 0, stream>>>(a, splits, slice_keys, heads_per_block);
+      if (splits > 1) launch_combine<T, HD>(a, splits, slice_keys, stream);
     });
   });
   check_launch("flash_attention");

@@ -11,16 +11,35 @@
 
 namespace ferrum::kernels {
 
-// Keys per split of the KV range. Fixed, so that a result never depends on
-// the batch or on how many blocks a launch has: run to run bitwise equal.
-inline constexpr int kAttnSplitKeys = 512;
+// Decode (q_len == 1) cuts the key range into slices of
+// attention_decode_slice_keys(kv_stride) keys, one block each: 128 keys for
+// a cache capacity up to 4096 (up to 32 slices: many blocks for a short
+// cache, where latency rules), beyond that the smallest power of two that
+// cuts the capacity into at most 16 slices (128 blocks for a batch-1
+// decode of 8 kv heads on the H200's 132 SMs; long slices stream without
+// draining and keep the merge small at large batch). It depends on the
+// capacity alone -- never on kv_len, the batch or the launch size -- so a
+// result is bitwise the same whatever the batch, and run to run.
+inline constexpr long long kAttnDecodeMinSliceKeys = 128;
+inline constexpr int kAttnDecodeMaxSplits = 32;   // capacity <= 128 * 32
+inline constexpr int kAttnDecodeLongSplits = 16;  // capacity > 128 * 32
+constexpr long long attention_decode_slice_keys(long long kv_stride) {
+  if (kv_stride <= kAttnDecodeMinSliceKeys * kAttnDecodeMaxSplits) return kAttnDecodeMinSliceKeys;
+  long long keys = kAttnDecodeMinSliceKeys;
+  while (keys * kAttnDecodeLongSplits < kv_stride) keys *= 2;
+  return keys;
+}
+constexpr int attention_decode_splits(long long kv_stride) {
+  const long long keys = attention_decode_slice_keys(kv_stride);
+  return static_cast<int>((kv_stride + keys - 1) / keys);  // <= kAttnDecodeMaxSplits
+}
 
 struct AttentionArgs {
   DType dtype = DType::F16;
   const void* q = nullptr;  // [batch, num_heads, q_len, head_dim]
   const void* k = nullptr;  // [batch, num_kv_heads, kv_stride, head_dim]
   const void* v = nullptr;  // [batch, num_kv_heads, kv_stride, head_dim]
-  void* out = nullptr;      // [batch, num_heads, q_len, head_dim]
+  void* out = nullptr;      // [batch, num_heads, q_len, head_dim]; 16-byte aligned like q, k, v
   int batch = 0;
   int num_heads = 0;
   int num_kv_heads = 0;
@@ -35,12 +54,15 @@ struct AttentionArgs {
   bool causal = true;
   float scale = 0.0f;  // softmax scale (already resolved: > 0)
   // Split-K scratch for decode (q_len == 1): [batch * num_heads][splits][head_dim]
-  // partial outputs and [batch * num_heads][splits] log-sum-exps, f32.
+  // partial outputs and [batch * num_heads][splits] log-sum-exps (base 2),
+  // f32, splits = attention_decode_splits(kv_stride). Only slices holding a
+  // valid key are written and read.
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
 };
 
-// Floats of split-K scratch a decode call needs (0 for prefill).
+// Floats of split-K scratch a decode call needs (0 for prefill): at most
+// batch * num_heads * 32 * (head_dim + 1).
 std::size_t attention_workspace_floats(int batch, int num_heads, int q_len, int head_dim, long long kv_stride);
 
 void launch_attention(const AttentionArgs& args, cudaStream_t stream);

@@ -11,6 +11,14 @@
 //   single-sequence flash_attention decode of the same data (the split size
 //   is fixed, so nothing depends on the batch).
 // - Determinism: a long decode (many slices) and a prefill, twice, bitwise.
+// - Slice edges: kv_lens 1, around multiples of the slice size (128 keys up
+//   to a 4k capacity, 512 at 5000), the capacity (not a multiple of the
+//   slice), GQA groups that take two m-tiles and two head chunks: each
+//   matches the CPU, two runs are bitwise equal, and each sequence equals
+//   its own single decode. The fused merge's arrival counters must be back
+//   at zero after every launch, else a later launch with another number of
+//   valid slices merges too early or never (the 2nd run and the single
+//   decodes would differ).
 // - Device check: kv_lens outside [1, capacity] is reported as DeviceCheck
 //   at synchronize(), zeros are written, and the backend keeps working.
 //
@@ -139,7 +147,7 @@ TEST_P(CudaDecodeBatch, TwoRunsAreBitwiseEqual) {
   const DType dt = GetParam();
   Backend& be = cuda();
   AttnConfig cfg = attn_config(32, 8, 128, 40000);
-  // Decode over 79 slices, then a causal prefill chunk.
+  // Decode over 10 slices of 4096 keys, then a causal prefill chunk.
   const FlashCase decode = make_flash_case(rng, dt, 2, 1, 40000, 39999, cfg);
   const OpResult d1 = run(be, decode), d2 = run(be, decode);
   EXPECT_TRUE(bitwise_equal(d1.at("out").bytes, d2.at("out").bytes, size_of(dt)));
@@ -147,6 +155,33 @@ TEST_P(CudaDecodeBatch, TwoRunsAreBitwiseEqual) {
   const FlashCase prefill = make_flash_case(rng, dt, 1, 300, 1000, 700, cfg);
   const OpResult p1 = run(be, prefill), p2 = run(be, prefill);
   EXPECT_TRUE(bitwise_equal(p1.at("out").bytes, p2.at("out").bytes, size_of(dt)));
+}
+
+TEST_P(CudaDecodeBatch, SliceEdgesMatchCpuAndRepeatBitwise) {
+  FERRUM_SEEDED_RNG(rng);
+  const DType dt = GetParam();
+  Backend& be = cuda();
+  struct Shape {
+    std::size_t nh, nkv, hd, cap;
+  };
+  // Slice 128 (8 slices, the last partial), slice 512 (10 slices), GQA 32
+  // (two m-tiles), GQA 48 (two chunks, hd 64), hd 256 with GQA 1.
+  for (const Shape& sh : {Shape{32, 8, 128, 1000}, Shape{32, 8, 128, 5000}, Shape{64, 2, 128, 700},
+                          Shape{48, 1, 64, 3000}, Shape{4, 4, 256, 300}}) {
+    std::vector<std::size_t> lens;
+    for (std::size_t len : {std::size_t{1}, std::size_t{127}, std::size_t{128}, std::size_t{129}, std::size_t{255},
+                            std::size_t{257}, std::size_t{511}, std::size_t{512}, std::size_t{513}, sh.cap - 1,
+                            sh.cap}) {
+      if (len <= sh.cap) lens.push_back(len);
+    }
+    const RaggedDecodeCase c = make_ragged_decode_case(rng, dt, attn_config(sh.nh, sh.nkv, sh.hd, sh.cap), lens);
+    SCOPED_TRACE(describe(c));
+    const OpResult first = run(be, c);
+    expect_same_outputs(first, run(cpu(), c), Match::Close);
+    const OpResult second = run(be, c);
+    EXPECT_TRUE(bitwise_equal(first.at("out").bytes, second.at("out").bytes, size_of(dt)));
+    EXPECT_TRUE(ragged_equals_single_decodes(be, c));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, CudaDecodeBatch, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
