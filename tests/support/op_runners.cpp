@@ -596,7 +596,8 @@ std::vector<FlashSpec> flash_specs() {
       }
     }
   }
-  // Decode across several fixed 512-key slices of the CUDA kernel, GQA 16
+  // Decode across several slices of the CUDA kernel (128 keys each at these
+  // capacities), GQA 16
   // (more q heads per kv head than one block takes), and head_dim 256.
   for (std::size_t kv : {std::size_t{1000}, std::size_t{2100}}) {
     AttnConfig cfg;
