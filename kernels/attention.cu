@@ -45,6 +45,7 @@
 #include "kernels/common/check.hpp"
 #include "kernels/common/device_error.cuh"
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/launch.cuh"
 #include "kernels/common/mma.cuh"
 #include "kernels/common/vec.cuh"
 
@@ -424,6 +425,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     attention_decode_kernel(const AttentionArgs a, int splits, int slice_keys, int chunks, bool prefetch_l2,
                             bool fused) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  pdl_begin();  // launched with launch_pdl: nothing global is touched before this
   using Sh = DecodeShape<HD>;
   constexpr int kStages = Sh::kStages;
   constexpr int kChunks = Sh::kChunks;
@@ -746,8 +748,8 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   // are more (sequence, kv head, chunk) groups than arrival counters.
   const bool fused =
       splits == 1 || static_cast<long long>(a.batch) * a.num_kv_heads * chunks <= kDecodeArrivalSlots;
-  kernel<<<grid, static_cast<unsigned>(Sh::kKeyWarps * 32 * mtiles), Sh::kSmemBytes, stream>>>(
-      a, splits, slice_keys, chunks, prefetch_l2, fused);
+  launch_pdl("flash_attention", kernel, grid, static_cast<unsigned>(Sh::kKeyWarps * 32 * mtiles), Sh::kSmemBytes,
+             stream, a, splits, slice_keys, chunks, prefetch_l2, fused);
   if (!fused) launch_combine<T, HD>(a, splits, slice_keys, stream);
   check_launch("flash_attention");
   return true;
