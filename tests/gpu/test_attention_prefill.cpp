@@ -2,22 +2,37 @@
 // kernels/attention_prefill.cu, through the public API: CudaBackend against
 // CpuBackend (the fp64 oracle), every element within the tolerance table.
 //
-// The sweep: q_len {2, 17, 64, 130, 1000} (below, at and across the 64-row
-// query tile) x head_dim {64, 128, 256} x causal / not, with GQA ratios
+// The kernel has two query-block shapes: 64 rows (one m16 tile per warp)
+// for small grids and 128 rows (two per warp) once ceil(q_len / 128) *
+// heads * batch >= 4 * SMs. Both must give the same bits.
+//
+// Sweep (small grids: the 64-row shape): q_len {2, 7, 17, 64, 127, 129,
+// 257, 1000} (below, at and across the 64- and 128-row query tiles and the
+// 32/64-key tiles) x head_dim {64, 128, 256} x causal / not, with GQA ratios
 // 1 / 4 / 8 and three placements of the queries cycled through it:
 //   from empty  pos_offset 0, kv_len = q_len, kv_seq_stride = kv_len
 //   chunk       pos_offset P > 0, kv_len = P + q_len (chunked prefill against
 //               an existing cache), kv_seq_stride > kv_len
 //   inside      the queries end before kv_len (causal sees a prefix of the
 //               cache, non-causal all of it), kv_seq_stride > kv_len
-// Batch 2 everywhere. Cache rows past kv_len hold NaN (make_flash_case), so
-// a read past kv_len shows up as NaN. Plus determinism: repeated runs are
-// bitwise equal.
+// Batch 2 everywhere.
+//
+// LargeGrid: batch 8 x 64 heads, so even at 2 query tiles the grid has 1024
+// blocks of 128 rows: the 128-row shape on any device up to 256 SMs. q_len
+// leaves the last block partly or almost wholly empty (129: one row).
+//
+// Cache rows past kv_len hold NaN (make_flash_case), so a read past kv_len
+// shows up as NaN. Plus determinism (repeated runs are bitwise equal) and
+// batch invariance: a sequence computed inside a batch gives the bits it
+// gives alone (on the H200's 132 SMs the batch of 2 runs the 128-row shape,
+// each sequence alone the 64-row shape).
 //
 // Skipped (GTEST_SKIP) when no CUDA device is visible.
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -35,10 +50,11 @@ struct PrefillSpec {
 enum class Placement { FromEmpty, Chunk, Inside };
 
 std::vector<PrefillSpec> prefill_specs() {
-  constexpr std::size_t kQLens[] = {2, 17, 64, 130, 1000};
+  constexpr std::size_t kQLens[] = {2, 7, 17, 64, 127, 129, 257, 1000};
   // Cached keys before the chunk: not multiples of the 32/64-key tiles,
-  // except 64 (a chunk starting exactly on a tile boundary).
-  constexpr std::size_t kCached[] = {300, 77, 129, 64, 37};
+  // except 64 and 128 (a chunk starting exactly on a tile boundary).
+  constexpr std::size_t kCached[] = {300, 77, 129, 64, 37, 128, 191, 1};
+  static_assert(std::size(kQLens) == std::size(kCached));
   constexpr std::size_t kHeadDims[] = {64, 128, 256};
   constexpr std::pair<std::size_t, std::size_t> kHeads[] = {{4, 4}, {8, 2}, {8, 1}};  // GQA 1, 4, 8
   constexpr Placement kPlacements[] = {Placement::FromEmpty, Placement::Chunk, Placement::Inside};
@@ -102,9 +118,119 @@ TEST_P(CudaPrefillAttention, MatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Sweep, CudaPrefillAttention, ::testing::ValuesIn(dtype_case_params(prefill_specs().size())),
                          dtype_case_param_name);
 
+// 8 sequences x 64 heads (GQA 1 / 4 / 8): >= 1024 blocks of 128 rows.
+std::vector<PrefillSpec> large_grid_specs() {
+  struct Row {
+    std::size_t hd, nkv;
+    bool causal;
+    std::size_t q_len;
+    Placement place;
+    std::size_t cached;
+  };
+  constexpr Row kRows[] = {
+      {128, 8, true, 129, Placement::FromEmpty, 0},    // last block: 1 row
+      {128, 16, true, 300, Placement::Chunk, 77},      // last block: 44 rows (warps 2, 3 idle)
+      {128, 64, true, 200, Placement::Inside, 500},    // a prefix of a longer cache
+      {128, 8, false, 257, Placement::Chunk, 64},      // chunk on a tile boundary
+      {128, 16, false, 180, Placement::Inside, 91},
+      {64, 64, true, 250, Placement::Chunk, 129},
+      {64, 8, false, 129, Placement::FromEmpty, 0},
+      {64, 16, true, 300, Placement::Inside, 37},
+  };
+  std::vector<PrefillSpec> specs;
+  for (const Row& r : kRows) {
+    AttnConfig cfg;
+    cfg.num_heads = 64;
+    cfg.num_kv_heads = r.nkv;
+    cfg.head_dim = r.hd;
+    cfg.causal = r.causal;
+    cfg.scale = specs.size() % 3 == 2 ? 0.3f : 0.0f;  // 0: 1/sqrt(head_dim)
+    std::size_t pos = 0, kv_len = r.q_len;
+    switch (r.place) {
+      case Placement::FromEmpty:
+        break;
+      case Placement::Chunk:
+        pos = r.cached;
+        kv_len = pos + r.q_len;
+        cfg.kv_seq_stride = kv_len + 13;
+        break;
+      case Placement::Inside:
+        pos = r.cached / 2;
+        kv_len = r.cached + r.q_len + 23;
+        cfg.kv_seq_stride = kv_len + 45;
+        break;
+    }
+    specs.push_back({8, r.q_len, kv_len, pos, cfg});
+  }
+  return specs;
+}
+
+class CudaPrefillLargeGrid : public CudaPrefillAttention {};
+
+TEST_P(CudaPrefillLargeGrid, MatchesCpu) {
+  FERRUM_SEEDED_RNG(rng);
+  const PrefillSpec s = large_grid_specs()[index()];
+  const FlashCase c = make_flash_case(rng, dt(), s.batch, s.q_len, s.kv_len, s.pos_offset, s.cfg);
+  SCOPED_TRACE(describe(c));
+  expect_same_outputs(run(cuda(), c), run(cpu(), c), Match::Close);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, CudaPrefillLargeGrid,
+                         ::testing::ValuesIn(dtype_case_params(large_grid_specs().size())), dtype_case_param_name);
+
+// Sequence b of a batched case as a batch-1 case (same cache stride).
+FlashCase single_sequence(const FlashCase& c, std::size_t b) {
+  const DType dt = c.q.dtype;
+  const std::size_t q_seq = c.cfg.num_heads * c.q_len * c.cfg.head_dim;
+  const std::size_t kv_seq = c.cfg.num_kv_heads * c.stride() * c.cfg.head_dim;
+  const auto slice = [&](const HostTensor& t, std::size_t n) {
+    return make_tensor(dt, {t.values.begin() + static_cast<std::ptrdiff_t>(b * n),
+                            t.values.begin() + static_cast<std::ptrdiff_t>((b + 1) * n)});
+  };
+  return FlashCase{1,           c.q_len,           c.kv_len,          c.pos_offset, c.cfg,
+                   c.valid_kv,  slice(c.q, q_seq), slice(c.k, kv_seq), slice(c.v, kv_seq)};
+}
+
+class CudaPrefillBatchInvariance : public CudaParamTest<DType> {};
+
+TEST_P(CudaPrefillBatchInvariance, SequenceAloneIsBitwiseTheSame) {
+  if (!cuda().supports(Op::FlashAttention)) {
+    GTEST_SKIP() << "CudaBackend::supports(Op::FlashAttention) is false: no CUDA attention kernel to compare yet";
+  }
+  FERRUM_SEEDED_RNG(rng);
+  for (std::size_t hd : {std::size_t{64}, std::size_t{128}}) {
+    for (bool causal : {true, false}) {
+      AttnConfig cfg;
+      cfg.num_heads = 64;
+      cfg.num_kv_heads = 8;
+      cfg.head_dim = hd;
+      cfg.causal = causal;
+      cfg.kv_seq_stride = 1100;
+      // 8 query tiles of 128 x 64 heads: 1024 blocks for the batch, 512 per
+      // sequence. Queries at positions 77.., a partial last tile.
+      const FlashCase c = make_flash_case(rng, GetParam(), 2, 1000, 1077, 77, cfg);
+      SCOPED_TRACE(describe(c));
+      const OpResult all = run(cuda(), c);
+      ASSERT_TRUE(all.guards_ok());
+      const auto& bytes = all.at("out").bytes;
+      const std::size_t es = size_of(GetParam());
+      const std::size_t seq_bytes = cfg.num_heads * c.q_len * hd * es;
+      for (std::size_t b = 0; b < c.batch; ++b) {
+        const OpResult one = run(cuda(), single_sequence(c, b));
+        ASSERT_TRUE(one.guards_ok());
+        const std::vector<std::uint8_t> mine(bytes.begin() + static_cast<std::ptrdiff_t>(b * seq_bytes),
+                                             bytes.begin() + static_cast<std::ptrdiff_t>((b + 1) * seq_bytes));
+        EXPECT_TRUE(bitwise_equal(mine, one.at("out").bytes, es)) << "sequence " << b;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, CudaPrefillBatchInvariance, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
+
 // Repeated launches of the same inputs give the same bits (no atomics, no
 // order that depends on scheduling), causal and not, across several query
-// tiles and GQA groups.
+// tiles and GQA groups, in both block shapes.
 class CudaPrefillDeterminism : public CudaParamTest<DType> {};
 
 TEST_P(CudaPrefillDeterminism, BitwiseRepeatable) {
@@ -112,22 +238,25 @@ TEST_P(CudaPrefillDeterminism, BitwiseRepeatable) {
     GTEST_SKIP() << "CudaBackend::supports(Op::FlashAttention) is false: no CUDA attention kernel to compare yet";
   }
   FERRUM_SEEDED_RNG(rng);
-  for (bool causal : {true, false}) {
-    AttnConfig cfg;
-    cfg.num_heads = 8;
-    cfg.num_kv_heads = 2;
-    cfg.head_dim = 128;
-    cfg.causal = causal;
-    cfg.kv_seq_stride = 1200;
-    const FlashCase c = make_flash_case(rng, GetParam(), 2, 1000, 1077, 77, cfg);
-    SCOPED_TRACE(describe(c));
-    const OpResult first = run(cuda(), c);
-    ASSERT_TRUE(first.guards_ok());
-    for (int rep = 0; rep < 3; ++rep) {
-      const OpResult again = run(cuda(), c);
-      EXPECT_TRUE(again.guards_ok());
-      EXPECT_TRUE(bitwise_equal(again.at("out").bytes, first.at("out").bytes, size_of(GetParam())))
-          << "repeat " << rep;
+  // 8 heads x batch 2: the 64-row shape; 64 heads x batch 4: the 128-row one.
+  for (std::size_t heads : {std::size_t{8}, std::size_t{64}}) {
+    for (bool causal : {true, false}) {
+      AttnConfig cfg;
+      cfg.num_heads = heads;
+      cfg.num_kv_heads = heads / 4;
+      cfg.head_dim = 128;
+      cfg.causal = causal;
+      cfg.kv_seq_stride = 1200;
+      const FlashCase c = make_flash_case(rng, GetParam(), heads == 8 ? 2 : 4, 1000, 1077, 77, cfg);
+      SCOPED_TRACE(describe(c));
+      const OpResult first = run(cuda(), c);
+      ASSERT_TRUE(first.guards_ok());
+      for (int rep = 0; rep < 3; ++rep) {
+        const OpResult again = run(cuda(), c);
+        EXPECT_TRUE(again.guards_ok());
+        EXPECT_TRUE(bitwise_equal(again.at("out").bytes, first.at("out").bytes, size_of(GetParam())))
+            << "repeat " << rep;
+      }
     }
   }
 }
