@@ -71,19 +71,6 @@ __device__ __forceinline__ std::uint64_t evict_first_policy() {
   return policy;
 }
 
-// Thread 0 asks L2 for the block's whole slab of rows [row0, row0 + rows) of
-// b (contiguous: b is row-major), before pdl_begin(): under programmatic
-// dependent launch the first DRAM round trip then overlaps the previous
-// kernel's tail. Safe even if that kernel wrote b: an L2 prefetch cannot
-// return stale data (L2 is the GPU's point of coherence), and every load of
-// b comes after the wait.
-template <class T>
-__device__ __forceinline__ void prefetch_weight_slab(const T* b, int row0, int rows, int n, int k) {
-  if (threadIdx.x != 0 || row0 >= n) return;
-  const long long bytes = static_cast<long long>(min(rows, n - row0)) * k * static_cast<long long>(sizeof(T));
-  prefetch_l2_bulk(b + static_cast<long long>(row0) * k, static_cast<std::uint32_t>(min(bytes, 1LL << 20)));
-}
-
 // 16 bytes of the weight: read-only path, no L1 allocation, L2 evict-first,
 // 256-byte L2 prefetch (the block reads at least 256 contiguous bytes of a
 // row per chunk anyway). Not volatile: the compiler may hoist and batch these
@@ -177,7 +164,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemm_skinny_simt_kernel(const 
                                                                           const T* __restrict__ b,  // [n, k]
                                                                           T* __restrict__ out,      // [M, n]
                                                                           int n, int k) {
-  prefetch_weight_slab(b, static_cast<int>(blockIdx.x) * R, R, n, k);
   pdl_begin();
   constexpr int kSums = R * M;                 // per lane: [R][M], flattened r * M + m
   constexpr int kSumsPow2 = next_pow2(kSums);  // padded with zeros for the reduction
@@ -305,7 +291,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) gemm_skinny_mma_kernel(cons
                                                                             const T* __restrict__ b,  // [n, k]
                                                                             T* __restrict__ out,      // [m, n]
                                                                             int m, int n, int k) {
-  prefetch_weight_slab(b, static_cast<int>(blockIdx.x) * 16 * kTiles, 16 * kTiles, n, k);
   pdl_begin();
   constexpr int kSteps = kMmaLoads / (2 * kTiles);  // 32-element k steps per warp iteration
   constexpr int kIterVecs = 4 * kSteps;             // 16-byte vectors of a row per warp iteration
