@@ -339,8 +339,11 @@ struct DecodeTraits<256> {
 };
 
 // Sub-tiles per key warp requested into L2 ahead of the cp.async ring
-// (large launches; see prefetch_sub). Tunable; 0 turns it off.
-constexpr int kL2Ahead = 2;
+// (large launches; see prefetch_sub). Tunable; 0 turns it off. Off: with 2,
+// the H200 run of de8da61 had B=16 L=8k at 159 us against 143 us for the
+// kernel before it, which had no such prefetch and the same 512-key slices;
+// 0 returns large launches to that behaviour until an A/B run decides.
+constexpr int kL2Ahead = 0;
 
 template <int HD>
 struct DecodeShape {

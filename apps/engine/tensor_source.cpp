@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
+#include <vector>
 
 #include "checkpoint_layout.hpp"
 #include "engine_error.hpp"
@@ -63,11 +65,37 @@ std::string CheckpointDirectory::describe(const std::string& name) const {
 
 namespace {
 
-std::uint64_t splitmix64(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+constexpr std::uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+
+std::uint64_t splitmix64_mix(std::uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
+}
+
+// Draw i (0-based) of splitmix64 seeded with `seed`: the generator's state
+// only advances by kGolden, so any draw is computable on its own.
+std::uint64_t splitmix64_at(std::uint64_t seed, std::uint64_t i) { return splitmix64_mix(seed + (i + 1) * kGolden); }
+
+// fill(begin, end) over [0, count) on every core: a llama3-8b preset is
+// 8e9 draws, minutes on one core. The split never changes a value (each is a
+// function of its index), so the weights are the same on any machine.
+template <class Fill>
+void parallel_fill(std::size_t count, Fill fill) {
+  constexpr std::size_t kMinPerThread = std::size_t{1} << 20;
+  const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::size_t threads = std::min(cores, std::max<std::size_t>(1, count / kMinPerThread));
+  if (threads <= 1) {
+    fill(std::size_t{0}, count);
+    return;
+  }
+  std::vector<std::thread> pool;
+  const std::size_t per = (count + threads - 1) / threads;
+  for (std::size_t t = 0; t < threads; ++t) {
+    const std::size_t begin = std::min(count, t * per), end = std::min(count, begin + per);
+    pool.emplace_back([=] { fill(begin, end); });
+  }
+  for (std::thread& th : pool) th.join();
 }
 
 std::uint64_t hash_name(const std::string& name) {  // FNV-1a
@@ -110,15 +138,21 @@ std::vector<float> RandomTensorSource::read_f32(const std::string& name) const {
   }
   std::size_t numel = 1;
   for (std::size_t dim : t.shape) numel *= dim;
-  std::uint64_t state = seed_ ^ hash_name(name);
-  auto unit = [&state] { return static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53; };  // [0, 1)
+  const std::uint64_t seed = seed_ ^ hash_name(name);
+  auto unit = [seed](std::size_t i) {  // draw i as a double in [0, 1)
+    return static_cast<double>(splitmix64_at(seed, i) >> 11) * 0x1.0p-53;
+  };
   std::vector<float> values(numel);
   if (ends_with(name, ".scales")) {
     // k from the sibling qweight [k / 8, n].
     const std::string base = name.substr(0, name.size() - std::string(".scales").size());
     const double k = 8.0 * static_cast<double>(tensor_of(base + ".qweight").shape[0]);
     const double base_scale = 1.0 / std::sqrt(21.5 * k);
-    for (float& v : values) v = round_to(DType::F16, static_cast<float>(base_scale * (0.75 + 0.5 * unit())));
+    parallel_fill(numel, [&](std::size_t begin, std::size_t end) {
+      for (std::size_t i = begin; i < end; ++i) {
+        values[i] = round_to(DType::F16, static_cast<float>(base_scale * (0.75 + 0.5 * unit(i))));
+      }
+    });
     return values;
   }
   // Norm weights: 1 + U(-0.2, 0.2). Embeddings: U(-1, 1).
@@ -131,7 +165,12 @@ std::vector<float> RandomTensorSource::read_f32(const std::string& name) const {
   } else if (name != "model.embed_tokens.weight") {
     half_width = static_cast<float>(std::sqrt(3.0 / static_cast<double>(t.shape.back())));
   }
-  for (float& v : values) v = round_to(config_.dtype, center + half_width * static_cast<float>(2.0 * unit() - 1.0));
+  const DType dtype = config_.dtype;
+  parallel_fill(numel, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i) {
+      values[i] = round_to(dtype, center + half_width * static_cast<float>(2.0 * unit(i) - 1.0));
+    }
+  });
   return values;
 }
 
@@ -145,12 +184,14 @@ std::vector<std::int32_t> RandomTensorSource::read_i32(const std::string& name) 
   std::vector<std::int32_t> values(numel);
   if (ends_with(name, ".qweight")) {
     // Every bit pattern is 8 valid 4-bit values: uniform words are uniform q.
-    std::uint64_t state = seed_ ^ hash_name(name);
-    for (std::size_t i = 0; i < numel; i += 2) {
-      const std::uint64_t bits = splitmix64(state);
-      values[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(bits));
-      if (i + 1 < numel) values[i + 1] = static_cast<std::int32_t>(static_cast<std::uint32_t>(bits >> 32));
-    }
+    // Word i is the low (even i) or high (odd i) half of draw i / 2.
+    const std::uint64_t seed = seed_ ^ hash_name(name);
+    parallel_fill(numel, [&](std::size_t begin, std::size_t end) {
+      for (std::size_t i = begin; i < end; ++i) {
+        const std::uint64_t bits = splitmix64_at(seed, i / 2);
+        values[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(i % 2 == 0 ? bits : bits >> 32));
+      }
+    });
   } else if (ends_with(name, ".qzeros")) {
     // Symmetric: true zero 8, stored as 7 (v1 stores zero - 1) or 8 (v2) in every nibble.
     const std::uint32_t word = config_.gptq->zero_format == GptqZeroFormat::V1 ? 0x77777777u : 0x88888888u;

@@ -12,9 +12,16 @@
 // The contract, for every kernel launched through launch_pdl: its first
 // statement is pdl_begin(), before any global read or write. Then nothing it
 // reads can be stale and nothing it writes can be read by the previous kernel
-// (write-after-read), exactly as with an ordinary launch. pdl_begin() also
-// lets the next kernel be scheduled as soon as every block of this one has
-// started; the next kernel still waits for this one to complete.
+// (write-after-read), exactly as with an ordinary launch.
+//
+// No kernel triggers its dependents early (griddepcontrol.launch_dependents):
+// the next kernel is scheduled as this one's blocks exit. A first version
+// triggered at the top of every kernel; on the H200 the llama3-8b graph decode
+// fell from 208 to 161 tok/s with it. The likely cause: the trigger chains
+// (each waiting kernel triggers the next), so blocks of several later kernels
+// sit resident and waiting, and a memory-bound kernel's blocks then land
+// unevenly over the SMs. Where to trigger early (after a kernel's main loop)
+// is to be measured per kernel before it comes back.
 //
 // Kernels launched the ordinary way (attention, GPTQ, cuBLAS, NCCL) are full
 // dependencies as before, and pdl_begin() is a no-op when the launch did not
@@ -32,7 +39,6 @@ namespace ferrum::kernels {
 
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }

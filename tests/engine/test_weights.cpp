@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <ferrum/half.hpp>
+
 #include "checkpoint_layout.hpp"
 #include "engine_test_support.hpp"
 #include "weights.hpp"
@@ -78,6 +80,33 @@ TEST_P(WeightsTest, LoadsShardedCheckpointIntoFusedLayouts) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, WeightsTest, ::testing::Values("tiny-llama", "tiny-qwen3"));
+
+// The random presets fill their weights on every core; the values must still
+// be the one sequential splitmix64 stream per tensor (seed ^ FNV-1a of the
+// name), whatever the number of threads. 2M elements: split over 2+ threads.
+TEST(Weights, RandomProjectionIsTheSequentialSplitmixStream) {
+  const ModelConfig c = preset_config("qwen3-0.6b");
+  const std::uint64_t seed = 11;
+  const std::string name = "model.layers.0.self_attn.q_proj.weight";
+  const std::vector<float> got = RandomTensorSource(c, seed).read_f32(name);
+  std::uint64_t state = 0xcbf29ce484222325ull;
+  for (unsigned char ch : name) state = (state ^ ch) * 0x100000001b3ull;
+  state ^= seed;
+  const float half_width = static_cast<float>(std::sqrt(3.0 / static_cast<double>(c.hidden_size)));
+  ASSERT_EQ(got.size(), c.num_attention_heads * c.head_dim * c.hidden_size);
+  ASSERT_GE(got.size(), std::size_t{2} << 20);
+  std::size_t mismatches = 0;
+  for (float value : got) {
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const double unit = static_cast<double>(z >> 11) * 0x1.0p-53;
+    const float expected = bf16_to_f32(f32_to_bf16(half_width * static_cast<float>(2.0 * unit - 1.0)));
+    mismatches += value != expected;
+  }
+  EXPECT_EQ(mismatches, 0u);
+}
 
 TEST(Weights, RopeTablesFollowRotateHalfConvention) {
   const ModelConfig c = preset_config("tiny-qwen3");
