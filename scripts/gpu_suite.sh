@@ -131,21 +131,23 @@ fi
 if has_mode engine; then
   {
     echo "== engine (llama3-8b shape, random f16 and bf16 weights) ($(date +%T))"
-    for dtype in f16 bf16; do
+    # ENGINE_DTYPES="f16 bf16" adds the bf16 runs (each run loads 16 GB of
+    # random weights first).
+    for dtype in ${ENGINE_DTYPES:-f16}; do
       for mode in --graph --eager; do
-        timeout 120 $B/apps/engine/ferrum_engine --random llama3-8b --dtype $dtype --steps 128 $mode 2>&1 | grep -E "backend|model|decode:|prefill:|error"
+        timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --dtype $dtype --steps 128 $mode 2>&1 | grep -E "backend|model|decode:|prefill:|error"
       done
     done
     echo "== engine, GPTQ INT4 (llama3-8b shape, random int4 weights, f16) ($(date +%T))"
     for mode in --graph --eager; do
-      timeout 150 $B/apps/engine/ferrum_engine --random llama3-8b --quant gptq --dtype f16 --steps 128 $mode 2>&1 | grep -E "backend|model|loaded|decode:|prefill:|error"
+      timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --quant gptq --dtype f16 --steps 128 $mode 2>&1 | grep -E "backend|model|loaded|decode:|prefill:|error"
     done
     timeout 120 $B/tests/engine/ferrum_tests_engine --gtest_brief=1 --gtest_filter='*Gpu*' 2>&1 | tail -4
     echo "engine GPU tests exit ${PIPESTATUS[0]}"
     # Where a graph-replayed decode step spends its time, per kernel (Nsight
     # Systems when the machine has it).
     if command -v nsys >/dev/null; then
-      timeout 150 nsys profile --force-overwrite true -o /tmp/ferrum_engine_prof --cuda-graph-trace node \
+      timeout 240 nsys profile --force-overwrite true -o /tmp/ferrum_engine_prof --cuda-graph-trace node \
         $B/apps/engine/ferrum_engine --random llama3-8b --dtype f16 --steps 64 --graph > /dev/null 2>&1
       nsys stats --report cuda_gpu_kern_sum --format csv /tmp/ferrum_engine_prof.nsys-rep > "$OUT/engine_kernels.csv" 2>/dev/null
       echo "nsys engine profile exit $? ($(wc -l < "$OUT/engine_kernels.csv") lines)"
