@@ -35,7 +35,7 @@
 // and a row's result does not depend on kMT: every key tile with a key the
 // row sees is walked, in the same order, in either shape; a tile fully
 // masked for the row, walked by its warp in one shape and skipped in the
-// other, is an exact no-op (online_softmax_step_exact rescales by exactly 1
+// other, is an exact no-op (online_softmax_step rescales by exactly 1
 // and P = 0 adds exact zeros).
 #include <atomic>
 #include <climits>
@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(PrefillShape<HD, MT>::kThreads, PrefillShape<H
     // 1, P = 0 adds exact zeros), so which such tiles a warp walks -- it
     // depends on kMT -- never changes a bit.
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) online_softmax_step_exact(s[mt], m_run[mt], l_run[mt], o[mt], scale_log2);
+    for (int mt = 0; mt < kMT; ++mt) online_softmax_step(s[mt], m_run[mt], l_run[mt], o[mt], scale_log2);
 
     // O += P V. The S accumulators of n8 tiles 2kk and 2kk+1 are exactly the
     // A fragment of key step kk.

@@ -141,7 +141,13 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&m
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     // A row with no visible key so far keeps m = -inf: subtract 0, not inf.
     const float base = mx == -INFINITY ? 0.0f : mx * scale_log2;
-    const float alpha = fast_exp2(m_run[r] * scale_log2 - base);  // 0 while m_run = -inf
+    // Unchanged max (also -inf -> -inf): exactly 1, not exp2 of the rounding
+    // error a contracted FMA leaves in m * scale_log2 - base; -inf -> finite: 0.
+    // So a key tile fully masked for a row (s = -inf) is an exact no-op for
+    // it (alpha = 1, p = 0, P V adds exact zeros): a kernel may walk such
+    // tiles or skip them (e.g. per warp of a block shape picked at launch)
+    // without changing a bit.
+    const float alpha = m_run[r] == mx ? 1.0f : fast_exp2(m_run[r] * scale_log2 - base);
     m_run[r] = mx;
     float sum = 0.0f;
 #pragma unroll
@@ -212,50 +218,6 @@ template <auto Kernel>
 bool prepare_kernel(int smem_bytes) {
   static std::atomic<unsigned long long> prepared{0};
   return prepare_kernel(reinterpret_cast<const void*>(Kernel), smem_bytes, prepared);
-}
-
-}  // namespace ferrum::kernels
-
-namespace ferrum::kernels {
-
-// online_softmax_step, except that a row whose running max does not change
-// is rescaled by exactly 1 (not by exp2 of the rounding error of
-// m * scale_log2 that a contracted FMA leaves). A key tile fully masked for
-// a row (s = -inf) is then an exact no-op for it: alpha = 1, p = 0 (and P V
-// adds exact zeros), so a kernel may walk such tiles or skip them -- e.g.
-// per warp of a block shape it picks at launch -- without changing a bit.
-template <int NT, int DT>
-__device__ __forceinline__ void online_softmax_step_exact(float (&s)[NT][4], float (&m_run)[2], float (&l_run)[2],
-                                                          float (&o)[DT][4], float scale_log2) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float mx = m_run[r];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    // A row with no visible key so far keeps m = -inf: subtract 0, not inf.
-    const float base = mx == -INFINITY ? 0.0f : mx * scale_log2;
-    // Unchanged max (also -inf -> -inf): exactly 1; -inf -> finite: 0.
-    const float alpha = m_run[r] == mx ? 1.0f : fast_exp2(m_run[r] * scale_log2 - base);
-    m_run[r] = mx;
-    float sum = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float p = fast_exp2(fmaf(s[nt][2 * r + c], scale_log2, -base));  // masked: exp2(-inf) = 0
-        s[nt][2 * r + c] = p;
-        sum += p;
-      }
-    }
-    l_run[r] = l_run[r] * alpha + sum;
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-      o[dt][2 * r] *= alpha;
-      o[dt][2 * r + 1] *= alpha;
-    }
-  }
 }
 
 }  // namespace ferrum::kernels
