@@ -1,4 +1,4 @@
-# Sourced by demo.sh and test.sh: installs missing packages, puts nvcc on
+# Sourced by engine.sh, demo.sh and test.sh: installs missing packages, puts nvcc on
 # PATH and configures the build directory ($BUILD_DIR, default build).
 bash scripts/install_deps.sh
 export PATH="/usr/local/cuda/bin:$PATH"
