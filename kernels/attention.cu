@@ -338,12 +338,11 @@ struct DecodeTraits<256> {
   static constexpr int kStages = 3;
 };
 
-// Sub-tiles per key warp requested into L2 ahead of the cp.async ring
-// (large launches; see prefetch_sub). Tunable; 0 turns it off. Off: with 2,
-// the H200 run of de8da61 had B=16 L=8k at 159 us against 143 us for the
-// kernel before it, which had no such prefetch and the same 512-key slices;
-// 0 returns large launches to that behaviour until an A/B run decides.
-constexpr int kL2Ahead = 0;
+// DecodeTuning::l2_ahead (sub-tiles per key warp requested into L2 ahead
+// of the cp.async ring in large launches; see prefetch_sub) defaults to 0:
+// with 2, the H200 run of 8d425d1 had B=16 L=8k at 159 us against 143 us
+// for the kernel before it, which had no such prefetch and the same 512-key
+// slices. bench/attention_tuning.cpp decides it.
 
 template <int HD>
 struct DecodeShape {
@@ -486,11 +485,12 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     prefetch_l2_bulk(k, bytes);
     prefetch_l2_bulk(v, bytes);
   }
-  // Otherwise each warp asks L2 for its sub-tiles kL2Ahead beyond the ring
-  // (lane 0 of m-tile 0): twice the bytes in flight per SM without more
-  // shared memory. At most 8 warps x 132 SMs x kL2Ahead x 8 KiB (hd 128)
+  // Otherwise each warp may ask L2 for its sub-tiles l2_ahead beyond the
+  // ring (lane 0 of m-tile 0): more bytes in flight per SM without more
+  // shared memory. At most 8 warps x 132 SMs x l2_ahead x 8 KiB (hd 128)
   // wait in L2, used within a few microseconds: never evicted unread.
-  const bool prefetch_ahead = !prefetch_l2 && mt == 0 && lane == 0;
+  const int l2_ahead = a.decode_tuning.l2_ahead;
+  const bool prefetch_ahead = !prefetch_l2 && l2_ahead > 0 && mt == 0 && lane == 0;
   auto prefetch_sub = [&](int t) {
     const int key0 = t * Sh::kTileKeys + kw * Sh::kSub;
     const auto bytes = static_cast<std::uint32_t>(min(Sh::kSub, n_keys - key0)) * HD * 2u;
@@ -527,8 +527,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     cp_async_commit();
   }
   if (prefetch_ahead) {
-#pragma unroll
-    for (int t = kStages - 1; t < kStages - 1 + kL2Ahead; ++t) {
+    for (int t = kStages - 1; t < kStages - 1 + l2_ahead; ++t) {
       if (t < n_sub) prefetch_sub(t);
     }
   }
@@ -577,7 +576,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     ring_barrier(kw, mtiles);
     if (t + kStages - 1 < n_sub) load_sub(t + kStages - 1);
     cp_async_commit();
-    if (prefetch_ahead && t + kStages - 1 + kL2Ahead < n_sub) prefetch_sub(t + kStages - 1 + kL2Ahead);
+    if (prefetch_ahead && t + kStages - 1 + l2_ahead < n_sub) prefetch_sub(t + kStages - 1 + l2_ahead);
     const std::uint32_t sK = smem_u32(ring + ((t % kStages) * Sh::kKeyWarps + kw) * 2 * Sh::kSubElems);
     const std::uint32_t sV = sK + Sh::kSubElems * 2;
 
@@ -727,10 +726,6 @@ void launch_combine(const AttentionArgs& a, int splits, int slice_keys, cudaStre
       <<<static_cast<unsigned>(a.batch * a.num_heads), kCombineThreads, 0, stream>>>(a, splits, slice_keys);
 }
 
-// K + V bytes (batch x kv heads x kv_stride) up to which a decode launch
-// prefetches its slices into L2 (H200: 50 MiB of L2). Tunable.
-constexpr double kDecodeL2PrefetchBytes = 36.0 * 1024 * 1024;
-
 template <class T, int HD>
 bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   using Sh = DecodeShape<HD>;
@@ -746,11 +741,11 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   // L2 prefetch of whole slices only while everything the launch may read
   // fits well inside L2 (else prefetched lines would be evicted unread).
   const double footprint = static_cast<double>(a.batch) * a.num_kv_heads * static_cast<double>(a.kv_stride) * HD * 4.0;
-  const bool prefetch_l2 = footprint <= kDecodeL2PrefetchBytes;
+  const bool prefetch_l2 = footprint <= a.decode_tuning.l2_prefetch_bytes;
   // The kernel finishes every row itself (no second launch) unless there
   // are more (sequence, kv head, chunk) groups than arrival counters.
-  const bool fused =
-      splits == 1 || static_cast<long long>(a.batch) * a.num_kv_heads * chunks <= kDecodeArrivalSlots;
+  const bool fused = splits == 1 || (a.decode_tuning.fused_merge &&
+                                     static_cast<long long>(a.batch) * a.num_kv_heads * chunks <= kDecodeArrivalSlots);
   launch_pdl("flash_attention", kernel, grid, static_cast<unsigned>(Sh::kKeyWarps * 32 * mtiles), Sh::kSmemBytes,
              stream, a, splits, slice_keys, chunks, prefetch_l2, fused);
   if (!fused) launch_combine<T, HD>(a, splits, slice_keys, stream);

@@ -34,6 +34,21 @@ constexpr int attention_decode_splits(long long kv_stride) {
   return static_cast<int>((kv_stride + keys - 1) / keys);  // <= kAttnDecodeMaxSplits
 }
 
+// Launch knobs of the tensor-core decode. The defaults are the library's
+// choice and every caller leaves them; bench/attention_tuning.cpp sweeps
+// them (the A/B runs of docs/design/decode_attention.md). None changes a
+// result: slices, their order and the merge order stay the same.
+struct DecodeTuning {
+  // Sub-tiles per key warp asked into L2 beyond the cp.async ring, in
+  // launches too large for the whole-slice prefetch. 0: none.
+  int l2_ahead = 0;
+  // Launch footprint (K + V bytes over batch x kv heads x capacity) up to
+  // which every block prefetches its whole slice into L2 (H200: 50 MiB L2).
+  double l2_prefetch_bytes = 36.0 * 1024 * 1024;
+  // The last block of a row merges its slices (else a second kernel does).
+  bool fused_merge = true;
+};
+
 struct AttentionArgs {
   DType dtype = DType::F16;
   const void* q = nullptr;  // [batch, num_heads, q_len, head_dim]
@@ -59,6 +74,7 @@ struct AttentionArgs {
   // valid key are written and read.
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
+  DecodeTuning decode_tuning;  // q_len == 1, tensor-core kernel only
 };
 
 // Floats of split-K scratch a decode call needs (0 for prefill): at most

@@ -16,6 +16,9 @@
 #                                ctest); race: racecheck over attention and GPTQ
 #   scripts/gpu_suite.sh engine  ferrum_engine on llama3-8b-shaped random
 #                                weights, graph and eager (needs .deps)
+#   scripts/gpu_suite.sh tuning  ferrum_attention_tuning: the decode launch
+#                                knobs (DecodeTuning) A/B in one run
+#   scripts/gpu_suite.sh profile ncu on GPTQ m=1 and decode B=1, racecheck detail
 # Modes combine with commas (gptq,bench). BENCH_FILTER=attention_,gemm passes
 # --filter to ferrum_bench and torch_reference.py. SKIP_GEMM_INTERLEAVED=1 and
 # SKIP_TORCH_GPTQ=1 leave out those two reference runs (to fit a call).
@@ -28,7 +31,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 MODE="${1:-all}"
-has_mode() { [ "$MODE" = all ] && [ "$1" != nccl ] && [ "$1" != gptq ] && [ "$1" != engine ] && [ "$1" != quicktests ] && [ "$1" != gptqbench ] && [ "$1" != race ] && [ "$1" != hf ] && [ "$1" != profile ] && return 0; [[ ",$MODE," == *",$1,"* ]]; }
+has_mode() { [ "$MODE" = all ] && [ "$1" != nccl ] && [ "$1" != gptq ] && [ "$1" != engine ] && [ "$1" != quicktests ] && [ "$1" != gptqbench ] && [ "$1" != race ] && [ "$1" != hf ] && [ "$1" != profile ] && [ "$1" != tuning ] && return 0; [[ ",$MODE," == *",$1,"* ]]; }
 BF=()
 [ -n "${BENCH_FILTER:-}" ] && BF=(--filter "$BENCH_FILTER")
 QUICK=""
@@ -164,6 +167,15 @@ if has_mode hf; then
       --json "$OUT/hf_check.json" > "$OUT/hf_check.log" 2>&1
     echo "hf_check exit $?"
     grep -E "PASS|FAIL|OVERALL|PROBLEM" "$OUT/hf_check.log" | head -30
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode tuning; then
+  # Launch-knob sweeps through the launchers (A/B runs in one binary).
+  {
+    echo "== decode attention knobs (ferrum_attention_tuning) ($(date +%T))"
+    timeout 240 $B/bench/ferrum_attention_tuning > "$OUT/attention_tuning.log" 2>&1
+    echo "ferrum_attention_tuning exit $?"
   } 2>&1 | tee -a "$LOG"
 fi
 
