@@ -2,7 +2,7 @@
 //
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
-//                      [--dump-logits FILE]
+//                      [--dump-logits FILE] [--no-pdl]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
 //                    runs its projections with gemm_gptq
@@ -15,6 +15,9 @@
 //                    (group 128, symmetric, no act-order; embeddings, norms and
 //                    lm_head dense), e.g. to time gemm_gptq decoding
 //   --cpu            CpuBackend even when a GPU is present
+//   --no-pdl         CUDA kernels launched without programmatic dependent
+//                    launch (CudaBackendConfig::programmatic_dependent_launch;
+//                    an A/B switch, the tokens and logits are the same)
 //   --eager/--graph  decode steps as op calls, or one captured graph replayed
 //                    per step (graph needs Op::GraphCapture; else eager)
 //   --dump-logits F  writes the logits each generated token was chosen from
@@ -51,6 +54,7 @@ struct Options {
   std::vector<std::int32_t> prompt = {1};
   std::size_t steps = 16;
   bool force_cpu = false;
+  bool no_pdl = false;
   bool graph = false;
   std::uint64_t seed = 1234;
   std::string dump_logits;  // empty: no dump
@@ -100,7 +104,7 @@ void usage(std::FILE* out) {
   std::fprintf(out,
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3\"] [--steps N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
-               "                     [--dump-logits FILE]\n"
+               "                     [--dump-logits FILE] [--no-pdl]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
   std::fprintf(out, "\n");
@@ -159,6 +163,8 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       if (opt.quant != "gptq") fail(ErrorCode::InvalidArgument, "--quant takes gptq, got '", opt.quant, "'");
     } else if (arg == "--cpu") {
       opt.force_cpu = true;
+    } else if (arg == "--no-pdl") {
+      opt.no_pdl = true;
     } else if (arg == "--eager") {
       opt.graph = false;
     } else if (arg == "--graph") {
@@ -197,7 +203,13 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, bool gptq, DecodeMod
   if (opt.force_cpu) {
     backend = std::make_unique<CpuBackend>();
   } else {
-    backend = make_default_backend();
+    if (opt.no_pdl && cuda_device_count() > 0) {
+      CudaBackendConfig config;
+      config.programmatic_dependent_launch = false;
+      backend = std::make_unique<CudaBackend>(config);
+    } else {
+      backend = make_default_backend();
+    }
     const std::vector<Op> missing = missing_ops(*backend, DecodeMode::Eager, gptq);
     if (!missing.empty()) {
       std::printf("ferrum_engine: the %s backend lacks %s; falling back to the CPU backend\n",

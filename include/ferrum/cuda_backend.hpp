@@ -24,6 +24,15 @@ namespace detail {
 struct CudaRuntime;
 }
 
+// Which INT4 kernel gemm_gptq runs for launches of m <= 16 rows on a
+// fused-layout weight (kernels/gptq_gemm.hpp). Larger m, and layouts a kernel
+// does not cover, take the fused kernel / the dequantize + cuBLAS path.
+enum class GptqKernel {
+  Auto = 0,    // the library's choice: today the fused kernel
+  Fused = 1,   // the fused kernel (shared-memory cp.async pipeline)
+  Stream = 2,  // the register-streaming kernel (opt-in)
+};
+
 struct CudaBackendConfig {
   int device = 0;
   // cuBLAS workspace, set once per device with cublasSetWorkspace. The first
@@ -51,6 +60,17 @@ struct CudaBackendConfig {
   // -1: the library's measured per-shape default (kernels/gemm_skinny.hpp,
   // gemm_skinny_default), which takes it where it beat cuBLAS on the H200.
   int gemm_skinny_max_m = -1;
+  // The decode-step kernels (norms, elementwise, RoPE, row copies, skinny
+  // GEMM, decode attention) launch with programmatic dependent launch on
+  // sm_90+ (kernels/common/launch.cuh); false launches them the ordinary
+  // way (an A/B switch: results are identical either way). Like the
+  // workspaces, the first CudaBackend on a device decides it; later ones
+  // must agree.
+  bool programmatic_dependent_launch = true;
+  // The GPTQ INT4 kernel at m <= 16 (see GptqKernel). Per backend object (it
+  // changes no workspace). A value outside the enum throws InvalidArgument
+  // naming this field.
+  GptqKernel gptq_kernel = GptqKernel::Auto;
 };
 
 class CudaBackend final : public Backend {
@@ -72,6 +92,8 @@ class CudaBackend final : public Backend {
   // The stream every op of this device is queued on (for interop: engines
   // that launch their own kernels between ours must use it too).
   cudaStream_t stream() const noexcept;
+  // CudaBackendConfig::gptq_kernel of this backend.
+  GptqKernel gptq_kernel() const noexcept { return gptq_kernel_; }
 
  protected:
   void abandon_capture() noexcept override;
@@ -139,6 +161,10 @@ class CudaBackend final : public Backend {
   std::shared_ptr<Communicator> comm_;
   std::chrono::milliseconds collective_timeout_;
   int gemm_skinny_max_m_;  // -1 (per-shape default) or 0..8
+  // CudaBackendConfig::gptq_kernel; the constructor sets it through
+  // checked_gptq_kernel (src/cuda/cuda_backend_gptq.cpp), which throws on a bad value.
+  static GptqKernel checked_gptq_kernel(GptqKernel requested);
+  GptqKernel gptq_kernel_ = GptqKernel::Auto;
 };
 
 }  // namespace ferrum

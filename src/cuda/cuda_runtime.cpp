@@ -13,6 +13,10 @@ namespace {
 constexpr int kMaxDevices = 64;
 std::mutex g_runtimes_mutex;
 std::array<CudaRuntime*, kMaxDevices> g_runtimes{};
+// Per device, read by every launch without a lock: 0 no runtime yet (a
+// launcher used on its own, e.g. by a tuning bench: the device decides),
+// 1 PDL off, 2 PDL on. Set once when the device's runtime is created.
+std::array<std::atomic<int>, kMaxDevices> g_pdl_state{};
 
 CudaRuntime* runtime_of_current_device() noexcept {
   int device = -1;
@@ -26,6 +30,11 @@ CudaRuntime* create_runtime(const CudaBackendConfig& config) {
   rt->device = config.device;
   const char* op = "CudaBackend";
   check_cuda(cudaSetDevice(config.device), op, "cudaSetDevice");
+  int major = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, config.device), op,
+             "cudaDeviceGetAttribute");
+  rt->pdl_capable = major >= 9;
+  rt->pdl = config.programmatic_dependent_launch && rt->pdl_capable;
   check_cuda(cudaDeviceGetAttribute(&rt->num_sms, cudaDevAttrMultiProcessorCount, config.device), op,
              "cudaDeviceGetAttribute");
   check_cuda(cudaStreamCreateWithFlags(&rt->stream, cudaStreamNonBlocking), op, "cudaStreamCreate");
@@ -89,6 +98,11 @@ CudaRuntime& cuda_runtime(const CudaBackendConfig& config) {
              "CudaBackend: argument 'config.attention_workspace_bytes' = {} but device {} already runs with {}",
              config.attention_workspace_bytes, config.device, existing->attention_workspace_bytes);
       }
+      if (existing->pdl != (config.programmatic_dependent_launch && existing->pdl_capable)) {
+        fail(ErrorCode::InvalidArgument,
+             "CudaBackend: argument 'config.programmatic_dependent_launch' = {} but device {} already runs with {}",
+             config.programmatic_dependent_launch, config.device, existing->pdl);
+      }
       if (existing->cublas_workspace_bytes != config.cublas_workspace_bytes) {
         fail(ErrorCode::InvalidArgument,
              "CudaBackend: argument 'config.cublas_workspace_bytes' = {} but device {} already runs with {}",
@@ -100,6 +114,7 @@ CudaRuntime& cuda_runtime(const CudaBackendConfig& config) {
   CudaRuntime* rt = create_runtime(config);
   std::lock_guard<std::mutex> lock(g_runtimes_mutex);
   if (g_runtimes[config.device] == nullptr) g_runtimes[config.device] = rt;
+  g_pdl_state[config.device].store(g_runtimes[config.device]->pdl ? 2 : 1, std::memory_order_relaxed);
   return *g_runtimes[config.device];
 }
 
@@ -150,10 +165,14 @@ void throw_cuda_error(const char* op, const char* what, cudaError_t err) {
 }
 
 bool pdl_available() {
-  // Per device: 0 not asked yet, 1 no, 2 yes. The answer never changes.
-  static std::array<std::atomic<int>, detail::kMaxDevices> known{};
   int device = -1;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= detail::kMaxDevices) return false;
+  // The device's CudaBackend runtime decides (its config).
+  const int configured = detail::g_pdl_state[device].load(std::memory_order_relaxed);
+  if (configured != 0) return configured == 2;
+  // A launcher used without a backend (a tuning bench): the device decides.
+  // Per device: 0 not asked yet, 1 no, 2 yes. The answer never changes.
+  static std::array<std::atomic<int>, detail::kMaxDevices> known{};
   int state = known[device].load(std::memory_order_relaxed);
   if (state == 0) {
     int major = 0;

@@ -29,6 +29,8 @@ struct CudaRuntime {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t graph_exec = nullptr;
   bool capturing = false;
+  bool pdl_capable = false;  // sm_90+: programmatic dependent launch exists
+  bool pdl = false;          // ... and config.programmatic_dependent_launch asked for it
 };
 
 // The runtime of config.device, created on first use and never freed.

@@ -129,6 +129,20 @@ TEST(EngineCli, UnwritableDumpPathIsAnError) {
   EXPECT_EQ(output.find("prefill:"), std::string::npos) << "ran before failing: " << output;
 }
 
+TEST(EngineCli, NoPdlGivesTheSameTokens) {
+  // Without a GPU both runs use CpuBackend (the flag only configures the CUDA
+  // backend); on a GPU machine this compares PDL on and off.
+  const std::filesystem::path dir = testing::scratch_dir();
+  const std::filesystem::path log = dir / "engine.log";
+  ASSERT_EQ(run_engine("--random tiny-llama --steps 4 --dump-logits \"" + (dir / "a.bin").string() + "\"", log), 0)
+      << read_text(log);
+  ASSERT_EQ(run_engine("--random tiny-llama --steps 4 --no-pdl --dump-logits \"" + (dir / "b.bin").string() + "\"",
+                       log),
+            0)
+      << read_text(log);
+  EXPECT_EQ(read_floats(dir / "a.bin"), read_floats(dir / "b.bin"));
+}
+
 TEST(EngineCli, DtypeOverridesTheRandomPresetsDtype) {
   const std::filesystem::path dir = testing::scratch_dir();
   const std::filesystem::path log = dir / "engine.log";

@@ -15,6 +15,7 @@
 // false with no graph held.
 //
 // Skipped (GTEST_SKIP) when no CUDA device is visible.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -296,6 +297,21 @@ TEST_F(CudaGraphErrors, FailedCaptureKeepsNoStaleGraph) {
   EXPECT_EQ(cuda().download(other_acc), std::vector<float>(16, 0.0f)) << "the abandoned capture must never run";
   cuda().reset_graph();
   expect_backend_usable(rng);
+}
+
+// Programmatic dependent launch is decided per device by the first
+// CudaBackend (cuda() made it, with the default); a second one asking the
+// opposite is refused by name, and one that agrees works.
+TEST_F(CudaGraphErrors, PdlSettingMustAgreeWithTheDevice) {
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  if (major < 9) GTEST_SKIP() << "no programmatic dependent launch before sm_90: nothing to disagree on";
+  CudaBackendConfig other;
+  other.programmatic_dependent_launch = false;
+  expect_error(ErrorCode::InvalidArgument, "CudaBackend", [&] { CudaBackend be(other); },
+               "programmatic_dependent_launch");
+  CudaBackendConfig same;
+  EXPECT_NO_THROW(CudaBackend be(same));
 }
 
 }  // namespace
