@@ -138,6 +138,7 @@ if has_mode engine; then
     # random weights first).
     for dtype in ${ENGINE_DTYPES:-f16}; do
       for mode in --graph --eager "--graph --no-pdl"; do
+        echo "-- $dtype $mode"
         timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --dtype $dtype --steps 128 $mode 2>&1 | grep -E "backend|model|decode:|prefill:|error"
       done
     done
