@@ -4,6 +4,14 @@
 //
 //   ferrum_bench_gptq [--json PATH] [--iters N] [--warmup N] [--dtype f16|bf16]
 //                     [--asym] [--act-order] [--crossover] [--quick]
+//                     [--kernel auto|fused|stream]
+//
+// --kernel picks the kernel launch_gptq_gemm runs (GptqGemmArgs::kernel):
+// auto and fused = the fused kernel (auto is CudaBackendConfig's default,
+// today the fused kernel); stream = the register-streaming kernel for
+// launches of m <= 16 (larger m still run the fused kernel). The "plan"
+// column says which ran: "s" = streaming (one CTA per 64 columns, no split),
+// else the fused configuration and its split count.
 //
 // Shapes [k x n]: 4096x4096, 4096x14336, 14336x4096, 8192x8192, 8192x28672;
 // m in {1, 2, 4, 8, 16, 32, 48, 64, 128} (--crossover adds 256, 512, 1024, where
@@ -56,6 +64,7 @@ struct Options {
   bool act_order = false;
   bool crossover = false;
   bool quick = false;
+  std::string kernel = "auto";  // auto | fused | stream
 };
 
 struct XorShift {
@@ -133,10 +142,16 @@ int main(int argc, char** argv) {
       opt.crossover = true;
     } else if (a == "--quick") {
       opt.quick = true;
+    } else if (a == "--kernel") {
+      opt.kernel = value();
+      if (opt.kernel != "auto" && opt.kernel != "fused" && opt.kernel != "stream") {
+        std::fprintf(stderr, "--kernel must be auto, fused or stream (got %s)\n", opt.kernel.c_str());
+        return 2;
+      }
     } else {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--iters N] [--warmup N] [--dtype f16|bf16] [--asym] [--act-order] "
-                   "[--crossover] [--quick]\n",
+                   "[--crossover] [--quick] [--kernel auto|fused|stream]\n",
                    argv[0]);
       return 2;
     }
@@ -166,10 +181,11 @@ int main(int argc, char** argv) {
   const cudaDataType_t ctype = bf16 ? CUDA_R_16BF : CUDA_R_16F;
   constexpr std::size_t kRotateBytes = std::size_t{256} << 20;
 
-  std::printf("device %s, %d SMs, dtype %s, group 128%s%s\n", prop.name, num_sms, bf16 ? "bf16" : "f16",
-              opt.asym ? ", asymmetric" : ", symmetric", opt.act_order ? ", act-order" : "");
+  const bool use_stream = opt.kernel == "stream";
+  std::printf("device %s, %d SMs, dtype %s, group 128%s%s, kernel %s\n", prop.name, num_sms, bf16 ? "bf16" : "f16",
+              opt.asym ? ", asymmetric" : ", symmetric", opt.act_order ? ", act-order" : "", opt.kernel.c_str());
   std::printf("%6s %6s %5s | %10s %9s %9s %6s | %10s | %10s %8s\n", "k", "n", "m", "ours_us", "int4_GB/s",
-              "+meta", "splits", "deq+cublas", "cublas_us", "speedup");
+              "+meta", "plan", "deq+cublas", "cublas_us", "speedup");
 
   std::vector<Row> rows;
   XorShift rng{0x9E3779B97F4A7C15ull};
@@ -301,6 +317,7 @@ int main(int argc, char** argv) {
           args.partials = d_partials;
           args.counters = d_counters;
           args.num_sms = num_sms;
+          args.kernel = use_stream ? ferrum::kernels::GptqKernelKind::Stream : ferrum::kernels::GptqKernelKind::Fused;
           ferrum::kernels::launch_gptq_gemm(args, stream);
         }
       };
@@ -329,6 +346,10 @@ int main(int argc, char** argv) {
                                      static_cast<int>(r.n_pad), num_sms);
       row.splits = plan.splits;
       row.config = plan.config;
+      if (use_stream && m <= ferrum::kernels::kGptqStreamMaxM) {  // the streaming kernel: no split, "config" -1
+        row.splits = 1;
+        row.config = -1;
+      }
       row.ours_us = time_median(copies, opt.warmup, opt.iters, fused, stream);
       row.dequant_us = opt.crossover ? time_median(copies, opt.warmup, opt.iters, dequant_cublas, stream) : 0.0;
       row.cublas_us = time_median(w16_copies, opt.warmup, opt.iters, dense, stream);
@@ -338,8 +359,14 @@ int main(int argc, char** argv) {
       rows.push_back(row);
       char deq[32] = "-";
       if (opt.crossover) std::snprintf(deq, sizeof(deq), "%.1f", row.dequant_us);
-      std::printf("%6d %6d %5d | %10.1f %9.0f %9.0f %6d | %10s | %10.1f %7.2fx\n", k, n, m, row.ours_us, row.int4_gbs,
-                  row.meta_gbs, row.splits, deq, row.cublas_us, row.speedup);
+      char plan_text[16];
+      if (row.config < 0) {
+        std::snprintf(plan_text, sizeof(plan_text), "s");
+      } else {
+        std::snprintf(plan_text, sizeof(plan_text), "c%dx%d", row.config, row.splits);
+      }
+      std::printf("%6d %6d %5d | %10.1f %9.0f %9.0f %6s | %10s | %10.1f %7.2fx\n", k, n, m, row.ours_us, row.int4_gbs,
+                  row.meta_gbs, plan_text, deq, row.cublas_us, row.speedup);
       std::fflush(stdout);
     }
 
@@ -354,7 +381,8 @@ int main(int argc, char** argv) {
     std::ofstream out(opt.json);
     out << "{\"device\": \"" << prop.name << "\", \"num_sms\": " << num_sms << ", \"dtype\": \""
         << (bf16 ? "bf16" : "f16") << "\", \"group_size\": 128, \"symmetric\": " << (opt.asym ? "false" : "true")
-        << ", \"act_order\": " << (opt.act_order ? "true" : "false") << ", \"iters\": " << opt.iters
+        << ", \"act_order\": " << (opt.act_order ? "true" : "false") << ", \"kernel\": \"" << opt.kernel
+        << "\", \"iters\": " << opt.iters
         << ", \"results\": [\n";
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const Row& rw = rows[i];

@@ -29,7 +29,9 @@
 //     tile's counter sums the partials with all its threads, in split order
 //     0, 1, ..., S-1 (fixed, so bitwise reproducible), and resets the counter.
 //
-// Gather (act-order) and dequantize (cuBLAS path) kernels follow.
+// Opt-in streaming kernel for m <= 16 (GptqKernelKind::Stream; see its
+// section below), then the gather (act-order) and dequantize (cuBLAS path)
+// kernels.
 #include "kernels/gptq_gemm.hpp"
 
 #include <cuda_bf16.h>
@@ -139,6 +141,25 @@ struct Int4Math<__nv_bfloat16> {
     b[3] = mul(add(and_or(w >> 12, 0x000F000Fu, kMagic), lo1), s1);
   }
 };
+
+// ── Scale / zero rows (shared by the fused and streaming kernels) ─────────
+
+// Lane gid's 8 permuted scales (one 16-byte slice of a scale row: n tile t,
+// column gid, i.e. feature 8t + gid of the column block) as duplicated pairs.
+__device__ __forceinline__ void unpack_scales(const uint4 raw, std::uint32_t (&sc)[8]) {
+  const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int t = 0; t < 8; ++t) sc[t] = t % 2 == 0 ? dup16(words[t / 2]) : dup16_hi(words[t / 2]);
+}
+// The negated biases of the same 8 features from their 8 zero bytes.
+template <class T>
+__device__ __forceinline__ void unpack_zeros(const uint2 zr, std::uint32_t (&lo)[8], std::uint32_t (&hi)[8]) {
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    const std::uint32_t zw = t < 4 ? zr.x : zr.y;
+    Int4Math<T>::biases(static_cast<int>((zw >> (8 * (t % 4))) & 0xFFu), lo[t], hi[t]);
+  }
+}
 
 // ── Fused kernel ────────────────────────────────────────────────────────────
 
@@ -290,18 +311,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
   int cur_group = -1;
   auto set_group = [&](const unsigned char* st, int gl) {
     const unsigned char* ss = st + Shape::kWBytes + Shape::kABytes;
-    const uint4 raw = *reinterpret_cast<const uint4*>(ss + (gl * kBN + nbl * kGptqTileN + gid * 8) * 2);
-    const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int t = 0; t < 8; ++t) sc[t] = t % 2 == 0 ? dup16(words[t / 2]) : dup16_hi(words[t / 2]);
+    unpack_scales(*reinterpret_cast<const uint4*>(ss + (gl * kBN + nbl * kGptqTileN + gid * 8) * 2), sc);
     if constexpr (kZeros) {
       const unsigned char* zs = ss + Shape::kSBytes;
-      const uint2 zr = *reinterpret_cast<const uint2*>(zs + gl * kBN + nbl * kGptqTileN + gid * 8);
-#pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        const std::uint32_t zw = t < 4 ? zr.x : zr.y;
-        M::biases(static_cast<int>((zw >> (8 * (t % 4))) & 0xFFu), blo[t], bhi[t]);
-      }
+      unpack_zeros<T>(*reinterpret_cast<const uint2*>(zs + gl * kBN + nbl * kGptqTileN + gid * 8), blo, bhi);
     }
   };
   if constexpr (!kZeros) {
@@ -617,6 +630,194 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
   }
 }
 
+// ── Streaming kernel (m <= kGptqStreamMaxM, opt-in) ────────────────────────
+//
+// docs/design/gptq_small_m.md §2, without the cross-CTA split:
+//   * mma.sync m16n8k16 with A = 16 features x 16 k (dequantized weights) and
+//     B = 16 k x 8 activation rows (rows >= m zero), D = features x rows.
+//     A repacked word j of lane (g, t) is one A fragment of features
+//     16j .. 16j + 15 of its column block: Int4Math::dequant's (b0, b1, b2, b3)
+//     are (a0, a2, a1, a3). NT = ceil(m / 8) B tiles.
+//   * CTA = one 64-feature column block; warp q takes the 128-row chunks q,
+//     q + kStreamWarps, ... (4 KiB contiguous each). Per lane a chunk is 8
+//     16-byte loads straight into registers, the next chunk's issued before
+//     the current one is consumed: no shared-memory weight ring, no barrier in
+//     the loop. Activations are read as B fragments from global (L1/L2 hits).
+//   * Scale-before (Int4Math::dequant, one rounding of the weight, as fused).
+//   * Warps summed through shared memory in warp order 1, 2, ... onto warp 0:
+//     fixed order, bitwise reproducible. No workspace, no atomics.
+constexpr int kStreamThreads = 256;
+constexpr int kStreamWarps = kStreamThreads / 32;
+constexpr int kChunkK16 = kGptqTileK / 16;  // k16 steps per chunk (8)
+
+struct StreamParams {
+  const std::uint32_t* qweight;  // [n_pad/64][k_pad/16][32][4] u32 (gptq_repack.hpp layout)
+  const void* scales;            // [scale_rows][n_pad] T, permuted columns
+  const std::uint8_t* zeros;     // [scale_rows][n_pad] u8, permuted columns, or null
+  const void* a;                 // [m, k] T row-major, 16-byte aligned (act-order: already gathered)
+  void* out;                     // [m, n] T row-major
+  int m, k, n, k_pad, n_pad;
+  int zero_value;
+  int k16_per_group;  // group_rows / 16
+};
+
+// 16 bytes of the weight stream: read once, so not kept in L1.
+__device__ __forceinline__ uint4 load_stream_16(const std::uint32_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+template <class T, int NT, bool kZeros>
+__global__ void __launch_bounds__(kStreamThreads, 1) gptq_stream_kernel(const StreamParams p) {
+  using M = Int4Math<T>;
+  constexpr int kAcc = NT * 4 * 4;  // [nt][j][4] f32
+  __shared__ float red[kStreamWarps - 1][kAcc][32];
+
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+  const int nb = static_cast<int>(blockIdx.x);
+  const int k16_total = p.k_pad / 16;
+  const int chunks = p.k_pad / kGptqTileK;
+  const std::uint32_t* wlane = p.qweight + static_cast<std::size_t>(nb) * k16_total * 128 + lane * 4;
+  const T* scales = static_cast<const T*>(p.scales);
+  // Activations as pairs: row r, columns 2c, 2c + 1 at act[r * k / 2 + c] (k is even).
+  const std::uint32_t* act = static_cast<const std::uint32_t*>(p.a);
+  const int half_k = p.k >> 1;
+
+  float acc[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+
+  std::uint32_t sc[8], blo[8], bhi[8];
+  if constexpr (!kZeros) {
+#pragma unroll
+    for (int t = 0; t < 8; ++t) M::biases(p.zero_value, blo[t], bhi[t]);
+  }
+  int cur_group = -1;
+
+  uint4 cur[kChunkK16], nxt[kChunkK16];
+  if (warp < chunks) {
+#pragma unroll
+    for (int s = 0; s < kChunkK16; ++s) cur[s] = load_stream_16(wlane + static_cast<std::size_t>(warp * kChunkK16 + s) * 128);
+  }
+  for (int c = warp; c < chunks; c += kStreamWarps) {
+    const int cn = c + kStreamWarps;
+    if (cn < chunks) {
+#pragma unroll
+      for (int s = 0; s < kChunkK16; ++s) nxt[s] = load_stream_16(wlane + static_cast<std::size_t>(cn * kChunkK16 + s) * 128);
+    } else {
+#pragma unroll
+      for (int s = 0; s < kChunkK16; ++s) nxt[s] = make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int s = 0; s < kChunkK16; ++s) {
+      const int k16 = c * kChunkK16 + s;
+      const int group = k16 / p.k16_per_group;
+      if (group != cur_group) {  // warp-uniform
+        cur_group = group;
+        const std::size_t at = static_cast<std::size_t>(group) * p.n_pad + nb * kGptqTileN + gid * 8;
+        unpack_scales(__ldg(reinterpret_cast<const uint4*>(scales + at)), sc);
+        if constexpr (kZeros) unpack_zeros<T>(__ldg(reinterpret_cast<const uint2*>(p.zeros + at)), blo, bhi);
+      }
+      // B fragments: b0 = a[8nt + g][16 k16 + 2t ..+1], b1 = the same at + 8.
+      // Rows >= m and columns >= k are zero (padded q dequantizes to -z s, not 0).
+      std::uint32_t bf[NT][2];
+      const int col2 = k16 * 8 + tig;  // pair index of column 16 k16 + 2t
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int row = nt * 8 + gid;
+        const bool live = row < p.m;
+        const std::uint32_t* ar = act + static_cast<std::size_t>(live ? row : 0) * half_k;
+        bf[nt][0] = live && col2 < half_k ? __ldg(ar + col2) : 0u;
+        bf[nt][1] = live && col2 + 4 < half_k ? __ldg(ar + col2 + 4) : 0u;
+      }
+      const std::uint32_t words[4] = {cur[s].x, cur[s].y, cur[s].z, cur[s].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        std::uint32_t b[4];
+        M::dequant(words[j], sc[2 * j], blo[2 * j], bhi[2 * j], sc[2 * j + 1], blo[2 * j + 1], bhi[2 * j + 1], b);
+        const std::uint32_t af[4] = {b[0], b[2], b[1], b[3]};
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mma_16816_at<T>(&acc[(nt * 4 + j) * 4], af, bf[nt][0], bf[nt][1]);
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < kChunkK16; ++s) cur[s] = nxt[s];
+  }
+
+  // Warps 1.. -> warp 0, in warp order.
+  if (warp > 0) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) red[warp - 1][i][lane] = acc[i];
+  }
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int w = 0; w < kStreamWarps - 1; ++w) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] += red[w][i][lane];
+  }
+  // D fragment (nt, j): d0 / d1 = feature 16j + g, rows 8nt + 2t / +1; d2 / d3 = feature + 8.
+  T* out = static_cast<T*>(p.out);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int f0 = nb * kGptqTileN + 16 * j + gid;
+      const int r0 = nt * 8 + 2 * tig;
+      const float* d = &acc[(nt * 4 + j) * 4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int f = f0 + (e >= 2 ? 8 : 0), r = r0 + (e & 1);
+        if (r < p.m && f < p.n) out[static_cast<std::size_t>(r) * p.n + f] = from_float<T>(d[e]);
+      }
+    }
+  }
+}
+
+template <class T, int NT>
+void launch_stream_nt(const GptqGemmArgs& args, cudaStream_t stream) {
+  StreamParams p{};
+  p.qweight = args.w.qweight;
+  p.scales = args.w.scales;
+  p.zeros = args.w.zeros;
+  p.a = args.a;
+  p.out = args.out;
+  p.m = args.m;
+  p.k = args.w.k;
+  p.n = args.w.n;
+  p.k_pad = args.w.k_pad;
+  p.n_pad = args.w.n_pad;
+  p.zero_value = args.w.zero_value;
+  p.k16_per_group = args.w.group_rows / 16;
+  const dim3 grid(static_cast<unsigned>(args.w.n_pad / kGptqTileN));
+  if (args.w.zeros != nullptr) {
+    gptq_stream_kernel<T, NT, true><<<grid, kStreamThreads, 0, stream>>>(p);
+  } else {
+    gptq_stream_kernel<T, NT, false><<<grid, kStreamThreads, 0, stream>>>(p);
+  }
+}
+
+template <class T>
+void launch_stream(const GptqGemmArgs& args, cudaStream_t stream) {
+  if (args.m <= 8) {
+    launch_stream_nt<T, 1>(args, stream);
+  } else {
+    launch_stream_nt<T, 2>(args, stream);
+  }
+}
+
+// The streaming kernel covers this launch (otherwise the fused kernel runs):
+// m <= 16 and a fused layout whose groups are whole k16 steps.
+bool stream_applies(const GptqGemmArgs& args) {
+  const int rows = args.w.group_rows;
+  return args.kernel == GptqKernelKind::Stream && args.m >= 1 && args.m <= kGptqStreamMaxM && rows > 0 &&
+         rows % 16 == 0 && args.w.k % 2 == 0 && args.w.k_pad % kGptqTileK == 0 && args.w.n_pad % kGptqTileN == 0;
+}
+
 // ── Gather (act-order) ──────────────────────────────────────────────────────
 
 __global__ void gather_columns_kernel(const std::uint16_t* a, const std::int32_t* perm, std::uint16_t* out, int m,
@@ -717,6 +918,11 @@ std::size_t gptq_counter_ints(int n_pad) {
 void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream) {
   if (args.m < 1 || args.m > kGptqMaxM) throw_bad_dispatch("gemm_gptq", "rows per launch m", args.m);
   if (args.w.group_rows <= 0) throw_bad_dispatch("gemm_gptq", "fused group_rows", args.w.group_rows);
+  if (stream_applies(args)) {
+    dispatch_half_dtype(args.dtype, "gemm_gptq", [&](auto tag) { launch_stream<typename decltype(tag)::type>(args, stream); });
+    check_launch("gemm_gptq (stream)");
+    return;
+  }
   const GptqPlan plan = gptq_plan(args.dtype, args.m, args.w.k_pad, args.w.n_pad, args.num_sms);
   dispatch_half_dtype(args.dtype, "gemm_gptq", [&](auto tag) {
     using T = typename decltype(tag)::type;

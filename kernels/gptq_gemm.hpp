@@ -5,6 +5,10 @@
 //   launch_gptq_gemm     out[m, n] = a[m, k] · W, m <= kGptqMaxM per launch
 //                        (mma.sync m16n8k16, fp32 accumulation, split over k
 //                        with a deterministic fixed-order reduction).
+//                        Opt-in (GptqGemmArgs::kernel = Stream, m <= kGptqStreamMaxM):
+//                        the register-streaming kernel (weights as the mma A
+//                        operand, no shared-memory weight ring, no split over
+//                        CTAs; deterministic fixed-order reduction over warps).
 //   launch_gptq_gather   a_perm[i, j] = a[i, perm[j]] (act-order).
 //   launch_gptq_dequant  W[:, n0 .. n0 + cols) as f16 / bf16, rows in the
 //                        checkpoint's order (for the cuBLAS path at large m).
@@ -22,6 +26,11 @@ namespace ferrum::kernels {
 inline constexpr int kGptqMaxM = 64;     // rows of a per launch of the fused kernel
 inline constexpr int kGptqTileK = 128;   // must equal detail::kGptqTileK
 inline constexpr int kGptqTileN = 64;    // must equal detail::kGptqTileN
+inline constexpr int kGptqStreamMaxM = 16;  // rows the streaming kernel covers per launch
+
+// Which kernel launch_gptq_gemm runs. Stream applies to m <= kGptqStreamMaxM;
+// larger m falls back to the fused kernel.
+enum class GptqKernelKind { Fused, Stream };
 
 // A repacked weight on the device.
 struct GptqDeviceWeight {
@@ -61,6 +70,7 @@ struct GptqGemmArgs {
   float* partials = nullptr;  // [gptq_partials_floats] f32 workspace
   int* counters = nullptr;    // [gptq_counter_ints] zeroed ints
   int num_sms = 0;
+  GptqKernelKind kernel = GptqKernelKind::Fused;  // Stream: the streaming kernel where m <= kGptqStreamMaxM
 };
 void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream);
 

@@ -106,7 +106,8 @@ CudaBackend::CudaBackend(CudaBackendConfig config)
       rt_(&detail::cuda_runtime(config)),
       comm_(checked_communicator(config)),
       collective_timeout_(config.collective_timeout),
-      gemm_skinny_max_m_(resolved_skinny_max_m(config.gemm_skinny_max_m)) {}
+      gemm_skinny_max_m_(resolved_skinny_max_m(config.gemm_skinny_max_m)),
+      gptq_kernel_(checked_gptq_kernel(config.gptq_kernel)) {}
 
 CudaBackend::~CudaBackend() = default;
 

@@ -10,7 +10,9 @@
 // capture-safe:
 //   * fused (m <= kFusedMaxM and a fused layout): the INT4 tensor-core kernel,
 //     kernels::kGptqMaxM rows per launch; act-order first gathers the
-//     activation columns into a workspace.
+//     activation columns into a workspace. With CudaBackendConfig::gptq_kernel
+//     = Stream, launches of m <= 16 rows take the register-streaming kernel
+//     instead (no split-K workspace; the same gather).
 //   * dequantize + cuBLAS (larger m, or a checkpoint outside the fused
 //     layout: odd group sizes, uneven act-order groups): W is dequantized in
 //     column chunks into a bounded scratch, each chunk followed by one
@@ -214,6 +216,18 @@ class CudaGptqWeight final : public QuantWeight {
 
 }  // namespace
 
+GptqKernel CudaBackend::checked_gptq_kernel(GptqKernel requested) {
+  switch (requested) {
+    case GptqKernel::Auto:
+    case GptqKernel::Fused:
+    case GptqKernel::Stream:
+      return requested;
+  }
+  detail::fail(ErrorCode::InvalidArgument,
+               "CudaBackend: CudaBackendConfig::gptq_kernel = {} is not Auto (0), Fused (1) or Stream (2)",
+               static_cast<int>(requested));
+}
+
 std::unique_ptr<QuantWeight> CudaBackend::do_load_gptq(const GptqHostTensors& tensors) {
   detail::activate_device(device_);
   const detail::GptqRepacked repacked = detail::repack_gptq(tensors, "load_gptq");
@@ -266,6 +280,9 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
       args.partials = ws.partials;
       args.counters = ws.counters;
       args.num_sms = rt_->num_sms;
+      // Auto is the fused kernel until the streaming kernel is measured to win.
+      args.kernel =
+          gptq_kernel_ == GptqKernel::Stream ? kernels::GptqKernelKind::Stream : kernels::GptqKernelKind::Fused;
       kernels::launch_gptq_gemm(args, rt_->stream);
     }
     return;

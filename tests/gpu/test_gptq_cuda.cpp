@@ -13,6 +13,9 @@
 // general layouts (group size 8, uneven act-order groups); f16 and bf16.
 // Also: bitwise determinism run to run on random (non-exact) data, graph
 // capture and replay, workspaces shared across weights, and bad input.
+// The opt-in streaming kernel (CudaBackendConfig::gptq_kernel = Stream) gets
+// the same exact checks at m in {1, 2, 7, 8, 9, 15, 16} (its NT = 1 / 2
+// switch at 8 / 9) and its fallback to the fused kernel above 16.
 //
 // Skipped (GTEST_SKIP) when no CUDA device is visible. The checkpoints are
 // packed here from the format definition (no library code).
@@ -27,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "ferrum/cuda_backend.hpp"
 #include "support/test_support.hpp"
 
 namespace ferrum::test {
@@ -156,9 +160,13 @@ class CudaGptq : public CudaTest {
  protected:
   // Loads `c` on both backends and compares every m in `ms`, f16 and bf16.
   void expect_exact(const WeightCase& c, std::initializer_list<std::size_t> ms, Rng& rng) {
+    expect_exact_on(cuda(), c, ms, rng);
+  }
+  // The same on `gpu` (a CudaBackend with its own config).
+  void expect_exact_on(Backend& gpu, const WeightCase& c, std::initializer_list<std::size_t> ms, Rng& rng) {
     SCOPED_TRACE(describe(c));
     const Checkpoint ck = make_checkpoint(c, rng);
-    std::unique_ptr<QuantWeight> on_gpu = cuda().load_gptq(ck.tensors());
+    std::unique_ptr<QuantWeight> on_gpu = gpu.load_gptq(ck.tensors());
     std::unique_ptr<QuantWeight> on_cpu = cpu().load_gptq(ck.tensors());
     ASSERT_EQ(on_gpu->k(), c.k);
     ASSERT_EQ(on_gpu->n(), c.n);
@@ -167,7 +175,7 @@ class CudaGptq : public CudaTest {
       for (DType dt : kHalfDTypes) {
         SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
         const std::vector<float> want = run_gemm(cpu(), *on_cpu, a, dt, m);
-        EXPECT_TRUE(same_floats(run_gemm(cuda(), *on_gpu, a, dt, m), want));
+        EXPECT_TRUE(same_floats(run_gemm(gpu, *on_gpu, a, dt, m), want));
       }
     }
   }
@@ -365,6 +373,131 @@ TEST_F(CudaGptq, BadInput) {
     cuda().gemm_gptq(a, *w, out, 2);
     cuda().synchronize();
   });
+}
+
+// ── The streaming kernel (opt-in) ────────────────────────────────────────────
+
+class CudaGptqStream : public CudaGptq {
+ protected:
+  // A second backend on the device with the streaming kernel forced (the
+  // first one decided the workspaces; the streaming kernel needs none beyond
+  // the act-order gather, sized per weight at load).
+  void SetUp() override {
+    CudaGptq::SetUp();
+    if (IsSkipped()) return;
+    CudaBackendConfig config;
+    config.gptq_kernel = GptqKernel::Stream;
+    stream_ = std::make_unique<CudaBackend>(config);
+  }
+  CudaBackend& stream() { return *stream_; }
+  std::unique_ptr<CudaBackend> stream_;
+};
+
+constexpr std::initializer_list<std::size_t> kStreamM = {1, 2, 7, 8, 9, 15, 16, 17, 64};
+
+// The config reaches the backend (else every other Stream test would silently
+// run the fused kernel), and Auto is the default.
+TEST_F(CudaGptqStream, ConfigSelectsTheKernel) {
+  EXPECT_EQ(stream().gptq_kernel(), GptqKernel::Stream);
+  EXPECT_EQ(CudaBackend().gptq_kernel(), GptqKernel::Auto);
+  CudaBackendConfig fused;
+  fused.gptq_kernel = GptqKernel::Fused;
+  EXPECT_EQ(CudaBackend(fused).gptq_kernel(), GptqKernel::Fused);
+}
+
+TEST_F(CudaGptqStream, ConfigOutsideTheEnumIsRefused) {
+  for (int bad : {-1, 3, 7}) {
+    CudaBackendConfig config;
+    config.gptq_kernel = static_cast<GptqKernel>(bad);
+    expect_error(ErrorCode::InvalidArgument, "CudaBackend", [&] { CudaBackend be(config); }, "gptq_kernel");
+  }
+}
+
+// Every standard layout: group sizes (scale rows changing inside a 128-row
+// chunk at 32 / 64), zeros, act-order, V1 / V2; n = 200 pads to 256 (a
+// partly live column block). m = 17 and 64 check the fallback to the fused kernel.
+TEST_F(CudaGptqStream, ExactOnEveryStandardLayout) {
+  FERRUM_SEEDED_RNG(rng);
+  for (int gs : {32, 64, 128, -1}) {
+    for (bool sym : {true, false}) {
+      for (bool act : {false, true}) {
+        if (gs == -1 && act) continue;
+        for (GptqZeroFormat f : {GptqZeroFormat::V1, GptqZeroFormat::V2}) {
+          expect_exact_on(stream(), {384, 200, gs, sym, act, f}, kStreamM, rng);
+        }
+      }
+    }
+  }
+}
+
+// k not a multiple of 128 (zero activations over the padded rows, whose
+// q = 0 dequantizes to -z s), n not a multiple of 64, a single chunk, one
+// group over all of k, k longer than the CTA's 8 warps x 128 rows.
+TEST_F(CudaGptqStream, ExactWithPaddedAndOddShapes) {
+  FERRUM_SEEDED_RNG(rng);
+  const std::initializer_list<std::size_t> ms = {1, 2, 7, 8, 9, 15, 16};
+  expect_exact_on(stream(), {96, 136, 32, false, true, GptqZeroFormat::V1}, ms, rng);
+  expect_exact_on(stream(), {64, 8, 64, false, false, GptqZeroFormat::V2}, ms, rng);
+  expect_exact_on(stream(), {16, 8, -1, true, false, GptqZeroFormat::V1}, ms, rng);
+  expect_exact_on(stream(), {4224, 72, -1, false, false, GptqZeroFormat::V2}, ms, rng);
+  expect_exact_on(stream(), {4000, 264, 32, false, true, GptqZeroFormat::V1}, ms, rng);
+  expect_exact_on(stream(), {2056, 328, 128, true, false, GptqZeroFormat::V2}, ms, rng);
+}
+
+// Random data: close to the CPU (the same bound as the fused kernel: one
+// rounding of each weight) and bitwise equal run to run.
+TEST_F(CudaGptqStream, DeterministicRunToRunAndClose) {
+  FERRUM_SEEDED_RNG(rng);
+  for (const WeightCase& c : {WeightCase{4096, 512, 128, false, true, GptqZeroFormat::V1, false},
+                              WeightCase{2048, 2048, 32, true, false, GptqZeroFormat::V2, false}}) {
+    SCOPED_TRACE(describe(c));
+    const Checkpoint ck = make_checkpoint(c, rng);
+    std::unique_ptr<QuantWeight> on_gpu = stream().load_gptq(ck.tensors());
+    std::unique_ptr<QuantWeight> on_cpu = cpu().load_gptq(ck.tensors());
+    for (std::size_t m : {1, 8, 9, 16}) {
+      const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
+      for (DType dt : kHalfDTypes) {
+        SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
+        const std::vector<float> first = run_gemm(stream(), *on_gpu, a, dt, m);
+        for (int rep = 0; rep < 3; ++rep) {
+          EXPECT_TRUE(same_floats(run_gemm(stream(), *on_gpu, a, dt, m), first)) << "run " << rep + 2 << " differs";
+        }
+        const std::vector<float> want = run_gemm(cpu(), *on_cpu, a, dt, m);
+        const double eps = dt == DType::BF16 ? 1.0 / 256 : 1.0 / 2048;
+        const double bound = eps * (static_cast<double>(c.k) * 0.32 + 8.0);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < want.size(); ++i) {
+          if (!(std::fabs(static_cast<double>(first[i]) - want[i]) <= bound)) {
+            if (bad++ < 3) ADD_FAILURE() << "element " << i << ": got " << first[i] << " want " << want[i];
+          }
+        }
+        EXPECT_EQ(bad, 0u);
+      }
+    }
+  }
+}
+
+// Capture-safe (act-order gather + streaming kernel in one graph).
+TEST_F(CudaGptqStream, GraphCaptureAndReplay) {
+  FERRUM_SEEDED_RNG(rng);
+  const WeightCase c{2048, 256, 128, false, true, GptqZeroFormat::V1};
+  const Checkpoint ck = make_checkpoint(c, rng);
+  std::unique_ptr<QuantWeight> w = stream().load_gptq(ck.tensors());
+  std::unique_ptr<QuantWeight> on_cpu = cpu().load_gptq(ck.tensors());
+  const std::size_t m = 12;
+  const std::vector<float> a = integer_activations(rng, m * c.k);
+  const std::vector<float> want = run_gemm(cpu(), *on_cpu, a, DType::F16, m);
+  Buffer a_buf = stream().upload(a, DType::F16);
+  Buffer out = stream().upload(std::vector<float>(m * c.n, NAN), DType::F16);
+  stream().begin_graph_capture();
+  stream().gemm_gptq(a_buf, *w, out, m);
+  stream().end_graph_capture();
+  ASSERT_TRUE(stream().replay_last_graph());
+  EXPECT_TRUE(same_floats(stream().download(out), want));
+  stream().write(out, std::vector<float>(m * c.n, NAN));
+  ASSERT_TRUE(stream().replay_last_graph());
+  EXPECT_TRUE(same_floats(stream().download(out), want));
+  stream().reset_graph();
 }
 
 }  // namespace
