@@ -108,6 +108,9 @@ if has_mode gptq || has_mode gptqbench; then
     echo "== GPTQ benchmarks ($(date +%T))"
     timeout 150 $B/bench/ferrum_bench_gptq $QUICK --json "$OUT/gptq.json" > "$OUT/gptq.log" 2>&1
     echo "ferrum_bench_gptq exit $?"
+    # The opt-in streaming kernel (m <= 16) beside the default, same shapes.
+    timeout 150 $B/bench/ferrum_bench_gptq $QUICK --kernel stream --json "$OUT/gptq_stream.json" >> "$OUT/gptq.log" 2>&1
+    echo "ferrum_bench_gptq --kernel stream exit $?"
     if [ "${SKIP_TORCH_GPTQ:-0}" != 1 ]; then
       timeout 120 python3 bench/gptq_torch.py $QUICK --json "$OUT/gptq_torch.json" >> "$OUT/gptq.log" 2>&1
       echo "gptq_torch exit $?"
