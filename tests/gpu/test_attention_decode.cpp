@@ -21,13 +21,19 @@
 //   decodes would differ).
 // - Device check: kv_lens outside [1, capacity] is reported as DeviceCheck
 //   at synchronize(), zeros are written, and the backend keeps working.
+// - Launch knobs (kernels::DecodeTuning, through the launcher): the L2
+//   prefetch settings and who merges the slices change no bit of the output.
 //
 // Skipped (GTEST_SKIP) when no CUDA device is visible.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
+
+#include "kernels/attention.hpp"
 
 #include "support/op_runners.hpp"
 #include "support/test_support.hpp"
@@ -181,6 +187,84 @@ TEST_P(CudaDecodeBatch, SliceEdgesMatchCpuAndRepeatBitwise) {
     const OpResult second = run(be, c);
     EXPECT_TRUE(bitwise_equal(first.at("out").bytes, second.at("out").bytes, size_of(dt)));
     EXPECT_TRUE(ragged_equals_single_decodes(be, c));
+  }
+}
+
+// Straight through the launcher, on raw device memory: every DecodeTuning
+// variant gives the default's bytes. Cases: a small launch (whole-slice L2
+// prefetch on by default), one past the 36 MiB footprint (off by default,
+// prefetch-ahead applies), several valid slices to merge in both.
+TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
+  FERRUM_SEEDED_RNG(rng);
+  const DType dt = GetParam();
+  cuda();  // device 0 current, its runtime made
+  constexpr int kHeads = 8, kKvHeads = 2, kHd = 128;
+  struct Case {
+    int batch;
+    int kv_len;
+    long long capacity;
+  };
+  for (const Case& c : {Case{1, 700, 1000}, Case{3, 4999, 5000}, Case{2, 9000, 20000}}) {
+    SCOPED_TRACE(cat("batch ", c.batch, " kv_len ", c.kv_len, " capacity ", c.capacity));
+    const std::size_t q_elems = static_cast<std::size_t>(c.batch) * kHeads * kHd;
+    const std::size_t kv_elems = static_cast<std::size_t>(c.batch) * kKvHeads * c.capacity * kHd;
+    const std::vector<std::uint8_t> q = encode_bytes(random_uniform(rng, dt, q_elems));
+    const std::vector<std::uint8_t> k = encode_bytes(random_uniform(rng, dt, kv_elems));
+    const std::vector<std::uint8_t> v = encode_bytes(random_uniform(rng, dt, kv_elems));
+    const std::size_t ws = kernels::attention_workspace_floats(c.batch, kHeads, 1, kHd, c.capacity);
+    void *dq = nullptr, *dk = nullptr, *dv = nullptr, *dout = nullptr, *dws = nullptr, *dflag = nullptr;
+    ASSERT_EQ(cudaMalloc(&dq, q.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dk, k.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dv, v.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dout, q.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dws, std::max<std::size_t>(ws, 1) * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dflag, sizeof(std::uint32_t)), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dq, q.data(), q.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dk, k.data(), k.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dv, v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dflag, 0, sizeof(std::uint32_t)), cudaSuccess);
+
+    auto run_with = [&](const kernels::DecodeTuning& tuning) {
+      EXPECT_EQ(cudaMemset(dout, kPoisonByte, q.size()), cudaSuccess);
+      kernels::AttentionArgs a;
+      a.dtype = dt;
+      a.q = dq;
+      a.k = dk;
+      a.v = dv;
+      a.out = dout;
+      a.batch = c.batch;
+      a.num_heads = kHeads;
+      a.num_kv_heads = kKvHeads;
+      a.q_len = 1;
+      a.head_dim = kHd;
+      a.kv_stride = c.capacity;
+      a.kv_len = c.kv_len;
+      a.pos_offset = c.kv_len - 1;
+      a.error_flag = static_cast<std::uint32_t*>(dflag);
+      a.scale = 1.0f / std::sqrt(static_cast<float>(kHd));
+      a.partial_out = static_cast<float*>(dws);
+      a.partial_lse = static_cast<float*>(dws) + (ws / (kHd + 1)) * kHd;
+      a.decode_tuning = tuning;
+      kernels::launch_attention(a, nullptr);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<std::uint8_t> out(q.size());
+      EXPECT_EQ(cudaMemcpy(out.data(), dout, out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      return out;
+    };
+    const std::vector<std::uint8_t> reference = run_with({});
+    std::vector<kernels::DecodeTuning> variants(5);
+    variants[0].l2_ahead = 2;
+    variants[1].l2_ahead = 5;
+    variants[2].l2_prefetch_bytes = 0;
+    variants[3].l2_prefetch_bytes = 1e12;
+    variants[4].fused_merge = false;
+    for (std::size_t i = 0; i < variants.size(); ++i) {
+      EXPECT_TRUE(reference == run_with(variants[i])) << "variant " << i << " changed the output";
+    }
+    std::uint32_t flag = 1;
+    EXPECT_EQ(cudaMemcpy(&flag, dflag, sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(flag, 0u);
+    for (void* p : {dq, dk, dv, dout, dws, dflag}) EXPECT_EQ(cudaFree(p), cudaSuccess);
   }
 }
 
