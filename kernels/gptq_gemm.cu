@@ -163,16 +163,26 @@ __device__ __forceinline__ void unpack_zeros(const uint2 zr, std::uint32_t (&lo)
 
 // ── Fused kernel ────────────────────────────────────────────────────────────
 
-struct FusedParams {
+// What both kernels read and write, filled from the launch arguments once.
+struct GemmOperands {
   const std::uint32_t* qweight;  // [n_pad/64][k_pad/16][32][4] u32 (gptq_repack.hpp layout)
   const void* scales;            // [scale_rows][n_pad] T, permuted columns
   const std::uint8_t* zeros;     // [scale_rows][n_pad] u8, permuted columns, or null
-  const void* a;                 // [m, k] T row-major (act-order: already gathered)
+  const void* a;                 // [m, k] T row-major, 16-byte aligned (act-order: already gathered)
   void* out;                     // [m, n] T row-major
-  float* partials;               // [splits][n_ctas][m][block_n] f32: the live rows only
-  int* counters;                 // [n_ctas] ints, zero between launches
   int m, k, n, k_pad, n_pad;
   int zero_value;
+};
+
+GemmOperands gemm_operands(const GptqGemmArgs& args) {
+  return {args.w.qweight, args.w.scales, args.w.zeros, args.a,         args.out,
+          args.m,         args.w.k,      args.w.n,     args.w.k_pad,   args.w.n_pad,
+          args.w.zero_value};
+}
+
+struct FusedParams : GemmOperands {
+  float* partials;               // [splits][n_ctas][m][block_n] f32: the live rows only
+  int* counters;                 // [n_ctas] ints, zero between launches
   int groups_per_stage;  // 128 / group_rows when group_rows <= 128, else 1
   int stages_per_group;  // group_rows / 128 when group_rows >= 128, else 1
   int splits;
@@ -605,19 +615,9 @@ GptqPlan plan_for(int dtype_index, int config, int k_pad, int n_pad, int num_sms
 template <class T, int Config>
 void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t stream) {
   FusedParams p{};
-  p.qweight = args.w.qweight;
-  p.scales = args.w.scales;
-  p.zeros = args.w.zeros;
-  p.a = args.a;
-  p.out = args.out;
+  static_cast<GemmOperands&>(p) = gemm_operands(args);
   p.partials = args.partials;
   p.counters = args.counters;
-  p.m = args.m;
-  p.k = args.w.k;
-  p.n = args.w.n;
-  p.k_pad = args.w.k_pad;
-  p.n_pad = args.w.n_pad;
-  p.zero_value = args.w.zero_value;
   const int rows = args.w.group_rows;
   p.groups_per_stage = rows <= kGptqTileK ? kGptqTileK / rows : 1;
   p.stages_per_group = rows >= kGptqTileK ? rows / kGptqTileK : 1;
@@ -650,14 +650,7 @@ constexpr int kStreamThreads = 256;
 constexpr int kStreamWarps = kStreamThreads / 32;
 constexpr int kChunkK16 = kGptqTileK / 16;  // k16 steps per chunk (8)
 
-struct StreamParams {
-  const std::uint32_t* qweight;  // [n_pad/64][k_pad/16][32][4] u32 (gptq_repack.hpp layout)
-  const void* scales;            // [scale_rows][n_pad] T, permuted columns
-  const std::uint8_t* zeros;     // [scale_rows][n_pad] u8, permuted columns, or null
-  const void* a;                 // [m, k] T row-major, 16-byte aligned (act-order: already gathered)
-  void* out;                     // [m, n] T row-major
-  int m, k, n, k_pad, n_pad;
-  int zero_value;
+struct StreamParams : GemmOperands {
   int k16_per_group;  // group_rows / 16
 };
 
@@ -781,17 +774,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1) gptq_stream_kernel(const St
 template <class T, int NT>
 void launch_stream_nt(const GptqGemmArgs& args, cudaStream_t stream) {
   StreamParams p{};
-  p.qweight = args.w.qweight;
-  p.scales = args.w.scales;
-  p.zeros = args.w.zeros;
-  p.a = args.a;
-  p.out = args.out;
-  p.m = args.m;
-  p.k = args.w.k;
-  p.n = args.w.n;
-  p.k_pad = args.w.k_pad;
-  p.n_pad = args.w.n_pad;
-  p.zero_value = args.w.zero_value;
+  static_cast<GemmOperands&>(p) = gemm_operands(args);
   p.k16_per_group = args.w.group_rows / 16;
   const dim3 grid(static_cast<unsigned>(args.w.n_pad / kGptqTileN));
   if (args.w.zeros != nullptr) {

@@ -258,23 +258,25 @@ TEST_F(CudaGptq, GemmQuantRoutesToGptq) {
 }
 
 // Random scales and activations: not exact, so check closeness to the CPU
-// and bitwise equality between two runs (the split-K reduction has a fixed order).
-TEST_F(CudaGptq, DeterministicRunToRunAndClose) {
-  FERRUM_SEEDED_RNG(rng);
+// (one rounding of each weight to the dtype) and bitwise equality of `runs`
+// runs on `gpu` (the split-K reduction has a fixed order).
+void expect_deterministic_and_close(Backend& gpu, Backend& cpu, const std::vector<std::size_t>& ms, int runs,
+                                    Rng& rng) {
   for (const WeightCase& c : {WeightCase{4096, 512, 128, false, true, GptqZeroFormat::V1, false},
                               WeightCase{2048, 2048, 32, true, false, GptqZeroFormat::V2, false}}) {
     SCOPED_TRACE(describe(c));
     const Checkpoint ck = make_checkpoint(c, rng);
-    std::unique_ptr<QuantWeight> on_gpu = cuda().load_gptq(ck.tensors());
-    std::unique_ptr<QuantWeight> on_cpu = cpu().load_gptq(ck.tensors());
-    for (std::size_t m : {1, 16, 40, 64, 300}) {
+    std::unique_ptr<QuantWeight> on_gpu = gpu.load_gptq(ck.tensors());
+    std::unique_ptr<QuantWeight> on_cpu = cpu.load_gptq(ck.tensors());
+    for (std::size_t m : ms) {
       const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
       for (DType dt : kHalfDTypes) {
         SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
-        const std::vector<float> first = run_gemm(cuda(), *on_gpu, a, dt, m);
-        const std::vector<float> second = run_gemm(cuda(), *on_gpu, a, dt, m);
-        EXPECT_TRUE(same_floats(second, first)) << "two runs differ";
-        const std::vector<float> want = run_gemm(cpu(), *on_cpu, a, dt, m);
+        const std::vector<float> first = run_gemm(gpu, *on_gpu, a, dt, m);
+        for (int run = 2; run <= runs; ++run) {
+          EXPECT_TRUE(same_floats(run_gemm(gpu, *on_gpu, a, dt, m), first)) << "run " << run << " differs";
+        }
+        const std::vector<float> want = run_gemm(cpu, *on_cpu, a, dt, m);
         // Bound: the weight rounded to the dtype (2^-8 relative for bf16,
         // 2^-11 for f16) plus the output rounding; |a| <= 1, |w| <= 16 * 0.02.
         const double eps = dt == DType::BF16 ? 1.0 / 256 : 1.0 / 2048;
@@ -289,6 +291,11 @@ TEST_F(CudaGptq, DeterministicRunToRunAndClose) {
       }
     }
   }
+}
+
+TEST_F(CudaGptq, DeterministicRunToRunAndClose) {
+  FERRUM_SEEDED_RNG(rng);
+  expect_deterministic_and_close(cuda(), cpu(), {1, 16, 40, 64, 300}, 2, rng);
 }
 
 // gemm_gptq is capture-safe: recorded in a graph (fused path with act-order
@@ -444,37 +451,11 @@ TEST_F(CudaGptqStream, ExactWithPaddedAndOddShapes) {
   expect_exact_on(stream(), {2056, 328, 128, true, false, GptqZeroFormat::V2}, ms, rng);
 }
 
-// Random data: close to the CPU (the same bound as the fused kernel: one
-// rounding of each weight) and bitwise equal run to run.
+// Random data: close to the CPU (the same bound as the fused kernel) and
+// bitwise equal over four runs.
 TEST_F(CudaGptqStream, DeterministicRunToRunAndClose) {
   FERRUM_SEEDED_RNG(rng);
-  for (const WeightCase& c : {WeightCase{4096, 512, 128, false, true, GptqZeroFormat::V1, false},
-                              WeightCase{2048, 2048, 32, true, false, GptqZeroFormat::V2, false}}) {
-    SCOPED_TRACE(describe(c));
-    const Checkpoint ck = make_checkpoint(c, rng);
-    std::unique_ptr<QuantWeight> on_gpu = stream().load_gptq(ck.tensors());
-    std::unique_ptr<QuantWeight> on_cpu = cpu().load_gptq(ck.tensors());
-    for (std::size_t m : {1, 8, 9, 16}) {
-      const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
-      for (DType dt : kHalfDTypes) {
-        SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
-        const std::vector<float> first = run_gemm(stream(), *on_gpu, a, dt, m);
-        for (int rep = 0; rep < 3; ++rep) {
-          EXPECT_TRUE(same_floats(run_gemm(stream(), *on_gpu, a, dt, m), first)) << "run " << rep + 2 << " differs";
-        }
-        const std::vector<float> want = run_gemm(cpu(), *on_cpu, a, dt, m);
-        const double eps = dt == DType::BF16 ? 1.0 / 256 : 1.0 / 2048;
-        const double bound = eps * (static_cast<double>(c.k) * 0.32 + 8.0);
-        std::size_t bad = 0;
-        for (std::size_t i = 0; i < want.size(); ++i) {
-          if (!(std::fabs(static_cast<double>(first[i]) - want[i]) <= bound)) {
-            if (bad++ < 3) ADD_FAILURE() << "element " << i << ": got " << first[i] << " want " << want[i];
-          }
-        }
-        EXPECT_EQ(bad, 0u);
-      }
-    }
-  }
+  expect_deterministic_and_close(stream(), cpu(), {1, 8, 9, 16}, 4, rng);
 }
 
 // Capture-safe (act-order gather + streaming kernel in one graph).
