@@ -298,6 +298,23 @@ TEST_F(CudaGptq, DeterministicRunToRunAndClose) {
   expect_deterministic_and_close(cuda(), cpu(), {1, 16, 40, 64, 300}, 2, rng);
 }
 
+// One gemm_gptq (f16) captured in a graph and replayed twice into a
+// NaN-poisoned output: each replay gives `want`.
+void expect_graph_replays(Backend& be, const QuantWeight& w, const std::vector<float>& a, std::size_t m,
+                          const std::vector<float>& want) {
+  Buffer a_buf = be.upload(a, DType::F16);
+  Buffer out = be.upload(std::vector<float>(want.size(), NAN), DType::F16);
+  be.begin_graph_capture();
+  be.gemm_gptq(a_buf, w, out, m);
+  be.end_graph_capture();
+  ASSERT_TRUE(be.replay_last_graph());
+  EXPECT_TRUE(same_floats(be.download(out), want));
+  be.write(out, std::vector<float>(want.size(), NAN));
+  ASSERT_TRUE(be.replay_last_graph());
+  EXPECT_TRUE(same_floats(be.download(out), want));
+  be.reset_graph();
+}
+
 // gemm_gptq is capture-safe: recorded in a graph (fused path with act-order
 // gather and split-K, and the cuBLAS path), replay gives the eager result.
 TEST_F(CudaGptq, GraphCaptureAndReplay) {
@@ -308,18 +325,7 @@ TEST_F(CudaGptq, GraphCaptureAndReplay) {
   for (std::size_t m : {4, 300}) {
     SCOPED_TRACE(cat("m=", m));
     const std::vector<float> a = integer_activations(rng, m * c.k);
-    const std::vector<float> eager = run_gemm(cuda(), *w, a, DType::F16, m);
-    Buffer a_buf = cuda().upload(a, DType::F16);
-    Buffer out = cuda().upload(std::vector<float>(m * c.n, NAN), DType::F16);
-    cuda().begin_graph_capture();
-    cuda().gemm_gptq(a_buf, *w, out, m);
-    cuda().end_graph_capture();
-    ASSERT_TRUE(cuda().replay_last_graph());
-    EXPECT_TRUE(same_floats(cuda().download(out), eager));
-    cuda().write(out, std::vector<float>(m * c.n, NAN));
-    ASSERT_TRUE(cuda().replay_last_graph());
-    EXPECT_TRUE(same_floats(cuda().download(out), eager));
-    cuda().reset_graph();
+    expect_graph_replays(cuda(), *w, a, m, run_gemm(cuda(), *w, a, DType::F16, m));
   }
 }
 
@@ -467,18 +473,7 @@ TEST_F(CudaGptqStream, GraphCaptureAndReplay) {
   std::unique_ptr<QuantWeight> on_cpu = cpu().load_gptq(ck.tensors());
   const std::size_t m = 12;
   const std::vector<float> a = integer_activations(rng, m * c.k);
-  const std::vector<float> want = run_gemm(cpu(), *on_cpu, a, DType::F16, m);
-  Buffer a_buf = stream().upload(a, DType::F16);
-  Buffer out = stream().upload(std::vector<float>(m * c.n, NAN), DType::F16);
-  stream().begin_graph_capture();
-  stream().gemm_gptq(a_buf, *w, out, m);
-  stream().end_graph_capture();
-  ASSERT_TRUE(stream().replay_last_graph());
-  EXPECT_TRUE(same_floats(stream().download(out), want));
-  stream().write(out, std::vector<float>(m * c.n, NAN));
-  ASSERT_TRUE(stream().replay_last_graph());
-  EXPECT_TRUE(same_floats(stream().download(out), want));
-  stream().reset_graph();
+  expect_graph_replays(stream(), *w, a, m, run_gemm(cpu(), *on_cpu, a, DType::F16, m));
 }
 
 }  // namespace
