@@ -40,6 +40,14 @@ export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1
 B="${BUILD_DIR:-build-gpu}"
 LOG="$OUT/suite.log"
 
+# sanitize TOOL SECONDS FILTER [TAIL]: compute-sanitizer TOOL over the GPU
+# test binary with a gtest filter; prints the last TAIL lines and the exit.
+sanitize() {
+  timeout "$2" compute-sanitizer --tool "$1" --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
+    --gtest_filter="$3" 2>&1 | tail -"${4:-3}"
+  echo "$1 exit ${PIPESTATUS[0]}"
+}
+
 {
   echo "== $(date -u) commit $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown) mode $MODE"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
@@ -62,14 +70,10 @@ if has_mode tests; then
     # The NCCL tests run under memcheck in the nccl mode, on 2 GPUs, with their
     # own log: they fork workers and kill peers on purpose.
     echo "== compute-sanitizer memcheck ($(date +%T))"
-    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
-      --gtest_filter='-*t4096*:*4096Steps*:*Nccl*' 2>&1 | tail -4
-    echo "memcheck exit ${PIPESTATUS[0]}"
+    sanitize memcheck 240 '-*t4096*:*4096Steps*:*Nccl*' 4
     # racecheck only sees shared memory: norm block reductions, attention tiles.
     echo "== compute-sanitizer racecheck ($(date +%T))"
-    timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
-      --gtest_filter='Sweep/CudaRowOps.*Norm*:DTypes/CudaUnaligned.*:Specs/CudaFlashAttention.*:DTypes/CudaDeviceState.Flash*:Specs/CudaFlashDecodeRagged.*_case?:Sweep/CudaPrefillAttention.*_case?:Shapes/CudaGemmSkinny.*-*t4096*' 2>&1 | tail -3
-    echo "racecheck exit ${PIPESTATUS[0]}"
+    sanitize racecheck 150 'Sweep/CudaRowOps.*Norm*:DTypes/CudaUnaligned.*:Specs/CudaFlashAttention.*:DTypes/CudaDeviceState.Flash*:Specs/CudaFlashDecodeRagged.*_case?:DTypes/CudaDecodeBatch.*:Sweep/CudaPrefillAttention.*_case?:Shapes/CudaGemmSkinny.*-*t4096*'
   } 2>&1 | tee -a "$LOG"
 fi
 
@@ -85,21 +89,15 @@ fi
 if has_mode race; then
   {
     echo "== racecheck: attention decode/prefill, GPTQ ($(date +%T))"
-    timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
-      --gtest_filter='Specs/CudaFlashDecodeRagged.*_case?:Specs/CudaFlashAttention.*_case?:Sweep/CudaPrefillAttention.*_case?:CudaGptq.*' 2>&1 | tail -3
-    echo "racecheck exit ${PIPESTATUS[0]}"
+    sanitize racecheck 150 'Specs/CudaFlashDecodeRagged.*_case?:Specs/CudaFlashAttention.*_case?:DTypes/CudaDecodeBatch.*:Sweep/CudaPrefillAttention.*_case?:*CudaPrefillLargeGrid*:CudaGptq*'
   } 2>&1 | tee -a "$LOG"
 fi
 
 if has_mode gptq; then
   {
     echo "== GPTQ tests (memcheck, then racecheck) ($(date +%T))"
-    timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
-      --gtest_filter='*Gptq*:*BadInput*' 2>&1 | tail -25
-    echo "gptq memcheck exit ${PIPESTATUS[0]}"
-    timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
-      --gtest_filter='CudaGptq*' 2>&1 | tail -3
-    echo "gptq racecheck exit ${PIPESTATUS[0]}"
+    sanitize memcheck 200 '*Gptq*:*BadInput*' 25
+    sanitize racecheck 120 'CudaGptq*'
   } 2>&1 | tee -a "$LOG"
 fi
 
