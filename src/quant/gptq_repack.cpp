@@ -79,13 +79,21 @@ GptqNibbleAddress gptq_nibble_address(std::size_t k_pad, std::size_t row, std::s
   return {word, slot};
 }
 
-GptqRepacked repack_gptq(const GptqUnpacked& w, std::string_view op) {
-  check_dims(op, w.k, w.n);
-  const std::size_t groups = gptq_groups(w.k, w.n, w.group_size, op);
-  if (w.groups != groups) {
-    fail(ErrorCode::ShapeMismatch, "{}: 'groups' = {} but k = {} and group_size = {} make {} groups", op, w.groups,
-         w.k, w.group_size, groups);
+namespace {
+// Checks the dims and that `groups` is what k and group_size make; returns it.
+std::size_t checked_groups(std::string_view op, std::size_t k, std::size_t n, int group_size, std::size_t groups) {
+  check_dims(op, k, n);
+  const std::size_t want = gptq_groups(k, n, group_size, op);
+  if (groups != want) {
+    fail(ErrorCode::ShapeMismatch, "{}: 'groups' = {} but k = {} and group_size = {} make {} groups", op, groups, k,
+         group_size, want);
   }
+  return groups;
+}
+}  // namespace
+
+GptqRepacked repack_gptq(const GptqUnpacked& w, std::string_view op) {
+  const std::size_t groups = checked_groups(op, w.k, w.n, w.group_size, w.groups);
   const std::size_t k = w.k, n = w.n;
   size_is(op, "q", w.q.size(), k * n, "[k, n]");
   size_is(op, "zero", w.zero.size(), groups * n, "[groups, n]");
@@ -164,12 +172,7 @@ GptqRepacked repack_gptq(const GptqUnpacked& w, std::string_view op) {
 GptqRepacked repack_gptq(const GptqHostTensors& t, std::string_view op) { return repack_gptq(unpack_gptq(t, op), op); }
 
 GptqUnpacked unpack_repacked(const GptqRepacked& r, std::string_view op) {
-  check_dims(op, r.k, r.n);
-  const std::size_t groups = gptq_groups(r.k, r.n, r.group_size, op);
-  if (r.groups != groups) {
-    fail(ErrorCode::ShapeMismatch, "{}: 'groups' = {} but k = {} and group_size = {} make {} groups", op, r.groups,
-         r.k, r.group_size, groups);
-  }
+  const std::size_t groups = checked_groups(op, r.k, r.n, r.group_size, r.groups);
   if (r.k_pad != round_up(r.k, kGptqTileK) || r.n_pad != round_up(r.n, kGptqTileN)) {
     fail(ErrorCode::ShapeMismatch, "{}: 'k_pad' = {} / 'n_pad' = {} are not k = {} / n = {} rounded up to {} / {}", op,
          r.k_pad, r.n_pad, r.k, r.n, kGptqTileK, kGptqTileN);
