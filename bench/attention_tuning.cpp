@@ -96,8 +96,7 @@ int main() {
           a.pos_offset = sh.kv - 1;
           a.error_flag = error_flag;
           a.scale = 1.0f / std::sqrt(static_cast<float>(kHd));
-          a.partial_out = partials;
-          a.partial_lse = partials + (ws / (kHd + 1)) * kHd;
+          ferrum::kernels::set_decode_workspace(a, partials, ws);
           a.decode_tuning.l2_ahead = ahead;
           a.decode_tuning.l2_prefetch_bytes = prefetch;
           a.decode_tuning.fused_merge = fused;

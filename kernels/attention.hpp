@@ -81,6 +81,15 @@ struct AttentionArgs {
 // batch * num_heads * 32 * (head_dim + 1).
 std::size_t attention_workspace_floats(int batch, int num_heads, int q_len, int head_dim, long long kv_stride);
 
+// Points a.partial_out and a.partial_lse into `workspace` (f32, `floats` of
+// them, at least attention_workspace_floats): the outputs first, then the
+// log-sum-exps. a.head_dim must be set.
+inline void set_decode_workspace(AttentionArgs& a, float* workspace, std::size_t floats) {
+  const std::size_t rows = floats / static_cast<std::size_t>(a.head_dim + 1);  // (sequence, head, slice) rows
+  a.partial_out = workspace;
+  a.partial_lse = workspace + rows * static_cast<std::size_t>(a.head_dim);
+}
+
 void launch_attention(const AttentionArgs& args, cudaStream_t stream);
 
 }  // namespace ferrum::kernels

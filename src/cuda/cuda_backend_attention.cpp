@@ -70,9 +70,7 @@ kernels::AttentionArgs attention_args(const Buffer& q, const Buffer& k, const Bu
   a.kv_stride = stride;
   a.causal = cfg.causal;
   a.scale = cfg.scale > 0.0f ? cfg.scale : 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
-  // Partial outputs first, then the log-sum-exps ([rows][splits] floats).
-  a.partial_out = workspace;
-  a.partial_lse = workspace + (workspace_floats / (cfg.head_dim + 1)) * cfg.head_dim;
+  kernels::set_decode_workspace(a, workspace, workspace_floats);
   return a;
 }
 

@@ -242,8 +242,7 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
       a.pos_offset = c.kv_len - 1;
       a.error_flag = static_cast<std::uint32_t*>(dflag);
       a.scale = 1.0f / std::sqrt(static_cast<float>(kHd));
-      a.partial_out = static_cast<float*>(dws);
-      a.partial_lse = static_cast<float*>(dws) + (ws / (kHd + 1)) * kHd;
+      kernels::set_decode_workspace(a, static_cast<float*>(dws), ws);
       a.decode_tuning = tuning;
       kernels::launch_attention(a, nullptr);
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
