@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint_layout.hpp"
+#include "decoder.hpp"
 
 namespace ferrum::engine::testing {
 
@@ -280,6 +281,20 @@ std::vector<float> DequantizedSource::read_f32(const std::string& name) const {
     }
   }
   return w;
+}
+
+void expect_device_state_equals_eager(Backend& be, const ModelWeights& weights,
+                                      const std::vector<std::int32_t>& prompt, std::size_t capacity,
+                                      std::size_t steps) {
+  Decoder eager(be, weights, capacity, prompt.size(), DecodeMode::Eager);
+  Decoder state(be, weights, capacity, prompt.size(), DecodeMode::DeviceState);
+  std::vector<float> a = eager.prefill(prompt), b = state.prefill(prompt);
+  for (std::size_t step = 0; step < steps; ++step) {
+    ASSERT_EQ(a, b) << "step " << step;
+    a = eager.decode(argmax(a));
+    b = state.decode(argmax(b));
+  }
+  EXPECT_EQ(a, b);
 }
 
 }  // namespace ferrum::engine::testing

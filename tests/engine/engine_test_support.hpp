@@ -16,6 +16,7 @@
 #include "model_config.hpp"
 #include "safetensors.hpp"
 #include "tensor_source.hpp"
+#include "weights.hpp"
 
 namespace ferrum::engine::testing {
 
@@ -53,6 +54,13 @@ SafetensorsWriteTensor write_tensor_from(const TensorSource& source, const Expec
 // lacks is left out (as some exports do).
 void write_checkpoint(const std::filesystem::path& dir, const ModelConfig& config, const TensorSource& source,
                       SafetensorsDType dtype, std::size_t shards);
+
+// Device-state decoding (the op sequence a captured graph replays, run op
+// by op) gives bit-identical logits to eager decoding: prefill `prompt`,
+// then `steps` greedy steps, in a cache of `capacity` positions.
+void expect_device_state_equals_eager(Backend& be, const ModelWeights& weights,
+                                      const std::vector<std::int32_t>& prompt, std::size_t capacity,
+                                      std::size_t steps);
 
 // ── GPTQ ─────────────────────────────────────────────────────────────────
 

@@ -114,15 +114,7 @@ TEST_P(DecoderTest, DeviceStateStepEqualsEagerStep) {
   // The op sequence a captured graph replays, run op by op on the CPU with
   // token / position from set_decode_state.
   Model m(GetParam());
-  Decoder eager(m.be, m.weights, 64, kPrompt.size(), DecodeMode::Eager);
-  Decoder state(m.be, m.weights, 64, kPrompt.size(), DecodeMode::DeviceState);
-  std::vector<float> a = eager.prefill(kPrompt), b = state.prefill(kPrompt);
-  for (std::size_t step = 0; step < kSteps; ++step) {
-    ASSERT_EQ(a, b) << "step " << step;
-    a = eager.decode(argmax(a));
-    b = state.decode(argmax(b));
-  }
-  EXPECT_EQ(a, b);
+  testing::expect_device_state_equals_eager(m.be, m.weights, kPrompt, 64, kSteps);
   EXPECT_FALSE(m.be.device_state_mode());  // left off after each step
 }
 

@@ -81,20 +81,6 @@ std::vector<std::int32_t> expect_decodes_like_reference(Backend& be, const Model
   return generated;
 }
 
-// The op sequence a captured graph replays (device-state mode), run op by op,
-// gives bit-identical logits to eager decoding.
-void expect_device_state_equals_eager(Backend& be, const ModelWeights& weights) {
-  Decoder eager(be, weights, 32, kPrompt.size(), DecodeMode::Eager);
-  Decoder state(be, weights, 32, kPrompt.size(), DecodeMode::DeviceState);
-  std::vector<float> a = eager.prefill(kPrompt), b = state.prefill(kPrompt);
-  for (std::size_t step = 0; step < kSteps; ++step) {
-    ASSERT_EQ(a, b) << "step " << step;
-    a = eager.decode(argmax(a));
-    b = state.decode(argmax(b));
-  }
-  EXPECT_EQ(a, b);
-}
-
 void expect_projection(const Projection& p, std::size_t n, std::size_t k, bool quantized) {
   EXPECT_EQ(p.n, n);
   EXPECT_EQ(p.k, k);
@@ -296,7 +282,7 @@ TEST_P(GptqRandomTest, FusedGptqProjectionsDecodeLikeDequantizedReference) {
   const RandomTensorSource source(c, 2024);
   const DequantizedSource dequantized(c, source);
   expect_decodes_like_reference(be, w, dequantized);
-  expect_device_state_equals_eager(be, w);
+  testing::expect_device_state_equals_eager(be, w, kPrompt, 32, kSteps);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, GptqRandomTest, ::testing::Values("tiny-llama", "tiny-qwen3"));
@@ -363,7 +349,7 @@ TEST_P(GptqCheckpointTest, DecodesLikeDequantizedReference) {
   }
   const DequantizedSource dequantized(config, files);
   expect_decodes_like_reference(be, w, dequantized);
-  expect_device_state_equals_eager(be, w);
+  testing::expect_device_state_equals_eager(be, w, kPrompt, 32, kSteps);
 }
 
 GptqTestOptions act_order_options(bool split_gate_up) {
@@ -535,7 +521,7 @@ TEST(GptqCheckpoint, DenseProjectionInAGptqCheckpoint) {
   const CheckpointDirectory files(dir);
   const DequantizedSource dequantized(config, files);  // k_proj.weight comes through as stored
   expect_decodes_like_reference(be, w, dequantized);
-  expect_device_state_equals_eager(be, w);
+  testing::expect_device_state_equals_eager(be, w, kPrompt, 32, kSteps);
 }
 
 // ── on the GPU (skipped without one) ─────────────────────────────────────
