@@ -183,19 +183,24 @@ class CudaGptq : public CudaTest {
 
 constexpr std::initializer_list<std::size_t> kAllM = {1, 3, 16, 17, 33, 64, 65, 200, 300};
 
-TEST_F(CudaGptq, ExactOnEveryStandardLayout) {
-  FERRUM_SEEDED_RNG(rng);
+// Every standard layout: group sizes 32 / 64 / 128 / whole k, symmetric or
+// not, act-order, V1 / V2 zeros, on a non-square weight whose n = 200 is not
+// a multiple of 64 (padded columns) and whose k = 384 is a multiple of 128.
+template <class F>
+void for_each_standard_layout(F&& check) {
   for (int gs : {32, 64, 128, -1}) {
     for (bool sym : {true, false}) {
       for (bool act : {false, true}) {
         if (gs == -1 && act) continue;
-        for (GptqZeroFormat f : {GptqZeroFormat::V1, GptqZeroFormat::V2}) {
-          // Non-square, n not a multiple of 64 (padded columns), k a multiple of 128.
-          expect_exact({384, 200, gs, sym, act, f}, kAllM, rng);
-        }
+        for (GptqZeroFormat f : {GptqZeroFormat::V1, GptqZeroFormat::V2}) check(WeightCase{384, 200, gs, sym, act, f});
       }
     }
   }
+}
+
+TEST_F(CudaGptq, ExactOnEveryStandardLayout) {
+  FERRUM_SEEDED_RNG(rng);
+  for_each_standard_layout([&](const WeightCase& c) { expect_exact(c, kAllM, rng); });
 }
 
 TEST_F(CudaGptq, ExactWithPaddedKAndTinyShapes) {
@@ -431,16 +436,7 @@ TEST_F(CudaGptqStream, ConfigOutsideTheEnumIsRefused) {
 // partly live column block). m = 17 and 64 check the fallback to the fused kernel.
 TEST_F(CudaGptqStream, ExactOnEveryStandardLayout) {
   FERRUM_SEEDED_RNG(rng);
-  for (int gs : {32, 64, 128, -1}) {
-    for (bool sym : {true, false}) {
-      for (bool act : {false, true}) {
-        if (gs == -1 && act) continue;
-        for (GptqZeroFormat f : {GptqZeroFormat::V1, GptqZeroFormat::V2}) {
-          expect_exact_on(stream(), {384, 200, gs, sym, act, f}, kStreamM, rng);
-        }
-      }
-    }
-  }
+  for_each_standard_layout([&](const WeightCase& c) { expect_exact_on(stream(), c, kStreamM, rng); });
 }
 
 // k not a multiple of 128 (zero activations over the padded rows, whose
