@@ -140,11 +140,12 @@ if has_mode engine; then
     for dtype in ${ENGINE_DTYPES:-f16}; do
       for mode in --graph --eager "--graph --no-pdl"; do
         echo "-- $dtype $mode"
-        timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --dtype $dtype --steps 128 $mode 2>&1 | grep -E "backend|model|decode:|prefill:|error"
+        timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --dtype $dtype --steps 128 $mode 2>&1 | grep -E "backend|model|loaded|decode:|prefill:|error"
       done
     done
     echo "== engine, GPTQ INT4 (llama3-8b shape, random int4 weights, f16) ($(date +%T))"
-    for mode in --graph --eager; do
+    for mode in --graph "--graph --gptq-kernel stream" --eager; do
+      echo "-- gptq $mode"
       timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --quant gptq --dtype f16 --steps 128 $mode 2>&1 | grep -E "backend|model|loaded|decode:|prefill:|error"
     done
     timeout 120 $B/tests/engine/ferrum_tests_engine --gtest_brief=1 --gtest_filter='*Gpu*' 2>&1 | tail -4

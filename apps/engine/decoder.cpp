@@ -165,9 +165,22 @@ void Decoder::enqueue_attention(std::size_t l, std::size_t tokens, std::size_t p
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const std::size_t max_pos = cfg_.max_position_embeddings;
 
+  // One token (decode): [1, q | k | v] is already q, k and v side by side,
+  // v [1, kv, hd] is already head-major [kv, 1, hd], and the attention
+  // output [heads, 1, hd] is already token-major [1, heads * hd]. So the
+  // split and both transposes are skipped: three launches per layer fewer.
+  const bool one_token = tokens == 1;
+  Buffer q = q_.view(0, tokens * cfg_.q_dim()), k = k_.view(0, tokens * cfg_.kv_dim()),
+         v = v_.view(0, tokens * cfg_.kv_dim());
   if (lw.qkv_proj.fused()) {
     project(lw.qkv_proj.parts[0], normed_, qkv_, tokens);  // [T, q|k|v]
-    be_.split_qkv(qkv_, q_, k_, v_, tokens, cfg_.q_dim(), cfg_.kv_dim());
+    if (one_token) {
+      q = qkv_.view(0, cfg_.q_dim());
+      k = qkv_.view(cfg_.q_dim(), cfg_.kv_dim());
+      v = qkv_.view(cfg_.q_dim() + cfg_.kv_dim(), cfg_.kv_dim());
+    } else {
+      be_.split_qkv(qkv_, q_, k_, v_, tokens, cfg_.q_dim(), cfg_.kv_dim());
+    }
   } else {  // the outputs split_qkv would make, directly
     project(lw.qkv_proj.parts[0], normed_, q_, tokens);
     project(lw.qkv_proj.parts[1], normed_, k_, tokens);
@@ -176,11 +189,13 @@ void Decoder::enqueue_attention(std::size_t l, std::size_t tokens, std::size_t p
   const RopeMode mode = cfg_.has_qk_norm() ? RopeMode::NormAndRope : RopeMode::RopeOnly;
   const Buffer* q_norm = cfg_.has_qk_norm() ? &lw.q_norm : nullptr;
   const Buffer* k_norm = cfg_.has_qk_norm() ? &lw.k_norm : nullptr;
-  be_.qk_norm_rope(q_, q_norm, w_.rope_cos, w_.rope_sin, q_heads_, tokens, heads, hd, pos_offset, max_pos, eps, mode);
-  be_.qk_norm_rope(k_, k_norm, w_.rope_cos, w_.rope_sin, k_heads_, tokens, kv, hd, pos_offset, max_pos, eps, mode);
+  be_.qk_norm_rope(q, q_norm, w_.rope_cos, w_.rope_sin, q_heads_, tokens, heads, hd, pos_offset, max_pos, eps, mode);
+  be_.qk_norm_rope(k, k_norm, w_.rope_cos, w_.rope_sin, k_heads_, tokens, kv, hd, pos_offset, max_pos, eps, mode);
   // v is token-major [T, kv, hd]; read it as [heads = T, tokens = kv, hd] to get [kv, T, hd].
-  be_.transpose_head_to_token(v_, v_heads_, /*tokens=*/kv, /*heads=*/tokens, hd);
-  be_.kv_cache_append_head_major(k_cache_[l], v_cache_[l], pos_offset, capacity_, k_heads_, v_heads_, tokens, kv, hd);
+  if (!one_token) be_.transpose_head_to_token(v, v_heads_, /*tokens=*/kv, /*heads=*/tokens, hd);
+  const Buffer& v_head_major = one_token ? v : v_heads_;
+  be_.kv_cache_append_head_major(k_cache_[l], v_cache_[l], pos_offset, capacity_, k_heads_, v_head_major, tokens, kv,
+                                 hd);
 
   AttnConfig attn;
   attn.num_heads = heads;
@@ -191,8 +206,8 @@ void Decoder::enqueue_attention(std::size_t l, std::size_t tokens, std::size_t p
   // q [1, heads, T, hd] against cache positions [0, pos_offset + T).
   be_.flash_attention(q_heads_, k_cache_[l], v_cache_[l], attn_heads_, 1, tokens, pos_offset + tokens, pos_offset,
                       attn);
-  be_.transpose_head_to_token(attn_heads_, attn_tokens_, tokens, heads, hd);  // [T, heads * hd]
-  project(lw.o_proj, attn_tokens_, attn_out_, tokens);
+  if (!one_token) be_.transpose_head_to_token(attn_heads_, attn_tokens_, tokens, heads, hd);  // [T, heads * hd]
+  project(lw.o_proj, one_token ? attn_heads_ : attn_tokens_, attn_out_, tokens);
 }
 
 void Decoder::enqueue_mlp(std::size_t l, std::size_t tokens) {

@@ -2,7 +2,7 @@
 //
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
-//                      [--dump-logits FILE] [--no-pdl]
+//                      [--dump-logits FILE] [--no-pdl] [--gptq-kernel auto|fused|stream]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
 //                    runs its projections with gemm_gptq
@@ -18,6 +18,8 @@
 //   --no-pdl         CUDA kernels launched without programmatic dependent
 //                    launch (CudaBackendConfig::programmatic_dependent_launch;
 //                    an A/B switch, the tokens and logits are the same)
+//   --gptq-kernel K  CudaBackendConfig::gptq_kernel for gemm_gptq: auto (the
+//                    library's choice), fused, or stream (m <= 16); an A/B switch
 //   --eager/--graph  decode steps as op calls, or one captured graph replayed
 //                    per step (graph needs Op::GraphCapture; else eager)
 //   --dump-logits F  writes the logits each generated token was chosen from
@@ -55,6 +57,7 @@ struct Options {
   std::size_t steps = 16;
   bool force_cpu = false;
   bool no_pdl = false;
+  GptqKernel gptq_kernel = GptqKernel::Auto;
   bool graph = false;
   std::uint64_t seed = 1234;
   std::string dump_logits;  // empty: no dump
@@ -104,7 +107,7 @@ void usage(std::FILE* out) {
   std::fprintf(out,
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3\"] [--steps N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
-               "                     [--dump-logits FILE] [--no-pdl]\n"
+               "                     [--dump-logits FILE] [--no-pdl] [--gptq-kernel auto|fused|stream]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
   std::fprintf(out, "\n");
@@ -165,6 +168,17 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.force_cpu = true;
     } else if (arg == "--no-pdl") {
       opt.no_pdl = true;
+    } else if (arg == "--gptq-kernel") {
+      const std::string kernel = value();
+      if (kernel == "auto") {
+        opt.gptq_kernel = GptqKernel::Auto;
+      } else if (kernel == "fused") {
+        opt.gptq_kernel = GptqKernel::Fused;
+      } else if (kernel == "stream") {
+        opt.gptq_kernel = GptqKernel::Stream;
+      } else {
+        fail(ErrorCode::InvalidArgument, "--gptq-kernel takes auto, fused or stream, got '", kernel, "'");
+      }
     } else if (arg == "--eager") {
       opt.graph = false;
     } else if (arg == "--graph") {
@@ -203,9 +217,10 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, bool gptq, DecodeMod
   if (opt.force_cpu) {
     backend = std::make_unique<CpuBackend>();
   } else {
-    if (opt.no_pdl && cuda_device_count() > 0) {
+    if ((opt.no_pdl || opt.gptq_kernel != GptqKernel::Auto) && cuda_device_count() > 0) {
       CudaBackendConfig config;
-      config.programmatic_dependent_launch = false;
+      config.programmatic_dependent_launch = !opt.no_pdl;
+      config.gptq_kernel = opt.gptq_kernel;
       backend = std::make_unique<CudaBackend>(config);
     } else {
       backend = make_default_backend();

@@ -1,6 +1,8 @@
 #include "tensor_source.hpp"
 
 #include <algorithm>
+#include <bit>
+#include <cstring>
 #include <cmath>
 #include <thread>
 #include <vector>
@@ -9,59 +11,6 @@
 #include "engine_error.hpp"
 
 namespace ferrum::engine {
-
-// ── CheckpointDirectory ───────────────────────────────────────────────────
-
-CheckpointDirectory::CheckpointDirectory(const std::filesystem::path& dir) : dir_(dir) {
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) {
-    fail(ErrorCode::InvalidArgument, "checkpoint '", dir.string(), "': not a directory");
-  }
-  std::vector<std::filesystem::path> paths;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") paths.push_back(entry.path());
-  }
-  std::sort(paths.begin(), paths.end());
-  if (paths.empty()) fail(ErrorCode::InvalidArgument, "checkpoint '", dir.string(), "': no *.safetensors file");
-  for (const auto& path : paths) {
-    files_.push_back(SafetensorsFile::open(path));
-    for (const auto& [name, info] : files_.back().tensors()) {
-      const auto [it, inserted] = owner_.emplace(name, files_.size() - 1);
-      if (!inserted) {
-        fail(ErrorCode::InvalidArgument, "checkpoint '", dir.string(), "': tensor '", name, "' is in both '",
-             files_[it->second].path().filename().string(), "' and '", path.filename().string(), "'");
-      }
-    }
-  }
-}
-
-const SafetensorsFile& CheckpointDirectory::file_of(const std::string& name) const {
-  const auto it = owner_.find(name);
-  if (it == owner_.end()) {
-    fail(ErrorCode::InvalidArgument, "checkpoint '", dir_.string(), "': missing tensor '", name, "' (", owner_.size(),
-         " tensors in ", files_.size(), " file(s))");
-  }
-  return files_[it->second];
-}
-
-TensorMeta CheckpointDirectory::meta(const std::string& name) const {
-  const SafetensorsTensorInfo& info = file_of(name).info(name);
-  return {info.dtype, info.shape};
-}
-
-std::vector<float> CheckpointDirectory::read_f32(const std::string& name) const { return file_of(name).read_f32(name); }
-
-std::vector<std::int32_t> CheckpointDirectory::read_i32(const std::string& name) const {
-  return file_of(name).read_i32(name);
-}
-
-std::string CheckpointDirectory::describe(const std::string& name) const {
-  const auto it = owner_.find(name);
-  const std::string file = it == owner_.end() ? "" : concat(" (file '", files_[it->second].path().filename().string(), "')");
-  return concat("checkpoint '", dir_.string(), "'", file);
-}
-
-// ── RandomTensorSource ────────────────────────────────────────────────────
 
 namespace {
 
@@ -108,11 +57,102 @@ bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+std::uint16_t encode_half(DType dtype, float x) { return dtype == DType::F16 ? f32_to_f16(x) : f32_to_bf16(x); }
+
 float round_to(DType dtype, float x) {
-  return dtype == DType::F16 ? f16_to_f32(f32_to_f16(x)) : bf16_to_f32(f32_to_bf16(x));
+  const std::uint16_t bits = encode_half(dtype, x);
+  return dtype == DType::F16 ? f16_to_f32(bits) : bf16_to_f32(bits);
+}
+
+void require_half_dtype(const TensorSource& source, const std::string& name, DType dtype) {
+  if (dtype != DType::F16 && dtype != DType::BF16) {
+    fail(ErrorCode::DTypeMismatch, source.describe(name), ": tensor '", name, "' requested as ", to_string(dtype),
+         "; read_half encodes F16 or BF16");
+  }
 }
 
 }  // namespace
+
+// ── TensorSource ──────────────────────────────────────────────────────────
+
+std::vector<std::uint16_t> TensorSource::read_half(const std::string& name, DType dtype) const {
+  require_half_dtype(*this, name, dtype);
+  const std::vector<float> values = read_f32(name);
+  std::vector<std::uint16_t> bits(values.size());
+  parallel_fill(values.size(), [&](std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i) bits[i] = encode_half(dtype, values[i]);
+  });
+  return bits;
+}
+
+// ── CheckpointDirectory ───────────────────────────────────────────────────
+
+CheckpointDirectory::CheckpointDirectory(const std::filesystem::path& dir) : dir_(dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    fail(ErrorCode::InvalidArgument, "checkpoint '", dir.string(), "': not a directory");
+  }
+  std::vector<std::filesystem::path> paths;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") paths.push_back(entry.path());
+  }
+  std::sort(paths.begin(), paths.end());
+  if (paths.empty()) fail(ErrorCode::InvalidArgument, "checkpoint '", dir.string(), "': no *.safetensors file");
+  for (const auto& path : paths) {
+    files_.push_back(SafetensorsFile::open(path));
+    for (const auto& [name, info] : files_.back().tensors()) {
+      const auto [it, inserted] = owner_.emplace(name, files_.size() - 1);
+      if (!inserted) {
+        fail(ErrorCode::InvalidArgument, "checkpoint '", dir.string(), "': tensor '", name, "' is in both '",
+             files_[it->second].path().filename().string(), "' and '", path.filename().string(), "'");
+      }
+    }
+  }
+}
+
+const SafetensorsFile& CheckpointDirectory::file_of(const std::string& name) const {
+  const auto it = owner_.find(name);
+  if (it == owner_.end()) {
+    fail(ErrorCode::InvalidArgument, "checkpoint '", dir_.string(), "': missing tensor '", name, "' (", owner_.size(),
+         " tensors in ", files_.size(), " file(s))");
+  }
+  return files_[it->second];
+}
+
+TensorMeta CheckpointDirectory::meta(const std::string& name) const {
+  const SafetensorsTensorInfo& info = file_of(name).info(name);
+  return {info.dtype, info.shape};
+}
+
+std::vector<float> CheckpointDirectory::read_f32(const std::string& name) const { return file_of(name).read_f32(name); }
+
+std::vector<std::int32_t> CheckpointDirectory::read_i32(const std::string& name) const {
+  return file_of(name).read_i32(name);
+}
+
+std::vector<std::uint16_t> CheckpointDirectory::read_half(const std::string& name, DType dtype) const {
+  require_half_dtype(*this, name, dtype);
+  const SafetensorsFile& file = file_of(name);
+  const SafetensorsDType stored = file.info(name).dtype;
+  if (stored != (dtype == DType::F16 ? SafetensorsDType::F16 : SafetensorsDType::BF16)) {
+    return TensorSource::read_half(name, dtype);  // converted through f32
+  }
+  // Safetensors data is little-endian, as is every host we build for.
+  static_assert(std::endian::native == std::endian::little, "read_half copies little-endian bytes as they are");
+  const std::vector<std::uint8_t> bytes = file.read_bytes(name);
+  std::vector<std::uint16_t> bits(bytes.size() / 2);
+  std::memcpy(bits.data(), bytes.data(), bits.size() * 2);
+  return bits;
+}
+
+std::string CheckpointDirectory::describe(const std::string& name) const {
+  const auto it = owner_.find(name);
+  const std::string file = it == owner_.end() ? "" : concat(" (file '", files_[it->second].path().filename().string(), "')");
+  return concat("checkpoint '", dir_.string(), "'", file);
+}
+
+// ── RandomTensorSource ────────────────────────────────────────────────────
+
 
 RandomTensorSource::RandomTensorSource(const ModelConfig& config, std::uint64_t seed) : config_(config), seed_(seed) {
   for (ExpectedTensor& t : expected_tensors(config)) shapes_.emplace(t.name, std::move(t));
@@ -131,18 +171,24 @@ TensorMeta RandomTensorSource::meta(const std::string& name) const {
   return {config_.dtype == DType::F16 ? SafetensorsDType::F16 : SafetensorsDType::BF16, t.shape};
 }
 
-std::vector<float> RandomTensorSource::read_f32(const std::string& name) const {
+std::size_t RandomTensorSource::float_numel(const std::string& name) const {
   const ExpectedTensor& t = tensor_of(name);
   if (t.kind != TensorKind::Float) {
     fail(ErrorCode::DTypeMismatch, describe(name), ": tensor '", name, "' is I32, not floats");
   }
   std::size_t numel = 1;
   for (std::size_t dim : t.shape) numel *= dim;
+  return numel;
+}
+
+template <class Store>
+void RandomTensorSource::generate_floats(const std::string& name, Store store) const {
+  const ExpectedTensor& t = tensor_of(name);
+  const std::size_t numel = float_numel(name);
   const std::uint64_t seed = seed_ ^ hash_name(name);
   auto unit = [seed](std::size_t i) {  // draw i as a double in [0, 1)
     return static_cast<double>(splitmix64_at(seed, i) >> 11) * 0x1.0p-53;
   };
-  std::vector<float> values(numel);
   if (ends_with(name, ".scales")) {
     // k from the sibling qweight [k / 8, n].
     const std::string base = name.substr(0, name.size() - std::string(".scales").size());
@@ -150,10 +196,10 @@ std::vector<float> RandomTensorSource::read_f32(const std::string& name) const {
     const double base_scale = 1.0 / std::sqrt(21.5 * k);
     parallel_fill(numel, [&](std::size_t begin, std::size_t end) {
       for (std::size_t i = begin; i < end; ++i) {
-        values[i] = round_to(DType::F16, static_cast<float>(base_scale * (0.75 + 0.5 * unit(i))));
+        store(i, round_to(DType::F16, static_cast<float>(base_scale * (0.75 + 0.5 * unit(i)))));
       }
     });
-    return values;
+    return;
   }
   // Norm weights: 1 + U(-0.2, 0.2). Embeddings: U(-1, 1).
   // Projections [n, k]: U(-a, a) with a = sqrt(3 / k), unit-variance outputs.
@@ -168,10 +214,21 @@ std::vector<float> RandomTensorSource::read_f32(const std::string& name) const {
   const DType dtype = config_.dtype;
   parallel_fill(numel, [&](std::size_t begin, std::size_t end) {
     for (std::size_t i = begin; i < end; ++i) {
-      values[i] = round_to(dtype, center + half_width * static_cast<float>(2.0 * unit(i) - 1.0));
+      store(i, round_to(dtype, center + half_width * static_cast<float>(2.0 * unit(i) - 1.0)));
     }
   });
+}
+
+std::vector<float> RandomTensorSource::read_f32(const std::string& name) const {
+  std::vector<float> values(float_numel(name));
+  generate_floats(name, [&values](std::size_t i, float v) { values[i] = v; });
   return values;
+}
+
+std::vector<std::uint16_t> RandomTensorSource::read_half(const std::string& name, DType dtype) const {
+  std::vector<std::uint16_t> bits(float_numel(name));
+  generate_floats(name, [&bits, dtype](std::size_t i, float v) { bits[i] = encode_half(dtype, v); });
+  return bits;
 }
 
 std::vector<std::int32_t> RandomTensorSource::read_i32(const std::string& name) const {

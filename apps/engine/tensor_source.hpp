@@ -29,6 +29,11 @@ class TensorSource {
   virtual std::vector<float> read_f32(const std::string& name) const = 0;
   // I32 tensors (GPTQ qweight / qzeros / g_idx); DTypeMismatch for other dtypes.
   virtual std::vector<std::int32_t> read_i32(const std::string& name) const = 0;
+  // Float tensors encoded as `dtype` (F16 or BF16) bit patterns, ready for
+  // Backend::write_bytes: what the weight upload uses, so a 16 GB model never
+  // passes through f32. The default encodes read_f32's values on every core;
+  // sources that hold the bits already return them as they are.
+  virtual std::vector<std::uint16_t> read_half(const std::string& name, DType dtype) const;
   // "checkpoint '/dir' (file 'x.safetensors')": where a tensor lives, for messages.
   virtual std::string describe(const std::string& name) const = 0;
 };
@@ -44,6 +49,8 @@ class CheckpointDirectory final : public TensorSource {
   TensorMeta meta(const std::string& name) const override;
   std::vector<float> read_f32(const std::string& name) const override;
   std::vector<std::int32_t> read_i32(const std::string& name) const override;
+  // The stored bytes when the file's dtype is `dtype` (little-endian host).
+  std::vector<std::uint16_t> read_half(const std::string& name, DType dtype) const override;
   std::string describe(const std::string& name) const override;
   const std::vector<SafetensorsFile>& files() const noexcept { return files_; }
 
@@ -73,10 +80,18 @@ class RandomTensorSource final : public TensorSource {
   TensorMeta meta(const std::string& name) const override;
   std::vector<float> read_f32(const std::string& name) const override;
   std::vector<std::int32_t> read_i32(const std::string& name) const override;
+  // Generated straight into `dtype` bits (the same values as read_f32).
+  std::vector<std::uint16_t> read_half(const std::string& name, DType dtype) const override;
   std::string describe(const std::string& name) const override;
 
  private:
   const ExpectedTensor& tensor_of(const std::string& name) const;
+  // The element count of float tensor `name` (DTypeMismatch for an I32 one).
+  std::size_t float_numel(const std::string& name) const;
+  // Calls store(i, value) for every element of float tensor `name`, on every
+  // core; value is already rounded to the config's dtype (scales: to F16).
+  template <class Store>
+  void generate_floats(const std::string& name, Store store) const;
 
   ModelConfig config_;
   std::uint64_t seed_;

@@ -83,7 +83,7 @@ struct HostProjection {
   std::string base;  // "model.layers.0.self_attn.q_proj"
   std::size_t n = 0, k = 0;
   bool quantized = false;
-  std::vector<float> dense;           // [n, k]
+  std::vector<std::uint16_t> dense;   // [n, k], config-dtype bits
   std::vector<std::int32_t> qweight;  // [k / 8, n]
   std::vector<std::int32_t> qzeros;   // [groups, n / 8]
   std::vector<float> scales;          // [groups, n]
@@ -98,12 +98,18 @@ class WeightLoader {
     for (ProjectionShape& p : projection_shapes(config)) projections_.emplace(p.suffix, std::move(p));
   }
 
-  std::vector<float> host(const std::string& name) const {
+  std::vector<std::uint16_t> host(const std::string& name) const {
     const auto it = expected_.find(name);
     const ExpectedTensor expected = it != expected_.end() ? it->second : dense_projection_tensor(name);
-    return read_checked(source_, expected, config_.dtype, options_);
+    return read_checked_half(source_, expected, config_.dtype, options_);
   }
-  Buffer upload(const std::string& name) const { return backend_.upload(host(name), config_.dtype); }
+  Buffer upload(const std::string& name) const { return upload_bits(host(name)); }
+  // Config-dtype bits as they are (no f32 round trip for 16 GB of weights).
+  Buffer upload_bits(const std::vector<std::uint16_t>& bits) const {
+    Buffer b = backend_.alloc(config_.dtype, bits.size());
+    backend_.write_bytes(b, bits.data(), bits.size() * sizeof(std::uint16_t));
+    return b;
+  }
   Buffer upload_layer(std::size_t layer, const std::string& suffix) const {
     return upload(layer_tensor_name(layer, suffix));
   }
@@ -185,7 +191,7 @@ class WeightLoader {
     out.n = p.n;
     out.k = p.k;
     if (!p.quantized) {
-      out.dense = backend_.upload(p.dense, config_.dtype);
+      out.dense = upload_bits(p.dense);
       return out;
     }
     GptqHostTensors t;
@@ -219,7 +225,8 @@ class WeightLoader {
     joined.base = parts.front().base;
     joined.k = parts.front().k;
     joined.quantized = !all_dense;
-    std::vector<const std::vector<float>*> dense, scales;
+    std::vector<const std::vector<std::uint16_t>*> dense;
+    std::vector<const std::vector<float>*> scales;
     std::vector<const std::vector<std::int32_t>*> qweight, qzeros;
     for (const HostProjection& p : parts) {
       joined.n += p.n;
@@ -267,8 +274,11 @@ void make_rope_tables(const ModelConfig& config, std::size_t rows, std::vector<f
   }
 }
 
-std::vector<float> read_checked(const TensorSource& source, const ExpectedTensor& expected, DType config_dtype,
-                                const LoadOptions& options) {
+namespace {
+
+// The dtype rules of read_checked / read_checked_half; returns nothing, throws.
+void check_float_tensor(const TensorSource& source, const ExpectedTensor& expected, DType config_dtype,
+                        const LoadOptions& options) {
   const TensorMeta meta = checked_meta(source, expected);
   if (!is_float_dtype(meta.dtype)) {
     fail(ErrorCode::DTypeMismatch, source.describe(expected.name), ": tensor '", expected.name, "' has dtype ",
@@ -279,7 +289,20 @@ std::vector<float> read_checked(const TensorSource& source, const ExpectedTensor
          to_string(meta.dtype), " but the config's dtype is ", to_string(safetensors_dtype_of(config_dtype)),
          " (dtype conversion is off)");
   }
+}
+
+}  // namespace
+
+std::vector<float> read_checked(const TensorSource& source, const ExpectedTensor& expected, DType config_dtype,
+                                const LoadOptions& options) {
+  check_float_tensor(source, expected, config_dtype, options);
   return source.read_f32(expected.name);
+}
+
+std::vector<std::uint16_t> read_checked_half(const TensorSource& source, const ExpectedTensor& expected,
+                                             DType config_dtype, const LoadOptions& options) {
+  check_float_tensor(source, expected, config_dtype, options);
+  return source.read_half(expected.name, config_dtype);
 }
 
 bool ModelWeights::has_gptq() const noexcept {

@@ -86,6 +86,9 @@ void make_rope_tables(const ModelConfig& config, std::size_t rows, std::vector<f
 // message names the tensor, where it lives and the expected and actual values.
 std::vector<float> read_checked(const TensorSource& source, const ExpectedTensor& expected, DType config_dtype,
                                 const LoadOptions& options = {});
+// The same checks; the values as config-dtype bits (what the upload takes).
+std::vector<std::uint16_t> read_checked_half(const TensorSource& source, const ExpectedTensor& expected,
+                                             DType config_dtype, const LoadOptions& options = {});
 
 // A projection `<base>` is GPTQ when the source has `<base>.qweight` (then
 // the config must have a quantization_config), else dense `<base>.weight`.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/fail.hpp"
+#include "common/parallel.hpp"
 
 namespace ferrum::detail {
 
@@ -173,10 +174,12 @@ GptqUnpacked unpack_gptq(const GptqHostTensors& t, std::string_view op) {
 
   // qweight [k / 8, n]: row r of W is nibble r % 8 of packed row r / 8.
   w.q.resize(k * n);
-  for (std::size_t row = 0; row < k; ++row) {
-    const std::int32_t* packed = t.qweight.data() + (row / kPack) * n;
-    for (std::size_t col = 0; col < n; ++col) w.q[row * n + col] = nibble(packed[col], row % kPack);
-  }
+  parallel_for(k, 1, 256, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t row = begin; row < end; ++row) {
+      const std::int32_t* packed = t.qweight.data() + (row / kPack) * n;
+      for (std::size_t col = 0; col < n; ++col) w.q[row * n + col] = nibble(packed[col], row % kPack);
+    }
+  });
 
   // qzeros [groups, n / 8]: column c of group g is nibble c % 8 of word c / 8.
   const unsigned zero_offset = t.zero_format == GptqZeroFormat::V1 ? 1u : 0u;

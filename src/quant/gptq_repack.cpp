@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/fail.hpp"
+#include "common/parallel.hpp"
 #include "ferrum/half.hpp"
 
 namespace ferrum::detail {
@@ -144,14 +145,17 @@ GptqRepacked repack_gptq(const GptqUnpacked& w, std::string_view op) {
   if (r.scale_rows < groups) r.scale_rows = groups;  // (never: k_pad / rows >= k / rows)
 
   // Weights: repacked row j is checkpoint row perm[j].
+  // Rows split in whole k-tiles: a word holds nibbles of one tile only.
   r.qweight.assign(r.k_pad * r.n_pad / 8, 0u);
-  for (std::size_t j = 0; j < k; ++j) {
-    const std::uint8_t* src = w.q.data() + static_cast<std::size_t>(w.perm[j]) * n;
-    for (std::size_t col = 0; col < n; ++col) {
-      const GptqNibbleAddress at = gptq_nibble_address(r.k_pad, j, col);
-      r.qweight[at.word] |= static_cast<std::uint32_t>(src[col] & 0xFu) << (4 * at.slot);
+  parallel_for(k, kGptqTileK, kGptqTileK, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t j = begin; j < end; ++j) {
+      const std::uint8_t* src = w.q.data() + static_cast<std::size_t>(w.perm[j]) * n;
+      for (std::size_t col = 0; col < n; ++col) {
+        const GptqNibbleAddress at = gptq_nibble_address(r.k_pad, j, col);
+        r.qweight[at.word] |= static_cast<std::uint32_t>(src[col] & 0xFu) << (4 * at.slot);
+      }
     }
-  }
+  });
 
   // Scales and zeros: per group, columns permuted; padding 0.
   r.scales.assign(r.scale_rows * r.n_pad, 0.0f);
