@@ -75,8 +75,7 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
   q_ = be_.alloc(dt, t * cfg_.q_dim());
   k_ = be_.alloc(dt, t * cfg_.kv_dim());
   v_ = be_.alloc(dt, t * cfg_.kv_dim());
-  q_heads_ = be_.alloc(dt, t * cfg_.q_dim());
-  k_heads_ = be_.alloc(dt, t * cfg_.kv_dim());
+  qk_heads_ = be_.alloc(dt, t * (cfg_.q_dim() + cfg_.kv_dim()));
   v_heads_ = be_.alloc(dt, t * cfg_.kv_dim());
   attn_heads_ = be_.alloc(dt, t * cfg_.q_dim());
   attn_tokens_ = be_.alloc(dt, t * cfg_.q_dim());
@@ -189,12 +188,23 @@ void Decoder::enqueue_attention(std::size_t l, std::size_t tokens, std::size_t p
   const RopeMode mode = cfg_.has_qk_norm() ? RopeMode::NormAndRope : RopeMode::RopeOnly;
   const Buffer* q_norm = cfg_.has_qk_norm() ? &lw.q_norm : nullptr;
   const Buffer* k_norm = cfg_.has_qk_norm() ? &lw.k_norm : nullptr;
-  be_.qk_norm_rope(q, q_norm, w_.rope_cos, w_.rope_sin, q_heads_, tokens, heads, hd, pos_offset, max_pos, eps, mode);
-  be_.qk_norm_rope(k, k_norm, w_.rope_cos, w_.rope_sin, k_heads_, tokens, kv, hd, pos_offset, max_pos, eps, mode);
+  Buffer q_heads = qk_heads_.view(0, tokens * cfg_.q_dim());
+  Buffer k_heads = qk_heads_.view(tokens * cfg_.q_dim(), tokens * cfg_.kv_dim());
+  if (one_token && lw.qkv_proj.fused() && mode == RopeMode::RopeOnly) {
+    // Rope without norm weights: q and k side by side in [1, q | k | v] are
+    // heads + kv heads of one input, and [heads + kv, 1, hd] out is q_heads
+    // then k_heads. One launch instead of two.
+    Buffer qk_heads = qk_heads_.view(0, cfg_.q_dim() + cfg_.kv_dim());
+    be_.qk_norm_rope(qkv_.view(0, cfg_.q_dim() + cfg_.kv_dim()), nullptr, w_.rope_cos, w_.rope_sin, qk_heads, 1,
+                     heads + kv, hd, pos_offset, max_pos, eps, mode);
+  } else {
+    be_.qk_norm_rope(q, q_norm, w_.rope_cos, w_.rope_sin, q_heads, tokens, heads, hd, pos_offset, max_pos, eps, mode);
+    be_.qk_norm_rope(k, k_norm, w_.rope_cos, w_.rope_sin, k_heads, tokens, kv, hd, pos_offset, max_pos, eps, mode);
+  }
   // v is token-major [T, kv, hd]; read it as [heads = T, tokens = kv, hd] to get [kv, T, hd].
   if (!one_token) be_.transpose_head_to_token(v, v_heads_, /*tokens=*/kv, /*heads=*/tokens, hd);
   const Buffer& v_head_major = one_token ? v : v_heads_;
-  be_.kv_cache_append_head_major(k_cache_[l], v_cache_[l], pos_offset, capacity_, k_heads_, v_head_major, tokens, kv,
+  be_.kv_cache_append_head_major(k_cache_[l], v_cache_[l], pos_offset, capacity_, k_heads, v_head_major, tokens, kv,
                                  hd);
 
   AttnConfig attn;
@@ -204,7 +214,7 @@ void Decoder::enqueue_attention(std::size_t l, std::size_t tokens, std::size_t p
   attn.causal = true;
   attn.kv_seq_stride = capacity_;
   // q [1, heads, T, hd] against cache positions [0, pos_offset + T).
-  be_.flash_attention(q_heads_, k_cache_[l], v_cache_[l], attn_heads_, 1, tokens, pos_offset + tokens, pos_offset,
+  be_.flash_attention(q_heads, k_cache_[l], v_cache_[l], attn_heads_, 1, tokens, pos_offset + tokens, pos_offset,
                       attn);
   if (!one_token) be_.transpose_head_to_token(attn_heads_, attn_tokens_, tokens, heads, hd);  // [T, heads * hd]
   project(lw.o_proj, one_token ? attn_heads_ : attn_tokens_, attn_out_, tokens);

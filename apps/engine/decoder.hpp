@@ -94,8 +94,7 @@ class Decoder {
   Buffer q_;            // [T, heads, hd]
   Buffer k_;            // [T, kv, hd]
   Buffer v_;            // [T, kv, hd]
-  Buffer q_heads_;      // [heads, T, hd]
-  Buffer k_heads_;      // [kv, T, hd]
+  Buffer qk_heads_;     // [heads, T, hd] then [kv, T, hd] (T = 1: one rope call writes both)
   Buffer v_heads_;      // [kv, T, hd]
   Buffer attn_heads_;   // [heads, T, hd]
   Buffer attn_tokens_;  // [T, heads * hd]

@@ -191,9 +191,9 @@ TEST_P(CudaDecodeBatch, SliceEdgesMatchCpuAndRepeatBitwise) {
 }
 
 // Straight through the launcher, on raw device memory: every DecodeTuning
-// variant gives the default's bytes. Cases: a small launch (whole-slice L2
-// prefetch on by default), one past the 36 MiB footprint (off by default,
-// prefetch-ahead applies), several valid slices to merge in both.
+// variant gives the default's bytes. Cases: a small launch (the whole-slice
+// L2 prefetch applies when a variant turns it on), one past a 36 MiB
+// footprint (prefetch-ahead applies), several valid slices to merge in both.
 TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
   FERRUM_SEEDED_RNG(rng);
   const DType dt = GetParam();
@@ -254,7 +254,7 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
     std::vector<kernels::DecodeTuning> variants(5);
     variants[0].l2_ahead = 2;
     variants[1].l2_ahead = 5;
-    variants[2].l2_prefetch_bytes = 0;
+    variants[2].l2_prefetch_bytes = 36.0 * 1024 * 1024;
     variants[3].l2_prefetch_bytes = 1e12;
     variants[4].fused_merge = false;
     for (std::size_t i = 0; i < variants.size(); ++i) {
