@@ -428,7 +428,6 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
                             bool fused) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   pdl_begin();  // launched with launch_pdl: nothing global is touched before this
-  pdl_trigger_dependents();  // the output projection follows (see launch.cuh)
   using Sh = DecodeShape<HD>;
   constexpr int kStages = Sh::kStages;
   constexpr int kChunks = Sh::kChunks;

@@ -89,7 +89,6 @@ __global__ void silu_mul_split_kernel(const T* __restrict__ gate_up,  // [tokens
                                       T* __restrict__ out,             // [tokens, im]
                                       long long tokens, long long im) {
   pdl_begin();
-  pdl_trigger_dependents();  // the down projection follows (see launch.cuh)
   using V = vec_t<T, VW>;
   const long long vec_per_row = im / VW;
   const long long total = tokens * vec_per_row;

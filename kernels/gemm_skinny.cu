@@ -88,21 +88,6 @@ __device__ __forceinline__ uint4 load_weight(const uint4* p, std::uint64_t polic
 #endif
 }
 
-// Before pdl_begin(): asks L2 for the bytes [0, first_bytes) of the block's
-// rows [row0, row0 + rows) of b, i.e. what its warps load in their first
-// round. Launched early (the norm, SiLU·mul or attention before it triggers
-// its dependents), the block does this while that kernel still runs, so the
-// first round hits L2 instead of paying the DRAM ramp. b is never written
-// by a kernel in the stream, and a prefetch returns no data: see launch.cuh.
-template <class T>
-__device__ __forceinline__ void prefetch_first_round(const T* b, int row0, int rows, int n, int k, int first_bytes) {
-  const int r = static_cast<int>(threadIdx.x);
-  if (r < rows && row0 + r < n) {
-    const int row_bytes = k * static_cast<int>(sizeof(T));
-    prefetch_l2_bulk(b + static_cast<long long>(row0 + r) * k, static_cast<std::uint32_t>(min(row_bytes, first_bytes)));
-  }
-}
-
 __device__ __forceinline__ uint4 zero_unless(bool keep, uint4 v) {
   return keep ? v : make_uint4(0u, 0u, 0u, 0u);  // all-zero bits: +0.0 in f16 and bf16
 }
@@ -179,8 +164,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemm_skinny_simt_kernel(const 
                                                                           const T* __restrict__ b,  // [n, k]
                                                                           T* __restrict__ out,      // [M, n]
                                                                           int n, int k) {
-  prefetch_first_round(b, static_cast<int>(blockIdx.x) * R, R, n, k,
-                       static_cast<int>(blockDim.x / 32) * U * kChunkVecs * 16);
   pdl_begin();
   constexpr int kSums = R * M;                 // per lane: [R][M], flattened r * M + m
   constexpr int kSumsPow2 = next_pow2(kSums);  // padded with zeros for the reduction
@@ -308,12 +291,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) gemm_skinny_mma_kernel(cons
                                                                             const T* __restrict__ b,  // [n, k]
                                                                             T* __restrict__ out,      // [m, n]
                                                                             int m, int n, int k) {
+  pdl_begin();
   constexpr int kSteps = kMmaLoads / (2 * kTiles);  // 32-element k steps per warp iteration
   constexpr int kIterVecs = 4 * kSteps;             // 16-byte vectors of a row per warp iteration
   constexpr int kRows = 16 * kTiles;                // rows of b per block
-  prefetch_first_round(b, static_cast<int>(blockIdx.x) * kRows, kRows, n, k,
-                       static_cast<int>(blockDim.x / 32) * kIterVecs * 16);
-  pdl_begin();
 
   const int warps = blockDim.x / 32;
   const int warp = threadIdx.x / 32;

@@ -54,7 +54,6 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
                                  T* out,                         // [rows, dim]
                                  int rows, int dim, float eps, int group) {
   pdl_begin();
-  pdl_trigger_dependents();  // a decode step's next kernel is a GEMM (see launch.cuh)
   using V = vec_t<T, VW>;
   const int rows_per_block = blockDim.x / group;
   const int row = blockIdx.x * rows_per_block + threadIdx.x / group;
@@ -150,7 +149,6 @@ template <NormKind K, class T>
 __global__ void __launch_bounds__(1024) norm_rows_loop_kernel(const T* __restrict__ x, T* residual, const T* __restrict__ weight,
                                       const T* __restrict__ bias, T* out, int dim, float eps) {
   pdl_begin();
-  pdl_trigger_dependents();  // as norm_rows_kernel
   const long long base = static_cast<long long>(blockIdx.x) * dim;
   auto value = [&](int d) {
     if constexpr (K == NormKind::AddRms) return to_float(residual[base + d]);

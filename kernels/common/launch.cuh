@@ -14,19 +14,20 @@
 // reads can be stale and nothing it writes can be read by the previous kernel
 // (write-after-read), exactly as with an ordinary launch.
 //
-// Early triggers (griddepcontrol.launch_dependents, pdl_trigger_dependents
-// below) are used only where the next kernel is normally a weight-streaming
-// GEMM: the norms, SiLU·mul and decode attention trigger right after their
-// own wait, so the skinny GEMM's blocks become resident while they run and
-// ask L2 for their first weights (the one global access allowed before
-// pdl_begin(): a prefetch hint of data no kernel in the stream writes, which
-// returns nothing). A first version triggered at the top of every kernel,
-// GEMMs included; on the H200 the llama3-8b graph decode fell from 208 to
-// 161 tok/s with it (the trigger chained through every kernel, so blocks of
-// several later kernels sat resident and waiting while a memory-bound grid
-// needed the SMs).
+// No kernel triggers its dependents early (griddepcontrol.launch_dependents):
+// the next kernel is scheduled as this one's blocks exit. A first version
+// triggered at the top of every kernel; on the H200 the llama3-8b graph decode
+// fell from 208 to 161 tok/s with it. The likely cause: the trigger chains
+// (each waiting kernel triggers the next), so blocks of several later kernels
+// sit resident and waiting, and a memory-bound kernel's blocks then land
+// unevenly over the SMs. Where to trigger early (after a kernel's main loop)
+// is to be measured per kernel before it comes back. A second, targeted
+// version (b920e6f: only norms, SiLU·mul and decode attention triggered,
+// and the skinny GEMM prefetched its first weight round into L2 before its
+// wait) measured 186 tok/s against 201 without it, in both PDL modes, so
+// the GEMM prefetch is the suspect; reverted before an A/B of its own.
 //
-// Kernels launched the ordinary way (prefill attention, GPTQ, cuBLAS, NCCL) are full
+// Kernels launched the ordinary way (attention, GPTQ, cuBLAS, NCCL) are full
 // dependencies as before, and pdl_begin() is a no-op when the launch did not
 // ask for PDL or the device is older than sm_90.
 #pragma once
@@ -43,16 +44,6 @@ namespace ferrum::kernels {
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// Lets the next PDL-launched kernel in the stream be scheduled now; it still
-// waits in its own pdl_begin() until this grid has completed. Call it after
-// pdl_begin() (so triggers never run ahead of the stream by more than one
-// kernel), and only in kernels whose dependent gains from starting early.
-__device__ __forceinline__ void pdl_trigger_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
