@@ -223,17 +223,25 @@ const SafetensorsTensorInfo& SafetensorsFile::info(const std::string& name) cons
 }
 
 std::vector<std::uint8_t> SafetensorsFile::read_bytes(const std::string& name) const {
+  std::vector<std::uint8_t> bytes(info(name).nbytes());
+  read_bytes_into(name, bytes);
+  return bytes;
+}
+
+void SafetensorsFile::read_bytes_into(const std::string& name, std::span<std::uint8_t> out) const {
   const SafetensorsTensorInfo& tensor = info(name);
-  std::vector<std::uint8_t> bytes(tensor.nbytes());
+  if (out.size() != tensor.nbytes()) {
+    fail(ErrorCode::InvalidArgument, where(path_, name), ": destination holds ", out.size(), " bytes, the tensor ",
+         tensor.nbytes());
+  }
   std::ifstream in(path_, std::ios::binary);
   if (!in) fail(ErrorCode::InvalidArgument, where(path_, name), ": cannot reopen the file for reading");
   in.seekg(static_cast<std::streamoff>(data_start_ + tensor.begin));
-  in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size()));
   if (!in) {
-    fail(ErrorCode::InvalidArgument, where(path_, name), ": reading ", bytes.size(),
+    fail(ErrorCode::InvalidArgument, where(path_, name), ": reading ", out.size(),
          " bytes failed (the file changed since it was opened?)");
   }
-  return bytes;
 }
 
 std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {

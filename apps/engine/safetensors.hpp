@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,9 @@ class SafetensorsFile {
 
   // The tensor's bytes as stored (little-endian elements).
   std::vector<std::uint8_t> read_bytes(const std::string& name) const;
+  // The same into `out`, which must hold exactly info(name).nbytes()
+  // (InvalidArgument otherwise): no allocation per tensor.
+  void read_bytes_into(const std::string& name, std::span<std::uint8_t> out) const;
   // F16 / BF16 / F32 tensors converted to f32; other dtypes throw DTypeMismatch.
   std::vector<float> read_f32(const std::string& name) const;
   // I32 tensors (GPTQ qweight / qzeros / g_idx); other dtypes throw DTypeMismatch.

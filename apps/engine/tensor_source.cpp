@@ -64,24 +64,41 @@ float round_to(DType dtype, float x) {
   return dtype == DType::F16 ? f16_to_f32(bits) : bf16_to_f32(bits);
 }
 
-void require_half_dtype(const TensorSource& source, const std::string& name, DType dtype) {
+// The checks every read_half_into starts with: an F16 / BF16 request and a
+// destination of exactly `numel` elements.
+void check_half_request(const TensorSource& source, const std::string& name, DType dtype, std::size_t numel,
+                        std::size_t out_size) {
   if (dtype != DType::F16 && dtype != DType::BF16) {
     fail(ErrorCode::DTypeMismatch, source.describe(name), ": tensor '", name, "' requested as ", to_string(dtype),
-         "; read_half encodes F16 or BF16");
+         "; read_half_into encodes F16 or BF16");
   }
+  if (out_size != numel) {
+    fail(ErrorCode::InvalidArgument, source.describe(name), ": tensor '", name, "' has ", numel,
+         " elements but the destination holds ", out_size);
+  }
+}
+
+std::size_t numel_of(const std::vector<std::size_t>& shape) {
+  std::size_t numel = 1;
+  for (std::size_t dim : shape) numel *= dim;
+  return numel;
 }
 
 }  // namespace
 
 // ── TensorSource ──────────────────────────────────────────────────────────
 
-std::vector<std::uint16_t> TensorSource::read_half(const std::string& name, DType dtype) const {
-  require_half_dtype(*this, name, dtype);
+void TensorSource::read_half_into(const std::string& name, DType dtype, std::span<std::uint16_t> out) const {
   const std::vector<float> values = read_f32(name);
-  std::vector<std::uint16_t> bits(values.size());
+  check_half_request(*this, name, dtype, values.size(), out.size());
   parallel_fill(values.size(), [&](std::size_t begin, std::size_t end) {
-    for (std::size_t i = begin; i < end; ++i) bits[i] = encode_half(dtype, values[i]);
+    for (std::size_t i = begin; i < end; ++i) out[i] = encode_half(dtype, values[i]);
   });
+}
+
+std::vector<std::uint16_t> TensorSource::read_half(const std::string& name, DType dtype) const {
+  std::vector<std::uint16_t> bits(numel_of(meta(name).shape));
+  read_half_into(name, dtype, bits);
   return bits;
 }
 
@@ -130,19 +147,17 @@ std::vector<std::int32_t> CheckpointDirectory::read_i32(const std::string& name)
   return file_of(name).read_i32(name);
 }
 
-std::vector<std::uint16_t> CheckpointDirectory::read_half(const std::string& name, DType dtype) const {
-  require_half_dtype(*this, name, dtype);
+void CheckpointDirectory::read_half_into(const std::string& name, DType dtype, std::span<std::uint16_t> out) const {
   const SafetensorsFile& file = file_of(name);
-  const SafetensorsDType stored = file.info(name).dtype;
-  if (stored != (dtype == DType::F16 ? SafetensorsDType::F16 : SafetensorsDType::BF16)) {
-    return TensorSource::read_half(name, dtype);  // converted through f32
+  const SafetensorsTensorInfo& info = file.info(name);
+  check_half_request(*this, name, dtype, info.numel(), out.size());
+  if (info.dtype != (dtype == DType::F16 ? SafetensorsDType::F16 : SafetensorsDType::BF16)) {
+    TensorSource::read_half_into(name, dtype, out);  // converted through f32
+    return;
   }
   // Safetensors data is little-endian, as is every host we build for.
-  static_assert(std::endian::native == std::endian::little, "read_half copies little-endian bytes as they are");
-  const std::vector<std::uint8_t> bytes = file.read_bytes(name);
-  std::vector<std::uint16_t> bits(bytes.size() / 2);
-  std::memcpy(bits.data(), bytes.data(), bits.size() * 2);
-  return bits;
+  static_assert(std::endian::native == std::endian::little, "read_half_into copies little-endian bytes as they are");
+  file.read_bytes_into(name, std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(out.data()), out.size_bytes()));
 }
 
 std::string CheckpointDirectory::describe(const std::string& name) const {
@@ -176,9 +191,7 @@ std::size_t RandomTensorSource::float_numel(const std::string& name) const {
   if (t.kind != TensorKind::Float) {
     fail(ErrorCode::DTypeMismatch, describe(name), ": tensor '", name, "' is I32, not floats");
   }
-  std::size_t numel = 1;
-  for (std::size_t dim : t.shape) numel *= dim;
-  return numel;
+  return numel_of(t.shape);
 }
 
 template <class Store>
@@ -225,10 +238,9 @@ std::vector<float> RandomTensorSource::read_f32(const std::string& name) const {
   return values;
 }
 
-std::vector<std::uint16_t> RandomTensorSource::read_half(const std::string& name, DType dtype) const {
-  std::vector<std::uint16_t> bits(float_numel(name));
-  generate_floats(name, [&bits, dtype](std::size_t i, float v) { bits[i] = encode_half(dtype, v); });
-  return bits;
+void RandomTensorSource::read_half_into(const std::string& name, DType dtype, std::span<std::uint16_t> out) const {
+  check_half_request(*this, name, dtype, float_numel(name), out.size());
+  generate_floats(name, [out, dtype](std::size_t i, float v) { out[i] = encode_half(dtype, v); });
 }
 
 std::vector<std::int32_t> RandomTensorSource::read_i32(const std::string& name) const {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -29,11 +30,15 @@ class TensorSource {
   virtual std::vector<float> read_f32(const std::string& name) const = 0;
   // I32 tensors (GPTQ qweight / qzeros / g_idx); DTypeMismatch for other dtypes.
   virtual std::vector<std::int32_t> read_i32(const std::string& name) const = 0;
-  // Float tensors encoded as `dtype` (F16 or BF16) bit patterns, ready for
+  // Float tensors encoded as `dtype` (F16 or BF16) bit patterns into `out`
+  // (exactly numel elements, InvalidArgument otherwise), ready for
   // Backend::write_bytes: what the weight upload uses, so a 16 GB model never
-  // passes through f32. The default encodes read_f32's values on every core;
-  // sources that hold the bits already return them as they are.
-  virtual std::vector<std::uint16_t> read_half(const std::string& name, DType dtype) const;
+  // passes through f32 nor through a fresh buffer per tensor. The default
+  // encodes read_f32's values on every core; sources that hold the bits
+  // already copy them as they are.
+  virtual void read_half_into(const std::string& name, DType dtype, std::span<std::uint16_t> out) const;
+  // read_half_into a new vector sized from meta(name).
+  std::vector<std::uint16_t> read_half(const std::string& name, DType dtype) const;
   // "checkpoint '/dir' (file 'x.safetensors')": where a tensor lives, for messages.
   virtual std::string describe(const std::string& name) const = 0;
 };
@@ -50,7 +55,7 @@ class CheckpointDirectory final : public TensorSource {
   std::vector<float> read_f32(const std::string& name) const override;
   std::vector<std::int32_t> read_i32(const std::string& name) const override;
   // The stored bytes when the file's dtype is `dtype` (little-endian host).
-  std::vector<std::uint16_t> read_half(const std::string& name, DType dtype) const override;
+  void read_half_into(const std::string& name, DType dtype, std::span<std::uint16_t> out) const override;
   std::string describe(const std::string& name) const override;
   const std::vector<SafetensorsFile>& files() const noexcept { return files_; }
 
@@ -81,7 +86,7 @@ class RandomTensorSource final : public TensorSource {
   std::vector<float> read_f32(const std::string& name) const override;
   std::vector<std::int32_t> read_i32(const std::string& name) const override;
   // Generated straight into `dtype` bits (the same values as read_f32).
-  std::vector<std::uint16_t> read_half(const std::string& name, DType dtype) const override;
+  void read_half_into(const std::string& name, DType dtype, std::span<std::uint16_t> out) const override;
   std::string describe(const std::string& name) const override;
 
  private:

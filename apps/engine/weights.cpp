@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <span>
 
 #include "engine_error.hpp"
 
@@ -15,17 +16,6 @@ bool is_float_dtype(SafetensorsDType dtype) {
 
 SafetensorsDType safetensors_dtype_of(DType dtype) {
   return dtype == DType::F16 ? SafetensorsDType::F16 : SafetensorsDType::BF16;
-}
-
-// Host tensors stacked row-wise: [rows_a + rows_b + ..., cols].
-template <class T>
-std::vector<T> concat_rows(const std::vector<const std::vector<T>*>& parts) {
-  std::size_t total = 0;
-  for (const auto* part : parts) total += part->size();
-  std::vector<T> out;
-  out.reserve(total);
-  for (const auto* part : parts) out.insert(out.end(), part->begin(), part->end());
-  return out;
 }
 
 // Row-major [rows, cols_i] matrices side by side: [rows, sum cols_i].
@@ -83,7 +73,7 @@ struct HostProjection {
   std::string base;  // "model.layers.0.self_attn.q_proj"
   std::size_t n = 0, k = 0;
   bool quantized = false;
-  std::vector<std::uint16_t> dense;   // [n, k], config-dtype bits
+  std::string dense;                  // the [n, k] tensor's name (dense projections; read at upload)
   std::vector<std::int32_t> qweight;  // [k / 8, n]
   std::vector<std::int32_t> qzeros;   // [groups, n / 8]
   std::vector<float> scales;          // [groups, n]
@@ -98,16 +88,28 @@ class WeightLoader {
     for (ProjectionShape& p : projection_shapes(config)) projections_.emplace(p.suffix, std::move(p));
   }
 
-  std::vector<std::uint16_t> host(const std::string& name) const {
+  ExpectedTensor expected_of(const std::string& name) const {
     const auto it = expected_.find(name);
-    const ExpectedTensor expected = it != expected_.end() ? it->second : dense_projection_tensor(name);
-    return read_checked_half(source_, expected, config_.dtype, options_);
+    return it != expected_.end() ? it->second : dense_projection_tensor(name);
   }
-  Buffer upload(const std::string& name) const { return upload_bits(host(name)); }
-  // Config-dtype bits as they are (no f32 round trip for 16 GB of weights).
-  Buffer upload_bits(const std::vector<std::uint16_t>& bits) const {
-    Buffer b = backend_.alloc(config_.dtype, bits.size());
-    backend_.write_bytes(b, bits.data(), bits.size() * sizeof(std::uint16_t));
+  // Float tensor `name` (checked) into dst from element `offset` on, as
+  // config-dtype bits through one reused host buffer: no f32 round trip and
+  // no fresh allocation per tensor (on a 16 GB model the page faults of
+  // fresh buffers cost more than generating or copying the values).
+  void write_tensor(const std::string& name, Buffer& dst, std::size_t offset) const {
+    const ExpectedTensor expected = expected_of(name);
+    std::size_t numel = 1;
+    for (std::size_t dim : expected.shape) numel *= dim;
+    if (scratch_.size() < numel) scratch_.resize(numel);
+    const std::span<std::uint16_t> bits(scratch_.data(), numel);
+    read_checked_half_into(source_, expected, config_.dtype, bits, options_);
+    backend_.write_bytes(dst, bits.data(), bits.size_bytes(), offset * sizeof(std::uint16_t));
+  }
+  Buffer upload(const std::string& name) const {
+    std::size_t numel = 1;
+    for (std::size_t dim : expected_of(name).shape) numel *= dim;
+    Buffer b = backend_.alloc(config_.dtype, numel);
+    write_tensor(name, b, 0);
     return b;
   }
   Buffer upload_layer(std::size_t layer, const std::string& suffix) const {
@@ -153,7 +155,8 @@ class WeightLoader {
     const std::string qweight = p.base + ".qweight";
     const bool has_qweight = source_.contains(qweight);
     if (!has_qweight && (!config_.gptq || source_.contains(p.base + ".weight"))) {
-      p.dense = host(p.base + ".weight");
+      p.dense = p.base + ".weight";
+      checked_meta(source_, expected_of(p.dense));  // presence and shape now, the values at upload
       return p;
     }
     if (!config_.gptq) {
@@ -191,7 +194,8 @@ class WeightLoader {
     out.n = p.n;
     out.k = p.k;
     if (!p.quantized) {
-      out.dense = upload_bits(p.dense);
+      out.dense = backend_.alloc(config_.dtype, p.n * p.k);
+      write_tensor(p.dense, out.dense, 0);
       return out;
     }
     GptqHostTensors t;
@@ -221,29 +225,36 @@ class WeightLoader {
       for (const HostProjection& p : parts) fused.parts.push_back(upload_projection(p));
       return fused;
     }
+    if (all_dense) {  // W is [n, k]: each part's rows straight into its row range
+      Projection joined;
+      joined.k = parts.front().k;
+      for (const HostProjection& p : parts) joined.n += p.n;
+      joined.dense = backend_.alloc(config_.dtype, joined.n * joined.k);
+      std::size_t row = 0;
+      for (const HostProjection& p : parts) {
+        write_tensor(p.dense, joined.dense, row * joined.k);
+        row += p.n;
+      }
+      fused.parts.push_back(std::move(joined));
+      return fused;
+    }
     HostProjection joined;
     joined.base = parts.front().base;
     joined.k = parts.front().k;
-    joined.quantized = !all_dense;
-    std::vector<const std::vector<std::uint16_t>*> dense;
+    joined.quantized = true;
     std::vector<const std::vector<float>*> scales;
     std::vector<const std::vector<std::int32_t>*> qweight, qzeros;
     for (const HostProjection& p : parts) {
       joined.n += p.n;
-      dense.push_back(&p.dense);
       scales.push_back(&p.scales);
       qweight.push_back(&p.qweight);
       qzeros.push_back(&p.qzeros);
     }
-    if (all_dense) {
-      joined.dense = concat_rows(dense);  // W is [n, k]: stack rows
-    } else {
-      const std::size_t groups = config_.gptq->groups(joined.k);
-      joined.qweight = concat_columns(qweight, joined.k / 8);  // [k / 8, n]: side by side
-      joined.qzeros = concat_columns(qzeros, groups);
-      joined.scales = concat_columns(scales, groups);
-      joined.g_idx = parts.front().g_idx;
-    }
+    const std::size_t groups = config_.gptq->groups(joined.k);
+    joined.qweight = concat_columns(qweight, joined.k / 8);  // [k / 8, n]: side by side
+    joined.qzeros = concat_columns(qzeros, groups);
+    joined.scales = concat_columns(scales, groups);
+    joined.g_idx = parts.front().g_idx;
     parts.clear();  // the host copies are no longer needed
     fused.parts.push_back(upload_projection(joined));
     return fused;
@@ -255,6 +266,7 @@ class WeightLoader {
   const LoadOptions& options_;
   std::map<std::string, ExpectedTensor> expected_;
   std::map<std::string, ProjectionShape> projections_;  // by suffix
+  mutable std::vector<std::uint16_t> scratch_;          // write_tensor's host buffer, grown to the largest tensor
 };
 
 }  // namespace
@@ -299,10 +311,10 @@ std::vector<float> read_checked(const TensorSource& source, const ExpectedTensor
   return source.read_f32(expected.name);
 }
 
-std::vector<std::uint16_t> read_checked_half(const TensorSource& source, const ExpectedTensor& expected,
-                                             DType config_dtype, const LoadOptions& options) {
+void read_checked_half_into(const TensorSource& source, const ExpectedTensor& expected, DType config_dtype,
+                            std::span<std::uint16_t> out, const LoadOptions& options) {
   check_float_tensor(source, expected, config_dtype, options);
-  return source.read_half(expected.name, config_dtype);
+  source.read_half_into(expected.name, config_dtype, out);
 }
 
 bool ModelWeights::has_gptq() const noexcept {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -86,9 +87,10 @@ void make_rope_tables(const ModelConfig& config, std::size_t rows, std::vector<f
 // message names the tensor, where it lives and the expected and actual values.
 std::vector<float> read_checked(const TensorSource& source, const ExpectedTensor& expected, DType config_dtype,
                                 const LoadOptions& options = {});
-// The same checks; the values as config-dtype bits (what the upload takes).
-std::vector<std::uint16_t> read_checked_half(const TensorSource& source, const ExpectedTensor& expected,
-                                             DType config_dtype, const LoadOptions& options = {});
+// The same checks; the values as config-dtype bits into `out` (exactly the
+// tensor's element count), which is what the upload takes.
+void read_checked_half_into(const TensorSource& source, const ExpectedTensor& expected, DType config_dtype,
+                            std::span<std::uint16_t> out, const LoadOptions& options = {});
 
 // A projection `<base>` is GPTQ when the source has `<base>.qweight` (then
 // the config must have a quantization_config), else dense `<base>.weight`.

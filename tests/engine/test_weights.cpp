@@ -142,6 +142,39 @@ TEST(Weights, Bf16CheckpointConvertsToF16Config) {
                       "model.embed_tokens.weight", "BF16", "F16");
 }
 
+// read_half_into (what the upload streams through): the bits of read_f32's
+// values, straight from the file when its dtype matches, converted when it
+// does not; a wrong-size destination or a non-half dtype is refused.
+TEST(Weights, ReadHalfIntoEncodesReadF32AndChecksTheDestination) {
+  const ModelConfig config = preset_config("tiny-llama");  // f16
+  const RandomTensorSource random(config, 4);
+  const auto f16_dir = testing::scratch_dir() / "f16";
+  const auto bf16_dir = testing::scratch_dir() / "bf16";
+  write_checkpoint(f16_dir, config, random, SafetensorsDType::F16, 1);
+  write_checkpoint(bf16_dir, config, random, SafetensorsDType::BF16, 1);
+  const CheckpointDirectory f16_file(f16_dir), bf16_file(bf16_dir);
+  const std::string name = "model.layers.0.mlp.down_proj.weight";
+  for (const TensorSource* source : {static_cast<const TensorSource*>(&random),
+                                     static_cast<const TensorSource*>(&f16_file),
+                                     static_cast<const TensorSource*>(&bf16_file)}) {
+    for (DType dtype : {DType::F16, DType::BF16}) {
+      const std::vector<float> values = source->read_f32(name);
+      const std::vector<std::uint16_t> bits = source->read_half(name, dtype);
+      ASSERT_EQ(bits.size(), values.size());
+      for (std::size_t i = 0; i < bits.size(); ++i) {
+        ASSERT_EQ(bits[i], dtype == DType::F16 ? f32_to_f16(values[i]) : f32_to_bf16(values[i]))
+            << source->describe(name) << " element " << i;
+      }
+    }
+    std::vector<std::uint16_t> short_by_one(source->read_f32(name).size() - 1);
+    EXPECT_ENGINE_ERROR(source->read_half_into(name, DType::F16, short_by_one), ErrorCode::InvalidArgument,
+                        "'" + name + "'", "destination holds");
+    std::vector<std::uint16_t> room(short_by_one.size() + 1);
+    EXPECT_ENGINE_ERROR(source->read_half_into(name, DType::F32, room), ErrorCode::DTypeMismatch, "'" + name + "'",
+                        "f32");
+  }
+}
+
 // A checkpoint whose tensor `name` is replaced by `replacement` (or dropped).
 std::filesystem::path checkpoint_with(const ModelConfig& config, const std::string& name,
                                       const SafetensorsWriteTensor* replacement) {
