@@ -425,9 +425,10 @@ __device__ __forceinline__ void ring_barrier(int kw, int mtiles) {
 template <class T, int HD>
 __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     attention_decode_kernel(const AttentionArgs a, int splits, int slice_keys, int chunks, bool prefetch_l2,
-                            bool fused) {
+                            bool fused, bool trigger) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   pdl_begin();  // launched with launch_pdl: nothing global is touched before this
+  if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
   using Sh = DecodeShape<HD>;
   constexpr int kStages = Sh::kStages;
   constexpr int kChunks = Sh::kChunks;
@@ -747,7 +748,7 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   const bool fused = splits == 1 || (a.decode_tuning.fused_merge &&
                                      static_cast<long long>(a.batch) * a.num_kv_heads * chunks <= kDecodeArrivalSlots);
   launch_pdl("flash_attention", kernel, grid, static_cast<unsigned>(Sh::kKeyWarps * 32 * mtiles), Sh::kSmemBytes,
-             stream, a, splits, slice_keys, chunks, prefetch_l2, fused);
+             stream, a, splits, slice_keys, chunks, prefetch_l2, fused, pdl_early_trigger());
   if (!fused) launch_combine<T, HD>(a, splits, slice_keys, stream);
   check_launch("flash_attention");
   return true;

@@ -87,8 +87,9 @@ void launch_flat_map(const char* name, const T* a, const T* b, T* out, long long
 template <class T, int VW>
 __global__ void silu_mul_split_kernel(const T* __restrict__ gate_up,  // [tokens, 2*im]
                                       T* __restrict__ out,             // [tokens, im]
-                                      long long tokens, long long im) {
+                                      long long tokens, long long im, bool trigger) {
   pdl_begin();
+  if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
   using V = vec_t<T, VW>;
   const long long vec_per_row = im / VW;
   const long long total = tokens * vec_per_row;
@@ -168,9 +169,11 @@ void launch_silu_mul_split(DType dtype, const void* gate_up, void* out, long lon
     const auto* in = static_cast<const T*>(gate_up);
     auto* o = static_cast<T*>(out);
     if (wide) {
-      launch_pdl("fused_silu_mul_split", silu_mul_split_kernel<T, kWide>, grid, kThreads, 0, stream, in, o, tokens, im);
+      launch_pdl("fused_silu_mul_split", silu_mul_split_kernel<T, kWide>, grid, kThreads, 0, stream, in, o, tokens, im,
+                 pdl_early_trigger());
     } else {
-      launch_pdl("fused_silu_mul_split", silu_mul_split_kernel<T, 1>, grid, kThreads, 0, stream, in, o, tokens, im);
+      launch_pdl("fused_silu_mul_split", silu_mul_split_kernel<T, 1>, grid, kThreads, 0, stream, in, o, tokens, im,
+                 pdl_early_trigger());
     }
   });
   check_launch("fused_silu_mul_split");

@@ -88,6 +88,25 @@ __device__ __forceinline__ uint4 load_weight(const uint4* p, std::uint64_t polic
 #endif
 }
 
+// The gemm_prefetch_before_wait switch (kernels/common/launch.cuh), called
+// before pdl_begin(): asks L2 for the bytes [0, first_bytes) of the block's
+// rows [row0, row0 + rows) of b, which is what its warps load in their first
+// round. When the kernel before it triggered early, this runs while that
+// kernel still does, and the first round hits L2 instead of paying the DRAM
+// ramp. first_bytes = 0: nothing.
+// Not inlined: inlined, it raised the kernels' registers from 80 / 104 / 124
+// to 102 / 128 / 126 (ptxas -v, sm_90, CUDA 13.0), i.e. fewer resident
+// blocks for the whole weight stream, switch on or off. The b920e6f version
+// was inlined; its 7 % engine loss in both PDL modes fits that.
+template <class T>
+__device__ __noinline__ void prefetch_first_round(const T* b, int row0, int rows, int n, int k, int first_bytes) {
+  const int r = static_cast<int>(threadIdx.x);
+  if (first_bytes > 0 && r < rows && row0 + r < n) {
+    const int row_bytes = k * static_cast<int>(sizeof(T));
+    prefetch_l2_bulk(b + static_cast<long long>(row0 + r) * k, static_cast<std::uint32_t>(min(row_bytes, first_bytes)));
+  }
+}
+
 __device__ __forceinline__ uint4 zero_unless(bool keep, uint4 v) {
   return keep ? v : make_uint4(0u, 0u, 0u, 0u);  // all-zero bits: +0.0 in f16 and bf16
 }
@@ -163,7 +182,8 @@ template <class T, int M, int R, int U>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemm_skinny_simt_kernel(const T* __restrict__ a,  // [M, k]
                                                                           const T* __restrict__ b,  // [n, k]
                                                                           T* __restrict__ out,      // [M, n]
-                                                                          int n, int k) {
+                                                                          int n, int k, int prefetch_bytes) {
+  prefetch_first_round(b, static_cast<int>(blockIdx.x) * R, R, n, k, prefetch_bytes);
   pdl_begin();
   constexpr int kSums = R * M;                 // per lane: [R][M], flattened r * M + m
   constexpr int kSumsPow2 = next_pow2(kSums);  // padded with zeros for the reduction
@@ -246,9 +266,11 @@ void launch_simt(const void* a, const void* b, void* out, long long n, long long
   const long long blocks = (n + C::kRows - 1) / C::kRows;
   const long long chunks = (k / kVecElems + kChunkVecs - 1) / kChunkVecs;
   const int warps = warps_per_block(blocks, chunks, num_sms);
+  // First round of a block: every warp's U chunks of kChunkVecs vectors.
+  const int prefetch_bytes = gemm_prefetch_before_wait() ? warps * C::kUnroll * kChunkVecs * 16 : 0;
   launch_pdl("gemm_skinny", gemm_skinny_simt_kernel<T, M, C::kRows, C::kUnroll>, dim3(static_cast<unsigned>(blocks)),
              warps * 32, 0, stream, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out),
-             static_cast<int>(n), static_cast<int>(k));
+             static_cast<int>(n), static_cast<int>(k), prefetch_bytes);
   check_launch("gemm_skinny");
 }
 
@@ -290,11 +312,12 @@ template <class T, int kTiles>
 __global__ void __launch_bounds__(kMaxWarps * 32, 2) gemm_skinny_mma_kernel(const T* __restrict__ a,  // [m, k]
                                                                             const T* __restrict__ b,  // [n, k]
                                                                             T* __restrict__ out,      // [m, n]
-                                                                            int m, int n, int k) {
-  pdl_begin();
+                                                                            int m, int n, int k, int prefetch_bytes) {
   constexpr int kSteps = kMmaLoads / (2 * kTiles);  // 32-element k steps per warp iteration
   constexpr int kIterVecs = 4 * kSteps;             // 16-byte vectors of a row per warp iteration
   constexpr int kRows = 16 * kTiles;                // rows of b per block
+  prefetch_first_round(b, static_cast<int>(blockIdx.x) * kRows, kRows, n, k, prefetch_bytes);
+  pdl_begin();
 
   const int warps = blockDim.x / 32;
   const int warp = threadIdx.x / 32;
@@ -408,9 +431,12 @@ void launch_mma_tiles(const void* a, const void* b, void* out, long long m, long
   const long long blocks = (n + kRows - 1) / kRows;
   const long long chunks = (k + kIterElems - 1) / kIterElems;
   const int warps = warps_per_block(blocks, chunks, num_sms);
+  // First round of a block: one iteration (kIterElems elements) per warp.
+  const int prefetch_bytes =
+      gemm_prefetch_before_wait() ? warps * kIterElems * static_cast<int>(sizeof(T)) : 0;
   launch_pdl("gemm_skinny", gemm_skinny_mma_kernel<T, kTiles>, dim3(static_cast<unsigned>(blocks)), warps * 32, 0,
              stream, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), static_cast<int>(m),
-             static_cast<int>(n), static_cast<int>(k));
+             static_cast<int>(n), static_cast<int>(k), prefetch_bytes);
   check_launch("gemm_skinny");
 }
 

@@ -52,8 +52,9 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
                                  const T* __restrict__ weight,  // [dim]
                                  const T* __restrict__ bias,    // [dim] (Layer)
                                  T* out,                         // [rows, dim]
-                                 int rows, int dim, float eps, int group) {
+                                 int rows, int dim, float eps, int group, bool trigger) {
   pdl_begin();
+  if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
   using V = vec_t<T, VW>;
   const int rows_per_block = blockDim.x / group;
   const int row = blockIdx.x * rows_per_block + threadIdx.x / group;
@@ -147,8 +148,9 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
 // Block per row, rows longer than registers hold: accumulate, then re-read.
 template <NormKind K, class T>
 __global__ void __launch_bounds__(1024) norm_rows_loop_kernel(const T* __restrict__ x, T* residual, const T* __restrict__ weight,
-                                      const T* __restrict__ bias, T* out, int dim, float eps) {
+                                      const T* __restrict__ bias, T* out, int dim, float eps, bool trigger) {
   pdl_begin();
+  if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
   const long long base = static_cast<long long>(blockIdx.x) * dim;
   auto value = [&](int d) {
     if constexpr (K == NormKind::AddRms) return to_float(residual[base + d]);
@@ -216,10 +218,11 @@ void launch_typed(const NormArgs& a, cudaStream_t stream) {
   const int nvec_per_thread = plan.nvec_per_thread;
   const int threads = plan.threads;
   const int blocks = plan.blocks;
+  const bool trigger = pdl_early_trigger();
   // 8 vectors per thread need up to ~230 registers: at most 256 threads.
   if (nvec_per_thread > kMaxNvec || (nvec_per_thread == kMaxNvec && threads > 256)) {
     launch_pdl("norm", norm_rows_loop_kernel<K, T>, dim3(a.rows), kMaxGroup, 0, stream, x, residual, weight, bias, out,
-               a.dim, a.eps);
+               a.dim, a.eps, trigger);
     return;
   }
   auto go = [&](auto vw_c, auto nvec_c) {
@@ -227,10 +230,10 @@ void launch_typed(const NormArgs& a, cudaStream_t stream) {
     constexpr int kNvec = decltype(nvec_c)::value;
     if (prefetch_w) {
       launch_pdl("norm", norm_rows_kernel<K, T, kVw, kNvec, true>, dim3(blocks), threads, 0, stream, x, residual,
-                 weight, bias, out, a.rows, a.dim, a.eps, group);
+                 weight, bias, out, a.rows, a.dim, a.eps, group, trigger);
     } else {
       launch_pdl("norm", norm_rows_kernel<K, T, kVw, kNvec, false>, dim3(blocks), threads, 0, stream, x, residual,
-                 weight, bias, out, a.rows, a.dim, a.eps, group);
+                 weight, bias, out, a.rows, a.dim, a.eps, group, trigger);
     }
   };
   dispatch_int<1, 2, 4, 8>(nvec_per_thread, "norm", "vectors per thread", [&](auto nvec_c) {

@@ -151,10 +151,20 @@ if has_mode engine; then
     echo "== engine (llama3-8b shape, random f16 and bf16 weights) ($(date +%T))"
     # ENGINE_DTYPES="f16 bf16" adds the bf16 runs (each run loads 16 GB of
     # random weights first).
+    # Every run dumps its logits; each must be bitwise equal to the first
+    # (graph) run: eager, PDL off and the A/B switches change no bit.
     for dtype in ${ENGINE_DTYPES:-f16}; do
-      for mode in --graph --eager "--graph --no-pdl"; do
+      run=0
+      for mode in --graph --eager "--graph --no-pdl" "--graph --pdl-trigger" "--graph --gemm-prefetch" \
+                  "--graph --pdl-trigger --gemm-prefetch"; do
         echo "-- $dtype $mode"
-        timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --dtype $dtype --steps 128 $mode 2>&1 | grep -E "backend|model|loaded|decode:|prefill:|error"
+        timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --dtype $dtype --steps 128 $mode \
+          --dump-logits /tmp/ferrum_logits_$run.bin 2>&1 | grep -E "backend|model|loaded|decode:|prefill:|error"
+        if [ $run -gt 0 ]; then
+          cmp -s /tmp/ferrum_logits_0.bin /tmp/ferrum_logits_$run.bin && echo "   logits bitwise equal to --graph" \
+            || echo "   LOGITS DIFFER from --graph"
+        fi
+        run=$((run + 1))
       done
     done
     echo "== engine, GPTQ INT4 (llama3-8b shape, random int4 weights, f16) ($(date +%T))"

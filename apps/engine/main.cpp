@@ -2,7 +2,8 @@
 //
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
-//                      [--dump-logits FILE] [--no-pdl] [--gptq-kernel auto|fused|stream]
+//                      [--dump-logits FILE] [--no-pdl] [--pdl-trigger] [--gemm-prefetch]
+//                      [--gptq-kernel auto|fused|stream]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
 //                    runs its projections with gemm_gptq
@@ -18,6 +19,9 @@
 //   --no-pdl         CUDA kernels launched without programmatic dependent
 //                    launch (CudaBackendConfig::programmatic_dependent_launch;
 //                    an A/B switch, the tokens and logits are the same)
+//   --pdl-trigger    CudaBackendConfig::pdl_early_trigger (an A/B switch; the
+//                    tokens and logits are the same)
+//   --gemm-prefetch  CudaBackendConfig::gemm_prefetch_before_wait (the same)
 //   --gptq-kernel K  CudaBackendConfig::gptq_kernel for gemm_gptq: auto (the
 //                    library's choice), fused, or stream (m <= 16); an A/B switch
 //   --eager/--graph  decode steps as op calls, or one captured graph replayed
@@ -57,6 +61,8 @@ struct Options {
   std::size_t steps = 16;
   bool force_cpu = false;
   bool no_pdl = false;
+  bool pdl_trigger = false;
+  bool gemm_prefetch = false;
   GptqKernel gptq_kernel = GptqKernel::Auto;
   bool graph = false;
   std::uint64_t seed = 1234;
@@ -107,7 +113,8 @@ void usage(std::FILE* out) {
   std::fprintf(out,
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3\"] [--steps N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
-               "                     [--dump-logits FILE] [--no-pdl] [--gptq-kernel auto|fused|stream]\n"
+               "                     [--dump-logits FILE] [--no-pdl] [--pdl-trigger] [--gemm-prefetch]\n"
+               "                     [--gptq-kernel auto|fused|stream]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
   std::fprintf(out, "\n");
@@ -168,6 +175,10 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.force_cpu = true;
     } else if (arg == "--no-pdl") {
       opt.no_pdl = true;
+    } else if (arg == "--pdl-trigger") {
+      opt.pdl_trigger = true;
+    } else if (arg == "--gemm-prefetch") {
+      opt.gemm_prefetch = true;
     } else if (arg == "--gptq-kernel") {
       const std::string kernel = value();
       if (kernel == "auto") {
@@ -217,9 +228,12 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, bool gptq, DecodeMod
   if (opt.force_cpu) {
     backend = std::make_unique<CpuBackend>();
   } else {
-    if ((opt.no_pdl || opt.gptq_kernel != GptqKernel::Auto) && cuda_device_count() > 0) {
+    const bool configured = opt.no_pdl || opt.pdl_trigger || opt.gemm_prefetch || opt.gptq_kernel != GptqKernel::Auto;
+    if (configured && cuda_device_count() > 0) {
       CudaBackendConfig config;
       config.programmatic_dependent_launch = !opt.no_pdl;
+      config.pdl_early_trigger = opt.pdl_trigger;
+      config.gemm_prefetch_before_wait = opt.gemm_prefetch;
       config.gptq_kernel = opt.gptq_kernel;
       backend = std::make_unique<CudaBackend>(config);
     } else {

@@ -67,6 +67,15 @@ struct CudaBackendConfig {
   // workspaces, the first CudaBackend on a device decides it; later ones
   // must agree.
   bool programmatic_dependent_launch = true;
+  // Two A/B switches of the decode step, off by default until measured
+  // (see kernels/common/launch.cuh; results are bitwise the same either
+  // way). pdl_early_trigger: the norms, SiLU·mul and decode attention let
+  // the next kernel launch while they run (griddepcontrol.launch_dependents;
+  // needs programmatic_dependent_launch). gemm_prefetch_before_wait: the
+  // skinny GEMM asks L2 for its first round of weights before it waits on
+  // the previous kernel. Per device, like programmatic_dependent_launch.
+  bool pdl_early_trigger = false;
+  bool gemm_prefetch_before_wait = false;
   // The GPTQ INT4 kernel at m <= 16 (see GptqKernel). Per backend object (it
   // changes no workspace). A value outside the enum throws InvalidArgument
   // naming this field.

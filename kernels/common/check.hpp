@@ -15,6 +15,11 @@ namespace ferrum::kernels {
 // Whether the current device supports programmatic dependent launch (sm_90+;
 // see kernels/common/launch.cuh). Cached per device.
 bool pdl_available();
+// The current device's CudaBackendConfig::pdl_early_trigger (false without
+// PDL or without a backend) and ::gemm_prefetch_before_wait (false without a
+// backend): A/B switches read by the launchers they concern.
+bool pdl_early_trigger();
+bool gemm_prefetch_before_wait();
 
 // Every launcher ends with this: an unchecked launch is a silent failure.
 inline void check_launch(const char* op) {

@@ -14,18 +14,25 @@
 // reads can be stale and nothing it writes can be read by the previous kernel
 // (write-after-read), exactly as with an ordinary launch.
 //
-// No kernel triggers its dependents early (griddepcontrol.launch_dependents):
-// the next kernel is scheduled as this one's blocks exit. A first version
-// triggered at the top of every kernel; on the H200 the llama3-8b graph decode
-// fell from 208 to 161 tok/s with it. The likely cause: the trigger chains
-// (each waiting kernel triggers the next), so blocks of several later kernels
-// sit resident and waiting, and a memory-bound kernel's blocks then land
-// unevenly over the SMs. Where to trigger early (after a kernel's main loop)
-// is to be measured per kernel before it comes back. A second, targeted
-// version (b920e6f: only norms, SiLU·mul and decode attention triggered,
-// and the skinny GEMM prefetched its first weight round into L2 before its
-// wait) measured 186 tok/s against 201 without it, in both PDL modes, so
-// the GEMM prefetch is the suspect; reverted before an A/B of its own.
+// By default no kernel triggers its dependents early
+// (griddepcontrol.launch_dependents): the next kernel is scheduled as this
+// one's blocks exit. A first version triggered at the top of every kernel;
+// on the H200 the llama3-8b graph decode fell from 208 to 161 tok/s with it
+// (likely: the trigger chains, so blocks of several later kernels sit
+// resident and waiting while a memory-bound grid needs the SMs). A second,
+// targeted version (b920e6f) measured 186 against 201 tok/s on another
+// machine, in both PDL modes; its GEMM prefetch was inlined and raised the
+// skinny kernels' registers (80 -> 102 at m = 1: fewer resident blocks),
+// which alone fits a loss in both modes. Both ideas are now A/B switches,
+// off by default, to be measured in one build (CudaBackendConfig):
+// - pdl_early_trigger: the norms, SiLU·mul and decode attention (what
+//   precedes a weight-streaming GEMM in a decode step) call
+//   pdl_trigger_dependents() right after their own pdl_begin(), so triggers
+//   never run more than one kernel ahead;
+// - gemm_prefetch_before_wait: the skinny GEMM asks L2 for its first round
+//   of weights before its pdl_begin(). That is the one global access allowed
+//   before it: a prefetch hint of data no kernel in the stream writes, which
+//   returns nothing, so nothing stale can be read.
 //
 // Kernels launched the ordinary way (attention, GPTQ, cuBLAS, NCCL) are full
 // dependencies as before, and pdl_begin() is a no-op when the launch did not
@@ -44,6 +51,15 @@ namespace ferrum::kernels {
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next PDL-launched kernel in the stream be scheduled now; it still
+// waits in its own pdl_begin() until this grid has completed and its memory
+// is visible. Only behind the pdl_early_trigger switch (see above).
+__device__ __forceinline__ void pdl_trigger_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 

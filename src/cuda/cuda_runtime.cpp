@@ -14,9 +14,17 @@ constexpr int kMaxDevices = 64;
 std::mutex g_runtimes_mutex;
 std::array<CudaRuntime*, kMaxDevices> g_runtimes{};
 // Per device, read by every launch without a lock: 0 no runtime yet (a
-// launcher used on its own, e.g. by a tuning bench: the device decides),
-// 1 PDL off, 2 PDL on. Set once when the device's runtime is created.
-std::array<std::atomic<int>, kMaxDevices> g_pdl_state{};
+// launcher used on its own, e.g. by a tuning bench: the device decides PDL,
+// the A/B switches are off), else kConfigured | the kLaunch* bits of the
+// runtime's config. Set once when the device's runtime is created.
+constexpr int kConfigured = 1, kLaunchPdl = 2, kLaunchTrigger = 4, kLaunchGemmPrefetch = 8;
+std::array<std::atomic<int>, kMaxDevices> g_launch_state{};
+
+int launch_state_of_current_device() {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
+  return g_launch_state[device].load(std::memory_order_relaxed);
+}
 
 CudaRuntime* runtime_of_current_device() noexcept {
   int device = -1;
@@ -35,6 +43,8 @@ CudaRuntime* create_runtime(const CudaBackendConfig& config) {
              "cudaDeviceGetAttribute");
   rt->pdl_capable = major >= 9;
   rt->pdl = config.programmatic_dependent_launch && rt->pdl_capable;
+  rt->pdl_trigger = rt->pdl && config.pdl_early_trigger;
+  rt->gemm_prefetch = config.gemm_prefetch_before_wait;
   check_cuda(cudaDeviceGetAttribute(&rt->num_sms, cudaDevAttrMultiProcessorCount, config.device), op,
              "cudaDeviceGetAttribute");
   check_cuda(cudaStreamCreateWithFlags(&rt->stream, cudaStreamNonBlocking), op, "cudaStreamCreate");
@@ -103,6 +113,14 @@ CudaRuntime& cuda_runtime(const CudaBackendConfig& config) {
              "CudaBackend: argument 'config.programmatic_dependent_launch' = {} but device {} already runs with {}",
              config.programmatic_dependent_launch, config.device, existing->pdl);
       }
+      if (existing->pdl_trigger != (config.pdl_early_trigger && existing->pdl) ||
+          existing->gemm_prefetch != config.gemm_prefetch_before_wait) {
+        fail(ErrorCode::InvalidArgument,
+             "CudaBackend: arguments 'config.pdl_early_trigger' = {} / 'config.gemm_prefetch_before_wait' = {} but "
+             "device {} already runs with {} / {}",
+             config.pdl_early_trigger, config.gemm_prefetch_before_wait, config.device, existing->pdl_trigger,
+             existing->gemm_prefetch);
+      }
       if (existing->cublas_workspace_bytes != config.cublas_workspace_bytes) {
         fail(ErrorCode::InvalidArgument,
              "CudaBackend: argument 'config.cublas_workspace_bytes' = {} but device {} already runs with {}",
@@ -114,7 +132,10 @@ CudaRuntime& cuda_runtime(const CudaBackendConfig& config) {
   CudaRuntime* rt = create_runtime(config);
   std::lock_guard<std::mutex> lock(g_runtimes_mutex);
   if (g_runtimes[config.device] == nullptr) g_runtimes[config.device] = rt;
-  g_pdl_state[config.device].store(g_runtimes[config.device]->pdl ? 2 : 1, std::memory_order_relaxed);
+  const CudaRuntime& made = *g_runtimes[config.device];
+  g_launch_state[config.device].store(kConfigured | (made.pdl ? kLaunchPdl : 0) | (made.pdl_trigger ? kLaunchTrigger : 0) |
+                                          (made.gemm_prefetch ? kLaunchGemmPrefetch : 0),
+                                      std::memory_order_relaxed);
   return *g_runtimes[config.device];
 }
 
@@ -164,12 +185,18 @@ void throw_cuda_error(const char* op, const char* what, cudaError_t err) {
   detail::fail(code, "{}: {} failed: {} ({})", op, what, cudaGetErrorName(err), cudaGetErrorString(err));
 }
 
+bool pdl_early_trigger() { return (detail::launch_state_of_current_device() & detail::kLaunchTrigger) != 0; }
+
+bool gemm_prefetch_before_wait() {
+  return (detail::launch_state_of_current_device() & detail::kLaunchGemmPrefetch) != 0;
+}
+
 bool pdl_available() {
   int device = -1;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= detail::kMaxDevices) return false;
   // The device's CudaBackend runtime decides (its config).
-  const int configured = detail::g_pdl_state[device].load(std::memory_order_relaxed);
-  if (configured != 0) return configured == 2;
+  const int configured = detail::g_launch_state[device].load(std::memory_order_relaxed);
+  if (configured != 0) return (configured & detail::kLaunchPdl) != 0;
   // A launcher used without a backend (a tuning bench): the device decides.
   // Per device: 0 not asked yet, 1 no, 2 yes. The answer never changes.
   static std::array<std::atomic<int>, detail::kMaxDevices> known{};

@@ -31,6 +31,8 @@ struct CudaRuntime {
   bool capturing = false;
   bool pdl_capable = false;  // sm_90+: programmatic dependent launch exists
   bool pdl = false;          // ... and config.programmatic_dependent_launch asked for it
+  bool pdl_trigger = false;  // ... and config.pdl_early_trigger
+  bool gemm_prefetch = false;  // config.gemm_prefetch_before_wait
 };
 
 // The runtime of config.device, created on first use and never freed.
