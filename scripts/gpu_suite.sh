@@ -41,11 +41,30 @@ B="${BUILD_DIR:-build-gpu}"
 LOG="$OUT/suite.log"
 
 # sanitize TOOL SECONDS FILTER [TAIL]: compute-sanitizer TOOL over the GPU
-# test binary with a gtest filter; prints the last TAIL lines and the exit.
+# test binary with a gtest filter, in SANITIZE_SHARDS (default 4) gtest
+# shards side by side (the sanitizers are CPU-heavy; the GPU is mostly
+# idle). Prints each shard's last TAIL lines, the error summaries, and one
+# exit line: the worst shard's exit code (9: errors found, 124: timeout).
 sanitize() {
-  timeout "$2" compute-sanitizer --tool "$1" --error-exitcode 9 $B/tests/ferrum_tests_gpu --gtest_brief=1 \
-    --gtest_filter="$3" 2>&1 | tail -"${4:-3}"
-  echo "$1 exit ${PIPESTATUS[0]}"
+  local shards="${SANITIZE_SHARDS:-4}" worst=0 i rc
+  local dir
+  dir=$(mktemp -d)
+  for i in $(seq 0 $((shards - 1))); do
+    ( GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$2" compute-sanitizer --tool "$1" --error-exitcode 9 \
+        $B/tests/ferrum_tests_gpu --gtest_brief=1 --gtest_filter="$3" > "$dir/$i.log" 2>&1
+      echo $? > "$dir/$i.rc" ) &
+  done
+  wait
+  for i in $(seq 0 $((shards - 1))); do
+    rc=$(cat "$dir/$i.rc")
+    [ "$rc" -gt "$worst" ] && worst=$rc
+    echo "-- $1 shard $i of $shards: exit $rc"
+    tail -"${4:-3}" "$dir/$i.log"
+  done
+  cat "$dir"/*.log > "$OUT/$1.log"
+  grep -hE "ERROR SUMMARY" "$dir"/*.log | sort | uniq -c
+  rm -rf "$dir"
+  echo "$1 exit $worst"
 }
 
 {
