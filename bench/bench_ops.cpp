@@ -622,6 +622,17 @@ void bench_add_inplace(Bench& b, DType dt, std::size_t T, std::size_t D, bool gr
   });
 }
 
+// Greedy sampling over a vocabulary: reads rows x vocab logits, writes rows i32.
+void bench_argmax(Bench& b, DType dt, std::size_t rows, std::size_t vocab, bool graph) {
+  const std::size_t es = ferrum::size_of(dt);
+  Spec spec{"argmax", dt, shape_td(rows, vocab), graph, dbl(rows * vocab * es + 4 * rows), 0.0};
+  b.guarded(spec, [&] {
+    const std::size_t sets = Bench::sets_for(spec.bytes);
+    Rotated x = b.rotated(dt, rows * vocab, sets), out = b.rotated(DType::I32, rows, sets, /*random=*/false);
+    b.measure(spec, sets, [&](std::size_t s) { b.be().argmax(x[s], out[s], rows, vocab); });
+  });
+}
+
 void bench_add_bias(Bench& b, DType dt, std::size_t rows, std::size_t cols, bool graph) {
   const std::size_t es = ferrum::size_of(dt);
   Spec spec{"add_bias", dt, shape_td(rows, cols), graph, dbl(2 * rows * cols * es + cols * es), 0.0};
@@ -964,6 +975,7 @@ int run(int argc, char** argv) {
       bench_qk_norm_rope(b, dt, T, 32, 128, true);
       bench_kv_append(b, dt, T, 8, 128, 16384, true);
       bench_embedding(b, dt, T, kVocab, kHidden, true);
+      bench_argmax(b, dt, T, kVocab, true);
     }
   }
 

@@ -356,6 +356,19 @@ def case_add_inplace(ctx, dt, T, D, graph):
     run_case(ctx, "add_inplace", dt, shape_td(T, D), graph, nbytes, setup)
 
 
+def case_argmax(ctx, dt, rows, vocab, graph):
+    td = torch_dtype(dt)
+    nbytes = rows * vocab * esize(dt) + 4 * rows
+
+    def setup(sets):
+        x = rotated(sets, (rows, vocab), td)
+
+        def core(x):
+            return torch.argmax(x, dim=-1)
+        return core, [(x[s],) for s in range(sets)]
+    run_case(ctx, "argmax", dt, shape_td(rows, vocab), graph, nbytes, setup)
+
+
 def case_add_bias(ctx, dt, rows, cols, graph):
     td = torch_dtype(dt)
     nbytes = 2 * rows * cols * esize(dt) + cols * esize(dt)
@@ -607,6 +620,7 @@ def main():
             case_qk_norm_rope(ctx, dt, T, 32, 128, True)
             case_kv_append(ctx, dt, T, 8, 128, 16384, True)
             case_embedding(ctx, dt, T, VOCAB, HIDDEN, True)
+            case_argmax(ctx, dt, T, VOCAB, True)
 
     for dt in ("f16", "bf16"):
         case_gemm(ctx, dt, 8192, 8192, 8192)

@@ -25,6 +25,7 @@ std::string_view to_string(Op op) noexcept {
     case Op::Gelu: return "gelu";
     case Op::AddBias: return "add_bias";
     case Op::AddInplace: return "add_inplace";
+    case Op::Argmax: return "argmax";
     case Op::Gemm: return "gemm";
     case Op::EmbeddingLookup: return "embedding_lookup";
     case Op::SplitQkv: return "split_qkv";
@@ -358,6 +359,19 @@ void Backend::add_inplace(Buffer& residual, const Buffer& x, std::size_t len) {
   check.holds("residual", residual, len, "[len]");
   check.holds("x", x, len, "[len]");
   do_add_inplace(residual, x, len);
+}
+
+void Backend::argmax(const Buffer& x, Buffer& out, std::size_t rows, std::size_t cols) {
+  OpCheck check(*this, "argmax");
+  check.size("rows", rows);
+  check.size("cols", cols);  // < 2^31: every index fits out's i32
+  check.buffer("x", x);
+  check.buffer("out", out);
+  check.one_of("x", x, {DType::F16, DType::BF16, DType::F32});
+  check.dtype("out", out, DType::I32);
+  check.holds("x", x, check.product({rows, cols}), "[rows, cols]");
+  check.holds("out", out, rows, "[rows]");
+  do_argmax(x, out, rows, cols);
 }
 
 // ── GEMM ───────────────────────────────────────────────────────────────────

@@ -22,7 +22,7 @@ std::vector<Op> required_ops(DecodeMode mode, bool gptq) {
   std::vector<Op> ops = {Op::EmbeddingLookup, Op::RmsNorm,          Op::FusedAddRmsNorm,
                          Op::Gemm,            Op::SplitQkv,         Op::QkNormRope,
                          Op::TransposeHeadToToken, Op::KvCacheAppendHeadMajor, Op::FlashAttention,
-                         Op::FusedSiluMulSplit};
+                         Op::FusedSiluMulSplit, Op::Argmax};
   if (gptq) {
     ops.push_back(Op::LoadGptq);
     ops.push_back(Op::GemmGptq);
@@ -84,6 +84,7 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
   act_ = be_.alloc(dt, t * im);
   mlp_out_ = be_.alloc(dt, t * hidden);
   logits_ = be_.alloc(dt, cfg_.vocab_size);
+  next_token_ = be_.alloc(DType::I32, 1);
 }
 
 void Decoder::check_tokens(std::span<const std::int32_t> tokens) const {
@@ -104,18 +105,40 @@ void Decoder::check_tokens(std::span<const std::int32_t> tokens) const {
 }
 
 std::vector<float> Decoder::prefill(std::span<const std::int32_t> tokens) {
+  run_prefill(tokens);
+  return read_logits();
+}
+
+std::int32_t Decoder::prefill_next(std::span<const std::int32_t> tokens) {
+  run_prefill(tokens);
+  return read_next_token();
+}
+
+std::vector<float> Decoder::decode(std::int32_t token) {
+  run_decode(token);
+  return read_logits();
+}
+
+std::int32_t Decoder::decode_next(std::int32_t token) {
+  run_decode(token);
+  return read_next_token();
+}
+
+void Decoder::run_prefill(std::span<const std::int32_t> tokens) {
   check_tokens(tokens);
   be_.set_device_state_mode(false);
   be_.write_bytes(ids_, tokens.data(), tokens.size_bytes());
   enqueue_forward(tokens.size(), position_);
   position_ += tokens.size();
-  return read_logits();
 }
 
-std::vector<float> Decoder::decode(std::int32_t token) {
+void Decoder::run_decode(std::int32_t token) {
   const std::int32_t one[1] = {token};
   check_tokens(one);
-  if (mode_ == DecodeMode::Eager) return prefill(one);
+  if (mode_ == DecodeMode::Eager) {
+    run_prefill(one);
+    return;
+  }
 
   be_.set_device_state_mode(true);
   if (mode_ == DecodeMode::Graph && !graph_captured_) {
@@ -136,7 +159,6 @@ std::vector<float> Decoder::decode(std::int32_t token) {
   }
   be_.set_device_state_mode(false);
   position_ += 1;
-  return read_logits();
 }
 
 void Decoder::enqueue_forward(std::size_t tokens, std::size_t pos_offset) {
@@ -154,6 +176,7 @@ void Decoder::enqueue_forward(std::size_t tokens, std::size_t pos_offset) {
   }
   const Buffer last_row = normed_.view((tokens - 1) * hidden, hidden);  // [1, hidden]
   be_.gemm(last_row, w_.output_projection(), logits_, 1, cfg_.vocab_size, hidden);
+  be_.argmax(logits_, next_token_, 1, cfg_.vocab_size);  // greedy, on the device
 }
 
 void Decoder::enqueue_attention(std::size_t l, std::size_t tokens, std::size_t pos_offset) {
@@ -251,6 +274,12 @@ void Decoder::project(const Projection& p, const Buffer& x, Buffer& out, std::si
 }
 
 std::vector<float> Decoder::read_logits() { return be_.download(logits_, cfg_.vocab_size); }
+
+std::int32_t Decoder::read_next_token() {
+  std::int32_t token = 0;
+  be_.read_bytes(next_token_, &token, sizeof token);
+  return token;
+}
 
 std::int32_t argmax(std::span<const float> logits) {
   if (logits.empty()) fail(ErrorCode::InvalidArgument, "argmax: no logits");

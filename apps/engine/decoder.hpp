@@ -55,6 +55,12 @@ class Decoder {
   std::vector<float> prefill(std::span<const std::int32_t> tokens);
   // One token at position() (q_len = 1), in the decoder's mode; returns logits [vocab].
   std::vector<float> decode(std::int32_t token);
+  // The same two steps, returning only the greedy next token: every forward
+  // pass ends with Backend::argmax on the logits (inside the captured graph),
+  // so 4 bytes come back per step instead of vocab_size logits. The token is
+  // the first maximum of the logits prefill / decode would return.
+  std::int32_t prefill_next(std::span<const std::int32_t> tokens);
+  std::int32_t decode_next(std::int32_t token);
   // Starts a new sequence at position 0 (keeps buffers and any captured graph).
   void reset() noexcept { position_ = 0; }
 
@@ -73,6 +79,9 @@ class Decoder {
   // out[m, p.n] = x[m, p.k] · Wᵀ with gemm or gemm_gptq.
   void project(const Projection& p, const Buffer& x, Buffer& out, std::size_t m);
   std::vector<float> read_logits();
+  std::int32_t read_next_token();
+  void run_prefill(std::span<const std::int32_t> tokens);
+  void run_decode(std::int32_t token);
 
   Backend& be_;
   const ModelWeights& w_;
@@ -103,6 +112,7 @@ class Decoder {
   Buffer act_;          // [T, im]; also the gate / up scratch of an unfused gate_up_proj
   Buffer mlp_out_;      // [T, hidden]
   Buffer logits_;       // [vocab]
+  Buffer next_token_;   // [1] i32: argmax of logits_
 };
 
 // Index of the largest logit (the first on ties).

@@ -45,6 +45,7 @@ enum class Op {
   Gelu,
   AddBias,
   AddInplace,
+  Argmax,
   Gemm,
   EmbeddingLookup,
   SplitQkv,
@@ -202,6 +203,12 @@ class Backend {
                 std::size_t cols);
   // residual += x
   void add_inplace(Buffer& residual /*[len], in/out*/, const Buffer& x /*[len]*/, std::size_t len);
+  // out[r] = the column of row r's largest value: the first one on ties, and
+  // NaN counts as larger than every number (torch.argmax). Greedy sampling
+  // on the device: an engine reads 4 bytes per row instead of the logits,
+  // and a captured decode step can end with it. cols < 2^31.
+  void argmax(const Buffer& x /*[rows, cols] f16, bf16 or f32*/, Buffer& out /*[rows] i32*/, std::size_t rows,
+              std::size_t cols);
 
   // ── GEMM ───────────────────────────────────────────────────────────────
   // out[m, n] = a[m, k] · b[n, k]ᵀ (fp32 accumulation on CUDA, fp64 on CPU).
@@ -338,6 +345,7 @@ class Backend {
   virtual void do_gelu(const Buffer& x, Buffer& out, std::size_t len, GeluApproximation approx) = 0;
   virtual void do_add_bias(Buffer& data, const Buffer& bias, std::size_t rows, std::size_t cols) = 0;
   virtual void do_add_inplace(Buffer& residual, const Buffer& x, std::size_t len) = 0;
+  virtual void do_argmax(const Buffer& x, Buffer& out, std::size_t rows, std::size_t cols) = 0;
   virtual void do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m, std::size_t n,
                        std::size_t k) = 0;
   // use_decode_state: read the token from the decode state (tokens == 1).

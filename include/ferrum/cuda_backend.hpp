@@ -130,6 +130,7 @@ class CudaBackend final : public Backend {
   void do_gelu(const Buffer& x, Buffer& out, std::size_t len, GeluApproximation approx) override;
   void do_add_bias(Buffer& data, const Buffer& bias, std::size_t rows, std::size_t cols) override;
   void do_add_inplace(Buffer& residual, const Buffer& x, std::size_t len) override;
+  void do_argmax(const Buffer& x, Buffer& out, std::size_t rows, std::size_t cols) override;
   void do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m, std::size_t n,
                std::size_t k) override;
   void do_embedding_lookup(const Buffer& table, const Buffer& ids, Buffer& out, std::size_t tokens,

@@ -238,6 +238,7 @@ bool CpuBackend::supports(Op op) const noexcept {
     case Op::Gelu:
     case Op::AddBias:
     case Op::AddInplace:
+    case Op::Argmax:
     case Op::Gemm:
     case Op::EmbeddingLookup:
     case Op::SplitQkv:
@@ -446,6 +447,23 @@ void CpuBackend::do_add_bias(Buffer& data /*[rows, cols], in/out*/, const Buffer
       for (std::size_t c = 0; c < cols; ++c) row[c] += bias_values[c];
       encode(row.data(), cols, data, r * cols);
     }
+  });
+}
+
+void CpuBackend::do_argmax(const Buffer& x /*[rows, cols]*/, Buffer& out /*[rows] i32*/, std::size_t rows,
+                           std::size_t cols) {
+  auto* ids = static_cast<std::int32_t*>(out.data());
+  parallel_for(rows, [&](std::size_t r) {
+    std::vector<float> row(cols);
+    decode(x, r * cols, cols, row.data());
+    // Strictly greater replaces: the first maximum wins. A NaN beats every
+    // number and the first NaN wins among NaNs (torch.argmax).
+    std::size_t best = 0;
+    for (std::size_t c = 1; c < cols; ++c) {
+      const bool best_nan = std::isnan(row[best]);
+      if (!best_nan && (std::isnan(row[c]) || row[c] > row[best])) best = c;
+    }
+    ids[r] = static_cast<std::int32_t>(best);
   });
 }
 

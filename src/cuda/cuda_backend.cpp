@@ -18,6 +18,7 @@
 #include "cuda/buffer_ptr.hpp"
 #include "cuda/cuda_runtime.hpp"
 #include "cuda/nccl_check.hpp"
+#include "kernels/argmax.hpp"
 #include "kernels/elementwise.hpp"
 #include "kernels/embedding.hpp"
 #include "kernels/gemm_skinny.hpp"
@@ -372,6 +373,12 @@ void CudaBackend::do_add_bias(Buffer& data, const Buffer& bias, std::size_t rows
   detail::activate_device(device_);
   kernels::launch_add_bias(data.dtype(), ptr(data), ptr(bias), static_cast<long long>(rows),
                            static_cast<long long>(cols), rt_->stream);
+}
+
+void CudaBackend::do_argmax(const Buffer& x, Buffer& out, std::size_t rows, std::size_t cols) {
+  detail::activate_device(device_);
+  kernels::launch_argmax(x.dtype(), ptr(x), ptr<std::int32_t>(out), static_cast<long long>(rows),
+                         static_cast<long long>(cols), rt_->stream);
 }
 
 void CudaBackend::do_add_inplace(Buffer& residual, const Buffer& x, std::size_t len) {

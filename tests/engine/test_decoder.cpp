@@ -88,6 +88,26 @@ TEST_P(DecoderTest, GreedyDecodingMatchesFp64Reference) {
   std::printf("[ info ] %s greedy: %zu/%zu tokens equal the reference's\n", GetParam().c_str(), exact, kSteps);  // near-ties are rare; all 8 agree with the seeds used here
 }
 
+// prefill_next / decode_next (Backend::argmax at the end of the forward
+// pass, 4 bytes read back) give the host argmax of the logits prefill /
+// decode return, step for step, in eager and device-state mode.
+TEST_P(DecoderTest, DeviceArgmaxTokensEqualHostArgmaxOfTheLogits) {
+  Model m(GetParam());
+  for (DecodeMode mode : {DecodeMode::Eager, DecodeMode::DeviceState}) {
+    SCOPED_TRACE(mode == DecodeMode::Eager ? "eager" : "device state");
+    Decoder with_logits(m.be, m.weights, 64, kPrompt.size(), mode);
+    Decoder greedy(m.be, m.weights, 64, kPrompt.size(), mode);
+    std::int32_t want = argmax(with_logits.prefill(kPrompt));
+    std::int32_t got = greedy.prefill_next(kPrompt);
+    for (std::size_t step = 0; step < kSteps; ++step) {
+      ASSERT_EQ(got, want) << "step " << step;
+      want = argmax(with_logits.decode(want));
+      got = greedy.decode_next(got);
+    }
+    EXPECT_EQ(got, want);
+  }
+}
+
 TEST_P(DecoderTest, IncrementalDecodeEqualsRePrefill) {
   Model m(GetParam());
   Decoder incremental(m.be, m.weights, 64, kPrompt.size());
@@ -156,6 +176,34 @@ TEST(Decoder, RequiredOps) {
   EXPECT_TRUE(missing_ops(be, DecodeMode::Eager).empty());
   EXPECT_TRUE(missing_ops(be, DecodeMode::DeviceState).empty());
   EXPECT_EQ(missing_ops(be, DecodeMode::Graph), std::vector<Op>{Op::GraphCapture});
+}
+
+// ── on the GPU (skipped without one) ─────────────────────────────────────
+
+// The captured decode step ends with the device argmax: graph-mode
+// decode_next gives the host argmax of eager decode's logits, step for step
+// (CUDA attention takes head_dim 64 / 128 / 256: tiny-llama at head_dim 64).
+TEST(DecoderGpu, GraphArgmaxTokensEqualHostArgmaxOfEagerLogits) {
+  std::unique_ptr<Backend> be = make_default_backend();
+  if (be->kind() != BackendKind::Cuda) GTEST_SKIP() << "no GPU: the CUDA backend is not available";
+  ModelConfig c = preset_config("tiny-llama");
+  c.hidden_size = 256;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 64;
+  c.validate("gpu test config");
+  const ModelWeights w = random_weights(*be, c, 77);
+  Decoder eager(*be, w, 64, kPrompt.size(), DecodeMode::Eager);
+  Decoder graph(*be, w, 64, kPrompt.size(), DecodeMode::Graph);
+  std::int32_t want = argmax(eager.prefill(kPrompt));
+  std::int32_t got = graph.prefill_next(kPrompt);
+  for (std::size_t step = 0; step < 32; ++step) {
+    ASSERT_EQ(got, want) << "step " << step;
+    want = argmax(eager.decode(want));
+    got = graph.decode_next(got);
+  }
+  EXPECT_TRUE(graph.graph_captured());
+  be->reset_graph();
 }
 
 }  // namespace

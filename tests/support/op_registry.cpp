@@ -52,6 +52,9 @@ std::vector<OpSpec> build_specs() {
                [](Backend& be, OpArgs& a) { be.add_bias(a.buf("data"), a.buf("bias"), a.size("rows"), a.size("cols")); }});
   s.push_back({Op::AddInplace, "add_inplace", {act("residual", 10), act("x", 10)}, {{"len", 10}},
                [](Backend& be, OpArgs& a) { be.add_inplace(a.buf("residual"), a.buf("x"), a.size("len")); }});
+  s.push_back({Op::Argmax, "argmax", {act("x", kTokens * kVocab), {"out", DType::I32, kTokens, kTokens - 1, kH}},
+               {{"rows", kTokens}, {"cols", kVocab}},
+               [](Backend& be, OpArgs& a) { be.argmax(a.buf("x"), a.buf("out"), a.size("rows"), a.size("cols")); }});
   s.push_back({Op::Gemm, "gemm", {act("a", kM * kK), act("b", kN * kK), act("out", kM * kN)},
                {{"m", kM}, {"n", kN}, {"k", kK}}, [](Backend& be, OpArgs& a) {
                  be.gemm(a.buf("a"), a.buf("b"), a.buf("out"), a.size("m"), a.size("n"), a.size("k"));

@@ -1,0 +1,91 @@
+// Argmax test inputs shared by the CPU and CUDA tests: random rows with the
+// cases the semantics are about planted in them (ties, NaN, -inf), and an
+// independent reference.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "support/test_support.hpp"
+
+namespace ferrum::test {
+
+inline constexpr DType kArgmaxDTypes[] = {DType::F16, DType::BF16, DType::F32};
+
+// Row r of `rows` x `cols` normal values, then by r % 5: 0 as drawn; 1 the
+// row maximum copied to an earlier column (a tie the first copy must win);
+// 2 a NaN planted (it wins; two NaNs: the first); 3 every value -inf (column
+// 0 wins); 4 every value equal (column 0 wins).
+inline HostTensor argmax_input(Rng& rng, DType dtype, std::size_t rows, std::size_t cols) {
+  HostTensor t = random_normal(rng, dtype, rows * cols);
+  for (std::size_t r = 0; r < rows; ++r) {
+    float* row = t.values.data() + r * cols;
+    switch (r % 5) {
+      case 1: {
+        std::size_t best = 0;
+        for (std::size_t c = 1; c < cols; ++c) best = row[c] > row[best] ? c : best;
+        row[rng.below(static_cast<std::uint32_t>(best + 1))] = row[best];
+        break;
+      }
+      case 2: {
+        const std::size_t at = rng.below(static_cast<std::uint32_t>(cols));
+        row[at] = std::numeric_limits<float>::quiet_NaN();
+        if (at + 1 < cols) row[at + 1 + rng.below(static_cast<std::uint32_t>(cols - at - 1))] = -row[at];
+        break;
+      }
+      case 3:
+        for (std::size_t c = 0; c < cols; ++c) row[c] = -std::numeric_limits<float>::infinity();
+        break;
+      case 4:
+        for (std::size_t c = 0; c < cols; ++c) row[c] = 0.5f;
+        break;
+      default:
+        break;
+    }
+  }
+  return t;
+}
+
+// The first NaN if any, else the first column holding the maximum.
+inline std::vector<std::int32_t> argmax_reference(const HostTensor& t, std::size_t rows, std::size_t cols) {
+  std::vector<std::int32_t> ids(rows);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* row = t.values.data() + r * cols;
+    std::size_t best = 0;
+    for (std::size_t c = 0; c < cols; ++c) {
+      if (std::isnan(row[c])) {
+        best = c;
+        break;
+      }
+      if (row[c] > row[best]) best = c;
+    }
+    ids[r] = static_cast<std::int32_t>(best);
+  }
+  return ids;
+}
+
+// out[0 .. rows) after backend.argmax on `t` uploaded with `lead` elements
+// of offset; out is poisoned first and its 4 guard elements past `rows` must
+// keep the poison (checked here).
+inline std::vector<std::int32_t> run_argmax(Backend& backend, const HostTensor& t, std::size_t rows,
+                                            std::size_t cols, std::size_t lead = 0) {
+  DeviceTensor x(backend, t, lead);
+  constexpr std::int32_t kPoison = -7;
+  constexpr std::size_t kGuard = 4;
+  Buffer out = backend.alloc(DType::I32, rows + kGuard);
+  const std::vector<std::int32_t> poison(rows + kGuard, kPoison);
+  backend.write_bytes(out, poison.data(), poison.size() * sizeof(std::int32_t));
+  backend.argmax(x.view(), out, rows, cols);
+  std::vector<std::int32_t> got(rows + kGuard);
+  backend.read_bytes(out, got.data(), got.size() * sizeof(std::int32_t));
+  for (std::size_t i = rows; i < rows + kGuard; ++i) {
+    EXPECT_EQ(got[i], kPoison) << "argmax wrote past 'out' at element " << i;
+  }
+  got.resize(rows);
+  return got;
+}
+
+}  // namespace ferrum::test
