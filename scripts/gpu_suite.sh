@@ -186,6 +186,13 @@ if has_mode engine; then
         run=$((run + 1))
       done
     done
+    # A small model's step is launch-bound: where graph against eager shows
+    # (docs/design/engine_decode.md §3).
+    echo "== engine, qwen3-0.6b shape, f16: graph against eager ($(date +%T))"
+    for mode in --graph --eager; do
+      echo "-- qwen3-0.6b $mode"
+      timeout 120 $B/apps/engine/ferrum_engine --random qwen3-0.6b --dtype f16 --steps 256 $mode 2>&1 | grep -E "loaded|decode:|error"
+    done
     echo "== engine, GPTQ INT4 (llama3-8b shape, random int4 weights, f16) ($(date +%T))"
     for mode in --graph "--graph --gptq-kernel stream" --eager; do
       echo "-- gptq $mode"
