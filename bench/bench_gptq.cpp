@@ -18,6 +18,11 @@
 // the dequantize + cuBLAS path is also timed: the crossover sets
 // kFusedMaxM in src/cuda/cuda_backend_gptq.cpp). Group size 128.
 //
+// "read_us" (once per shape) is the read ceiling of the INT4 weight + scale
+// bytes (bench/read_ceiling.cu: a read-only stream, no math) and "max_x"
+// the largest speedup over cuBLAS any kernel could show there (cuBLAS m = 1
+// time / read_us): the bar's feasibility at that size.
+//
 // Method: CUDA events around each launch, `warmup` untimed launches, median
 // of `iters`. Several copies of every weight are rotated so that no launch
 // finds its weights in L2 (50 MB): copies * bytes >= 256 MB. INT4 GB/s counts
@@ -39,6 +44,7 @@
 #include "ferrum/half.hpp"
 #include "kernels/gptq_gemm.hpp"
 #include "quant/gptq_repack.hpp"
+#include "read_ceiling.cuh"
 
 namespace {
 
@@ -108,7 +114,7 @@ double time_median(int copies, int warmup, int iters, const std::function<void(i
 
 struct Row {
   int k, n, m;
-  double ours_us, dequant_us, cublas_us;
+  double ours_us, dequant_us, cublas_us, read_us;
   int splits, config;
   double int4_gbs, meta_gbs, speedup;
 };
@@ -184,8 +190,8 @@ int main(int argc, char** argv) {
   const bool use_stream = opt.kernel == "stream";
   std::printf("device %s, %d SMs, dtype %s, group 128%s%s, kernel %s\n", prop.name, num_sms, bf16 ? "bf16" : "f16",
               opt.asym ? ", asymmetric" : ", symmetric", opt.act_order ? ", act-order" : "", opt.kernel.c_str());
-  std::printf("%6s %6s %5s | %10s %9s %9s %6s | %10s | %10s %8s\n", "k", "n", "m", "ours_us", "int4_GB/s",
-              "+meta", "plan", "deq+cublas", "cublas_us", "speedup");
+  std::printf("%6s %6s %5s | %10s %9s %9s %6s | %10s | %10s %8s | %8s %6s\n", "k", "n", "m", "ours_us", "int4_GB/s",
+              "+meta", "plan", "deq+cublas", "cublas_us", "speedup", "read_us", "max_x");
 
   std::vector<Row> rows;
   XorShift rng{0x9E3779B97F4A7C15ull};
@@ -298,6 +304,22 @@ int main(int argc, char** argv) {
     }
     const float one = 1.0f, zero = 0.0f;
 
+    // The read ceiling of the INT4 weight + scale bytes, rotated the same way.
+    const std::size_t ceiling_bytes = (q_bytes + meta_bytes + 15) / 16 * 16;
+    std::vector<void*> ceiling_bufs(static_cast<std::size_t>(copies));
+    for (auto& p : ceiling_bufs) {
+      p = dev_alloc(ceiling_bytes);
+      check(cudaMemset(p, 0x5a, ceiling_bytes), "cudaMemset");
+    }
+    auto* d_sink = static_cast<std::uint32_t*>(
+        dev_alloc(static_cast<std::size_t>(ferrum::bench::read_ceiling_blocks(num_sms)) * sizeof(std::uint32_t)));
+    const double read_us = time_median(copies, opt.warmup, opt.iters, [&](int c) {
+      ferrum::bench::launch_read_ceiling(ceiling_bufs[static_cast<std::size_t>(c)], ceiling_bytes, d_sink, num_sms,
+                                         stream);
+    }, stream);
+    for (void* p : ceiling_bufs) cudaFree(p);
+    cudaFree(d_sink);
+
     for (int m : ms) {
       // Ours: the fused kernel, kGptqMaxM rows per launch (as the backend runs it).
       auto fused = [&](int c) {
@@ -356,6 +378,7 @@ int main(int argc, char** argv) {
       row.int4_gbs = static_cast<double>(q_bytes) / (row.ours_us * 1e3);
       row.meta_gbs = static_cast<double>(q_bytes + meta_bytes) / (row.ours_us * 1e3);
       row.speedup = row.cublas_us / row.ours_us;
+      row.read_us = read_us;
       rows.push_back(row);
       char deq[32] = "-";
       if (opt.crossover) std::snprintf(deq, sizeof(deq), "%.1f", row.dequant_us);
@@ -365,8 +388,9 @@ int main(int argc, char** argv) {
       } else {
         std::snprintf(plan_text, sizeof(plan_text), "c%dx%d", row.config, row.splits);
       }
-      std::printf("%6d %6d %5d | %10.1f %9.0f %9.0f %6s | %10s | %10.1f %7.2fx\n", k, n, m, row.ours_us, row.int4_gbs,
-                  row.meta_gbs, plan_text, deq, row.cublas_us, row.speedup);
+      std::printf("%6d %6d %5d | %10.1f %9.0f %9.0f %6s | %10s | %10.1f %7.2fx | %8.1f %5.2fx\n", k, n, m, row.ours_us,
+                  row.int4_gbs, row.meta_gbs, plan_text, deq, row.cublas_us, row.speedup, row.read_us,
+                  row.cublas_us / row.read_us);
       std::fflush(stdout);
     }
 
@@ -390,7 +414,8 @@ int main(int argc, char** argv) {
           << ", \"int4_gbps\": " << rw.int4_gbs << ", \"int4_meta_gbps\": " << rw.meta_gbs
           << ", \"splits\": " << rw.splits << ", \"config\": " << rw.config
           << ", \"dequant_cublas_us\": " << rw.dequant_us << ", \"cublas_fp16_us\": " << rw.cublas_us
-          << ", \"speedup_vs_cublas\": " << rw.speedup << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+          << ", \"speedup_vs_cublas\": " << rw.speedup << ", \"read_ceiling_us\": " << rw.read_us
+          << ", \"max_speedup_vs_cublas\": " << rw.cublas_us / rw.read_us << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
     }
     out << "]}\n";
     std::printf("wrote %s\n", opt.json.c_str());
