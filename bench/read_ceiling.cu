@@ -1,5 +1,8 @@
 #include "read_ceiling.cuh"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace ferrum::bench {
 namespace {
 
@@ -50,6 +53,11 @@ int read_ceiling_blocks(int num_sms) { return num_sms * kBlocksPerSm; }
 void launch_read_ceiling(const void* src, std::size_t bytes, std::uint32_t* sink, int num_sms, cudaStream_t stream) {
   read_ceiling_kernel<<<read_ceiling_blocks(num_sms), kThreads, 0, stream>>>(
       static_cast<const uint4*>(src), static_cast<long long>(bytes / 16), sink);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "read_ceiling_kernel launch: %s\n", cudaGetErrorString(err));
+    std::exit(1);
+  }
 }
 
 }  // namespace ferrum::bench
