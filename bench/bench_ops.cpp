@@ -704,6 +704,21 @@ void bench_embedding(Bench& b, DType dt, std::size_t T, std::size_t vocab, std::
   });
 }
 
+// cos / sin [max_pos, hd / 2] f32 (theta 1e6), uploaded.
+void upload_rope_tables(Bench& b, std::size_t max_pos, std::size_t hd, Buffer& cos_t, Buffer& sin_t) {
+  const std::size_t half = hd / 2;
+  std::vector<float> c(max_pos * half), sn(max_pos * half);
+  for (std::size_t p = 0; p < max_pos; ++p) {
+    for (std::size_t i = 0; i < half; ++i) {
+      const double inv_freq = std::pow(1e6, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+      c[p * half + i] = static_cast<float>(std::cos(dbl(p) * inv_freq));
+      sn[p * half + i] = static_cast<float>(std::sin(dbl(p) * inv_freq));
+    }
+  }
+  cos_t = b.be().upload(c, DType::F32);
+  sin_t = b.be().upload(sn, DType::F32);
+}
+
 void bench_qk_norm_rope(Bench& b, DType dt, std::size_t T, std::size_t H, std::size_t hd, bool graph) {
   const std::size_t es = ferrum::size_of(dt);
   const std::size_t half = hd / 2;
@@ -714,15 +729,8 @@ void bench_qk_norm_rope(Bench& b, DType dt, std::size_t T, std::size_t H, std::s
   b.guarded(spec, [&] {
     const std::size_t sets = Bench::sets_for(spec.bytes);
     const std::size_t max_pos = std::max<std::size_t>(T, 4096);
-    std::vector<float> c(max_pos * half), sn(max_pos * half);
-    for (std::size_t p = 0; p < max_pos; ++p) {
-      for (std::size_t i = 0; i < half; ++i) {
-        const double inv_freq = std::pow(1e6, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
-        c[p * half + i] = static_cast<float>(std::cos(dbl(p) * inv_freq));
-        sn[p * half + i] = static_cast<float>(std::sin(dbl(p) * inv_freq));
-      }
-    }
-    Buffer cos_t = b.be().upload(c, DType::F32), sin_t = b.be().upload(sn, DType::F32);
+    Buffer cos_t, sin_t;
+    upload_rope_tables(b, max_pos, hd, cos_t, sin_t);
     Rotated in = b.rotated(dt, T * H * hd, sets), w = b.rotated(dt, hd, sets),
             out = b.rotated(dt, T * H * hd, sets);
     const std::size_t pos_span = max_pos - T + 1;
@@ -730,6 +738,41 @@ void bench_qk_norm_rope(Bench& b, DType dt, std::size_t T, std::size_t H, std::s
       const std::size_t pos = (s * 131) % pos_span;
       b.be().qk_norm_rope(in[s], &w[s], cos_t, sin_t, out[s], T, H, hd, pos, max_pos, kEps,
                           ferrum::RopeMode::NormAndRope);
+    }, "NormAndRope");
+  });
+}
+
+// qkv_rope_append: a decode step's split + ropes + append in one launch.
+void bench_qkv_rope_append(Bench& b, DType dt, std::size_t T, std::size_t H, std::size_t nkv, std::size_t hd,
+                           std::size_t cap, bool graph) {
+  const std::size_t es = ferrum::size_of(dt);
+  const std::size_t row = (H + 2 * nkv) * hd;
+  const std::string shape = "T=" + std::to_string(T) + " H=" + std::to_string(H) + "/" + std::to_string(nkv) +
+                            " hd=" + std::to_string(hd) + " cap=" + std::to_string(cap);
+  // qkv in; q, k, v out (the same bytes); two norm weights; the cos / sin rows used.
+  Spec spec{"qkv_rope_append", dt, shape, graph, dbl(2 * T * row * es + 2 * hd * es + 2 * T * (hd / 2) * 4), 0.0};
+  b.guarded(spec, [&] {
+    const std::size_t sets = Bench::sets_for(spec.bytes);
+    Buffer cos_t, sin_t;
+    upload_rope_tables(b, cap, hd, cos_t, sin_t);
+    Rotated qkv = b.rotated(dt, T * row, sets), qn = b.rotated(dt, hd, sets), kn = b.rotated(dt, hd, sets),
+            q_out = b.rotated(dt, T * H * hd, sets);
+    // A few cache pairs shared by the sets (as bench_kv_append in graph mode),
+    // each set appending at its own position.
+    const std::size_t pairs = std::min<std::size_t>(sets, 4);
+    Rotated kc = b.rotated(dt, nkv * cap * hd, pairs, false), vc = b.rotated(dt, nkv * cap * hd, pairs, false);
+    ferrum::QkvRopeAppendConfig cfg;
+    cfg.heads = H;
+    cfg.kv_heads = nkv;
+    cfg.head_dim = hd;
+    cfg.capacity = cap;
+    cfg.max_pos = cap;
+    cfg.eps = kEps;
+    cfg.mode = ferrum::RopeMode::NormAndRope;
+    const std::size_t pos_span = cap - T + 1;
+    b.measure(spec, sets, [&](std::size_t s) {
+      b.be().qkv_rope_append(qkv[s], &qn[s], &kn[s], cos_t, sin_t, q_out[s], kc[s % pairs], vc[s % pairs], T,
+                             (s * 131) % pos_span, cfg);
     }, "NormAndRope");
   });
 }
@@ -974,6 +1017,7 @@ int run(int argc, char** argv) {
       bench_silu_mul(b, dt, T, kIntermediate, true);
       bench_qk_norm_rope(b, dt, T, 32, 128, true);
       bench_kv_append(b, dt, T, 8, 128, 16384, true);
+      bench_qkv_rope_append(b, dt, T, 32, 8, 128, 16384, true);
       bench_embedding(b, dt, T, kVocab, kHidden, true);
       bench_argmax(b, dt, T, kVocab, true);
     }

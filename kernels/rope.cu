@@ -20,26 +20,12 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;
 
+// One row by one warp (general path): x = in[0, head_dim), optionally
+// RMS-normalized with norm_w, rotated with the cos / sin rows, to out.
 template <class T, int PAIRS, bool NORM>
-__global__ void qk_norm_rope_kernel(const T* __restrict__ input, const T* __restrict__ norm_w,
-                                    const float* __restrict__ cos, const float* __restrict__ sin,
-                                    T* __restrict__ output, int tokens, int heads, int head_dim,
-                                    long long pos_offset, const DecodeState* state, long long max_pos, float eps,
-                                    std::uint32_t* error_flag) {
-  pdl_begin();
-  const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= static_cast<long long>(tokens) * heads) return;  // whole warps exit together
-  const int t = static_cast<int>(row / heads);
-  const int h = static_cast<int>(row - static_cast<long long>(t) * heads);
+__device__ __forceinline__ void rope_row_warp(const T* in, const T* norm_w, const float* c_row, const float* s_row,
+                                              T* out, int lane, int head_dim, float eps) {
   const int half = head_dim / 2;
-  const long long pos = (state != nullptr ? state->pos : pos_offset) + t;
-  if (pos < 0 || pos >= max_pos) {
-    if (lane == 0) report_device_error(error_flag, kErrRopePositionOutOfRange);
-    return;
-  }
-
-  const T* in = input + row * head_dim;
   float lo[PAIRS], hi[PAIRS];
 #pragma unroll
   for (int p = 0; p < PAIRS; ++p) {
@@ -61,9 +47,6 @@ __global__ void qk_norm_rope_kernel(const T* __restrict__ input, const T* __rest
       }
     }
   }
-  T* out = output + (static_cast<long long>(h) * tokens + t) * head_dim;
-  const float* c_row = cos + pos * half;
-  const float* s_row = sin + pos * half;
 #pragma unroll
   for (int p = 0; p < PAIRS; ++p) {
     const int i = lane + 32 * p;
@@ -76,31 +59,43 @@ __global__ void qk_norm_rope_kernel(const T* __restrict__ input, const T* __rest
   }
 }
 
-template <class T, bool NORM>
-__global__ void qk_norm_rope_vec_kernel(const T* __restrict__ input, const T* __restrict__ norm_w,
-                                        const float* __restrict__ cos, const float* __restrict__ sin,
-                                        T* __restrict__ output, int tokens, int heads, int head_dim, int group,
-                                        long long pos_offset, const DecodeState* state, long long max_pos, float eps,
-                                        std::uint32_t* error_flag) {
+template <class T, int PAIRS, bool NORM>
+__global__ void qk_norm_rope_kernel(const T* __restrict__ input, const T* __restrict__ norm_w,
+                                    const float* __restrict__ cos, const float* __restrict__ sin,
+                                    T* __restrict__ output, int tokens, int heads, int head_dim,
+                                    long long pos_offset, const DecodeState* state, long long max_pos, float eps,
+                                    std::uint32_t* error_flag) {
   pdl_begin();
-  using V = vec_t<T, 8>;
-  const long long row = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / group;
-  const int g = threadIdx.x % group;
-  const bool row_ok = row < static_cast<long long>(tokens) * heads;
-  const int t = row_ok ? static_cast<int>(row / heads) : 0;
-  const int h = row_ok ? static_cast<int>(row - static_cast<long long>(t) * heads) : 0;
+  const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= static_cast<long long>(tokens) * heads) return;  // whole warps exit together
+  const int t = static_cast<int>(row / heads);
+  const int h = static_cast<int>(row - static_cast<long long>(t) * heads);
   const int half = head_dim / 2;
   const long long pos = (state != nullptr ? state->pos : pos_offset) + t;
-  const bool pos_ok = pos >= 0 && pos < max_pos;
-  const bool active = row_ok && pos_ok;
-  if (row_ok && !pos_ok && g == 0) report_device_error(error_flag, kErrRopePositionOutOfRange);
+  if (pos < 0 || pos >= max_pos) {
+    if (lane == 0) report_device_error(error_flag, kErrRopePositionOutOfRange);
+    return;
+  }
+  rope_row_warp<T, PAIRS, NORM>(input + row * head_dim, norm_w, cos + pos * half, sin + pos * half,
+                                output + (static_cast<long long>(h) * tokens + t) * head_dim, lane, head_dim, eps);
+}
 
+// One row by a group of `group` lanes (fast path): lane g owns the 8
+// elements [8 g, 8 g + 8) of each half. Every lane of the warp must call it
+// (the norm's group sum shuffles); lanes with active == false read and write
+// nothing.
+template <class T, bool NORM>
+__device__ __forceinline__ void rope_row_vec(const T* in, const T* norm_w, const float* cos, const float* sin,
+                                             long long pos, T* out, int g, int head_dim, int group, float eps,
+                                             bool active) {
+  using V = vec_t<T, 8>;
+  const int half = head_dim / 2;
   V lo, hi, w_lo, w_hi;
   float4 c[2], s[2];
   if (active) {
-    const T* in = input + row * head_dim + g * 8;
-    lo.load(in);
-    hi.load(in + half);
+    lo.load(in + g * 8);
+    hi.load(in + half + g * 8);
     if constexpr (NORM) {
       w_lo.load(norm_w + g * 8);
       w_hi.load(norm_w + half + g * 8);
@@ -135,9 +130,137 @@ __global__ void qk_norm_rope_vec_kernel(const T* __restrict__ input, const T* __
     o_lo.set(j, x1 * cf[j] - x2 * sf[j]);
     o_hi.set(j, x2 * cf[j] + x1 * sf[j]);
   }
-  T* out = output + (static_cast<long long>(h) * tokens + t) * head_dim + g * 8;
-  o_lo.store(out);
-  o_hi.store(out + half);
+  o_lo.store(out + g * 8);
+  o_hi.store(out + half + g * 8);
+}
+
+template <class T, bool NORM>
+__global__ void qk_norm_rope_vec_kernel(const T* __restrict__ input, const T* __restrict__ norm_w,
+                                        const float* __restrict__ cos, const float* __restrict__ sin,
+                                        T* __restrict__ output, int tokens, int heads, int head_dim, int group,
+                                        long long pos_offset, const DecodeState* state, long long max_pos, float eps,
+                                        std::uint32_t* error_flag) {
+  pdl_begin();
+  const long long row = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / group;
+  const int g = threadIdx.x % group;
+  const bool row_ok = row < static_cast<long long>(tokens) * heads;
+  const int t = row_ok ? static_cast<int>(row / heads) : 0;
+  const int h = row_ok ? static_cast<int>(row - static_cast<long long>(t) * heads) : 0;
+  const long long pos = (state != nullptr ? state->pos : pos_offset) + t;
+  const bool pos_ok = pos >= 0 && pos < max_pos;
+  if (row_ok && !pos_ok && g == 0) report_device_error(error_flag, kErrRopePositionOutOfRange);
+  rope_row_vec<T, NORM>(input + row * head_dim, norm_w, cos, sin, pos,
+                        output + (static_cast<long long>(h) * tokens + t) * head_dim, g, head_dim, group, eps,
+                        row_ok && pos_ok);
+}
+
+// ── qkv_rope_append ─────────────────────────────────────────────────────────
+//
+// Rows of one launch: first tokens x (heads + kv_heads) rope rows (token t,
+// head h < heads: q to q_out; h >= heads: k head h - heads to the K cache at
+// pos), then tokens x kv_heads v rows (copied to the V cache at pos). A row
+// reads qkv[t, h, :] with h counted over q | k | v.
+
+// Where row r goes; false past the last row.
+struct FusedRow {
+  int t = 0;
+  int h = 0;       // head within q | k | v of the qkv row
+  bool rope = false;
+  bool valid = false;
+};
+
+__device__ __forceinline__ FusedRow fused_row(long long r, int tokens, int heads, int kv_heads) {
+  FusedRow f;
+  const long long rope_rows = static_cast<long long>(tokens) * (heads + kv_heads);
+  const long long all_rows = rope_rows + static_cast<long long>(tokens) * kv_heads;
+  if (r >= all_rows) return f;
+  f.valid = true;
+  f.rope = r < rope_rows;
+  if (f.rope) {
+    f.t = static_cast<int>(r / (heads + kv_heads));
+    f.h = static_cast<int>(r - static_cast<long long>(f.t) * (heads + kv_heads));
+  } else {
+    const long long v = r - rope_rows;
+    f.t = static_cast<int>(v / kv_heads);
+    f.h = heads + kv_heads + static_cast<int>(v - static_cast<long long>(f.t) * kv_heads);
+  }
+  return f;
+}
+
+// The destination of row f at position pos: q_out, the K cache or the V cache.
+template <class T>
+__device__ __forceinline__ T* fused_destination(const QkvRopeAppendArgs& a, const FusedRow& f, long long pos) {
+  if (f.h < a.heads) return static_cast<T*>(a.q_out) + (static_cast<long long>(f.h) * a.tokens + f.t) * a.head_dim;
+  const bool is_k = f.h < a.heads + a.kv_heads;
+  const int kvh = is_k ? f.h - a.heads : f.h - a.heads - a.kv_heads;
+  T* const cache = static_cast<T*>(is_k ? a.k_cache : a.v_cache);
+  return cache + (static_cast<long long>(kvh) * a.capacity + pos) * a.head_dim;
+}
+
+// Checks a row's position the way qk_norm_rope (the table) and the append
+// (the whole run base .. base + tokens - 1 in the cache) do; reports once
+// per row (lane_leader) and says whether the row may write.
+__device__ __forceinline__ bool fused_row_writes(const QkvRopeAppendArgs& a, const FusedRow& f, long long base,
+                                                 bool lane_leader) {
+  const long long pos = base + f.t;
+  bool ok = true;
+  if (f.rope && (pos < 0 || pos >= a.max_pos)) {
+    if (lane_leader) report_device_error(a.error_flag, kErrRopePositionOutOfRange);
+    ok = false;
+  }
+  if (f.h >= a.heads && (base < 0 || base > a.capacity - a.tokens)) {
+    if (lane_leader) report_device_error(a.error_flag, kErrKvAppendOverCapacity);
+    ok = false;
+  }
+  return ok;
+}
+
+template <class T, bool NORM>
+__global__ void qkv_rope_append_vec_kernel(const QkvRopeAppendArgs a, int group) {
+  pdl_begin();
+  const long long r = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / group;
+  const int g = threadIdx.x % group;
+  const FusedRow f = fused_row(r, a.tokens, a.heads, a.kv_heads);
+  const long long base = a.state != nullptr ? a.state->pos : a.pos_offset;
+  const long long pos = base + f.t;
+  const bool writes = f.valid && fused_row_writes(a, f, base, g == 0);
+  const long long row_len = static_cast<long long>(a.heads + 2 * a.kv_heads) * a.head_dim;
+  const T* in = static_cast<const T*>(a.qkv) + f.t * row_len + static_cast<long long>(f.h) * a.head_dim;
+  T* const out = writes ? fused_destination<T>(a, f, pos) : nullptr;
+  const T* w = static_cast<const T*>(f.h < a.heads ? a.q_norm : a.k_norm);
+  // Rope rows (and, for the norm's shuffles, every lane of the warp).
+  rope_row_vec<T, NORM>(in, w, a.cos, a.sin, pos, out, g, a.head_dim, group, a.eps, writes && f.rope);
+  if (writes && !f.rope) {  // v: copied as it is
+    using V = vec_t<T, 8>;
+    const int half = a.head_dim / 2;
+    V lo, hi;
+    lo.load(in + g * 8);
+    hi.load(in + half + g * 8);
+    lo.store(out + g * 8);
+    hi.store(out + half + g * 8);
+  }
+}
+
+template <class T, int PAIRS, bool NORM>
+__global__ void qkv_rope_append_kernel(const QkvRopeAppendArgs a) {
+  pdl_begin();
+  const long long r = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const FusedRow f = fused_row(r, a.tokens, a.heads, a.kv_heads);
+  if (!f.valid) return;  // whole warps exit together
+  const long long base = a.state != nullptr ? a.state->pos : a.pos_offset;
+  if (!fused_row_writes(a, f, base, lane == 0)) return;
+  const long long pos = base + f.t;
+  const long long row_len = static_cast<long long>(a.heads + 2 * a.kv_heads) * a.head_dim;
+  const T* in = static_cast<const T*>(a.qkv) + f.t * row_len + static_cast<long long>(f.h) * a.head_dim;
+  T* const out = fused_destination<T>(a, f, pos);
+  if (f.rope) {
+    const int half = a.head_dim / 2;
+    const T* w = static_cast<const T*>(f.h < a.heads ? a.q_norm : a.k_norm);
+    rope_row_warp<T, PAIRS, NORM>(in, w, a.cos + pos * half, a.sin + pos * half, out, lane, a.head_dim, a.eps);
+  } else {
+    for (int i = lane; i < a.head_dim; i += 32) out[i] = in[i];
+  }
 }
 
 }  // namespace
@@ -181,6 +304,39 @@ void launch_qk_norm_rope(const RopeArgs& a, cudaStream_t stream) {
     });
   });
   check_launch("qk_norm_rope");
+}
+
+void launch_qkv_rope_append(const QkvRopeAppendArgs& a, cudaStream_t stream) {
+  const int half = a.head_dim / 2;
+  const int group = half / 8;
+  const bool norm = a.q_norm != nullptr;
+  const long long rows = static_cast<long long>(a.tokens) * (a.heads + 2 * a.kv_heads);
+  const bool vec_ok = half % 8 == 0 && group <= 32 && (group & (group - 1)) == 0 &&
+                      all_aligned16(a.qkv, a.q_out, a.k_cache, a.v_cache, a.cos, a.sin) &&
+                      (!norm || all_aligned16(a.q_norm, a.k_norm));
+  if (vec_ok) {
+    constexpr int kThreads = 128;
+    const auto blocks = static_cast<unsigned>((rows * group + kThreads - 1) / kThreads);
+    dispatch_half_dtype(a.dtype, "qkv_rope_append", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      auto* kernel = norm ? qkv_rope_append_vec_kernel<T, true> : qkv_rope_append_vec_kernel<T, false>;
+      launch_pdl("qkv_rope_append", kernel, dim3(blocks), kThreads, 0, stream, a, group);
+    });
+    check_launch("qkv_rope_append");
+    return;
+  }
+  const int pairs_per_lane = (half + 31) / 32;
+  const int pairs = pairs_per_lane <= 1 ? 1 : pairs_per_lane <= 2 ? 2 : pairs_per_lane <= 4 ? 4 : 8;
+  const auto blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  dispatch_half_dtype(a.dtype, "qkv_rope_append", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    dispatch_int<1, 2, 4, 8>(pairs, "qkv_rope_append", "pairs per lane", [&](auto pairs_c) {
+      constexpr int P = decltype(pairs_c)::value;
+      auto* kernel = norm ? qkv_rope_append_kernel<T, P, true> : qkv_rope_append_kernel<T, P, false>;
+      launch_pdl("qkv_rope_append", kernel, dim3(blocks), 32 * kWarpsPerBlock, 0, stream, a);
+    });
+  });
+  check_launch("qkv_rope_append");
 }
 
 }  // namespace ferrum::kernels

@@ -31,4 +31,34 @@ struct RopeArgs {
 
 void launch_qk_norm_rope(const RopeArgs& args, cudaStream_t stream);
 
+// qkv_rope_append in one launch: the rope rows of qk_norm_rope for q (to
+// q_out) and k (to the K cache at pos), and v copied to the V cache at pos,
+// pos = base + t with base = state->pos when state is non-null, else
+// pos_offset. A position past the tables skips the row and sets
+// kErrRopePositionOutOfRange; base past capacity - tokens skips every k and
+// v row and sets kErrKvAppendOverCapacity (as the two ops it replaces).
+struct QkvRopeAppendArgs {
+  DType dtype = DType::F16;
+  const void* qkv = nullptr;     // [tokens, (heads + 2 kv_heads) * head_dim]: q | k | v per token
+  const void* q_norm = nullptr;  // [head_dim]; null (with k_norm): rope only
+  const void* k_norm = nullptr;  // [head_dim]
+  const float* cos = nullptr;    // [max_pos, head_dim / 2]
+  const float* sin = nullptr;    // [max_pos, head_dim / 2]
+  void* q_out = nullptr;         // [heads, tokens, head_dim]
+  void* k_cache = nullptr;       // [kv_heads, capacity, head_dim]
+  void* v_cache = nullptr;       // [kv_heads, capacity, head_dim]
+  int tokens = 0;
+  int heads = 0;
+  int kv_heads = 0;
+  int head_dim = 0;              // even, <= kRopeMaxHeadDim
+  long long capacity = 0;
+  long long pos_offset = 0;
+  const DecodeState* state = nullptr;
+  long long max_pos = 0;
+  float eps = 0.0f;
+  std::uint32_t* error_flag = nullptr;
+};
+
+void launch_qkv_rope_append(const QkvRopeAppendArgs& args, cudaStream_t stream);
+
 }  // namespace ferrum::kernels

@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <string_view>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "common/fail.hpp"
@@ -32,6 +33,7 @@ std::string_view to_string(Op op) noexcept {
     case Op::FusedSiluMulSplit: return "fused_silu_mul_split";
     case Op::QkNormRope: return "qk_norm_rope";
     case Op::KvCacheAppendHeadMajor: return "kv_cache_append_head_major";
+    case Op::QkvRopeAppend: return "qkv_rope_append";
     case Op::TransposeHeadToToken: return "transpose_head_to_token";
     case Op::CopySlice: return "copy_slice";
     case Op::FlashAttention: return "flash_attention";
@@ -530,6 +532,70 @@ void Backend::kv_cache_append_head_major(Buffer& cache_k, Buffer& cache_v, std::
   }
   do_kv_cache_append_head_major(cache_k, cache_v, cache_len, capacity, new_k, new_v, new_tokens, nkv, hd,
                                 use_state);
+}
+
+void Backend::qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm, const Buffer& cos,
+                              const Buffer& sin, Buffer& q_out, Buffer& k_cache, Buffer& v_cache, std::size_t tokens,
+                              std::size_t pos_offset, const QkvRopeAppendConfig& cfg) {
+  OpCheck check(*this, "qkv_rope_append");
+  check.size("tokens", tokens);
+  check.size("cfg.heads", cfg.heads);
+  check.size("cfg.kv_heads", cfg.kv_heads);
+  check.size("cfg.head_dim", cfg.head_dim);
+  check.size("cfg.capacity", cfg.capacity);
+  check.size("cfg.max_pos", cfg.max_pos);
+  if (cfg.head_dim % 2 != 0) {
+    check.fail(ErrorCode::InvalidArgument,
+               "qkv_rope_append: argument 'cfg.head_dim' = {} must be even (NeoX rotation pairs halves)", cfg.head_dim);
+  }
+  if (cfg.mode != RopeMode::NormAndRope && cfg.mode != RopeMode::RopeOnly) {
+    check.fail(ErrorCode::InvalidArgument, "qkv_rope_append: argument 'cfg.mode' = {} is not a RopeMode",
+               static_cast<int>(cfg.mode));
+  }
+  check.buffer("qkv", qkv);
+  check.buffer("cos", cos);
+  check.buffer("sin", sin);
+  check.buffer("q_out", q_out);
+  check.buffer("k_cache", k_cache);
+  check.buffer("v_cache", v_cache);
+  check.activation("qkv", qkv);
+  check.same_dtype("q_out", q_out, "qkv", qkv);
+  check.same_dtype("k_cache", k_cache, "qkv", qkv);
+  check.same_dtype("v_cache", v_cache, "qkv", qkv);
+  check.dtype("cos", cos, DType::F32);
+  check.dtype("sin", sin, DType::F32);
+  if (cfg.mode == RopeMode::NormAndRope) {
+    check.eps(cfg.eps);
+    const std::pair<const char*, const Buffer*> norms[] = {{"q_norm", q_norm}, {"k_norm", k_norm}};
+    for (const auto& [name, w] : norms) {
+      if (w == nullptr) {
+        check.fail(ErrorCode::NullBuffer, "qkv_rope_append: argument '{}' is null but cfg.mode is NormAndRope", name);
+      }
+      check.buffer(name, *w);
+      check.same_dtype(name, *w, "qkv", qkv);
+      check.holds(name, *w, cfg.head_dim, "[head_dim]");
+    }
+  }
+  const std::size_t row = check.product({cfg.heads + 2 * cfg.kv_heads, cfg.head_dim});
+  check.holds("qkv", qkv, check.product({tokens, row}), "[tokens, (heads + 2 kv_heads) * head_dim]");
+  check.holds("q_out", q_out, check.product({cfg.heads, tokens, cfg.head_dim}), "[heads, tokens, head_dim]");
+  const std::size_t cache_n = check.product({cfg.kv_heads, cfg.capacity, cfg.head_dim});
+  check.holds("k_cache", k_cache, cache_n, "[kv_heads, capacity, head_dim]");
+  check.holds("v_cache", v_cache, cache_n, "[kv_heads, capacity, head_dim]");
+  const std::size_t table = check.product({cfg.max_pos, cfg.head_dim / 2});
+  check.holds("cos", cos, table, "[max_pos, head_dim/2]");
+  check.holds("sin", sin, table, "[max_pos, head_dim/2]");
+  const bool use_state = device_state_mode() && tokens == 1;
+  if (!use_state && (pos_offset > cfg.max_pos || tokens > cfg.max_pos - pos_offset)) {
+    check.fail(ErrorCode::CapacityExceeded,
+               "qkv_rope_append: positions [{}, {}) run past the {} positions of the cos/sin tables", pos_offset,
+               pos_offset + tokens, cfg.max_pos);
+  }
+  if (tokens > cfg.capacity || (!use_state && pos_offset > cfg.capacity - tokens)) {
+    check.fail(ErrorCode::CapacityExceeded, "qkv_rope_append: positions [{}, {}) run past cfg.capacity = {}",
+               pos_offset, pos_offset + tokens, cfg.capacity);
+  }
+  do_qkv_rope_append(qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, tokens, pos_offset, cfg, use_state);
 }
 
 void Backend::transpose_head_to_token(const Buffer& src, Buffer& dst, std::size_t tokens, std::size_t heads,

@@ -19,10 +19,12 @@ std::string to_string(DecodeMode mode) {
 }
 
 std::vector<Op> required_ops(DecodeMode mode, bool gptq) {
-  std::vector<Op> ops = {Op::EmbeddingLookup, Op::RmsNorm,          Op::FusedAddRmsNorm,
-                         Op::Gemm,            Op::SplitQkv,         Op::QkNormRope,
-                         Op::TransposeHeadToToken, Op::KvCacheAppendHeadMajor, Op::FlashAttention,
-                         Op::FusedSiluMulSplit, Op::Argmax};
+  std::vector<Op> ops = {Op::EmbeddingLookup,      Op::RmsNorm,
+                         Op::FusedAddRmsNorm,      Op::Gemm,
+                         Op::QkvRopeAppend,        Op::QkNormRope,
+                         Op::TransposeHeadToToken, Op::KvCacheAppendHeadMajor,
+                         Op::FlashAttention,       Op::FusedSiluMulSplit,
+                         Op::Argmax};
   if (gptq) {
     ops.push_back(Op::LoadGptq);
     ops.push_back(Op::GemmGptq);
@@ -75,7 +77,8 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
   q_ = be_.alloc(dt, t * cfg_.q_dim());
   k_ = be_.alloc(dt, t * cfg_.kv_dim());
   v_ = be_.alloc(dt, t * cfg_.kv_dim());
-  qk_heads_ = be_.alloc(dt, t * (cfg_.q_dim() + cfg_.kv_dim()));
+  q_heads_ = be_.alloc(dt, t * cfg_.q_dim());
+  k_heads_ = be_.alloc(dt, t * cfg_.kv_dim());
   v_heads_ = be_.alloc(dt, t * cfg_.kv_dim());
   attn_heads_ = be_.alloc(dt, t * cfg_.q_dim());
   attn_tokens_ = be_.alloc(dt, t * cfg_.q_dim());
@@ -187,48 +190,35 @@ void Decoder::enqueue_attention(std::size_t l, std::size_t tokens, std::size_t p
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const std::size_t max_pos = cfg_.max_position_embeddings;
 
-  // One token (decode): [1, q | k | v] is already q, k and v side by side,
-  // v [1, kv, hd] is already head-major [kv, 1, hd], and the attention
-  // output [heads, 1, hd] is already token-major [1, heads * hd]. So the
-  // split and both transposes are skipped: three launches per layer fewer.
-  const bool one_token = tokens == 1;
-  Buffer q = q_.view(0, tokens * cfg_.q_dim()), k = k_.view(0, tokens * cfg_.kv_dim()),
-         v = v_.view(0, tokens * cfg_.kv_dim());
-  if (lw.qkv_proj.fused()) {
-    project(lw.qkv_proj.parts[0], normed_, qkv_, tokens);  // [T, q|k|v]
-    if (one_token) {
-      q = qkv_.view(0, cfg_.q_dim());
-      k = qkv_.view(cfg_.q_dim(), cfg_.kv_dim());
-      v = qkv_.view(cfg_.q_dim() + cfg_.kv_dim(), cfg_.kv_dim());
-    } else {
-      be_.split_qkv(qkv_, q_, k_, v_, tokens, cfg_.q_dim(), cfg_.kv_dim());
-    }
-  } else {  // the outputs split_qkv would make, directly
-    project(lw.qkv_proj.parts[0], normed_, q_, tokens);
-    project(lw.qkv_proj.parts[1], normed_, k_, tokens);
-    project(lw.qkv_proj.parts[2], normed_, v_, tokens);
-  }
   const RopeMode mode = cfg_.has_qk_norm() ? RopeMode::NormAndRope : RopeMode::RopeOnly;
   const Buffer* q_norm = cfg_.has_qk_norm() ? &lw.q_norm : nullptr;
   const Buffer* k_norm = cfg_.has_qk_norm() ? &lw.k_norm : nullptr;
-  Buffer q_heads = qk_heads_.view(0, tokens * cfg_.q_dim());
-  Buffer k_heads = qk_heads_.view(tokens * cfg_.q_dim(), tokens * cfg_.kv_dim());
-  if (one_token && lw.qkv_proj.fused() && mode == RopeMode::RopeOnly) {
-    // Rope without norm weights: q and k side by side in [1, q | k | v] are
-    // heads + kv heads of one input, and [heads + kv, 1, hd] out is q_heads
-    // then k_heads. One launch instead of two.
-    Buffer qk_heads = qk_heads_.view(0, cfg_.q_dim() + cfg_.kv_dim());
-    be_.qk_norm_rope(qkv_.view(0, cfg_.q_dim() + cfg_.kv_dim()), nullptr, w_.rope_cos, w_.rope_sin, qk_heads, 1,
-                     heads + kv, hd, pos_offset, max_pos, eps, mode);
-  } else {
-    be_.qk_norm_rope(q, q_norm, w_.rope_cos, w_.rope_sin, q_heads, tokens, heads, hd, pos_offset, max_pos, eps, mode);
-    be_.qk_norm_rope(k, k_norm, w_.rope_cos, w_.rope_sin, k_heads, tokens, kv, hd, pos_offset, max_pos, eps, mode);
+  Buffer q_heads = q_heads_.view(0, tokens * cfg_.q_dim());
+  if (lw.qkv_proj.fused()) {
+    // [T, q | k | v] straight into q_heads and the caches: one launch for
+    // the split, both ropes, the v transpose and the append.
+    project(lw.qkv_proj.parts[0], normed_, qkv_, tokens);
+    QkvRopeAppendConfig rope;
+    rope.heads = heads;
+    rope.kv_heads = kv;
+    rope.head_dim = hd;
+    rope.capacity = capacity_;
+    rope.max_pos = max_pos;
+    rope.eps = eps;
+    rope.mode = mode;
+    be_.qkv_rope_append(qkv_, q_norm, k_norm, w_.rope_cos, w_.rope_sin, q_heads, k_cache_[l], v_cache_[l], tokens,
+                        pos_offset, rope);
+  } else {  // separate projections (GPTQ parts whose g_idx differ): the same steps op by op
+    project(lw.qkv_proj.parts[0], normed_, q_, tokens);
+    project(lw.qkv_proj.parts[1], normed_, k_, tokens);
+    project(lw.qkv_proj.parts[2], normed_, v_, tokens);
+    be_.qk_norm_rope(q_, q_norm, w_.rope_cos, w_.rope_sin, q_heads, tokens, heads, hd, pos_offset, max_pos, eps, mode);
+    be_.qk_norm_rope(k_, k_norm, w_.rope_cos, w_.rope_sin, k_heads_, tokens, kv, hd, pos_offset, max_pos, eps, mode);
+    // v is token-major [T, kv, hd]; read it as [heads = T, tokens = kv, hd] to get [kv, T, hd].
+    be_.transpose_head_to_token(v_, v_heads_, /*tokens=*/kv, /*heads=*/tokens, hd);
+    be_.kv_cache_append_head_major(k_cache_[l], v_cache_[l], pos_offset, capacity_, k_heads_, v_heads_, tokens, kv,
+                                   hd);
   }
-  // v is token-major [T, kv, hd]; read it as [heads = T, tokens = kv, hd] to get [kv, T, hd].
-  if (!one_token) be_.transpose_head_to_token(v, v_heads_, /*tokens=*/kv, /*heads=*/tokens, hd);
-  const Buffer& v_head_major = one_token ? v : v_heads_;
-  be_.kv_cache_append_head_major(k_cache_[l], v_cache_[l], pos_offset, capacity_, k_heads, v_head_major, tokens, kv,
-                                 hd);
 
   AttnConfig attn;
   attn.num_heads = heads;
@@ -239,6 +229,8 @@ void Decoder::enqueue_attention(std::size_t l, std::size_t tokens, std::size_t p
   // q [1, heads, T, hd] against cache positions [0, pos_offset + T).
   be_.flash_attention(q_heads, k_cache_[l], v_cache_[l], attn_heads_, 1, tokens, pos_offset + tokens, pos_offset,
                       attn);
+  // The attention output [heads, T, hd] is already token-major [1, heads * hd] at T = 1.
+  const bool one_token = tokens == 1;
   if (!one_token) be_.transpose_head_to_token(attn_heads_, attn_tokens_, tokens, heads, hd);  // [T, heads * hd]
   project(lw.o_proj, one_token ? attn_heads_ : attn_tokens_, attn_out_, tokens);
 }

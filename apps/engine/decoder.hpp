@@ -3,14 +3,15 @@
 //
 //   residual = embed(ids); normed = rms_norm(residual, input_norm[0])
 //   per layer l:
-//     qkv = normed · qkv_projᵀ -> split -> q/k (norm +) RoPE, head-major
-//       (unfused GPTQ parts: q, k, v each straight into its buffer, no split)
-//     v -> head-major; k, v appended to the layer's cache [kv, capacity, hd]
+//     qkv = normed · qkv_projᵀ; qkv_rope_append: q (norm +) RoPE to q_heads,
+//       k (norm +) RoPE and v into the layer's cache [kv, capacity, hd] at pos
+//       (unfused GPTQ parts: q, k, v projected apart, then qk_norm_rope,
+//       transpose and kv_cache_append_head_major op by op)
 //     attn = causal GQA attention over the cache -> token-major -> o_proj
 //     residual += attn; normed = rms_norm(residual, post_attention_norm[l])
 //     mlp = down(silu(gate) · up)
 //     residual += mlp; normed = rms_norm(residual, input_norm[l+1] or final norm)
-//   logits = normed[last] · lm_headᵀ
+//   logits = normed[last] · lm_headᵀ; next token = argmax(logits) on the device
 //
 // Every buffer is allocated in the constructor and reused; a decode step
 // only enqueues ops, so it can be captured once and replayed (Graph mode).
@@ -103,7 +104,8 @@ class Decoder {
   Buffer q_;            // [T, heads, hd]
   Buffer k_;            // [T, kv, hd]
   Buffer v_;            // [T, kv, hd]
-  Buffer qk_heads_;     // [heads, T, hd] then [kv, T, hd] (T = 1: one rope call writes both)
+  Buffer q_heads_;      // [heads, T, hd]
+  Buffer k_heads_;      // [kv, T, hd] (unfused q / k / v projections only)
   Buffer v_heads_;      // [kv, T, hd]
   Buffer attn_heads_;   // [heads, T, hd]
   Buffer attn_tokens_;  // [T, heads * hd]

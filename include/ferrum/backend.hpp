@@ -52,6 +52,7 @@ enum class Op {
   FusedSiluMulSplit,
   QkNormRope,
   KvCacheAppendHeadMajor,
+  QkvRopeAppend,
   TransposeHeadToToken,
   CopySlice,
   FlashAttention,
@@ -78,6 +79,17 @@ enum class GeluApproximation { Erf, Tanh };
 enum class RopeMode { NormAndRope, RopeOnly };
 
 enum class ReduceOp { Sum, Max, Min, Prod, Avg };
+
+// The geometry of qkv_rope_append (see there).
+struct QkvRopeAppendConfig {
+  std::size_t heads = 0;     // q heads
+  std::size_t kv_heads = 0;  // k and v heads
+  std::size_t head_dim = 0;  // even
+  std::size_t capacity = 0;  // positions per kv head in the caches
+  std::size_t max_pos = 0;   // rows of the cos / sin tables
+  float eps = 1e-6f;         // NormAndRope only
+  RopeMode mode = RopeMode::RopeOnly;
+};
 
 struct AttnConfig {
   std::size_t num_heads = 0;
@@ -171,7 +183,7 @@ class Backend {
   // state. Stream-ordered and allocation-free; call it before each replay.
   void set_decode_state(std::uint32_t token, std::uint32_t step);
   // In device-state mode, single-token embedding_lookup, qk_norm_rope,
-  // kv_cache_append_head_major and decode flash_attention read token / pos /
+  // kv_cache_append_head_major, qkv_rope_append and decode flash_attention read token / pos /
   // kv_len from the decode state instead of their host arguments.
   void set_device_state_mode(bool enable) { device_state_mode_ = enable; }
   bool device_state_mode() const noexcept { return device_state_mode_; }
@@ -248,6 +260,23 @@ class Backend {
                                   std::size_t capacity, const Buffer& new_k /*[nkv, new_tokens, hd]*/,
                                   const Buffer& new_v /*[nkv, new_tokens, hd]*/,
                                   std::size_t new_tokens, std::size_t nkv, std::size_t hd);
+  // One launch for a decode step's qk_norm_rope (q and k) and
+  // kv_cache_append_head_major, read straight from the QKV projection's
+  // output, which holds q | k | v per token:
+  //   q_out[h, t, :] = rope(norm(q[t, h, :], q_norm))        as qk_norm_rope
+  //   k_cache[h, pos + t, :] = rope(norm(k[t, h, :], k_norm)) as qk_norm_rope + append
+  //   v_cache[h, pos + t, :] = v[t, h, :]                     as the append
+  // with pos = pos_offset, or in device-state mode with tokens == 1 the
+  // decode state's pos (as both ops it replaces). Bitwise what split_qkv,
+  // qk_norm_rope twice and kv_cache_append_head_major write, without their
+  // scratch buffers. q_norm / k_norm are read in NormAndRope mode only.
+  void qkv_rope_append(const Buffer& qkv /*[tokens, (heads + 2 kv_heads) * head_dim]*/,
+                       const Buffer* q_norm /*[head_dim]*/, const Buffer* k_norm /*[head_dim]*/,
+                       const Buffer& cos /*[max_pos, head_dim/2] f32*/, const Buffer& sin /*[max_pos, head_dim/2] f32*/,
+                       Buffer& q_out /*[heads, tokens, head_dim]*/,
+                       Buffer& k_cache /*[kv_heads, capacity, head_dim]*/,
+                       Buffer& v_cache /*[kv_heads, capacity, head_dim]*/, std::size_t tokens, std::size_t pos_offset,
+                       const QkvRopeAppendConfig& cfg);
   // dst[t, h, :] = src[h, t, :]
   void transpose_head_to_token(const Buffer& src /*[heads, tokens, dim]*/,
                                Buffer& dst /*[tokens, heads, dim]*/, std::size_t tokens,
@@ -361,6 +390,11 @@ class Backend {
                                std::size_t heads, std::size_t head_dim, std::size_t pos_offset,
                                std::size_t max_pos, float eps, RopeMode mode,
                                bool use_decode_state) = 0;
+  // use_decode_state: pos is the decode state's (tokens == 1).
+  virtual void do_qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm, const Buffer& cos,
+                                  const Buffer& sin, Buffer& q_out, Buffer& k_cache, Buffer& v_cache,
+                                  std::size_t tokens, std::size_t pos_offset, const QkvRopeAppendConfig& cfg,
+                                  bool use_decode_state) = 0;
   virtual void do_kv_cache_append_head_major(Buffer& cache_k, Buffer& cache_v, std::size_t cache_len,
                                              std::size_t capacity, const Buffer& new_k,
                                              const Buffer& new_v, std::size_t new_tokens,

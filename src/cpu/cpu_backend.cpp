@@ -245,6 +245,7 @@ bool CpuBackend::supports(Op op) const noexcept {
     case Op::FusedSiluMulSplit:
     case Op::QkNormRope:
     case Op::KvCacheAppendHeadMajor:
+    case Op::QkvRopeAppend:
     case Op::TransposeHeadToToken:
     case Op::CopySlice:
     case Op::FlashAttention:
@@ -679,6 +680,62 @@ void CpuBackend::do_qk_norm_rope(const Buffer& input /*[tokens, heads, head_dim]
           rotated[i + half] = x[i + half] * c[i] + x[i] * s[i];
         }
         encode(rotated.data(), head_dim, output, (h * tokens + t) * head_dim);
+      }
+    }
+  });
+}
+
+// The arithmetic of do_qk_norm_rope and the copies of
+// do_kv_cache_append_head_major, row for row: the same bits as split_qkv,
+// qk_norm_rope on q and on k and the append.
+void CpuBackend::do_qkv_rope_append(const Buffer& qkv /*[tokens, (heads + 2 kv_heads) * head_dim]*/,
+                                    const Buffer* q_norm /*[head_dim]*/, const Buffer* k_norm /*[head_dim]*/,
+                                    const Buffer& cos /*[max_pos, head_dim/2] f32*/,
+                                    const Buffer& sin /*[max_pos, head_dim/2] f32*/,
+                                    Buffer& q_out /*[heads, tokens, head_dim]*/,
+                                    Buffer& k_cache /*[kv_heads, capacity, head_dim]*/,
+                                    Buffer& v_cache /*[kv_heads, capacity, head_dim]*/, std::size_t tokens,
+                                    std::size_t pos_offset, const QkvRopeAppendConfig& cfg, bool use_decode_state) {
+  if (use_decode_state && (state_pos_ < 0 || static_cast<std::size_t>(state_pos_) >= cfg.max_pos ||
+                           static_cast<std::size_t>(state_pos_) >= cfg.capacity)) {
+    fail(ErrorCode::CapacityExceeded,
+         "qkv_rope_append: decode-state position {} is outside the {} positions of the cos/sin tables or the "
+         "cfg.capacity = {} of the caches",
+         state_pos_, cfg.max_pos, cfg.capacity);
+  }
+  const std::size_t first = use_decode_state ? static_cast<std::size_t>(state_pos_) : pos_offset;
+  const std::size_t heads = cfg.heads, kv = cfg.kv_heads, hd = cfg.head_dim, half = hd / 2;
+  const std::size_t row = (heads + 2 * kv) * hd;
+  const bool normalize = cfg.mode == RopeMode::NormAndRope;
+  const std::vector<float> wq = normalize ? decode_all(*q_norm, hd) : std::vector<float>{};
+  const std::vector<float> wk = normalize ? decode_all(*k_norm, hd) : std::vector<float>{};
+  const auto* cos_table = static_cast<const float*>(cos.data());
+  const auto* sin_table = static_cast<const float*>(sin.data());
+
+  const RowTasks tasks(tokens, row);
+  parallel_for(tasks.count(), [&](std::size_t task) {
+    std::vector<float> x(hd);
+    std::vector<float> rotated(hd);
+    for (std::size_t t = tasks.begin(task); t < tasks.end(task); ++t) {
+      const std::size_t pos = first + t;
+      const float* c = cos_table + pos * half;
+      const float* s = sin_table + pos * half;
+      for (std::size_t h = 0; h < heads + kv; ++h) {  // q heads, then k heads
+        const bool is_q = h < heads;
+        decode(qkv, t * row + h * hd, hd, x.data());
+        if (normalize) rms_normalize_row(x.data(), (is_q ? wq : wk).data(), hd, cfg.eps, x.data());
+        for (std::size_t i = 0; i < half; ++i) {
+          rotated[i] = x[i] * c[i] - x[i + half] * s[i];
+          rotated[i + half] = x[i + half] * c[i] + x[i] * s[i];
+        }
+        if (is_q) {
+          encode(rotated.data(), hd, q_out, (h * tokens + t) * hd);
+        } else {
+          encode(rotated.data(), hd, k_cache, ((h - heads) * cfg.capacity + pos) * hd);
+        }
+      }
+      for (std::size_t h = 0; h < kv; ++h) {
+        copy_elements(qkv, t * row + (heads + kv + h) * hd, v_cache, (h * cfg.capacity + pos) * hd, hd);
       }
     }
   });

@@ -438,6 +438,41 @@ void CudaBackend::do_qk_norm_rope(const Buffer& input, const Buffer* norm_w, con
   kernels::launch_qk_norm_rope(a, rt_->stream);
 }
 
+void CudaBackend::do_qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm, const Buffer& cos,
+                                     const Buffer& sin, Buffer& q_out, Buffer& k_cache, Buffer& v_cache,
+                                     std::size_t tokens, std::size_t pos_offset, const QkvRopeAppendConfig& cfg,
+                                     bool use_decode_state) {
+  if (cfg.head_dim > static_cast<std::size_t>(kernels::kRopeMaxHeadDim)) {
+    abandon_capture();
+    detail::fail(ErrorCode::Unsupported,
+                 "qkv_rope_append: argument 'cfg.head_dim' = {} exceeds the CUDA kernel's limit {}", cfg.head_dim,
+                 kernels::kRopeMaxHeadDim);
+  }
+  detail::activate_device(device_);
+  const bool norm = cfg.mode == RopeMode::NormAndRope;
+  kernels::QkvRopeAppendArgs a;
+  a.dtype = qkv.dtype();
+  a.qkv = ptr(qkv);
+  a.q_norm = norm ? q_norm->data() : nullptr;
+  a.k_norm = norm ? k_norm->data() : nullptr;
+  a.cos = ptr<float>(cos);
+  a.sin = ptr<float>(sin);
+  a.q_out = ptr(q_out);
+  a.k_cache = ptr(k_cache);
+  a.v_cache = ptr(v_cache);
+  a.tokens = static_cast<int>(tokens);
+  a.heads = static_cast<int>(cfg.heads);
+  a.kv_heads = static_cast<int>(cfg.kv_heads);
+  a.head_dim = static_cast<int>(cfg.head_dim);
+  a.capacity = static_cast<long long>(cfg.capacity);
+  a.pos_offset = static_cast<long long>(pos_offset);
+  a.state = use_decode_state ? rt_->decode_state : nullptr;
+  a.max_pos = static_cast<long long>(cfg.max_pos);
+  a.eps = cfg.eps;
+  a.error_flag = rt_->error_device;
+  kernels::launch_qkv_rope_append(a, rt_->stream);
+}
+
 void CudaBackend::do_kv_cache_append_head_major(Buffer& cache_k, Buffer& cache_v, std::size_t cache_len,
                                                 std::size_t capacity, const Buffer& new_k, const Buffer& new_v,
                                                 std::size_t new_tokens, std::size_t nkv, std::size_t hd,

@@ -228,6 +228,42 @@ TEST_P(BadInput, KvAppendPastCapacity) {
   backend().synchronize();
 }
 
+// ── qkv_rope_append ──────────────────────────────────────────────────────────
+
+TEST_P(BadInput, QkvRopeAppendDomainAndPositions) {
+  const Op op = Op::QkvRopeAppend;
+  expect_call_error(op, ErrorCode::InvalidArgument, "'cfg.head_dim'", [&](OpArgs& a) {
+    a.sizes["cfg.head_dim"] = 7;  // odd: no halves to rotate (buffers still large enough)
+  });
+  expect_call_error(op, ErrorCode::InvalidArgument, "'cfg.mode'", [](OpArgs& a) { a.mode = static_cast<RopeMode>(9); });
+  expect_call_error(op, ErrorCode::NullBuffer, "'q_norm'", [](OpArgs& a) { a.null_norm_w = true; });
+  expect_call_error(op, ErrorCode::InvalidArgument, "'eps'", [](OpArgs& a) { a.eps = kNaN; });
+  // Tables of 6 positions, caches of 5, 2 tokens: offsets 0..3 fit both.
+  expect_call_error(op, ErrorCode::CapacityExceeded, "cfg.capacity", [](OpArgs& a) { a.pos_offset = 4; });
+  expect_call_error(op, ErrorCode::CapacityExceeded, "qkv_rope_append",
+                    [](OpArgs& a) { a.pos_offset = std::numeric_limits<std::size_t>::max() - 1; });
+  expect_call_error(op, ErrorCode::CapacityExceeded, "cos/sin tables", [](OpArgs& a) {
+    a.sizes["cfg.capacity"] = 5;
+    a.sizes["cfg.max_pos"] = 4;  // the tables end before the caches do
+    a.pos_offset = 3;
+  });
+  {
+    OpArgs a = make_args(backend(), op_spec(op));
+    a.pos_offset = 3;  // ends exactly at the capacity: legal
+    EXPECT_NO_THROW(op_spec(op).call(backend(), a));
+    backend().synchronize();
+  }
+  {
+    // RopeOnly reads neither norm nor eps.
+    OpArgs a = make_args(backend(), op_spec(op));
+    a.mode = RopeMode::RopeOnly;
+    a.null_norm_w = true;
+    a.eps = kNaN;
+    EXPECT_NO_THROW(op_spec(op).call(backend(), a));
+    backend().synchronize();
+  }
+}
+
 // ── flash_attention ──────────────────────────────────────────────────────────
 
 TEST_P(BadInput, FlashAttentionDomain) {

@@ -99,6 +99,34 @@ std::vector<OpSpec> build_specs() {
                                                a.buf("new_k"), a.buf("new_v"), a.size("new_tokens"), a.size("nkv"),
                                                a.size("hd"));
                }});
+  {
+    constexpr std::size_t kKv = 1;  // heads 2, kv_heads 1: q | k | v rows of 4 heads
+    const std::size_t rope_table = kMaxPos * kHeadDim / 2;
+    s.push_back({Op::QkvRopeAppend, "qkv_rope_append",
+                 {act("qkv", kNewTokens * (kHeads + 2 * kKv) * kHeadDim), act("q_norm", kHeadDim),
+                  act("k_norm", kHeadDim), {"cos", DType::F32, rope_table, rope_table - 1, kH},
+                  {"sin", DType::F32, rope_table, rope_table - 1, kH}, act("q_out", kHeads * kNewTokens * kHeadDim),
+                  act("k_cache", kKv * kCapacity * kHeadDim), act("v_cache", kKv * kCapacity * kHeadDim)},
+                 {{"tokens", kNewTokens},
+                  {"cfg.heads", kHeads},
+                  {"cfg.kv_heads", kKv},
+                  {"cfg.head_dim", kHeadDim},
+                  {"cfg.capacity", kCapacity},
+                  {"cfg.max_pos", kMaxPos}},
+                 [](Backend& be, OpArgs& a) {
+                   QkvRopeAppendConfig cfg;
+                   cfg.heads = a.size("cfg.heads");
+                   cfg.kv_heads = a.size("cfg.kv_heads");
+                   cfg.head_dim = a.size("cfg.head_dim");
+                   cfg.capacity = a.size("cfg.capacity");
+                   cfg.max_pos = a.size("cfg.max_pos");
+                   cfg.eps = a.eps;
+                   cfg.mode = a.mode;
+                   be.qkv_rope_append(a.buf("qkv"), a.null_norm_w ? nullptr : &a.buf("q_norm"), &a.buf("k_norm"),
+                                      a.buf("cos"), a.buf("sin"), a.buf("q_out"), a.buf("k_cache"),
+                                      a.buf("v_cache"), a.size("tokens"), a.pos_offset, cfg);
+                 }});
+  }
   s.push_back({Op::TransposeHeadToToken, "transpose_head_to_token",
                {act("src", kTokens * kHeads * kHeadDim), act("dst", kTokens * kHeads * kHeadDim)},
                {{"tokens", kTokens}, {"heads", kHeads}, {"dim", kHeadDim}}, [](Backend& be, OpArgs& a) {

@@ -1,0 +1,127 @@
+// qkv_rope_append against the op sequence it replaces, on the same backend:
+// split_qkv → qk_norm_rope (q) → qk_norm_rope (k) → transpose_head_to_token
+// (v) → kv_cache_append_head_major. q_out and both caches must be bitwise
+// equal (the same arithmetic row for row), including the cache rows the
+// append must not touch (poisoned first). Runs on CpuBackend in CI and on
+// CudaBackend where a GPU is present (skipped otherwise): head_dim 128 and
+// 64 take the CUDA vector path, head_dim 6 and a misaligned qkv view the
+// general path; RopeOnly and NormAndRope; 1, 3 and 17 tokens at an offset;
+// and a device-state step (tokens = 1, the position from the decode state).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "support/test_support.hpp"
+
+namespace ferrum::test {
+namespace {
+
+struct Case {
+  std::size_t tokens, heads, kv_heads, head_dim, pos_offset;
+  RopeMode mode;
+  std::size_t lead;  // qkv view offset in elements (1: not 16-byte aligned)
+};
+
+constexpr std::size_t kCapacity = 40, kMaxPos = 48;
+
+std::vector<std::uint16_t> raw(Backend& be, const Buffer& b) {
+  std::vector<std::uint16_t> out(b.numel());
+  be.read_bytes(b, out.data(), out.size() * 2);
+  return out;
+}
+
+// Caches filled with a recognizable pattern (not 0: untouched rows must stay).
+Buffer poisoned_cache(Backend& be, DType dt, std::size_t n) {
+  Buffer b = be.alloc(dt, n);
+  std::vector<float> pattern(n);
+  for (std::size_t i = 0; i < n; ++i) pattern[i] = -3.0f + static_cast<float>(i % 7);
+  be.write(b, pattern, 0);
+  return b;
+}
+
+class QkvRopeAppend : public BackendTest {
+ protected:
+  void run(const Case& c, DType dt, Rng& rng, bool device_state) {
+    Backend& be = backend();
+    SCOPED_TRACE(cat(to_string(dt), " tokens=", c.tokens, " heads=", c.heads, "/", c.kv_heads, " hd=", c.head_dim,
+                     " pos=", c.pos_offset, c.mode == RopeMode::NormAndRope ? " norm" : " rope-only",
+                     " lead=", c.lead, device_state ? " device-state" : ""));
+    const std::size_t hd = c.head_dim, row = (c.heads + 2 * c.kv_heads) * hd;
+    const RopeTables tables = make_rope_tables(kMaxPos, hd, kRopeTheta10k);
+    DeviceTensor qkv(be, random_normal(rng, dt, c.tokens * row), c.lead);
+    DeviceTensor q_norm(be, random_uniform(rng, dt, hd, 0.5f, 1.5f));
+    DeviceTensor k_norm(be, random_uniform(rng, dt, hd, 0.5f, 1.5f));
+    DeviceTensor cos(be, tables.cos), sin(be, tables.sin);
+    const bool norm = c.mode == RopeMode::NormAndRope;
+    const float eps = 1e-6f;
+
+    // The sequence the fused op replaces.
+    Buffer q = be.alloc(dt, c.tokens * c.heads * hd), k = be.alloc(dt, c.tokens * c.kv_heads * hd),
+           v = be.alloc(dt, c.tokens * c.kv_heads * hd);
+    Buffer q_ref = be.alloc(dt, c.heads * c.tokens * hd), k_heads = be.alloc(dt, c.kv_heads * c.tokens * hd),
+           v_heads = be.alloc(dt, c.kv_heads * c.tokens * hd);
+    Buffer k_cache_ref = poisoned_cache(be, dt, c.kv_heads * kCapacity * hd);
+    Buffer v_cache_ref = poisoned_cache(be, dt, c.kv_heads * kCapacity * hd);
+    Buffer q_out = be.alloc(dt, c.heads * c.tokens * hd);
+    Buffer k_cache = poisoned_cache(be, dt, c.kv_heads * kCapacity * hd);
+    Buffer v_cache = poisoned_cache(be, dt, c.kv_heads * kCapacity * hd);
+    be.write(q_out, std::vector<float>(q_out.numel(), 7.0f), 0);
+
+    QkvRopeAppendConfig cfg;
+    cfg.heads = c.heads;
+    cfg.kv_heads = c.kv_heads;
+    cfg.head_dim = hd;
+    cfg.capacity = kCapacity;
+    cfg.max_pos = kMaxPos;
+    cfg.eps = eps;
+    cfg.mode = c.mode;
+    {
+      DeviceStateScope scope(be, device_state);
+      if (device_state) be.set_decode_state(0, static_cast<std::uint32_t>(c.pos_offset));
+      const std::size_t host_pos = device_state ? 0 : c.pos_offset;  // ignored in device-state mode
+      be.split_qkv(qkv.view(), q, k, v, c.tokens, c.heads * hd, c.kv_heads * hd);
+      be.qk_norm_rope(q, norm ? &q_norm.view() : nullptr, cos.view(), sin.view(), q_ref, c.tokens, c.heads, hd,
+                      host_pos, kMaxPos, eps, c.mode);
+      be.qk_norm_rope(k, norm ? &k_norm.view() : nullptr, cos.view(), sin.view(), k_heads, c.tokens, c.kv_heads, hd,
+                      host_pos, kMaxPos, eps, c.mode);
+      be.transpose_head_to_token(v, v_heads, /*tokens=*/c.kv_heads, /*heads=*/c.tokens, hd);
+      be.kv_cache_append_head_major(k_cache_ref, v_cache_ref, host_pos, kCapacity, k_heads, v_heads, c.tokens,
+                                    c.kv_heads, hd);
+      be.qkv_rope_append(qkv.view(), norm ? &q_norm.view() : nullptr, norm ? &k_norm.view() : nullptr, cos.view(),
+                         sin.view(), q_out, k_cache, v_cache, c.tokens, host_pos, cfg);
+      be.synchronize();
+    }
+    EXPECT_EQ(raw(be, q_out), raw(be, q_ref)) << "q_out";
+    EXPECT_EQ(raw(be, k_cache), raw(be, k_cache_ref)) << "k_cache";
+    EXPECT_EQ(raw(be, v_cache), raw(be, v_cache_ref)) << "v_cache";
+  }
+};
+
+TEST_P(QkvRopeAppend, BitwiseEqualsTheOpsItReplaces) {
+  FERRUM_SEEDED_RNG(rng);
+  const Case cases[] = {
+      {1, 32, 8, 128, 0, RopeMode::RopeOnly, 0},     // a Llama decode step
+      {1, 16, 8, 128, 39, RopeMode::NormAndRope, 0}, // a Qwen3 step at the last cache row
+      {3, 4, 2, 64, 5, RopeMode::NormAndRope, 0},
+      {17, 4, 1, 64, 11, RopeMode::RopeOnly, 0},
+      {3, 2, 1, 6, 2, RopeMode::NormAndRope, 0},     // head_dim 6: the general path
+      {3, 4, 2, 128, 1, RopeMode::NormAndRope, 1},   // misaligned qkv: the general path
+  };
+  for (DType dt : kHalfDTypes) {
+    for (const Case& c : cases) run(c, dt, rng, /*device_state=*/false);
+  }
+}
+
+TEST_P(QkvRopeAppend, DeviceStateStepBitwiseEqualsTheOpsItReplaces) {
+  FERRUM_SEEDED_RNG(rng);
+  for (DType dt : kHalfDTypes) {
+    run({1, 32, 8, 128, 23, RopeMode::RopeOnly, 0}, dt, rng, /*device_state=*/true);
+    run({1, 16, 8, 128, 39, RopeMode::NormAndRope, 0}, dt, rng, /*device_state=*/true);
+  }
+}
+
+FERRUM_INSTANTIATE_ON_ALL_BACKENDS(QkvRopeAppend);
+
+}  // namespace
+}  // namespace ferrum::test
