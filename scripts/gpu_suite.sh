@@ -116,6 +116,13 @@ if has_mode quicktests; then
     echo "passed: $(grep -hE '^\[  PASSED  \]' "$OUT"/gputests.*.log | awk '{s += $4} END {print s + 0}')," \
       "skipped: $(grep -hE '^\[  SKIPPED \] [0-9]+ test' "$OUT"/gputests.*.log | awk '{s += $4} END {print s + 0}')"
     grep -hE "^\[  FAILED  \]|Timeout|terminate" "$OUT"/gputests.*.log | head -30
+    # The CPU binary's suites that run on every backend (AllBackends/...):
+    # their CudaBackend instances (bad input, API, qkv_rope_append, ...).
+    echo "== CPU test binary, CUDA instances ($(date +%T))"
+    timeout 200 stdbuf -oL -eL $B/tests/ferrum_tests_cpu --gtest_brief=1 --gtest_filter='*/Cuda' \
+      > "$OUT/cputests_cuda.log" 2>&1
+    echo "ferrum_tests_cpu (CUDA instances) exit $?"
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$OUT/cputests_cuda.log" | head -20
   } 2>&1 | tee -a "$LOG"
 fi
 
