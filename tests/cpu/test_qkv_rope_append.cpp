@@ -4,8 +4,8 @@
 // equal (the same arithmetic row for row), including the cache rows the
 // append must not touch (poisoned first). Runs on CpuBackend in CI and on
 // CudaBackend where a GPU is present (skipped otherwise): head_dim 128 and
-// 64 take the CUDA vector path, head_dim 6 and a misaligned qkv view the
-// general path; RopeOnly and NormAndRope; 1, 3 and 17 tokens at an offset;
+// 64 take the CUDA vector path, head_dim 6 and misaligned views the general
+// path; RopeOnly and NormAndRope; 1, 3 and 17 tokens at an offset;
 // and a device-state step (tokens = 1, the position from the decode state).
 #include <gtest/gtest.h>
 
@@ -56,11 +56,18 @@ class QkvRopeAppend : public BackendTest {
     const bool norm = c.mode == RopeMode::NormAndRope;
     const float eps = 1e-6f;
 
-    // The sequence the fused op replaces.
-    Buffer q = be.alloc(dt, c.tokens * c.heads * hd), k = be.alloc(dt, c.tokens * c.kv_heads * hd),
-           v = be.alloc(dt, c.tokens * c.kv_heads * hd);
-    Buffer q_ref = be.alloc(dt, c.heads * c.tokens * hd), k_heads = be.alloc(dt, c.kv_heads * c.tokens * hd),
-           v_heads = be.alloc(dt, c.kv_heads * c.tokens * hd);
+    // The sequence the fused op replaces. Its scratch is offset like qkv, so
+    // that on CUDA both take the same rope path (the vector and general
+    // paths sum the norm in different orders).
+    std::vector<Buffer> parents;
+    auto scratch = [&](std::size_t n) {
+      parents.push_back(be.alloc(dt, n + c.lead));
+      return parents.back().view(c.lead, n);
+    };
+    Buffer q = scratch(c.tokens * c.heads * hd), k = scratch(c.tokens * c.kv_heads * hd),
+           v = scratch(c.tokens * c.kv_heads * hd);
+    Buffer q_ref = scratch(c.heads * c.tokens * hd), k_heads = scratch(c.kv_heads * c.tokens * hd),
+           v_heads = scratch(c.kv_heads * c.tokens * hd);
     Buffer k_cache_ref = poisoned_cache(be, dt, c.kv_heads * kCapacity * hd);
     Buffer v_cache_ref = poisoned_cache(be, dt, c.kv_heads * kCapacity * hd);
     Buffer q_out = be.alloc(dt, c.heads * c.tokens * hd);
