@@ -44,9 +44,10 @@ std::string describe_device_errors(std::uint32_t bits) {
   };
   add(kernels::kErrEmbeddingIdOutOfRange, "embedding_lookup: a token id was outside [0, vocab) (zero row written)");
   add(kernels::kErrRopePositionOutOfRange,
-      "qk_norm_rope: a position was past the cos/sin tables (row not written)");
+      "qk_norm_rope / qkv_rope_append: a position was past the cos/sin tables (row not written)");
   add(kernels::kErrKvAppendOverCapacity,
-      "kv_cache_append_head_major: the decode-state position + new tokens exceeded the capacity (nothing written)");
+      "kv_cache_append_head_major / qkv_rope_append: the decode-state position + new tokens exceeded the capacity "
+      "(nothing written to the caches)");
   add(kernels::kErrAttnKvLenOutOfRange,
       "flash_attention / flash_decode_ragged: a device-side kv_len (decode state or kv_lens) was outside "
       "[1, kv_seq_stride] (zeros written)");

@@ -329,6 +329,41 @@ TEST_F(CudaDeviceCheck, DecodeStatePositionPastRopeTable) {
   expect_backend_still_works(rng);
 }
 
+// qkv_rope_append with a decode-state position past the caches: the kernel
+// writes neither cache (nor past them), the q rows still rotate (as
+// qk_norm_rope would), and synchronize() names the op.
+TEST_F(CudaDeviceCheck, QkvRopeAppendPastKvCapacity) {
+  FERRUM_SEEDED_RNG(rng);
+  constexpr std::size_t kHeads = 8, kKv = 2, kHd = 128, kCap = 64, kMaxPos = 128;
+  const RopeTables tables = make_rope_tables(kMaxPos, kHd, kRopeTheta10k);
+  const DeviceTensor qkv(cuda(), random_normal(rng, DType::F16, (kHeads + 2 * kKv) * kHd)), cos(cuda(), tables.cos),
+      sin(cuda(), tables.sin);
+  const HostTensor initial = random_normal(rng, DType::F16, kKv * kCap * kHd);
+  GuardedOutput k_cache(cuda(), initial), v_cache(cuda(), initial), q_out(cuda(), DType::F16, kHeads * kHd);
+  QkvRopeAppendConfig cfg;
+  cfg.heads = kHeads;
+  cfg.kv_heads = kKv;
+  cfg.head_dim = kHd;
+  cfg.capacity = kCap;
+  cfg.max_pos = kMaxPos;
+  for (std::uint32_t step : {64u, 100u}) {
+    SCOPED_TRACE(cat("step ", step, " capacity 64"));
+    {
+      DeviceStateScope scope(cuda(), true);
+      cuda().set_decode_state(0, step);
+      EXPECT_NO_THROW(cuda().qkv_rope_append(qkv.view(), nullptr, nullptr, cos.view(), sin.view(), q_out.view(),
+                                             k_cache.view(), v_cache.view(), 1, 0, cfg));
+    }
+    expect_error(ErrorCode::DeviceCheck, "qkv_rope_append", [&] { cuda().synchronize(); });
+    EXPECT_TRUE(k_cache.check_guard());
+    EXPECT_TRUE(v_cache.check_guard());
+    EXPECT_TRUE(q_out.check_guard());
+    EXPECT_TRUE(bitwise_equal(k_cache.bytes(), encode_bytes(initial), 2));
+    EXPECT_TRUE(bitwise_equal(v_cache.bytes(), encode_bytes(initial), 2));
+    expect_backend_still_works(rng);
+  }
+}
+
 TEST_F(CudaDeviceCheck, DecodeStatePositionPastKvCapacity) {
   FERRUM_SEEDED_RNG(rng);
   const auto c = make_kv_append_case(rng, DType::BF16, 4, 64, 128, 0, 1);
