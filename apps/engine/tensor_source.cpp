@@ -209,7 +209,7 @@ void RandomTensorSource::generate_floats(const std::string& name, Store store) c
     const double base_scale = 1.0 / std::sqrt(21.5 * k);
     parallel_fill(numel, [&](std::size_t begin, std::size_t end) {
       for (std::size_t i = begin; i < end; ++i) {
-        store(i, round_to(DType::F16, static_cast<float>(base_scale * (0.75 + 0.5 * unit(i)))));
+        store(i, static_cast<float>(base_scale * (0.75 + 0.5 * unit(i))), DType::F16);
       }
     });
     return;
@@ -227,20 +227,24 @@ void RandomTensorSource::generate_floats(const std::string& name, Store store) c
   const DType dtype = config_.dtype;
   parallel_fill(numel, [&](std::size_t begin, std::size_t end) {
     for (std::size_t i = begin; i < end; ++i) {
-      store(i, round_to(dtype, center + half_width * static_cast<float>(2.0 * unit(i) - 1.0)));
+      store(i, center + half_width * static_cast<float>(2.0 * unit(i) - 1.0), dtype);
     }
   });
 }
 
 std::vector<float> RandomTensorSource::read_f32(const std::string& name) const {
   std::vector<float> values(float_numel(name));
-  generate_floats(name, [&values](std::size_t i, float v) { values[i] = v; });
+  generate_floats(name, [&values](std::size_t i, float x, DType rounding) { values[i] = round_to(rounding, x); });
   return values;
 }
 
 void RandomTensorSource::read_half_into(const std::string& name, DType dtype, std::span<std::uint16_t> out) const {
   check_half_request(*this, name, dtype, float_numel(name), out.size());
-  generate_floats(name, [out, dtype](std::size_t i, float v) { out[i] = encode_half(dtype, v); });
+  // One conversion per value where the value's own dtype is the one asked
+  // for (encode(round(x)) == encode(x)); two otherwise.
+  generate_floats(name, [out, dtype](std::size_t i, float x, DType rounding) {
+    out[i] = encode_half(dtype, rounding == dtype ? x : round_to(rounding, x));
+  });
 }
 
 std::vector<std::int32_t> RandomTensorSource::read_i32(const std::string& name) const {

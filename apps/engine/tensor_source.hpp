@@ -93,8 +93,9 @@ class RandomTensorSource final : public TensorSource {
   const ExpectedTensor& tensor_of(const std::string& name) const;
   // The element count of float tensor `name` (DTypeMismatch for an I32 one).
   std::size_t float_numel(const std::string& name) const;
-  // Calls store(i, value) for every element of float tensor `name`, on every
-  // core; value is already rounded to the config's dtype (scales: to F16).
+  // Calls store(i, x, rounding) for every element of float tensor `name`, on
+  // every core: the element is x rounded to `rounding` (the config's dtype;
+  // F16 for scales), which store does (once, in the dtype it writes).
   template <class Store>
   void generate_floats(const std::string& name, Store store) const;
 
