@@ -761,14 +761,8 @@ void bench_qkv_rope_append(Bench& b, DType dt, std::size_t T, std::size_t H, std
     // each set appending at its own position.
     const std::size_t pairs = std::min<std::size_t>(sets, 4);
     Rotated kc = b.rotated(dt, nkv * cap * hd, pairs, false), vc = b.rotated(dt, nkv * cap * hd, pairs, false);
-    ferrum::QkvRopeAppendConfig cfg;
-    cfg.heads = H;
-    cfg.kv_heads = nkv;
-    cfg.head_dim = hd;
-    cfg.capacity = cap;
-    cfg.max_pos = cap;
-    cfg.eps = kEps;
-    cfg.mode = ferrum::RopeMode::NormAndRope;
+    const ferrum::QkvRopeAppendConfig cfg{.heads = H, .kv_heads = nkv, .head_dim = hd, .capacity = cap, .max_pos = cap,
+                                          .eps = kEps, .mode = ferrum::RopeMode::NormAndRope};
     const std::size_t pos_span = cap - T + 1;
     b.measure(spec, sets, [&](std::size_t s) {
       b.be().qkv_rope_append(qkv[s], &qn[s], &kn[s], cos_t, sin_t, q_out[s], kc[s % pairs], vc[s % pairs], T,

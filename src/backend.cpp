@@ -454,6 +454,54 @@ void Backend::fused_silu_mul_split(const Buffer& gate_up, Buffer& out, std::size
   do_fused_silu_mul_split(gate_up, out, tokens, im);
 }
 
+namespace {
+
+// The RoPE checks qk_norm_rope and qkv_rope_append share (`cfg` is "" or
+// "cfg.", as the op spells its arguments; the norm weights must have the
+// dtype of `activation`): an even head_dim and a RopeMode,
+// f32 cos / sin tables of max_pos rows, in NormAndRope the norm weights
+// (non-null, the activation's dtype, head_dim long) and eps, and positions
+// [pos_offset, pos_offset + tokens) inside the tables unless the decode state
+// supplies them (use_state).
+void check_rope(const OpCheck& check, std::string_view cfg, std::string_view activation_name, const Buffer& activation,
+                std::initializer_list<std::pair<const char*, const Buffer*>> norms, const Buffer& cos,
+                const Buffer& sin, std::size_t tokens, std::size_t head_dim, std::size_t pos_offset,
+                std::size_t max_pos, float eps, RopeMode mode, bool use_state) {
+  if (head_dim % 2 != 0) {
+    check.fail(ErrorCode::InvalidArgument, "{}: argument '{}head_dim' = {} must be even (NeoX rotation pairs halves)",
+               check.op(), cfg, head_dim);
+  }
+  if (mode != RopeMode::NormAndRope && mode != RopeMode::RopeOnly) {
+    check.fail(ErrorCode::InvalidArgument, "{}: argument '{}mode' = {} is not a RopeMode", check.op(), cfg,
+               static_cast<int>(mode));
+  }
+  check.buffer("cos", cos);
+  check.buffer("sin", sin);
+  check.dtype("cos", cos, DType::F32);
+  check.dtype("sin", sin, DType::F32);
+  if (mode == RopeMode::NormAndRope) {
+    check.eps(eps);
+    for (const auto& [name, w] : norms) {
+      if (w == nullptr) {
+        check.fail(ErrorCode::NullBuffer, "{}: argument '{}' is null but '{}mode' is NormAndRope", check.op(), name,
+                   cfg);
+      }
+      check.buffer(name, *w);
+      check.same_dtype(name, *w, activation_name, activation);
+      check.holds(name, *w, head_dim, "[head_dim]");
+    }
+  }
+  const std::size_t table = check.product({max_pos, head_dim / 2});
+  check.holds("cos", cos, table, "[max_pos, head_dim/2]");
+  check.holds("sin", sin, table, "[max_pos, head_dim/2]");
+  if (!use_state && (pos_offset > max_pos || tokens > max_pos - pos_offset)) {
+    check.fail(ErrorCode::CapacityExceeded, "{}: positions [{}, {}) run past the {} positions of the cos/sin tables",
+               check.op(), pos_offset, pos_offset + tokens, max_pos);
+  }
+}
+
+}  // namespace
+
 void Backend::qk_norm_rope(const Buffer& input, const Buffer* norm_w, const Buffer& cos, const Buffer& sin,
                            Buffer& output, std::size_t tokens, std::size_t heads, std::size_t head_dim,
                            std::size_t pos_offset, std::size_t max_pos, float eps, RopeMode mode) {
@@ -462,42 +510,16 @@ void Backend::qk_norm_rope(const Buffer& input, const Buffer* norm_w, const Buff
   check.size("heads", heads);
   check.size("head_dim", head_dim);
   check.size("max_pos", max_pos);
-  if (head_dim % 2 != 0) {
-    check.fail(ErrorCode::InvalidArgument, "qk_norm_rope: argument 'head_dim' = {} must be even (NeoX rotation pairs halves)",
-         head_dim);
-  }
-  if (mode != RopeMode::NormAndRope && mode != RopeMode::RopeOnly) {
-    check.fail(ErrorCode::InvalidArgument, "qk_norm_rope: argument 'mode' = {} is not a RopeMode", static_cast<int>(mode));
-  }
   check.buffer("input", input);
   check.buffer("output", output);
-  check.buffer("cos", cos);
-  check.buffer("sin", sin);
   check.activation("input", input);
   check.same_dtype("output", output, "input", input);
-  check.dtype("cos", cos, DType::F32);
-  check.dtype("sin", sin, DType::F32);
-  if (mode == RopeMode::NormAndRope) {
-    check.eps(eps);
-    if (norm_w == nullptr) {
-      check.fail(ErrorCode::NullBuffer, "qk_norm_rope: argument 'norm_w' is null but mode is NormAndRope");
-    }
-    check.buffer("norm_w", *norm_w);
-    check.same_dtype("norm_w", *norm_w, "input", input);
-    check.holds("norm_w", *norm_w, head_dim, "[head_dim]");
-  }
   const std::size_t n = check.product({tokens, heads, head_dim});
   check.holds("input", input, n, "[tokens, heads, head_dim]");
   check.holds("output", output, n, "[heads, tokens, head_dim]");
-  const std::size_t table = check.product({max_pos, head_dim / 2});
-  check.holds("cos", cos, table, "[max_pos, head_dim/2]");
-  check.holds("sin", sin, table, "[max_pos, head_dim/2]");
   const bool use_state = device_state_mode() && tokens == 1;
-  if (!use_state && (pos_offset > max_pos || tokens > max_pos - pos_offset)) {
-    check.fail(ErrorCode::CapacityExceeded,
-               "qk_norm_rope: positions [{}, {}) run past the {} positions of the cos/sin tables", pos_offset,
-               pos_offset + tokens, max_pos);
-  }
+  check_rope(check, "", "input", input, {{"norm_w", norm_w}}, cos, sin, tokens, head_dim, pos_offset, max_pos, eps, mode,
+             use_state);
   do_qk_norm_rope(input, norm_w, cos, sin, output, tokens, heads, head_dim, pos_offset, max_pos, eps, mode,
                   use_state);
 }
@@ -544,17 +566,7 @@ void Backend::qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, const Buf
   check.size("cfg.head_dim", cfg.head_dim);
   check.size("cfg.capacity", cfg.capacity);
   check.size("cfg.max_pos", cfg.max_pos);
-  if (cfg.head_dim % 2 != 0) {
-    check.fail(ErrorCode::InvalidArgument,
-               "qkv_rope_append: argument 'cfg.head_dim' = {} must be even (NeoX rotation pairs halves)", cfg.head_dim);
-  }
-  if (cfg.mode != RopeMode::NormAndRope && cfg.mode != RopeMode::RopeOnly) {
-    check.fail(ErrorCode::InvalidArgument, "qkv_rope_append: argument 'cfg.mode' = {} is not a RopeMode",
-               static_cast<int>(cfg.mode));
-  }
   check.buffer("qkv", qkv);
-  check.buffer("cos", cos);
-  check.buffer("sin", sin);
   check.buffer("q_out", q_out);
   check.buffer("k_cache", k_cache);
   check.buffer("v_cache", v_cache);
@@ -562,35 +574,15 @@ void Backend::qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, const Buf
   check.same_dtype("q_out", q_out, "qkv", qkv);
   check.same_dtype("k_cache", k_cache, "qkv", qkv);
   check.same_dtype("v_cache", v_cache, "qkv", qkv);
-  check.dtype("cos", cos, DType::F32);
-  check.dtype("sin", sin, DType::F32);
-  if (cfg.mode == RopeMode::NormAndRope) {
-    check.eps(cfg.eps);
-    const std::pair<const char*, const Buffer*> norms[] = {{"q_norm", q_norm}, {"k_norm", k_norm}};
-    for (const auto& [name, w] : norms) {
-      if (w == nullptr) {
-        check.fail(ErrorCode::NullBuffer, "qkv_rope_append: argument '{}' is null but cfg.mode is NormAndRope", name);
-      }
-      check.buffer(name, *w);
-      check.same_dtype(name, *w, "qkv", qkv);
-      check.holds(name, *w, cfg.head_dim, "[head_dim]");
-    }
-  }
   const std::size_t row = check.product({cfg.heads + 2 * cfg.kv_heads, cfg.head_dim});
   check.holds("qkv", qkv, check.product({tokens, row}), "[tokens, (heads + 2 kv_heads) * head_dim]");
   check.holds("q_out", q_out, check.product({cfg.heads, tokens, cfg.head_dim}), "[heads, tokens, head_dim]");
   const std::size_t cache_n = check.product({cfg.kv_heads, cfg.capacity, cfg.head_dim});
   check.holds("k_cache", k_cache, cache_n, "[kv_heads, capacity, head_dim]");
   check.holds("v_cache", v_cache, cache_n, "[kv_heads, capacity, head_dim]");
-  const std::size_t table = check.product({cfg.max_pos, cfg.head_dim / 2});
-  check.holds("cos", cos, table, "[max_pos, head_dim/2]");
-  check.holds("sin", sin, table, "[max_pos, head_dim/2]");
   const bool use_state = device_state_mode() && tokens == 1;
-  if (!use_state && (pos_offset > cfg.max_pos || tokens > cfg.max_pos - pos_offset)) {
-    check.fail(ErrorCode::CapacityExceeded,
-               "qkv_rope_append: positions [{}, {}) run past the {} positions of the cos/sin tables", pos_offset,
-               pos_offset + tokens, cfg.max_pos);
-  }
+  check_rope(check, "cfg.", "qkv", qkv, {{"q_norm", q_norm}, {"k_norm", k_norm}}, cos, sin, tokens, cfg.head_dim, pos_offset,
+             cfg.max_pos, cfg.eps, cfg.mode, use_state);
   if (tokens > cfg.capacity || (!use_state && pos_offset > cfg.capacity - tokens)) {
     check.fail(ErrorCode::CapacityExceeded, "qkv_rope_append: positions [{}, {}) run past cfg.capacity = {}",
                pos_offset, pos_offset + tokens, cfg.capacity);

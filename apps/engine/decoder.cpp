@@ -198,14 +198,8 @@ void Decoder::enqueue_attention(std::size_t l, std::size_t tokens, std::size_t p
     // [T, q | k | v] straight into q_heads and the caches: one launch for
     // the split, both ropes, the v transpose and the append.
     project(lw.qkv_proj.parts[0], normed_, qkv_, tokens);
-    QkvRopeAppendConfig rope;
-    rope.heads = heads;
-    rope.kv_heads = kv;
-    rope.head_dim = hd;
-    rope.capacity = capacity_;
-    rope.max_pos = max_pos;
-    rope.eps = eps;
-    rope.mode = mode;
+    const QkvRopeAppendConfig rope{.heads = heads, .kv_heads = kv, .head_dim = hd, .capacity = capacity_,
+                                   .max_pos = max_pos, .eps = eps, .mode = mode};
     be_.qkv_rope_append(qkv_, q_norm, k_norm, w_.rope_cos, w_.rope_sin, q_heads, k_cache_[l], v_cache_[l], tokens,
                         pos_offset, rope);
   } else {  // separate projections (GPTQ parts whose g_idx differ): the same steps op by op
@@ -220,12 +214,7 @@ void Decoder::enqueue_attention(std::size_t l, std::size_t tokens, std::size_t p
                                    hd);
   }
 
-  AttnConfig attn;
-  attn.num_heads = heads;
-  attn.num_kv_heads = kv;
-  attn.head_dim = hd;
-  attn.causal = true;
-  attn.kv_seq_stride = capacity_;
+  const AttnConfig attn{.num_heads = heads, .num_kv_heads = kv, .head_dim = hd, .causal = true, .kv_seq_stride = capacity_};
   // q [1, heads, T, hd] against cache positions [0, pos_offset + T).
   be_.flash_attention(q_heads, k_cache_[l], v_cache_[l], attn_heads_, 1, tokens, pos_offset + tokens, pos_offset,
                       attn);

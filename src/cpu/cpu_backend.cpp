@@ -191,6 +191,19 @@ void rms_normalize_row(const float* x /*[dim]*/, const float* w /*[dim]*/, std::
   for (std::size_t d = 0; d < dim; ++d) out[d] = (x[d] * r) * w[d];
 }
 
+// One RoPE row, as qk_norm_rope and qkv_rope_append compute it: x (with
+// `weight`, RMS-normalized in place first; the normalized row feeds the
+// rotation unrounded), then NeoX rotate-halves with the cos / sin rows.
+void rope_row(float* x /*[head_dim]*/, const float* weight /*[head_dim] or null*/, const float* c /*[head_dim/2]*/,
+              const float* s /*[head_dim/2]*/, std::size_t head_dim, float eps, float* rotated /*[head_dim]*/) {
+  const std::size_t half = head_dim / 2;
+  if (weight != nullptr) rms_normalize_row(x, weight, head_dim, eps, x);
+  for (std::size_t i = 0; i < half; ++i) {
+    rotated[i] = x[i] * c[i] - x[i + half] * s[i];
+    rotated[i + half] = x[i + half] * c[i] + x[i] * s[i];
+  }
+}
+
 // sums[r] = a_r · b for kRows rows a_r = a + r * lda, each in f64. Loading each
 // element of b once for several rows of a, and keeping several independent
 // partial sums per row (so the adds need not wait on each other), is what
@@ -673,12 +686,7 @@ void CpuBackend::do_qk_norm_rope(const Buffer& input /*[tokens, heads, head_dim]
       const float* s = sin_table + (first_pos + t) * half;
       for (std::size_t h = 0; h < heads; ++h) {
         decode(input, (t * heads + h) * head_dim, head_dim, x.data());
-        // The normalized row feeds the rotation unrounded.
-        if (normalize) rms_normalize_row(x.data(), weight.data(), head_dim, eps, x.data());
-        for (std::size_t i = 0; i < half; ++i) {
-          rotated[i] = x[i] * c[i] - x[i + half] * s[i];
-          rotated[i + half] = x[i + half] * c[i] + x[i] * s[i];
-        }
+        rope_row(x.data(), normalize ? weight.data() : nullptr, c, s, head_dim, eps, rotated.data());
         encode(rotated.data(), head_dim, output, (h * tokens + t) * head_dim);
       }
     }
@@ -723,11 +731,7 @@ void CpuBackend::do_qkv_rope_append(const Buffer& qkv /*[tokens, (heads + 2 kv_h
       for (std::size_t h = 0; h < heads + kv; ++h) {  // q heads, then k heads
         const bool is_q = h < heads;
         decode(qkv, t * row + h * hd, hd, x.data());
-        if (normalize) rms_normalize_row(x.data(), (is_q ? wq : wk).data(), hd, cfg.eps, x.data());
-        for (std::size_t i = 0; i < half; ++i) {
-          rotated[i] = x[i] * c[i] - x[i + half] * s[i];
-          rotated[i + half] = x[i + half] * c[i] + x[i] * s[i];
-        }
+        rope_row(x.data(), normalize ? (is_q ? wq : wk).data() : nullptr, c, s, hd, cfg.eps, rotated.data());
         if (is_q) {
           encode(rotated.data(), hd, q_out, (h * tokens + t) * hd);
         } else {

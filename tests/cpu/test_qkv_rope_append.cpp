@@ -75,14 +75,8 @@ class QkvRopeAppend : public BackendTest {
     Buffer v_cache = poisoned_cache(be, dt, c.kv_heads * kCapacity * hd);
     be.write(q_out, std::vector<float>(q_out.numel(), 7.0f), 0);
 
-    QkvRopeAppendConfig cfg;
-    cfg.heads = c.heads;
-    cfg.kv_heads = c.kv_heads;
-    cfg.head_dim = hd;
-    cfg.capacity = kCapacity;
-    cfg.max_pos = kMaxPos;
-    cfg.eps = eps;
-    cfg.mode = c.mode;
+    const QkvRopeAppendConfig cfg{.heads = c.heads, .kv_heads = c.kv_heads, .head_dim = hd, .capacity = kCapacity,
+                                  .max_pos = kMaxPos, .eps = eps, .mode = c.mode};
     {
       DeviceStateScope scope(be, device_state);
       if (device_state) be.set_decode_state(0, static_cast<std::uint32_t>(c.pos_offset));

@@ -340,12 +340,7 @@ TEST_F(CudaDeviceCheck, QkvRopeAppendPastKvCapacity) {
       sin(cuda(), tables.sin);
   const HostTensor initial = random_normal(rng, DType::F16, kKv * kCap * kHd);
   GuardedOutput k_cache(cuda(), initial), v_cache(cuda(), initial), q_out(cuda(), DType::F16, kHeads * kHd);
-  QkvRopeAppendConfig cfg;
-  cfg.heads = kHeads;
-  cfg.kv_heads = kKv;
-  cfg.head_dim = kHd;
-  cfg.capacity = kCap;
-  cfg.max_pos = kMaxPos;
+  const QkvRopeAppendConfig cfg{.heads = kHeads, .kv_heads = kKv, .head_dim = kHd, .capacity = kCap, .max_pos = kMaxPos};
   for (std::uint32_t step : {64u, 100u}) {
     SCOPED_TRACE(cat("step ", step, " capacity 64"));
     {

@@ -114,14 +114,13 @@ std::vector<OpSpec> build_specs() {
                   {"cfg.capacity", kCapacity},
                   {"cfg.max_pos", kMaxPos}},
                  [](Backend& be, OpArgs& a) {
-                   QkvRopeAppendConfig cfg;
-                   cfg.heads = a.size("cfg.heads");
-                   cfg.kv_heads = a.size("cfg.kv_heads");
-                   cfg.head_dim = a.size("cfg.head_dim");
-                   cfg.capacity = a.size("cfg.capacity");
-                   cfg.max_pos = a.size("cfg.max_pos");
-                   cfg.eps = a.eps;
-                   cfg.mode = a.mode;
+                   const QkvRopeAppendConfig cfg{.heads = a.size("cfg.heads"),
+                                                 .kv_heads = a.size("cfg.kv_heads"),
+                                                 .head_dim = a.size("cfg.head_dim"),
+                                                 .capacity = a.size("cfg.capacity"),
+                                                 .max_pos = a.size("cfg.max_pos"),
+                                                 .eps = a.eps,
+                                                 .mode = a.mode};
                    be.qkv_rope_append(a.buf("qkv"), a.null_norm_w ? nullptr : &a.buf("q_norm"), &a.buf("k_norm"),
                                       a.buf("cos"), a.buf("sin"), a.buf("q_out"), a.buf("k_cache"),
                                       a.buf("v_cache"), a.size("tokens"), a.pos_offset, cfg);
