@@ -20,8 +20,8 @@
 //
 // "read_us" (once per shape) is the read ceiling of the INT4 weight + scale
 // bytes (bench/read_ceiling.cu: a read-only stream, no math) and "max_x"
-// the largest speedup over cuBLAS any kernel could show there (cuBLAS m = 1
-// time / read_us): the bar's feasibility at that size.
+// the largest speedup over cuBLAS any kernel could show there (the row's
+// cuBLAS time / read_us): the bar's feasibility at that size.
 //
 // Method: CUDA events around each launch, `warmup` untimed launches, median
 // of `iters`. Several copies of every weight are rotated so that no launch

@@ -93,7 +93,7 @@ __device__ __forceinline__ uint4 load_weight(const uint4* p, std::uint64_t polic
 // rows [row0, row0 + rows) of b, which is what its warps load in their first
 // round. When the kernel before it triggered early, this runs while that
 // kernel still does, and the first round hits L2 instead of paying the DRAM
-// ramp. first_bytes = 0: nothing.
+// ramp. Callers skip the call (not inlined) when the switch is off.
 // Not inlined: inlined, it raised the kernels' registers from 80 / 104 / 124
 // to 102 / 128 / 126 (ptxas -v, sm_90, CUDA 13.0), i.e. fewer resident
 // blocks for the whole weight stream, switch on or off. The b920e6f version
@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemm_skinny_simt_kernel(const 
                                                                           const T* __restrict__ b,  // [n, k]
                                                                           T* __restrict__ out,      // [M, n]
                                                                           int n, int k, int prefetch_bytes) {
-  prefetch_first_round(b, static_cast<int>(blockIdx.x) * R, R, n, k, prefetch_bytes);
+  if (prefetch_bytes > 0) prefetch_first_round(b, static_cast<int>(blockIdx.x) * R, R, n, k, prefetch_bytes);
   pdl_begin();
   constexpr int kSums = R * M;                 // per lane: [R][M], flattened r * M + m
   constexpr int kSumsPow2 = next_pow2(kSums);  // padded with zeros for the reduction
@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) gemm_skinny_mma_kernel(cons
   constexpr int kSteps = kMmaLoads / (2 * kTiles);  // 32-element k steps per warp iteration
   constexpr int kIterVecs = 4 * kSteps;             // 16-byte vectors of a row per warp iteration
   constexpr int kRows = 16 * kTiles;                // rows of b per block
-  prefetch_first_round(b, static_cast<int>(blockIdx.x) * kRows, kRows, n, k, prefetch_bytes);
+  if (prefetch_bytes > 0) prefetch_first_round(b, static_cast<int>(blockIdx.x) * kRows, kRows, n, k, prefetch_bytes);
   pdl_begin();
 
   const int warps = blockDim.x / 32;

@@ -45,7 +45,11 @@ LOG="$OUT/suite.log"
 # shards side by side (the sanitizers are CPU-heavy; the GPU is mostly
 # idle). Prints each shard's last TAIL lines, the error summaries, and one
 # exit line: the worst shard's exit code (9: errors found, 124: timeout).
+# The full output goes to $OUT/TOOL.N.log (N counts the calls of this run).
+SANITIZE_RUN=0
 sanitize() {
+  SANITIZE_RUN=$((SANITIZE_RUN + 1))
+  local MODE_TAG=$SANITIZE_RUN
   local shards="${SANITIZE_SHARDS:-4}" worst=0 i rc
   local dir
   dir=$(mktemp -d)
@@ -61,7 +65,7 @@ sanitize() {
     echo "-- $1 shard $i of $shards: exit $rc"
     tail -"${4:-3}" "$dir/$i.log"
   done
-  cat "$dir"/*.log > "$OUT/$1.log"
+  cat "$dir"/*.log > "$OUT/$1.$MODE_TAG.log"
   grep -hE "ERROR SUMMARY" "$dir"/*.log | sort | uniq -c
   rm -rf "$dir"
   echo "$1 exit $worst"
@@ -105,12 +109,15 @@ if has_mode quicktests; then
   {
     SHARDS="${GPU_TEST_SHARDS:-6}"
     echo "== GPU test binary, $SHARDS shards ($(date +%T))"
+    pids=()
     for i in $(seq 0 $((SHARDS - 1))); do
       NCCL_NVLS_ENABLE=0 GTEST_TOTAL_SHARDS=$SHARDS GTEST_SHARD_INDEX=$i timeout 300 \
         stdbuf -oL -eL $B/tests/ferrum_tests_gpu --gtest_brief=1 > "$OUT/gputests.$i.log" 2>&1 &
+      pids+=($!)
     done
+    # wait PID returns a child's status even when it exited before the wait.
     FAILED_SHARDS=0
-    for job in $(jobs -p); do wait "$job" || FAILED_SHARDS=$((FAILED_SHARDS + 1)); done
+    for pid in "${pids[@]}"; do wait "$pid" || FAILED_SHARDS=$((FAILED_SHARDS + 1)); done
     cat "$OUT"/gputests.*.log > "$OUT/gputests.log"
     echo "ferrum_tests_gpu shards failed: $FAILED_SHARDS of $SHARDS"
     echo "passed: $(grep -hE '^\[  PASSED  \]' "$OUT"/gputests.*.log | awk '{s += $4} END {print s + 0}')," \
@@ -190,19 +197,22 @@ if has_mode engine; then
           > /tmp/ferrum_engine_$run.log 2>&1
         grep -E "backend|model|loaded|decode:|prefill:|error" /tmp/ferrum_engine_$run.log
         if [ $run -gt 0 ]; then
-          if [ "$(grep generated: /tmp/ferrum_engine_0.log)" = "$(grep generated: /tmp/ferrum_engine_$run.log)" ]; then
+          first=$(grep generated: /tmp/ferrum_engine_0.log)
+          if [ -n "$first" ] && [ "$first" = "$(grep generated: /tmp/ferrum_engine_$run.log)" ]; then
             echo "   tokens equal to --graph"
           else
-            echo "   TOKENS DIFFER from --graph"
+            echo "   TOKENS DIFFER from --graph (or a run produced none)"
           fi
         fi
         run=$((run + 1))
       done
+      rm -f /tmp/ferrum_logits_${dtype}_*.bin
       for mode in --graph "--graph --pdl-trigger --gemm-prefetch"; do
         timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --dtype $dtype --steps 32 $mode \
-          --dump-logits "/tmp/ferrum_logits_${mode//[ -]/}.bin" > /dev/null 2>&1
+          --dump-logits "/tmp/ferrum_logits_${dtype}_${mode//[ -]/}.bin" > /dev/null 2>&1
+        echo "   dump run $mode exit $?"
       done
-      cmp -s /tmp/ferrum_logits_graph.bin /tmp/ferrum_logits_graphpdltriggergemmprefetch.bin \
+      cmp -s /tmp/ferrum_logits_${dtype}_graph.bin /tmp/ferrum_logits_${dtype}_graphpdltriggergemmprefetch.bin \
         && echo "-- $dtype logits (32 steps): switches on bitwise equal to --graph" \
         || echo "-- $dtype logits (32 steps): SWITCHES CHANGE THE LOGITS"
     done

@@ -109,7 +109,7 @@ void Decoder::check_tokens(std::span<const std::int32_t> tokens) const {
 
 std::vector<float> Decoder::prefill(std::span<const std::int32_t> tokens) {
   run_prefill(tokens);
-  return read_logits();
+  return logits();
 }
 
 std::int32_t Decoder::prefill_next(std::span<const std::int32_t> tokens) {
@@ -119,7 +119,7 @@ std::int32_t Decoder::prefill_next(std::span<const std::int32_t> tokens) {
 
 std::vector<float> Decoder::decode(std::int32_t token) {
   run_decode(token);
-  return read_logits();
+  return logits();
 }
 
 std::int32_t Decoder::decode_next(std::int32_t token) {
@@ -254,7 +254,7 @@ void Decoder::project(const Projection& p, const Buffer& x, Buffer& out, std::si
   }
 }
 
-std::vector<float> Decoder::read_logits() { return be_.download(logits_, cfg_.vocab_size); }
+std::vector<float> Decoder::logits() { return be_.download(logits_, cfg_.vocab_size); }
 
 std::int32_t Decoder::read_next_token() {
   std::int32_t token = 0;

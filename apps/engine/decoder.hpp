@@ -62,6 +62,8 @@ class Decoder {
   // the first maximum of the logits prefill / decode would return.
   std::int32_t prefill_next(std::span<const std::int32_t> tokens);
   std::int32_t decode_next(std::int32_t token);
+  // The logits [vocab] of the last prefill / decode step (a read-back).
+  std::vector<float> logits();
   // Starts a new sequence at position 0 (keeps buffers and any captured graph).
   void reset() noexcept { position_ = 0; }
 
@@ -79,7 +81,6 @@ class Decoder {
   void enqueue_mlp(std::size_t layer, std::size_t tokens);
   // out[m, p.n] = x[m, p.k] · Wᵀ with gemm or gemm_gptq.
   void project(const Projection& p, const Buffer& x, Buffer& out, std::size_t m);
-  std::vector<float> read_logits();
   std::int32_t read_next_token();
   void run_prefill(std::span<const std::int32_t> tokens);
   void run_decode(std::int32_t token);

@@ -88,6 +88,7 @@ class LogitsDump {
     if (file_ != nullptr) std::fclose(file_);
   }
 
+  bool enabled() const noexcept { return file_ != nullptr; }
   void write(const std::vector<float>& row) {
     static_assert(std::endian::native == std::endian::little, "--dump-logits writes host floats as little-endian");
     if (file_ == nullptr) return;
@@ -297,17 +298,10 @@ int run(const Options& opt) {
   }
   Decoder decoder(*backend, weights, total, opt.prompt.size(), mode);
 
-  // Greedy tokens come from Backend::argmax on the device (4 bytes per step);
-  // the logits are only read back when --dump-logits asks for them.
-  const bool dumping = !opt.dump_logits.empty();
+  // Greedy tokens come from Backend::argmax on the device (4 bytes per step),
+  // dumping or not; the logits are only read back for --dump-logits.
   const auto prefill_start = Clock::now();
-  std::int32_t next = 0;
-  std::vector<float> logits;
-  if (dumping) {
-    logits = decoder.prefill(opt.prompt);
-  } else {
-    next = decoder.prefill_next(opt.prompt);
-  }
+  std::int32_t next = decoder.prefill_next(opt.prompt);
   const double prefill_s = seconds_since(prefill_start);
   std::printf("  prefill: %zu tokens in %.3f s (%.1f tokens/s)\n", opt.prompt.size(), prefill_s,
               static_cast<double>(opt.prompt.size()) / prefill_s);
@@ -315,15 +309,9 @@ int run(const Options& opt) {
   std::vector<std::int32_t> generated;
   const auto decode_start = Clock::now();
   for (std::size_t step = 0; step < opt.steps; ++step) {
-    if (step > 0) {
-      if (dumping) {
-        logits = decoder.decode(generated.back());
-      } else {
-        next = decoder.decode_next(generated.back());
-      }
-    }
-    const std::int32_t token = dumping ? argmax(logits) : next;
-    dump.write(logits);
+    if (step > 0) next = decoder.decode_next(generated.back());
+    const std::int32_t token = next;
+    if (dump.enabled()) dump.write(decoder.logits());
     generated.push_back(token);
     std::printf("  step %zu: token %d\n", step, token);
     std::fflush(stdout);

@@ -12,8 +12,9 @@ namespace ferrum::kernels {
 // validating layer should have refused.
 [[noreturn]] void throw_bad_dispatch(const char* op, const char* what, long long value);
 
-// Whether the current device supports programmatic dependent launch (sm_90+;
-// see kernels/common/launch.cuh). Cached per device.
+// Whether launches on the current device use programmatic dependent launch
+// (see kernels/common/launch.cuh): the device's CudaBackend config decides;
+// without a backend, whether the device has it (sm_90+), cached per device.
 bool pdl_available();
 // The current device's CudaBackendConfig::pdl_early_trigger (false without
 // PDL or without a backend) and ::gemm_prefetch_before_wait (false without a

@@ -34,7 +34,7 @@
 //   before it: a prefetch hint of data no kernel in the stream writes, which
 //   returns nothing, so nothing stale can be read.
 //
-// Kernels launched the ordinary way (attention, GPTQ, cuBLAS, NCCL) are full
+// Kernels launched the ordinary way (prefill attention, GPTQ, cuBLAS, NCCL) are full
 // dependencies as before, and pdl_begin() is a no-op when the launch did not
 // ask for PDL or the device is older than sm_90.
 #pragma once

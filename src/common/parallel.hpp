@@ -29,16 +29,21 @@ void parallel_for(std::size_t count, std::size_t align, std::size_t min_items, B
   const std::size_t per = ((count + threads - 1) / threads + align - 1) / align * align;
   std::vector<std::exception_ptr> errors(threads);
   std::vector<std::thread> pool;
-  for (std::size_t t = 0; t < threads; ++t) {
-    const std::size_t begin = std::min(count, t * per), end = std::min(count, begin + per);
-    if (begin == end) break;
-    pool.emplace_back([&body, &errors, t, begin, end] {
-      try {
-        body(begin, end);
-      } catch (...) {
-        errors[t] = std::current_exception();
-      }
-    });
+  try {
+    for (std::size_t t = 0; t < threads; ++t) {
+      const std::size_t begin = std::min(count, t * per), end = std::min(count, begin + per);
+      if (begin == end) break;
+      pool.emplace_back([&body, &errors, t, begin, end] {
+        try {
+          body(begin, end);
+        } catch (...) {
+          errors[t] = std::current_exception();
+        }
+      });
+    }
+  } catch (...) {  // a thread could not be started: never destroy joinable ones
+    for (std::thread& th : pool) th.join();
+    throw;
   }
   for (std::thread& th : pool) th.join();
   for (const std::exception_ptr& e : errors) {

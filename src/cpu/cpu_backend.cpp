@@ -467,17 +467,20 @@ void CpuBackend::do_add_bias(Buffer& data /*[rows, cols], in/out*/, const Buffer
 void CpuBackend::do_argmax(const Buffer& x /*[rows, cols]*/, Buffer& out /*[rows] i32*/, std::size_t rows,
                            std::size_t cols) {
   auto* ids = static_cast<std::int32_t*>(out.data());
-  parallel_for(rows, [&](std::size_t r) {
-    std::vector<float> row(cols);
-    decode(x, r * cols, cols, row.data());
-    // Strictly greater replaces: the first maximum wins. A NaN beats every
-    // number and the first NaN wins among NaNs (torch.argmax).
-    std::size_t best = 0;
-    for (std::size_t c = 1; c < cols; ++c) {
-      const bool best_nan = std::isnan(row[best]);
-      if (!best_nan && (std::isnan(row[c]) || row[c] > row[best])) best = c;
+  const RowTasks tasks(rows, cols);
+  parallel_for(tasks.count(), [&](std::size_t task) {
+    std::vector<float> row(cols);  // one buffer per task, not per row
+    for (std::size_t r = tasks.begin(task); r < tasks.end(task); ++r) {
+      decode(x, r * cols, cols, row.data());
+      // Strictly greater replaces: the first maximum wins. A NaN beats every
+      // number and the first NaN wins among NaNs (torch.argmax).
+      std::size_t best = 0;
+      for (std::size_t c = 1; c < cols; ++c) {
+        const bool best_nan = std::isnan(row[best]);
+        if (!best_nan && (std::isnan(row[c]) || row[c] > row[best])) best = c;
+      }
+      ids[r] = static_cast<std::int32_t>(best);
     }
-    ids[r] = static_cast<std::int32_t>(best);
   });
 }
 

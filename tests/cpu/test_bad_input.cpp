@@ -237,10 +237,11 @@ TEST_P(BadInput, QkvRopeAppendDomainAndPositions) {
   });
   expect_call_error(op, ErrorCode::InvalidArgument, "'cfg.mode'", [](OpArgs& a) { a.mode = static_cast<RopeMode>(9); });
   expect_call_error(op, ErrorCode::NullBuffer, "'q_norm'", [](OpArgs& a) { a.null_norm_w = true; });
+  expect_call_error(op, ErrorCode::NullBuffer, "'k_norm'", [](OpArgs& a) { a.null_k_norm = true; });
   expect_call_error(op, ErrorCode::InvalidArgument, "'eps'", [](OpArgs& a) { a.eps = kNaN; });
   // Tables of 6 positions, caches of 5, 2 tokens: offsets 0..3 fit both.
   expect_call_error(op, ErrorCode::CapacityExceeded, "cfg.capacity", [](OpArgs& a) { a.pos_offset = 4; });
-  expect_call_error(op, ErrorCode::CapacityExceeded, "qkv_rope_append",
+  expect_call_error(op, ErrorCode::CapacityExceeded, "cos/sin tables",
                     [](OpArgs& a) { a.pos_offset = std::numeric_limits<std::size_t>::max() - 1; });
   expect_call_error(op, ErrorCode::CapacityExceeded, "cos/sin tables", [](OpArgs& a) {
     a.sizes["cfg.capacity"] = 5;
@@ -258,6 +259,7 @@ TEST_P(BadInput, QkvRopeAppendDomainAndPositions) {
     OpArgs a = make_args(backend(), op_spec(op));
     a.mode = RopeMode::RopeOnly;
     a.null_norm_w = true;
+    a.null_k_norm = true;
     a.eps = kNaN;
     EXPECT_NO_THROW(op_spec(op).call(backend(), a));
     backend().synchronize();

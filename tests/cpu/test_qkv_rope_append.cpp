@@ -25,21 +25,6 @@ struct Case {
 
 constexpr std::size_t kCapacity = 40, kMaxPos = 48;
 
-std::vector<std::uint16_t> raw(Backend& be, const Buffer& b) {
-  std::vector<std::uint16_t> out(b.numel());
-  be.read_bytes(b, out.data(), out.size() * 2);
-  return out;
-}
-
-// Caches filled with a recognizable pattern (not 0: untouched rows must stay).
-Buffer poisoned_cache(Backend& be, DType dt, std::size_t n) {
-  Buffer b = be.alloc(dt, n);
-  std::vector<float> pattern(n);
-  for (std::size_t i = 0; i < n; ++i) pattern[i] = -3.0f + static_cast<float>(i % 7);
-  be.write(b, pattern, 0);
-  return b;
-}
-
 class QkvRopeAppend : public BackendTest {
  protected:
   void run(const Case& c, DType dt, Rng& rng, bool device_state) {
@@ -66,36 +51,40 @@ class QkvRopeAppend : public BackendTest {
     };
     Buffer q = scratch(c.tokens * c.heads * hd), k = scratch(c.tokens * c.kv_heads * hd),
            v = scratch(c.tokens * c.kv_heads * hd);
-    Buffer q_ref = scratch(c.heads * c.tokens * hd), k_heads = scratch(c.kv_heads * c.tokens * hd),
-           v_heads = scratch(c.kv_heads * c.tokens * hd);
-    Buffer k_cache_ref = poisoned_cache(be, dt, c.kv_heads * kCapacity * hd);
-    Buffer v_cache_ref = poisoned_cache(be, dt, c.kv_heads * kCapacity * hd);
-    Buffer q_out = be.alloc(dt, c.heads * c.tokens * hd);
-    Buffer k_cache = poisoned_cache(be, dt, c.kv_heads * kCapacity * hd);
-    Buffer v_cache = poisoned_cache(be, dt, c.kv_heads * kCapacity * hd);
-    be.write(q_out, std::vector<float>(q_out.numel(), 7.0f), 0);
+    Buffer k_heads = scratch(c.kv_heads * c.tokens * hd), v_heads = scratch(c.kv_heads * c.tokens * hd);
+    // Outputs of both paths, guarded: q poisoned, the caches holding the same
+    // random rows (rows the append must not touch stay as they were).
+    const HostTensor cache_rows = random_normal(rng, dt, c.kv_heads * kCapacity * hd);
+    GuardedOutput q_ref(be, dt, c.heads * c.tokens * hd, c.lead), q_out(be, dt, c.heads * c.tokens * hd);
+    GuardedOutput k_cache_ref(be, cache_rows), v_cache_ref(be, cache_rows), k_cache(be, cache_rows),
+        v_cache(be, cache_rows);
 
     const QkvRopeAppendConfig cfg{.heads = c.heads, .kv_heads = c.kv_heads, .head_dim = hd, .capacity = kCapacity,
                                   .max_pos = kMaxPos, .eps = eps, .mode = c.mode};
     {
       DeviceStateScope scope(be, device_state);
-      if (device_state) be.set_decode_state(0, static_cast<std::uint32_t>(c.pos_offset));
-      const std::size_t host_pos = device_state ? 0 : c.pos_offset;  // ignored in device-state mode
+      if (device_state) be.set_decode_state(3, static_cast<std::uint32_t>(c.pos_offset));
+      // In device-state mode the host position is a decoy the ops must ignore.
+      const std::size_t host_pos = device_state ? c.pos_offset / 2 + 1 : c.pos_offset;
       be.split_qkv(qkv.view(), q, k, v, c.tokens, c.heads * hd, c.kv_heads * hd);
-      be.qk_norm_rope(q, norm ? &q_norm.view() : nullptr, cos.view(), sin.view(), q_ref, c.tokens, c.heads, hd,
+      be.qk_norm_rope(q, norm ? &q_norm.view() : nullptr, cos.view(), sin.view(), q_ref.view(), c.tokens, c.heads, hd,
                       host_pos, kMaxPos, eps, c.mode);
       be.qk_norm_rope(k, norm ? &k_norm.view() : nullptr, cos.view(), sin.view(), k_heads, c.tokens, c.kv_heads, hd,
                       host_pos, kMaxPos, eps, c.mode);
       be.transpose_head_to_token(v, v_heads, /*tokens=*/c.kv_heads, /*heads=*/c.tokens, hd);
-      be.kv_cache_append_head_major(k_cache_ref, v_cache_ref, host_pos, kCapacity, k_heads, v_heads, c.tokens,
+      be.kv_cache_append_head_major(k_cache_ref.view(), v_cache_ref.view(), host_pos, kCapacity, k_heads, v_heads, c.tokens,
                                     c.kv_heads, hd);
       be.qkv_rope_append(qkv.view(), norm ? &q_norm.view() : nullptr, norm ? &k_norm.view() : nullptr, cos.view(),
-                         sin.view(), q_out, k_cache, v_cache, c.tokens, host_pos, cfg);
+                         sin.view(), q_out.view(), k_cache.view(), v_cache.view(), c.tokens, host_pos, cfg);
       be.synchronize();
     }
-    EXPECT_EQ(raw(be, q_out), raw(be, q_ref)) << "q_out";
-    EXPECT_EQ(raw(be, k_cache), raw(be, k_cache_ref)) << "k_cache";
-    EXPECT_EQ(raw(be, v_cache), raw(be, v_cache_ref)) << "v_cache";
+    const std::size_t es = size_of(dt);
+    EXPECT_TRUE(bitwise_equal(q_out.bytes(), q_ref.bytes(), es)) << "q_out";
+    EXPECT_TRUE(bitwise_equal(k_cache.bytes(), k_cache_ref.bytes(), es)) << "k_cache";
+    EXPECT_TRUE(bitwise_equal(v_cache.bytes(), v_cache_ref.bytes(), es)) << "v_cache";
+    for (const GuardedOutput* out : {&q_out, &q_ref, &k_cache, &v_cache, &k_cache_ref, &v_cache_ref}) {
+      EXPECT_TRUE(out->check_guard());
+    }
   }
 };
 
@@ -123,6 +112,26 @@ TEST_P(QkvRopeAppend, DeviceStateStepBitwiseEqualsTheOpsItReplaces) {
 }
 
 FERRUM_INSTANTIATE_ON_ALL_BACKENDS(QkvRopeAppend);
+
+// CpuBackend refuses a decode-state position past the caches or the tables
+// at the op (CudaBackend reports it at synchronize: tests/gpu/test_ops_cuda.cpp).
+TEST(CpuQkvRopeAppend, DecodeStatePositionOutOfRangeThrows) {
+  CpuBackend cpu;
+  constexpr std::size_t kHeads = 2, kKv = 1, kHd = 8, kCap = 8, kTable = 6;  // the tables end first
+  Buffer qkv = cpu.alloc(DType::F16, (kHeads + 2 * kKv) * kHd), q_out = cpu.alloc(DType::F16, kHeads * kHd);
+  Buffer k_cache = cpu.alloc(DType::F16, kKv * kCap * kHd), v_cache = cpu.alloc(DType::F16, kKv * kCap * kHd);
+  Buffer cos = cpu.alloc(DType::F32, kTable * kHd / 2), sin = cpu.alloc(DType::F32, kTable * kHd / 2);
+  const QkvRopeAppendConfig cfg{.heads = kHeads, .kv_heads = kKv, .head_dim = kHd, .capacity = kCap, .max_pos = kTable};
+  DeviceStateScope scope(cpu, true);
+  auto step_at = [&](std::uint32_t pos) {
+    cpu.set_decode_state(0, pos);
+    cpu.qkv_rope_append(qkv, nullptr, nullptr, cos, sin, q_out, k_cache, v_cache, 1, 0, cfg);
+  };
+  EXPECT_NO_THROW(step_at(kTable - 1));  // the last table row
+  for (std::uint32_t pos : {static_cast<std::uint32_t>(kTable), static_cast<std::uint32_t>(kCap), 1000u}) {
+    expect_error(ErrorCode::CapacityExceeded, "qkv_rope_append", [&] { step_at(pos); });
+  }
+}
 
 }  // namespace
 }  // namespace ferrum::test

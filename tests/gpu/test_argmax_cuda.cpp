@@ -43,6 +43,8 @@ TEST_F(CudaArgmax, GraphReplayReadsTheCurrentInput) {
     const HostTensor row = random_normal(rng, DType::F16, kCols);
     const std::vector<std::uint8_t> bytes = encode_bytes(row);
     cuda().write_bytes(x.view(), bytes.data(), bytes.size());
+    const std::int32_t poison = -7;  // a replay that did not run cannot pass
+    cuda().write_bytes(out, &poison, sizeof poison);
     ASSERT_TRUE(cuda().replay_last_graph());
     std::int32_t got = -1;
     cuda().read_bytes(out, &got, sizeof got);

@@ -330,8 +330,9 @@ TEST_F(CudaDeviceCheck, DecodeStatePositionPastRopeTable) {
 }
 
 // qkv_rope_append with a decode-state position past the caches: the kernel
-// writes neither cache (nor past them), the q rows still rotate (as
-// qk_norm_rope would), and synchronize() names the op.
+// writes neither cache (nor past them, nor past q_out), and synchronize()
+// names the op. (q_out's contents are not checked here; a position past the
+// tables but inside the caches is not covered on the GPU.)
 TEST_F(CudaDeviceCheck, QkvRopeAppendPastKvCapacity) {
   FERRUM_SEEDED_RNG(rng);
   constexpr std::size_t kHeads = 8, kKv = 2, kHd = 128, kCap = 64, kMaxPos = 128;

@@ -15,15 +15,17 @@ namespace ferrum::test {
 
 inline constexpr DType kArgmaxDTypes[] = {DType::F16, DType::BF16, DType::F32};
 
-// Row r of `rows` x `cols` normal values, then by r % 5: 0 as drawn; 1 the
+// Row r of `rows` x `cols` normal values, then by r % 7: 0 as drawn; 1 the
 // row maximum copied to an earlier column (a tie the first copy must win);
 // 2 a NaN planted (it wins; two NaNs: the first); 3 every value -inf (column
-// 0 wins); 4 every value equal (column 0 wins).
+// 0 wins); 4 every value equal (column 0 wins); 5 -0 in column 0 and +0
+// everywhere else (equal values: column 0 wins, not a bit-pattern order);
+// 6 +inf planted twice (the first wins).
 inline HostTensor argmax_input(Rng& rng, DType dtype, std::size_t rows, std::size_t cols) {
   HostTensor t = random_normal(rng, dtype, rows * cols);
   for (std::size_t r = 0; r < rows; ++r) {
     float* row = t.values.data() + r * cols;
-    switch (r % 5) {
+    switch (r % 7) {
       case 1: {
         std::size_t best = 0;
         for (std::size_t c = 1; c < cols; ++c) best = row[c] > row[best] ? c : best;
@@ -42,6 +44,16 @@ inline HostTensor argmax_input(Rng& rng, DType dtype, std::size_t rows, std::siz
       case 4:
         for (std::size_t c = 0; c < cols; ++c) row[c] = 0.5f;
         break;
+      case 5:
+        for (std::size_t c = 0; c < cols; ++c) row[c] = 0.0f;
+        row[0] = -0.0f;
+        break;
+      case 6: {
+        const std::size_t at = rng.below(static_cast<std::uint32_t>(cols));
+        row[at] = std::numeric_limits<float>::infinity();
+        if (at + 1 < cols) row[at + 1 + rng.below(static_cast<std::uint32_t>(cols - at - 1))] = row[at];
+        break;
+      }
       default:
         break;
     }

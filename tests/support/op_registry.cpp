@@ -121,7 +121,8 @@ std::vector<OpSpec> build_specs() {
                                                  .max_pos = a.size("cfg.max_pos"),
                                                  .eps = a.eps,
                                                  .mode = a.mode};
-                   be.qkv_rope_append(a.buf("qkv"), a.null_norm_w ? nullptr : &a.buf("q_norm"), &a.buf("k_norm"),
+                   be.qkv_rope_append(a.buf("qkv"), a.null_norm_w ? nullptr : &a.buf("q_norm"),
+                                      a.null_k_norm ? nullptr : &a.buf("k_norm"),
                                       a.buf("cos"), a.buf("sin"), a.buf("q_out"), a.buf("k_cache"),
                                       a.buf("v_cache"), a.size("tokens"), a.pos_offset, cfg);
                  }});

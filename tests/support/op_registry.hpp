@@ -65,7 +65,8 @@ struct OpArgs {
   GeluApproximation approx = GeluApproximation::Erf;
   ReduceOp reduce = ReduceOp::Sum;
   std::unique_ptr<QuantWeight> weight;  // gemm_gptq / gemm_quant
-  bool null_norm_w = false;             // qk_norm_rope: pass norm_w as a null pointer
+  bool null_norm_w = false;             // qk_norm_rope: pass norm_w as a null pointer (qkv_rope_append: q_norm)
+  bool null_k_norm = false;             // qkv_rope_append: pass k_norm as a null pointer
   std::vector<Buffer> keep_alive;       // parents of views placed in `buffers`
 
   // Replaces buffer `name` by a view of its first `count` elements.
