@@ -10,8 +10,8 @@
 // auto and fused = the fused kernel (auto is CudaBackendConfig's default,
 // today the fused kernel); stream = the register-streaming kernel for
 // launches of m <= 16 (larger m still run the fused kernel). The "plan"
-// column says which ran: "s" = streaming (one CTA per 64 columns, no split),
-// else the fused configuration and its split count.
+// column says which ran: "sxS" = streaming (one CTA per 64 columns, S
+// splits along k), else "cCxS": the fused configuration C and its splits.
 //
 // Shapes [k x n]: 4096x4096, 4096x14336, 14336x4096, 8192x8192, 8192x28672;
 // m in {1, 2, 4, 8, 16, 32, 48, 64, 128} (--crossover adds 256, 512, 1024, where
@@ -368,8 +368,10 @@ int main(int argc, char** argv) {
                                      static_cast<int>(r.n_pad), num_sms);
       row.splits = plan.splits;
       row.config = plan.config;
-      if (use_stream && m <= ferrum::kernels::kGptqStreamMaxM) {  // the streaming kernel: no split, "config" -1
-        row.splits = 1;
+      if (use_stream && m <= ferrum::kernels::kGptqStreamMaxM) {  // the streaming kernel: "config" -1
+        const ferrum::kernels::GptqPlan sp = ferrum::kernels::gptq_stream_plan(
+            opt.dtype, m, static_cast<int>(r.k_pad), static_cast<int>(r.n_pad), num_sms);
+        row.splits = sp.splits;
         row.config = -1;
       }
       row.ours_us = time_median(copies, opt.warmup, opt.iters, fused, stream);
@@ -384,7 +386,7 @@ int main(int argc, char** argv) {
       if (opt.crossover) std::snprintf(deq, sizeof(deq), "%.1f", row.dequant_us);
       char plan_text[16];
       if (row.config < 0) {
-        std::snprintf(plan_text, sizeof(plan_text), "s");
+        std::snprintf(plan_text, sizeof(plan_text), "sx%d", row.splits);
       } else {
         std::snprintf(plan_text, sizeof(plan_text), "c%dx%d", row.config, row.splits);
       }

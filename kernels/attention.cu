@@ -570,7 +570,13 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   float l_run[2] = {0.0f, 0.0f};           // this thread's share of the row sums
   const float scale_log2 = a.scale * kLog2e;
 
-  for (int t = 0; t < n_sub; ++t) {
+  // Every warp of the block runs the same number of iterations (key warp 0
+  // has the most sub-tiles), so all warps pass the same sequence of
+  // barriers; a warp whose keys ran out only keeps the ring's group count.
+  // (compute-sanitizer racecheck pairs barriers by count across the block:
+  // with unequal counts it reported the merge below as racing.)
+  const int n_iter = (n_keys + Sh::kTileKeys - 1) / Sh::kTileKeys;
+  for (int t = 0; t < n_iter; ++t) {
     // Sub-tile t has landed for every thread sharing it, and all of them are
     // done with sub-tile t - 1, whose slot is refilled next.
     cp_async_wait<kStages - 2>();
@@ -578,6 +584,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     if (t + kStages - 1 < n_sub) load_sub(t + kStages - 1);
     cp_async_commit();
     if (prefetch_ahead && t + kStages - 1 + l2_ahead < n_sub) prefetch_sub(t + kStages - 1 + l2_ahead);
+    if (t >= n_sub) continue;  // warp-uniform: this key warp's sub-tiles are done
     const std::uint32_t sK = smem_u32(ring + ((t % kStages) * Sh::kKeyWarps + kw) * 2 * Sh::kSubElems);
     const std::uint32_t sV = sK + Sh::kSubElems * 2;
 

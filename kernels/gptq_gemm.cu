@@ -161,6 +161,64 @@ __device__ __forceinline__ void unpack_zeros(const uint2 zr, std::uint32_t (&lo)
   }
 }
 
+// ── Split-K over CTAs, last arriver (both kernels) ──────────────────────────
+//
+// Every CTA of output tile `tile` has stored its f32 partial, rows x cols
+// row-major, at partials + (split * tiles + tile) * rows * cols. The CTA
+// that arrives last at counters[tile] sums the `splits` partials in split
+// order 0, 1, ..., S-1 (fixed: bitwise reproducible), stores
+// out[r, col0 + c] (row stride n) for col0 + c < n, and resets the counter
+// for the next launch on the stream. Every thread of the CTA calls it.
+// Quads of 4 columns, kPer per thread, all in flight for one split at a time.
+template <class T, int kThreadsN, int kPer>
+__device__ __forceinline__ void splitk_finish_last(const float* partials,  // [splits][tiles][rows][cols] f32
+                                                   int* counters,          // [tiles], zero between launches
+                                                   int tile, int tiles, int splits, int rows, int cols, int col0,
+                                                   int n, T* out /* [rows, n] */) {
+  __shared__ int s_is_last;
+  const int tid = static_cast<int>(threadIdx.x);
+  __threadfence();  // release: this CTA's partial is visible device-wide before it arrives
+  __syncthreads();
+  if (tid == 0) s_is_last = atomicAdd(counters + tile, 1) == splits - 1 ? 1 : 0;
+  __syncthreads();
+  if (s_is_last == 0) return;
+  __threadfence();  // acquire: the other partials are read through L2 below
+  const int quads_per_row = cols / 4;
+  const int quads = rows * quads_per_row;
+  const std::size_t tile_floats = static_cast<std::size_t>(rows) * cols;
+  const float* tile0 = partials + static_cast<std::size_t>(tile) * tile_floats;
+  const std::size_t split_stride = static_cast<std::size_t>(tiles) * tile_floats;
+  float4 sum[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) sum[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int s = 0; s < splits; ++s) {
+    const float* part = tile0 + static_cast<std::size_t>(s) * split_stride;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int c = tid + i * kThreadsN;
+      // Quad c is row c / quads_per_row, columns (c % quads_per_row) * 4 ..
+      // Columns >= n are skipped (a column block past n has no partial).
+      if (c < quads && col0 + (c % quads_per_row) * 4 < n) {
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(part) + c);
+        sum[i].x += v.x;
+        sum[i].y += v.y;
+        sum[i].z += v.z;
+        sum[i].w += v.w;
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int c = tid + i * kThreadsN;
+    const int row = c / quads_per_row, col = col0 + (c % quads_per_row) * 4;
+    if (c < quads && col < n) {  // n is a multiple of 8: a quad is all in or all out
+      *reinterpret_cast<uint2*>(out + static_cast<std::size_t>(row) * n + col) =
+          make_uint2(pack2<T>(sum[i].x, sum[i].y), pack2<T>(sum[i].z, sum[i].w));
+    }
+  }
+  if (tid == 0) counters[tile] = 0;
+}
+
 // ── Fused kernel ────────────────────────────────────────────────────────────
 
 // What both kernels read and write, filled from the launch arguments once.
@@ -221,7 +279,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
   constexpr int kStages = Shape::kStages;
   constexpr int kKG = Shape::kKG, kKS = Shape::kKS, kBN = Shape::kBN, kFrag = Shape::kFrag;
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ int s_is_last;
 
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
@@ -463,49 +520,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
       }
     }
   }
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) s_is_last = atomicAdd(p.counters + cta_n, 1) == p.splits - 1 ? 1 : 0;
-  __syncthreads();
-  if (s_is_last == 0) return;
-  __threadfence();
-  // Every thread: up to kPer quads of 4 columns (16-byte loads), all of
-  // them in flight for one split at a time, splits added in order 0..S-1.
-  constexpr int kQuads = kBN / 4;
-  constexpr int kPer = (Shape::kRows * kQuads + kThreads - 1) / kThreads;
-  const int col0 = nb_first * kGptqTileN;
-  const int quads = live_rows * kQuads;
-  const float* tile0 = p.partials + static_cast<std::size_t>(cta_n) * tile_floats;
-  const std::size_t split_stride = static_cast<std::size_t>(n_ctas) * tile_floats;
-  float4 sum[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) sum[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int s = 0; s < p.splits; ++s) {
-    const float* tile = tile0 + static_cast<std::size_t>(s) * split_stride;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int c = tid + i * kThreads;
-      // Quad c is row c / kQuads, columns (c % kQuads) * 4 ..: the tile is [row][kBN].
-      // Columns >= n are skipped (a column block past n_pad has no partial).
-      if (c < quads && col0 + (c % kQuads) * 4 < p.n) {
-        const float4 v = __ldcg(reinterpret_cast<const float4*>(tile) + c);
-        sum[i].x += v.x;
-        sum[i].y += v.y;
-        sum[i].z += v.z;
-        sum[i].w += v.w;
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int c = tid + i * kThreads;
-    const int row = c / kQuads, col = col0 + (c % kQuads) * 4;
-    if (c < quads && col < p.n) {  // n is a multiple of 8: a quad is all in or all out
-      *reinterpret_cast<uint2*>(out + static_cast<std::size_t>(row) * p.n + col) =
-          make_uint2(pack2<T>(sum[i].x, sum[i].y), pack2<T>(sum[i].z, sum[i].w));
-    }
-  }
-  if (tid == 0) p.counters[cta_n] = 0;  // ready for the next launch on the stream
+  constexpr int kPer = (Shape::kRows * (kBN / 4) + kThreads - 1) / kThreads;
+  splitk_finish_last<T, kThreads, kPer>(p.partials, p.counters, cta_n, n_ctas, p.splits, live_rows, kBN,
+                                        nb_first * kGptqTileN, p.n, out);
 }
 
 // ── Configurations ──────────────────────────────────────────────────────────
@@ -630,55 +647,81 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
   }
 }
 
-// ── Streaming kernel (m <= kGptqStreamMaxM, opt-in) ────────────────────────
+// ── Streaming kernel (m <= kGptqStreamMaxM) ─────────────────────────────────
 //
-// docs/design/gptq_small_m.md §2, without the cross-CTA split:
+// docs/design/gptq_small_m.md §2. At m <= 16 the op is a stream of the INT4
+// weights; what limits it is the bytes in flight per SM, so:
 //   * mma.sync m16n8k16 with A = 16 features x 16 k (dequantized weights) and
 //     B = 16 k x 8 activation rows (rows >= m zero), D = features x rows.
 //     A repacked word j of lane (g, t) is one A fragment of features
 //     16j .. 16j + 15 of its column block: Int4Math::dequant's (b0, b1, b2, b3)
 //     are (a0, a2, a1, a3). NT = ceil(m / 8) B tiles.
-//   * CTA = one 64-feature column block; warp q takes the 128-row chunks q,
-//     q + kStreamWarps, ... (4 KiB contiguous each). Per lane a chunk is 8
-//     16-byte loads straight into registers, the next chunk's issued before
-//     the current one is consumed: no shared-memory weight ring, no barrier in
-//     the loop. Activations are read as B fragments from global (L1/L2 hits).
+//   * CTA = 4 warps over one 64-feature column block and one k-range (split
+//     s of S, grid.y; S from the plan below, so every shape fills the GPU in
+//     about one wave). Warp q takes the 128-row chunks q, q + 4, ... of the
+//     range (4 KiB contiguous each). Per lane a chunk is 8 16-byte loads
+//     straight into registers; the next chunk's are issued before the
+//     current one is consumed, and lane 0 asks L2 (bulk prefetch) for the
+//     kStreamL2Ahead chunks after that. No shared-memory weight ring, no
+//     barrier in the loop. Activations are read as B fragments from global
+//     (L1/L2 hits).
+//   * The scale (and zero) row of the next chunk's first group is loaded
+//     with the next chunk, so a group change at a chunk start (g128: every
+//     chunk) does not wait on L2.
 //   * Scale-before (Int4Math::dequant, one rounding of the weight, as fused).
-//   * Warps summed through shared memory in warp order 1, 2, ... onto warp 0:
-//     fixed order, bitwise reproducible. No workspace, no atomics.
-constexpr int kStreamThreads = 256;
+//   * Warps summed through shared memory in warp order onto warp 0, then the
+//     splits through the workspace in split order (splitk_finish_last):
+//     fixed order, bitwise reproducible.
+constexpr int kStreamThreads = 128;
 constexpr int kStreamWarps = kStreamThreads / 32;
 constexpr int kChunkK16 = kGptqTileK / 16;  // k16 steps per chunk (8)
+constexpr int kChunkWords = kChunkK16 * 128;  // u32 of one column block's chunk (4 KiB)
+constexpr int kStreamL2Ahead = 2;           // chunks per warp requested into L2 beyond the register pair
+constexpr int kStreamMaxSplits = 16;
+
+// CTAs per SM asked of the register allocator: NT = 1 fits 128 registers,
+// except f16 with a zero array (16 bias registers; at 128 it spills).
+template <class T, int NT, bool kZeros>
+constexpr int kStreamMinBlocks = NT == 1 && !(kZeros && std::is_same_v<T, __half>) ? 4 : 3;
 
 struct StreamParams : GemmOperands {
+  float* partials;  // [splits][n_pad / 64][m][64] f32 (splits > 1)
+  int* counters;    // [n_pad / 64] ints, zero between launches
   int k16_per_group;  // group_rows / 16
+  int splits;
 };
 
 // 16 bytes of the weight stream: read once, so not kept in L1.
 __device__ __forceinline__ uint4 load_stream_16(const std::uint32_t* p) {
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
   return v;
 }
 
 template <class T, int NT, bool kZeros>
-__global__ void __launch_bounds__(kStreamThreads, 1) gptq_stream_kernel(const StreamParams p) {
+__global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<T, NT, kZeros>) gptq_stream_kernel(const StreamParams p) {
   using M = Int4Math<T>;
   constexpr int kAcc = NT * 4 * 4;  // [nt][j][4] f32
   __shared__ float red[kStreamWarps - 1][kAcc][32];
 
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int gid = lane >> 2, tig = lane & 3;
-  const int nb = static_cast<int>(blockIdx.x);
-  const int k16_total = p.k_pad / 16;
+  const int nb = static_cast<int>(blockIdx.x), split = static_cast<int>(blockIdx.y);
+  const int nb_total = static_cast<int>(gridDim.x);
   const int chunks = p.k_pad / kGptqTileK;
-  const std::uint32_t* wlane = p.qweight + static_cast<std::size_t>(nb) * k16_total * 128 + lane * 4;
+  const int c_begin = static_cast<int>(static_cast<long long>(split) * chunks / p.splits);
+  const int c_end = static_cast<int>(static_cast<long long>(split + 1) * chunks / p.splits);
+  // This column block's weight stream: chunk c at wblock + c * kChunkWords; lane's 16 bytes of k16 step s at + s * 128 + lane * 4.
+  const std::uint32_t* wblock = p.qweight + static_cast<std::size_t>(nb) * (p.k_pad / 16) * 128;
+  const std::uint32_t* wlane = wblock + lane * 4;
   const T* scales = static_cast<const T*>(p.scales);
   // Activations as pairs: row r, columns 2c, 2c + 1 at act[r * k / 2 + c] (k is even).
   const std::uint32_t* act = static_cast<const std::uint32_t*>(p.a);
   const int half_k = p.k >> 1;
+  // Lane gid's slice of a scale / zero row (8 features of the column block).
+  const std::size_t sz_col = static_cast<std::size_t>(nb) * kGptqTileN + gid * 8;
 
   float acc[kAcc];
 #pragma unroll
@@ -689,31 +732,57 @@ __global__ void __launch_bounds__(kStreamThreads, 1) gptq_stream_kernel(const St
 #pragma unroll
     for (int t = 0; t < 8; ++t) M::biases(p.zero_value, blo[t], bhi[t]);
   }
-  int cur_group = -1;
+  auto load_chunk = [&](uint4 (&w)[kChunkK16], int c) {
+#pragma unroll
+    for (int s = 0; s < kChunkK16; ++s) w[s] = load_stream_16(wlane + static_cast<std::size_t>(c) * kChunkWords + s * 128);
+  };
+  // Scale (zero) row of the group that holds k16 step k16.
+  auto load_group_row = [&](int k16, uint4& s_raw, uint2& z_raw) {
+    const std::size_t at = static_cast<std::size_t>(k16 / p.k16_per_group) * p.n_pad + sz_col;
+    s_raw = __ldg(reinterpret_cast<const uint4*>(scales + at));
+    if constexpr (kZeros) z_raw = __ldg(reinterpret_cast<const uint2*>(p.zeros + at));
+  };
+  auto set_group = [&](const uint4& s_raw, const uint2& z_raw) {
+    unpack_scales(s_raw, sc);
+    if constexpr (kZeros) unpack_zeros<T>(z_raw, blo, bhi);
+  };
 
+  int c = c_begin + warp;
   uint4 cur[kChunkK16], nxt[kChunkK16];
-  if (warp < chunks) {
+  uint4 s_next = make_uint4(0u, 0u, 0u, 0u);
+  uint2 z_next = make_uint2(0u, 0u);
+  if (c < c_end) {
+    load_chunk(cur, c);
+    load_group_row(c * kChunkK16, s_next, z_next);
+    if (lane == 0) {
 #pragma unroll
-    for (int s = 0; s < kChunkK16; ++s) cur[s] = load_stream_16(wlane + static_cast<std::size_t>(warp * kChunkK16 + s) * 128);
+      for (int i = 1; i <= kStreamL2Ahead; ++i) {
+        const int cp = c + i * kStreamWarps;
+        if (cp < c_end) prefetch_l2_bulk(wblock + static_cast<std::size_t>(cp) * kChunkWords, kChunkWords * 4u);
+      }
+    }
   }
-  for (int c = warp; c < chunks; c += kStreamWarps) {
+  for (; c < c_end; c += kStreamWarps) {
     const int cn = c + kStreamWarps;
-    if (cn < chunks) {
-#pragma unroll
-      for (int s = 0; s < kChunkK16; ++s) nxt[s] = load_stream_16(wlane + static_cast<std::size_t>(cn * kChunkK16 + s) * 128);
-    } else {
-#pragma unroll
-      for (int s = 0; s < kChunkK16; ++s) nxt[s] = make_uint4(0u, 0u, 0u, 0u);
+    set_group(s_next, z_next);
+    int cur_group = (c * kChunkK16) / p.k16_per_group;
+    if (cn < c_end) {
+      load_chunk(nxt, cn);
+      load_group_row(cn * kChunkK16, s_next, z_next);
+    }
+    if (lane == 0) {
+      const int cp = c + (kStreamL2Ahead + 1) * kStreamWarps;
+      if (cp < c_end) prefetch_l2_bulk(wblock + static_cast<std::size_t>(cp) * kChunkWords, kChunkWords * 4u);
     }
 #pragma unroll
     for (int s = 0; s < kChunkK16; ++s) {
       const int k16 = c * kChunkK16 + s;
-      const int group = k16 / p.k16_per_group;
-      if (group != cur_group) {  // warp-uniform
-        cur_group = group;
-        const std::size_t at = static_cast<std::size_t>(group) * p.n_pad + nb * kGptqTileN + gid * 8;
-        unpack_scales(__ldg(reinterpret_cast<const uint4*>(scales + at)), sc);
-        if constexpr (kZeros) unpack_zeros<T>(__ldg(reinterpret_cast<const uint2*>(p.zeros + at)), blo, bhi);
+      if (s > 0 && k16 / p.k16_per_group != cur_group) {  // warp-uniform; groups < 128 rows only
+        cur_group = k16 / p.k16_per_group;
+        uint4 s_raw;
+        uint2 z_raw = make_uint2(0u, 0u);
+        load_group_row(k16, s_raw, z_raw);
+        set_group(s_raw, z_raw);
       }
       // B fragments: b0 = a[8nt + g][16 k16 + 2t ..+1], b1 = the same at + 8.
       // Rows >= m and columns >= k are zero (padded q dequantizes to -z s, not 0).
@@ -747,49 +816,129 @@ __global__ void __launch_bounds__(kStreamThreads, 1) gptq_stream_kernel(const St
     for (int i = 0; i < kAcc; ++i) red[warp - 1][i][lane] = acc[i];
   }
   __syncthreads();
-  if (warp != 0) return;
+  if (warp == 0) {
 #pragma unroll
-  for (int w = 0; w < kStreamWarps - 1; ++w) {
+    for (int w = 0; w < kStreamWarps - 1; ++w) {
 #pragma unroll
-    for (int i = 0; i < kAcc; ++i) acc[i] += red[w][i][lane];
+      for (int i = 0; i < kAcc; ++i) acc[i] += red[w][i][lane];
+    }
   }
   // D fragment (nt, j): d0 / d1 = feature 16j + g, rows 8nt + 2t / +1; d2 / d3 = feature + 8.
+  // One split: the output directly. Otherwise this split's [m][64] f32 partial.
   T* out = static_cast<T*>(p.out);
+  float* part = p.partials + (static_cast<std::size_t>(split) * nb_total + nb) * p.m * kGptqTileN;
+  if (warp == 0) {
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
+    for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int f0 = nb * kGptqTileN + 16 * j + gid;
-      const int r0 = nt * 8 + 2 * tig;
-      const float* d = &acc[(nt * 4 + j) * 4];
+      for (int j = 0; j < 4; ++j) {
+        const int f0 = 16 * j + gid;
+        const int r0 = nt * 8 + 2 * tig;
+        const float* d = &acc[(nt * 4 + j) * 4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int f = f0 + (e >= 2 ? 8 : 0), r = r0 + (e & 1);
-        if (r < p.m && f < p.n) out[static_cast<std::size_t>(r) * p.n + f] = from_float<T>(d[e]);
+        for (int e = 0; e < 4; ++e) {
+          const int f = f0 + (e >= 2 ? 8 : 0), r = r0 + (e & 1);
+          if (r >= p.m) continue;
+          if (p.splits == 1) {
+            if (nb * kGptqTileN + f < p.n) out[static_cast<std::size_t>(r) * p.n + nb * kGptqTileN + f] = from_float<T>(d[e]);
+          } else {
+            __stcg(part + static_cast<std::size_t>(r) * kGptqTileN + f, d[e]);
+          }
+        }
       }
     }
   }
+  if (p.splits == 1) return;  // grid-uniform
+  constexpr int kPer = (NT * 8 * (kGptqTileN / 4) + kStreamThreads - 1) / kStreamThreads;
+  splitk_finish_last<T, kStreamThreads, kPer>(p.partials, p.counters, nb, nb_total, p.splits, p.m, kGptqTileN,
+                                              nb * kGptqTileN, p.n, out);
+}
+
+template <class T, int NT, bool kZeros>
+auto stream_kernel_ptr() {
+  return &gptq_stream_kernel<T, NT, kZeros>;
 }
 
 template <class T, int NT>
-void launch_stream_nt(const GptqGemmArgs& args, cudaStream_t stream) {
+void launch_stream_nt(const GptqGemmArgs& args, int splits, cudaStream_t stream) {
   StreamParams p{};
   static_cast<GemmOperands&>(p) = gemm_operands(args);
+  p.partials = args.partials;
+  p.counters = args.counters;
   p.k16_per_group = args.w.group_rows / 16;
-  const dim3 grid(static_cast<unsigned>(args.w.n_pad / kGptqTileN));
+  p.splits = splits;
+  const dim3 grid(static_cast<unsigned>(args.w.n_pad / kGptqTileN), static_cast<unsigned>(splits));
   if (args.w.zeros != nullptr) {
-    gptq_stream_kernel<T, NT, true><<<grid, kStreamThreads, 0, stream>>>(p);
+    stream_kernel_ptr<T, NT, true>()<<<grid, kStreamThreads, 0, stream>>>(p);
   } else {
-    gptq_stream_kernel<T, NT, false><<<grid, kStreamThreads, 0, stream>>>(p);
+    stream_kernel_ptr<T, NT, false>()<<<grid, kStreamThreads, 0, stream>>>(p);
   }
+}
+
+// CTAs per SM of the streaming kernel, [dtype][NT - 1] (the zero-array
+// variant; the plan must not depend on it), queried once.
+struct StreamOccupancy {
+  int blocks[2][2] = {};
+};
+
+template <class T, int NT>
+int stream_blocks_per_sm() {
+  int blocks = 0;
+  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, stream_kernel_ptr<T, NT, true>(),
+                                                                        kStreamThreads, 0);
+  if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveBlocksPerMultiprocessor", err);
+  return std::max(blocks, 1);
+}
+
+const StreamOccupancy& stream_occupancy() {
+  static StreamOccupancy occ;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    occ.blocks[0][0] = stream_blocks_per_sm<__half, 1>();
+    occ.blocks[0][1] = stream_blocks_per_sm<__half, 2>();
+    occ.blocks[1][0] = stream_blocks_per_sm<__nv_bfloat16, 1>();
+    occ.blocks[1][1] = stream_blocks_per_sm<__nv_bfloat16, 2>();
+  });
+  return occ;
+}
+
+int stream_nt(int m) { return m <= 8 ? 1 : 2; }
+
+// The streaming kernel's split count over k: a function of the shape and
+// the device only. Time model: waves x (chunks per warp + 1 for the fill and
+// the epilogue); every warp gets at least one chunk; fewest splits among the
+// best.
+GptqPlan stream_plan_for(int dtype_index, int nt, int k_pad, int n_pad, int num_sms) {
+  GptqPlan plan;
+  plan.config = -1;
+  plan.m_tile = 8 * nt;
+  plan.block_n = kGptqTileN;
+  plan.n_ctas = n_pad / kGptqTileN;
+  const int chunks = k_pad / kGptqTileK;
+  const long long slots = static_cast<long long>(std::max(num_sms, 1)) * stream_occupancy().blocks[dtype_index][nt - 1];
+  long long best = -1;
+  for (int s = 1; s <= std::min(kStreamMaxSplits, chunks); ++s) {
+    const int per_cta = (chunks + s - 1) / s;
+    if (s > 1 && per_cta < kStreamWarps) break;
+    const long long waves = (static_cast<long long>(plan.n_ctas) * s + slots - 1) / slots;
+    const long long cost = waves * ((per_cta + kStreamWarps - 1) / kStreamWarps + 1);
+    if (best < 0 || cost < best) {
+      best = cost;
+      plan.splits = s;
+    }
+  }
+  return plan;
 }
 
 template <class T>
 void launch_stream(const GptqGemmArgs& args, cudaStream_t stream) {
-  if (args.m <= 8) {
-    launch_stream_nt<T, 1>(args, stream);
+  const int dtype_index = std::is_same_v<T, __nv_bfloat16> ? 1 : 0;
+  const int nt = stream_nt(args.m);
+  const GptqPlan plan = stream_plan_for(dtype_index, nt, args.w.k_pad, args.w.n_pad, args.num_sms);
+  if (nt == 1) {
+    launch_stream_nt<T, 1>(args, plan.splits, stream);
   } else {
-    launch_stream_nt<T, 2>(args, stream);
+    launch_stream_nt<T, 2>(args, plan.splits, stream);
   }
 }
 
@@ -887,15 +1036,23 @@ std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms) {
         most = std::max(most, static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile);
       }
     }
+    for (int nt = 1; nt <= 2; ++nt) {
+      const GptqPlan plan = stream_plan_for(d, nt, k_pad, n_pad, num_sms);
+      if (plan.splits > 1) {
+        most = std::max(most, static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile);
+      }
+    }
   }
   return most;
 }
 
 std::size_t gptq_counter_ints(int n_pad) {
-  // The narrowest configuration has the most CTAs along n.
-  const int narrowest = std::min({config_nb(0), config_nb(1), config_nb(2)});
-  const int block_n = narrowest * kGptqTileN;
-  return static_cast<std::size_t>((n_pad + block_n - 1) / block_n);
+  // The streaming kernel has a tile per 64-column block: the most along n.
+  return static_cast<std::size_t>((n_pad + kGptqTileN - 1) / kGptqTileN);
+}
+
+GptqPlan gptq_stream_plan(DType dtype, int m, int k_pad, int n_pad, int num_sms) {
+  return stream_plan_for(dtype == DType::BF16 ? 1 : 0, stream_nt(m), k_pad, n_pad, num_sms);
 }
 
 void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream) {

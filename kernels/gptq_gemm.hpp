@@ -7,8 +7,8 @@
 //                        with a deterministic fixed-order reduction).
 //                        Opt-in (GptqGemmArgs::kernel = Stream, m <= kGptqStreamMaxM):
 //                        the register-streaming kernel (weights as the mma A
-//                        operand, no shared-memory weight ring, no split over
-//                        CTAs; deterministic fixed-order reduction over warps).
+//                        operand, no shared-memory weight ring, split over k
+//                        across CTAs with the same fixed-order reduction).
 //   launch_gptq_gather   a_perm[i, j] = a[i, perm[j]] (act-order).
 //   launch_gptq_dequant  W[:, n0 .. n0 + cols) as f16 / bf16, rows in the
 //                        checkpoint's order (for the cuBLAS path at large m).
@@ -56,7 +56,10 @@ struct GptqPlan {
   int splits = 1;      // CTAs along k
 };
 GptqPlan gptq_plan(DType dtype, int m, int k_pad, int n_pad, int num_sms);
-// f32 partial sums the fused kernel may need for any m <= kGptqMaxM.
+// The streaming kernel's plan for m <= kGptqStreamMaxM rows: config -1, one
+// CTA per 64 columns (n_ctas) times `splits` along k.
+GptqPlan gptq_stream_plan(DType dtype, int m, int k_pad, int n_pad, int num_sms);
+// f32 partial sums either kernel may need for any m <= kGptqMaxM.
 std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms);
 // Split-K arrival counters (ints, zero-initialized once; each launch leaves them 0).
 std::size_t gptq_counter_ints(int n_pad);

@@ -12,7 +12,7 @@
 //     kernels::kGptqMaxM rows per launch; act-order first gathers the
 //     activation columns into a workspace. With CudaBackendConfig::gptq_kernel
 //     = Stream, launches of m <= 16 rows take the register-streaming kernel
-//     instead (no split-K workspace; the same gather).
+//     instead (the same split-K workspace and gather).
 //   * dequantize + cuBLAS (larger m, or a checkpoint outside the fused
 //     layout: odd group sizes, uneven act-order groups): W is dequantized in
 //     column chunks into a bounded scratch, each chunk followed by one

@@ -398,8 +398,7 @@ TEST_F(CudaGptq, BadInput) {
 class CudaGptqStream : public CudaGptq {
  protected:
   // A second backend on the device with the streaming kernel forced (the
-  // first one decided the workspaces; the streaming kernel needs none beyond
-  // the act-order gather, sized per weight at load).
+  // split-K workspace is the device's, sized at load for both kernels).
   void SetUp() override {
     CudaGptq::SetUp();
     if (IsSkipped()) return;
@@ -441,7 +440,7 @@ TEST_F(CudaGptqStream, ExactOnEveryStandardLayout) {
 
 // k not a multiple of 128 (zero activations over the padded rows, whose
 // q = 0 dequantizes to -z s), n not a multiple of 64, a single chunk, one
-// group over all of k, k longer than the CTA's 8 warps x 128 rows.
+// group over all of k, k longer than the CTA's 4 warps x 128 rows.
 TEST_F(CudaGptqStream, ExactWithPaddedAndOddShapes) {
   FERRUM_SEEDED_RNG(rng);
   const std::initializer_list<std::size_t> ms = {1, 2, 7, 8, 9, 15, 16};
@@ -451,6 +450,18 @@ TEST_F(CudaGptqStream, ExactWithPaddedAndOddShapes) {
   expect_exact_on(stream(), {4224, 72, -1, false, false, GptqZeroFormat::V2}, ms, rng);
   expect_exact_on(stream(), {4000, 264, 32, false, true, GptqZeroFormat::V1}, ms, rng);
   expect_exact_on(stream(), {2176, 328, 128, true, false, GptqZeroFormat::V2}, ms, rng);
+}
+
+// The two ends of the split plan (kernels/gptq_gemm.cu, stream_plan_for):
+// one narrow column block over k = 8192 takes the most splits (16, four
+// chunks each, partials summed by the last CTA to arrive), and 600 column
+// blocks over k = 1024 fill the GPU alone (one split: every warp loops over
+// two chunks, with the next chunk's scale row and the L2 prefetch ahead).
+TEST_F(CudaGptqStream, ExactAtTheEndsOfTheSplitPlan) {
+  FERRUM_SEEDED_RNG(rng);
+  expect_exact_on(stream(), {8192, 64, 128, true, false, GptqZeroFormat::V1}, {1, 8, 9, 16}, rng);
+  expect_exact_on(stream(), {8192, 136, 64, false, true, GptqZeroFormat::V2}, {1, 16}, rng);
+  expect_exact_on(stream(), {1024, 38400, 128, true, false, GptqZeroFormat::V1}, {1, 9}, rng);
 }
 
 // Random data: close to the CPU (the same bound as the fused kernel) and
