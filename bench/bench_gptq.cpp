@@ -370,7 +370,7 @@ int main(int argc, char** argv) {
       row.config = plan.config;
       if (use_stream && m <= ferrum::kernels::kGptqStreamMaxM) {  // the streaming kernel: "config" -1
         const ferrum::kernels::GptqPlan sp = ferrum::kernels::gptq_stream_plan(
-            opt.dtype, m, static_cast<int>(r.k_pad), static_cast<int>(r.n_pad), num_sms);
+            opt.dtype, !r.uniform_zero, m, static_cast<int>(r.k_pad), static_cast<int>(r.n_pad), num_sms);
         row.splits = sp.splits;
         row.config = -1;
       }

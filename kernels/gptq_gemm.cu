@@ -679,29 +679,30 @@ constexpr int kChunkWords = kChunkK16 * 128;  // u32 of one column block's chunk
 constexpr int kStreamL2Ahead = 2;           // chunks per warp requested into L2 beyond the register pair
 constexpr int kStreamMaxSplits = 16;
 
-// CTAs per SM asked of the register allocator: NT = 1 fits 128 registers,
-// except f16 with a zero array (16 bias registers; at 128 it spills).
-template <class T, int NT, bool kZeros>
-constexpr int kStreamMinBlocks = NT == 1 && !(kZeros && std::is_same_v<T, __half>) ? 4 : 3;
+// CTAs per SM asked of the register allocator (the most without spills):
+// the zero array's bias registers and NT = 2's accumulators cost one each.
+template <bool kZeros, int NT>
+constexpr int kStreamMinBlocks = 5 - NT - (kZeros ? 1 : 0);
 
 struct StreamParams : GemmOperands {
   float* partials;  // [splits][n_pad / 64][m][64] f32 (splits > 1)
   int* counters;    // [n_pad / 64] ints, zero between launches
-  int k16_per_group;  // group_rows / 16
+  int k16_per_group;  // group_rows / 16: 1, 2, 4 or a multiple of 8 (gptq_repack.hpp)
+  int group_step_mask;  // min(k16_per_group, 8) - 1: a new group starts at k16 steps s & mask == 0
   int splits;
 };
 
 // 16 bytes of the weight stream: read once, so not kept in L1.
 __device__ __forceinline__ uint4 load_stream_16(const std::uint32_t* p) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
   return v;
 }
 
 template <class T, int NT, bool kZeros>
-__global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<T, NT, kZeros>) gptq_stream_kernel(const StreamParams p) {
+__global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<kZeros, NT>) gptq_stream_kernel(const StreamParams p) {
   using M = Int4Math<T>;
   constexpr int kAcc = NT * 4 * 4;  // [nt][j][4] f32
   __shared__ float red[kStreamWarps - 1][kAcc][32];
@@ -736,9 +737,9 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<T, NT, kZeros
 #pragma unroll
     for (int s = 0; s < kChunkK16; ++s) w[s] = load_stream_16(wlane + static_cast<std::size_t>(c) * kChunkWords + s * 128);
   };
-  // Scale (zero) row of the group that holds k16 step k16.
-  auto load_group_row = [&](int k16, uint4& s_raw, uint2& z_raw) {
-    const std::size_t at = static_cast<std::size_t>(k16 / p.k16_per_group) * p.n_pad + sz_col;
+  // Scale (zero) row of group g.
+  auto load_group_row = [&](int g, uint4& s_raw, uint2& z_raw) {
+    const std::size_t at = static_cast<std::size_t>(g) * p.n_pad + sz_col;
     s_raw = __ldg(reinterpret_cast<const uint4*>(scales + at));
     if constexpr (kZeros) z_raw = __ldg(reinterpret_cast<const uint2*>(p.zeros + at));
   };
@@ -753,7 +754,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<T, NT, kZeros
   uint2 z_next = make_uint2(0u, 0u);
   if (c < c_end) {
     load_chunk(cur, c);
-    load_group_row(c * kChunkK16, s_next, z_next);
+    load_group_row(c * kChunkK16 / p.k16_per_group, s_next, z_next);
     if (lane == 0) {
 #pragma unroll
       for (int i = 1; i <= kStreamL2Ahead; ++i) {
@@ -765,10 +766,10 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<T, NT, kZeros
   for (; c < c_end; c += kStreamWarps) {
     const int cn = c + kStreamWarps;
     set_group(s_next, z_next);
-    int cur_group = (c * kChunkK16) / p.k16_per_group;
+    int cur_group = (c * kChunkK16) / p.k16_per_group;  // groups of >= 128 rows start at chunks
     if (cn < c_end) {
       load_chunk(nxt, cn);
-      load_group_row(cn * kChunkK16, s_next, z_next);
+      load_group_row(cn * kChunkK16 / p.k16_per_group, s_next, z_next);
     }
     if (lane == 0) {
       const int cp = c + (kStreamL2Ahead + 1) * kStreamWarps;
@@ -777,11 +778,11 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<T, NT, kZeros
 #pragma unroll
     for (int s = 0; s < kChunkK16; ++s) {
       const int k16 = c * kChunkK16 + s;
-      if (s > 0 && k16 / p.k16_per_group != cur_group) {  // warp-uniform; groups < 128 rows only
-        cur_group = k16 / p.k16_per_group;
+      if (s > 0 && (s & p.group_step_mask) == 0) {  // warp-uniform; groups of 16-64 rows only
+        ++cur_group;
         uint4 s_raw;
         uint2 z_raw = make_uint2(0u, 0u);
-        load_group_row(k16, s_raw, z_raw);
+        load_group_row(cur_group, s_raw, z_raw);
         set_group(s_raw, z_raw);
       }
       // B fragments: b0 = a[8nt + g][16 k16 + 2t ..+1], b1 = the same at + 8.
@@ -866,6 +867,7 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, cudaStream_t stream)
   p.partials = args.partials;
   p.counters = args.counters;
   p.k16_per_group = args.w.group_rows / 16;
+  p.group_step_mask = std::min(p.k16_per_group, kChunkK16) - 1;
   p.splits = splits;
   const dim3 grid(static_cast<unsigned>(args.w.n_pad / kGptqTileN), static_cast<unsigned>(splits));
   if (args.w.zeros != nullptr) {
@@ -875,29 +877,35 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, cudaStream_t stream)
   }
 }
 
-// CTAs per SM of the streaming kernel, [dtype][NT - 1] (the zero-array
-// variant; the plan must not depend on it), queried once.
+// CTAs per SM of each streaming kernel instance, [dtype][zeros][NT - 1],
+// queried once.
 struct StreamOccupancy {
-  int blocks[2][2] = {};
+  int blocks[2][2][2] = {};
 };
 
-template <class T, int NT>
+template <class T, int NT, bool kZeros>
 int stream_blocks_per_sm() {
   int blocks = 0;
-  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, stream_kernel_ptr<T, NT, true>(),
+  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, stream_kernel_ptr<T, NT, kZeros>(),
                                                                         kStreamThreads, 0);
   if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveBlocksPerMultiprocessor", err);
   return std::max(blocks, 1);
+}
+
+template <class T>
+void stream_blocks_of(int (&blocks)[2][2]) {
+  blocks[0][0] = stream_blocks_per_sm<T, 1, false>();
+  blocks[0][1] = stream_blocks_per_sm<T, 2, false>();
+  blocks[1][0] = stream_blocks_per_sm<T, 1, true>();
+  blocks[1][1] = stream_blocks_per_sm<T, 2, true>();
 }
 
 const StreamOccupancy& stream_occupancy() {
   static StreamOccupancy occ;
   static std::once_flag once;
   std::call_once(once, [] {
-    occ.blocks[0][0] = stream_blocks_per_sm<__half, 1>();
-    occ.blocks[0][1] = stream_blocks_per_sm<__half, 2>();
-    occ.blocks[1][0] = stream_blocks_per_sm<__nv_bfloat16, 1>();
-    occ.blocks[1][1] = stream_blocks_per_sm<__nv_bfloat16, 2>();
+    stream_blocks_of<__half>(occ.blocks[0]);
+    stream_blocks_of<__nv_bfloat16>(occ.blocks[1]);
   });
   return occ;
 }
@@ -908,14 +916,14 @@ int stream_nt(int m) { return m <= 8 ? 1 : 2; }
 // the device only. Time model: waves x (chunks per warp + 1 for the fill and
 // the epilogue); every warp gets at least one chunk; fewest splits among the
 // best.
-GptqPlan stream_plan_for(int dtype_index, int nt, int k_pad, int n_pad, int num_sms) {
+GptqPlan stream_plan_for(int dtype_index, bool zeros, int nt, int k_pad, int n_pad, int num_sms) {
   GptqPlan plan;
   plan.config = -1;
   plan.m_tile = 8 * nt;
   plan.block_n = kGptqTileN;
   plan.n_ctas = n_pad / kGptqTileN;
   const int chunks = k_pad / kGptqTileK;
-  const long long slots = static_cast<long long>(std::max(num_sms, 1)) * stream_occupancy().blocks[dtype_index][nt - 1];
+  const long long slots = static_cast<long long>(std::max(num_sms, 1)) * stream_occupancy().blocks[dtype_index][zeros ? 1 : 0][nt - 1];
   long long best = -1;
   for (int s = 1; s <= std::min(kStreamMaxSplits, chunks); ++s) {
     const int per_cta = (chunks + s - 1) / s;
@@ -934,7 +942,8 @@ template <class T>
 void launch_stream(const GptqGemmArgs& args, cudaStream_t stream) {
   const int dtype_index = std::is_same_v<T, __nv_bfloat16> ? 1 : 0;
   const int nt = stream_nt(args.m);
-  const GptqPlan plan = stream_plan_for(dtype_index, nt, args.w.k_pad, args.w.n_pad, args.num_sms);
+  const GptqPlan plan =
+      stream_plan_for(dtype_index, args.w.zeros != nullptr, nt, args.w.k_pad, args.w.n_pad, args.num_sms);
   if (nt == 1) {
     launch_stream_nt<T, 1>(args, plan.splits, stream);
   } else {
@@ -1037,9 +1046,11 @@ std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms) {
       }
     }
     for (int nt = 1; nt <= 2; ++nt) {
-      const GptqPlan plan = stream_plan_for(d, nt, k_pad, n_pad, num_sms);
-      if (plan.splits > 1) {
-        most = std::max(most, static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile);
+      for (bool zeros : {false, true}) {
+        const GptqPlan plan = stream_plan_for(d, zeros, nt, k_pad, n_pad, num_sms);
+        if (plan.splits > 1) {
+          most = std::max(most, static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile);
+        }
       }
     }
   }
@@ -1051,8 +1062,8 @@ std::size_t gptq_counter_ints(int n_pad) {
   return static_cast<std::size_t>((n_pad + kGptqTileN - 1) / kGptqTileN);
 }
 
-GptqPlan gptq_stream_plan(DType dtype, int m, int k_pad, int n_pad, int num_sms) {
-  return stream_plan_for(dtype == DType::BF16 ? 1 : 0, stream_nt(m), k_pad, n_pad, num_sms);
+GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k_pad, int n_pad, int num_sms) {
+  return stream_plan_for(dtype == DType::BF16 ? 1 : 0, zeros, stream_nt(m), k_pad, n_pad, num_sms);
 }
 
 void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream) {

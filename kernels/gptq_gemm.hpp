@@ -56,9 +56,10 @@ struct GptqPlan {
   int splits = 1;      // CTAs along k
 };
 GptqPlan gptq_plan(DType dtype, int m, int k_pad, int n_pad, int num_sms);
-// The streaming kernel's plan for m <= kGptqStreamMaxM rows: config -1, one
-// CTA per 64 columns (n_ctas) times `splits` along k.
-GptqPlan gptq_stream_plan(DType dtype, int m, int k_pad, int n_pad, int num_sms);
+// The streaming kernel's plan for m <= kGptqStreamMaxM rows (zeros: the
+// weight has a zero array): config -1, one CTA per 64 columns (n_ctas)
+// times `splits` along k.
+GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k_pad, int n_pad, int num_sms);
 // f32 partial sums either kernel may need for any m <= kGptqMaxM.
 std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms);
 // Split-K arrival counters (ints, zero-initialized once; each launch leaves them 0).
