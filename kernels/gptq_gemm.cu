@@ -100,17 +100,18 @@ struct Int4Math<__half> {
     asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
   }
-  // One word -> the 4 B registers of n tiles 2j (b[0], b[1]) and 2j+1 (b[2], b[3]).
-  static __device__ __forceinline__ void dequant(std::uint32_t w, std::uint32_t s0, std::uint32_t lo0,
-                                                 std::uint32_t hi0, std::uint32_t s1, std::uint32_t lo1,
-                                                 std::uint32_t hi1, std::uint32_t (&b)[4]) {
+  // One word -> the 4 B registers of n tiles 2j (b[0], b[1]) and 2j+1
+  // (b[2], b[3]) as the exact integers q - z (no scale).
+  static __device__ __forceinline__ void dequant_unscaled(std::uint32_t w, std::uint32_t lo0, std::uint32_t hi0,
+                                                          std::uint32_t lo1, std::uint32_t hi1,
+                                                          std::uint32_t (&b)[4]) {
     constexpr std::uint32_t kMagic = 0x64006400u;   // half2 (1024, 1024)
     constexpr std::uint32_t kSixteenth = 0x2C002C00u;  // half2 (1/16, 1/16)
     const std::uint32_t w8 = w >> 8;
-    b[0] = mul(add(and_or(w, 0x000F000Fu, kMagic), lo0), s0);
-    b[1] = mul(fma(and_or(w, 0x00F000F0u, kMagic), kSixteenth, hi0), s0);
-    b[2] = mul(add(and_or(w8, 0x000F000Fu, kMagic), lo1), s1);
-    b[3] = mul(fma(and_or(w8, 0x00F000F0u, kMagic), kSixteenth, hi1), s1);
+    b[0] = add(and_or(w, 0x000F000Fu, kMagic), lo0);
+    b[1] = fma(and_or(w, 0x00F000F0u, kMagic), kSixteenth, hi0);
+    b[2] = add(and_or(w8, 0x000F000Fu, kMagic), lo1);
+    b[3] = fma(and_or(w8, 0x00F000F0u, kMagic), kSixteenth, hi1);
   }
 };
 
@@ -131,16 +132,31 @@ struct Int4Math<__nv_bfloat16> {
     asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
     return d;
   }
-  static __device__ __forceinline__ void dequant(std::uint32_t w, std::uint32_t s0, std::uint32_t lo0,
-                                                 std::uint32_t /*hi0*/, std::uint32_t s1, std::uint32_t lo1,
-                                                 std::uint32_t /*hi1*/, std::uint32_t (&b)[4]) {
+  static __device__ __forceinline__ void dequant_unscaled(std::uint32_t w, std::uint32_t lo0, std::uint32_t /*hi0*/,
+                                                          std::uint32_t lo1, std::uint32_t /*hi1*/,
+                                                          std::uint32_t (&b)[4]) {
     constexpr std::uint32_t kMagic = 0x43004300u;  // bf16x2 (128, 128)
-    b[0] = mul(add(and_or(w, 0x000F000Fu, kMagic), lo0), s0);
-    b[1] = mul(add(and_or(w >> 4, 0x000F000Fu, kMagic), lo0), s0);
-    b[2] = mul(add(and_or(w >> 8, 0x000F000Fu, kMagic), lo1), s1);
-    b[3] = mul(add(and_or(w >> 12, 0x000F000Fu, kMagic), lo1), s1);
+    b[0] = add(and_or(w, 0x000F000Fu, kMagic), lo0);
+    b[1] = add(and_or(w >> 4, 0x000F000Fu, kMagic), lo0);
+    b[2] = add(and_or(w >> 8, 0x000F000Fu, kMagic), lo1);
+    b[3] = add(and_or(w >> 12, 0x000F000Fu, kMagic), lo1);
   }
 };
+
+// One word -> the 4 B registers of n tiles 2j (b[0], b[1]) and 2j+1 (b[2],
+// b[3]), scaled: (q - z) is exact, so the one multiply rounds once, exactly
+// as rounding the f32 weight to the activation dtype (the fused kernel).
+template <class T>
+__device__ __forceinline__ void dequant_scaled(std::uint32_t w, std::uint32_t s0, std::uint32_t lo0, std::uint32_t hi0,
+                                               std::uint32_t s1, std::uint32_t lo1, std::uint32_t hi1,
+                                               std::uint32_t (&b)[4]) {
+  using M = Int4Math<T>;
+  M::dequant_unscaled(w, lo0, hi0, lo1, hi1, b);
+  b[0] = M::mul(b[0], s0);
+  b[1] = M::mul(b[1], s0);
+  b[2] = M::mul(b[2], s1);
+  b[3] = M::mul(b[3], s1);
+}
 
 // ── Scale / zero rows (shared by the fused and streaming kernels) ─────────
 
@@ -416,7 +432,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         std::uint32_t b[4];
-        M::dequant(words[j], sc[2 * j], blo[2 * j], bhi[2 * j], sc[2 * j + 1], blo[2 * j + 1], bhi[2 * j + 1], b);
+        dequant_scaled<T>(words[j], sc[2 * j], blo[2 * j], bhi[2 * j], sc[2 * j + 1], blo[2 * j + 1], bhi[2 * j + 1], b);
 #pragma unroll
         for (int mt = 0; mt < kTiles; ++mt) {
           mma_16816_at<T>(&acc[(mt * 8 + 2 * j) * 4], af[mt], b[0], b[1]);
@@ -668,7 +684,13 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
 //   * The scale (and zero) row of the next chunk's first group is loaded
 //     with the next chunk, so a group change at a chunk start (g128: every
 //     chunk) does not wait on L2.
-//   * Scale-before (Int4Math::dequant, one rounding of the weight, as fused).
+//   * Scale-after: the mma runs on the exact integers q - z
+//     (Int4Math::dequant_unscaled, 4 fewer instructions per word than
+//     scaling first), into per-group f32 sums that are multiplied by the
+//     feature's scale and added at each group's end (g128: once per chunk).
+//     More exact than the fused kernel's scale-before (no rounding of the
+//     scaled weight); both are exact on the tests' power-of-two scales.
+//   * Two register buffers used in turn (no copies between them).
 //   * Warps summed through shared memory in warp order onto warp 0, then the
 //     splits through the workspace in split order (splitk_finish_last):
 //     fixed order, bitwise reproducible.
@@ -679,10 +701,10 @@ constexpr int kChunkWords = kChunkK16 * 128;  // u32 of one column block's chunk
 constexpr int kStreamL2Ahead = 2;           // chunks per warp requested into L2 beyond the register pair
 constexpr int kStreamMaxSplits = 16;
 
-// CTAs per SM asked of the register allocator (the most without spills):
-// the zero array's bias registers and NT = 2's accumulators cost one each.
-template <bool kZeros, int NT>
-constexpr int kStreamMinBlocks = 5 - NT - (kZeros ? 1 : 0);
+// CTAs per SM asked of the register allocator, the most without spills
+// (ptxas: two 4 KiB buffers, the running and the group sums, the biases).
+template <int NT>
+constexpr int kStreamMinBlocks = NT == 1 ? 3 : 2;
 
 struct StreamParams : GemmOperands {
   float* partials;  // [splits][n_pad / 64][m][64] f32 (splits > 1)
@@ -702,7 +724,7 @@ __device__ __forceinline__ uint4 load_stream_16(const std::uint32_t* p) {
 }
 
 template <class T, int NT, bool kZeros>
-__global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<kZeros, NT>) gptq_stream_kernel(const StreamParams p) {
+__global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT>) gptq_stream_kernel(const StreamParams p) {
   using M = Int4Math<T>;
   constexpr int kAcc = NT * 4 * 4;  // [nt][j][4] f32
   __shared__ float red[kStreamWarps - 1][kAcc][32];
@@ -724,91 +746,121 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<kZeros, NT>) 
   // Lane gid's slice of a scale / zero row (8 features of the column block).
   const std::size_t sz_col = static_cast<std::size_t>(nb) * kGptqTileN + gid * 8;
 
-  float acc[kAcc];
+  // acc: the CTA's running sums; part: this group's unscaled sums (q - z)·a,
+  // folded into acc (times the feature's scale) at each group's end.
+  float acc[kAcc], part[kAcc];
 #pragma unroll
-  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < kAcc; ++i) acc[i] = part[i] = 0.0f;
 
-  std::uint32_t sc[8], blo[8], bhi[8];
+  // The current group: the 8 features' scales (feature 8t + gid: scf[t]) and
+  // the negated biases of their zeros.
+  float scf[8];
+  std::uint32_t blo[8], bhi[8];
   if constexpr (!kZeros) {
 #pragma unroll
     for (int t = 0; t < 8; ++t) M::biases(p.zero_value, blo[t], bhi[t]);
   }
-  auto load_chunk = [&](uint4 (&w)[kChunkK16], int c) {
-#pragma unroll
-    for (int s = 0; s < kChunkK16; ++s) w[s] = load_stream_16(wlane + static_cast<std::size_t>(c) * kChunkWords + s * 128);
-  };
-  // Scale (zero) row of group g.
+  // Scale (zero) row of group g, lane gid's 8 features.
   auto load_group_row = [&](int g, uint4& s_raw, uint2& z_raw) {
     const std::size_t at = static_cast<std::size_t>(g) * p.n_pad + sz_col;
     s_raw = __ldg(reinterpret_cast<const uint4*>(scales + at));
     if constexpr (kZeros) z_raw = __ldg(reinterpret_cast<const uint2*>(p.zeros + at));
   };
   auto set_group = [&](const uint4& s_raw, const uint2& z_raw) {
-    unpack_scales(s_raw, sc);
+    const T* sv = reinterpret_cast<const T*>(&s_raw);
+#pragma unroll
+    for (int t = 0; t < 8; ++t) scf[t] = to_float(sv[t]);
     if constexpr (kZeros) unpack_zeros<T>(z_raw, blo, bhi);
   };
-
-  int c = c_begin + warp;
-  uint4 cur[kChunkK16], nxt[kChunkK16];
-  uint4 s_next = make_uint4(0u, 0u, 0u, 0u);
-  uint2 z_next = make_uint2(0u, 0u);
-  if (c < c_end) {
-    load_chunk(cur, c);
-    load_group_row(c * kChunkK16 / p.k16_per_group, s_next, z_next);
-    if (lane == 0) {
+  // D fragment (nt, j): d0 / d1 are feature 16j + g (scale scf[2j]), d2 / d3 feature 16j + 8 + g (scf[2j + 1]).
+  auto fold = [&] {
 #pragma unroll
-      for (int i = 1; i <= kStreamL2Ahead; ++i) {
-        const int cp = c + i * kStreamWarps;
-        if (cp < c_end) prefetch_l2_bulk(wblock + static_cast<std::size_t>(cp) * kChunkWords, kChunkWords * 4u);
-      }
+    for (int i = 0; i < kAcc; ++i) {
+      acc[i] = fmaf(scf[2 * ((i / 4) % 4) + ((i % 4) >= 2 ? 1 : 0)], part[i], acc[i]);
+      part[i] = 0.0f;
     }
+  };
+  // B fragment rows 8nt + gid; rows >= m read nothing (zero): pairs past
+  // `limit` (0 for a dead row, k / 2 otherwise) are zero, which also zeroes
+  // columns >= k (padded q dequantizes to -z, not 0).
+  const std::uint32_t* arow[NT];
+  int limit[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int row = nt * 8 + gid;
+    arow[nt] = act + static_cast<std::size_t>(row < p.m ? row : 0) * half_k;
+    limit[nt] = row < p.m ? half_k : 0;
   }
-  for (; c < c_end; c += kStreamWarps) {
-    const int cn = c + kStreamWarps;
-    set_group(s_next, z_next);
-    int cur_group = (c * kChunkK16) / p.k16_per_group;  // groups of >= 128 rows start at chunks
-    if (cn < c_end) {
-      load_chunk(nxt, cn);
-      load_group_row(cn * kChunkK16 / p.k16_per_group, s_next, z_next);
-    }
-    if (lane == 0) {
-      const int cp = c + (kStreamL2Ahead + 1) * kStreamWarps;
-      if (cp < c_end) prefetch_l2_bulk(wblock + static_cast<std::size_t>(cp) * kChunkWords, kChunkWords * 4u);
-    }
+
+  // One chunk: 8 k16 steps of 16 weight bytes per lane (w), whose first
+  // group's scale / zero row is s_raw / z_raw.
+  auto process = [&](const uint4 (&w)[kChunkK16], int c, const uint4& s_raw, const uint2& z_raw) {
+    set_group(s_raw, z_raw);
+    int g = (c * kChunkK16) / p.k16_per_group;  // groups of >= 128 rows start at chunks
 #pragma unroll
     for (int s = 0; s < kChunkK16; ++s) {
-      const int k16 = c * kChunkK16 + s;
       if (s > 0 && (s & p.group_step_mask) == 0) {  // warp-uniform; groups of 16-64 rows only
-        ++cur_group;
-        uint4 s_raw;
-        uint2 z_raw = make_uint2(0u, 0u);
-        load_group_row(cur_group, s_raw, z_raw);
-        set_group(s_raw, z_raw);
+        fold();
+        uint4 s2;
+        uint2 z2 = make_uint2(0u, 0u);
+        load_group_row(++g, s2, z2);
+        set_group(s2, z2);
       }
-      // B fragments: b0 = a[8nt + g][16 k16 + 2t ..+1], b1 = the same at + 8.
-      // Rows >= m and columns >= k are zero (padded q dequantizes to -z s, not 0).
+      // b0 = a[8nt + g][16 k16 + 2t ..+1], b1 = the same 8 columns on.
+      const int pair = (c * kChunkK16 + s) * 8 + tig;
       std::uint32_t bf[NT][2];
-      const int col2 = k16 * 8 + tig;  // pair index of column 16 k16 + 2t
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const int row = nt * 8 + gid;
-        const bool live = row < p.m;
-        const std::uint32_t* ar = act + static_cast<std::size_t>(live ? row : 0) * half_k;
-        bf[nt][0] = live && col2 < half_k ? __ldg(ar + col2) : 0u;
-        bf[nt][1] = live && col2 + 4 < half_k ? __ldg(ar + col2 + 4) : 0u;
+        bf[nt][0] = pair < limit[nt] ? __ldg(arow[nt] + pair) : 0u;
+        bf[nt][1] = pair + 4 < limit[nt] ? __ldg(arow[nt] + pair + 4) : 0u;
       }
-      const std::uint32_t words[4] = {cur[s].x, cur[s].y, cur[s].z, cur[s].w};
+      const std::uint32_t words[4] = {w[s].x, w[s].y, w[s].z, w[s].w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         std::uint32_t b[4];
-        M::dequant(words[j], sc[2 * j], blo[2 * j], bhi[2 * j], sc[2 * j + 1], blo[2 * j + 1], bhi[2 * j + 1], b);
+        M::dequant_unscaled(words[j], blo[2 * j], bhi[2 * j], blo[2 * j + 1], bhi[2 * j + 1], b);
         const std::uint32_t af[4] = {b[0], b[2], b[1], b[3]};
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) mma_16816_at<T>(&acc[(nt * 4 + j) * 4], af, bf[nt][0], bf[nt][1]);
+        for (int nt = 0; nt < NT; ++nt) mma_16816_at<T>(&part[(nt * 4 + j) * 4], af, bf[nt][0], bf[nt][1]);
       }
     }
+    fold();
+  };
+  auto load_chunk = [&](uint4 (&w)[kChunkK16], int c) {
 #pragma unroll
-    for (int s = 0; s < kChunkK16; ++s) cur[s] = nxt[s];
+    for (int s = 0; s < kChunkK16; ++s) w[s] = load_stream_16(wlane + static_cast<std::size_t>(c) * kChunkWords + s * 128);
+  };
+  auto prefetch_chunk = [&](int c) {
+    if (lane == 0 && c < c_end) prefetch_l2_bulk(wblock + static_cast<std::size_t>(c) * kChunkWords, kChunkWords * 4u);
+  };
+
+  // Two register buffers in turn (no copies): while one chunk is consumed
+  // the next one's loads are in flight, and L2 holds the kStreamL2Ahead after.
+  uint4 wa[kChunkK16], wb[kChunkK16];
+  uint4 sa = make_uint4(0u, 0u, 0u, 0u), sb = sa;
+  uint2 za = make_uint2(0u, 0u), zb = za;
+  int c = c_begin + warp;
+  if (c < c_end) {
+    load_chunk(wa, c);
+    load_group_row(c * kChunkK16 / p.k16_per_group, sa, za);
+#pragma unroll
+    for (int i = 1; i <= kStreamL2Ahead; ++i) prefetch_chunk(c + i * kStreamWarps);
+  }
+  for (; c < c_end; c += 2 * kStreamWarps) {
+    const int c1 = c + kStreamWarps, c2 = c1 + kStreamWarps;
+    if (c1 < c_end) {
+      load_chunk(wb, c1);
+      load_group_row(c1 * kChunkK16 / p.k16_per_group, sb, zb);
+    }
+    prefetch_chunk(c + (kStreamL2Ahead + 1) * kStreamWarps);
+    process(wa, c, sa, za);
+    if (c1 >= c_end) break;
+    if (c2 < c_end) {
+      load_chunk(wa, c2);
+      load_group_row(c2 * kChunkK16 / p.k16_per_group, sa, za);
+    }
+    prefetch_chunk(c1 + (kStreamL2Ahead + 1) * kStreamWarps);
+    process(wb, c1, sb, zb);
   }
 
   // Warps 1.. -> warp 0, in warp order.
@@ -827,7 +879,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<kZeros, NT>) 
   // D fragment (nt, j): d0 / d1 = feature 16j + g, rows 8nt + 2t / +1; d2 / d3 = feature + 8.
   // One split: the output directly. Otherwise this split's [m][64] f32 partial.
   T* out = static_cast<T*>(p.out);
-  float* part = p.partials + (static_cast<std::size_t>(split) * nb_total + nb) * p.m * kGptqTileN;
+  float* split_part = p.partials + (static_cast<std::size_t>(split) * nb_total + nb) * p.m * kGptqTileN;
   if (warp == 0) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -843,7 +895,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<kZeros, NT>) 
           if (p.splits == 1) {
             if (nb * kGptqTileN + f < p.n) out[static_cast<std::size_t>(r) * p.n + nb * kGptqTileN + f] = from_float<T>(d[e]);
           } else {
-            __stcg(part + static_cast<std::size_t>(r) * kGptqTileN + f, d[e]);
+            __stcg(split_part + static_cast<std::size_t>(r) * kGptqTileN + f, d[e]);
           }
         }
       }
