@@ -7,9 +7,10 @@
 //                     [--kernel auto|fused|stream]
 //
 // --kernel picks the kernel launch_gptq_gemm runs (GptqGemmArgs::kernel):
-// auto and fused = the fused kernel (auto is CudaBackendConfig's default,
-// today the fused kernel); stream = the register-streaming kernel for
-// launches of m <= 16 (larger m still run the fused kernel). The "plan"
+// auto = CudaBackendConfig's default rule (the streaming kernel for launches
+// of m <= kGptqStreamAutoMaxM, else fused); fused = the fused kernel; stream =
+// the register-streaming kernel for launches of m <= 16 (larger m still run
+// the fused kernel). The "plan"
 // column says which ran: "sxS" = streaming (one CTA per 64 columns, S
 // splits along k), else "cCxS": the fused configuration C and its splits.
 //
@@ -187,7 +188,11 @@ int main(int argc, char** argv) {
   const cudaDataType_t ctype = bf16 ? CUDA_R_16BF : CUDA_R_16F;
   constexpr std::size_t kRotateBytes = std::size_t{256} << 20;
 
-  const bool use_stream = opt.kernel == "stream";
+  // Which kernel a launch of `rows` rows takes: GptqKernel::Auto's rule for "auto".
+  auto streams = [&](int rows) {
+    return rows <= ferrum::kernels::kGptqStreamMaxM &&
+           (opt.kernel == "stream" || (opt.kernel == "auto" && rows <= ferrum::kernels::kGptqStreamAutoMaxM));
+  };
   std::printf("device %s, %d SMs, dtype %s, group 128%s%s, kernel %s\n", prop.name, num_sms, bf16 ? "bf16" : "f16",
               opt.asym ? ", asymmetric" : ", symmetric", opt.act_order ? ", act-order" : "", opt.kernel.c_str());
   std::printf("%6s %6s %5s | %10s %9s %9s %6s | %10s | %10s %8s | %8s %6s\n", "k", "n", "m", "ours_us", "int4_GB/s",
@@ -339,7 +344,8 @@ int main(int argc, char** argv) {
           args.partials = d_partials;
           args.counters = d_counters;
           args.num_sms = num_sms;
-          args.kernel = use_stream ? ferrum::kernels::GptqKernelKind::Stream : ferrum::kernels::GptqKernelKind::Fused;
+          args.kernel = streams(rows_now) ? ferrum::kernels::GptqKernelKind::Stream
+                                          : ferrum::kernels::GptqKernelKind::Fused;
           ferrum::kernels::launch_gptq_gemm(args, stream);
         }
       };
@@ -368,7 +374,7 @@ int main(int argc, char** argv) {
                                      static_cast<int>(r.n_pad), num_sms);
       row.splits = plan.splits;
       row.config = plan.config;
-      if (use_stream && m <= ferrum::kernels::kGptqStreamMaxM) {  // the streaming kernel: "config" -1
+      if (streams(m)) {  // the streaming kernel: "config" -1
         const ferrum::kernels::GptqPlan sp = ferrum::kernels::gptq_stream_plan(
             opt.dtype, !r.uniform_zero, m, static_cast<int>(r.k_pad), static_cast<int>(r.n_pad), num_sms);
         row.splits = sp.splits;

@@ -27,6 +27,11 @@ inline constexpr int kGptqMaxM = 64;     // rows of a per launch of the fused ke
 inline constexpr int kGptqTileK = 128;   // must equal detail::kGptqTileK
 inline constexpr int kGptqTileN = 64;    // must equal detail::kGptqTileN
 inline constexpr int kGptqStreamMaxM = 16;  // rows the streaming kernel covers per launch
+// Rows per launch up to which CudaBackendConfig's GptqKernel::Auto takes the
+// streaming kernel: on the H200 it measured faster than the fused kernel on
+// every benchmark shape at m <= 8; at m = 16 the fused kernel was faster at
+// 8192 x 8192 (docs/PERFORMANCE.md, session 5).
+inline constexpr int kGptqStreamAutoMaxM = 8;
 
 // Which kernel launch_gptq_gemm runs. Stream applies to m <= kGptqStreamMaxM;
 // larger m falls back to the fused kernel.

@@ -28,9 +28,9 @@ struct CudaRuntime;
 // fused-layout weight (kernels/gptq_gemm.hpp). Larger m, and layouts a kernel
 // does not cover, take the fused kernel / the dequantize + cuBLAS path.
 enum class GptqKernel {
-  Auto = 0,    // the library's choice: today the fused kernel
+  Auto = 0,    // the library's choice: the streaming kernel for m <= 8, else fused
   Fused = 1,   // the fused kernel (shared-memory cp.async pipeline)
-  Stream = 2,  // the register-streaming kernel (opt-in)
+  Stream = 2,  // the register-streaming kernel for every m <= 16
 };
 
 struct CudaBackendConfig {

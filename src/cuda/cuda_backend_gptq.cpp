@@ -10,9 +10,10 @@
 // capture-safe:
 //   * fused (m <= kFusedMaxM and a fused layout): the INT4 tensor-core kernel,
 //     kernels::kGptqMaxM rows per launch; act-order first gathers the
-//     activation columns into a workspace. With CudaBackendConfig::gptq_kernel
-//     = Stream, launches of m <= 16 rows take the register-streaming kernel
-//     instead (the same split-K workspace and gather).
+//     activation columns into a workspace. Launches of m <= 8 rows
+//     (GptqKernel::Auto, kernels::kGptqStreamAutoMaxM) or m <= 16 (Stream)
+//     take the register-streaming kernel instead (the same split-K
+//     workspace and gather).
 //   * dequantize + cuBLAS (larger m, or a checkpoint outside the fused
 //     layout: odd group sizes, uneven act-order groups): W is dequantized in
 //     column chunks into a bounded scratch, each chunk followed by one
@@ -280,9 +281,10 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
       args.partials = ws.partials;
       args.counters = ws.counters;
       args.num_sms = rt_->num_sms;
-      // Auto is the fused kernel until the streaming kernel is measured to win.
-      args.kernel =
-          gptq_kernel_ == GptqKernel::Stream ? kernels::GptqKernelKind::Stream : kernels::GptqKernelKind::Fused;
+      // Auto: the streaming kernel where it measured faster (m <= kGptqStreamAutoMaxM).
+      const bool streaming = gptq_kernel_ == GptqKernel::Stream ||
+                             (gptq_kernel_ == GptqKernel::Auto && rows <= kernels::kGptqStreamAutoMaxM);
+      args.kernel = streaming ? kernels::GptqKernelKind::Stream : kernels::GptqKernelKind::Fused;
       kernels::launch_gptq_gemm(args, rt_->stream);
     }
     return;

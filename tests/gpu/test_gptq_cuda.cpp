@@ -464,6 +464,17 @@ TEST_F(CudaGptqStream, ExactAtTheEndsOfTheSplitPlan) {
   expect_exact_on(stream(), {1024, 38400, 128, true, false, GptqZeroFormat::V1}, {1, 9}, rng);
 }
 
+// GptqKernel::Auto takes the streaming kernel for m <= 8, so the fused
+// kernel's small-m launches are checked here through an explicit config.
+TEST_F(CudaGptqStream, FusedConfigStaysExactAtSmallM) {
+  FERRUM_SEEDED_RNG(rng);
+  CudaBackendConfig config;
+  config.gptq_kernel = GptqKernel::Fused;
+  CudaBackend fused(config);
+  for_each_standard_layout([&](const WeightCase& c) { expect_exact_on(fused, c, {1, 3, 8}, rng); });
+  expect_exact_on(fused, {4000, 264, 32, false, true, GptqZeroFormat::V1}, {1, 5}, rng);
+}
+
 // Random data: close to the CPU (the same bound as the fused kernel) and
 // bitwise equal over four runs.
 TEST_F(CudaGptqStream, DeterministicRunToRunAndClose) {
