@@ -266,6 +266,59 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// Bytes of one projection's weights a decode step reads: dense, the stored
+// elements; GPTQ, the INT4 nibbles, one scale (activation dtype) per group
+// and column and, unless symmetric, one zero byte per group and column (what
+// the INT4 kernels read; kernels/gptq_gemm.hpp).
+double projection_bytes(const ModelConfig& c, const Projection& p) {
+  if (!p.quantized()) return static_cast<double>(p.dense.nbytes());
+  const double groups = static_cast<double>(c.gptq ? c.gptq->groups(p.k) : 1);
+  const double cols = static_cast<double>(p.n);
+  const bool zeros = c.gptq && !c.gptq->sym;
+  return static_cast<double>(p.k) * cols / 2.0 + groups * cols * (static_cast<double>(size_of(c.dtype)) + (zeros ? 1.0 : 0.0));
+}
+
+// What one decode step must read from device memory at a KV length of
+// kv_len: every layer's norms and projections, the final norm and the
+// lm_head, and the K and V rows attention reads (activations and the one
+// embedding row are left out: kilobytes).
+struct StepBytes {
+  double weights = 0.0, kv = 0.0;
+};
+StepBytes step_bytes(const ModelWeights& w, std::size_t kv_len) {
+  const ModelConfig& c = w.config;
+  StepBytes b;
+  for (const LayerWeights& l : w.layers) {
+    for (const Buffer* norm : {&l.input_norm, &l.q_norm, &l.k_norm, &l.post_attention_norm}) {
+      if (!norm->is_null()) b.weights += static_cast<double>(norm->nbytes());
+    }
+    for (const Projection& p : l.qkv_proj.parts) b.weights += projection_bytes(c, p);
+    b.weights += projection_bytes(c, l.o_proj);
+    for (const Projection& p : l.gate_up_proj.parts) b.weights += projection_bytes(c, p);
+    b.weights += projection_bytes(c, l.down_proj);
+  }
+  b.weights += static_cast<double>(w.final_norm.nbytes() + w.output_projection().nbytes());
+  b.kv = 2.0 * static_cast<double>(c.num_hidden_layers * c.kv_dim() * kv_len * size_of(c.dtype));
+  return b;
+}
+
+// The device's copy bandwidth now (read + write bytes per second, the
+// convention of bench/bench_ops.cpp), through the public API: copy_slice
+// between two buffers, after warm-up copies, timed over a batch.
+double measure_copy_gbps(Backend& be) {
+  const bool gpu = be.kind() == BackendKind::Cuda;
+  const std::size_t bytes = gpu ? std::size_t{512} << 20 : std::size_t{32} << 20;
+  const int reps = gpu ? 20 : 3;
+  Buffer src = be.alloc(DType::U8, bytes);
+  Buffer dst = be.alloc(DType::U8, bytes);
+  for (int i = 0; i < 3; ++i) be.copy_slice(src, 0, dst, 0, bytes);
+  be.synchronize();
+  const auto start = Clock::now();
+  for (int i = 0; i < reps; ++i) be.copy_slice(src, 0, dst, 0, bytes);
+  be.synchronize();
+  return 2.0 * static_cast<double>(bytes) * reps / seconds_since(start) / 1e9;
+}
+
 int run(const Options& opt) {
   LogitsDump dump(opt.dump_logits);  // opened first: a bad path fails before the model loads
   // The config first: whether the backend needs the GPTQ ops depends on it.
@@ -322,8 +375,16 @@ int run(const Options& opt) {
   for (std::int32_t t : generated) std::printf(" %d", t);
   std::printf("\n");
   if (opt.steps > 1) {
-    std::printf("  decode: %zu steps in %.3f s (%.1f tokens/s)\n", opt.steps - 1, decode_s,
-                static_cast<double>(opt.steps - 1) / decode_s);
+    const double tok_s = static_cast<double>(opt.steps - 1) / decode_s;
+    std::printf("  decode: %zu steps in %.3f s (%.1f tokens/s)\n", opt.steps - 1, decode_s, tok_s);
+    // The bandwidth bound of this run: bytes per step (at the mean KV length
+    // of the decode steps) over the copy bandwidth measured now.
+    const StepBytes b = step_bytes(weights, opt.prompt.size() + opt.steps / 2);
+    const double copy_gbps = measure_copy_gbps(*backend);
+    const double bound = copy_gbps * 1e9 / (b.weights + b.kv);
+    std::printf("  bound: %.1f MB per step (weights %.1f, KV %.1f); device copy %.0f GB/s now -> %.1f tokens/s; "
+                "decode at %.1f %% of it\n",
+                (b.weights + b.kv) / 1e6, b.weights / 1e6, b.kv / 1e6, copy_gbps, bound, 100.0 * tok_s / bound);
   }
   return 0;
 }
