@@ -46,9 +46,11 @@ LOG="$OUT/suite.log"
 # idle). Prints each shard's last TAIL lines, the error summaries, and one
 # exit line: the worst shard's exit code (9: errors found, 124: timeout).
 # The full output goes to $OUT/TOOL.N.log (N counts the calls of this run).
-# racecheck leaves out cuBLAS's own kernels (names nvjet_*): they are
-# NVIDIA's, racecheck reports hazards inside them (TMA / wgmma shared-memory
-# traffic) that no call of ours can change, and they take most of its time.
+# racecheck runs only tests that never reach cuBLAS: it reports hazards
+# inside cuBLAS's own kernels (nvjet_*, TMA / wgmma shared-memory traffic)
+# that no call of ours can change, and they take most of its time.
+# (--kernel-name-exclude kns=nvjet is no way out: the run of session 5 with
+# it failed every shard.)
 SANITIZE_RUN=0
 sanitize() {
   SANITIZE_RUN=$((SANITIZE_RUN + 1))
@@ -56,10 +58,8 @@ sanitize() {
   local shards="${SANITIZE_SHARDS:-4}" worst=0 i rc
   local dir
   dir=$(mktemp -d)
-  local exclude=()
-  [ "$1" = racecheck ] && exclude=(--kernel-name-exclude kns=nvjet)
   for i in $(seq 0 $((shards - 1))); do
-    ( GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$2" compute-sanitizer --tool "$1" "${exclude[@]}" --error-exitcode 9 \
+    ( GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$2" compute-sanitizer --tool "$1" --error-exitcode 9 \
         $B/tests/ferrum_tests_gpu --gtest_brief=1 --gtest_filter="$3" > "$dir/$i.log" 2>&1
       echo $? > "$dir/$i.rc" ) &
   done
@@ -141,7 +141,7 @@ fi
 if has_mode race; then
   {
     echo "== racecheck: attention decode/prefill, GPTQ ($(date +%T))"
-    sanitize racecheck 150 'Specs/CudaFlashDecodeRagged.*_case?:Specs/CudaFlashAttention.*_case?:DTypes/CudaDecodeBatch.*:Sweep/CudaPrefillAttention.*_case?:*CudaPrefillLargeGrid*:CudaGptq*'
+    sanitize racecheck 150 'Specs/CudaFlashDecodeRagged.*_case?:Specs/CudaFlashAttention.*_case?:DTypes/CudaDecodeBatch.*:Sweep/CudaPrefillAttention.*_case?:*CudaPrefillLargeGrid*:CudaGptqStream.*'
   } 2>&1 | tee -a "$LOG"
 fi
 
@@ -149,7 +149,7 @@ if has_mode gptq; then
   {
     echo "== GPTQ tests (memcheck, then racecheck) ($(date +%T))"
     sanitize memcheck 200 '*Gptq*:*BadInput*' 25
-    sanitize racecheck 120 'CudaGptq*'
+    sanitize racecheck 120 'CudaGptqStream.*'
   } 2>&1 | tee -a "$LOG"
 fi
 
