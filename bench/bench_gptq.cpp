@@ -14,7 +14,8 @@
 // column says which ran: "sxS" = streaming (one CTA per 64 columns, S
 // splits along k), else "cCxS": the fused configuration C and its splits.
 //
-// Shapes [k x n]: 4096x4096, 4096x14336, 14336x4096, 8192x8192, 8192x28672;
+// Shapes [k x n]: 4096x4096, 4096x14336, 14336x4096, 8192x8192, 8192x28672,
+// and the llama3-8b step's 4096x6144 (q|k|v) and 4096x28672 (gate|up);
 // m in {1, 2, 4, 8, 16, 32, 48, 64, 128} (--crossover adds 256, 512, 1024, where
 // the dequantize + cuBLAS path is also timed: the crossover sets
 // kFusedMaxM in src/cuda/cuda_backend_gptq.cpp). Group size 128.
@@ -176,7 +177,10 @@ int main(int argc, char** argv) {
   void* cublas_ws = dev_alloc(std::size_t{32} << 20);
   check(cublasSetWorkspace(cublas, cublas_ws, std::size_t{32} << 20), "cublasSetWorkspace");
 
-  std::vector<std::pair<int, int>> shapes = {{4096, 4096}, {4096, 14336}, {14336, 4096}, {8192, 8192}, {8192, 28672}};
+  // The five shapes, then the llama3-8b decode step's two others
+  // (fused q|k|v and gate|up; o and down are 4096x4096 and 14336x4096).
+  std::vector<std::pair<int, int>> shapes = {{4096, 4096}, {4096, 14336}, {14336, 4096}, {8192, 8192},
+                                             {8192, 28672}, {4096, 6144},  {4096, 28672}};
   std::vector<int> ms = {1, 2, 4, 8, 16, 32, 48, 64, 128};
   if (opt.crossover) ms.insert(ms.end(), {256, 512, 1024});
   if (opt.quick) {
