@@ -475,6 +475,37 @@ TEST_F(CudaGptqStream, FusedConfigStaysExactAtSmallM) {
   expect_exact_on(fused, {4000, 264, 32, false, true, GptqZeroFormat::V1}, {1, 5}, rng);
 }
 
+// Which kernel GptqKernel::Auto ran, seen through the bits: on random data
+// the streaming kernel (scale-after) and the fused kernel (scale-before)
+// round differently, so Auto must equal Stream bitwise for m <= 8 and Fused
+// for m = 9..16, and the two kernels must differ somewhere (else this test
+// could not tell them apart).
+TEST_F(CudaGptqStream, AutoTakesTheStreamingKernelUpToEightRows) {
+  FERRUM_SEEDED_RNG(rng);
+  CudaBackendConfig config;
+  config.gptq_kernel = GptqKernel::Fused;
+  CudaBackend fused(config);
+  Backend& automatic = cuda();
+  const WeightCase c{4096, 512, 128, false, true, GptqZeroFormat::V1, false};
+  const Checkpoint ck = make_checkpoint(c, rng);
+  std::unique_ptr<QuantWeight> w_auto = automatic.load_gptq(ck.tensors());
+  std::unique_ptr<QuantWeight> w_stream = stream().load_gptq(ck.tensors());
+  std::unique_ptr<QuantWeight> w_fused = fused.load_gptq(ck.tensors());
+  bool kernels_differ = false;
+  for (std::size_t m : {1, 8, 9, 16}) {
+    const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
+    for (DType dt : kHalfDTypes) {
+      SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
+      const std::vector<float> got = run_gemm(automatic, *w_auto, a, dt, m);
+      const std::vector<float> by_stream = run_gemm(stream(), *w_stream, a, dt, m);
+      const std::vector<float> by_fused = run_gemm(fused, *w_fused, a, dt, m);
+      EXPECT_TRUE(same_floats(got, m <= 8 ? by_stream : by_fused));
+      if (m <= 8 && !same_floats(by_stream, by_fused)) kernels_differ = true;
+    }
+  }
+  EXPECT_TRUE(kernels_differ) << "the two kernels gave the same bits everywhere: the test cannot see the dispatch";
+}
+
 // Random data: close to the CPU (the same bound as the fused kernel) and
 // bitwise equal over four runs.
 TEST_F(CudaGptqStream, DeterministicRunToRunAndClose) {
