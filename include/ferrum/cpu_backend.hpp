@@ -15,7 +15,8 @@
 namespace ferrum {
 
 struct CpuBackendConfig {
-  // Worker threads for row-parallel ops; 0 means std::thread::hardware_concurrency().
+  // Worker threads for row-parallel ops and for load_gptq's unpacking;
+  // 0 means std::thread::hardware_concurrency().
   unsigned num_threads = 0;
 };
 

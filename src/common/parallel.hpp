@@ -12,15 +12,15 @@
 namespace ferrum::detail {
 
 // Calls body(begin, end) over disjoint ranges covering [0, count) on up to
-// hardware_concurrency() threads. Every range starts at a multiple of
+// max_threads threads (0: hardware_concurrency()). Every range starts at a multiple of
 // `align` (so ranges never share an output word that `align` items fill
 // together) and holds at least `min_items` items except the last. The result
 // never depends on the split. The first exception thrown by a body is
 // rethrown here after every thread has joined.
 template <class Body>
-void parallel_for(std::size_t count, std::size_t align, std::size_t min_items, Body body) {
+void parallel_for(std::size_t count, std::size_t align, std::size_t min_items, unsigned max_threads, Body body) {
   align = std::max<std::size_t>(align, 1);
-  const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::size_t cores = max_threads != 0 ? max_threads : std::max(1u, std::thread::hardware_concurrency());
   const std::size_t threads = std::min(cores, std::max<std::size_t>(1, count / std::max<std::size_t>(min_items, 1)));
   if (threads <= 1) {
     body(std::size_t{0}, count);

@@ -581,7 +581,7 @@ class CpuGptqWeight final : public QuantWeight {
 }  // namespace
 
 std::unique_ptr<QuantWeight> CpuBackend::do_load_gptq(const GptqHostTensors& tensors) {
-  const detail::GptqUnpacked w = detail::unpack_gptq(tensors, "load_gptq");
+  const detail::GptqUnpacked w = detail::unpack_gptq(tensors, "load_gptq", num_threads_);
   return std::make_unique<CpuGptqWeight>(this, w.k, w.n, detail::dequantize_gptq_transposed(w));
 }
 

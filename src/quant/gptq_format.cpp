@@ -161,7 +161,7 @@ void validate_gptq(const GptqHostTensors& t, std::string_view op) {
   }
 }
 
-GptqUnpacked unpack_gptq(const GptqHostTensors& t, std::string_view op) {
+GptqUnpacked unpack_gptq(const GptqHostTensors& t, std::string_view op, unsigned threads) {
   validate_gptq(t, op);
 
   GptqUnpacked w;
@@ -174,7 +174,7 @@ GptqUnpacked unpack_gptq(const GptqHostTensors& t, std::string_view op) {
 
   // qweight [k / 8, n]: row r of W is nibble r % 8 of packed row r / 8.
   w.q.resize(k * n);
-  parallel_for(k, 1, 256, [&](std::size_t begin, std::size_t end) {
+  parallel_for(k, 1, 256, threads, [&](std::size_t begin, std::size_t end) {
     for (std::size_t row = begin; row < end; ++row) {
       const std::int32_t* packed = t.qweight.data() + (row / kPack) * n;
       for (std::size_t col = 0; col < n; ++col) w.q[row * n + col] = nibble(packed[col], row % kPack);

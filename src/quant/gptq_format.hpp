@@ -71,7 +71,8 @@ struct GptqUnpacked {
 };
 
 // Validates `t` (under `op`), then unpacks it.
-GptqUnpacked unpack_gptq(const GptqHostTensors& t, std::string_view op = "unpack_gptq");
+// threads: the host threads the unpacking may use (0: every core).
+GptqUnpacked unpack_gptq(const GptqHostTensors& t, std::string_view op = "unpack_gptq", unsigned threads = 0);
 
 // W as f32, [k][n]: W[k][n] = float(q - zero) * scale[g_idx[k]][n]. Exact:
 // q - zero is a small integer (exactly representable), so the only rounding

@@ -147,7 +147,7 @@ GptqRepacked repack_gptq(const GptqUnpacked& w, std::string_view op) {
   // Weights: repacked row j is checkpoint row perm[j].
   // Rows split in whole k-tiles: a word holds nibbles of one tile only.
   r.qweight.assign(r.k_pad * r.n_pad / 8, 0u);
-  parallel_for(k, kGptqTileK, kGptqTileK, [&](std::size_t begin, std::size_t end) {
+  parallel_for(k, kGptqTileK, kGptqTileK, 0, [&](std::size_t begin, std::size_t end) {
     for (std::size_t j = begin; j < end; ++j) {
       const std::uint8_t* src = w.q.data() + static_cast<std::size_t>(w.perm[j]) * n;
       for (std::size_t col = 0; col < n; ++col) {

@@ -345,6 +345,34 @@ TEST(GptqFormat, RandomPackedWordsSurviveUnpackPackBitExactly) {
   }
 }
 
+// The unpacking splits rows over host threads (CpuBackendConfig::num_threads
+// for CpuBackend); the result must not depend on how many.
+TEST(GptqFormat, UnpackIsTheSameOnAnyNumberOfThreads) {
+  std::mt19937 rng(7);
+  GptqPacked p;
+  p.k = 4096;
+  p.n = 24;
+  p.group_size = 128;
+  p.zero_format = GptqZeroFormat::V1;
+  const std::size_t groups = groups_of(p.k, p.group_size);
+  p.qweight.resize(p.k / 8 * p.n);
+  p.qzeros.resize(groups * p.n / 8);
+  p.scales.resize(groups * p.n);
+  for (auto& v : p.qweight) v = random_word(rng);
+  for (auto& v : p.qzeros) v = random_word(rng);
+  for (auto& v : p.scales) v = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+  p.g_idx = act_order_g_idx(p.k, p.group_size, rng);
+  const detail::GptqUnpacked one = detail::unpack_gptq(p.host_tensors(), "unpack_gptq", 1);
+  for (unsigned threads : {0u, 2u, 3u, 7u}) {
+    SCOPED_TRACE(testing::Message() << threads << " threads");
+    const detail::GptqUnpacked w = detail::unpack_gptq(p.host_tensors(), "unpack_gptq", threads);
+    EXPECT_EQ(w.q, one.q);
+    EXPECT_EQ(w.zero, one.zero);
+    EXPECT_TRUE(same_bits(w.scale, one.scale));
+    EXPECT_EQ(w.perm, one.perm);
+  }
+}
+
 // ── Dequantization against the packed words ────────────────────────────────
 
 TEST(GptqFormat, DequantizeMatchesFormulaOnPackedWords) {
