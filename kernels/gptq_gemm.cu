@@ -29,9 +29,9 @@
 //     tile's counter sums the partials with all its threads, in split order
 //     0, 1, ..., S-1 (fixed, so bitwise reproducible), and resets the counter.
 //
-// Opt-in streaming kernel for m <= 16 (GptqKernelKind::Stream; see its
-// section below), then the gather (act-order) and dequantize (cuBLAS path)
-// kernels.
+// Streaming kernel for m <= 16 (GptqKernelKind::Stream; CudaBackend's
+// default for launches of m <= kGptqStreamAutoMaxM; see its section below),
+// then the gather (act-order) and dequantize (cuBLAS path) kernels.
 #include "kernels/gptq_gemm.hpp"
 
 #include <cuda_bf16.h>

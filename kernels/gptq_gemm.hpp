@@ -5,7 +5,8 @@
 //   launch_gptq_gemm     out[m, n] = a[m, k] · W, m <= kGptqMaxM per launch
 //                        (mma.sync m16n8k16, fp32 accumulation, split over k
 //                        with a deterministic fixed-order reduction).
-//                        Opt-in (GptqGemmArgs::kernel = Stream, m <= kGptqStreamMaxM):
+//                        With GptqGemmArgs::kernel = Stream and m <= kGptqStreamMaxM
+//                        (CudaBackend asks for it up to kGptqStreamAutoMaxM by default):
 //                        the register-streaming kernel (weights as the mma A
 //                        operand, no shared-memory weight ring, split over k
 //                        across CTAs with the same fixed-order reduction).
