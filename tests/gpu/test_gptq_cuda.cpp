@@ -7,15 +7,17 @@
 // backends hold the same exact f32 sum and round it once into the output
 // dtype: the results must be bitwise equal. Covered: group sizes 32, 64,
 // 128, -1; symmetric / asymmetric zeros; V1 / V2; act-order; non-square and
-// padded k / n; m in {1, 3, 16, 17, 33, 64, 65, 200, 300} (every fused kernel
-// configuration, row chunking, and the dequantize + cuBLAS path); split-K,
+// padded k / n; m in {1, 3, 16, 17, 33, 64, 65, 200, 300} (the streaming
+// kernel up to 8 rows, every fused kernel configuration above, row chunking,
+// and the dequantize + cuBLAS path); split-K,
 // also at every configuration boundary and with partly empty column blocks;
 // general layouts (group size 8, uneven act-order groups); f16 and bf16.
 // Also: bitwise determinism run to run on random (non-exact) data, graph
 // capture and replay, workspaces shared across weights, and bad input.
-// The opt-in streaming kernel (CudaBackendConfig::gptq_kernel = Stream) gets
-// the same exact checks at m in {1, 2, 7, 8, 9, 15, 16} (its NT = 1 / 2
-// switch at 8 / 9) and its fallback to the fused kernel above 16.
+// The streaming kernel forced for every m <= 16 (CudaBackendConfig::gptq_kernel
+// = Stream) gets the same exact checks at m in {1, 2, 7, 8, 9, 15, 16} (its
+// NT = 1 / 2 switch at 8 / 9) and its fallback to the fused kernel above 16;
+// the fused kernel forced (Fused) keeps its small-m checks.
 //
 // Skipped (GTEST_SKIP) when no CUDA device is visible. The checkpoints are
 // packed here from the format definition (no library code).
@@ -472,7 +474,11 @@ TEST_F(CudaGptqStream, FusedConfigStaysExactAtSmallM) {
   config.gptq_kernel = GptqKernel::Fused;
   CudaBackend fused(config);
   for_each_standard_layout([&](const WeightCase& c) { expect_exact_on(fused, c, {1, 3, 8}, rng); });
-  expect_exact_on(fused, {4000, 264, 32, false, true, GptqZeroFormat::V1}, {1, 5}, rng);
+  // The split-K cases of ExactWithSplitK / ExactWithSplitKAtConfigBoundaries at m <= 8.
+  expect_exact_on(fused, {4000, 264, 32, false, true, GptqZeroFormat::V1}, {1, 2, 5, 8}, rng);
+  expect_exact_on(fused, {2048, 1024, 32, true, false, GptqZeroFormat::V2}, {1, 5}, rng);
+  expect_exact_on(fused, {4224, 200, -1, false, false, GptqZeroFormat::V2}, {3}, rng);  // one group over all of k
+  expect_deterministic_and_close(fused, cpu(), {1, 8}, 2, rng);
 }
 
 // Which kernel GptqKernel::Auto ran, seen through the bits: on random data
