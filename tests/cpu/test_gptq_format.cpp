@@ -173,6 +173,25 @@ const Shape kShapes[] = {
     {4096, 8, -1}, {96, 16, 32},  {128, 8, -1},   {8, 8, -1},    {64, 24, 64},   {512, 40, 128},
 };
 
+// A packed checkpoint of shape s with random words (every nibble and zero
+// value occurs), random scales in [-1, 1] and act-order g_idx.
+GptqPacked random_packed(const Shape& s, GptqZeroFormat f, std::mt19937& rng) {
+  const std::size_t groups = groups_of(s.k, s.group_size);
+  GptqPacked p;
+  p.k = s.k;
+  p.n = s.n;
+  p.group_size = s.group_size;
+  p.zero_format = f;
+  p.qweight.resize(s.k / 8 * s.n);
+  p.qzeros.resize(groups * s.n / 8);
+  p.scales.resize(groups * s.n);
+  for (auto& v : p.qweight) v = random_word(rng);
+  for (auto& v : p.qzeros) v = random_word(rng);
+  for (auto& v : p.scales) v = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+  p.g_idx = act_order_g_idx(s.k, s.group_size, rng);
+  return p;
+}
+
 // ── Known values ─────────────────────────────────────────────────────────────
 
 // k = 16, n = 8, group_size = 8 (2 groups). Packed row 0 holds q = k (0..7),
@@ -323,19 +342,7 @@ TEST(GptqFormat, RandomPackedWordsSurviveUnpackPackBitExactly) {
     for (GptqZeroFormat f : {GptqZeroFormat::V1, GptqZeroFormat::V2}) {
       SCOPED_TRACE(testing::Message() << "k=" << s.k << " n=" << s.n << " group_size=" << s.group_size << " "
                                       << format_name(f));
-      const std::size_t groups = groups_of(s.k, s.group_size);
-      GptqPacked p;
-      p.k = s.k;
-      p.n = s.n;
-      p.group_size = s.group_size;
-      p.zero_format = f;
-      p.qweight.resize(s.k / 8 * s.n);
-      p.qzeros.resize(groups * s.n / 8);
-      p.scales.resize(groups * s.n);
-      for (auto& v : p.qweight) v = random_word(rng);
-      for (auto& v : p.qzeros) v = random_word(rng);
-      for (auto& v : p.scales) v = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
-      p.g_idx = act_order_g_idx(s.k, s.group_size, rng);
+      const GptqPacked p = random_packed(s, f, rng);
       const GptqPacked back = detail::pack_gptq(detail::unpack_gptq(p.host_tensors()), f);
       EXPECT_EQ(back.qweight, p.qweight);
       EXPECT_EQ(back.qzeros, p.qzeros);
@@ -349,19 +356,7 @@ TEST(GptqFormat, RandomPackedWordsSurviveUnpackPackBitExactly) {
 // for CpuBackend); the result must not depend on how many.
 TEST(GptqFormat, UnpackIsTheSameOnAnyNumberOfThreads) {
   std::mt19937 rng(7);
-  GptqPacked p;
-  p.k = 4096;
-  p.n = 24;
-  p.group_size = 128;
-  p.zero_format = GptqZeroFormat::V1;
-  const std::size_t groups = groups_of(p.k, p.group_size);
-  p.qweight.resize(p.k / 8 * p.n);
-  p.qzeros.resize(groups * p.n / 8);
-  p.scales.resize(groups * p.n);
-  for (auto& v : p.qweight) v = random_word(rng);
-  for (auto& v : p.qzeros) v = random_word(rng);
-  for (auto& v : p.scales) v = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
-  p.g_idx = act_order_g_idx(p.k, p.group_size, rng);
+  const GptqPacked p = random_packed({4096, 24, 128}, GptqZeroFormat::V1, rng);
   const detail::GptqUnpacked one = detail::unpack_gptq(p.host_tensors(), "unpack_gptq", 1);
   for (unsigned threads : {0u, 2u, 3u, 7u}) {
     SCOPED_TRACE(testing::Message() << threads << " threads");

@@ -51,6 +51,15 @@ void write_raw_safetensors(const std::filesystem::path& path, const std::string&
   write_raw_safetensors(path, header, data, header.size());
 }
 
+ModelConfig gpu_tiny_llama_config() {
+  ModelConfig c = preset_config("tiny-llama");
+  c.hidden_size = 256;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 64;
+  return c;
+}
+
 std::string config_json(const ModelConfig& c) {
   nlohmann::json j;
   j["architectures"] = {c.architecture == Architecture::Llama ? "LlamaForCausalLM" : "Qwen3ForCausalLM"};

@@ -40,6 +40,10 @@ void write_raw_safetensors(const std::filesystem::path& path, const std::string&
 void write_raw_safetensors(const std::filesystem::path& path, const std::string& header,
                            const std::vector<std::uint8_t>& data);
 
+// tiny-llama resized for the CUDA backend's attention (head_dim 64; 4 / 2
+// heads, hidden 256): the model of the GPU decoder tests.
+ModelConfig gpu_tiny_llama_config();
+
 // A Hugging Face style config.json for `config` (with a "quantization_config"
 // when config.gptq is set).
 std::string config_json(const ModelConfig& config);

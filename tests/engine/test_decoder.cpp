@@ -14,6 +14,7 @@
 namespace ferrum::engine {
 namespace {
 
+using testing::gpu_tiny_llama_config;
 using testing::kLogitTolerance;
 using testing::max_abs;
 using testing::max_diff;
@@ -186,11 +187,7 @@ TEST(Decoder, RequiredOps) {
 TEST(DecoderGpu, GraphArgmaxTokensEqualHostArgmaxOfEagerLogits) {
   std::unique_ptr<Backend> be = make_default_backend();
   if (be->kind() != BackendKind::Cuda) GTEST_SKIP() << "no GPU: the CUDA backend is not available";
-  ModelConfig c = preset_config("tiny-llama");
-  c.hidden_size = 256;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 64;
+  ModelConfig c = gpu_tiny_llama_config();
   c.validate("gpu test config");
   const ModelWeights w = random_weights(*be, c, 77);
   Decoder eager(*be, w, 64, kPrompt.size(), DecodeMode::Eager);

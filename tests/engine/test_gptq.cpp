@@ -24,6 +24,7 @@ namespace {
 using testing::DequantizedSource;
 using testing::GptqTestOptions;
 using testing::GptqTestSource;
+using testing::gpu_tiny_llama_config;
 using testing::kLogitTolerance;
 using testing::max_abs;
 using testing::max_diff;
@@ -529,13 +530,8 @@ TEST(GptqCheckpoint, DenseProjectionInAGptqCheckpoint) {
 TEST(GptqGpu, GraphDecodeMatchesDequantizedReference) {
   std::unique_ptr<Backend> be = make_default_backend();
   if (be->kind() != BackendKind::Cuda) GTEST_SKIP() << "no GPU: the CUDA backend is not available";
-  // CUDA attention takes head_dim 64 / 128 / 256: a small Llama with head_dim 64.
-  ModelConfig c = preset_config("tiny-llama");
-  c.hidden_size = 256;
+  ModelConfig c = gpu_tiny_llama_config();
   c.intermediate_size = 512;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 64;
   c.vocab_size = 512;
   for (const bool act_order : {false, true}) {
     SCOPED_TRACE(act_order ? "act-order, gate / up unfused" : "group 128, fused");
