@@ -48,7 +48,6 @@ std::string_view to_string(Op op) noexcept {
     case Op::MlaAttention: return "mla_attention";
     case Op::GraphCapture: return "graph_capture";
     case Op::DeviceStateMode: return "device_state_mode";
-    case Op::PrefetchL2: return "prefetch_l2";
   }
   return "unknown_op";
 }
@@ -375,25 +374,6 @@ void Backend::argmax(const Buffer& x, Buffer& out, std::size_t rows, std::size_t
   check.holds("x", x, check.product({rows, cols}), "[rows, cols]");
   check.holds("out", out, rows, "[rows]");
   do_argmax(x, out, rows, cols);
-}
-
-// ── Cache hints ────────────────────────────────────────────────────────────
-
-void Backend::prefetch_l2(const Buffer& buf, std::size_t byte_offset, std::size_t bytes) {
-  OpCheck check(*this, "prefetch_l2");
-  check.buffer("buf", buf);
-  if (bytes == 0) check.fail(ErrorCode::InvalidArgument, "prefetch_l2: argument 'bytes' = 0, must be at least 1");
-  if (byte_offset > buf.nbytes() || bytes > buf.nbytes() - byte_offset) {
-    check.fail(ErrorCode::ShapeMismatch,
-               "prefetch_l2: argument 'buf' has {} bytes but byte_offset = {} with bytes = {} reaches past its end",
-               buf.nbytes(), byte_offset, bytes);
-  }
-  do_prefetch_l2(buf, byte_offset, bytes);
-}
-
-void Backend::do_prefetch_l2(const Buffer&, std::size_t, std::size_t) {
-  OpCheck check(*this, "prefetch_l2");
-  check.fail(ErrorCode::Unsupported, "prefetch_l2: the {} backend has no device cache to stage bytes in", name());
 }
 
 // ── GEMM ───────────────────────────────────────────────────────────────────

@@ -44,19 +44,15 @@ std::vector<Op> missing_ops(const Backend& backend, DecodeMode mode, bool gptq) 
 }
 
 Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_capacity,
-                 std::size_t max_prefill_tokens, DecodeMode mode, const DecoderTuning& tuning)
+                 std::size_t max_prefill_tokens, DecodeMode mode)
     : be_(backend), w_(weights), cfg_(weights.config), capacity_(kv_capacity), max_tokens_(max_prefill_tokens),
-      mode_(mode), tuning_(tuning) {
+      mode_(mode) {
   const std::vector<Op> missing = missing_ops(backend, mode, weights.has_gptq());
   if (!missing.empty()) {
     std::string names;
     for (Op op : missing) names += concat(names.empty() ? "" : ", ", ferrum::to_string(op));
     fail(ErrorCode::Unsupported, "Decoder: the ", backend.name(), " backend lacks ", names, " (needed by ",
          to_string(mode), " decoding)");
-  }
-  if (tuning.l2_prefetch_bytes > 0 && !backend.supports(Op::PrefetchL2)) {
-    fail(ErrorCode::Unsupported, "Decoder: tuning.l2_prefetch_bytes = ", tuning.l2_prefetch_bytes, " but the ",
-         backend.name(), " backend lacks prefetch_l2");
   }
   if (kv_capacity == 0 || kv_capacity > cfg_.max_position_embeddings) {
     fail(ErrorCode::InvalidArgument, "Decoder: kv_capacity = ", kv_capacity, " must be in [1, ",
@@ -172,19 +168,12 @@ void Decoder::enqueue_forward(std::size_t tokens, std::size_t pos_offset) {
   const std::size_t hidden = cfg_.hidden_size;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   be_.embedding_lookup(w_.embed_tokens, ids_, residual_, tokens, hidden, cfg_.vocab_size);
-  prefetch(w_.layers[0].qkv_proj, tokens);
   be_.rms_norm(residual_, w_.layers[0].input_norm, eps, normed_, tokens, hidden);
   for (std::size_t l = 0; l < cfg_.num_hidden_layers; ++l) {
     enqueue_attention(l, tokens, pos_offset);  // normed_ -> attn_out_
-    prefetch(w_.layers[l].gate_up_proj, tokens);
     be_.fused_add_rms_norm(residual_, attn_out_, w_.layers[l].post_attention_norm, eps, normed_, tokens, hidden);
     enqueue_mlp(l, tokens);  // normed_ -> mlp_out_
     const bool last = l + 1 == cfg_.num_hidden_layers;
-    if (last) {
-      prefetch_dense(w_.output_projection(), tokens);
-    } else {
-      prefetch(w_.layers[l + 1].qkv_proj, tokens);
-    }
     const Buffer& next_norm = last ? w_.final_norm : w_.layers[l + 1].input_norm;
     be_.fused_add_rms_norm(residual_, mlp_out_, next_norm, eps, normed_, tokens, hidden);
   }
@@ -209,7 +198,6 @@ void Decoder::enqueue_attention(std::size_t l, std::size_t tokens, std::size_t p
     // [T, q | k | v] straight into q_heads and the caches: one launch for
     // the split, both ropes, the v transpose and the append.
     project(lw.qkv_proj.parts[0], normed_, qkv_, tokens);
-    prefetch(lw.o_proj, tokens);
     const QkvRopeAppendConfig rope{.heads = heads, .kv_heads = kv, .head_dim = hd, .capacity = capacity_,
                                    .max_pos = max_pos, .eps = eps, .mode = mode};
     be_.qkv_rope_append(qkv_, q_norm, k_norm, w_.rope_cos, w_.rope_sin, q_heads, k_cache_[l], v_cache_[l], tokens,
@@ -224,7 +212,6 @@ void Decoder::enqueue_attention(std::size_t l, std::size_t tokens, std::size_t p
     be_.transpose_head_to_token(v_, v_heads_, /*tokens=*/kv, /*heads=*/tokens, hd);
     be_.kv_cache_append_head_major(k_cache_[l], v_cache_[l], pos_offset, capacity_, k_heads_, v_heads_, tokens, kv,
                                    hd);
-    prefetch(lw.o_proj, tokens);
   }
 
   const AttnConfig attn{.num_heads = heads, .num_kv_heads = kv, .head_dim = hd, .causal = true, .kv_seq_stride = capacity_};
@@ -255,7 +242,6 @@ void Decoder::enqueue_mlp(std::size_t l, std::size_t tokens) {
       for (std::size_t t = 0; t < tokens; ++t) be_.copy_slice(act_, t * im, gate_up_, t * 2 * im + part * im, im);
     }
   }
-  prefetch(lw.down_proj, tokens);
   be_.fused_silu_mul_split(gate_up_, act_, tokens, im);
   project(lw.down_proj, act_, mlp_out_, tokens);
 }
@@ -266,15 +252,6 @@ void Decoder::project(const Projection& p, const Buffer& x, Buffer& out, std::si
   } else {
     be_.gemm(x, p.dense, out, m, p.n, p.k);
   }
-}
-
-void Decoder::prefetch(const Projection& next, std::size_t tokens) {
-  if (!next.quantized()) prefetch_dense(next.dense, tokens);
-}
-
-void Decoder::prefetch_dense(const Buffer& weight, std::size_t tokens) {
-  if (tuning_.l2_prefetch_bytes == 0 || tokens != 1) return;
-  be_.prefetch_l2(weight, 0, std::min(tuning_.l2_prefetch_bytes, weight.nbytes()));
 }
 
 std::vector<float> Decoder::logits() { return be_.download(logits_, cfg_.vocab_size); }

@@ -43,25 +43,13 @@ std::string to_string(DecodeMode mode);
 std::vector<Op> required_ops(DecodeMode mode, bool gptq = false);
 std::vector<Op> missing_ops(const Backend& backend, DecodeMode mode, bool gptq = false);
 
-// Decode-step tuning (no result depends on it).
-struct DecoderTuning {
-  // Per projection of a one-token step, the most leading weight bytes that
-  // Backend::prefetch_l2 stages in L2 while the ops before the projection
-  // run: it is queued right after the previous projection, so the fetch
-  // fills the DRAM idle time of the norms, RoPE / KV append, attention and
-  // SiLU·mul. 0: none. Needs Op::PrefetchL2 (CudaBackend). Dense
-  // projections only: a GPTQ weight is not read front to back.
-  std::size_t l2_prefetch_bytes = 0;
-};
-
 class Decoder {
  public:
   // kv_capacity: most positions a sequence may reach (<= max_position_embeddings).
   // max_prefill_tokens: most tokens one prefill call may take.
-  // Throws Unsupported (listing them) when the backend lacks an op the mode
-  // (or the tuning) needs.
+  // Throws Unsupported (listing them) when the backend lacks an op the mode needs.
   Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_capacity, std::size_t max_prefill_tokens,
-          DecodeMode mode = DecodeMode::Eager, const DecoderTuning& tuning = {});
+          DecodeMode mode = DecodeMode::Eager);
 
   // Runs tokens at positions position() .. position() + n - 1 (q_len = n),
   // appending them to the KV caches; returns the last token's logits [vocab].
@@ -93,11 +81,6 @@ class Decoder {
   void enqueue_mlp(std::size_t layer, std::size_t tokens);
   // out[m, p.n] = x[m, p.k] · Wᵀ with gemm or gemm_gptq.
   void project(const Projection& p, const Buffer& x, Buffer& out, std::size_t m);
-  // DecoderTuning::l2_prefetch_bytes of the next projection's weight (one-
-  // token steps, dense weights; nothing otherwise).
-  void prefetch(const Projection& next, std::size_t tokens);
-  void prefetch(const FusedProjection& next, std::size_t tokens) { prefetch(next.parts[0], tokens); }
-  void prefetch_dense(const Buffer& weight, std::size_t tokens);
   std::int32_t read_next_token();
   void run_prefill(std::span<const std::int32_t> tokens);
   void run_decode(std::int32_t token);
@@ -108,7 +91,6 @@ class Decoder {
   std::size_t capacity_;
   std::size_t max_tokens_;
   DecodeMode mode_;
-  DecoderTuning tuning_;
   std::size_t position_ = 0;
   bool graph_captured_ = false;
 

@@ -3,7 +3,7 @@
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
 //                      [--dump-logits FILE] [--no-pdl] [--pdl-trigger] [--gemm-prefetch]
-//                      [--gptq-kernel auto|fused|stream] [--l2-prefetch MB]
+//                      [--gptq-kernel auto|fused|stream]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
 //                    runs its projections with gemm_gptq
@@ -24,10 +24,6 @@
 //   --gemm-prefetch  CudaBackendConfig::gemm_prefetch_before_wait (the same)
 //   --gptq-kernel K  CudaBackendConfig::gptq_kernel for gemm_gptq: auto (the
 //                    library's choice), fused, or stream (m <= 16); an A/B switch
-//   --l2-prefetch MB DecoderTuning::l2_prefetch_bytes in MiB (default 0):
-//                    each dense projection's first MB of weights staged in L2
-//                    (Backend::prefetch_l2) while the ops before it run; needs
-//                    a CUDA backend. The tokens and logits are the same
 //   --eager/--graph  decode steps as op calls, or one captured graph replayed
 //                    per step (graph needs Op::GraphCapture; else eager)
 //   --dump-logits F  writes the logits each generated token was chosen from
@@ -68,7 +64,6 @@ struct Options {
   bool pdl_trigger = false;
   bool gemm_prefetch = false;
   GptqKernel gptq_kernel = GptqKernel::Auto;
-  std::size_t l2_prefetch_mb = 0;
   bool graph = false;
   std::uint64_t seed = 1234;
   std::string dump_logits;  // empty: no dump
@@ -120,7 +115,7 @@ void usage(std::FILE* out) {
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3\"] [--steps N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
                "                     [--dump-logits FILE] [--no-pdl] [--pdl-trigger] [--gemm-prefetch]\n"
-               "                     [--gptq-kernel auto|fused|stream] [--l2-prefetch MB]\n"
+               "                     [--gptq-kernel auto|fused|stream]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
   std::fprintf(out, "\n");
@@ -195,11 +190,6 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
         opt.gptq_kernel = GptqKernel::Stream;
       } else {
         fail(ErrorCode::InvalidArgument, "--gptq-kernel takes auto, fused or stream, got '", kernel, "'");
-      }
-    } else if (arg == "--l2-prefetch") {
-      opt.l2_prefetch_mb = parse_count(arg, value());
-      if (opt.l2_prefetch_mb > (std::size_t{1} << 20)) {
-        fail(ErrorCode::InvalidArgument, "--l2-prefetch: ", opt.l2_prefetch_mb, " MB is more than any device holds");
       }
     } else if (arg == "--eager") {
       opt.graph = false;
@@ -361,9 +351,7 @@ int run(const Options& opt) {
     fail(ErrorCode::InvalidArgument, "prompt (", opt.prompt.size(), " tokens) + --steps ", opt.steps,
          " exceed max_position_embeddings = ", c.max_position_embeddings);
   }
-  const DecoderTuning tuning{.l2_prefetch_bytes = opt.l2_prefetch_mb << 20};
-  if (tuning.l2_prefetch_bytes > 0) std::printf("  l2 prefetch: up to %zu MiB per projection\n", opt.l2_prefetch_mb);
-  Decoder decoder(*backend, weights, total, opt.prompt.size(), mode, tuning);
+  Decoder decoder(*backend, weights, total, opt.prompt.size(), mode);
 
   // Greedy tokens come from Backend::argmax on the device (4 bytes per step),
   // dumping or not; the logits are only read back for --dump-logits.

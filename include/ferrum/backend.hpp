@@ -67,9 +67,8 @@ enum class Op {
   MlaAttention,
   GraphCapture,
   DeviceStateMode,
-  PrefetchL2,
 };
-inline constexpr int kNumOps = static_cast<int>(Op::PrefetchL2) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::DeviceStateMode) + 1;
 std::string_view to_string(Op op) noexcept;
 
 // GELU formula. Erf is torch's F.gelu default; Tanh is approximate='tanh'.
@@ -222,18 +221,6 @@ class Backend {
   // and a captured decode step can end with it. cols < 2^31.
   void argmax(const Buffer& x /*[rows, cols] f16, bf16 or f32*/, Buffer& out /*[rows] i32*/, std::size_t rows,
               std::size_t cols);
-
-  // ── Cache hints ────────────────────────────────────────────────────────
-  // Asks the device to stage bytes [byte_offset, byte_offset + bytes) of buf
-  // in its L2 cache while the ops queued after this call run: a decode step
-  // leaves DRAM idle during its small ops and attention, and the next
-  // projection's weights can arrive in that window. A hint: no result
-  // depends on it. Ordered after the ops queued before it; the ops queued
-  // after it do not wait for it (CudaBackend runs it on a side stream that
-  // joins the main one at synchronize, at every blocking read / write and at
-  // end_graph_capture, so a captured step holds it as a branch). Any dtype;
-  // bytes >= 1. Not supported by CpuBackend (no cache to steer).
-  void prefetch_l2(const Buffer& buf /*[numel] any dtype*/, std::size_t byte_offset, std::size_t bytes);
 
   // ── GEMM ───────────────────────────────────────────────────────────────
   // out[m, n] = a[m, k] · b[n, k]ᵀ (fp32 accumulation on CUDA, fp64 on CPU).
@@ -388,7 +375,6 @@ class Backend {
   virtual void do_add_bias(Buffer& data, const Buffer& bias, std::size_t rows, std::size_t cols) = 0;
   virtual void do_add_inplace(Buffer& residual, const Buffer& x, std::size_t len) = 0;
   virtual void do_argmax(const Buffer& x, Buffer& out, std::size_t rows, std::size_t cols) = 0;
-  virtual void do_prefetch_l2(const Buffer& buf, std::size_t byte_offset, std::size_t bytes);
   virtual void do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m, std::size_t n,
                        std::size_t k) = 0;
   // use_decode_state: read the token from the decode state (tokens == 1).

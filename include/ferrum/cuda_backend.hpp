@@ -131,7 +131,6 @@ class CudaBackend final : public Backend {
   void do_add_bias(Buffer& data, const Buffer& bias, std::size_t rows, std::size_t cols) override;
   void do_add_inplace(Buffer& residual, const Buffer& x, std::size_t len) override;
   void do_argmax(const Buffer& x, Buffer& out, std::size_t rows, std::size_t cols) override;
-  void do_prefetch_l2(const Buffer& buf, std::size_t byte_offset, std::size_t bytes) override;
   void do_qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm, const Buffer& cos,
                           const Buffer& sin, Buffer& q_out, Buffer& k_cache, Buffer& v_cache, std::size_t tokens,
                           std::size_t pos_offset, const QkvRopeAppendConfig& cfg, bool use_decode_state) override;

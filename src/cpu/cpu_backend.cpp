@@ -274,7 +274,6 @@ bool CpuBackend::supports(Op op) const noexcept {
       return true;
     case Op::MlaAttention:
     case Op::GraphCapture:
-    case Op::PrefetchL2:  // no device cache to steer
       return false;
   }
   return false;

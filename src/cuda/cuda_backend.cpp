@@ -23,7 +23,6 @@
 #include "kernels/embedding.hpp"
 #include "kernels/gemm_skinny.hpp"
 #include "kernels/kv_cache.hpp"
-#include "kernels/l2_prefetch.hpp"
 #include "kernels/norm.hpp"
 #include "kernels/reshape.hpp"
 #include "kernels/rope.hpp"
@@ -162,7 +161,6 @@ void CudaBackend::synchronize() {
 // collective_timeout the communicator is aborted (its kernels then return).
 // Either way the error is ErrorCode::Nccl and the communicator stays aborted.
 void CudaBackend::wait_stream(const char* op) {
-  check_cuda(detail::join_side_stream(*rt_), op, "join of the prefetch stream");
   if (comm_ == nullptr) {
     check_cuda(cudaStreamSynchronize(rt_->stream), op, "cudaStreamSynchronize");
     return;
@@ -264,8 +262,6 @@ void CudaBackend::do_begin_graph_capture() {
   detail::activate_device(device_);
   // Relaxed: other threads may still call capture-unsafe APIs (e.g. a
   // cudaMalloc by the engine's allocator) without breaking our capture.
-  // An eager prefetch still on the side stream stays outside the graph.
-  check_cuda(detail::join_side_stream(*rt_), "begin_graph_capture", "join of the prefetch stream");
   check_cuda(cudaStreamBeginCapture(rt_->stream, cudaStreamCaptureModeRelaxed), "begin_graph_capture",
              "cudaStreamBeginCapture");
   rt_->capturing = true;
@@ -274,11 +270,8 @@ void CudaBackend::do_begin_graph_capture() {
 void CudaBackend::do_end_graph_capture() {
   detail::activate_device(device_);
   rt_->capturing = false;
-  // The prefetch branches rejoin here; the capture would be unjoined otherwise.
-  const cudaError_t join_err = detail::join_side_stream(*rt_);
   cudaGraph_t graph = nullptr;
-  cudaError_t end_err = cudaStreamEndCapture(rt_->stream, &graph);
-  if (end_err == cudaSuccess && join_err != cudaSuccess) end_err = join_err;
+  const cudaError_t end_err = cudaStreamEndCapture(rt_->stream, &graph);
   if (end_err != cudaSuccess || graph == nullptr) {
     if (graph != nullptr) cudaGraphDestroy(graph);
     cudaGetLastError();
@@ -387,16 +380,6 @@ void CudaBackend::do_argmax(const Buffer& x, Buffer& out, std::size_t rows, std:
   detail::activate_device(device_);
   kernels::launch_argmax(x.dtype(), ptr(x), ptr<std::int32_t>(out), static_cast<long long>(rows),
                          static_cast<long long>(cols), rt_->stream);
-}
-
-// The side stream waits for everything queued so far, then issues the
-// prefetch; the main stream goes on without waiting for it.
-void CudaBackend::do_prefetch_l2(const Buffer& buf, std::size_t byte_offset, std::size_t bytes) {
-  detail::activate_device(device_);
-  check_cuda(cudaEventRecord(rt_->side_fork, rt_->stream), "prefetch_l2", "cudaEventRecord(fork)");
-  check_cuda(cudaStreamWaitEvent(rt_->side_stream, rt_->side_fork, 0), "prefetch_l2", "cudaStreamWaitEvent(fork)");
-  rt_->side_pending = true;
-  kernels::launch_l2_prefetch(ptr<std::uint8_t>(buf) + byte_offset, bytes, rt_->num_sms, rt_->side_stream);
 }
 
 void CudaBackend::do_add_inplace(Buffer& residual, const Buffer& x, std::size_t len) {

@@ -48,9 +48,6 @@ CudaRuntime* create_runtime(const CudaBackendConfig& config) {
   check_cuda(cudaDeviceGetAttribute(&rt->num_sms, cudaDevAttrMultiProcessorCount, config.device), op,
              "cudaDeviceGetAttribute");
   check_cuda(cudaStreamCreateWithFlags(&rt->stream, cudaStreamNonBlocking), op, "cudaStreamCreate");
-  check_cuda(cudaStreamCreateWithFlags(&rt->side_stream, cudaStreamNonBlocking), op, "cudaStreamCreate(side)");
-  check_cuda(cudaEventCreateWithFlags(&rt->side_fork, cudaEventDisableTiming), op, "cudaEventCreate(side fork)");
-  check_cuda(cudaEventCreateWithFlags(&rt->side_join, cudaEventDisableTiming), op, "cudaEventCreate(side join)");
 
   check_cublas(cublasCreate(&rt->cublas), op, "cublasCreate");
   check_cublas(cublasSetStream(rt->cublas, rt->stream), op, "cublasSetStream");
@@ -148,19 +145,9 @@ void activate_device(int device) {
   if (current != device) check_cuda(cudaSetDevice(device), "CudaBackend", "cudaSetDevice");
 }
 
-cudaError_t join_side_stream(CudaRuntime& rt) noexcept {
-  if (!rt.side_pending) return cudaSuccess;
-  rt.side_pending = false;
-  cudaError_t err = cudaEventRecord(rt.side_join, rt.side_stream);
-  if (err == cudaSuccess) err = cudaStreamWaitEvent(rt.stream, rt.side_join, 0);
-  return err;
-}
-
 void abandon_capture(CudaRuntime& rt) noexcept {
   if (!rt.capturing) return;
   rt.capturing = false;
-  // A forked branch must rejoin, or the side stream would stay in capture mode.
-  join_side_stream(rt);
   cudaGraph_t partial = nullptr;
   // Fails with cudaErrorStreamCaptureInvalidated when an illegal call broke
   // the capture; either way the stream leaves capture mode.

@@ -17,13 +17,6 @@ struct CudaRuntime {
   int device = 0;
   int num_sms = 0;
   cudaStream_t stream = nullptr;  // every op of this device is queued here
-  // prefetch_l2's side stream: forked from `stream` at side_fork, joined back
-  // at side_join (join_side_stream) before every wait on `stream` and before
-  // a capture ends, so nothing outlives a synchronize or a captured graph.
-  cudaStream_t side_stream = nullptr;
-  cudaEvent_t side_fork = nullptr;
-  cudaEvent_t side_join = nullptr;
-  bool side_pending = false;  // side_stream has work `stream` has not joined
   cublasHandle_t cublas = nullptr;  // bound to `stream`, CUBLAS_POINTER_MODE_DEVICE
   void* cublas_workspace = nullptr;
   std::size_t cublas_workspace_bytes = 0;
@@ -47,10 +40,6 @@ CudaRuntime& cuda_runtime(const CudaBackendConfig& config);
 
 // Makes `device` current on this thread if it is not already.
 void activate_device(int device);
-
-// Makes rt.stream wait for the work queued on rt.side_stream (nothing when
-// none is pending). Capture-safe: inside a capture it joins the branch.
-cudaError_t join_side_stream(CudaRuntime& rt) noexcept;
 
 // Ends and discards a capture in progress on rt.stream; clears the error.
 void abandon_capture(CudaRuntime& rt) noexcept;

@@ -187,29 +187,6 @@ TEST(ErrorApi, MessagesNameOpArgumentAndValue) {
 
 class ApiOnBackend : public BackendTest {};
 
-// ── prefetch_l2's arguments (before any backend runs it) ─────────────────────
-
-TEST_P(ApiOnBackend, PrefetchL2RefusesBadRanges) {
-  Buffer w = zeros(backend(), DType::BF16, 100);  // 200 bytes
-  expect_error(ErrorCode::NullBuffer, "prefetch_l2", [&] { backend().prefetch_l2(Buffer{}, 0, 16); }, "'buf'");
-  expect_error(ErrorCode::InvalidArgument, "prefetch_l2", [&] { backend().prefetch_l2(w, 0, 0); }, "'bytes' = 0");
-  expect_error(ErrorCode::ShapeMismatch, "prefetch_l2", [&] { backend().prefetch_l2(w, 0, 201); }, "201");
-  expect_error(ErrorCode::ShapeMismatch, "prefetch_l2", [&] { backend().prefetch_l2(w, 199, 2); }, "199");
-  expect_error(ErrorCode::ShapeMismatch, "prefetch_l2", [&] { backend().prefetch_l2(w, 201, 1); }, "201");
-  // Overflow of byte_offset + bytes must not wrap into a "valid" range.
-  expect_error(ErrorCode::ShapeMismatch, "prefetch_l2",
-               [&] { backend().prefetch_l2(w, 8, std::numeric_limits<std::size_t>::max() - 4); });
-  const Buffer tail = w.view(90, 10);
-  expect_error(ErrorCode::ShapeMismatch, "prefetch_l2", [&] { backend().prefetch_l2(tail, 0, 21); }, "20");
-  if (backend().supports(Op::PrefetchL2)) {
-    EXPECT_NO_THROW(backend().prefetch_l2(w, 0, 200));
-    EXPECT_NO_THROW(backend().prefetch_l2(tail, 3, 17));
-    EXPECT_NO_THROW(backend().synchronize());
-  } else {
-    expect_error(ErrorCode::Unsupported, "prefetch_l2", [&] { backend().prefetch_l2(w, 0, 200); }, "cache");
-  }
-}
-
 TEST_P(ApiOnBackend, SupportsMatchesBehaviour) {
   for (int o = 0; o < kNumOps; ++o) {
     const Op op = static_cast<Op>(o);
@@ -225,7 +202,7 @@ TEST_P(ApiOnBackend, SupportsMatchesBehaviour) {
 
 TEST(CpuSupports, ExactlyTheDocumentedSet) {
   CpuBackend cpu;
-  const std::set<Op> unsupported = {Op::MlaAttention, Op::GraphCapture, Op::PrefetchL2};
+  const std::set<Op> unsupported = {Op::MlaAttention, Op::GraphCapture};
   for (int o = 0; o < kNumOps; ++o) {
     const Op op = static_cast<Op>(o);
     EXPECT_EQ(cpu.supports(op), unsupported.count(op) == 0) << to_string(op);

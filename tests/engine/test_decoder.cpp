@@ -159,8 +159,6 @@ TEST(Decoder, RefusesBadArguments) {
   EXPECT_ENGINE_ERROR(Decoder(m.be, m.weights, 129, 1), ErrorCode::InvalidArgument, "kv_capacity", "128");
   EXPECT_ENGINE_ERROR(Decoder(m.be, m.weights, 8, 9), ErrorCode::InvalidArgument, "max_prefill_tokens");
   EXPECT_ENGINE_ERROR(Decoder(m.be, m.weights, 8, 8, DecodeMode::Graph), ErrorCode::Unsupported, "graph_capture");
-  EXPECT_ENGINE_ERROR(Decoder(m.be, m.weights, 8, 8, DecodeMode::Eager, DecoderTuning{.l2_prefetch_bytes = 1}),
-                      ErrorCode::Unsupported, "l2_prefetch_bytes = 1", "prefetch_l2");
 
   Decoder decoder(m.be, m.weights, 8, 4);
   EXPECT_ENGINE_ERROR(decoder.prefill(std::vector<std::int32_t>{1, 2, 3, 4, 5}), ErrorCode::InvalidArgument,
@@ -203,32 +201,6 @@ TEST(DecoderGpu, GraphArgmaxTokensEqualHostArgmaxOfEagerLogits) {
   }
   EXPECT_TRUE(graph.graph_captured());
   be->reset_graph();
-}
-
-// DecoderTuning::l2_prefetch_bytes is a hint: the logits of every step are
-// bitwise those of the decoder without it, in graph and in eager mode. 4000
-// bytes: a partial, unaligned head of every projection. (The decoders of a
-// device share one graph slot, so each runs its whole sequence in turn.)
-TEST(DecoderGpu, L2PrefetchChangesNoLogit) {
-  std::unique_ptr<Backend> be = make_default_backend();
-  if (be->kind() != BackendKind::Cuda) GTEST_SKIP() << "no GPU: the CUDA backend is not available";
-  ModelConfig c = gpu_tiny_llama_config();
-  c.validate("gpu test config");
-  const ModelWeights w = random_weights(*be, c, 78);
-  for (const DecodeMode mode : {DecodeMode::Graph, DecodeMode::Eager}) {
-    SCOPED_TRACE(to_string(mode));
-    auto run = [&](const DecoderTuning& tuning) {
-      Decoder decoder(*be, w, 64, kPrompt.size(), mode, tuning);
-      std::vector<std::vector<float>> logits{decoder.prefill(kPrompt)};
-      for (std::size_t step = 0; step < 16; ++step) logits.push_back(decoder.decode(argmax(logits.back())));
-      be->reset_graph();
-      return logits;
-    };
-    const std::vector<std::vector<float>> want = run(DecoderTuning{});
-    const std::vector<std::vector<float>> got = run(DecoderTuning{.l2_prefetch_bytes = 4000});
-    ASSERT_EQ(got.size(), want.size());
-    for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i;
-  }
 }
 
 }  // namespace

@@ -1,8 +1,7 @@
 // CUDA graph capture and replay on CudaBackend.
 //
-// Decode loop: ONE graph of embedding_lookup -> (prefetch_l2 of the gemm's
-// weight, a side branch) qk_norm_rope -> kv_cache_append_head_major ->
-// rms_norm -> gemm is captured in device-state
+// Decode loop: ONE graph of embedding_lookup -> qk_norm_rope ->
+// kv_cache_append_head_major -> rms_norm -> gemm is captured in device-state
 // mode (small Llama-ish sizes), then replayed for 1000 steps with a changing
 // token and position. Every step is also run eagerly on two more sets of
 // buffers: in device-state mode, and with host arguments. All three must
@@ -73,10 +72,6 @@ void decode_chain(Backend& be, const Weights& w, DecodeBuffers& b, std::optional
   const std::size_t pos = host ? host->step : 0;
   const Buffer null_ids;
   be.embedding_lookup(w.table.view(), host ? b.ids.view() : null_ids, b.x.view(), 1, kDim, kVocab);
-  // The gemm's weight, staged in L2 on the side stream while the next three
-  // ops run: a branch of the captured graph, a concurrent stream when eager.
-  // Results must not change by a bit.
-  be.prefetch_l2(w.w_out.view(), 0, w.w_out.view().nbytes());
   // x is [1, heads, hd] token-major; q comes out [heads, 1, hd] head-major.
   be.qk_norm_rope(b.x.view(), &w.qk_norm_w.view(), w.cos.view(), w.sin.view(), b.q.view(), 1, kHeads, kHd, pos, kCapacity,
                   kEps, RopeMode::NormAndRope);
@@ -255,16 +250,6 @@ TEST_F(CudaGraphErrors, BadArgumentsDuringCapture) {
   expect_refused_during_capture(ErrorCode::CapacityExceeded, "kv_cache_append_head_major", [&] {
     cuda().kv_cache_append_head_major(out, out, 1, 1, x, x, 1, 1, 64);  // cache_len 1 + 1 > capacity 1
   });
-  expect_refused_during_capture(ErrorCode::ShapeMismatch, "prefetch_l2",
-                                [&] { cuda().prefetch_l2(x, 64, 65); });  // 128 bytes: 64 + 65 past the end
-  // A prefetch branch forked inside the capture, then a refused op: the
-  // abandoned capture must rejoin the branch (or the side stream would stay
-  // captured and the next prefetch would fail).
-  expect_refused_during_capture(ErrorCode::ShapeMismatch, "rms_norm", [&] {
-    cuda().prefetch_l2(w, 0, 128);
-    cuda().rms_norm(x, w, 1e-6f, out, 2, 64);
-  });
-  cuda().prefetch_l2(w, 0, 128);
   expect_backend_usable(rng);
 }
 

@@ -279,11 +279,6 @@ void call_op_validly(Backend& backend, Op op) {
       backend.reset_graph();
       break;
     }
-    case Op::PrefetchL2: {
-      Buffer w = zeros(backend, kH, 1000);
-      backend.prefetch_l2(w, 2, 1997);  // odd offset and length: widened to 16-byte granules
-      break;
-    }
     case Op::DeviceStateMode: {
       Buffer table = zeros(backend, kH, kVocab * kDim), out = zeros(backend, kH, kDim);
       DeviceStateScope scope(backend, true);

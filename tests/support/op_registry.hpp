@@ -89,8 +89,7 @@ struct OpSpec {
 };
 
 // Every buffer-taking op of the interface (all of Op except LoadGptq,
-// GraphCapture and DeviceStateMode, which take no buffers, and PrefetchL2,
-// which takes any dtype: tests/cpu/test_api.cpp checks its arguments).
+// GraphCapture and DeviceStateMode, which take no buffers).
 const std::vector<OpSpec>& op_specs();
 const OpSpec& op_spec(Op op);
 // Valid arguments on `backend` (buffers zero-filled, ids in range).
@@ -98,8 +97,8 @@ OpArgs make_args(Backend& backend, const OpSpec& spec);
 // A zero-filled buffer.
 Buffer zeros(Backend& backend, DType dtype, std::size_t numel);
 
-// A valid call of ANY Op (including LoadGptq, GraphCapture, DeviceStateMode
-// and PrefetchL2), for the supports() consistency test; synchronizes.
+// A valid call of ANY Op (including LoadGptq, GraphCapture and
+// DeviceStateMode), for the supports() consistency test; synchronizes.
 void call_op_validly(Backend& backend, Op op);
 
 }  // namespace ferrum::test
