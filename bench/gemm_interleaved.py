@@ -19,9 +19,9 @@ already completed when the host finished queueing it is counted as
 and stored.
 
 Suites:
-  decode  f16, m in {1, 2, 4, 8, 16, 64} x [k, n] in [4096, 4096],
-          [4096, 14336], [14336, 4096], [8192, 8192], [4096, 128256]
-          (lm_head): us, weight GB/s and % of a 1 GiB device copy (torch
+  decode  f16, m in {1, 2, 4, 8, 16, 64} (bf16: m in {1, 2}) x [k, n] in
+          [4096, 4096], [4096, 6144], [4096, 14336], [4096, 28672],
+          [14336, 4096], [8192, 8192], [4096, 128256] (lm_head): us, weight GB/s and % of a 1 GiB device copy (torch
           copy_, bytes read + written, measured in this process). m <= 8
           takes ferrum's skinny kernel when aligned (column "path").
   legacy  8192^3 and m in {1, 16, 64} x [8192 x {8192, 28672}], f16 and
@@ -38,7 +38,9 @@ import sys
 import time
 
 DECODE_MS = (1, 2, 4, 8, 16, 64)
-DECODE_KN = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192), (4096, 128256))
+# (k, n); 4096 x 6144 and 4096 x 28672 are the llama3-8b step's fused q|k|v and gate|up.
+DECODE_KN = ((4096, 4096), (4096, 6144), (4096, 14336), (4096, 28672), (14336, 4096), (8192, 8192), (4096, 128256))
+DECODE_BF16_MS = (1, 2)
 LEGACY_SHAPES = [(8192, 8192, 8192)] + [(m, n, 8192) for n in (8192, 28672) for m in (1, 16, 64)]
 
 ROTATE_BYTES = 256 * 2**20  # weight bytes each rotation walks through (> 5x L2)
@@ -162,6 +164,7 @@ def main():
     configs = []
     if args.suite in ("decode", "all"):
         configs += [("f16", torch.float16, 0, m, n, k) for k, n in DECODE_KN for m in DECODE_MS]
+        configs += [("bf16", torch.bfloat16, 1, m, n, k) for k, n in DECODE_KN for m in DECODE_BF16_MS]
     if args.suite in ("legacy", "all"):
         configs += [(dt, td, code, m, n, k) for dt, td, code in (("f16", torch.float16, 0), ("bf16", torch.bfloat16, 1))
                     for m, n, k in LEGACY_SHAPES]

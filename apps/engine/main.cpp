@@ -3,7 +3,7 @@
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
 //                      [--dump-logits FILE] [--no-pdl] [--pdl-trigger] [--gemm-prefetch]
-//                      [--gptq-kernel auto|fused|stream]
+//                      [--gptq-kernel auto|fused|stream] [--skinny-max-m N]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
 //                    runs its projections with gemm_gptq
@@ -22,6 +22,9 @@
 //   --pdl-trigger    CudaBackendConfig::pdl_early_trigger (an A/B switch; the
 //                    tokens and logits are the same)
 //   --gemm-prefetch  CudaBackendConfig::gemm_prefetch_before_wait (the same)
+//   --skinny-max-m N CudaBackendConfig::gemm_skinny_max_m: dense GEMMs of m <= N
+//                    rows take the skinny kernel, 0 = cuBLAS for all (default:
+//                    the library's per-shape rule); an A/B switch
 //   --gptq-kernel K  CudaBackendConfig::gptq_kernel for gemm_gptq: auto (the
 //                    library's choice), fused, or stream (m <= 16); an A/B switch
 //   --eager/--graph  decode steps as op calls, or one captured graph replayed
@@ -64,6 +67,7 @@ struct Options {
   bool pdl_trigger = false;
   bool gemm_prefetch = false;
   GptqKernel gptq_kernel = GptqKernel::Auto;
+  int skinny_max_m = -1;  // CudaBackendConfig::gemm_skinny_max_m
   bool graph = false;
   std::uint64_t seed = 1234;
   std::string dump_logits;  // empty: no dump
@@ -115,7 +119,7 @@ void usage(std::FILE* out) {
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3\"] [--steps N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
                "                     [--dump-logits FILE] [--no-pdl] [--pdl-trigger] [--gemm-prefetch]\n"
-               "                     [--gptq-kernel auto|fused|stream]\n"
+               "                     [--gptq-kernel auto|fused|stream] [--skinny-max-m N]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
   std::fprintf(out, "\n");
@@ -191,6 +195,10 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       } else {
         fail(ErrorCode::InvalidArgument, "--gptq-kernel takes auto, fused or stream, got '", kernel, "'");
       }
+    } else if (arg == "--skinny-max-m") {
+      const std::size_t m = parse_count(arg, value());
+      if (m > 8) fail(ErrorCode::InvalidArgument, "--skinny-max-m takes 0..8, got ", m);
+      opt.skinny_max_m = static_cast<int>(m);
     } else if (arg == "--eager") {
       opt.graph = false;
     } else if (arg == "--graph") {
@@ -229,13 +237,15 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, bool gptq, DecodeMod
   if (opt.force_cpu) {
     backend = std::make_unique<CpuBackend>();
   } else {
-    const bool configured = opt.no_pdl || opt.pdl_trigger || opt.gemm_prefetch || opt.gptq_kernel != GptqKernel::Auto;
+    const bool configured = opt.no_pdl || opt.pdl_trigger || opt.gemm_prefetch || opt.gptq_kernel != GptqKernel::Auto ||
+                            opt.skinny_max_m >= 0;
     if (configured && cuda_device_count() > 0) {
       CudaBackendConfig config;
       config.programmatic_dependent_launch = !opt.no_pdl;
       config.pdl_early_trigger = opt.pdl_trigger;
       config.gemm_prefetch_before_wait = opt.gemm_prefetch;
       config.gptq_kernel = opt.gptq_kernel;
+      config.gemm_skinny_max_m = opt.skinny_max_m;
       backend = std::make_unique<CudaBackend>(config);
     } else {
       backend = make_default_backend();
