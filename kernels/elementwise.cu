@@ -2,6 +2,10 @@
 // (the op is a functor, the second operand either flat or broadcast along
 // rows); silu·mul has its own indexing. 16-byte vectors when every pointer
 // allows it, with scalar code for the unaligned case and the tail.
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/common/activation.cuh"
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
 #include "kernels/common/launch.cuh"
@@ -113,9 +117,36 @@ __global__ void silu_mul_split_kernel(const T* __restrict__ gate_up,  // [tokens
       V o;
 #pragma unroll
       for (int j = 0; j < VW; ++j) {
-        const float gv = g[it].f(j);
-        o.set(j, (gv / (1.0f + __expf(-gv))) * u[it].f(j));
+        o.set(j, silu_mul(g[it].f(j), u[it].f(j)));
       }
+      o.store(out + vi * VW);
+    }
+  }
+}
+
+// out[i] = silu(gate_up[2 i]) * gate_up[2 i + 1] over the flat [tokens * im]
+// outputs: gate and up interleaved pairs (gemm_silu_mul's unfused path).
+// VW outputs per access: 2 VW inputs (16 bytes at VW = 4).
+template <class T, int VW>
+__global__ void silu_mul_pairs_kernel(const T* __restrict__ gate_up,  // [n, 2] (gate, up)
+                                      T* __restrict__ out,             // [n]
+                                      long long n) {
+  pdl_begin();
+  const long long nvec = n / VW;
+  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x * kItems + threadIdx.x;
+  vec_t<T, 2 * VW> in[kItems];
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const long long vi = first + static_cast<long long>(it) * blockDim.x;
+    if (vi < nvec) in[it].load(gate_up + vi * 2 * VW);
+  }
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const long long vi = first + static_cast<long long>(it) * blockDim.x;
+    if (vi < nvec) {
+      vec_t<T, VW> o;
+#pragma unroll
+      for (int j = 0; j < VW; ++j) o.set(j, silu_mul(in[it].f(2 * j), in[it].f(2 * j + 1)));
       o.store(out + vi * VW);
     }
   }
@@ -177,6 +208,25 @@ void launch_silu_mul_split(DType dtype, const void* gate_up, void* out, long lon
     }
   });
   check_launch("fused_silu_mul_split");
+}
+
+void launch_silu_mul_pairs(DType dtype, const void* gate_up, void* out, long long n, cudaStream_t stream) {
+  dispatch_half_dtype(dtype, "gemm_silu_mul", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int kWide = kVec16<T> / 2;  // outputs per 16-byte input vector
+    const bool wide = n % kWide == 0 && aligned16(gate_up) && (reinterpret_cast<std::uintptr_t>(out) % (2 * kWide)) == 0;
+    const int vw = wide ? kWide : 1;
+    const long long blocks = std::max(1LL, (n / vw + kThreads * kItems - 1) / (kThreads * kItems));
+    const dim3 grid(static_cast<unsigned>(blocks));
+    const auto* in = static_cast<const T*>(gate_up);
+    auto* o = static_cast<T*>(out);
+    if (wide) {
+      launch_pdl("gemm_silu_mul", silu_mul_pairs_kernel<T, kWide>, grid, kThreads, 0, stream, in, o, n);
+    } else {
+      launch_pdl("gemm_silu_mul", silu_mul_pairs_kernel<T, 1>, grid, kThreads, 0, stream, in, o, n);
+    }
+  });
+  check_launch("gemm_silu_mul");
 }
 
 }  // namespace ferrum::kernels

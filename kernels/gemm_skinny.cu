@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/common/activation.cuh"
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
 #include "kernels/common/launch.cuh"
@@ -178,11 +179,18 @@ __device__ __forceinline__ void halve_values(float (&v)[N], int lane, int& index
 // Warp w handles chunks w, w + W, ... of 256 elements (one 16-byte load per
 // lane per row); every lane accumulates R x M fp32 sums, reduced over the
 // warp with a fixed shuffle tree.
-template <class T, int M, int R, int U>
+//
+// kSiluPairs (gemm_silu_mul): rows 2j, 2j + 1 of b are gate_j and up_j, and
+// the block writes out[m, j] = silu(gate) * up of its rounded pairs instead
+// of the two outputs ([M, n / 2]; n even, R even, so pairs never straddle
+// blocks). The sums are the plain kernel's, in the same order: the bits are
+// those of gemm + silu_mul_pairs.
+template <class T, int M, int R, int U, bool kSiluPairs>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemm_skinny_simt_kernel(const T* __restrict__ a,  // [M, k]
                                                                           const T* __restrict__ b,  // [n, k]
-                                                                          T* __restrict__ out,      // [M, n]
+                                                                          T* __restrict__ out,  // [M, n] ([M, n/2] pairs)
                                                                           int n, int k, int prefetch_bytes) {
+  static_assert(!kSiluPairs || R % 2 == 0, "a block must own whole (gate, up) pairs");
   if (prefetch_bytes > 0) prefetch_first_round(b, static_cast<int>(blockIdx.x) * R, R, n, k, prefetch_bytes);
   pdl_begin();
   constexpr int kSums = R * M;                 // per lane: [R][M], flattened r * M + m
@@ -248,18 +256,35 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemm_skinny_simt_kernel(const 
   __syncthreads();
 
   // Block: the warp partials in warp order, one rounding.
-  if (static_cast<int>(threadIdx.x) < kSums) {
-    const int t = threadIdx.x;
+  auto block_sum = [&](int t) {
     float s = partial[0][t];
     for (int w = 1; w < warps; ++w) s += partial[w][t];
-    const int r = t / M;
-    const int m = t % M;
-    const int row = row0 + r;
-    if (row < n) out[static_cast<long long>(m) * n + row] = from_float<T>(s);
+    return s;
+  };
+  if constexpr (!kSiluPairs) {
+    if (static_cast<int>(threadIdx.x) < kSums) {
+      const int t = threadIdx.x;
+      const int r = t / M;
+      const int m = t % M;
+      const int row = row0 + r;
+      if (row < n) out[static_cast<long long>(m) * n + row] = from_float<T>(block_sum(t));
+    }
+  } else {
+    if (static_cast<int>(threadIdx.x) < kSums / 2) {
+      const int t = threadIdx.x;
+      const int pair = t / M;
+      const int m = t % M;
+      const int row = row0 + 2 * pair;  // gate; row + 1 is up
+      if (row + 1 < n) {
+        const float gate = to_float(from_float<T>(block_sum(2 * pair * M + m)));
+        const float up = to_float(from_float<T>(block_sum((2 * pair + 1) * M + m)));
+        out[static_cast<long long>(m) * (n / 2) + row / 2] = from_float<T>(silu_mul(gate, up));
+      }
+    }
   }
 }
 
-template <class T, int M>
+template <class T, int M, bool kSiluPairs = false>
 void launch_simt(const void* a, const void* b, void* out, long long n, long long k, int num_sms,
                  cudaStream_t stream) {
   using C = SimtConfig<M>;
@@ -268,7 +293,8 @@ void launch_simt(const void* a, const void* b, void* out, long long n, long long
   const int warps = warps_per_block(blocks, chunks, num_sms);
   // First round of a block: every warp's U chunks of kChunkVecs vectors.
   const int prefetch_bytes = gemm_prefetch_before_wait() ? warps * C::kUnroll * kChunkVecs * 16 : 0;
-  launch_pdl("gemm_skinny", gemm_skinny_simt_kernel<T, M, C::kRows, C::kUnroll>, dim3(static_cast<unsigned>(blocks)),
+  launch_pdl("gemm_skinny", gemm_skinny_simt_kernel<T, M, C::kRows, C::kUnroll, kSiluPairs>,
+             dim3(static_cast<unsigned>(blocks)),
              warps * 32, 0, stream, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out),
              static_cast<int>(n), static_cast<int>(k), prefetch_bytes);
   check_launch("gemm_skinny");
@@ -475,6 +501,18 @@ bool launch_gemm_skinny(DType dtype, const void* a, const void* b, void* out, lo
     static_assert(kSimtMaxM == 2, "the SIMT kernel is instantiated for m = 1, 2");
     dispatch_int<1, 2>(static_cast<int>(m), "gemm_skinny", "m (rows of a)", [&](auto m_c) {
       launch_simt<T, decltype(m_c)::value>(a, b, out, n, k, num_sms, stream);
+    });
+  });
+  return true;
+}
+
+bool launch_gemm_skinny_silu_mul(DType dtype, const void* a, const void* b, void* act, long long m, long long im,
+                                 long long k, int num_sms, cudaStream_t stream) {
+  if (m > kSimtMaxM || !gemm_skinny_applicable(dtype, a, b, m, 2 * im, k)) return false;
+  dispatch_half_dtype(dtype, "gemm_silu_mul", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    dispatch_int<1, 2>(static_cast<int>(m), "gemm_silu_mul", "m (rows of a)", [&](auto m_c) {
+      launch_simt<T, decltype(m_c)::value, true>(a, b, act, 2 * im, k, num_sms, stream);
     });
   });
   return true;

@@ -75,4 +75,16 @@ bool launch_gemm_skinny(DType dtype,
                         int num_sms,  // multiprocessors of the device (picks the block shape)
                         cudaStream_t stream);
 
+// gemm_silu_mul fused for m <= 2 rows (the SIMT kernel with a SwiGLU
+// epilogue): act[m, j] = silu(g) * u with g, u the rounded outputs of b's rows
+// 2j (gate) and 2j + 1 (up). Bitwise the result of launch_gemm_skinny into
+// [m, 2 im] followed by launch_silu_mul_pairs. Returns false, launching
+// nothing, for m > 2 or where gemm_skinny_applicable(dtype, a, b, m, 2 im, k)
+// is false; the caller then runs those two steps.
+bool launch_gemm_skinny_silu_mul(DType dtype,
+                                 const void* a,  // [m, k] row-major, 16-byte aligned
+                                 const void* b,  // [2 im, k] row-major, (gate, up) rows interleaved, 16-byte aligned
+                                 void* act,      // [m, im] row-major
+                                 long long m, long long im, long long k, int num_sms, cudaStream_t stream);
+
 }  // namespace ferrum::kernels

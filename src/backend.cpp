@@ -48,6 +48,7 @@ std::string_view to_string(Op op) noexcept {
     case Op::MlaAttention: return "mla_attention";
     case Op::GraphCapture: return "graph_capture";
     case Op::DeviceStateMode: return "device_state_mode";
+    case Op::GemmSiluMul: return "gemm_silu_mul";
   }
   return "unknown_op";
 }
@@ -394,6 +395,28 @@ void Backend::gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m,
   check.holds("b", b, check.product({n, k}), "[n, k]");
   check.holds("out", out, check.product({m, n}), "[m, n]");
   do_gemm(a, b, out, m, n, k);
+}
+
+void Backend::gemm_silu_mul(const Buffer& a, const Buffer& w, Buffer& gate_up, Buffer& act, std::size_t m,
+                            std::size_t im, std::size_t k) {
+  OpCheck check(*this, "gemm_silu_mul");
+  check.size("m", m);
+  check.size("im", im);
+  check.size("k", k);
+  check.size("2 * im", check.product({2, im}));
+  check.buffer("a", a);
+  check.buffer("w", w);
+  check.buffer("gate_up", gate_up);
+  check.buffer("act", act);
+  check.activation("a", a);
+  check.same_dtype("w", w, "a", a);
+  check.same_dtype("gate_up", gate_up, "a", a);
+  check.same_dtype("act", act, "a", a);
+  check.holds("a", a, check.product({m, k}), "[m, k]");
+  check.holds("w", w, check.product({2, im, k}), "[2*im, k]");
+  check.holds("gate_up", gate_up, check.product({m, 2, im}), "[m, 2*im]");
+  check.holds("act", act, check.product({m, im}), "[m, im]");
+  do_gemm_silu_mul(a, w, gate_up, act, m, im, k);
 }
 
 // ── Embedding and reshaping ────────────────────────────────────────────────

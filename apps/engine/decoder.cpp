@@ -24,7 +24,7 @@ std::vector<Op> required_ops(DecodeMode mode, bool gptq) {
                          Op::QkvRopeAppend,        Op::QkNormRope,
                          Op::TransposeHeadToToken, Op::KvCacheAppendHeadMajor,
                          Op::FlashAttention,       Op::FusedSiluMulSplit,
-                         Op::Argmax};
+                         Op::GemmSiluMul,          Op::Argmax};
   if (gptq) {
     ops.push_back(Op::LoadGptq);
     ops.push_back(Op::GemmGptq);
@@ -227,6 +227,11 @@ void Decoder::enqueue_attention(std::size_t l, std::size_t tokens, std::size_t p
 void Decoder::enqueue_mlp(std::size_t l, std::size_t tokens) {
   const LayerWeights& lw = w_.layers[l];
   const std::size_t im = cfg_.intermediate_size;
+  if (lw.gate_up_proj.interleaved_pairs) {  // dense: SwiGLU in the GEMM (gate_up_ is its workspace)
+    be_.gemm_silu_mul(normed_, lw.gate_up_proj.parts[0].dense, gate_up_, act_, tokens, im, cfg_.hidden_size);
+    project(lw.down_proj, act_, mlp_out_, tokens);
+    return;
+  }
   if (lw.gate_up_proj.fused()) {
     project(lw.gate_up_proj.parts[0], normed_, gate_up_, tokens);  // [T, gate | up]
   } else if (tokens == 1) {

@@ -9,7 +9,8 @@
 //       transpose and kv_cache_append_head_major op by op)
 //     attn = causal GQA attention over the cache -> token-major -> o_proj
 //     residual += attn; normed = rms_norm(residual, post_attention_norm[l])
-//     mlp = down(silu(gate) · up)
+//     mlp = down(silu(gate) · up)  (dense: gemm_silu_mul over the interleaved
+//       gate|up weight, one launch at decode; GPTQ: gemm_gptq + fused_silu_mul_split)
 //     residual += mlp; normed = rms_norm(residual, input_norm[l+1] or final norm)
 //   logits = normed[last] · lm_headᵀ; next token = argmax(logits) on the device
 //

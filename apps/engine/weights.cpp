@@ -1,5 +1,6 @@
 #include "weights.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <span>
@@ -97,13 +98,19 @@ class WeightLoader {
   // no fresh allocation per tensor (on a 16 GB model the page faults of
   // fresh buffers cost more than generating or copying the values).
   void write_tensor(const std::string& name, Buffer& dst, std::size_t offset) const {
+    const std::span<const std::uint16_t> bits = read_tensor_bits(name);
+    backend_.write_bytes(dst, bits.data(), bits.size_bytes(), offset * sizeof(std::uint16_t));
+  }
+  // Float tensor `name` (checked) as config-dtype bits in the reused host
+  // buffer (valid until the next call).
+  std::span<const std::uint16_t> read_tensor_bits(const std::string& name) const {
     const ExpectedTensor expected = expected_of(name);
     std::size_t numel = 1;
     for (std::size_t dim : expected.shape) numel *= dim;
     if (scratch_.size() < numel) scratch_.resize(numel);
     const std::span<std::uint16_t> bits(scratch_.data(), numel);
     read_checked_half_into(source_, expected, config_.dtype, bits, options_);
-    backend_.write_bytes(dst, bits.data(), bits.size_bytes(), offset * sizeof(std::uint16_t));
+    return bits;
   }
   Buffer upload(const std::string& name) const {
     std::size_t numel = 1;
@@ -127,7 +134,7 @@ class WeightLoader {
     }
     w.o_proj = upload_projection(read_projection(i, "self_attn.o_proj"));
     w.post_attention_norm = upload_layer(i, "post_attention_layernorm.weight");
-    w.gate_up_proj = fuse({read_projection(i, "mlp.gate_proj"), read_projection(i, "mlp.up_proj")});
+    w.gate_up_proj = fuse_gate_up(read_projection(i, "mlp.gate_proj"), read_projection(i, "mlp.up_proj"));
     w.down_proj = upload_projection(read_projection(i, "mlp.down_proj"));
     return w;
   }
@@ -213,6 +220,29 @@ class WeightLoader {
     return out;
   }
 
+  // gate | up: dense parts as one weight with their rows interleaved (gate_j,
+  // up_j), for gemm_silu_mul; anything else as fuse() joins it.
+  FusedProjection fuse_gate_up(HostProjection gate, HostProjection up) const {
+    if (gate.quantized || up.quantized || gate.n != up.n || gate.k != up.k) return fuse({std::move(gate), std::move(up)});
+    const std::size_t n = gate.n, k = gate.k;
+    Projection joined;
+    joined.n = 2 * n;
+    joined.k = k;
+    joined.dense = backend_.alloc(config_.dtype, joined.n * k);
+    if (interleaved_.size() < joined.n * k) interleaved_.resize(joined.n * k);
+    for (std::size_t part = 0; part < 2; ++part) {
+      const std::span<const std::uint16_t> rows = read_tensor_bits(part == 0 ? gate.dense : up.dense);
+      for (std::size_t j = 0; j < n; ++j) {
+        std::copy_n(rows.data() + j * k, k, interleaved_.data() + (2 * j + part) * k);
+      }
+    }
+    backend_.write_bytes(joined.dense, interleaved_.data(), joined.n * k * sizeof(std::uint16_t));
+    FusedProjection fused;
+    fused.parts.push_back(std::move(joined));
+    fused.interleaved_pairs = true;
+    return fused;
+  }
+
   // One projection over the concatenated outputs when exact (see FusedProjection).
   FusedProjection fuse(std::vector<HostProjection> parts) const {
     bool all_dense = true, all_gptq_same_g_idx = true;
@@ -267,6 +297,7 @@ class WeightLoader {
   std::map<std::string, ExpectedTensor> expected_;
   std::map<std::string, ProjectionShape> projections_;  // by suffix
   mutable std::vector<std::uint16_t> scratch_;          // write_tensor's host buffer, grown to the largest tensor
+  mutable std::vector<std::uint16_t> interleaved_;      // fuse_gate_up's joined rows, reused across layers
 };
 
 }  // namespace

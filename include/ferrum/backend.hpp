@@ -67,8 +67,9 @@ enum class Op {
   MlaAttention,
   GraphCapture,
   DeviceStateMode,
+  GemmSiluMul,
 };
-inline constexpr int kNumOps = static_cast<int>(Op::DeviceStateMode) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::GemmSiluMul) + 1;
 std::string_view to_string(Op op) noexcept;
 
 // GELU formula. Erf is torch's F.gelu default; Tanh is approximate='tanh'.
@@ -227,6 +228,19 @@ class Backend {
   void gemm(const Buffer& a /*[m, k]*/, const Buffer& b /*[n, k]*/, Buffer& out /*[m, n]*/,
             std::size_t m, std::size_t n, std::size_t k);
 
+  // act[t, j] = silu(g) · u with g = gate_up[t, 2j], u = gate_up[t, 2j + 1]
+  // and gate_up = a · wᵀ rounded to the dtype (as gemm): SwiGLU's input to a
+  // down projection, from a gate|up weight whose rows interleave gate and up
+  // (row 2j = gate_j, row 2j + 1 = up_j). The bits are those of gemm into
+  // gate_up followed by silu·mul of each pair (fp32 math, one rounding, as
+  // fused_silu_mul_split), and that is what a backend may run: gate_up is a
+  // workspace, its contents unspecified after the call. CudaBackend fuses
+  // the two for m <= 2 (decode): the silu·mul runs in the skinny GEMM's
+  // epilogue, and gate_up is neither written nor read.
+  void gemm_silu_mul(const Buffer& a /*[m, k]*/, const Buffer& w /*[2*im, k], (gate, up) rows interleaved*/,
+                     Buffer& gate_up /*[m, 2*im], workspace*/, Buffer& act /*[m, im]*/, std::size_t m,
+                     std::size_t im, std::size_t k);
+
   // ── Embedding and reshaping ────────────────────────────────────────────
   // out[t, :] = table[ids[t], :]; ids is i32 in [0, vocab). In device-state
   // mode with tokens == 1 the id comes from the decode state and `ids` is
@@ -378,6 +392,8 @@ class Backend {
   virtual void do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m, std::size_t n,
                        std::size_t k) = 0;
   // use_decode_state: read the token from the decode state (tokens == 1).
+  virtual void do_gemm_silu_mul(const Buffer& a, const Buffer& w, Buffer& gate_up, Buffer& act, std::size_t m,
+                                std::size_t im, std::size_t k) = 0;
   virtual void do_embedding_lookup(const Buffer& table, const Buffer& ids, Buffer& out,
                                    std::size_t tokens, std::size_t dim, std::size_t vocab,
                                    bool use_decode_state) = 0;

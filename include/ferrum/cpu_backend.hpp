@@ -54,6 +54,8 @@ class CpuBackend final : public Backend {
   void do_qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm, const Buffer& cos,
                           const Buffer& sin, Buffer& q_out, Buffer& k_cache, Buffer& v_cache, std::size_t tokens,
                           std::size_t pos_offset, const QkvRopeAppendConfig& cfg, bool use_decode_state) override;
+  void do_gemm_silu_mul(const Buffer& a, const Buffer& w, Buffer& gate_up, Buffer& act, std::size_t m, std::size_t im,
+                        std::size_t k) override;
   void do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m, std::size_t n,
                std::size_t k) override;
   void do_embedding_lookup(const Buffer& table, const Buffer& ids, Buffer& out, std::size_t tokens,

@@ -136,6 +136,8 @@ class CudaBackend final : public Backend {
                           std::size_t pos_offset, const QkvRopeAppendConfig& cfg, bool use_decode_state) override;
   void do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m, std::size_t n,
                std::size_t k) override;
+  void do_gemm_silu_mul(const Buffer& a, const Buffer& w, Buffer& gate_up, Buffer& act, std::size_t m, std::size_t im,
+                        std::size_t k) override;
   void do_embedding_lookup(const Buffer& table, const Buffer& ids, Buffer& out, std::size_t tokens,
                            std::size_t dim, std::size_t vocab, bool use_decode_state) override;
   void do_split_qkv(const Buffer& qkv, Buffer& q, Buffer& k, Buffer& v, std::size_t tokens,

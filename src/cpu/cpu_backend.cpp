@@ -264,6 +264,7 @@ bool CpuBackend::supports(Op op) const noexcept {
     case Op::FlashAttention:
     case Op::FlashDecodeRagged:
     case Op::DeviceStateMode:
+    case Op::GemmSiluMul:
     case Op::AllReduce:  // world size 1: identities, in the base class
     case Op::AllGather:
     case Op::Broadcast:
@@ -507,6 +508,27 @@ void CpuBackend::do_gemm(const Buffer& a /*[m, k]*/, const Buffer& b /*[n, k]*/,
   // block of its rows it needs.
   gemm_f32(decode_rows(a, m, k), m, n, k,
            [&](std::size_t j_begin, std::size_t rows, float* dst) { decode(b, j_begin * k, rows * k, dst); }, out);
+}
+
+// gemm into the workspace (one rounding per output, as gemm), then silu·mul
+// of each rounded (gate, up) pair, as fused_silu_mul_split does for halves.
+void CpuBackend::do_gemm_silu_mul(const Buffer& a /*[m, k]*/, const Buffer& w /*[2*im, k] (gate, up) rows*/,
+                                  Buffer& gate_up /*[m, 2*im] workspace*/, Buffer& act /*[m, im]*/, std::size_t m,
+                                  std::size_t im, std::size_t k) {
+  do_gemm(a, w, gate_up, m, 2 * im, k);
+  const RowTasks tasks(m, 2 * im);
+  parallel_for(tasks.count(), [&](std::size_t task) {
+    std::vector<float> pairs(2 * im);
+    std::vector<float> result(im);
+    for (std::size_t t = tasks.begin(task); t < tasks.end(task); ++t) {
+      decode(gate_up, t * 2 * im, 2 * im, pairs.data());
+      for (std::size_t j = 0; j < im; ++j) {
+        const float g = pairs[2 * j];
+        result[j] = (g / (1.0f + std::exp(-g))) * pairs[2 * j + 1];
+      }
+      encode(result.data(), im, act, t * im);
+    }
+  });
 }
 
 std::vector<float> CpuBackend::decode_rows(const Buffer& a /*[m, k]*/, std::size_t m, std::size_t k) {

@@ -6,6 +6,7 @@
 #include "common/fail.hpp"
 #include "cuda/buffer_ptr.hpp"
 #include "cuda/cuda_runtime.hpp"
+#include "kernels/elementwise.hpp"
 #include "kernels/gemm_skinny.hpp"
 
 namespace ferrum {
@@ -37,6 +38,22 @@ void CudaBackend::do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::si
                             static_cast<int>(k), rt_->one_zero + 1, ptr(out), type, static_cast<int>(n),
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "gemm", "cublasGemmEx");
+}
+
+// Decode (m <= 2, where the skinny kernel is wanted and applies): one
+// launch, the silu·mul in the GEMM's epilogue. Otherwise gemm into the
+// workspace and the pairs kernel: the same bits either way.
+void CudaBackend::do_gemm_silu_mul(const Buffer& a, const Buffer& w, Buffer& gate_up, Buffer& act, std::size_t m,
+                                   std::size_t im, std::size_t k) {
+  detail::activate_device(device_);
+  const auto mm = static_cast<long long>(m), ii = static_cast<long long>(im), kk = static_cast<long long>(k);
+  if (kernels::gemm_skinny_wanted(gemm_skinny_max_m_, mm, 2 * ii, kk) &&
+      kernels::launch_gemm_skinny_silu_mul(a.dtype(), ptr(a), ptr(w), ptr(act), mm, ii, kk, rt_->num_sms,
+                                           rt_->stream)) {
+    return;
+  }
+  do_gemm(a, w, gate_up, m, 2 * im, k);
+  kernels::launch_silu_mul_pairs(a.dtype(), ptr(gate_up), ptr(act), mm * ii, rt_->stream);
 }
 
 }  // namespace ferrum

@@ -311,6 +311,24 @@ void verify(Backend& cpu, const SiluMulCase& c, const RunOptions& o = {}) {
   SCOPED_TRACE(describe(c));
   expect_close(checked_run(cpu, c, o), "out", ref_silu_mul(c));
 }
+// gate and up are the exact dot products rounded to the dtype (what gemm
+// returns), then silu·mul in fp64.
+std::vector<double> ref_gemm_silu_mul(const GemmSiluMulCase& c) {
+  const std::vector<double> gate_up = ref_gemm(GemmCase{c.m, 2 * c.im, c.k, c.a, c.w});
+  std::vector<double> out(c.m * c.im);
+  for (std::size_t t = 0; t < c.m; ++t) {
+    for (std::size_t j = 0; j < c.im; ++j) {
+      const double g = ref::round_to_dtype(gate_up[t * 2 * c.im + 2 * j], c.a.dtype);
+      const double u = ref::round_to_dtype(gate_up[t * 2 * c.im + 2 * j + 1], c.a.dtype);
+      out[t * c.im + j] = g / (1.0 + std::exp(-g)) * u;
+    }
+  }
+  return out;
+}
+void verify(Backend& cpu, const GemmSiluMulCase& c, const RunOptions& o = {}) {
+  SCOPED_TRACE(describe(c));
+  expect_close(checked_run(cpu, c, o), "act", ref_gemm_silu_mul(c));
+}
 void verify(Backend& cpu, const QkNormRopeCase& c, const RunOptions& o = {}) {
   SCOPED_TRACE(describe(c));
   expect_close(checked_run(cpu, c, o), "out", ref_qk_norm_rope(c, o));
@@ -442,6 +460,16 @@ TEST_P(CpuGemm, MatchesFp64) {
   verify(cpu_, make_gemm_case(rng, dt(), s.m, s.n, s.k));
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CpuGemm, ::testing::ValuesIn(dtype_case_params(gemm_shapes().size())),
+                         dtype_case_param_name);
+
+// The gemm shapes with n read as 2 * im (odd n: im = n / 2, at least 1).
+class CpuGemmSiluMul : public CpuCaseOps {};
+TEST_P(CpuGemmSiluMul, MatchesFp64) {
+  FERRUM_SEEDED_RNG(rng);
+  const GemmShape s = gemm_shapes()[index()];
+  verify(cpu_, make_gemm_silu_mul_case(rng, dt(), s.m, std::max<std::size_t>(1, s.n / 2), s.k));
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, CpuGemmSiluMul, ::testing::ValuesIn(dtype_case_params(gemm_shapes().size())),
                          dtype_case_param_name);
 
 class CpuQkNormRope : public CpuCaseOps {};

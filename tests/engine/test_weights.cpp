@@ -21,6 +21,16 @@ std::vector<float> rows_of(const std::vector<std::vector<float>>& parts) {
   return out;
 }
 
+// Rows of a and b alternating (a_0, b_0, a_1, b_1, ...), rows of `k` elements.
+std::vector<float> interleaved_rows_of(const std::vector<float>& a, const std::vector<float>& b, std::size_t k) {
+  std::vector<float> out;
+  for (std::size_t r = 0; r * k < a.size(); ++r) {
+    out.insert(out.end(), a.begin() + static_cast<std::ptrdiff_t>(r * k), a.begin() + static_cast<std::ptrdiff_t>((r + 1) * k));
+    out.insert(out.end(), b.begin() + static_cast<std::ptrdiff_t>(r * k), b.begin() + static_cast<std::ptrdiff_t>((r + 1) * k));
+  }
+  return out;
+}
+
 void expect_loaded_like(CpuBackend& be, const ModelWeights& w, const TensorSource& src) {
   const ModelConfig& c = w.config;
   EXPECT_EQ(be.download(w.embed_tokens), src.read_f32("model.embed_tokens.weight"));
@@ -37,11 +47,14 @@ void expect_loaded_like(CpuBackend& be, const ModelWeights& w, const TensorSourc
     EXPECT_EQ(qkv.dense.numel(), c.qkv_dim() * c.hidden_size);
     EXPECT_EQ(be.download(qkv.dense), rows_of({host("self_attn.q_proj.weight"), host("self_attn.k_proj.weight"),
                                                host("self_attn.v_proj.weight")}));
+    // gate | up: one weight, rows interleaved (gate_j, up_j) for gemm_silu_mul.
     ASSERT_TRUE(lw.gate_up_proj.fused());
+    EXPECT_TRUE(lw.gate_up_proj.interleaved_pairs);
     const Projection& gate_up = lw.gate_up_proj.parts[0];
     EXPECT_EQ(gate_up.n, 2 * c.intermediate_size);
     EXPECT_EQ(gate_up.dense.numel(), 2 * c.intermediate_size * c.hidden_size);
-    EXPECT_EQ(be.download(gate_up.dense), rows_of({host("mlp.gate_proj.weight"), host("mlp.up_proj.weight")}));
+    EXPECT_EQ(be.download(gate_up.dense),
+              interleaved_rows_of(host("mlp.gate_proj.weight"), host("mlp.up_proj.weight"), c.hidden_size));
     EXPECT_EQ(be.download(lw.o_proj.dense), host("self_attn.o_proj.weight"));
     EXPECT_EQ(lw.o_proj.n, c.hidden_size);
     EXPECT_EQ(lw.o_proj.k, c.q_dim());

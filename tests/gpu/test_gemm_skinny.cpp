@@ -11,6 +11,11 @@
 //   and k % 8 != 0 must take cuBLAS and still be right.
 // - GemmSkinnyApplicable (host only, runs without a GPU): the predicate the
 //   backend dispatches on.
+// - CudaGemmSiluMul: gemm_silu_mul (the skinny kernel with its SwiGLU
+//   epilogue at m <= 2, gemm + the pairs kernel above) against CpuBackend,
+//   m in {1, 2, 3, 8, 17}, odd im, k with a partial last chunk, unaligned
+//   views and k % 8 != 0 (cuBLAS); and bitwise against its two unfused
+//   steps run by hand (gemm into gate_up, then silu·mul of the pairs).
 //
 // The CUDA tests are skipped (GTEST_SKIP) when no CUDA device is visible.
 #include <gtest/gtest.h>
@@ -20,6 +25,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/elementwise.hpp"   // launch_silu_mul_pairs: the unfused second step, for the bitwise check
 #include "kernels/gemm_skinny.hpp"  // the dispatch predicate (header needs only ferrum/ and cudart)
 #include "support/op_runners.hpp"
 #include "support/test_support.hpp"
@@ -58,7 +64,7 @@ class CudaGemmSkinny : public CudaParamTest<SkinnyParam> {
     config.gemm_skinny_max_m = kernels::kSkinnyMaxM;
     skinny_ = std::make_unique<CudaBackend>(config);
   }
-  Backend& skinny() { return *skinny_; }
+  CudaBackend& skinny() { return *skinny_; }
   std::unique_ptr<CudaBackend> skinny_;
 
   DType dt() const { return std::get<0>(GetParam()); }
@@ -108,6 +114,62 @@ TEST_P(CudaGemmSkinny, FallsBack) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaGemmSkinny, ::testing::ValuesIn(skinny_params()), skinny_param_name);
+
+// ── gemm_silu_mul ────────────────────────────────────────────────────────────
+
+constexpr std::size_t kSiluMulMs[] = {1, 2, 3, 8, 17};
+
+std::vector<SkinnyParam> silu_mul_params() {
+  std::vector<SkinnyParam> params;
+  for (DType dt : kHalfDTypes) {
+    for (std::size_t m : kSiluMulMs) params.emplace_back(dt, m);
+  }
+  return params;
+}
+
+class CudaGemmSiluMul : public CudaGemmSkinny {
+ protected:
+  void expect_silu_mul_matches_cpu(Rng& rng, std::size_t im, std::size_t k, std::size_t lead = 0) {
+    const GemmSiluMulCase c = make_gemm_silu_mul_case(rng, dt(), m(), im, k);
+    SCOPED_TRACE(describe(c));
+    RunOptions o;
+    o.lead = lead;
+    SCOPED_TRACE(describe(o));
+    expect_same_outputs(run(skinny(), c, o), run(cpu(), c), Match::Close);
+  }
+};
+
+TEST_P(CudaGemmSiluMul, MatchesCpu) {
+  FERRUM_SEEDED_RNG(rng);
+  const std::size_t shapes[][2] = {{1, 8}, {3, 64}, {501, 4104}, {2050, 4096}, {67, 8192}};
+  for (const auto& [im, k] : shapes) expect_silu_mul_matches_cpu(rng, im, k);
+  expect_silu_mul_matches_cpu(rng, 501, 4104, 1);  // unaligned views: gemm (cuBLAS) + pairs kernel
+  expect_silu_mul_matches_cpu(rng, 67, 769);       // k % 8 != 0: the same
+}
+
+// The fused epilogue (m <= 2) and the op's unfused path give the bits of
+// its two steps run one by one: the GEMM's sums are the same, and so is the
+// silu·mul formula (kernels/common/activation.cuh).
+TEST_P(CudaGemmSiluMul, EqualsItsTwoStepsBitwise) {
+  FERRUM_SEEDED_RNG(rng);
+  const std::size_t shapes[][2] = {{501, 4104}, {2050, 4096}, {3, 64}};
+  for (const auto& [im, k] : shapes) {
+    const GemmSiluMulCase c = make_gemm_silu_mul_case(rng, dt(), m(), im, k);
+    SCOPED_TRACE(describe(c));
+    const OpResult fused = run(skinny(), c);
+    ASSERT_TRUE(fused.guards_ok());
+    const DeviceTensor a(skinny(), c.a), w(skinny(), c.w);
+    GuardedOutput gate_up(skinny(), dt(), m() * 2 * im), act(skinny(), dt(), m() * im);
+    skinny().gemm(a.view(), w.view(), gate_up.view(), m(), 2 * im, k);
+    kernels::launch_silu_mul_pairs(dt(), gate_up.view().data(), act.view().data(), static_cast<long long>(m() * im),
+                                   skinny().stream());
+    skinny().synchronize();
+    EXPECT_TRUE(act.check_guard());
+    EXPECT_TRUE(bitwise_equal(fused.at("act").bytes, act.bytes(), size_of(dt())));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaGemmSiluMul, ::testing::ValuesIn(silu_mul_params()), skinny_param_name);
 
 // The views the tests above hand to the backend are what the predicate sees:
 // lead 0 is applicable, lead 1 is not (so FallsBack really tests cuBLAS).

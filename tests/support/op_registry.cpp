@@ -59,6 +59,12 @@ std::vector<OpSpec> build_specs() {
                {{"m", kM}, {"n", kN}, {"k", kK}}, [](Backend& be, OpArgs& a) {
                  be.gemm(a.buf("a"), a.buf("b"), a.buf("out"), a.size("m"), a.size("n"), a.size("k"));
                }});
+  s.push_back({Op::GemmSiluMul, "gemm_silu_mul",
+               {act("a", kM * kK), act("w", 2 * kN * kK), act("gate_up", kM * 2 * kN), act("act", kM * kN)},
+               {{"m", kM}, {"im", kN}, {"k", kK}}, [](Backend& be, OpArgs& a) {
+                 be.gemm_silu_mul(a.buf("a"), a.buf("w"), a.buf("gate_up"), a.buf("act"), a.size("m"), a.size("im"),
+                                  a.size("k"));
+               }});
   s.push_back({Op::EmbeddingLookup, "embedding_lookup",
                {{"table", kH, kVocab * kDim, kDim - 1, kBad},
                 {"ids", DType::I32, kTokens, kTokens - 1, DType::F32},

@@ -86,6 +86,12 @@ class OpRun {
     outputs_.emplace_back(std::move(name), std::make_unique<GuardedOutput>(be_, dtype, need, o_.lead));
     return outputs_.back().second->view();
   }
+  // A workspace: poisoned and guarded like an output, its guard checked,
+  // its contents not returned.
+  Buffer& scratch(std::string name, DType dtype, std::size_t need) {
+    scratch_.emplace_back(std::move(name), std::make_unique<GuardedOutput>(be_, dtype, need, o_.lead));
+    return scratch_.back().second->view();
+  }
   Buffer& inout(std::string name, const HostTensor& initial) {
     outputs_.emplace_back(std::move(name), std::make_unique<GuardedOutput>(be_, initial, o_.lead));
     return outputs_.back().second->view();
@@ -112,6 +118,10 @@ class OpRun {
       const ::testing::AssertionResult guard = g->check_guard();
       if (!guard) result.guard_failures += cat("output '", name, "': ", guard.message(), "\n");
     }
+    for (auto& [name, g] : scratch_) {
+      const ::testing::AssertionResult guard = g->check_guard();
+      if (!guard) result.guard_failures += cat("workspace '", name, "': ", guard.message(), "\n");
+    }
     return result;
   }
 
@@ -120,6 +130,7 @@ class OpRun {
   RunOptions o_;
   std::vector<std::unique_ptr<DeviceTensor>> inputs_;
   std::vector<std::pair<std::string, std::unique_ptr<GuardedOutput>>> outputs_;
+  std::vector<std::pair<std::string, std::unique_ptr<GuardedOutput>>> scratch_;
 };
 
 std::string dt_name(const HostTensor& t) { return std::string(to_string(t.dtype)); }
@@ -188,6 +199,11 @@ SplitQkvCase make_split_qkv_case(Rng& rng, DType dt, std::size_t tokens, std::si
 
 SiluMulCase make_silu_mul_case(Rng& rng, DType dt, std::size_t tokens, std::size_t im) {
   return {tokens, im, random_normal(rng, dt, tokens * 2 * im, 0.0f, 2.0f)};
+}
+
+GemmSiluMulCase make_gemm_silu_mul_case(Rng& rng, DType dt, std::size_t m, std::size_t im, std::size_t k) {
+  const float w_amp = 4.5f / std::sqrt(static_cast<float>(k));
+  return {m, im, k, random_uniform(rng, dt, m * k), random_uniform(rng, dt, 2 * im * k, -w_amp, w_amp)};
 }
 
 QkNormRopeCase make_qk_norm_rope_case(Rng& rng, DType dt, std::size_t tokens, std::size_t heads,
@@ -289,6 +305,9 @@ std::string describe(const AddBiasCase& c) {
 std::string describe(const AddInplaceCase& c) { return cat("add_inplace ", dt_name(c.x), " len=", c.len); }
 std::string describe(const GemmCase& c) {
   return cat("gemm ", dt_name(c.a), " m=", c.m, " n=", c.n, " k=", c.k);
+}
+std::string describe(const GemmSiluMulCase& c) {
+  return cat("gemm_silu_mul ", dt_name(c.a), " m=", c.m, " im=", c.im, " k=", c.k);
 }
 std::string describe(const EmbeddingCase& c) {
   return cat("embedding_lookup ", dt_name(c.table), " tokens=", c.tokens, " dim=", c.dim, " vocab=", c.vocab,
@@ -415,6 +434,15 @@ OpResult run(Backend& be, const SiluMulCase& c, const RunOptions& o) {
   Buffer& gate_up = r.in(c.gate_up);
   Buffer& out = r.out("out", c.gate_up.dtype, c.tokens * c.im);
   return r.go([&] { be.fused_silu_mul_split(gate_up, out, c.tokens, c.im); });
+}
+
+OpResult run(Backend& be, const GemmSiluMulCase& c, const RunOptions& o) {
+  OpRun r(be, o);
+  Buffer& a = r.in(c.a);
+  Buffer& w = r.in(c.w);
+  Buffer& gate_up = r.scratch("gate_up", c.a.dtype, c.m * 2 * c.im);
+  Buffer& act = r.out("act", c.a.dtype, c.m * c.im);
+  return r.go([&] { be.gemm_silu_mul(a, w, gate_up, act, c.m, c.im, c.k); });
 }
 
 OpResult run(Backend& be, const QkNormRopeCase& c, const RunOptions& o) {

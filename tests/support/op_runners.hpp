@@ -109,6 +109,10 @@ struct SiluMulCase {
   std::size_t tokens, im;
   HostTensor gate_up;
 };
+struct GemmSiluMulCase {  // gemm_silu_mul: w [2*im, k] with (gate, up) rows interleaved
+  std::size_t m, im, k;
+  HostTensor a, w;
+};
 struct QkNormRopeCase {
   std::size_t tokens, heads, head_dim, pos_offset;
   float eps;
@@ -161,6 +165,9 @@ GemmCase make_gemm_case(Rng& rng, DType dt, std::size_t m, std::size_t n, std::s
 EmbeddingCase make_embedding_case(Rng& rng, DType dt, std::size_t tokens, std::size_t dim, std::size_t vocab);
 SplitQkvCase make_split_qkv_case(Rng& rng, DType dt, std::size_t tokens, std::size_t q_dim, std::size_t kv_dim);
 SiluMulCase make_silu_mul_case(Rng& rng, DType dt, std::size_t tokens, std::size_t im);
+// a in [-1, 1], w in [-4.5, 4.5] / sqrt(k): gate and up have a standard
+// deviation near 1.5, the range where silu bends.
+GemmSiluMulCase make_gemm_silu_mul_case(Rng& rng, DType dt, std::size_t m, std::size_t im, std::size_t k);
 // Tables cover max_pos = max(pos_offset + tokens, min_max_pos) + 3 positions.
 QkNormRopeCase make_qk_norm_rope_case(Rng& rng, DType dt, std::size_t tokens, std::size_t heads,
                                       std::size_t head_dim, std::size_t pos_offset, RopeMode mode, double theta,
@@ -196,6 +203,7 @@ std::string describe(const GemmCase& c);
 std::string describe(const EmbeddingCase& c);
 std::string describe(const SplitQkvCase& c);
 std::string describe(const SiluMulCase& c);
+std::string describe(const GemmSiluMulCase& c);
 std::string describe(const QkNormRopeCase& c);
 std::string describe(const KvAppendCase& c);
 std::string describe(const TransposeCase& c);
@@ -217,6 +225,9 @@ OpResult run(Backend& be, const GemmCase& c, const RunOptions& o = {});
 OpResult run(Backend& be, const EmbeddingCase& c, const RunOptions& o = {});
 OpResult run(Backend& be, const SplitQkvCase& c, const RunOptions& o = {});
 OpResult run(Backend& be, const SiluMulCase& c, const RunOptions& o = {});
+// Output "act"; the gate_up workspace is poisoned and guarded but not returned
+// (its contents are unspecified).
+OpResult run(Backend& be, const GemmSiluMulCase& c, const RunOptions& o = {});
 OpResult run(Backend& be, const QkNormRopeCase& c, const RunOptions& o = {});
 OpResult run(Backend& be, const KvAppendCase& c, const RunOptions& o = {});
 OpResult run(Backend& be, const TransposeCase& c, const RunOptions& o = {});
