@@ -126,7 +126,8 @@ __global__ void silu_mul_split_kernel(const T* __restrict__ gate_up,  // [tokens
 
 // out[i] = silu(gate_up[2 i]) * gate_up[2 i + 1] over the flat [tokens * im]
 // outputs: gate and up interleaved pairs (gemm_silu_mul's unfused path).
-// VW outputs per access: 2 VW inputs (16 bytes at VW = 4).
+// VW outputs per access: 2 VW inputs (16 bytes at VW = 4). VW = 1 reads
+// element by element (any 2-byte alignment).
 template <class T, int VW>
 __global__ void silu_mul_pairs_kernel(const T* __restrict__ gate_up,  // [n, 2] (gate, up)
                                       T* __restrict__ out,             // [n]
@@ -134,19 +135,34 @@ __global__ void silu_mul_pairs_kernel(const T* __restrict__ gate_up,  // [n, 2] 
   pdl_begin();
   const long long nvec = n / VW;
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x * kItems + threadIdx.x;
-  vec_t<T, 2 * VW> in[kItems];
+  float g[kItems][VW], u[kItems][VW];
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
     const long long vi = first + static_cast<long long>(it) * blockDim.x;
-    if (vi < nvec) in[it].load(gate_up + vi * 2 * VW);
+    if (vi >= nvec) continue;
+    if constexpr (VW == 1) {
+      g[it][0] = to_float(gate_up[2 * vi]);
+      u[it][0] = to_float(gate_up[2 * vi + 1]);
+    } else {
+      vec_t<T, 2 * VW> in;
+      in.load(gate_up + vi * 2 * VW);
+#pragma unroll
+      for (int j = 0; j < VW; ++j) {
+        g[it][j] = in.f(2 * j);
+        u[it][j] = in.f(2 * j + 1);
+      }
+    }
   }
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
     const long long vi = first + static_cast<long long>(it) * blockDim.x;
-    if (vi < nvec) {
+    if (vi >= nvec) continue;
+    if constexpr (VW == 1) {
+      out[vi] = from_float<T>(silu_mul(g[it][0], u[it][0]));
+    } else {
       vec_t<T, VW> o;
 #pragma unroll
-      for (int j = 0; j < VW; ++j) o.set(j, silu_mul(in[it].f(2 * j), in[it].f(2 * j + 1)));
+      for (int j = 0; j < VW; ++j) o.set(j, silu_mul(g[it][j], u[it][j]));
       o.store(out + vi * VW);
     }
   }
