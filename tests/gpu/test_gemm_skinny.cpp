@@ -12,14 +12,17 @@
 // - GemmSkinnyApplicable (host only, runs without a GPU): the predicate the
 //   backend dispatches on.
 // - CudaGemmSiluMul: gemm_silu_mul (the skinny kernel with its SwiGLU
-//   epilogue at m <= 2, gemm + the pairs kernel above) against CpuBackend,
-//   m in {1, 2, 3, 8, 17}, odd im, k with a partial last chunk, unaligned
-//   views and k % 8 != 0 (cuBLAS); and bitwise against its two unfused
-//   steps run by hand (gemm into gate_up, then silu·mul of the pairs).
+//   epilogue at m <= 2, gemm + the pairs kernel above) over m in {1, 2, 3,
+//   8, 17}, odd im, k with a partial last chunk, unaligned views and
+//   k % 8 != 0 (cuBLAS): bitwise its two steps run by hand (gemm into
+//   gate_up, then silu·mul of the pairs), and the silu·mul within the
+//   tolerance of fp64 on the same gate_up (why not against the CPU's act
+//   directly: see the test).
 //
 // The CUDA tests are skipped (GTEST_SKIP) when no CUDA device is visible.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <tuple>
@@ -129,43 +132,65 @@ std::vector<SkinnyParam> silu_mul_params() {
 
 class CudaGemmSiluMul : public CudaGemmSkinny {
  protected:
-  void expect_silu_mul_matches_cpu(Rng& rng, std::size_t im, std::size_t k, std::size_t lead = 0) {
-    const GemmSiluMulCase c = make_gemm_silu_mul_case(rng, dt(), m(), im, k);
-    SCOPED_TRACE(describe(c));
+  // gemm_silu_mul on the GPU, returning act and the two-step reference's
+  // inputs: the GPU's own gemm output (gate_up, rounded like the op's) for
+  // the same a and w.
+  struct TwoSteps {
+    OpResult fused;                // the op (act)
+    std::vector<float> gate_up;    // gemm(a, w) on the same backend, [m, 2 im]
+    std::vector<std::uint8_t> act_by_steps;  // launch_silu_mul_pairs of that gate_up, raw
+  };
+  TwoSteps run_both(const GemmSiluMulCase& c, std::size_t lead) {
     RunOptions o;
     o.lead = lead;
-    SCOPED_TRACE(describe(o));
-    expect_same_outputs(run(skinny(), c, o), run(cpu(), c), Match::Close);
+    TwoSteps r{run(skinny(), c, o), {}, {}};
+    const DeviceTensor a(skinny(), c.a, lead), w(skinny(), c.w, lead);
+    GuardedOutput gate_up(skinny(), dt(), c.m * 2 * c.im, lead), act(skinny(), dt(), c.m * c.im, lead);
+    skinny().gemm(a.view(), w.view(), gate_up.view(), c.m, 2 * c.im, c.k);
+    kernels::launch_silu_mul_pairs(dt(), gate_up.view().data(), act.view().data(),
+                                   static_cast<long long>(c.m * c.im), skinny().stream());
+    skinny().synchronize();
+    EXPECT_TRUE(gate_up.check_guard());
+    EXPECT_TRUE(act.check_guard());
+    r.gate_up = gate_up.values();
+    r.act_by_steps = act.bytes();
+    return r;
   }
 };
 
-TEST_P(CudaGemmSiluMul, MatchesCpu) {
+// Against the CPU, step by step. The op is gemm then silu·mul of the
+// rounded pairs, so it is checked as that composition:
+//  1. its GEMM is gemm, whose GPU result matches CpuBackend's (CudaGemmSkinny
+//     above; cuBLAS past m = 8 and where the skinny kernel declines);
+//  2. act is bitwise the silu·mul of the GPU's own gate_up (the fused
+//     epilogue and the unfused path alike);
+//  3. that silu·mul matches fp64 on the same rounded gate and up, within the
+//     tolerance table.
+// act is not compared with CpuBackend's act directly: the GPU accumulates in
+// fp32 and the CPU in fp64, so a gate or up may round one ulp apart, and
+// silu(g)·u moves by |u·silu'(g)| ulps of g, more than the two ulps the
+// table allows act (measured on the H200: up to 0.003 against 0.0014 at f16).
+TEST_P(CudaGemmSiluMul, MatchesItsStepsAndFp64) {
   FERRUM_SEEDED_RNG(rng);
-  const std::size_t shapes[][2] = {{1, 8}, {3, 64}, {501, 4104}, {2050, 4096}, {67, 8192}};
-  for (const auto& [im, k] : shapes) expect_silu_mul_matches_cpu(rng, im, k);
-  expect_silu_mul_matches_cpu(rng, 501, 4104, 1);  // unaligned views: gemm (cuBLAS) + pairs kernel
-  expect_silu_mul_matches_cpu(rng, 67, 769);       // k % 8 != 0: the same
-}
-
-// The fused epilogue (m <= 2) and the op's unfused path give the bits of
-// its two steps run one by one: the GEMM's sums are the same, and so is the
-// silu·mul formula (kernels/common/activation.cuh).
-TEST_P(CudaGemmSiluMul, EqualsItsTwoStepsBitwise) {
-  FERRUM_SEEDED_RNG(rng);
-  const std::size_t shapes[][2] = {{501, 4104}, {2050, 4096}, {3, 64}};
-  for (const auto& [im, k] : shapes) {
-    const GemmSiluMulCase c = make_gemm_silu_mul_case(rng, dt(), m(), im, k);
-    SCOPED_TRACE(describe(c));
-    const OpResult fused = run(skinny(), c);
-    ASSERT_TRUE(fused.guards_ok());
-    const DeviceTensor a(skinny(), c.a), w(skinny(), c.w);
-    GuardedOutput gate_up(skinny(), dt(), m() * 2 * im), act(skinny(), dt(), m() * im);
-    skinny().gemm(a.view(), w.view(), gate_up.view(), m(), 2 * im, k);
-    kernels::launch_silu_mul_pairs(dt(), gate_up.view().data(), act.view().data(), static_cast<long long>(m() * im),
-                                   skinny().stream());
-    skinny().synchronize();
-    EXPECT_TRUE(act.check_guard());
-    EXPECT_TRUE(bitwise_equal(fused.at("act").bytes, act.bytes(), size_of(dt())));
+  struct Shape {
+    std::size_t im, k, lead;
+  };
+  // lead 1: unaligned views (gemm via cuBLAS + the element-wise pairs
+  // kernel); k = 769: k % 8 != 0 (the same).
+  const Shape shapes[] = {{1, 8, 0},      {3, 64, 0},    {501, 4104, 0}, {2050, 4096, 0},
+                          {67, 8192, 0},  {501, 4104, 1}, {67, 769, 0}};
+  for (const Shape& sh : shapes) {
+    const GemmSiluMulCase c = make_gemm_silu_mul_case(rng, dt(), m(), sh.im, sh.k);
+    SCOPED_TRACE(cat(describe(c), " lead=", sh.lead));
+    const TwoSteps r = run_both(c, sh.lead);
+    ASSERT_TRUE(r.fused.guards_ok());
+    EXPECT_TRUE(bitwise_equal(r.fused.at("act").bytes, r.act_by_steps, size_of(dt())));
+    std::vector<double> ref(c.m * c.im);
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      const double g = r.gate_up[2 * i], u = r.gate_up[2 * i + 1];
+      ref[i] = g / (1.0 + std::exp(-g)) * u;
+    }
+    EXPECT_TRUE(all_close(r.fused.at("act").values, ref, dt(), op_scale::kUnit));
   }
 }
 
