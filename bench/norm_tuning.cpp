@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <exception>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "kernels/norm.hpp"
@@ -21,7 +22,14 @@ void check(cudaError_t e, const char* what) {
 
 }  // namespace
 
-int main() {
+// ferrum_norm_tuning [rms,add_rms,layer] [f16,bf16]: the kinds and dtypes to
+// sweep (default: rms,add_rms f16).
+int main(int argc, char** argv) {
+  const std::string kinds_arg = argc > 1 ? argv[1] : "rms,add_rms";
+  const std::string dtypes_arg = argc > 2 ? argv[2] : "f16";
+  auto wanted = [](const std::string& list, const std::string& name) {
+    return ("," + list + ",").find("," + name + ",") != std::string::npos;
+  };
   using ferrum::kernels::NormArgs;
   using ferrum::kernels::NormKind;
   int count = 0;
@@ -39,20 +47,29 @@ int main() {
   void* weight = nullptr;
   check(cudaMalloc(&weight, dim * 2), "cudaMalloc");
   check(cudaMemset(weight, 0x3c, dim * 2), "cudaMemset");
+  void* bias = nullptr;
+  check(cudaMalloc(&bias, dim * 2), "cudaMalloc");
+  check(cudaMemset(bias, 0x3c, dim * 2), "cudaMemset");
   cudaStream_t stream;
   check(cudaStreamCreate(&stream), "cudaStreamCreate");
-  std::printf("%-8s %-6s %-7s %-6s %10s %9s\n", "kind", "rows", "target", "block", "median_us", "GB/s");
-  for (NormKind kind : {NormKind::Rms, NormKind::AddRms}) {
+  std::printf("%-8s %-5s %-6s %-7s %-6s %10s %9s\n", "kind", "dtype", "rows", "target", "block", "median_us", "GB/s");
+  for (const ferrum::DType dtype : {ferrum::DType::F16, ferrum::DType::BF16}) {
+  const char* dname = dtype == ferrum::DType::F16 ? "f16" : "bf16";
+  if (!wanted(dtypes_arg, dname)) continue;
+  for (NormKind kind : {NormKind::Rms, NormKind::AddRms, NormKind::Layer}) {
+    const char* kname = kind == NormKind::Rms ? "rms" : kind == NormKind::AddRms ? "add_rms" : "layer";
+    if (!wanted(kinds_arg, kname)) continue;
     for (int rows : {4096, 32768, 16}) {
       const std::size_t tensor = static_cast<std::size_t>(rows) * dim * 2;
       const int sets = static_cast<int>(pool_bytes / (3 * tensor));
-      const double bytes = static_cast<double>(tensor) * (kind == NormKind::Rms ? 2 : 4);
+      const double bytes = static_cast<double>(tensor) * (kind == NormKind::AddRms ? 4 : 2);
       for (int target : {1, 2, 4, 8}) {
         for (int block : {128, 256, 512}) {
           NormArgs a;
           a.kind = kind;
-          a.dtype = ferrum::DType::F16;
+          a.dtype = dtype;
           a.weight = weight;
+          a.bias = bias;
           a.rows = rows;
           a.dim = dim;
           a.eps = 1e-6f;
@@ -72,8 +89,8 @@ int main() {
             try {
               ferrum::kernels::launch_norm(a, stream);
             } catch (const std::exception& e) {
-              std::printf("%-8s %-6d %-7d %-6d  not launchable: %s\n", kind == NormKind::Rms ? "rms" : "add_rms",
-                          rows, target, block, e.what());
+              std::printf("%-8s %-5s %-6d %-7d %-6d  not launchable: %s\n", kname, dname, rows, target, block,
+                          e.what());
               times.clear();
               break;
             }
@@ -86,11 +103,12 @@ int main() {
           if (times.empty()) continue;
           std::sort(times.begin(), times.end());
           const double us = times[times.size() / 2];
-          std::printf("%-8s %-6d %-7d %-6d %10.2f %9.0f\n", kind == NormKind::Rms ? "rms" : "add_rms", rows, target,
-                      block, us, bytes / us / 1e3);
+          std::printf("%-8s %-5s %-6d %-7d %-6d %10.2f %9.0f\n", kname, dname, rows, target, block, us,
+                      bytes / us / 1e3);
         }
       }
     }
+  }
   }
   return 0;
 }

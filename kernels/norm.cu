@@ -6,6 +6,7 @@
 // vectors of VW elements in registers, so the row is read from memory once.
 // Rows too long for registers take the row-loop kernel, which re-reads them.
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
@@ -185,6 +186,16 @@ int next_pow2(int v) {
   return p;
 }
 
+// Vectors per thread when the caller leaves it to us (bench/norm_tuning.cpp,
+// H200): 2 everywhere (rms and add_rms, f16 and bf16; bf16 LayerNorm at 4
+// hits the 64-register bound and spills: 226 µs at [32768 x 4096] against
+// 183 at 2), except f16 LayerNorm, whose two block reductions per row cost
+// less with 2 rows per block: 139.5 µs at 4 against 185.6 at 2.
+template <NormKind K, class T>
+constexpr int tuned_vectors_per_thread() {
+  return K == NormKind::Layer && std::is_same_v<T, __half> ? 4 : 2;
+}
+
 template <NormKind K, class T>
 void launch_typed(const NormArgs& a, cudaStream_t stream) {
   const T* x = static_cast<const T*>(a.x);
@@ -209,11 +220,12 @@ void launch_typed(const NormArgs& a, cudaStream_t stream) {
     p.blocks = (a.rows + p.threads / p.group - 1) / (p.threads / p.group);
     return p;
   };
-  Plan plan = plan_for(std::max(1, a.target_vectors_per_thread));
+  const int target = a.target_vectors_per_thread > 0 ? a.target_vectors_per_thread : tuned_vectors_per_thread<K, T>();
+  Plan plan = plan_for(target);
   // At most one block per SM: latency-bound. Then spread the row over more
   // threads (fewer registers each) and prefetch the weight with x.
   const bool prefetch_w = plan.blocks <= a.num_sms;
-  if (prefetch_w && a.target_vectors_per_thread > 2) plan = plan_for(2);  // fewer registers for the prefetched weight
+  if (prefetch_w && target > 2) plan = plan_for(2);  // fewer registers for the prefetched weight
   const int group = plan.group;
   const int nvec_per_thread = plan.nvec_per_thread;
   const int threads = plan.threads;
