@@ -186,14 +186,21 @@ int next_pow2(int v) {
   return p;
 }
 
-// Vectors per thread when the caller leaves it to us (bench/norm_tuning.cpp,
-// H200): 2 everywhere (rms and add_rms, f16 and bf16; bf16 LayerNorm at 4
-// hits the 64-register bound and spills: 226 µs at [32768 x 4096] against
-// 183 at 2), except f16 LayerNorm, whose two block reductions per row cost
-// less with 2 rows per block: 139.5 µs at 4 against 185.6 at 2.
+// Vectors per thread when the caller leaves it to us (bench/norm_tuning.cpp
+// on the H200, 2026-11-30, [32768 | 4096 x 4096], best block size each):
+//   rms      f16  t2 133.95 | 23.55 µs   t4 133.92 | 25.25   -> 2
+//   rms      bf16 t2 146.08 | 24.96      t4 135.30 | 24.45   -> 4
+//   add_rms  f16  t2 261.44 | 39.87      t4 264.74 | 41.66   -> 2
+//   add_rms  bf16 t2 278.85 | 41.28      t4 279.81 | 41.41   -> 2
+//   layer    f16  t2 190.91 | 31.55      t4 139.39 | 24.99   -> 4
+//   layer    bf16 t2 193.66 | 31.71      t4 227.78 | 36.19   -> 2 (at 4 it
+//            hits the 64-register launch bound and spills)
 template <NormKind K, class T>
 constexpr int tuned_vectors_per_thread() {
-  return K == NormKind::Layer && std::is_same_v<T, __half> ? 4 : 2;
+  constexpr bool f16 = std::is_same_v<T, __half>;
+  if constexpr (K == NormKind::Layer) return f16 ? 4 : 2;
+  if constexpr (K == NormKind::Rms) return f16 ? 2 : 4;
+  return 2;
 }
 
 template <NormKind K, class T>
