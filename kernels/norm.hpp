@@ -23,8 +23,8 @@ struct NormArgs {
   float eps = 0.0f;
   int num_sms = 0;  // multiprocessors of the device (picks the small-grid variant)
   // Launch shape: vectors each thread aims to hold (the group of threads per
-  // row grows until a row fits; 0: the tuned value of the kind and dtype,
-  // see norm.cu), and the smallest block. Defaults are the tuned values
+  // row grows until a row fits; 0 or less: the tuned value of the kind and
+  // dtype, see norm.cu), and the smallest block. Defaults are the tuned values
   // (bench/norm_tuning.cpp sweeps them); callers leave them.
   int target_vectors_per_thread = 0;
   int min_block_threads = 256;

@@ -235,8 +235,11 @@ class Backend {
   // gate_up followed by silu·mul of each pair (fp32 math, one rounding, as
   // fused_silu_mul_split), and that is what a backend may run: gate_up is a
   // workspace, its contents unspecified after the call. CudaBackend fuses
-  // the two for m <= 2 (decode): the silu·mul runs in the skinny GEMM's
-  // epilogue, and gate_up is neither written nor read.
+  // the two for m <= 2 where gemm would take the skinny kernel (a and w
+  // 16-byte aligned, k % 8 == 0, CudaBackendConfig::gemm_skinny_max_m
+  // allowing it): the silu·mul runs in its epilogue, and gate_up is neither
+  // written nor read. gate_up must not overlap a, w or act (not checked, as
+  // for every op's outputs).
   void gemm_silu_mul(const Buffer& a /*[m, k]*/, const Buffer& w /*[2*im, k], (gate, up) rows interleaved*/,
                      Buffer& gate_up /*[m, 2*im], workspace*/, Buffer& act /*[m, im]*/, std::size_t m,
                      std::size_t im, std::size_t k);
@@ -391,9 +394,9 @@ class Backend {
   virtual void do_argmax(const Buffer& x, Buffer& out, std::size_t rows, std::size_t cols) = 0;
   virtual void do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m, std::size_t n,
                        std::size_t k) = 0;
-  // use_decode_state: read the token from the decode state (tokens == 1).
   virtual void do_gemm_silu_mul(const Buffer& a, const Buffer& w, Buffer& gate_up, Buffer& act, std::size_t m,
                                 std::size_t im, std::size_t k) = 0;
+  // use_decode_state: read the token from the decode state (tokens == 1).
   virtual void do_embedding_lookup(const Buffer& table, const Buffer& ids, Buffer& out,
                                    std::size_t tokens, std::size_t dim, std::size_t vocab,
                                    bool use_decode_state) = 0;

@@ -163,6 +163,9 @@ void copy_elements(const Buffer& src, std::size_t src_offset, Buffer& dst, std::
 // Groups `rows` rows of `row_elements` elements each into tasks of whole rows
 // holding at least kMinTaskElements elements, so small ops run inline instead
 // of paying for thread start-up, and scratch space is set up once per task.
+// SwiGLU's silu(gate) * up in fp32 (fused_silu_mul_split, gemm_silu_mul).
+float silu_mul(float gate, float up) { return (gate / (1.0f + std::exp(-gate))) * up; }
+
 struct RowTasks {
   RowTasks(std::size_t row_count, std::size_t row_elements)
       : rows(row_count),
@@ -523,8 +526,7 @@ void CpuBackend::do_gemm_silu_mul(const Buffer& a /*[m, k]*/, const Buffer& w /*
     for (std::size_t t = tasks.begin(task); t < tasks.end(task); ++t) {
       decode(gate_up, t * 2 * im, 2 * im, pairs.data());
       for (std::size_t j = 0; j < im; ++j) {
-        const float g = pairs[2 * j];
-        result[j] = (g / (1.0f + std::exp(-g))) * pairs[2 * j + 1];
+        result[j] = silu_mul(pairs[2 * j], pairs[2 * j + 1]);
       }
       encode(result.data(), im, act, t * im);
     }
@@ -675,8 +677,7 @@ void CpuBackend::do_fused_silu_mul_split(const Buffer& gate_up /*[tokens, 2*im] 
       const float* gate = gate_and_up.data();
       const float* up = gate_and_up.data() + im;
       for (std::size_t j = 0; j < im; ++j) {
-        const float g = gate[j];
-        result[j] = (g / (1.0f + std::exp(-g))) * up[j];
+        result[j] = silu_mul(gate[j], up[j]);
       }
       encode(result.data(), im, out, t * im);
     }

@@ -13,11 +13,12 @@
 //   backend dispatches on.
 // - CudaGemmSiluMul: gemm_silu_mul (the skinny kernel with its SwiGLU
 //   epilogue at m <= 2, gemm + the pairs kernel above) over m in {1, 2, 3,
-//   8, 17}, odd im, k with a partial last chunk, unaligned views and
-//   k % 8 != 0 (cuBLAS): bitwise its two steps run by hand (gemm into
-//   gate_up, then silu·mul of the pairs), and the silu·mul within the
-//   tolerance of fp64 on the same gate_up (why not against the CPU's act
-//   directly: see the test).
+//   8, 17}, odd im, k with a partial last chunk, unaligned views, an
+//   unaligned act alone, k % 8 != 0 (cuBLAS), and the default and
+//   cuBLAS-only dispatch: bitwise its two steps run by hand (gemm into
+//   gate_up, then silu·mul of the pairs), that gemm against CpuBackend's,
+//   and the silu·mul within the tolerance of fp64 on the same gate_up (why
+//   not act against the CPU's act directly: see the test).
 //
 // The CUDA tests are skipped (GTEST_SKIP) when no CUDA device is visible.
 #include <gtest/gtest.h>
@@ -132,39 +133,52 @@ std::vector<SkinnyParam> silu_mul_params() {
 
 class CudaGemmSiluMul : public CudaGemmSkinny {
  protected:
-  // gemm_silu_mul on the GPU, returning act and the two-step reference's
-  // inputs: the GPU's own gemm output (gate_up, rounded like the op's) for
-  // the same a and w.
+  // gemm_silu_mul on `be`, and its two steps run by hand on the same
+  // backend: gemm(a, w) into gate_up, then the pairs kernel. a, w and both
+  // gate_up buffers start `lead` elements into their buffers, both acts
+  // `act_lead`; every output is poisoned and guarded.
   struct TwoSteps {
-    OpResult fused;                // the op (act)
-    std::vector<float> gate_up;    // gemm(a, w) on the same backend, [m, 2 im]
+    std::vector<float> act;                  // the op's, decoded
+    std::vector<std::uint8_t> act_bytes;     // the op's, raw
+    std::vector<float> gate_up;              // gemm(a, w) [m, 2 im], decoded
     std::vector<std::uint8_t> act_by_steps;  // launch_silu_mul_pairs of that gate_up, raw
   };
-  TwoSteps run_both(const GemmSiluMulCase& c, std::size_t lead) {
-    RunOptions o;
-    o.lead = lead;
-    TwoSteps r{run(skinny(), c, o), {}, {}};
-    const DeviceTensor a(skinny(), c.a, lead), w(skinny(), c.w, lead);
-    GuardedOutput gate_up(skinny(), dt(), c.m * 2 * c.im, lead), act(skinny(), dt(), c.m * c.im, lead);
-    skinny().gemm(a.view(), w.view(), gate_up.view(), c.m, 2 * c.im, c.k);
-    kernels::launch_silu_mul_pairs(dt(), gate_up.view().data(), act.view().data(),
-                                   static_cast<long long>(c.m * c.im), skinny().stream());
-    skinny().synchronize();
-    EXPECT_TRUE(gate_up.check_guard());
-    EXPECT_TRUE(act.check_guard());
-    r.gate_up = gate_up.values();
-    r.act_by_steps = act.bytes();
-    return r;
+  TwoSteps run_both(CudaBackend& be, const GemmSiluMulCase& c, std::size_t lead, std::size_t act_lead) {
+    const DeviceTensor a(be, c.a, lead), w(be, c.w, lead);
+    GuardedOutput workspace(be, dt(), c.m * 2 * c.im, lead), act(be, dt(), c.m * c.im, act_lead);
+    be.gemm_silu_mul(a.view(), w.view(), workspace.view(), act.view(), c.m, c.im, c.k);
+    GuardedOutput gate_up(be, dt(), c.m * 2 * c.im, lead), act_by_steps(be, dt(), c.m * c.im, act_lead);
+    be.gemm(a.view(), w.view(), gate_up.view(), c.m, 2 * c.im, c.k);
+    kernels::launch_silu_mul_pairs(dt(), gate_up.view().data(), act_by_steps.view().data(),
+                                   static_cast<long long>(c.m * c.im), be.stream());
+    be.synchronize();
+    for (GuardedOutput* out : {&workspace, &act, &gate_up, &act_by_steps}) EXPECT_TRUE(out->check_guard());
+    return {act.values(), act.bytes(), gate_up.values(), act_by_steps.bytes()};
+  }
+
+  // 1. act bitwise its two steps; 2. the GEMM step against CpuBackend's gemm
+  // (gemm tolerance); 3. act against fp64 silu·mul of that same gate_up.
+  void expect_composition(CudaBackend& be, const GemmSiluMulCase& c, std::size_t lead, std::size_t act_lead) {
+    SCOPED_TRACE(cat(describe(c), " lead=", lead, " act_lead=", act_lead));
+    const TwoSteps r = run_both(be, c, lead, act_lead);
+    EXPECT_TRUE(bitwise_equal(r.act_bytes, r.act_by_steps, size_of(dt())));
+    const OpResult cpu_gemm = run(cpu(), GemmCase{c.m, 2 * c.im, c.k, c.a, c.w});
+    EXPECT_TRUE(all_close(r.gate_up, cpu_gemm.at("out").values, dt(), op_scale::gemm(c.k)));
+    std::vector<double> ref(c.m * c.im);
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      const double g = r.gate_up[2 * i], u = r.gate_up[2 * i + 1];
+      ref[i] = g / (1.0 + std::exp(-g)) * u;
+    }
+    EXPECT_TRUE(all_close(r.act, ref, dt(), op_scale::kUnit));
   }
 };
 
 // Against the CPU, step by step. The op is gemm then silu·mul of the
 // rounded pairs, so it is checked as that composition:
-//  1. its GEMM is gemm, whose GPU result matches CpuBackend's (CudaGemmSkinny
-//     above; cuBLAS past m = 8 and where the skinny kernel declines);
-//  2. act is bitwise the silu·mul of the GPU's own gate_up (the fused
+//  1. act is bitwise the silu·mul of the GPU's own gate_up (the fused
 //     epilogue and the unfused path alike);
-//  3. that silu·mul matches fp64 on the same rounded gate and up, within the
+//  2. that gate_up matches CpuBackend's gemm within the gemm tolerance;
+//  3. act matches fp64 silu·mul of the same rounded gate and up, within the
 //     tolerance table.
 // act is not compared with CpuBackend's act directly: the GPU accumulates in
 // fp32 and the CPU in fp64, so a gate or up may round one ulp apart, and
@@ -173,24 +187,30 @@ class CudaGemmSiluMul : public CudaGemmSkinny {
 TEST_P(CudaGemmSiluMul, MatchesItsStepsAndFp64) {
   FERRUM_SEEDED_RNG(rng);
   struct Shape {
-    std::size_t im, k, lead;
+    std::size_t im, k, lead, act_lead;
   };
   // lead 1: unaligned views (gemm via cuBLAS + the element-wise pairs
-  // kernel); k = 769: k % 8 != 0 (the same).
-  const Shape shapes[] = {{1, 8, 0},      {3, 64, 0},    {501, 4104, 0}, {2050, 4096, 0},
-                          {67, 8192, 0},  {501, 4104, 1}, {67, 769, 0}};
+  // kernel); k = 769: k % 8 != 0 (the same); act_lead 1 alone: the fused
+  // epilogue's store (m <= 2) or the pairs kernel's element-wise path.
+  const Shape shapes[] = {{1, 8, 0, 0},     {3, 64, 0, 0},    {501, 4104, 0, 0}, {2050, 4096, 0, 0},
+                          {67, 8192, 0, 0}, {501, 4104, 1, 1}, {67, 769, 0, 0},  {502, 4104, 0, 1}};
   for (const Shape& sh : shapes) {
-    const GemmSiluMulCase c = make_gemm_silu_mul_case(rng, dt(), m(), sh.im, sh.k);
-    SCOPED_TRACE(cat(describe(c), " lead=", sh.lead));
-    const TwoSteps r = run_both(c, sh.lead);
-    ASSERT_TRUE(r.fused.guards_ok());
-    EXPECT_TRUE(bitwise_equal(r.fused.at("act").bytes, r.act_by_steps, size_of(dt())));
-    std::vector<double> ref(c.m * c.im);
-    for (std::size_t i = 0; i < ref.size(); ++i) {
-      const double g = r.gate_up[2 * i], u = r.gate_up[2 * i + 1];
-      ref[i] = g / (1.0 + std::exp(-g)) * u;
-    }
-    EXPECT_TRUE(all_close(r.fused.at("act").values, ref, dt(), op_scale::kUnit));
+    expect_composition(skinny(), make_gemm_silu_mul_case(rng, dt(), m(), sh.im, sh.k), sh.lead, sh.act_lead);
+  }
+}
+
+// The same under the library's default dispatch (CudaBackendConfig{}) and
+// with the skinny kernel off (gemm_skinny_max_m = 0: cuBLAS + the pairs
+// kernel at every m).
+TEST_P(CudaGemmSiluMul, DefaultAndCublasOnlyDispatch) {
+  FERRUM_SEEDED_RNG(rng);
+  CudaBackendConfig cublas_only;
+  cublas_only.gemm_skinny_max_m = 0;
+  CudaBackend defaults, no_skinny(cublas_only);
+  for (CudaBackend* be : {&defaults, &no_skinny}) {
+    SCOPED_TRACE(be == &defaults ? "default config" : "gemm_skinny_max_m = 0");
+    expect_composition(*be, make_gemm_silu_mul_case(rng, dt(), m(), 2050, 4096), 0, 0);
+    expect_composition(*be, make_gemm_silu_mul_case(rng, dt(), m(), 67, 8192), 0, 1);
   }
 }
 
