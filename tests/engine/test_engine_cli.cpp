@@ -143,6 +143,21 @@ TEST(EngineCli, NoPdlGivesTheSameTokens) {
   EXPECT_EQ(read_floats(dir / "a.bin"), read_floats(dir / "b.bin"));
 }
 
+// --skinny-max-m (CudaBackendConfig::gemm_skinny_max_m): both ends of its
+// range run (skinny wherever it applies, cuBLAS only; on CpuBackend without
+// a GPU), and a value past kSkinnyMaxM is refused by name. (The two paths
+// round differently, so their tokens are not compared.)
+TEST(EngineCli, SkinnyMaxMRange) {
+  const std::filesystem::path dir = testing::scratch_dir();
+  const std::filesystem::path log = dir / "engine.log";
+  for (const char* m : {"8", "0"}) {
+    ASSERT_EQ(run_engine(std::string("--random tiny-llama --steps 4 --skinny-max-m ") + m, log), 0) << read_text(log);
+    EXPECT_EQ(generated_tokens(read_text(log)).size(), 4u);
+  }
+  EXPECT_EQ(run_engine("--random tiny-llama --steps 2 --skinny-max-m 9", log), 1);
+  EXPECT_NE(read_text(log).find("--skinny-max-m takes 0..8, got 9"), std::string::npos) << read_text(log);
+}
+
 TEST(EngineCli, DtypeOverridesTheRandomPresetsDtype) {
   const std::filesystem::path dir = testing::scratch_dir();
   const std::filesystem::path log = dir / "engine.log";
