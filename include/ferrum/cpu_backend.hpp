@@ -87,6 +87,9 @@ class CpuBackend final : public Backend {
   template <class F>
   void parallel_for(std::size_t n, F&& body);
   std::vector<float> decode_rows(const Buffer& a, std::size_t m, std::size_t k);
+  // out[t, j] = silu(gate) * up of row t of gate_up [tokens, 2*im]: gate_j,
+  // up_j at 2j, 2j + 1 (interleaved) or at j, im + j ([gate | up]).
+  void silu_mul_rows(const Buffer& gate_up, Buffer& out, std::size_t tokens, std::size_t im, bool interleaved);
   template <class DecodeB>
   void gemm_f32(const std::vector<float>& a_values, std::size_t m, std::size_t n, std::size_t k, DecodeB&& decode_b,
                 Buffer& out);

@@ -17,12 +17,11 @@
 #include <cstring>
 #include <exception>
 #include <limits>
-#include <mutex>
-#include <system_error>
 #include <thread>
 #include <vector>
 
 #include "common/fail.hpp"
+#include "common/parallel.hpp"
 #include "ferrum/half.hpp"
 
 namespace ferrum {
@@ -158,14 +157,14 @@ void copy_elements(const Buffer& src, std::size_t src_offset, Buffer& dst, std::
   std::memcpy(bytes_of(dst) + dst_offset * elem, bytes_of(src) + src_offset * elem, count * elem);
 }
 
+// SwiGLU's silu(gate) * up in fp32 (silu_mul_rows).
+float silu_mul(float gate, float up) { return (gate / (1.0f + std::exp(-gate))) * up; }
+
 // ── Work splitting ──────────────────────────────────────────────────────────
 
 // Groups `rows` rows of `row_elements` elements each into tasks of whole rows
 // holding at least kMinTaskElements elements, so small ops run inline instead
 // of paying for thread start-up, and scratch space is set up once per task.
-// SwiGLU's silu(gate) * up in fp32 (fused_silu_mul_split, gemm_silu_mul).
-float silu_mul(float gate, float up) { return (gate / (1.0f + std::exp(-gate))) * up; }
-
 struct RowTasks {
   RowTasks(std::size_t row_count, std::size_t row_elements)
       : rows(row_count),
@@ -283,46 +282,14 @@ bool CpuBackend::supports(Op op) const noexcept {
   return false;
 }
 
-// Runs body(i) for every i in [0, n): [0, n) is cut into one contiguous chunk
-// per worker and the calling thread takes the first. The first exception any
-// chunk throws is rethrown here once every chunk has finished.
+// Runs body(i) for every i in [0, n) on up to num_threads_ threads
+// (detail::parallel_for: contiguous ranges, the calling thread takes the
+// first; the first failing range's exception is rethrown after all finish).
 template <class F>
 void CpuBackend::parallel_for(std::size_t n, F&& body) {
-  const std::size_t workers = std::min<std::size_t>(num_threads_, n);
-  if (workers <= 1) {
-    for (std::size_t i = 0; i < n; ++i) body(i);
-    return;
-  }
-
-  std::mutex error_mutex;
-  std::exception_ptr first_error;
-  const std::size_t base = n / workers;
-  const std::size_t extra = n % workers;  // the first `extra` chunks take one more
-  auto run_chunk = [&](std::size_t w) {
-    const std::size_t begin = w * base + std::min(w, extra);
-    const std::size_t end = begin + base + (w < extra ? 1 : 0);
-    try {
-      for (std::size_t i = begin; i < end; ++i) body(i);
-    } catch (...) {
-      const std::lock_guard<std::mutex> lock(error_mutex);
-      if (!first_error) first_error = std::current_exception();
-    }
-  };
-
-  std::vector<std::thread> threads;
-  threads.reserve(workers - 1);
-  std::size_t started = 1;
-  for (; started < workers; ++started) {
-    try {
-      threads.emplace_back(run_chunk, started);
-    } catch (const std::system_error&) {
-      break;  // out of threads: the chunks not started run on this thread below
-    }
-  }
-  for (std::size_t w = started; w < workers; ++w) run_chunk(w);
-  run_chunk(0);
-  for (std::thread& t : threads) t.join();
-  if (first_error) std::rethrow_exception(first_error);
+  detail::parallel_for(n, 1, 1, num_threads_, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i) body(i);
+  });
 }
 
 // ── Memory ───────────────────────────────────────────────────────────────────
@@ -519,16 +486,23 @@ void CpuBackend::do_gemm_silu_mul(const Buffer& a /*[m, k]*/, const Buffer& w /*
                                   Buffer& gate_up /*[m, 2*im] workspace*/, Buffer& act /*[m, im]*/, std::size_t m,
                                   std::size_t im, std::size_t k) {
   do_gemm(a, w, gate_up, m, 2 * im, k);
-  const RowTasks tasks(m, 2 * im);
+  silu_mul_rows(gate_up, act, m, im, /*interleaved=*/true);
+}
+
+void CpuBackend::silu_mul_rows(const Buffer& gate_up /*[tokens, 2*im]*/, Buffer& out /*[tokens, im]*/,
+                               std::size_t tokens, std::size_t im, bool interleaved) {
+  const std::size_t gate_stride = interleaved ? 2 : 1;
+  const std::size_t up_offset = interleaved ? 1 : im;
+  const RowTasks tasks(tokens, 2 * im);
   parallel_for(tasks.count(), [&](std::size_t task) {
-    std::vector<float> pairs(2 * im);
+    std::vector<float> row(2 * im);
     std::vector<float> result(im);
     for (std::size_t t = tasks.begin(task); t < tasks.end(task); ++t) {
-      decode(gate_up, t * 2 * im, 2 * im, pairs.data());
+      decode(gate_up, t * 2 * im, 2 * im, row.data());
       for (std::size_t j = 0; j < im; ++j) {
-        result[j] = silu_mul(pairs[2 * j], pairs[2 * j + 1]);
+        result[j] = silu_mul(row[gate_stride * j], row[gate_stride * j + up_offset]);
       }
-      encode(result.data(), im, act, t * im);
+      encode(result.data(), im, out, t * im);
     }
   });
 }
@@ -668,20 +642,7 @@ void CpuBackend::do_split_qkv(const Buffer& qkv /*[tokens, q_dim + 2*kv_dim]*/, 
 
 void CpuBackend::do_fused_silu_mul_split(const Buffer& gate_up /*[tokens, 2*im] as [gate | up]*/,
                                          Buffer& out /*[tokens, im]*/, std::size_t tokens, std::size_t im) {
-  const RowTasks tasks(tokens, 2 * im);
-  parallel_for(tasks.count(), [&](std::size_t task) {
-    std::vector<float> gate_and_up(2 * im);
-    std::vector<float> result(im);
-    for (std::size_t t = tasks.begin(task); t < tasks.end(task); ++t) {
-      decode(gate_up, t * 2 * im, 2 * im, gate_and_up.data());
-      const float* gate = gate_and_up.data();
-      const float* up = gate_and_up.data() + im;
-      for (std::size_t j = 0; j < im; ++j) {
-        result[j] = silu_mul(gate[j], up[j]);
-      }
-      encode(result.data(), im, out, t * im);
-    }
-  });
+  silu_mul_rows(gate_up, out, tokens, im, /*interleaved=*/false);
 }
 
 void CpuBackend::do_qk_norm_rope(const Buffer& input /*[tokens, heads, head_dim]*/,
