@@ -192,10 +192,13 @@ int main(int argc, char** argv) {
   const cudaDataType_t ctype = bf16 ? CUDA_R_16BF : CUDA_R_16F;
   constexpr std::size_t kRotateBytes = std::size_t{256} << 20;
 
-  // Which kernel a launch of `rows` rows takes: GptqKernel::Auto's rule for "auto".
+  // Whether a launch of `rows` rows runs the streaming kernel: CudaBackend's
+  // rule (gptq_kernel_for), and the streaming kernel covers kGptqStreamMaxM rows.
   auto streams = [&](int rows) {
+    using ferrum::kernels::GptqKernelKind;
+    const GptqKernelKind forced = opt.kernel == "stream" ? GptqKernelKind::Stream : GptqKernelKind::Fused;
     return rows <= ferrum::kernels::kGptqStreamMaxM &&
-           (opt.kernel == "stream" || (opt.kernel == "auto" && rows <= ferrum::kernels::kGptqStreamAutoMaxM));
+           ferrum::kernels::gptq_kernel_for(opt.kernel == "auto", forced, rows) == GptqKernelKind::Stream;
   };
   std::printf("device %s, %d SMs, dtype %s, group 128%s%s, kernel %s\n", prop.name, num_sms, bf16 ? "bf16" : "f16",
               opt.asym ? ", asymmetric" : ", symmetric", opt.act_order ? ", act-order" : "", opt.kernel.c_str());

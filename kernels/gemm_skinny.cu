@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemm_skinny_simt_kernel(const 
 }
 
 template <class T, int M, bool kSiluPairs = false>
-void launch_simt(const void* a, const void* b, void* out, long long n, long long k, int num_sms,
+void launch_simt(const char* op, const void* a, const void* b, void* out, long long n, long long k, int num_sms,
                  cudaStream_t stream) {
   using C = SimtConfig<M>;
   const long long blocks = (n + C::kRows - 1) / C::kRows;
@@ -293,11 +293,24 @@ void launch_simt(const void* a, const void* b, void* out, long long n, long long
   const int warps = warps_per_block(blocks, chunks, num_sms);
   // First round of a block: every warp's U chunks of kChunkVecs vectors.
   const int prefetch_bytes = gemm_prefetch_before_wait() ? warps * C::kUnroll * kChunkVecs * 16 : 0;
-  launch_pdl("gemm_skinny", gemm_skinny_simt_kernel<T, M, C::kRows, C::kUnroll, kSiluPairs>,
-             dim3(static_cast<unsigned>(blocks)),
+  launch_pdl(op, gemm_skinny_simt_kernel<T, M, C::kRows, C::kUnroll, kSiluPairs>, dim3(static_cast<unsigned>(blocks)),
              warps * 32, 0, stream, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out),
              static_cast<int>(n), static_cast<int>(k), prefetch_bytes);
-  check_launch("gemm_skinny");
+  check_launch(op);
+}
+
+// launch_simt with the dtype and m (1 or 2) made compile-time constants;
+// `op` names the public op in errors.
+template <bool kSiluPairs>
+void launch_simt_for(const char* op, DType dtype, const void* a, const void* b, void* out, long long m, long long n,
+                     long long k, int num_sms, cudaStream_t stream) {
+  static_assert(kSimtMaxM == 2, "the SIMT kernel is instantiated for m = 1, 2");
+  dispatch_half_dtype(dtype, op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    dispatch_int<1, 2>(static_cast<int>(m), op, "m (rows of a)", [&](auto m_c) {
+      launch_simt<T, decltype(m_c)::value, kSiluPairs>(op, a, b, out, n, k, num_sms, stream);
+    });
+  });
 }
 
 // ── Tensor-core kernel (kSimtMaxM < m <= 8) ──────────────────────────────────
@@ -492,16 +505,12 @@ bool gemm_skinny_applicable(DType dtype, const void* a, const void* b, long long
 bool launch_gemm_skinny(DType dtype, const void* a, const void* b, void* out, long long m, long long n, long long k,
                         int num_sms, cudaStream_t stream) {
   if (!gemm_skinny_applicable(dtype, a, b, m, n, k)) return false;
+  if (m <= kSimtMaxM) {
+    launch_simt_for<false>("gemm_skinny", dtype, a, b, out, m, n, k, num_sms, stream);
+    return true;
+  }
   dispatch_half_dtype(dtype, "gemm_skinny", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if (m > kSimtMaxM) {
-      launch_mma<T>(a, b, out, m, n, k, num_sms, stream);
-      return;
-    }
-    static_assert(kSimtMaxM == 2, "the SIMT kernel is instantiated for m = 1, 2");
-    dispatch_int<1, 2>(static_cast<int>(m), "gemm_skinny", "m (rows of a)", [&](auto m_c) {
-      launch_simt<T, decltype(m_c)::value>(a, b, out, n, k, num_sms, stream);
-    });
+    launch_mma<typename decltype(tag)::type>(a, b, out, m, n, k, num_sms, stream);
   });
   return true;
 }
@@ -509,12 +518,7 @@ bool launch_gemm_skinny(DType dtype, const void* a, const void* b, void* out, lo
 bool launch_gemm_skinny_silu_mul(DType dtype, const void* a, const void* b, void* act, long long m, long long im,
                                  long long k, int num_sms, cudaStream_t stream) {
   if (m > kSimtMaxM || !gemm_skinny_applicable(dtype, a, b, m, 2 * im, k)) return false;
-  dispatch_half_dtype(dtype, "gemm_silu_mul", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    dispatch_int<1, 2>(static_cast<int>(m), "gemm_silu_mul", "m (rows of a)", [&](auto m_c) {
-      launch_simt<T, decltype(m_c)::value, true>(a, b, act, 2 * im, k, num_sms, stream);
-    });
-  });
+  launch_simt_for<true>("gemm_silu_mul", dtype, a, b, act, m, 2 * im, k, num_sms, stream);
   return true;
 }
 

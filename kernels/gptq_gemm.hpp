@@ -38,6 +38,15 @@ inline constexpr int kGptqStreamAutoMaxM = 8;
 // larger m falls back to the fused kernel.
 enum class GptqKernelKind { Fused, Stream };
 
+// The kernel a launch of `rows` rows asks for: `forced` when the caller
+// names one, else (auto) the streaming kernel up to kGptqStreamAutoMaxM rows.
+// CudaBackend (GptqKernel) and bench/bench_gptq.cpp (--kernel) both decide
+// through this.
+inline GptqKernelKind gptq_kernel_for(bool automatic, GptqKernelKind forced, int rows) {
+  if (!automatic) return forced;
+  return rows <= kGptqStreamAutoMaxM ? GptqKernelKind::Stream : GptqKernelKind::Fused;
+}
+
 // A repacked weight on the device.
 struct GptqDeviceWeight {
   const std::uint32_t* qweight = nullptr;  // [n_pad/64][k_pad/16][32][4] u32 (gptq_repack.hpp layout)

@@ -170,6 +170,8 @@ class CudaBackend final : public Backend {
   // Waits for the stream; with a communicator, polls it under the
   // collective timeout and the communicator's asynchronous error.
   void wait_stream(const char* op);
+  // Throws Unsupported naming op and arg when head_dim exceeds the RoPE kernels' limit.
+  void check_rope_head_dim(const char* op, const char* arg, std::size_t head_dim);
 
   int device_;
   detail::CudaRuntime* rt_;  // process-global, never freed (see above)

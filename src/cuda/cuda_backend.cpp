@@ -411,15 +411,20 @@ void CudaBackend::do_fused_silu_mul_split(const Buffer& gate_up, Buffer& out, st
                                  static_cast<long long>(im), rt_->stream);
 }
 
+// The RoPE kernels keep a head in registers up to kRopeMaxHeadDim: larger
+// heads are Unsupported here (CpuBackend takes any).
+void CudaBackend::check_rope_head_dim(const char* op, const char* arg, std::size_t head_dim) {
+  if (head_dim <= static_cast<std::size_t>(kernels::kRopeMaxHeadDim)) return;
+  abandon_capture();
+  detail::fail(ErrorCode::Unsupported, "{}: argument '{}' = {} exceeds the CUDA kernel's limit {}", op, arg, head_dim,
+               kernels::kRopeMaxHeadDim);
+}
+
 void CudaBackend::do_qk_norm_rope(const Buffer& input, const Buffer* norm_w, const Buffer& cos, const Buffer& sin,
                                   Buffer& output, std::size_t tokens, std::size_t heads, std::size_t head_dim,
                                   std::size_t pos_offset, std::size_t max_pos, float eps, RopeMode mode,
                                   bool use_decode_state) {
-  if (head_dim > static_cast<std::size_t>(kernels::kRopeMaxHeadDim)) {
-    abandon_capture();
-    detail::fail(ErrorCode::Unsupported, "qk_norm_rope: argument 'head_dim' = {} exceeds the CUDA kernel's limit {}",
-                 head_dim, kernels::kRopeMaxHeadDim);
-  }
+  check_rope_head_dim("qk_norm_rope", "head_dim", head_dim);
   detail::activate_device(device_);
   kernels::RopeArgs a;
   a.dtype = input.dtype();
@@ -443,12 +448,7 @@ void CudaBackend::do_qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, co
                                      const Buffer& sin, Buffer& q_out, Buffer& k_cache, Buffer& v_cache,
                                      std::size_t tokens, std::size_t pos_offset, const QkvRopeAppendConfig& cfg,
                                      bool use_decode_state) {
-  if (cfg.head_dim > static_cast<std::size_t>(kernels::kRopeMaxHeadDim)) {
-    abandon_capture();
-    detail::fail(ErrorCode::Unsupported,
-                 "qkv_rope_append: argument 'cfg.head_dim' = {} exceeds the CUDA kernel's limit {}", cfg.head_dim,
-                 kernels::kRopeMaxHeadDim);
-  }
+  check_rope_head_dim("qkv_rope_append", "cfg.head_dim", cfg.head_dim);
   detail::activate_device(device_);
   const bool norm = cfg.mode == RopeMode::NormAndRope;
   kernels::QkvRopeAppendArgs a;

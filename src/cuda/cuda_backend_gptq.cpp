@@ -282,9 +282,10 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
       args.counters = ws.counters;
       args.num_sms = rt_->num_sms;
       // Auto: the streaming kernel where it measured faster (m <= kGptqStreamAutoMaxM).
-      const bool streaming = gptq_kernel_ == GptqKernel::Stream ||
-                             (gptq_kernel_ == GptqKernel::Auto && rows <= kernels::kGptqStreamAutoMaxM);
-      args.kernel = streaming ? kernels::GptqKernelKind::Stream : kernels::GptqKernelKind::Fused;
+      args.kernel = kernels::gptq_kernel_for(
+          gptq_kernel_ == GptqKernel::Auto,
+          gptq_kernel_ == GptqKernel::Stream ? kernels::GptqKernelKind::Stream : kernels::GptqKernelKind::Fused,
+          rows);
       kernels::launch_gptq_gemm(args, rt_->stream);
     }
     return;
