@@ -144,7 +144,7 @@ std::vector<double> ref_silu_mul(const SiluMulCase& c) {
     for (std::size_t j = 0; j < c.im; ++j) {
       const double g = c.gate_up.values[t * 2 * c.im + j];
       const double u = c.gate_up.values[t * 2 * c.im + c.im + j];
-      out[t * c.im + j] = g / (1.0 + std::exp(-g)) * u;
+      out[t * c.im + j] = ref::silu_mul(g, u);
     }
   }
   return out;
@@ -320,7 +320,7 @@ std::vector<double> ref_gemm_silu_mul(const GemmSiluMulCase& c) {
     for (std::size_t j = 0; j < c.im; ++j) {
       const double g = ref::round_to_dtype(gate_up[t * 2 * c.im + 2 * j], c.a.dtype);
       const double u = ref::round_to_dtype(gate_up[t * 2 * c.im + 2 * j + 1], c.a.dtype);
-      out[t * c.im + j] = g / (1.0 + std::exp(-g)) * u;
+      out[t * c.im + j] = ref::silu_mul(g, u);
     }
   }
   return out;

@@ -31,6 +31,7 @@
 
 #include "kernels/elementwise.hpp"   // launch_silu_mul_pairs: the unfused second step, for the bitwise check
 #include "kernels/gemm_skinny.hpp"  // the dispatch predicate (header needs only ferrum/ and cudart)
+#include "support/half_reference.hpp"
 #include "support/op_runners.hpp"
 #include "support/test_support.hpp"
 
@@ -164,12 +165,12 @@ class CudaGemmSiluMul : public CudaGemmSkinny {
     EXPECT_TRUE(bitwise_equal(r.act_bytes, r.act_by_steps, size_of(dt())));
     const OpResult cpu_gemm = run(cpu(), GemmCase{c.m, 2 * c.im, c.k, c.a, c.w});
     EXPECT_TRUE(all_close(r.gate_up, cpu_gemm.at("out").values, dt(), op_scale::gemm(c.k)));
-    std::vector<double> ref(c.m * c.im);
-    for (std::size_t i = 0; i < ref.size(); ++i) {
+    std::vector<double> want(c.m * c.im);
+    for (std::size_t i = 0; i < want.size(); ++i) {
       const double g = r.gate_up[2 * i], u = r.gate_up[2 * i + 1];
-      ref[i] = g / (1.0 + std::exp(-g)) * u;
+      want[i] = ref::silu_mul(g, u);
     }
-    EXPECT_TRUE(all_close(r.act, ref, dt(), op_scale::kUnit));
+    EXPECT_TRUE(all_close(r.act, want, dt(), op_scale::kUnit));
   }
 };
 

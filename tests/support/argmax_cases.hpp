@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -80,23 +81,16 @@ inline std::vector<std::int32_t> argmax_reference(const HostTensor& t, std::size
 }
 
 // out[0 .. rows) after backend.argmax on `t` uploaded with `lead` elements
-// of offset; out is poisoned first and its 4 guard elements past `rows` must
-// keep the poison (checked here).
+// of offset, into a poisoned, guarded output (its guards are checked here).
 inline std::vector<std::int32_t> run_argmax(Backend& backend, const HostTensor& t, std::size_t rows,
                                             std::size_t cols, std::size_t lead = 0) {
   DeviceTensor x(backend, t, lead);
-  constexpr std::int32_t kPoison = -7;
-  constexpr std::size_t kGuard = 4;
-  Buffer out = backend.alloc(DType::I32, rows + kGuard);
-  const std::vector<std::int32_t> poison(rows + kGuard, kPoison);
-  backend.write_bytes(out, poison.data(), poison.size() * sizeof(std::int32_t));
-  backend.argmax(x.view(), out, rows, cols);
-  std::vector<std::int32_t> got(rows + kGuard);
-  backend.read_bytes(out, got.data(), got.size() * sizeof(std::int32_t));
-  for (std::size_t i = rows; i < rows + kGuard; ++i) {
-    EXPECT_EQ(got[i], kPoison) << "argmax wrote past 'out' at element " << i;
-  }
-  got.resize(rows);
+  GuardedOutput out(backend, DType::I32, rows, lead);
+  backend.argmax(x.view(), out.view(), rows, cols);
+  EXPECT_TRUE(out.check_guard()) << "argmax wrote outside 'out'";
+  const std::vector<std::uint8_t> bytes = out.bytes();
+  std::vector<std::int32_t> got(rows);
+  std::memcpy(got.data(), bytes.data(), rows * sizeof(std::int32_t));
   return got;
 }
 

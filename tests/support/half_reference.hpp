@@ -88,4 +88,8 @@ inline double round_to_dtype(double value, DType dtype) {
   return decode_half(encode_half(value, format_of(dtype)), format_of(dtype));
 }
 
+// SwiGLU's silu(g) * u in fp64: the reference of fused_silu_mul_split and
+// gemm_silu_mul.
+inline double silu_mul(double g, double u) { return g / (1.0 + std::exp(-g)) * u; }
+
 }  // namespace ferrum::test::ref
