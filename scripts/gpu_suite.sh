@@ -54,7 +54,6 @@ LOG="$OUT/suite.log"
 SANITIZE_RUN=0
 sanitize() {
   SANITIZE_RUN=$((SANITIZE_RUN + 1))
-  local MODE_TAG=$SANITIZE_RUN
   local shards="${SANITIZE_SHARDS:-4}" worst=0 i rc
   local dir
   dir=$(mktemp -d)
@@ -70,7 +69,7 @@ sanitize() {
     echo "-- $1 shard $i of $shards: exit $rc"
     tail -"${4:-3}" "$dir/$i.log"
   done
-  cat "$dir"/*.log > "$OUT/$1.$MODE_TAG.log"
+  cat "$dir"/*.log > "$OUT/$1.$SANITIZE_RUN.log"
   grep -hE "ERROR SUMMARY" "$dir"/*.log | sort | uniq -c
   rm -rf "$dir"
   echo "$1 exit $worst"

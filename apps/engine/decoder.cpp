@@ -74,12 +74,16 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
   residual_ = be_.alloc(dt, t * hidden);
   normed_ = be_.alloc(dt, t * hidden);
   qkv_ = be_.alloc(dt, t * cfg_.qkv_dim());
-  q_ = be_.alloc(dt, t * cfg_.q_dim());
-  k_ = be_.alloc(dt, t * cfg_.kv_dim());
-  v_ = be_.alloc(dt, t * cfg_.kv_dim());
+  const bool unfused_qkv = std::any_of(w_.layers.begin(), w_.layers.end(),
+                                       [](const LayerWeights& l) { return !l.qkv_proj.fused(); });
+  if (unfused_qkv) {  // q, k, v projected apart: the op-by-op rope / transpose / append path
+    q_ = be_.alloc(dt, t * cfg_.q_dim());
+    k_ = be_.alloc(dt, t * cfg_.kv_dim());
+    v_ = be_.alloc(dt, t * cfg_.kv_dim());
+    k_heads_ = be_.alloc(dt, t * cfg_.kv_dim());
+    v_heads_ = be_.alloc(dt, t * cfg_.kv_dim());
+  }
   q_heads_ = be_.alloc(dt, t * cfg_.q_dim());
-  k_heads_ = be_.alloc(dt, t * cfg_.kv_dim());
-  v_heads_ = be_.alloc(dt, t * cfg_.kv_dim());
   attn_heads_ = be_.alloc(dt, t * cfg_.q_dim());
   attn_tokens_ = be_.alloc(dt, t * cfg_.q_dim());
   attn_out_ = be_.alloc(dt, t * hidden);

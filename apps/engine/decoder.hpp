@@ -103,11 +103,13 @@ class Decoder {
   Buffer residual_;     // [T, hidden]
   Buffer normed_;       // [T, hidden]
   Buffer qkv_;          // [T, (heads + 2*kv) * hd]
+  // q_, k_, v_, k_heads_, v_heads_: only with unfused q / k / v projections
+  // (GPTQ parts whose g_idx differ); null otherwise.
   Buffer q_;            // [T, heads, hd]
   Buffer k_;            // [T, kv, hd]
   Buffer v_;            // [T, kv, hd]
   Buffer q_heads_;      // [heads, T, hd]
-  Buffer k_heads_;      // [kv, T, hd] (unfused q / k / v projections only)
+  Buffer k_heads_;      // [kv, T, hd]
   Buffer v_heads_;      // [kv, T, hd]
   Buffer attn_heads_;   // [heads, T, hd]
   Buffer attn_tokens_;  // [T, heads * hd]
@@ -119,7 +121,9 @@ class Decoder {
   Buffer next_token_;   // [1] i32: argmax of logits_
 };
 
-// Index of the largest logit (the first on ties).
+// Index of the largest logit (the first on ties), on the host: the engine
+// tests' reference for decode_next. Unlike Backend::argmax it gives NaN no
+// rank (std::max_element), so logits must be finite.
 std::int32_t argmax(std::span<const float> logits);
 
 }  // namespace ferrum::engine

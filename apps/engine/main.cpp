@@ -237,9 +237,7 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, bool gptq, DecodeMod
   if (opt.force_cpu) {
     backend = std::make_unique<CpuBackend>();
   } else {
-    const bool configured = opt.no_pdl || opt.pdl_trigger || opt.gemm_prefetch || opt.gptq_kernel != GptqKernel::Auto ||
-                            opt.skinny_max_m >= 0;
-    if (configured && cuda_device_count() > 0) {
+    if (cuda_device_count() > 0) {  // the options' defaults are CudaBackendConfig's
       CudaBackendConfig config;
       config.programmatic_dependent_launch = !opt.no_pdl;
       config.pdl_early_trigger = opt.pdl_trigger;
@@ -248,7 +246,7 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, bool gptq, DecodeMod
       config.gemm_skinny_max_m = opt.skinny_max_m;
       backend = std::make_unique<CudaBackend>(config);
     } else {
-      backend = make_default_backend();
+      backend = std::make_unique<CpuBackend>();
     }
     const std::vector<Op> missing = missing_ops(*backend, DecodeMode::Eager, gptq);
     if (!missing.empty()) {

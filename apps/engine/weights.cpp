@@ -223,7 +223,7 @@ class WeightLoader {
   // gate | up: dense parts as one weight with their rows interleaved (gate_j,
   // up_j), for gemm_silu_mul; anything else as fuse() joins it.
   FusedProjection fuse_gate_up(HostProjection gate, HostProjection up) const {
-    if (gate.quantized || up.quantized || gate.n != up.n || gate.k != up.k) return fuse({std::move(gate), std::move(up)});
+    if (gate.quantized || up.quantized) return fuse({std::move(gate), std::move(up)});  // both [im, hidden]
     const std::size_t n = gate.n, k = gate.k;
     Projection joined;
     joined.n = 2 * n;
