@@ -65,7 +65,7 @@ int ferrum_bench_gemm(void* a, void* b, void* out, long long m, long long n, lon
 // in CudaBackend::do_gemm (gemm_skinny_max_m, then applicability).
 int ferrum_bench_gemm_is_skinny(const void* a, const void* b, long long m, long long n, long long k, int dtype) {
   const ferrum::DType dt = dtype == 0 ? ferrum::DType::F16 : ferrum::DType::BF16;
-  return ferrum::kernels::gemm_skinny_wanted(g_skinny_max_m, m, n, k) &&
+  return ferrum::kernels::gemm_skinny_wanted(g_skinny_max_m, dt, m, n, k) &&
                  ferrum::kernels::gemm_skinny_applicable(dt, a, b, m, n, k)
              ? 1
              : 0;

@@ -44,18 +44,26 @@ bool gemm_skinny_applicable(DType dtype, const void* a /*[m, k] row-major*/, con
 // spread: 1.004x and 0.992x in two runs). m = 3..8: ahead except on
 // 14336 x 4096 (0.95-0.97x), the one measured shape with 2k <= n < 16k;
 // such shapes (an MLP's up projection, n/k = 3.5) stay on cuBLAS there.
+//
+// At k >= 8192 cuBLAS's GEMV reads the weight faster than the copy rate
+// (session 6, ours / cuBLAS µs at m = 1): f16 8192 x 8192 38.1 / 40.0, but
+// f16 28672 x 8192 115.7 / 110.8, bf16 8192 x 8192 37.8 / 36.4 (cuBLAS's
+// bf16 GEMV beats its own f16 one) and bf16 28672 x 8192 115.5 / 110.5.
+// Those shapes (k >= 8192 and n >= 16384, or n >= 8192 in bf16) go to cuBLAS.
 
 // The default policy (CudaBackendConfig::gemm_skinny_max_m = -1).
-inline bool gemm_skinny_default(long long m, long long n, long long k) {
+inline bool gemm_skinny_default(DType dtype, long long m, long long n, long long k) {
   if (m < 1 || m > kSkinnyMaxM) return false;
+  const long long cublas_min_n = dtype == DType::BF16 ? 8192 : 16384;
+  if (k >= 8192 && n >= cublas_min_n) return false;
   if (m <= 2) return true;
   return !(n >= 2 * k && n < 16 * k);
 }
 
 // Whether CudaBackend::do_gemm picks the skinny kernel for this shape, given
 // CudaBackendConfig::gemm_skinny_max_m (-1: the default policy above).
-inline bool gemm_skinny_wanted(int max_m, long long m, long long n, long long k) {
-  return max_m < 0 ? gemm_skinny_default(m, n, k) : m >= 1 && m <= max_m;
+inline bool gemm_skinny_wanted(int max_m, DType dtype, long long m, long long n, long long k) {
+  return max_m < 0 ? gemm_skinny_default(dtype, m, n, k) : m >= 1 && m <= max_m;
 }
 
 // out[m, n] = a[m, k] · b[n, k]ᵀ, fp32 accumulation, one rounding per output

@@ -24,7 +24,7 @@ void CudaBackend::do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::si
   // CudaBackendConfig::gemm_skinny_max_m overrides). It declines (returns false,
   // launches nothing) for unaligned a / b or k % 8 != 0, and cuBLAS runs
   // instead. Both paths are launch-only: capture-safe.
-  if (kernels::gemm_skinny_wanted(gemm_skinny_max_m_, static_cast<long long>(m), static_cast<long long>(n),
+  if (kernels::gemm_skinny_wanted(gemm_skinny_max_m_, a.dtype(), static_cast<long long>(m), static_cast<long long>(n),
                                   static_cast<long long>(k)) &&
       kernels::launch_gemm_skinny(a.dtype(), ptr(a), ptr(b), ptr(out), static_cast<long long>(m),
                                   static_cast<long long>(n), static_cast<long long>(k), rt_->num_sms, rt_->stream)) {
@@ -47,7 +47,7 @@ void CudaBackend::do_gemm_silu_mul(const Buffer& a, const Buffer& w, Buffer& gat
                                    std::size_t im, std::size_t k) {
   detail::activate_device(device_);
   const auto mm = static_cast<long long>(m), ii = static_cast<long long>(im), kk = static_cast<long long>(k);
-  if (kernels::gemm_skinny_wanted(gemm_skinny_max_m_, mm, 2 * ii, kk) &&
+  if (kernels::gemm_skinny_wanted(gemm_skinny_max_m_, a.dtype(), mm, 2 * ii, kk) &&
       kernels::launch_gemm_skinny_silu_mul(a.dtype(), ptr(a), ptr(w), ptr(act), mm, ii, kk, rt_->num_sms,
                                            rt_->stream)) {
     return;
