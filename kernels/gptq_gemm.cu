@@ -880,7 +880,6 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT>) gptq_str
   // D fragment (nt, j): d0 / d1 = feature 16j + g, rows 8nt + 2t / +1; d2 / d3 = feature + 8.
   // One split: the output directly. Otherwise this split's [m][64] f32 partial.
   T* out = static_cast<T*>(p.out);
-  float* split_part = p.partials + (static_cast<std::size_t>(split) * nb_total + nb) * p.m * kGptqTileN;
   if (warp == 0) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -896,6 +895,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT>) gptq_str
           if (p.splits == 1) {
             if (nb * kGptqTileN + f < p.n) out[static_cast<std::size_t>(r) * p.n + nb * kGptqTileN + f] = from_float<T>(d[e]);
           } else {
+            float* const split_part = p.partials + (static_cast<std::size_t>(split) * nb_total + nb) * p.m * kGptqTileN;
             __stcg(split_part + static_cast<std::size_t>(r) * kGptqTileN + f, d[e]);
           }
         }
@@ -981,7 +981,7 @@ GptqPlan stream_plan_for(int dtype_index, bool zeros, int nt, int k_pad, int n_p
   const long long slots = static_cast<long long>(std::max(num_sms, 1)) * stream_occupancy().blocks[dtype_index][zeros ? 1 : 0][nt - 1];
   long long best = -1;
   for (int s = 1; s <= std::min(kStreamMaxSplits, chunks); ++s) {
-    if (s > 1 && (chunks + s - 1) / s < kStreamWarps) break;
+    if (s > 1 && chunks / s < kStreamWarps) break;  // the smallest split still gives every warp a chunk
     const long long distance = std::llabs(static_cast<long long>(plan.n_ctas) * s - slots);
     if (best < 0 || distance < best) {
       best = distance;
@@ -1005,11 +1005,15 @@ void launch_stream(const GptqGemmArgs& args, cudaStream_t stream) {
 }
 
 // The streaming kernel covers this launch (otherwise the fused kernel runs):
-// m <= 16 and a fused layout whose groups are whole k16 steps.
+// m <= 16 and a fused layout (gptq_repack.hpp: groups of 16-row multiples
+// that divide 128 rows or are multiples of it).
 bool stream_applies(const GptqGemmArgs& args) {
   const int rows = args.w.group_rows;
-  return args.kernel == GptqKernelKind::Stream && args.m >= 1 && args.m <= kGptqStreamMaxM && rows > 0 &&
-         rows % 16 == 0 && args.w.k % 2 == 0 && args.w.k_pad % kGptqTileK == 0 && args.w.n_pad % kGptqTileN == 0;
+  // Groups of 16-row multiples that divide a chunk or are whole chunks: the
+  // kernel finds group changes by step mask (group_step_mask).
+  const bool chunk_aligned_groups = rows > 0 && rows % 16 == 0 && (kGptqTileK % rows == 0 || rows % kGptqTileK == 0);
+  return args.kernel == GptqKernelKind::Stream && args.m >= 1 && args.m <= kGptqStreamMaxM && chunk_aligned_groups &&
+         args.w.k % 2 == 0 && args.w.k_pad % kGptqTileK == 0 && args.w.n_pad % kGptqTileN == 0;
 }
 
 // ── Gather (act-order) ──────────────────────────────────────────────────────

@@ -199,16 +199,18 @@ __device__ __forceinline__ T* fused_destination(const QkvRopeAppendArgs& a, cons
 
 // Checks a row's position the way qk_norm_rope (the table) and the append
 // (the whole run base .. base + tokens - 1 in the cache) do; reports once
-// per row (lane_leader) and says whether the row may write.
+// per row (lane_leader) and says whether the row may write. Either check
+// stops every row (q, k and v), so a bad step leaves q_out and both caches
+// as they were, as CpuBackend refuses the whole op.
 __device__ __forceinline__ bool fused_row_writes(const QkvRopeAppendArgs& a, const FusedRow& f, long long base,
                                                  bool lane_leader) {
   const long long pos = base + f.t;
   bool ok = true;
-  if (f.rope && (pos < 0 || pos >= a.max_pos)) {
+  if (pos < 0 || pos >= a.max_pos) {
     if (lane_leader) report_device_error(a.error_flag, kErrRopePositionOutOfRange);
     ok = false;
   }
-  if (f.h >= a.heads && (base < 0 || base > a.capacity - a.tokens)) {
+  if (base < 0 || base > a.capacity - a.tokens) {
     if (lane_leader) report_device_error(a.error_flag, kErrKvAppendOverCapacity);
     ok = false;
   }

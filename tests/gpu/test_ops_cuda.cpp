@@ -329,10 +329,41 @@ TEST_F(CudaDeviceCheck, DecodeStatePositionPastRopeTable) {
   expect_backend_still_works(rng);
 }
 
-// qkv_rope_append with a decode-state position past the caches: the kernel
-// writes neither cache (nor past them, nor past q_out), and synchronize()
-// names the op. (q_out's contents are not checked here; a position past the
-// tables but inside the caches is not covered on the GPU.)
+// qkv_rope_append with a decode-state position past the rope tables but
+// inside the caches: no row writes (q_out keeps its poison, neither cache
+// changes: v is refused with its token's k), and synchronize() names the op.
+TEST_F(CudaDeviceCheck, QkvRopeAppendPastRopeTable) {
+  FERRUM_SEEDED_RNG(rng);
+  constexpr std::size_t kHeads = 8, kKv = 2, kHd = 128, kCap = 256, kMaxPos = 128;
+  const RopeTables tables = make_rope_tables(kMaxPos, kHd, kRopeTheta10k);
+  const DeviceTensor qkv(cuda(), random_normal(rng, DType::BF16, (kHeads + 2 * kKv) * kHd)), cos(cuda(), tables.cos),
+      sin(cuda(), tables.sin);
+  const HostTensor initial = random_normal(rng, DType::BF16, kKv * kCap * kHd);
+  const HostTensor q_initial = random_normal(rng, DType::BF16, kHeads * kHd);
+  GuardedOutput k_cache(cuda(), initial), v_cache(cuda(), initial), q_out(cuda(), q_initial);
+  const QkvRopeAppendConfig cfg{.heads = kHeads, .kv_heads = kKv, .head_dim = kHd, .capacity = kCap, .max_pos = kMaxPos};
+  for (std::uint32_t step : {128u, 200u}) {
+    SCOPED_TRACE(cat("step ", step, ": past the 128-row tables, inside the 256-row caches"));
+    {
+      DeviceStateScope scope(cuda(), true);
+      cuda().set_decode_state(0, step);
+      EXPECT_NO_THROW(cuda().qkv_rope_append(qkv.view(), nullptr, nullptr, cos.view(), sin.view(), q_out.view(),
+                                             k_cache.view(), v_cache.view(), 1, 0, cfg));
+    }
+    expect_error(ErrorCode::DeviceCheck, "qkv_rope_append", [&] { cuda().synchronize(); });
+    EXPECT_TRUE(k_cache.check_guard());
+    EXPECT_TRUE(v_cache.check_guard());
+    EXPECT_TRUE(q_out.check_guard());
+    EXPECT_TRUE(bitwise_equal(k_cache.bytes(), encode_bytes(initial), 2));
+    EXPECT_TRUE(bitwise_equal(v_cache.bytes(), encode_bytes(initial), 2));
+    EXPECT_TRUE(bitwise_equal(q_out.bytes(), encode_bytes(q_initial), 2));
+    expect_backend_still_works(rng);
+  }
+}
+
+// qkv_rope_append with a decode-state position past the caches (inside the
+// tables): no row writes (q_out keeps its contents, neither cache changes,
+// nothing past any of them), and synchronize() names the op.
 TEST_F(CudaDeviceCheck, QkvRopeAppendPastKvCapacity) {
   FERRUM_SEEDED_RNG(rng);
   constexpr std::size_t kHeads = 8, kKv = 2, kHd = 128, kCap = 64, kMaxPos = 128;
@@ -340,7 +371,8 @@ TEST_F(CudaDeviceCheck, QkvRopeAppendPastKvCapacity) {
   const DeviceTensor qkv(cuda(), random_normal(rng, DType::F16, (kHeads + 2 * kKv) * kHd)), cos(cuda(), tables.cos),
       sin(cuda(), tables.sin);
   const HostTensor initial = random_normal(rng, DType::F16, kKv * kCap * kHd);
-  GuardedOutput k_cache(cuda(), initial), v_cache(cuda(), initial), q_out(cuda(), DType::F16, kHeads * kHd);
+  const HostTensor q_initial = random_normal(rng, DType::F16, kHeads * kHd);
+  GuardedOutput k_cache(cuda(), initial), v_cache(cuda(), initial), q_out(cuda(), q_initial);
   const QkvRopeAppendConfig cfg{.heads = kHeads, .kv_heads = kKv, .head_dim = kHd, .capacity = kCap, .max_pos = kMaxPos};
   for (std::uint32_t step : {64u, 100u}) {
     SCOPED_TRACE(cat("step ", step, " capacity 64"));
@@ -356,6 +388,7 @@ TEST_F(CudaDeviceCheck, QkvRopeAppendPastKvCapacity) {
     EXPECT_TRUE(q_out.check_guard());
     EXPECT_TRUE(bitwise_equal(k_cache.bytes(), encode_bytes(initial), 2));
     EXPECT_TRUE(bitwise_equal(v_cache.bytes(), encode_bytes(initial), 2));
+    EXPECT_TRUE(bitwise_equal(q_out.bytes(), encode_bytes(q_initial), 2));
     expect_backend_still_works(rng);
   }
 }
