@@ -35,6 +35,16 @@ __device__ __forceinline__ void offer(Candidate& best, float value, int index) {
   if (beats(c, best)) best = c;
 }
 
+// The best candidate of the warp, in every lane (butterfly).
+__device__ __forceinline__ Candidate warp_best_of(Candidate best) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    const Candidate other{__shfl_xor_sync(0xffffffffu, best.value, o), __shfl_xor_sync(0xffffffffu, best.index, o)};
+    if (beats(other, best)) best = other;
+  }
+  return best;
+}
+
 // VW elements per access: 16-byte vectors when the row allows, else 1.
 template <class T, int VW>
 __global__ void __launch_bounds__(kThreads) argmax_kernel(const T* __restrict__ x,  // [rows, cols]
@@ -53,23 +63,13 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(const T* __restrict__ 
   for (int c = nvec * VW + static_cast<int>(threadIdx.x); c < cols; c += kThreads) offer(best, to_float(row[c]), c);
 
   // Warp, then block: every step keeps the better of two candidates.
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) {
-    const Candidate other{__shfl_xor_sync(0xffffffffu, best.value, o), __shfl_xor_sync(0xffffffffu, best.index, o)};
-    if (beats(other, best)) best = other;
-  }
+  best = warp_best_of(best);
   __shared__ Candidate warp_best[kThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) warp_best[warp] = best;
   __syncthreads();
   if (warp == 0) {
-    best = warp_best[lane];  // kThreads / 32 == 32 warps
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) {
-      const Candidate other{__shfl_xor_sync(0xffffffffu, best.value, o),
-                            __shfl_xor_sync(0xffffffffu, best.index, o)};
-      if (beats(other, best)) best = other;
-    }
+    best = warp_best_of(warp_best[lane]);  // kThreads / 32 == 32 warps
     if (lane == 0) out[blockIdx.x] = best.index;
   }
 }

@@ -88,59 +88,40 @@ void launch_flat_map(const char* name, const T* a, const T* b, T* out, long long
   }
 }
 
-template <class T, int VW>
-__global__ void silu_mul_split_kernel(const T* __restrict__ gate_up,  // [tokens, 2*im]
-                                      T* __restrict__ out,             // [tokens, im]
-                                      long long tokens, long long im, bool trigger) {
+// Where the gate and up of output e = t * im + j live: Split, row t of
+// [tokens, 2 im] is [gate | up] (fused_silu_mul_split); Pairs, gate and up
+// interleaved, [tokens * im, 2] (gemm_silu_mul's unfused path).
+enum class GateUp { Split, Pairs };
+
+// out[t, j] = silu(gate) * up. VW outputs per access (im % VW == 0): Split
+// reads VW gates and VW ups, Pairs one vector of 2 VW. VW = 1 reads element
+// by element (any 2-byte alignment).
+template <class T, int VW, GateUp L>
+__global__ void silu_mul_kernel(const T* __restrict__ gate_up,  // Split: [tokens, 2*im]; Pairs: [tokens*im, 2]
+                                T* __restrict__ out,             // [tokens, im]
+                                long long tokens, long long im, bool trigger) {
   pdl_begin();
   if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
-  using V = vec_t<T, VW>;
   const long long vec_per_row = im / VW;
   const long long total = tokens * vec_per_row;
-  const long long first = (static_cast<long long>(blockIdx.x) * blockDim.x * kItems) + threadIdx.x;
-  V g[kItems], u[kItems];
-#pragma unroll
-  for (int it = 0; it < kItems; ++it) {
-    const long long vi = first + static_cast<long long>(it) * blockDim.x;
-    if (vi < total) {
-      const long long t = vi / vec_per_row;
-      const long long j = (vi - t * vec_per_row) * VW;
-      const T* row = gate_up + t * 2 * im;
-      g[it].load(row + j);
-      u[it].load(row + im + j);
-    }
-  }
-#pragma unroll
-  for (int it = 0; it < kItems; ++it) {
-    const long long vi = first + static_cast<long long>(it) * blockDim.x;
-    if (vi < total) {
-      V o;
-#pragma unroll
-      for (int j = 0; j < VW; ++j) {
-        o.set(j, silu_mul(g[it].f(j), u[it].f(j)));
-      }
-      o.store(out + vi * VW);
-    }
-  }
-}
-
-// out[i] = silu(gate_up[2 i]) * gate_up[2 i + 1] over the flat [tokens * im]
-// outputs: gate and up interleaved pairs (gemm_silu_mul's unfused path).
-// VW outputs per access: 2 VW inputs (16 bytes at VW = 4). VW = 1 reads
-// element by element (any 2-byte alignment).
-template <class T, int VW>
-__global__ void silu_mul_pairs_kernel(const T* __restrict__ gate_up,  // [n, 2] (gate, up)
-                                      T* __restrict__ out,             // [n]
-                                      long long n) {
-  pdl_begin();
-  const long long nvec = n / VW;
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x * kItems + threadIdx.x;
   float g[kItems][VW], u[kItems][VW];
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
     const long long vi = first + static_cast<long long>(it) * blockDim.x;
-    if (vi >= nvec) continue;
-    if constexpr (VW == 1) {
+    if (vi >= total) continue;
+    if constexpr (L == GateUp::Split) {
+      const long long t = vi / vec_per_row;
+      const T* gate = gate_up + t * 2 * im + (vi - t * vec_per_row) * VW;
+      vec_t<T, VW> gv, uv;
+      gv.load(gate);
+      uv.load(gate + im);
+#pragma unroll
+      for (int j = 0; j < VW; ++j) {
+        g[it][j] = gv.f(j);
+        u[it][j] = uv.f(j);
+      }
+    } else if constexpr (VW == 1) {
       g[it][0] = to_float(gate_up[2 * vi]);
       u[it][0] = to_float(gate_up[2 * vi + 1]);
     } else {
@@ -156,16 +137,30 @@ __global__ void silu_mul_pairs_kernel(const T* __restrict__ gate_up,  // [n, 2] 
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
     const long long vi = first + static_cast<long long>(it) * blockDim.x;
-    if (vi >= nvec) continue;
-    if constexpr (VW == 1) {
-      out[vi] = from_float<T>(silu_mul(g[it][0], u[it][0]));
-    } else {
-      vec_t<T, VW> o;
+    if (vi >= total) continue;
+    vec_t<T, VW> o;
 #pragma unroll
-      for (int j = 0; j < VW; ++j) o.set(j, silu_mul(g[it][j], u[it][j]));
-      o.store(out + vi * VW);
-    }
+    for (int j = 0; j < VW; ++j) o.set(j, silu_mul(g[it][j], u[it][j]));
+    o.store(out + vi * VW);  // = t * im + j: rows of out are contiguous
   }
+}
+
+// VW = kWide when `wide` (the caller checked alignment and im % kWide),
+// else 1.
+template <class T, GateUp L, int kWide>
+void launch_silu_mul(const char* op, bool wide, const void* gate_up, void* out, long long tokens, long long im,
+                     cudaStream_t stream) {
+  const int vw = wide ? kWide : 1;
+  const long long blocks = std::max(1LL, (tokens * (im / vw) + kThreads * kItems - 1) / (kThreads * kItems));
+  const dim3 grid(static_cast<unsigned>(blocks));
+  const auto* in = static_cast<const T*>(gate_up);
+  auto* o = static_cast<T*>(out);
+  if (wide) {
+    launch_pdl(op, silu_mul_kernel<T, kWide, L>, grid, kThreads, 0, stream, in, o, tokens, im, pdl_early_trigger());
+  } else {
+    launch_pdl(op, silu_mul_kernel<T, 1, L>, grid, kThreads, 0, stream, in, o, tokens, im, pdl_early_trigger());
+  }
+  check_launch(op);
 }
 
 }  // namespace
@@ -209,40 +204,18 @@ void launch_silu_mul_split(DType dtype, const void* gate_up, void* out, long lon
     using T = typename decltype(tag)::type;
     constexpr int kWide = kVec16<T>;
     const bool wide = im % kWide == 0 && aligned16(gate_up) && aligned16(out);
-    const int vw = wide ? kWide : 1;
-    const long long total = tokens * (im / vw);
-    const long long blocks = (total + kThreads * kItems - 1) / (kThreads * kItems);
-    const dim3 grid(static_cast<unsigned>(blocks));
-    const auto* in = static_cast<const T*>(gate_up);
-    auto* o = static_cast<T*>(out);
-    if (wide) {
-      launch_pdl("fused_silu_mul_split", silu_mul_split_kernel<T, kWide>, grid, kThreads, 0, stream, in, o, tokens, im,
-                 pdl_early_trigger());
-    } else {
-      launch_pdl("fused_silu_mul_split", silu_mul_split_kernel<T, 1>, grid, kThreads, 0, stream, in, o, tokens, im,
-                 pdl_early_trigger());
-    }
+    launch_silu_mul<T, GateUp::Split, kWide>("fused_silu_mul_split", wide, gate_up, out, tokens, im, stream);
   });
-  check_launch("fused_silu_mul_split");
 }
 
 void launch_silu_mul_pairs(DType dtype, const void* gate_up, void* out, long long n, cudaStream_t stream) {
   dispatch_half_dtype(dtype, "gemm_silu_mul", [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int kWide = kVec16<T> / 2;  // outputs per 16-byte input vector
-    const bool wide = n % kWide == 0 && aligned16(gate_up) && (reinterpret_cast<std::uintptr_t>(out) % (2 * kWide)) == 0;
-    const int vw = wide ? kWide : 1;
-    const long long blocks = std::max(1LL, (n / vw + kThreads * kItems - 1) / (kThreads * kItems));
-    const dim3 grid(static_cast<unsigned>(blocks));
-    const auto* in = static_cast<const T*>(gate_up);
-    auto* o = static_cast<T*>(out);
-    if (wide) {
-      launch_pdl("gemm_silu_mul", silu_mul_pairs_kernel<T, kWide>, grid, kThreads, 0, stream, in, o, n);
-    } else {
-      launch_pdl("gemm_silu_mul", silu_mul_pairs_kernel<T, 1>, grid, kThreads, 0, stream, in, o, n);
-    }
+    const bool wide =
+        n % kWide == 0 && aligned16(gate_up) && (reinterpret_cast<std::uintptr_t>(out) % (sizeof(T) * kWide)) == 0;
+    launch_silu_mul<T, GateUp::Pairs, kWide>("gemm_silu_mul", wide, gate_up, out, 1, n, stream);
   });
-  check_launch("gemm_silu_mul");
 }
 
 }  // namespace ferrum::kernels
