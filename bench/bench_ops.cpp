@@ -996,9 +996,14 @@ int run(int argc, char** argv) {
     bench_silu_mul(b, dt, 8192, kIntermediate, false);
     bench_split_qkv(b, dt, 16384, 4096, 1024, false);
     bench_transpose(b, dt, 32, 16384, 128, false);
-    bench_embedding(b, dt, 8192, kVocab, kHidden, false);
-    bench_qk_norm_rope(b, dt, 8192, 32, 128, false);
-    bench_kv_append(b, dt, 8192, 8, 128, 16384, false);
+    // Each at the size of earlier logs and at 4x (the norms' 256 MiB per
+    // side): at 64-134 MB per call the fixed ramp-up and tail (~5 us) still
+    // cost 10-20 % of a copy.
+    for (std::size_t T : {std::size_t{8192}, std::size_t{32768}}) {
+      bench_embedding(b, dt, T, kVocab, kHidden, false);
+      bench_qk_norm_rope(b, dt, T, 32, 128, false);
+      bench_kv_append(b, dt, T, 8, 128, 2 * T, false);
+    }
   }
 
   // Tiny shapes (decode), graph replay.

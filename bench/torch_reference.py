@@ -606,9 +606,10 @@ def main():
         case_silu_mul(ctx, dt, 8192, INTERMEDIATE, False)
         case_split_qkv(ctx, dt, 16384, 4096, 1024, False)
         case_transpose(ctx, dt, 32, 16384, 128, False)
-        case_embedding(ctx, dt, 8192, VOCAB, HIDDEN, False)
-        case_qk_norm_rope(ctx, dt, 8192, 32, 128, False)
-        case_kv_append(ctx, dt, 8192, 8, 128, 16384, False)
+        for T in (8192, 32768):  # as bench_ops.cpp: the earlier size and 4x
+            case_embedding(ctx, dt, T, VOCAB, HIDDEN, False)
+            case_qk_norm_rope(ctx, dt, T, 32, 128, False)
+            case_kv_append(ctx, dt, T, 8, 128, 2 * T, False)
 
     for dt in ("f16", "bf16"):
         for T in (1, 2, 4, 8, 16):
