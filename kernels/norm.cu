@@ -46,21 +46,9 @@ __device__ __forceinline__ float row_sum(float v, int group) {
 // Launch bounds: blocks of up to 1024 threads must fit the register file, so
 // the compiler keeps these kernels at 64 registers (bf16 otherwise unpacks
 // everything to fp32 and halves occupancy); the 8-vector variant is only
-// launched with 256 threads and may use more. bf16 LayerNorm at 4 vectors
-// (x, weight and bias, all unpacked) spilled 64 bytes at 64 registers and
-// ran at 229.6 µs against f16's 144.8 ([32768 x 4096], bench/norm_tuning):
-// it is launched with at most 512 threads, so it may use up to 128 (ptxas:
-// 97, no spill). The launcher takes the row-loop kernel for a block larger
-// than the bound.
-template <NormKind K, class T, int NVEC>
-constexpr int norm_max_threads() {
-  if constexpr (NVEC == 8) return 256;
-  if constexpr (NVEC == 4 && K == NormKind::Layer && std::is_same_v<T, __nv_bfloat16>) return 512;
-  return 1024;
-}
-
+// launched with 256 threads and may use more.
 template <NormKind K, class T, int VW, int NVEC, bool PREFETCH_W>
-__global__ void __launch_bounds__(norm_max_threads<K, T, NVEC>()) norm_rows_kernel(const T* __restrict__ x,       // [rows, dim]
+__global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const T* __restrict__ x,       // [rows, dim]
                                  T* residual,                    // [rows, dim] (AddRms)
                                  const T* __restrict__ weight,  // [dim]
                                  const T* __restrict__ bias,    // [dim] (Layer)
@@ -206,14 +194,13 @@ int next_pow2(int v) {
 //   add_rms  f16  t2 261.86 | 39.87      t4 281.31 | 42.30   -> 2
 //   add_rms  bf16 t2 278.85 | 41.41      t4 292.51 | 42.88   -> 2
 //   layer    f16  t2 190.91 | 31.55      t4 144.80 | 25.92   -> 4
-//   layer    bf16 t2 193.66 | 31.71      t4 229.63 | 36.29   -> 4 (t4
-//            spilled at the 64-register launch bound then; it now has 128,
-//            see norm_max_threads)
+//   layer    bf16 t2 193.66 | 31.71      t4 229.63 | 36.29   -> 2 (at 4 it
+//            hits the 64-register launch bound and spills)
 // Through CudaBackend (ferrum_bench): layer f16 140.0 µs, rms bf16 133.1.
 template <NormKind K, class T>
 constexpr int tuned_vectors_per_thread() {
   constexpr bool f16 = std::is_same_v<T, __half>;
-  if constexpr (K == NormKind::Layer) return 4;
+  if constexpr (K == NormKind::Layer) return f16 ? 4 : 2;
   if constexpr (K == NormKind::Rms) return f16 ? 2 : 4;
   return 2;
 }
@@ -253,20 +240,16 @@ void launch_typed(const NormArgs& a, cudaStream_t stream) {
   const int threads = plan.threads;
   const int blocks = plan.blocks;
   const bool trigger = pdl_early_trigger();
-  auto loop_kernel = [&] {
+  // 8 vectors per thread need up to ~230 registers: at most 256 threads.
+  if (nvec_per_thread > kMaxNvec || (nvec_per_thread == kMaxNvec && threads > 256)) {
     launch_pdl("norm", norm_rows_loop_kernel<K, T>, dim3(a.rows), kMaxGroup, 0, stream, x, residual, weight, bias, out,
                a.dim, a.eps, trigger);
-  };
-  if (nvec_per_thread > kMaxNvec) {
-    loop_kernel();
     return;
   }
   auto go = [&](auto vw_c, auto nvec_c) {
     constexpr int kVw = decltype(vw_c)::value;
     constexpr int kNvec = decltype(nvec_c)::value;
-    if (threads > norm_max_threads<K, T, kNvec>()) {  // past the instance's launch bound (registers)
-      loop_kernel();
-    } else if (prefetch_w) {
+    if (prefetch_w) {
       launch_pdl("norm", norm_rows_kernel<K, T, kVw, kNvec, true>, dim3(blocks), threads, 0, stream, x, residual,
                  weight, bias, out, a.rows, a.dim, a.eps, group, trigger);
     } else {
