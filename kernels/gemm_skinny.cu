@@ -31,6 +31,7 @@
 //   lanes only issue loads and one mma per 512 bytes of b; see the kernel.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/activation.cuh"
 #include "kernels/common/check.hpp"
@@ -76,12 +77,22 @@ __device__ __forceinline__ std::uint64_t evict_first_policy() {
 // 256-byte L2 prefetch (the block reads at least 256 contiguous bytes of a
 // row per chunk anyway). Not volatile: the compiler may hoist and batch these
 // loads (every address passed is valid, see "Tails" at the top).
+// kPinned: volatile, so the load stays where it is written relative to other
+// volatile asm, i.e. before pdl_begin()'s griddepcontrol.wait (a plain one
+// was sunk past the wait: it reads no memory the wait's clobber covers).
+template <bool kPinned = false>
 __device__ __forceinline__ uint4 load_weight(const uint4* p, std::uint64_t policy) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   uint4 r;
-  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p), "l"(policy));
+  if constexpr (kPinned) {
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p), "l"(policy));
+  } else {
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p), "l"(policy));
+  }
   return r;
 #else
   (void)policy;
@@ -185,14 +196,13 @@ __device__ __forceinline__ void halve_values(float (&v)[N], int lane, int& index
 // of the two outputs ([M, n / 2]; n even, R even, so pairs never straddle
 // blocks). The sums are the plain kernel's, in the same order: the bits are
 // those of gemm + silu_mul_pairs.
-template <class T, int M, int R, int U, bool kSiluPairs>
+template <class T, int M, int R, int U, bool kSiluPairs, bool kWeightsBeforeWait>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemm_skinny_simt_kernel(const T* __restrict__ a,  // [M, k]
                                                                           const T* __restrict__ b,  // [n, k]
                                                                           T* __restrict__ out,  // [M, n] ([M, n/2] pairs)
                                                                           int n, int k, int prefetch_bytes) {
   static_assert(!kSiluPairs || R % 2 == 0, "a block must own whole (gate, up) pairs");
   if (prefetch_bytes > 0) prefetch_first_round(b, static_cast<int>(blockIdx.x) * R, R, n, k, prefetch_bytes);
-  pdl_begin();
   constexpr int kSums = R * M;                 // per lane: [R][M], flattened r * M + m
   constexpr int kSumsPow2 = next_pow2(kSums);  // padded with zeros for the reduction
   static_assert(kSumsPow2 <= 32, "one reduced value per lane at most");
@@ -218,18 +228,21 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemm_skinny_simt_kernel(const 
 #pragma unroll
   for (int i = 0; i < kSumsPow2; ++i) acc[i] = 0.0f;
 
-  for (int c0 = warp; c0 < chunks; c0 += warps * U) {
-    uint4 braw[U][R];
-    int vi[U];
-    bool ok[U];
+  // One round: the U chunks c0, c0 + W, ... of every row this block owns.
+  uint4 braw[U][R];
+  int vi[U];
+  bool ok[U];
+  auto load_round = [&](int c0, auto pinned) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int v = (c0 + u * warps) * kChunkVecs + lane;
       ok[u] = v < kvecs;
       vi[u] = ok[u] ? v : kvecs - 1;
 #pragma unroll
-      for (int r = 0; r < R; ++r) braw[u][r] = load_weight(brow[r] + vi[u], policy);
+      for (int r = 0; r < R; ++r) braw[u][r] = load_weight<decltype(pinned)::value>(brow[r] + vi[u], policy);
     }
+  };
+  auto consume_round = [&] {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       float bf[R][kVecElems];
@@ -246,6 +259,24 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemm_skinny_simt_kernel(const 
         }
       }
     }
+  };
+  // kWeightsBeforeWait (CudaBackendConfig::gemm_weights_before_wait): the
+  // first round of b is loaded before the wait on the previous kernel, so
+  // its DRAM latency overlaps that kernel's tail. The caller promises that
+  // no kernel in flight writes b (model weights); a is read, and out written,
+  // only after the wait.
+  int c0 = warp;
+  if constexpr (kWeightsBeforeWait) {
+    load_round(c0, std::true_type{});
+    pdl_begin();
+    consume_round();
+    c0 += warps * U;
+  } else {
+    pdl_begin();
+  }
+  for (; c0 < chunks; c0 += warps * U) {
+    load_round(c0, std::false_type{});
+    consume_round();
   }
 
   // Warp: one reduced value per group of kSpreadLanes lanes.
@@ -302,9 +333,10 @@ void launch_simt(const char* op, const void* a, const void* b, void* out, long l
   const int warps = warps_per_block(blocks, chunks, num_sms);
   // First round of a block: every warp's U chunks of kChunkVecs vectors.
   const int prefetch_bytes = gemm_prefetch_before_wait() ? warps * C::kUnroll * kChunkVecs * 16 : 0;
-  launch_pdl(op, gemm_skinny_simt_kernel<T, M, C::kRows, C::kUnroll, kSiluPairs>, dim3(static_cast<unsigned>(blocks)),
-             warps * 32, 0, stream, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out),
-             static_cast<int>(n), static_cast<int>(k), prefetch_bytes);
+  auto* kernel = gemm_weights_before_wait() ? gemm_skinny_simt_kernel<T, M, C::kRows, C::kUnroll, kSiluPairs, true>
+                                            : gemm_skinny_simt_kernel<T, M, C::kRows, C::kUnroll, kSiluPairs, false>;
+  launch_pdl(op, kernel, dim3(static_cast<unsigned>(blocks)), warps * 32, 0, stream, static_cast<const T*>(a),
+             static_cast<const T*>(b), static_cast<T*>(out), static_cast<int>(n), static_cast<int>(k), prefetch_bytes);
   check_launch(op);
 }
 

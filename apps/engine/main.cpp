@@ -3,7 +3,7 @@
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
 //                      [--dump-logits FILE] [--no-pdl] [--pdl-trigger] [--gemm-prefetch]
-//                      [--gptq-kernel auto|fused|stream] [--skinny-max-m N]
+//                      [--gemm-early-weights] [--gptq-kernel auto|fused|stream] [--skinny-max-m N]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
 //                    runs its projections with gemm_gptq
@@ -22,6 +22,9 @@
 //   --pdl-trigger    CudaBackendConfig::pdl_early_trigger (an A/B switch; the
 //                    tokens and logits are the same)
 //   --gemm-prefetch  CudaBackendConfig::gemm_prefetch_before_wait (the same)
+//   --gemm-early-weights  CudaBackendConfig::gemm_weights_before_wait (the
+//                    same; the engine's weights are never written while it
+//                    decodes, which is the promise that field asks for)
 //   --skinny-max-m N CudaBackendConfig::gemm_skinny_max_m: dense GEMMs of m <= N
 //                    rows take the skinny kernel, 0 = cuBLAS for all (default:
 //                    the library's per-shape rule); an A/B switch
@@ -66,6 +69,7 @@ struct Options {
   bool no_pdl = false;
   bool pdl_trigger = false;
   bool gemm_prefetch = false;
+  bool gemm_early_weights = false;
   GptqKernel gptq_kernel = GptqKernel::Auto;
   int skinny_max_m = -1;  // CudaBackendConfig::gemm_skinny_max_m
   bool graph = false;
@@ -119,7 +123,7 @@ void usage(std::FILE* out) {
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3\"] [--steps N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
                "                     [--dump-logits FILE] [--no-pdl] [--pdl-trigger] [--gemm-prefetch]\n"
-               "                     [--gptq-kernel auto|fused|stream] [--skinny-max-m N]\n"
+               "                     [--gemm-early-weights] [--gptq-kernel auto|fused|stream] [--skinny-max-m N]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
   std::fprintf(out, "\n");
@@ -184,6 +188,8 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.pdl_trigger = true;
     } else if (arg == "--gemm-prefetch") {
       opt.gemm_prefetch = true;
+    } else if (arg == "--gemm-early-weights") {
+      opt.gemm_early_weights = true;
     } else if (arg == "--gptq-kernel") {
       const std::string kernel = value();
       if (kernel == "auto") {
@@ -242,6 +248,7 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, bool gptq, DecodeMod
       config.programmatic_dependent_launch = !opt.no_pdl;
       config.pdl_early_trigger = opt.pdl_trigger;
       config.gemm_prefetch_before_wait = opt.gemm_prefetch;
+      config.gemm_weights_before_wait = opt.gemm_early_weights;
       config.gptq_kernel = opt.gptq_kernel;
       config.gemm_skinny_max_m = opt.skinny_max_m;
       backend = std::make_unique<CudaBackend>(config);

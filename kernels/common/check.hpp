@@ -17,10 +17,12 @@ namespace ferrum::kernels {
 // without a backend, whether the device has it (sm_90+), cached per device.
 bool pdl_available();
 // The current device's CudaBackendConfig::pdl_early_trigger (false without
-// PDL or without a backend) and ::gemm_prefetch_before_wait (false without a
-// backend): A/B switches read by the launchers they concern.
+// PDL or without a backend), ::gemm_prefetch_before_wait and
+// ::gemm_weights_before_wait (false without a backend): switches read by the
+// launchers they concern.
 bool pdl_early_trigger();
 bool gemm_prefetch_before_wait();
+bool gemm_weights_before_wait();
 
 // Every launcher ends with this: an unchecked launch is a silent failure.
 inline void check_launch(const char* op) {

@@ -17,7 +17,7 @@ std::array<CudaRuntime*, kMaxDevices> g_runtimes{};
 // launcher used on its own, e.g. by a tuning bench: the device decides PDL,
 // the A/B switches are off), else kConfigured | the kLaunch* bits of the
 // runtime's config. Set once when the device's runtime is created.
-constexpr int kConfigured = 1, kLaunchPdl = 2, kLaunchTrigger = 4, kLaunchGemmPrefetch = 8;
+constexpr int kConfigured = 1, kLaunchPdl = 2, kLaunchTrigger = 4, kLaunchGemmPrefetch = 8, kLaunchGemmWeights = 16;
 std::array<std::atomic<int>, kMaxDevices> g_launch_state{};
 
 int launch_state_of_current_device() {
@@ -45,6 +45,7 @@ CudaRuntime* create_runtime(const CudaBackendConfig& config) {
   rt->pdl = config.programmatic_dependent_launch && rt->pdl_capable;
   rt->pdl_trigger = rt->pdl && config.pdl_early_trigger;
   rt->gemm_prefetch = config.gemm_prefetch_before_wait;
+  rt->gemm_weights = config.gemm_weights_before_wait;
   check_cuda(cudaDeviceGetAttribute(&rt->num_sms, cudaDevAttrMultiProcessorCount, config.device), op,
              "cudaDeviceGetAttribute");
   check_cuda(cudaStreamCreateWithFlags(&rt->stream, cudaStreamNonBlocking), op, "cudaStreamCreate");
@@ -121,6 +122,11 @@ CudaRuntime& cuda_runtime(const CudaBackendConfig& config) {
              config.pdl_early_trigger, config.gemm_prefetch_before_wait, config.device, existing->pdl_trigger,
              existing->gemm_prefetch);
       }
+      if (existing->gemm_weights != config.gemm_weights_before_wait) {
+        fail(ErrorCode::InvalidArgument,
+             "CudaBackend: argument 'config.gemm_weights_before_wait' = {} but device {} already runs with {}",
+             config.gemm_weights_before_wait, config.device, existing->gemm_weights);
+      }
       if (existing->cublas_workspace_bytes != config.cublas_workspace_bytes) {
         fail(ErrorCode::InvalidArgument,
              "CudaBackend: argument 'config.cublas_workspace_bytes' = {} but device {} already runs with {}",
@@ -134,7 +140,8 @@ CudaRuntime& cuda_runtime(const CudaBackendConfig& config) {
   if (g_runtimes[config.device] == nullptr) g_runtimes[config.device] = rt;
   const CudaRuntime& made = *g_runtimes[config.device];
   g_launch_state[config.device].store(kConfigured | (made.pdl ? kLaunchPdl : 0) | (made.pdl_trigger ? kLaunchTrigger : 0) |
-                                          (made.gemm_prefetch ? kLaunchGemmPrefetch : 0),
+                                          (made.gemm_prefetch ? kLaunchGemmPrefetch : 0) |
+                                          (made.gemm_weights ? kLaunchGemmWeights : 0),
                                       std::memory_order_relaxed);
   return *g_runtimes[config.device];
 }
@@ -189,6 +196,10 @@ bool pdl_early_trigger() { return (detail::launch_state_of_current_device() & de
 
 bool gemm_prefetch_before_wait() {
   return (detail::launch_state_of_current_device() & detail::kLaunchGemmPrefetch) != 0;
+}
+
+bool gemm_weights_before_wait() {
+  return (detail::launch_state_of_current_device() & detail::kLaunchGemmWeights) != 0;
 }
 
 bool pdl_available() {

@@ -33,6 +33,7 @@ struct CudaRuntime {
   bool pdl = false;          // ... and config.programmatic_dependent_launch asked for it
   bool pdl_trigger = false;  // ... and config.pdl_early_trigger
   bool gemm_prefetch = false;  // config.gemm_prefetch_before_wait
+  bool gemm_weights = false;   // config.gemm_weights_before_wait
 };
 
 // The runtime of config.device, created on first use and never freed.
