@@ -1,8 +1,16 @@
-// argmax over rows: one block of 1024 threads per row (a decode step has one
-// row of vocab_size logits; a vocabulary of 128k halves is 256 KB, which one
-// block reads in about 2 µs). Values compare in fp32 (exact for f16 and
-// bf16). The winner is unique (the first maximum, NaN above every number),
-// so the result does not depend on the reduction order.
+// argmax over rows, for greedy decoding: a step reads one row (or a few) of
+// vocab_size logits. One block of 1024 threads per row was latency bound:
+// [1 x 128256] f16 (256 KB) took 13.9 µs on the H200 under graph replay with
+// a cold L2, its one SM waiting on one round of loads after another. So each
+// row is split over a cluster of kCluster blocks (sm_90; one block per row on
+// older devices), every thread has a batch of 16-byte loads in flight before
+// its first compare, and the blocks' candidates meet in distributed shared
+// memory: one launch, no workspace, no atomics. Values compare in fp32 (exact for f16 and bf16). The winner is
+// unique (the first maximum, NaN above every number), so the result does not
+// depend on the reduction order.
+#include <cooperative_groups.h>
+
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/argmax.hpp"
@@ -14,9 +22,27 @@
 namespace ferrum::kernels {
 namespace {
 
-constexpr int kThreads = 1024;
+namespace cg = cooperative_groups;
 
-struct Candidate {
+// Blocks per row: 8 is the largest portable cluster (16 needs the
+// non-portable opt-in, and fewer such clusters fit in a GPC at once).
+constexpr int kCluster = 8;
+// Two blocks fit on an SM (<= 64 registers): a cluster of one-block SMs
+// needs 8 free SMs in one GPC, and 16 rows' clusters might not all be
+// resident at once (1024 threads: one block per SM).
+constexpr int kThreads = 512;
+constexpr int kBlocksPerSm = 2;
+constexpr int kWarps = kThreads / 32;
+// Vectors a thread loads before its first compare (40 KB in flight per
+// block): a row of up to 160k halves (llama3 128256, qwen3 151936) or 80k
+// floats is one batch, so one memory latency. 6 spills bf16 at 64 registers.
+constexpr int kBatch = 5;
+// Far more clusters than are ever resident at once; past it each cluster
+// takes several rows (so gridDim.x stays < 2^31 for any rows, and a test
+// reaches the row loop with 65573 rows).
+constexpr long long kMaxClusters = 65536;
+
+struct alignas(8) Candidate {  // alignas: one 8-byte read across the cluster
   float value;
   int index;
 };
@@ -35,6 +61,14 @@ __device__ __forceinline__ void offer(Candidate& best, float value, int index) {
   if (beats(c, best)) best = c;
 }
 
+// offer() for a column after best's (or at it, while best is a thread's
+// {-inf, first column} start): beats() then reduces to "a larger value, or
+// the first NaN", branch-free and about half the instructions (the hot
+// loop). !(value <= best.value) holds for a larger value or a NaN on either side.
+__device__ __forceinline__ void offer_later(Candidate& best, float value, int index) {
+  if (!(value <= best.value) && best.value == best.value) best = Candidate{value, index};
+}
+
 // The best candidate of the warp, in every lane (butterfly).
 __device__ __forceinline__ Candidate warp_best_of(Candidate best) {
 #pragma unroll
@@ -45,46 +79,118 @@ __device__ __forceinline__ Candidate warp_best_of(Candidate best) {
   return best;
 }
 
-// VW elements per access: 16-byte vectors when the row allows, else 1.
-template <class T, int VW>
-__global__ void __launch_bounds__(kThreads) argmax_kernel(const T* __restrict__ x,  // [rows, cols]
-                                                          std::int32_t* __restrict__ out,  // [rows]
-                                                          int cols) {
+// One row per group of kBlocks blocks: kClustered (sm_90), a cluster of
+// kCluster blocks, block rank r reducing its contiguous segment of the row
+// and rank 0 the kCluster block candidates; otherwise (older devices) one
+// block per row. VW elements per access: 16-byte vectors when the row
+// allows, else 1.
+template <class T, int VW, bool kClustered>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+    argmax_kernel(const T* __restrict__ x,         // [rows, cols]
+                  std::int32_t* __restrict__ out,  // [rows]
+                  long long rows, int cols) {
   pdl_begin();
-  const T* row = x + static_cast<long long>(blockIdx.x) * cols;
-  Candidate best{-INFINITY, cols};  // beaten by any real column (index < cols)
-  const int nvec = cols / VW;
-  for (int v = threadIdx.x; v < nvec; v += kThreads) {
-    vec_t<T, VW> chunk;
-    chunk.load_stream(row + static_cast<long long>(v) * VW);
-#pragma unroll
-    for (int j = 0; j < VW; ++j) offer(best, chunk.f(j), v * VW + j);
+  constexpr int kBlocks = kClustered ? kCluster : 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  if constexpr (kClustered) {
+    __trap();  // never launched: the launcher clusters only on sm_90+
   }
-  for (int c = nvec * VW + static_cast<int>(threadIdx.x); c < cols; c += kThreads) offer(best, to_float(row[c]), c);
+  const int rank = 0;
+#else
+  const int rank = kClustered ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
+#endif
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const Candidate none{-INFINITY, cols};  // beaten by any real column (index < cols)
 
-  // Warp, then block: every step keeps the better of two candidates.
-  best = warp_best_of(best);
-  __shared__ Candidate warp_best[kThreads / 32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) warp_best[warp] = best;
-  __syncthreads();
-  if (warp == 0) {
-    best = warp_best_of(warp_best[lane]);  // kThreads / 32 == 32 warps
-    if (lane == 0) out[blockIdx.x] = best.index;
+  // This block's vectors [begin, begin + count): segments start at multiples
+  // of VW elements, so 16-byte loads stay aligned; a block past the row's
+  // end has none and offers `none`. The last block also takes the columns
+  // past the last whole vector (some only when a single row is vectorized).
+  const int nvec = cols / VW;
+  const int per_block = nvec / kBlocks + (nvec % kBlocks != 0);  // ceil, without overflow near 2^31
+  const int begin = min(nvec, rank * per_block);
+  const int count = min(per_block, nvec - begin);
+  const int tail = rank == kBlocks - 1 ? cols - nvec * VW : 0;
+
+  __shared__ Candidate warp_best[kWarps];
+  __shared__ Candidate block_best;  // read by rank 0 through distributed shared memory
+
+  for (long long row = blockIdx.x / kBlocks; row < rows; row += gridDim.x / kBlocks) {
+    const T* xr = x + row * cols;
+    // A thread meets its vector columns in increasing order, so it starts
+    // from {-inf, its first column} (what a run of -inf yields) and takes
+    // them through offer_later.
+    Candidate best = tid < count ? Candidate{-INFINITY, (begin + tid) * VW} : none;
+    // Offsets from `begin` (< count + kThreads * kBatch) cannot overflow.
+    for (int i = tid; i < count; i += kThreads * kBatch) {
+      // Every load of the batch is issued before the first compare.
+      vec_t<T, VW> chunk[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int k = i + b * kThreads;
+        if (k < count) chunk[b].load_stream(xr + static_cast<long long>(begin + k) * VW);
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int k = i + b * kThreads;
+        if (k < count) {
+#pragma unroll
+          for (int j = 0; j < VW; ++j) offer_later(best, chunk[b].f(j), (begin + k) * VW + j);
+        }
+      }
+    }
+    if (tid < tail) offer(best, to_float(xr[nvec * VW + tid]), nvec * VW + tid);
+
+    // Warp, block, then cluster: every step keeps the better of two candidates.
+    best = warp_best_of(best);
+    if (lane == 0) warp_best[warp] = best;
+    __syncthreads();
+    if (warp == 0) {
+      best = warp_best_of(lane < kWarps ? warp_best[lane] : none);
+      if (lane == 0) {
+        if constexpr (kClustered) {
+          block_best = best;
+        } else {
+          out[row] = best.index;
+        }
+      }
+    }
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    if constexpr (kClustered) {
+      const cg::cluster_group cluster = cg::this_cluster();
+      // Publishes every block_best to the cluster (release / acquire); also,
+      // a block's shared memory may be read only once the block is known to run.
+      cluster.sync();
+      if (rank == 0 && warp == 0) {
+        best = warp_best_of(lane < kCluster ? *cluster.map_shared_rank(&block_best, lane) : none);
+        if (lane == 0) out[row] = best.index;
+      }
+      // No block exits, or overwrites its candidates for a next row, while
+      // rank 0 may still read them.
+      cluster.sync();
+    }
+#endif
+    if constexpr (!kClustered) __syncthreads();  // warp_best is rewritten for the next row
   }
 }
-static_assert(kThreads / 32 == 32, "the block step reduces one candidate per warp in one warp");
+static_assert(kWarps <= 32 && kCluster <= 32, "the block and cluster steps reduce one candidate per lane of one warp");
 
 template <class T>
 void launch_typed(const void* x, std::int32_t* out, long long rows, long long cols, cudaStream_t stream) {
   constexpr int kWide = kVec16<T>;
   const auto* xt = static_cast<const T*>(x);
-  const dim3 grid(static_cast<unsigned>(rows));
-  // Every row starts 16-byte aligned when the base is and cols is a multiple of the vector.
-  if (aligned16(x) && cols % kWide == 0) {
-    launch_pdl("argmax", argmax_kernel<T, kWide>, grid, kThreads, 0, stream, xt, out, static_cast<int>(cols));
+  // Every row starts 16-byte aligned when the base is and cols is a
+  // multiple of the vector, or when there is one row.
+  const bool wide = aligned16(x) && (cols % kWide == 0 || rows == 1);
+  auto go = [&](auto kernel, int blocks_per_row) {
+    const dim3 grid(static_cast<unsigned>(std::min(rows, kMaxClusters) * blocks_per_row));
+    launch_pdl_clustered("argmax", static_cast<unsigned>(blocks_per_row), kernel, grid, kThreads, 0, stream, xt, out,
+                         rows, static_cast<int>(cols));
+  };
+  if (device_is_sm90_or_later()) {
+    wide ? go(argmax_kernel<T, kWide, true>, kCluster) : go(argmax_kernel<T, 1, true>, kCluster);
   } else {
-    launch_pdl("argmax", argmax_kernel<T, 1>, grid, kThreads, 0, stream, xt, out, static_cast<int>(cols));
+    wide ? go(argmax_kernel<T, kWide, false>, 1) : go(argmax_kernel<T, 1, false>, 1);
   }
 }
 

@@ -1,6 +1,7 @@
 // Launcher for argmax (greedy sampling on the device). The caller
 // (CudaBackend) has validated: dtype f16, bf16 or f32; rows, cols >= 1;
-// cols < 2^31.
+// rows, cols < 2^31. On sm_90+ a row is reduced by a thread-block cluster;
+// older devices take one block per row.
 #pragma once
 
 #include <cuda_runtime_api.h>

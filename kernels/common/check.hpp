@@ -16,6 +16,8 @@ namespace ferrum::kernels {
 // (see kernels/common/launch.cuh): the device's CudaBackend config decides;
 // without a backend, whether the device has it (sm_90+), cached per device.
 bool pdl_available();
+// Whether the current device is sm_90 or later (thread-block clusters), cached per device.
+bool device_is_sm90_or_later();
 // The current device's CudaBackendConfig::pdl_early_trigger (false without
 // PDL or without a backend), ::gemm_prefetch_before_wait and
 // ::gemm_weights_before_wait (false without a backend): switches read by the

@@ -64,25 +64,44 @@ __device__ __forceinline__ void pdl_trigger_dependents() {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute where
-// the device supports it. A failed launch throws ferrum::Error naming `op`.
+// the device supports it, and clusters of cluster_x blocks along x when
+// cluster_x > 1 (sm_90; the grid a multiple of it). A failed launch throws
+// ferrum::Error naming `op`.
 template <class... Params, class... Args>
-void launch_pdl(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
-                cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+void launch_pdl_clustered(const char* op, unsigned cluster_x, void (*kernel)(Params...), dim3 grid, dim3 block,
+                          std::size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attrs[2]{};
+  unsigned n = 0;
+  if (cluster_x > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = cluster_x;
+    attrs[n].val.clusterDim.y = 1;
+    attrs[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl_available()) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = pdl_available() ? 1 : 0;
+  config.attrs = attrs;
+  config.numAttrs = n;
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // consumed here: a later check_launch must not see it again
     throw_cuda_error(op, "kernel launch", err);
   }
+}
+
+template <class... Params, class... Args>
+void launch_pdl(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
+                cudaStream_t stream, Args&&... args) {
+  launch_pdl_clustered(op, 1, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace ferrum::kernels

@@ -202,13 +202,9 @@ bool gemm_weights_before_wait() {
   return (detail::launch_state_of_current_device() & detail::kLaunchGemmWeights) != 0;
 }
 
-bool pdl_available() {
+bool device_is_sm90_or_later() {
   int device = -1;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= detail::kMaxDevices) return false;
-  // The device's CudaBackend runtime decides (its config).
-  const int configured = detail::g_launch_state[device].load(std::memory_order_relaxed);
-  if (configured != 0) return (configured & detail::kLaunchPdl) != 0;
-  // A launcher used without a backend (a tuning bench): the device decides.
   // Per device: 0 not asked yet, 1 no, 2 yes. The answer never changes.
   static std::array<std::atomic<int>, detail::kMaxDevices> known{};
   int state = known[device].load(std::memory_order_relaxed);
@@ -220,6 +216,16 @@ bool pdl_available() {
     known[device].store(state, std::memory_order_relaxed);
   }
   return state == 2;
+}
+
+bool pdl_available() {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= detail::kMaxDevices) return false;
+  // The device's CudaBackend runtime decides (its config).
+  const int configured = detail::g_launch_state[device].load(std::memory_order_relaxed);
+  if (configured != 0) return (configured & detail::kLaunchPdl) != 0;
+  // A launcher used without a backend (a tuning bench): the device decides.
+  return device_is_sm90_or_later();
 }
 
 void throw_bad_dispatch(const char* op, const char* what, long long value) {
