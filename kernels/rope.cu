@@ -197,16 +197,14 @@ __device__ __forceinline__ T* fused_destination(const QkvRopeAppendArgs& a, cons
   return cache + (static_cast<long long>(kvh) * a.capacity + pos) * a.head_dim;
 }
 
-// Checks a row's position the way qk_norm_rope (the table) and the append
-// (the whole run base .. base + tokens - 1 in the cache) do; reports once
-// per row (lane_leader) and says whether the row may write. Either check
-// stops every row (q, k and v), so a bad step leaves q_out and both caches
-// as they were, as CpuBackend refuses the whole op.
-__device__ __forceinline__ bool fused_row_writes(const QkvRopeAppendArgs& a, const FusedRow& f, long long base,
-                                                 bool lane_leader) {
-  const long long pos = base + f.t;
+// Checks the whole run base .. base + tokens - 1 against the rope table and
+// the caches; reports once per row (lane_leader) and says whether the row
+// may write. Either check stops every row (q, k and v; every token, not only
+// the ones past the end), so a bad step leaves q_out and both caches as they
+// were, as CpuBackend refuses the whole op.
+__device__ __forceinline__ bool fused_row_writes(const QkvRopeAppendArgs& a, long long base, bool lane_leader) {
   bool ok = true;
-  if (pos < 0 || pos >= a.max_pos) {
+  if (base < 0 || base > a.max_pos - a.tokens) {
     if (lane_leader) report_device_error(a.error_flag, kErrRopePositionOutOfRange);
     ok = false;
   }
@@ -225,7 +223,7 @@ __global__ void qkv_rope_append_vec_kernel(const QkvRopeAppendArgs a, int group)
   const FusedRow f = fused_row(r, a.tokens, a.heads, a.kv_heads);
   const long long base = a.state != nullptr ? a.state->pos : a.pos_offset;
   const long long pos = base + f.t;
-  const bool writes = f.valid && fused_row_writes(a, f, base, g == 0);
+  const bool writes = f.valid && fused_row_writes(a, base, g == 0);
   const long long row_len = static_cast<long long>(a.heads + 2 * a.kv_heads) * a.head_dim;
   const T* in = static_cast<const T*>(a.qkv) + f.t * row_len + static_cast<long long>(f.h) * a.head_dim;
   T* const out = writes ? fused_destination<T>(a, f, pos) : nullptr;
@@ -251,7 +249,7 @@ __global__ void qkv_rope_append_kernel(const QkvRopeAppendArgs a) {
   const FusedRow f = fused_row(r, a.tokens, a.heads, a.kv_heads);
   if (!f.valid) return;  // whole warps exit together
   const long long base = a.state != nullptr ? a.state->pos : a.pos_offset;
-  if (!fused_row_writes(a, f, base, lane == 0)) return;
+  if (!fused_row_writes(a, base, lane == 0)) return;
   const long long pos = base + f.t;
   const long long row_len = static_cast<long long>(a.heads + 2 * a.kv_heads) * a.head_dim;
   const T* in = static_cast<const T*>(a.qkv) + f.t * row_len + static_cast<long long>(f.h) * a.head_dim;

@@ -34,9 +34,10 @@ void launch_qk_norm_rope(const RopeArgs& args, cudaStream_t stream);
 // qkv_rope_append in one launch: the rope rows of qk_norm_rope for q (to
 // q_out) and k (to the K cache at pos), and v copied to the V cache at pos,
 // pos = base + t with base = state->pos when state is non-null, else
-// pos_offset. A position past the tables skips the row and sets
-// kErrRopePositionOutOfRange; base past capacity - tokens skips every k and
-// v row and sets kErrKvAppendOverCapacity (as the two ops it replaces).
+// pos_offset. A run reaching past the tables (base + tokens > max_pos) sets
+// kErrRopePositionOutOfRange, one past the caches (base > capacity - tokens)
+// kErrKvAppendOverCapacity; either way no row is written (q_out and both
+// caches unchanged, as CpuBackend refuses the whole op).
 struct QkvRopeAppendArgs {
   DType dtype = DType::F16;
   const void* qkv = nullptr;     // [tokens, (heads + 2 kv_heads) * head_dim]: q | k | v per token

@@ -76,13 +76,15 @@ struct CudaBackendConfig {
   // the previous kernel. Per device, like programmatic_dependent_launch.
   bool pdl_early_trigger = false;
   bool gemm_prefetch_before_wait = false;
-  // A promise, off by default: no kernel still running when a gemm or
-  // gemm_silu_mul launches writes its weight operand b (true for model
+  // A promise, off by default: no kernel ordered before a gemm or
+  // gemm_silu_mul on its stream (or in its graph) that may not have completed
+  // writes the weight operand (gemm's b, gemm_silu_mul's w). True for model
   // weights loaded before decoding; false, e.g., when b is the output of the
-  // op just before). With it, the skinny decode GEMM reads its first round of
-  // b into registers before it waits on the previous kernel (PDL), so that
-  // round's DRAM latency overlaps the previous kernel's tail. Results are
-  // bitwise the same. Per device, like programmatic_dependent_launch.
+  // op just before. With it, the skinny SIMT decode GEMM (m <= 2) reads its
+  // first round of weights into registers before it waits on the previous
+  // kernel (PDL), so that round's DRAM latency overlaps the previous kernel's
+  // tail. Results are bitwise the same. Per device, like
+  // programmatic_dependent_launch.
   bool gemm_weights_before_wait = false;
   // The GPTQ INT4 kernel at m <= 16 (see GptqKernel). Per backend object (it
   // changes no workspace). A value outside the enum throws InvalidArgument

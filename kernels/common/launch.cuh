@@ -12,7 +12,11 @@
 // The contract, for every kernel launched through launch_pdl: its first
 // statement is pdl_begin(), before any global read or write. Then nothing it
 // reads can be stale and nothing it writes can be read by the previous kernel
-// (write-after-read), exactly as with an ordinary launch.
+// (write-after-read), exactly as with an ordinary launch. The two exceptions
+// are the skinny GEMM's, behind the switches below: an L2 prefetch hint
+// (gemm_prefetch_before_wait), and, on the caller's promise that no kernel
+// ordered before the GEMM writes its weights, real loads of the first round
+// of weights (gemm_weights_before_wait). Neither writes before the wait.
 //
 // By default no kernel triggers its dependents early
 // (griddepcontrol.launch_dependents): the next kernel is scheduled as this
@@ -30,9 +34,11 @@
 //   pdl_trigger_dependents() right after their own pdl_begin(), so triggers
 //   never run more than one kernel ahead;
 // - gemm_prefetch_before_wait: the skinny GEMM asks L2 for its first round
-//   of weights before its pdl_begin(). That is the one global access allowed
-//   before it: a prefetch hint of data no kernel in the stream writes, which
-//   returns nothing, so nothing stale can be read.
+//   of weights before its pdl_begin(): a prefetch hint, which returns
+//   nothing, so nothing stale can be read;
+// - gemm_weights_before_wait (a promise by the caller, see
+//   CudaBackendConfig): the skinny SIMT GEMM (m <= 2) loads its first round
+//   of weights into registers before its pdl_begin().
 //
 // Kernels launched the ordinary way (prefill attention, GPTQ, cuBLAS, NCCL) are full
 // dependencies as before, and pdl_begin() is a no-op when the launch did not

@@ -129,18 +129,28 @@ TEST(EngineCli, UnwritableDumpPathIsAnError) {
   EXPECT_EQ(output.find("prefill:"), std::string::npos) << "ran before failing: " << output;
 }
 
-TEST(EngineCli, NoPdlGivesTheSameTokens) {
-  // Without a GPU both runs use CpuBackend (the flag only configures the CUDA
-  // backend); on a GPU machine this compares PDL on and off.
+// The decode-step launch switches change no bit: each run's logits equal the
+// default run's, eager and graph. Without a GPU every run uses CpuBackend (the
+// flags only configure the CUDA backend); on a GPU machine this compares PDL
+// on and off, the early trigger, the L2 prefetch and the pre-wait weight loads
+// (gemm_weights_before_wait), which no other test can turn on (the first
+// backend on a device fixes them).
+TEST(EngineCli, LaunchSwitchesGiveTheSameLogits) {
   const std::filesystem::path dir = testing::scratch_dir();
   const std::filesystem::path log = dir / "engine.log";
-  ASSERT_EQ(run_engine("--random tiny-llama --steps 4 --dump-logits \"" + (dir / "a.bin").string() + "\"", log), 0)
-      << read_text(log);
-  ASSERT_EQ(run_engine("--random tiny-llama --steps 4 --no-pdl --dump-logits \"" + (dir / "b.bin").string() + "\"",
-                       log),
-            0)
-      << read_text(log);
-  EXPECT_EQ(read_floats(dir / "a.bin"), read_floats(dir / "b.bin"));
+  for (const char* mode : {"--eager", "--graph"}) {
+    SCOPED_TRACE(mode);
+    const std::string base = std::string("--random tiny-llama --steps 4 ") + mode;
+    ASSERT_EQ(run_engine(base + " --dump-logits \"" + (dir / "a.bin").string() + "\"", log), 0) << read_text(log);
+    for (const char* switches : {"--no-pdl", "--gemm-early-weights", "--pdl-trigger --gemm-early-weights --gemm-prefetch"}) {
+      SCOPED_TRACE(switches);
+      std::filesystem::remove(dir / "b.bin");
+      ASSERT_EQ(run_engine(base + " " + switches + " --dump-logits \"" + (dir / "b.bin").string() + "\"", log), 0)
+          << read_text(log);
+      EXPECT_EQ(read_floats(dir / "a.bin"), read_floats(dir / "b.bin"));
+    }
+    std::filesystem::remove(dir / "a.bin");
+  }
 }
 
 // --skinny-max-m (CudaBackendConfig::gemm_skinny_max_m): both ends of its
