@@ -129,6 +129,20 @@ TEST(EngineCli, UnwritableDumpPathIsAnError) {
   EXPECT_EQ(output.find("prefill:"), std::string::npos) << "ran before failing: " << output;
 }
 
+// A checkpoint the CUDA backend can run (tiny-llama at head_dim 64: the
+// tiny presets' head_dim 16 is not one of the CUDA attention kernels'), so
+// that on a GPU machine the engine runs there and not on its CPU fallback.
+std::filesystem::path write_gpu_tiny_checkpoint(const std::filesystem::path& dir) {
+  const ModelConfig config = testing::gpu_tiny_llama_config();
+  testing::write_checkpoint(dir / "gpu-model", config, RandomTensorSource(config, kSeed), SafetensorsDType::F16, 1);
+  return dir / "gpu-model";
+}
+
+// The backend line the engine printed names CUDA whenever a GPU is present.
+void expect_gpu_backend_when_present(const std::string& output) {
+  if (cuda_device_count() > 0) EXPECT_NE(output.find("backend cuda"), std::string::npos) << output;
+}
+
 // The decode-step launch switches change no bit: each run's logits equal the
 // default run's, eager and graph. Without a GPU every run uses CpuBackend (the
 // flags only configure the CUDA backend); on a GPU machine this compares PDL
@@ -138,10 +152,12 @@ TEST(EngineCli, UnwritableDumpPathIsAnError) {
 TEST(EngineCli, LaunchSwitchesGiveTheSameLogits) {
   const std::filesystem::path dir = testing::scratch_dir();
   const std::filesystem::path log = dir / "engine.log";
+  const std::filesystem::path model = write_gpu_tiny_checkpoint(dir);
   for (const char* mode : {"--eager", "--graph"}) {
     SCOPED_TRACE(mode);
-    const std::string base = std::string("--random tiny-llama --steps 4 ") + mode;
+    const std::string base = "--model \"" + model.string() + "\" --steps 4 " + mode;
     ASSERT_EQ(run_engine(base + " --dump-logits \"" + (dir / "a.bin").string() + "\"", log), 0) << read_text(log);
+    expect_gpu_backend_when_present(read_text(log));
     for (const char* switches : {"--no-pdl", "--gemm-early-weights", "--pdl-trigger --gemm-early-weights --gemm-prefetch"}) {
       SCOPED_TRACE(switches);
       std::filesystem::remove(dir / "b.bin");
@@ -153,6 +169,20 @@ TEST(EngineCli, LaunchSwitchesGiveTheSameLogits) {
   }
 }
 
+// A preset whose attention shape the CUDA backend cannot run (head_dim 16)
+// still decodes on a GPU machine: the engine says so and takes CpuBackend.
+TEST(EngineCli, UnsupportedAttentionShapeFallsBackToCpu) {
+  const std::filesystem::path dir = testing::scratch_dir();
+  const std::filesystem::path log = dir / "engine.log";
+  ASSERT_EQ(run_engine("--random tiny-qwen3 --steps 2", log), 0) << read_text(log);
+  const std::string output = read_text(log);
+  EXPECT_EQ(generated_tokens(output).size(), 2u);
+  if (cuda_device_count() > 0) {
+    EXPECT_NE(output.find("cannot run this model's attention"), std::string::npos) << output;
+    EXPECT_NE(output.find("falling back to the CPU backend"), std::string::npos) << output;
+  }
+}
+
 // --skinny-max-m (CudaBackendConfig::gemm_skinny_max_m): both ends of its
 // range run (skinny wherever it applies, cuBLAS only; on CpuBackend without
 // a GPU), and a value past kSkinnyMaxM is refused by name. (The two paths
@@ -160,9 +190,12 @@ TEST(EngineCli, LaunchSwitchesGiveTheSameLogits) {
 TEST(EngineCli, SkinnyMaxMRange) {
   const std::filesystem::path dir = testing::scratch_dir();
   const std::filesystem::path log = dir / "engine.log";
+  const std::filesystem::path model = write_gpu_tiny_checkpoint(dir);
   for (const char* m : {"8", "0"}) {
-    ASSERT_EQ(run_engine(std::string("--random tiny-llama --steps 4 --skinny-max-m ") + m, log), 0) << read_text(log);
+    ASSERT_EQ(run_engine("--model \"" + model.string() + "\" --steps 4 --skinny-max-m " + std::string(m), log), 0)
+        << read_text(log);
     EXPECT_EQ(generated_tokens(read_text(log)).size(), 4u);
+    expect_gpu_backend_when_present(read_text(log));
   }
   EXPECT_EQ(run_engine("--random tiny-llama --steps 2 --skinny-max-m 9", log), 1);
   EXPECT_NE(read_text(log).find("--skinny-max-m takes 0..8, got 9"), std::string::npos) << read_text(log);
