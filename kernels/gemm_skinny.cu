@@ -84,15 +84,17 @@ template <bool kPinned = false>
 __device__ __forceinline__ uint4 load_weight(const uint4* p, std::uint64_t policy) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   uint4 r;
+  // One instruction and operand list for both forms; only `volatile` differs.
+#define FERRUM_LOAD_WEIGHT_ASM                                                              \
+  ("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;" \
+   : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)                                             \
+   : "l"(p), "l"(policy))
   if constexpr (kPinned) {
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p), "l"(policy));
+    asm volatile FERRUM_LOAD_WEIGHT_ASM;
   } else {
-    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p), "l"(policy));
+    asm FERRUM_LOAD_WEIGHT_ASM;
   }
+#undef FERRUM_LOAD_WEIGHT_ASM
   return r;
 #else
   (void)policy;

@@ -195,7 +195,9 @@ int next_pow2(int v) {
 //   add_rms  bf16 t2 278.85 | 41.41      t4 292.51 | 42.88   -> 2
 //   layer    f16  t2 190.91 | 31.55      t4 144.80 | 25.92   -> 4
 //   layer    bf16 t2 193.66 | 31.71      t4 229.63 | 36.29   -> 2 (at 4 it
-//            hits the 64-register launch bound and spills)
+//            hits the 64-register launch bound and spills; session 7 gave
+//            it a 512-thread bound, 97 registers and no spill: 190.2 µs at
+//            128 threads, 202.6 at 256, no better than 2, so backed out)
 // Through CudaBackend (ferrum_bench): layer f16 140.0 µs, rms bf16 133.1.
 template <NormKind K, class T>
 constexpr int tuned_vectors_per_thread() {

@@ -276,6 +276,41 @@ class CudaDeviceCheck : public CudaTest {
     EXPECT_NO_THROW(cuda().synchronize()) << "the device error must be reported once";
     expect_backend_works(cuda(), cpu(), rng);
   }
+
+  // qkv_rope_append (8 q heads, 2 kv heads, head_dim 128, one token) at each
+  // decode-state position in `steps`, each past the rope table (max_pos rows)
+  // or past the caches (capacity rows): no row writes (q_out keeps its
+  // contents, neither cache changes, nothing past any of them), and
+  // synchronize() names the op.
+  void expect_qkv_rope_append_refused(Rng& rng, DType dtype, std::size_t capacity, std::size_t max_pos,
+                                      std::initializer_list<std::uint32_t> steps) {
+    constexpr std::size_t kHeads = 8, kKv = 2, kHd = 128;
+    const RopeTables tables = make_rope_tables(max_pos, kHd, kRopeTheta10k);
+    const DeviceTensor qkv(cuda(), random_normal(rng, dtype, (kHeads + 2 * kKv) * kHd)), cos(cuda(), tables.cos),
+        sin(cuda(), tables.sin);
+    const HostTensor initial = random_normal(rng, dtype, kKv * capacity * kHd);
+    const HostTensor q_initial = random_normal(rng, dtype, kHeads * kHd);
+    GuardedOutput k_cache(cuda(), initial), v_cache(cuda(), initial), q_out(cuda(), q_initial);
+    const QkvRopeAppendConfig cfg{
+        .heads = kHeads, .kv_heads = kKv, .head_dim = kHd, .capacity = capacity, .max_pos = max_pos};
+    for (std::uint32_t step : steps) {
+      SCOPED_TRACE(cat("step ", step, ", rope table rows ", max_pos, ", cache capacity ", capacity));
+      {
+        DeviceStateScope scope(cuda(), true);
+        cuda().set_decode_state(0, step);
+        EXPECT_NO_THROW(cuda().qkv_rope_append(qkv.view(), nullptr, nullptr, cos.view(), sin.view(), q_out.view(),
+                                               k_cache.view(), v_cache.view(), 1, 0, cfg));
+      }
+      expect_error(ErrorCode::DeviceCheck, "qkv_rope_append", [&] { cuda().synchronize(); });
+      EXPECT_TRUE(k_cache.check_guard());
+      EXPECT_TRUE(v_cache.check_guard());
+      EXPECT_TRUE(q_out.check_guard());
+      EXPECT_TRUE(bitwise_equal(k_cache.bytes(), encode_bytes(initial), 2));
+      EXPECT_TRUE(bitwise_equal(v_cache.bytes(), encode_bytes(initial), 2));
+      EXPECT_TRUE(bitwise_equal(q_out.bytes(), encode_bytes(q_initial), 2));
+      expect_backend_still_works(rng);
+    }
+  }
 };
 
 TEST_F(CudaDeviceCheck, OutOfRangeDecodeStateToken) {
@@ -329,68 +364,17 @@ TEST_F(CudaDeviceCheck, DecodeStatePositionPastRopeTable) {
   expect_backend_still_works(rng);
 }
 
-// qkv_rope_append with a decode-state position past the rope tables but
-// inside the caches: no row writes (q_out keeps its poison, neither cache
-// changes: v is refused with its token's k), and synchronize() names the op.
+// Past the 128-row tables, inside the 256-row caches (v is refused with its
+// token's k).
 TEST_F(CudaDeviceCheck, QkvRopeAppendPastRopeTable) {
   FERRUM_SEEDED_RNG(rng);
-  constexpr std::size_t kHeads = 8, kKv = 2, kHd = 128, kCap = 256, kMaxPos = 128;
-  const RopeTables tables = make_rope_tables(kMaxPos, kHd, kRopeTheta10k);
-  const DeviceTensor qkv(cuda(), random_normal(rng, DType::BF16, (kHeads + 2 * kKv) * kHd)), cos(cuda(), tables.cos),
-      sin(cuda(), tables.sin);
-  const HostTensor initial = random_normal(rng, DType::BF16, kKv * kCap * kHd);
-  const HostTensor q_initial = random_normal(rng, DType::BF16, kHeads * kHd);
-  GuardedOutput k_cache(cuda(), initial), v_cache(cuda(), initial), q_out(cuda(), q_initial);
-  const QkvRopeAppendConfig cfg{.heads = kHeads, .kv_heads = kKv, .head_dim = kHd, .capacity = kCap, .max_pos = kMaxPos};
-  for (std::uint32_t step : {128u, 200u}) {
-    SCOPED_TRACE(cat("step ", step, ": past the 128-row tables, inside the 256-row caches"));
-    {
-      DeviceStateScope scope(cuda(), true);
-      cuda().set_decode_state(0, step);
-      EXPECT_NO_THROW(cuda().qkv_rope_append(qkv.view(), nullptr, nullptr, cos.view(), sin.view(), q_out.view(),
-                                             k_cache.view(), v_cache.view(), 1, 0, cfg));
-    }
-    expect_error(ErrorCode::DeviceCheck, "qkv_rope_append", [&] { cuda().synchronize(); });
-    EXPECT_TRUE(k_cache.check_guard());
-    EXPECT_TRUE(v_cache.check_guard());
-    EXPECT_TRUE(q_out.check_guard());
-    EXPECT_TRUE(bitwise_equal(k_cache.bytes(), encode_bytes(initial), 2));
-    EXPECT_TRUE(bitwise_equal(v_cache.bytes(), encode_bytes(initial), 2));
-    EXPECT_TRUE(bitwise_equal(q_out.bytes(), encode_bytes(q_initial), 2));
-    expect_backend_still_works(rng);
-  }
+  expect_qkv_rope_append_refused(rng, DType::BF16, 256, 128, {128u, 200u});
 }
 
-// qkv_rope_append with a decode-state position past the caches (inside the
-// tables): no row writes (q_out keeps its contents, neither cache changes,
-// nothing past any of them), and synchronize() names the op.
+// Past the 64-row caches, inside the 128-row tables.
 TEST_F(CudaDeviceCheck, QkvRopeAppendPastKvCapacity) {
   FERRUM_SEEDED_RNG(rng);
-  constexpr std::size_t kHeads = 8, kKv = 2, kHd = 128, kCap = 64, kMaxPos = 128;
-  const RopeTables tables = make_rope_tables(kMaxPos, kHd, kRopeTheta10k);
-  const DeviceTensor qkv(cuda(), random_normal(rng, DType::F16, (kHeads + 2 * kKv) * kHd)), cos(cuda(), tables.cos),
-      sin(cuda(), tables.sin);
-  const HostTensor initial = random_normal(rng, DType::F16, kKv * kCap * kHd);
-  const HostTensor q_initial = random_normal(rng, DType::F16, kHeads * kHd);
-  GuardedOutput k_cache(cuda(), initial), v_cache(cuda(), initial), q_out(cuda(), q_initial);
-  const QkvRopeAppendConfig cfg{.heads = kHeads, .kv_heads = kKv, .head_dim = kHd, .capacity = kCap, .max_pos = kMaxPos};
-  for (std::uint32_t step : {64u, 100u}) {
-    SCOPED_TRACE(cat("step ", step, " capacity 64"));
-    {
-      DeviceStateScope scope(cuda(), true);
-      cuda().set_decode_state(0, step);
-      EXPECT_NO_THROW(cuda().qkv_rope_append(qkv.view(), nullptr, nullptr, cos.view(), sin.view(), q_out.view(),
-                                             k_cache.view(), v_cache.view(), 1, 0, cfg));
-    }
-    expect_error(ErrorCode::DeviceCheck, "qkv_rope_append", [&] { cuda().synchronize(); });
-    EXPECT_TRUE(k_cache.check_guard());
-    EXPECT_TRUE(v_cache.check_guard());
-    EXPECT_TRUE(q_out.check_guard());
-    EXPECT_TRUE(bitwise_equal(k_cache.bytes(), encode_bytes(initial), 2));
-    EXPECT_TRUE(bitwise_equal(v_cache.bytes(), encode_bytes(initial), 2));
-    EXPECT_TRUE(bitwise_equal(q_out.bytes(), encode_bytes(q_initial), 2));
-    expect_backend_still_works(rng);
-  }
+  expect_qkv_rope_append_refused(rng, DType::F16, 64, 128, {64u, 100u});
 }
 
 TEST_F(CudaDeviceCheck, DecodeStatePositionPastKvCapacity) {
