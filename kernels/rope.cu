@@ -187,31 +187,54 @@ __device__ __forceinline__ FusedRow fused_row(long long r, int tokens, int heads
   return f;
 }
 
-// The destination of row f at position pos: q_out, the K cache or the V cache.
+// The destination of row f at position pos: q_out, the K cache or the V cache
+// (with positions: of sequence f.t, and q_out batch-major).
 template <class T>
 __device__ __forceinline__ T* fused_destination(const QkvRopeAppendArgs& a, const FusedRow& f, long long pos) {
-  if (f.h < a.heads) return static_cast<T*>(a.q_out) + (static_cast<long long>(f.h) * a.tokens + f.t) * a.head_dim;
+  const bool ragged = a.positions != nullptr;
+  if (f.h < a.heads) {
+    const long long q_row = ragged ? static_cast<long long>(f.t) * a.heads + f.h
+                                   : static_cast<long long>(f.h) * a.tokens + f.t;
+    return static_cast<T*>(a.q_out) + q_row * a.head_dim;
+  }
   const bool is_k = f.h < a.heads + a.kv_heads;
   const int kvh = is_k ? f.h - a.heads : f.h - a.heads - a.kv_heads;
+  const long long seq = ragged ? f.t : 0;
   T* const cache = static_cast<T*>(is_k ? a.k_cache : a.v_cache);
-  return cache + (static_cast<long long>(kvh) * a.capacity + pos) * a.head_dim;
+  return cache + ((seq * a.kv_heads + kvh) * a.capacity + pos) * a.head_dim;
 }
 
-// Checks the whole run base .. base + tokens - 1 against the rope table and
-// the caches; reports once per row (lane_leader) and says whether the row
-// may write. Either check stops every row (q, k and v; every token, not only
-// the ones past the end), so a bad step leaves q_out and both caches as they
-// were, as CpuBackend refuses the whole op.
-__device__ __forceinline__ bool fused_row_writes(const QkvRopeAppendArgs& a, long long base, bool lane_leader) {
+// Checks positions [first, first + count) against the rope table and the
+// caches, reporting through lane_leader; false if any is outside.
+__device__ __forceinline__ bool fused_run_fits(const QkvRopeAppendArgs& a, long long first, long long count,
+                                               bool lane_leader) {
   bool ok = true;
-  if (base < 0 || base > a.max_pos - a.tokens) {
+  if (first < 0 || first > a.max_pos - count) {
     if (lane_leader) report_device_error(a.error_flag, kErrRopePositionOutOfRange);
     ok = false;
   }
-  if (base < 0 || base > a.capacity - a.tokens) {
+  if (first < 0 || first > a.capacity - count) {
     if (lane_leader) report_device_error(a.error_flag, kErrKvAppendOverCapacity);
     ok = false;
   }
+  return ok;
+}
+
+// The position of row f, and whether the op may write at all: one run
+// base .. base + tokens - 1, or with positions every sequence's own. Any
+// position outside stops every row (q, k and v; every token, not only the
+// bad ones), so a bad step leaves q_out and the caches as they were, as
+// CpuBackend refuses the whole op. Reports once per row (lane_leader).
+__device__ __forceinline__ bool fused_row_position(const QkvRopeAppendArgs& a, const FusedRow& f, bool lane_leader,
+                                                   long long& pos) {
+  if (a.positions == nullptr) {
+    const long long base = a.state != nullptr ? a.state->pos : a.pos_offset;
+    pos = base + f.t;
+    return fused_run_fits(a, base, a.tokens, lane_leader);
+  }
+  bool ok = true;
+  for (int t = 0; t < a.tokens; ++t) ok = fused_run_fits(a, a.positions[t], 1, lane_leader) && ok;
+  pos = a.positions[f.t];
   return ok;
 }
 
@@ -221,9 +244,8 @@ __global__ void qkv_rope_append_vec_kernel(const QkvRopeAppendArgs a, int group)
   const long long r = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / group;
   const int g = threadIdx.x % group;
   const FusedRow f = fused_row(r, a.tokens, a.heads, a.kv_heads);
-  const long long base = a.state != nullptr ? a.state->pos : a.pos_offset;
-  const long long pos = base + f.t;
-  const bool writes = f.valid && fused_row_writes(a, base, g == 0);
+  long long pos = 0;
+  const bool writes = f.valid && fused_row_position(a, f, g == 0, pos);
   const long long row_len = static_cast<long long>(a.heads + 2 * a.kv_heads) * a.head_dim;
   const T* in = static_cast<const T*>(a.qkv) + f.t * row_len + static_cast<long long>(f.h) * a.head_dim;
   T* const out = writes ? fused_destination<T>(a, f, pos) : nullptr;
@@ -248,9 +270,8 @@ __global__ void qkv_rope_append_kernel(const QkvRopeAppendArgs a) {
   const int lane = threadIdx.x % 32;
   const FusedRow f = fused_row(r, a.tokens, a.heads, a.kv_heads);
   if (!f.valid) return;  // whole warps exit together
-  const long long base = a.state != nullptr ? a.state->pos : a.pos_offset;
-  if (!fused_row_writes(a, base, lane == 0)) return;
-  const long long pos = base + f.t;
+  long long pos = 0;
+  if (!fused_row_position(a, f, lane == 0, pos)) return;
   const long long row_len = static_cast<long long>(a.heads + 2 * a.kv_heads) * a.head_dim;
   const T* in = static_cast<const T*>(a.qkv) + f.t * row_len + static_cast<long long>(f.h) * a.head_dim;
   T* const out = fused_destination<T>(a, f, pos);

@@ -45,9 +45,12 @@ struct QkvRopeAppendArgs {
   const void* k_norm = nullptr;  // [head_dim]
   const float* cos = nullptr;    // [max_pos, head_dim / 2]
   const float* sin = nullptr;    // [max_pos, head_dim / 2]
-  void* q_out = nullptr;         // [heads, tokens, head_dim]
-  void* k_cache = nullptr;       // [kv_heads, capacity, head_dim]
-  void* v_cache = nullptr;       // [kv_heads, capacity, head_dim]
+  void* q_out = nullptr;         // [heads, tokens, head_dim]; with positions [tokens = batch, heads, head_dim]
+  void* k_cache = nullptr;       // [kv_heads, capacity, head_dim]; with positions [batch, kv_heads, capacity, head_dim]
+  void* v_cache = nullptr;       // as k_cache
+  // Batch decode (qkv_rope_append_ragged): token t is sequence t, at
+  // positions[t] in its own caches; wins over pos_offset and state.
+  const int* positions = nullptr;  // [tokens] i32
   int tokens = 0;
   int heads = 0;
   int kv_heads = 0;

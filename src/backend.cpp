@@ -49,6 +49,7 @@ std::string_view to_string(Op op) noexcept {
     case Op::GraphCapture: return "graph_capture";
     case Op::DeviceStateMode: return "device_state_mode";
     case Op::GemmSiluMul: return "gemm_silu_mul";
+    case Op::QkvRopeAppendRagged: return "qkv_rope_append_ragged";
   }
   return "unknown_op";
 }
@@ -579,11 +580,18 @@ void Backend::kv_cache_append_head_major(Buffer& cache_k, Buffer& cache_v, std::
                                 use_state);
 }
 
-void Backend::qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm, const Buffer& cos,
-                              const Buffer& sin, Buffer& q_out, Buffer& k_cache, Buffer& v_cache, std::size_t tokens,
-                              std::size_t pos_offset, const QkvRopeAppendConfig& cfg) {
-  OpCheck check(*this, "qkv_rope_append");
-  check.size("tokens", tokens);
+namespace {
+
+// What qkv_rope_append and its ragged form share: the geometry, the buffers
+// and their dtype, q_out and qkv for `tokens` rows, caches for `sequences`
+// sequences, the rope tables, and the host-known positions [pos_offset,
+// pos_offset + tokens) inside the tables when `host_positions`.
+void check_qkv_rope_append(const OpCheck& check, const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm,
+                           const Buffer& cos, const Buffer& sin, const Buffer& q_out, const Buffer& k_cache,
+                           const Buffer& v_cache, std::size_t tokens, std::size_t sequences, std::size_t pos_offset,
+                           bool host_positions, const QkvRopeAppendConfig& cfg, std::string_view tokens_name,
+                           std::string_view qkv_layout, std::string_view q_layout, std::string_view cache_layout) {
+  check.size(tokens_name, tokens);
   check.size("cfg.heads", cfg.heads);
   check.size("cfg.kv_heads", cfg.kv_heads);
   check.size("cfg.head_dim", cfg.head_dim);
@@ -598,19 +606,50 @@ void Backend::qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, const Buf
   check.same_dtype("k_cache", k_cache, "qkv", qkv);
   check.same_dtype("v_cache", v_cache, "qkv", qkv);
   const std::size_t row = check.product({cfg.heads + 2 * cfg.kv_heads, cfg.head_dim});
-  check.holds("qkv", qkv, check.product({tokens, row}), "[tokens, (heads + 2 kv_heads) * head_dim]");
-  check.holds("q_out", q_out, check.product({cfg.heads, tokens, cfg.head_dim}), "[heads, tokens, head_dim]");
-  const std::size_t cache_n = check.product({cfg.kv_heads, cfg.capacity, cfg.head_dim});
-  check.holds("k_cache", k_cache, cache_n, "[kv_heads, capacity, head_dim]");
-  check.holds("v_cache", v_cache, cache_n, "[kv_heads, capacity, head_dim]");
+  check.holds("qkv", qkv, check.product({tokens, row}), qkv_layout);
+  check.holds("q_out", q_out, check.product({cfg.heads, tokens, cfg.head_dim}), q_layout);
+  const std::size_t cache_n = check.product({sequences, cfg.kv_heads, cfg.capacity, cfg.head_dim});
+  check.holds("k_cache", k_cache, cache_n, cache_layout);
+  check.holds("v_cache", v_cache, cache_n, cache_layout);
+  check_rope(check, "cfg.", "qkv", qkv, {{"q_norm", q_norm}, {"k_norm", k_norm}}, cos, sin, tokens, cfg.head_dim,
+             pos_offset, cfg.max_pos, cfg.eps, cfg.mode, !host_positions);
+}
+
+}  // namespace
+
+void Backend::qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm, const Buffer& cos,
+                              const Buffer& sin, Buffer& q_out, Buffer& k_cache, Buffer& v_cache, std::size_t tokens,
+                              std::size_t pos_offset, const QkvRopeAppendConfig& cfg) {
+  OpCheck check(*this, "qkv_rope_append");
   const bool use_state = device_state_mode() && tokens == 1;
-  check_rope(check, "cfg.", "qkv", qkv, {{"q_norm", q_norm}, {"k_norm", k_norm}}, cos, sin, tokens, cfg.head_dim, pos_offset,
-             cfg.max_pos, cfg.eps, cfg.mode, use_state);
+  check_qkv_rope_append(check, qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, tokens, 1, pos_offset,
+                        !use_state, cfg, "tokens", "[tokens, (heads + 2 kv_heads) * head_dim]", "[heads, tokens, head_dim]", "[kv_heads, capacity, head_dim]");
   if (tokens > cfg.capacity || (!use_state && pos_offset > cfg.capacity - tokens)) {
     check.fail(ErrorCode::CapacityExceeded, "qkv_rope_append: positions [{}, {}) run past cfg.capacity = {}",
                pos_offset, pos_offset + tokens, cfg.capacity);
   }
   do_qkv_rope_append(qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, tokens, pos_offset, cfg, use_state);
+}
+
+void Backend::qkv_rope_append_ragged(const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm, const Buffer& cos,
+                                     const Buffer& sin, Buffer& q_out, Buffer& k_cache, Buffer& v_cache,
+                                     const Buffer& positions, std::size_t batch, const QkvRopeAppendConfig& cfg) {
+  OpCheck check(*this, "qkv_rope_append_ragged");
+  check_qkv_rope_append(check, qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, batch, batch, 0,
+                        /*host_positions=*/false, cfg, "batch", "[batch, (heads + 2 kv_heads) * head_dim]",
+                        "[batch, heads, head_dim]",
+                        "[batch, kv_heads, capacity, head_dim]");
+  check.buffer("positions", positions);
+  check.dtype("positions", positions, DType::I32);
+  check.holds("positions", positions, batch, "[batch]");
+  do_qkv_rope_append_ragged(qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, positions, batch, cfg);
+}
+
+void Backend::do_qkv_rope_append_ragged(const Buffer&, const Buffer*, const Buffer*, const Buffer&, const Buffer&,
+                                        Buffer&, Buffer&, Buffer&, const Buffer&, std::size_t,
+                                        const QkvRopeAppendConfig&) {
+  OpCheck check(*this, "qkv_rope_append_ragged");
+  check.fail(ErrorCode::Unsupported, "qkv_rope_append_ragged: not implemented on the {} backend", name());
 }
 
 void Backend::transpose_head_to_token(const Buffer& src, Buffer& dst, std::size_t tokens, std::size_t heads,

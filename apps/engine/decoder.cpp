@@ -18,7 +18,7 @@ std::string to_string(DecodeMode mode) {
   return "?";
 }
 
-std::vector<Op> required_ops(DecodeMode mode, bool gptq) {
+std::vector<Op> required_ops(DecodeMode mode, bool gptq, bool batch) {
   std::vector<Op> ops = {Op::EmbeddingLookup,      Op::RmsNorm,
                          Op::FusedAddRmsNorm,      Op::Gemm,
                          Op::QkvRopeAppend,        Op::QkNormRope,
@@ -30,29 +30,33 @@ std::vector<Op> required_ops(DecodeMode mode, bool gptq) {
     ops.push_back(Op::GemmGptq);
     ops.push_back(Op::CopySlice);  // prefill through an unfused gate | up
   }
+  if (batch) {
+    ops.push_back(Op::QkvRopeAppendRagged);
+    ops.push_back(Op::FlashDecodeRagged);
+  }
   if (mode != DecodeMode::Eager) ops.push_back(Op::DeviceStateMode);
   if (mode == DecodeMode::Graph) ops.push_back(Op::GraphCapture);
   return ops;
 }
 
-std::vector<Op> missing_ops(const Backend& backend, DecodeMode mode, bool gptq) {
+std::vector<Op> missing_ops(const Backend& backend, DecodeMode mode, bool gptq, bool batch) {
   std::vector<Op> missing;
-  for (Op op : required_ops(mode, gptq)) {
+  for (Op op : required_ops(mode, gptq, batch)) {
     if (!backend.supports(op)) missing.push_back(op);
   }
   return missing;
 }
 
 Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_capacity,
-                 std::size_t max_prefill_tokens, DecodeMode mode)
+                 std::size_t max_prefill_tokens, DecodeMode mode, std::size_t sequences)
     : be_(backend), w_(weights), cfg_(weights.config), capacity_(kv_capacity), max_tokens_(max_prefill_tokens),
-      mode_(mode) {
-  const std::vector<Op> missing = missing_ops(backend, mode, weights.has_gptq());
+      mode_(mode), positions_(sequences, 0) {
+  const std::vector<Op> missing = missing_ops(backend, mode, weights.has_gptq(), sequences > 1);
   if (!missing.empty()) {
     std::string names;
     for (Op op : missing) names += concat(names.empty() ? "" : ", ", ferrum::to_string(op));
     fail(ErrorCode::Unsupported, "Decoder: the ", backend.name(), " backend lacks ", names, " (needed by ",
-         to_string(mode), " decoding)");
+         to_string(mode), " decoding", sequences > 1 ? " of a batch" : "", ")");
   }
   if (kv_capacity == 0 || kv_capacity > cfg_.max_position_embeddings) {
     fail(ErrorCode::InvalidArgument, "Decoder: kv_capacity = ", kv_capacity, " must be in [1, ",
@@ -62,20 +66,32 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
     fail(ErrorCode::InvalidArgument, "Decoder: max_prefill_tokens = ", max_prefill_tokens, " must be in [1, ",
          kv_capacity, "] (kv_capacity)");
   }
+  if (sequences == 0 || sequences > 0x7fffffff) {
+    fail(ErrorCode::InvalidArgument, "Decoder: sequences = ", sequences, " must be in [1, 2^31)");
+  }
+  const bool unfused_qkv = std::any_of(w_.layers.begin(), w_.layers.end(),
+                                       [](const LayerWeights& l) { return !l.qkv_proj.fused(); });
+  if (unfused_qkv && sequences > 1) {
+    // qkv_rope_append_ragged reads one [q | k | v] row per sequence.
+    fail(ErrorCode::Unsupported, "Decoder: sequences = ", sequences,
+         " needs a fused QKV projection; this model's q / k / v projections are separate (GPTQ parts whose g_idx "
+         "differ)");
+  }
   const DType dt = cfg_.dtype;
   const std::size_t t = max_tokens_;
+  const std::size_t rows = std::max(max_tokens_, sequences);
   const std::size_t hidden = cfg_.hidden_size;
   const std::size_t im = cfg_.intermediate_size;
   for (std::size_t l = 0; l < cfg_.num_hidden_layers; ++l) {
-    k_cache_.push_back(be_.alloc(dt, cfg_.num_key_value_heads * capacity_ * cfg_.head_dim));
-    v_cache_.push_back(be_.alloc(dt, cfg_.num_key_value_heads * capacity_ * cfg_.head_dim));
+    k_cache_.push_back(be_.alloc(dt, sequences * cfg_.num_key_value_heads * capacity_ * cfg_.head_dim));
+    v_cache_.push_back(be_.alloc(dt, sequences * cfg_.num_key_value_heads * capacity_ * cfg_.head_dim));
   }
-  ids_ = be_.alloc(DType::I32, t);
-  residual_ = be_.alloc(dt, t * hidden);
-  normed_ = be_.alloc(dt, t * hidden);
-  qkv_ = be_.alloc(dt, t * cfg_.qkv_dim());
-  const bool unfused_qkv = std::any_of(w_.layers.begin(), w_.layers.end(),
-                                       [](const LayerWeights& l) { return !l.qkv_proj.fused(); });
+  ids_ = be_.alloc(DType::I32, rows);
+  seq_positions_ = be_.alloc(DType::I32, sequences);
+  kv_lens_ = be_.alloc(DType::I32, sequences);
+  residual_ = be_.alloc(dt, rows * hidden);
+  normed_ = be_.alloc(dt, rows * hidden);
+  qkv_ = be_.alloc(dt, rows * cfg_.qkv_dim());
   if (unfused_qkv) {  // q, k, v projected apart: the op-by-op rope / transpose / append path
     q_ = be_.alloc(dt, t * cfg_.q_dim());
     k_ = be_.alloc(dt, t * cfg_.kv_dim());
@@ -83,25 +99,34 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
     k_heads_ = be_.alloc(dt, t * cfg_.kv_dim());
     v_heads_ = be_.alloc(dt, t * cfg_.kv_dim());
   }
-  q_heads_ = be_.alloc(dt, t * cfg_.q_dim());
-  attn_heads_ = be_.alloc(dt, t * cfg_.q_dim());
+  q_heads_ = be_.alloc(dt, rows * cfg_.q_dim());
+  attn_heads_ = be_.alloc(dt, rows * cfg_.q_dim());
   attn_tokens_ = be_.alloc(dt, t * cfg_.q_dim());
-  attn_out_ = be_.alloc(dt, t * hidden);
-  gate_up_ = be_.alloc(dt, t * 2 * im);
-  act_ = be_.alloc(dt, t * im);
-  mlp_out_ = be_.alloc(dt, t * hidden);
-  logits_ = be_.alloc(dt, cfg_.vocab_size);
-  next_token_ = be_.alloc(DType::I32, 1);
+  attn_out_ = be_.alloc(dt, rows * hidden);
+  gate_up_ = be_.alloc(dt, rows * 2 * im);
+  act_ = be_.alloc(dt, rows * im);
+  mlp_out_ = be_.alloc(dt, rows * hidden);
+  logits_ = be_.alloc(dt, sequences * cfg_.vocab_size);
+  next_token_ = be_.alloc(DType::I32, sequences);
 }
 
-void Decoder::check_tokens(std::span<const std::int32_t> tokens) const {
+void Decoder::check_sequence(std::size_t seq) const {
+  if (seq >= positions_.size()) {
+    fail(ErrorCode::InvalidArgument, "Decoder: sequence ", seq, " is outside [0, ", positions_.size(),
+         ") (sequences)");
+  }
+}
+
+void Decoder::check_tokens(std::size_t seq, std::span<const std::int32_t> tokens) const {
+  check_sequence(seq);
   if (tokens.empty()) fail(ErrorCode::InvalidArgument, "Decoder: no tokens given");
   if (tokens.size() > max_tokens_) {
     fail(ErrorCode::InvalidArgument, "Decoder: ", tokens.size(), " tokens exceed max_prefill_tokens = ", max_tokens_);
   }
-  if (position_ + tokens.size() > capacity_) {
-    fail(ErrorCode::CapacityExceeded, "Decoder: positions [", position_, ", ", position_ + tokens.size(),
-         ") run past kv_capacity = ", capacity_);
+  const std::size_t pos = positions_[seq];
+  if (pos + tokens.size() > capacity_) {
+    fail(ErrorCode::CapacityExceeded, "Decoder: positions [", pos, ", ", pos + tokens.size(), ") of sequence ", seq,
+         " run past kv_capacity = ", capacity_);
   }
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || static_cast<std::size_t>(tokens[i]) >= cfg_.vocab_size) {
@@ -111,14 +136,14 @@ void Decoder::check_tokens(std::span<const std::int32_t> tokens) const {
   }
 }
 
-std::vector<float> Decoder::prefill(std::span<const std::int32_t> tokens) {
-  run_prefill(tokens);
+std::vector<float> Decoder::prefill(std::size_t seq, std::span<const std::int32_t> tokens) {
+  run_prefill(seq, tokens);
   return logits();
 }
 
-std::int32_t Decoder::prefill_next(std::span<const std::int32_t> tokens) {
-  run_prefill(tokens);
-  return read_next_token();
+std::int32_t Decoder::prefill_next(std::size_t seq, std::span<const std::int32_t> tokens) {
+  run_prefill(seq, tokens);
+  return read_next_tokens(1)[0];
 }
 
 std::vector<float> Decoder::decode(std::int32_t token) {
@@ -128,66 +153,119 @@ std::vector<float> Decoder::decode(std::int32_t token) {
 
 std::int32_t Decoder::decode_next(std::int32_t token) {
   run_decode(token);
-  return read_next_token();
+  return read_next_tokens(1)[0];
 }
 
-void Decoder::run_prefill(std::span<const std::int32_t> tokens) {
-  check_tokens(tokens);
+std::vector<float> Decoder::decode_batch(std::span<const std::int32_t> tokens) {
+  run_decode_batch(tokens);
+  return logits();
+}
+
+std::vector<std::int32_t> Decoder::decode_batch_next(std::span<const std::int32_t> tokens) {
+  run_decode_batch(tokens);
+  return read_next_tokens(tokens.size());
+}
+
+void Decoder::run_prefill(std::size_t seq, std::span<const std::int32_t> tokens) {
+  check_tokens(seq, tokens);
   be_.set_device_state_mode(false);
   be_.write_bytes(ids_, tokens.data(), tokens.size_bytes());
-  enqueue_forward(tokens.size(), position_);
-  position_ += tokens.size();
+  enqueue_forward({.rows = tokens.size(), .pos_offset = positions_[seq], .seq = seq});
+  positions_[seq] += tokens.size();
+  last_rows_ = 1;
+}
+
+void Decoder::capture(Captured kind, const Pass& pass) {
+  if (captured_ == kind) return;
+  if (captured_ != Captured::None) be_.reset_graph();  // the slot holds the other step
+  captured_ = Captured::None;
+  be_.begin_graph_capture();
+  enqueue_forward(pass);
+  be_.end_graph_capture();
+  captured_ = kind;
 }
 
 void Decoder::run_decode(std::int32_t token) {
   const std::int32_t one[1] = {token};
-  check_tokens(one);
+  check_tokens(0, one);
   if (mode_ == DecodeMode::Eager) {
-    run_prefill(one);
+    run_prefill(0, one);
     return;
   }
 
+  const Pass pass{.rows = 1, .pos_offset = positions_[0], .seq = 0};
   be_.set_device_state_mode(true);
-  if (mode_ == DecodeMode::Graph && !graph_captured_) {
-    // The captured step reads token / pos / kv_len from the decode state, so
-    // one graph serves every later step.
-    be_.begin_graph_capture();
-    enqueue_forward(1, position_);
-    be_.end_graph_capture();
-    graph_captured_ = true;
-  }
-  be_.set_decode_state(static_cast<std::uint32_t>(token), static_cast<std::uint32_t>(position_));
+  // The captured step reads token / pos / kv_len from the decode state, so
+  // one graph serves every later step.
+  if (mode_ == DecodeMode::Graph) capture(Captured::Single, pass);
+  be_.set_decode_state(static_cast<std::uint32_t>(token), static_cast<std::uint32_t>(positions_[0]));
   if (mode_ == DecodeMode::Graph) {
     if (!be_.replay_last_graph()) {
       fail(ErrorCode::GraphCapture, "Decoder: the captured decode graph is gone (another user reset the graph slot)");
     }
   } else {
-    enqueue_forward(1, position_);
+    enqueue_forward(pass);
   }
   be_.set_device_state_mode(false);
-  position_ += 1;
+  positions_[0] += 1;
+  last_rows_ = 1;
 }
 
-void Decoder::enqueue_forward(std::size_t tokens, std::size_t pos_offset) {
+void Decoder::run_decode_batch(std::span<const std::int32_t> tokens) {
+  const std::size_t n = positions_.size();
+  if (tokens.size() != n) {
+    fail(ErrorCode::InvalidArgument, "Decoder: a batch step takes one token per sequence (", n, "), got ",
+         tokens.size());
+  }
+  std::vector<std::int32_t> pos(n), lens(n);
+  for (std::size_t s = 0; s < n; ++s) {
+    check_tokens(s, tokens.subspan(s, 1));
+    pos[s] = static_cast<std::int32_t>(positions_[s]);
+    lens[s] = pos[s] + 1;
+  }
+  // The step reads tokens, positions and kv lengths from these buffers (the
+  // decode state holds one sequence's), so one captured graph serves every step.
+  be_.set_device_state_mode(false);
+  be_.write_bytes(ids_, tokens.data(), tokens.size_bytes());
+  be_.write_bytes(seq_positions_, pos.data(), n * sizeof(std::int32_t));
+  be_.write_bytes(kv_lens_, lens.data(), n * sizeof(std::int32_t));
+  const Pass pass{.rows = n, .ragged = true};
+  if (mode_ == DecodeMode::Graph) {
+    capture(Captured::Batch, pass);
+    if (!be_.replay_last_graph()) {
+      fail(ErrorCode::GraphCapture, "Decoder: the captured batch step is gone (another user reset the graph slot)");
+    }
+  } else {
+    enqueue_forward(pass);
+  }
+  for (std::size_t& p : positions_) p += 1;
+  last_rows_ = n;
+}
+
+void Decoder::enqueue_forward(const Pass& pass) {
+  const std::size_t rows = pass.rows;
   const std::size_t hidden = cfg_.hidden_size;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  be_.embedding_lookup(w_.embed_tokens, ids_, residual_, tokens, hidden, cfg_.vocab_size);
-  be_.rms_norm(residual_, w_.layers[0].input_norm, eps, normed_, tokens, hidden);
+  be_.embedding_lookup(w_.embed_tokens, ids_, residual_, rows, hidden, cfg_.vocab_size);
+  be_.rms_norm(residual_, w_.layers[0].input_norm, eps, normed_, rows, hidden);
   for (std::size_t l = 0; l < cfg_.num_hidden_layers; ++l) {
-    enqueue_attention(l, tokens, pos_offset);  // normed_ -> attn_out_
-    be_.fused_add_rms_norm(residual_, attn_out_, w_.layers[l].post_attention_norm, eps, normed_, tokens, hidden);
-    enqueue_mlp(l, tokens);  // normed_ -> mlp_out_
+    enqueue_attention(l, pass);  // normed_ -> attn_out_
+    be_.fused_add_rms_norm(residual_, attn_out_, w_.layers[l].post_attention_norm, eps, normed_, rows, hidden);
+    enqueue_mlp(l, rows);  // normed_ -> mlp_out_
     const bool last = l + 1 == cfg_.num_hidden_layers;
     const Buffer& next_norm = last ? w_.final_norm : w_.layers[l + 1].input_norm;
-    be_.fused_add_rms_norm(residual_, mlp_out_, next_norm, eps, normed_, tokens, hidden);
+    be_.fused_add_rms_norm(residual_, mlp_out_, next_norm, eps, normed_, rows, hidden);
   }
-  const Buffer last_row = normed_.view((tokens - 1) * hidden, hidden);  // [1, hidden]
-  be_.gemm(last_row, w_.output_projection(), logits_, 1, cfg_.vocab_size, hidden);
-  be_.argmax(logits_, next_token_, 1, cfg_.vocab_size);  // greedy, on the device
+  // A prefill needs only its last row's logits; a batch step every row's.
+  const std::size_t out_rows = pass.ragged ? rows : 1;
+  const Buffer last_rows = normed_.view((rows - out_rows) * hidden, out_rows * hidden);  // [out_rows, hidden]
+  be_.gemm(last_rows, w_.output_projection(), logits_, out_rows, cfg_.vocab_size, hidden);
+  be_.argmax(logits_, next_token_, out_rows, cfg_.vocab_size);  // greedy, on the device
 }
 
-void Decoder::enqueue_attention(std::size_t l, std::size_t tokens, std::size_t pos_offset) {
+void Decoder::enqueue_attention(std::size_t l, const Pass& pass) {
   const LayerWeights& lw = w_.layers[l];
+  const std::size_t tokens = pass.rows;
   const std::size_t heads = cfg_.num_attention_heads;
   const std::size_t kv = cfg_.num_key_value_heads;
   const std::size_t hd = cfg_.head_dim;
@@ -198,14 +276,31 @@ void Decoder::enqueue_attention(std::size_t l, std::size_t tokens, std::size_t p
   const Buffer* q_norm = cfg_.has_qk_norm() ? &lw.q_norm : nullptr;
   const Buffer* k_norm = cfg_.has_qk_norm() ? &lw.k_norm : nullptr;
   Buffer q_heads = q_heads_.view(0, tokens * cfg_.q_dim());
+  const QkvRopeAppendConfig rope{.heads = heads, .kv_heads = kv, .head_dim = hd, .capacity = capacity_,
+                                 .max_pos = max_pos, .eps = eps, .mode = mode};
+  const AttnConfig attn{.num_heads = heads, .num_kv_heads = kv, .head_dim = hd, .causal = true, .kv_seq_stride = capacity_};
+
+  if (pass.ragged) {  // one token of each sequence: row s at its own position, in its own caches
+    project(lw.qkv_proj.parts[0], normed_, qkv_, tokens);
+    be_.qkv_rope_append_ragged(qkv_, q_norm, k_norm, w_.rope_cos, w_.rope_sin, q_heads, k_cache_[l], v_cache_[l],
+                               seq_positions_, tokens, rope);
+    Buffer out = attn_heads_.view(0, tokens * cfg_.q_dim());  // [sequences, heads, hd] = [sequences, heads * hd]
+    be_.flash_decode_ragged(q_heads, k_cache_[l], v_cache_[l], out, kv_lens_, tokens, attn);
+    project(lw.o_proj, attn_heads_, attn_out_, tokens);
+    return;
+  }
+
+  // Sequence pass.seq's caches [kv, capacity, hd].
+  const std::size_t seq_elems = kv * capacity_ * hd;
+  Buffer k_cache = k_cache_[l].view(pass.seq * seq_elems, seq_elems);
+  Buffer v_cache = v_cache_[l].view(pass.seq * seq_elems, seq_elems);
+  const std::size_t pos_offset = pass.pos_offset;
   if (lw.qkv_proj.fused()) {
     // [T, q | k | v] straight into q_heads and the caches: one launch for
     // the split, both ropes, the v transpose and the append.
     project(lw.qkv_proj.parts[0], normed_, qkv_, tokens);
-    const QkvRopeAppendConfig rope{.heads = heads, .kv_heads = kv, .head_dim = hd, .capacity = capacity_,
-                                   .max_pos = max_pos, .eps = eps, .mode = mode};
-    be_.qkv_rope_append(qkv_, q_norm, k_norm, w_.rope_cos, w_.rope_sin, q_heads, k_cache_[l], v_cache_[l], tokens,
-                        pos_offset, rope);
+    be_.qkv_rope_append(qkv_, q_norm, k_norm, w_.rope_cos, w_.rope_sin, q_heads, k_cache, v_cache, tokens, pos_offset,
+                        rope);
   } else {  // separate projections (GPTQ parts whose g_idx differ): the same steps op by op
     project(lw.qkv_proj.parts[0], normed_, q_, tokens);
     project(lw.qkv_proj.parts[1], normed_, k_, tokens);
@@ -214,14 +309,11 @@ void Decoder::enqueue_attention(std::size_t l, std::size_t tokens, std::size_t p
     be_.qk_norm_rope(k_, k_norm, w_.rope_cos, w_.rope_sin, k_heads_, tokens, kv, hd, pos_offset, max_pos, eps, mode);
     // v is token-major [T, kv, hd]; read it as [heads = T, tokens = kv, hd] to get [kv, T, hd].
     be_.transpose_head_to_token(v_, v_heads_, /*tokens=*/kv, /*heads=*/tokens, hd);
-    be_.kv_cache_append_head_major(k_cache_[l], v_cache_[l], pos_offset, capacity_, k_heads_, v_heads_, tokens, kv,
-                                   hd);
+    be_.kv_cache_append_head_major(k_cache, v_cache, pos_offset, capacity_, k_heads_, v_heads_, tokens, kv, hd);
   }
 
-  const AttnConfig attn{.num_heads = heads, .num_kv_heads = kv, .head_dim = hd, .causal = true, .kv_seq_stride = capacity_};
   // q [1, heads, T, hd] against cache positions [0, pos_offset + T).
-  be_.flash_attention(q_heads, k_cache_[l], v_cache_[l], attn_heads_, 1, tokens, pos_offset + tokens, pos_offset,
-                      attn);
+  be_.flash_attention(q_heads, k_cache, v_cache, attn_heads_, 1, tokens, pos_offset + tokens, pos_offset, attn);
   // The attention output [heads, T, hd] is already token-major [1, heads * hd] at T = 1.
   const bool one_token = tokens == 1;
   if (!one_token) be_.transpose_head_to_token(attn_heads_, attn_tokens_, tokens, heads, hd);  // [T, heads * hd]
@@ -263,12 +355,12 @@ void Decoder::project(const Projection& p, const Buffer& x, Buffer& out, std::si
   }
 }
 
-std::vector<float> Decoder::logits() { return be_.download(logits_, cfg_.vocab_size); }
+std::vector<float> Decoder::logits() { return be_.download(logits_, last_rows_ * cfg_.vocab_size); }
 
-std::int32_t Decoder::read_next_token() {
-  std::int32_t token = 0;
-  be_.read_bytes(next_token_, &token, sizeof token);
-  return token;
+std::vector<std::int32_t> Decoder::read_next_tokens(std::size_t count) {
+  std::vector<std::int32_t> tokens(count);
+  be_.read_bytes(next_token_, tokens.data(), count * sizeof(std::int32_t));
+  return tokens;
 }
 
 std::int32_t argmax(std::span<const float> logits) {

@@ -1,5 +1,6 @@
 // Decoder: the forward pass of a Llama / Qwen3 decoder on the Backend API,
-// mirroring Hugging Face's LlamaForCausalLM / Qwen3ForCausalLM. Batch 1.
+// mirroring Hugging Face's LlamaForCausalLM / Qwen3ForCausalLM, for one
+// sequence or a batch of sequences of different lengths.
 //
 //   residual = embed(ids); normed = rms_norm(residual, input_norm[0])
 //   per layer l:
@@ -14,12 +15,19 @@
 //     residual += mlp; normed = rms_norm(residual, input_norm[l+1] or final norm)
 //   logits = normed[last] · lm_headᵀ; next token = argmax(logits) on the device
 //
+// A batch step (decode_batch_next) runs one token of every sequence as the
+// rows of one forward pass: the projections, norms and MLP see m = sequences
+// rows; qkv_rope_append_ragged and flash_decode_ragged put each row at its
+// own sequence's position, in its own caches (the lengths come from device
+// buffers, so one captured graph serves every step).
+//
 // Every buffer is allocated in the constructor and reused; a decode step
 // only enqueues ops, so it can be captured once and replayed (Graph mode).
 // Projections run gemm (dense) or gemm_gptq (GPTQ INT4); gemm_gptq is
 // allocation- and sync-free on both backends, so it is captured like gemm.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -40,51 +48,81 @@ enum class DecodeMode {
 std::string to_string(DecodeMode mode);
 
 // The ops a decoder in `mode` calls (with `gptq`: also LoadGptq and
-// GemmGptq, for a model with GPTQ projections), and those `backend` lacks.
-std::vector<Op> required_ops(DecodeMode mode, bool gptq = false);
-std::vector<Op> missing_ops(const Backend& backend, DecodeMode mode, bool gptq = false);
+// GemmGptq, for a model with GPTQ projections; with `batch`: the ragged ops
+// of decode_batch_next), and those `backend` lacks.
+std::vector<Op> required_ops(DecodeMode mode, bool gptq = false, bool batch = false);
+std::vector<Op> missing_ops(const Backend& backend, DecodeMode mode, bool gptq = false, bool batch = false);
 
 class Decoder {
  public:
   // kv_capacity: most positions a sequence may reach (<= max_position_embeddings).
   // max_prefill_tokens: most tokens one prefill call may take.
+  // sequences: how many sequences the decoder holds (each its own KV caches
+  // and position); more than one needs the ragged ops and a fused QKV
+  // projection (dense, or GPTQ parts that share g_idx).
   // Throws Unsupported (listing them) when the backend lacks an op the mode needs.
   Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_capacity, std::size_t max_prefill_tokens,
-          DecodeMode mode = DecodeMode::Eager);
+          DecodeMode mode = DecodeMode::Eager, std::size_t sequences = 1);
 
   // Runs tokens at positions position() .. position() + n - 1 (q_len = n),
   // appending them to the KV caches; returns the last token's logits [vocab].
-  std::vector<float> prefill(std::span<const std::int32_t> tokens);
-  // One token at position() (q_len = 1), in the decoder's mode; returns logits [vocab].
+  // Without a sequence index: sequence 0.
+  std::vector<float> prefill(std::span<const std::int32_t> tokens) { return prefill(0, tokens); }
+  std::vector<float> prefill(std::size_t seq, std::span<const std::int32_t> tokens);
+  // One token at position() (q_len = 1) of sequence 0, in the decoder's mode; returns logits [vocab].
   std::vector<float> decode(std::int32_t token);
   // The same two steps, returning only the greedy next token: every forward
   // pass ends with Backend::argmax on the logits (inside the captured graph),
   // so 4 bytes come back per step instead of vocab_size logits. The token is
   // the first maximum of the logits prefill / decode would return.
-  std::int32_t prefill_next(std::span<const std::int32_t> tokens);
+  std::int32_t prefill_next(std::span<const std::int32_t> tokens) { return prefill_next(0, tokens); }
+  std::int32_t prefill_next(std::size_t seq, std::span<const std::int32_t> tokens);
   std::int32_t decode_next(std::int32_t token);
-  // The logits [vocab] of the last prefill / decode step (a read-back).
+  // One step of every sequence: tokens[s] at position(s), one forward pass
+  // of sequences() rows; returns logits [sequences, vocab], or (the _next
+  // form) each sequence's greedy next token. Graph mode captures this step
+  // once and replays it.
+  std::vector<float> decode_batch(std::span<const std::int32_t> tokens);
+  std::vector<std::int32_t> decode_batch_next(std::span<const std::int32_t> tokens);
+  // The logits of the last step (a read-back): [vocab] after prefill /
+  // decode, [sequences, vocab] after a batch step.
   std::vector<float> logits();
-  // Starts a new sequence at position 0 (keeps buffers and any captured graph).
-  void reset() noexcept { position_ = 0; }
+  // Starts every sequence anew at position 0 (keeps buffers and any captured graph).
+  void reset() noexcept { std::fill(positions_.begin(), positions_.end(), 0); }
 
-  std::size_t position() const noexcept { return position_; }
+  std::size_t position(std::size_t seq = 0) const { return positions_.at(seq); }
+  std::size_t sequences() const noexcept { return positions_.size(); }
   std::size_t capacity() const noexcept { return capacity_; }
   DecodeMode mode() const noexcept { return mode_; }
-  bool graph_captured() const noexcept { return graph_captured_; }
+  bool graph_captured() const noexcept { return captured_ != Captured::None; }
 
  private:
-  void check_tokens(std::span<const std::int32_t> tokens) const;
-  // Enqueues the whole forward pass for `tokens` new tokens at pos_offset;
-  // no allocation, no host transfer (so it can be captured).
-  void enqueue_forward(std::size_t tokens, std::size_t pos_offset);
-  void enqueue_attention(std::size_t layer, std::size_t tokens, std::size_t pos_offset);
+  // One forward pass: `rows` rows; either `rows` tokens of sequence `seq` at
+  // pos_offset (prefill, or a single-sequence decode step), or (ragged) one
+  // token of each of `rows` sequences at the positions in seq_positions_.
+  struct Pass {
+    std::size_t rows = 1;
+    std::size_t pos_offset = 0;
+    std::size_t seq = 0;
+    bool ragged = false;
+  };
+  enum class Captured { None, Single, Batch };
+
+  void check_sequence(std::size_t seq) const;
+  void check_tokens(std::size_t seq, std::span<const std::int32_t> tokens) const;
+  // Enqueues the whole forward pass; no allocation, no host transfer (so it
+  // can be captured).
+  void enqueue_forward(const Pass& pass);
+  void enqueue_attention(std::size_t layer, const Pass& pass);
   void enqueue_mlp(std::size_t layer, std::size_t tokens);
   // out[m, p.n] = x[m, p.k] · Wᵀ with gemm or gemm_gptq.
   void project(const Projection& p, const Buffer& x, Buffer& out, std::size_t m);
-  std::int32_t read_next_token();
-  void run_prefill(std::span<const std::int32_t> tokens);
+  // Captures `kind` into the backend's graph slot unless it already holds it.
+  void capture(Captured kind, const Pass& pass);
+  std::vector<std::int32_t> read_next_tokens(std::size_t count);
+  void run_prefill(std::size_t seq, std::span<const std::int32_t> tokens);
   void run_decode(std::int32_t token);
+  void run_decode_batch(std::span<const std::int32_t> tokens);
 
   Backend& be_;
   const ModelWeights& w_;
@@ -92,33 +130,36 @@ class Decoder {
   std::size_t capacity_;
   std::size_t max_tokens_;
   DecodeMode mode_;
-  std::size_t position_ = 0;
-  bool graph_captured_ = false;
+  std::vector<std::size_t> positions_;  // per sequence: the next position
+  std::size_t last_rows_ = 1;           // rows of logits_ the last step wrote
+  Captured captured_ = Captured::None;
 
-  // Per layer KV caches [kv_heads, capacity, hd].
+  // Per layer KV caches [sequences, kv_heads, capacity, hd].
   std::vector<Buffer> k_cache_;
   std::vector<Buffer> v_cache_;
-  // Scratch sized for max_tokens_ (T) rows.
-  Buffer ids_;          // [T] i32
-  Buffer residual_;     // [T, hidden]
-  Buffer normed_;       // [T, hidden]
-  Buffer qkv_;          // [T, (heads + 2*kv) * hd]
+  // Scratch sized for R = max(max_tokens_, sequences) rows.
+  Buffer ids_;          // [R] i32
+  Buffer seq_positions_;  // [sequences] i32: each sequence's position in a batch step
+  Buffer kv_lens_;        // [sequences] i32: positions + 1
+  Buffer residual_;     // [R, hidden]
+  Buffer normed_;       // [R, hidden]
+  Buffer qkv_;          // [R, (heads + 2*kv) * hd]
   // q_, k_, v_, k_heads_, v_heads_: only with unfused q / k / v projections
   // (GPTQ parts whose g_idx differ); null otherwise.
   Buffer q_;            // [T, heads, hd]
   Buffer k_;            // [T, kv, hd]
   Buffer v_;            // [T, kv, hd]
-  Buffer q_heads_;      // [heads, T, hd]
+  Buffer q_heads_;      // [heads, T, hd]; a batch step: [sequences, heads, hd]
   Buffer k_heads_;      // [kv, T, hd]
   Buffer v_heads_;      // [kv, T, hd]
-  Buffer attn_heads_;   // [heads, T, hd]
+  Buffer attn_heads_;   // [heads, T, hd]; a batch step: [sequences, heads, hd]
   Buffer attn_tokens_;  // [T, heads * hd]
-  Buffer attn_out_;     // [T, hidden]
-  Buffer gate_up_;      // [T, 2 * im]
-  Buffer act_;          // [T, im]; also the gate / up scratch of an unfused gate_up_proj
-  Buffer mlp_out_;      // [T, hidden]
-  Buffer logits_;       // [vocab]
-  Buffer next_token_;   // [1] i32: argmax of logits_
+  Buffer attn_out_;     // [R, hidden]
+  Buffer gate_up_;      // [R, 2 * im]
+  Buffer act_;          // [R, im]; also the gate / up scratch of an unfused gate_up_proj
+  Buffer mlp_out_;      // [R, hidden]
+  Buffer logits_;       // [sequences, vocab]
+  Buffer next_token_;   // [sequences] i32: argmax of logits_ rows
 };
 
 // Index of the largest logit (the first on ties), on the host: the engine

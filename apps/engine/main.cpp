@@ -1,6 +1,6 @@
 // ferrum_engine: greedy decoding of a Llama / Qwen3 model on the Backend API.
 //
-// Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N]
+// Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N] [--batch N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
 //                      [--dump-logits FILE] [--no-pdl] [--pdl-trigger] [--gemm-prefetch]
 //                      [--gemm-early-weights] [--gptq-kernel auto|fused|stream] [--skinny-max-m N]
@@ -8,8 +8,14 @@
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
 //                    runs its projections with gemm_gptq
 //   --random NAME    seeded random weights for a preset (llama3-8b, qwen3-0.6b, tiny-llama, tiny-qwen3)
-//   --prompt-tokens  comma-separated token ids (there is no tokenizer); default "1"
-//   --steps N        tokens to generate (default 16)
+//   --prompt-tokens  comma-separated token ids (there is no tokenizer); default "1";
+//                    several prompts separated by ';' ("1,2,3;4,5") decode as a batch
+//   --steps N        tokens to generate per sequence (default 16)
+//   --batch N        sequences decoded together (default: the number of
+//                    prompts); with one prompt and N > 1, sequence b takes the
+//                    prompt's first len - (b mod len) tokens, so the lengths differ.
+//                    Each step runs all sequences as the rows of one forward
+//                    pass (qkv_rope_append_ragged, flash_decode_ragged)
 //   --dtype D        f16 or bf16: the activation/weight dtype of a --random
 //                    preset (default: the preset's, bf16 as the checkpoints ship)
 //   --quant gptq     a --random preset with seeded random GPTQ INT4 projections
@@ -35,8 +41,10 @@
 //   --dump-logits F  writes the logits each generated token was chosen from
 //                    (the prefill's last position, then every decode step):
 //                    --steps rows of vocab_size float32, little-endian, no header
+//                    (a batch: --steps x sequences rows, step-major)
 //
-// Prints "  generated: ID ID ..." (the --steps greedy token ids) on one line.
+// Prints "  generated: ID ID ..." (the --steps greedy token ids) on one line;
+// a batch prints "  generated[b]: ID ID ..." per sequence.
 #include <algorithm>
 #include <bit>
 #include <cerrno>
@@ -65,8 +73,9 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   std::string model_dir;
   std::string random_preset;
-  std::vector<std::int32_t> prompt = {1};
+  std::vector<std::vector<std::int32_t>> prompts = {{1}};
   std::size_t steps = 16;
+  std::size_t batch = 0;  // 0: one sequence per prompt
   bool force_cpu = false;
   bool no_pdl = false;
   bool pdl_trigger = false;
@@ -122,7 +131,7 @@ class LogitsDump {
 
 void usage(std::FILE* out) {
   std::fprintf(out,
-               "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3\"] [--steps N]\n"
+               "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3[;4,5]\"] [--steps N] [--batch N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
                "                     [--dump-logits FILE] [--no-pdl] [--pdl-trigger] [--gemm-prefetch]\n"
                "                     [--gemm-early-weights] [--gptq-kernel auto|fused|stream] [--skinny-max-m N]\n"
@@ -153,6 +162,18 @@ std::vector<std::int32_t> parse_tokens(const std::string& text) {
   return tokens;
 }
 
+// "1,2,3;4,5": one prompt per ';'-separated list.
+std::vector<std::vector<std::int32_t>> parse_prompts(const std::string& text) {
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t semi = std::min(text.find(';', start), text.size());
+    prompts.push_back(parse_tokens(text.substr(start, semi - start)));
+    start = semi + 1;
+  }
+  return prompts;
+}
+
 // Returns false when the program should exit (help or a usage error printed).
 bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
   for (int i = 1; i < argc; ++i) {
@@ -166,7 +187,10 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
     } else if (arg == "--random") {
       opt.random_preset = value();
     } else if (arg == "--prompt-tokens") {
-      opt.prompt = parse_tokens(value());
+      opt.prompts = parse_prompts(value());
+    } else if (arg == "--batch") {
+      opt.batch = parse_count(arg, value());
+      if (opt.batch == 0 || opt.batch > 4096) fail(ErrorCode::InvalidArgument, "--batch takes 1..4096, got ", opt.batch);
     } else if (arg == "--steps") {
       opt.steps = parse_count(arg, value());
     } else if (arg == "--seed") {
@@ -230,6 +254,18 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
     fail(ErrorCode::InvalidArgument,
          "--quant applies to --random presets; a checkpoint's config.json says how it is quantized");
   }
+  if (opt.batch == 0) opt.batch = opt.prompts.size();
+  if (opt.prompts.size() == 1 && opt.batch > 1) {  // ragged lengths from one prompt
+    const std::vector<std::int32_t> prompt = opt.prompts[0];
+    opt.prompts.clear();
+    for (std::size_t b = 0; b < opt.batch; ++b) {
+      opt.prompts.emplace_back(prompt.begin(), prompt.end() - static_cast<std::ptrdiff_t>(b % prompt.size()));
+    }
+  }
+  if (opt.prompts.size() != opt.batch) {
+    fail(ErrorCode::InvalidArgument, "--batch ", opt.batch, " needs one prompt or ", opt.batch,
+         " of them in --prompt-tokens, got ", opt.prompts.size());
+  }
   return true;
 }
 
@@ -268,6 +304,7 @@ bool attention_shape_runs(Backend& be, const ModelConfig& c) {
 // The GPU backend when present and complete enough for the model, else CpuBackend.
 std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& model, DecodeMode& mode) {
   const bool gptq = model.gptq.has_value();
+  const bool batch = opt.batch > 1;
   std::unique_ptr<Backend> backend;
   if (opt.force_cpu) {
     backend = std::make_unique<CpuBackend>();
@@ -284,7 +321,7 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
     } else {
       backend = std::make_unique<CpuBackend>();
     }
-    const std::vector<Op> missing = missing_ops(*backend, DecodeMode::Eager, gptq);
+    const std::vector<Op> missing = missing_ops(*backend, DecodeMode::Eager, gptq, batch);
     if (!missing.empty()) {
       std::printf("ferrum_engine: the %s backend lacks %s; falling back to the CPU backend\n",
                   backend->name().c_str(), op_list(missing).c_str());
@@ -293,9 +330,9 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       backend = std::make_unique<CpuBackend>();
     }
   }
-  if (mode == DecodeMode::Graph && !missing_ops(*backend, DecodeMode::Graph, gptq).empty()) {
+  if (mode == DecodeMode::Graph && !missing_ops(*backend, DecodeMode::Graph, gptq, batch).empty()) {
     std::printf("ferrum_engine: the %s backend lacks %s; decoding eagerly instead of with a graph\n",
-                backend->name().c_str(), op_list(missing_ops(*backend, DecodeMode::Graph, gptq)).c_str());
+                backend->name().c_str(), op_list(missing_ops(*backend, DecodeMode::Graph, gptq, batch)).c_str());
     mode = DecodeMode::Eager;
   }
   return backend;
@@ -331,7 +368,7 @@ double projection_bytes(const ModelConfig& c, const Projection& p) {
 struct StepBytes {
   double weights = 0.0, kv = 0.0;
 };
-StepBytes step_bytes(const ModelWeights& w, std::size_t kv_len) {
+StepBytes step_bytes(const ModelWeights& w, std::size_t kv_len) {  // kv_len: summed over the sequences
   const ModelConfig& c = w.config;
   StepBytes b;
   for (const LayerWeights& l : w.layers) {
@@ -392,42 +429,75 @@ int run(const Options& opt) {
               c.tie_word_embeddings ? ", tied embeddings" : "");
   std::printf("  loaded in %.2f s\n", seconds_since(load_start));
 
-  const std::size_t total = opt.prompt.size() + opt.steps;
+  const std::size_t batch = opt.prompts.size();
+  std::size_t longest = 0, prompt_tokens = 0;
+  for (const auto& p : opt.prompts) {
+    longest = std::max(longest, p.size());
+    prompt_tokens += p.size();
+  }
+  const std::size_t total = longest + opt.steps;
   if (total > c.max_position_embeddings) {
-    fail(ErrorCode::InvalidArgument, "prompt (", opt.prompt.size(), " tokens) + --steps ", opt.steps,
+    fail(ErrorCode::InvalidArgument, "prompt (", longest, " tokens) + --steps ", opt.steps,
          " exceed max_position_embeddings = ", c.max_position_embeddings);
   }
-  Decoder decoder(*backend, weights, total, opt.prompt.size(), mode);
+  Decoder decoder(*backend, weights, total, longest, mode, batch);
+  if (batch > 1) std::printf("  batch: %zu sequences\n", batch);
 
-  // Greedy tokens come from Backend::argmax on the device (4 bytes per step),
-  // dumping or not; the logits are only read back for --dump-logits.
+  // Greedy tokens come from Backend::argmax on the device (4 bytes per
+  // sequence and step), dumping or not; the logits are only read back for
+  // --dump-logits. Each sequence's prompt is its own prefill.
+  std::vector<std::int32_t> next(batch);
+  std::vector<float> prefill_logits;
   const auto prefill_start = Clock::now();
-  std::int32_t next = decoder.prefill_next(opt.prompt);
+  for (std::size_t b = 0; b < batch; ++b) {
+    next[b] = decoder.prefill_next(b, opt.prompts[b]);
+    if (dump.enabled()) {
+      const std::vector<float> row = decoder.logits();
+      prefill_logits.insert(prefill_logits.end(), row.begin(), row.end());
+    }
+  }
   const double prefill_s = seconds_since(prefill_start);
-  std::printf("  prefill: %zu tokens in %.3f s (%.1f tokens/s)\n", opt.prompt.size(), prefill_s,
-              static_cast<double>(opt.prompt.size()) / prefill_s);
+  std::printf("  prefill: %zu tokens in %.3f s (%.1f tokens/s)\n", prompt_tokens, prefill_s,
+              static_cast<double>(prompt_tokens) / prefill_s);
 
-  std::vector<std::int32_t> generated;
+  std::vector<std::vector<std::int32_t>> generated(batch);
   const auto decode_start = Clock::now();
   for (std::size_t step = 0; step < opt.steps; ++step) {
-    if (step > 0) next = decoder.decode_next(generated.back());
-    const std::int32_t token = next;
-    if (dump.enabled()) dump.write(decoder.logits());
-    generated.push_back(token);
-    std::printf("  step %zu: token %d\n", step, token);
+    if (step > 0) {
+      if (batch == 1) {
+        next[0] = decoder.decode_next(next[0]);
+      } else {
+        next = decoder.decode_batch_next(next);
+      }
+    }
+    if (dump.enabled()) dump.write(step == 0 ? prefill_logits : decoder.logits());
+    std::printf("  step %zu: token%s", step, batch > 1 ? "s" : "");
+    for (std::size_t b = 0; b < batch; ++b) {
+      generated[b].push_back(next[b]);
+      std::printf(" %d", next[b]);
+    }
+    std::printf("\n");
     std::fflush(stdout);
   }
   const double decode_s = seconds_since(decode_start);
   dump.close();
-  std::printf("  generated:");
-  for (std::int32_t t : generated) std::printf(" %d", t);
-  std::printf("\n");
+  for (std::size_t b = 0; b < batch; ++b) {
+    if (batch == 1) {
+      std::printf("  generated:");
+    } else {
+      std::printf("  generated[%zu]:", b);
+    }
+    for (std::int32_t t : generated[b]) std::printf(" %d", t);
+    std::printf("\n");
+  }
   if (opt.steps > 1) {
-    const double tok_s = static_cast<double>(opt.steps - 1) / decode_s;
-    std::printf("  decode: %zu steps in %.3f s (%.1f tokens/s)\n", opt.steps - 1, decode_s, tok_s);
+    const double tok_s = static_cast<double>((opt.steps - 1) * batch) / decode_s;
+    std::printf("  decode: %zu steps%s in %.3f s (%.1f tokens/s)\n", opt.steps - 1,
+                batch > 1 ? concat(" x ", batch, " sequences").c_str() : "", decode_s, tok_s);
     // The bandwidth bound of this run: bytes per step (at the mean KV length
-    // of the decode steps) over the copy bandwidth measured now.
-    const StepBytes b = step_bytes(weights, opt.prompt.size() + opt.steps / 2);
+    // of the decode steps, summed over the sequences) over the copy bandwidth
+    // measured now; a step yields one token per sequence.
+    const StepBytes b = step_bytes(weights, prompt_tokens + batch * (opt.steps / 2));
     double copy_gbps = 0.0;
     try {
       copy_gbps = measure_copy_gbps(*backend);
@@ -435,7 +505,7 @@ int run(const Options& opt) {
       if (e.code() != ErrorCode::OutOfMemory) throw;
     }
     if (copy_gbps > 0.0) {
-      const double bound = copy_gbps * 1e9 / (b.weights + b.kv);
+      const double bound = static_cast<double>(batch) * copy_gbps * 1e9 / (b.weights + b.kv);
       std::printf("  bound: %.1f MB per step (weights %.1f, KV %.1f); device copy %.0f GB/s now -> %.1f tokens/s; "
                   "decode at %.1f %% of it\n",
                   (b.weights + b.kv) / 1e6, b.weights / 1e6, b.kv / 1e6, copy_gbps, bound, 100.0 * tok_s / bound);

@@ -68,8 +68,9 @@ enum class Op {
   GraphCapture,
   DeviceStateMode,
   GemmSiluMul,
+  QkvRopeAppendRagged,
 };
-inline constexpr int kNumOps = static_cast<int>(Op::GemmSiluMul) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::QkvRopeAppendRagged) + 1;
 std::string_view to_string(Op op) noexcept;
 
 // GELU formula. Erf is torch's F.gelu default; Tanh is approximate='tanh'.
@@ -294,6 +295,25 @@ class Backend {
                        Buffer& k_cache /*[kv_heads, capacity, head_dim]*/,
                        Buffer& v_cache /*[kv_heads, capacity, head_dim]*/, std::size_t tokens, std::size_t pos_offset,
                        const QkvRopeAppendConfig& cfg);
+  // qkv_rope_append for a batch decode step: one new token per sequence,
+  // sequence b at its own position positions[b] (read on the device, I32, so
+  // one captured graph serves every step), with q in the layout
+  // flash_decode_ragged reads:
+  //   q_out[b, h, :]                  = rope(norm(q[b, h, :], q_norm))
+  //   k_cache[b, h, positions[b], :]  = rope(norm(k[b, h, :], k_norm))
+  //   v_cache[b, h, positions[b], :]  = v[b, h, :]
+  // Row b is bitwise what qkv_rope_append writes for one token at
+  // pos_offset = positions[b] into sequence b's views. A position outside
+  // [0, min(cfg.capacity, cfg.max_pos)) refuses the whole op (nothing
+  // written): thrown (CPU) or reported at synchronize() (CUDA).
+  void qkv_rope_append_ragged(const Buffer& qkv /*[batch, (heads + 2 kv_heads) * head_dim]*/,
+                              const Buffer* q_norm /*[head_dim]*/, const Buffer* k_norm /*[head_dim]*/,
+                              const Buffer& cos /*[max_pos, head_dim/2] f32*/,
+                              const Buffer& sin /*[max_pos, head_dim/2] f32*/, Buffer& q_out /*[batch, heads, head_dim]*/,
+                              Buffer& k_cache /*[batch, kv_heads, capacity, head_dim]*/,
+                              Buffer& v_cache /*[batch, kv_heads, capacity, head_dim]*/,
+                              const Buffer& positions /*[batch] i32*/, std::size_t batch,
+                              const QkvRopeAppendConfig& cfg);
   // dst[t, h, :] = src[h, t, :]
   void transpose_head_to_token(const Buffer& src /*[heads, tokens, dim]*/,
                                Buffer& dst /*[tokens, heads, dim]*/, std::size_t tokens,
@@ -414,6 +434,11 @@ class Backend {
                                   const Buffer& sin, Buffer& q_out, Buffer& k_cache, Buffer& v_cache,
                                   std::size_t tokens, std::size_t pos_offset, const QkvRopeAppendConfig& cfg,
                                   bool use_decode_state) = 0;
+  // Default: Unsupported (a backend that implements it says so in supports()).
+  virtual void do_qkv_rope_append_ragged(const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm,
+                                         const Buffer& cos, const Buffer& sin, Buffer& q_out, Buffer& k_cache,
+                                         Buffer& v_cache, const Buffer& positions, std::size_t batch,
+                                         const QkvRopeAppendConfig& cfg);
   virtual void do_kv_cache_append_head_major(Buffer& cache_k, Buffer& cache_v, std::size_t cache_len,
                                              std::size_t capacity, const Buffer& new_k,
                                              const Buffer& new_v, std::size_t new_tokens,

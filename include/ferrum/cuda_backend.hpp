@@ -144,6 +144,9 @@ class CudaBackend final : public Backend {
   void do_qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm, const Buffer& cos,
                           const Buffer& sin, Buffer& q_out, Buffer& k_cache, Buffer& v_cache, std::size_t tokens,
                           std::size_t pos_offset, const QkvRopeAppendConfig& cfg, bool use_decode_state) override;
+  void do_qkv_rope_append_ragged(const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm, const Buffer& cos,
+                                 const Buffer& sin, Buffer& q_out, Buffer& k_cache, Buffer& v_cache,
+                                 const Buffer& positions, std::size_t batch, const QkvRopeAppendConfig& cfg) override;
   void do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m, std::size_t n,
                std::size_t k) override;
   void do_gemm_silu_mul(const Buffer& a, const Buffer& w, Buffer& gate_up, Buffer& act, std::size_t m, std::size_t im,

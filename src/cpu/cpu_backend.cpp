@@ -261,6 +261,7 @@ bool CpuBackend::supports(Op op) const noexcept {
     case Op::QkNormRope:
     case Op::KvCacheAppendHeadMajor:
     case Op::QkvRopeAppend:
+    case Op::QkvRopeAppendRagged:
     case Op::TransposeHeadToToken:
     case Op::CopySlice:
     case Op::FlashAttention:
@@ -730,6 +731,35 @@ void CpuBackend::do_qkv_rope_append(const Buffer& qkv /*[tokens, (heads + 2 kv_h
       }
     }
   });
+}
+
+// Each sequence is one single-token qkv_rope_append at its own position;
+// every position is checked before anything is written.
+void CpuBackend::do_qkv_rope_append_ragged(const Buffer& qkv /*[batch, (heads + 2 kv_heads) * head_dim]*/,
+                                           const Buffer* q_norm /*[head_dim]*/, const Buffer* k_norm /*[head_dim]*/,
+                                           const Buffer& cos /*[max_pos, head_dim/2] f32*/,
+                                           const Buffer& sin /*[max_pos, head_dim/2] f32*/,
+                                           Buffer& q_out /*[batch, heads, head_dim]*/,
+                                           Buffer& k_cache /*[batch, kv_heads, capacity, head_dim]*/,
+                                           Buffer& v_cache /*[batch, kv_heads, capacity, head_dim]*/,
+                                           const Buffer& positions /*[batch] i32*/, std::size_t batch,
+                                           const QkvRopeAppendConfig& cfg) {
+  const auto* pos = static_cast<const std::int32_t*>(positions.data());
+  const std::size_t limit = std::min(cfg.capacity, cfg.max_pos);
+  for (std::size_t b = 0; b < batch; ++b) {
+    if (pos[b] < 0 || static_cast<std::size_t>(pos[b]) >= limit) {
+      fail(ErrorCode::CapacityExceeded,
+           "qkv_rope_append_ragged: positions[{}] = {} is outside [0, {}) (cfg.capacity = {}, cfg.max_pos = {})", b,
+           pos[b], limit, cfg.capacity, cfg.max_pos);
+    }
+  }
+  const std::size_t row = (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim, q_row = cfg.heads * cfg.head_dim;
+  const std::size_t seq = cfg.kv_heads * cfg.capacity * cfg.head_dim;
+  for (std::size_t b = 0; b < batch; ++b) {
+    Buffer q_b = q_out.view(b * q_row, q_row), k_b = k_cache.view(b * seq, seq), v_b = v_cache.view(b * seq, seq);
+    do_qkv_rope_append(qkv.view(b * row, row), q_norm, k_norm, cos, sin, q_b, k_b, v_b, 1,
+                       static_cast<std::size_t>(pos[b]), cfg, false);
+  }
 }
 
 void CpuBackend::do_kv_cache_append_head_major(Buffer& cache_k /*[nkv, capacity, hd]*/,

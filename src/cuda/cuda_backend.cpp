@@ -44,10 +44,10 @@ std::string describe_device_errors(std::uint32_t bits) {
   };
   add(kernels::kErrEmbeddingIdOutOfRange, "embedding_lookup: a token id was outside [0, vocab) (zero row written)");
   add(kernels::kErrRopePositionOutOfRange,
-      "qk_norm_rope / qkv_rope_append: a position was past the cos/sin tables (row not written)");
+      "qk_norm_rope / qkv_rope_append(_ragged): a position was past the cos/sin tables (row not written)");
   add(kernels::kErrKvAppendOverCapacity,
-      "kv_cache_append_head_major / qkv_rope_append: the decode-state position + new tokens exceeded the capacity "
-      "(nothing written to the caches)");
+      "kv_cache_append_head_major / qkv_rope_append(_ragged): the decode-state position (+ new tokens) or a "
+      "positions[b] was outside the capacity (nothing written to the caches)");
   add(kernels::kErrAttnKvLenOutOfRange,
       "flash_attention / flash_decode_ragged: a device-side kv_len (decode state or kv_lens) was outside "
       "[1, kv_seq_stride] (zeros written)");
@@ -444,12 +444,14 @@ void CudaBackend::do_qk_norm_rope(const Buffer& input, const Buffer* norm_w, con
   kernels::launch_qk_norm_rope(a, rt_->stream);
 }
 
-void CudaBackend::do_qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm, const Buffer& cos,
-                                     const Buffer& sin, Buffer& q_out, Buffer& k_cache, Buffer& v_cache,
-                                     std::size_t tokens, std::size_t pos_offset, const QkvRopeAppendConfig& cfg,
-                                     bool use_decode_state) {
-  check_rope_head_dim("qkv_rope_append", "cfg.head_dim", cfg.head_dim);
-  detail::activate_device(device_);
+namespace {
+
+// The launch arguments both qkv_rope_append forms share (positions, pos_offset
+// and state are the caller's).
+kernels::QkvRopeAppendArgs qkv_rope_append_args(const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm,
+                                                const Buffer& cos, const Buffer& sin, Buffer& q_out, Buffer& k_cache,
+                                                Buffer& v_cache, std::size_t tokens, const QkvRopeAppendConfig& cfg,
+                                                std::uint32_t* error_flag) {
   const bool norm = cfg.mode == RopeMode::NormAndRope;
   kernels::QkvRopeAppendArgs a;
   a.dtype = qkv.dtype();
@@ -466,11 +468,36 @@ void CudaBackend::do_qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, co
   a.kv_heads = static_cast<int>(cfg.kv_heads);
   a.head_dim = static_cast<int>(cfg.head_dim);
   a.capacity = static_cast<long long>(cfg.capacity);
-  a.pos_offset = static_cast<long long>(pos_offset);
-  a.state = use_decode_state ? rt_->decode_state : nullptr;
   a.max_pos = static_cast<long long>(cfg.max_pos);
   a.eps = cfg.eps;
-  a.error_flag = rt_->error_device;
+  a.error_flag = error_flag;
+  return a;
+}
+
+}  // namespace
+
+void CudaBackend::do_qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm, const Buffer& cos,
+                                     const Buffer& sin, Buffer& q_out, Buffer& k_cache, Buffer& v_cache,
+                                     std::size_t tokens, std::size_t pos_offset, const QkvRopeAppendConfig& cfg,
+                                     bool use_decode_state) {
+  check_rope_head_dim("qkv_rope_append", "cfg.head_dim", cfg.head_dim);
+  detail::activate_device(device_);
+  kernels::QkvRopeAppendArgs a =
+      qkv_rope_append_args(qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, tokens, cfg, rt_->error_device);
+  a.pos_offset = static_cast<long long>(pos_offset);
+  a.state = use_decode_state ? rt_->decode_state : nullptr;
+  kernels::launch_qkv_rope_append(a, rt_->stream);
+}
+
+void CudaBackend::do_qkv_rope_append_ragged(const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm,
+                                            const Buffer& cos, const Buffer& sin, Buffer& q_out, Buffer& k_cache,
+                                            Buffer& v_cache, const Buffer& positions, std::size_t batch,
+                                            const QkvRopeAppendConfig& cfg) {
+  check_rope_head_dim("qkv_rope_append_ragged", "cfg.head_dim", cfg.head_dim);
+  detail::activate_device(device_);
+  kernels::QkvRopeAppendArgs a =
+      qkv_rope_append_args(qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, batch, cfg, rt_->error_device);
+  a.positions = ptr<std::int32_t>(positions);
   kernels::launch_qkv_rope_append(a, rt_->stream);
 }
 

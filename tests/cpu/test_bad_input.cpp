@@ -266,6 +266,21 @@ TEST_P(BadInput, QkvRopeAppendDomainAndPositions) {
   }
 }
 
+// qkv_rope_append_ragged shares the geometry and rope checks; its positions
+// are device values (out of range: thrown by CpuBackend, reported at
+// synchronize by CudaBackend; tests/cpu/test_qkv_rope_append.cpp and
+// tests/gpu/test_ops_cuda.cpp).
+TEST_P(BadInput, QkvRopeAppendRaggedDomain) {
+  const Op op = Op::QkvRopeAppendRagged;
+  expect_call_error(op, ErrorCode::InvalidArgument, "'cfg.head_dim'", [](OpArgs& a) { a.sizes["cfg.head_dim"] = 7; });
+  expect_call_error(op, ErrorCode::InvalidArgument, "'cfg.mode'", [](OpArgs& a) { a.mode = static_cast<RopeMode>(9); });
+  expect_call_error(op, ErrorCode::NullBuffer, "'q_norm'", [](OpArgs& a) { a.null_norm_w = true; });
+  expect_call_error(op, ErrorCode::NullBuffer, "'k_norm'", [](OpArgs& a) { a.null_k_norm = true; });
+  expect_call_error(op, ErrorCode::InvalidArgument, "'eps'", [](OpArgs& a) { a.eps = kNaN; });
+  // Caches for 2 sequences: a batch of 3 needs more of every buffer.
+  expect_call_error(op, ErrorCode::ShapeMismatch, "'qkv'", [](OpArgs& a) { a.sizes["batch"] = 3; });
+}
+
 // ── flash_attention ──────────────────────────────────────────────────────────
 
 TEST_P(BadInput, FlashAttentionDomain) {

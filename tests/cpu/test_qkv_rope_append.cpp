@@ -113,6 +113,99 @@ TEST_P(QkvRopeAppend, DeviceStateStepBitwiseEqualsTheOpsItReplaces) {
 
 FERRUM_INSTANTIATE_ON_ALL_BACKENDS(QkvRopeAppend);
 
+// qkv_rope_append_ragged against one single-token qkv_rope_append per
+// sequence at its own position, into that sequence's views, on the same
+// backend: q_out and both caches bitwise equal, untouched cache rows kept.
+class QkvRopeAppendRagged : public BackendTest {
+ protected:
+  void run(std::size_t heads, std::size_t kv_heads, std::size_t hd, RopeMode mode, std::size_t lead,
+           const std::vector<std::int32_t>& positions, DType dt, Rng& rng) {
+    Backend& be = backend();
+    const std::size_t batch = positions.size(), row = (heads + 2 * kv_heads) * hd, q_row = heads * hd;
+    const std::size_t seq = kv_heads * kCapacity * hd;
+    SCOPED_TRACE(cat(to_string(dt), " batch=", batch, " heads=", heads, "/", kv_heads, " hd=", hd,
+                     mode == RopeMode::NormAndRope ? " norm" : " rope-only", " lead=", lead));
+    const RopeTables tables = make_rope_tables(kMaxPos, hd, kRopeTheta10k);
+    DeviceTensor qkv(be, random_normal(rng, dt, batch * row), lead);
+    DeviceTensor q_norm(be, random_uniform(rng, dt, hd, 0.5f, 1.5f));
+    DeviceTensor k_norm(be, random_uniform(rng, dt, hd, 0.5f, 1.5f));
+    DeviceTensor cos(be, tables.cos), sin(be, tables.sin);
+    Buffer pos = be.alloc(DType::I32, batch);
+    be.write_bytes(pos, positions.data(), batch * sizeof(std::int32_t));
+    const bool norm = mode == RopeMode::NormAndRope;
+    const HostTensor cache_rows = random_normal(rng, dt, batch * seq);
+    GuardedOutput q_ref(be, dt, batch * q_row), q_out(be, dt, batch * q_row, lead);
+    GuardedOutput k_ref(be, cache_rows), v_ref(be, cache_rows), k_cache(be, cache_rows), v_cache(be, cache_rows);
+    const QkvRopeAppendConfig cfg{.heads = heads, .kv_heads = kv_heads, .head_dim = hd, .capacity = kCapacity,
+                                  .max_pos = kMaxPos, .eps = 1e-6f, .mode = mode};
+    for (std::size_t b = 0; b < batch; ++b) {
+      Buffer q_b = q_ref.view().view(b * q_row, q_row), k_b = k_ref.view().view(b * seq, seq),
+             v_b = v_ref.view().view(b * seq, seq);
+      be.qkv_rope_append(qkv.view().view(b * row, row), norm ? &q_norm.view() : nullptr,
+                         norm ? &k_norm.view() : nullptr, cos.view(), sin.view(), q_b, k_b, v_b, 1,
+                         static_cast<std::size_t>(positions[b]), cfg);
+    }
+    be.qkv_rope_append_ragged(qkv.view(), norm ? &q_norm.view() : nullptr, norm ? &k_norm.view() : nullptr,
+                              cos.view(), sin.view(), q_out.view(), k_cache.view(), v_cache.view(), pos, batch, cfg);
+    be.synchronize();
+    const std::size_t es = size_of(dt);
+    EXPECT_TRUE(bitwise_equal(q_out.bytes(), q_ref.bytes(), es)) << "q_out";
+    EXPECT_TRUE(bitwise_equal(k_cache.bytes(), k_ref.bytes(), es)) << "k_cache";
+    EXPECT_TRUE(bitwise_equal(v_cache.bytes(), v_ref.bytes(), es)) << "v_cache";
+    for (const GuardedOutput* out : {&q_out, &q_ref, &k_cache, &v_cache, &k_ref, &v_ref}) {
+      EXPECT_TRUE(out->check_guard());
+    }
+  }
+};
+
+TEST_P(QkvRopeAppendRagged, BitwiseEqualsOneAppendPerSequence) {
+  FERRUM_SEEDED_RNG(rng);
+  for (DType dt : kHalfDTypes) {
+    run(32, 8, 128, RopeMode::RopeOnly, 0, {7}, dt, rng);                    // batch 1: a Llama step
+    run(16, 8, 128, RopeMode::NormAndRope, 0, {5, 0, 39, 17}, dt, rng);     // Qwen3, ragged, the last row
+    run(4, 1, 64, RopeMode::RopeOnly, 0, {3, 3, 12}, dt, rng);              // two sequences at one position
+    run(2, 1, 6, RopeMode::NormAndRope, 0, {1, 30, 2, 9, 0}, dt, rng);      // head_dim 6: the general path
+    run(4, 2, 128, RopeMode::NormAndRope, 1, {20, 4, 11}, dt, rng);         // misaligned: the general path
+  }
+}
+
+FERRUM_INSTANTIATE_ON_ALL_BACKENDS(QkvRopeAppendRagged);
+
+// CpuBackend refuses a position past the caches or the tables, or negative,
+// before writing anything (CudaBackend reports it at synchronize:
+// tests/gpu/test_ops_cuda.cpp).
+TEST(CpuQkvRopeAppendRagged, PositionOutOfRangeThrowsAndWritesNothing) {
+  CpuBackend cpu;
+  constexpr std::size_t kHeads = 2, kKv = 1, kHd = 8, kCap = 8, kTable = 6, kSeqs = 3;  // the tables end first
+  Buffer qkv = cpu.alloc(DType::F16, kSeqs * (kHeads + 2 * kKv) * kHd), q_out = cpu.alloc(DType::F16, kSeqs * kHeads * kHd);
+  Buffer k_cache = cpu.alloc(DType::F16, kSeqs * kKv * kCap * kHd), v_cache = cpu.alloc(DType::F16, kSeqs * kKv * kCap * kHd);
+  Buffer cos = cpu.alloc(DType::F32, kTable * kHd / 2), sin = cpu.alloc(DType::F32, kTable * kHd / 2);
+  Buffer pos = cpu.alloc(DType::I32, kSeqs);
+  cpu.write(qkv, std::vector<float>(kSeqs * (kHeads + 2 * kKv) * kHd, 1.0f));
+  cpu.write(cos, std::vector<float>(kTable * kHd / 2, 1.0f));
+  cpu.write(sin, std::vector<float>(kTable * kHd / 2, 0.5f));
+  cpu.write(k_cache, std::vector<float>(kSeqs * kKv * kCap * kHd, 0.0f));
+  cpu.write(v_cache, std::vector<float>(kSeqs * kKv * kCap * kHd, 0.0f));
+  const QkvRopeAppendConfig cfg{.heads = kHeads, .kv_heads = kKv, .head_dim = kHd, .capacity = kCap, .max_pos = kTable};
+  auto step_at = [&](std::int32_t middle) {
+    const std::int32_t p[kSeqs] = {0, middle, static_cast<std::int32_t>(kTable) - 1};
+    cpu.write_bytes(pos, p, sizeof p);
+    cpu.qkv_rope_append_ragged(qkv, nullptr, nullptr, cos, sin, q_out, k_cache, v_cache, pos, kSeqs, cfg);
+  };
+  EXPECT_NO_THROW(step_at(static_cast<std::int32_t>(kTable) - 1));  // the last table row
+  const std::vector<float> q_before = cpu.download(q_out, kSeqs * kHeads * kHd);
+  const std::vector<float> k_before = cpu.download(k_cache, kSeqs * kKv * kCap * kHd);
+  const std::vector<float> v_before = cpu.download(v_cache, kSeqs * kKv * kCap * kHd);
+  cpu.write(qkv, std::vector<float>(kSeqs * (kHeads + 2 * kKv) * kHd, 2.0f));  // a write would now differ
+  for (std::int32_t bad : {static_cast<std::int32_t>(kTable), static_cast<std::int32_t>(kCap), -1, 1000}) {
+    SCOPED_TRACE(cat("positions[1] = ", bad));
+    expect_error(ErrorCode::CapacityExceeded, "positions[1]", [&] { step_at(bad); });
+    EXPECT_EQ(cpu.download(q_out, kSeqs * kHeads * kHd), q_before);
+    EXPECT_EQ(cpu.download(k_cache, kSeqs * kKv * kCap * kHd), k_before);
+    EXPECT_EQ(cpu.download(v_cache, kSeqs * kKv * kCap * kHd), v_before);
+  }
+}
+
 // CpuBackend refuses a decode-state position past the caches or the tables
 // at the op (CudaBackend reports it at synchronize: tests/gpu/test_ops_cuda.cpp).
 TEST(CpuQkvRopeAppend, DecodeStatePositionOutOfRangeThrows) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 
 #include <gtest/gtest.h>
 
@@ -172,6 +173,59 @@ TEST(Decoder, RefusesBadArguments) {
   EXPECT_ENGINE_ERROR(decoder.decode(1), ErrorCode::CapacityExceeded, "kv_capacity = 8");
 }
 
+// A batch step runs every sequence as one row of one forward pass
+// (qkv_rope_append_ragged, flash_decode_ragged): each sequence's logits equal
+// those of a decoder holding only that sequence, step for step, with prompts
+// of different lengths (so the rows sit at different positions).
+TEST_P(DecoderTest, BatchStepEqualsEachSequenceAlone) {
+  Model m(GetParam());
+  const std::vector<std::vector<std::int32_t>> prompts = {{1, 17, 42, 255, 3}, {99}, {200, 7, 7}};
+  Decoder batch(m.be, m.weights, 64, 5, DecodeMode::Eager, prompts.size());
+  std::vector<std::unique_ptr<Decoder>> alone;
+  std::vector<std::int32_t> tokens;
+  for (std::size_t s = 0; s < prompts.size(); ++s) {
+    alone.push_back(std::make_unique<Decoder>(m.be, m.weights, 64, 5));
+    const std::vector<float> want = alone[s]->prefill(prompts[s]);
+    EXPECT_EQ(batch.prefill(s, prompts[s]), want) << "prefill of sequence " << s;
+    tokens.push_back(argmax(want));
+  }
+  double worst = 0.0;
+  for (std::size_t step = 0; step < kSteps; ++step) {
+    const std::vector<float> rows = batch.decode_batch(tokens);
+    ASSERT_EQ(rows.size(), prompts.size() * m.config.vocab_size);
+    for (std::size_t s = 0; s < prompts.size(); ++s) {
+      const std::vector<float> want = alone[s]->decode(tokens[s]);
+      const std::vector<float> got(rows.begin() + static_cast<std::ptrdiff_t>(s * want.size()),
+                                   rows.begin() + static_cast<std::ptrdiff_t>((s + 1) * want.size()));
+      const double diff = max_diff(got, std::vector<double>(want.begin(), want.end()));
+      worst = std::max(worst, diff);
+      // The same ops on the same rows; allow one f16 ulp at |logit| ~ 4 as
+      // IncrementalDecodeEqualsRePrefill does.
+      EXPECT_LE(diff, 4.0 * 0x1.0p-10) << "step " << step << ", sequence " << s;
+      EXPECT_EQ(batch.position(s), alone[s]->position());
+      tokens[s] = argmax(got);
+    }
+  }
+  std::printf("[ info ] %s batch of %zu vs each alone: max diff %.6f\n", GetParam().c_str(), prompts.size(), worst);
+}
+
+TEST(Decoder, BatchStepErrors) {
+  Model m("tiny-llama");
+  Decoder decoder(m.be, m.weights, 4, 2, DecodeMode::Eager, 2);
+  EXPECT_EQ(decoder.sequences(), 2u);
+  EXPECT_ENGINE_ERROR(decoder.decode_batch(std::vector<std::int32_t>{1}), ErrorCode::InvalidArgument,
+                      "one token per sequence (2), got 1");
+  EXPECT_ENGINE_ERROR(decoder.prefill(2, std::vector<std::int32_t>{1}), ErrorCode::InvalidArgument, "sequence 2");
+  EXPECT_ENGINE_ERROR(decoder.decode_batch(std::vector<std::int32_t>{1, 256}), ErrorCode::InvalidArgument, "256");
+  decoder.prefill(1, std::vector<std::int32_t>{1, 2});
+  decoder.decode_batch(std::vector<std::int32_t>{1, 2});  // positions 0 and 2
+  decoder.decode_batch(std::vector<std::int32_t>{1, 2});  // positions 1 and 3: sequence 1 is full
+  EXPECT_ENGINE_ERROR(decoder.decode_batch(std::vector<std::int32_t>{1, 2}), ErrorCode::CapacityExceeded,
+                      "sequence 1", "kv_capacity = 4");
+  EXPECT_ENGINE_ERROR(Decoder(m.be, m.weights, 4, 2, DecodeMode::Eager, 0), ErrorCode::InvalidArgument,
+                      "sequences = 0");
+}
+
 TEST(Decoder, RequiredOps) {
   CpuBackend be;
   EXPECT_TRUE(missing_ops(be, DecodeMode::Eager).empty());
@@ -200,6 +254,48 @@ TEST(DecoderGpu, GraphArgmaxTokensEqualHostArgmaxOfEagerLogits) {
     got = graph.decode_next(got);
   }
   EXPECT_TRUE(graph.graph_captured());
+  be->reset_graph();
+}
+
+// The batch step in graph mode on the GPU (captured once, replayed with new
+// tokens, positions and kv lengths in device buffers): each sequence's
+// greedy tokens equal those of an eager decoder holding only that sequence,
+// and its logits stay within the engine's logit tolerance of them (the
+// projections see m = 3 rows instead of 1, which may round differently).
+TEST(DecoderGpu, GraphBatchStepEqualsEachSequenceAlone) {
+  std::unique_ptr<Backend> be = make_default_backend();
+  if (be->kind() != BackendKind::Cuda) GTEST_SKIP() << "no GPU: the CUDA backend is not available";
+  ModelConfig c = gpu_tiny_llama_config();
+  c.validate("gpu test config");
+  const ModelWeights w = random_weights(*be, c, 77);
+  const std::vector<std::vector<std::int32_t>> prompts = {{1, 17, 42, 255, 3}, {99}, {200, 7, 7}};
+  Decoder batch(*be, w, 64, 5, DecodeMode::Graph, prompts.size());
+  std::vector<std::unique_ptr<Decoder>> alone;
+  std::vector<std::int32_t> tokens;
+  for (std::size_t s = 0; s < prompts.size(); ++s) {
+    alone.push_back(std::make_unique<Decoder>(*be, w, 64, 5, DecodeMode::Eager));
+    tokens.push_back(argmax(alone[s]->prefill(prompts[s])));
+    EXPECT_EQ(batch.prefill_next(s, prompts[s]), tokens[s]) << "prefill of sequence " << s;
+  }
+  double worst = 0.0;
+  for (std::size_t step = 0; step < 24; ++step) {
+    const std::vector<std::int32_t> got = batch.decode_batch_next(tokens);
+    ASSERT_EQ(got.size(), prompts.size());
+    const std::vector<float> rows = batch.logits();
+    for (std::size_t s = 0; s < prompts.size(); ++s) {
+      const std::vector<float> want = alone[s]->decode(tokens[s]);
+      const std::vector<double> want64(want.begin(), want.end());
+      const std::vector<float> row(rows.begin() + static_cast<std::ptrdiff_t>(s * want.size()),
+                                   rows.begin() + static_cast<std::ptrdiff_t>((s + 1) * want.size()));
+      worst = std::max(worst, max_diff(row, want64));
+      EXPECT_LE(max_diff(row, want64), kLogitTolerance * std::max(1.0, max_abs(want64)))
+          << "step " << step << ", sequence " << s;
+      ASSERT_EQ(got[s], argmax(want)) << "step " << step << ", sequence " << s;
+      tokens[s] = got[s];
+    }
+  }
+  EXPECT_TRUE(batch.graph_captured());
+  std::printf("[ info ] GPU graph batch of %zu vs each alone (eager): max logit diff %.6f\n", prompts.size(), worst);
   be->reset_graph();
 }
 

@@ -49,9 +49,10 @@ std::vector<float> read_floats(const std::filesystem::path& path) {
   return values;
 }
 
-// The ids on the "  generated: ..." line of the engine's output.
-std::vector<std::int32_t> generated_tokens(const std::string& output) {
-  const std::string marker = "  generated:";
+// The ids on the "  generated: ..." line of the engine's output (a batch:
+// the "  generated[seq]: ..." line).
+std::vector<std::int32_t> generated_tokens(const std::string& output, int seq = -1) {
+  const std::string marker = seq < 0 ? "  generated:" : "  generated[" + std::to_string(seq) + "]:";
   const std::size_t at = output.find(marker);
   EXPECT_NE(at, std::string::npos) << output;
   if (at == std::string::npos) return {};
@@ -199,6 +200,34 @@ TEST(EngineCli, SkinnyMaxMRange) {
   }
   EXPECT_EQ(run_engine("--random tiny-llama --steps 2 --skinny-max-m 9", log), 1);
   EXPECT_NE(read_text(log).find("--skinny-max-m takes 0..8, got 9"), std::string::npos) << read_text(log);
+}
+
+// --batch 3 with one prompt: sequence b decodes the prompt's first len - b
+// tokens, all three as the rows of each step; each sequence's tokens equal a
+// run of that prompt alone. Graph mode, on the CUDA backend when a GPU is
+// present (else CpuBackend, eagerly).
+TEST(EngineCli, BatchEqualsEachPromptAlone) {
+  const std::filesystem::path dir = testing::scratch_dir();
+  const std::filesystem::path log = dir / "engine.log";
+  const std::filesystem::path model = write_gpu_tiny_checkpoint(dir);
+  const std::string base = "--model \"" + model.string() + "\" --steps 6 --graph";
+  ASSERT_EQ(run_engine(base + " --prompt-tokens 1,17,42,3 --batch 3", log), 0) << read_text(log);
+  const std::string batch_output = read_text(log);
+  expect_gpu_backend_when_present(batch_output);
+  EXPECT_NE(batch_output.find("batch: 3 sequences"), std::string::npos) << batch_output;
+  const char* prompts[] = {"1,17,42,3", "1,17,42", "1,17"};
+  for (int b = 0; b < 3; ++b) {
+    SCOPED_TRACE(prompts[b]);
+    ASSERT_EQ(run_engine(base + " --prompt-tokens " + prompts[b], log), 0) << read_text(log);
+    const std::vector<std::int32_t> want = generated_tokens(read_text(log));
+    EXPECT_EQ(want.size(), 6u);
+    EXPECT_EQ(generated_tokens(batch_output, b), want) << batch_output;
+  }
+  // The same batch from explicit ';'-separated prompts.
+  ASSERT_EQ(run_engine(base + " --prompt-tokens \"1,17,42,3;1,17,42;1,17\"", log), 0) << read_text(log);
+  for (int b = 0; b < 3; ++b) EXPECT_EQ(generated_tokens(read_text(log), b), generated_tokens(batch_output, b));
+  EXPECT_EQ(run_engine(base + " --prompt-tokens \"1;2\" --batch 3", log), 1);
+  EXPECT_NE(read_text(log).find("--batch 3 needs one prompt or 3"), std::string::npos) << read_text(log);
 }
 
 TEST(EngineCli, DtypeOverridesTheRandomPresetsDtype) {

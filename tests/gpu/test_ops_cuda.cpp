@@ -281,21 +281,32 @@ class CudaDeviceCheck : public CudaTest {
   // decode-state position in `steps`, each past the rope table (max_pos rows)
   // or past the caches (capacity rows): no row writes (q_out keeps its
   // contents, neither cache changes, nothing past any of them), and
-  // synchronize() names the op.
+  // synchronize() names the op. With `ragged`, qkv_rope_append_ragged over
+  // three sequences at positions {1, step, 0}: the good sequences are refused
+  // with the bad one.
   void expect_qkv_rope_append_refused(Rng& rng, DType dtype, std::size_t capacity, std::size_t max_pos,
-                                      std::initializer_list<std::uint32_t> steps) {
+                                      std::initializer_list<std::uint32_t> steps, bool ragged) {
     constexpr std::size_t kHeads = 8, kKv = 2, kHd = 128;
+    const std::size_t seqs = ragged ? 3 : 1;
     const RopeTables tables = make_rope_tables(max_pos, kHd, kRopeTheta10k);
-    const DeviceTensor qkv(cuda(), random_normal(rng, dtype, (kHeads + 2 * kKv) * kHd)), cos(cuda(), tables.cos),
-        sin(cuda(), tables.sin);
-    const HostTensor initial = random_normal(rng, dtype, kKv * capacity * kHd);
-    const HostTensor q_initial = random_normal(rng, dtype, kHeads * kHd);
+    const DeviceTensor qkv(cuda(), random_normal(rng, dtype, seqs * (kHeads + 2 * kKv) * kHd)),
+        cos(cuda(), tables.cos), sin(cuda(), tables.sin);
+    const HostTensor initial = random_normal(rng, dtype, seqs * kKv * capacity * kHd);
+    const HostTensor q_initial = random_normal(rng, dtype, seqs * kHeads * kHd);
     GuardedOutput k_cache(cuda(), initial), v_cache(cuda(), initial), q_out(cuda(), q_initial);
+    Buffer positions = cuda().alloc(DType::I32, seqs);
     const QkvRopeAppendConfig cfg{
         .heads = kHeads, .kv_heads = kKv, .head_dim = kHd, .capacity = capacity, .max_pos = max_pos};
     for (std::uint32_t step : steps) {
-      SCOPED_TRACE(cat("step ", step, ", rope table rows ", max_pos, ", cache capacity ", capacity));
-      {
+      SCOPED_TRACE(cat("step ", step, ", rope table rows ", max_pos, ", cache capacity ", capacity,
+                       ragged ? ", ragged" : ""));
+      if (ragged) {
+        const std::int32_t p[] = {1, static_cast<std::int32_t>(step), 0};
+        cuda().write_bytes(positions, p, sizeof p);
+        EXPECT_NO_THROW(cuda().qkv_rope_append_ragged(qkv.view(), nullptr, nullptr, cos.view(), sin.view(),
+                                                      q_out.view(), k_cache.view(), v_cache.view(), positions, seqs,
+                                                      cfg));
+      } else {
         DeviceStateScope scope(cuda(), true);
         cuda().set_decode_state(0, step);
         EXPECT_NO_THROW(cuda().qkv_rope_append(qkv.view(), nullptr, nullptr, cos.view(), sin.view(), q_out.view(),
@@ -368,13 +379,15 @@ TEST_F(CudaDeviceCheck, DecodeStatePositionPastRopeTable) {
 // token's k).
 TEST_F(CudaDeviceCheck, QkvRopeAppendPastRopeTable) {
   FERRUM_SEEDED_RNG(rng);
-  expect_qkv_rope_append_refused(rng, DType::BF16, 256, 128, {128u, 200u});
+  expect_qkv_rope_append_refused(rng, DType::BF16, 256, 128, {128u, 200u}, /*ragged=*/false);
+  expect_qkv_rope_append_refused(rng, DType::BF16, 256, 128, {128u, 200u}, /*ragged=*/true);
 }
 
 // Past the 64-row caches, inside the 128-row tables.
 TEST_F(CudaDeviceCheck, QkvRopeAppendPastKvCapacity) {
   FERRUM_SEEDED_RNG(rng);
-  expect_qkv_rope_append_refused(rng, DType::F16, 64, 128, {64u, 100u});
+  expect_qkv_rope_append_refused(rng, DType::F16, 64, 128, {64u, 100u}, /*ragged=*/false);
+  expect_qkv_rope_append_refused(rng, DType::F16, 64, 128, {64u, 100u, 0xffffffffu}, /*ragged=*/true);  // and -1
 }
 
 TEST_F(CudaDeviceCheck, DecodeStatePositionPastKvCapacity) {

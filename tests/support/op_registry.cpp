@@ -24,6 +24,16 @@ constexpr std::size_t kBatch = 1, kQLen = 2, kKvLen = 3, kNumHeads = 4, kNumKvHe
 constexpr std::size_t kM = 2, kN = 8, kK = 16;
 constexpr std::size_t kLoraRank = 8, kRopeDim = 4, kVHeadDim = 8;
 
+QkvRopeAppendConfig qkv_rope_append_config(const OpArgs& a) {
+  return {.heads = a.size("cfg.heads"),
+          .kv_heads = a.size("cfg.kv_heads"),
+          .head_dim = a.size("cfg.head_dim"),
+          .capacity = a.size("cfg.capacity"),
+          .max_pos = a.size("cfg.max_pos"),
+          .eps = a.eps,
+          .mode = a.mode};
+}
+
 std::vector<OpSpec> build_specs() {
   std::vector<OpSpec> s;
   s.push_back({Op::CopySlice, "copy_slice", {act("src", 6), act("dst", 6)}, {{"len", 6}},
@@ -120,17 +130,29 @@ std::vector<OpSpec> build_specs() {
                   {"cfg.capacity", kCapacity},
                   {"cfg.max_pos", kMaxPos}},
                  [](Backend& be, OpArgs& a) {
-                   const QkvRopeAppendConfig cfg{.heads = a.size("cfg.heads"),
-                                                 .kv_heads = a.size("cfg.kv_heads"),
-                                                 .head_dim = a.size("cfg.head_dim"),
-                                                 .capacity = a.size("cfg.capacity"),
-                                                 .max_pos = a.size("cfg.max_pos"),
-                                                 .eps = a.eps,
-                                                 .mode = a.mode};
                    be.qkv_rope_append(a.buf("qkv"), a.null_norm_w ? nullptr : &a.buf("q_norm"),
                                       a.null_k_norm ? nullptr : &a.buf("k_norm"),
                                       a.buf("cos"), a.buf("sin"), a.buf("q_out"), a.buf("k_cache"),
-                                      a.buf("v_cache"), a.size("tokens"), a.pos_offset, cfg);
+                                      a.buf("v_cache"), a.size("tokens"), a.pos_offset, qkv_rope_append_config(a));
+                 }});
+    constexpr std::size_t kSeqs = 2;  // positions written by make_args: 0 and the last cache row
+    s.push_back({Op::QkvRopeAppendRagged, "qkv_rope_append_ragged",
+                 {act("qkv", kSeqs * (kHeads + 2 * kKv) * kHeadDim), act("q_norm", kHeadDim),
+                  act("k_norm", kHeadDim), {"cos", DType::F32, rope_table, rope_table - 1, kH},
+                  {"sin", DType::F32, rope_table, rope_table - 1, kH}, act("q_out", kSeqs * kHeads * kHeadDim),
+                  act("k_cache", kSeqs * kKv * kCapacity * kHeadDim), act("v_cache", kSeqs * kKv * kCapacity * kHeadDim),
+                  {"positions", DType::I32, kSeqs, kSeqs - 1, DType::F32}},
+                 {{"batch", kSeqs},
+                  {"cfg.heads", kHeads},
+                  {"cfg.kv_heads", kKv},
+                  {"cfg.head_dim", kHeadDim},
+                  {"cfg.capacity", kCapacity},
+                  {"cfg.max_pos", kMaxPos}},
+                 [](Backend& be, OpArgs& a) {
+                   be.qkv_rope_append_ragged(a.buf("qkv"), a.null_norm_w ? nullptr : &a.buf("q_norm"),
+                                             a.null_k_norm ? nullptr : &a.buf("k_norm"), a.buf("cos"), a.buf("sin"),
+                                             a.buf("q_out"), a.buf("k_cache"), a.buf("v_cache"), a.buf("positions"),
+                                             a.size("batch"), qkv_rope_append_config(a));
                  }});
   }
   s.push_back({Op::TransposeHeadToToken, "transpose_head_to_token",
@@ -258,6 +280,10 @@ OpArgs make_args(Backend& backend, const OpSpec& spec) {
   if (spec.op == Op::FlashDecodeRagged) {  // lengths 1 and the whole capacity
     const std::int32_t lens[] = {1, static_cast<std::int32_t>(a.size("cfg.kv_seq_stride"))};
     backend.write_bytes(a.buf("kv_lens"), lens, sizeof(lens));
+  }
+  if (spec.op == Op::QkvRopeAppendRagged) {  // the first and the last cache row
+    const std::int32_t positions[] = {0, static_cast<std::int32_t>(a.size("cfg.capacity")) - 1};
+    backend.write_bytes(a.buf("positions"), positions, sizeof(positions));
   }
   if (spec.op == Op::GemmGptq || spec.op == Op::GemmQuant) {
     // A real weight where the backend can load one, so valid calls run.
