@@ -229,6 +229,17 @@ if has_mode engine; then
       echo "-- qwen3-0.6b $mode"
       timeout 120 $B/apps/engine/ferrum_engine --random qwen3-0.6b --dtype f16 --steps 256 $mode 2>&1 | grep -E "loaded|decode:|error"
     done
+    # Batch decoding: sequences of different lengths as the rows of one step
+    # (each sequence's tokens are checked against a lone run by the engine
+    # tests; here the rate against the bound of B sequences).
+    echo "== engine, batch decoding (llama3-8b shape, f16; prompts of 4..1 tokens) ($(date +%T))"
+    for batch in 4 16 64; do
+      for mode in --graph --eager; do
+        echo "-- batch $batch $mode"
+        timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --dtype f16 --steps 64 --prompt-tokens 1,2,3,4 \
+          --batch $batch $mode 2>&1 | grep -E "decode:|bound:|error"
+      done
+    done
     echo "== engine, GPTQ INT4 (llama3-8b shape, random int4 weights, f16) ($(date +%T))"
     for mode in --graph "--graph --gptq-kernel stream" --eager; do
       echo "-- gptq $mode"
