@@ -141,7 +141,9 @@ std::filesystem::path write_gpu_tiny_checkpoint(const std::filesystem::path& dir
 
 // The backend line the engine printed names CUDA whenever a GPU is present.
 void expect_gpu_backend_when_present(const std::string& output) {
-  if (cuda_device_count() > 0) EXPECT_NE(output.find("backend cuda"), std::string::npos) << output;
+  if (cuda_device_count() > 0) {
+    EXPECT_NE(output.find("backend cuda"), std::string::npos) << output;
+  }
 }
 
 // The decode-step launch switches change no bit: each run's logits equal the
