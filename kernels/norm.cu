@@ -127,11 +127,19 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
   const float inv = rsqrtf(row_sum(sq, group) / static_cast<float>(dim) + eps);
 
   if (!row_ok) return;  // after the last block-wide reduction
-  if constexpr (!PREFETCH_W) load_weights();
+  // LayerNorm reads weight and bias per vector here, not all up front: with
+  // both arrays live, bf16 at 4 vectors per thread spilled past the
+  // 64-register bound (61 registers this way, f16 48 instead of 64).
+  constexpr bool kLoadPerVector = !PREFETCH_W && K == NormKind::Layer;
+  if constexpr (!PREFETCH_W && !kLoadPerVector) load_weights();
 #pragma unroll
   for (int i = 0; i < NVEC; ++i) {
     const int vi = lane + i * group;
     if (vi < nvec) {
+      if constexpr (kLoadPerVector) {
+        w[i].load(weight + static_cast<long long>(vi) * VW);
+        b[i].load(bias + static_cast<long long>(vi) * VW);
+      }
       V o;
 #pragma unroll
       for (int j = 0; j < VW; ++j) {
@@ -202,7 +210,7 @@ int next_pow2(int v) {
 template <NormKind K, class T>
 constexpr int tuned_vectors_per_thread() {
   constexpr bool f16 = std::is_same_v<T, __half>;
-  if constexpr (K == NormKind::Layer) return f16 ? 4 : 2;
+  if constexpr (K == NormKind::Layer) return 4;
   if constexpr (K == NormKind::Rms) return f16 ? 2 : 4;
   return 2;
 }
