@@ -1,18 +1,10 @@
 // Sweeps the tensor-core decode's launch knobs (kernels/attention.hpp,
 // DecodeTuning) on the decode shapes issue 3 names, straight through the
 // launcher: the A/B runs of docs/design/decode_attention.md in one binary.
-// Not part of the library.
+// None of the knobs changes a result, only where the bytes come from and
+// who merges the slices. Not part of the library.
 //
-//   ferrum_attention_tuning            f16, GQA 32/8, hd 128: the default
-//                                      and the slice-geometry knobs
-//   ferrum_attention_tuning --all      also the l2_ahead x prefetch x fused
-//                                      matrix (E1, E2, E4) on every shape
-//
-// Per shape: the default, then each geometry variant that changes that
-// shape's slices (long_splits 32 above a 4k capacity, min_slice_keys 64 up
-// to 2k), then the default again (the drift within one shape). The
-// geometry knobs change the slices, so the bits; the other knobs change no
-// result, only where the bytes come from and who merges the slices.
+//   ferrum_attention_tuning            f16, GQA 32/8, hd 128
 //
 // Method: CUDA events around R back-to-back launches (R so that a sample is
 // >= ~200 us), K/V rotated over sets >= 256 MiB together (past the 50 MB
@@ -23,7 +15,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <vector>
 
@@ -53,54 +44,9 @@ struct Shape {
   long long kv;
 };
 
-struct Variant {
-  const char* name;
-  DecodeTuning tuning;
-};
-
-DecodeTuning long_splits(int n) {
-  DecodeTuning t;
-  t.long_splits = n;
-  return t;
-}
-DecodeTuning min_slice_keys(int n) {
-  DecodeTuning t;
-  t.min_slice_keys = n;
-  return t;
-}
-
-// What one run measures on `sh`: see the top of the file.
-std::vector<Variant> variants_for(const Shape& sh, bool all) {
-  std::vector<Variant> v{{"default", {}}};
-  const DecodeTuning wide = long_splits(32), short64 = min_slice_keys(64);
-  if (ferrum::kernels::attention_decode_splits(sh.kv, wide) != ferrum::kernels::attention_decode_splits(sh.kv, {})) {
-    v.push_back({"long_splits=32", wide});
-  }
-  if (ferrum::kernels::attention_decode_splits(sh.kv, short64) !=
-      ferrum::kernels::attention_decode_splits(sh.kv, {})) {
-    v.push_back({"min_slice_keys=64", short64});
-  }
-  if (all) {
-    for (int ahead : {0, 1, 2}) {
-      for (double prefetch : {0.0, 36.0 * 1024 * 1024, 64.0 * 1024 * 1024}) {
-        for (bool fused : {true, false}) {
-          DecodeTuning t;
-          t.l2_ahead = ahead;
-          t.l2_prefetch_bytes = prefetch;
-          t.fused_merge = fused;
-          v.push_back({"matrix", t});
-        }
-      }
-    }
-  }
-  v.push_back({"default(again)", {}});
-  return v;
-}
-
 }  // namespace
 
-int main(int argc, char** argv) {
-  const bool all = argc > 1 && std::strcmp(argv[1], "--all") == 0;
+int main() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::printf("no GPU: nothing to tune\n");
@@ -115,10 +61,9 @@ int main(int argc, char** argv) {
   check(cudaEventCreate(&e1), "cudaEventCreate");
   auto* error_flag = static_cast<std::uint32_t*>(device_fill(sizeof(std::uint32_t), 0));
 
-  std::printf("%-5s %-7s %-18s %-6s %-6s %-9s %-10s %-6s %10s %9s\n", "B", "L", "variant", "splits", "slice",
-              "l2_ahead", "prefetch", "fused", "median_us", "GB/s");
-  const Shape shapes[] = {{1, 1024},   {1, 4096},  {1, 8192},   {1, 32768}, {1, 131072}, {16, 1024},
-                          {16, 8192},  {16, 32768}, {64, 1024}, {64, 8192}, {64, 32768}};
+  std::printf("%-5s %-7s %-9s %-10s %-6s %10s %9s\n", "B", "L", "l2_ahead", "prefetch", "fused", "median_us", "GB/s");
+  const Shape shapes[] = {{1, 1024},  {1, 4096},  {1, 8192},  {1, 32768}, {1, 131072},
+                          {16, 8192}, {16, 32768}, {64, 8192}, {64, 32768}};
   for (const Shape& sh : shapes) {
     const std::size_t kv_bytes = static_cast<std::size_t>(sh.batch) * kKvHeads * sh.kv * kHd * 2;
     const double call_bytes = 2.0 * static_cast<double>(kv_bytes);
@@ -131,55 +76,57 @@ int main(int argc, char** argv) {
     const std::size_t q_bytes = static_cast<std::size_t>(sh.batch) * kHeads * kHd * 2;
     void* q = device_fill(q_bytes, 0x2c);
     void* out = device_fill(q_bytes, 0);
-    // Sized for every allowed tuning.
     const std::size_t ws = ferrum::kernels::attention_workspace_floats(sh.batch, kHeads, 1, kHd, sh.kv);
     auto* partials = static_cast<float*>(device_fill(std::max<std::size_t>(ws, 1) * sizeof(float), 0));
 
-    for (const Variant& var : variants_for(sh, all)) {
-      const DecodeTuning& t = var.tuning;
-      AttentionArgs a;
-      a.dtype = ferrum::DType::F16;
-      a.q = q;
-      a.out = out;
-      a.batch = sh.batch;
-      a.num_heads = kHeads;
-      a.num_kv_heads = kKvHeads;
-      a.q_len = 1;
-      a.head_dim = kHd;
-      a.kv_stride = sh.kv;
-      a.kv_len = static_cast<int>(sh.kv);
-      a.pos_offset = sh.kv - 1;
-      a.error_flag = error_flag;
-      a.scale = 1.0f / std::sqrt(static_cast<float>(kHd));
-      ferrum::kernels::set_decode_workspace(a, partials, ws);
-      a.decode_tuning = t;
-      const int splits = ferrum::kernels::attention_decode_splits(sh.kv, t);
-      const long long slice = ferrum::kernels::attention_decode_slice_keys(sh.kv, t);
-      const int reps = std::max(1, static_cast<int>(200e-6 * 4e12 / std::max(call_bytes, 4e6)));
-      std::vector<float> samples;
-      try {
-        for (int sample = -2; sample < 15; ++sample) {  // two warm-up samples
-          check(cudaEventRecord(e0, stream), "cudaEventRecord");
-          for (int r = 0; r < reps; ++r) {
-            a.k = k[r % sets];
-            a.v = v[r % sets];
-            ferrum::kernels::launch_attention(a, stream);
+    for (int ahead : {0, 1, 2}) {
+      for (double prefetch : {0.0, 36.0 * 1024 * 1024, 64.0 * 1024 * 1024}) {
+        for (bool fused : {true, false}) {
+          AttentionArgs a;
+          a.dtype = ferrum::DType::F16;
+          a.q = q;
+          a.out = out;
+          a.batch = sh.batch;
+          a.num_heads = kHeads;
+          a.num_kv_heads = kKvHeads;
+          a.q_len = 1;
+          a.head_dim = kHd;
+          a.kv_stride = sh.kv;
+          a.kv_len = static_cast<int>(sh.kv);
+          a.pos_offset = sh.kv - 1;
+          a.error_flag = error_flag;
+          a.scale = 1.0f / std::sqrt(static_cast<float>(kHd));
+          ferrum::kernels::set_decode_workspace(a, partials, ws);
+          a.decode_tuning.l2_ahead = ahead;
+          a.decode_tuning.l2_prefetch_bytes = prefetch;
+          a.decode_tuning.fused_merge = fused;
+          const int reps = std::max(1, static_cast<int>(200e-6 * 4e12 / std::max(call_bytes, 4e6)));
+          std::vector<float> samples;
+          try {
+            for (int sample = -2; sample < 15; ++sample) {  // two warm-up samples
+              check(cudaEventRecord(e0, stream), "cudaEventRecord");
+              for (int r = 0; r < reps; ++r) {
+                a.k = k[r % sets];
+                a.v = v[r % sets];
+                ferrum::kernels::launch_attention(a, stream);
+              }
+              check(cudaEventRecord(e1, stream), "cudaEventRecord");
+              check(cudaEventSynchronize(e1), "cudaEventSynchronize");
+              float ms = 0;
+              check(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+              if (sample >= 0) samples.push_back(ms * 1000.0f / static_cast<float>(reps));
+            }
+          } catch (const std::exception& e) {
+            std::printf("%-5d %-7lld %-9d %-10.0f %-6d  failed: %s\n", sh.batch, sh.kv, ahead, prefetch / 1048576.0,
+                        fused ? 1 : 0, e.what());
+            continue;
           }
-          check(cudaEventRecord(e1, stream), "cudaEventRecord");
-          check(cudaEventSynchronize(e1), "cudaEventSynchronize");
-          float ms = 0;
-          check(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
-          if (sample >= 0) samples.push_back(ms * 1000.0f / static_cast<float>(reps));
+          std::sort(samples.begin(), samples.end());
+          const double us = samples[samples.size() / 2];
+          std::printf("%-5d %-7lld %-9d %-10.0f %-6d %10.2f %9.0f\n", sh.batch, sh.kv, ahead, prefetch / 1048576.0,
+                      fused ? 1 : 0, us, call_bytes / us / 1e3);
         }
-      } catch (const std::exception& e) {
-        std::printf("%-5d %-7lld %-18s %-6d %-6lld %-9d %-10.0f %-6d  failed: %s\n", sh.batch, sh.kv, var.name, splits,
-                    slice, t.l2_ahead, t.l2_prefetch_bytes / 1048576.0, t.fused_merge ? 1 : 0, e.what());
-        continue;
       }
-      std::sort(samples.begin(), samples.end());
-      const double us = samples[samples.size() / 2];
-      std::printf("%-5d %-7lld %-18s %-6d %-6lld %-9d %-10.0f %-6d %10.2f %9.0f\n", sh.batch, sh.kv, var.name, splits,
-                  slice, t.l2_ahead, t.l2_prefetch_bytes / 1048576.0, t.fused_merge ? 1 : 0, us, call_bytes / us / 1e3);
     }
     for (int s = 0; s < sets; ++s) {
       check(cudaFree(k[s]), "cudaFree");
@@ -189,8 +136,5 @@ int main(int argc, char** argv) {
     check(cudaFree(out), "cudaFree");
     check(cudaFree(partials), "cudaFree");
   }
-  std::uint32_t flag = 0;
-  check(cudaMemcpy(&flag, error_flag, sizeof flag, cudaMemcpyDeviceToHost), "cudaMemcpy");
-  if (flag != 0) std::printf("device error flag: %u\n", flag);
   return 0;
 }

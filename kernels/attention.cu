@@ -3,10 +3,9 @@
 //
 // Decode (q_len == 1) is flash-decoding on tensor cores,
 // attention_decode_kernel. The key range is cut into slices whose size
-// depends on the cache capacity and DecodeTuning alone
-// (attention_decode_slice_keys: by default 128 keys up to a 4k cache, then
-// at most 16 slices), so a result never depends on kv_len, the batch or
-// the launch size; one block owns (sequence, kv
+// depends on the cache capacity alone (attention_decode_slice_keys: 128
+// keys up to a 4k cache, then at most 16 slices), so a result never depends
+// on kv_len, the batch or the launch size; one block owns (sequence, kv
 // head, slice) and every q head of the
 // GQA group: the group is the M dimension of mma.sync m16n8k16 (padded to
 // 16 rows per m-tile; groups above 16 take a second set of 4 warps, above
@@ -83,77 +82,26 @@ __device__ __forceinline__ long long key_limit(const AttentionArgs& a, int b, in
   return limit < 0 ? 0 : limit;
 }
 
-// 16 bytes global -> shared, read through L2 (the source was written by
-// another block): cp.async where there is one, else a load and a store.
-__device__ __forceinline__ void copy_16_l2(float* dst, const float* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  cp_async_16(smem_u32(dst), src);
-#else
-  *reinterpret_cast<float4*>(dst) = __ldcg(reinterpret_cast<const float4*>(src));
-#endif
-}
-// Ends a round of copy_16_l2 (a cp.async group) / waits for all of them.
-__device__ __forceinline__ void copy_16_l2_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  cp_async_commit();
-#endif
-}
-__device__ __forceinline__ void copy_16_l2_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  cp_async_wait<0>();
-#endif
-}
-
 // Merges the decode slice partials of rows row0 .. row0 + heads - 1 (one
 // sequence; slices 0 .. used - 1 hold a valid key) into a.out, in slice
 // order:  out = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max).
 // The arithmetic depends on the partials alone, so the same bits come out
-// whichever block or kernel runs it, and however many slices a batch below
-// holds; used == 0 writes zeros. Every thread of the block calls it (it
-// holds __syncthreads) with no cp.async group pending.
-//
-// Latency: the partials of as many slices as `smem` holds (all of them for
-// GQA <= 4 at hd 128, or one head) go to shared memory by cp.async, issued
-// together with the log-sum-exp loads before any is used -- one L2 round
-// trip per batch, where loading into registers slice by slice took
-// 1 + ceil(used / 8) per head quad of a thread. Reads bypass L1 (cp.async.cg,
-// ld.cg): the partials come from other blocks.
-//
-// smem: `smem_floats` floats, 16-byte aligned, at least
-// heads * (splits + 1 + HD): the partials of a batch of nb slices
-// [heads][nb][HD] from the start, the weights [heads][splits] and sums
-// [heads] at the end. kItems: head quads per thread, at least
-// ceil(heads * HD / 4 / blockDim.x).
-template <class T, int HD, int kItems>
+// whichever block or kernel runs it; used == 0 writes zeros. Reads through
+// L2 (the partials come from other blocks). Every thread of the block calls
+// it (it holds __syncthreads); smem: heads * (splits + 1) floats.
+template <class T, int HD>
 __device__ void merge_slice_partials(const AttentionArgs& a, long long row0, int heads, int splits, int used,
-                                     float* smem, int smem_floats) {
+                                     float* smem) {
   static_assert(HD % 4 == 0, "4 columns per thread");
-  constexpr int kQuads = HD / 4;
   const int tid = static_cast<int>(threadIdx.x);
   const int nthreads = static_cast<int>(blockDim.x);
-  float* const w_s = smem + smem_floats - heads * (splits + 1);  // [heads][splits]: lse, then weights
-  float* const sum_s = w_s + heads * splits;                      // [heads]
-  float* const p_s = smem;                                        // [heads][nb][HD]: one batch of slices
-  const int batch = min(used, static_cast<int>((w_s - smem) / (heads * HD)));
-  // Slices [s0, s0 + nb) of every head, one 16-byte cp.async per quad.
-  auto issue = [&](int s0, int nb) {
-    const int per_head = nb * kQuads;
-    for (int i = tid; i < heads * per_head; i += nthreads) {
-      const int h = i / per_head;
-      const int s = (i % per_head) / kQuads;
-      const int q = i % kQuads;
-      copy_16_l2(p_s + (h * nb + s) * HD + q * 4, a.partial_out + ((row0 + h) * splits + s0 + s) * HD + q * 4);
-    }
-    copy_16_l2_commit();
-  };
-
-  if (used > 0) issue(0, batch);
+  float* const w_s = smem;                     // [heads][splits]: lse, then weights
+  float* const sum_s = smem + heads * splits;  // [heads]
   for (int i = tid; i < heads * used; i += nthreads) {
     const int h = i / used;
     const int s = i % used;
     w_s[h * splits + s] = __ldcg(a.partial_lse + (row0 + h) * splits + s);
   }
-  copy_16_l2_wait_all();
   __syncthreads();
   for (int h = tid; h < heads; h += nthreads) {
     float* const w = w_s + h * splits;
@@ -167,67 +115,27 @@ __device__ void merge_slice_partials(const AttentionArgs& a, long long row0, int
     sum_s[h] = sum;
   }
   __syncthreads();
-
-  float acc[kItems][4];
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) acc[k][c] = 0.0f;
-  }
-  for (int s0 = 0; s0 < used; s0 += batch) {
-    const int nb = min(batch, used - s0);
-    if (s0 > 0) {  // only when the slices did not fit at once
-      __syncthreads();  // every thread is done with the previous batch
-      issue(s0, nb);
-      copy_16_l2_wait_all();
-      __syncthreads();
+  constexpr int kQuads = HD / 4;
+  for (int idx = tid; idx < heads * kQuads; idx += nthreads) {
+    const int h = idx / kQuads;
+    const int d = (idx % kQuads) * 4;
+    const float* const w = w_s + h * splits;
+    const float* const po = a.partial_out + (row0 + h) * splits * HD + d;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 8
+    for (int s = 0; s < used; ++s) {
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(po + static_cast<long long>(s) * HD));
+      acc[0] = fmaf(w[s], x.x, acc[0]);
+      acc[1] = fmaf(w[s], x.y, acc[1]);
+      acc[2] = fmaf(w[s], x.z, acc[2]);
+      acc[3] = fmaf(w[s], x.w, acc[3]);
     }
+    const float sum = sum_s[h];
+    vec_t<T, 4> o;
 #pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int idx = tid + k * nthreads;
-      if (idx < heads * kQuads) {
-        const int h = idx / kQuads;
-        const int d = (idx % kQuads) * 4;
-        const float* const w = w_s + h * splits + s0;
-        const float* const p = p_s + h * nb * HD + d;
-        for (int s = 0; s < nb; ++s) {
-          const float4 x = *reinterpret_cast<const float4*>(p + s * HD);
-          acc[k][0] = fmaf(w[s], x.x, acc[k][0]);
-          acc[k][1] = fmaf(w[s], x.y, acc[k][1]);
-          acc[k][2] = fmaf(w[s], x.z, acc[k][2]);
-          acc[k][3] = fmaf(w[s], x.w, acc[k][3]);
-        }
-      }
-    }
+    for (int c = 0; c < 4; ++c) o.set(c, sum > 0.0f ? acc[c] / sum : 0.0f);
+    o.store(static_cast<T*>(a.out) + (row0 + h) * HD + d);
   }
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const int idx = tid + k * nthreads;
-    if (idx < heads * kQuads) {
-      const int h = idx / kQuads;
-      const int d = (idx % kQuads) * 4;
-      const float sum = sum_s[h];
-      vec_t<T, 4> o;
-#pragma unroll
-      for (int c = 0; c < 4; ++c) o.set(c, sum > 0.0f ? acc[k][c] / sum : 0.0f);
-      o.store(static_cast<T*>(a.out) + (row0 + h) * HD + d);
-    }
-  }
-}
-
-// The release / acquire of the fused merge's arrival (see the kernel).
-__device__ __forceinline__ void fence_acq_rel_gpu() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-#endif
-}
-// atomicInc at gpu scope, relaxed: *p = old >= limit ? 0 : old + 1; old.
-__device__ __forceinline__ unsigned int atomic_inc_relaxed_gpu(unsigned int* p, unsigned int limit) {
-  unsigned int old = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-  asm volatile("atom.relaxed.gpu.inc.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(limit) : "memory");
-#endif
-  return old;
 }
 
 // Arrival counters of the fused decode merge, one per (sequence, kv head,
@@ -458,12 +366,8 @@ struct DecodeShape {
   static constexpr int kMergeFloats = kMaxWarps * 16 * (kOStride + 2);
   static_assert(kStages >= 2, "the ring needs a slot to fill while another is read");
   static_assert(kMergeFloats * 4 <= kRingElems * 2, "the merge fits in the drained ring");
-  // merge_slice_partials in the drained ring: head quads per thread
-  // (heads <= 16 per 128 threads), and room for the weights plus one slice.
-  static constexpr int kMergeItems = 16 * (HD / 4) / (kKeyWarps * 32);
-  static_assert(kAttnDecodeMinSliceKeysAllowed[0] % kTileKeys == 0 && kAttnDecodeMinSliceKeysAllowed[1] % kTileKeys == 0,
-                "whole tiles per slice (powers of two from 64)");
-  static_assert(kMaxHeads * (kAttnDecodeMaxSplits + 1 + HD) <= kRingElems / 2, "the slice merge fits in the ring");
+  static_assert(kAttnDecodeMinSliceKeys % kTileKeys == 0, "whole tiles per slice (powers of two from 128)");
+  static_assert(kMaxHeads * (kAttnDecodeMaxSplits + 1) * 4 <= kRingElems * 2, "the slice merge fits in the ring");
   static_assert(kChunks >= 8, "the swizzle permutes 8 chunks of a row");
   static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of sm_90");
 };
@@ -786,32 +690,23 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   if (direct || !fused) return;  // done, or attention_combine_kernel merges
 
   // Arrive. The last of the `used` blocks of this (sequence, kv head,
-  // chunk) merges their partials. Ordering (PTX memory model): every
-  // thread's partial stores precede the __syncthreads below, which orders
-  // them before thread 0's fence.acq_rel.gpu (fences are cumulative); that
-  // fence and the relaxed gpu-scope atomic after it are a release. The
-  // counter's RMW chain carries each arrival's release to the last arriver,
-  // whose thread 0 follows its atomic with a fence.acq_rel.gpu (acquire),
-  // and the __syncthreads after that orders every thread's partial reads
-  // after the acquire. One fence per block instead of one per thread, and
-  // the acquire only in the merging block.
+  // chunk) merges their partials. Every writer fences before the arrival
+  // (release: its partials are visible device-wide first); the last block
+  // fences after it (acquire) and reads the partials through L2.
   unsigned int* const s_last = reinterpret_cast<unsigned int*>(sQ);  // Q is no longer read
+  __threadfence();
   __syncthreads();  // also: every warp is done with mo / mm / ml
   if (tid == 0) {
     unsigned int* const counter =
         g_decode_arrivals + (static_cast<long long>(b) * a.num_kv_heads + kvh) * chunks + chunk;
-    // inc wraps to 0 after used - 1: the last arrival leaves it zero.
+    // atomicInc wraps to 0 after used - 1: the last arrival leaves it zero.
     const unsigned int last = static_cast<unsigned int>(used - 1);
-    fence_acq_rel_gpu();
-    const bool is_last = atomic_inc_relaxed_gpu(counter, last) == last;
-    if (is_last) fence_acq_rel_gpu();
-    *s_last = is_last ? 1u : 0u;
+    *s_last = atomicInc(counter, last) == last ? 1u : 0u;
   }
   __syncthreads();
   if (*s_last == 0) return;
-  // The ring is free (the barriers above follow every read of it).
-  merge_slice_partials<T, HD, Sh::kMergeItems>(a, row0, heads, splits, used, reinterpret_cast<float*>(smem_raw),
-                                               Sh::kRingElems / 2);
+  __threadfence();
+  merge_slice_partials<T, HD>(a, row0, heads, splits, used, reinterpret_cast<float*>(smem_raw));
 #else
   __trap();  // built without sm_80+: the launcher never launches this
 #endif
@@ -820,21 +715,17 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
 // The merge as a kernel of its own, one block per (sequence, head): after
 // attention_rows_kernel, and after the tensor-core kernel when a launch has
 // more (sequence, kv head, chunk) groups than arrival counters. The same
-// arithmetic as the fused merge, so the same bits. Its shared memory holds
-// every slice of the row under any allowed tuning (hd 256: 33 KiB): one
-// round of loads.
+// arithmetic as the fused merge, so the same bits.
 constexpr int kCombineThreads = 64;
 
 template <class T, int HD>
 __global__ void __launch_bounds__(kCombineThreads)
     attention_combine_kernel(const AttentionArgs a, int splits, int slice_keys) {
-  constexpr int kFloats = kAttnDecodeMaxSplits * (HD + 1) + 1;
-  __shared__ __align__(16) float smem[kFloats];
+  __shared__ float smem[kAttnDecodeMaxSplits + 1];
   const long long row = blockIdx.x;  // b * num_heads + head (q_len == 1)
   const long long limit = key_limit(a, static_cast<int>(row / a.num_heads), 0, false);
   const int used = static_cast<int>(min(static_cast<long long>(splits), (limit + slice_keys - 1) / slice_keys));
-  merge_slice_partials<T, HD, (HD / 4 + kCombineThreads - 1) / kCombineThreads>(a, row, 1, splits, used, smem,
-                                                                                 kFloats);
+  merge_slice_partials<T, HD>(a, row, 1, splits, used, smem);
 }
 
 template <class T, int HD>
@@ -848,8 +739,8 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   using Sh = DecodeShape<HD>;
   const auto kernel = attention_decode_kernel<T, HD>;
   if (!prepare_kernel<attention_decode_kernel<T, HD>>(Sh::kSmemBytes)) return false;
-  const int splits = attention_decode_splits(a.kv_stride, a.decode_tuning);
-  const int slice_keys = static_cast<int>(attention_decode_slice_keys(a.kv_stride, a.decode_tuning));
+  const int splits = attention_decode_splits(a.kv_stride);
+  const int slice_keys = static_cast<int>(attention_decode_slice_keys(a.kv_stride));
   const int group = a.num_heads / a.num_kv_heads;
   const int mtiles = group > 16 ? Sh::kMaxMTiles : 1;
   const int chunks = (group + 16 * mtiles - 1) / (16 * mtiles);
@@ -888,41 +779,21 @@ bool launch_attention_decode_tc(const AttentionArgs& a, cudaStream_t stream) {
   return launched;
 }
 
-template <std::size_t N>
-bool one_of(int value, const int (&allowed)[N]) {
-  for (const int x : allowed) {
-    if (x == value) return true;
-  }
-  return false;
-}
-
-// The geometry knobs drive loops and the grid: only the listed values.
-void check_decode_tuning(const DecodeTuning& t) {
-  if (!one_of(t.long_splits, kAttnDecodeLongSplitsAllowed)) {
-    throw_bad_dispatch("flash_attention", "decode_tuning.long_splits (16 or 32)", t.long_splits);
-  }
-  if (!one_of(t.min_slice_keys, kAttnDecodeMinSliceKeysAllowed)) {
-    throw_bad_dispatch("flash_attention", "decode_tuning.min_slice_keys (64 or 128)", t.min_slice_keys);
-  }
-}
-
 }  // namespace
 
 std::size_t attention_workspace_floats(int batch, int num_heads, int q_len, int head_dim, long long kv_stride) {
   if (q_len != 1) return 0;
   const auto rows = static_cast<std::size_t>(batch) * static_cast<std::size_t>(num_heads);
-  return rows * static_cast<std::size_t>(attention_decode_max_splits(kv_stride)) *
-         static_cast<std::size_t>(head_dim + 1);
+  return rows * static_cast<std::size_t>(attention_decode_splits(kv_stride)) * static_cast<std::size_t>(head_dim + 1);
 }
 
 void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
-  check_decode_tuning(a.decode_tuning);
   // Decode runs on tensor cores wherever the device allows (sm_80+),
   // prefill on the tensor-core prefill kernel wherever that applies; the
   // CUDA-core kernel below is the fallback for both.
   if (a.q_len == 1 ? launch_attention_decode_tc(a, stream) : launch_attention_prefill_tc(a, stream)) return;
-  const int splits = a.q_len == 1 ? attention_decode_splits(a.kv_stride, a.decode_tuning) : 1;
-  const int slice_keys = static_cast<int>(attention_decode_slice_keys(a.kv_stride, a.decode_tuning));
+  const int splits = a.q_len == 1 ? attention_decode_splits(a.kv_stride) : 1;
+  const int slice_keys = static_cast<int>(attention_decode_slice_keys(a.kv_stride));
   const int group = a.num_heads / a.num_kv_heads;
   const int heads_per_block = group < kMaxGroupPerBlock ? group : kMaxGroupPerBlock;
   const int chunks = (group + heads_per_block - 1) / heads_per_block;

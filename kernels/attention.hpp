@@ -11,14 +11,34 @@
 
 namespace ferrum::kernels {
 
+// Decode (q_len == 1) cuts the key range into slices of
+// attention_decode_slice_keys(kv_stride) keys, one block each: 128 keys for
+// a cache capacity up to 4096 (up to 32 slices: many blocks for a short
+// cache, where latency rules), beyond that the smallest power of two that
+// cuts the capacity into at most 16 slices (128 blocks for a batch-1
+// decode of 8 kv heads on the H200's 132 SMs; long slices stream without
+// draining and keep the merge small at large batch). It depends on the
+// capacity alone -- never on kv_len, the batch or the launch size -- so a
+// result is bitwise the same whatever the batch, and run to run.
+inline constexpr long long kAttnDecodeMinSliceKeys = 128;
+inline constexpr int kAttnDecodeMaxSplits = 32;   // capacity <= 128 * 32
+inline constexpr int kAttnDecodeLongSplits = 16;  // capacity > 128 * 32
+constexpr long long attention_decode_slice_keys(long long kv_stride) {
+  if (kv_stride <= kAttnDecodeMinSliceKeys * kAttnDecodeMaxSplits) return kAttnDecodeMinSliceKeys;
+  long long keys = kAttnDecodeMinSliceKeys;
+  while (keys * kAttnDecodeLongSplits < kv_stride) keys *= 2;
+  return keys;
+}
+constexpr int attention_decode_splits(long long kv_stride) {
+  const long long keys = attention_decode_slice_keys(kv_stride);
+  return static_cast<int>((kv_stride + keys - 1) / keys);  // <= kAttnDecodeMaxSplits
+}
+
 // Launch knobs of the tensor-core decode. The defaults are the library's
 // choice and every caller leaves them; bench/attention_tuning.cpp sweeps
-// them (the A/B runs of docs/design/decode_attention.md). launch_attention
-// throws ferrum::Error naming a knob set to a value not allowed.
+// them (the A/B runs of docs/design/decode_attention.md). None changes a
+// result: slices, their order and the merge order stay the same.
 struct DecodeTuning {
-  // These three change no result (the slices, their order and the merge
-  // order stay the same):
-  //
   // Sub-tiles per key warp asked into L2 beyond the cp.async ring, in
   // launches too large for the whole-slice prefetch. 0: none.
   int l2_ahead = 0;
@@ -30,72 +50,7 @@ struct DecodeTuning {
   double l2_prefetch_bytes = 0.0;
   // The last block of a row merges its slices (else a second kernel does).
   bool fused_merge = true;
-
-  // These two choose the slice geometry (attention_decode_slice_keys), so
-  // other slices and other bits -- still a function of the capacity and the
-  // knobs alone: deterministic and independent of the batch. For
-  // measurement (docs/design/decode_attention.md §3 step 2 and E3); the
-  // defaults are the library's geometry.
-  //
-  // Most slices per head above kAttnDecodeShortCapacity: 16 or 32.
-  int long_splits = 16;
-  // Keys of a slice at a capacity up to kAttnDecodeShortCapacity, doubled
-  // until at most kAttnDecodeMaxSplits slices cover it: 128 or 64 (64:
-  // 64-key slices up to a 2k capacity, 128-key ones up to 4k).
-  int min_slice_keys = 128;
 };
-
-// Decode (q_len == 1) cuts the key range into slices of
-// attention_decode_slice_keys(kv_stride, tuning) keys, one block each. By
-// default 128 keys for a cache capacity up to 4096 (up to 32 slices: many
-// blocks for a short cache, where latency rules), beyond that the smallest
-// power of two that cuts the capacity into at most 16 slices (128 blocks for
-// a batch-1 decode of 8 kv heads on the H200's 132 SMs; long slices stream
-// without draining and keep the merge small at large batch). It depends on
-// the capacity and the tuning alone -- never on kv_len, the batch or the
-// launch size -- so a result is bitwise the same whatever the batch, and
-// run to run. Every user of the geometry in a call (grid, kernel, combine)
-// takes it from the same AttentionArgs::decode_tuning.
-inline constexpr long long kAttnDecodeShortCapacity = 4096;
-inline constexpr int kAttnDecodeMaxSplits = 32;  // under every allowed tuning
-inline constexpr int kAttnDecodeLongSplitsAllowed[] = {16, 32};
-inline constexpr int kAttnDecodeMinSliceKeysAllowed[] = {64, 128};  // whole 64-key tiles
-// `t` must hold allowed values (launch_attention checks them; others may
-// not terminate, or exceed kAttnDecodeMaxSplits).
-constexpr long long attention_decode_slice_keys(long long kv_stride, const DecodeTuning& t) {
-  const long long most = kv_stride <= kAttnDecodeShortCapacity ? kAttnDecodeMaxSplits : t.long_splits;
-  long long keys = t.min_slice_keys;
-  while (keys * most < kv_stride) keys *= 2;
-  return keys;
-}
-constexpr int attention_decode_splits(long long kv_stride, const DecodeTuning& t) {
-  const long long keys = attention_decode_slice_keys(kv_stride, t);
-  return static_cast<int>((kv_stride + keys - 1) / keys);  // <= kAttnDecodeMaxSplits
-}
-// The most slices any allowed tuning gives this capacity: what the split-K
-// workspace is sized for, so a caller may change the tuning without
-// resizing it.
-constexpr int attention_decode_max_splits(long long kv_stride) {
-  int most = 1;
-  for (const int long_splits : kAttnDecodeLongSplitsAllowed) {
-    for (const int min_keys : kAttnDecodeMinSliceKeysAllowed) {
-      DecodeTuning t;
-      t.long_splits = long_splits;
-      t.min_slice_keys = min_keys;
-      const int s = attention_decode_splits(kv_stride, t);
-      most = s > most ? s : most;
-    }
-  }
-  return most;
-}
-// The default is the geometry before the knobs existed.
-static_assert(attention_decode_slice_keys(4096, DecodeTuning{}) == 128 &&
-              attention_decode_slice_keys(4097, DecodeTuning{}) == 512 &&
-              attention_decode_slice_keys(32768, DecodeTuning{}) == 2048 &&
-              attention_decode_splits(131072, DecodeTuning{}) == 16);
-static_assert(attention_decode_max_splits(1024) == 16 && attention_decode_max_splits(2048) == 32 &&
-              attention_decode_max_splits(2049) == 17 && attention_decode_max_splits(4096) == 32 &&
-              attention_decode_max_splits(8192) == 32 && attention_decode_max_splits(1 << 20) == 32);
 
 struct AttentionArgs {
   DType dtype = DType::F16;
@@ -118,16 +73,15 @@ struct AttentionArgs {
   float scale = 0.0f;  // softmax scale (already resolved: > 0)
   // Split-K scratch for decode (q_len == 1): [batch * num_heads][splits][head_dim]
   // partial outputs and [batch * num_heads][splits] log-sum-exps (base 2),
-  // f32, splits = attention_decode_splits(kv_stride, decode_tuning). Only
-  // slices holding a valid key are written and read.
+  // f32, splits = attention_decode_splits(kv_stride). Only slices holding a
+  // valid key are written and read.
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
-  DecodeTuning decode_tuning;  // q_len == 1 (the slice geometry also for the CUDA-core fallback)
+  DecodeTuning decode_tuning;  // q_len == 1, tensor-core kernel only
 };
 
-// Floats of split-K scratch a decode call needs (0 for prefill), under any
-// allowed DecodeTuning: batch * num_heads * (head_dim + 1) *
-// attention_decode_max_splits(kv_stride) (at most 32 splits).
+// Floats of split-K scratch a decode call needs (0 for prefill): at most
+// batch * num_heads * 32 * (head_dim + 1).
 std::size_t attention_workspace_floats(int batch, int num_heads, int q_len, int head_dim, long long kv_stride);
 
 // Points a.partial_out and a.partial_lse into `workspace` (f32, `floats` of

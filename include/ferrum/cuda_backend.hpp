@@ -40,9 +40,9 @@ struct CudaBackendConfig {
   std::size_t cublas_workspace_bytes = std::size_t{32} << 20;
   // Split-K scratch of decode attention, allocated once with the runtime
   // (ops never allocate). A decode call needs batch * num_heads *
-  // splits * (head_dim + 1) floats, splits = attention_decode_max_splits(
-  // kv_seq_stride) of kernels/attention.hpp (the most slices any allowed
-  // decode tuning cuts that capacity into: at most 32); more throws
+  // splits * (head_dim + 1) floats, splits = attention_decode_splits(
+  // kv_seq_stride) of kernels/attention.hpp (at most 32 up to a capacity of
+  // 4096 positions, at most 16 beyond); more throws
   // CapacityExceeded naming this field. Like the cuBLAS workspace, the first
   // CudaBackend on a device decides it.
   std::size_t attention_workspace_bytes = std::size_t{256} << 20;
