@@ -202,11 +202,14 @@ int next_pow2(int v) {
 //   add_rms  f16  t2 261.86 | 39.87      t4 281.31 | 42.30   -> 2
 //   add_rms  bf16 t2 278.85 | 41.41      t4 292.51 | 42.88   -> 2
 //   layer    f16  t2 190.91 | 31.55      t4 144.80 | 25.92   -> 4
-//   layer    bf16 t2 193.66 | 31.71      t4 229.63 | 36.29   -> 2 (at 4 it
-//            hits the 64-register launch bound and spills; session 7 gave
-//            it a 512-thread bound, 97 registers and no spill: 190.2 µs at
-//            128 threads, 202.6 at 256, no better than 2, so backed out)
-// Through CudaBackend (ferrum_bench): layer f16 140.0 µs, rms bf16 133.1.
+//   layer    bf16 t2 193.66 | 31.71      t4 229.63 | 36.29   -> then 2: at
+//            4 it hit the 64-register launch bound and spilled (session 7's
+//            512-thread bound, 97 registers, no spill: 190.2 µs at 128
+//            threads, 202.6 at 256). Session 8: weight and bias read per
+//            vector after the reduction (61 registers, no spill) -> 4.
+// Through CudaBackend (ferrum_bench): layer f16 140.0 µs, rms bf16 133.1;
+// session 8 (per-vector weight loads, t4 for both): layer f16 134.5 µs
+// (93.8 % of copy), bf16 142.0 (88.9 %; was 181.6).
 template <NormKind K, class T>
 constexpr int tuned_vectors_per_thread() {
   constexpr bool f16 = std::is_same_v<T, __half>;
