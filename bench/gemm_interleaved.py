@@ -22,13 +22,14 @@ Suites:
   decode  f16, m in {1, 2, 4, 8, 16, 64} (bf16: m in {1, 2}) x [k, n] in
           [4096, 4096], [4096, 6144], [4096, 14336], [4096, 28672],
           [14336, 4096], [8192, 8192], [4096, 128256] (lm_head): us, weight GB/s and % of a 1 GiB device copy (torch
-          copy_, bytes read + written, measured in this process). m <= 8
-          takes ferrum's skinny kernel when aligned (column "path").
+          copy_, bytes read + written, measured in this process). m <= 16
+          may take ferrum's skinny kernel when aligned (column "path");
+          --ms 8,16 keeps only those m (both dtypes).
   legacy  8192^3 and m in {1, 16, 64} x [8192 x {8192, 28672}], f16 and
           bf16: the 3 % question against torch.matmul.
 
 usage: gemm_interleaved.py --capi build/bench/libferrum_bench_capi.so [--json FILE] [--reps N]
-                           [--suite decode|legacy|all]
+                           [--suite decode|legacy|all] [--ms M,M,...] [--skinny-max-m N]
 """
 import argparse
 import ctypes
@@ -139,7 +140,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--capi", required=True, help="path to libferrum_bench_capi.so")
     ap.add_argument("--skinny-max-m", type=int, default=-1,
-                    help="CudaBackendConfig::gemm_skinny_max_m (-1: library default; 8: skinny for every m <= 8)")
+                    help="CudaBackendConfig::gemm_skinny_max_m (-1: library default; 16: skinny for every m <= 16)")
+    ap.add_argument("--ms", help="decode suite: only these m (comma-separated), in both dtypes")
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--reps", type=int, default=64)
     ap.add_argument("--suite", choices=("decode", "legacy", "all"), default="all")
@@ -163,8 +165,10 @@ def main():
 
     configs = []
     if args.suite in ("decode", "all"):
-        configs += [("f16", torch.float16, 0, m, n, k) for k, n in DECODE_KN for m in DECODE_MS]
-        configs += [("bf16", torch.bfloat16, 1, m, n, k) for k, n in DECODE_KN for m in DECODE_BF16_MS]
+        f16_ms = [int(x) for x in args.ms.split(",")] if args.ms else DECODE_MS
+        bf16_ms = f16_ms if args.ms else DECODE_BF16_MS
+        configs += [("f16", torch.float16, 0, m, n, k) for k, n in DECODE_KN for m in f16_ms]
+        configs += [("bf16", torch.bfloat16, 1, m, n, k) for k, n in DECODE_KN for m in bf16_ms]
     if args.suite in ("legacy", "all"):
         configs += [(dt, td, code, m, n, k) for dt, td, code in (("f16", torch.float16, 0), ("bf16", torch.bfloat16, 1))
                     for m, n, k in LEGACY_SHAPES]

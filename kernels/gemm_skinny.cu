@@ -1,4 +1,4 @@
-// Skinny dense GEMM for decode: out[m, n] = a[m, k] · b[n, k]ᵀ with m <= 8.
+// Skinny dense GEMM for decode: out[m, n] = a[m, k] · b[n, k]ᵀ with m <= 16.
 //
 // At these sizes the op is a stream of the weight b through the SMs (a is a
 // few KB to a few hundred KB and stays in L1/L2), so both kernels below are
@@ -356,48 +356,68 @@ void launch_simt_for(const char* op, DType dtype, const void* a, const void* b, 
   });
 }
 
-// ── Tensor-core kernel (kSimtMaxM < m <= 8) ──────────────────────────────────
+// ── Tensor-core kernel (kSimtMaxM < m <= kSkinnyMaxM) ────────────────────────
 //
 // mma.sync.m16n8k16.row.col, fp32 accumulate: D[16 x 8] += A[16 x 16] ·
-// B[16 x 8]. A = 16 rows of b (one "row tile"), B[kk][j] = a[j][kk]; D[r][j]
-// is then out[j][row0 + r]. Lane = 4 g + t (g = groupID 0..7, t = 0..3). Per
-// the PTX fragment layouts, lane (g, t) supplies A rows g and g + 8, B
+// B[16 x 8]. A = 16 rows of b (one "row tile"), B[kk][j] = a[8 q + j][kk]
+// for group q of 8 rows of a (kGroups groups: m <= 8 kGroups); D[r][j] is
+// then out[8 q + j][row0 + r]. Lane = 4 g + t (g = groupID 0..7, t = 0..3).
+// Per the PTX fragment layouts, lane (g, t) supplies A rows g and g + 8, B
 // column g, and receives D rows g, g + 8 x columns 2t, 2t + 1.
 //
 // A dot product does not care in which order its k terms are visited, as
 // long as A and B visit them in the same order, so the mma's 16 logical k
 // columns are mapped onto memory to suit 16-byte loads: lane (g, t) loads
 // the 8 elements [8 t, 8 t + 8) of a 32-element k step from rows g and g + 8
-// of the tile (two loads of b) and from row g of a (one load). Word w of a
-// load holds elements 2w, 2w + 1. Two mmas consume the step: mma s (0, 1)
-// takes words 2s (as logical columns 2t, 2t + 1) and 2s + 1 (as logical
-// columns 2t + 8, 2t + 9), for A and B alike:
+// of the tile (two loads of b) and from row 8 q + g of a (one load per
+// group). Word w of a load holds elements 2w, 2w + 1. Two mmas per group
+// consume the step: mma s (0, 1) takes words 2s (as logical columns 2t,
+// 2t + 1) and 2s + 1 (as logical columns 2t + 8, 2t + 9), for A and B alike:
 //   A regs {row g word 2s, row g+8 word 2s, row g word 2s+1, row g+8 word 2s+1}
-//   B regs {a row g word 2s, a row g word 2s+1}
+//   B regs {a row 8q+g word 2s, a row 8q+g word 2s+1}
 // Every element of the 32-element step is used exactly once. The 4 lanes of
 // a group read 64 contiguous bytes of a row per load (two full sectors).
 //
-// Lanes g >= m read row m - 1 of a (a valid address): D columns never mix,
-// so those columns hold finite garbage that is never stored.
+// Lanes whose row 8 q + g >= m read row m - 1 of a (a valid address): D
+// columns never mix, so those columns hold finite garbage that is never
+// stored.
 //
-// A warp iteration is 16 loads of b per lane: kTiles row tiles x 2 rows x
-// kSteps 32-element k steps, kTiles * kSteps = 8. kTiles = 2 halves the a
-// traffic per byte of b (a is 8 / (16 kTiles) of b, read from L1/L2) but
-// needs n >= 32 per block.
-constexpr int kMmaLoads = 16;  // 16-byte loads of b per lane per warp iteration
+// A warp iteration is 16 / kGroups loads of b per lane: kTiles row tiles x
+// 2 rows x kSteps 32-element k steps. kTiles = 2 halves the a traffic per
+// byte of b (a is 8 kGroups / (16 kTiles) of b, read from L1/L2) but needs
+// n >= 32 per block. The second group's a fragments and accumulators take
+// the registers of half the b loads (under the 2-blocks-per-SM bound of 128
+// registers), so m > 8 keeps half as many bytes in flight per warp.
+constexpr int kMmaLoads = 16;  // 16-byte loads of b per lane per warp iteration (one group)
 
 __device__ __forceinline__ std::uint32_t word(const uint4& v, int w) {
   return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;  // w is a compile-time constant after unrolling
 }
 
-template <class T, int kTiles>
+template <int kTiles, int kGroups>
+struct MmaShape {
+  static constexpr int kLoads = kMmaLoads / kGroups;     // 16-byte loads of b per lane per warp iteration
+  static constexpr int kSteps = kLoads / (2 * kTiles);   // 32-element k steps per warp iteration
+  static constexpr int kIterVecs = 4 * kSteps;           // 16-byte vectors of a row per warp iteration
+  static constexpr int kIterElems = kVecElems * kIterVecs;
+  static constexpr int kRows = 16 * kTiles;              // rows of b per block
+  // Independent accumulator sets per (tile, group): one per mma of a k step
+  // with one group (halves the chain of dependent mmas); with two groups the
+  // groups already give two chains.
+  static constexpr int kAccSets = kGroups == 1 ? 2 : 1;
+  static_assert(kSteps >= 1, "at least one k step per iteration");
+};
+
+template <class T, int kTiles, int kGroups>
 __global__ void __launch_bounds__(kMaxWarps * 32, 2) gemm_skinny_mma_kernel(const T* __restrict__ a,  // [m, k]
                                                                             const T* __restrict__ b,  // [n, k]
                                                                             T* __restrict__ out,      // [m, n]
                                                                             int m, int n, int k, int prefetch_bytes) {
-  constexpr int kSteps = kMmaLoads / (2 * kTiles);  // 32-element k steps per warp iteration
-  constexpr int kIterVecs = 4 * kSteps;             // 16-byte vectors of a row per warp iteration
-  constexpr int kRows = 16 * kTiles;                // rows of b per block
+  using S = MmaShape<kTiles, kGroups>;
+  constexpr int kSteps = S::kSteps;
+  constexpr int kIterVecs = S::kIterVecs;
+  constexpr int kRows = S::kRows;
+  constexpr int kAccSets = S::kAccSets;
   if (prefetch_bytes > 0) prefetch_first_round(b, static_cast<int>(blockIdx.x) * kRows, kRows, n, k, prefetch_bytes);
   pdl_begin();
 
@@ -420,22 +440,27 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) gemm_skinny_mma_kernel(cons
       brow[tile][h] = reinterpret_cast<const uint4*>(b + static_cast<long long>(row) * k);
     }
   }
-  const uint4* arow = reinterpret_cast<const uint4*>(a + static_cast<long long>(min(g, m - 1)) * k);
+  const uint4* arow[kGroups];  // rows 8 q + g of a
+#pragma unroll
+  for (int q = 0; q < kGroups; ++q) {
+    arow[q] = reinterpret_cast<const uint4*>(a + static_cast<long long>(min(8 * q + g, m - 1)) * k);
+  }
 
-  // Two accumulator sets (one per mma of a k step) halve the chain of
-  // dependent mmas per iteration; they are added once, at the end.
-  float4 acc[2][kTiles];
+  float4 acc[kAccSets][kTiles][kGroups];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
+  for (int set = 0; set < kAccSets; ++set) {
 #pragma unroll
-    for (int tile = 0; tile < kTiles; ++tile) acc[half][tile] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int tile = 0; tile < kTiles; ++tile) {
+#pragma unroll
+      for (int q = 0; q < kGroups; ++q) acc[set][tile][q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
   }
 
   for (int it = warp; it < iters; it += warps) {
     const int v0 = it * kIterVecs + t;
     const bool full = (it + 1) * kIterVecs <= kvecs;  // warp-uniform; false only in the last chunk of a row
     uint4 braw[kSteps][kTiles][2];
-    uint4 araw[kSteps];
+    uint4 araw[kSteps][kGroups];
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
       const int v = full ? v0 + 4 * s : min(v0 + 4 * s, kvecs - 1);
@@ -444,13 +469,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) gemm_skinny_mma_kernel(cons
 #pragma unroll
         for (int h = 0; h < 2; ++h) braw[s][tile][h] = load_weight(brow[tile][h] + v, policy);
       }
-      araw[s] = __ldg(arow + v);
+#pragma unroll
+      for (int q = 0; q < kGroups; ++q) araw[s][q] = __ldg(arow[q] + v);
     }
     if (!full) {
 #pragma unroll
       for (int s = 0; s < kSteps; ++s) {
         const bool ok = v0 + 4 * s < kvecs;
-        araw[s] = zero_unless(ok, araw[s]);
+#pragma unroll
+        for (int q = 0; q < kGroups; ++q) araw[s][q] = zero_unless(ok, araw[s][q]);
 #pragma unroll
         for (int tile = 0; tile < kTiles; ++tile) {
 #pragma unroll
@@ -462,35 +489,44 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) gemm_skinny_mma_kernel(cons
     for (int s = 0; s < kSteps; ++s) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const std::uint32_t b0 = word(araw[s], 2 * half);
-        const std::uint32_t b1 = word(araw[s], 2 * half + 1);
 #pragma unroll
         for (int tile = 0; tile < kTiles; ++tile) {
           const uint4& lo = braw[s][tile][0];  // row g
           const uint4& hi = braw[s][tile][1];  // row g + 8
           const std::uint32_t a_frag[4] = {word(lo, 2 * half), word(hi, 2 * half), word(lo, 2 * half + 1),
                                            word(hi, 2 * half + 1)};
-          mma_16816_at<T>(&acc[half][tile].x, a_frag, b0, b1);
+#pragma unroll
+          for (int q = 0; q < kGroups; ++q) {
+            const std::uint32_t b0 = word(araw[s][q], 2 * half);
+            const std::uint32_t b1 = word(araw[s][q], 2 * half + 1);
+            mma_16816_at<T>(&acc[kAccSets == 2 ? half : 0][tile][q].x, a_frag, b0, b1);
+          }
         }
       }
     }
   }
 
-  // Warp partials: D fragments as they are, [warp][tile][lane] x 4.
-  __shared__ float4 partial[kMaxWarps][kTiles][32];
+  // Warp partials: D fragments as they are, [warp][tile][group][lane] x 4.
+  __shared__ float4 partial[kMaxWarps][kTiles][kGroups][32];
 #pragma unroll
   for (int tile = 0; tile < kTiles; ++tile) {
-    const float4 x = acc[0][tile];
-    const float4 y = acc[1][tile];
-    partial[warp][tile][lane] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+#pragma unroll
+    for (int q = 0; q < kGroups; ++q) {
+      float4 x = acc[0][tile][q];
+      if constexpr (kAccSets == 2) {
+        const float4 y = acc[1][tile][q];
+        x = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+      }
+      partial[warp][tile][q][lane] = x;
+    }
   }
   __syncthreads();
 
   // Block: output (j, r) with r fastest (coalesced stores), the warp
-  // partials in warp order, one rounding. D[r][j] of a tile sits in lane
-  // 4 (r % 8) + j / 2, component 2 (r / 8) + j % 2.
-  const float* flat = reinterpret_cast<const float*>(&partial[0][0][0]);
-  constexpr int kWarpStride = kTiles * 32 * 4;
+  // partials in warp order, one rounding. D[r][jj] of a tile and group sits
+  // in lane 4 (r % 8) + jj / 2, component 2 (r / 8) + jj % 2 (jj = j % 8).
+  const float* flat = reinterpret_cast<const float*>(&partial[0][0][0][0]);
+  constexpr int kWarpStride = kTiles * kGroups * 32 * 4;
   for (int idx = threadIdx.x; idx < m * kRows; idx += blockDim.x) {
     const int j = idx / kRows;
     const int r = idx % kRows;
@@ -498,40 +534,52 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) gemm_skinny_mma_kernel(cons
     if (row >= n) continue;
     const int tile = r / 16;
     const int rt = r % 16;
-    const int src = (tile * 32 + 4 * (rt % 8) + j / 2) * 4 + 2 * (rt / 8) + j % 2;
+    const int q = kGroups == 1 ? 0 : j / 8;  // j < 8 with one group
+    const int jj = kGroups == 1 ? j : j % 8;
+    const int src = ((tile * kGroups + q) * 32 + 4 * (rt % 8) + jj / 2) * 4 + 2 * (rt / 8) + jj % 2;
     float s = flat[src];
     for (int w = 1; w < warps; ++w) s += flat[w * kWarpStride + src];
     out[static_cast<long long>(j) * n + row] = from_float<T>(s);
   }
 }
 
-template <class T, int kTiles>
+template <class T, int kTiles, int kGroups>
 void launch_mma_tiles(const void* a, const void* b, void* out, long long m, long long n, long long k, int num_sms,
                       cudaStream_t stream) {
-  constexpr int kRows = 16 * kTiles;
-  constexpr int kIterElems = kVecElems * 4 * kMmaLoads / (2 * kTiles);
-  const long long blocks = (n + kRows - 1) / kRows;
-  const long long chunks = (k + kIterElems - 1) / kIterElems;
+  using S = MmaShape<kTiles, kGroups>;
+  const long long blocks = (n + S::kRows - 1) / S::kRows;
+  const long long chunks = (k + S::kIterElems - 1) / S::kIterElems;
   const int warps = warps_per_block(blocks, chunks, num_sms);
   // First round of a block: one iteration (kIterElems elements) per warp.
   const int prefetch_bytes =
-      gemm_prefetch_before_wait() ? warps * kIterElems * static_cast<int>(sizeof(T)) : 0;
-  launch_pdl("gemm_skinny", gemm_skinny_mma_kernel<T, kTiles>, dim3(static_cast<unsigned>(blocks)), warps * 32, 0,
-             stream, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), static_cast<int>(m),
-             static_cast<int>(n), static_cast<int>(k), prefetch_bytes);
+      gemm_prefetch_before_wait() ? warps * S::kIterElems * static_cast<int>(sizeof(T)) : 0;
+  launch_pdl("gemm_skinny", gemm_skinny_mma_kernel<T, kTiles, kGroups>, dim3(static_cast<unsigned>(blocks)),
+             warps * 32, 0, stream, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out),
+             static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), prefetch_bytes);
   check_launch("gemm_skinny");
+}
+
+template <class T, int kGroups>
+void launch_mma_groups(const void* a, const void* b, void* out, long long m, long long n, long long k, int num_sms,
+                       cudaStream_t stream) {
+  // Two row tiles (32 rows) per block when that still gives every SM a
+  // block; otherwise one (16 rows), so that e.g. n = 4096 runs 256 blocks on
+  // 132 SMs rather than 128.
+  if ((n + 31) / 32 >= std::max(1, num_sms)) {
+    launch_mma_tiles<T, 2, kGroups>(a, b, out, m, n, k, num_sms, stream);
+  } else {
+    launch_mma_tiles<T, 1, kGroups>(a, b, out, m, n, k, num_sms, stream);
+  }
 }
 
 template <class T>
 void launch_mma(const void* a, const void* b, void* out, long long m, long long n, long long k, int num_sms,
                 cudaStream_t stream) {
-  // Two row tiles (32 rows) per block when that still gives every SM a
-  // block; otherwise one (16 rows), so that e.g. n = 4096 runs 256 blocks on
-  // 132 SMs rather than 128.
-  if ((n + 31) / 32 >= std::max(1, num_sms)) {
-    launch_mma_tiles<T, 2>(a, b, out, m, n, k, num_sms, stream);
+  static_assert(kSkinnyMaxM == 16, "the tensor-core kernel takes one or two groups of 8 rows of a");
+  if (m <= 8) {
+    launch_mma_groups<T, 1>(a, b, out, m, n, k, num_sms, stream);
   } else {
-    launch_mma_tiles<T, 1>(a, b, out, m, n, k, num_sms, stream);
+    launch_mma_groups<T, 2>(a, b, out, m, n, k, num_sms, stream);
   }
 }
 

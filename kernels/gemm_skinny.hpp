@@ -15,7 +15,7 @@
 namespace ferrum::kernels {
 
 // Largest m the skinny kernel is compiled for.
-inline constexpr int kSkinnyMaxM = 8;
+inline constexpr int kSkinnyMaxM = 16;
 
 // True when launch_gemm_skinny would run (and not decline) for these
 // arguments: dtype f16 or bf16, 1 <= m <= kSkinnyMaxM, n >= 1, k >= 1,
@@ -52,11 +52,14 @@ bool gemm_skinny_applicable(DType dtype, const void* a /*[m, k] row-major*/, con
 // At m <= 2 (the SIMT kernel against cuBLAS's GEMV; m = 2 bf16 8192 x 8192
 // on cuBLAS measured 0.981 of torch) those shapes (k >= 8192 and n >= 16384,
 // or n >= 8192 in bf16) go to cuBLAS; m = 3..8 keep the table above (f16
-// 8192 x 8192 at m = 4, 8: ours 1.07x cuBLAS).
+// 8192 x 8192 at m = 4, 8: ours 1.07x cuBLAS). m = 9..16 (two groups of 8
+// rows, session 8, for batch decoding) stays on cuBLAS by default until it
+// is measured against it; gemm_skinny_max_m up to 16 selects it.
+inline constexpr int kSkinnyDefaultMaxM = 8;
 
 // The default policy (CudaBackendConfig::gemm_skinny_max_m = -1).
 inline bool gemm_skinny_default(DType dtype, long long m, long long n, long long k) {
-  if (m < 1 || m > kSkinnyMaxM) return false;
+  if (m < 1 || m > kSkinnyDefaultMaxM) return false;
   if (m <= 2) {
     const long long cublas_min_n = dtype == DType::BF16 ? 8192 : 16384;
     return !(k >= 8192 && n >= cublas_min_n);
@@ -76,9 +79,9 @@ inline bool gemm_skinny_wanted(int max_m, DType dtype, long long m, long long n,
 // no synchronization (capture-safe). Returns false, launching nothing, when
 // gemm_skinny_applicable() is false; the caller then uses cuBLAS. Runs for
 // every applicable m (the caller decides by CudaBackendConfig::
-// gemm_skinny_max_m). m <= 2: SIMT fp32 FMA kernel; m = 3..8: mma.sync tensor-core
-// kernel (fp32 accumulators; the k order inside one mma is the hardware's,
-// fixed, so still deterministic).
+// gemm_skinny_max_m). m <= 2: SIMT fp32 FMA kernel; m = 3..16: mma.sync tensor-core
+// kernel, one or two groups of 8 rows of a (fp32 accumulators; the k order
+// inside one mma is the hardware's, fixed, so still deterministic).
 bool launch_gemm_skinny(DType dtype,
                         const void* a,  // [m, k] row-major, 16-byte aligned
                         const void* b,  // [n, k] row-major, 16-byte aligned (the weight)

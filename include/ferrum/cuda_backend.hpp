@@ -55,7 +55,7 @@ struct CudaBackendConfig {
   // NCCL error (a peer gone), the communicator is aborted and they throw
   // ErrorCode::Nccl. Must be positive.
   std::chrono::milliseconds collective_timeout{60000};
-  // gemm with m <= gemm_skinny_max_m (0..8) takes the skinny decode kernel
+  // gemm with m <= gemm_skinny_max_m (0..16) takes the skinny decode kernel
   // (kernels/gemm_skinny.cu) where it applies; larger m, and 0, use cuBLAS.
   // -1: the library's measured per-shape default (kernels/gemm_skinny.hpp,
   // gemm_skinny_default), which takes it where it beat cuBLAS on the H200.
@@ -190,7 +190,7 @@ class CudaBackend final : public Backend {
   detail::CudaRuntime* rt_;  // process-global, never freed (see above)
   std::shared_ptr<Communicator> comm_;
   std::chrono::milliseconds collective_timeout_;
-  int gemm_skinny_max_m_;  // -1 (per-shape default) or 0..8
+  int gemm_skinny_max_m_;  // -1 (per-shape default) or 0..16
   // CudaBackendConfig::gptq_kernel; the constructor sets it through
   // checked_gptq_kernel (src/cuda/cuda_backend_gptq.cpp), which throws on a bad value.
   static GptqKernel checked_gptq_kernel(GptqKernel requested);

@@ -200,8 +200,8 @@ TEST(EngineCli, SkinnyMaxMRange) {
     EXPECT_EQ(generated_tokens(read_text(log)).size(), 4u);
     expect_gpu_backend_when_present(read_text(log));
   }
-  EXPECT_EQ(run_engine("--random tiny-llama --steps 2 --skinny-max-m 9", log), 1);
-  EXPECT_NE(read_text(log).find("--skinny-max-m takes 0..8, got 9"), std::string::npos) << read_text(log);
+  EXPECT_EQ(run_engine("--random tiny-llama --steps 2 --skinny-max-m 17", log), 1);
+  EXPECT_NE(read_text(log).find("--skinny-max-m takes 0..16, got 17"), std::string::npos) << read_text(log);
 }
 
 // --batch 3 with one prompt: sequence b decodes the prompt's first len - b

@@ -1,9 +1,10 @@
-// The skinny decode GEMM (kernels/gemm_skinny.cu, m <= 8) through
+// The skinny decode GEMM (kernels/gemm_skinny.cu, m <= 16) through
 // CudaBackend::gemm, against CpuBackend (exact fp64 accumulation, one
 // rounding): every element within the tolerance table at the gemm scale,
 // poisoned outputs with guard regions on both backends.
 //
-// - MatchesCpu: m in {1, 2, 3, 5, 7, 8} x n in {1, 3, 67, 1001} x k in {8,
+// - MatchesCpu: m in {1, 2, 3, 5, 7, 8, 9, 12, 16} (m > 8: two groups of 8
+//   rows of a) x n in {1, 3, 67, 1001} x k in {8,
 //   64, 4104, 8192} (k % 256 != 0 leaves a partial last chunk), plus
 //   n = 4099 (a grid large enough for the 4-warp block shape), f16 and bf16.
 // - Deterministic: two runs of the same call are bitwise identical.
@@ -38,7 +39,7 @@
 namespace ferrum::test {
 namespace {
 
-constexpr std::size_t kSkinnyMs[] = {1, 2, 3, 5, 7, 8};
+constexpr std::size_t kSkinnyMs[] = {1, 2, 3, 5, 7, 8, 9, 12, 16};
 constexpr std::size_t kSkinnyNs[] = {1, 3, 67, 1001};
 constexpr std::size_t kSkinnyKs[] = {8, 64, 4104, 8192};
 constexpr std::size_t kLargeN = 4099;  // > 2 blocks per SM on an H200 for every m
@@ -60,7 +61,7 @@ std::string skinny_param_name(const ::testing::TestParamInfo<SkinnyParam>& info)
 
 class CudaGemmSkinny : public CudaParamTest<SkinnyParam> {
  protected:
-  // A backend that sends every m <= 8 to the skinny kernel, whatever the
+  // A backend that sends every m <= kSkinnyMaxM to the skinny kernel, whatever the
   // library's default crossover is.
   void SetUp() override {
     CudaParamTest<SkinnyParam>::SetUp();
@@ -249,10 +250,11 @@ TEST(GemmSkinnyApplicable, Rules) {
   EXPECT_TRUE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, 1, 1, 8));
   EXPECT_TRUE(gemm_skinny_applicable(DType::BF16, aligned, aligned_too, 8, 1001, 8192));
   EXPECT_TRUE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, kernels::kSkinnyMaxM, 128256, 4096));
-  // m outside [1, 8]
+  // m outside [1, 16]
   EXPECT_FALSE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, 0, 67, 64));
   EXPECT_FALSE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, kernels::kSkinnyMaxM + 1, 67, 64));
-  EXPECT_FALSE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, 16, 67, 64));
+  EXPECT_FALSE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, 17, 67, 64));
+  EXPECT_TRUE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, 16, 67, 64));
   // k % 8 != 0
   EXPECT_FALSE(gemm_skinny_applicable(DType::F16, aligned, aligned_too, 1, 67, 4100));
   EXPECT_FALSE(gemm_skinny_applicable(DType::BF16, aligned, aligned_too, 1, 67, 769));
