@@ -53,8 +53,15 @@ bool gemm_skinny_applicable(DType dtype, const void* a /*[m, k] row-major*/, con
 // on cuBLAS measured 0.981 of torch) those shapes (k >= 8192 and n >= 16384,
 // or n >= 8192 in bf16) go to cuBLAS; m = 3..8 keep the table above (f16
 // 8192 x 8192 at m = 4, 8: ours 1.07x cuBLAS). m = 9..16 (two groups of 8
-// rows, session 8, for batch decoding) stays on cuBLAS by default until it
-// is measured against it; gemm_skinny_max_m up to 16 selects it.
+// rows, session 8, for batch decoding) stays on cuBLAS by default: against
+// torch.matmul at m = 16 (gemm_interleaved.py, f16 / bf16, torch µs over
+// ours) it won only at 4096 x 4096 (1.043 / 1.053) and lost at 6144, 14336,
+// 28672 x 4096, 4096 x 14336 and 8192 x 8192 (0.886-0.969; it keeps half
+// the weight bytes in flight of m <= 8), lm_head level (1.004 / 0.967).
+// Through the engine at batch 16 (llama3-8b f16, graph) gemm_skinny_max_m
+// = 16 measured 3355 against 2965 tok/s (64 steps) and 3326 against 3269
+// (160 steps): CudaBackend's own cuBLAS calls at m = 16 look slower than
+// torch's; not settled, so the default stays.
 inline constexpr int kSkinnyDefaultMaxM = 8;
 
 // The default policy (CudaBackendConfig::gemm_skinny_max_m = -1).
