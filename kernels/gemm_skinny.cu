@@ -7,7 +7,7 @@
 //   split k into fixed chunks; chunk c belongs to warp c % W, so the block
 //   reads its rows front to back in W-chunk strides.
 // - Each thread issues 16 loads of 16 bytes of b before it uses any of them
-//   (8 KB in flight per warp). They skip L1 (read once) and are evict-first
+//   (8 KB in flight per warp; 8 loads, 4 KB, at m > 8). They skip L1 (read once) and are evict-first
 //   in L2, so a decode step's weights do not push the activations and KV
 //   cache out.
 // - a is read with 16-byte L1-cached loads; every block reads all of a once,
@@ -23,11 +23,11 @@
 // - m <= kSimtMaxM (1, 2): gemm_skinny_simt_kernel. Every lane does fp32
 //   FMAs: 8 m per weight element plus the conversions, cheap for m <= 2
 //   (measured ~84 % of copy bandwidth on an H200, ahead of cuBLAS).
-// - m > kSimtMaxM (3..8): gemm_skinny_mma_kernel. At m = 8 the SIMT FMAs
+// - m > kSimtMaxM (3..16): gemm_skinny_mma_kernel. At m = 8 the SIMT FMAs
 //   alone need about half the GPU's FP32 issue rate at HBM speed, and with
 //   the conversions and the a loads the SIMT kernel measured only 2.4-2.8
 //   TB/s. Here mma.sync m16n8k16 (fp32 accumulators) takes 16 rows of b as
-//   its A operand and the 8 rows of a (padded) as its B operand, so the
+//   its A operand and 8 rows of a (padded; two groups of 8 at m > 8) as its B operand, so the
 //   lanes only issue loads and one mma per 512 bytes of b; see the kernel.
 #include <algorithm>
 #include <cstdint>

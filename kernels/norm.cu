@@ -65,7 +65,8 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
   const long long base = static_cast<long long>(row) * dim;
 
   // Issue every load before the first use, so that no load waits behind a
-  // store the compiler cannot prove independent.
+  // store the compiler cannot prove independent (LayerNorm's weight and bias
+  // without PREFETCH_W excepted: see kLoadPerVector below).
   V data[NVEC], w[NVEC], b[NVEC];
   auto load_weights = [&] {
 #pragma unroll

@@ -220,32 +220,52 @@ __device__ __forceinline__ bool fused_run_fits(const QkvRopeAppendArgs& a, long 
   return ok;
 }
 
+// Ragged: whether every positions[t] lies inside the tables and the caches.
+// Each block checks them once (a strided share per thread, ORed by a
+// barrier; thread 0 reports), so the cost does not grow with batch x rows.
+// Every thread of the block must call it, before any may exit.
+__device__ __forceinline__ bool ragged_positions_fit(const QkvRopeAppendArgs& a) {
+  bool rope_bad = false, cache_bad = false;
+  for (int t = static_cast<int>(threadIdx.x); t < a.tokens; t += static_cast<int>(blockDim.x)) {
+    const long long p = a.positions[t];
+    rope_bad = rope_bad || p < 0 || p >= a.max_pos;
+    cache_bad = cache_bad || p < 0 || p >= a.capacity;
+  }
+  rope_bad = __syncthreads_or(rope_bad) != 0;
+  cache_bad = __syncthreads_or(cache_bad) != 0;
+  if (threadIdx.x == 0) {
+    if (rope_bad) report_device_error(a.error_flag, kErrRopePositionOutOfRange);
+    if (cache_bad) report_device_error(a.error_flag, kErrKvAppendOverCapacity);
+  }
+  return !rope_bad && !cache_bad;
+}
+
 // The position of row f, and whether the op may write at all: one run
-// base .. base + tokens - 1, or with positions every sequence's own. Any
-// position outside stops every row (q, k and v; every token, not only the
-// bad ones), so a bad step leaves q_out and the caches as they were, as
-// CpuBackend refuses the whole op. Reports once per row (lane_leader).
+// base .. base + tokens - 1 (checked here, reported once per row through
+// lane_leader), or with positions each sequence's own (ragged_ok: the
+// block's ragged_positions_fit). Any position outside stops every row (q,
+// k and v; every token, not only the bad ones), so a bad step leaves q_out
+// and the caches as they were, as CpuBackend refuses the whole op.
 __device__ __forceinline__ bool fused_row_position(const QkvRopeAppendArgs& a, const FusedRow& f, bool lane_leader,
-                                                   long long& pos) {
+                                                   bool ragged_ok, long long& pos) {
   if (a.positions == nullptr) {
     const long long base = a.state != nullptr ? a.state->pos : a.pos_offset;
     pos = base + f.t;
     return fused_run_fits(a, base, a.tokens, lane_leader);
   }
-  bool ok = true;
-  for (int t = 0; t < a.tokens; ++t) ok = fused_run_fits(a, a.positions[t], 1, lane_leader) && ok;
   pos = a.positions[f.t];
-  return ok;
+  return ragged_ok;
 }
 
 template <class T, bool NORM>
 __global__ void qkv_rope_append_vec_kernel(const QkvRopeAppendArgs a, int group) {
   pdl_begin();
+  const bool ragged_ok = a.positions == nullptr || ragged_positions_fit(a);  // grid-uniform branch
   const long long r = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / group;
   const int g = threadIdx.x % group;
   const FusedRow f = fused_row(r, a.tokens, a.heads, a.kv_heads);
   long long pos = 0;
-  const bool writes = f.valid && fused_row_position(a, f, g == 0, pos);
+  const bool writes = f.valid && fused_row_position(a, f, g == 0, ragged_ok, pos);
   const long long row_len = static_cast<long long>(a.heads + 2 * a.kv_heads) * a.head_dim;
   const T* in = static_cast<const T*>(a.qkv) + f.t * row_len + static_cast<long long>(f.h) * a.head_dim;
   T* const out = writes ? fused_destination<T>(a, f, pos) : nullptr;
@@ -266,12 +286,13 @@ __global__ void qkv_rope_append_vec_kernel(const QkvRopeAppendArgs a, int group)
 template <class T, int PAIRS, bool NORM>
 __global__ void qkv_rope_append_kernel(const QkvRopeAppendArgs a) {
   pdl_begin();
+  const bool ragged_ok = a.positions == nullptr || ragged_positions_fit(a);  // grid-uniform branch, before any exit
   const long long r = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const FusedRow f = fused_row(r, a.tokens, a.heads, a.kv_heads);
   if (!f.valid) return;  // whole warps exit together
   long long pos = 0;
-  if (!fused_row_position(a, f, lane == 0, pos)) return;
+  if (!fused_row_position(a, f, lane == 0, ragged_ok, pos)) return;
   const long long row_len = static_cast<long long>(a.heads + 2 * a.kv_heads) * a.head_dim;
   const T* in = static_cast<const T*>(a.qkv) + f.t * row_len + static_cast<long long>(f.h) * a.head_dim;
   T* const out = fused_destination<T>(a, f, pos);

@@ -34,10 +34,13 @@ void launch_qk_norm_rope(const RopeArgs& args, cudaStream_t stream);
 // qkv_rope_append in one launch: the rope rows of qk_norm_rope for q (to
 // q_out) and k (to the K cache at pos), and v copied to the V cache at pos,
 // pos = base + t with base = state->pos when state is non-null, else
-// pos_offset. A run reaching past the tables (base + tokens > max_pos) sets
-// kErrRopePositionOutOfRange, one past the caches (base > capacity - tokens)
-// kErrKvAppendOverCapacity; either way no row is written (q_out and both
-// caches unchanged, as CpuBackend refuses the whole op).
+// pos_offset; with positions (qkv_rope_append_ragged), token t is sequence
+// t at pos = positions[t] in its own caches. A position past the tables
+// (base + tokens > max_pos, or a positions[t] outside [0, max_pos)) sets
+// kErrRopePositionOutOfRange, one past the caches (base > capacity - tokens,
+// or a positions[t] outside [0, capacity)) kErrKvAppendOverCapacity; either
+// way no row is written (q_out and every cache unchanged, as CpuBackend
+// refuses the whole op).
 struct QkvRopeAppendArgs {
   DType dtype = DType::F16;
   const void* qkv = nullptr;     // [tokens, (heads + 2 kv_heads) * head_dim]: q | k | v per token

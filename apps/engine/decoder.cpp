@@ -50,7 +50,7 @@ std::vector<Op> missing_ops(const Backend& backend, DecodeMode mode, bool gptq, 
 Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_capacity,
                  std::size_t max_prefill_tokens, DecodeMode mode, std::size_t sequences)
     : be_(backend), w_(weights), cfg_(weights.config), capacity_(kv_capacity), max_tokens_(max_prefill_tokens),
-      mode_(mode), positions_(sequences, 0) {
+      mode_(mode) {
   const std::vector<Op> missing = missing_ops(backend, mode, weights.has_gptq(), sequences > 1);
   if (!missing.empty()) {
     std::string names;
@@ -69,8 +69,10 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
   if (sequences == 0 || sequences > 0x7fffffff) {
     fail(ErrorCode::InvalidArgument, "Decoder: sequences = ", sequences, " must be in [1, 2^31)");
   }
-  const bool unfused_qkv = std::any_of(w_.layers.begin(), w_.layers.end(),
-                                       [](const LayerWeights& l) { return !l.qkv_proj.fused(); });
+  positions_.assign(sequences, 0);
+  unfused_qkv_ = std::any_of(w_.layers.begin(), w_.layers.end(),
+                             [](const LayerWeights& l) { return !l.qkv_proj.fused(); });
+  const bool unfused_qkv = unfused_qkv_;
   if (unfused_qkv && sequences > 1) {
     // qkv_rope_append_ragged reads one [q | k | v] row per sequence.
     fail(ErrorCode::Unsupported, "Decoder: sequences = ", sequences,
@@ -87,8 +89,10 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
     v_cache_.push_back(be_.alloc(dt, sequences * cfg_.num_key_value_heads * capacity_ * cfg_.head_dim));
   }
   ids_ = be_.alloc(DType::I32, rows);
-  seq_positions_ = be_.alloc(DType::I32, sequences);
-  kv_lens_ = be_.alloc(DType::I32, sequences);
+  batch_state_ = be_.alloc(DType::I32, 3 * sequences);
+  batch_ids_ = batch_state_.view(0, sequences);
+  seq_positions_ = batch_state_.view(sequences, sequences);
+  kv_lens_ = batch_state_.view(2 * sequences, sequences);
   residual_ = be_.alloc(dt, rows * hidden);
   normed_ = be_.alloc(dt, rows * hidden);
   qkv_ = be_.alloc(dt, rows * cfg_.qkv_dim());
@@ -108,6 +112,24 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
   mlp_out_ = be_.alloc(dt, rows * hidden);
   logits_ = be_.alloc(dt, sequences * cfg_.vocab_size);
   next_token_ = be_.alloc(DType::I32, sequences);
+  if (sequences > 1) {
+    // The batch step's attention call once, on the real caches with every
+    // kv length 1: a backend that cannot serve this batch (e.g. its decode
+    // workspace is too small) says so now, before any prefill.
+    const std::vector<std::int32_t> ones(sequences, 1);
+    be_.write_bytes(kv_lens_, ones.data(), sequences * sizeof(std::int32_t));
+    Buffer out = attn_heads_.view(0, sequences * cfg_.q_dim());
+    be_.flash_decode_ragged(q_heads_.view(0, sequences * cfg_.q_dim()), k_cache_[0], v_cache_[0], out, kv_lens_,
+                            sequences, attn_config());
+  }
+}
+
+AttnConfig Decoder::attn_config() const {
+  return {.num_heads = cfg_.num_attention_heads,
+          .num_kv_heads = cfg_.num_key_value_heads,
+          .head_dim = cfg_.head_dim,
+          .causal = true,
+          .kv_seq_stride = capacity_};
 }
 
 void Decoder::check_sequence(std::size_t seq) const {
@@ -119,6 +141,7 @@ void Decoder::check_sequence(std::size_t seq) const {
 
 void Decoder::check_tokens(std::size_t seq, std::span<const std::int32_t> tokens) const {
   check_sequence(seq);
+  const std::string of_seq = positions_.size() > 1 ? concat(" of sequence ", seq) : std::string();
   if (tokens.empty()) fail(ErrorCode::InvalidArgument, "Decoder: no tokens given");
   if (tokens.size() > max_tokens_) {
     fail(ErrorCode::InvalidArgument, "Decoder: ", tokens.size(), " tokens exceed max_prefill_tokens = ", max_tokens_);
@@ -130,7 +153,7 @@ void Decoder::check_tokens(std::size_t seq, std::span<const std::int32_t> tokens
   }
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || static_cast<std::size_t>(tokens[i]) >= cfg_.vocab_size) {
-      fail(ErrorCode::InvalidArgument, "Decoder: token id ", tokens[i], " at index ", i, " is outside [0, ",
+      fail(ErrorCode::InvalidArgument, "Decoder: token id ", tokens[i], " at index ", i, of_seq, " is outside [0, ",
            cfg_.vocab_size, ") (vocab_size)");
     }
   }
@@ -175,14 +198,22 @@ void Decoder::run_prefill(std::size_t seq, std::span<const std::int32_t> tokens)
   last_rows_ = 1;
 }
 
-void Decoder::capture(Captured kind, const Pass& pass) {
-  if (captured_ == kind) return;
-  if (captured_ != Captured::None) be_.reset_graph();  // the slot holds the other step
-  captured_ = Captured::None;
-  be_.begin_graph_capture();
-  enqueue_forward(pass);
-  be_.end_graph_capture();
-  captured_ = kind;
+void Decoder::run_step(Captured kind, const Pass& pass) {
+  if (mode_ != DecodeMode::Graph) {
+    enqueue_forward(pass);
+    return;
+  }
+  if (captured_ != kind) {
+    if (captured_ != Captured::None) be_.reset_graph();  // the slot holds the other step
+    captured_ = Captured::None;
+    be_.begin_graph_capture();
+    enqueue_forward(pass);
+    be_.end_graph_capture();
+    captured_ = kind;
+  }
+  if (!be_.replay_last_graph()) {
+    fail(ErrorCode::GraphCapture, "Decoder: the captured decode step is gone (another user reset the graph slot)");
+  }
 }
 
 void Decoder::run_decode(std::int32_t token) {
@@ -193,18 +224,16 @@ void Decoder::run_decode(std::int32_t token) {
     return;
   }
 
-  const Pass pass{.rows = 1, .pos_offset = positions_[0], .seq = 0};
+  // The step reads token / pos / kv_len from the decode state, so one
+  // captured graph serves every later step. The state is set first: a
+  // capture records the ops, not their inputs.
   be_.set_device_state_mode(true);
-  // The captured step reads token / pos / kv_len from the decode state, so
-  // one graph serves every later step.
-  if (mode_ == DecodeMode::Graph) capture(Captured::Single, pass);
   be_.set_decode_state(static_cast<std::uint32_t>(token), static_cast<std::uint32_t>(positions_[0]));
-  if (mode_ == DecodeMode::Graph) {
-    if (!be_.replay_last_graph()) {
-      fail(ErrorCode::GraphCapture, "Decoder: the captured decode graph is gone (another user reset the graph slot)");
-    }
-  } else {
-    enqueue_forward(pass);
+  try {
+    run_step(Captured::Single, {.rows = 1, .pos_offset = positions_[0], .seq = 0});
+  } catch (...) {
+    be_.set_device_state_mode(false);
+    throw;
   }
   be_.set_device_state_mode(false);
   positions_[0] += 1;
@@ -217,27 +246,24 @@ void Decoder::run_decode_batch(std::span<const std::int32_t> tokens) {
     fail(ErrorCode::InvalidArgument, "Decoder: a batch step takes one token per sequence (", n, "), got ",
          tokens.size());
   }
-  std::vector<std::int32_t> pos(n), lens(n);
+  if (unfused_qkv_) {
+    // qkv_rope_append_ragged reads one [q | k | v] row per sequence.
+    fail(ErrorCode::Unsupported, "Decoder: a batch step needs a fused QKV projection; this model's q / k / v "
+                                 "projections are separate (GPTQ parts whose g_idx differ)");
+  }
+  // [ids | positions | kv lengths], one write: the step reads them from
+  // batch_state_ (the decode state holds one sequence's), so one captured
+  // graph serves every step.
+  std::vector<std::int32_t> state(3 * n);
   for (std::size_t s = 0; s < n; ++s) {
     check_tokens(s, tokens.subspan(s, 1));
-    pos[s] = static_cast<std::int32_t>(positions_[s]);
-    lens[s] = pos[s] + 1;
+    state[s] = tokens[s];
+    state[n + s] = static_cast<std::int32_t>(positions_[s]);
+    state[2 * n + s] = state[n + s] + 1;
   }
-  // The step reads tokens, positions and kv lengths from these buffers (the
-  // decode state holds one sequence's), so one captured graph serves every step.
   be_.set_device_state_mode(false);
-  be_.write_bytes(ids_, tokens.data(), tokens.size_bytes());
-  be_.write_bytes(seq_positions_, pos.data(), n * sizeof(std::int32_t));
-  be_.write_bytes(kv_lens_, lens.data(), n * sizeof(std::int32_t));
-  const Pass pass{.rows = n, .ragged = true};
-  if (mode_ == DecodeMode::Graph) {
-    capture(Captured::Batch, pass);
-    if (!be_.replay_last_graph()) {
-      fail(ErrorCode::GraphCapture, "Decoder: the captured batch step is gone (another user reset the graph slot)");
-    }
-  } else {
-    enqueue_forward(pass);
-  }
+  be_.write_bytes(batch_state_, state.data(), state.size() * sizeof(std::int32_t));
+  run_step(Captured::Batch, {.rows = n, .ragged = true});
   for (std::size_t& p : positions_) p += 1;
   last_rows_ = n;
 }
@@ -246,7 +272,7 @@ void Decoder::enqueue_forward(const Pass& pass) {
   const std::size_t rows = pass.rows;
   const std::size_t hidden = cfg_.hidden_size;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  be_.embedding_lookup(w_.embed_tokens, ids_, residual_, rows, hidden, cfg_.vocab_size);
+  be_.embedding_lookup(w_.embed_tokens, pass.ragged ? batch_ids_ : ids_, residual_, rows, hidden, cfg_.vocab_size);
   be_.rms_norm(residual_, w_.layers[0].input_norm, eps, normed_, rows, hidden);
   for (std::size_t l = 0; l < cfg_.num_hidden_layers; ++l) {
     enqueue_attention(l, pass);  // normed_ -> attn_out_
@@ -278,7 +304,7 @@ void Decoder::enqueue_attention(std::size_t l, const Pass& pass) {
   Buffer q_heads = q_heads_.view(0, tokens * cfg_.q_dim());
   const QkvRopeAppendConfig rope{.heads = heads, .kv_heads = kv, .head_dim = hd, .capacity = capacity_,
                                  .max_pos = max_pos, .eps = eps, .mode = mode};
-  const AttnConfig attn{.num_heads = heads, .num_kv_heads = kv, .head_dim = hd, .causal = true, .kv_seq_stride = capacity_};
+  const AttnConfig attn = attn_config();
 
   if (pass.ragged) {  // one token of each sequence: row s at its own position, in its own caches
     project(lw.qkv_proj.parts[0], normed_, qkv_, tokens);

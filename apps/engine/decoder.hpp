@@ -5,7 +5,8 @@
 //   residual = embed(ids); normed = rms_norm(residual, input_norm[0])
 //   per layer l:
 //     qkv = normed · qkv_projᵀ; qkv_rope_append: q (norm +) RoPE to q_heads,
-//       k (norm +) RoPE and v into the layer's cache [kv, capacity, hd] at pos
+//       k (norm +) RoPE and v into the sequence's slice [kv, capacity, hd] of
+//       the layer's caches [sequences, kv, capacity, hd] at pos
 //       (unfused GPTQ parts: q, k, v projected apart, then qk_norm_rope,
 //       transpose and kv_cache_append_head_major op by op)
 //     attn = causal GQA attention over the cache -> token-major -> o_proj
@@ -13,7 +14,8 @@
 //     mlp = down(silu(gate) · up)  (dense: gemm_silu_mul over the interleaved
 //       gate|up weight, one launch at decode; GPTQ: gemm_gptq + fused_silu_mul_split)
 //     residual += mlp; normed = rms_norm(residual, input_norm[l+1] or final norm)
-//   logits = normed[last] · lm_headᵀ; next token = argmax(logits) on the device
+//   logits = normed[last] · lm_headᵀ (a batch step: every row's); next
+//   token = argmax(logits) on the device
 //
 // A batch step (decode_batch_next) runs one token of every sequence as the
 // rows of one forward pass: the projections, norms and MLP see m = sequences
@@ -43,7 +45,8 @@ namespace ferrum::engine {
 enum class DecodeMode {
   Eager,        // decode steps are ordinary op calls with host positions
   DeviceState,  // the graph's op sequence, run op by op: token/pos from set_decode_state
-  Graph,        // DeviceState, captured once and replayed (needs Op::GraphCapture)
+  Graph,        // the step captured once and replayed (needs Op::GraphCapture): a
+                // single-sequence step as DeviceState, a batch step reading its buffers
 };
 std::string to_string(DecodeMode mode);
 
@@ -90,7 +93,10 @@ class Decoder {
   // Starts every sequence anew at position 0 (keeps buffers and any captured graph).
   void reset() noexcept { std::fill(positions_.begin(), positions_.end(), 0); }
 
-  std::size_t position(std::size_t seq = 0) const { return positions_.at(seq); }
+  std::size_t position(std::size_t seq = 0) const {
+    check_sequence(seq);
+    return positions_[seq];
+  }
   std::size_t sequences() const noexcept { return positions_.size(); }
   std::size_t capacity() const noexcept { return capacity_; }
   DecodeMode mode() const noexcept { return mode_; }
@@ -117,8 +123,10 @@ class Decoder {
   void enqueue_mlp(std::size_t layer, std::size_t tokens);
   // out[m, p.n] = x[m, p.k] · Wᵀ with gemm or gemm_gptq.
   void project(const Projection& p, const Buffer& x, Buffer& out, std::size_t m);
-  // Captures `kind` into the backend's graph slot unless it already holds it.
-  void capture(Captured kind, const Pass& pass);
+  // Runs one decode step: eagerly, or in Graph mode by replaying `kind`,
+  // captured first unless the backend's graph slot already holds it.
+  void run_step(Captured kind, const Pass& pass);
+  AttnConfig attn_config() const;
   std::vector<std::int32_t> read_next_tokens(std::size_t count);
   void run_prefill(std::size_t seq, std::span<const std::int32_t> tokens);
   void run_decode(std::int32_t token);
@@ -131,6 +139,7 @@ class Decoder {
   std::size_t max_tokens_;
   DecodeMode mode_;
   std::vector<std::size_t> positions_;  // per sequence: the next position
+  bool unfused_qkv_ = false;            // q, k, v projected apart (no batch step)
   std::size_t last_rows_ = 1;           // rows of logits_ the last step wrote
   Captured captured_ = Captured::None;
 
@@ -139,8 +148,12 @@ class Decoder {
   std::vector<Buffer> v_cache_;
   // Scratch sized for R = max(max_tokens_, sequences) rows.
   Buffer ids_;          // [R] i32
-  Buffer seq_positions_;  // [sequences] i32: each sequence's position in a batch step
-  Buffer kv_lens_;        // [sequences] i32: positions + 1
+  // A batch step's inputs, written in one go: [3, sequences] i32 =
+  // batch_ids_ (each sequence's token) | seq_positions_ | kv_lens_ (positions + 1).
+  Buffer batch_state_;
+  Buffer batch_ids_;
+  Buffer seq_positions_;
+  Buffer kv_lens_;
   Buffer residual_;     // [R, hidden]
   Buffer normed_;       // [R, hidden]
   Buffer qkv_;          // [R, (heads + 2*kv) * hd]

@@ -116,8 +116,9 @@ struct Stats {
 // when given. Returns false on the first failure (reported).
 bool check_input(float x, const ref::HalfFormat* format, Stats& stats) {
   const LD g = gelu_ref(x);
-  bool missing = false;  // fewer than 3 reciprocals within 1 ulp
-  for (int rcp_pick = 0; rcp_pick < 3 && !missing; ++rcp_pick) {
+  bool missing = false;  // no reciprocal candidate `rcp_pick` within 1 ulp: every one was tried
+  // Up to 4 floats lie within 1 ulp of 1/v (4 when 1/v is a power of two).
+  for (int rcp_pick = 0; rcp_pick < 5 && !missing; ++rcp_pick) {
     for (bool high : {false, true}) {
       const float r = gelu_erf_with(x, PickSfu{rcp_pick, high, &missing});
       if (missing) break;

@@ -173,37 +173,45 @@ FERRUM_INSTANTIATE_ON_ALL_BACKENDS(QkvRopeAppendRagged);
 
 // CpuBackend refuses a position past the caches or the tables, or negative,
 // before writing anything (CudaBackend reports it at synchronize:
-// tests/gpu/test_ops_cuda.cpp).
-TEST(CpuQkvRopeAppendRagged, PositionOutOfRangeThrowsAndWritesNothing) {
+// tests/gpu/test_ops_cuda.cpp); with the tables ending first and with the
+// caches ending first.
+void expect_ragged_positions_refused(std::size_t capacity, std::size_t table_rows) {
+  SCOPED_TRACE(cat("capacity ", capacity, ", table rows ", table_rows));
   CpuBackend cpu;
-  constexpr std::size_t kHeads = 2, kKv = 1, kHd = 8, kCap = 8, kTable = 6, kSeqs = 3;  // the tables end first
+  constexpr std::size_t kHeads = 2, kKv = 1, kHd = 8, kSeqs = 3;
   Buffer qkv = cpu.alloc(DType::F16, kSeqs * (kHeads + 2 * kKv) * kHd), q_out = cpu.alloc(DType::F16, kSeqs * kHeads * kHd);
-  Buffer k_cache = cpu.alloc(DType::F16, kSeqs * kKv * kCap * kHd), v_cache = cpu.alloc(DType::F16, kSeqs * kKv * kCap * kHd);
-  Buffer cos = cpu.alloc(DType::F32, kTable * kHd / 2), sin = cpu.alloc(DType::F32, kTable * kHd / 2);
+  Buffer k_cache = cpu.alloc(DType::F16, kSeqs * kKv * capacity * kHd), v_cache = cpu.alloc(DType::F16, kSeqs * kKv * capacity * kHd);
+  Buffer cos = cpu.alloc(DType::F32, table_rows * kHd / 2), sin = cpu.alloc(DType::F32, table_rows * kHd / 2);
   Buffer pos = cpu.alloc(DType::I32, kSeqs);
   cpu.write(qkv, std::vector<float>(kSeqs * (kHeads + 2 * kKv) * kHd, 1.0f));
-  cpu.write(cos, std::vector<float>(kTable * kHd / 2, 1.0f));
-  cpu.write(sin, std::vector<float>(kTable * kHd / 2, 0.5f));
-  cpu.write(k_cache, std::vector<float>(kSeqs * kKv * kCap * kHd, 0.0f));
-  cpu.write(v_cache, std::vector<float>(kSeqs * kKv * kCap * kHd, 0.0f));
-  const QkvRopeAppendConfig cfg{.heads = kHeads, .kv_heads = kKv, .head_dim = kHd, .capacity = kCap, .max_pos = kTable};
+  cpu.write(cos, std::vector<float>(table_rows * kHd / 2, 1.0f));
+  cpu.write(sin, std::vector<float>(table_rows * kHd / 2, 0.5f));
+  cpu.write(k_cache, std::vector<float>(kSeqs * kKv * capacity * kHd, 0.0f));
+  cpu.write(v_cache, std::vector<float>(kSeqs * kKv * capacity * kHd, 0.0f));
+  const QkvRopeAppendConfig cfg{.heads = kHeads, .kv_heads = kKv, .head_dim = kHd, .capacity = capacity, .max_pos = table_rows};
+  const auto last = static_cast<std::int32_t>(std::min(capacity, table_rows)) - 1;
   auto step_at = [&](std::int32_t middle) {
-    const std::int32_t p[kSeqs] = {0, middle, static_cast<std::int32_t>(kTable) - 1};
+    const std::int32_t p[kSeqs] = {0, middle, last};
     cpu.write_bytes(pos, p, sizeof p);
     cpu.qkv_rope_append_ragged(qkv, nullptr, nullptr, cos, sin, q_out, k_cache, v_cache, pos, kSeqs, cfg);
   };
-  EXPECT_NO_THROW(step_at(static_cast<std::int32_t>(kTable) - 1));  // the last table row
+  EXPECT_NO_THROW(step_at(last));  // the last row both hold
   const std::vector<float> q_before = cpu.download(q_out, kSeqs * kHeads * kHd);
-  const std::vector<float> k_before = cpu.download(k_cache, kSeqs * kKv * kCap * kHd);
-  const std::vector<float> v_before = cpu.download(v_cache, kSeqs * kKv * kCap * kHd);
+  const std::vector<float> k_before = cpu.download(k_cache, kSeqs * kKv * capacity * kHd);
+  const std::vector<float> v_before = cpu.download(v_cache, kSeqs * kKv * capacity * kHd);
   cpu.write(qkv, std::vector<float>(kSeqs * (kHeads + 2 * kKv) * kHd, 2.0f));  // a write would now differ
-  for (std::int32_t bad : {static_cast<std::int32_t>(kTable), static_cast<std::int32_t>(kCap), -1, 1000}) {
+  for (std::int32_t bad : {static_cast<std::int32_t>(table_rows), static_cast<std::int32_t>(capacity), -1, 1000}) {
     SCOPED_TRACE(cat("positions[1] = ", bad));
     expect_error(ErrorCode::CapacityExceeded, "positions[1]", [&] { step_at(bad); });
     EXPECT_EQ(cpu.download(q_out, kSeqs * kHeads * kHd), q_before);
-    EXPECT_EQ(cpu.download(k_cache, kSeqs * kKv * kCap * kHd), k_before);
-    EXPECT_EQ(cpu.download(v_cache, kSeqs * kKv * kCap * kHd), v_before);
+    EXPECT_EQ(cpu.download(k_cache, kSeqs * kKv * capacity * kHd), k_before);
+    EXPECT_EQ(cpu.download(v_cache, kSeqs * kKv * capacity * kHd), v_before);
   }
+}
+
+TEST(CpuQkvRopeAppendRagged, PositionOutOfRangeThrowsAndWritesNothing) {
+  expect_ragged_positions_refused(/*capacity=*/8, /*table rows=*/6);
+  expect_ragged_positions_refused(/*capacity=*/5, /*table rows=*/9);
 }
 
 // CpuBackend refuses a decode-state position past the caches or the tables

@@ -6,7 +6,8 @@
 // - MatchesCpu: m in {1, 2, 3, 5, 7, 8, 9, 12, 16} (m > 8: two groups of 8
 //   rows of a) x n in {1, 3, 67, 1001} x k in {8,
 //   64, 4104, 8192} (k % 256 != 0 leaves a partial last chunk), plus
-//   n = 4099 (a grid large enough for the 4-warp block shape), f16 and bf16.
+//   n = 4099 and 8200 (grids of about two blocks per SM: one- and two-tile
+//   tensor-core blocks), f16 and bf16.
 // - Deterministic: two runs of the same call are bitwise identical.
 // - FallsBack: views one element into their buffers (not 16-byte aligned)
 //   and k % 8 != 0 must take cuBLAS and still be right.
@@ -42,7 +43,10 @@ namespace {
 constexpr std::size_t kSkinnyMs[] = {1, 2, 3, 5, 7, 8, 9, 12, 16};
 constexpr std::size_t kSkinnyNs[] = {1, 3, 67, 1001};
 constexpr std::size_t kSkinnyKs[] = {8, 64, 4104, 8192};
-constexpr std::size_t kLargeN = 4099;  // > 2 blocks per SM on an H200 for every m
+// Grids of about two blocks per SM on an H200: 4099 rows take the one-tile
+// tensor-core blocks (257 of 16 rows), 8200 the two-tile ones (257 of 32).
+constexpr std::size_t kLargeN = 4099;
+constexpr std::size_t kTwoTileN = 8200;
 constexpr std::size_t kLargeNK = 4104;
 
 using SkinnyParam = std::tuple<DType, std::size_t>;  // (dtype, m)
@@ -93,6 +97,7 @@ TEST_P(CudaGemmSkinny, MatchesCpu) {
     for (std::size_t k : kSkinnyKs) expect_matches_cpu(rng, n, k);
   }
   expect_matches_cpu(rng, kLargeN, kLargeNK);
+  expect_matches_cpu(rng, kTwoTileN, kLargeNK);
 }
 
 TEST_P(CudaGemmSkinny, Deterministic) {
