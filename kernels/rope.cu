@@ -305,15 +305,34 @@ __global__ void qkv_rope_append_kernel(const QkvRopeAppendArgs a) {
   }
 }
 
+// How a launch covers a rope row of head_dim elements: the 16-byte vector
+// path (`group` threads per row, 8 pairs each) when the halves split into a
+// power of two of at most 32 vectors and the caller's pointers are aligned,
+// else the warp path with `pairs` (1, 2, 4 or 8) pairs per lane.
+struct RopeLaunchPlan {
+  bool vec = false;
+  int group = 0;
+  int pairs = 0;
+};
+
+RopeLaunchPlan rope_launch_plan(int head_dim, bool pointers_aligned) {
+  const int half = head_dim / 2;
+  RopeLaunchPlan p;
+  p.group = half / 8;
+  p.vec = half % 8 == 0 && p.group <= 32 && (p.group & (p.group - 1)) == 0 && pointers_aligned;
+  const int pairs_per_lane = (half + 31) / 32;
+  p.pairs = pairs_per_lane <= 1 ? 1 : pairs_per_lane <= 2 ? 2 : pairs_per_lane <= 4 ? 4 : 8;
+  return p;
+}
+
 }  // namespace
 
 void launch_qk_norm_rope(const RopeArgs& a, cudaStream_t stream) {
-  const int half = a.head_dim / 2;
-  const int group = half / 8;
-  const bool vec_ok = half % 8 == 0 && group <= 32 && (group & (group - 1)) == 0 &&
-                      all_aligned16(a.input, a.output, a.cos, a.sin) &&
-                      (a.norm_w == nullptr || aligned16(a.norm_w));
-  if (vec_ok) {
+  const RopeLaunchPlan plan =
+      rope_launch_plan(a.head_dim, all_aligned16(a.input, a.output, a.cos, a.sin) &&
+                                       (a.norm_w == nullptr || aligned16(a.norm_w)));
+  const int group = plan.group;
+  if (plan.vec) {
     constexpr int kThreads = 128;
     const long long rows = static_cast<long long>(a.tokens) * a.heads;
     const auto blocks = static_cast<unsigned>((rows * group + kThreads - 1) / kThreads);
@@ -329,8 +348,7 @@ void launch_qk_norm_rope(const RopeArgs& a, cudaStream_t stream) {
     check_launch("qk_norm_rope");
     return;
   }
-  const int pairs_per_lane = (a.head_dim / 2 + 31) / 32;
-  const int pairs = pairs_per_lane <= 1 ? 1 : pairs_per_lane <= 2 ? 2 : pairs_per_lane <= 4 ? 4 : 8;
+  const int pairs = plan.pairs;
   const long long rows = static_cast<long long>(a.tokens) * a.heads;
   const auto blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
   dispatch_half_dtype(a.dtype, "qk_norm_rope", [&](auto tag) {
@@ -349,14 +367,13 @@ void launch_qk_norm_rope(const RopeArgs& a, cudaStream_t stream) {
 }
 
 void launch_qkv_rope_append(const QkvRopeAppendArgs& a, cudaStream_t stream) {
-  const int half = a.head_dim / 2;
-  const int group = half / 8;
   const bool norm = a.q_norm != nullptr;
+  const RopeLaunchPlan plan =
+      rope_launch_plan(a.head_dim, all_aligned16(a.qkv, a.q_out, a.k_cache, a.v_cache, a.cos, a.sin) &&
+                                       (!norm || all_aligned16(a.q_norm, a.k_norm)));
+  const int group = plan.group;
   const long long rows = static_cast<long long>(a.tokens) * (a.heads + 2 * a.kv_heads);
-  const bool vec_ok = half % 8 == 0 && group <= 32 && (group & (group - 1)) == 0 &&
-                      all_aligned16(a.qkv, a.q_out, a.k_cache, a.v_cache, a.cos, a.sin) &&
-                      (!norm || all_aligned16(a.q_norm, a.k_norm));
-  if (vec_ok) {
+  if (plan.vec) {
     constexpr int kThreads = 128;
     const auto blocks = static_cast<unsigned>((rows * group + kThreads - 1) / kThreads);
     dispatch_half_dtype(a.dtype, "qkv_rope_append", [&](auto tag) {
@@ -367,8 +384,7 @@ void launch_qkv_rope_append(const QkvRopeAppendArgs& a, cudaStream_t stream) {
     check_launch("qkv_rope_append");
     return;
   }
-  const int pairs_per_lane = (half + 31) / 32;
-  const int pairs = pairs_per_lane <= 1 ? 1 : pairs_per_lane <= 2 ? 2 : pairs_per_lane <= 4 ? 4 : 8;
+  const int pairs = plan.pairs;
   const auto blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
   dispatch_half_dtype(a.dtype, "qkv_rope_append", [&](auto tag) {
     using T = typename decltype(tag)::type;
