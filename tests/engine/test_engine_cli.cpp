@@ -232,6 +232,58 @@ TEST(EngineCli, BatchEqualsEachPromptAlone) {
   EXPECT_NE(read_text(log).find("--batch 3 needs one prompt or 3"), std::string::npos) << read_text(log);
 }
 
+// A batch's --dump-logits: per step one row per sequence, in sequence order
+// (step 0: each prompt's prefill), bit for bit the in-process Decoder's
+// prefill / decode_batch logits, and each "generated[b]:" token the argmax
+// of its row.
+TEST(EngineCli, BatchDumpLogitsMatchesInProcessDecoder) {
+  const std::filesystem::path dir = testing::scratch_dir();
+  const std::filesystem::path dump = dir / "logits.bin";
+  const std::filesystem::path log = dir / "engine.log";
+  const std::vector<std::vector<std::int32_t>> prompts = {{1, 17, 42, 3}, {5, 6}};
+  constexpr std::size_t kBatchSteps = 4;
+  ASSERT_EQ(run_engine("--random tiny-llama --cpu --seed " + std::to_string(kSeed) + " --steps " +
+                           std::to_string(kBatchSteps) + " --prompt-tokens \"1,17,42,3;5,6\" --dump-logits \"" +
+                           dump.string() + "\"",
+                       log),
+            0)
+      << read_text(log);
+  const std::string output = read_text(log);
+  const ModelConfig config = preset_config("tiny-llama");
+  const std::size_t vocab = config.vocab_size;
+  const std::vector<float> rows = read_floats(dump);
+  ASSERT_EQ(rows.size(), kBatchSteps * prompts.size() * vocab);
+
+  CpuBackend be;
+  const ModelWeights weights = random_weights(be, config, kSeed);
+  Decoder decoder(be, weights, 4 + kBatchSteps, 4, DecodeMode::Eager, prompts.size());
+  std::vector<float> want;
+  for (std::size_t b = 0; b < prompts.size(); ++b) {
+    const std::vector<float> logits = decoder.prefill(b, prompts[b]);
+    want.insert(want.end(), logits.begin(), logits.end());
+  }
+  std::vector<std::vector<std::int32_t>> tokens(prompts.size());
+  for (std::size_t step = 0; step < kBatchSteps; ++step) {
+    if (step > 0) {
+      std::vector<std::int32_t> last;
+      for (const auto& t : tokens) last.push_back(t.back());
+      want = decoder.decode_batch(last);
+    }
+    for (std::size_t b = 0; b < prompts.size(); ++b) {
+      const std::size_t at = (step * prompts.size() + b) * vocab;
+      const std::vector<float> row(rows.begin() + static_cast<std::ptrdiff_t>(at),
+                                   rows.begin() + static_cast<std::ptrdiff_t>(at + vocab));
+      EXPECT_EQ(row, std::vector<float>(want.begin() + static_cast<std::ptrdiff_t>(b * vocab),
+                                        want.begin() + static_cast<std::ptrdiff_t>((b + 1) * vocab)))
+          << "step " << step << ", sequence " << b;
+      tokens[b].push_back(argmax(row));
+    }
+  }
+  for (std::size_t b = 0; b < prompts.size(); ++b) {
+    EXPECT_EQ(generated_tokens(output, static_cast<int>(b)), tokens[b]) << "sequence " << b;
+  }
+}
+
 TEST(EngineCli, DtypeOverridesTheRandomPresetsDtype) {
   const std::filesystem::path dir = testing::scratch_dir();
   const std::filesystem::path log = dir / "engine.log";
