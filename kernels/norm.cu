@@ -68,14 +68,15 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
   // store the compiler cannot prove independent (LayerNorm's weight and bias
   // without PREFETCH_W excepted: see kLoadPerVector below).
   V data[NVEC], w[NVEC], b[NVEC];
+  auto load_weight_vector = [&](int i, int vi) {  // vector vi of weight (and bias) into slot i
+    w[i].load(weight + static_cast<long long>(vi) * VW);
+    if constexpr (K == NormKind::Layer) b[i].load(bias + static_cast<long long>(vi) * VW);
+  };
   auto load_weights = [&] {
 #pragma unroll
     for (int i = 0; i < NVEC; ++i) {
       const int vi = lane + i * group;
-      if (row_ok && vi < nvec) {
-        w[i].load(weight + static_cast<long long>(vi) * VW);
-        if constexpr (K == NormKind::Layer) b[i].load(bias + static_cast<long long>(vi) * VW);
-      }
+      if (row_ok && vi < nvec) load_weight_vector(i, vi);
     }
   };
 #pragma unroll
@@ -137,10 +138,7 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
   for (int i = 0; i < NVEC; ++i) {
     const int vi = lane + i * group;
     if (vi < nvec) {
-      if constexpr (kLoadPerVector) {
-        w[i].load(weight + static_cast<long long>(vi) * VW);
-        b[i].load(bias + static_cast<long long>(vi) * VW);
-      }
+      if constexpr (kLoadPerVector) load_weight_vector(i, vi);
       V o;
 #pragma unroll
       for (int j = 0; j < VW; ++j) {

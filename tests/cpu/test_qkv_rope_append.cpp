@@ -25,6 +25,25 @@ struct Case {
 
 constexpr std::size_t kCapacity = 40, kMaxPos = 48;
 
+// What an append wrote: q_out and both caches.
+struct AppendOutputs {
+  const GuardedOutput* q_out;
+  const GuardedOutput* k_cache;
+  const GuardedOutput* v_cache;
+};
+
+// `got` bitwise equal to `want` (untouched cache rows included), and no
+// write past any of the six buffers.
+void expect_same_append(const AppendOutputs& got, const AppendOutputs& want, DType dt) {
+  const std::size_t es = size_of(dt);
+  EXPECT_TRUE(bitwise_equal(got.q_out->bytes(), want.q_out->bytes(), es)) << "q_out";
+  EXPECT_TRUE(bitwise_equal(got.k_cache->bytes(), want.k_cache->bytes(), es)) << "k_cache";
+  EXPECT_TRUE(bitwise_equal(got.v_cache->bytes(), want.v_cache->bytes(), es)) << "v_cache";
+  for (const GuardedOutput* out : {got.q_out, got.k_cache, got.v_cache, want.q_out, want.k_cache, want.v_cache}) {
+    EXPECT_TRUE(out->check_guard());
+  }
+}
+
 class QkvRopeAppend : public BackendTest {
  protected:
   void run(const Case& c, DType dt, Rng& rng, bool device_state) {
@@ -78,13 +97,7 @@ class QkvRopeAppend : public BackendTest {
                          sin.view(), q_out.view(), k_cache.view(), v_cache.view(), c.tokens, host_pos, cfg);
       be.synchronize();
     }
-    const std::size_t es = size_of(dt);
-    EXPECT_TRUE(bitwise_equal(q_out.bytes(), q_ref.bytes(), es)) << "q_out";
-    EXPECT_TRUE(bitwise_equal(k_cache.bytes(), k_cache_ref.bytes(), es)) << "k_cache";
-    EXPECT_TRUE(bitwise_equal(v_cache.bytes(), v_cache_ref.bytes(), es)) << "v_cache";
-    for (const GuardedOutput* out : {&q_out, &q_ref, &k_cache, &v_cache, &k_cache_ref, &v_cache_ref}) {
-      EXPECT_TRUE(out->check_guard());
-    }
+    expect_same_append({&q_out, &k_cache, &v_cache}, {&q_ref, &k_cache_ref, &v_cache_ref}, dt);
   }
 };
 
@@ -148,13 +161,7 @@ class QkvRopeAppendRagged : public BackendTest {
     be.qkv_rope_append_ragged(qkv.view(), norm ? &q_norm.view() : nullptr, norm ? &k_norm.view() : nullptr,
                               cos.view(), sin.view(), q_out.view(), k_cache.view(), v_cache.view(), pos, batch, cfg);
     be.synchronize();
-    const std::size_t es = size_of(dt);
-    EXPECT_TRUE(bitwise_equal(q_out.bytes(), q_ref.bytes(), es)) << "q_out";
-    EXPECT_TRUE(bitwise_equal(k_cache.bytes(), k_ref.bytes(), es)) << "k_cache";
-    EXPECT_TRUE(bitwise_equal(v_cache.bytes(), v_ref.bytes(), es)) << "v_cache";
-    for (const GuardedOutput* out : {&q_out, &q_ref, &k_cache, &v_cache, &k_ref, &v_ref}) {
-      EXPECT_TRUE(out->check_guard());
-    }
+    expect_same_append({&q_out, &k_cache, &v_cache}, {&q_ref, &k_ref, &v_ref}, dt);
   }
 };
 

@@ -173,18 +173,23 @@ TEST(Decoder, RefusesBadArguments) {
   EXPECT_ENGINE_ERROR(decoder.decode(1), ErrorCode::CapacityExceeded, "kv_capacity = 8");
 }
 
+// Prompts of different lengths (so a batch step's rows sit at different
+// positions), and the longest.
+const std::vector<std::vector<std::int32_t>> kBatchPrompts = {{1, 17, 42, 255, 3}, {99}, {200, 7, 7}};
+constexpr std::size_t kBatchLongest = 5;
+
 // A batch step runs every sequence as one row of one forward pass
 // (qkv_rope_append_ragged, flash_decode_ragged): each sequence's logits equal
 // those of a decoder holding only that sequence, step for step, with prompts
 // of different lengths (so the rows sit at different positions).
 TEST_P(DecoderTest, BatchStepEqualsEachSequenceAlone) {
   Model m(GetParam());
-  const std::vector<std::vector<std::int32_t>> prompts = {{1, 17, 42, 255, 3}, {99}, {200, 7, 7}};
-  Decoder batch(m.be, m.weights, 64, 5, DecodeMode::Eager, prompts.size());
+  const auto& prompts = kBatchPrompts;
+  Decoder batch(m.be, m.weights, 64, kBatchLongest, DecodeMode::Eager, prompts.size());
   std::vector<std::unique_ptr<Decoder>> alone;
   std::vector<std::int32_t> tokens;
   for (std::size_t s = 0; s < prompts.size(); ++s) {
-    alone.push_back(std::make_unique<Decoder>(m.be, m.weights, 64, 5));
+    alone.push_back(std::make_unique<Decoder>(m.be, m.weights, 64, kBatchLongest));
     const std::vector<float> want = alone[s]->prefill(prompts[s]);
     EXPECT_EQ(batch.prefill(s, prompts[s]), want) << "prefill of sequence " << s;
     tokens.push_back(argmax(want));
@@ -242,15 +247,29 @@ TEST(Decoder, RequiredOps) {
 
 // ── on the GPU (skipped without one) ─────────────────────────────────────
 
+// The CUDA backend and random weights of tiny-llama at head_dim 64 (CUDA
+// attention takes head_dim 64 / 128 / 256); skipped without a GPU.
+class DecoderGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    be_ = make_default_backend();
+    if (be_->kind() != BackendKind::Cuda) GTEST_SKIP() << "no GPU: the CUDA backend is not available";
+    ModelConfig c = gpu_tiny_llama_config();
+    c.validate("gpu test config");
+    weights_ = std::make_unique<ModelWeights>(random_weights(*be_, c, 77));
+  }
+  void TearDown() override {
+    if (be_ != nullptr && be_->kind() == BackendKind::Cuda) be_->reset_graph();
+  }
+  std::unique_ptr<Backend> be_;
+  std::unique_ptr<ModelWeights> weights_;
+};
+
 // The captured decode step ends with the device argmax: graph-mode
-// decode_next gives the host argmax of eager decode's logits, step for step
-// (CUDA attention takes head_dim 64 / 128 / 256: tiny-llama at head_dim 64).
-TEST(DecoderGpu, GraphArgmaxTokensEqualHostArgmaxOfEagerLogits) {
-  std::unique_ptr<Backend> be = make_default_backend();
-  if (be->kind() != BackendKind::Cuda) GTEST_SKIP() << "no GPU: the CUDA backend is not available";
-  ModelConfig c = gpu_tiny_llama_config();
-  c.validate("gpu test config");
-  const ModelWeights w = random_weights(*be, c, 77);
+// decode_next gives the host argmax of eager decode's logits, step for step.
+TEST_F(DecoderGpu, GraphArgmaxTokensEqualHostArgmaxOfEagerLogits) {
+  Backend* be = be_.get();
+  const ModelWeights& w = *weights_;
   Decoder eager(*be, w, 64, kPrompt.size(), DecodeMode::Eager);
   Decoder graph(*be, w, 64, kPrompt.size(), DecodeMode::Graph);
   std::int32_t want = argmax(eager.prefill(kPrompt));
@@ -261,7 +280,6 @@ TEST(DecoderGpu, GraphArgmaxTokensEqualHostArgmaxOfEagerLogits) {
     got = graph.decode_next(got);
   }
   EXPECT_TRUE(graph.graph_captured());
-  be->reset_graph();
 }
 
 // The batch step in graph mode on the GPU (captured once, replayed with new
@@ -273,18 +291,15 @@ TEST(DecoderGpu, GraphArgmaxTokensEqualHostArgmaxOfEagerLogits) {
 // is right, and both decoders go on with the batch's). Midway, a
 // single-sequence graph step of sequence 0 replaces the batch graph in the
 // backend's one graph slot, and the batch steps after it recapture theirs.
-TEST(DecoderGpu, GraphBatchStepEqualsEachSequenceAlone) {
-  std::unique_ptr<Backend> be = make_default_backend();
-  if (be->kind() != BackendKind::Cuda) GTEST_SKIP() << "no GPU: the CUDA backend is not available";
-  ModelConfig c = gpu_tiny_llama_config();
-  c.validate("gpu test config");
-  const ModelWeights w = random_weights(*be, c, 77);
-  const std::vector<std::vector<std::int32_t>> prompts = {{1, 17, 42, 255, 3}, {99}, {200, 7, 7}};
-  Decoder batch(*be, w, 64, 5, DecodeMode::Graph, prompts.size());
+TEST_F(DecoderGpu, GraphBatchStepEqualsEachSequenceAlone) {
+  Backend* be = be_.get();
+  const ModelWeights& w = *weights_;
+  const auto& prompts = kBatchPrompts;
+  Decoder batch(*be, w, 64, kBatchLongest, DecodeMode::Graph, prompts.size());
   std::vector<std::unique_ptr<Decoder>> alone;
   std::vector<std::int32_t> tokens;
   for (std::size_t s = 0; s < prompts.size(); ++s) {
-    alone.push_back(std::make_unique<Decoder>(*be, w, 64, 5, DecodeMode::Eager));
+    alone.push_back(std::make_unique<Decoder>(*be, w, 64, kBatchLongest, DecodeMode::Eager));
     tokens.push_back(argmax(alone[s]->prefill(prompts[s])));
     EXPECT_EQ(batch.prefill_next(s, prompts[s]), tokens[s]) << "prefill of sequence " << s;  // the same ops
   }
@@ -327,7 +342,6 @@ TEST(DecoderGpu, GraphBatchStepEqualsEachSequenceAlone) {
   EXPECT_TRUE(batch.graph_captured());
   std::printf("[ info ] GPU graph batch of %zu vs each alone (eager): max logit diff %.6f, %zu near-ties\n",
               prompts.size(), worst, near_ties);
-  be->reset_graph();
 }
 
 }  // namespace

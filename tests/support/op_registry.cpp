@@ -34,6 +34,27 @@ QkvRopeAppendConfig qkv_rope_append_config(const OpArgs& a) {
           .mode = a.mode};
 }
 
+// qkv_rope_append's two forms: heads 2, kv_heads 1 (q | k | v rows of 4
+// heads of kHeadDim), `rows` tokens, caches for `seqs` sequences; the
+// geometry with the token count named `count_name`.
+constexpr std::size_t kQkvKv = 1;
+std::vector<BufferArg> qkv_rope_buffers(std::size_t rows, std::size_t seqs) {
+  const std::size_t table = kMaxPos * kHeadDim / 2;
+  const std::size_t cache = seqs * kQkvKv * kCapacity * kHeadDim;
+  return {act("qkv", rows * (kHeads + 2 * kQkvKv) * kHeadDim),
+          act("q_norm", kHeadDim),
+          act("k_norm", kHeadDim),
+          {"cos", DType::F32, table, table - 1, kH},
+          {"sin", DType::F32, table, table - 1, kH},
+          act("q_out", kHeads * rows * kHeadDim),
+          act("k_cache", cache),
+          act("v_cache", cache)};
+}
+std::vector<SizeArg> qkv_rope_sizes(const char* count_name, std::size_t count) {
+  return {{count_name, count},        {"cfg.heads", kHeads},       {"cfg.kv_heads", kQkvKv},
+          {"cfg.head_dim", kHeadDim}, {"cfg.capacity", kCapacity}, {"cfg.max_pos", kMaxPos}};
+}
+
 std::vector<OpSpec> build_specs() {
   std::vector<OpSpec> s;
   s.push_back({Op::CopySlice, "copy_slice", {act("src", 6), act("dst", 6)}, {{"len", 6}},
@@ -116,38 +137,17 @@ std::vector<OpSpec> build_specs() {
                                                a.size("hd"));
                }});
   {
-    constexpr std::size_t kKv = 1;  // heads 2, kv_heads 1: q | k | v rows of 4 heads
-    const std::size_t rope_table = kMaxPos * kHeadDim / 2;
-    s.push_back({Op::QkvRopeAppend, "qkv_rope_append",
-                 {act("qkv", kNewTokens * (kHeads + 2 * kKv) * kHeadDim), act("q_norm", kHeadDim),
-                  act("k_norm", kHeadDim), {"cos", DType::F32, rope_table, rope_table - 1, kH},
-                  {"sin", DType::F32, rope_table, rope_table - 1, kH}, act("q_out", kHeads * kNewTokens * kHeadDim),
-                  act("k_cache", kKv * kCapacity * kHeadDim), act("v_cache", kKv * kCapacity * kHeadDim)},
-                 {{"tokens", kNewTokens},
-                  {"cfg.heads", kHeads},
-                  {"cfg.kv_heads", kKv},
-                  {"cfg.head_dim", kHeadDim},
-                  {"cfg.capacity", kCapacity},
-                  {"cfg.max_pos", kMaxPos}},
-                 [](Backend& be, OpArgs& a) {
+    constexpr std::size_t kSeqs = 2;  // ragged: positions written by make_args, 0 and the last cache row
+    std::vector<BufferArg> ragged = qkv_rope_buffers(kSeqs, kSeqs);
+    ragged.push_back({"positions", DType::I32, kSeqs, kSeqs - 1, DType::F32});
+    s.push_back({Op::QkvRopeAppend, "qkv_rope_append", qkv_rope_buffers(kNewTokens, 1),
+                 qkv_rope_sizes("tokens", kNewTokens), [](Backend& be, OpArgs& a) {
                    be.qkv_rope_append(a.buf("qkv"), a.null_norm_w ? nullptr : &a.buf("q_norm"),
                                       a.null_k_norm ? nullptr : &a.buf("k_norm"),
                                       a.buf("cos"), a.buf("sin"), a.buf("q_out"), a.buf("k_cache"),
                                       a.buf("v_cache"), a.size("tokens"), a.pos_offset, qkv_rope_append_config(a));
                  }});
-    constexpr std::size_t kSeqs = 2;  // positions written by make_args: 0 and the last cache row
-    s.push_back({Op::QkvRopeAppendRagged, "qkv_rope_append_ragged",
-                 {act("qkv", kSeqs * (kHeads + 2 * kKv) * kHeadDim), act("q_norm", kHeadDim),
-                  act("k_norm", kHeadDim), {"cos", DType::F32, rope_table, rope_table - 1, kH},
-                  {"sin", DType::F32, rope_table, rope_table - 1, kH}, act("q_out", kSeqs * kHeads * kHeadDim),
-                  act("k_cache", kSeqs * kKv * kCapacity * kHeadDim), act("v_cache", kSeqs * kKv * kCapacity * kHeadDim),
-                  {"positions", DType::I32, kSeqs, kSeqs - 1, DType::F32}},
-                 {{"batch", kSeqs},
-                  {"cfg.heads", kHeads},
-                  {"cfg.kv_heads", kKv},
-                  {"cfg.head_dim", kHeadDim},
-                  {"cfg.capacity", kCapacity},
-                  {"cfg.max_pos", kMaxPos}},
+    s.push_back({Op::QkvRopeAppendRagged, "qkv_rope_append_ragged", std::move(ragged), qkv_rope_sizes("batch", kSeqs),
                  [](Backend& be, OpArgs& a) {
                    be.qkv_rope_append_ragged(a.buf("qkv"), a.null_norm_w ? nullptr : &a.buf("q_norm"),
                                              a.null_k_norm ? nullptr : &a.buf("k_norm"), a.buf("cos"), a.buf("sin"),
