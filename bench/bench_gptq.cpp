@@ -4,13 +4,18 @@
 //
 //   ferrum_bench_gptq [--json PATH] [--iters N] [--warmup N] [--dtype f16|bf16]
 //                     [--asym] [--act-order] [--crossover] [--quick]
-//                     [--kernel auto|fused|stream]
+//                     [--kernel auto|fused|stream|bulk] [--ring N] [--splits N] [--ms M,M,...]
+//                     [--shapes KxN,KxN,...]
 //
 // --kernel picks the kernel launch_gptq_gemm runs (GptqGemmArgs::kernel):
-// auto = CudaBackendConfig's default rule (the streaming kernel for launches
-// of m <= kGptqStreamAutoMaxM, else fused); fused = the fused kernel; stream =
-// the register-streaming kernel for launches of m <= 16 (larger m still run
-// the fused kernel). The "plan"
+// auto = CudaBackendConfig's default rule (the streaming kernel, bulk
+// source, for launches of m <= kGptqStreamAutoMaxM, else fused); fused = the
+// fused kernel; stream = the register-streaming kernel for launches of
+// m <= 16 (larger m still run the fused kernel); bulk = the same streaming
+// kernel with its weights brought into shared-memory rings by bulk copies
+// (--ring: chunk slots per warp, 0 = the library's choice; --splits: CTAs
+// along k, 0 = the plan's). --ms replaces the list of m, --shapes
+// the list of shapes. The "plan"
 // column says which ran: "sxS" = streaming (one CTA per 64 columns, S
 // splits along k), else "cCxS": the fused configuration C and its splits.
 //
@@ -72,7 +77,11 @@ struct Options {
   bool act_order = false;
   bool crossover = false;
   bool quick = false;
-  std::string kernel = "auto";  // auto | fused | stream
+  std::string kernel = "auto";  // auto | fused | stream | bulk
+  int ring = 0;                 // bulk: chunk slots per warp (0: the default)
+  int splits = 0;               // stream / bulk: CTAs along k (0: the plan's)
+  std::vector<int> ms;          // --ms: the m values (empty: the default list)
+  std::vector<std::pair<int, int>> shapes;  // --shapes: [k x n] (empty: the default list)
 };
 
 struct XorShift {
@@ -150,16 +159,41 @@ int main(int argc, char** argv) {
       opt.crossover = true;
     } else if (a == "--quick") {
       opt.quick = true;
+    } else if (a == "--splits") {
+      opt.splits = std::atoi(value().c_str());
+    } else if (a == "--ring") {
+      opt.ring = std::atoi(value().c_str());
+    } else if (a == "--ms") {
+      const std::string list = value();
+      for (std::size_t at = 0; at < list.size();) {
+        const std::size_t comma = std::min(list.find(',', at), list.size());
+        opt.ms.push_back(std::atoi(list.substr(at, comma - at).c_str()));
+        at = comma + 1;
+      }
+    } else if (a == "--shapes") {
+      const std::string list = value();
+      for (std::size_t at = 0; at < list.size();) {
+        const std::size_t comma = std::min(list.find(',', at), list.size());
+        const std::string shape = list.substr(at, comma - at);
+        const std::size_t x = shape.find('x');
+        if (x == std::string::npos) {
+          std::fprintf(stderr, "--shapes takes KxN,KxN,... (got %s)\n", shape.c_str());
+          return 2;
+        }
+        opt.shapes.emplace_back(std::atoi(shape.substr(0, x).c_str()), std::atoi(shape.substr(x + 1).c_str()));
+        at = comma + 1;
+      }
     } else if (a == "--kernel") {
       opt.kernel = value();
-      if (opt.kernel != "auto" && opt.kernel != "fused" && opt.kernel != "stream") {
-        std::fprintf(stderr, "--kernel must be auto, fused or stream (got %s)\n", opt.kernel.c_str());
+      if (opt.kernel != "auto" && opt.kernel != "fused" && opt.kernel != "stream" && opt.kernel != "bulk") {
+        std::fprintf(stderr, "--kernel must be auto, fused, stream or bulk (got %s)\n", opt.kernel.c_str());
         return 2;
       }
     } else {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--iters N] [--warmup N] [--dtype f16|bf16] [--asym] [--act-order] "
-                   "[--crossover] [--quick] [--kernel auto|fused|stream]\n",
+                   "[--crossover] [--quick] [--kernel auto|fused|stream|bulk] [--ring N] [--splits N] [--ms M,M,...] "
+                   "[--shapes KxN,...]\n",
                    argv[0]);
       return 2;
     }
@@ -187,6 +221,8 @@ int main(int argc, char** argv) {
     shapes = {{8192, 8192}};
     ms = {1, 16, 64};
   }
+  if (!opt.ms.empty()) ms = opt.ms;
+  if (!opt.shapes.empty()) shapes = opt.shapes;
   const int max_m = *std::max_element(ms.begin(), ms.end());
   const bool bf16 = opt.dtype == ferrum::DType::BF16;
   const cudaDataType_t ctype = bf16 ? CUDA_R_16BF : CUDA_R_16F;
@@ -194,14 +230,21 @@ int main(int argc, char** argv) {
 
   // Whether a launch of `rows` rows runs the streaming kernel: CudaBackend's
   // rule (gptq_kernel_for), and the streaming kernel covers kGptqStreamMaxM rows.
-  auto streams = [&](int rows) {
+  // The kernel a launch of `rows` rows runs: CudaBackend's rule
+  // (gptq_kernel_for) for auto, else the named one; the streaming kinds
+  // cover kGptqStreamMaxM rows (more rows run the fused kernel).
+  auto kind_of = [&](int rows) {
     using ferrum::kernels::GptqKernelKind;
-    const GptqKernelKind forced = opt.kernel == "stream" ? GptqKernelKind::Stream : GptqKernelKind::Fused;
-    return rows <= ferrum::kernels::kGptqStreamMaxM &&
-           ferrum::kernels::gptq_kernel_for(opt.kernel == "auto", forced, rows) == GptqKernelKind::Stream;
+    const GptqKernelKind forced = opt.kernel == "stream" ? GptqKernelKind::Stream
+                                  : opt.kernel == "bulk" ? GptqKernelKind::StreamBulk
+                                                         : GptqKernelKind::Fused;
+    const GptqKernelKind kind = ferrum::kernels::gptq_kernel_for(opt.kernel == "auto", forced, rows);
+    return rows <= ferrum::kernels::kGptqStreamMaxM ? kind : GptqKernelKind::Fused;
   };
-  std::printf("device %s, %d SMs, dtype %s, group 128%s%s, kernel %s\n", prop.name, num_sms, bf16 ? "bf16" : "f16",
-              opt.asym ? ", asymmetric" : ", symmetric", opt.act_order ? ", act-order" : "", opt.kernel.c_str());
+  auto streams = [&](int rows) { return kind_of(rows) != ferrum::kernels::GptqKernelKind::Fused; };
+  std::printf("device %s, %d SMs, dtype %s, group 128%s%s, kernel %s, ring %d\n", prop.name, num_sms,
+              bf16 ? "bf16" : "f16", opt.asym ? ", asymmetric" : ", symmetric", opt.act_order ? ", act-order" : "",
+              opt.kernel.c_str(), opt.ring);
   std::printf("%6s %6s %5s | %10s %9s %9s %6s | %10s | %10s %8s | %8s %6s\n", "k", "n", "m", "ours_us", "int4_GB/s",
               "+meta", "plan", "deq+cublas", "cublas_us", "speedup", "read_us", "max_x");
 
@@ -274,7 +317,10 @@ int main(int argc, char** argv) {
     }
     // Workspaces, activations, output.
     float* d_partials = static_cast<float*>(
-        dev_alloc(ferrum::kernels::gptq_partials_floats(static_cast<int>(r.k_pad), static_cast<int>(r.n_pad), num_sms) *
+        dev_alloc(std::max<std::size_t>(
+                      ferrum::kernels::gptq_partials_floats(static_cast<int>(r.k_pad), static_cast<int>(r.n_pad), num_sms),
+                      // --splits: up to 16 splits of every column block's 16 rows
+                      std::size_t{16} * r.n_pad * ferrum::kernels::kGptqStreamMaxM) *
                   sizeof(float)));
     const std::size_t counters = ferrum::kernels::gptq_counter_ints(static_cast<int>(r.n_pad));
     int* d_counters = static_cast<int*>(dev_alloc(counters * sizeof(int)));
@@ -351,8 +397,9 @@ int main(int argc, char** argv) {
           args.partials = d_partials;
           args.counters = d_counters;
           args.num_sms = num_sms;
-          args.kernel = streams(rows_now) ? ferrum::kernels::GptqKernelKind::Stream
-                                          : ferrum::kernels::GptqKernelKind::Fused;
+          args.kernel = kind_of(rows_now);
+          args.stream_ring = opt.ring;
+          args.stream_splits = opt.splits;
           ferrum::kernels::launch_gptq_gemm(args, stream);
         }
       };
@@ -383,8 +430,9 @@ int main(int argc, char** argv) {
       row.config = plan.config;
       if (streams(m)) {  // the streaming kernel: "config" -1
         const ferrum::kernels::GptqPlan sp = ferrum::kernels::gptq_stream_plan(
-            opt.dtype, !r.uniform_zero, m, static_cast<int>(r.k_pad), static_cast<int>(r.n_pad), num_sms);
-        row.splits = sp.splits;
+            opt.dtype, !r.uniform_zero, m, static_cast<int>(r.k_pad), static_cast<int>(r.n_pad), num_sms, kind_of(m),
+            opt.ring);
+        row.splits = opt.splits > 0 ? std::min(opt.splits, static_cast<int>(r.k_pad) / 128) : sp.splits;
         row.config = -1;
       }
       row.ours_us = time_median(copies, opt.warmup, opt.iters, fused, stream);

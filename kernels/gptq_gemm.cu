@@ -29,8 +29,9 @@
 //     tile's counter sums the partials with all its threads, in split order
 //     0, 1, ..., S-1 (fixed, so bitwise reproducible), and resets the counter.
 //
-// Streaming kernel for m <= 16 (GptqKernelKind::Stream; CudaBackend's
-// default for launches of m <= kGptqStreamAutoMaxM; see its section below),
+// Streaming kernel for m <= 16 (GptqKernelKind::Stream / StreamBulk, the
+// latter CudaBackend's default for launches of m <= kGptqStreamAutoMaxM; see
+// its section below),
 // then the gather (act-order) and dequantize (cuBLAS path) kernels.
 #include "kernels/gptq_gemm.hpp"
 
@@ -43,6 +44,7 @@
 #include <mutex>
 #include <type_traits>
 
+#include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
 #include "kernels/common/mma.cuh"
@@ -676,12 +678,25 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
 //   * CTA = 4 warps over one 64-feature column block and one k-range (split
 //     s of S, grid.y; S from the plan below, so every shape fills the GPU in
 //     about one wave). Warp q takes the 128-row chunks q, q + 4, ... of the
-//     range (4 KiB contiguous each). Per lane a chunk is 8 16-byte loads
-//     straight into registers; the next chunk's are issued before the
-//     current one is consumed, and lane 0 asks L2 (bulk prefetch) for the
-//     kStreamL2Ahead chunks after that. No shared-memory weight ring, no
-//     barrier in the loop. Activations are read as B fragments from global
-//     (L1/L2 hits).
+//     range (4 KiB contiguous each). No barrier spans warps in the loop.
+//   * Two sources of a warp's chunks (template kBulk):
+//     - registers (Stream): per lane a chunk is 8 16-byte loads straight into
+//       registers; the next chunk's are issued before the current one is
+//       consumed, and lane 0 asks L2 (bulk prefetch) for the kStreamL2Ahead
+//       chunks after that. Activations are read as B fragments from global
+//       (L1/L2 hits).
+//     - bulk copies (StreamBulk, sm_90): a warp-private ring of p.ring slots
+//       in shared memory; per chunk one 4 KiB bulk copy of the weights and
+//       one per live activation row (its 128 columns), completing on the
+//       slot's mbarrier. The warp waits on the slot, reads its weights (one
+//       16-byte load per lane per k16 step) and activations (ldmatrix, two
+//       k16 steps per load; rows >= m and columns >= k zero in shared
+//       memory), and its lanes refill the slot with the chunk p.ring on. No
+//       registers hold data in flight (96 registers at NT = 1 without
+//       zeros: 5 CTAs per SM), no global loads in the loop but the scale
+//       rows. Same chunks,
+//       same order, same math as the register source: the same bits for the
+//       same split plan.
 //   * The scale (and zero) row of the next chunk's first group is loaded
 //     with the next chunk, so a group change at a chunk start (g128: every
 //     chunk) does not wait on L2.
@@ -691,7 +706,7 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
 //     feature's scale and added at each group's end (g128: once per chunk).
 //     More exact than the fused kernel's scale-before (no rounding of the
 //     scaled weight); both are exact on the tests' power-of-two scales.
-//   * Two register buffers used in turn (no copies between them).
+//   * Register source: two register buffers used in turn (no copies between them).
 //   * Warps summed through shared memory in warp order onto warp 0, then the
 //     splits through the workspace in split order (splitk_finish_last):
 //     fixed order, bitwise reproducible.
@@ -701,11 +716,19 @@ constexpr int kChunkK16 = kGptqTileK / 16;  // k16 steps per chunk (8)
 constexpr int kChunkWords = kChunkK16 * 128;  // u32 of one column block's chunk (4 KiB)
 constexpr int kStreamL2Ahead = 2;           // chunks per warp requested into L2 beyond the register pair
 constexpr int kStreamMaxSplits = 16;
+// Bulk source: bytes from one activation row to the next in a ring slot
+// (256 + 16: rows 8 apart land 4 banks apart, so a B-fragment load is
+// conflict-free), and one slot: a chunk's weights and NT * 8 activation rows.
+constexpr int kStreamActPitch = kGptqTileK * 2 + 16;
+constexpr int stream_slot_bytes(int nt) { return kChunkWords * 4 + nt * 8 * kStreamActPitch; }
+constexpr int kStreamMaxRing = kGptqStreamMaxRing;  // bulk source: most slots per warp (NT = 2: 198 KiB per CTA)
 
 // CTAs per SM asked of the register allocator, the most without spills
-// (ptxas: two 4 KiB buffers, the running and the group sums, the biases).
-template <int NT>
-constexpr int kStreamMinBlocks = NT == 1 ? 3 : 2;
+// (ptxas). Register source: two 4 KiB buffers, the running and the group
+// sums, the biases. Bulk source (no weight registers): 5 at NT = 1 without
+// zeros (<= 96 registers), else 4 (<= 128).
+template <int NT, bool kZeros, bool kBulk>
+constexpr int kStreamMinBlocks = kBulk ? (NT == 1 ? (kZeros ? 4 : 5) : 4) : (NT == 1 ? 3 : 2);
 
 struct StreamParams : GemmOperands {
   float* partials;  // [splits][n_pad / 64][m][64] f32 (splits > 1)
@@ -713,6 +736,7 @@ struct StreamParams : GemmOperands {
   int k16_per_group;  // group_rows / 16: 1, 2, 4 or a multiple of 8 (gptq_repack.hpp)
   int group_step_mask;  // min(k16_per_group, 8) - 1: a new group starts at k16 steps s & mask == 0
   int splits;
+  int ring;  // bulk source: chunk slots per warp in shared memory (1 .. kStreamMaxRing)
 };
 
 // 16 bytes of the weight stream: read once, so not kept in L1.
@@ -724,11 +748,23 @@ __device__ __forceinline__ uint4 load_stream_16(const std::uint32_t* p) {
   return v;
 }
 
-template <class T, int NT, bool kZeros>
-__global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT>) gptq_stream_kernel(const StreamParams p) {
+template <class T, int NT, bool kZeros, bool kBulk>
+__global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, kBulk>) gptq_stream_kernel(const StreamParams p) {
   using M = Int4Math<T>;
   constexpr int kAcc = NT * 4 * 4;  // [nt][j][4] f32
-  __shared__ float red[kStreamWarps - 1][kAcc][32];
+  // The bulk source's rings (dynamic shared memory; none for the register
+  // source), and where warps 1.. leave their sums for warp 0: the bulk
+  // source reuses its rings (after a barrier), the register source has its own.
+  extern __shared__ __align__(128) unsigned char ring_smem[];  // [warps][p.ring][stream_slot_bytes(NT)]
+  float(*red)[kAcc][32];
+  if constexpr (kBulk) {
+    static_assert(sizeof(float) * (kStreamWarps - 1) * kAcc * 32 <= kStreamWarps * stream_slot_bytes(NT),
+                  "the warp sums fit in the smallest ring (one slot per warp)");
+    red = reinterpret_cast<float(*)[kAcc][32]>(ring_smem);
+  } else {
+    __shared__ float red_own[kStreamWarps - 1][kAcc][32];
+    red = red_own;
+  }
 
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int gid = lane >> 2, tig = lane & 3;
@@ -793,9 +829,12 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT>) gptq_str
     limit[nt] = row < p.m ? half_k : 0;
   }
 
-  // One chunk: 8 k16 steps of 16 weight bytes per lane (w), whose first
-  // group's scale / zero row is s_raw / z_raw.
-  auto process = [&](const uint4 (&w)[kChunkK16], int c, const uint4& s_raw, const uint2& z_raw) {
+  // One chunk: 8 k16 steps of 16 weight bytes per lane (weight_word(s)),
+  // whose first group's scale / zero row is s_raw / z_raw.
+  // act_frags(s, bf) sets bf[nt][0 / 1], the B fragments of k16 step s of
+  // the chunk (b0 = a[8 nt + gid][16 s + 2 tig ..+1], b1 = 8 columns on),
+  // zero for rows >= m and columns >= k.
+  auto process = [&](auto&& weight_word, auto&& act_frags, int c, const uint4& s_raw, const uint2& z_raw) {
     set_group(s_raw, z_raw);
     int g = (c * kChunkK16) / p.k16_per_group;  // groups of >= 128 rows start at chunks
 #pragma unroll
@@ -807,15 +846,10 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT>) gptq_str
         load_group_row(++g, s2, z2);
         set_group(s2, z2);
       }
-      // b0 = a[8nt + g][16 k16 + 2t ..+1], b1 = the same 8 columns on.
-      const int pair = (c * kChunkK16 + s) * 8 + tig;
       std::uint32_t bf[NT][2];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        bf[nt][0] = pair < limit[nt] ? __ldg(arow[nt] + pair) : 0u;
-        bf[nt][1] = pair + 4 < limit[nt] ? __ldg(arow[nt] + pair + 4) : 0u;
-      }
-      const std::uint32_t words[4] = {w[s].x, w[s].y, w[s].z, w[s].w};
+      act_frags(s, bf);
+      const uint4 w = weight_word(s);
+      const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         std::uint32_t b[4];
@@ -827,6 +861,15 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT>) gptq_str
     }
     fold();
   };
+  // Register source: B fragments straight from global (L1 / L2 hits).
+  auto act_global = [&](int c, int s, std::uint32_t (&bf)[NT][2]) {
+    const int pair = (c * kChunkK16 + s) * 8 + tig;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      bf[nt][0] = pair < limit[nt] ? __ldg(arow[nt] + pair) : 0u;
+      bf[nt][1] = pair + 4 < limit[nt] ? __ldg(arow[nt] + pair + 4) : 0u;
+    }
+  };
   auto load_chunk = [&](uint4 (&w)[kChunkK16], int c) {
 #pragma unroll
     for (int s = 0; s < kChunkK16; ++s) w[s] = load_stream_16(wlane + static_cast<std::size_t>(c) * kChunkWords + s * 128);
@@ -835,36 +878,136 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT>) gptq_str
     if (lane == 0 && c < c_end) prefetch_l2_bulk(wblock + static_cast<std::size_t>(c) * kChunkWords, kChunkWords * 4u);
   };
 
-  // Two register buffers in turn (no copies): while one chunk is consumed
-  // the next one's loads are in flight, and L2 holds the kStreamL2Ahead after.
-  uint4 wa[kChunkK16], wb[kChunkK16];
-  uint4 sa = make_uint4(0u, 0u, 0u, 0u), sb = sa;
-  uint2 za = make_uint2(0u, 0u), zb = za;
-  int c = c_begin + warp;
-  if (c < c_end) {
-    load_chunk(wa, c);
-    load_group_row(c * kChunkK16 / p.k16_per_group, sa, za);
+  if constexpr (kBulk) {
+    // Bulk source: warp-private rings of p.ring slots in shared memory, filled
+    // by the copy engine. A slot holds one chunk: its 4 KiB of weights and the
+    // live activation rows' 128 columns (row r at r * kStreamActPitch bytes;
+    // the pitch staggers rows across banks). The warp keeps p.ring of its
+    // chunks in flight and refills a slot as soon as it has read it; no
+    // registers hold data in flight, no barrier spans warps, and the loop
+    // makes no global loads but the scale rows.
+    __shared__ __align__(8) std::uint64_t ring_full[kStreamWarps][kStreamMaxRing];
+    constexpr int kSlotBytes = stream_slot_bytes(NT);
+    unsigned char* const ring = ring_smem + static_cast<std::size_t>(warp) * p.ring * kSlotBytes;
+    std::uint64_t* const full = ring_full[warp];
+    if (lane == 0) {
+      for (int r = 0; r < p.ring; ++r) mbarrier_init(&full[r], 1);
+      fence_mbarrier_init();
+    }
+    const int live_rows = min(p.m, NT * 8);
+    // Rows >= m of every slot stay zero (no copy ever writes them).
+    for (int r = 0; r < p.ring; ++r) {
+      for (int i = lane; i < (NT * 8 - live_rows) * (kGptqTileK / 8); i += 32) {
+        *reinterpret_cast<uint4*>(ring + r * kSlotBytes + kChunkWords * 4 +
+                                  (live_rows + i / (kGptqTileK / 8)) * kStreamActPitch + (i % (kGptqTileK / 8)) * 16) =
+            make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+    __syncwarp();
+    const T* const act_rows = static_cast<const T*>(p.a);
+    // Lane 0 announces the slot's bytes, then lanes 0 .. live_rows copy one
+    // activation row each (the valid columns of the chunk: k is a multiple
+    // of 8, so 16-byte multiples) and lane 31 the weights.
+    auto issue = [&](int slot, int chunk) {
+      const int col0 = chunk * kGptqTileK;
+      const std::uint32_t row_bytes = static_cast<std::uint32_t>(min(kGptqTileK, p.k - col0)) * 2u;
+      unsigned char* const dst = ring + slot * kSlotBytes;
+      if (lane == 0) mbarrier_arrive_expect_tx(&full[slot], kChunkWords * 4u + live_rows * row_bytes);
+      __syncwarp();
+      if (lane == 31) {
+        bulk_copy_to_shared(dst, wblock + static_cast<std::size_t>(chunk) * kChunkWords, kChunkWords * 4u, &full[slot]);
+      } else if (lane < live_rows) {
+        bulk_copy_to_shared(dst + kChunkWords * 4 + lane * kStreamActPitch,
+                            act_rows + static_cast<std::size_t>(lane) * p.k + col0, row_bytes, &full[slot]);
+      }
+    };
+    int c = c_begin + warp;
+    for (int r = 0; r < p.ring && c + r * kStreamWarps < c_end; ++r) issue(r, c + r * kStreamWarps);
+    uint4 s_cur = make_uint4(0u, 0u, 0u, 0u), s_next = s_cur;
+    uint2 z_cur = make_uint2(0u, 0u), z_next = z_cur;
+    if (c < c_end) load_group_row(c * kChunkK16 / p.k16_per_group, s_cur, z_cur);
+    int slot = 0;
+    std::uint32_t phase = 0;
+    for (; c < c_end; c += kStreamWarps) {
+      const int c_next = c + kStreamWarps;
+      if (c_next < c_end) load_group_row(c_next * kChunkK16 / p.k16_per_group, s_next, z_next);
+      mbarrier_wait_parity(&full[slot], phase);
+      unsigned char* const base = ring + slot * kSlotBytes;
+      const int tail = p.k - c * kGptqTileK;  // < 128: the last chunk, whose columns >= k were not copied
+      if (tail < kGptqTileK) {
+        for (int i = lane; i < live_rows * (kGptqTileK / 8); i += 32) {
+          const int col = (i % (kGptqTileK / 8)) * 8;
+          if (col >= tail) {
+            *reinterpret_cast<uint4*>(base + kChunkWords * 4 + (i / (kGptqTileK / 8)) * kStreamActPitch + col * 2) =
+                make_uint4(0u, 0u, 0u, 0u);
+          }
+        }
+        __syncwarp();
+      }
+      const uint4* const words = reinterpret_cast<const uint4*>(base) + lane;
+      // ldmatrix x4: lane l addresses row l % 8 of 8-column block l / 8, so
+      // one load gives the B fragments of steps s and s + 1.
+      const std::uint32_t act_lane =
+          smem_u32(base + kChunkWords * 4 + (lane % 8) * kStreamActPitch + (lane / 8) * 16);
+      std::uint32_t pairs[NT][4];
+      process([&](int s) { return words[s * 32]; },
+              [&](int s, std::uint32_t (&bf)[NT][2]) {
 #pragma unroll
-    for (int i = 1; i <= kStreamL2Ahead; ++i) prefetch_chunk(c + i * kStreamWarps);
-  }
-  for (; c < c_end; c += 2 * kStreamWarps) {
-    const int c1 = c + kStreamWarps, c2 = c1 + kStreamWarps;
-    if (c1 < c_end) {
-      load_chunk(wb, c1);
-      load_group_row(c1 * kChunkK16 / p.k16_per_group, sb, zb);
+                for (int nt = 0; nt < NT; ++nt) {
+                  if (s % 2 == 0) ldmatrix_x4(pairs[nt], act_lane + nt * 8 * kStreamActPitch + s * 32);
+                  bf[nt][0] = pairs[nt][(s % 2) * 2];
+                  bf[nt][1] = pairs[nt][(s % 2) * 2 + 1];
+                }
+              },
+              c, s_cur, z_cur);
+      // Every lane has read the slot before it is refilled.
+      __syncwarp();
+      const int c_refill = c + p.ring * kStreamWarps;
+      if (c_refill < c_end) {
+        fence_proxy_async_shared();
+        issue(slot, c_refill);
+      }
+      s_cur = s_next;
+      z_cur = z_next;
+      if (++slot == p.ring) {
+        slot = 0;
+        phase ^= 1u;
+      }
     }
-    prefetch_chunk(c + (kStreamL2Ahead + 1) * kStreamWarps);
-    process(wa, c, sa, za);
-    if (c1 >= c_end) break;
-    if (c2 < c_end) {
-      load_chunk(wa, c2);
-      load_group_row(c2 * kChunkK16 / p.k16_per_group, sa, za);
+  } else {
+    // Two register buffers in turn (no copies): while one chunk is consumed
+    // the next one's loads are in flight, and L2 holds the kStreamL2Ahead after.
+    uint4 wa[kChunkK16], wb[kChunkK16];
+    uint4 sa = make_uint4(0u, 0u, 0u, 0u), sb = sa;
+    uint2 za = make_uint2(0u, 0u), zb = za;
+    int c = c_begin + warp;
+    if (c < c_end) {
+      load_chunk(wa, c);
+      load_group_row(c * kChunkK16 / p.k16_per_group, sa, za);
+#pragma unroll
+      for (int i = 1; i <= kStreamL2Ahead; ++i) prefetch_chunk(c + i * kStreamWarps);
     }
-    prefetch_chunk(c1 + (kStreamL2Ahead + 1) * kStreamWarps);
-    process(wb, c1, sb, zb);
+    for (; c < c_end; c += 2 * kStreamWarps) {
+      const int c1 = c + kStreamWarps, c2 = c1 + kStreamWarps;
+      if (c1 < c_end) {
+        load_chunk(wb, c1);
+        load_group_row(c1 * kChunkK16 / p.k16_per_group, sb, zb);
+      }
+      prefetch_chunk(c + (kStreamL2Ahead + 1) * kStreamWarps);
+      process([&](int s) { return wa[s]; }, [&](int s, std::uint32_t (&bf)[NT][2]) { act_global(c, s, bf); }, c, sa, za);
+      if (c1 >= c_end) break;
+      if (c2 < c_end) {
+        load_chunk(wa, c2);
+        load_group_row(c2 * kChunkK16 / p.k16_per_group, sa, za);
+      }
+      prefetch_chunk(c1 + (kStreamL2Ahead + 1) * kStreamWarps);
+      process([&](int s) { return wb[s]; }, [&](int s, std::uint32_t (&bf)[NT][2]) { act_global(c1, s, bf); }, c1, sb,
+              zb);
+    }
   }
 
   // Warps 1.. -> warp 0, in warp order.
+  if constexpr (kBulk) __syncthreads();  // every warp is done with its ring before red overwrites it
   if (warp > 0) {
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) red[warp - 1][i][lane] = acc[i];
@@ -908,13 +1051,16 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT>) gptq_str
                                               nb * kGptqTileN, p.n, out);
 }
 
-template <class T, int NT, bool kZeros>
+template <class T, int NT, bool kZeros, bool kBulk>
 auto stream_kernel_ptr() {
-  return &gptq_stream_kernel<T, NT, kZeros>;
+  return &gptq_stream_kernel<T, NT, kZeros, kBulk>;
 }
 
-template <class T, int NT>
-void launch_stream_nt(const GptqGemmArgs& args, int splits, cudaStream_t stream) {
+// Dynamic shared memory of the bulk source: `ring` slots per warp.
+constexpr int stream_ring_bytes(int nt, int ring) { return kStreamWarps * ring * stream_slot_bytes(nt); }
+
+template <class T, int NT, bool kBulk>
+void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream_t stream) {
   StreamParams p{};
   static_cast<GemmOperands&>(p) = gemm_operands(args);
   p.partials = args.partials;
@@ -922,48 +1068,86 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, cudaStream_t stream)
   p.k16_per_group = args.w.group_rows / 16;
   p.group_step_mask = std::min(p.k16_per_group, kChunkK16) - 1;
   p.splits = splits;
+  p.ring = kBulk ? ring : 0;
   const dim3 grid(static_cast<unsigned>(args.w.n_pad / kGptqTileN), static_cast<unsigned>(splits));
+  const std::size_t smem = kBulk ? static_cast<std::size_t>(stream_ring_bytes(NT, ring)) : 0;
+  if constexpr (kBulk) {  // the shared-memory opt-in, once per device (cheap after the first call)
+    const bool ok = args.w.zeros != nullptr
+                        ? prepare_kernel<&gptq_stream_kernel<T, NT, true, true>>(stream_ring_bytes(NT, kStreamMaxRing))
+                        : prepare_kernel<&gptq_stream_kernel<T, NT, false, true>>(stream_ring_bytes(NT, kStreamMaxRing));
+    if (!ok) throw_bad_dispatch("gemm_gptq", "bulk ring bytes (device opt-in shared memory)", stream_ring_bytes(NT, ring));
+  }
   if (args.w.zeros != nullptr) {
-    stream_kernel_ptr<T, NT, true>()<<<grid, kStreamThreads, 0, stream>>>(p);
+    stream_kernel_ptr<T, NT, true, kBulk>()<<<grid, kStreamThreads, smem, stream>>>(p);
   } else {
-    stream_kernel_ptr<T, NT, false>()<<<grid, kStreamThreads, 0, stream>>>(p);
+    stream_kernel_ptr<T, NT, false, kBulk>()<<<grid, kStreamThreads, smem, stream>>>(p);
   }
 }
 
-// CTAs per SM of each streaming kernel instance, [dtype][zeros][NT - 1],
-// queried once.
+// CTAs per SM of each streaming kernel instance, queried once:
+// registers[dtype][zeros][NT - 1] for the register source,
+// bulk[dtype][zeros][NT - 1][ring - 1] for the bulk source (whose shared
+// memory grows with the ring).
 struct StreamOccupancy {
-  int blocks[2][2][2] = {};
+  int registers[2][2][2] = {};
+  int bulk[2][2][2][kStreamMaxRing] = {};
+  bool bulk_supported = false;
 };
 
-template <class T, int NT, bool kZeros>
-int stream_blocks_per_sm() {
+template <class T, int NT, bool kZeros, bool kBulk>
+int stream_blocks_per_sm(int ring) {
   int blocks = 0;
-  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, stream_kernel_ptr<T, NT, kZeros>(),
-                                                                        kStreamThreads, 0);
+  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &blocks, stream_kernel_ptr<T, NT, kZeros, kBulk>(), kStreamThreads,
+      kBulk ? static_cast<std::size_t>(stream_ring_bytes(NT, ring)) : 0);
   if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveBlocksPerMultiprocessor", err);
   return std::max(blocks, 1);
 }
 
+template <class T, int NT, bool kZeros>
+void stream_blocks_of(StreamOccupancy& occ, int dtype_index) {
+  occ.registers[dtype_index][kZeros ? 1 : 0][NT - 1] = stream_blocks_per_sm<T, NT, kZeros, false>(0);
+  if (!occ.bulk_supported) return;
+  if (!prepare_kernel<&gptq_stream_kernel<T, NT, kZeros, true>>(stream_ring_bytes(NT, kStreamMaxRing))) {
+    throw_bad_dispatch("gemm_gptq", "bulk ring bytes (device opt-in shared memory)", stream_ring_bytes(NT, kStreamMaxRing));
+  }
+  for (int ring = 1; ring <= kStreamMaxRing; ++ring) {
+    occ.bulk[dtype_index][kZeros ? 1 : 0][NT - 1][ring - 1] = stream_blocks_per_sm<T, NT, kZeros, true>(ring);
+  }
+}
+
 template <class T>
-void stream_blocks_of(int (&blocks)[2][2]) {
-  blocks[0][0] = stream_blocks_per_sm<T, 1, false>();
-  blocks[0][1] = stream_blocks_per_sm<T, 2, false>();
-  blocks[1][0] = stream_blocks_per_sm<T, 1, true>();
-  blocks[1][1] = stream_blocks_per_sm<T, 2, true>();
+void stream_blocks_of_dtype(StreamOccupancy& occ, int dtype_index) {
+  stream_blocks_of<T, 1, false>(occ, dtype_index);
+  stream_blocks_of<T, 2, false>(occ, dtype_index);
+  stream_blocks_of<T, 1, true>(occ, dtype_index);
+  stream_blocks_of<T, 2, true>(occ, dtype_index);
 }
 
 const StreamOccupancy& stream_occupancy() {
   static StreamOccupancy occ;
   static std::once_flag once;
   std::call_once(once, [] {
-    stream_blocks_of<__half>(occ.blocks[0]);
-    stream_blocks_of<__nv_bfloat16>(occ.blocks[1]);
+    occ.bulk_supported = bulk_copy_supported();
+    stream_blocks_of_dtype<__half>(occ, 0);
+    stream_blocks_of_dtype<__nv_bfloat16>(occ, 1);
   });
   return occ;
 }
 
 int stream_nt(int m) { return m <= 8 ? 1 : 2; }
+
+// The ring slots per warp of a bulk launch: `requested` when it names one,
+// else the most slots that keep the CTAs per SM of a single slot (the kernel
+// is bound by its warps' issue, not by bytes in flight: shared memory must
+// not cost occupancy).
+int stream_ring_for(int dtype_index, bool zeros, int nt, int requested) {
+  if (requested > 0) return requested;
+  const int(&per_ring)[kStreamMaxRing] = stream_occupancy().bulk[dtype_index][zeros ? 1 : 0][nt - 1];
+  int ring = 1;
+  while (ring < kStreamMaxRing && per_ring[ring] == per_ring[0]) ++ring;
+  return ring;
+}
 
 // The streaming kernel's split count over k: a function of the shape and
 // the device only. The kernel is memory-bound, so what matters is one wave
@@ -971,17 +1155,24 @@ int stream_nt(int m) { return m <= 8 ? 1 : 2; }
 // slots (ties: fewer splits), every warp with at least one chunk. (A
 // waves x chunks model picked 4 splits at 8192 x 28672 and measured 61.9 us
 // at m = 1 where one split, 1.13 waves, measured 49.9 us.)
-GptqPlan stream_plan_for(int dtype_index, bool zeros, int nt, int k_pad, int n_pad, int num_sms) {
+GptqPlan stream_plan_for(int dtype_index, bool zeros, int nt, bool bulk, int ring, int k_pad, int n_pad,
+                         int num_sms) {
   GptqPlan plan;
   plan.config = -1;
   plan.m_tile = 8 * nt;
   plan.block_n = kGptqTileN;
   plan.n_ctas = n_pad / kGptqTileN;
   const int chunks = k_pad / kGptqTileK;
-  const long long slots = static_cast<long long>(std::max(num_sms, 1)) * stream_occupancy().blocks[dtype_index][zeros ? 1 : 0][nt - 1];
+  const StreamOccupancy& occ = stream_occupancy();
+  const int z = zeros ? 1 : 0;
+  const int per_sm = bulk ? occ.bulk[dtype_index][z][nt - 1][ring - 1] : occ.registers[dtype_index][z][nt - 1];
+  const long long slots = static_cast<long long>(std::max(num_sms, 1)) * per_sm;
   long long best = -1;
   for (int s = 1; s <= std::min(kStreamMaxSplits, chunks); ++s) {
-    if (s > 1 && chunks / s < kStreamWarps) break;  // the smallest split still gives every warp a chunk
+    // The smallest split still gives every warp a chunk (bulk source: two,
+    // so that a CTA's fixed costs, its ring's first fill and the split-K
+    // partials, are spread over more than one chunk per warp).
+    if (s > 1 && chunks / s < kStreamWarps * (bulk ? 2 : 1)) break;
     const long long distance = std::llabs(static_cast<long long>(plan.n_ctas) * s - slots);
     if (best < 0 || distance < best) {
       best = distance;
@@ -995,12 +1186,21 @@ template <class T>
 void launch_stream(const GptqGemmArgs& args, cudaStream_t stream) {
   const int dtype_index = std::is_same_v<T, __nv_bfloat16> ? 1 : 0;
   const int nt = stream_nt(args.m);
+  const bool bulk = args.kernel == GptqKernelKind::StreamBulk && stream_occupancy().bulk_supported;
+  const int ring = stream_ring_for(dtype_index, args.w.zeros != nullptr, nt, args.stream_ring);
   const GptqPlan plan =
-      stream_plan_for(dtype_index, args.w.zeros != nullptr, nt, args.w.k_pad, args.w.n_pad, args.num_sms);
-  if (nt == 1) {
-    launch_stream_nt<T, 1>(args, plan.splits, stream);
+      stream_plan_for(dtype_index, args.w.zeros != nullptr, nt, bulk, ring, args.w.k_pad, args.w.n_pad, args.num_sms);
+  const int splits = args.stream_splits > 0 ? std::min(args.stream_splits, args.w.k_pad / kGptqTileK) : plan.splits;
+  if (bulk) {
+    if (nt == 1) {
+      launch_stream_nt<T, 1, true>(args, splits, ring, stream);
+    } else {
+      launch_stream_nt<T, 2, true>(args, splits, ring, stream);
+    }
+  } else if (nt == 1) {
+    launch_stream_nt<T, 1, false>(args, splits, 0, stream);
   } else {
-    launch_stream_nt<T, 2>(args, plan.splits, stream);
+    launch_stream_nt<T, 2, false>(args, splits, 0, stream);
   }
 }
 
@@ -1012,7 +1212,8 @@ bool stream_applies(const GptqGemmArgs& args) {
   // Groups of 16-row multiples that divide a chunk or are whole chunks: the
   // kernel finds group changes by step mask (group_step_mask).
   const bool chunk_aligned_groups = rows > 0 && rows % 16 == 0 && (kGptqTileK % rows == 0 || rows % kGptqTileK == 0);
-  return args.kernel == GptqKernelKind::Stream && args.m >= 1 && args.m <= kGptqStreamMaxM && chunk_aligned_groups &&
+  const bool streaming = args.kernel == GptqKernelKind::Stream || args.kernel == GptqKernelKind::StreamBulk;
+  return streaming && args.m >= 1 && args.m <= kGptqStreamMaxM && chunk_aligned_groups &&
          args.w.k % 2 == 0 && args.w.k_pad % kGptqTileK == 0 && args.w.n_pad % kGptqTileN == 0;
 }
 
@@ -1104,9 +1305,12 @@ std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms) {
     }
     for (int nt = 1; nt <= 2; ++nt) {
       for (bool zeros : {false, true}) {
-        const GptqPlan plan = stream_plan_for(d, zeros, nt, k_pad, n_pad, num_sms);
-        if (plan.splits > 1) {
-          most = std::max(most, static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile);
+        // ring 0: the register source; 1 ..: the bulk source's ring sizes.
+        for (int ring = 0; ring <= (stream_occupancy().bulk_supported ? kStreamMaxRing : 0); ++ring) {
+          const GptqPlan plan = stream_plan_for(d, zeros, nt, ring > 0, ring, k_pad, n_pad, num_sms);
+          if (plan.splits > 1) {
+            most = std::max(most, static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile);
+          }
         }
       }
     }
@@ -1119,13 +1323,23 @@ std::size_t gptq_counter_ints(int n_pad) {
   return static_cast<std::size_t>((n_pad + kGptqTileN - 1) / kGptqTileN);
 }
 
-GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k_pad, int n_pad, int num_sms) {
-  return stream_plan_for(dtype == DType::BF16 ? 1 : 0, zeros, stream_nt(m), k_pad, n_pad, num_sms);
+GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k_pad, int n_pad, int num_sms, GptqKernelKind kind,
+                          int ring) {
+  const bool bulk = kind == GptqKernelKind::StreamBulk && stream_occupancy().bulk_supported;
+  const int dtype_index = dtype == DType::BF16 ? 1 : 0;
+  return stream_plan_for(dtype_index, zeros, stream_nt(m), bulk,
+                         bulk ? stream_ring_for(dtype_index, zeros, stream_nt(m), ring) : 0, k_pad, n_pad, num_sms);
 }
 
 void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream) {
   if (args.m < 1 || args.m > kGptqMaxM) throw_bad_dispatch("gemm_gptq", "rows per launch m", args.m);
   if (args.w.group_rows <= 0) throw_bad_dispatch("gemm_gptq", "fused group_rows", args.w.group_rows);
+  if (args.stream_ring < 0 || args.stream_ring > kStreamMaxRing) {
+    throw_bad_dispatch("gemm_gptq", "stream_ring (chunk slots per warp)", args.stream_ring);
+  }
+  if (args.stream_splits < 0 || args.stream_splits > kStreamMaxSplits) {
+    throw_bad_dispatch("gemm_gptq", "stream_splits (CTAs along k)", args.stream_splits);
+  }
   if (stream_applies(args)) {
     dispatch_half_dtype(args.dtype, "gemm_gptq", [&](auto tag) { launch_stream<typename decltype(tag)::type>(args, stream); });
     check_launch("gemm_gptq (stream)");

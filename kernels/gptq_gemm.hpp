@@ -5,11 +5,14 @@
 //   launch_gptq_gemm     out[m, n] = a[m, k] · W, m <= kGptqMaxM per launch
 //                        (mma.sync m16n8k16, fp32 accumulation, split over k
 //                        with a deterministic fixed-order reduction).
-//                        With GptqGemmArgs::kernel = Stream and m <= kGptqStreamMaxM
-//                        (CudaBackend asks for it up to kGptqStreamAutoMaxM by default):
-//                        the register-streaming kernel (weights as the mma A
-//                        operand, no shared-memory weight ring, split over k
-//                        across CTAs with the same fixed-order reduction).
+//                        With GptqGemmArgs::kernel = Stream / StreamBulk and
+//                        m <= kGptqStreamMaxM (CudaBackend asks for StreamBulk
+//                        up to kGptqStreamAutoMaxM by default): the streaming
+//                        kernel (weights as the mma A operand, each warp its
+//                        own stream of 4 KiB chunks, split over k across CTAs
+//                        with the same fixed-order reduction), its chunks
+//                        loaded into registers (Stream) or brought into
+//                        shared-memory rings by bulk copies (StreamBulk).
 //   launch_gptq_gather   a_perm[i, j] = a[i, perm[j]] (act-order).
 //   launch_gptq_dequant  W[:, n0 .. n0 + cols) as f16 / bf16, rows in the
 //                        checkpoint's order (for the cuBLAS path at large m).
@@ -28,23 +31,32 @@ inline constexpr int kGptqMaxM = 64;     // rows of a per launch of the fused ke
 inline constexpr int kGptqTileK = 128;   // must equal detail::kGptqTileK
 inline constexpr int kGptqTileN = 64;    // must equal detail::kGptqTileN
 inline constexpr int kGptqStreamMaxM = 16;  // rows the streaming kernel covers per launch
-// Rows per launch up to which CudaBackendConfig's GptqKernel::Auto takes the
-// streaming kernel: on the H200 it measured faster than the fused kernel on
-// every benchmark shape at m <= 8; at m = 16 the fused kernel was faster at
-// 8192 x 8192 (docs/PERFORMANCE.md, session 5).
-inline constexpr int kGptqStreamAutoMaxM = 8;
 
-// Which kernel launch_gptq_gemm runs. Stream applies to m <= kGptqStreamMaxM;
-// larger m falls back to the fused kernel.
-enum class GptqKernelKind { Fused, Stream };
+// Which kernel launch_gptq_gemm runs. The streaming kinds apply to
+// m <= kGptqStreamMaxM; larger m falls back to the fused kernel.
+//   Stream      the streaming kernel, weights straight into registers;
+//   StreamBulk  the same kernel with the weights and activation rows landing
+//               in warp-private shared-memory rings by bulk copy (sm_90+;
+//               the register source below sm_90).
+enum class GptqKernelKind { Fused, Stream, StreamBulk };
+
+// Most chunk slots per warp of StreamBulk's ring (GptqGemmArgs::stream_ring).
+inline constexpr int kGptqStreamMaxRing = 6;
+
+// Rows per launch up to which CudaBackendConfig's GptqKernel::Auto takes
+// StreamBulk: on the H200 it measured at least as fast as the register
+// source at every benchmark shape for m <= 8, and faster than the fused
+// kernel at 6 of the 7 shapes at m = 16 (4096 x 4096: 14.4 against 13.7 us;
+// docs/PERFORMANCE.md, session 9).
+inline constexpr int kGptqStreamAutoMaxM = kGptqStreamMaxM;
 
 // The kernel a launch of `rows` rows asks for: `forced` when the caller
-// names one, else (auto) the streaming kernel up to kGptqStreamAutoMaxM rows.
+// names one, else (auto) StreamBulk up to kGptqStreamAutoMaxM rows.
 // CudaBackend (GptqKernel) and bench/bench_gptq.cpp (--kernel) both decide
 // through this.
 inline GptqKernelKind gptq_kernel_for(bool automatic, GptqKernelKind forced, int rows) {
   if (!automatic) return forced;
-  return rows <= kGptqStreamAutoMaxM ? GptqKernelKind::Stream : GptqKernelKind::Fused;
+  return rows <= kGptqStreamAutoMaxM ? GptqKernelKind::StreamBulk : GptqKernelKind::Fused;
 }
 
 // A repacked weight on the device.
@@ -74,7 +86,9 @@ GptqPlan gptq_plan(DType dtype, int m, int k_pad, int n_pad, int num_sms);
 // The streaming kernel's plan for m <= kGptqStreamMaxM rows (zeros: the
 // weight has a zero array): config -1, one CTA per 64 columns (n_ctas)
 // times `splits` along k.
-GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k_pad, int n_pad, int num_sms);
+// kind and ring: those of the launch (GptqGemmArgs::kernel, ::stream_ring).
+GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k_pad, int n_pad, int num_sms,
+                          GptqKernelKind kind = GptqKernelKind::Stream, int ring = 0);
 // f32 partial sums either kernel may need for any m <= kGptqMaxM.
 std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms);
 // Split-K arrival counters (ints, zero-initialized once; each launch leaves them 0).
@@ -89,7 +103,13 @@ struct GptqGemmArgs {
   float* partials = nullptr;  // [gptq_partials_floats] f32 workspace
   int* counters = nullptr;    // [gptq_counter_ints] zeroed ints
   int num_sms = 0;
-  GptqKernelKind kernel = GptqKernelKind::Fused;  // Stream: the streaming kernel where m <= kGptqStreamMaxM
+  GptqKernelKind kernel = GptqKernelKind::Fused;  // Stream / StreamBulk: the streaming kernel where m <= kGptqStreamMaxM
+  // StreamBulk: chunk slots per warp, 1 .. kGptqStreamMaxRing; 0: the most
+  // slots that keep the CTAs per SM of one slot.
+  int stream_ring = 0;
+  // Streaming kernels: CTAs along k, 1 .. 16; 0: the plan's (a benchmark's
+  // override; CudaBackend always passes 0).
+  int stream_splits = 0;
 };
 void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream);
 

@@ -28,9 +28,13 @@ struct CudaRuntime;
 // fused-layout weight (kernels/gptq_gemm.hpp). Larger m, and layouts a kernel
 // does not cover, take the fused kernel / the dequantize + cuBLAS path.
 enum class GptqKernel {
-  Auto = 0,    // the library's choice: the streaming kernel for m <= 8, else fused
+  Auto = 0,    // the library's choice: StreamBulk (the register source below sm_90)
   Fused = 1,   // the fused kernel (shared-memory cp.async pipeline)
   Stream = 2,  // the register-streaming kernel for every m <= 16
+  // The same streaming kernel with its weights and activation rows brought
+  // into warp-private shared-memory rings by bulk copies (the TMA engine,
+  // sm_90+; below sm_90 the register source runs), for every m <= 16.
+  StreamBulk = 3,
 };
 
 struct CudaBackendConfig {
@@ -90,6 +94,11 @@ struct CudaBackendConfig {
   // changes no workspace). A value outside the enum throws InvalidArgument
   // naming this field.
   GptqKernel gptq_kernel = GptqKernel::Auto;
+  // GptqKernel::StreamBulk: chunks (4 KiB of weights each) each warp keeps
+  // in flight in its shared-memory ring, 1..6; 0: the library's choice (the
+  // most that cost no occupancy). An A/B switch; outside [0, 6] throws
+  // InvalidArgument naming this field.
+  int gptq_stream_ring = 0;
 };
 
 class CudaBackend final : public Backend {
@@ -113,6 +122,8 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const noexcept;
   // CudaBackendConfig::gptq_kernel of this backend.
   GptqKernel gptq_kernel() const noexcept { return gptq_kernel_; }
+  // CudaBackendConfig::gptq_stream_ring of this backend.
+  int gptq_stream_ring() const noexcept { return gptq_stream_ring_; }
 
  protected:
   void abandon_capture() noexcept override;
@@ -195,6 +206,7 @@ class CudaBackend final : public Backend {
   // checked_gptq_kernel (src/cuda/cuda_backend_gptq.cpp), which throws on a bad value.
   static GptqKernel checked_gptq_kernel(GptqKernel requested);
   GptqKernel gptq_kernel_ = GptqKernel::Auto;
+  int gptq_stream_ring_ = 0;  // CudaBackendConfig::gptq_stream_ring, checked
 };
 
 }  // namespace ferrum

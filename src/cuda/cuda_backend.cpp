@@ -22,6 +22,7 @@
 #include "kernels/elementwise.hpp"
 #include "kernels/embedding.hpp"
 #include "kernels/gemm_skinny.hpp"
+#include "kernels/gptq_gemm.hpp"
 #include "kernels/kv_cache.hpp"
 #include "kernels/norm.hpp"
 #include "kernels/reshape.hpp"
@@ -101,6 +102,15 @@ int resolved_skinny_max_m(int requested) {
   return requested;
 }
 
+int checked_gptq_stream_ring(int requested) {
+  if (requested < 0 || requested > kernels::kGptqStreamMaxRing) {
+    detail::fail(ErrorCode::InvalidArgument,
+                 "CudaBackend: CudaBackendConfig::gptq_stream_ring = {} is outside [0, {}] (0: the default)",
+                 requested, kernels::kGptqStreamMaxRing);
+  }
+  return requested;
+}
+
 }  // namespace
 
 CudaBackend::CudaBackend(CudaBackendConfig config)
@@ -109,7 +119,8 @@ CudaBackend::CudaBackend(CudaBackendConfig config)
       comm_(checked_communicator(config)),
       collective_timeout_(config.collective_timeout),
       gemm_skinny_max_m_(resolved_skinny_max_m(config.gemm_skinny_max_m)),
-      gptq_kernel_(checked_gptq_kernel(config.gptq_kernel)) {}
+      gptq_kernel_(checked_gptq_kernel(config.gptq_kernel)),
+      gptq_stream_ring_(checked_gptq_stream_ring(config.gptq_stream_ring)) {}
 
 CudaBackend::~CudaBackend() = default;
 

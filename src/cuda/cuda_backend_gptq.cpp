@@ -10,10 +10,10 @@
 // capture-safe:
 //   * fused (m <= kFusedMaxM and a fused layout): the INT4 tensor-core kernel,
 //     kernels::kGptqMaxM rows per launch; act-order first gathers the
-//     activation columns into a workspace. Launches of m <= 8 rows
-//     (GptqKernel::Auto, kernels::kGptqStreamAutoMaxM) or m <= 16 (Stream)
-//     take the register-streaming kernel instead (the same split-K
-//     workspace and gather).
+//     activation columns into a workspace. Launches of m <= 16 rows
+//     (kernels::kGptqStreamMaxM) take the streaming kernel instead, through
+//     shared-memory rings (GptqKernel::Auto, StreamBulk) or registers
+//     (Stream), with the same split-K workspace and gather.
 //   * dequantize + cuBLAS (larger m, or a checkpoint outside the fused
 //     layout: odd group sizes, uneven act-order groups): W is dequantized in
 //     column chunks into a bounded scratch, each chunk followed by one
@@ -217,15 +217,32 @@ class CudaGptqWeight final : public QuantWeight {
 
 }  // namespace
 
+namespace {
+
+// The launcher's kernel kind for a named (non-Auto) GptqKernel.
+kernels::GptqKernelKind forced_kernel_kind(GptqKernel kernel) {
+  switch (kernel) {
+    case GptqKernel::Stream:
+      return kernels::GptqKernelKind::Stream;
+    case GptqKernel::StreamBulk:
+      return kernels::GptqKernelKind::StreamBulk;
+    default:
+      return kernels::GptqKernelKind::Fused;
+  }
+}
+
+}  // namespace
+
 GptqKernel CudaBackend::checked_gptq_kernel(GptqKernel requested) {
   switch (requested) {
     case GptqKernel::Auto:
     case GptqKernel::Fused:
     case GptqKernel::Stream:
+    case GptqKernel::StreamBulk:
       return requested;
   }
   detail::fail(ErrorCode::InvalidArgument,
-               "CudaBackend: CudaBackendConfig::gptq_kernel = {} is not Auto (0), Fused (1) or Stream (2)",
+               "CudaBackend: CudaBackendConfig::gptq_kernel = {} is not Auto (0), Fused (1), Stream (2) or StreamBulk (3)",
                static_cast<int>(requested));
 }
 
@@ -281,11 +298,9 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
       args.partials = ws.partials;
       args.counters = ws.counters;
       args.num_sms = rt_->num_sms;
-      // Auto: the streaming kernel where it measured faster (m <= kGptqStreamAutoMaxM).
-      args.kernel = kernels::gptq_kernel_for(
-          gptq_kernel_ == GptqKernel::Auto,
-          gptq_kernel_ == GptqKernel::Stream ? kernels::GptqKernelKind::Stream : kernels::GptqKernelKind::Fused,
-          rows);
+      // Auto: the streaming kernel (bulk source) where it measured faster (m <= kGptqStreamAutoMaxM).
+      args.kernel = kernels::gptq_kernel_for(gptq_kernel_ == GptqKernel::Auto, forced_kernel_kind(gptq_kernel_), rows);
+      args.stream_ring = gptq_stream_ring_;
       kernels::launch_gptq_gemm(args, rt_->stream);
     }
     return;

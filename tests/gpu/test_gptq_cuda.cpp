@@ -425,10 +425,16 @@ TEST_F(CudaGptqStream, ConfigSelectsTheKernel) {
 }
 
 TEST_F(CudaGptqStream, ConfigOutsideTheEnumIsRefused) {
-  for (int bad : {-1, 3, 7}) {
+  for (int bad : {-1, 4, 7}) {
     CudaBackendConfig config;
     config.gptq_kernel = static_cast<GptqKernel>(bad);
     expect_error(ErrorCode::InvalidArgument, "CudaBackend", [&] { CudaBackend be(config); }, "gptq_kernel");
+  }
+  for (int bad : {-1, 7, 64}) {
+    CudaBackendConfig config;
+    config.gptq_kernel = GptqKernel::StreamBulk;
+    config.gptq_stream_ring = bad;
+    expect_error(ErrorCode::InvalidArgument, "CudaBackend", [&] { CudaBackend be(config); }, "gptq_stream_ring");
   }
 }
 
@@ -483,30 +489,33 @@ TEST_F(CudaGptqStream, FusedConfigStaysExactAtSmallM) {
 
 // Which kernel GptqKernel::Auto ran, seen through the bits: on random data
 // the streaming kernel (scale-after) and the fused kernel (scale-before)
-// round differently, so Auto must equal Stream bitwise for m <= 8 and Fused
-// for m = 9..16, and the two kernels must differ somewhere (else this test
-// could not tell them apart).
-TEST_F(CudaGptqStream, AutoTakesTheStreamingKernelUpToEightRows) {
+// round differently, so Auto must equal StreamBulk bitwise for m <= 16 and
+// Fused for m = 17, and the two kernels must differ somewhere (else this
+// test could not tell them apart).
+TEST_F(CudaGptqStream, AutoTakesTheBulkStreamingKernelUpToSixteenRows) {
   FERRUM_SEEDED_RNG(rng);
-  CudaBackendConfig config;
-  config.gptq_kernel = GptqKernel::Fused;
-  CudaBackend fused(config);
+  CudaBackendConfig fused_config;
+  fused_config.gptq_kernel = GptqKernel::Fused;
+  CudaBackend fused(fused_config);
+  CudaBackendConfig bulk_config;
+  bulk_config.gptq_kernel = GptqKernel::StreamBulk;
+  CudaBackend bulk(bulk_config);
   Backend& automatic = cuda();
   const WeightCase c{4096, 512, 128, false, true, GptqZeroFormat::V1, false};
   const Checkpoint ck = make_checkpoint(c, rng);
   std::unique_ptr<QuantWeight> w_auto = automatic.load_gptq(ck.tensors());
-  std::unique_ptr<QuantWeight> w_stream = stream().load_gptq(ck.tensors());
+  std::unique_ptr<QuantWeight> w_bulk = bulk.load_gptq(ck.tensors());
   std::unique_ptr<QuantWeight> w_fused = fused.load_gptq(ck.tensors());
   bool kernels_differ = false;
-  for (std::size_t m : {1, 8, 9, 16}) {
+  for (std::size_t m : {1, 8, 9, 16, 17}) {
     const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
     for (DType dt : kHalfDTypes) {
       SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
       const std::vector<float> got = run_gemm(automatic, *w_auto, a, dt, m);
-      const std::vector<float> by_stream = run_gemm(stream(), *w_stream, a, dt, m);
+      const std::vector<float> by_bulk = run_gemm(bulk, *w_bulk, a, dt, m);
       const std::vector<float> by_fused = run_gemm(fused, *w_fused, a, dt, m);
-      EXPECT_TRUE(same_floats(got, m <= 8 ? by_stream : by_fused));
-      if (m <= 8 && !same_floats(by_stream, by_fused)) kernels_differ = true;
+      EXPECT_TRUE(same_floats(got, m <= 16 ? by_bulk : by_fused));
+      if (m <= 16 && !same_floats(by_bulk, by_fused)) kernels_differ = true;
     }
   }
   EXPECT_TRUE(kernels_differ) << "the two kernels gave the same bits everywhere: the test cannot see the dispatch";
@@ -529,6 +538,102 @@ TEST_F(CudaGptqStream, GraphCaptureAndReplay) {
   const std::size_t m = 12;
   const std::vector<float> a = integer_activations(rng, m * c.k);
   expect_graph_replays(stream(), *w, a, m, run_gemm(cpu(), *on_cpu, a, DType::F16, m));
+}
+
+// ── The streaming kernel's bulk source (GptqKernel::StreamBulk) ──────────────
+
+class CudaGptqStreamBulk : public CudaGptqStream {
+ protected:
+  // A backend with the bulk source and `ring` chunk slots per warp (0: the default).
+  static std::unique_ptr<CudaBackend> bulk_backend(int ring = 0) {
+    CudaBackendConfig config;
+    config.gptq_kernel = GptqKernel::StreamBulk;
+    config.gptq_stream_ring = ring;
+    return std::make_unique<CudaBackend>(config);
+  }
+};
+
+TEST_F(CudaGptqStreamBulk, ConfigReachesTheBackend) {
+  EXPECT_EQ(bulk_backend(3)->gptq_kernel(), GptqKernel::StreamBulk);
+  EXPECT_EQ(bulk_backend(3)->gptq_stream_ring(), 3);
+  EXPECT_EQ(CudaBackend().gptq_stream_ring(), 0);
+}
+
+// The same layouts and odd shapes as the register source, against the CPU.
+TEST_F(CudaGptqStreamBulk, ExactOnEveryStandardLayout) {
+  FERRUM_SEEDED_RNG(rng);
+  auto bulk = bulk_backend();
+  for_each_standard_layout([&](const WeightCase& c) { expect_exact_on(*bulk, c, kStreamM, rng); });
+}
+
+TEST_F(CudaGptqStreamBulk, ExactWithPaddedOddAndLongShapes) {
+  FERRUM_SEEDED_RNG(rng);
+  auto bulk = bulk_backend();
+  const std::initializer_list<std::size_t> ms = {1, 2, 7, 8, 9, 15, 16};
+  expect_exact_on(*bulk, {96, 136, 32, false, true, GptqZeroFormat::V1}, ms, rng);
+  expect_exact_on(*bulk, {16, 8, -1, true, false, GptqZeroFormat::V1}, ms, rng);
+  expect_exact_on(*bulk, {4224, 72, -1, false, false, GptqZeroFormat::V2}, ms, rng);
+  expect_exact_on(*bulk, {4000, 264, 32, false, true, GptqZeroFormat::V1}, ms, rng);
+  // The ends of the split plan: 16 splits of one narrow column block; one
+  // split where every warp loops over 16 chunks (its ring wraps four times
+  // at the default 4 slots, so every slot's barrier changes phase).
+  expect_exact_on(*bulk, {8192, 64, 128, true, false, GptqZeroFormat::V1}, {1, 9, 16}, rng);
+  expect_exact_on(*bulk, {8192, 25344, 128, false, false, GptqZeroFormat::V2}, {1, 9}, rng);
+}
+
+// Every ring size gives the register source's bits: the same chunks in the
+// same order through the same math, only the way the bytes arrive differs.
+// The bits are equal only under the same split plan (the splits are summed
+// in order), so both shapes have 660 column blocks: one split for every
+// source and ring (at most 5 CTAs per SM on 132 SMs). Random scales and
+// activations (any misplaced byte changes the result), f16 and bf16,
+// m = 1 and 16; k = 2112 (17 chunks: 4 or 5 per warp, so rings of 1..4
+// wrap; groups of 64 change inside a chunk; the last chunk half past k)
+// and k = 1024 with act-order and zeros.
+TEST_F(CudaGptqStreamBulk, EveryRingSizeGivesTheRegisterSourcesBits) {
+  FERRUM_SEEDED_RNG(rng);
+  for (const WeightCase& c : {WeightCase{2112, 42240, 64, true, false, GptqZeroFormat::V2, false},
+                              WeightCase{1024, 42240, 128, false, true, GptqZeroFormat::V1, false}}) {
+    SCOPED_TRACE(describe(c));
+    const Checkpoint ck = make_checkpoint(c, rng);
+    std::unique_ptr<QuantWeight> w_registers = stream().load_gptq(ck.tensors());
+    struct Run {
+      std::size_t m;
+      DType dt;
+      std::vector<float> a, want;
+    };
+    std::vector<Run> runs;
+    for (std::size_t m : {1, 16}) {
+      const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
+      for (DType dt : kHalfDTypes) runs.push_back({m, dt, a, run_gemm(stream(), *w_registers, a, dt, m)});
+    }
+    for (int ring = 1; ring <= 6; ++ring) {
+      auto bulk = bulk_backend(ring);
+      std::unique_ptr<QuantWeight> w_bulk = bulk->load_gptq(ck.tensors());
+      for (const Run& r : runs) {
+        SCOPED_TRACE(cat("m=", r.m, " ", to_string(r.dt), " ring=", ring));
+        EXPECT_TRUE(same_floats(run_gemm(*bulk, *w_bulk, r.a, r.dt, r.m), r.want));
+      }
+    }
+  }
+}
+
+TEST_F(CudaGptqStreamBulk, DeterministicRunToRunAndClose) {
+  FERRUM_SEEDED_RNG(rng);
+  auto bulk = bulk_backend();
+  expect_deterministic_and_close(*bulk, cpu(), {1, 8, 9, 16}, 4, rng);
+}
+
+TEST_F(CudaGptqStreamBulk, GraphCaptureAndReplay) {
+  FERRUM_SEEDED_RNG(rng);
+  auto bulk = bulk_backend();
+  const WeightCase c{2048, 256, 128, false, true, GptqZeroFormat::V1};
+  const Checkpoint ck = make_checkpoint(c, rng);
+  std::unique_ptr<QuantWeight> w = bulk->load_gptq(ck.tensors());
+  std::unique_ptr<QuantWeight> on_cpu = cpu().load_gptq(ck.tensors());
+  const std::size_t m = 12;
+  const std::vector<float> a = integer_activations(rng, m * c.k);
+  expect_graph_replays(*bulk, *w, a, m, run_gemm(cpu(), *on_cpu, a, DType::F16, m));
 }
 
 }  // namespace

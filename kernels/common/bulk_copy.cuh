@@ -1,0 +1,109 @@
+// sm_90 bulk copies global -> shared memory (the TMA engine without a tensor
+// map) and the mbarriers that complete them. A copy of `bytes` bytes lands in
+// shared memory asynchronously and counts its bytes off the barrier's
+// transaction count; a thread that waits on the barrier's phase then sees the
+// data. What the GPTQ streaming kernel uses to keep many KiB per SM in
+// flight without holding them in registers.
+//
+// Below sm_90 these compile to a trap: callers launch them only on devices of
+// compute capability 9.0 or higher (bulk_copy_supported).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/common/mma.cuh"
+
+namespace ferrum::kernels {
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define FERRUM_BULK_COPY_UNAVAILABLE 1
+#endif
+
+// Initializes a barrier that completes a phase after `arrivals` arrivals (and
+// every expected transaction byte).
+__device__ __forceinline__ void mbarrier_init(std::uint64_t* bar, std::uint32_t arrivals) {
+#ifdef FERRUM_BULK_COPY_UNAVAILABLE
+  __trap();
+#else
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(arrivals) : "memory");
+#endif
+}
+
+// Makes initialized barriers visible to the async proxy (the copy engine).
+__device__ __forceinline__ void fence_mbarrier_init() {
+#ifdef FERRUM_BULK_COPY_UNAVAILABLE
+  __trap();
+#else
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+// One arrival that also announces `bytes` more transaction bytes to come.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(std::uint64_t* bar, std::uint32_t bytes) {
+#ifdef FERRUM_BULK_COPY_UNAVAILABLE
+  __trap();
+#else
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+#endif
+}
+
+// Spins until the barrier's phase of parity `parity` has completed.
+__device__ __forceinline__ void mbarrier_wait_parity(std::uint64_t* bar, std::uint32_t parity) {
+#ifdef FERRUM_BULK_COPY_UNAVAILABLE
+  __trap();
+#else
+  std::uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        "  .reg .pred p;\n"
+        "  mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "  selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (done == 0);
+#endif
+}
+
+// Orders this thread's earlier shared-memory accesses (generic proxy) before
+// later bulk copies into the same bytes (async proxy).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#ifdef FERRUM_BULK_COPY_UNAVAILABLE
+  __trap();
+#else
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// dst[0, bytes) = src[0, bytes), completing on `bar` (16-byte aligned
+// addresses, bytes a multiple of 16). The caller has announced the bytes
+// with mbarrier_arrive_expect_tx on the same phase.
+__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, std::uint32_t bytes,
+                                                    std::uint64_t* bar) {
+#ifdef FERRUM_BULK_COPY_UNAVAILABLE
+  __trap();
+#else
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+#endif
+}
+
+#undef FERRUM_BULK_COPY_UNAVAILABLE
+
+// Whether the current device runs the functions above (compute capability 9.0+).
+inline bool bulk_copy_supported() {
+  int dev = 0, major = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (err != cudaSuccess) throw_cuda_error("bulk_copy", "cudaDeviceGetAttribute", err);
+  return major >= 9;
+}
+
+}  // namespace ferrum::kernels
