@@ -47,6 +47,7 @@
 #include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/launch.cuh"
 #include "kernels/common/mma.cuh"
 
 namespace ferrum::kernels {
@@ -904,6 +905,9 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
       }
     }
     __syncwarp();
+    // Launched with PDL: everything above touched only shared memory and
+    // overlapped the previous kernel's tail; from here on global memory.
+    pdl_begin();
     const T* const act_rows = static_cast<const T*>(p.a);
     // Lane 0 announces the slot's bytes, then lanes 0 .. live_rows copy one
     // activation row each (the valid columns of the chunk: k is a multiple
@@ -975,6 +979,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
       }
     }
   } else {
+    pdl_begin();  // launched with PDL: before any global access
     // Two register buffers in turn (no copies): while one chunk is consumed
     // the next one's loads are in flight, and L2 holds the kStreamL2Ahead after.
     uint4 wa[kChunkK16], wb[kChunkK16];
@@ -1078,9 +1083,10 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
     if (!ok) throw_bad_dispatch("gemm_gptq", "bulk ring bytes (device opt-in shared memory)", stream_ring_bytes(NT, ring));
   }
   if (args.w.zeros != nullptr) {
-    stream_kernel_ptr<T, NT, true, kBulk>()<<<grid, kStreamThreads, smem, stream>>>(p);
+    launch_pdl("gemm_gptq (stream)", stream_kernel_ptr<T, NT, true, kBulk>(), grid, dim3(kStreamThreads), smem, stream, p);
   } else {
-    stream_kernel_ptr<T, NT, false, kBulk>()<<<grid, kStreamThreads, smem, stream>>>(p);
+    launch_pdl("gemm_gptq (stream)", stream_kernel_ptr<T, NT, false, kBulk>(), grid, dim3(kStreamThreads), smem, stream,
+               p);
   }
 }
 

@@ -40,8 +40,10 @@
 //   CudaBackendConfig): the skinny SIMT GEMM (m <= 2) loads its first round
 //   of weights into registers before its pdl_begin().
 //
-// Kernels launched the ordinary way (prefill attention, GPTQ, cuBLAS, NCCL) are full
-// dependencies as before, and pdl_begin() is a no-op when the launch did not
+// The GPTQ streaming kernel is launched with PDL too (its bulk source sets
+// up its barriers and shared memory before pdl_begin()). Kernels launched
+// the ordinary way (prefill attention, the fused GPTQ kernel, cuBLAS, NCCL)
+// are full dependencies as before, and pdl_begin() is a no-op when the launch did not
 // ask for PDL or the device is older than sm_90.
 #pragma once
 
