@@ -161,8 +161,16 @@ int main(int argc, char** argv) {
       opt.quick = true;
     } else if (a == "--splits") {
       opt.splits = std::atoi(value().c_str());
+      if (opt.splits < 0 || opt.splits > 16) {
+        std::fprintf(stderr, "--splits takes 0..16 (got %d)\n", opt.splits);
+        return 2;
+      }
     } else if (a == "--ring") {
       opt.ring = std::atoi(value().c_str());
+      if (opt.ring < 0 || opt.ring > ferrum::kernels::kGptqStreamMaxRing) {
+        std::fprintf(stderr, "--ring takes 0..%d (got %d)\n", ferrum::kernels::kGptqStreamMaxRing, opt.ring);
+        return 2;
+      }
     } else if (a == "--ms") {
       const std::string list = value();
       for (std::size_t at = 0; at < list.size();) {
@@ -238,7 +246,8 @@ int main(int argc, char** argv) {
     const GptqKernelKind forced = opt.kernel == "stream" ? GptqKernelKind::Stream
                                   : opt.kernel == "bulk" ? GptqKernelKind::StreamBulk
                                                          : GptqKernelKind::Fused;
-    const GptqKernelKind kind = ferrum::kernels::gptq_kernel_for(opt.kernel == "auto", forced, rows);
+    const GptqKernelKind kind =
+        ferrum::kernels::gptq_kernel_for(opt.kernel == "auto", forced, rows, ferrum::kernels::gptq_bulk_copy_supported());
     return rows <= ferrum::kernels::kGptqStreamMaxM ? kind : GptqKernelKind::Fused;
   };
   auto streams = [&](int rows) { return kind_of(rows) != ferrum::kernels::GptqKernelKind::Fused; };

@@ -896,7 +896,9 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
       fence_mbarrier_init();
     }
     const int live_rows = min(p.m, NT * 8);
-    // Rows >= m of every slot stay zero (no copy ever writes them).
+    // Rows >= m of every slot are zeroed once (no copy ever writes them):
+    // hygiene, not correctness (output column n depends only on B row n, and
+    // output rows >= m are never stored).
     for (int r = 0; r < p.ring; ++r) {
       for (int i = lane; i < (NT * 8 - live_rows) * (kGptqTileK / 8); i += 32) {
         *reinterpret_cast<uint4*>(ring + r * kSlotBytes + kChunkWords * 4 +
@@ -1080,7 +1082,10 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
     const bool ok = args.w.zeros != nullptr
                         ? prepare_kernel<&gptq_stream_kernel<T, NT, true, true>>(stream_ring_bytes(NT, kStreamMaxRing))
                         : prepare_kernel<&gptq_stream_kernel<T, NT, false, true>>(stream_ring_bytes(NT, kStreamMaxRing));
-    if (!ok) throw_bad_dispatch("gemm_gptq", "bulk ring bytes (device opt-in shared memory)", stream_ring_bytes(NT, ring));
+    if (!ok) {
+      throw_bad_dispatch("gemm_gptq", "bulk rings' bytes (device opt-in shared memory)",
+                         stream_ring_bytes(NT, kStreamMaxRing));
+    }
   }
   if (args.w.zeros != nullptr) {
     launch_pdl("gemm_gptq (stream)", stream_kernel_ptr<T, NT, true, kBulk>(), grid, dim3(kStreamThreads), smem, stream, p);
@@ -1090,7 +1095,8 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   }
 }
 
-// CTAs per SM of each streaming kernel instance, queried once:
+// CTAs per SM of each streaming kernel instance, queried once, on the device
+// current at the first call (a process assumed to drive GPUs of one kind):
 // registers[dtype][zeros][NT - 1] for the register source,
 // bulk[dtype][zeros][NT - 1][ring - 1] for the bulk source (whose shared
 // memory grows with the ring).
@@ -1114,8 +1120,11 @@ template <class T, int NT, bool kZeros>
 void stream_blocks_of(StreamOccupancy& occ, int dtype_index) {
   occ.registers[dtype_index][kZeros ? 1 : 0][NT - 1] = stream_blocks_per_sm<T, NT, kZeros, false>(0);
   if (!occ.bulk_supported) return;
+  // A device with less opt-in shared memory than the deepest ring takes the
+  // register source (and the bulk source is never planned).
   if (!prepare_kernel<&gptq_stream_kernel<T, NT, kZeros, true>>(stream_ring_bytes(NT, kStreamMaxRing))) {
-    throw_bad_dispatch("gemm_gptq", "bulk ring bytes (device opt-in shared memory)", stream_ring_bytes(NT, kStreamMaxRing));
+    occ.bulk_supported = false;
+    return;
   }
   for (int ring = 1; ring <= kStreamMaxRing; ++ring) {
     occ.bulk[dtype_index][kZeros ? 1 : 0][NT - 1][ring - 1] = stream_blocks_per_sm<T, NT, kZeros, true>(ring);
@@ -1192,7 +1201,10 @@ template <class T>
 void launch_stream(const GptqGemmArgs& args, cudaStream_t stream) {
   const int dtype_index = std::is_same_v<T, __nv_bfloat16> ? 1 : 0;
   const int nt = stream_nt(args.m);
-  const bool bulk = args.kernel == GptqKernelKind::StreamBulk && stream_occupancy().bulk_supported;
+  // The bulk source copies activation rows in 16-byte units: k % 8 == 0
+  // (always true of a repacked checkpoint; a hand-built weight may not be).
+  const bool bulk =
+      args.kernel == GptqKernelKind::StreamBulk && stream_occupancy().bulk_supported && args.w.k % 8 == 0;
   const int ring = stream_ring_for(dtype_index, args.w.zeros != nullptr, nt, args.stream_ring);
   const GptqPlan plan =
       stream_plan_for(dtype_index, args.w.zeros != nullptr, nt, bulk, ring, args.w.k_pad, args.w.n_pad, args.num_sms);
@@ -1328,6 +1340,8 @@ std::size_t gptq_counter_ints(int n_pad) {
   // The streaming kernel has a tile per 64-column block: the most along n.
   return static_cast<std::size_t>((n_pad + kGptqTileN - 1) / kGptqTileN);
 }
+
+bool gptq_bulk_copy_supported() { return stream_occupancy().bulk_supported; }
 
 GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k_pad, int n_pad, int num_sms, GptqKernelKind kind,
                           int ring) {

@@ -47,16 +47,26 @@ inline constexpr int kGptqStreamMaxRing = 6;
 // StreamBulk: on the H200 it measured at least as fast as the register
 // source at every benchmark shape for m <= 8, and faster than the fused
 // kernel at 6 of the 7 shapes at m = 16 (4096 x 4096: 14.4 against 13.7 us;
-// docs/PERFORMANCE.md, session 9).
+// docs/PERFORMANCE.md, session 9). Without bulk copies Auto keeps the
+// register source's range (m <= 8, where it beat the fused kernel in
+// session 5).
 inline constexpr int kGptqStreamAutoMaxM = kGptqStreamMaxM;
+inline constexpr int kGptqRegisterStreamAutoMaxM = 8;
+
+// Whether the current device runs StreamBulk's bulk copies (sm_90+, and
+// enough opt-in shared memory for its deepest ring); else StreamBulk
+// launches run the register source.
+bool gptq_bulk_copy_supported();
 
 // The kernel a launch of `rows` rows asks for: `forced` when the caller
-// names one, else (auto) StreamBulk up to kGptqStreamAutoMaxM rows.
-// CudaBackend (GptqKernel) and bench/bench_gptq.cpp (--kernel) both decide
-// through this.
-inline GptqKernelKind gptq_kernel_for(bool automatic, GptqKernelKind forced, int rows) {
+// names one, else (auto) StreamBulk up to kGptqStreamAutoMaxM rows where
+// bulk copies are supported, the register source up to
+// kGptqRegisterStreamAutoMaxM where not, then the fused kernel. CudaBackend
+// (GptqKernel) and bench/bench_gptq.cpp (--kernel) both decide through this.
+inline GptqKernelKind gptq_kernel_for(bool automatic, GptqKernelKind forced, int rows, bool bulk_supported) {
   if (!automatic) return forced;
-  return rows <= kGptqStreamAutoMaxM ? GptqKernelKind::StreamBulk : GptqKernelKind::Fused;
+  if (bulk_supported) return rows <= kGptqStreamAutoMaxM ? GptqKernelKind::StreamBulk : GptqKernelKind::Fused;
+  return rows <= kGptqRegisterStreamAutoMaxM ? GptqKernelKind::Stream : GptqKernelKind::Fused;
 }
 
 // A repacked weight on the device.

@@ -28,7 +28,7 @@ struct CudaRuntime;
 // fused-layout weight (kernels/gptq_gemm.hpp). Larger m, and layouts a kernel
 // does not cover, take the fused kernel / the dequantize + cuBLAS path.
 enum class GptqKernel {
-  Auto = 0,    // the library's choice: StreamBulk (the register source below sm_90)
+  Auto = 0,    // the library's choice: StreamBulk (without bulk copies: Stream for m <= 8, then Fused)
   Fused = 1,   // the fused kernel (shared-memory cp.async pipeline)
   Stream = 2,  // the register-streaming kernel for every m <= 16
   // The same streaming kernel with its weights and activation rows brought

@@ -12,11 +12,13 @@
 // The contract, for every kernel launched through launch_pdl: its first
 // statement is pdl_begin(), before any global read or write. Then nothing it
 // reads can be stale and nothing it writes can be read by the previous kernel
-// (write-after-read), exactly as with an ordinary launch. The two exceptions
-// are the skinny GEMM's, behind the switches below: an L2 prefetch hint
+// (write-after-read), exactly as with an ordinary launch. The exceptions:
+// the skinny GEMM's, behind the switches below: an L2 prefetch hint
 // (gemm_prefetch_before_wait), and, on the caller's promise that no kernel
 // ordered before the GEMM writes its weights, real loads of the first round
-// of weights (gemm_weights_before_wait). Neither writes before the wait.
+// of weights (gemm_weights_before_wait); and the GPTQ streaming kernel's
+// bulk source, which sets up its mbarriers and zeroes shared memory (no
+// global access) before its wait. None writes global memory before the wait.
 //
 // By default no kernel triggers its dependents early
 // (griddepcontrol.launch_dependents): the next kernel is scheduled as this

@@ -299,7 +299,8 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
       args.counters = ws.counters;
       args.num_sms = rt_->num_sms;
       // Auto: the streaming kernel (bulk source) where it measured faster (m <= kGptqStreamAutoMaxM).
-      args.kernel = kernels::gptq_kernel_for(gptq_kernel_ == GptqKernel::Auto, forced_kernel_kind(gptq_kernel_), rows);
+      args.kernel = kernels::gptq_kernel_for(gptq_kernel_ == GptqKernel::Auto, forced_kernel_kind(gptq_kernel_), rows,
+                                             kernels::gptq_bulk_copy_supported());
       args.stream_ring = gptq_stream_ring_;
       kernels::launch_gptq_gemm(args, rt_->stream);
     }

@@ -21,6 +21,7 @@
 //
 // Skipped (GTEST_SKIP) when no CUDA device is visible. The checkpoints are
 // packed here from the format definition (no library code).
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include "ferrum/cuda_backend.hpp"
+#include "kernels/gptq_gemm.hpp"
 #include "support/test_support.hpp"
 
 namespace ferrum::test {
@@ -544,6 +546,12 @@ TEST_F(CudaGptqStream, GraphCaptureAndReplay) {
 
 class CudaGptqStreamBulk : public CudaGptqStream {
  protected:
+  // SMs of device 0 (the backends' device), for the launch plans.
+  static int num_sms() {
+    int sms = 0;
+    EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+    return sms;
+  }
   // A backend with the bulk source and `ring` chunk slots per warp (0: the default).
   static std::unique_ptr<CudaBackend> bulk_backend(int ring = 0) {
     CudaBackendConfig config;
@@ -574,9 +582,13 @@ TEST_F(CudaGptqStreamBulk, ExactWithPaddedOddAndLongShapes) {
   expect_exact_on(*bulk, {16, 8, -1, true, false, GptqZeroFormat::V1}, ms, rng);
   expect_exact_on(*bulk, {4224, 72, -1, false, false, GptqZeroFormat::V2}, ms, rng);
   expect_exact_on(*bulk, {4000, 264, 32, false, true, GptqZeroFormat::V1}, ms, rng);
-  // The ends of the split plan: 16 splits of one narrow column block; one
-  // split where every warp loops over 16 chunks (its ring wraps four times
-  // at the default 4 slots, so every slot's barrier changes phase).
+  // k = 264: the last chunk's activation rows are 8 columns, the smallest
+  // bulk copy (16 bytes).
+  expect_exact_on(*bulk, {264, 200, -1, false, false, GptqZeroFormat::V1}, ms, rng);
+  // The ends of the split plan: the most splits of one narrow column block
+  // (8: the bulk source gives every warp at least two chunks); one split
+  // where every warp loops over 16 chunks (its default ring of 1 or 2 slots
+  // wraps 8 or 16 times, so every slot's barrier changes phase).
   expect_exact_on(*bulk, {8192, 64, 128, true, false, GptqZeroFormat::V1}, {1, 9, 16}, rng);
   expect_exact_on(*bulk, {8192, 25344, 128, false, false, GptqZeroFormat::V2}, {1, 9}, rng);
 }
@@ -587,7 +599,7 @@ TEST_F(CudaGptqStreamBulk, ExactWithPaddedOddAndLongShapes) {
 // in order), so both shapes have 660 column blocks: one split for every
 // source and ring (at most 5 CTAs per SM on 132 SMs). Random scales and
 // activations (any misplaced byte changes the result), f16 and bf16,
-// m = 1 and 16; k = 2112 (17 chunks: 4 or 5 per warp, so rings of 1..4
+// m = 1, 9 (rows 9..15 dead) and 16; k = 2112 (17 chunks: 4 or 5 per warp, so rings of 1..4
 // wrap; groups of 64 change inside a chunk; the last chunk half past k)
 // and k = 1024 with act-order and zeros.
 TEST_F(CudaGptqStreamBulk, EveryRingSizeGivesTheRegisterSourcesBits) {
@@ -596,6 +608,23 @@ TEST_F(CudaGptqStreamBulk, EveryRingSizeGivesTheRegisterSourcesBits) {
                               WeightCase{1024, 42240, 128, false, true, GptqZeroFormat::V1, false}}) {
     SCOPED_TRACE(describe(c));
     const Checkpoint ck = make_checkpoint(c, rng);
+    // The premise: one split in every plan compared here.
+    for (std::size_t m : {1, 9, 16}) {
+      for (DType dt : kHalfDTypes) {
+        const int k_pad = static_cast<int>((c.k + 127) / 128 * 128), n_pad = static_cast<int>(c.n);
+        ASSERT_EQ(kernels::gptq_stream_plan(dt, !c.symmetric, static_cast<int>(m), k_pad, n_pad, num_sms(),
+                                            kernels::GptqKernelKind::Stream, 0)
+                      .splits,
+                  1);
+        for (int ring = 1; ring <= kernels::kGptqStreamMaxRing; ++ring) {
+          ASSERT_EQ(kernels::gptq_stream_plan(dt, !c.symmetric, static_cast<int>(m), k_pad, n_pad, num_sms(),
+                                              kernels::GptqKernelKind::StreamBulk, ring)
+                        .splits,
+                    1)
+              << "m=" << m << " ring=" << ring;
+        }
+      }
+    }
     std::unique_ptr<QuantWeight> w_registers = stream().load_gptq(ck.tensors());
     struct Run {
       std::size_t m;
@@ -603,11 +632,11 @@ TEST_F(CudaGptqStreamBulk, EveryRingSizeGivesTheRegisterSourcesBits) {
       std::vector<float> a, want;
     };
     std::vector<Run> runs;
-    for (std::size_t m : {1, 16}) {
+    for (std::size_t m : {1, 9, 16}) {
       const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
       for (DType dt : kHalfDTypes) runs.push_back({m, dt, a, run_gemm(stream(), *w_registers, a, dt, m)});
     }
-    for (int ring = 1; ring <= 6; ++ring) {
+    for (int ring = 1; ring <= kernels::kGptqStreamMaxRing; ++ring) {
       auto bulk = bulk_backend(ring);
       std::unique_ptr<QuantWeight> w_bulk = bulk->load_gptq(ck.tensors());
       for (const Run& r : runs) {
@@ -622,6 +651,45 @@ TEST_F(CudaGptqStreamBulk, DeterministicRunToRunAndClose) {
   FERRUM_SEEDED_RNG(rng);
   auto bulk = bulk_backend();
   expect_deterministic_and_close(*bulk, cpu(), {1, 8, 9, 16}, 4, rng);
+}
+
+// Launched with PDL, the kernel's prologue overlaps the previous kernel: a
+// chain y = (x · W1) · W2 on the stream with no host sync between the two
+// GEMMs (the second reads what the first wrote, and both use the split-K
+// workspace: 8 splits of a 64-column weight) must equal the two GEMMs run
+// with a download in between, eagerly and replayed from a graph.
+TEST_F(CudaGptqStreamBulk, BackToBackLaunchesSeeEachOthersWrites) {
+  FERRUM_SEEDED_RNG(rng);
+  auto bulk = bulk_backend();
+  const WeightCase c1{8192, 64, 128, false, false, GptqZeroFormat::V1, false};
+  const WeightCase c2{64, 8192, 32, true, false, GptqZeroFormat::V2, false};
+  const Checkpoint ck1 = make_checkpoint(c1, rng), ck2 = make_checkpoint(c2, rng);
+  std::unique_ptr<QuantWeight> w1 = bulk->load_gptq(ck1.tensors());
+  std::unique_ptr<QuantWeight> w2 = bulk->load_gptq(ck2.tensors());
+  for (std::size_t m : {1, 9}) {
+    SCOPED_TRACE(cat("m=", m));
+    const std::vector<float> a = uniform_values(rng, m * c1.k, -1.0f, 1.0f);
+    // Apart: each GEMM's input uploaded from the host.
+    const std::vector<float> mid = run_gemm(*bulk, *w1, a, DType::F16, m);
+    const std::vector<float> want = run_gemm(*bulk, *w2, mid, DType::F16, m);
+    Buffer a_buf = bulk->upload(a, DType::F16);
+    Buffer mid_buf = bulk->upload(std::vector<float>(m * c1.n, NAN), DType::F16);
+    Buffer out = bulk->upload(std::vector<float>(m * c2.n, NAN), DType::F16);
+    bulk->gemm_gptq(a_buf, *w1, mid_buf, m);
+    bulk->gemm_gptq(mid_buf, *w2, out, m);
+    EXPECT_TRUE(same_floats(bulk->download(out), want)) << "eager chain";
+    bulk->write(mid_buf, std::vector<float>(m * c1.n, NAN));
+    bulk->write(out, std::vector<float>(m * c2.n, NAN));
+    bulk->begin_graph_capture();
+    bulk->gemm_gptq(a_buf, *w1, mid_buf, m);
+    bulk->gemm_gptq(mid_buf, *w2, out, m);
+    bulk->end_graph_capture();
+    for (int replay = 0; replay < 3; ++replay) {
+      ASSERT_TRUE(bulk->replay_last_graph());
+      EXPECT_TRUE(same_floats(bulk->download(out), want)) << "graph replay " << replay;
+    }
+    bulk->reset_graph();
+  }
 }
 
 TEST_F(CudaGptqStreamBulk, GraphCaptureAndReplay) {
