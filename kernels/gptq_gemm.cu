@@ -680,7 +680,7 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
 //     s of S, grid.y; S from the plan below, so every shape fills the GPU in
 //     about one wave). Warp q takes the 128-row chunks q, q + 4, ... of the
 //     range (4 KiB contiguous each). No barrier spans warps in the loop.
-//   * Two sources of a warp's chunks (template kBulk):
+//   * Two sources of a warp's chunks (template kSource, StreamSource):
 //     - registers (Stream): per lane a chunk is 8 16-byte loads straight into
 //       registers; the next chunk's are issued before the current one is
 //       consumed, and lane 0 asks L2 (bulk prefetch) for the kStreamL2Ahead
@@ -695,9 +695,9 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
 //       memory), and its lanes refill the slot with the chunk p.ring on. No
 //       registers hold data in flight (96 registers at NT = 1 without
 //       zeros: 5 CTAs per SM), no global loads in the loop but the scale
-//       rows. Same chunks,
-//       same order, same math as the register source: the same bits for the
-//       same split plan.
+//       rows. Same chunks, same order, same math as the register source:
+//       the same bits for the same split plan. BulkWeightsFirst issues the
+//       first ring of weight copies before the PDL wait.
 //   * The scale (and zero) row of the next chunk's first group is loaded
 //     with the next chunk, so a group change at a chunk start (g128: every
 //     chunk) does not wait on L2.
@@ -731,6 +731,13 @@ constexpr int kStreamMaxRing = kGptqStreamMaxRing;  // bulk source: most slots p
 template <int NT, bool kZeros, bool kBulk>
 constexpr int kStreamMinBlocks = kBulk ? (NT == 1 ? (kZeros ? 4 : 5) : 4) : (NT == 1 ? 3 : 2);
 
+// Where a warp's chunks come from (see above). BulkWeightsFirst is Bulk
+// whose first ring of weight copies is issued before the PDL wait, on the
+// caller's promise that no kernel ordered before writes the weights
+// (CudaBackendConfig::gemm_weights_before_wait): their DRAM latency overlaps
+// the previous kernel's tail. The activation copies still wait.
+enum class StreamSource { Registers, Bulk, BulkWeightsFirst };
+
 struct StreamParams : GemmOperands {
   float* partials;  // [splits][n_pad / 64][m][64] f32 (splits > 1)
   int* counters;    // [n_pad / 64] ints, zero between launches
@@ -749,8 +756,10 @@ __device__ __forceinline__ uint4 load_stream_16(const std::uint32_t* p) {
   return v;
 }
 
-template <class T, int NT, bool kZeros, bool kBulk>
-__global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, kBulk>) gptq_stream_kernel(const StreamParams p) {
+template <class T, int NT, bool kZeros, StreamSource kSource>
+__global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, kSource != StreamSource::Registers>)
+    gptq_stream_kernel(const StreamParams p) {
+  constexpr bool kBulk = kSource != StreamSource::Registers;
   using M = Int4Math<T>;
   constexpr int kAcc = NT * 4 * 4;  // [nt][j][4] f32
   // The bulk source's rings (dynamic shared memory; none for the register
@@ -907,28 +916,46 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
       }
     }
     __syncwarp();
-    // Launched with PDL: everything above touched only shared memory and
-    // overlapped the previous kernel's tail; from here on global memory.
-    pdl_begin();
     const T* const act_rows = static_cast<const T*>(p.a);
-    // Lane 0 announces the slot's bytes, then lanes 0 .. live_rows copy one
-    // activation row each (the valid columns of the chunk: k is a multiple
-    // of 8, so 16-byte multiples) and lane 31 the weights.
-    auto issue = [&](int slot, int chunk) {
+    // A chunk's copies into `slot`: lane 0 announces the slot's bytes, then
+    // lanes 0 .. live_rows copy one activation row each (the valid columns
+    // of the chunk: k is a multiple of 8, so 16-byte multiples) and lane 31
+    // the weights. The parts are compile-time flags at every call: all three
+    // (issue), or the announcement with the weights, then the rows alone
+    // (BulkWeightsFirst's first ring, across the PDL wait).
+    auto issue_parts = [&](int slot, int chunk, bool announce, bool weights, bool rows) {
       const int col0 = chunk * kGptqTileK;
       const std::uint32_t row_bytes = static_cast<std::uint32_t>(min(kGptqTileK, p.k - col0)) * 2u;
       unsigned char* const dst = ring + slot * kSlotBytes;
-      if (lane == 0) mbarrier_arrive_expect_tx(&full[slot], kChunkWords * 4u + live_rows * row_bytes);
-      __syncwarp();
-      if (lane == 31) {
+      if (announce) {
+        if (lane == 0) mbarrier_arrive_expect_tx(&full[slot], kChunkWords * 4u + live_rows * row_bytes);
+        __syncwarp();
+      }
+      if (weights && lane == 31) {
         bulk_copy_to_shared(dst, wblock + static_cast<std::size_t>(chunk) * kChunkWords, kChunkWords * 4u, &full[slot]);
-      } else if (lane < live_rows) {
+      } else if (rows && lane < live_rows) {
         bulk_copy_to_shared(dst + kChunkWords * 4 + lane * kStreamActPitch,
                             act_rows + static_cast<std::size_t>(lane) * p.k + col0, row_bytes, &full[slot]);
       }
     };
+    auto issue = [&](int slot, int chunk) { issue_parts(slot, chunk, true, true, true); };
     int c = c_begin + warp;
-    for (int r = 0; r < p.ring && c + r * kStreamWarps < c_end; ++r) issue(r, c + r * kStreamWarps);
+    if constexpr (kSource == StreamSource::BulkWeightsFirst) {
+      // The first ring's weights before the wait (the caller's promise: no
+      // earlier kernel writes them); its activation rows after.
+      for (int r = 0; r < p.ring && c + r * kStreamWarps < c_end; ++r) {
+        issue_parts(r, c + r * kStreamWarps, /*announce=*/true, /*weights=*/true, /*rows=*/false);
+      }
+      pdl_begin();
+      for (int r = 0; r < p.ring && c + r * kStreamWarps < c_end; ++r) {
+        issue_parts(r, c + r * kStreamWarps, /*announce=*/false, /*weights=*/false, /*rows=*/true);
+      }
+    } else {
+      // Launched with PDL: everything above touched only shared memory and
+      // overlapped the previous kernel's tail; from here on global memory.
+      pdl_begin();
+      for (int r = 0; r < p.ring && c + r * kStreamWarps < c_end; ++r) issue(r, c + r * kStreamWarps);
+    }
     uint4 s_cur = make_uint4(0u, 0u, 0u, 0u), s_next = s_cur;
     uint2 z_cur = make_uint2(0u, 0u), z_next = z_cur;
     if (c < c_end) load_group_row(c * kChunkK16 / p.k16_per_group, s_cur, z_cur);
@@ -1058,16 +1085,17 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
                                               nb * kGptqTileN, p.n, out);
 }
 
-template <class T, int NT, bool kZeros, bool kBulk>
+template <class T, int NT, bool kZeros, StreamSource kSource>
 auto stream_kernel_ptr() {
-  return &gptq_stream_kernel<T, NT, kZeros, kBulk>;
+  return &gptq_stream_kernel<T, NT, kZeros, kSource>;
 }
 
 // Dynamic shared memory of the bulk source: `ring` slots per warp.
 constexpr int stream_ring_bytes(int nt, int ring) { return kStreamWarps * ring * stream_slot_bytes(nt); }
 
-template <class T, int NT, bool kBulk>
+template <class T, int NT, StreamSource kSource>
 void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream_t stream) {
+  constexpr bool kBulk = kSource != StreamSource::Registers;
   StreamParams p{};
   static_cast<GemmOperands&>(p) = gemm_operands(args);
   p.partials = args.partials;
@@ -1080,18 +1108,19 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   const std::size_t smem = kBulk ? static_cast<std::size_t>(stream_ring_bytes(NT, ring)) : 0;
   if constexpr (kBulk) {  // the shared-memory opt-in, once per device (cheap after the first call)
     const bool ok = args.w.zeros != nullptr
-                        ? prepare_kernel<&gptq_stream_kernel<T, NT, true, true>>(stream_ring_bytes(NT, kStreamMaxRing))
-                        : prepare_kernel<&gptq_stream_kernel<T, NT, false, true>>(stream_ring_bytes(NT, kStreamMaxRing));
+                        ? prepare_kernel<&gptq_stream_kernel<T, NT, true, kSource>>(stream_ring_bytes(NT, kStreamMaxRing))
+                        : prepare_kernel<&gptq_stream_kernel<T, NT, false, kSource>>(stream_ring_bytes(NT, kStreamMaxRing));
     if (!ok) {
       throw_bad_dispatch("gemm_gptq", "bulk rings' bytes (device opt-in shared memory)",
                          stream_ring_bytes(NT, kStreamMaxRing));
     }
   }
   if (args.w.zeros != nullptr) {
-    launch_pdl("gemm_gptq (stream)", stream_kernel_ptr<T, NT, true, kBulk>(), grid, dim3(kStreamThreads), smem, stream, p);
-  } else {
-    launch_pdl("gemm_gptq (stream)", stream_kernel_ptr<T, NT, false, kBulk>(), grid, dim3(kStreamThreads), smem, stream,
+    launch_pdl("gemm_gptq (stream)", stream_kernel_ptr<T, NT, true, kSource>(), grid, dim3(kStreamThreads), smem, stream,
                p);
+  } else {
+    launch_pdl("gemm_gptq (stream)", stream_kernel_ptr<T, NT, false, kSource>(), grid, dim3(kStreamThreads), smem,
+               stream, p);
   }
 }
 
@@ -1106,28 +1135,28 @@ struct StreamOccupancy {
   bool bulk_supported = false;
 };
 
-template <class T, int NT, bool kZeros, bool kBulk>
+template <class T, int NT, bool kZeros, StreamSource kSource>
 int stream_blocks_per_sm(int ring) {
   int blocks = 0;
   const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &blocks, stream_kernel_ptr<T, NT, kZeros, kBulk>(), kStreamThreads,
-      kBulk ? static_cast<std::size_t>(stream_ring_bytes(NT, ring)) : 0);
+      &blocks, stream_kernel_ptr<T, NT, kZeros, kSource>(), kStreamThreads,
+      kSource != StreamSource::Registers ? static_cast<std::size_t>(stream_ring_bytes(NT, ring)) : 0);
   if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveBlocksPerMultiprocessor", err);
   return std::max(blocks, 1);
 }
 
 template <class T, int NT, bool kZeros>
 void stream_blocks_of(StreamOccupancy& occ, int dtype_index) {
-  occ.registers[dtype_index][kZeros ? 1 : 0][NT - 1] = stream_blocks_per_sm<T, NT, kZeros, false>(0);
+  occ.registers[dtype_index][kZeros ? 1 : 0][NT - 1] = stream_blocks_per_sm<T, NT, kZeros, StreamSource::Registers>(0);
   if (!occ.bulk_supported) return;
   // A device with less opt-in shared memory than the deepest ring takes the
   // register source (and the bulk source is never planned).
-  if (!prepare_kernel<&gptq_stream_kernel<T, NT, kZeros, true>>(stream_ring_bytes(NT, kStreamMaxRing))) {
+  if (!prepare_kernel<&gptq_stream_kernel<T, NT, kZeros, StreamSource::Bulk>>(stream_ring_bytes(NT, kStreamMaxRing))) {
     occ.bulk_supported = false;
     return;
   }
   for (int ring = 1; ring <= kStreamMaxRing; ++ring) {
-    occ.bulk[dtype_index][kZeros ? 1 : 0][NT - 1][ring - 1] = stream_blocks_per_sm<T, NT, kZeros, true>(ring);
+    occ.bulk[dtype_index][kZeros ? 1 : 0][NT - 1][ring - 1] = stream_blocks_per_sm<T, NT, kZeros, StreamSource::Bulk>(ring);
   }
 }
 
@@ -1209,16 +1238,22 @@ void launch_stream(const GptqGemmArgs& args, cudaStream_t stream) {
   const GptqPlan plan =
       stream_plan_for(dtype_index, args.w.zeros != nullptr, nt, bulk, ring, args.w.k_pad, args.w.n_pad, args.num_sms);
   const int splits = args.stream_splits > 0 ? std::min(args.stream_splits, args.w.k_pad / kGptqTileK) : plan.splits;
-  if (bulk) {
+  if (bulk && gemm_weights_before_wait()) {  // the caller's promise: the weights are not written by an earlier kernel
     if (nt == 1) {
-      launch_stream_nt<T, 1, true>(args, splits, ring, stream);
+      launch_stream_nt<T, 1, StreamSource::BulkWeightsFirst>(args, splits, ring, stream);
     } else {
-      launch_stream_nt<T, 2, true>(args, splits, ring, stream);
+      launch_stream_nt<T, 2, StreamSource::BulkWeightsFirst>(args, splits, ring, stream);
+    }
+  } else if (bulk) {
+    if (nt == 1) {
+      launch_stream_nt<T, 1, StreamSource::Bulk>(args, splits, ring, stream);
+    } else {
+      launch_stream_nt<T, 2, StreamSource::Bulk>(args, splits, ring, stream);
     }
   } else if (nt == 1) {
-    launch_stream_nt<T, 1, false>(args, splits, 0, stream);
+    launch_stream_nt<T, 1, StreamSource::Registers>(args, splits, 0, stream);
   } else {
-    launch_stream_nt<T, 2, false>(args, splits, 0, stream);
+    launch_stream_nt<T, 2, StreamSource::Registers>(args, splits, 0, stream);
   }
 }
 

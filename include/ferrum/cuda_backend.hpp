@@ -85,9 +85,10 @@ struct CudaBackendConfig {
   // writes the weight operand (gemm's b, gemm_silu_mul's w). True for model
   // weights loaded before decoding; false, e.g., when b is the output of the
   // op just before. With it, the skinny SIMT decode GEMM (m <= 2) reads its
-  // first round of weights into registers before it waits on the previous
-  // kernel (PDL), so that round's DRAM latency overlaps the previous kernel's
-  // tail. Results are bitwise the same. Per device, like
+  // first round of weights into registers, and the GPTQ streaming kernel's
+  // bulk source issues its first ring of weight copies, before they wait on
+  // the previous kernel (PDL), so that DRAM latency overlaps the previous
+  // kernel's tail. Results are bitwise the same. Per device, like
   // programmatic_dependent_launch.
   bool gemm_weights_before_wait = false;
   // The GPTQ INT4 kernel at m <= 16 (see GptqKernel). Per backend object (it

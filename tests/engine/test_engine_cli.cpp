@@ -152,10 +152,8 @@ void expect_gpu_backend_when_present(const std::string& output) {
 // on and off, the early trigger, the L2 prefetch and the pre-wait weight loads
 // (gemm_weights_before_wait), which no other test can turn on (the first
 // backend on a device fixes them).
-TEST(EngineCli, LaunchSwitchesGiveTheSameLogits) {
-  const std::filesystem::path dir = testing::scratch_dir();
+void expect_launch_switches_keep_logits(const std::filesystem::path& dir, const std::filesystem::path& model) {
   const std::filesystem::path log = dir / "engine.log";
-  const std::filesystem::path model = write_gpu_tiny_checkpoint(dir);
   for (const char* mode : {"--eager", "--graph"}) {
     SCOPED_TRACE(mode);
     const std::string base = "--model \"" + model.string() + "\" --steps 4 " + mode;
@@ -170,6 +168,28 @@ TEST(EngineCli, LaunchSwitchesGiveTheSameLogits) {
     }
     std::filesystem::remove(dir / "a.bin");
   }
+}
+
+TEST(EngineCli, LaunchSwitchesGiveTheSameLogits) {
+  const std::filesystem::path dir = testing::scratch_dir();
+  expect_launch_switches_keep_logits(dir, write_gpu_tiny_checkpoint(dir));
+}
+
+// The same with GPTQ INT4 projections (group 128, symmetric): on a GPU the
+// streaming kernel's bulk source launched with PDL, and with
+// --gemm-early-weights its first ring of weight copies issued before the
+// PDL wait.
+TEST(EngineCli, GptqLaunchSwitchesGiveTheSameLogits) {
+  const std::filesystem::path dir = testing::scratch_dir();
+  ModelConfig config = testing::gpu_tiny_llama_config();
+  config.intermediate_size = 512;
+  config.vocab_size = 512;
+  GptqConfig gptq;
+  gptq.group_size = 128;
+  config.gptq = gptq;
+  config.validate("gptq launch-switch test config");
+  testing::write_checkpoint(dir / "gptq-model", config, testing::GptqTestSource(config, kSeed), SafetensorsDType::F16, 1);
+  expect_launch_switches_keep_logits(dir, dir / "gptq-model");
 }
 
 // A preset whose attention shape the CUDA backend cannot run (head_dim 16)
