@@ -11,7 +11,6 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 
 #include "kernels/argmax.hpp"
@@ -176,22 +175,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 }
 static_assert(kWarps <= 32 && kCluster <= 32, "the block and cluster steps reduce one candidate per lane of one warp");
 
-// Whether the kernel's code was compiled for sm_90+ (its cluster path): a
-// build without sm_90 (e.g. CMAKE_CUDA_ARCHITECTURES=80, run on an H200
-// through the PTX JIT) holds only the trapping stub. Asked once per instance
-// (the first device's answer; mixed-architecture processes are not a target).
-template <class Kernel>
-bool has_cluster_code(Kernel kernel) {
-  static std::atomic<int> known{0};  // 0 not asked yet, 1 no, 2 yes
-  int state = known.load(std::memory_order_relaxed);
-  if (state == 0) {
-    cudaFuncAttributes attr{};
-    state = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.ptxVersion >= 90 ? 2 : 1;
-    known.store(state, std::memory_order_relaxed);
-  }
-  return state == 2;
-}
-
 template <class T>
 void launch_typed(const void* x, std::int32_t* out, long long rows, long long cols, cudaStream_t stream) {
   constexpr int kWide = kVec16<T>;
@@ -204,7 +187,7 @@ void launch_typed(const void* x, std::int32_t* out, long long rows, long long co
     launch_pdl_clustered("argmax", static_cast<unsigned>(blocks_per_row), kernel, grid, kThreads, 0, stream, xt, out,
                          rows, static_cast<int>(cols));
   };
-  if (device_is_sm90_or_later() && has_cluster_code(argmax_kernel<T, kWide, true>)) {
+  if (device_is_sm90_or_later() && has_sm90_code(argmax_kernel<T, kWide, true>)) {
     wide ? go(argmax_kernel<T, kWide, true>, kCluster) : go(argmax_kernel<T, 1, true>, kCluster);
   } else {
     wide ? go(argmax_kernel<T, kWide, false>, 1) : go(argmax_kernel<T, 1, false>, 1);

@@ -1172,7 +1172,8 @@ const StreamOccupancy& stream_occupancy() {
   static StreamOccupancy occ;
   static std::once_flag once;
   std::call_once(once, [] {
-    occ.bulk_supported = bulk_copy_supported();
+    occ.bulk_supported =
+        device_is_sm90_or_later() && has_sm90_code(&gptq_stream_kernel<__half, 1, false, StreamSource::Bulk>);
     stream_blocks_of_dtype<__half>(occ, 0);
     stream_blocks_of_dtype<__nv_bfloat16>(occ, 1);
   });

@@ -5,11 +5,10 @@
 // data. What the GPTQ streaming kernel uses to keep many KiB per SM in
 // flight without holding them in registers.
 //
-// Below sm_90 these compile to a trap: callers launch them only on devices of
-// compute capability 9.0 or higher (bulk_copy_supported).
+// Below sm_90 these compile to a trap: callers launch them only on an sm_90+
+// device running code built for sm_90 (device_is_sm90_or_later and
+// has_sm90_code, kernels/common/check.hpp and launch.cuh).
 #pragma once
-
-#include <cuda_runtime_api.h>
 
 #include <cstdint>
 
@@ -96,14 +95,5 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
 }
 
 #undef FERRUM_BULK_COPY_UNAVAILABLE
-
-// Whether the current device runs the functions above (compute capability 9.0+).
-inline bool bulk_copy_supported() {
-  int dev = 0, major = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (err != cudaSuccess) throw_cuda_error("bulk_copy", "cudaDeviceGetAttribute", err);
-  return major >= 9;
-}
 
 }  // namespace ferrum::kernels

@@ -51,6 +51,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <utility>
 
@@ -71,6 +72,23 @@ __device__ __forceinline__ void pdl_trigger_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// Whether a kernel's code was compiled for sm_90+ (its cluster, bulk-copy or
+// other sm_90 path): a build without sm_90 (e.g. CMAKE_CUDA_ARCHITECTURES=80,
+// run on an H200 through the PTX JIT) holds only the trapping stubs. Asked
+// once per kernel signature: the answer is a property of the build (its
+// architecture list), the same for every kernel of it.
+template <class Kernel>
+bool has_sm90_code(Kernel kernel) {
+  static std::atomic<int> known{0};  // 0 not asked yet, 1 no, 2 yes
+  int state = known.load(std::memory_order_relaxed);
+  if (state == 0) {
+    cudaFuncAttributes attr{};
+    state = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.ptxVersion >= 90 ? 2 : 1;
+    known.store(state, std::memory_order_relaxed);
+  }
+  return state == 2;
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute where
