@@ -585,11 +585,11 @@ namespace {
 // What qkv_rope_append and its ragged form share: the geometry, the buffers
 // and their dtype, q_out and qkv for `tokens` rows, caches for `sequences`
 // sequences, the rope tables, and the host-known positions [pos_offset,
-// pos_offset + tokens) inside the tables when `host_positions`.
+// pos_offset + tokens) inside the tables unless `positions_on_device`.
 void check_qkv_rope_append(const OpCheck& check, const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm,
                            const Buffer& cos, const Buffer& sin, const Buffer& q_out, const Buffer& k_cache,
                            const Buffer& v_cache, std::size_t tokens, std::size_t sequences, std::size_t pos_offset,
-                           bool host_positions, const QkvRopeAppendConfig& cfg, std::string_view tokens_name,
+                           bool positions_on_device, const QkvRopeAppendConfig& cfg, std::string_view tokens_name,
                            std::string_view qkv_layout, std::string_view q_layout, std::string_view cache_layout) {
   check.size(tokens_name, tokens);
   check.size("cfg.heads", cfg.heads);
@@ -612,7 +612,7 @@ void check_qkv_rope_append(const OpCheck& check, const Buffer& qkv, const Buffer
   check.holds("k_cache", k_cache, cache_n, cache_layout);
   check.holds("v_cache", v_cache, cache_n, cache_layout);
   check_rope(check, "cfg.", "qkv", qkv, {{"q_norm", q_norm}, {"k_norm", k_norm}}, cos, sin, tokens, cfg.head_dim,
-             pos_offset, cfg.max_pos, cfg.eps, cfg.mode, !host_positions);
+             pos_offset, cfg.max_pos, cfg.eps, cfg.mode, positions_on_device);
 }
 
 }  // namespace
@@ -623,7 +623,7 @@ void Backend::qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, const Buf
   OpCheck check(*this, "qkv_rope_append");
   const bool use_state = device_state_mode() && tokens == 1;
   check_qkv_rope_append(check, qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, tokens, 1, pos_offset,
-                        !use_state, cfg, "tokens", "[tokens, (heads + 2 kv_heads) * head_dim]", "[heads, tokens, head_dim]", "[kv_heads, capacity, head_dim]");
+                        use_state, cfg, "tokens", "[tokens, (heads + 2 kv_heads) * head_dim]", "[heads, tokens, head_dim]", "[kv_heads, capacity, head_dim]");
   if (tokens > cfg.capacity || (!use_state && pos_offset > cfg.capacity - tokens)) {
     check.fail(ErrorCode::CapacityExceeded, "qkv_rope_append: positions [{}, {}) run past cfg.capacity = {}",
                pos_offset, pos_offset + tokens, cfg.capacity);
@@ -635,8 +635,8 @@ void Backend::qkv_rope_append_ragged(const Buffer& qkv, const Buffer* q_norm, co
                                      const Buffer& sin, Buffer& q_out, Buffer& k_cache, Buffer& v_cache,
                                      const Buffer& positions, std::size_t batch, const QkvRopeAppendConfig& cfg) {
   OpCheck check(*this, "qkv_rope_append_ragged");
-  check_qkv_rope_append(check, qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, batch, batch, 0,
-                        /*host_positions=*/false, cfg, "batch", "[batch, (heads + 2 kv_heads) * head_dim]",
+  check_qkv_rope_append(check, qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, batch, batch,
+                        /*pos_offset (unused)=*/0, /*positions_on_device=*/true, cfg, "batch", "[batch, (heads + 2 kv_heads) * head_dim]",
                         "[batch, heads, head_dim]",
                         "[batch, kv_heads, capacity, head_dim]");
   check.buffer("positions", positions);

@@ -72,13 +72,7 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
   positions_.assign(sequences, 0);
   unfused_qkv_ = std::any_of(w_.layers.begin(), w_.layers.end(),
                              [](const LayerWeights& l) { return !l.qkv_proj.fused(); });
-  const bool unfused_qkv = unfused_qkv_;
-  if (unfused_qkv && sequences > 1) {
-    // qkv_rope_append_ragged reads one [q | k | v] row per sequence.
-    fail(ErrorCode::Unsupported, "Decoder: sequences = ", sequences,
-         " needs a fused QKV projection; this model's q / k / v projections are separate (GPTQ parts whose g_idx "
-         "differ)");
-  }
+  if (sequences > 1) require_fused_qkv();
   const DType dt = cfg_.dtype;
   const std::size_t t = max_tokens_;
   const std::size_t rows = std::max(max_tokens_, sequences);
@@ -88,7 +82,7 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
     k_cache_.push_back(be_.alloc(dt, sequences * cfg_.num_key_value_heads * capacity_ * cfg_.head_dim));
     v_cache_.push_back(be_.alloc(dt, sequences * cfg_.num_key_value_heads * capacity_ * cfg_.head_dim));
   }
-  ids_ = be_.alloc(DType::I32, rows);
+  ids_ = be_.alloc(DType::I32, t);  // a batch step reads batch_ids_
   batch_state_ = be_.alloc(DType::I32, 3 * sequences);
   batch_ids_ = batch_state_.view(0, sequences);
   seq_positions_ = batch_state_.view(sequences, sequences);
@@ -96,7 +90,7 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
   residual_ = be_.alloc(dt, rows * hidden);
   normed_ = be_.alloc(dt, rows * hidden);
   qkv_ = be_.alloc(dt, rows * cfg_.qkv_dim());
-  if (unfused_qkv) {  // q, k, v projected apart: the op-by-op rope / transpose / append path
+  if (unfused_qkv_) {  // q, k, v projected apart: the op-by-op rope / transpose / append path
     q_ = be_.alloc(dt, t * cfg_.q_dim());
     k_ = be_.alloc(dt, t * cfg_.kv_dim());
     v_ = be_.alloc(dt, t * cfg_.kv_dim());
@@ -139,9 +133,17 @@ void Decoder::check_sequence(std::size_t seq) const {
   }
 }
 
+void Decoder::require_fused_qkv() const {
+  if (unfused_qkv_) {
+    // qkv_rope_append_ragged reads one [q | k | v] row per sequence.
+    fail(ErrorCode::Unsupported, "Decoder: a batch of ", positions_.size(),
+         " sequences needs a fused QKV projection; this model's q / k / v projections are separate (GPTQ parts "
+         "whose g_idx differ)");
+  }
+}
+
 void Decoder::check_tokens(std::size_t seq, std::span<const std::int32_t> tokens) const {
   check_sequence(seq);
-  const std::string of_seq = positions_.size() > 1 ? concat(" of sequence ", seq) : std::string();
   if (tokens.empty()) fail(ErrorCode::InvalidArgument, "Decoder: no tokens given");
   if (tokens.size() > max_tokens_) {
     fail(ErrorCode::InvalidArgument, "Decoder: ", tokens.size(), " tokens exceed max_prefill_tokens = ", max_tokens_);
@@ -153,8 +155,9 @@ void Decoder::check_tokens(std::size_t seq, std::span<const std::int32_t> tokens
   }
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || static_cast<std::size_t>(tokens[i]) >= cfg_.vocab_size) {
-      fail(ErrorCode::InvalidArgument, "Decoder: token id ", tokens[i], " at index ", i, of_seq, " is outside [0, ",
-           cfg_.vocab_size, ") (vocab_size)");
+      fail(ErrorCode::InvalidArgument, "Decoder: token id ", tokens[i], " at index ", i,
+           positions_.size() > 1 ? concat(" of sequence ", seq) : std::string(), " is outside [0, ", cfg_.vocab_size,
+           ") (vocab_size)");
     }
   }
 }
@@ -246,15 +249,12 @@ void Decoder::run_decode_batch(std::span<const std::int32_t> tokens) {
     fail(ErrorCode::InvalidArgument, "Decoder: a batch step takes one token per sequence (", n, "), got ",
          tokens.size());
   }
-  if (unfused_qkv_) {
-    // qkv_rope_append_ragged reads one [q | k | v] row per sequence.
-    fail(ErrorCode::Unsupported, "Decoder: a batch step needs a fused QKV projection; this model's q / k / v "
-                                 "projections are separate (GPTQ parts whose g_idx differ)");
-  }
+  require_fused_qkv();
   // [ids | positions | kv lengths], one write: the step reads them from
   // batch_state_ (the decode state holds one sequence's), so one captured
   // graph serves every step.
-  std::vector<std::int32_t> state(3 * n);
+  std::vector<std::int32_t>& state = batch_host_state_;
+  state.resize(3 * n);
   for (std::size_t s = 0; s < n; ++s) {
     check_tokens(s, tokens.subspan(s, 1));
     state[s] = tokens[s];

@@ -116,6 +116,8 @@ class Decoder {
 
   void check_sequence(std::size_t seq) const;
   void check_tokens(std::size_t seq, std::span<const std::int32_t> tokens) const;
+  // Throws Unsupported when q / k / v are projected apart (no batch step).
+  void require_fused_qkv() const;
   // Enqueues the whole forward pass; no allocation, no host transfer (so it
   // can be captured).
   void enqueue_forward(const Pass& pass);
@@ -141,13 +143,14 @@ class Decoder {
   std::vector<std::size_t> positions_;  // per sequence: the next position
   bool unfused_qkv_ = false;            // q, k, v projected apart (no batch step)
   std::size_t last_rows_ = 1;           // rows of logits_ the last step wrote
+  std::vector<std::int32_t> batch_host_state_;  // a batch step's [3, sequences] host copy, reused
   Captured captured_ = Captured::None;
 
   // Per layer KV caches [sequences, kv_heads, capacity, hd].
   std::vector<Buffer> k_cache_;
   std::vector<Buffer> v_cache_;
   // Scratch sized for R = max(max_tokens_, sequences) rows.
-  Buffer ids_;          // [R] i32
+  Buffer ids_;          // [max_tokens_] i32 (prefill and single-sequence steps)
   // A batch step's inputs, written in one go: [3, sequences] i32 =
   // batch_ids_ (each sequence's token) | seq_positions_ | kv_lens_ (positions + 1).
   Buffer batch_state_;

@@ -232,7 +232,9 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       }
     } else if (arg == "--skinny-max-m") {
       const std::size_t m = parse_count(arg, value());
-      if (m > 16) fail(ErrorCode::InvalidArgument, "--skinny-max-m takes 0..16, got ", m);
+      if (m > static_cast<std::size_t>(kGemmSkinnyMaxM)) {
+        fail(ErrorCode::InvalidArgument, "--skinny-max-m takes 0..", kGemmSkinnyMaxM, ", got ", m);
+      }
       opt.skinny_max_m = static_cast<int>(m);
     } else if (arg == "--eager") {
       opt.graph = false;

@@ -37,6 +37,10 @@ enum class GptqKernel {
   StreamBulk = 3,
 };
 
+// The largest CudaBackendConfig::gemm_skinny_max_m (the skinny decode
+// kernel's rows per launch).
+inline constexpr int kGemmSkinnyMaxM = 16;
+
 struct CudaBackendConfig {
   int device = 0;
   // cuBLAS workspace, set once per device with cublasSetWorkspace. The first
@@ -59,7 +63,7 @@ struct CudaBackendConfig {
   // NCCL error (a peer gone), the communicator is aborted and they throw
   // ErrorCode::Nccl. Must be positive.
   std::chrono::milliseconds collective_timeout{60000};
-  // gemm with m <= gemm_skinny_max_m (0..16) takes the skinny decode kernel
+  // gemm with m <= gemm_skinny_max_m (0..kGemmSkinnyMaxM) takes the skinny decode kernel
   // (kernels/gemm_skinny.cu) where it applies; larger m, and 0, use cuBLAS.
   // -1: the library's measured per-shape default (kernels/gemm_skinny.hpp,
   // gemm_skinny_default), which takes it where it beat cuBLAS on the H200.

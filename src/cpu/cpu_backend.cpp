@@ -681,6 +681,22 @@ void CpuBackend::do_qk_norm_rope(const Buffer& input /*[tokens, heads, head_dim]
   });
 }
 
+namespace {
+
+// Throws CapacityExceeded unless position `pos` (named `name`, with
+// `[index]` when index >= 0) has a row in both the rope tables and the
+// caches of cfg.
+void check_append_position(const char* op, const char* name, long long index, long long pos,
+                           const QkvRopeAppendConfig& cfg) {
+  const std::size_t limit = std::min(cfg.capacity, cfg.max_pos);
+  if (pos < 0 || static_cast<std::size_t>(pos) >= limit) {
+    fail(ErrorCode::CapacityExceeded, "{}: {}{} = {} is outside [0, {}) (cfg.capacity = {}, cfg.max_pos = {})", op,
+         name, index >= 0 ? fmt::format("[{}]", index) : std::string(), pos, limit, cfg.capacity, cfg.max_pos);
+  }
+}
+
+}  // namespace
+
 // The arithmetic of do_qk_norm_rope and the copies of
 // do_kv_cache_append_head_major, row for row: the same bits as split_qkv,
 // qk_norm_rope on q and on k and the append.
@@ -692,13 +708,7 @@ void CpuBackend::do_qkv_rope_append(const Buffer& qkv /*[tokens, (heads + 2 kv_h
                                     Buffer& k_cache /*[kv_heads, capacity, head_dim]*/,
                                     Buffer& v_cache /*[kv_heads, capacity, head_dim]*/, std::size_t tokens,
                                     std::size_t pos_offset, const QkvRopeAppendConfig& cfg, bool use_decode_state) {
-  if (use_decode_state && (state_pos_ < 0 || static_cast<std::size_t>(state_pos_) >= cfg.max_pos ||
-                           static_cast<std::size_t>(state_pos_) >= cfg.capacity)) {
-    fail(ErrorCode::CapacityExceeded,
-         "qkv_rope_append: decode-state position {} is outside the {} positions of the cos/sin tables or the "
-         "cfg.capacity = {} of the caches",
-         state_pos_, cfg.max_pos, cfg.capacity);
-  }
+  if (use_decode_state) check_append_position("qkv_rope_append", "decode-state position", -1, state_pos_, cfg);
   const std::size_t first = use_decode_state ? static_cast<std::size_t>(state_pos_) : pos_offset;
   const std::size_t heads = cfg.heads, kv = cfg.kv_heads, hd = cfg.head_dim, half = hd / 2;
   const std::size_t row = (heads + 2 * kv) * hd;
@@ -745,13 +755,8 @@ void CpuBackend::do_qkv_rope_append_ragged(const Buffer& qkv /*[batch, (heads + 
                                            const Buffer& positions /*[batch] i32*/, std::size_t batch,
                                            const QkvRopeAppendConfig& cfg) {
   const auto* pos = static_cast<const std::int32_t*>(positions.data());
-  const std::size_t limit = std::min(cfg.capacity, cfg.max_pos);
   for (std::size_t b = 0; b < batch; ++b) {
-    if (pos[b] < 0 || static_cast<std::size_t>(pos[b]) >= limit) {
-      fail(ErrorCode::CapacityExceeded,
-           "qkv_rope_append_ragged: positions[{}] = {} is outside [0, {}) (cfg.capacity = {}, cfg.max_pos = {})", b,
-           pos[b], limit, cfg.capacity, cfg.max_pos);
-    }
+    check_append_position("qkv_rope_append_ragged", "positions", static_cast<long long>(b), pos[b], cfg);
   }
   const std::size_t row = (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim, q_row = cfg.heads * cfg.head_dim;
   const std::size_t seq = cfg.kv_heads * cfg.capacity * cfg.head_dim;

@@ -93,6 +93,8 @@ std::shared_ptr<Communicator> checked_communicator(const CudaBackendConfig& conf
 
 namespace {
 
+static_assert(kGemmSkinnyMaxM == kernels::kSkinnyMaxM, "the public bound is the kernel's");
+
 int resolved_skinny_max_m(int requested) {
   if (requested < -1 || requested > kernels::kSkinnyMaxM) {
     detail::fail(ErrorCode::InvalidArgument,

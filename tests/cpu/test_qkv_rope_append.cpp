@@ -181,64 +181,60 @@ FERRUM_INSTANTIATE_ON_ALL_BACKENDS(QkvRopeAppendRagged);
 // CpuBackend refuses a position past the caches or the tables, or negative,
 // before writing anything (CudaBackend reports it at synchronize:
 // tests/gpu/test_ops_cuda.cpp); with the tables ending first and with the
-// caches ending first.
-void expect_ragged_positions_refused(std::size_t capacity, std::size_t table_rows) {
-  SCOPED_TRACE(cat("capacity ", capacity, ", table rows ", table_rows));
+// caches ending first. Ragged: positions[1] of three sequences; else the
+// decode-state position of a one-token qkv_rope_append.
+void expect_positions_refused(bool ragged, std::size_t capacity, std::size_t table_rows) {
+  SCOPED_TRACE(cat(ragged ? "ragged" : "decode state", ", capacity ", capacity, ", table rows ", table_rows));
   CpuBackend cpu;
-  constexpr std::size_t kHeads = 2, kKv = 1, kHd = 8, kSeqs = 3;
-  Buffer qkv = cpu.alloc(DType::F16, kSeqs * (kHeads + 2 * kKv) * kHd), q_out = cpu.alloc(DType::F16, kSeqs * kHeads * kHd);
-  Buffer k_cache = cpu.alloc(DType::F16, kSeqs * kKv * capacity * kHd), v_cache = cpu.alloc(DType::F16, kSeqs * kKv * capacity * kHd);
+  constexpr std::size_t kHeads = 2, kKv = 1, kHd = 8;
+  const std::size_t seqs = ragged ? 3 : 1;
+  const std::size_t q_len = seqs * kHeads * kHd, cache_len = seqs * kKv * capacity * kHd;
+  Buffer qkv = cpu.alloc(DType::F16, seqs * (kHeads + 2 * kKv) * kHd), q_out = cpu.alloc(DType::F16, q_len);
+  Buffer k_cache = cpu.alloc(DType::F16, cache_len), v_cache = cpu.alloc(DType::F16, cache_len);
   Buffer cos = cpu.alloc(DType::F32, table_rows * kHd / 2), sin = cpu.alloc(DType::F32, table_rows * kHd / 2);
-  Buffer pos = cpu.alloc(DType::I32, kSeqs);
-  cpu.write(qkv, std::vector<float>(kSeqs * (kHeads + 2 * kKv) * kHd, 1.0f));
+  Buffer pos = cpu.alloc(DType::I32, seqs);
+  cpu.write(qkv, std::vector<float>(seqs * (kHeads + 2 * kKv) * kHd, 1.0f));
   cpu.write(cos, std::vector<float>(table_rows * kHd / 2, 1.0f));
   cpu.write(sin, std::vector<float>(table_rows * kHd / 2, 0.5f));
-  cpu.write(k_cache, std::vector<float>(kSeqs * kKv * capacity * kHd, 0.0f));
-  cpu.write(v_cache, std::vector<float>(kSeqs * kKv * capacity * kHd, 0.0f));
+  cpu.write(k_cache, std::vector<float>(cache_len, 0.0f));
+  cpu.write(v_cache, std::vector<float>(cache_len, 0.0f));
   const QkvRopeAppendConfig cfg{.heads = kHeads, .kv_heads = kKv, .head_dim = kHd, .capacity = capacity, .max_pos = table_rows};
   const auto last = static_cast<std::int32_t>(std::min(capacity, table_rows)) - 1;
+  DeviceStateScope scope(cpu, !ragged);
   auto step_at = [&](std::int32_t middle) {
-    const std::int32_t p[kSeqs] = {0, middle, last};
-    cpu.write_bytes(pos, p, sizeof p);
-    cpu.qkv_rope_append_ragged(qkv, nullptr, nullptr, cos, sin, q_out, k_cache, v_cache, pos, kSeqs, cfg);
+    if (ragged) {
+      const std::int32_t p[3] = {0, middle, last};
+      cpu.write_bytes(pos, p, sizeof p);
+      cpu.qkv_rope_append_ragged(qkv, nullptr, nullptr, cos, sin, q_out, k_cache, v_cache, pos, seqs, cfg);
+    } else {
+      cpu.set_decode_state(0, static_cast<std::uint32_t>(middle));
+      cpu.qkv_rope_append(qkv, nullptr, nullptr, cos, sin, q_out, k_cache, v_cache, 1, 0, cfg);
+    }
   };
   EXPECT_NO_THROW(step_at(last));  // the last row both hold
-  const std::vector<float> q_before = cpu.download(q_out, kSeqs * kHeads * kHd);
-  const std::vector<float> k_before = cpu.download(k_cache, kSeqs * kKv * capacity * kHd);
-  const std::vector<float> v_before = cpu.download(v_cache, kSeqs * kKv * capacity * kHd);
-  cpu.write(qkv, std::vector<float>(kSeqs * (kHeads + 2 * kKv) * kHd, 2.0f));  // a write would now differ
-  for (std::int32_t bad : {static_cast<std::int32_t>(table_rows), static_cast<std::int32_t>(capacity), -1, 1000}) {
-    SCOPED_TRACE(cat("positions[1] = ", bad));
-    expect_error(ErrorCode::CapacityExceeded, "positions[1]", [&] { step_at(bad); });
-    EXPECT_EQ(cpu.download(q_out, kSeqs * kHeads * kHd), q_before);
-    EXPECT_EQ(cpu.download(k_cache, kSeqs * kKv * capacity * kHd), k_before);
-    EXPECT_EQ(cpu.download(v_cache, kSeqs * kKv * capacity * kHd), v_before);
+  const std::vector<float> q_before = cpu.download(q_out, q_len);
+  const std::vector<float> k_before = cpu.download(k_cache, cache_len);
+  const std::vector<float> v_before = cpu.download(v_cache, cache_len);
+  cpu.write(qkv, std::vector<float>(seqs * (kHeads + 2 * kKv) * kHd, 2.0f));  // a write would now differ
+  // -1: a ragged position only (set_decode_state refuses it itself).
+  for (std::int32_t bad : {static_cast<std::int32_t>(table_rows), static_cast<std::int32_t>(capacity), 1000, -1}) {
+    if (bad < 0 && !ragged) continue;
+    SCOPED_TRACE(cat("position ", bad));
+    expect_error(ErrorCode::CapacityExceeded, ragged ? "positions[1]" : "decode-state position", [&] { step_at(bad); });
+    EXPECT_EQ(cpu.download(q_out, q_len), q_before);
+    EXPECT_EQ(cpu.download(k_cache, cache_len), k_before);
+    EXPECT_EQ(cpu.download(v_cache, cache_len), v_before);
   }
 }
 
 TEST(CpuQkvRopeAppendRagged, PositionOutOfRangeThrowsAndWritesNothing) {
-  expect_ragged_positions_refused(/*capacity=*/8, /*table rows=*/6);
-  expect_ragged_positions_refused(/*capacity=*/5, /*table rows=*/9);
+  expect_positions_refused(/*ragged=*/true, /*capacity=*/8, /*table rows=*/6);
+  expect_positions_refused(/*ragged=*/true, /*capacity=*/5, /*table rows=*/9);
 }
 
-// CpuBackend refuses a decode-state position past the caches or the tables
-// at the op (CudaBackend reports it at synchronize: tests/gpu/test_ops_cuda.cpp).
-TEST(CpuQkvRopeAppend, DecodeStatePositionOutOfRangeThrows) {
-  CpuBackend cpu;
-  constexpr std::size_t kHeads = 2, kKv = 1, kHd = 8, kCap = 8, kTable = 6;  // the tables end first
-  Buffer qkv = cpu.alloc(DType::F16, (kHeads + 2 * kKv) * kHd), q_out = cpu.alloc(DType::F16, kHeads * kHd);
-  Buffer k_cache = cpu.alloc(DType::F16, kKv * kCap * kHd), v_cache = cpu.alloc(DType::F16, kKv * kCap * kHd);
-  Buffer cos = cpu.alloc(DType::F32, kTable * kHd / 2), sin = cpu.alloc(DType::F32, kTable * kHd / 2);
-  const QkvRopeAppendConfig cfg{.heads = kHeads, .kv_heads = kKv, .head_dim = kHd, .capacity = kCap, .max_pos = kTable};
-  DeviceStateScope scope(cpu, true);
-  auto step_at = [&](std::uint32_t pos) {
-    cpu.set_decode_state(0, pos);
-    cpu.qkv_rope_append(qkv, nullptr, nullptr, cos, sin, q_out, k_cache, v_cache, 1, 0, cfg);
-  };
-  EXPECT_NO_THROW(step_at(kTable - 1));  // the last table row
-  for (std::uint32_t pos : {static_cast<std::uint32_t>(kTable), static_cast<std::uint32_t>(kCap), 1000u}) {
-    expect_error(ErrorCode::CapacityExceeded, "qkv_rope_append", [&] { step_at(pos); });
-  }
+TEST(CpuQkvRopeAppend, DecodeStatePositionOutOfRangeThrowsAndWritesNothing) {
+  expect_positions_refused(/*ragged=*/false, /*capacity=*/8, /*table rows=*/6);
+  expect_positions_refused(/*ragged=*/false, /*capacity=*/5, /*table rows=*/9);
 }
 
 }  // namespace

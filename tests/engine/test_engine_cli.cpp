@@ -147,11 +147,11 @@ void expect_gpu_backend_when_present(const std::string& output) {
 }
 
 // The decode-step launch switches change no bit: each run's logits equal the
-// default run's, eager and graph. Without a GPU every run uses CpuBackend (the
-// flags only configure the CUDA backend); on a GPU machine this compares PDL
-// on and off, the early trigger, the L2 prefetch and the pre-wait weight loads
-// (gemm_weights_before_wait), which no other test can turn on (the first
-// backend on a device fixes them).
+// default run's, eager and graph: PDL on and off, the early trigger, the L2
+// prefetch and the pre-wait weight loads (gemm_weights_before_wait), which no
+// other test can turn on (the first backend on a device fixes them). GPU
+// only: the flags configure CudaBackend, so on CpuBackend the runs could not
+// differ.
 void expect_launch_switches_keep_logits(const std::filesystem::path& dir, const std::filesystem::path& model) {
   const std::filesystem::path log = dir / "engine.log";
   for (const char* mode : {"--eager", "--graph"}) {
@@ -171,6 +171,7 @@ void expect_launch_switches_keep_logits(const std::filesystem::path& dir, const 
 }
 
 TEST(EngineCli, LaunchSwitchesGiveTheSameLogits) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU: the launch switches only configure CudaBackend";
   const std::filesystem::path dir = testing::scratch_dir();
   expect_launch_switches_keep_logits(dir, write_gpu_tiny_checkpoint(dir));
 }
@@ -180,6 +181,7 @@ TEST(EngineCli, LaunchSwitchesGiveTheSameLogits) {
 // --gemm-early-weights its first ring of weight copies issued before the
 // PDL wait.
 TEST(EngineCli, GptqLaunchSwitchesGiveTheSameLogits) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU: the launch switches only configure CudaBackend";
   const std::filesystem::path dir = testing::scratch_dir();
   ModelConfig config = testing::gpu_tiny_llama_config();
   config.intermediate_size = 512;
