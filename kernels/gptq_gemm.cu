@@ -722,7 +722,6 @@ constexpr int kStreamMaxSplits = 16;
 // conflict-free), and one slot: a chunk's weights and NT * 8 activation rows.
 constexpr int kStreamActPitch = kGptqTileK * 2 + 16;
 constexpr int stream_slot_bytes(int nt) { return kChunkWords * 4 + nt * 8 * kStreamActPitch; }
-constexpr int kStreamMaxRing = kGptqStreamMaxRing;  // bulk source: most slots per warp (NT = 2: 198 KiB per CTA)
 
 // CTAs per SM asked of the register allocator, the most without spills
 // (ptxas). Register source: two 4 KiB buffers, the running and the group
@@ -744,7 +743,7 @@ struct StreamParams : GemmOperands {
   int k16_per_group;  // group_rows / 16: 1, 2, 4 or a multiple of 8 (gptq_repack.hpp)
   int group_step_mask;  // min(k16_per_group, 8) - 1: a new group starts at k16 steps s & mask == 0
   int splits;
-  int ring;  // bulk source: chunk slots per warp in shared memory (1 .. kStreamMaxRing)
+  int ring;  // bulk source: chunk slots per warp in shared memory (1 .. kGptqStreamMaxRing)
 };
 
 // 16 bytes of the weight stream: read once, so not kept in L1.
@@ -896,7 +895,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     // chunks in flight and refills a slot as soon as it has read it; no
     // registers hold data in flight, no barrier spans warps, and the loop
     // makes no global loads but the scale rows.
-    __shared__ __align__(8) std::uint64_t ring_full[kStreamWarps][kStreamMaxRing];
+    __shared__ __align__(8) std::uint64_t ring_full[kStreamWarps][kGptqStreamMaxRing];
     constexpr int kSlotBytes = stream_slot_bytes(NT);
     unsigned char* const ring = ring_smem + static_cast<std::size_t>(warp) * p.ring * kSlotBytes;
     std::uint64_t* const full = ring_full[warp];
@@ -1108,11 +1107,11 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   const std::size_t smem = kBulk ? static_cast<std::size_t>(stream_ring_bytes(NT, ring)) : 0;
   if constexpr (kBulk) {  // the shared-memory opt-in, once per device (cheap after the first call)
     const bool ok = args.w.zeros != nullptr
-                        ? prepare_kernel<&gptq_stream_kernel<T, NT, true, kSource>>(stream_ring_bytes(NT, kStreamMaxRing))
-                        : prepare_kernel<&gptq_stream_kernel<T, NT, false, kSource>>(stream_ring_bytes(NT, kStreamMaxRing));
+                        ? prepare_kernel<&gptq_stream_kernel<T, NT, true, kSource>>(stream_ring_bytes(NT, kGptqStreamMaxRing))
+                        : prepare_kernel<&gptq_stream_kernel<T, NT, false, kSource>>(stream_ring_bytes(NT, kGptqStreamMaxRing));
     if (!ok) {
       throw_bad_dispatch("gemm_gptq", "bulk rings' bytes (device opt-in shared memory)",
-                         stream_ring_bytes(NT, kStreamMaxRing));
+                         stream_ring_bytes(NT, kGptqStreamMaxRing));
     }
   }
   if (args.w.zeros != nullptr) {
@@ -1131,7 +1130,7 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
 // memory grows with the ring).
 struct StreamOccupancy {
   int registers[2][2][2] = {};
-  int bulk[2][2][2][kStreamMaxRing] = {};
+  int bulk[2][2][2][kGptqStreamMaxRing] = {};
   bool bulk_supported = false;
 };
 
@@ -1151,11 +1150,11 @@ void stream_blocks_of(StreamOccupancy& occ, int dtype_index) {
   if (!occ.bulk_supported) return;
   // A device with less opt-in shared memory than the deepest ring takes the
   // register source (and the bulk source is never planned).
-  if (!prepare_kernel<&gptq_stream_kernel<T, NT, kZeros, StreamSource::Bulk>>(stream_ring_bytes(NT, kStreamMaxRing))) {
+  if (!prepare_kernel<&gptq_stream_kernel<T, NT, kZeros, StreamSource::Bulk>>(stream_ring_bytes(NT, kGptqStreamMaxRing))) {
     occ.bulk_supported = false;
     return;
   }
-  for (int ring = 1; ring <= kStreamMaxRing; ++ring) {
+  for (int ring = 1; ring <= kGptqStreamMaxRing; ++ring) {
     occ.bulk[dtype_index][kZeros ? 1 : 0][NT - 1][ring - 1] = stream_blocks_per_sm<T, NT, kZeros, StreamSource::Bulk>(ring);
   }
 }
@@ -1188,9 +1187,9 @@ int stream_nt(int m) { return m <= 8 ? 1 : 2; }
 // not cost occupancy).
 int stream_ring_for(int dtype_index, bool zeros, int nt, int requested) {
   if (requested > 0) return requested;
-  const int(&per_ring)[kStreamMaxRing] = stream_occupancy().bulk[dtype_index][zeros ? 1 : 0][nt - 1];
+  const int(&per_ring)[kGptqStreamMaxRing] = stream_occupancy().bulk[dtype_index][zeros ? 1 : 0][nt - 1];
   int ring = 1;
-  while (ring < kStreamMaxRing && per_ring[ring] == per_ring[0]) ++ring;
+  while (ring < kGptqStreamMaxRing && per_ring[ring] == per_ring[0]) ++ring;
   return ring;
 }
 
@@ -1360,7 +1359,7 @@ std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms) {
     for (int nt = 1; nt <= 2; ++nt) {
       for (bool zeros : {false, true}) {
         // ring 0: the register source; 1 ..: the bulk source's ring sizes.
-        for (int ring = 0; ring <= (stream_occupancy().bulk_supported ? kStreamMaxRing : 0); ++ring) {
+        for (int ring = 0; ring <= (stream_occupancy().bulk_supported ? kGptqStreamMaxRing : 0); ++ring) {
           const GptqPlan plan = stream_plan_for(d, zeros, nt, ring > 0, ring, k_pad, n_pad, num_sms);
           if (plan.splits > 1) {
             most = std::max(most, static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile);
@@ -1390,7 +1389,7 @@ GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k_pad, int n_pad, 
 void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream) {
   if (args.m < 1 || args.m > kGptqMaxM) throw_bad_dispatch("gemm_gptq", "rows per launch m", args.m);
   if (args.w.group_rows <= 0) throw_bad_dispatch("gemm_gptq", "fused group_rows", args.w.group_rows);
-  if (args.stream_ring < 0 || args.stream_ring > kStreamMaxRing) {
+  if (args.stream_ring < 0 || args.stream_ring > kGptqStreamMaxRing) {
     throw_bad_dispatch("gemm_gptq", "stream_ring (chunk slots per warp)", args.stream_ring);
   }
   if (args.stream_splits < 0 || args.stream_splits > kStreamMaxSplits) {
