@@ -35,6 +35,11 @@ enum class GptqKernel {
   // into warp-private shared-memory rings by bulk copies (the TMA engine,
   // sm_90+; below sm_90 the register source runs), for every m <= 16.
   StreamBulk = 3,
+  // StreamBulk with its work shared by persistent CTAs, one per resident
+  // slot, each an equal range of the (column block, 128-row chunk) list
+  // (stream-K: every SM the same bytes, where split-K leaves some SMs one CTA
+  // more than others); without bulk copies, Stream.
+  StreamK = 4,
 };
 
 // The largest CudaBackendConfig::gemm_skinny_max_m (the skinny decode
@@ -89,9 +94,8 @@ struct CudaBackendConfig {
   // writes the weight operand (gemm's b, gemm_silu_mul's w). True for model
   // weights loaded before decoding; false, e.g., when b is the output of the
   // op just before. With it, the skinny SIMT decode GEMM (m <= 2) reads its
-  // first round of weights into registers, and the GPTQ streaming kernel's
-  // bulk source issues its first ring of weight copies, before they wait on
-  // the previous kernel (PDL), so that DRAM latency overlaps the previous
+  // first round of weights into registers before it waits on the previous
+  // kernel (PDL), so that round's DRAM latency overlaps the previous
   // kernel's tail. Results are bitwise the same. Per device, like
   // programmatic_dependent_launch.
   bool gemm_weights_before_wait = false;

@@ -177,9 +177,7 @@ TEST(EngineCli, LaunchSwitchesGiveTheSameLogits) {
 }
 
 // The same with GPTQ INT4 projections (group 128, symmetric): on a GPU the
-// streaming kernel's bulk source launched with PDL, and with
-// --gemm-early-weights its first ring of weight copies issued before the
-// PDL wait.
+// streaming kernel's bulk source launched with PDL.
 TEST(EngineCli, GptqLaunchSwitchesGiveTheSameLogits) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU: the launch switches only configure CudaBackend";
   const std::filesystem::path dir = testing::scratch_dir();
