@@ -4,7 +4,7 @@
 //
 //   ferrum_bench_gptq [--json PATH] [--iters N] [--warmup N] [--dtype f16|bf16]
 //                     [--asym] [--act-order] [--crossover] [--quick]
-//                     [--kernel auto|fused|stream|bulk|streamk] [--ring N] [--splits N] [--ms M,M,...]
+//                     [--kernel auto|fused|stream|bulk] [--ring N] [--splits N] [--ms M,M,...]
 //                     [--shapes KxN,KxN,...]
 //
 // --kernel picks the kernel launch_gptq_gemm runs (GptqGemmArgs::kernel):
@@ -14,12 +14,10 @@
 // m <= 16 (larger m still run the fused kernel); bulk = the same streaming
 // kernel with its weights brought into shared-memory rings by bulk copies
 // (--ring: chunk slots per warp, 0 = the library's choice; --splits: CTAs
-// along k, 0 = the plan's); streamk = bulk over persistent stream-K CTAs
-// (--splits does not apply). --ms replaces the list of m, --shapes
+// along k, 0 = the plan's). --ms replaces the list of m, --shapes
 // the list of shapes. The "plan"
 // column says which ran: "sxS" = streaming (one CTA per 64 columns, S
-// splits along k), "kG" = stream-K over G CTAs, else "cCxS": the fused
-// configuration C and its splits.
+// splits along k), else "cCxS": the fused configuration C and its splits.
 //
 // Shapes [k x n]: 4096x4096, 4096x14336, 14336x4096, 8192x8192, 8192x28672,
 // and the llama3-8b step's 4096x6144 (q|k|v) and 4096x28672 (gate|up);
@@ -129,7 +127,6 @@ struct Row {
   int k, n, m;
   double ours_us, dequant_us, cublas_us, read_us;
   int splits, config;
-  int stream_k_ctas;  // stream-K: persistent CTAs (0: split-K)
   double int4_gbs, meta_gbs, speedup;
 };
 
@@ -196,9 +193,8 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--kernel") {
       opt.kernel = value();
-      if (opt.kernel != "auto" && opt.kernel != "fused" && opt.kernel != "stream" && opt.kernel != "bulk" &&
-          opt.kernel != "streamk") {
-        std::fprintf(stderr, "--kernel must be auto, fused, stream, bulk or streamk (got %s)\n", opt.kernel.c_str());
+      if (opt.kernel != "auto" && opt.kernel != "fused" && opt.kernel != "stream" && opt.kernel != "bulk") {
+        std::fprintf(stderr, "--kernel must be auto, fused, stream or bulk (got %s)\n", opt.kernel.c_str());
         return 2;
       }
     } else {
@@ -249,7 +245,6 @@ int main(int argc, char** argv) {
     using ferrum::kernels::GptqKernelKind;
     const GptqKernelKind forced = opt.kernel == "stream" ? GptqKernelKind::Stream
                                   : opt.kernel == "bulk" ? GptqKernelKind::StreamBulk
-                                  : opt.kernel == "streamk" ? GptqKernelKind::StreamK
                                                          : GptqKernelKind::Fused;
     const GptqKernelKind kind =
         ferrum::kernels::gptq_kernel_for(opt.kernel == "auto", forced, rows, ferrum::kernels::gptq_bulk_copy_supported());
@@ -446,9 +441,8 @@ int main(int argc, char** argv) {
         const ferrum::kernels::GptqPlan sp = ferrum::kernels::gptq_stream_plan(
             opt.dtype, !r.uniform_zero, m, static_cast<int>(r.k_pad), static_cast<int>(r.n_pad), num_sms, kind_of(m),
             opt.ring);
-        row.splits = opt.splits > 0 && !sp.stream_k ? std::min(opt.splits, static_cast<int>(r.k_pad) / 128) : sp.splits;
+        row.splits = opt.splits > 0 ? std::min(opt.splits, static_cast<int>(r.k_pad) / 128) : sp.splits;
         row.config = -1;
-        row.stream_k_ctas = sp.stream_k ? sp.n_ctas : 0;
       }
       row.ours_us = time_median(copies, opt.warmup, opt.iters, fused, stream);
       row.dequant_us = opt.crossover ? time_median(copies, opt.warmup, opt.iters, dequant_cublas, stream) : 0.0;
@@ -461,9 +455,7 @@ int main(int argc, char** argv) {
       char deq[32] = "-";
       if (opt.crossover) std::snprintf(deq, sizeof(deq), "%.1f", row.dequant_us);
       char plan_text[16];
-      if (row.stream_k_ctas > 0) {
-        std::snprintf(plan_text, sizeof(plan_text), "k%d", row.stream_k_ctas);
-      } else if (row.config < 0) {
+      if (row.config < 0) {
         std::snprintf(plan_text, sizeof(plan_text), "sx%d", row.splits);
       } else {
         std::snprintf(plan_text, sizeof(plan_text), "c%dx%d", row.config, row.splits);
@@ -493,7 +485,6 @@ int main(int argc, char** argv) {
       out << "  {\"k\": " << rw.k << ", \"n\": " << rw.n << ", \"m\": " << rw.m << ", \"ours_us\": " << rw.ours_us
           << ", \"int4_gbps\": " << rw.int4_gbs << ", \"int4_meta_gbps\": " << rw.meta_gbs
           << ", \"splits\": " << rw.splits << ", \"config\": " << rw.config
-          << ", \"stream_k_ctas\": " << rw.stream_k_ctas
           << ", \"dequant_cublas_us\": " << rw.dequant_us << ", \"cublas_fp16_us\": " << rw.cublas_us
           << ", \"speedup_vs_cublas\": " << rw.speedup << ", \"read_ceiling_us\": " << rw.read_us
           << ", \"max_speedup_vs_cublas\": " << rw.cublas_us / rw.read_us << "}" << (i + 1 < rows.size() ? "," : "") << "\n";

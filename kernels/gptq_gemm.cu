@@ -183,34 +183,36 @@ __device__ __forceinline__ void unpack_zeros(const uint2 zr, std::uint32_t (&lo)
 
 // ── Split-K over CTAs, last arriver (both kernels) ──────────────────────────
 //
-// One output tile (rows x cols, row-major) is the sum of `contributors` f32
-// partials, contributor i's at partial_of(i), each stored by its CTA before
-// the call. The CTA that arrives last at *counter sums them in order
-// 0, 1, ..., contributors - 1 (fixed: bitwise reproducible), stores
-// out[r, col0 + c] (row stride n) for col0 + c < n, resets the counter for
-// the next launch on the stream and returns true; the others return false.
-// Every thread of the CTA calls it. Quads of 4 columns, kPer per thread, all
-// in flight for one contributor at a time.
-template <class T, int kThreadsN, int kPer, class PartialOf>
-__device__ __forceinline__ bool finish_last_sum(PartialOf partial_of,  // i -> const float* [rows][cols]
-                                                int contributors,
-                                                int* counter,  // zero between launches
-                                                int rows, int cols, int col0, int n, T* out /* [rows, n] */) {
+// Every CTA of output tile `tile` has stored its f32 partial, rows x cols
+// row-major, at partials + (split * tiles + tile) * rows * cols. The CTA
+// that arrives last at counters[tile] sums the `splits` partials in split
+// order 0, 1, ..., S-1 (fixed: bitwise reproducible), stores
+// out[r, col0 + c] (row stride n) for col0 + c < n, and resets the counter
+// for the next launch on the stream. Every thread of the CTA calls it.
+// Quads of 4 columns, kPer per thread, all in flight for one split at a time.
+template <class T, int kThreadsN, int kPer>
+__device__ __forceinline__ void splitk_finish_last(const float* partials,  // [splits][tiles][rows][cols] f32
+                                                   int* counters,          // [tiles], zero between launches
+                                                   int tile, int tiles, int splits, int rows, int cols, int col0,
+                                                   int n, T* out /* [rows, n] */) {
   __shared__ int s_is_last;
   const int tid = static_cast<int>(threadIdx.x);
   __threadfence();  // release: this CTA's partial is visible device-wide before it arrives
   __syncthreads();
-  if (tid == 0) s_is_last = atomicAdd(counter, 1) == contributors - 1 ? 1 : 0;
+  if (tid == 0) s_is_last = atomicAdd(counters + tile, 1) == splits - 1 ? 1 : 0;
   __syncthreads();
-  if (s_is_last == 0) return false;
+  if (s_is_last == 0) return;
   __threadfence();  // acquire: the other partials are read through L2 below
   const int quads_per_row = cols / 4;
   const int quads = rows * quads_per_row;
+  const std::size_t tile_floats = static_cast<std::size_t>(rows) * cols;
+  const float* tile0 = partials + static_cast<std::size_t>(tile) * tile_floats;
+  const std::size_t split_stride = static_cast<std::size_t>(tiles) * tile_floats;
   float4 sum[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) sum[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int s = 0; s < contributors; ++s) {
-    const float* part = partial_of(s);
+  for (int s = 0; s < splits; ++s) {
+    const float* part = tile0 + static_cast<std::size_t>(s) * split_stride;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int c = tid + i * kThreadsN;
@@ -234,22 +236,7 @@ __device__ __forceinline__ bool finish_last_sum(PartialOf partial_of,  // i -> c
           make_uint2(pack2<T>(sum[i].x, sum[i].y), pack2<T>(sum[i].z, sum[i].w));
     }
   }
-  if (tid == 0) *counter = 0;
-  return true;
-}
-
-// Split-K: the partial of split s for output tile `tile` is at
-// partials + (s * tiles + tile) * rows * cols.
-template <class T, int kThreadsN, int kPer>
-__device__ __forceinline__ void splitk_finish_last(const float* partials,  // [splits][tiles][rows][cols] f32
-                                                   int* counters,          // [tiles], zero between launches
-                                                   int tile, int tiles, int splits, int rows, int cols, int col0,
-                                                   int n, T* out /* [rows, n] */) {
-  const std::size_t tile_floats = static_cast<std::size_t>(rows) * cols;
-  const float* tile0 = partials + static_cast<std::size_t>(tile) * tile_floats;
-  const std::size_t split_stride = static_cast<std::size_t>(tiles) * tile_floats;
-  finish_last_sum<T, kThreadsN, kPer>([&](int s) { return tile0 + static_cast<std::size_t>(s) * split_stride; }, splits,
-                                      counters + tile, rows, cols, col0, n, out);
+  if (tid == 0) counters[tile] = 0;
 }
 
 // ── Fused kernel ────────────────────────────────────────────────────────────
@@ -710,20 +697,6 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
 //       zeros: 5 CTAs per SM), no global loads in the loop but the scale
 //       rows. Same chunks, same order, same math as the register source:
 //       the same bits for the same split plan.
-//   * Two ways CTAs share the work:
-//     - split-K (Stream, StreamBulk): grid n_pad / 64 x S, CTA (nb, s) takes
-//       column block nb's chunks of split s; S from the plan below, about one
-//       wave. Every CTA the same chunks, but the SMs do not: 448 CTAs on 660
-//       slots leave 52 SMs with 4 CTAs and 80 with 3 (8192 x 28672).
-//     - stream-K (StreamK, the bulk source): G persistent CTAs (one per
-//       resident slot) cut the flat list of W = column blocks x chunks into
-//       G equal ranges, CTA g [g W / G, (g + 1) W / G), walked as segments of
-//       one column block each; the ring's cursor carries across segments
-//       (it drains at each boundary: at most two per CTA at the benchmark
-//       shapes). A segment that is its column block's whole k stores the
-//       output; the others store f32 partials ([G][2][m][64]: a CTA's first
-//       and last segment), summed by the column block's last contributor
-//       to arrive, in CTA order.
 //   * The scale (and zero) row of the next chunk's first group is loaded
 //     with the next chunk, so a group change at a chunk start (g128: every
 //     chunk) does not wait on L2.
@@ -756,15 +729,14 @@ constexpr int stream_slot_bytes(int nt) { return kChunkWords * 4 + nt * 8 * kStr
 template <int NT, bool kZeros, bool kBulk>
 constexpr int kStreamMinBlocks = kBulk ? (NT == 1 ? (kZeros ? 4 : 5) : 4) : (NT == 1 ? 3 : 2);
 
-// Where a warp's chunks come from, and how CTAs share the work (see above):
-// the register source and the bulk source split k evenly over `splits` CTAs
-// per column block (grid n_pad / 64 x splits); BulkStreamK is the bulk
-// source over persistent CTAs that cut the flat (column block, chunk) list
-// into equal ranges (stream-K).
-enum class StreamSource { Registers, Bulk, BulkStreamK };
+// Where a warp's chunks come from (see above). (A third source, the bulk
+// source with its first ring of weight copies issued before the PDL wait,
+// and a stream-K form of the bulk source were measured slower in session 10
+// and removed: docs/design/gptq_small_m.md §7.)
+enum class StreamSource { Registers, Bulk };
 
 struct StreamParams : GemmOperands {
-  float* partials;  // split-K: [splits][n_pad / 64][m][64] f32 (splits > 1); stream-K: [G][2][m][64]
+  float* partials;  // [splits][n_pad / 64][m][64] f32 (splits > 1)
   int* counters;    // [n_pad / 64] ints, zero between launches
   int k16_per_group;  // group_rows / 16: 1, 2, 4 or a multiple of 8 (gptq_repack.hpp)
   int group_step_mask;  // min(k16_per_group, 8) - 1: a new group starts at k16 steps s & mask == 0
@@ -785,7 +757,6 @@ template <class T, int NT, bool kZeros, StreamSource kSource>
 __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, kSource != StreamSource::Registers>)
     gptq_stream_kernel(const StreamParams p) {
   constexpr bool kBulk = kSource != StreamSource::Registers;
-  constexpr bool kStreamK = kSource == StreamSource::BulkStreamK;
   using M = Int4Math<T>;
   constexpr int kAcc = NT * 4 * 4;  // [nt][j][4] f32
   // The bulk source's rings (dynamic shared memory; none for the register
@@ -804,26 +775,26 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
 
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int gid = lane >> 2, tig = lane & 3;
-  const int nb_total = p.n_pad / kGptqTileN;
+  const int nb = static_cast<int>(blockIdx.x), split = static_cast<int>(blockIdx.y);
+  const int nb_total = static_cast<int>(gridDim.x);
   const int chunks = p.k_pad / kGptqTileK;
-  // The CTA's work: the chunks [work_lo, work_hi) of the flat list
-  // nb * chunks + c (column block nb, chunk c), walked as segments of one
-  // column block each. Split-K: column block blockIdx.x, split blockIdx.y
-  // (one segment). Stream-K: CTA g of G takes [g W / G, (g + 1) W / G).
-  int work_lo, work_hi;
-  if constexpr (kStreamK) {
-    const long long total = static_cast<long long>(nb_total) * chunks;
-    work_lo = static_cast<int>(static_cast<long long>(blockIdx.x) * total / gridDim.x);
-    work_hi = static_cast<int>(static_cast<long long>(blockIdx.x + 1) * total / gridDim.x);
-  } else {
-    const int nb = static_cast<int>(blockIdx.x), split = static_cast<int>(blockIdx.y);
-    work_lo = nb * chunks + static_cast<int>(static_cast<long long>(split) * chunks / p.splits);
-    work_hi = nb * chunks + static_cast<int>(static_cast<long long>(split + 1) * chunks / p.splits);
-  }
+  const int c_begin = static_cast<int>(static_cast<long long>(split) * chunks / p.splits);
+  const int c_end = static_cast<int>(static_cast<long long>(split + 1) * chunks / p.splits);
+  // This column block's weight stream: chunk c at wblock + c * kChunkWords; lane's 16 bytes of k16 step s at + s * 128 + lane * 4.
+  const std::uint32_t* wblock = p.qweight + static_cast<std::size_t>(nb) * (p.k_pad / 16) * 128;
+  const std::uint32_t* wlane = wblock + lane * 4;
   const T* scales = static_cast<const T*>(p.scales);
   // Activations as pairs: row r, columns 2c, 2c + 1 at act[r * k / 2 + c] (k is even).
   const std::uint32_t* act = static_cast<const std::uint32_t*>(p.a);
   const int half_k = p.k >> 1;
+  // Lane gid's slice of a scale / zero row (8 features of the column block).
+  const std::size_t sz_col = static_cast<std::size_t>(nb) * kGptqTileN + gid * 8;
+
+  // acc: the CTA's running sums; part: this group's unscaled sums (q - z)·a,
+  // folded into acc (times the feature's scale) at each group's end.
+  float acc[kAcc], part[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = part[i] = 0.0f;
 
   // The current group: the 8 features' scales (feature 8t + gid: scf[t]) and
   // the negated biases of their zeros.
@@ -833,6 +804,26 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
 #pragma unroll
     for (int t = 0; t < 8; ++t) M::biases(p.zero_value, blo[t], bhi[t]);
   }
+  // Scale (zero) row of group g, lane gid's 8 features.
+  auto load_group_row = [&](int g, uint4& s_raw, uint2& z_raw) {
+    const std::size_t at = static_cast<std::size_t>(g) * p.n_pad + sz_col;
+    s_raw = __ldg(reinterpret_cast<const uint4*>(scales + at));
+    if constexpr (kZeros) z_raw = __ldg(reinterpret_cast<const uint2*>(p.zeros + at));
+  };
+  auto set_group = [&](const uint4& s_raw, const uint2& z_raw) {
+    const T* sv = reinterpret_cast<const T*>(&s_raw);
+#pragma unroll
+    for (int t = 0; t < 8; ++t) scf[t] = to_float(sv[t]);
+    if constexpr (kZeros) unpack_zeros<T>(z_raw, blo, bhi);
+  };
+  // D fragment (nt, j): d0 / d1 are feature 16j + g (scale scf[2j]), d2 / d3 feature 16j + 8 + g (scf[2j + 1]).
+  auto fold = [&] {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      acc[i] = fmaf(scf[2 * ((i / 4) % 4) + ((i % 4) >= 2 ? 1 : 0)], part[i], acc[i]);
+      part[i] = 0.0f;
+    }
+  };
   // B fragment rows 8nt + gid; rows >= m read nothing (zero): pairs past
   // `limit` (0 for a dead row, k / 2 otherwise) are zero, which also zeroes
   // columns >= k (padded q dequantizes to -z, not 0).
@@ -845,22 +836,75 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     limit[nt] = row < p.m ? half_k : 0;
   }
 
-  // Bulk source: warp-private rings of p.ring slots in shared memory, filled
-  // by the copy engine. A slot holds one chunk: its 4 KiB of weights and the
-  // live activation rows' 128 columns (row r at r * kStreamActPitch bytes;
-  // the pitch staggers rows across banks). The warp keeps p.ring of its
-  // chunks in flight and refills a slot as soon as it has read it; no
-  // registers hold data in flight, no barrier spans warps, and the loop
-  // makes no global loads but the scale rows. Slots are filled and consumed
-  // in cyclic order (slot, phase: the cursor), across segments.
-  constexpr int kSlotBytes = stream_slot_bytes(NT);
-  unsigned char* ring = nullptr;
-  std::uint64_t* full = nullptr;
-  const int live_rows = min(p.m, NT * 8);
-  // Rows >= m of every slot of the warp's ring are zeroed (no copy ever
-  // writes them): hygiene, not correctness (output column n depends only on
-  // B row n, and output rows >= m are never stored).
-  auto zero_dead_rows = [&] {
+  // One chunk: 8 k16 steps of 16 weight bytes per lane (weight_word(s)),
+  // whose first group's scale / zero row is s_raw / z_raw.
+  // act_frags(s, bf) sets bf[nt][0 / 1], the B fragments of k16 step s of
+  // the chunk (b0 = a[8 nt + gid][16 s + 2 tig ..+1], b1 = 8 columns on),
+  // zero for rows >= m and columns >= k.
+  auto process = [&](auto&& weight_word, auto&& act_frags, int c, const uint4& s_raw, const uint2& z_raw) {
+    set_group(s_raw, z_raw);
+    int g = (c * kChunkK16) / p.k16_per_group;  // groups of >= 128 rows start at chunks
+#pragma unroll
+    for (int s = 0; s < kChunkK16; ++s) {
+      if (s > 0 && (s & p.group_step_mask) == 0) {  // warp-uniform; groups of 16-64 rows only
+        fold();
+        uint4 s2;
+        uint2 z2 = make_uint2(0u, 0u);
+        load_group_row(++g, s2, z2);
+        set_group(s2, z2);
+      }
+      std::uint32_t bf[NT][2];
+      act_frags(s, bf);
+      const uint4 w = weight_word(s);
+      const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        std::uint32_t b[4];
+        M::dequant_unscaled(words[j], blo[2 * j], bhi[2 * j], blo[2 * j + 1], bhi[2 * j + 1], b);
+        const std::uint32_t af[4] = {b[0], b[2], b[1], b[3]};
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mma_16816_at<T>(&part[(nt * 4 + j) * 4], af, bf[nt][0], bf[nt][1]);
+      }
+    }
+    fold();
+  };
+  // Register source: B fragments straight from global (L1 / L2 hits).
+  auto act_global = [&](int c, int s, std::uint32_t (&bf)[NT][2]) {
+    const int pair = (c * kChunkK16 + s) * 8 + tig;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      bf[nt][0] = pair < limit[nt] ? __ldg(arow[nt] + pair) : 0u;
+      bf[nt][1] = pair + 4 < limit[nt] ? __ldg(arow[nt] + pair + 4) : 0u;
+    }
+  };
+  auto load_chunk = [&](uint4 (&w)[kChunkK16], int c) {
+#pragma unroll
+    for (int s = 0; s < kChunkK16; ++s) w[s] = load_stream_16(wlane + static_cast<std::size_t>(c) * kChunkWords + s * 128);
+  };
+  auto prefetch_chunk = [&](int c) {
+    if (lane == 0 && c < c_end) prefetch_l2_bulk(wblock + static_cast<std::size_t>(c) * kChunkWords, kChunkWords * 4u);
+  };
+
+  if constexpr (kBulk) {
+    // Bulk source: warp-private rings of p.ring slots in shared memory, filled
+    // by the copy engine. A slot holds one chunk: its 4 KiB of weights and the
+    // live activation rows' 128 columns (row r at r * kStreamActPitch bytes;
+    // the pitch staggers rows across banks). The warp keeps p.ring of its
+    // chunks in flight and refills a slot as soon as it has read it; no
+    // registers hold data in flight, no barrier spans warps, and the loop
+    // makes no global loads but the scale rows.
+    __shared__ __align__(8) std::uint64_t ring_full[kStreamWarps][kGptqStreamMaxRing];
+    constexpr int kSlotBytes = stream_slot_bytes(NT);
+    unsigned char* const ring = ring_smem + static_cast<std::size_t>(warp) * p.ring * kSlotBytes;
+    std::uint64_t* const full = ring_full[warp];
+    if (lane == 0) {
+      for (int r = 0; r < p.ring; ++r) mbarrier_init(&full[r], 1);
+      fence_mbarrier_init();
+    }
+    const int live_rows = min(p.m, NT * 8);
+    // Rows >= m of every slot are zeroed once (no copy ever writes them):
+    // hygiene, not correctness (output column n depends only on B row n, and
+    // output rows >= m are never stored).
     for (int r = 0; r < p.ring; ++r) {
       for (int i = lane; i < (NT * 8 - live_rows) * (kGptqTileK / 8); i += 32) {
         *reinterpret_cast<uint4*>(ring + r * kSlotBytes + kChunkWords * 4 +
@@ -868,305 +912,156 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
             make_uint4(0u, 0u, 0u, 0u);
       }
     }
-  };
-  if constexpr (kBulk) {
-    __shared__ __align__(8) std::uint64_t ring_full[kStreamWarps][kGptqStreamMaxRing];
-    ring = ring_smem + static_cast<std::size_t>(warp) * p.ring * kSlotBytes;
-    full = ring_full[warp];
-    if (lane == 0) {
-      for (int r = 0; r < p.ring; ++r) mbarrier_init(&full[r], 1);
-      fence_mbarrier_init();
-    }
-    zero_dead_rows();
     __syncwarp();
-  }
-  // Launched with PDL: everything above touched only shared memory and
-  // overlapped the previous kernel's tail; from here on global memory.
-  pdl_begin();
-  int slot = 0;
-  std::uint32_t phase = 0;
-
-  for (int seg_lo = work_lo; seg_lo < work_hi;) {
-    const int nb = kStreamK ? seg_lo / chunks : static_cast<int>(blockIdx.x);
-    const int c_begin = seg_lo - nb * chunks;
-    const int c_end = min(chunks, work_hi - nb * chunks);
-    const bool first_segment = seg_lo == work_lo;
-    seg_lo = nb * chunks + c_end;
-    if constexpr (kStreamK) {
-      if (!first_segment) {
-        // The previous segment's warp sums (red) overlaid the rings: every
-        // warp is past them before its ring is zeroed and refilled.
-        __syncthreads();
-        zero_dead_rows();
+    // Launched with PDL: everything above touched only shared memory and
+    // overlapped the previous kernel's tail; from here on global memory.
+    pdl_begin();
+    const T* const act_rows = static_cast<const T*>(p.a);
+    // Lane 0 announces the slot's bytes, then lanes 0 .. live_rows copy one
+    // activation row each (the valid columns of the chunk: k is a multiple
+    // of 8, so 16-byte multiples) and lane 31 the weights.
+    auto issue = [&](int slot, int chunk) {
+      const int col0 = chunk * kGptqTileK;
+      const std::uint32_t row_bytes = static_cast<std::uint32_t>(min(kGptqTileK, p.k - col0)) * 2u;
+      unsigned char* const dst = ring + slot * kSlotBytes;
+      if (lane == 0) mbarrier_arrive_expect_tx(&full[slot], kChunkWords * 4u + live_rows * row_bytes);
+      __syncwarp();
+      if (lane == 31) {
+        bulk_copy_to_shared(dst, wblock + static_cast<std::size_t>(chunk) * kChunkWords, kChunkWords * 4u, &full[slot]);
+      } else if (lane < live_rows) {
+        bulk_copy_to_shared(dst + kChunkWords * 4 + lane * kStreamActPitch,
+                            act_rows + static_cast<std::size_t>(lane) * p.k + col0, row_bytes, &full[slot]);
+      }
+    };
+    int c = c_begin + warp;
+    for (int r = 0; r < p.ring && c + r * kStreamWarps < c_end; ++r) issue(r, c + r * kStreamWarps);
+    uint4 s_cur = make_uint4(0u, 0u, 0u, 0u), s_next = s_cur;
+    uint2 z_cur = make_uint2(0u, 0u), z_next = z_cur;
+    if (c < c_end) load_group_row(c * kChunkK16 / p.k16_per_group, s_cur, z_cur);
+    int slot = 0;
+    std::uint32_t phase = 0;
+    for (; c < c_end; c += kStreamWarps) {
+      const int c_next = c + kStreamWarps;
+      if (c_next < c_end) load_group_row(c_next * kChunkK16 / p.k16_per_group, s_next, z_next);
+      mbarrier_wait_parity(&full[slot], phase);
+      unsigned char* const base = ring + slot * kSlotBytes;
+      const int tail = p.k - c * kGptqTileK;  // < 128: the last chunk, whose columns >= k were not copied
+      if (tail < kGptqTileK) {
+        for (int i = lane; i < live_rows * (kGptqTileK / 8); i += 32) {
+          const int col = (i % (kGptqTileK / 8)) * 8;
+          if (col >= tail) {
+            *reinterpret_cast<uint4*>(base + kChunkWords * 4 + (i / (kGptqTileK / 8)) * kStreamActPitch + col * 2) =
+                make_uint4(0u, 0u, 0u, 0u);
+          }
+        }
         __syncwarp();
+      }
+      const uint4* const words = reinterpret_cast<const uint4*>(base) + lane;
+      // ldmatrix x4: lane l addresses row l % 8 of 8-column block l / 8, so
+      // one load gives the B fragments of steps s and s + 1.
+      const std::uint32_t act_lane =
+          smem_u32(base + kChunkWords * 4 + (lane % 8) * kStreamActPitch + (lane / 8) * 16);
+      std::uint32_t pairs[NT][4];
+      process([&](int s) { return words[s * 32]; },
+              [&](int s, std::uint32_t (&bf)[NT][2]) {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                  if (s % 2 == 0) ldmatrix_x4(pairs[nt], act_lane + nt * 8 * kStreamActPitch + s * 32);
+                  bf[nt][0] = pairs[nt][(s % 2) * 2];
+                  bf[nt][1] = pairs[nt][(s % 2) * 2 + 1];
+                }
+              },
+              c, s_cur, z_cur);
+      // Every lane has read the slot before it is refilled.
+      __syncwarp();
+      const int c_refill = c + p.ring * kStreamWarps;
+      if (c_refill < c_end) {
         fence_proxy_async_shared();
+        issue(slot, c_refill);
+      }
+      s_cur = s_next;
+      z_cur = z_next;
+      if (++slot == p.ring) {
+        slot = 0;
+        phase ^= 1u;
       }
     }
-    // This column block's weight stream: chunk c at wblock + c * kChunkWords; lane's 16 bytes of k16 step s at + s * 128 + lane * 4.
-    const std::uint32_t* wblock = p.qweight + static_cast<std::size_t>(nb) * (p.k_pad / 16) * 128;
-    const std::uint32_t* wlane = wblock + lane * 4;
-    // Lane gid's slice of a scale / zero row (8 features of the column block).
-    const std::size_t sz_col = static_cast<std::size_t>(nb) * kGptqTileN + gid * 8;
-
-    // acc: the segment's running sums; part: this group's unscaled sums (q - z)·a,
-    // folded into acc (times the feature's scale) at each group's end.
-    float acc[kAcc], part[kAcc];
+  } else {
+    pdl_begin();  // launched with PDL: before any global access
+    // Two register buffers in turn (no copies): while one chunk is consumed
+    // the next one's loads are in flight, and L2 holds the kStreamL2Ahead after.
+    uint4 wa[kChunkK16], wb[kChunkK16];
+    uint4 sa = make_uint4(0u, 0u, 0u, 0u), sb = sa;
+    uint2 za = make_uint2(0u, 0u), zb = za;
+    int c = c_begin + warp;
+    if (c < c_end) {
+      load_chunk(wa, c);
+      load_group_row(c * kChunkK16 / p.k16_per_group, sa, za);
 #pragma unroll
-    for (int i = 0; i < kAcc; ++i) acc[i] = part[i] = 0.0f;
-
-    // Scale (zero) row of group g, lane gid's 8 features.
-    auto load_group_row = [&](int g, uint4& s_raw, uint2& z_raw) {
-      const std::size_t at = static_cast<std::size_t>(g) * p.n_pad + sz_col;
-      s_raw = __ldg(reinterpret_cast<const uint4*>(scales + at));
-      if constexpr (kZeros) z_raw = __ldg(reinterpret_cast<const uint2*>(p.zeros + at));
-    };
-    auto set_group = [&](const uint4& s_raw, const uint2& z_raw) {
-      const T* sv = reinterpret_cast<const T*>(&s_raw);
-#pragma unroll
-      for (int t = 0; t < 8; ++t) scf[t] = to_float(sv[t]);
-      if constexpr (kZeros) unpack_zeros<T>(z_raw, blo, bhi);
-    };
-    // D fragment (nt, j): d0 / d1 are feature 16j + g (scale scf[2j]), d2 / d3 feature 16j + 8 + g (scf[2j + 1]).
-    auto fold = [&] {
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) {
-        acc[i] = fmaf(scf[2 * ((i / 4) % 4) + ((i % 4) >= 2 ? 1 : 0)], part[i], acc[i]);
-        part[i] = 0.0f;
-      }
-    };
-
-    // One chunk: 8 k16 steps of 16 weight bytes per lane (weight_word(s)),
-    // whose first group's scale / zero row is s_raw / z_raw.
-    // act_frags(s, bf) sets bf[nt][0 / 1], the B fragments of k16 step s of
-    // the chunk (b0 = a[8 nt + gid][16 s + 2 tig ..+1], b1 = 8 columns on),
-    // zero for rows >= m and columns >= k.
-    auto process = [&](auto&& weight_word, auto&& act_frags, int c, const uint4& s_raw, const uint2& z_raw) {
-      set_group(s_raw, z_raw);
-      int g = (c * kChunkK16) / p.k16_per_group;  // groups of >= 128 rows start at chunks
-#pragma unroll
-      for (int s = 0; s < kChunkK16; ++s) {
-        if (s > 0 && (s & p.group_step_mask) == 0) {  // warp-uniform; groups of 16-64 rows only
-          fold();
-          uint4 s2;
-          uint2 z2 = make_uint2(0u, 0u);
-          load_group_row(++g, s2, z2);
-          set_group(s2, z2);
-        }
-        std::uint32_t bf[NT][2];
-        act_frags(s, bf);
-        const uint4 w = weight_word(s);
-        const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          std::uint32_t b[4];
-          M::dequant_unscaled(words[j], blo[2 * j], bhi[2 * j], blo[2 * j + 1], bhi[2 * j + 1], b);
-          const std::uint32_t af[4] = {b[0], b[2], b[1], b[3]};
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mma_16816_at<T>(&part[(nt * 4 + j) * 4], af, bf[nt][0], bf[nt][1]);
-        }
-      }
-      fold();
-    };
-
-    if constexpr (kBulk) {
-      const T* const act_rows = static_cast<const T*>(p.a);
-      // A chunk's copies into `slot`: lane 0 announces the slot's bytes, then
-      // lanes 0 .. live_rows copy one activation row each (the valid columns
-      // of the chunk: k is a multiple of 8, so 16-byte multiples) and lane 31
-      // the weights.
-      auto issue = [&](int at, int chunk) {
-        const int col0 = chunk * kGptqTileK;
-        const std::uint32_t row_bytes = static_cast<std::uint32_t>(min(kGptqTileK, p.k - col0)) * 2u;
-        unsigned char* const dst = ring + at * kSlotBytes;
-        if (lane == 0) mbarrier_arrive_expect_tx(&full[at], kChunkWords * 4u + live_rows * row_bytes);
-        __syncwarp();
-        if (lane == 31) {
-          bulk_copy_to_shared(dst, wblock + static_cast<std::size_t>(chunk) * kChunkWords, kChunkWords * 4u, &full[at]);
-        } else if (lane < live_rows) {
-          bulk_copy_to_shared(dst + kChunkWords * 4 + lane * kStreamActPitch,
-                              act_rows + static_cast<std::size_t>(lane) * p.k + col0, row_bytes, &full[at]);
-        }
-      };
-      int c = c_begin + warp;
-      // The segment's first p.ring chunks, into the slots from the cursor on.
-      for (int r = 0; r < p.ring && c + r * kStreamWarps < c_end; ++r) {
-        const int at = slot + r < p.ring ? slot + r : slot + r - p.ring;
-        issue(at, c + r * kStreamWarps);
-      }
-      uint4 s_cur = make_uint4(0u, 0u, 0u, 0u), s_next = s_cur;
-      uint2 z_cur = make_uint2(0u, 0u), z_next = z_cur;
-      if (c < c_end) load_group_row(c * kChunkK16 / p.k16_per_group, s_cur, z_cur);
-      for (; c < c_end; c += kStreamWarps) {
-        const int c_next = c + kStreamWarps;
-        if (c_next < c_end) load_group_row(c_next * kChunkK16 / p.k16_per_group, s_next, z_next);
-        mbarrier_wait_parity(&full[slot], phase);
-        unsigned char* const base = ring + slot * kSlotBytes;
-        const int tail = p.k - c * kGptqTileK;  // < 128: the last chunk, whose columns >= k were not copied
-        if (tail < kGptqTileK) {
-          for (int i = lane; i < live_rows * (kGptqTileK / 8); i += 32) {
-            const int col = (i % (kGptqTileK / 8)) * 8;
-            if (col >= tail) {
-              *reinterpret_cast<uint4*>(base + kChunkWords * 4 + (i / (kGptqTileK / 8)) * kStreamActPitch + col * 2) =
-                  make_uint4(0u, 0u, 0u, 0u);
-            }
-          }
-          __syncwarp();
-        }
-        const uint4* const words = reinterpret_cast<const uint4*>(base) + lane;
-        // ldmatrix x4: lane l addresses row l % 8 of 8-column block l / 8, so
-        // one load gives the B fragments of steps s and s + 1.
-        const std::uint32_t act_lane =
-            smem_u32(base + kChunkWords * 4 + (lane % 8) * kStreamActPitch + (lane / 8) * 16);
-        std::uint32_t pairs[NT][4];
-        process([&](int s) { return words[s * 32]; },
-                [&](int s, std::uint32_t (&bf)[NT][2]) {
-#pragma unroll
-                  for (int nt = 0; nt < NT; ++nt) {
-                    if (s % 2 == 0) ldmatrix_x4(pairs[nt], act_lane + nt * 8 * kStreamActPitch + s * 32);
-                    bf[nt][0] = pairs[nt][(s % 2) * 2];
-                    bf[nt][1] = pairs[nt][(s % 2) * 2 + 1];
-                  }
-                },
-                c, s_cur, z_cur);
-        // Every lane has read the slot before it is refilled.
-        __syncwarp();
-        const int c_refill = c + p.ring * kStreamWarps;
-        if (c_refill < c_end) {
-          fence_proxy_async_shared();
-          issue(slot, c_refill);
-        }
-        s_cur = s_next;
-        z_cur = z_next;
-        if (++slot == p.ring) {
-          slot = 0;
-          phase ^= 1u;
-        }
-      }
-    } else {
-      // Register source: B fragments straight from global (L1 / L2 hits).
-      auto act_global = [&](int c, int s, std::uint32_t (&bf)[NT][2]) {
-        const int pair = (c * kChunkK16 + s) * 8 + tig;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          bf[nt][0] = pair < limit[nt] ? __ldg(arow[nt] + pair) : 0u;
-          bf[nt][1] = pair + 4 < limit[nt] ? __ldg(arow[nt] + pair + 4) : 0u;
-        }
-      };
-      auto load_chunk = [&](uint4 (&w)[kChunkK16], int c) {
-#pragma unroll
-        for (int s = 0; s < kChunkK16; ++s) w[s] = load_stream_16(wlane + static_cast<std::size_t>(c) * kChunkWords + s * 128);
-      };
-      auto prefetch_chunk = [&](int c) {
-        if (lane == 0 && c < c_end) prefetch_l2_bulk(wblock + static_cast<std::size_t>(c) * kChunkWords, kChunkWords * 4u);
-      };
-      // Two register buffers in turn (no copies): while one chunk is consumed
-      // the next one's loads are in flight, and L2 holds the kStreamL2Ahead after.
-      uint4 wa[kChunkK16], wb[kChunkK16];
-      uint4 sa = make_uint4(0u, 0u, 0u, 0u), sb = sa;
-      uint2 za = make_uint2(0u, 0u), zb = za;
-      int c = c_begin + warp;
-      if (c < c_end) {
-        load_chunk(wa, c);
-        load_group_row(c * kChunkK16 / p.k16_per_group, sa, za);
-#pragma unroll
-        for (int i = 1; i <= kStreamL2Ahead; ++i) prefetch_chunk(c + i * kStreamWarps);
-      }
-      for (; c < c_end; c += 2 * kStreamWarps) {
-        const int c1 = c + kStreamWarps, c2 = c1 + kStreamWarps;
-        if (c1 < c_end) {
-          load_chunk(wb, c1);
-          load_group_row(c1 * kChunkK16 / p.k16_per_group, sb, zb);
-        }
-        prefetch_chunk(c + (kStreamL2Ahead + 1) * kStreamWarps);
-        process([&](int s) { return wa[s]; }, [&](int s, std::uint32_t (&bf)[NT][2]) { act_global(c, s, bf); }, c, sa,
-                za);
-        if (c1 >= c_end) break;
-        if (c2 < c_end) {
-          load_chunk(wa, c2);
-          load_group_row(c2 * kChunkK16 / p.k16_per_group, sa, za);
-        }
-        prefetch_chunk(c1 + (kStreamL2Ahead + 1) * kStreamWarps);
-        process([&](int s) { return wb[s]; }, [&](int s, std::uint32_t (&bf)[NT][2]) { act_global(c1, s, bf); }, c1,
-                sb, zb);
-      }
+      for (int i = 1; i <= kStreamL2Ahead; ++i) prefetch_chunk(c + i * kStreamWarps);
     }
-
-    // Warps 1.. -> warp 0, in warp order.
-    if constexpr (kBulk) __syncthreads();  // every warp is done with its ring before red overwrites it
-    if (warp > 0) {
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) red[warp - 1][i][lane] = acc[i];
-    }
-    __syncthreads();
-    if (warp == 0) {
-#pragma unroll
-      for (int w = 0; w < kStreamWarps - 1; ++w) {
-#pragma unroll
-        for (int i = 0; i < kAcc; ++i) acc[i] += red[w][i][lane];
+    for (; c < c_end; c += 2 * kStreamWarps) {
+      const int c1 = c + kStreamWarps, c2 = c1 + kStreamWarps;
+      if (c1 < c_end) {
+        load_chunk(wb, c1);
+        load_group_row(c1 * kChunkK16 / p.k16_per_group, sb, zb);
       }
-    }
-    // Whether this segment is its column block's whole sum (then stored
-    // straight to out), and where its f32 [m][64] partial goes otherwise:
-    // split-K [splits][n_pad / 64][m][64]; stream-K [G][2][m][64], CTA g's
-    // first segment at (g, 0), its last at (g, 1) (only those two can be
-    // partial: the segments between are whole column blocks).
-    bool whole;
-    float* my_part;
-    if constexpr (kStreamK) {
-      whole = c_begin == 0 && c_end == chunks;
-      my_part = p.partials + (static_cast<std::size_t>(blockIdx.x) * 2 + (first_segment ? 0 : 1)) * p.m * kGptqTileN;
-    } else {
-      whole = p.splits == 1;
-      my_part = p.partials + (static_cast<std::size_t>(blockIdx.y) * nb_total + nb) * p.m * kGptqTileN;
-    }
-    // D fragment (nt, j): d0 / d1 = feature 16j + g, rows 8nt + 2t / +1; d2 / d3 = feature + 8.
-    T* out = static_cast<T*>(p.out);
-    if (warp == 0) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int f0 = 16 * j + gid;
-          const int r0 = nt * 8 + 2 * tig;
-          const float* d = &acc[(nt * 4 + j) * 4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int f = f0 + (e >= 2 ? 8 : 0), r = r0 + (e & 1);
-            if (r >= p.m) continue;
-            if (whole) {
-              if (nb * kGptqTileN + f < p.n) out[static_cast<std::size_t>(r) * p.n + nb * kGptqTileN + f] = from_float<T>(d[e]);
-            } else {
-              __stcg(my_part + static_cast<std::size_t>(r) * kGptqTileN + f, d[e]);
-            }
-          }
-        }
+      prefetch_chunk(c + (kStreamL2Ahead + 1) * kStreamWarps);
+      process([&](int s) { return wa[s]; }, [&](int s, std::uint32_t (&bf)[NT][2]) { act_global(c, s, bf); }, c, sa, za);
+      if (c1 >= c_end) break;
+      if (c2 < c_end) {
+        load_chunk(wa, c2);
+        load_group_row(c2 * kChunkK16 / p.k16_per_group, sa, za);
       }
-    }
-    constexpr int kPer = (NT * 8 * (kGptqTileN / 4) + kStreamThreads - 1) / kStreamThreads;
-    if constexpr (kStreamK) {
-      if (whole) continue;  // CTA-uniform
-      // The column block's contributors: CTAs g_first .. g_last (g_of(i):
-      // the CTA whose range holds flat chunk i), summed in g order; CTA g's
-      // segment here is its first one iff its range starts inside the block.
-      const long long total = static_cast<long long>(nb_total) * chunks;
-      const long long ctas = gridDim.x;
-      auto g_of = [&](long long i) { return static_cast<int>(((i + 1) * ctas - 1) / total); };
-      const int block_lo = nb * chunks;
-      const int g_first = g_of(block_lo), g_last = g_of(block_lo + chunks - 1);
-      finish_last_sum<T, kStreamThreads, kPer>(
-          [&](int i) {
-            const int g = g_first + i;
-            const bool starts_here = static_cast<long long>(g) * total / ctas >= block_lo;
-            return p.partials + (static_cast<std::size_t>(g) * 2 + (starts_here ? 0 : 1)) * p.m * kGptqTileN;
-          },
-          g_last - g_first + 1, p.counters + nb, p.m, kGptqTileN, nb * kGptqTileN, p.n, out);
-    } else {
-      if (p.splits == 1) return;  // grid-uniform
-      splitk_finish_last<T, kStreamThreads, kPer>(p.partials, p.counters, nb, nb_total, p.splits, p.m, kGptqTileN,
-                                                  nb * kGptqTileN, p.n, out);
-      return;  // split-K: one segment
+      prefetch_chunk(c1 + (kStreamL2Ahead + 1) * kStreamWarps);
+      process([&](int s) { return wb[s]; }, [&](int s, std::uint32_t (&bf)[NT][2]) { act_global(c1, s, bf); }, c1, sb,
+              zb);
     }
   }
+
+  // Warps 1.. -> warp 0, in warp order.
+  if constexpr (kBulk) __syncthreads();  // every warp is done with its ring before red overwrites it
+  if (warp > 0) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) red[warp - 1][i][lane] = acc[i];
+  }
+  __syncthreads();
+  if (warp == 0) {
+#pragma unroll
+    for (int w = 0; w < kStreamWarps - 1; ++w) {
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[i] += red[w][i][lane];
+    }
+  }
+  // D fragment (nt, j): d0 / d1 = feature 16j + g, rows 8nt + 2t / +1; d2 / d3 = feature + 8.
+  // One split: the output directly. Otherwise this split's [m][64] f32 partial.
+  T* out = static_cast<T*>(p.out);
+  if (warp == 0) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int f0 = 16 * j + gid;
+        const int r0 = nt * 8 + 2 * tig;
+        const float* d = &acc[(nt * 4 + j) * 4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int f = f0 + (e >= 2 ? 8 : 0), r = r0 + (e & 1);
+          if (r >= p.m) continue;
+          if (p.splits == 1) {
+            if (nb * kGptqTileN + f < p.n) out[static_cast<std::size_t>(r) * p.n + nb * kGptqTileN + f] = from_float<T>(d[e]);
+          } else {
+            float* const split_part = p.partials + (static_cast<std::size_t>(split) * nb_total + nb) * p.m * kGptqTileN;
+            __stcg(split_part + static_cast<std::size_t>(r) * kGptqTileN + f, d[e]);
+          }
+        }
+      }
+    }
+  }
+  if (p.splits == 1) return;  // grid-uniform
+  constexpr int kPer = (NT * 8 * (kGptqTileN / 4) + kStreamThreads - 1) / kStreamThreads;
+  splitk_finish_last<T, kStreamThreads, kPer>(p.partials, p.counters, nb, nb_total, p.splits, p.m, kGptqTileN,
+                                              nb * kGptqTileN, p.n, out);
 }
 
 template <class T, int NT, bool kZeros, StreamSource kSource>
@@ -1178,7 +1073,7 @@ auto stream_kernel_ptr() {
 constexpr int stream_ring_bytes(int nt, int ring) { return kStreamWarps * ring * stream_slot_bytes(nt); }
 
 template <class T, int NT, StreamSource kSource>
-void launch_stream_nt(const GptqGemmArgs& args, const GptqPlan& plan, int ring, cudaStream_t stream) {
+void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream_t stream) {
   constexpr bool kBulk = kSource != StreamSource::Registers;
   StreamParams p{};
   static_cast<GemmOperands&>(p) = gemm_operands(args);
@@ -1186,10 +1081,9 @@ void launch_stream_nt(const GptqGemmArgs& args, const GptqPlan& plan, int ring, 
   p.counters = args.counters;
   p.k16_per_group = args.w.group_rows / 16;
   p.group_step_mask = std::min(p.k16_per_group, kChunkK16) - 1;
-  p.splits = plan.splits;
+  p.splits = splits;
   p.ring = kBulk ? ring : 0;
-  // Split-K: column blocks x splits; stream-K: plan.n_ctas persistent CTAs.
-  const dim3 grid(static_cast<unsigned>(plan.n_ctas), static_cast<unsigned>(plan.splits));
+  const dim3 grid(static_cast<unsigned>(args.w.n_pad / kGptqTileN), static_cast<unsigned>(splits));
   const std::size_t smem = kBulk ? static_cast<std::size_t>(stream_ring_bytes(NT, ring)) : 0;
   if constexpr (kBulk) {  // the shared-memory opt-in, once per device (cheap after the first call)
     const bool ok = args.w.zeros != nullptr
@@ -1213,11 +1107,10 @@ void launch_stream_nt(const GptqGemmArgs& args, const GptqPlan& plan, int ring, 
 // current at the first call (a process assumed to drive GPUs of one kind):
 // registers[dtype][zeros][NT - 1] for the register source,
 // bulk[dtype][zeros][NT - 1][ring - 1] for the bulk source (whose shared
-// memory grows with the ring), stream_k[...] the same for its stream-K form.
+// memory grows with the ring).
 struct StreamOccupancy {
   int registers[2][2][2] = {};
   int bulk[2][2][2][kGptqStreamMaxRing] = {};
-  int stream_k[2][2][2][kGptqStreamMaxRing] = {};
   bool bulk_supported = false;
 };
 
@@ -1237,16 +1130,12 @@ void stream_blocks_of(StreamOccupancy& occ, int dtype_index) {
   if (!occ.bulk_supported) return;
   // A device with less opt-in shared memory than the deepest ring takes the
   // register source (and the bulk source is never planned).
-  if (!prepare_kernel<&gptq_stream_kernel<T, NT, kZeros, StreamSource::Bulk>>(stream_ring_bytes(NT, kGptqStreamMaxRing)) ||
-      !prepare_kernel<&gptq_stream_kernel<T, NT, kZeros, StreamSource::BulkStreamK>>(
-          stream_ring_bytes(NT, kGptqStreamMaxRing))) {
+  if (!prepare_kernel<&gptq_stream_kernel<T, NT, kZeros, StreamSource::Bulk>>(stream_ring_bytes(NT, kGptqStreamMaxRing))) {
     occ.bulk_supported = false;
     return;
   }
   for (int ring = 1; ring <= kGptqStreamMaxRing; ++ring) {
     occ.bulk[dtype_index][kZeros ? 1 : 0][NT - 1][ring - 1] = stream_blocks_per_sm<T, NT, kZeros, StreamSource::Bulk>(ring);
-    occ.stream_k[dtype_index][kZeros ? 1 : 0][NT - 1][ring - 1] =
-        stream_blocks_per_sm<T, NT, kZeros, StreamSource::BulkStreamK>(ring);
   }
 }
 
@@ -1276,12 +1165,9 @@ int stream_nt(int m) { return m <= 8 ? 1 : 2; }
 // else the most slots that keep the CTAs per SM of a single slot (the kernel
 // is bound by its warps' issue, not by bytes in flight: shared memory must
 // not cost occupancy).
-int stream_ring_for(StreamSource source, int dtype_index, bool zeros, int nt, int requested) {
+int stream_ring_for(int dtype_index, bool zeros, int nt, int requested) {
   if (requested > 0) return requested;
-  const StreamOccupancy& occ = stream_occupancy();
-  const int(&per_ring)[kGptqStreamMaxRing] = source == StreamSource::BulkStreamK
-                                                 ? occ.stream_k[dtype_index][zeros ? 1 : 0][nt - 1]
-                                                 : occ.bulk[dtype_index][zeros ? 1 : 0][nt - 1];
+  const int(&per_ring)[kGptqStreamMaxRing] = stream_occupancy().bulk[dtype_index][zeros ? 1 : 0][nt - 1];
   int ring = 1;
   while (ring < kGptqStreamMaxRing && per_ring[ring] == per_ring[0]) ++ring;
   return ring;
@@ -1293,7 +1179,7 @@ int stream_ring_for(StreamSource source, int dtype_index, bool zeros, int nt, in
 // slots (ties: fewer splits), every warp with at least one chunk. (A
 // waves x chunks model picked 4 splits at 8192 x 28672 and measured 61.9 us
 // at m = 1 where one split, 1.13 waves, measured 49.9 us.)
-GptqPlan stream_plan_for(int dtype_index, bool zeros, int nt, StreamSource source, int ring, int k_pad, int n_pad,
+GptqPlan stream_plan_for(int dtype_index, bool zeros, int nt, bool bulk, int ring, int k_pad, int n_pad,
                          int num_sms) {
   GptqPlan plan;
   plan.config = -1;
@@ -1303,21 +1189,8 @@ GptqPlan stream_plan_for(int dtype_index, bool zeros, int nt, StreamSource sourc
   const int chunks = k_pad / kGptqTileK;
   const StreamOccupancy& occ = stream_occupancy();
   const int z = zeros ? 1 : 0;
-  const bool bulk = source != StreamSource::Registers;
-  const int per_sm = source == StreamSource::Registers ? occ.registers[dtype_index][z][nt - 1]
-                     : source == StreamSource::Bulk    ? occ.bulk[dtype_index][z][nt - 1][ring - 1]
-                                                       : occ.stream_k[dtype_index][z][nt - 1][ring - 1];
+  const int per_sm = bulk ? occ.bulk[dtype_index][z][nt - 1][ring - 1] : occ.registers[dtype_index][z][nt - 1];
   const long long slots = static_cast<long long>(std::max(num_sms, 1)) * per_sm;
-  if (source == StreamSource::BulkStreamK) {
-    // Stream-K: one persistent CTA per resident slot, fewer where the work
-    // would give a warp less than two chunks on average (the bulk source's
-    // floor below).
-    const long long work = static_cast<long long>(plan.n_ctas) * chunks;
-    plan.n_ctas = static_cast<int>(std::max(1LL, std::min(slots, work / (kStreamWarps * 2))));
-    plan.splits = 1;
-    plan.stream_k = true;
-    return plan;
-  }
   long long best = -1;
   for (int s = 1; s <= std::min(kStreamMaxSplits, chunks); ++s) {
     // The smallest split still gives every warp a chunk (bulk source: two,
@@ -1333,46 +1206,28 @@ GptqPlan stream_plan_for(int dtype_index, bool zeros, int nt, StreamSource sourc
   return plan;
 }
 
-// The source and work split a streaming launch of `kind` runs: the bulk
-// forms need bulk copies on the device, and k % 8 == 0 (activation rows are
-// copied in 16-byte units; always true of a repacked checkpoint, a
-// hand-built weight may differ); otherwise the register source.
-StreamSource stream_source_for(GptqKernelKind kind, int k) {
-  const bool bulk_ok = stream_occupancy().bulk_supported && k % 8 == 0;
-  if (kind == GptqKernelKind::StreamK && bulk_ok) return StreamSource::BulkStreamK;
-  if (kind == GptqKernelKind::StreamBulk && bulk_ok) return StreamSource::Bulk;
-  return StreamSource::Registers;
-}
-
-template <class T, StreamSource kSource>
-void launch_stream_source(const GptqGemmArgs& args, const GptqPlan& plan, int ring, cudaStream_t stream) {
-  if (plan.m_tile == 8) {
-    launch_stream_nt<T, 1, kSource>(args, plan, ring, stream);
-  } else {
-    launch_stream_nt<T, 2, kSource>(args, plan, ring, stream);
-  }
-}
-
 template <class T>
 void launch_stream(const GptqGemmArgs& args, cudaStream_t stream) {
   const int dtype_index = std::is_same_v<T, __nv_bfloat16> ? 1 : 0;
   const int nt = stream_nt(args.m);
-  const bool zeros = args.w.zeros != nullptr;
-  const StreamSource source = stream_source_for(args.kernel, args.w.k);
-  const int ring = source == StreamSource::Registers ? 0 : stream_ring_for(source, dtype_index, zeros, nt, args.stream_ring);
-  GptqPlan plan = stream_plan_for(dtype_index, zeros, nt, source, ring, args.w.k_pad, args.w.n_pad, args.num_sms);
-  // A benchmark's split override (split-K sources only).
-  if (!plan.stream_k && args.stream_splits > 0) plan.splits = std::min(args.stream_splits, args.w.k_pad / kGptqTileK);
-  switch (source) {
-    case StreamSource::Registers:
-      launch_stream_source<T, StreamSource::Registers>(args, plan, 0, stream);
-      break;
-    case StreamSource::Bulk:
-      launch_stream_source<T, StreamSource::Bulk>(args, plan, ring, stream);
-      break;
-    case StreamSource::BulkStreamK:
-      launch_stream_source<T, StreamSource::BulkStreamK>(args, plan, ring, stream);
-      break;
+  // The bulk source copies activation rows in 16-byte units: k % 8 == 0
+  // (always true of a repacked checkpoint; a hand-built weight may not be).
+  const bool bulk =
+      args.kernel == GptqKernelKind::StreamBulk && stream_occupancy().bulk_supported && args.w.k % 8 == 0;
+  const int ring = stream_ring_for(dtype_index, args.w.zeros != nullptr, nt, args.stream_ring);
+  const GptqPlan plan =
+      stream_plan_for(dtype_index, args.w.zeros != nullptr, nt, bulk, ring, args.w.k_pad, args.w.n_pad, args.num_sms);
+  const int splits = args.stream_splits > 0 ? std::min(args.stream_splits, args.w.k_pad / kGptqTileK) : plan.splits;
+  if (bulk) {
+    if (nt == 1) {
+      launch_stream_nt<T, 1, StreamSource::Bulk>(args, splits, ring, stream);
+    } else {
+      launch_stream_nt<T, 2, StreamSource::Bulk>(args, splits, ring, stream);
+    }
+  } else if (nt == 1) {
+    launch_stream_nt<T, 1, StreamSource::Registers>(args, splits, 0, stream);
+  } else {
+    launch_stream_nt<T, 2, StreamSource::Registers>(args, splits, 0, stream);
   }
 }
 
@@ -1384,8 +1239,7 @@ bool stream_applies(const GptqGemmArgs& args) {
   // Groups of 16-row multiples that divide a chunk or are whole chunks: the
   // kernel finds group changes by step mask (group_step_mask).
   const bool chunk_aligned_groups = rows > 0 && rows % 16 == 0 && (kGptqTileK % rows == 0 || rows % kGptqTileK == 0);
-  const bool streaming = args.kernel == GptqKernelKind::Stream || args.kernel == GptqKernelKind::StreamBulk ||
-                         args.kernel == GptqKernelKind::StreamK;
+  const bool streaming = args.kernel == GptqKernelKind::Stream || args.kernel == GptqKernelKind::StreamBulk;
   return streaming && args.m >= 1 && args.m <= kGptqStreamMaxM && chunk_aligned_groups &&
          args.w.k % 2 == 0 && args.w.k_pad % kGptqTileK == 0 && args.w.n_pad % kGptqTileN == 0;
 }
@@ -1478,19 +1332,13 @@ std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms) {
     }
     for (int nt = 1; nt <= 2; ++nt) {
       for (bool zeros : {false, true}) {
-        // The register source; the bulk source and its stream-K form at every ring size.
-        std::size_t need = 0;
-        const GptqPlan registers = stream_plan_for(d, zeros, nt, StreamSource::Registers, 0, k_pad, n_pad, num_sms);
-        if (registers.splits > 1) need = static_cast<std::size_t>(registers.splits) * registers.n_ctas;
-        for (int ring = 1; ring <= (stream_occupancy().bulk_supported ? kGptqStreamMaxRing : 0); ++ring) {
-          const GptqPlan bulk = stream_plan_for(d, zeros, nt, StreamSource::Bulk, ring, k_pad, n_pad, num_sms);
-          if (bulk.splits > 1) need = std::max(need, static_cast<std::size_t>(bulk.splits) * bulk.n_ctas);
-          // Stream-K: [G][2] partials (a CTA's first and last segment).
-          const GptqPlan stream_k =
-              stream_plan_for(d, zeros, nt, StreamSource::BulkStreamK, ring, k_pad, n_pad, num_sms);
-          need = std::max(need, static_cast<std::size_t>(2) * stream_k.n_ctas);
+        // ring 0: the register source; 1 ..: the bulk source's ring sizes.
+        for (int ring = 0; ring <= (stream_occupancy().bulk_supported ? kGptqStreamMaxRing : 0); ++ring) {
+          const GptqPlan plan = stream_plan_for(d, zeros, nt, ring > 0, ring, k_pad, n_pad, num_sms);
+          if (plan.splits > 1) {
+            most = std::max(most, static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile);
+          }
         }
-        most = std::max(most, need * kGptqTileN * 8 * nt);
       }
     }
   }
@@ -1506,12 +1354,10 @@ bool gptq_bulk_copy_supported() { return stream_occupancy().bulk_supported; }
 
 GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k_pad, int n_pad, int num_sms, GptqKernelKind kind,
                           int ring) {
-  const StreamSource source = stream_source_for(kind, k_pad);
+  const bool bulk = kind == GptqKernelKind::StreamBulk && stream_occupancy().bulk_supported;
   const int dtype_index = dtype == DType::BF16 ? 1 : 0;
-  const int nt = stream_nt(m);
-  return stream_plan_for(dtype_index, zeros, nt, source,
-                         source == StreamSource::Registers ? 0 : stream_ring_for(source, dtype_index, zeros, nt, ring),
-                         k_pad, n_pad, num_sms);
+  return stream_plan_for(dtype_index, zeros, stream_nt(m), bulk,
+                         bulk ? stream_ring_for(dtype_index, zeros, stream_nt(m), ring) : 0, k_pad, n_pad, num_sms);
 }
 
 void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream) {

@@ -38,11 +38,7 @@ inline constexpr int kGptqStreamMaxM = 16;  // rows the streaming kernel covers 
 //   StreamBulk  the same kernel with the weights and activation rows landing
 //               in warp-private shared-memory rings by bulk copy (sm_90+;
 //               the register source below sm_90).
-//   StreamK     StreamBulk over persistent CTAs that share the (column
-//               block, chunk) list equally (stream-K) instead of splitting
-//               each column block's k evenly (split-K); without bulk copies
-//               the register source, split-K.
-enum class GptqKernelKind { Fused, Stream, StreamBulk, StreamK };
+enum class GptqKernelKind { Fused, Stream, StreamBulk };
 
 // Most chunk slots per warp of StreamBulk's ring (GptqGemmArgs::stream_ring).
 inline constexpr int kGptqStreamMaxRing = 6;
@@ -95,13 +91,11 @@ struct GptqPlan {
   int block_n = 0;     // columns per CTA
   int n_ctas = 0;      // CTAs along n
   int splits = 1;      // CTAs along k
-  bool stream_k = false;  // n_ctas persistent CTAs over the flat (column block, chunk) list (splits = 1)
 };
 GptqPlan gptq_plan(DType dtype, int m, int k_pad, int n_pad, int num_sms);
 // The streaming kernel's plan for m <= kGptqStreamMaxM rows (zeros: the
 // weight has a zero array): config -1, one CTA per 64 columns (n_ctas)
-// times `splits` along k; for StreamK (with bulk copies) stream_k and
-// n_ctas persistent CTAs.
+// times `splits` along k.
 // kind and ring: those of the launch (GptqGemmArgs::kernel, ::stream_ring).
 GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k_pad, int n_pad, int num_sms,
                           GptqKernelKind kind = GptqKernelKind::Stream, int ring = 0);
@@ -123,8 +117,8 @@ struct GptqGemmArgs {
   // StreamBulk: chunk slots per warp, 1 .. kGptqStreamMaxRing; 0: the most
   // slots that keep the CTAs per SM of one slot.
   int stream_ring = 0;
-  // Split-K streaming kernels: CTAs along k, 1 .. 16; 0: the plan's (a
-  // benchmark's override; CudaBackend always passes 0). StreamK ignores it.
+  // Streaming kernels: CTAs along k, 1 .. 16; 0: the plan's (a benchmark's
+  // override; CudaBackend always passes 0).
   int stream_splits = 0;
 };
 void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream);

@@ -241,9 +241,9 @@ if has_mode engine; then
       done
     done
     echo "== engine, GPTQ INT4 (llama3-8b shape, random int4 weights, f16) ($(date +%T))"
-    # Auto (the streaming kernel, bulk source, with PDL), its stream-K form,
-    # the register source, eager.
-    for mode in --graph "--graph --gptq-kernel streamk" "--graph --gptq-kernel stream" --eager; do
+    # Auto (the streaming kernel, bulk source, with PDL), the register
+    # source, eager.
+    for mode in --graph "--graph --gptq-kernel stream" --eager; do
       echo "-- gptq $mode"
       timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --quant gptq --dtype f16 --steps 128 $mode 2>&1 | grep -E "backend|model|loaded|decode:|bound:|prefill:|error"
     done

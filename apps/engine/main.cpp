@@ -3,7 +3,7 @@
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N] [--batch N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
 //                      [--dump-logits FILE] [--no-pdl] [--pdl-trigger] [--gemm-prefetch]
-//                      [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk|streamk] [--skinny-max-m N]
+//                      [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk] [--skinny-max-m N]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
 //                    runs its projections with gemm_gptq
@@ -35,9 +35,8 @@
 //                    rows take the skinny kernel, 0 = cuBLAS for all (default:
 //                    the library's per-shape rule); an A/B switch
 //   --gptq-kernel K  CudaBackendConfig::gptq_kernel for gemm_gptq: auto (the
-//                    library's choice), fused, stream, bulk (the streaming
-//                    kernel through shared-memory rings; m <= 16) or streamk
-//                    (bulk over persistent stream-K CTAs); an A/B switch
+//                    library's choice), fused, stream or bulk (the streaming
+//                    kernel through shared-memory rings; m <= 16); an A/B switch
 //   --eager/--graph  decode steps as op calls, or one captured graph replayed
 //                    per step (graph needs Op::GraphCapture; else eager)
 //   --dump-logits F  writes the logits each generated token was chosen from
@@ -136,7 +135,7 @@ void usage(std::FILE* out) {
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3[;4,5]\"] [--steps N] [--batch N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
                "                     [--dump-logits FILE] [--no-pdl] [--pdl-trigger] [--gemm-prefetch]\n"
-               "                     [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk|streamk] [--skinny-max-m N]\n"
+               "                     [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk] [--skinny-max-m N]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
   std::fprintf(out, "\n");
@@ -228,10 +227,8 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
         opt.gptq_kernel = GptqKernel::Stream;
       } else if (kernel == "bulk") {
         opt.gptq_kernel = GptqKernel::StreamBulk;
-      } else if (kernel == "streamk") {
-        opt.gptq_kernel = GptqKernel::StreamK;
       } else {
-        fail(ErrorCode::InvalidArgument, "--gptq-kernel takes auto, fused, stream, bulk or streamk, got '", kernel, "'");
+        fail(ErrorCode::InvalidArgument, "--gptq-kernel takes auto, fused, stream or bulk, got '", kernel, "'");
       }
     } else if (arg == "--skinny-max-m") {
       const std::size_t m = parse_count(arg, value());

@@ -35,11 +35,6 @@ enum class GptqKernel {
   // into warp-private shared-memory rings by bulk copies (the TMA engine,
   // sm_90+; below sm_90 the register source runs), for every m <= 16.
   StreamBulk = 3,
-  // StreamBulk with its work shared by persistent CTAs, one per resident
-  // slot, each an equal range of the (column block, 128-row chunk) list
-  // (stream-K: every SM the same bytes, where split-K leaves some SMs one CTA
-  // more than others); without bulk copies, Stream.
-  StreamK = 4,
 };
 
 // The largest CudaBackendConfig::gemm_skinny_max_m (the skinny decode

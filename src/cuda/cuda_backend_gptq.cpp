@@ -226,8 +226,6 @@ kernels::GptqKernelKind forced_kernel_kind(GptqKernel kernel) {
       return kernels::GptqKernelKind::Stream;
     case GptqKernel::StreamBulk:
       return kernels::GptqKernelKind::StreamBulk;
-    case GptqKernel::StreamK:
-      return kernels::GptqKernelKind::StreamK;
     default:
       return kernels::GptqKernelKind::Fused;
   }
@@ -241,12 +239,10 @@ GptqKernel CudaBackend::checked_gptq_kernel(GptqKernel requested) {
     case GptqKernel::Fused:
     case GptqKernel::Stream:
     case GptqKernel::StreamBulk:
-    case GptqKernel::StreamK:
       return requested;
   }
   detail::fail(ErrorCode::InvalidArgument,
-               "CudaBackend: CudaBackendConfig::gptq_kernel = {} is not Auto (0), Fused (1), Stream (2), StreamBulk (3) "
-               "or StreamK (4)",
+               "CudaBackend: CudaBackendConfig::gptq_kernel = {} is not Auto (0), Fused (1), Stream (2) or StreamBulk (3)",
                static_cast<int>(requested));
 }
 

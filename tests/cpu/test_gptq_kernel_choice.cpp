@@ -30,8 +30,7 @@ TEST(GptqKernelChoice, AutoWithoutBulkCopiesTakesTheRegisterSourceUpToEightRows)
 }
 
 TEST(GptqKernelChoice, ANamedKernelIsTakenAsIs) {
-  for (GptqKernelKind kind :
-       {GptqKernelKind::Fused, GptqKernelKind::Stream, GptqKernelKind::StreamBulk, GptqKernelKind::StreamK}) {
+  for (GptqKernelKind kind : {GptqKernelKind::Fused, GptqKernelKind::Stream, GptqKernelKind::StreamBulk}) {
     for (bool bulk : {false, true}) {
       for (int rows : {1, 9, 16, 17, 64}) EXPECT_EQ(gptq_kernel_for(false, kind, rows, bulk), kind);
     }

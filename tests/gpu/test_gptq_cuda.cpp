@@ -427,7 +427,7 @@ TEST_F(CudaGptqStream, ConfigSelectsTheKernel) {
 }
 
 TEST_F(CudaGptqStream, ConfigOutsideTheEnumIsRefused) {
-  for (int bad : {-1, 5, 7}) {
+  for (int bad : {-1, 4, 7}) {
     CudaBackendConfig config;
     config.gptq_kernel = static_cast<GptqKernel>(bad);
     expect_error(ErrorCode::InvalidArgument, "CudaBackend", [&] { CudaBackend be(config); }, "gptq_kernel");
@@ -559,26 +559,6 @@ class CudaGptqStreamBulk : public CudaGptqStream {
     config.gptq_stream_ring = ring;
     return std::make_unique<CudaBackend>(config);
   }
-  // Padded, odd and long shapes through a bulk-source backend (StreamBulk or
-  // StreamK).
-  void expect_exact_on_padded_odd_and_long_shapes(Backend& be, Rng& rng) {
-    const std::initializer_list<std::size_t> ms = {1, 2, 7, 8, 9, 15, 16};
-    expect_exact_on(be, {96, 136, 32, false, true, GptqZeroFormat::V1}, ms, rng);
-    expect_exact_on(be, {16, 8, -1, true, false, GptqZeroFormat::V1}, ms, rng);
-    expect_exact_on(be, {4224, 72, -1, false, false, GptqZeroFormat::V2}, ms, rng);
-    expect_exact_on(be, {4000, 264, 32, false, true, GptqZeroFormat::V1}, ms, rng);
-    // k = 264: the last chunk's activation rows are 8 columns, the smallest
-    // bulk copy (16 bytes).
-    expect_exact_on(be, {264, 200, -1, false, false, GptqZeroFormat::V1}, ms, rng);
-    // The ends of the split plan: the most splits of one narrow column block
-    // (8: the bulk source gives every warp at least two chunks); one split
-    // where every warp loops over 16 chunks (its default ring of 1 or 2 slots
-    // wraps 8 or 16 times, so every slot's barrier changes phase). Stream-K:
-    // eight CTAs share the one column block; 660 (528 at m = 9) CTAs share
-    // 396 blocks of 64 chunks, most CTAs with a partial first and last segment.
-    expect_exact_on(be, {8192, 64, 128, true, false, GptqZeroFormat::V1}, {1, 9, 16}, rng);
-    expect_exact_on(be, {8192, 25344, 128, false, false, GptqZeroFormat::V2}, {1, 9}, rng);
-  }
 };
 
 TEST_F(CudaGptqStreamBulk, ConfigReachesTheBackend) {
@@ -597,7 +577,20 @@ TEST_F(CudaGptqStreamBulk, ExactOnEveryStandardLayout) {
 TEST_F(CudaGptqStreamBulk, ExactWithPaddedOddAndLongShapes) {
   FERRUM_SEEDED_RNG(rng);
   auto bulk = bulk_backend();
-  expect_exact_on_padded_odd_and_long_shapes(*bulk, rng);
+  const std::initializer_list<std::size_t> ms = {1, 2, 7, 8, 9, 15, 16};
+  expect_exact_on(*bulk, {96, 136, 32, false, true, GptqZeroFormat::V1}, ms, rng);
+  expect_exact_on(*bulk, {16, 8, -1, true, false, GptqZeroFormat::V1}, ms, rng);
+  expect_exact_on(*bulk, {4224, 72, -1, false, false, GptqZeroFormat::V2}, ms, rng);
+  expect_exact_on(*bulk, {4000, 264, 32, false, true, GptqZeroFormat::V1}, ms, rng);
+  // k = 264: the last chunk's activation rows are 8 columns, the smallest
+  // bulk copy (16 bytes).
+  expect_exact_on(*bulk, {264, 200, -1, false, false, GptqZeroFormat::V1}, ms, rng);
+  // The ends of the split plan: the most splits of one narrow column block
+  // (8: the bulk source gives every warp at least two chunks); one split
+  // where every warp loops over 16 chunks (its default ring of 1 or 2 slots
+  // wraps 8 or 16 times, so every slot's barrier changes phase).
+  expect_exact_on(*bulk, {8192, 64, 128, true, false, GptqZeroFormat::V1}, {1, 9, 16}, rng);
+  expect_exact_on(*bulk, {8192, 25344, 128, false, false, GptqZeroFormat::V2}, {1, 9}, rng);
 }
 
 // Every ring size gives the register source's bits: the same chunks in the
@@ -709,120 +702,6 @@ TEST_F(CudaGptqStreamBulk, GraphCaptureAndReplay) {
   const std::size_t m = 12;
   const std::vector<float> a = integer_activations(rng, m * c.k);
   expect_graph_replays(*bulk, *w, a, m, run_gemm(cpu(), *on_cpu, a, DType::F16, m));
-}
-
-// ── The bulk source over stream-K CTAs (GptqKernel::StreamK) ────────────────
-
-class CudaGptqStreamK : public CudaGptqStreamBulk {
- protected:
-  void SetUp() override {
-    CudaGptqStreamBulk::SetUp();
-    if (IsSkipped()) return;
-    if (!kernels::gptq_bulk_copy_supported()) GTEST_SKIP() << "no bulk copies on this device (StreamK runs Stream)";
-  }
-  static std::unique_ptr<CudaBackend> stream_k_backend(int ring = 0) {
-    CudaBackendConfig config;
-    config.gptq_kernel = GptqKernel::StreamK;
-    config.gptq_stream_ring = ring;
-    return std::make_unique<CudaBackend>(config);
-  }
-  static kernels::GptqPlan plan(DType dt, bool zeros, int m, int k, int n) {
-    return kernels::gptq_stream_plan(dt, zeros, m, (k + 127) / 128 * 128, (n + 63) / 64 * 64, num_sms(),
-                                     kernels::GptqKernelKind::StreamK, 0);
-  }
-};
-
-TEST_F(CudaGptqStreamK, ConfigReachesTheBackend) { EXPECT_EQ(stream_k_backend()->gptq_kernel(), GptqKernel::StreamK); }
-
-// The plan: persistent CTAs, at most the resident slots (5 per SM at NT = 1
-// without zeros, 4 otherwise) and at most one per 8 chunks of work (two per warp).
-TEST_F(CudaGptqStreamK, PlanIsOneWaveWithTwoChunksPerWarp) {
-  for (DType dt : kHalfDTypes) {
-    for (int m : {1, 9, 16}) {
-      for (bool zeros : {false, true}) {
-        SCOPED_TRACE(cat(to_string(dt), " m=", m, " zeros=", zeros));
-        const kernels::GptqPlan big = plan(dt, zeros, m, 8192, 28672);
-        EXPECT_TRUE(big.stream_k);
-        EXPECT_EQ(big.splits, 1);
-        EXPECT_EQ(big.n_ctas, num_sms() * (m <= 8 && !zeros ? 5 : 4));
-        const kernels::GptqPlan narrow = plan(dt, zeros, m, 8192, 64);
-        EXPECT_EQ(narrow.n_ctas, 64 / 8);
-        EXPECT_EQ(plan(dt, zeros, m, 128, 64).n_ctas, 1);
-      }
-    }
-  }
-}
-
-TEST_F(CudaGptqStreamK, ExactOnEveryStandardLayout) {
-  FERRUM_SEEDED_RNG(rng);
-  auto stream_k = stream_k_backend();
-  for_each_standard_layout([&](const WeightCase& c) { expect_exact_on(*stream_k, c, kStreamM, rng); });
-}
-
-TEST_F(CudaGptqStreamK, ExactWithPaddedOddAndLongShapes) {
-  FERRUM_SEEDED_RNG(rng);
-  auto stream_k = stream_k_backend();
-  expect_exact_on_padded_odd_and_long_shapes(*stream_k, rng);
-}
-
-// Segments that cross column blocks at uneven points: k = 384 (3 chunks)
-// over 700 blocks gives 2100 chunks to 262 CTAs, about 8 each, so a CTA
-// spans 3 or 4 blocks, whole ones in its middle stored directly, partial
-// ones at both ends, and some blocks gather three contributors; with a deep
-// ring (6 slots per warp: the cursor carries across segments at every
-// offset) and the default one.
-TEST_F(CudaGptqStreamK, ExactWhereSegmentsCrossColumnBlocks) {
-  FERRUM_SEEDED_RNG(rng);
-  for (int ring : {0, kernels::kGptqStreamMaxRing}) {
-    SCOPED_TRACE(cat("ring=", ring));
-    auto stream_k = stream_k_backend(ring);
-    expect_exact_on(*stream_k, {384, 44800, 128, true, false, GptqZeroFormat::V1}, {1, 9, 16}, rng);
-    expect_exact_on(*stream_k, {1152, 13000, 32, false, true, GptqZeroFormat::V2}, {1, 16}, rng);
-  }
-}
-
-TEST_F(CudaGptqStreamK, DeterministicRunToRunAndClose) {
-  FERRUM_SEEDED_RNG(rng);
-  auto stream_k = stream_k_backend();
-  expect_deterministic_and_close(*stream_k, cpu(), {1, 8, 9, 16}, 4, rng);
-}
-
-// Two launches in a row with no sync, eagerly and in a graph: the second
-// reads the first's output, and both use the counters the last contributor
-// of each column block resets.
-TEST_F(CudaGptqStreamK, BackToBackLaunchesSeeEachOthersWrites) {
-  FERRUM_SEEDED_RNG(rng);
-  auto stream_k = stream_k_backend();
-  // 48 CTAs each: over 6 blocks of 64 chunks (8 contributors per block),
-  // then over 128 blocks of 3 chunks (segments across blocks).
-  const WeightCase c1{8192, 384, 128, false, false, GptqZeroFormat::V1, false};
-  const WeightCase c2{384, 8192, 32, true, false, GptqZeroFormat::V2, false};
-  const Checkpoint ck1 = make_checkpoint(c1, rng), ck2 = make_checkpoint(c2, rng);
-  std::unique_ptr<QuantWeight> w1 = stream_k->load_gptq(ck1.tensors());
-  std::unique_ptr<QuantWeight> w2 = stream_k->load_gptq(ck2.tensors());
-  for (std::size_t m : {1, 9}) {
-    SCOPED_TRACE(cat("m=", m));
-    const std::vector<float> a = uniform_values(rng, m * c1.k, -1.0f, 1.0f);
-    const std::vector<float> mid = run_gemm(*stream_k, *w1, a, DType::F16, m);
-    const std::vector<float> want = run_gemm(*stream_k, *w2, mid, DType::F16, m);
-    Buffer a_buf = stream_k->upload(a, DType::F16);
-    Buffer mid_buf = stream_k->upload(std::vector<float>(m * c1.n, NAN), DType::F16);
-    Buffer out = stream_k->upload(std::vector<float>(m * c2.n, NAN), DType::F16);
-    stream_k->gemm_gptq(a_buf, *w1, mid_buf, m);
-    stream_k->gemm_gptq(mid_buf, *w2, out, m);
-    EXPECT_TRUE(same_floats(stream_k->download(out), want)) << "eager chain";
-    stream_k->write(mid_buf, std::vector<float>(m * c1.n, NAN));
-    stream_k->write(out, std::vector<float>(m * c2.n, NAN));
-    stream_k->begin_graph_capture();
-    stream_k->gemm_gptq(a_buf, *w1, mid_buf, m);
-    stream_k->gemm_gptq(mid_buf, *w2, out, m);
-    stream_k->end_graph_capture();
-    for (int replay = 0; replay < 3; ++replay) {
-      ASSERT_TRUE(stream_k->replay_last_graph());
-      EXPECT_TRUE(same_floats(stream_k->download(out), want)) << "graph replay " << replay;
-    }
-    stream_k->reset_graph();
-  }
 }
 
 }  // namespace
