@@ -687,19 +687,23 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
 //       chunks after that. Activations are read as B fragments from global
 //       (L1/L2 hits).
 //     - bulk copies (StreamBulk, sm_90): a warp-private ring of p.ring slots
-//       in shared memory; per chunk one 4 KiB bulk copy of the weights and
-//       one per live activation row (its 128 columns), completing on the
-//       slot's mbarrier. The warp waits on the slot, reads its weights (one
-//       16-byte load per lane per k16 step) and activations (ldmatrix, two
-//       k16 steps per load; rows >= m and columns >= k zero in shared
-//       memory), and its lanes refill the slot with the chunk p.ring on. No
-//       registers hold data in flight (96 registers at NT = 1 without
-//       zeros: 5 CTAs per SM), no global loads in the loop but the scale
-//       rows. Same chunks, same order, same math as the register source:
-//       the same bits for the same split plan.
-//   * The scale (and zero) row of the next chunk's first group is loaded
-//     with the next chunk, so a group change at a chunk start (g128: every
-//     chunk) does not wait on L2.
+//       in shared memory; per chunk one 4 KiB bulk copy of the weights, one
+//       per live activation row (its 128 columns) and one per scale (zero)
+//       row of the groups the chunk touches (the column block's 128 (64)
+//       bytes), completing on the slot's mbarrier. The warp waits on the
+//       slot, reads its weights (one 16-byte load per lane per k16 step),
+//       activations (ldmatrix, two k16 steps per load; rows >= m and columns
+//       >= k zero in shared memory) and scales, and its lanes refill the
+//       slot with the chunk p.ring on. No registers hold data in flight (95
+//       registers at NT = 1 without zeros: 5 CTAs per SM), no global loads
+//       in the loop. Same chunks, same order, same math as the register
+//       source: the same bits for the same split plan. Groups of 32 rows or
+//       more (a slot has room for 4 group rows).
+//   * Register source: the scale (and zero) row of the next chunk's first
+//     group is loaded with the next chunk, so a group change at a chunk
+//     start (g128: every chunk) does not wait on L2. (The bulk source's
+//     scale rows arrive with the chunk: session 10 measured the loads
+//     issued one chunk ahead at 8 % of the time at 8192 x 28672, m = 1.)
 //   * Scale-after: the mma runs on the exact integers q - z
 //     (Int4Math::dequant_unscaled, 4 fewer instructions per word than
 //     scaling first), into per-group f32 sums that are multiplied by the
@@ -720,7 +724,18 @@ constexpr int kStreamMaxSplits = 16;
 // (256 + 16: rows 8 apart land 4 banks apart, so a B-fragment load is
 // conflict-free), and one slot: a chunk's weights and NT * 8 activation rows.
 constexpr int kStreamActPitch = kGptqTileK * 2 + 16;
-constexpr int stream_slot_bytes(int nt) { return kChunkWords * 4 + nt * 8 * kStreamActPitch; }
+// After the activation rows, a chunk's scale rows (its column block's 64
+// scales, 128 bytes each) and zero rows (64 bytes each): one per group the
+// chunk touches, at most 4 (groups of 32 rows; the bulk source does not take
+// groups of 16, whose 8 rows would not fit the deepest ring at NT = 2 in
+// the 227 KiB a CTA may have).
+constexpr int kSlotGroupRows = 4;
+constexpr int kBulkMinGroupRows = kGptqTileK / kSlotGroupRows;
+constexpr int kScaleRowBytes = kGptqTileN * 2;
+constexpr int kZeroRowBytes = kGptqTileN;
+constexpr int stream_slot_scales_at(int nt) { return kChunkWords * 4 + nt * 8 * kStreamActPitch; }
+constexpr int stream_slot_zeros_at(int nt) { return stream_slot_scales_at(nt) + kSlotGroupRows * kScaleRowBytes; }
+constexpr int stream_slot_bytes(int nt) { return stream_slot_zeros_at(nt) + kSlotGroupRows * kZeroRowBytes; }
 
 // CTAs per SM asked of the register allocator, the most without spills
 // (ptxas). Register source: two 4 KiB buffers, the running and the group
@@ -742,6 +757,7 @@ struct StreamParams : GemmOperands {
   int group_step_mask;  // min(k16_per_group, 8) - 1: a new group starts at k16 steps s & mask == 0
   int splits;
   int ring;  // bulk source: chunk slots per warp in shared memory (1 .. kGptqStreamMaxRing)
+  int group_rows_per_chunk;  // bulk source: scale (zero) rows a chunk touches, max(1, 8 / k16_per_group)
 };
 
 // 16 bytes of the weight stream: read once, so not kept in L1.
@@ -841,7 +857,10 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
   // act_frags(s, bf) sets bf[nt][0 / 1], the B fragments of k16 step s of
   // the chunk (b0 = a[8 nt + gid][16 s + 2 tig ..+1], b1 = 8 columns on),
   // zero for rows >= m and columns >= k.
-  auto process = [&](auto&& weight_word, auto&& act_frags, int c, const uint4& s_raw, const uint2& z_raw) {
+  // group_row(g, s_raw, z_raw): the scale (zero) row of group g, a group
+  // that starts inside the chunk.
+  auto process = [&](auto&& weight_word, auto&& act_frags, auto&& group_row, int c, const uint4& s_raw,
+                     const uint2& z_raw) {
     set_group(s_raw, z_raw);
     int g = (c * kChunkK16) / p.k16_per_group;  // groups of >= 128 rows start at chunks
 #pragma unroll
@@ -850,7 +869,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
         fold();
         uint4 s2;
         uint2 z2 = make_uint2(0u, 0u);
-        load_group_row(++g, s2, z2);
+        group_row(++g, s2, z2);
         set_group(s2, z2);
       }
       std::uint32_t bf[NT][2];
@@ -887,12 +906,12 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
 
   if constexpr (kBulk) {
     // Bulk source: warp-private rings of p.ring slots in shared memory, filled
-    // by the copy engine. A slot holds one chunk: its 4 KiB of weights and the
+    // by the copy engine. A slot holds one chunk: its 4 KiB of weights, the
     // live activation rows' 128 columns (row r at r * kStreamActPitch bytes;
-    // the pitch staggers rows across banks). The warp keeps p.ring of its
-    // chunks in flight and refills a slot as soon as it has read it; no
-    // registers hold data in flight, no barrier spans warps, and the loop
-    // makes no global loads but the scale rows.
+    // the pitch staggers rows across banks) and the scale (zero) rows of its
+    // groups. The warp keeps p.ring of its chunks in flight and refills a
+    // slot as soon as it has read it; no registers hold data in flight, no
+    // barrier spans warps, and the loop makes no global loads.
     __shared__ __align__(8) std::uint64_t ring_full[kStreamWarps][kGptqStreamMaxRing];
     constexpr int kSlotBytes = stream_slot_bytes(NT);
     unsigned char* const ring = ring_smem + static_cast<std::size_t>(warp) * p.ring * kSlotBytes;
@@ -919,30 +938,41 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     const T* const act_rows = static_cast<const T*>(p.a);
     // Lane 0 announces the slot's bytes, then lanes 0 .. live_rows copy one
     // activation row each (the valid columns of the chunk: k is a multiple
-    // of 8, so 16-byte multiples) and lane 31 the weights.
+    // of 8, so 16-byte multiples), lanes 16 .. 16 + group_rows_per_chunk the
+    // column block's scale (and zero) rows of the chunk's groups, and lane 31
+    // the weights.
+    const std::uint32_t group_row_bytes = kScaleRowBytes + (kZeros ? kZeroRowBytes : 0);
     auto issue = [&](int slot, int chunk) {
       const int col0 = chunk * kGptqTileK;
       const std::uint32_t row_bytes = static_cast<std::uint32_t>(min(kGptqTileK, p.k - col0)) * 2u;
       unsigned char* const dst = ring + slot * kSlotBytes;
-      if (lane == 0) mbarrier_arrive_expect_tx(&full[slot], kChunkWords * 4u + live_rows * row_bytes);
+      if (lane == 0) {
+        mbarrier_arrive_expect_tx(&full[slot], kChunkWords * 4u + live_rows * row_bytes +
+                                                   p.group_rows_per_chunk * group_row_bytes);
+      }
       __syncwarp();
       if (lane == 31) {
         bulk_copy_to_shared(dst, wblock + static_cast<std::size_t>(chunk) * kChunkWords, kChunkWords * 4u, &full[slot]);
       } else if (lane < live_rows) {
         bulk_copy_to_shared(dst + kChunkWords * 4 + lane * kStreamActPitch,
                             act_rows + static_cast<std::size_t>(lane) * p.k + col0, row_bytes, &full[slot]);
+      } else if (lane >= 16 && lane < 16 + p.group_rows_per_chunk) {
+        const int i = lane - 16;
+        const std::size_t at = static_cast<std::size_t>(chunk * kChunkK16 / p.k16_per_group + i) * p.n_pad +
+                               static_cast<std::size_t>(nb) * kGptqTileN;
+        bulk_copy_to_shared(dst + stream_slot_scales_at(NT) + i * kScaleRowBytes, scales + at, kScaleRowBytes,
+                            &full[slot]);
+        if constexpr (kZeros) {
+          bulk_copy_to_shared(dst + stream_slot_zeros_at(NT) + i * kZeroRowBytes, p.zeros + at, kZeroRowBytes,
+                              &full[slot]);
+        }
       }
     };
     int c = c_begin + warp;
     for (int r = 0; r < p.ring && c + r * kStreamWarps < c_end; ++r) issue(r, c + r * kStreamWarps);
-    uint4 s_cur = make_uint4(0u, 0u, 0u, 0u), s_next = s_cur;
-    uint2 z_cur = make_uint2(0u, 0u), z_next = z_cur;
-    if (c < c_end) load_group_row(c * kChunkK16 / p.k16_per_group, s_cur, z_cur);
     int slot = 0;
     std::uint32_t phase = 0;
     for (; c < c_end; c += kStreamWarps) {
-      const int c_next = c + kStreamWarps;
-      if (c_next < c_end) load_group_row(c_next * kChunkK16 / p.k16_per_group, s_next, z_next);
       mbarrier_wait_parity(&full[slot], phase);
       unsigned char* const base = ring + slot * kSlotBytes;
       const int tail = p.k - c * kGptqTileK;  // < 128: the last chunk, whose columns >= k were not copied
@@ -962,6 +992,18 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
       const std::uint32_t act_lane =
           smem_u32(base + kChunkWords * 4 + (lane % 8) * kStreamActPitch + (lane / 8) * 16);
       std::uint32_t pairs[NT][4];
+      // Lane gid's 8 scales (zeros) of the chunk's group rows, in group order:
+      // process asks for the groups after the first one in turn.
+      const unsigned char* const scale_rows = base + stream_slot_scales_at(NT) + gid * 16;
+      const unsigned char* const zero_rows = base + stream_slot_zeros_at(NT) + gid * 8;
+      auto group_row_at = [&](int i, uint4& s_raw, uint2& z_raw) {
+        s_raw = *reinterpret_cast<const uint4*>(scale_rows + i * kScaleRowBytes);
+        if constexpr (kZeros) z_raw = *reinterpret_cast<const uint2*>(zero_rows + i * kZeroRowBytes);
+      };
+      uint4 s_first = make_uint4(0u, 0u, 0u, 0u);
+      uint2 z_first = make_uint2(0u, 0u);
+      group_row_at(0, s_first, z_first);
+      int row_in_chunk = 0;
       process([&](int s) { return words[s * 32]; },
               [&](int s, std::uint32_t (&bf)[NT][2]) {
 #pragma unroll
@@ -971,7 +1013,8 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
                   bf[nt][1] = pairs[nt][(s % 2) * 2 + 1];
                 }
               },
-              c, s_cur, z_cur);
+              [&](int, uint4& s_raw, uint2& z_raw) { group_row_at(++row_in_chunk, s_raw, z_raw); }, c, s_first,
+              z_first);
       // Every lane has read the slot before it is refilled.
       __syncwarp();
       const int c_refill = c + p.ring * kStreamWarps;
@@ -979,8 +1022,6 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
         fence_proxy_async_shared();
         issue(slot, c_refill);
       }
-      s_cur = s_next;
-      z_cur = z_next;
       if (++slot == p.ring) {
         slot = 0;
         phase ^= 1u;
@@ -1007,15 +1048,16 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
         load_group_row(c1 * kChunkK16 / p.k16_per_group, sb, zb);
       }
       prefetch_chunk(c + (kStreamL2Ahead + 1) * kStreamWarps);
-      process([&](int s) { return wa[s]; }, [&](int s, std::uint32_t (&bf)[NT][2]) { act_global(c, s, bf); }, c, sa, za);
+      process([&](int s) { return wa[s]; }, [&](int s, std::uint32_t (&bf)[NT][2]) { act_global(c, s, bf); },
+              load_group_row, c, sa, za);
       if (c1 >= c_end) break;
       if (c2 < c_end) {
         load_chunk(wa, c2);
         load_group_row(c2 * kChunkK16 / p.k16_per_group, sa, za);
       }
       prefetch_chunk(c1 + (kStreamL2Ahead + 1) * kStreamWarps);
-      process([&](int s) { return wb[s]; }, [&](int s, std::uint32_t (&bf)[NT][2]) { act_global(c1, s, bf); }, c1, sb,
-              zb);
+      process([&](int s) { return wb[s]; }, [&](int s, std::uint32_t (&bf)[NT][2]) { act_global(c1, s, bf); },
+              load_group_row, c1, sb, zb);
     }
   }
 
@@ -1083,6 +1125,7 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   p.group_step_mask = std::min(p.k16_per_group, kChunkK16) - 1;
   p.splits = splits;
   p.ring = kBulk ? ring : 0;
+  p.group_rows_per_chunk = std::max(1, kChunkK16 / p.k16_per_group);
   const dim3 grid(static_cast<unsigned>(args.w.n_pad / kGptqTileN), static_cast<unsigned>(splits));
   const std::size_t smem = kBulk ? static_cast<std::size_t>(stream_ring_bytes(NT, ring)) : 0;
   if constexpr (kBulk) {  // the shared-memory opt-in, once per device (cheap after the first call)
@@ -1211,9 +1254,10 @@ void launch_stream(const GptqGemmArgs& args, cudaStream_t stream) {
   const int dtype_index = std::is_same_v<T, __nv_bfloat16> ? 1 : 0;
   const int nt = stream_nt(args.m);
   // The bulk source copies activation rows in 16-byte units: k % 8 == 0
-  // (always true of a repacked checkpoint; a hand-built weight may not be).
-  const bool bulk =
-      args.kernel == GptqKernelKind::StreamBulk && stream_occupancy().bulk_supported && args.w.k % 8 == 0;
+  // (always true of a repacked checkpoint; a hand-built weight may not be);
+  // its slots hold the scale rows of groups of 32 rows or more.
+  const bool bulk = args.kernel == GptqKernelKind::StreamBulk && stream_occupancy().bulk_supported &&
+                    args.w.k % 8 == 0 && args.w.group_rows >= kBulkMinGroupRows;
   const int ring = stream_ring_for(dtype_index, args.w.zeros != nullptr, nt, args.stream_ring);
   const GptqPlan plan =
       stream_plan_for(dtype_index, args.w.zeros != nullptr, nt, bulk, ring, args.w.k_pad, args.w.n_pad, args.num_sms);

@@ -35,9 +35,10 @@ inline constexpr int kGptqStreamMaxM = 16;  // rows the streaming kernel covers 
 // Which kernel launch_gptq_gemm runs. The streaming kinds apply to
 // m <= kGptqStreamMaxM; larger m falls back to the fused kernel.
 //   Stream      the streaming kernel, weights straight into registers;
-//   StreamBulk  the same kernel with the weights and activation rows landing
-//               in warp-private shared-memory rings by bulk copy (sm_90+;
-//               the register source below sm_90).
+//   StreamBulk  the same kernel with the weights, activation rows and scale
+//               (zero) rows landing in warp-private shared-memory rings by
+//               bulk copy (sm_90+; the register source below sm_90 and for
+//               groups of 16 rows).
 enum class GptqKernelKind { Fused, Stream, StreamBulk };
 
 // Most chunk slots per warp of StreamBulk's ring (GptqGemmArgs::stream_ring).

@@ -31,9 +31,10 @@ enum class GptqKernel {
   Auto = 0,    // the library's choice: StreamBulk (without bulk copies: Stream for m <= 8, then Fused)
   Fused = 1,   // the fused kernel (shared-memory cp.async pipeline)
   Stream = 2,  // the register-streaming kernel for every m <= 16
-  // The same streaming kernel with its weights and activation rows brought
-  // into warp-private shared-memory rings by bulk copies (the TMA engine,
-  // sm_90+; below sm_90 the register source runs), for every m <= 16.
+  // The same streaming kernel with its weights, activation rows and scale
+  // rows brought into warp-private shared-memory rings by bulk copies (the
+  // TMA engine, sm_90+), for every m <= 16; below sm_90, and for groups of
+  // 16 rows, the register source runs.
   StreamBulk = 3,
 };
 

@@ -585,6 +585,11 @@ TEST_F(CudaGptqStreamBulk, ExactWithPaddedOddAndLongShapes) {
   // k = 264: the last chunk's activation rows are 8 columns, the smallest
   // bulk copy (16 bytes).
   expect_exact_on(*bulk, {264, 200, -1, false, false, GptqZeroFormat::V1}, ms, rng);
+  // Groups of 256 rows: every chunk copies one scale (zero) row, the same
+  // one for two chunks in turn; groups of 16 rows (8 per chunk, more than a
+  // slot holds) take the register source.
+  expect_exact_on(*bulk, {1024, 200, 256, false, false, GptqZeroFormat::V2}, ms, rng);
+  expect_exact_on(*bulk, {256, 136, 16, true, true, GptqZeroFormat::V1}, ms, rng);
   // The ends of the split plan: the most splits of one narrow column block
   // (8: the bulk source gives every warp at least two chunks); one split
   // where every warp loops over 16 chunks (its default ring of 1 or 2 slots
