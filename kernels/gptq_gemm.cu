@@ -1204,15 +1204,24 @@ const StreamOccupancy& stream_occupancy() {
 
 int stream_nt(int m) { return m <= 8 ? 1 : 2; }
 
+// CTAs per SM (16 warps) a default ring keeps where a single slot has that
+// many. Measured (session 10, H200, 7 shapes x m = 1, 8, 16): two slots per
+// warp at 4 CTAs per SM beat one slot at 5 at every NT = 1 point (8192 x
+// 28672 m = 1: 38.6 against 42.1 us, 4096 x 14336: 17.5 against 21.9),
+// while three slots (2 CTAs per SM) won at two shapes and lost badly where
+// the plan then needs a second wave; at NT = 2 two slots (3 CTAs per SM)
+// lost at the wide shapes (8192 x 28672 m = 16: 77.8 against 61.1 us).
+constexpr int kStreamRingMinCtasPerSm = 4;
+
 // The ring slots per warp of a bulk launch: `requested` when it names one,
-// else the most slots that keep the CTAs per SM of a single slot (the kernel
-// is bound by its warps' issue, not by bytes in flight: shared memory must
-// not cost occupancy).
+// else the most slots that keep kStreamRingMinCtasPerSm CTAs per SM (or, on
+// a device where one slot keeps fewer, the CTAs per SM of one slot).
 int stream_ring_for(int dtype_index, bool zeros, int nt, int requested) {
   if (requested > 0) return requested;
   const int(&per_ring)[kGptqStreamMaxRing] = stream_occupancy().bulk[dtype_index][zeros ? 1 : 0][nt - 1];
+  const int keep = std::min(per_ring[0], kStreamRingMinCtasPerSm);
   int ring = 1;
-  while (ring < kGptqStreamMaxRing && per_ring[ring] == per_ring[0]) ++ring;
+  while (ring < kGptqStreamMaxRing && per_ring[ring] >= keep) ++ring;
   return ring;
 }
 

@@ -116,7 +116,7 @@ struct GptqGemmArgs {
   int num_sms = 0;
   GptqKernelKind kernel = GptqKernelKind::Fused;  // Stream / StreamBulk: the streaming kernel where m <= kGptqStreamMaxM
   // StreamBulk: chunk slots per warp, 1 .. kGptqStreamMaxRing; 0: the most
-  // slots that keep the CTAs per SM of one slot.
+  // slots that keep 4 CTAs per SM (kernels/gptq_gemm.cu, stream_ring_for).
   int stream_ring = 0;
   // Streaming kernels: CTAs along k, 1 .. 16; 0: the plan's (a benchmark's
   // override; CudaBackend always passes 0).

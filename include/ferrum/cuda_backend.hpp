@@ -101,7 +101,7 @@ struct CudaBackendConfig {
   GptqKernel gptq_kernel = GptqKernel::Auto;
   // GptqKernel::StreamBulk: chunks (4 KiB of weights each) each warp keeps
   // in flight in its shared-memory ring, 1..6; 0: the library's choice (the
-  // most that cost no occupancy). An A/B switch; outside [0, 6] throws
+  // most that keep 4 CTAs per SM). An A/B switch; outside [0, 6] throws
   // InvalidArgument naming this field.
   int gptq_stream_ring = 0;
 };
