@@ -766,7 +766,7 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
 bool launch_attention_decode_tc(const AttentionArgs& a, cudaStream_t stream) {
   if (a.q_len != 1 || a.kv_stride < 1) return false;
   if (a.dtype != DType::F16 && a.dtype != DType::BF16) return false;
-  if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return false;
+  if (!attention_head_dim_supported(static_cast<std::size_t>(a.head_dim))) return false;
   if (a.num_kv_heads < 1 || a.num_kv_heads > 65535 || a.num_heads % a.num_kv_heads != 0) return false;
   if (!all_aligned16(a.q, a.k, a.v)) return false;
   bool launched = false;

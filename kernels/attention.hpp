@@ -21,6 +21,12 @@ namespace ferrum::kernels {
 // capacity alone -- never on kv_len, the batch or the launch size -- so a
 // result is bitwise the same whatever the batch, and run to run.
 inline constexpr long long kAttnDecodeMinSliceKeys = 128;
+
+// The head sizes the attention kernels are built for (prefill and decode;
+// CudaBackend::supports_head_dim reports the same).
+constexpr bool attention_head_dim_supported(std::size_t head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
 inline constexpr int kAttnDecodeMaxSplits = 32;   // capacity <= 128 * 32
 inline constexpr int kAttnDecodeLongSplits = 16;  // capacity > 128 * 32
 constexpr long long attention_decode_slice_keys(long long kv_stride) {

@@ -463,7 +463,7 @@ bool launch_typed(const AttentionArgs& a, cudaStream_t stream) {
 bool launch_attention_prefill_tc(const AttentionArgs& a, cudaStream_t stream) {
   if (a.state != nullptr || a.kv_lens != nullptr || a.q_len < 2) return false;
   if (a.dtype != DType::F16 && a.dtype != DType::BF16) return false;
-  if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return false;
+  if (!attention_head_dim_supported(static_cast<std::size_t>(a.head_dim))) return false;
   if (a.batch < 1 || a.batch > 65535 || a.num_heads < 1 || a.num_heads > 65535) return false;
   if (a.num_kv_heads < 1 || a.num_heads % a.num_kv_heads != 0) return false;
   if (a.kv_len < 0 || a.kv_stride < a.kv_len || a.pos_offset < 0 || !(a.scale > 0.0f)) return false;

@@ -1,6 +1,7 @@
 // Launcher for qk_norm_rope. The caller (CudaBackend) has validated.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -11,6 +12,11 @@
 namespace ferrum::kernels {
 
 inline constexpr int kRopeMaxHeadDim = 512;
+// The head sizes the RoPE kernels take (a head in registers; evenness is a
+// rule of the op itself, checked for every backend).
+constexpr bool rope_head_dim_supported(std::size_t head_dim) {
+  return head_dim <= static_cast<std::size_t>(kRopeMaxHeadDim);
+}
 
 struct RopeArgs {
   DType dtype = DType::F16;

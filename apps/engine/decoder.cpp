@@ -47,6 +47,15 @@ std::vector<Op> missing_ops(const Backend& backend, DecodeMode mode, bool gptq, 
   return missing;
 }
 
+std::vector<Op> ops_refusing_head_dim(const Backend& backend, std::size_t head_dim, DecodeMode mode, bool gptq,
+                                      bool batch) {
+  std::vector<Op> refusing;
+  for (Op op : required_ops(mode, gptq, batch)) {
+    if (backend.supports(op) && !backend.supports_head_dim(op, head_dim)) refusing.push_back(op);
+  }
+  return refusing;
+}
+
 Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_capacity,
                  std::size_t max_prefill_tokens, DecodeMode mode, std::size_t sequences)
     : be_(backend), w_(weights), cfg_(weights.config), capacity_(kv_capacity), max_tokens_(max_prefill_tokens),
@@ -57,6 +66,13 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
     for (Op op : missing) names += concat(names.empty() ? "" : ", ", ferrum::to_string(op));
     fail(ErrorCode::Unsupported, "Decoder: the ", backend.name(), " backend lacks ", names, " (needed by ",
          to_string(mode), " decoding", sequences > 1 ? " of a batch" : "", ")");
+  }
+  const std::vector<Op> refusing = ops_refusing_head_dim(backend, cfg_.head_dim, mode, weights.has_gptq(), sequences > 1);
+  if (!refusing.empty()) {
+    std::string names;
+    for (Op op : refusing) names += concat(names.empty() ? "" : ", ", ferrum::to_string(op));
+    fail(ErrorCode::Unsupported, "Decoder: the ", backend.name(), " backend does not run ", names,
+         " on heads of head_dim = ", cfg_.head_dim);
   }
   if (kv_capacity == 0 || kv_capacity > cfg_.max_position_embeddings) {
     fail(ErrorCode::InvalidArgument, "Decoder: kv_capacity = ", kv_capacity, " must be in [1, ",

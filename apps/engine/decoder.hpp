@@ -55,6 +55,10 @@ std::string to_string(DecodeMode mode);
 // of decode_batch_next), and those `backend` lacks.
 std::vector<Op> required_ops(DecodeMode mode, bool gptq = false, bool batch = false);
 std::vector<Op> missing_ops(const Backend& backend, DecodeMode mode, bool gptq = false, bool batch = false);
+// Of those ops, the ones `backend` supports but not on heads of `head_dim`
+// elements (Backend::supports_head_dim).
+std::vector<Op> ops_refusing_head_dim(const Backend& backend, std::size_t head_dim, DecodeMode mode, bool gptq = false,
+                                      bool batch = false);
 
 class Decoder {
  public:

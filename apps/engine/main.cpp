@@ -280,32 +280,6 @@ std::string op_list(const std::vector<Op>& ops) {
   return text;
 }
 
-// Whether `be` runs this model's attention shape (the CUDA kernels take
-// head_dim 64, 128 or 256; the tiny presets have 16), through the public API:
-// the call a one-token prefill makes (one query, one key, a cache of
-// kProbeCapacity positions). Unsupported says no; any other error propagates.
-bool attention_shape_runs(Backend& be, const ModelConfig& c) {
-  constexpr std::size_t kProbeCapacity = 128;
-  const std::size_t heads = c.num_attention_heads, kv = c.num_key_value_heads, hd = c.head_dim;
-  const std::vector<float> zeros(std::max(heads, kv * kProbeCapacity) * hd, 0.0f);
-  const Buffer q = be.upload(std::span<const float>(zeros).first(heads * hd), c.dtype);
-  const Buffer k = be.upload(std::span<const float>(zeros).first(kv * kProbeCapacity * hd), c.dtype);
-  const Buffer v = be.upload(std::span<const float>(zeros).first(kv * kProbeCapacity * hd), c.dtype);
-  Buffer out = be.alloc(c.dtype, heads * hd);
-  const AttnConfig attn{
-      .num_heads = heads, .num_kv_heads = kv, .head_dim = hd, .causal = true, .kv_seq_stride = kProbeCapacity};
-  try {
-    be.flash_attention(q, k, v, out, 1, 1, 1, 0, attn);
-    be.synchronize();
-    return true;
-  } catch (const ferrum::Error& e) {
-    if (e.code() != ErrorCode::Unsupported) throw;
-    std::printf("ferrum_engine: the %s backend cannot run this model's attention (%s); falling back to the CPU backend\n",
-                be.name().c_str(), e.what());
-    return false;
-  }
-}
-
 // The GPU backend when present and complete enough for the model, else CpuBackend.
 std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& model, DecodeMode& mode) {
   const bool gptq = model.gptq.has_value();
@@ -331,7 +305,13 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       std::printf("ferrum_engine: the %s backend lacks %s; falling back to the CPU backend\n",
                   backend->name().c_str(), op_list(missing).c_str());
       backend = std::make_unique<CpuBackend>();
-    } else if (!attention_shape_runs(*backend, model)) {
+    } else if (const std::vector<Op> refusing =
+                   ops_refusing_head_dim(*backend, model.head_dim, DecodeMode::Eager, gptq, batch);
+               !refusing.empty()) {
+      // E.g. the CUDA attention kernels take head_dim 64, 128 or 256; the tiny presets have 16.
+      std::printf("ferrum_engine: the %s backend does not run %s on heads of head_dim = %zu; falling back to the CPU "
+                  "backend\n",
+                  backend->name().c_str(), op_list(refusing).c_str(), model.head_dim);
       backend = std::make_unique<CpuBackend>();
     }
   }

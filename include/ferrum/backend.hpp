@@ -152,6 +152,15 @@ class Backend {
   virtual BackendKind kind() const noexcept = 0;
   virtual std::string name() const = 0;
   virtual bool supports(Op op) const noexcept = 0;
+  // Whether this backend runs `op` on heads of `head_dim` elements. The
+  // attention ops (FlashAttention, FlashDecodeRagged) and the RoPE ops
+  // (QkNormRope, QkvRopeAppend, QkvRopeAppendRagged) may have kernels for
+  // some head sizes only: a call at a head_dim this says no to throws
+  // ErrorCode::Unsupported (a head_dim the op itself forbids, e.g. an odd one
+  // for RoPE, throws InvalidArgument on every backend). Other ops, and the
+  // default: supports(op). Lets an engine choose a backend for a model
+  // before it allocates anything.
+  virtual bool supports_head_dim(Op op, std::size_t /*head_dim*/) const noexcept { return supports(op); }
   // Waits for all queued work; then reports any bad device-side value a
   // kernel found (ErrorCode::DeviceCheck). Not allowed during capture.
   virtual void synchronize() = 0;

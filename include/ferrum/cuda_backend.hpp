@@ -114,6 +114,8 @@ class CudaBackend final : public Backend {
   BackendKind kind() const noexcept override { return BackendKind::Cuda; }
   std::string name() const override;
   bool supports(Op op) const noexcept override;
+  // Attention: head_dim 64, 128 or 256; RoPE ops: head_dim <= 512.
+  bool supports_head_dim(Op op, std::size_t head_dim) const noexcept override;
   void synchronize() override;
   bool is_capturing() const noexcept override;
 

@@ -19,6 +19,7 @@
 #include "cuda/cuda_runtime.hpp"
 #include "cuda/nccl_check.hpp"
 #include "kernels/argmax.hpp"
+#include "kernels/attention.hpp"
 #include "kernels/elementwise.hpp"
 #include "kernels/embedding.hpp"
 #include "kernels/gemm_skinny.hpp"
@@ -136,6 +137,21 @@ bool CudaBackend::supports(Op op) const noexcept {
   switch (op) {
     case Op::MlaAttention:
       return false;
+    default:
+      return true;
+  }
+}
+
+bool CudaBackend::supports_head_dim(Op op, std::size_t head_dim) const noexcept {
+  if (!supports(op)) return false;
+  switch (op) {
+    case Op::FlashAttention:
+    case Op::FlashDecodeRagged:
+      return kernels::attention_head_dim_supported(head_dim);
+    case Op::QkNormRope:
+    case Op::QkvRopeAppend:
+    case Op::QkvRopeAppendRagged:
+      return kernels::rope_head_dim_supported(head_dim);
     default:
       return true;
   }
@@ -427,7 +443,7 @@ void CudaBackend::do_fused_silu_mul_split(const Buffer& gate_up, Buffer& out, st
 // The RoPE kernels keep a head in registers up to kRopeMaxHeadDim: larger
 // heads are Unsupported here (CpuBackend takes any).
 void CudaBackend::check_rope_head_dim(const char* op, const char* arg, std::size_t head_dim) {
-  if (head_dim <= static_cast<std::size_t>(kernels::kRopeMaxHeadDim)) return;
+  if (kernels::rope_head_dim_supported(head_dim)) return;
   abandon_capture();
   detail::fail(ErrorCode::Unsupported, "{}: argument '{}' = {} exceeds the CUDA kernel's limit {}", op, arg, head_dim,
                kernels::kRopeMaxHeadDim);

@@ -33,7 +33,7 @@ std::optional<Problem> cuda_attention_problem(const AttnConfig& cfg,
                                               std::initializer_list<std::pair<const char*, const Buffer*>> buffers,
                                               std::size_t batch, std::size_t q_len, long long stride,
                                               std::size_t workspace_bytes, std::size_t* need) {
-  if (cfg.head_dim != 64 && cfg.head_dim != 128 && cfg.head_dim != 256) {
+  if (!kernels::attention_head_dim_supported(cfg.head_dim)) {
     return Problem{ErrorCode::Unsupported,
                    fmt::format("cfg.head_dim = {} is not one of the CUDA kernel's 64, 128, 256", cfg.head_dim)};
   }

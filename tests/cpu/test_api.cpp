@@ -200,6 +200,51 @@ TEST_P(ApiOnBackend, SupportsMatchesBehaviour) {
   }
 }
 
+// supports_head_dim() agrees with behaviour: the attention and RoPE ops run
+// at every head size it says yes to and throw Unsupported at the others
+// (CpuBackend: every size; CudaBackend: attention 64 / 128 / 256, RoPE up to
+// 512); every other op answers supports(op) at any size.
+TEST_P(ApiOnBackend, SupportsHeadDimMatchesBehaviour) {
+  Backend& be = backend();
+  auto expect_runs_as_said = [&](Op op, std::size_t hd, const std::function<void()>& call) {
+    SCOPED_TRACE(cat(to_string(op), " head_dim=", hd));
+    if (be.supports_head_dim(op, hd)) {
+      EXPECT_NO_THROW({
+        call();
+        be.synchronize();
+      });
+    } else {
+      expect_error(ErrorCode::Unsupported, to_string(op), call, "head_dim");
+    }
+  };
+  for (std::size_t hd : {8, 16, 48, 64, 96, 128, 256, 384, 512, 640}) {
+    const std::size_t heads = 2, kv_heads = 1, kv_len = 3, max_pos = 4;
+    auto zeros_of = [&](std::size_t n, DType dt) { return be.upload(std::vector<float>(n, 0.0f), dt); };
+    const Buffer q = zeros_of(heads * hd, DType::F16);
+    const Buffer k = zeros_of(kv_heads * kv_len * hd, DType::F16);
+    const Buffer v = zeros_of(kv_heads * kv_len * hd, DType::F16);
+    Buffer out = zeros_of(heads * hd, DType::F16);
+    const AttnConfig cfg{.num_heads = heads, .num_kv_heads = kv_heads, .head_dim = hd, .causal = true};
+    expect_runs_as_said(Op::FlashAttention, hd, [&] { be.flash_attention(q, k, v, out, 1, 1, kv_len, kv_len - 1, cfg); });
+    const Buffer cos = zeros_of(max_pos * hd / 2, DType::F32);
+    const Buffer sin = zeros_of(max_pos * hd / 2, DType::F32);
+    Buffer roped = zeros_of(heads * hd, DType::F16);
+    expect_runs_as_said(Op::QkNormRope, hd, [&] {
+      be.qk_norm_rope(q, nullptr, cos, sin, roped, 1, heads, hd, 0, max_pos, 1e-6f, RopeMode::RopeOnly);
+    });
+  }
+  const std::set<Op> head_dim_ops = {Op::FlashAttention, Op::FlashDecodeRagged, Op::QkNormRope, Op::QkvRopeAppend,
+                                     Op::QkvRopeAppendRagged};
+  for (int o = 0; o < kNumOps; ++o) {
+    const Op op = static_cast<Op>(o);
+    if (head_dim_ops.count(op) == 0) {
+      EXPECT_EQ(be.supports_head_dim(op, 12345), be.supports(op)) << to_string(op);
+    } else if (!be.supports(op)) {
+      EXPECT_FALSE(be.supports_head_dim(op, 128)) << to_string(op);
+    }
+  }
+}
+
 TEST(CpuSupports, ExactlyTheDocumentedSet) {
   CpuBackend cpu;
   const std::set<Op> unsupported = {Op::MlaAttention, Op::GraphCapture};

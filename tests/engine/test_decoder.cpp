@@ -245,6 +245,27 @@ TEST(Decoder, RequiredOps) {
   }
 }
 
+// CpuBackend runs every head size; on a GPU, CudaBackend refuses the tiny
+// presets' head_dim 16 for the attention ops only, and the Decoder says so
+// before it allocates anything.
+TEST(Decoder, OpsRefusingAHeadDim) {
+  CpuBackend cpu;
+  for (std::size_t hd : {16, 64, 100, 640}) {
+    EXPECT_TRUE(ops_refusing_head_dim(cpu, hd, DecodeMode::Eager, true, true).empty()) << hd;
+  }
+  const std::unique_ptr<Backend> gpu = make_default_backend();
+  if (gpu->kind() != BackendKind::Cuda) GTEST_SKIP() << "no GPU: the CUDA half needs CudaBackend";
+  EXPECT_EQ(ops_refusing_head_dim(*gpu, 16, DecodeMode::Eager), std::vector<Op>{Op::FlashAttention});
+  EXPECT_EQ(ops_refusing_head_dim(*gpu, 16, DecodeMode::Eager, false, /*batch=*/true),
+            (std::vector<Op>{Op::FlashAttention, Op::FlashDecodeRagged}));
+  EXPECT_TRUE(ops_refusing_head_dim(*gpu, 128, DecodeMode::Graph, true, true).empty());
+  const ModelConfig tiny = preset_config("tiny-llama");
+  ASSERT_EQ(tiny.head_dim, 16u);
+  const ModelWeights weights = random_weights(*gpu, tiny, 5);
+  EXPECT_ENGINE_ERROR(Decoder(*gpu, weights, 8, 4, DecodeMode::Eager), ErrorCode::Unsupported, "flash_attention",
+                      "head_dim = 16");
+}
+
 // ── on the GPU (skipped without one) ─────────────────────────────────────
 
 // The CUDA backend and random weights of tiny-llama at head_dim 64 (CUDA
