@@ -236,18 +236,17 @@ int main(int argc, char** argv) {
   const cudaDataType_t ctype = bf16 ? CUDA_R_16BF : CUDA_R_16F;
   constexpr std::size_t kRotateBytes = std::size_t{256} << 20;
 
-  // Whether a launch of `rows` rows runs the streaming kernel: CudaBackend's
-  // rule (gptq_kernel_for), and the streaming kernel covers kGptqStreamMaxM rows.
   // The kernel a launch of `rows` rows runs: CudaBackend's rule
-  // (gptq_kernel_for) for auto, else the named one; the streaming kinds
-  // cover kGptqStreamMaxM rows (more rows run the fused kernel).
+  // (gptq_kernel_for; every weight here has groups of 128 rows) for auto,
+  // else the named one; the streaming kinds cover kGptqStreamMaxM rows (more
+  // rows run the fused kernel).
   auto kind_of = [&](int rows) {
     using ferrum::kernels::GptqKernelKind;
     const GptqKernelKind forced = opt.kernel == "stream" ? GptqKernelKind::Stream
                                   : opt.kernel == "bulk" ? GptqKernelKind::StreamBulk
                                                          : GptqKernelKind::Fused;
     const GptqKernelKind kind =
-        ferrum::kernels::gptq_kernel_for(opt.kernel == "auto", forced, rows, ferrum::kernels::gptq_bulk_copy_supported());
+        ferrum::kernels::gptq_kernel_for(opt.kernel == "auto", forced, rows, ferrum::kernels::gptq_bulk_source_applies(128));
     return rows <= ferrum::kernels::kGptqStreamMaxM ? kind : GptqKernelKind::Fused;
   };
   auto streams = [&](int rows) { return kind_of(rows) != ferrum::kernels::GptqKernelKind::Fused; };
@@ -439,8 +438,8 @@ int main(int argc, char** argv) {
       row.config = plan.config;
       if (streams(m)) {  // the streaming kernel: "config" -1
         const ferrum::kernels::GptqPlan sp = ferrum::kernels::gptq_stream_plan(
-            opt.dtype, !r.uniform_zero, m, static_cast<int>(r.k_pad), static_cast<int>(r.n_pad), num_sms, kind_of(m),
-            opt.ring);
+            opt.dtype, !r.uniform_zero, m, static_cast<int>(r.k_pad), static_cast<int>(r.n_pad),
+            static_cast<int>(r.group_rows), num_sms, kind_of(m), opt.ring);
         row.splits = opt.splits > 0 ? std::min(opt.splits, static_cast<int>(r.k_pad) / 128) : sp.splits;
         row.config = -1;
       }

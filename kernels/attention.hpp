@@ -11,6 +11,14 @@
 
 namespace ferrum::kernels {
 
+// The head sizes the attention kernels are built for (prefill and decode;
+// CudaBackend::supports_head_dim reports the same). The kernels' dispatch
+// lists (dispatch_int<64, 128, 256> in attention.cu, attention_prefill.cu)
+// must name the same sizes.
+constexpr bool attention_head_dim_supported(std::size_t head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
 // Decode (q_len == 1) cuts the key range into slices of
 // attention_decode_slice_keys(kv_stride) keys, one block each: 128 keys for
 // a cache capacity up to 4096 (up to 32 slices: many blocks for a short
@@ -21,12 +29,6 @@ namespace ferrum::kernels {
 // capacity alone -- never on kv_len, the batch or the launch size -- so a
 // result is bitwise the same whatever the batch, and run to run.
 inline constexpr long long kAttnDecodeMinSliceKeys = 128;
-
-// The head sizes the attention kernels are built for (prefill and decode;
-// CudaBackend::supports_head_dim reports the same).
-constexpr bool attention_head_dim_supported(std::size_t head_dim) {
-  return head_dim == 64 || head_dim == 128 || head_dim == 256;
-}
 inline constexpr int kAttnDecodeMaxSplits = 32;   // capacity <= 128 * 32
 inline constexpr int kAttnDecodeLongSplits = 16;  // capacity > 128 * 32
 constexpr long long attention_decode_slice_keys(long long kv_stride) {

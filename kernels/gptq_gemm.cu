@@ -695,7 +695,8 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
 //       activations (ldmatrix, two k16 steps per load; rows >= m and columns
 //       >= k zero in shared memory) and scales, and its lanes refill the
 //       slot with the chunk p.ring on. No registers hold data in flight (95
-//       registers at NT = 1 without zeros: 5 CTAs per SM), no global loads
+//       registers at NT = 1 without zeros; with the default two slots per
+//       warp 4 CTAs per SM, see stream_ring_for), no global loads
 //       in the loop. Same chunks, same order, same math as the register
 //       source: the same bits for the same split plan. Groups of 32 rows or
 //       more (a slot has room for 4 group rows).
@@ -730,7 +731,10 @@ constexpr int kStreamActPitch = kGptqTileK * 2 + 16;
 // groups of 16, whose 8 rows would not fit the deepest ring at NT = 2 in
 // the 227 KiB a CTA may have).
 constexpr int kSlotGroupRows = 4;
-constexpr int kBulkMinGroupRows = kGptqTileK / kSlotGroupRows;
+static_assert(kGptqBulkMinGroupRows == kGptqTileK / kSlotGroupRows, "a slot holds the group rows of a chunk");
+// Lane roles of a chunk's copies: lanes 0 .. m - 1 the activation rows,
+// 16 .. 16 + kSlotGroupRows - 1 the group rows, 31 the weights.
+static_assert(kGptqStreamMaxM <= 16 && 16 + kSlotGroupRows <= 31, "the copy lanes' roles must not overlap");
 constexpr int kScaleRowBytes = kGptqTileN * 2;
 constexpr int kZeroRowBytes = kGptqTileN;
 constexpr int stream_slot_scales_at(int nt) { return kChunkWords * 4 + nt * 8 * kStreamActPitch; }
@@ -1204,6 +1208,15 @@ const StreamOccupancy& stream_occupancy() {
 
 int stream_nt(int m) { return m <= 8 ? 1 : 2; }
 
+// Whether a streaming launch of `kind` on a weight of k rows in groups of
+// group_rows takes the bulk source: bulk copies on the device, activation
+// rows copied in 16-byte units (k % 8 == 0: always true of a repacked
+// checkpoint; a hand-built weight may differ), and groups whose scale rows
+// fit a slot (kGptqBulkMinGroupRows). Otherwise the register source runs.
+bool stream_uses_bulk(GptqKernelKind kind, int k, int group_rows) {
+  return kind == GptqKernelKind::StreamBulk && k % 8 == 0 && gptq_bulk_source_applies(group_rows);
+}
+
 // CTAs per SM (16 warps) a default ring keeps where a single slot has that
 // many. Measured (session 10, H200, 7 shapes x m = 1, 8, 16): two slots per
 // warp at 4 CTAs per SM beat one slot at 5 at every NT = 1 point (8192 x
@@ -1262,11 +1275,7 @@ template <class T>
 void launch_stream(const GptqGemmArgs& args, cudaStream_t stream) {
   const int dtype_index = std::is_same_v<T, __nv_bfloat16> ? 1 : 0;
   const int nt = stream_nt(args.m);
-  // The bulk source copies activation rows in 16-byte units: k % 8 == 0
-  // (always true of a repacked checkpoint; a hand-built weight may not be);
-  // its slots hold the scale rows of groups of 32 rows or more.
-  const bool bulk = args.kernel == GptqKernelKind::StreamBulk && stream_occupancy().bulk_supported &&
-                    args.w.k % 8 == 0 && args.w.group_rows >= kBulkMinGroupRows;
+  const bool bulk = stream_uses_bulk(args.kernel, args.w.k, args.w.group_rows);
   const int ring = stream_ring_for(dtype_index, args.w.zeros != nullptr, nt, args.stream_ring);
   const GptqPlan plan =
       stream_plan_for(dtype_index, args.w.zeros != nullptr, nt, bulk, ring, args.w.k_pad, args.w.n_pad, args.num_sms);
@@ -1405,9 +1414,13 @@ std::size_t gptq_counter_ints(int n_pad) {
 
 bool gptq_bulk_copy_supported() { return stream_occupancy().bulk_supported; }
 
-GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k_pad, int n_pad, int num_sms, GptqKernelKind kind,
-                          int ring) {
-  const bool bulk = kind == GptqKernelKind::StreamBulk && stream_occupancy().bulk_supported;
+bool gptq_bulk_source_applies(int group_rows) {
+  return stream_occupancy().bulk_supported && group_rows >= kGptqBulkMinGroupRows;
+}
+
+GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k_pad, int n_pad, int group_rows, int num_sms,
+                          GptqKernelKind kind, int ring) {
+  const bool bulk = stream_uses_bulk(kind, k_pad, group_rows);
   const int dtype_index = dtype == DType::BF16 ? 1 : 0;
   return stream_plan_for(dtype_index, zeros, stream_nt(m), bulk,
                          bulk ? stream_ring_for(dtype_index, zeros, stream_nt(m), ring) : 0, k_pad, n_pad, num_sms);

@@ -58,6 +58,12 @@ inline constexpr int kGptqRegisterStreamAutoMaxM = 8;
 // enough opt-in shared memory for its deepest ring); else StreamBulk
 // launches run the register source.
 bool gptq_bulk_copy_supported();
+// The bulk source's ring slots hold the scale rows of groups of at least
+// this many rows (4 per 128-row chunk); smaller groups run the register source.
+inline constexpr int kGptqBulkMinGroupRows = 32;
+// Whether StreamBulk launches on a weight with groups of `group_rows` rows
+// (GptqDeviceWeight::group_rows) take the bulk source on the current device.
+bool gptq_bulk_source_applies(int group_rows);
 
 // The kernel a launch of `rows` rows asks for: `forced` when the caller
 // names one, else (auto) StreamBulk up to kGptqStreamAutoMaxM rows where
@@ -97,8 +103,9 @@ GptqPlan gptq_plan(DType dtype, int m, int k_pad, int n_pad, int num_sms);
 // The streaming kernel's plan for m <= kGptqStreamMaxM rows (zeros: the
 // weight has a zero array): config -1, one CTA per 64 columns (n_ctas)
 // times `splits` along k.
-// kind and ring: those of the launch (GptqGemmArgs::kernel, ::stream_ring).
-GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k_pad, int n_pad, int num_sms,
+// group_rows: the weight's (GptqDeviceWeight::group_rows); kind and ring:
+// those of the launch (GptqGemmArgs::kernel, ::stream_ring).
+GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k_pad, int n_pad, int group_rows, int num_sms,
                           GptqKernelKind kind = GptqKernelKind::Stream, int ring = 0);
 // f32 partial sums either kernel may need for any m <= kGptqMaxM.
 std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms);

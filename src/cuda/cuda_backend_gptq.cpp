@@ -298,9 +298,10 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
       args.partials = ws.partials;
       args.counters = ws.counters;
       args.num_sms = rt_->num_sms;
-      // Auto: the streaming kernel (bulk source) where it measured faster (m <= kGptqStreamAutoMaxM).
+      // Auto: the streaming kernel (bulk source) where it measured faster (m <= kGptqStreamAutoMaxM);
+      // where this weight cannot take the bulk source, the register source's range.
       args.kernel = kernels::gptq_kernel_for(gptq_kernel_ == GptqKernel::Auto, forced_kernel_kind(gptq_kernel_), rows,
-                                             kernels::gptq_bulk_copy_supported());
+                                             kernels::gptq_bulk_source_applies(view.group_rows));
       args.stream_ring = gptq_stream_ring_;
       kernels::launch_gptq_gemm(args, rt_->stream);
     }
