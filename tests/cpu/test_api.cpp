@@ -200,8 +200,8 @@ TEST_P(ApiOnBackend, SupportsMatchesBehaviour) {
   }
 }
 
-// supports_head_dim() agrees with behaviour: the attention and RoPE ops run
-// at every head size it says yes to and throw Unsupported at the others
+// supports_head_dim() agrees with behaviour: the five attention and RoPE ops
+// run at every head size it says yes to and throw Unsupported at the others
 // (CpuBackend: every size; CudaBackend: attention 64 / 128 / 256, RoPE up to
 // 512); every other op answers supports(op) at any size.
 TEST_P(ApiOnBackend, SupportsHeadDimMatchesBehaviour) {
@@ -231,6 +231,22 @@ TEST_P(ApiOnBackend, SupportsHeadDimMatchesBehaviour) {
     Buffer roped = zeros_of(heads * hd, DType::F16);
     expect_runs_as_said(Op::QkNormRope, hd, [&] {
       be.qk_norm_rope(q, nullptr, cos, sin, roped, 1, heads, hd, 0, max_pos, 1e-6f, RopeMode::RopeOnly);
+    });
+    // One sequence of the ragged forms (batch 1, cache capacity kv_len).
+    const Buffer kv_lens = be.upload(std::vector<float>{static_cast<float>(kv_len)}, DType::I32);
+    const AttnConfig ragged{.num_heads = heads, .num_kv_heads = kv_heads, .head_dim = hd, .kv_seq_stride = kv_len};
+    expect_runs_as_said(Op::FlashDecodeRagged, hd, [&] { be.flash_decode_ragged(q, k, v, out, kv_lens, 1, ragged); });
+    const QkvRopeAppendConfig append{
+        .heads = heads, .kv_heads = kv_heads, .head_dim = hd, .capacity = kv_len, .max_pos = max_pos};
+    const Buffer qkv = zeros_of((heads + 2 * kv_heads) * hd, DType::F16);
+    Buffer k_cache = zeros_of(kv_heads * kv_len * hd, DType::F16);
+    Buffer v_cache = zeros_of(kv_heads * kv_len * hd, DType::F16);
+    expect_runs_as_said(Op::QkvRopeAppend, hd, [&] {
+      be.qkv_rope_append(qkv, nullptr, nullptr, cos, sin, roped, k_cache, v_cache, 1, 0, append);
+    });
+    const Buffer positions = be.upload(std::vector<float>{1.0f}, DType::I32);
+    expect_runs_as_said(Op::QkvRopeAppendRagged, hd, [&] {
+      be.qkv_rope_append_ragged(qkv, nullptr, nullptr, cos, sin, roped, k_cache, v_cache, positions, 1, append);
     });
   }
   const std::set<Op> head_dim_ops = {Op::FlashAttention, Op::FlashDecodeRagged, Op::QkNormRope, Op::QkvRopeAppend,
