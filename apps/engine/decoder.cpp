@@ -47,6 +47,12 @@ std::vector<Op> missing_ops(const Backend& backend, DecodeMode mode, bool gptq, 
   return missing;
 }
 
+std::string op_names(const std::vector<Op>& ops) {
+  std::string names;
+  for (Op op : ops) names += concat(names.empty() ? "" : ", ", ferrum::to_string(op));
+  return names;
+}
+
 std::vector<Op> ops_refusing_head_dim(const Backend& backend, std::size_t head_dim, DecodeMode mode, bool gptq,
                                       bool batch) {
   std::vector<Op> refusing;
@@ -62,16 +68,12 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
       mode_(mode) {
   const std::vector<Op> missing = missing_ops(backend, mode, weights.has_gptq(), sequences > 1);
   if (!missing.empty()) {
-    std::string names;
-    for (Op op : missing) names += concat(names.empty() ? "" : ", ", ferrum::to_string(op));
-    fail(ErrorCode::Unsupported, "Decoder: the ", backend.name(), " backend lacks ", names, " (needed by ",
+    fail(ErrorCode::Unsupported, "Decoder: the ", backend.name(), " backend lacks ", op_names(missing), " (needed by ",
          to_string(mode), " decoding", sequences > 1 ? " of a batch" : "", ")");
   }
   const std::vector<Op> refusing = ops_refusing_head_dim(backend, cfg_.head_dim, mode, weights.has_gptq(), sequences > 1);
   if (!refusing.empty()) {
-    std::string names;
-    for (Op op : refusing) names += concat(names.empty() ? "" : ", ", ferrum::to_string(op));
-    fail(ErrorCode::Unsupported, "Decoder: the ", backend.name(), " backend does not run ", names,
+    fail(ErrorCode::Unsupported, "Decoder: the ", backend.name(), " backend does not run ", op_names(refusing),
          " on heads of head_dim = ", cfg_.head_dim);
   }
   if (kv_capacity == 0 || kv_capacity > cfg_.max_position_embeddings) {

@@ -59,6 +59,8 @@ std::vector<Op> missing_ops(const Backend& backend, DecodeMode mode, bool gptq =
 // elements (Backend::supports_head_dim).
 std::vector<Op> ops_refusing_head_dim(const Backend& backend, std::size_t head_dim, DecodeMode mode, bool gptq = false,
                                       bool batch = false);
+// The ops' names joined by ", " (for messages).
+std::string op_names(const std::vector<Op>& ops);
 
 class Decoder {
  public:

@@ -274,11 +274,6 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
   return true;
 }
 
-std::string op_list(const std::vector<Op>& ops) {
-  std::string text;
-  for (Op op : ops) text += concat(text.empty() ? "" : ", ", ferrum::to_string(op));
-  return text;
-}
 
 // The GPU backend when present and complete enough for the model, else CpuBackend.
 std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& model, DecodeMode& mode) {
@@ -303,7 +298,7 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
     const std::vector<Op> missing = missing_ops(*backend, DecodeMode::Eager, gptq, batch);
     if (!missing.empty()) {
       std::printf("ferrum_engine: the %s backend lacks %s; falling back to the CPU backend\n",
-                  backend->name().c_str(), op_list(missing).c_str());
+                  backend->name().c_str(), op_names(missing).c_str());
       backend = std::make_unique<CpuBackend>();
     } else if (const std::vector<Op> refusing =
                    ops_refusing_head_dim(*backend, model.head_dim, DecodeMode::Eager, gptq, batch);
@@ -311,13 +306,13 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       // E.g. the CUDA attention kernels take head_dim 64, 128 or 256; the tiny presets have 16.
       std::printf("ferrum_engine: the %s backend does not run %s on heads of head_dim = %zu; falling back to the CPU "
                   "backend\n",
-                  backend->name().c_str(), op_list(refusing).c_str(), model.head_dim);
+                  backend->name().c_str(), op_names(refusing).c_str(), model.head_dim);
       backend = std::make_unique<CpuBackend>();
     }
   }
   if (mode == DecodeMode::Graph && !missing_ops(*backend, DecodeMode::Graph, gptq, batch).empty()) {
     std::printf("ferrum_engine: the %s backend lacks %s; decoding eagerly instead of with a graph\n",
-                backend->name().c_str(), op_list(missing_ops(*backend, DecodeMode::Graph, gptq, batch)).c_str());
+                backend->name().c_str(), op_names(missing_ops(*backend, DecodeMode::Graph, gptq, batch)).c_str());
     mode = DecodeMode::Eager;
   }
   return backend;
