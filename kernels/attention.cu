@@ -772,7 +772,7 @@ bool launch_attention_decode_tc(const AttentionArgs& a, cudaStream_t stream) {
   bool launched = false;
   dispatch_half_dtype(a.dtype, "flash_attention", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    dispatch_int<64, 128, 256>(a.head_dim, "flash_attention", "head_dim", [&](auto hd_c) {
+    dispatch_int(AttentionHeadDims{}, a.head_dim, "flash_attention", "head_dim", [&](auto hd_c) {
       launched = launch_decode_typed<T, decltype(hd_c)::value>(a, stream);
     });
   });
@@ -801,7 +801,7 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
                   static_cast<unsigned>(a.num_kv_heads * chunks));
   dispatch_half_dtype(a.dtype, "flash_attention", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    dispatch_int<64, 128, 256>(a.head_dim, "flash_attention", "head_dim", [&](auto hd_c) {
+    dispatch_int(AttentionHeadDims{}, a.head_dim, "flash_attention", "head_dim", [&](auto hd_c) {
       constexpr int HD = decltype(hd_c)::value;
       attention_rows_kernel<T, HD><<<grid, kWarps * 32, 0, stream>>>(a, splits, slice_keys, heads_per_block);
       if (splits > 1) launch_combine<T, HD>(a, splits, slice_keys, stream);

@@ -7,16 +7,16 @@
 #include <cuda_runtime_api.h>
 
 #include "ferrum/dtype.hpp"
+#include "kernels/common/int_list.hpp"
 #include "kernels/decode_state.hpp"
 
 namespace ferrum::kernels {
 
-// The head sizes the attention kernels are built for (prefill and decode;
-// CudaBackend::supports_head_dim reports the same). The kernels' dispatch
-// lists (dispatch_int<64, 128, 256> in attention.cu, attention_prefill.cu)
-// must name the same sizes.
+// The head sizes the attention kernels are built for (prefill and decode:
+// their dispatch and CudaBackend::supports_head_dim both read this list).
+using AttentionHeadDims = IntList<64, 128, 256>;
 constexpr bool attention_head_dim_supported(std::size_t head_dim) {
-  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+  return int_list_contains(AttentionHeadDims{}, head_dim);
 }
 
 // Decode (q_len == 1) cuts the key range into slices of

@@ -473,7 +473,7 @@ bool launch_attention_prefill_tc(const AttentionArgs& a, cudaStream_t stream) {
   bool launched = false;
   dispatch_half_dtype(a.dtype, "flash_attention", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    dispatch_int<64, 128, 256>(a.head_dim, "flash_attention", "head_dim", [&](auto hd_c) {
+    dispatch_int(AttentionHeadDims{}, a.head_dim, "flash_attention", "head_dim", [&](auto hd_c) {
       constexpr int HD = decltype(hd_c)::value;
       launched = launch_typed<T, HD>(a, stream);
     });

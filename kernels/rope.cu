@@ -315,6 +315,10 @@ struct RopeLaunchPlan {
   int pairs = 0;
 };
 
+// The warp path's widest instance (8 pairs per lane, 32 lanes) bounds the head
+// size the backend accepts (rope_head_dim_supported).
+static_assert(kRopeMaxHeadDim == 2 * 32 * 8, "kRopeMaxHeadDim is what the warp path's largest dispatch covers");
+
 RopeLaunchPlan rope_launch_plan(int head_dim, bool pointers_aligned) {
   const int half = head_dim / 2;
   RopeLaunchPlan p;

@@ -9,6 +9,7 @@
 
 #include "ferrum/dtype.hpp"
 #include "kernels/common/check.hpp"
+#include "kernels/common/int_list.hpp"
 
 namespace ferrum::kernels {
 
@@ -57,6 +58,11 @@ template <int... Values, class F>
 void dispatch_int(int value, const char* op, const char* what, F&& f) {
   const bool hit = ((value == Values ? (f(std::integral_constant<int, Values>{}), true) : false) || ...);
   if (!hit) throw_bad_dispatch(op, what, value);
+}
+// The same over a named list (kernels/common/int_list.hpp).
+template <int... Values, class F>
+void dispatch_int(IntList<Values...>, int value, const char* op, const char* what, F&& f) {
+  dispatch_int<Values...>(value, op, what, static_cast<F&&>(f));
 }
 
 }  // namespace ferrum::kernels

@@ -1,0 +1,19 @@
+// A compile-time list of ints, for a set of template instances named once:
+// the host-side predicate ("is this value one we built?") and the kernels'
+// dispatch (dispatch_int in dtype.cuh) read the same list, so they cannot
+// drift apart.
+#pragma once
+
+#include <cstddef>
+
+namespace ferrum::kernels {
+
+template <int... Values>
+struct IntList {};
+
+template <int... Values>
+constexpr bool int_list_contains(IntList<Values...>, std::size_t value) {
+  return ((value == static_cast<std::size_t>(Values)) || ...);
+}
+
+}  // namespace ferrum::kernels
