@@ -84,6 +84,17 @@ struct Options {
   std::vector<std::pair<int, int>> shapes;  // --shapes: [k x n] (empty: the default list)
 };
 
+// The items of a comma-separated list ("1,4,16" -> {"1", "4", "16"}).
+std::vector<std::string> comma_items(const std::string& list) {
+  std::vector<std::string> items;
+  for (std::size_t at = 0; at < list.size();) {
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    items.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return items;
+}
+
 struct XorShift {
   std::uint64_t s;
   std::uint64_t next() {
@@ -172,24 +183,15 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else if (a == "--ms") {
-      const std::string list = value();
-      for (std::size_t at = 0; at < list.size();) {
-        const std::size_t comma = std::min(list.find(',', at), list.size());
-        opt.ms.push_back(std::atoi(list.substr(at, comma - at).c_str()));
-        at = comma + 1;
-      }
+      for (const std::string& item : comma_items(value())) opt.ms.push_back(std::atoi(item.c_str()));
     } else if (a == "--shapes") {
-      const std::string list = value();
-      for (std::size_t at = 0; at < list.size();) {
-        const std::size_t comma = std::min(list.find(',', at), list.size());
-        const std::string shape = list.substr(at, comma - at);
+      for (const std::string& shape : comma_items(value())) {
         const std::size_t x = shape.find('x');
         if (x == std::string::npos) {
           std::fprintf(stderr, "--shapes takes KxN,KxN,... (got %s)\n", shape.c_str());
           return 2;
         }
         opt.shapes.emplace_back(std::atoi(shape.substr(0, x).c_str()), std::atoi(shape.substr(x + 1).c_str()));
-        at = comma + 1;
       }
     } else if (a == "--kernel") {
       opt.kernel = value();

@@ -1276,7 +1276,7 @@ void launch_stream(const GptqGemmArgs& args, cudaStream_t stream) {
   const int dtype_index = std::is_same_v<T, __nv_bfloat16> ? 1 : 0;
   const int nt = stream_nt(args.m);
   const bool bulk = stream_uses_bulk(args.kernel, args.w.k, args.w.group_rows);
-  const int ring = stream_ring_for(dtype_index, args.w.zeros != nullptr, nt, args.stream_ring);
+  const int ring = bulk ? stream_ring_for(dtype_index, args.w.zeros != nullptr, nt, args.stream_ring) : 0;
   const GptqPlan plan =
       stream_plan_for(dtype_index, args.w.zeros != nullptr, nt, bulk, ring, args.w.k_pad, args.w.n_pad, args.num_sms);
   const int splits = args.stream_splits > 0 ? std::min(args.stream_splits, args.w.k_pad / kGptqTileK) : plan.splits;
