@@ -22,7 +22,7 @@
 //     copy_slice from varying pool offsets.
 //
 // Usage: ferrum_bench [--json PATH] [--quick] [--filter SUBSTR[,SUBSTR...]]
-//                     [--reps N] [--graph-api]
+//                     [--reps N] [--chain N] [--graph-api]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -166,6 +166,12 @@ struct Options {
   bool quick = false;
   bool graph_api = false;  // use Backend::begin_graph_capture (one graph) instead of raw capture
   int reps = 0;            // 0: default for the mode
+  // Stream mode: launches per event pair (consecutive sets); time per op =
+  // elapsed / chain. 1 (default) times each launch alone; larger values show
+  // what back-to-back launches cost in a stream (the event and launch gaps
+  // amortized, each kernel's own ramp-up and tail still counted). The
+  // same-size copy is chained the same way.
+  int chain = 1;
 };
 
 struct Record {
@@ -296,14 +302,15 @@ class Bench {
     for (std::size_t i = 0; i < sets; ++i)
       FB_CUDA(cudaMemcpyAsync(d8 + i * half, s8 + i * half, half, cudaMemcpyDeviceToDevice, st_));
     Events ev(reps);
+    std::size_t k = 0;
     for (int i = 0; i < reps; ++i) {
-      const std::size_t k = static_cast<std::size_t>(i) % sets;
       FB_CUDA(cudaEventRecord(ev.start(i), st_));
-      FB_CUDA(cudaMemcpyAsync(d8 + k * half, s8 + k * half, half, cudaMemcpyDeviceToDevice, st_));
+      for (int c = 0; c < opt_.chain; ++c, k = (k + 1) % sets)
+        FB_CUDA(cudaMemcpyAsync(d8 + k * half, s8 + k * half, half, cudaMemcpyDeviceToDevice, st_));
       FB_CUDA(cudaEventRecord(ev.stop(i), st_));
     }
     FB_CUDA(cudaStreamSynchronize(st_));
-    const double gbps = 2.0 * static_cast<double>(half) / median(ev.elapsed_us()) / 1e3;
+    const double gbps = 2.0 * static_cast<double>(half) * opt_.chain / median(ev.elapsed_us()) / 1e3;
     copy_same_.emplace(half, gbps);
     return gbps;
   }
@@ -418,16 +425,19 @@ class Bench {
     for (std::size_t i = 0; i < warm; ++i) launch(i % sets);
     be_.synchronize();
     const std::size_t reps = stream_reps();
+    const auto chain = static_cast<std::size_t>(opt_.chain);
     Events ev(reps);
+    std::size_t next = warm;
     for (std::size_t r = 0; r < reps; ++r) {
       FB_CUDA(cudaEventRecord(ev.start(r), st_));
-      launch((warm + r) % sets);
+      for (std::size_t c = 0; c < chain; ++c) launch(next++ % sets);
       FB_CUDA(cudaEventRecord(ev.stop(r), st_));
     }
     be_.synchronize();
     Timing t;
-    t.us = median(ev.elapsed_us());
+    t.us = median(ev.elapsed_us()) / static_cast<double>(chain);
     t.reps = reps;
+    if (chain > 1) t.note = "chain " + std::to_string(chain);
     return t;
   }
 
@@ -915,11 +925,12 @@ void write_json(const std::string& path, const Bench& b, const std::string& devi
 
 void usage(const char* argv0) {
   std::printf(
-      "usage: %s [--json PATH] [--quick] [--filter SUBSTR[,SUBSTR...]] [--reps N] [--graph-api]\n"
+      "usage: %s [--json PATH] [--quick] [--filter SUBSTR[,SUBSTR...]] [--reps N] [--chain N] [--graph-api]\n"
       "  --json PATH   write results as JSON\n"
       "  --quick       fewer repetitions\n"
       "  --filter S    run only cases whose \"op dtype shape mode\" contains S (comma: any of)\n"
       "  --reps N      timed repetitions per case (stream: launches; graph: replays)\n"
+      "  --chain N     stream mode: N back-to-back launches per event pair (default 1)\n"
       "  --graph-api   time tiny ops through Backend::begin_graph_capture (one graph,\n"
       "                L2-warm) instead of raw stream capture over L2-cold sets\n",
       argv0);
@@ -947,6 +958,9 @@ Options parse_args(int argc, char** argv) {
     } else if (a == "--reps") {
       o.reps = std::stoi(value());
       if (o.reps <= 0) throw std::runtime_error("--reps must be positive");
+    } else if (a == "--chain") {
+      o.chain = std::stoi(value());
+      if (o.chain <= 0) throw std::runtime_error("--chain must be positive");
     } else if (a == "-h" || a == "--help") {
       usage(argv[0]);
       std::exit(0);

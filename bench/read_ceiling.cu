@@ -46,18 +46,49 @@ __global__ void __launch_bounds__(kThreads) read_ceiling_kernel(const uint4* __r
   }
 }
 
+constexpr int kCopyInFlight = 4;
+
+__global__ void __launch_bounds__(kThreads) copy_ceiling_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst,
+                                                                long long vecs) {
+  const long long stride = static_cast<long long>(gridDim.x) * kThreads;
+  for (long long base = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; base < vecs;
+       base += stride * kCopyInFlight) {
+    uint4 v[kCopyInFlight];
+#pragma unroll
+    for (int i = 0; i < kCopyInFlight; ++i) {
+      const long long at = base + i * stride;
+      if (at < vecs) v[i] = load_once(src + at);
+    }
+#pragma unroll
+    for (int i = 0; i < kCopyInFlight; ++i) {
+      const long long at = base + i * stride;
+      if (at < vecs) dst[at] = v[i];
+    }
+  }
+}
+
+void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "%s launch: %s\n", what, cudaGetErrorString(err));
+    std::exit(1);
+  }
+}
+
 }  // namespace
+
+void launch_copy_ceiling(const void* src, void* dst, std::size_t bytes, int num_sms, cudaStream_t stream) {
+  copy_ceiling_kernel<<<num_sms * kBlocksPerSm, kThreads, 0, stream>>>(
+      static_cast<const uint4*>(src), static_cast<uint4*>(dst), static_cast<long long>(bytes / 16));
+  check_launch("copy_ceiling_kernel");
+}
 
 int read_ceiling_blocks(int num_sms) { return num_sms * kBlocksPerSm; }
 
 void launch_read_ceiling(const void* src, std::size_t bytes, std::uint32_t* sink, int num_sms, cudaStream_t stream) {
   read_ceiling_kernel<<<read_ceiling_blocks(num_sms), kThreads, 0, stream>>>(
       static_cast<const uint4*>(src), static_cast<long long>(bytes / 16), sink);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    std::fprintf(stderr, "read_ceiling_kernel launch: %s\n", cudaGetErrorString(err));
-    std::exit(1);
-  }
+  check_launch("read_ceiling_kernel");
 }
 
 }  // namespace ferrum::bench

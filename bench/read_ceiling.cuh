@@ -19,4 +19,10 @@ namespace ferrum::bench {
 void launch_read_ceiling(const void* src, std::size_t bytes, std::uint32_t* sink, int num_sms, cudaStream_t stream);
 int read_ceiling_blocks(int num_sms);
 
+// The copy ceiling of a size: dst = src over `bytes` (16-byte aligned, a
+// multiple of 16) with 16-byte loads, 4 in flight per thread, a grid-stride
+// loop over 4 blocks of 256 threads per SM. Beside a cudaMemcpyAsync of the
+// same bytes, it shows what a plain kernel moves at that size.
+void launch_copy_ceiling(const void* src, void* dst, std::size_t bytes, int num_sms, cudaStream_t stream);
+
 }  // namespace ferrum::bench
