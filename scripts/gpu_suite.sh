@@ -205,8 +205,8 @@ if has_mode engine; then
     # (32 steps): the default against both switches, compared bitwise.
     for dtype in ${ENGINE_DTYPES:-f16}; do
       run=0
-      for mode in --graph --eager "--graph --no-pdl" "--graph --pdl-trigger" "--graph --gemm-prefetch" \
-                  "--graph --pdl-trigger --gemm-prefetch"; do
+      for mode in --graph --eager "--graph --no-pdl" "--graph --no-pdl-trigger" "--graph --gemm-prefetch" \
+                  "--graph --gemm-early-weights"; do
         echo "-- $dtype $mode"
         timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --dtype $dtype --steps 128 $mode \
           > /tmp/ferrum_engine_$run.log 2>&1
@@ -222,12 +222,12 @@ if has_mode engine; then
         run=$((run + 1))
       done
       rm -f /tmp/ferrum_logits_${dtype}_*.bin
-      for mode in --graph "--graph --pdl-trigger --gemm-prefetch"; do
+      for mode in --graph "--graph --no-pdl-trigger --gemm-prefetch"; do
         timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --dtype $dtype --steps 32 $mode \
           --dump-logits "/tmp/ferrum_logits_${dtype}_${mode//[ -]/}.bin" > /dev/null 2>&1
         echo "   dump run $mode exit $?"
       done
-      cmp -s /tmp/ferrum_logits_${dtype}_graph.bin /tmp/ferrum_logits_${dtype}_graphpdltriggergemmprefetch.bin \
+      cmp -s /tmp/ferrum_logits_${dtype}_graph.bin /tmp/ferrum_logits_${dtype}_graphnopdltriggergemmprefetch.bin \
         && echo "-- $dtype logits (32 steps): switches on bitwise equal to --graph" \
         || echo "-- $dtype logits (32 steps): SWITCHES CHANGE THE LOGITS"
     done

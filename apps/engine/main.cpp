@@ -2,7 +2,7 @@
 //
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N] [--batch N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
-//                      [--dump-logits FILE] [--no-pdl] [--pdl-trigger] [--gemm-prefetch]
+//                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]
 //                      [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk] [--skinny-max-m N]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
@@ -25,8 +25,8 @@
 //   --no-pdl         CUDA kernels launched without programmatic dependent
 //                    launch (CudaBackendConfig::programmatic_dependent_launch;
 //                    an A/B switch, the tokens and logits are the same)
-//   --pdl-trigger    CudaBackendConfig::pdl_early_trigger (an A/B switch; the
-//                    tokens and logits are the same)
+//   --no-pdl-trigger CudaBackendConfig::pdl_early_trigger = false (on by
+//                    default; an A/B switch, the tokens and logits are the same)
 //   --gemm-prefetch  CudaBackendConfig::gemm_prefetch_before_wait (the same)
 //   --gemm-early-weights  CudaBackendConfig::gemm_weights_before_wait (the
 //                    same; the engine's weights are never written while it
@@ -79,7 +79,7 @@ struct Options {
   std::size_t batch = 0;  // 0: one sequence per prompt
   bool force_cpu = false;
   bool no_pdl = false;
-  bool pdl_trigger = false;
+  bool pdl_trigger = true;  // CudaBackendConfig's default
   bool gemm_prefetch = false;
   bool gemm_early_weights = false;
   GptqKernel gptq_kernel = GptqKernel::Auto;
@@ -134,7 +134,7 @@ void usage(std::FILE* out) {
   std::fprintf(out,
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3[;4,5]\"] [--steps N] [--batch N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
-               "                     [--dump-logits FILE] [--no-pdl] [--pdl-trigger] [--gemm-prefetch]\n"
+               "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]\n"
                "                     [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk] [--skinny-max-m N]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
@@ -211,8 +211,8 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.force_cpu = true;
     } else if (arg == "--no-pdl") {
       opt.no_pdl = true;
-    } else if (arg == "--pdl-trigger") {
-      opt.pdl_trigger = true;
+    } else if (arg == "--no-pdl-trigger") {
+      opt.pdl_trigger = false;
     } else if (arg == "--gemm-prefetch") {
       opt.gemm_prefetch = true;
     } else if (arg == "--gemm-early-weights") {

@@ -20,19 +20,19 @@
 // bulk source, which sets up its mbarriers and zeroes shared memory (no
 // global access) before its wait. None writes global memory before the wait.
 //
-// By default no kernel triggers its dependents early
-// (griddepcontrol.launch_dependents): the next kernel is scheduled as this
-// one's blocks exit. A first version triggered at the top of every kernel;
+// Early triggers (griddepcontrol.launch_dependents): without one the next
+// kernel is scheduled as this one's blocks exit. A first version triggered at the top of every kernel;
 // on the H200 the llama3-8b graph decode fell from 208 to 161 tok/s with it
 // (likely: the trigger chains, so blocks of several later kernels sit
 // resident and waiting while a memory-bound grid needs the SMs). A second,
 // targeted version (b920e6f) measured 186 against 201 tok/s on another
 // machine, in both PDL modes; its GEMM prefetch was inlined and raised the
 // skinny kernels' registers (80 -> 102 at m = 1: fewer resident blocks),
-// which alone fits a loss in both modes. Both ideas are now A/B switches,
-// off by default, to be measured in one build (CudaBackendConfig):
-// - pdl_early_trigger: the norms, SiLU·mul and decode attention (what
-//   precedes a weight-streaming GEMM in a decode step) call
+// which alone fits a loss in both modes. Both ideas are now switches
+// (CudaBackendConfig):
+// - pdl_early_trigger (on by default since session 11: llama3-8b GPTQ graph
+//   decode 406 -> 428 tok/s, f16 level): the norms, SiLU·mul and decode
+//   attention (what precedes a weight-streaming GEMM in a decode step) call
 //   pdl_trigger_dependents() right after their own pdl_begin(), so triggers
 //   never run more than one kernel ahead;
 // - gemm_prefetch_before_wait: the skinny GEMM asks L2 for its first round
