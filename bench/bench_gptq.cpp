@@ -4,8 +4,8 @@
 //
 //   ferrum_bench_gptq [--json PATH] [--iters N] [--warmup N] [--dtype f16|bf16]
 //                     [--asym] [--act-order] [--crossover] [--quick]
-//                     [--kernel auto|fused|stream|bulk] [--ring N] [--splits N] [--ms M,M,...]
-//                     [--shapes KxN,KxN,...]
+//                     [--kernel auto|fused|stream|bulk] [--ring N] [--splits N] [--cluster-reduce]
+//                     [--ms M,M,...] [--shapes KxN,KxN,...]
 //
 // --kernel picks the kernel launch_gptq_gemm runs (GptqGemmArgs::kernel):
 // auto = CudaBackendConfig's default rule (the streaming kernel, bulk
@@ -14,7 +14,9 @@
 // m <= 16 (larger m still run the fused kernel); bulk = the same streaming
 // kernel with its weights brought into shared-memory rings by bulk copies
 // (--ring: chunk slots per warp, 0 = the library's choice; --splits: CTAs
-// along k, 0 = the plan's). --ms replaces the list of m, --shapes
+// along k, 0 = the plan's; --cluster-reduce: GptqGemmArgs::cluster_reduce,
+// the bulk source's 2..8 splits summed in a cluster, plan column "sxSc").
+// --ms replaces the list of m, --shapes
 // the list of shapes. The "plan"
 // column says which ran: "sxS" = streaming (one CTA per 64 columns, S
 // splits along k), else "cCxS": the fused configuration C and its splits.
@@ -80,6 +82,7 @@ struct Options {
   std::string kernel = "auto";  // auto | fused | stream | bulk
   int ring = 0;                 // bulk: chunk slots per warp (0: the default)
   int splits = 0;               // stream / bulk: CTAs along k (0: the plan's)
+  bool cluster_reduce = false;  // bulk: GptqGemmArgs::cluster_reduce
   std::vector<int> ms;          // --ms: the m values (empty: the default list)
   std::vector<std::pair<int, int>> shapes;  // --shapes: [k x n] (empty: the default list)
 };
@@ -182,6 +185,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "--ring takes 0..%d (got %d)\n", ferrum::kernels::kGptqStreamMaxRing, opt.ring);
         return 2;
       }
+    } else if (a == "--cluster-reduce") {
+      opt.cluster_reduce = true;
     } else if (a == "--ms") {
       for (const std::string& item : comma_items(value())) opt.ms.push_back(std::atoi(item.c_str()));
     } else if (a == "--shapes") {
@@ -202,7 +207,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--iters N] [--warmup N] [--dtype f16|bf16] [--asym] [--act-order] "
-                   "[--crossover] [--quick] [--kernel auto|fused|stream|bulk] [--ring N] [--splits N] [--ms M,M,...] "
+                   "[--crossover] [--quick] [--kernel auto|fused|stream|bulk] [--ring N] [--splits N] [--cluster-reduce] "
+                   "[--ms M,M,...] "
                    "[--shapes KxN,...]\n",
                    argv[0]);
       return 2;
@@ -252,9 +258,9 @@ int main(int argc, char** argv) {
     return rows <= ferrum::kernels::kGptqStreamMaxM ? kind : GptqKernelKind::Fused;
   };
   auto streams = [&](int rows) { return kind_of(rows) != ferrum::kernels::GptqKernelKind::Fused; };
-  std::printf("device %s, %d SMs, dtype %s, group 128%s%s, kernel %s, ring %d\n", prop.name, num_sms,
+  std::printf("device %s, %d SMs, dtype %s, group 128%s%s, kernel %s, ring %d%s\n", prop.name, num_sms,
               bf16 ? "bf16" : "f16", opt.asym ? ", asymmetric" : ", symmetric", opt.act_order ? ", act-order" : "",
-              opt.kernel.c_str(), opt.ring);
+              opt.kernel.c_str(), opt.ring, opt.cluster_reduce ? ", cluster reduce" : "");
   std::printf("%6s %6s %5s | %10s %9s %9s %6s | %10s | %10s %8s | %8s %6s\n", "k", "n", "m", "ours_us", "int4_GB/s",
               "+meta", "plan", "deq+cublas", "cublas_us", "speedup", "read_us", "max_x");
 
@@ -410,6 +416,7 @@ int main(int argc, char** argv) {
           args.kernel = kind_of(rows_now);
           args.stream_ring = opt.ring;
           args.stream_splits = opt.splits;
+          args.cluster_reduce = opt.cluster_reduce;
           ferrum::kernels::launch_gptq_gemm(args, stream);
         }
       };
@@ -457,7 +464,11 @@ int main(int argc, char** argv) {
       if (opt.crossover) std::snprintf(deq, sizeof(deq), "%.1f", row.dequant_us);
       char plan_text[16];
       if (row.config < 0) {
-        std::snprintf(plan_text, sizeof(plan_text), "sx%d", row.splits);
+        // "c": the splits summed in a cluster (the rule of launch_gptq_gemm's bulk source).
+        const bool clustered = kind_of(m) == ferrum::kernels::GptqKernelKind::StreamBulk &&
+                               ferrum::kernels::gptq_bulk_source_applies(128) &&
+                               ferrum::kernels::gptq_cluster_reduces(opt.cluster_reduce, row.splits);
+        std::snprintf(plan_text, sizeof(plan_text), "sx%d%s", row.splits, clustered ? "c" : "");
       } else {
         std::snprintf(plan_text, sizeof(plan_text), "c%dx%d", row.config, row.splits);
       }

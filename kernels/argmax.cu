@@ -184,8 +184,8 @@ void launch_typed(const void* x, std::int32_t* out, long long rows, long long co
   const bool wide = aligned16(x) && (cols % kWide == 0 || rows == 1);
   auto go = [&](auto kernel, int blocks_per_row) {
     const dim3 grid(static_cast<unsigned>(std::min(rows, kMaxClusters) * blocks_per_row));
-    launch_pdl_clustered("argmax", static_cast<unsigned>(blocks_per_row), kernel, grid, kThreads, 0, stream, xt, out,
-                         rows, static_cast<int>(cols));
+    launch_pdl_clustered("argmax", dim3(static_cast<unsigned>(blocks_per_row), 1, 1), kernel, grid, kThreads, 0,
+                         stream, xt, out, rows, static_cast<int>(cols));
   };
   if (device_is_sm90_or_later() && has_sm90_code(argmax_kernel<T, kWide, true>)) {
     wide ? go(argmax_kernel<T, kWide, true>, kCluster) : go(argmax_kernel<T, 1, true>, kCluster);

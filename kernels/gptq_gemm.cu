@@ -35,6 +35,7 @@
 // then the gather (act-order) and dequantize (cuBLAS path) kernels.
 #include "kernels/gptq_gemm.hpp"
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -53,6 +54,8 @@
 namespace ferrum::kernels {
 
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -714,7 +717,10 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
 //   * Register source: two register buffers used in turn (no copies between them).
 //   * Warps summed through shared memory in warp order onto warp 0, then the
 //     splits through the workspace in split order (splitk_finish_last):
-//     fixed order, bitwise reproducible.
+//     fixed order, bitwise reproducible. With GptqGemmArgs::cluster_reduce
+//     (bulk source, 2..8 splits) the splits of a column block are one
+//     cluster and sum the same way through distributed shared memory
+//     (cluster_reduce_store): no workspace round trip, fence or atomic.
 constexpr int kStreamThreads = 128;
 constexpr int kStreamWarps = kStreamThreads / 32;
 constexpr int kChunkK16 = kGptqTileK / 16;  // k16 steps per chunk (8)
@@ -762,7 +768,76 @@ struct StreamParams : GemmOperands {
   int splits;
   int ring;  // bulk source: chunk slots per warp in shared memory (1 .. kGptqStreamMaxRing)
   int group_rows_per_chunk;  // bulk source: scale (zero) rows a chunk touches, max(1, 8 / k16_per_group)
+  bool cluster_reduce;  // bulk source, 2 .. kGptqClusterMaxSplits splits launched as one cluster per column block
 };
+
+// Bytes of the warp sums (warps 1.. of a CTA, read by warp 0) at the start of
+// the bulk source's ring memory, and the split's [NT * 8][64] f32 tile after
+// them (cluster reduce).
+template <int NT>
+constexpr int kStreamRedBytes = static_cast<int>(sizeof(float)) * (kStreamWarps - 1) * NT * 16 * 32;
+template <int NT>
+constexpr int kStreamTileBytes = static_cast<int>(sizeof(float)) * NT * 8 * kGptqTileN;
+
+// Cluster reduce (bulk source, StreamParams::cluster_reduce): the splits of
+// one column block are one cluster (dims 1 x S), so they sum through
+// distributed shared memory instead of the workspace. Each CTA leaves its
+// split's sums (warp 0's acc) in `tile` ([NT * 8][64] f32, row-major, in its
+// own shared memory); after a cluster barrier CTA rank q sums its share of
+// the live rows' quads over the S tiles in split order 0, 1, ..., S-1 from
+// 0.0f, exactly as splitk_finish_last sums the workspace partials (so both
+// give the same bits), and stores them; a second barrier keeps every tile
+// alive until the last read. No workspace, counter, fence or atomic.
+template <class T, int NT>
+__device__ __forceinline__ void cluster_reduce_store(const float (&acc)[NT * 16], unsigned char* tile_smem,
+                                                     bool holds_sums, const StreamParams& p, int nb,
+                                                     T* out /* [m, n] */) {
+#ifdef FERRUM_BULK_COPY_UNAVAILABLE
+  (void)acc, (void)tile_smem, (void)holds_sums, (void)p, (void)nb, (void)out;
+  __trap();  // never launched: clusters and the bulk source run on sm_90+ only
+#else
+  float* const tile = reinterpret_cast<float*>(tile_smem);  // [NT * 8][kGptqTileN]
+  const int lane = static_cast<int>(threadIdx.x) & 31, gid = lane >> 2, tig = lane & 3;
+  if (holds_sums) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int f = 16 * j + gid + (e >= 2 ? 8 : 0), r = nt * 8 + 2 * tig + (e & 1);
+          tile[r * kGptqTileN + f] = acc[(nt * 4 + j) * 4 + e];
+        }
+      }
+    }
+  }
+  const cg::cluster_group cluster = cg::this_cluster();
+  // Publishes every split's tile (release / acquire); a block's shared
+  // memory may also be read only once the block is known to run.
+  cluster.sync();
+  const int splits = p.splits;
+  const int rank = static_cast<int>(cluster.block_rank());  // = the split (cluster 1 x S over grid.y)
+  constexpr int kQuadsPerRow = kGptqTileN / 4;
+  const int quads = p.m * kQuadsPerRow;
+  const int q_end = (rank + 1) * quads / splits;
+  for (int q = rank * quads / splits + static_cast<int>(threadIdx.x); q < q_end; q += kStreamThreads) {
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s = 0; s < splits; ++s) {
+      const float4 v = *cluster.map_shared_rank(reinterpret_cast<float4*>(tile) + q, s);
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    const int row = q / kQuadsPerRow, col = nb * kGptqTileN + (q % kQuadsPerRow) * 4;
+    if (col < p.n) {  // n is a multiple of 8: a quad is all in or all out
+      *reinterpret_cast<uint2*>(out + static_cast<std::size_t>(row) * p.n + col) =
+          make_uint2(pack2<T>(sum.x, sum.y), pack2<T>(sum.z, sum.w));
+    }
+  }
+  cluster.sync();  // no block exits while another may still read its tile
+#endif
+}
 
 // 16 bytes of the weight stream: read once, so not kept in L1.
 __device__ __forceinline__ uint4 load_stream_16(const std::uint32_t* p) {
@@ -785,8 +860,9 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
   extern __shared__ __align__(128) unsigned char ring_smem[];  // [warps][p.ring][stream_slot_bytes(NT)]
   float(*red)[kAcc][32];
   if constexpr (kBulk) {
-    static_assert(sizeof(float) * (kStreamWarps - 1) * kAcc * 32 <= kStreamWarps * stream_slot_bytes(NT),
-                  "the warp sums fit in the smallest ring (one slot per warp)");
+    static_assert(kStreamRedBytes<NT> == sizeof(float) * (kStreamWarps - 1) * kAcc * 32, "one layout of the sums");
+    static_assert(kStreamRedBytes<NT> + kStreamTileBytes<NT> <= kStreamWarps * stream_slot_bytes(NT),
+                  "the warp sums and the cluster reduce's tile fit in the smallest ring (one slot per warp)");
     red = reinterpret_cast<float(*)[kAcc][32]>(ring_smem);
   } else {
     __shared__ float red_own[kStreamWarps - 1][kAcc][32];
@@ -1080,8 +1156,14 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     }
   }
   // D fragment (nt, j): d0 / d1 = feature 16j + g, rows 8nt + 2t / +1; d2 / d3 = feature + 8.
-  // One split: the output directly. Otherwise this split's [m][64] f32 partial.
   T* out = static_cast<T*>(p.out);
+  if constexpr (kBulk) {
+    if (p.cluster_reduce) {  // grid-uniform
+      cluster_reduce_store<T, NT>(acc, ring_smem + kStreamRedBytes<NT>, warp == 0, p, nb, out);
+      return;
+    }
+  }
+  // One split: the output directly. Otherwise this split's [m][64] f32 partial.
   if (warp == 0) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -1130,7 +1212,9 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   p.splits = splits;
   p.ring = kBulk ? ring : 0;
   p.group_rows_per_chunk = std::max(1, kChunkK16 / p.k16_per_group);
+  p.cluster_reduce = kBulk && gptq_cluster_reduces(args.cluster_reduce, splits);
   const dim3 grid(static_cast<unsigned>(args.w.n_pad / kGptqTileN), static_cast<unsigned>(splits));
+  const dim3 cluster(1, p.cluster_reduce ? static_cast<unsigned>(splits) : 1u, 1);
   const std::size_t smem = kBulk ? static_cast<std::size_t>(stream_ring_bytes(NT, ring)) : 0;
   if constexpr (kBulk) {  // the shared-memory opt-in, once per device (cheap after the first call)
     const bool ok = args.w.zeros != nullptr
@@ -1142,11 +1226,11 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
     }
   }
   if (args.w.zeros != nullptr) {
-    launch_pdl("gemm_gptq (stream)", stream_kernel_ptr<T, NT, true, kSource>(), grid, dim3(kStreamThreads), smem, stream,
-               p);
+    launch_pdl_clustered("gemm_gptq (stream)", cluster, stream_kernel_ptr<T, NT, true, kSource>(), grid,
+                         dim3(kStreamThreads), smem, stream, p);
   } else {
-    launch_pdl("gemm_gptq (stream)", stream_kernel_ptr<T, NT, false, kSource>(), grid, dim3(kStreamThreads), smem,
-               stream, p);
+    launch_pdl_clustered("gemm_gptq (stream)", cluster, stream_kernel_ptr<T, NT, false, kSource>(), grid,
+                         dim3(kStreamThreads), smem, stream, p);
   }
 }
 
@@ -1413,6 +1497,10 @@ std::size_t gptq_counter_ints(int n_pad) {
 }
 
 bool gptq_bulk_copy_supported() { return stream_occupancy().bulk_supported; }
+
+bool gptq_cluster_reduces(bool requested, int splits) {
+  return requested && splits >= 2 && splits <= kGptqClusterMaxSplits;
+}
 
 bool gptq_bulk_source_applies(int group_rows) {
   return stream_occupancy().bulk_supported && group_rows >= kGptqBulkMinGroupRows;

@@ -44,6 +44,14 @@ enum class GptqKernelKind { Fused, Stream, StreamBulk };
 // Most chunk slots per warp of StreamBulk's ring (GptqGemmArgs::stream_ring).
 inline constexpr int kGptqStreamMaxRing = 6;
 
+// Most splits StreamBulk sums in a cluster (GptqGemmArgs::cluster_reduce):
+// the portable cluster size.
+inline constexpr int kGptqClusterMaxSplits = 8;
+// Whether a launch that takes the bulk source with `splits` CTAs along k sums
+// them in a cluster: asked for (GptqGemmArgs::cluster_reduce), more than one
+// split, and no more than kGptqClusterMaxSplits (else the workspace).
+bool gptq_cluster_reduces(bool requested, int splits);
+
 // Rows per launch up to which CudaBackendConfig's GptqKernel::Auto takes
 // StreamBulk: on the H200 it measured at least as fast as the register
 // source at every benchmark shape for m <= 8, and faster than the fused
@@ -128,6 +136,12 @@ struct GptqGemmArgs {
   // Streaming kernels: CTAs along k, 1 .. 16; 0: the plan's (a benchmark's
   // override; CudaBackend always passes 0).
   int stream_splits = 0;
+  // StreamBulk with 2 .. kGptqClusterMaxSplits splits: the splits of a
+  // column block run as one thread-block cluster and sum through distributed
+  // shared memory, in split order (the same bits as the workspace's
+  // reduction, which every other launch uses). An A/B switch
+  // (CudaBackendConfig::gptq_cluster_reduce).
+  bool cluster_reduce = false;
 };
 void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream);
 

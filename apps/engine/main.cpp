@@ -3,7 +3,8 @@
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N] [--batch N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
 //                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]
-//                      [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk] [--skinny-max-m N]
+//                      [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk] [--gptq-cluster-reduce]
+//                      [--skinny-max-m N]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
 //                    runs its projections with gemm_gptq
@@ -37,6 +38,8 @@
 //   --gptq-kernel K  CudaBackendConfig::gptq_kernel for gemm_gptq: auto (the
 //                    library's choice), fused, stream or bulk (the streaming
 //                    kernel through shared-memory rings; m <= 16); an A/B switch
+//   --gptq-cluster-reduce  CudaBackendConfig::gptq_cluster_reduce (the bulk
+//                    source's splits summed in a cluster; the same logits)
 //   --eager/--graph  decode steps as op calls, or one captured graph replayed
 //                    per step (graph needs Op::GraphCapture; else eager)
 //   --dump-logits F  writes the logits each generated token was chosen from
@@ -83,6 +86,7 @@ struct Options {
   bool gemm_prefetch = false;
   bool gemm_early_weights = false;
   GptqKernel gptq_kernel = GptqKernel::Auto;
+  bool gptq_cluster_reduce = false;
   int skinny_max_m = -1;  // CudaBackendConfig::gemm_skinny_max_m
   bool graph = false;
   std::uint64_t seed = 1234;
@@ -135,7 +139,8 @@ void usage(std::FILE* out) {
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3[;4,5]\"] [--steps N] [--batch N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
                "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]\n"
-               "                     [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk] [--skinny-max-m N]\n"
+               "                     [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk] [--gptq-cluster-reduce]\n"
+               "                     [--skinny-max-m N]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
   std::fprintf(out, "\n");
@@ -217,6 +222,8 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.gemm_prefetch = true;
     } else if (arg == "--gemm-early-weights") {
       opt.gemm_early_weights = true;
+    } else if (arg == "--gptq-cluster-reduce") {
+      opt.gptq_cluster_reduce = true;
     } else if (arg == "--gptq-kernel") {
       const std::string kernel = value();
       if (kernel == "auto") {
@@ -290,6 +297,7 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       config.gemm_prefetch_before_wait = opt.gemm_prefetch;
       config.gemm_weights_before_wait = opt.gemm_early_weights;
       config.gptq_kernel = opt.gptq_kernel;
+      config.gptq_cluster_reduce = opt.gptq_cluster_reduce;
       config.gemm_skinny_max_m = opt.skinny_max_m;
       backend = std::make_unique<CudaBackend>(config);
     } else {

@@ -107,6 +107,12 @@ struct CudaBackendConfig {
   // most that keep 4 CTAs per SM). An A/B switch; outside [0, 6] throws
   // InvalidArgument naming this field.
   int gptq_stream_ring = 0;
+  // GptqKernel::StreamBulk launches split over k into 2..8 CTAs: the splits
+  // of a column block run as one thread-block cluster and sum through
+  // distributed shared memory instead of the workspace, with no fence or
+  // atomic (the same bits either way: the same sums in the same order). An
+  // A/B switch, off until measured faster. Per backend object.
+  bool gptq_cluster_reduce = false;
 };
 
 class CudaBackend final : public Backend {
@@ -134,6 +140,8 @@ class CudaBackend final : public Backend {
   GptqKernel gptq_kernel() const noexcept { return gptq_kernel_; }
   // CudaBackendConfig::gptq_stream_ring of this backend.
   int gptq_stream_ring() const noexcept { return gptq_stream_ring_; }
+  // CudaBackendConfig::gptq_cluster_reduce of this backend.
+  bool gptq_cluster_reduce() const noexcept { return gptq_cluster_reduce_; }
 
  protected:
   void abandon_capture() noexcept override;
@@ -217,6 +225,7 @@ class CudaBackend final : public Backend {
   static GptqKernel checked_gptq_kernel(GptqKernel requested);
   GptqKernel gptq_kernel_ = GptqKernel::Auto;
   int gptq_stream_ring_ = 0;  // CudaBackendConfig::gptq_stream_ring, checked
+  bool gptq_cluster_reduce_ = false;  // CudaBackendConfig::gptq_cluster_reduce
 };
 
 }  // namespace ferrum

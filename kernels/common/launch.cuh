@@ -92,19 +92,19 @@ bool has_sm90_code(Kernel kernel) {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute where
-// the device supports it, and clusters of cluster_x blocks along x when
-// cluster_x > 1 (sm_90; the grid a multiple of it). A failed launch throws
-// ferrum::Error naming `op`.
+// the device supports it, and clusters of `cluster` blocks when it holds more
+// than one (sm_90; the grid a multiple of it in each dimension). A failed
+// launch throws ferrum::Error naming `op`.
 template <class... Params, class... Args>
-void launch_pdl_clustered(const char* op, unsigned cluster_x, void (*kernel)(Params...), dim3 grid, dim3 block,
+void launch_pdl_clustered(const char* op, dim3 cluster, void (*kernel)(Params...), dim3 grid, dim3 block,
                           std::size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchAttribute attrs[2]{};
   unsigned n = 0;
-  if (cluster_x > 1) {
+  if (cluster.x * cluster.y * cluster.z > 1) {
     attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n].val.clusterDim.x = cluster_x;
-    attrs[n].val.clusterDim.y = 1;
-    attrs[n].val.clusterDim.z = 1;
+    attrs[n].val.clusterDim.x = cluster.x;
+    attrs[n].val.clusterDim.y = cluster.y;
+    attrs[n].val.clusterDim.z = cluster.z;
     ++n;
   }
   if (pdl_available()) {
@@ -129,7 +129,7 @@ void launch_pdl_clustered(const char* op, unsigned cluster_x, void (*kernel)(Par
 template <class... Params, class... Args>
 void launch_pdl(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
                 cudaStream_t stream, Args&&... args) {
-  launch_pdl_clustered(op, 1, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+  launch_pdl_clustered(op, dim3(1, 1, 1), kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace ferrum::kernels

@@ -123,7 +123,8 @@ CudaBackend::CudaBackend(CudaBackendConfig config)
       collective_timeout_(config.collective_timeout),
       gemm_skinny_max_m_(resolved_skinny_max_m(config.gemm_skinny_max_m)),
       gptq_kernel_(checked_gptq_kernel(config.gptq_kernel)),
-      gptq_stream_ring_(checked_gptq_stream_ring(config.gptq_stream_ring)) {}
+      gptq_stream_ring_(checked_gptq_stream_ring(config.gptq_stream_ring)),
+      gptq_cluster_reduce_(config.gptq_cluster_reduce) {}
 
 CudaBackend::~CudaBackend() = default;
 

@@ -1,5 +1,6 @@
-// GptqKernel::Auto's rule (kernels/gptq_gemm.hpp, gptq_kernel_for), shared
-// by CudaBackend and bench_gptq: a pure host function, so it is checked here
+// GptqKernel::Auto's rule (kernels/gptq_gemm.hpp, gptq_kernel_for) and the
+// cluster reduce's (gptq_cluster_reduces), shared by the launcher, CudaBackend
+// and bench_gptq: pure host functions, so they are checked here
 // on every machine; the GPU tests check that CudaBackend follows it
 // (CudaGptqStream.AutoTakesTheBulkStreamingKernelUpToSixteenRows).
 #include <gtest/gtest.h>
@@ -35,6 +36,20 @@ TEST(GptqKernelChoice, ANamedKernelIsTakenAsIs) {
       for (int rows : {1, 9, 16, 17, 64}) EXPECT_EQ(gptq_kernel_for(false, kind, rows, bulk), kind);
     }
   }
+}
+
+// The cluster reduce (CudaBackendConfig::gptq_cluster_reduce) takes the
+// bulk source's launches of 2 .. kGptqClusterMaxSplits splits, only when
+// asked for; one split needs no reduction, more than a portable cluster
+// keeps the workspace. The GPU test
+// CudaGptqStreamBulk.ClusterReduceGivesTheWorkspaceReductionsBits runs it.
+TEST(GptqKernelChoice, ClusterReduceTakesTwoToEightSplitsWhenAskedFor) {
+  for (int splits = 1; splits <= 16; ++splits) {
+    SCOPED_TRACE(splits);
+    EXPECT_FALSE(kernels::gptq_cluster_reduces(false, splits));
+    EXPECT_EQ(kernels::gptq_cluster_reduces(true, splits), splits >= 2 && splits <= kernels::kGptqClusterMaxSplits);
+  }
+  EXPECT_EQ(kernels::kGptqClusterMaxSplits, 8);  // the portable cluster size
 }
 
 }  // namespace

@@ -552,11 +552,13 @@ class CudaGptqStreamBulk : public CudaGptqStream {
     EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
     return sms;
   }
-  // A backend with the bulk source and `ring` chunk slots per warp (0: the default).
-  static std::unique_ptr<CudaBackend> bulk_backend(int ring = 0) {
+  // A backend with the bulk source and `ring` chunk slots per warp (0: the
+  // default), its splits summed in a cluster when `cluster_reduce`.
+  static std::unique_ptr<CudaBackend> bulk_backend(int ring = 0, bool cluster_reduce = false) {
     CudaBackendConfig config;
     config.gptq_kernel = GptqKernel::StreamBulk;
     config.gptq_stream_ring = ring;
+    config.gptq_cluster_reduce = cluster_reduce;
     return std::make_unique<CudaBackend>(config);
   }
 };
@@ -565,6 +567,56 @@ TEST_F(CudaGptqStreamBulk, ConfigReachesTheBackend) {
   EXPECT_EQ(bulk_backend(3)->gptq_kernel(), GptqKernel::StreamBulk);
   EXPECT_EQ(bulk_backend(3)->gptq_stream_ring(), 3);
   EXPECT_EQ(CudaBackend().gptq_stream_ring(), 0);
+  EXPECT_TRUE(bulk_backend(0, true)->gptq_cluster_reduce());
+  EXPECT_FALSE(CudaBackend().gptq_cluster_reduce());
+}
+
+// CudaBackendConfig::gptq_cluster_reduce: the splits of a column block summed
+// through distributed shared memory give the workspace reduction's bits (the
+// same partial sums added in the same order). Shapes whose plan has 2, 3, 4
+// and 8 splits (8: the largest cluster), k padded, groups of 32 / 64 / 128 /
+// per channel, zeros and act-order, f16 and bf16, m = 1, 9 (rows 9..15 dead),
+// 16; random scales and activations, so a misplaced partial shows. Then
+// against the CPU on power-of-two scales, and replayed from a graph.
+TEST_F(CudaGptqStreamBulk, ClusterReduceGivesTheWorkspaceReductionsBits) {
+  if (!kernels::gptq_bulk_copy_supported()) GTEST_SKIP() << "no bulk copies (sm_90+) on this device";
+  FERRUM_SEEDED_RNG(rng);
+  auto workspace = bulk_backend();
+  auto cluster = bulk_backend(0, true);
+  const std::initializer_list<std::size_t> ms = {1, 9, 16};
+  for (const WeightCase& c : {WeightCase{2048, 1024, 128, true, false, GptqZeroFormat::V1, false},
+                              WeightCase{3008, 1024, 32, false, false, GptqZeroFormat::V2, false},
+                              WeightCase{4096, 4096, 64, false, true, GptqZeroFormat::V1, false},
+                              WeightCase{8192, 64, -1, true, false, GptqZeroFormat::V2, false}}) {
+    SCOPED_TRACE(describe(c));
+    const Checkpoint ck = make_checkpoint(c, rng);
+    const int k_pad = static_cast<int>((c.k + 127) / 128 * 128), n_pad = static_cast<int>(c.n);
+    const int group_rows = c.group_size > 0 ? c.group_size : k_pad;
+    std::unique_ptr<QuantWeight> w_workspace = workspace->load_gptq(ck.tensors());
+    std::unique_ptr<QuantWeight> w_cluster = cluster->load_gptq(ck.tensors());
+    for (std::size_t m : ms) {
+      const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
+      for (DType dt : kHalfDTypes) {
+        SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
+        // The premise: a plan the cluster reduce takes.
+        const int splits = kernels::gptq_stream_plan(dt, !c.symmetric, static_cast<int>(m), k_pad, n_pad, group_rows,
+                                                     num_sms(), kernels::GptqKernelKind::StreamBulk, 0)
+                               .splits;
+        ASSERT_GE(splits, 2);
+        ASSERT_LE(splits, kernels::kGptqClusterMaxSplits);
+        EXPECT_TRUE(
+            same_floats(run_gemm(*cluster, *w_cluster, a, dt, m), run_gemm(*workspace, *w_workspace, a, dt, m)));
+      }
+    }
+  }
+  const WeightCase exact{4096, 4096, 128, false, false, GptqZeroFormat::V1};
+  expect_exact_on(*cluster, exact, ms, rng);
+  const Checkpoint ck = make_checkpoint(exact, rng);
+  std::unique_ptr<QuantWeight> w = cluster->load_gptq(ck.tensors());
+  std::unique_ptr<QuantWeight> on_cpu = cpu().load_gptq(ck.tensors());
+  const std::size_t m = 12;
+  const std::vector<float> a = integer_activations(rng, m * exact.k);
+  expect_graph_replays(*cluster, *w, a, m, run_gemm(cpu(), *on_cpu, a, DType::F16, m));
 }
 
 // The same layouts and odd shapes as the register source, against the CPU.
