@@ -129,14 +129,25 @@ struct Int4Math<__nv_bfloat16> {
     lo = dup16(0xC300u + static_cast<std::uint32_t>(z));
     hi = lo;
   }
+  // add / mul.rn.bf16x2 are sm_90 instructions; below it the same roundings
+  // as fma.rn.bf16x2 (sm_80): a * 1 + b, and a * b + (-0), which keeps the
+  // sign of a zero product.
   static __device__ __forceinline__ std::uint32_t add(std::uint32_t a, std::uint32_t b) {
     std::uint32_t d;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(0x3F803F80u), "r"(b));
+#else
     asm("add.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+#endif
     return d;
   }
   static __device__ __forceinline__ std::uint32_t mul(std::uint32_t a, std::uint32_t b) {
     std::uint32_t d;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+#else
     asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+#endif
     return d;
   }
   static __device__ __forceinline__ void dequant_unscaled(std::uint32_t w, std::uint32_t lo0, std::uint32_t /*hi0*/,
@@ -783,7 +794,7 @@ constexpr int kStreamTileBytes = static_cast<int>(sizeof(float)) * NT * 8 * kGpt
 // one column block are one cluster (dims 1 x S), so they sum through
 // distributed shared memory instead of the workspace. Each CTA leaves its
 // split's sums (warp 0's acc) in `tile` ([NT * 8][64] f32, row-major, in its
-// own shared memory); after a cluster barrier CTA rank q sums its share of
+// own shared memory); after a cluster barrier CTA rank r sums its share of
 // the live rows' quads over the S tiles in split order 0, 1, ..., S-1 from
 // 0.0f, exactly as splitk_finish_last sums the workspace partials (so both
 // give the same bits), and stores them; a second barrier keeps every tile
@@ -792,7 +803,7 @@ template <class T, int NT>
 __device__ __forceinline__ void cluster_reduce_store(const float (&acc)[NT * 16], unsigned char* tile_smem,
                                                      bool holds_sums, const StreamParams& p, int nb,
                                                      T* out /* [m, n] */) {
-#ifdef FERRUM_BULK_COPY_UNAVAILABLE
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   (void)acc, (void)tile_smem, (void)holds_sums, (void)p, (void)nb, (void)out;
   __trap();  // never launched: clusters and the bulk source run on sm_90+ only
 #else
