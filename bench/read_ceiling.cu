@@ -18,21 +18,31 @@ __device__ __forceinline__ uint4 load_once(const uint4* p) {
   return r;
 }
 
-__global__ void __launch_bounds__(kThreads) read_ceiling_kernel(const uint4* __restrict__ src, long long vecs,
-                                                                std::uint32_t* __restrict__ sink) {
+// The grid-stride walk both kernels share: each thread loads kN vectors
+// (zero past the end) before any is used, then use(v, base, stride) consumes
+// them (vector i of the batch is at base + i * stride).
+template <int kN, class Use>
+__device__ __forceinline__ void for_each_batch(const uint4* __restrict__ src, long long vecs, Use&& use) {
   const long long stride = static_cast<long long>(gridDim.x) * kThreads;
-  std::uint32_t acc = 0;
   for (long long base = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; base < vecs;
-       base += stride * kInFlight) {
-    uint4 v[kInFlight];
+       base += stride * kN) {
+    uint4 v[kN];
 #pragma unroll
-    for (int i = 0; i < kInFlight; ++i) {
+    for (int i = 0; i < kN; ++i) {
       const long long at = base + i * stride;
       v[i] = at < vecs ? load_once(src + at) : make_uint4(0u, 0u, 0u, 0u);
     }
+    use(v, base, stride);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) read_ceiling_kernel(const uint4* __restrict__ src, long long vecs,
+                                                                std::uint32_t* __restrict__ sink) {
+  std::uint32_t acc = 0;
+  for_each_batch<kInFlight>(src, vecs, [&](const uint4(&v)[kInFlight], long long, long long) {
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i) acc ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
-  }
+  });
   // One word per block: a warp-level XOR, then lane 0 of warp 0 publishes
   // (the other warps' words are folded through shared memory).
   for (int o = 16; o > 0; o /= 2) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
@@ -50,21 +60,13 @@ constexpr int kCopyInFlight = 4;
 
 __global__ void __launch_bounds__(kThreads) copy_ceiling_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst,
                                                                 long long vecs) {
-  const long long stride = static_cast<long long>(gridDim.x) * kThreads;
-  for (long long base = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; base < vecs;
-       base += stride * kCopyInFlight) {
-    uint4 v[kCopyInFlight];
-#pragma unroll
-    for (int i = 0; i < kCopyInFlight; ++i) {
-      const long long at = base + i * stride;
-      if (at < vecs) v[i] = load_once(src + at);
-    }
+  for_each_batch<kCopyInFlight>(src, vecs, [&](const uint4(&v)[kCopyInFlight], long long base, long long stride) {
 #pragma unroll
     for (int i = 0; i < kCopyInFlight; ++i) {
       const long long at = base + i * stride;
       if (at < vecs) dst[at] = v[i];
     }
-  }
+  });
 }
 
 void check_launch(const char* what) {

@@ -204,6 +204,21 @@ __device__ __forceinline__ void unpack_zeros(const uint2 zr, std::uint32_t (&lo)
 // out[r, col0 + c] (row stride n) for col0 + c < n, and resets the counter
 // for the next launch on the stream. Every thread of the CTA calls it.
 // Quads of 4 columns, kPer per thread, all in flight for one split at a time.
+// One quad (4 f32 columns) of a split-K sum: sum += v, and the finished
+// quad stored as 4 T at out[row, col .. col + 3] (row stride n), the two
+// reductions below (workspace and cluster) sharing both.
+__device__ __forceinline__ void add_quad(float4& sum, const float4& v) {
+  sum.x += v.x;
+  sum.y += v.y;
+  sum.z += v.z;
+  sum.w += v.w;
+}
+template <class T>
+__device__ __forceinline__ void store_quad(T* out /* [rows, n] */, int n, int row, int col, const float4& sum) {
+  *reinterpret_cast<uint2*>(out + static_cast<std::size_t>(row) * n + col) =
+      make_uint2(pack2<T>(sum.x, sum.y), pack2<T>(sum.z, sum.w));
+}
+
 template <class T, int kThreadsN, int kPer>
 __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [splits][tiles][rows][cols] f32
                                                    int* counters,          // [tiles], zero between launches
@@ -233,11 +248,7 @@ __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [s
       // Quad c is row c / quads_per_row, columns (c % quads_per_row) * 4 ..
       // Columns >= n are skipped (a column block past n has no partial).
       if (c < quads && col0 + (c % quads_per_row) * 4 < n) {
-        const float4 v = __ldcg(reinterpret_cast<const float4*>(part) + c);
-        sum[i].x += v.x;
-        sum[i].y += v.y;
-        sum[i].z += v.z;
-        sum[i].w += v.w;
+        add_quad(sum[i], __ldcg(reinterpret_cast<const float4*>(part) + c));
       }
     }
   }
@@ -245,10 +256,8 @@ __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [s
   for (int i = 0; i < kPer; ++i) {
     const int c = tid + i * kThreadsN;
     const int row = c / quads_per_row, col = col0 + (c % quads_per_row) * 4;
-    if (c < quads && col < n) {  // n is a multiple of 8: a quad is all in or all out
-      *reinterpret_cast<uint2*>(out + static_cast<std::size_t>(row) * n + col) =
-          make_uint2(pack2<T>(sum[i].x, sum[i].y), pack2<T>(sum[i].z, sum[i].w));
-    }
+    // n is a multiple of 8: a quad is all in or all out.
+    if (c < quads && col < n) store_quad(out, n, row, col, sum[i]);
   }
   if (tid == 0) counters[tile] = 0;
 }
@@ -833,18 +842,9 @@ __device__ __forceinline__ void cluster_reduce_store(const float (&acc)[NT * 16]
   const int q_end = (rank + 1) * quads / splits;
   for (int q = rank * quads / splits + static_cast<int>(threadIdx.x); q < q_end; q += kStreamThreads) {
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int s = 0; s < splits; ++s) {
-      const float4 v = *cluster.map_shared_rank(reinterpret_cast<float4*>(tile) + q, s);
-      sum.x += v.x;
-      sum.y += v.y;
-      sum.z += v.z;
-      sum.w += v.w;
-    }
+    for (int s = 0; s < splits; ++s) add_quad(sum, *cluster.map_shared_rank(reinterpret_cast<float4*>(tile) + q, s));
     const int row = q / kQuadsPerRow, col = nb * kGptqTileN + (q % kQuadsPerRow) * 4;
-    if (col < p.n) {  // n is a multiple of 8: a quad is all in or all out
-      *reinterpret_cast<uint2*>(out + static_cast<std::size_t>(row) * p.n + col) =
-          make_uint2(pack2<T>(sum.x, sum.y), pack2<T>(sum.z, sum.w));
-    }
+    if (col < p.n) store_quad(out, p.n, row, col, sum);  // n is a multiple of 8: a quad is all in or all out
   }
   cluster.sync();  // no block exits while another may still read its tile
 #endif

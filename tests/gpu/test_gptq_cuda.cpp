@@ -324,6 +324,17 @@ void expect_graph_replays(Backend& be, const QuantWeight& w, const std::vector<f
   be.reset_graph();
 }
 
+// The same for weight case `c` on `be`, with m = 12 integer activations,
+// against the CPU reference `cpu`.
+void expect_graph_replays_like_cpu(Backend& be, Backend& cpu, const WeightCase& c, Rng& rng) {
+  const Checkpoint ck = make_checkpoint(c, rng);
+  std::unique_ptr<QuantWeight> w = be.load_gptq(ck.tensors());
+  std::unique_ptr<QuantWeight> on_cpu = cpu.load_gptq(ck.tensors());
+  const std::size_t m = 12;
+  const std::vector<float> a = integer_activations(rng, m * c.k);
+  expect_graph_replays(be, *w, a, m, run_gemm(cpu, *on_cpu, a, DType::F16, m));
+}
+
 // gemm_gptq is capture-safe: recorded in a graph (fused path with act-order
 // gather and split-K, and the cuBLAS path), replay gives the eager result.
 TEST_F(CudaGptq, GraphCaptureAndReplay) {
@@ -533,13 +544,7 @@ TEST_F(CudaGptqStream, DeterministicRunToRunAndClose) {
 // Capture-safe (act-order gather + streaming kernel in one graph).
 TEST_F(CudaGptqStream, GraphCaptureAndReplay) {
   FERRUM_SEEDED_RNG(rng);
-  const WeightCase c{2048, 256, 128, false, true, GptqZeroFormat::V1};
-  const Checkpoint ck = make_checkpoint(c, rng);
-  std::unique_ptr<QuantWeight> w = stream().load_gptq(ck.tensors());
-  std::unique_ptr<QuantWeight> on_cpu = cpu().load_gptq(ck.tensors());
-  const std::size_t m = 12;
-  const std::vector<float> a = integer_activations(rng, m * c.k);
-  expect_graph_replays(stream(), *w, a, m, run_gemm(cpu(), *on_cpu, a, DType::F16, m));
+  expect_graph_replays_like_cpu(stream(), cpu(), {2048, 256, 128, false, true, GptqZeroFormat::V1}, rng);
 }
 
 // ── The streaming kernel's bulk source (GptqKernel::StreamBulk) ──────────────
@@ -611,12 +616,7 @@ TEST_F(CudaGptqStreamBulk, ClusterReduceGivesTheWorkspaceReductionsBits) {
   }
   const WeightCase exact{4096, 4096, 128, false, false, GptqZeroFormat::V1};
   expect_exact_on(*cluster, exact, ms, rng);
-  const Checkpoint ck = make_checkpoint(exact, rng);
-  std::unique_ptr<QuantWeight> w = cluster->load_gptq(ck.tensors());
-  std::unique_ptr<QuantWeight> on_cpu = cpu().load_gptq(ck.tensors());
-  const std::size_t m = 12;
-  const std::vector<float> a = integer_activations(rng, m * exact.k);
-  expect_graph_replays(*cluster, *w, a, m, run_gemm(cpu(), *on_cpu, a, DType::F16, m));
+  expect_graph_replays_like_cpu(*cluster, cpu(), exact, rng);
 }
 
 // The same layouts and odd shapes as the register source, against the CPU.
@@ -752,13 +752,7 @@ TEST_F(CudaGptqStreamBulk, BackToBackLaunchesSeeEachOthersWrites) {
 TEST_F(CudaGptqStreamBulk, GraphCaptureAndReplay) {
   FERRUM_SEEDED_RNG(rng);
   auto bulk = bulk_backend();
-  const WeightCase c{2048, 256, 128, false, true, GptqZeroFormat::V1};
-  const Checkpoint ck = make_checkpoint(c, rng);
-  std::unique_ptr<QuantWeight> w = bulk->load_gptq(ck.tensors());
-  std::unique_ptr<QuantWeight> on_cpu = cpu().load_gptq(ck.tensors());
-  const std::size_t m = 12;
-  const std::vector<float> a = integer_activations(rng, m * c.k);
-  expect_graph_replays(*bulk, *w, a, m, run_gemm(cpu(), *on_cpu, a, DType::F16, m));
+  expect_graph_replays_like_cpu(*bulk, cpu(), {2048, 256, 128, false, true, GptqZeroFormat::V1}, rng);
 }
 
 }  // namespace
