@@ -23,6 +23,7 @@
 //
 // Usage: ferrum_bench [--json PATH] [--quick] [--filter SUBSTR[,SUBSTR...]]
 //                     [--reps N] [--chain N] [--graph-api]
+//                     [--prefill-kernel auto|mma_sync]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -172,6 +173,7 @@ struct Options {
   // amortized, each kernel's own ramp-up and tail still counted). The
   // same-size copy is chained the same way.
   int chain = 1;
+  ferrum::PrefillKernel prefill_kernel = ferrum::PrefillKernel::Auto;
 };
 
 struct Record {
@@ -920,13 +922,16 @@ void write_json(const std::string& path, const Bench& b, const std::string& devi
 void usage(const char* argv0) {
   std::printf(
       "usage: %s [--json PATH] [--quick] [--filter SUBSTR[,SUBSTR...]] [--reps N] [--chain N] [--graph-api]\n"
+      "          [--prefill-kernel auto|mma_sync]\n"
       "  --json PATH   write results as JSON\n"
       "  --quick       fewer repetitions\n"
       "  --filter S    run only cases whose \"op dtype shape mode\" contains S (comma: any of)\n"
       "  --reps N      timed repetitions per case (stream: launches; graph: replays)\n"
       "  --chain N     stream mode: N back-to-back launches per event pair (default 1)\n"
       "  --graph-api   time tiny ops through Backend::begin_graph_capture (one graph,\n"
-      "                L2-warm) instead of raw stream capture over L2-cold sets\n",
+      "                L2-warm) instead of raw stream capture over L2-cold sets\n"
+      "  --prefill-kernel K  CudaBackendConfig::prefill_kernel: auto (default: wgmma\n"
+      "                on sm_90a) or mma_sync\n",
       argv0);
 }
 
@@ -955,6 +960,15 @@ Options parse_args(int argc, char** argv) {
     } else if (a == "--chain") {
       o.chain = std::stoi(value());
       if (o.chain <= 0) throw std::runtime_error("--chain must be positive");
+    } else if (a == "--prefill-kernel") {
+      const std::string k = value();
+      if (k == "auto") {
+        o.prefill_kernel = ferrum::PrefillKernel::Auto;
+      } else if (k == "mma_sync") {
+        o.prefill_kernel = ferrum::PrefillKernel::MmaSync;
+      } else {
+        throw std::runtime_error("--prefill-kernel takes auto or mma_sync, got " + k);
+      }
     } else if (a == "-h" || a == "--help") {
       usage(argv[0]);
       std::exit(0);
@@ -974,6 +988,7 @@ int run(int argc, char** argv) {
   // Decode at B = 64, L = 128k needs ~270 MB of split-K scratch.
   ferrum::CudaBackendConfig config;
   config.attention_workspace_bytes = std::size_t{1} << 30;
+  config.prefill_kernel = opt.prefill_kernel;
   ferrum::CudaBackend be(config);
   FB_CUDA(cudaSetDevice(be.device()));
   cudaDeviceProp prop{};

@@ -789,9 +789,15 @@ std::size_t attention_workspace_floats(int batch, int num_heads, int q_len, int 
 
 void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
   // Decode runs on tensor cores wherever the device allows (sm_80+),
-  // prefill on the tensor-core prefill kernel wherever that applies; the
-  // CUDA-core kernel below is the fallback for both.
-  if (a.q_len == 1 ? launch_attention_decode_tc(a, stream) : launch_attention_prefill_tc(a, stream)) return;
+  // prefill on the wgmma kernel (sm_90a) or else the mma.sync kernel
+  // wherever those apply; the CUDA-core kernel below is the fallback for
+  // both.
+  if (a.q_len == 1) {
+    if (launch_attention_decode_tc(a, stream)) return;
+  } else {
+    if (a.prefill_wgmma && launch_attention_prefill_wgmma(a, stream)) return;
+    if (launch_attention_prefill_tc(a, stream)) return;
+  }
   const int splits = a.q_len == 1 ? attention_decode_splits(a.kv_stride) : 1;
   const int slice_keys = static_cast<int>(attention_decode_slice_keys(a.kv_stride));
   const int group = a.num_heads / a.num_kv_heads;

@@ -86,6 +86,9 @@ struct AttentionArgs {
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
   DecodeTuning decode_tuning;  // q_len == 1, tensor-core kernel only
+  // q_len > 1: the wgmma kernel (kernels/attention_prefill_wgmma.cu) where
+  // it applies, else the mma.sync kernel (CudaBackendConfig::prefill_kernel).
+  bool prefill_wgmma = true;
 };
 
 // Floats of split-K scratch a decode call needs (0 for prefill): at most

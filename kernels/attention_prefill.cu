@@ -460,16 +460,20 @@ bool launch_typed(const AttentionArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-bool launch_attention_prefill_tc(const AttentionArgs& a, cudaStream_t stream) {
+bool prefill_tc_applies(const AttentionArgs& a) {
   if (a.state != nullptr || a.kv_lens != nullptr || a.q_len < 2) return false;
   if (a.dtype != DType::F16 && a.dtype != DType::BF16) return false;
   if (!attention_head_dim_supported(static_cast<std::size_t>(a.head_dim))) return false;
   if (a.batch < 1 || a.batch > 65535 || a.num_heads < 1 || a.num_heads > 65535) return false;
   if (a.num_kv_heads < 1 || a.num_heads % a.num_kv_heads != 0) return false;
   if (a.kv_len < 0 || a.kv_stride < a.kv_len || a.pos_offset < 0 || !(a.scale > 0.0f)) return false;
-  // Key indices (tile ends, row limits + 24) are int in the kernel.
+  // Key indices (tile ends, row limits + 24) are int in the kernels.
   if (a.kv_len > INT_MAX - 256) return false;
-  if (!all_aligned16(a.q, a.k, a.v, static_cast<const void*>(a.out))) return false;
+  return all_aligned16(a.q, a.k, a.v, static_cast<const void*>(a.out));
+}
+
+bool launch_attention_prefill_tc(const AttentionArgs& a, cudaStream_t stream) {
+  if (!prefill_tc_applies(a)) return false;
   bool launched = false;
   dispatch_half_dtype(a.dtype, "flash_attention", [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -38,6 +38,18 @@ enum class GptqKernel {
   StreamBulk = 3,
 };
 
+// Which kernel flash_attention runs at prefill (q_len > 1). Both are
+// checked against the CPU reference; they are not bitwise equal to each
+// other (their tensor-core instructions sum in different orders).
+enum class PrefillKernel {
+  // The wgmma kernel (kernels/attention_prefill_wgmma.cu) where it applies:
+  // a build with sm_90a code (CMAKE_CUDA_ARCHITECTURES holding 90a, the
+  // default) on a compute-capability 9.0 device (H100 / H200), head_dim 64
+  // or 128. Elsewhere MmaSync.
+  Auto = 0,
+  MmaSync = 1,  // the mma.sync kernel (kernels/attention_prefill.cu), sm_80+, every head_dim
+};
+
 // The largest CudaBackendConfig::gemm_skinny_max_m (the skinny decode
 // kernel's rows per launch).
 inline constexpr int kGemmSkinnyMaxM = 16;
@@ -113,6 +125,9 @@ struct CudaBackendConfig {
   // atomic (the same bits either way: the same sums in the same order). An
   // A/B switch, off until measured faster. Per backend object.
   bool gptq_cluster_reduce = false;
+  // The prefill attention kernel (see PrefillKernel). Per backend object. A
+  // value outside the enum throws InvalidArgument naming this field.
+  PrefillKernel prefill_kernel = PrefillKernel::Auto;
 };
 
 class CudaBackend final : public Backend {
@@ -142,6 +157,8 @@ class CudaBackend final : public Backend {
   int gptq_stream_ring() const noexcept { return gptq_stream_ring_; }
   // CudaBackendConfig::gptq_cluster_reduce of this backend.
   bool gptq_cluster_reduce() const noexcept { return gptq_cluster_reduce_; }
+  // CudaBackendConfig::prefill_kernel of this backend.
+  PrefillKernel prefill_kernel() const noexcept { return prefill_kernel_; }
 
  protected:
   void abandon_capture() noexcept override;
@@ -226,6 +243,10 @@ class CudaBackend final : public Backend {
   GptqKernel gptq_kernel_ = GptqKernel::Auto;
   int gptq_stream_ring_ = 0;  // CudaBackendConfig::gptq_stream_ring, checked
   bool gptq_cluster_reduce_ = false;  // CudaBackendConfig::gptq_cluster_reduce
+  // CudaBackendConfig::prefill_kernel, through checked_prefill_kernel
+  // (src/cuda/cuda_backend_attention.cpp), which throws on a bad value.
+  static PrefillKernel checked_prefill_kernel(PrefillKernel requested);
+  PrefillKernel prefill_kernel_ = PrefillKernel::Auto;
 };
 
 }  // namespace ferrum

@@ -18,6 +18,9 @@ namespace ferrum::kernels {
 bool pdl_available();
 // Whether the current device is sm_90 or later (thread-block clusters), cached per device.
 bool device_is_sm90_or_later();
+// Whether the current device runs sm_90a code (compute capability exactly
+// 9.0: the arch-specific features such as wgmma), cached per device.
+bool device_is_sm90a();
 // The current device's CudaBackendConfig::pdl_early_trigger (false without
 // PDL or without a backend), ::gemm_prefetch_before_wait and
 // ::gemm_weights_before_wait (false without a backend): switches read by the

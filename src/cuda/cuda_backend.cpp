@@ -124,7 +124,8 @@ CudaBackend::CudaBackend(CudaBackendConfig config)
       gemm_skinny_max_m_(resolved_skinny_max_m(config.gemm_skinny_max_m)),
       gptq_kernel_(checked_gptq_kernel(config.gptq_kernel)),
       gptq_stream_ring_(checked_gptq_stream_ring(config.gptq_stream_ring)),
-      gptq_cluster_reduce_(config.gptq_cluster_reduce) {}
+      gptq_cluster_reduce_(config.gptq_cluster_reduce),
+      prefill_kernel_(checked_prefill_kernel(config.prefill_kernel)) {}
 
 CudaBackend::~CudaBackend() = default;
 

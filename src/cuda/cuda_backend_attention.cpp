@@ -76,6 +76,17 @@ kernels::AttentionArgs attention_args(const Buffer& q, const Buffer& k, const Bu
 
 }  // namespace
 
+PrefillKernel CudaBackend::checked_prefill_kernel(PrefillKernel requested) {
+  switch (requested) {
+    case PrefillKernel::Auto:
+    case PrefillKernel::MmaSync:
+      return requested;
+  }
+  detail::fail(ErrorCode::InvalidArgument,
+               "CudaBackend: CudaBackendConfig::prefill_kernel = {} is not Auto (0) or MmaSync (1)",
+               static_cast<int>(requested));
+}
+
 void CudaBackend::do_flash_attention(const Buffer& q, const Buffer& k, const Buffer& v, Buffer& out,
                                      std::size_t batch, std::size_t q_len, std::size_t kv_len, std::size_t pos_offset,
                                      const AttnConfig& cfg, bool use_decode_state) {
@@ -91,6 +102,7 @@ void CudaBackend::do_flash_attention(const Buffer& q, const Buffer& k, const Buf
       attention_args(q, k, v, out, batch, q_len, cfg, stride, rt_->attention_workspace, need);
   a.kv_len = static_cast<int>(kv_len);
   a.pos_offset = static_cast<long long>(pos_offset);
+  a.prefill_wgmma = prefill_kernel_ == PrefillKernel::Auto;
   if (use_decode_state) {
     a.state = rt_->decode_state;
     a.error_flag = rt_->error_device;

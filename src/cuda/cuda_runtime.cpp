@@ -202,21 +202,32 @@ bool gemm_weights_before_wait() {
   return (detail::launch_state_of_current_device() & detail::kLaunchGemmWeights) != 0;
 }
 
-bool device_is_sm90_or_later() {
+namespace {
+
+// The current device's compute capability as major * 10 + minor, cached
+// per device (0: no device). It never changes.
+int current_device_cc() {
   int device = -1;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= detail::kMaxDevices) return false;
-  // Per device: 0 not asked yet, 1 no, 2 yes. The answer never changes.
-  static std::array<std::atomic<int>, detail::kMaxDevices> known{};
-  int state = known[device].load(std::memory_order_relaxed);
-  if (state == 0) {
-    int major = 0;
-    const bool hopper_or_later =
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
-    state = hopper_or_later ? 2 : 1;
-    known[device].store(state, std::memory_order_relaxed);
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= detail::kMaxDevices) return 0;
+  static std::array<std::atomic<int>, detail::kMaxDevices> known{};  // 0: not asked yet
+  int cc = known[device].load(std::memory_order_relaxed);
+  if (cc == 0) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+      return 0;
+    }
+    cc = major * 10 + minor;
+    known[device].store(cc, std::memory_order_relaxed);
   }
-  return state == 2;
+  return cc;
 }
+
+}  // namespace
+
+bool device_is_sm90_or_later() { return current_device_cc() >= 90; }
+
+bool device_is_sm90a() { return current_device_cc() == 90; }
 
 bool pdl_available() {
   int device = -1;
