@@ -17,13 +17,16 @@
 //               memory as an MN-major operand (imm-trans-b): V is stored
 //               exactly like K, no transpose anywhere
 //
-// K and V stream through a ring of kStages slots filled by cp.async (16
-// bytes per thread per copy, rows past kv_len zero-filled), kStages - 1
-// tiles ahead; the copies are made visible to wgmma (the async proxy) by
-// fence.proxy.async before the block barrier that publishes a tile. The
-// barrier also frees the slot of the previous tile: every wgmma reading it
-// was waited for. Two blocks per SM at head_dim 128 overlap one block's
-// softmax with the other's matrix products.
+// Q, K and V tiles come in by TMA (cp.async.bulk.tensor, one elected
+// thread): 3-d tensor maps [batch x heads][rows][head_dim] with 64 x 64 boxes
+// and the 128-byte swizzle write exactly the layout wgmma reads, and rows
+// past q_len / kv_len (the tensor extents) arrive as zeros, so whatever lies
+// there in memory never reaches an accumulator. K and V stream through a
+// ring of kStages slots, kStages - 1 tiles ahead, each slot completing on
+// its own mbarrier; the block barrier at the top of every tile tells the
+// issuing thread that every wgmma reading the slot it refills (the previous
+// tile's) was waited for. Two blocks per SM at head_dim 128 overlap one
+// block's softmax with the other's matrix products.
 //
 // Causal: the block reads keys up to its last query's position; tiles that
 // reach past a warp's first row's position are masked per element (all four
@@ -32,10 +35,14 @@
 // tiles are scheduled first. Deterministic: no atomics, a fixed order.
 // Not bitwise equal to the mma.sync kernel (wgmma sums its k16 steps in its
 // own order); both are checked against the fp64 CPU reference.
+#include <cuda.h>
+
 #include <climits>
 #include <cstdint>
+#include <mutex>
 
 #include "kernels/attention_prefill.hpp"
+#include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
 #include "kernels/common/mma.cuh"
@@ -50,7 +57,9 @@ namespace {
 //   hd 64:  (1 + 2 * 4) * 8 KiB  + 1 KiB = 73 KiB: 3 blocks per SM
 //   hd 128: (1 + 2 * 3) * 16 KiB + 1 KiB = 113 KiB: 2 blocks per SM
 // (+ 1 KiB: the dynamic shared memory is aligned up to 1024 bytes in the
-// kernel, the swizzle's period).
+// kernel, the swizzle's period; the mbarriers take 8 bytes each of that
+// slack, before or after the tiles. 2 x (113 KiB + 1 KiB reserved per
+// block) is all of an sm_90 SM's 228 KiB: not a byte more.)
 template <int HD>
 struct WgmmaPrefillShape {
   static constexpr int kBr = 64;  // query rows: one warpgroup's m64
@@ -59,7 +68,13 @@ struct WgmmaPrefillShape {
   static constexpr int kStages = HD == 64 ? 4 : 3;
   static constexpr int kMinBlocks = HD == 64 ? 3 : 2;
   static constexpr int kTileBytes = 64 * HD * 2;  // 64 rows (Q, or one K / V tile)
-  static constexpr int kSmemBytes = kTileBytes * (1 + 2 * kStages) + 1024;
+  static constexpr int kTilesBytes = kTileBytes * (1 + 2 * kStages);  // Q, the K ring, the V ring
+  static constexpr int kBarrierBytes = 8 * (1 + kStages);            // Q's and each slot's mbarrier
+  static constexpr int kSmemBytes = kTilesBytes + 1024;
+  // Dynamic shared memory starts 16-byte aligned at least, so aligning up
+  // moves by d <= 1008 bytes: d bytes are free before the tiles and 1024 - d
+  // after them, and one of the two holds the barriers.
+  static_assert(kBarrierBytes <= 512, "the barriers fit in the alignment slack");
   static_assert(HD == 64 || HD == 128, "the wgmma prefill covers head_dim 64 and 128");
   static_assert(kBr == kBc, "Q and K / V tiles share one tile shape (64 rows)");
 };
@@ -67,24 +82,6 @@ struct WgmmaPrefillShape {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 constexpr int kWgBlockBytes = 64 * 128;  // one 64-column block of a 64-row tile
-
-// 64 x HD tile from global rows src[0..) (contiguous, HD apart) into the
-// 128-byte-swizzled tile at shared address dst; rows >= valid_rows are
-// zero-filled.
-template <class T, int HD>
-__device__ __forceinline__ void load_tile64(std::uint32_t dst, const T* src, int valid_rows, int tid) {
-  constexpr int kChunks = HD / 8;
-  constexpr int kPerThread = 64 * kChunks / 128;
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int idx = tid + i * 128;
-    const int row = idx / kChunks;
-    const int chunk = idx % kChunks;
-    const bool valid = row < valid_rows;
-    const T* from = valid ? src + row * HD + chunk * 8 : src;  // not read when invalid
-    cp_async_16(dst + swz128_offset(row, chunk, 64), from, valid);
-  }
-}
 
 // S (+)= Q Kᵀ over head dims, for the 64 x 64 tile at sK: A = Q, B = K, both
 // K-major; k16 step kk is 32 bytes into its 64-column block.
@@ -119,7 +116,9 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[HD / 2], const std::uint32_t
 
 template <class T, int HD>
 __global__ void __launch_bounds__(WgmmaPrefillShape<HD>::kThreads, WgmmaPrefillShape<HD>::kMinBlocks)
-    attention_prefill_wgmma_kernel(const AttentionArgs a) {
+    attention_prefill_wgmma_kernel(const AttentionArgs a, const __grid_constant__ CUtensorMap q_map,
+                                   const __grid_constant__ CUtensorMap k_map,
+                                   const __grid_constant__ CUtensorMap v_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Sh = WgmmaPrefillShape<HD>;
   constexpr int kBr = Sh::kBr;
@@ -130,9 +129,14 @@ __global__ void __launch_bounds__(WgmmaPrefillShape<HD>::kThreads, WgmmaPrefillS
   constexpr int kDT = HD / 8;   // n8 tiles of O
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const std::uint32_t sQ = (smem_u32(smem_raw) + 1023u) & ~1023u;  // [64][HD], swizzled
-  const std::uint32_t sK = sQ + kTileBytes;                         // [kStages][64][HD]
-  const std::uint32_t sV = sK + kStages * kTileBytes;               // [kStages][64][HD]
+  const std::uint32_t raw = smem_u32(smem_raw);
+  const std::uint32_t sQ = (raw + 1023u) & ~1023u;     // [64][HD], swizzled
+  const std::uint32_t sK = sQ + kTileBytes;            // [kStages][64][HD]
+  const std::uint32_t sV = sK + kStages * kTileBytes;  // [kStages][64][HD]
+  // Barriers: [0] Q, [1 + s] slot s (its K and V tiles).
+  const std::uint32_t tiles_end = sQ + Sh::kTilesBytes;
+  const std::uint32_t bars_at = raw + Sh::kSmemBytes - tiles_end >= Sh::kBarrierBytes ? tiles_end : raw;
+  std::uint64_t* const bars = reinterpret_cast<std::uint64_t*>(smem_raw + (bars_at - raw));
 
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / 32;
@@ -150,11 +154,9 @@ __global__ void __launch_bounds__(WgmmaPrefillShape<HD>::kThreads, WgmmaPrefillS
   const int q_rows = min(kBr, a.q_len - q0);  // valid query rows of the block
 
   const long long q_row0 = (static_cast<long long>(b) * a.num_heads + h) * a.q_len + q0;
-  const T* const q = static_cast<const T*>(a.q) + q_row0 * HD;
   T* const out = static_cast<T*>(a.out) + q_row0 * HD;
-  const long long kv_row0 = (static_cast<long long>(b) * a.num_kv_heads + kvh) * a.kv_stride;
-  const T* const k = static_cast<const T*>(a.k) + kv_row0 * HD;
-  const T* const v = static_cast<const T*>(a.v) + kv_row0 * HD;
+  const int q_plane = b * a.num_heads + h;     // the tensor maps' outer coordinate
+  const int kv_plane = b * a.num_kv_heads + kvh;
 
   // The block reads keys [0, n_end): up to its last valid query's position.
   long long n_end = kv_len;
@@ -172,22 +174,30 @@ __global__ void __launch_bounds__(WgmmaPrefillShape<HD>::kThreads, WgmmaPrefillS
   const int limit0 = static_cast<int>(min(static_cast<long long>(kv_len), row_end0));
   const int row_step = a.causal ? 8 : 0;
 
-  auto load_kv = [&](int tile) {
-    const int j0 = tile * kBc;
-    const std::uint32_t slot = static_cast<std::uint32_t>(tile % kStages) * kTileBytes;
-    const long long off = static_cast<long long>(j0) * HD;
-    load_tile64<T, HD>(sK + slot, k + off, kv_len - j0, tid);
-    load_tile64<T, HD>(sV + slot, v + off, kv_len - j0, tid);
-  };
-
-  // Prologue: Q, then K/V of the first kStages - 1 tiles, one group each
-  // (always committed, so the group count does not depend on n_tiles).
-  load_tile64<T, HD>(sQ, q, q_rows, tid);
-  cp_async_commit();
+  // One 64-row tile (HD / 64 boxes of 64 columns) of a tensor map into a
+  // swizzled tile, completing on `bar`.
+  auto tma_tile = [&](std::uint32_t dst, const CUtensorMap* map, int row0, int plane, std::uint64_t* bar) {
 #pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) {
-    if (st < n_tiles) load_kv(st);
-    cp_async_commit();
+    for (int blk = 0; blk < HD / 64; ++blk) tma_load_3d(dst + blk * kWgBlockBytes, map, blk * 64, row0, plane, bar);
+  };
+  auto load_kv = [&](int tile) {  // thread 0 only
+    const int slot = tile % kStages;
+    std::uint64_t* const bar = &bars[1 + slot];
+    mbarrier_arrive_expect_tx(bar, 2 * kTileBytes);
+    tma_tile(sK + slot * kTileBytes, &k_map, tile * kBc, kv_plane, bar);
+    tma_tile(sV + slot * kTileBytes, &v_map, tile * kBc, kv_plane, bar);
+  };
+  if (tid == 0) {
+#pragma unroll
+    for (int i = 0; i < 1 + kStages; ++i) mbarrier_init(&bars[i], 1);
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  // Prologue: Q, then K/V of the first kStages - 1 tiles.
+  if (tid == 0) {
+    mbarrier_arrive_expect_tx(&bars[0], kTileBytes);
+    tma_tile(sQ, &q_map, q0, q_plane, &bars[0]);
+    for (int st = 0; st < kStages - 1 && st < n_tiles; ++st) load_kv(st);
   }
 
   float o[kDT][4];
@@ -209,17 +219,12 @@ __global__ void __launch_bounds__(WgmmaPrefillShape<HD>::kThreads, WgmmaPrefillS
   const float scale_log2 = a.scale * kLog2e;
 
   for (int t = 0; t < n_tiles; ++t) {
-    // Tile t (and Q) landed for this thread; the proxy fence hands its
-    // copies to wgmma, the barrier everyone's. Every wgmma of tile t - 1 was
-    // waited for, so its slot can be refilled.
-    cp_async_wait<kStages - 2>();
-    fence_proxy_async_shared();
+    // Every wgmma of tile t - 1 was waited for by every thread, so its slot
+    // can be refilled.
     __syncthreads();
-    {
-      const int next = t + kStages - 1;
-      if (next < n_tiles) load_kv(next);
-      cp_async_commit();
-    }
+    if (tid == 0 && t + kStages - 1 < n_tiles) load_kv(t + kStages - 1);
+    if (t == 0) mbarrier_wait_parity(&bars[0], 0);
+    mbarrier_wait_parity(&bars[1 + t % kStages], static_cast<std::uint32_t>(t / kStages) & 1u);
     const std::uint32_t slot = static_cast<std::uint32_t>(t % kStages) * kTileBytes;
 
     wgmma_fence();
@@ -263,7 +268,7 @@ __global__ void __launch_bounds__(WgmmaPrefillShape<HD>::kThreads, WgmmaPrefillS
     wgmma_wait<0>();
     wgmma_fence_operands(o_flat);
   }
-  cp_async_wait<0>();  // only empty groups can remain; leave none behind
+  if (n_tiles == 0) mbarrier_wait_parity(&bars[0], 0);  // no copy outlives the block
 
   // Normalize (a row that saw no key writes zeros) and store: each quad
   // writes 16 contiguous bytes of a row per n8 tile.
@@ -287,13 +292,60 @@ __global__ void __launch_bounds__(WgmmaPrefillShape<HD>::kThreads, WgmmaPrefillS
 #endif
 }
 
+// cuTensorMapEncodeTiled, reached through the runtime (no link to the
+// driver library), looked up once per process; null when the driver lacks it.
+using EncodeTiledFn = decltype(&cuTensorMapEncodeTiled);
+EncodeTiledFn encode_tiled_fn() {
+  static EncodeTiledFn fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) ==
+            cudaSuccess &&
+        found == cudaDriverEntryPointSuccess) {
+      fn = reinterpret_cast<EncodeTiledFn>(p);
+    }
+  });
+  return fn;
+}
+
+// A 3-d map over `base`: [planes][rows][HD] elements of 2 bytes, row r of
+// plane p at (p * plane_rows + r) * HD (plane_rows >= rows), 64 x 64 boxes,
+// 128-byte swizzle, zero fill past `rows`. False when the driver refuses it.
+template <int HD>
+bool encode_rows_map(CUtensorMap* map, EncodeTiledFn encode, DType dtype, const void* base, long long rows,
+                     long long plane_rows, long long planes) {
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(HD), static_cast<cuuint64_t>(rows > 0 ? rows : 1),
+                              static_cast<cuuint64_t>(planes)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(HD) * 2, static_cast<cuuint64_t>(plane_rows) * HD * 2};
+  const cuuint32_t box[3] = {64, 64, 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  return encode(map, dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+                const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <class T, int HD>
 bool launch_wgmma_typed(const AttentionArgs& a, cudaStream_t stream) {
   using Sh = WgmmaPrefillShape<HD>;
+  const EncodeTiledFn encode = encode_tiled_fn();
+  if (encode == nullptr) return false;
+  // Q and out [batch * heads][q_len][HD]; K and V [batch * kv heads][kv_stride][HD],
+  // of which rows < kv_len are mapped.
+  CUtensorMap q_map, k_map, v_map;
+  const long long q_planes = static_cast<long long>(a.batch) * a.num_heads;
+  const long long kv_planes = static_cast<long long>(a.batch) * a.num_kv_heads;
+  if (!encode_rows_map<HD>(&q_map, encode, a.dtype, a.q, a.q_len, a.q_len, q_planes) ||
+      !encode_rows_map<HD>(&k_map, encode, a.dtype, a.k, a.kv_len, a.kv_stride, kv_planes) ||
+      !encode_rows_map<HD>(&v_map, encode, a.dtype, a.v, a.kv_len, a.kv_stride, kv_planes)) {
+    return false;
+  }
   if (!prepare_kernel<attention_prefill_wgmma_kernel<T, HD>>(Sh::kSmemBytes)) return false;
   const long long tiles = (static_cast<long long>(a.q_len) + Sh::kBr - 1) / Sh::kBr;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_heads), static_cast<unsigned>(a.batch));
-  attention_prefill_wgmma_kernel<T, HD><<<grid, Sh::kThreads, Sh::kSmemBytes, stream>>>(a);
+  attention_prefill_wgmma_kernel<T, HD><<<grid, Sh::kThreads, Sh::kSmemBytes, stream>>>(a, q_map, k_map, v_map);
   check_launch("flash_attention");
   return true;
 }

@@ -1,5 +1,5 @@
-// sm_90 bulk copies global -> shared memory (the TMA engine without a tensor
-// map) and the mbarriers that complete them. A copy of `bytes` bytes lands in
+// sm_90 bulk copies global -> shared memory (the TMA engine, without a
+// tensor map and with one) and the mbarriers that complete them. A copy of `bytes` bytes lands in
 // shared memory asynchronously and counts its bytes off the barrier's
 // transaction count; a thread that waits on the barrier's phase then sees the
 // data. What the GPTQ streaming kernel uses to keep many KiB per SM in
@@ -9,6 +9,8 @@
 // device running code built for sm_90 (device_is_sm90_or_later and
 // has_sm90_code, kernels/common/check.hpp and launch.cuh).
 #pragma once
+
+#include <cuda.h>  // CUtensorMap (the type only: no driver call from here)
 
 #include <cstdint>
 
@@ -91,6 +93,25 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
                    smem_u32(dst)),
                "l"(src), "r"(bytes), "r"(smem_u32(bar))
                : "memory");
+#endif
+}
+
+// The box of a 3-d tensor map at coordinates (c0 innermost, c1, c2) into
+// shared memory at `dst` (laid out and swizzled as the map says; 128-byte
+// aligned, 1024 for the 128-byte swizzle), completing on `bar`; elements
+// outside the tensor's extents are zero-filled. `map` is a kernel parameter
+// (__grid_constant__) or lives in global memory. The caller has announced
+// the box's bytes with mbarrier_arrive_expect_tx on the same phase.
+__device__ __forceinline__ void tma_load_3d(std::uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                            std::uint64_t* bar) {
+#ifdef FERRUM_BULK_COPY_UNAVAILABLE
+  __trap();
+#else
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+      : "memory");
 #endif
 }
 

@@ -125,13 +125,19 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 // One online-softmax step over the two rows (g, g + 8) of an m16 tile that a
-// thread holds: s holds raw scores of NT n8 key tiles (-inf where masked) and
-// becomes p = 2^(s * scale_log2 - max); the running max m_run (raw units),
-// this thread's share of the row sums l_run, and the output accumulators o
-// are rescaled. The quad (4 lanes) of a row agrees on the max.
-template <int NT, int DT>
-__device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&m_run)[2], float (&l_run)[2],
-                                                    float (&o)[DT][4], float scale_log2) {
+// thread holds, in two halves so that a kernel may run other work (the
+// wgmma kernel: the previous tile's P V) between them:
+//   online_softmax_scores: s holds raw scores of NT n8 key tiles (-inf where
+//     masked) and becomes p = 2^(s * scale_log2 - max); the running max m_run
+//     (raw units) and this thread's share of the row sums l_run are updated,
+//     and alpha[r] is the factor the row's output accumulators must take.
+//     The quad (4 lanes) of a row agrees on the max.
+//   rescale_rows: o *= alpha per row (skipped where alpha is exactly 1: the
+//     same bits).
+// online_softmax_step is both, back to back.
+template <int NT>
+__device__ __forceinline__ void online_softmax_scores(float (&s)[NT][4], float (&m_run)[2], float (&l_run)[2],
+                                                      float scale_log2, float (&alpha)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = m_run[r];
@@ -147,7 +153,7 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&m
     // it (alpha = 1, p = 0, P V adds exact zeros): a kernel may walk such
     // tiles or skip them (e.g. per warp of a block shape picked at launch)
     // without changing a bit.
-    const float alpha = m_run[r] == mx ? 1.0f : fast_exp2(m_run[r] * scale_log2 - base);
+    alpha[r] = m_run[r] == mx ? 1.0f : fast_exp2(m_run[r] * scale_log2 - base);
     m_run[r] = mx;
     float sum = 0.0f;
 #pragma unroll
@@ -159,13 +165,30 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&m
         sum += p;
       }
     }
-    l_run[r] = l_run[r] * alpha + sum;
+    l_run[r] = l_run[r] * alpha[r] + sum;
+  }
+}
+
+template <int DT>
+__device__ __forceinline__ void rescale_rows(float (&o)[DT][4], const float (&alpha)[2]) {
 #pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-      o[dt][2 * r] *= alpha;
-      o[dt][2 * r + 1] *= alpha;
+  for (int r = 0; r < 2; ++r) {
+    if (alpha[r] != 1.0f) {
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        o[dt][2 * r] *= alpha[r];
+        o[dt][2 * r + 1] *= alpha[r];
+      }
     }
   }
+}
+
+template <int NT, int DT>
+__device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&m_run)[2], float (&l_run)[2],
+                                                    float (&o)[DT][4], float scale_log2) {
+  float alpha[2];
+  online_softmax_scores(s, m_run, l_run, scale_log2, alpha);
+  rescale_rows(o, alpha);
 }
 
 // Two floats rounded to T, `lo` in the low half (the lower column).

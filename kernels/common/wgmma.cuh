@@ -61,12 +61,6 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
-// Generic-proxy writes to shared memory (cp.async, st.shared) made visible
-// to the async proxy that wgmma reads through.
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 }  // namespace ferrum::kernels
