@@ -19,6 +19,9 @@
 #   scripts/gpu_suite.sh tuning  ferrum_attention_tuning: the decode launch
 #                                knobs (DecodeTuning) A/B in one run
 #   scripts/gpu_suite.sh profile ncu on GPTQ m=1 and decode B=1, racecheck detail
+#   scripts/gpu_suite.sh sdpa    scripts/sdpa_check.py: flash_attention (both
+#                                prefill kernels) and torch SDPA against a
+#                                float64 reference at large shapes
 # Modes combine with commas (gptq,bench). BENCH_FILTER=attention_,gemm passes
 # --filter to ferrum_bench and torch_reference.py. SKIP_GEMM_INTERLEAVED=1 and
 # SKIP_TORCH_GPTQ=1 leave out those two reference runs (to fit a call).
@@ -31,7 +34,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 MODE="${1:-all}"
-has_mode() { [ "$MODE" = all ] && [ "$1" != nccl ] && [ "$1" != gptq ] && [ "$1" != engine ] && [ "$1" != quicktests ] && [ "$1" != gptqbench ] && [ "$1" != race ] && [ "$1" != hf ] && [ "$1" != profile ] && [ "$1" != tuning ] && return 0; [[ ",$MODE," == *",$1,"* ]]; }
+has_mode() { [ "$MODE" = all ] && [ "$1" != nccl ] && [ "$1" != gptq ] && [ "$1" != engine ] && [ "$1" != quicktests ] && [ "$1" != gptqbench ] && [ "$1" != race ] && [ "$1" != hf ] && [ "$1" != sdpa ] && [ "$1" != profile ] && [ "$1" != tuning ] && return 0; [[ ",$MODE," == *",$1,"* ]]; }
 BF=()
 [ -n "${BENCH_FILTER:-}" ] && BF=(--filter "$BENCH_FILTER")
 QUICK=""
@@ -281,6 +284,17 @@ if has_mode hf; then
       --json "$OUT/hf_check.json" > "$OUT/hf_check.log" 2>&1
     echo "hf_check exit $?"
     grep -E "PASS|FAIL|OVERALL|PROBLEM" "$OUT/hf_check.log" | head -30
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode sdpa; then
+  {
+    echo "== flash_attention vs torch SDPA, float64 reference (scripts/sdpa_check.py) ($(date +%T))"
+    cmake --build "$B" -j16 --target ferrum_bench_capi > "$OUT/build_capi.log" 2>&1 || tail -20 "$OUT/build_capi.log"
+    timeout 240 python3 scripts/sdpa_check.py --capi $B/bench/libferrum_bench_capi.so --json "$OUT/sdpa_check.json" \
+      > "$OUT/sdpa_check.log" 2>&1
+    echo "sdpa_check exit $?"
+    grep -E "PASS|FAIL|sdpa_check:" "$OUT/sdpa_check.log" | head -30
   } 2>&1 | tee -a "$LOG"
 fi
 
