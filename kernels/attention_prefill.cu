@@ -412,24 +412,6 @@ __global__ void __launch_bounds__(PrefillShape<HD, MT>::kThreads, PrefillShape<H
 #endif
 }
 
-// Multiprocessors of the current device, cached per device (a race only
-// repeats the query).
-int device_sms() {
-  static std::atomic<int> cached[64] = {};
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) throw_cuda_error("flash_attention", "cudaGetDevice", err);
-  if (dev >= 0 && dev < 64) {
-    const int c = cached[dev].load(std::memory_order_relaxed);
-    if (c > 0) return c;
-  }
-  int sms = 0;
-  err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (err != cudaSuccess) throw_cuda_error("flash_attention", "cudaDeviceGetAttribute (multiprocessors)", err);
-  if (dev >= 0 && dev < 64) cached[dev].store(sms, std::memory_order_relaxed);
-  return sms;
-}
-
 template <class T, int HD, int MT>
 bool launch_shape(const AttentionArgs& a, cudaStream_t stream) {
   using Sh = PrefillShape<HD, MT>;
@@ -453,7 +435,7 @@ bool launch_typed(const AttentionArgs& a, cudaStream_t stream) {
     static_assert(PrefillShape<HD, 1>::kBc == PrefillShape<HD, 2>::kBc, "both shapes walk the same key tiles");
     constexpr int kBr2 = PrefillShape<HD, 2>::kBr;
     const long long blocks2 = (static_cast<long long>(a.q_len) + kBr2 - 1) / kBr2 * a.num_heads * a.batch;
-    if (blocks2 >= 4LL * device_sms() && launch_shape<T, HD, 2>(a, stream)) return true;
+    if (blocks2 >= 4LL * device_sm_count("flash_attention") && launch_shape<T, HD, 2>(a, stream)) return true;
   }
   return launch_shape<T, HD, 1>(a, stream);
 }

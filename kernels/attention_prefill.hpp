@@ -30,8 +30,9 @@ bool prefill_tc_applies(const AttentionArgs& args);
 bool launch_attention_prefill_tc(const AttentionArgs& args, cudaStream_t stream);
 
 // The same computation on Hopper warpgroup MMA (wgmma, sm_90a;
-// kernels/attention_prefill_wgmma.cu): head_dim 64 / 128, one 64-row query
-// block shape. Deterministic, not bitwise equal to the mma.sync kernel.
+// kernels/attention_prefill_wgmma.cu): head_dim 64 / 128, blocks of one or
+// two warpgroups (64 or 128 query rows, picked from the grid size; the same
+// bits either way). Deterministic, not bitwise equal to the mma.sync kernel.
 // Returns false and launches nothing unless the library was built with
 // sm_90a code (CMAKE_CUDA_ARCHITECTURES holding 90a, the default), the
 // device is compute capability 9.0, head_dim is 64 or 128 and

@@ -2,10 +2,13 @@
 // sm_90a): the FlashAttention-2 schedule of attention_prefill.cu with its
 // two matrix products moved from mma.sync to wgmma.mma_async.
 //
-// A block is one warpgroup (4 warps, 128 threads) owning kBr = 64 query rows
-// of one (sequence, q head); warp w holds rows 16 w .. 16 w + 15 of every
-// accumulator (wgmma's m64 layout is the mma.sync C layout per warp and n8
-// tile, so the masking and the online softmax are attention_prefill.cu's).
+// A block is one or two warpgroups (4 warps, 128 threads each) owning 64
+// query rows each of one (sequence, q head); two share every K / V tile
+// (the shape is picked from the grid size, as the mma.sync kernel picks
+// its 64- or 128-row blocks; the bits are the same). Warp w of a
+// warpgroup holds its rows 16 w .. 16 w + 15 of every accumulator (wgmma's
+// m64 layout is the mma.sync C layout per warp and n8 tile, so the masking
+// and the online softmax are attention_prefill.cu's).
 // Per key tile of kBc = 64 keys:
 //
 //   S = Q Kᵀ    wgmma m64n64k16, Q and K both from shared memory (K-major,
@@ -53,30 +56,37 @@
 namespace ferrum::kernels {
 namespace {
 
-// Per head_dim: kStages ring slots of K and V tiles.
-//   hd 64:  (1 + 2 * 4) * 8 KiB  + 1 KiB = 73 KiB: 3 blocks per SM
-//   hd 128: (1 + 2 * 3) * 16 KiB + 1 KiB = 113 KiB: 2 blocks per SM
+// Per head_dim and warpgroups per block (WG: 1 or 2, 64 query rows each;
+// the two of a 2-warpgroup block share every K / V tile, which halves the
+// L2 -> shared traffic per FLOP): kStages ring slots of K and V tiles.
+//   hd 64,  WG 1: (1 + 2 * 4) * 8 KiB  + 1 KiB = 73 KiB: 3 blocks per SM
+//   hd 64,  WG 2: (2 + 2 * 4) * 8 KiB  + 1 KiB = 81 KiB: 2 blocks per SM
+//   hd 128, WG 1: (1 + 2 * 3) * 16 KiB + 1 KiB = 113 KiB: 2 blocks per SM
+//   hd 128, WG 2: (2 + 2 * 2) * 16 KiB + 1 KiB = 97 KiB: 2 blocks per SM
 // (+ 1 KiB: the dynamic shared memory is aligned up to 1024 bytes in the
 // kernel, the swizzle's period; the mbarriers take 8 bytes each of that
 // slack, before or after the tiles. 2 x (113 KiB + 1 KiB reserved per
-// block) is all of an sm_90 SM's 228 KiB: not a byte more.)
-template <int HD>
+// block) is all of an sm_90 SM's 228 KiB: not a byte more.) Both shapes
+// give the same bits: a row's products are the same wgmma over the same
+// key tiles in the same order.
+template <int HD, int WG>
 struct WgmmaPrefillShape {
-  static constexpr int kBr = 64;  // query rows: one warpgroup's m64
-  static constexpr int kBc = 64;  // keys per tile
-  static constexpr int kThreads = 128;
-  static constexpr int kStages = HD == 64 ? 4 : 3;
-  static constexpr int kMinBlocks = HD == 64 ? 3 : 2;
-  static constexpr int kTileBytes = 64 * HD * 2;  // 64 rows (Q, or one K / V tile)
-  static constexpr int kTilesBytes = kTileBytes * (1 + 2 * kStages);  // Q, the K ring, the V ring
-  static constexpr int kBarrierBytes = 8 * (1 + kStages);            // Q's and each slot's mbarrier
+  static constexpr int kBr = 64 * WG;  // query rows: each warpgroup's m64
+  static constexpr int kBc = 64;       // keys per tile
+  static constexpr int kThreads = 128 * WG;
+  static constexpr int kStages = HD == 64 ? 4 : (WG == 1 ? 3 : 2);
+  static constexpr int kMinBlocks = HD == 64 && WG == 1 ? 3 : 2;
+  static constexpr int kTileBytes = 64 * HD * 2;  // 64 rows (a warpgroup's Q, or one K / V tile)
+  static constexpr int kTilesBytes = kTileBytes * (WG + 2 * kStages);  // Q, the K ring, the V ring
+  static constexpr int kBarrierBytes = 8 * (1 + kStages);             // Q's and each slot's mbarrier
   static constexpr int kSmemBytes = kTilesBytes + 1024;
   // Dynamic shared memory starts 16-byte aligned at least, so aligning up
   // moves by d <= 1008 bytes: d bytes are free before the tiles and 1024 - d
   // after them, and one of the two holds the barriers.
   static_assert(kBarrierBytes <= 512, "the barriers fit in the alignment slack");
   static_assert(HD == 64 || HD == 128, "the wgmma prefill covers head_dim 64 and 128");
-  static_assert(kBr == kBc, "Q and K / V tiles share one tile shape (64 rows)");
+  static_assert(WG == 1 || WG == 2, "one or two consumer warpgroups");
+  static_assert(kBc == 64, "the TMA boxes, wgmma_qk's n64 and wgmma_pv's 4 key steps are 64-key tiles");
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -100,9 +110,8 @@ __device__ __forceinline__ void wgmma_qk(float (&s)[32], std::uint32_t sQ, std::
 // block (kWgBlockBytes) apart, key step kk = 16 rows = 2048 bytes.
 template <class T, int HD>
 __device__ __forceinline__ void wgmma_pv(float (&o)[HD / 2], const std::uint32_t (&pa)[4][4], std::uint32_t sV) {
-  using Sh = WgmmaPrefillShape<HD>;
 #pragma unroll
-  for (int kk = 0; kk < Sh::kBc / 16; ++kk) {
+  for (int kk = 0; kk < 4; ++kk) {  // 64 keys
     const std::uint64_t desc = wgmma_desc_sw128(sV + kk * 2048, kWgBlockBytes, 1024);
     if constexpr (HD == 64) {
       wgmma_rs_m64n64k16_tb<T>(o, pa[kk], desc, 1);
@@ -114,13 +123,13 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[HD / 2], const std::uint32_t
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <class T, int HD>
-__global__ void __launch_bounds__(WgmmaPrefillShape<HD>::kThreads, WgmmaPrefillShape<HD>::kMinBlocks)
+template <class T, int HD, int WG>
+__global__ void __launch_bounds__(WgmmaPrefillShape<HD, WG>::kThreads, WgmmaPrefillShape<HD, WG>::kMinBlocks)
     attention_prefill_wgmma_kernel(const AttentionArgs a, const __grid_constant__ CUtensorMap q_map,
                                    const __grid_constant__ CUtensorMap k_map,
                                    const __grid_constant__ CUtensorMap v_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Sh = WgmmaPrefillShape<HD>;
+  using Sh = WgmmaPrefillShape<HD, WG>;
   constexpr int kBr = Sh::kBr;
   constexpr int kBc = Sh::kBc;
   constexpr int kStages = Sh::kStages;
@@ -130,8 +139,8 @@ __global__ void __launch_bounds__(WgmmaPrefillShape<HD>::kThreads, WgmmaPrefillS
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const std::uint32_t raw = smem_u32(smem_raw);
-  const std::uint32_t sQ = (raw + 1023u) & ~1023u;     // [64][HD], swizzled
-  const std::uint32_t sK = sQ + kTileBytes;            // [kStages][64][HD]
+  const std::uint32_t sQ = (raw + 1023u) & ~1023u;     // [WG][64][HD], swizzled
+  const std::uint32_t sK = sQ + WG * kTileBytes;       // [kStages][64][HD]
   const std::uint32_t sV = sK + kStages * kTileBytes;  // [kStages][64][HD]
   // Barriers: [0] Q, [1 + s] slot s (its K and V tiles).
   const std::uint32_t tiles_end = sQ + Sh::kTilesBytes;
@@ -139,7 +148,8 @@ __global__ void __launch_bounds__(WgmmaPrefillShape<HD>::kThreads, WgmmaPrefillS
   std::uint64_t* const bars = reinterpret_cast<std::uint64_t*>(smem_raw + (bars_at - raw));
 
   const int tid = static_cast<int>(threadIdx.x);
-  const int warp = tid / 32;
+  const int wg = tid / 128;         // this thread's warpgroup: rows 64 wg .. 64 wg + 63
+  const int warp = (tid % 128) / 32;  // warp in the warpgroup
   const int lane = tid % 32;
   const int g = lane / 4;    // fragment row (and row + 8)
   const int tig = lane % 4;  // fragment column pair
@@ -163,9 +173,19 @@ __global__ void __launch_bounds__(WgmmaPrefillShape<HD>::kThreads, WgmmaPrefillS
   if (a.causal) n_end = min(n_end, a.pos_offset + q0 + q_rows);
   const int n_tiles = static_cast<int>((max(n_end, 0LL) + kBc - 1) / kBc);
 
+  // This warpgroup's rows [64 wg, 64 wg + wg_rows) read tiles [0,
+  // wg_tiles): a warpgroup skips the tiles past its last valid row's keys
+  // (the block's other one reads them), and one without a valid row (a last,
+  // partial block) computes nothing.
+  const int wg_rows = max(0, min(64, q_rows - 64 * wg));
+  long long wg_end = wg_rows > 0 ? kv_len : 0;
+  if (a.causal) wg_end = min(wg_end, a.pos_offset + q0 + 64 * wg + wg_rows);
+  const int wg_tiles = static_cast<int>((max(wg_end, 0LL) + kBc - 1) / kBc);
+  const std::uint32_t sQw = sQ + wg * kTileBytes;
+
   // This warp's rows [w0, w0 + 16): keys below full_keys reach all of its
   // rows (tiles wholly below need no mask).
-  const int w0 = warp * 16;
+  const int w0 = 64 * wg + warp * 16;
   long long w_full = kv_len;
   if (a.causal) w_full = min(w_full, a.pos_offset + q0 + w0 + 1);
   const int full_keys = static_cast<int>(max(w_full, 0LL));
@@ -193,10 +213,12 @@ __global__ void __launch_bounds__(WgmmaPrefillShape<HD>::kThreads, WgmmaPrefillS
     fence_mbarrier_init();
   }
   __syncthreads();
-  // Prologue: Q, then K/V of the first kStages - 1 tiles.
+  // Prologue: Q of the warpgroups with a valid row, then K/V of the first
+  // kStages - 1 tiles.
   if (tid == 0) {
-    mbarrier_arrive_expect_tx(&bars[0], kTileBytes);
-    tma_tile(sQ, &q_map, q0, q_plane, &bars[0]);
+    const int q_tiles = (q_rows + 63) / 64;
+    mbarrier_arrive_expect_tx(&bars[0], q_tiles * kTileBytes);
+    for (int w = 0; w < q_tiles; ++w) tma_tile(sQ + w * kTileBytes, &q_map, q0 + 64 * w, q_plane, &bars[0]);
     for (int st = 0; st < kStages - 1 && st < n_tiles; ++st) load_kv(st);
   }
 
@@ -220,15 +242,18 @@ __global__ void __launch_bounds__(WgmmaPrefillShape<HD>::kThreads, WgmmaPrefillS
 
   for (int t = 0; t < n_tiles; ++t) {
     // Every wgmma of tile t - 1 was waited for by every thread, so its slot
-    // can be refilled.
+    // can be refilled. (Every tile below n_tiles is read, and its barrier
+    // phase waited for, by the warpgroup holding the block's last valid
+    // row, before the barrier that lets thread 0 re-arm it.)
     __syncthreads();
     if (tid == 0 && t + kStages - 1 < n_tiles) load_kv(t + kStages - 1);
+    if (t >= wg_tiles) continue;  // warpgroup-uniform
     if (t == 0) mbarrier_wait_parity(&bars[0], 0);
     mbarrier_wait_parity(&bars[1 + t % kStages], static_cast<std::uint32_t>(t / kStages) & 1u);
     const std::uint32_t slot = static_cast<std::uint32_t>(t % kStages) * kTileBytes;
 
     wgmma_fence();
-    wgmma_qk<T, HD>(s_flat, sQ, sK + slot);
+    wgmma_qk<T, HD>(s_flat, sQw, sK + slot);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(s_flat);
@@ -268,7 +293,7 @@ __global__ void __launch_bounds__(WgmmaPrefillShape<HD>::kThreads, WgmmaPrefillS
     wgmma_wait<0>();
     wgmma_fence_operands(o_flat);
   }
-  if (n_tiles == 0) mbarrier_wait_parity(&bars[0], 0);  // no copy outlives the block
+  if (wg_tiles == 0) mbarrier_wait_parity(&bars[0], 0);  // no copy outlives the block
 
   // Normalize (a row that saw no key writes zeros) and store: each quad
   // writes 16 contiguous bytes of a row per n8 tile.
@@ -327,9 +352,24 @@ bool encode_rows_map(CUtensorMap* map, EncodeTiledFn encode, DType dtype, const 
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+template <class T, int HD, int WG>
+bool launch_wgmma_shape(const AttentionArgs& a, const CUtensorMap& q_map, const CUtensorMap& k_map,
+                        const CUtensorMap& v_map, cudaStream_t stream) {
+  using Sh = WgmmaPrefillShape<HD, WG>;
+  if (!prepare_kernel<attention_prefill_wgmma_kernel<T, HD, WG>>(Sh::kSmemBytes)) return false;
+  const long long tiles = (static_cast<long long>(a.q_len) + Sh::kBr - 1) / Sh::kBr;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_heads), static_cast<unsigned>(a.batch));
+  attention_prefill_wgmma_kernel<T, HD, WG><<<grid, Sh::kThreads, Sh::kSmemBytes, stream>>>(a, q_map, k_map, v_map);
+  check_launch("flash_attention");
+  return true;
+}
+
+// Two warpgroups per block (128-row blocks sharing each K / V tile) once
+// the grid of them still fills the device a few times over; fewer, longer
+// blocks lose more to the causal critical path and to idle SMs than the
+// halved K / V traffic gains. Both shapes give the same bits.
 template <class T, int HD>
 bool launch_wgmma_typed(const AttentionArgs& a, cudaStream_t stream) {
-  using Sh = WgmmaPrefillShape<HD>;
   const EncodeTiledFn encode = encode_tiled_fn();
   if (encode == nullptr) return false;
   // Q and out [batch * heads][q_len][HD]; K and V [batch * kv heads][kv_stride][HD],
@@ -342,12 +382,9 @@ bool launch_wgmma_typed(const AttentionArgs& a, cudaStream_t stream) {
       !encode_rows_map<HD>(&v_map, encode, a.dtype, a.v, a.kv_len, a.kv_stride, kv_planes)) {
     return false;
   }
-  if (!prepare_kernel<attention_prefill_wgmma_kernel<T, HD>>(Sh::kSmemBytes)) return false;
-  const long long tiles = (static_cast<long long>(a.q_len) + Sh::kBr - 1) / Sh::kBr;
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_heads), static_cast<unsigned>(a.batch));
-  attention_prefill_wgmma_kernel<T, HD><<<grid, Sh::kThreads, Sh::kSmemBytes, stream>>>(a, q_map, k_map, v_map);
-  check_launch("flash_attention");
-  return true;
+  const long long blocks2 = (static_cast<long long>(a.q_len) + 127) / 128 * a.num_heads * a.batch;
+  if (blocks2 >= 4LL * device_sm_count("flash_attention") && launch_wgmma_shape<T, HD, 2>(a, q_map, k_map, v_map, stream)) return true;
+  return launch_wgmma_shape<T, HD, 1>(a, q_map, k_map, v_map, stream);
 }
 
 }  // namespace

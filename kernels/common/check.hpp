@@ -18,6 +18,9 @@ namespace ferrum::kernels {
 bool pdl_available();
 // Whether the current device is sm_90 or later (thread-block clusters), cached per device.
 bool device_is_sm90_or_later();
+// Multiprocessors of the current device, cached per device. Throws
+// ferrum::Error (ErrorCode::Cuda) naming `op` when the query fails.
+int device_sm_count(const char* op);
 // Whether the current device runs sm_90a code (compute capability exactly
 // 9.0: the arch-specific features such as wgmma), cached per device.
 bool device_is_sm90a();

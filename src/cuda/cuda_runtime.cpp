@@ -227,6 +227,23 @@ int current_device_cc() {
 
 bool device_is_sm90_or_later() { return current_device_cc() >= 90; }
 
+int device_sm_count(const char* op) {
+  int device = -1;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) throw_cuda_error(op, "cudaGetDevice", err);
+  static std::array<std::atomic<int>, detail::kMaxDevices> known{};  // 0: not asked yet
+  const bool cached = device >= 0 && device < detail::kMaxDevices;
+  if (cached) {
+    const int sms = known[device].load(std::memory_order_relaxed);
+    if (sms > 0) return sms;
+  }
+  int sms = 0;
+  err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) throw_cuda_error(op, "cudaDeviceGetAttribute (multiprocessors)", err);
+  if (cached) known[device].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
 bool device_is_sm90a() { return current_device_cc() == 90; }
 
 bool pdl_available() {

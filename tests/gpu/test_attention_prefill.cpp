@@ -3,15 +3,19 @@
 // tolerance table. Every case runs on both prefill kernels:
 //   - the default backend (PrefillKernel::Auto): on an H100 / H200 with the
 //     default sm_90a build, the wgmma kernel of
-//     kernels/attention_prefill_wgmma.cu for head_dim 64 / 128 (one 64-row
-//     query block shape), the mma.sync kernel for head_dim 256;
+//     kernels/attention_prefill_wgmma.cu for head_dim 64 / 128 (blocks of
+//     one warpgroup, 64 query rows, for small grids, and of two, 128 rows,
+//     under the same rule as the mma.sync kernel's 128-row shape: LargeGrid
+//     and the batch-invariance test reach it, and the latter checks both
+//     shapes give the same bits), the mma.sync kernel for head_dim 256;
 //   - a backend with PrefillKernel::MmaSync: the mma.sync kernel of
 //     kernels/attention_prefill.cu for every head_dim. It has two
 //     query-block shapes: 64 rows (one m16 tile per warp) for small grids
 //     and 128 rows (two per warp) once ceil(q_len / 128) * heads * batch >=
 //     4 * SMs. Both must give the same bits.
-// WgmmaKernelRuns checks that the wgmma kernel is what Auto runs where it
-// should (else the sweep would test the mma.sync kernel twice).
+// CudaPrefillWgmma.RunsWhereItShould checks that the wgmma kernel is what
+// Auto runs where it should (else the sweep would test the mma.sync kernel
+// twice).
 //
 // Sweep (small grids: the 64-row shape): q_len {2, 7, 17, 64, 127, 129,
 // 257, 1000} (below, at and across the 64- and 128-row query tiles and the
