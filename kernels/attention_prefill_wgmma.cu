@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(WgmmaPrefillShape<HD, WG>::kThreads, WgmmaPref
     // row, before the barrier that lets thread 0 re-arm it.)
     __syncthreads();
     if (tid == 0 && t + kStages - 1 < n_tiles) load_kv(t + kStages - 1);
-    if (t >= wg_tiles) continue;  // warpgroup-uniform
+    if (WG > 1 && t >= wg_tiles) continue;  // warpgroup-uniform (one warpgroup: wg_tiles == n_tiles)
     if (t == 0) mbarrier_wait_parity(&bars[0], 0);
     mbarrier_wait_parity(&bars[1 + t % kStages], static_cast<std::uint32_t>(t / kStages) & 1u);
     const std::uint32_t slot = static_cast<std::uint32_t>(t % kStages) * kTileBytes;
