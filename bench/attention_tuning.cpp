@@ -1,21 +1,25 @@
-// Sweeps the tensor-core decode's launch knobs (kernels/attention.hpp,
-// DecodeTuning) on the decode shapes issue 3 names, straight through the
-// launcher: the A/B runs of docs/design/decode_attention.md in one binary.
-// None of the knobs changes a result, only where the bytes come from and
-// who merges the slices. Not part of the library.
+// Sweeps the attention launch knobs (kernels/attention.hpp) straight through
+// the launcher, every variant in one binary: the tensor-core decode's
+// DecodeTuning on the decode shapes issue 3 names (the A/B runs of
+// docs/design/decode_attention.md), and the wgmma prefill's warpgroups per
+// block (PrefillTuning) beside the mma.sync prefill. None of the knobs
+// changes a result. Not part of the library.
 //
-//   ferrum_attention_tuning            f16, GQA 32/8, hd 128
+//   ferrum_attention_tuning [decode|prefill|all]   f16, hd 128 (default all)
 //
 // Method: CUDA events around R back-to-back launches (R so that a sample is
-// >= ~200 us), K/V rotated over sets >= 256 MiB together (past the 50 MB
-// L2), median of 15 samples, K+V bytes counted.
+// >= ~200 us), inputs rotated over sets >= 256 MiB together (past the 50 MB
+// L2), median of 15 samples; decode counts K+V bytes, prefill causal FLOPs
+// (4 * heads * S^2 * hd / 2).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <functional>
 #include <vector>
 
 #include "kernels/attention.hpp"
@@ -44,21 +48,102 @@ struct Shape {
   long long kv;
 };
 
+constexpr double kRotateBytes = 256.0 * 1024 * 1024;
+
+// Median µs per launch of `launch(r)` (r: the launch's index, for rotating
+// inputs): two warm-up samples, then 15 of `reps` back-to-back launches.
+double median_us(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1, int reps,
+                 const std::function<void(int)>& launch) {
+  std::vector<float> samples;
+  for (int sample = -2; sample < 15; ++sample) {
+    check(cudaEventRecord(e0, stream), "cudaEventRecord");
+    for (int r = 0; r < reps; ++r) launch(r);
+    check(cudaEventRecord(e1, stream), "cudaEventRecord");
+    check(cudaEventSynchronize(e1), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+    if (sample >= 0) samples.push_back(ms * 1000.0f / static_cast<float>(reps));
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+// Causal prefill, batch 1, 32 heads, hd 128: the mma.sync kernel and the
+// wgmma kernel with 0 (automatic), 1 and 2 warpgroups per block.
+void tune_prefill(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1) {
+  constexpr int kHeads = 32, kHd = 128;
+  std::printf("%-6s %-6s %-12s %10s %9s\n", "S", "kv_h", "kernel", "median_us", "TFLOP/s");
+  for (int kv_heads : {32, 8}) {
+    for (long long S : {1024LL, 2048LL, 4096LL, 16384LL}) {
+      const std::size_t q_bytes = static_cast<std::size_t>(kHeads) * S * kHd * 2;
+      const std::size_t kv_bytes = static_cast<std::size_t>(kv_heads) * S * kHd * 2;
+      const double call_bytes = static_cast<double>(2 * q_bytes + 2 * kv_bytes);
+      const int sets = std::max(2, static_cast<int>(std::ceil(kRotateBytes / call_bytes)));
+      std::vector<void*> q(sets), k(sets), v(sets), out(sets);
+      for (int s = 0; s < sets; ++s) {
+        q[s] = device_fill(q_bytes, 0x2c);
+        k[s] = device_fill(kv_bytes, 0x2c);
+        v[s] = device_fill(kv_bytes, 0x2c);
+        out[s] = device_fill(q_bytes, 0);
+      }
+      const double flops = 4.0 * kHeads * static_cast<double>(S) * static_cast<double>(S) * kHd / 2.0;
+      for (int variant = -1; variant <= 2; ++variant) {  // -1: mma.sync; 0, 1, 2: wgmma warpgroups
+        AttentionArgs a;
+        a.dtype = ferrum::DType::F16;
+        a.batch = 1;
+        a.num_heads = kHeads;
+        a.num_kv_heads = kv_heads;
+        a.q_len = static_cast<int>(S);
+        a.head_dim = kHd;
+        a.kv_stride = S;
+        a.kv_len = static_cast<int>(S);
+        a.causal = true;
+        a.scale = 1.0f / std::sqrt(static_cast<float>(kHd));
+        a.prefill_wgmma = variant >= 0;
+        a.prefill_tuning.wgmma_warpgroups = variant < 0 ? 0 : variant;
+        const char* name = variant < 0 ? "mma_sync" : variant == 0 ? "wgmma auto" : variant == 1 ? "wgmma 1wg" : "wgmma 2wg";
+        const int reps = std::max(1, static_cast<int>(200e-6 * 400e12 / flops));
+        try {
+          const double us = median_us(stream, e0, e1, reps, [&](int r) {
+            a.q = q[r % sets];
+            a.k = k[r % sets];
+            a.v = v[r % sets];
+            a.out = out[r % sets];
+            ferrum::kernels::launch_attention(a, stream);
+          });
+          std::printf("%-6lld %-6d %-12s %10.2f %9.1f\n", S, kv_heads, name, us, flops / us / 1e6);
+        } catch (const std::exception& e) {
+          std::printf("%-6lld %-6d %-12s  failed: %s\n", S, kv_heads, name, e.what());
+        }
+      }
+      for (int s = 0; s < sets; ++s) {
+        for (void* p : {q[s], k[s], v[s], out[s]}) check(cudaFree(p), "cudaFree");
+      }
+    }
+  }
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const char* what = argc > 1 ? argv[1] : "all";
+  if (std::strcmp(what, "decode") != 0 && std::strcmp(what, "prefill") != 0 && std::strcmp(what, "all") != 0) {
+    std::printf("usage: %s [decode|prefill|all]\n", argv[0]);
+    return 2;
+  }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::printf("no GPU: nothing to tune\n");
     return 0;
   }
   constexpr int kHeads = 32, kKvHeads = 8, kHd = 128;
-  constexpr double kRotateBytes = 256.0 * 1024 * 1024;
   cudaStream_t stream;
   check(cudaStreamCreate(&stream), "cudaStreamCreate");
   cudaEvent_t e0, e1;
   check(cudaEventCreate(&e0), "cudaEventCreate");
   check(cudaEventCreate(&e1), "cudaEventCreate");
+  if (std::strcmp(what, "decode") != 0) tune_prefill(stream, e0, e1);
+  if (std::strcmp(what, "prefill") == 0) return 0;
   auto* error_flag = static_cast<std::uint32_t*>(device_fill(sizeof(std::uint32_t), 0));
 
   std::printf("%-5s %-7s %-9s %-10s %-6s %10s %9s\n", "B", "L", "l2_ahead", "prefetch", "fused", "median_us", "GB/s");
@@ -101,28 +186,18 @@ int main() {
           a.decode_tuning.l2_prefetch_bytes = prefetch;
           a.decode_tuning.fused_merge = fused;
           const int reps = std::max(1, static_cast<int>(200e-6 * 4e12 / std::max(call_bytes, 4e6)));
-          std::vector<float> samples;
+          double us = 0.0;
           try {
-            for (int sample = -2; sample < 15; ++sample) {  // two warm-up samples
-              check(cudaEventRecord(e0, stream), "cudaEventRecord");
-              for (int r = 0; r < reps; ++r) {
-                a.k = k[r % sets];
-                a.v = v[r % sets];
-                ferrum::kernels::launch_attention(a, stream);
-              }
-              check(cudaEventRecord(e1, stream), "cudaEventRecord");
-              check(cudaEventSynchronize(e1), "cudaEventSynchronize");
-              float ms = 0;
-              check(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
-              if (sample >= 0) samples.push_back(ms * 1000.0f / static_cast<float>(reps));
-            }
+            us = median_us(stream, e0, e1, reps, [&](int r) {
+              a.k = k[r % sets];
+              a.v = v[r % sets];
+              ferrum::kernels::launch_attention(a, stream);
+            });
           } catch (const std::exception& e) {
             std::printf("%-5d %-7lld %-9d %-10.0f %-6d  failed: %s\n", sh.batch, sh.kv, ahead, prefetch / 1048576.0,
                         fused ? 1 : 0, e.what());
             continue;
           }
-          std::sort(samples.begin(), samples.end());
-          const double us = samples[samples.size() / 2];
           std::printf("%-5d %-7lld %-9d %-10.0f %-6d %10.2f %9.0f\n", sh.batch, sh.kv, ahead, prefetch / 1048576.0,
                       fused ? 1 : 0, us, call_bytes / us / 1e3);
         }

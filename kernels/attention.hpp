@@ -60,6 +60,16 @@ struct DecodeTuning {
   bool fused_merge = true;
 };
 
+// Launch knobs of the wgmma prefill (kernels/attention_prefill_wgmma.cu);
+// like DecodeTuning, the defaults are the library's choice and
+// bench/attention_tuning.cpp sweeps them. None changes a bit of the result.
+struct PrefillTuning {
+  // Consumer warpgroups per block (64 query rows each; two share every K / V
+  // tile): 1 or 2; 0: two where a grid of 128-row blocks fills the device
+  // four times over, else one.
+  int wgmma_warpgroups = 0;
+};
+
 struct AttentionArgs {
   DType dtype = DType::F16;
   const void* q = nullptr;  // [batch, num_heads, q_len, head_dim]
@@ -89,6 +99,7 @@ struct AttentionArgs {
   // q_len > 1: the wgmma kernel (kernels/attention_prefill_wgmma.cu) where
   // it applies, else the mma.sync kernel (CudaBackendConfig::prefill_kernel).
   bool prefill_wgmma = true;
+  PrefillTuning prefill_tuning;  // q_len > 1, wgmma kernel only
 };
 
 // Floats of split-K scratch a decode call needs (0 for prefill): at most

@@ -365,9 +365,11 @@ bool launch_wgmma_shape(const AttentionArgs& a, const CUtensorMap& q_map, const 
 }
 
 // Two warpgroups per block (128-row blocks sharing each K / V tile) once
-// the grid of them still fills the device a few times over; fewer, longer
-// blocks lose more to the causal critical path and to idle SMs than the
-// halved K / V traffic gains. Both shapes give the same bits.
+// the grid of them fills the device four times over, the rule of the
+// mma.sync kernel's 128-row shape (on the H200, S = 4k and 16k at 32 heads
+// gained 9 % and 14 % with it; S = 1k was not measured with two);
+// PrefillTuning::wgmma_warpgroups overrides it. Both shapes give the same
+// bits.
 template <class T, int HD>
 bool launch_wgmma_typed(const AttentionArgs& a, cudaStream_t stream) {
   const EncodeTiledFn encode = encode_tiled_fn();
@@ -382,9 +384,14 @@ bool launch_wgmma_typed(const AttentionArgs& a, cudaStream_t stream) {
       !encode_rows_map<HD>(&v_map, encode, a.dtype, a.v, a.kv_len, a.kv_stride, kv_planes)) {
     return false;
   }
-  const long long blocks2 = (static_cast<long long>(a.q_len) + 127) / 128 * a.num_heads * a.batch;
-  if (blocks2 >= 4LL * device_sm_count("flash_attention") && launch_wgmma_shape<T, HD, 2>(a, q_map, k_map, v_map, stream)) return true;
-  return launch_wgmma_shape<T, HD, 1>(a, q_map, k_map, v_map, stream);
+  int warpgroups = a.prefill_tuning.wgmma_warpgroups;
+  if (warpgroups == 0) {
+    const long long blocks2 = (static_cast<long long>(a.q_len) + 127) / 128 * a.num_heads * a.batch;
+    warpgroups = blocks2 >= 4LL * device_sm_count("flash_attention") ? 2 : 1;
+  }
+  if (warpgroups == 2) return launch_wgmma_shape<T, HD, 2>(a, q_map, k_map, v_map, stream);
+  if (warpgroups == 1) return launch_wgmma_shape<T, HD, 1>(a, q_map, k_map, v_map, stream);
+  throw_bad_dispatch("flash_attention", "PrefillTuning::wgmma_warpgroups", warpgroups);
 }
 
 }  // namespace

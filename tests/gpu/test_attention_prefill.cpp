@@ -42,6 +42,7 @@
 // Skipped (GTEST_SKIP) when no CUDA device is visible.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -358,6 +359,78 @@ TEST_F(CudaPrefillWgmma, RunsWhereItShould) {
     }
   }
   for (void* p : {dq, dk, dv, dout}) EXPECT_EQ(cudaFree(p), cudaSuccess);
+}
+
+// Straight through the launcher: blocks of one and of two warpgroups (and
+// the automatic choice) give the same bytes, on random inputs with a
+// partial last block, GQA, a chunk at pos_offset > 0 over a longer cache.
+TEST_F(CudaPrefillWgmma, BothBlockShapesGiveTheSameBits) {
+  cuda();  // device 0 current
+  int major = 0, minor = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
+  if (!kernels::attention_prefill_wgmma_built() || major != 9 || minor != 0) {
+    GTEST_SKIP() << "the wgmma prefill needs a build with sm_90a code on a 9.0 device (this one: " << major << "."
+                 << minor << ")";
+  }
+  FERRUM_SEEDED_RNG(rng);
+  struct Case {
+    int hd, heads, kv_heads, q_len, kv_len, kv_stride;
+    long long pos;
+    bool causal;
+  };
+  const Case cases[] = {{128, 8, 2, 300, 300, 300, 0, true},   {128, 8, 8, 193, 700, 730, 507, true},
+                        {64, 8, 1, 129, 1000, 1000, 0, false}, {64, 4, 4, 250, 377, 400, 127, true},
+                        {128, 4, 1, 65, 90, 96, 25, true}};
+  for (DType dt : kHalfDTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(cat(to_string(dt), " hd ", c.hd, " heads ", c.heads, "/", c.kv_heads, " q_len ", c.q_len,
+                       " kv_len ", c.kv_len, " pos ", c.pos, c.causal ? " causal" : ""));
+      const std::size_t batch = 2;
+      const std::size_t q_elems = batch * c.heads * c.q_len * c.hd;
+      const std::size_t kv_elems = batch * c.kv_heads * c.kv_stride * c.hd;
+      const std::vector<std::uint8_t> q = encode_bytes(random_uniform(rng, dt, q_elems));
+      const std::vector<std::uint8_t> k = encode_bytes(random_uniform(rng, dt, kv_elems));
+      const std::vector<std::uint8_t> v = encode_bytes(random_uniform(rng, dt, kv_elems));
+      void *dq = nullptr, *dk = nullptr, *dv = nullptr, *dout = nullptr;
+      ASSERT_EQ(cudaMalloc(&dq, q.size()), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&dk, k.size()), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&dv, v.size()), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&dout, q.size()), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(dq, q.data(), q.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(dk, k.data(), k.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(dv, v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      auto run_with = [&](int warpgroups) {
+        EXPECT_EQ(cudaMemset(dout, kPoisonByte, q.size()), cudaSuccess);
+        kernels::AttentionArgs a;
+        a.dtype = dt;
+        a.q = dq;
+        a.k = dk;
+        a.v = dv;
+        a.out = dout;
+        a.batch = static_cast<int>(batch);
+        a.num_heads = c.heads;
+        a.num_kv_heads = c.kv_heads;
+        a.q_len = c.q_len;
+        a.head_dim = c.hd;
+        a.kv_stride = c.kv_stride;
+        a.kv_len = c.kv_len;
+        a.pos_offset = c.pos;
+        a.causal = c.causal;
+        a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+        a.prefill_tuning.wgmma_warpgroups = warpgroups;
+        EXPECT_TRUE(kernels::launch_attention_prefill_wgmma(a, nullptr));
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<std::uint8_t> out(q.size());
+        EXPECT_EQ(cudaMemcpy(out.data(), dout, out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        return out;
+      };
+      const std::vector<std::uint8_t> one = run_with(1);
+      EXPECT_TRUE(bitwise_equal(run_with(2), one, size_of(dt))) << "two warpgroups";
+      EXPECT_TRUE(bitwise_equal(run_with(0), one, size_of(dt))) << "automatic choice";
+      for (void* p : {dq, dk, dv, dout}) EXPECT_EQ(cudaFree(p), cudaSuccess);
+    }
+  }
 }
 
 TEST_F(CudaPrefillWgmma, ConfigOutsideTheEnumIsRefused) {
