@@ -16,7 +16,7 @@
 #                                ctest); race: racecheck over attention and GPTQ
 #   scripts/gpu_suite.sh engine  ferrum_engine on llama3-8b-shaped random
 #                                weights, graph and eager (needs .deps)
-#   scripts/gpu_suite.sh tuning  ferrum_attention_tuning: the decode launch
+#   scripts/gpu_suite.sh tuning  ferrum_attention_tuning: the prefill and decode launch
 #                                knobs (DecodeTuning) A/B in one run
 #   scripts/gpu_suite.sh profile ncu on GPTQ m=1 and decode B=1, racecheck detail
 #   scripts/gpu_suite.sh sdpa    scripts/sdpa_check.py: flash_attention (both
@@ -301,7 +301,7 @@ fi
 if has_mode tuning; then
   # Launch-knob sweeps through the launchers (A/B runs in one binary).
   {
-    echo "== decode attention knobs (ferrum_attention_tuning) ($(date +%T))"
+    echo "== attention launch knobs (ferrum_attention_tuning) ($(date +%T))"
     timeout 240 $B/bench/ferrum_attention_tuning > "$OUT/attention_tuning.log" 2>&1
     echo "ferrum_attention_tuning exit $?"
   } 2>&1 | tee -a "$LOG"
