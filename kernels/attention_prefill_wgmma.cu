@@ -36,6 +36,9 @@
 // warps run every wgmma of the block, so a warp's fully masked tile is an
 // exact no-op for its rows, as in the mma.sync kernel). Heavy (late) query
 // tiles are scheduled first. Deterministic: no atomics, a fixed order.
+// (A masked key below kv_len still enters P V with p = 0 in some warps, so V
+// must be finite there -- as for any cache a model wrote; rows at or past
+// kv_len are never read.)
 // Not bitwise equal to the mma.sync kernel (wgmma sums its k16 steps in its
 // own order); both are checked against the fp64 CPU reference.
 #include <cuda.h>
@@ -84,6 +87,8 @@ struct WgmmaPrefillShape {
   // moves by d <= 1008 bytes: d bytes are free before the tiles and 1024 - d
   // after them, and one of the two holds the barriers.
   static_assert(kBarrierBytes <= 512, "the barriers fit in the alignment slack");
+  static_assert(kMinBlocks * (kSmemBytes + 1024) <= 228 * 1024,
+                "kMinBlocks blocks (+ 1 KiB reserved each) fit an sm_90 SM's 228 KiB of shared memory");
   static_assert(HD == 64 || HD == 128, "the wgmma prefill covers head_dim 64 and 128");
   static_assert(WG == 1 || WG == 2, "one or two consumer warpgroups");
   static_assert(kBc == 64, "the TMA boxes, wgmma_qk's n64 and wgmma_pv's 4 key steps are 64-key tiles");
@@ -330,6 +335,8 @@ EncodeTiledFn encode_tiled_fn() {
             cudaSuccess &&
         found == cudaDriverEntryPointSuccess) {
       fn = reinterpret_cast<EncodeTiledFn>(p);
+    } else {
+      (void)cudaGetLastError();  // not sticky: the fallback's launch check must not see it
     }
   });
   return fn;
@@ -379,6 +386,7 @@ bool launch_wgmma_typed(const AttentionArgs& a, cudaStream_t stream) {
   CUtensorMap q_map, k_map, v_map;
   const long long q_planes = static_cast<long long>(a.batch) * a.num_heads;
   const long long kv_planes = static_cast<long long>(a.batch) * a.num_kv_heads;
+  if (q_planes > INT_MAX) return false;  // the kernel's plane coordinate is an int (TMA coordinates are s32)
   if (!encode_rows_map<HD>(&q_map, encode, a.dtype, a.q, a.q_len, a.q_len, q_planes) ||
       !encode_rows_map<HD>(&k_map, encode, a.dtype, a.k, a.kv_len, a.kv_stride, kv_planes) ||
       !encode_rows_map<HD>(&v_map, encode, a.dtype, a.v, a.kv_len, a.kv_stride, kv_planes)) {

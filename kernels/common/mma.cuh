@@ -125,8 +125,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 // One online-softmax step over the two rows (g, g + 8) of an m16 tile that a
-// thread holds, in two halves so that a kernel may run other work (the
-// wgmma kernel: the previous tile's P V) between them:
+// thread holds, in two halves so that a kernel may run other work between
+// them (e.g. the previous tile's P V, FlashAttention-3's overlap):
 //   online_softmax_scores: s holds raw scores of NT n8 key tiles (-inf where
 //     masked) and becomes p = 2^(s * scale_log2 - max); the running max m_run
 //     (raw units) and this thread's share of the row sums l_run are updated,

@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <iterator>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -311,31 +312,50 @@ INSTANTIATE_TEST_SUITE_P(DTypes, CudaPrefillDeterminism, ::testing::ValuesIn(kHa
 // Where the build holds sm_90a code and the device is compute capability
 // 9.0, the wgmma launcher takes head_dim 64 and 128 (and not 256), so Auto
 // runs it and the sweep above covers it. Elsewhere: skipped, naming why.
-class CudaPrefillWgmma : public CudaTest {};
+class CudaPrefillWgmma : public CudaTest {
+ protected:
+  // Empty where the wgmma prefill can run (a build with sm_90a code on a
+  // compute-capability 9.0 device), else why not.
+  static std::string why_not_here() {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) {
+      return "cudaDeviceGetAttribute failed";
+    }
+    if (kernels::attention_prefill_wgmma_built() && major == 9 && minor == 0) return {};
+    return cat("the wgmma prefill needs a build with sm_90a code (built: ", kernels::attention_prefill_wgmma_built(),
+               ") on a 9.0 device (this one: ", major, ".", minor, ")");
+  }
+};
 
 TEST_F(CudaPrefillWgmma, RunsWhereItShould) {
   cuda();  // device 0 current
-  int major = 0, minor = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
-  if (!kernels::attention_prefill_wgmma_built() || major != 9 || minor != 0) {
-    GTEST_SKIP() << "the wgmma prefill needs a build with sm_90a code (built: "
-                 << kernels::attention_prefill_wgmma_built() << ") on a 9.0 device (this one: " << major << "."
-                 << minor << ")";
-  }
-  constexpr int kHeads = 4, kQLen = 70, kMaxHd = 256;
-  const std::size_t bytes = std::size_t{kHeads} * kQLen * kMaxHd * 2;
+  if (const std::string why = why_not_here(); !why.empty()) GTEST_SKIP() << why;
+  struct Geometry {
+    int q_len, kv_len, kv_stride, kv_heads;
+    long long pos;
+    bool causal;
+  };
+  constexpr int kHeads = 4, kMaxRows = 70, kMaxHd = 256;
+  const Geometry geometries[] = {
+      {70, 70, 70, kHeads, 0, true},   // two query blocks, the second one partial
+      {2, 70, 70, kHeads, 68, false},  // q_len 2
+      {70, 70, 70, 1, 0, true},        // GQA 4
+      {2, 2, 2, kHeads, 0, true},      // a two-row cache
+      {30, 40, 64, kHeads, 10, true},  // kv_len below one tile, kv_stride > kv_len
+  };
+  const std::size_t bytes = std::size_t{kHeads} * kMaxRows * kMaxHd * 2;
   void *dq = nullptr, *dk = nullptr, *dv = nullptr, *dout = nullptr;
   ASSERT_EQ(cudaMalloc(&dq, bytes), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&dk, bytes), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&dv, bytes), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&dout, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dq, 0, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dk, 0, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dv, 0, bytes), cudaSuccess);
   for (DType dt : kHalfDTypes) {
     for (int hd : {64, 128, 256}) {
-      for (std::size_t qi : {0u, 1u, 2u}) {
-        ASSERT_EQ(cudaMemset(dq, 0, bytes), cudaSuccess);
-        ASSERT_EQ(cudaMemset(dk, 0, bytes), cudaSuccess);
-        ASSERT_EQ(cudaMemset(dv, 0, bytes), cudaSuccess);
+      for (const Geometry& geo : geometries) {
         kernels::AttentionArgs a;
         a.dtype = dt;
         a.q = dq;
@@ -344,20 +364,42 @@ TEST_F(CudaPrefillWgmma, RunsWhereItShould) {
         a.out = dout;
         a.batch = 1;
         a.num_heads = kHeads;
-        a.num_kv_heads = qi == 2 ? 1 : kHeads;
-        a.q_len = qi == 1 ? 2 : kQLen;
+        a.num_kv_heads = geo.kv_heads;
+        a.q_len = geo.q_len;
         a.head_dim = hd;
-        a.kv_stride = kQLen;
-        a.kv_len = kQLen;
-        a.pos_offset = kQLen - a.q_len;
-        a.causal = qi != 1;
+        a.kv_stride = geo.kv_stride;
+        a.kv_len = geo.kv_len;
+        a.pos_offset = geo.pos;
+        a.causal = geo.causal;
         a.scale = 0.125f;
-        SCOPED_TRACE(cat(to_string(dt), " head_dim ", hd, " q_len ", a.q_len, " kv heads ", a.num_kv_heads));
+        SCOPED_TRACE(cat(to_string(dt), " head_dim ", hd, " q_len ", a.q_len, " kv_len ", a.kv_len, " kv_stride ",
+                         a.kv_stride, " kv heads ", a.num_kv_heads));
         EXPECT_EQ(kernels::launch_attention_prefill_wgmma(a, nullptr), hd != 256);
         EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       }
     }
   }
+  // An empty cache: either kernel may take it; whichever does writes zeros.
+  kernels::AttentionArgs empty;
+  empty.dtype = DType::F16;
+  empty.q = dq;
+  empty.k = dk;
+  empty.v = dv;
+  empty.out = dout;
+  empty.batch = 1;
+  empty.num_heads = kHeads;
+  empty.num_kv_heads = kHeads;
+  empty.q_len = 5;
+  empty.head_dim = 128;
+  empty.kv_stride = 8;
+  empty.kv_len = 0;
+  empty.scale = 0.125f;
+  ASSERT_EQ(cudaMemset(dout, kPoisonByte, bytes), cudaSuccess);
+  kernels::launch_attention(empty, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<std::uint16_t> got(std::size_t{kHeads} * 5 * 128);
+  ASSERT_EQ(cudaMemcpy(got.data(), dout, got.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], 0u) << "element " << i;
   for (void* p : {dq, dk, dv, dout}) EXPECT_EQ(cudaFree(p), cudaSuccess);
 }
 
@@ -366,13 +408,7 @@ TEST_F(CudaPrefillWgmma, RunsWhereItShould) {
 // partial last block, GQA, a chunk at pos_offset > 0 over a longer cache.
 TEST_F(CudaPrefillWgmma, BothBlockShapesGiveTheSameBits) {
   cuda();  // device 0 current
-  int major = 0, minor = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
-  if (!kernels::attention_prefill_wgmma_built() || major != 9 || minor != 0) {
-    GTEST_SKIP() << "the wgmma prefill needs a build with sm_90a code on a 9.0 device (this one: " << major << "."
-                 << minor << ")";
-  }
+  if (const std::string why = why_not_here(); !why.empty()) GTEST_SKIP() << why;
   FERRUM_SEEDED_RNG(rng);
   struct Case {
     int hd, heads, kv_heads, q_len, kv_len, kv_stride;
