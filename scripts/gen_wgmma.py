@@ -24,47 +24,36 @@ def acc_constraints(n_regs):
     return ", ".join(f'"+f"(d[{i}])' for i in range(n_regs))
 
 
-def emit_ss(out, n):
+def emit(out, n, source):
+    """One wrapper: source "ss" (A and B descriptors, both K-major) or "rs"
+    (A from registers, B MN-major: imm-trans-b 1)."""
     regs = n // 2
-    out.append(f"// D[64 x {n}] (+)= A[64 x 16] * B[{n} x 16]^T, A and B K-major in shared memory.")
+    if source == "ss":
+        out.append(f"// D[64 x {n}] (+)= A[64 x 16] * B[{n} x 16]^T, A and B K-major in shared memory.")
+        name, a_param = f"wgmma_ss_m64n{n}k16", "std::uint64_t desc_a"
+        operands = f"%{regs}, %{regs + 1}, p, 1, 1, 0, 0"
+        inputs = '"l"(desc_a), "l"(desc_b), "r"(scale_d)'
+        scale_operand = regs + 2
+    else:
+        out.append(f"// D[64 x {n}] (+)= A[64 x 16] * B[16 x {n}], A from registers, B MN-major in shared memory.")
+        name, a_param = f"wgmma_rs_m64n{n}k16_tb", "const std::uint32_t (&a)[4]"
+        operands = f"{{%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}}}, %{regs + 4}, p, 1, 1, 1"
+        inputs = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)'
+        scale_operand = regs + 5
     out.append("template <class T>")
-    out.append(f"__device__ __forceinline__ void wgmma_ss_m64n{n}k16(float (&d)[{regs}], std::uint64_t desc_a, "
+    out.append(f"__device__ __forceinline__ void {name}(float (&d)[{regs}], {a_param}, "
                "std::uint64_t desc_b, int scale_d) {")
     for i, (ctype, ptx) in enumerate(TYPES):
         kw = "if constexpr" if i == 0 else "} else if constexpr"
         out.append(f"  {kw} (std::is_same_v<T, {ctype}>) {{")
         out.append("    asm volatile(")
         out.append('        "{\\n.reg .pred p;\\n"')
-        out.append(f'        "setp.ne.b32 p, %{regs + 2}, 0;\\n"')
+        out.append(f'        "setp.ne.b32 p, %{scale_operand}, 0;\\n"')
         out.append(f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "')
         out.append(f'        "{acc_list(regs)}, "')
-        out.append(f'        "%{regs}, %{regs + 1}, p, 1, 1, 0, 0;\\n}}\\n"')
+        out.append(f'        "{operands};\\n}}\\n"')
         out.append(f"        : {acc_constraints(regs)}")
-        out.append('        : "l"(desc_a), "l"(desc_b), "r"(scale_d));')
-    out.append("  } else {")
-    out.append('    static_assert(sizeof(T) == 0, "wgmma takes f16 or bf16");')
-    out.append("  }")
-    out.append("}")
-    out.append("")
-
-
-def emit_rs(out, n):
-    regs = n // 2
-    out.append(f"// D[64 x {n}] (+)= A[64 x 16] * B[16 x {n}], A from registers, B MN-major in shared memory.")
-    out.append("template <class T>")
-    out.append(f"__device__ __forceinline__ void wgmma_rs_m64n{n}k16_tb(float (&d)[{regs}], const std::uint32_t (&a)[4], "
-               "std::uint64_t desc_b, int scale_d) {")
-    for i, (ctype, ptx) in enumerate(TYPES):
-        kw = "if constexpr" if i == 0 else "} else if constexpr"
-        out.append(f"  {kw} (std::is_same_v<T, {ctype}>) {{")
-        out.append("    asm volatile(")
-        out.append('        "{\\n.reg .pred p;\\n"')
-        out.append(f'        "setp.ne.b32 p, %{regs + 5}, 0;\\n"')
-        out.append(f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "')
-        out.append(f'        "{acc_list(regs)}, "')
-        out.append(f'        "{{%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}}}, %{regs + 4}, p, 1, 1, 1;\\n}}\\n"')
-        out.append(f"        : {acc_constraints(regs)}")
-        out.append('        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));')
+        out.append(f"        : {inputs});")
     out.append("  } else {")
     out.append('    static_assert(sizeof(T) == 0, "wgmma takes f16 or bf16");')
     out.append("  }")
@@ -96,10 +85,9 @@ def main():
         "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)",
         "",
     ]
-    for n in NS:
-        emit_ss(out, n)
-    for n in NS:
-        emit_rs(out, n)
+    for source in ("ss", "rs"):
+        for n in NS:
+            emit(out, n, source)
     out += ["#endif  // __CUDA_ARCH_FEAT_SM90_ALL", "", "}  // namespace ferrum::kernels", ""]
     sys.stdout.write("\n".join(out))
 

@@ -35,6 +35,7 @@
 
 #include "kernels/attention.hpp"
 
+#include "support/device_bytes.hpp"
 #include "support/op_runners.hpp"
 #include "support/test_support.hpp"
 
@@ -212,17 +213,11 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
     const std::vector<std::uint8_t> k = encode_bytes(random_uniform(rng, dt, kv_elems));
     const std::vector<std::uint8_t> v = encode_bytes(random_uniform(rng, dt, kv_elems));
     const std::size_t ws = kernels::attention_workspace_floats(c.batch, kHeads, 1, kHd, c.capacity);
-    void *dq = nullptr, *dk = nullptr, *dv = nullptr, *dout = nullptr, *dws = nullptr, *dflag = nullptr;
-    ASSERT_EQ(cudaMalloc(&dq, q.size()), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&dk, k.size()), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&dv, v.size()), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&dout, q.size()), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&dws, std::max<std::size_t>(ws, 1) * sizeof(float)), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&dflag, sizeof(std::uint32_t)), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dq, q.data(), q.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dk, k.data(), k.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dv, v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemset(dflag, 0, sizeof(std::uint32_t)), cudaSuccess);
+    const DeviceBytes dq_mem(q), dk_mem(k), dv_mem(v), dws_mem(std::max<std::size_t>(ws, 1) * sizeof(float));
+    DeviceBytes dout_mem(q.size()), dflag_mem(sizeof(std::uint32_t));
+    dflag_mem.fill(0);
+    void *const dq = dq_mem.get(), *const dk = dk_mem.get(), *const dv = dv_mem.get(), *const dout = dout_mem.get();
+    void *const dws = dws_mem.get(), *const dflag = dflag_mem.get();
 
     auto run_with = [&](const kernels::DecodeTuning& tuning) {
       EXPECT_EQ(cudaMemset(dout, kPoisonByte, q.size()), cudaSuccess);
@@ -263,7 +258,6 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
     std::uint32_t flag = 1;
     EXPECT_EQ(cudaMemcpy(&flag, dflag, sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(flag, 0u);
-    for (void* p : {dq, dk, dv, dout, dws, dflag}) EXPECT_EQ(cudaFree(p), cudaSuccess);
   }
 }
 

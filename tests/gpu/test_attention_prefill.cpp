@@ -56,6 +56,7 @@
 #include "ferrum/cuda_backend.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/attention_prefill.hpp"
+#include "support/device_bytes.hpp"
 #include "support/op_runners.hpp"
 #include "support/test_support.hpp"
 
@@ -345,14 +346,11 @@ TEST_F(CudaPrefillWgmma, RunsWhereItShould) {
       {30, 40, 64, kHeads, 10, true},  // kv_len below one tile, kv_stride > kv_len
   };
   const std::size_t bytes = std::size_t{kHeads} * kMaxRows * kMaxHd * 2;
-  void *dq = nullptr, *dk = nullptr, *dv = nullptr, *dout = nullptr;
-  ASSERT_EQ(cudaMalloc(&dq, bytes), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dk, bytes), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dv, bytes), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dout, bytes), cudaSuccess);
-  ASSERT_EQ(cudaMemset(dq, 0, bytes), cudaSuccess);
-  ASSERT_EQ(cudaMemset(dk, 0, bytes), cudaSuccess);
-  ASSERT_EQ(cudaMemset(dv, 0, bytes), cudaSuccess);
+  DeviceBytes dq_mem(bytes), dk_mem(bytes), dv_mem(bytes), dout_mem(bytes);
+  dq_mem.fill(0);
+  dk_mem.fill(0);
+  dv_mem.fill(0);
+  void *const dq = dq_mem.get(), *const dk = dk_mem.get(), *const dv = dv_mem.get(), *const dout = dout_mem.get();
   for (DType dt : kHalfDTypes) {
     for (int hd : {64, 128, 256}) {
       for (const Geometry& geo : geometries) {
@@ -394,13 +392,11 @@ TEST_F(CudaPrefillWgmma, RunsWhereItShould) {
   empty.kv_stride = 8;
   empty.kv_len = 0;
   empty.scale = 0.125f;
-  ASSERT_EQ(cudaMemset(dout, kPoisonByte, bytes), cudaSuccess);
+  dout_mem.fill(kPoisonByte);
   kernels::launch_attention(empty, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<std::uint16_t> got(std::size_t{kHeads} * 5 * 128);
-  ASSERT_EQ(cudaMemcpy(got.data(), dout, got.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-  for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], 0u) << "element " << i;
-  for (void* p : {dq, dk, dv, dout}) EXPECT_EQ(cudaFree(p), cudaSuccess);
+  const std::vector<std::uint8_t> got = dout_mem.read();
+  for (std::size_t i = 0; i < std::size_t{kHeads} * 5 * 128 * 2; ++i) ASSERT_EQ(got[i], 0u) << "byte " << i;
 }
 
 // Straight through the launcher: blocks of one and of two warpgroups (and
@@ -428,22 +424,16 @@ TEST_F(CudaPrefillWgmma, BothBlockShapesGiveTheSameBits) {
       const std::vector<std::uint8_t> q = encode_bytes(random_uniform(rng, dt, q_elems));
       const std::vector<std::uint8_t> k = encode_bytes(random_uniform(rng, dt, kv_elems));
       const std::vector<std::uint8_t> v = encode_bytes(random_uniform(rng, dt, kv_elems));
-      void *dq = nullptr, *dk = nullptr, *dv = nullptr, *dout = nullptr;
-      ASSERT_EQ(cudaMalloc(&dq, q.size()), cudaSuccess);
-      ASSERT_EQ(cudaMalloc(&dk, k.size()), cudaSuccess);
-      ASSERT_EQ(cudaMalloc(&dv, v.size()), cudaSuccess);
-      ASSERT_EQ(cudaMalloc(&dout, q.size()), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(dq, q.data(), q.size(), cudaMemcpyHostToDevice), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(dk, k.data(), k.size(), cudaMemcpyHostToDevice), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(dv, v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      const DeviceBytes dq(q), dk(k), dv(v);
+      DeviceBytes dout(q.size());
       auto run_with = [&](int warpgroups) {
-        EXPECT_EQ(cudaMemset(dout, kPoisonByte, q.size()), cudaSuccess);
+        dout.fill(kPoisonByte);
         kernels::AttentionArgs a;
         a.dtype = dt;
-        a.q = dq;
-        a.k = dk;
-        a.v = dv;
-        a.out = dout;
+        a.q = dq.get();
+        a.k = dk.get();
+        a.v = dv.get();
+        a.out = dout.get();
         a.batch = static_cast<int>(batch);
         a.num_heads = c.heads;
         a.num_kv_heads = c.kv_heads;
@@ -457,14 +447,11 @@ TEST_F(CudaPrefillWgmma, BothBlockShapesGiveTheSameBits) {
         a.prefill_tuning.wgmma_warpgroups = warpgroups;
         EXPECT_TRUE(kernels::launch_attention_prefill_wgmma(a, nullptr));
         EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        std::vector<std::uint8_t> out(q.size());
-        EXPECT_EQ(cudaMemcpy(out.data(), dout, out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-        return out;
+        return dout.read();
       };
       const std::vector<std::uint8_t> one = run_with(1);
       EXPECT_TRUE(bitwise_equal(run_with(2), one, size_of(dt))) << "two warpgroups";
       EXPECT_TRUE(bitwise_equal(run_with(0), one, size_of(dt))) << "automatic choice";
-      for (void* p : {dq, dk, dv, dout}) EXPECT_EQ(cudaFree(p), cudaSuccess);
     }
   }
 }
