@@ -467,7 +467,9 @@ int main(int argc, char** argv) {
         // "c": the splits summed in a cluster (the rule of launch_gptq_gemm's bulk source).
         const bool clustered = kind_of(m) == ferrum::kernels::GptqKernelKind::StreamBulk &&
                                ferrum::kernels::gptq_bulk_source_applies(128) &&
-                               ferrum::kernels::gptq_cluster_reduces(opt.cluster_reduce, row.splits);
+                               ferrum::kernels::gptq_cluster_reduces(
+                                   opt.cluster_reduce, row.splits,
+                                   static_cast<long long>(r.n_pad / ferrum::kernels::kGptqTileN) * row.splits, num_sms);
         std::snprintf(plan_text, sizeof(plan_text), "sx%d%s", row.splits, clustered ? "c" : "");
       } else {
         std::snprintf(plan_text, sizeof(plan_text), "c%dx%d", row.config, row.splits);

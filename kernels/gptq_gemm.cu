@@ -1223,8 +1223,10 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   p.splits = splits;
   p.ring = kBulk ? ring : 0;
   p.group_rows_per_chunk = std::max(1, kChunkK16 / p.k16_per_group);
-  p.cluster_reduce = kBulk && gptq_cluster_reduces(args.cluster_reduce, splits);
   const dim3 grid(static_cast<unsigned>(args.w.n_pad / kGptqTileN), static_cast<unsigned>(splits));
+  p.cluster_reduce = kBulk && args.cluster_reduce &&
+                     gptq_cluster_reduces(true, splits, static_cast<long long>(grid.x) * splits,
+                                          device_sm_count("gemm_gptq"));
   const dim3 cluster(1, p.cluster_reduce ? static_cast<unsigned>(splits) : 1u, 1);
   const std::size_t smem = kBulk ? static_cast<std::size_t>(stream_ring_bytes(NT, ring)) : 0;
   if constexpr (kBulk) {  // the shared-memory opt-in, once per device (cheap after the first call)
@@ -1509,8 +1511,9 @@ std::size_t gptq_counter_ints(int n_pad) {
 
 bool gptq_bulk_copy_supported() { return stream_occupancy().bulk_supported; }
 
-bool gptq_cluster_reduces(bool requested, int splits) {
-  return requested && splits >= 2 && splits <= kGptqClusterMaxSplits;
+bool gptq_cluster_reduces(bool requested, int splits, long long ctas, int num_sms) {
+  return requested && splits >= 2 && splits <= kGptqClusterMaxSplits &&
+         ctas <= static_cast<long long>(kGptqClusterMaxCtasPerSm) * num_sms;
 }
 
 bool gptq_bulk_source_applies(int group_rows) {

@@ -47,10 +47,17 @@ inline constexpr int kGptqStreamMaxRing = 6;
 // Most splits StreamBulk sums in a cluster (GptqGemmArgs::cluster_reduce):
 // the portable cluster size.
 inline constexpr int kGptqClusterMaxSplits = 8;
-// Whether a launch that takes the bulk source with `splits` CTAs along k sums
-// them in a cluster: asked for (GptqGemmArgs::cluster_reduce), more than one
-// split, and no more than kGptqClusterMaxSplits (else the workspace).
-bool gptq_cluster_reduces(bool requested, int splits);
+// Most CTAs per SM of a launch that sums its splits in clusters. On the
+// H200 (session 12, ferrum_bench_gptq, f16 g128) clusters won on launches
+// of 256 and 384 CTAs (4096 x 4096: 11.5 -> 10.7 us at m = 1; 4096 x 6144:
+// 13.0 -> 12.5) and lost 19-23 % on 512 (8192 x 8192, 14336 x 4096).
+inline constexpr int kGptqClusterMaxCtasPerSm = 3;
+// Whether a launch that takes the bulk source with `splits` CTAs along k
+// (`ctas` CTAs in all, on a device of `num_sms` multiprocessors) sums them in
+// a cluster: asked for (GptqGemmArgs::cluster_reduce), more than one split,
+// no more than kGptqClusterMaxSplits, and at most kGptqClusterMaxCtasPerSm
+// CTAs per SM (else the workspace).
+bool gptq_cluster_reduces(bool requested, int splits, long long ctas, int num_sms);
 
 // Rows per launch up to which CudaBackendConfig's GptqKernel::Auto takes
 // StreamBulk: on the H200 it measured at least as fast as the register
@@ -136,11 +143,11 @@ struct GptqGemmArgs {
   // Streaming kernels: CTAs along k, 1 .. 16; 0: the plan's (a benchmark's
   // override; CudaBackend always passes 0).
   int stream_splits = 0;
-  // StreamBulk with 2 .. kGptqClusterMaxSplits splits: the splits of a
-  // column block run as one thread-block cluster and sum through distributed
-  // shared memory, in split order (the same bits as the workspace's
-  // reduction, which every other launch uses). An A/B switch
-  // (CudaBackendConfig::gptq_cluster_reduce).
+  // StreamBulk with 2 .. kGptqClusterMaxSplits splits and at most
+  // kGptqClusterMaxCtasPerSm CTAs per SM: the splits of a column block run
+  // as one thread-block cluster and sum through distributed shared memory,
+  // in split order (the same bits as the workspace's reduction, which every
+  // other launch uses). An A/B switch (CudaBackendConfig::gptq_cluster_reduce).
   bool cluster_reduce = false;
 };
 void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream);

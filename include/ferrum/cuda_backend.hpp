@@ -119,11 +119,15 @@ struct CudaBackendConfig {
   // most that keep 4 CTAs per SM). An A/B switch; outside [0, 6] throws
   // InvalidArgument naming this field.
   int gptq_stream_ring = 0;
-  // GptqKernel::StreamBulk launches split over k into 2..8 CTAs: the splits
-  // of a column block run as one thread-block cluster and sum through
+  // GptqKernel::StreamBulk launches split over k into 2..8 CTAs, of at most
+  // 3 CTAs per SM (kernels/gptq_gemm.hpp, kGptqClusterMaxCtasPerSm): the
+  // splits of a column block run as one thread-block cluster and sum through
   // distributed shared memory instead of the workspace, with no fence or
   // atomic (the same bits either way: the same sums in the same order). An
-  // A/B switch, off until measured faster. Per backend object.
+  // A/B switch, off by default: on the H200 it won 4-7 % on one-wave
+  // launches and lost ~20 % on larger ones (session 12), so it is now kept
+  // to the former; whether that wins in the engine is not yet measured. Per
+  // backend object.
   bool gptq_cluster_reduce = false;
   // The prefill attention kernel (see PrefillKernel). Per backend object. A
   // value outside the enum throws InvalidArgument naming this field.

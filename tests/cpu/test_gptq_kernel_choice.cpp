@@ -39,16 +39,25 @@ TEST(GptqKernelChoice, ANamedKernelIsTakenAsIs) {
 }
 
 // The cluster reduce (CudaBackendConfig::gptq_cluster_reduce) takes the
-// bulk source's launches of 2 .. kGptqClusterMaxSplits splits, only when
-// asked for; one split needs no reduction, more than a portable cluster
+// bulk source's launches of 2 .. kGptqClusterMaxSplits splits and at most
+// kGptqClusterMaxCtasPerSm CTAs per SM, only when asked for; one split needs
+// no reduction, more than a portable cluster or a launch past one wave
 // keeps the workspace. The GPU test
 // CudaGptqStreamBulk.ClusterReduceGivesTheWorkspaceReductionsBits runs it.
-TEST(GptqKernelChoice, ClusterReduceTakesTwoToEightSplitsWhenAskedFor) {
+TEST(GptqKernelChoice, ClusterReduceTakesTwoToEightSplitsOfOneWaveWhenAskedFor) {
+  constexpr int kSms = 132;
   for (int splits = 1; splits <= 16; ++splits) {
     SCOPED_TRACE(splits);
-    EXPECT_FALSE(kernels::gptq_cluster_reduces(false, splits));
-    EXPECT_EQ(kernels::gptq_cluster_reduces(true, splits), splits >= 2 && splits <= kernels::kGptqClusterMaxSplits);
+    const long long ctas = 64LL * splits;  // a 4096-column weight
+    EXPECT_FALSE(kernels::gptq_cluster_reduces(false, splits, ctas, kSms));
+    const bool fits = 64LL * splits <= 3LL * kSms;
+    EXPECT_EQ(kernels::gptq_cluster_reduces(true, splits, ctas, kSms),
+              splits >= 2 && splits <= kernels::kGptqClusterMaxSplits && fits);
   }
+  // The measured boundary on the H200's 132 SMs: 384 CTAs (4096 x 6144 in
+  // 4 splits) cluster, 512 (8192 x 8192 in 4) do not.
+  EXPECT_TRUE(kernels::gptq_cluster_reduces(true, 4, 96 * 4, kSms));
+  EXPECT_FALSE(kernels::gptq_cluster_reduces(true, 4, 128 * 4, kSms));
   EXPECT_EQ(kernels::kGptqClusterMaxSplits, 8);  // the portable cluster size
 }
 
