@@ -69,7 +69,8 @@ double median_us(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1, int reps,
 }
 
 // Causal prefill, batch 1, 32 heads, hd 128: the mma.sync kernel and the
-// wgmma kernel with 0 (automatic), 1 and 2 warpgroups per block.
+// wgmma kernel with 0 (automatic), 1 and 2 warpgroups per block, and its
+// warp-specialized experiment (PrefillTuning::wgmma_producer_warp).
 void tune_prefill(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1) {
   constexpr int kHeads = 32, kHd = 128;
   std::printf("%-6s %-6s %-12s %10s %9s\n", "S", "kv_h", "kernel", "median_us", "TFLOP/s");
@@ -87,7 +88,8 @@ void tune_prefill(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1) {
         out[s] = device_fill(q_bytes, 0);
       }
       const double flops = 4.0 * kHeads * static_cast<double>(S) * static_cast<double>(S) * kHd / 2.0;
-      for (int variant = -1; variant <= 2; ++variant) {  // -1: mma.sync; 0, 1, 2: wgmma warpgroups
+      // -1: mma.sync; 0, 1, 2: wgmma warpgroups; 3, 4: producer warp with 2 / 3 warpgroups
+      for (int variant = -1; variant <= 4; ++variant) {
         AttentionArgs a;
         a.dtype = ferrum::DType::F16;
         a.batch = 1;
@@ -100,8 +102,10 @@ void tune_prefill(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1) {
         a.causal = true;
         a.scale = 1.0f / std::sqrt(static_cast<float>(kHd));
         a.prefill_wgmma = variant >= 0;
-        a.prefill_tuning.wgmma_warpgroups = variant < 0 ? 0 : variant;
-        const char* name = variant < 0 ? "mma_sync" : variant == 0 ? "wgmma auto" : variant == 1 ? "wgmma 1wg" : "wgmma 2wg";
+        a.prefill_tuning.wgmma_warpgroups = variant < 0 ? 0 : variant <= 2 ? variant : variant - 1;
+        a.prefill_tuning.wgmma_producer_warp = variant >= 3;
+        const char* const names[] = {"mma_sync", "wgmma auto", "wgmma 1wg", "wgmma 2wg", "wgmma ws2", "wgmma ws3"};
+        const char* name = names[variant + 1];
         const int reps = std::max(1, static_cast<int>(200e-6 * 400e12 / flops));
         try {
           const double us = median_us(stream, e0, e1, reps, [&](int r) {

@@ -64,10 +64,15 @@ struct DecodeTuning {
 // like DecodeTuning, the defaults are the library's choice and
 // bench/attention_tuning.cpp sweeps them. None changes a bit of the result.
 struct PrefillTuning {
-  // Consumer warpgroups per block (64 query rows each; two share every K / V
-  // tile): 1 or 2; 0: two where a grid of 128-row blocks fills the device
-  // four times over, else one.
+  // Consumer warpgroups per block (64 query rows each; they share every K /
+  // V tile): 1 or 2; 0: two where a grid of 128-row blocks fills the device
+  // four times over, else one. With wgmma_producer_warp: 2 or 3 (0: 2).
   int wgmma_warpgroups = 0;
+  // An experiment (kernels/attention_prefill_wgmma.cu, WS): the consumer
+  // warpgroups and a producer warp issuing the copies, slots handed over by
+  // full / empty mbarriers instead of a block barrier per tile, one block per
+  // SM with a deeper ring. The same bits.
+  bool wgmma_producer_warp = false;
 };
 
 struct AttentionArgs {

@@ -31,6 +31,11 @@
 // tile's) was waited for. Two blocks per SM at head_dim 128 overlap one
 // block's softmax with the other's matrix products.
 //
+// An experiment (PrefillTuning::wgmma_producer_warp, WS below): a producer
+// warp issues the copies and each slot has a full and an empty mbarrier, so
+// the warpgroups are never held together by a block barrier; one block per
+// SM with a 5-slot ring (hd 128).
+//
 // Causal: the block reads keys up to its last query's position; tiles that
 // reach past a warp's first row's position are masked per element (all four
 // warps run every wgmma of the block, so a warp's fully masked tile is an
@@ -72,16 +77,29 @@ namespace {
 // block) is all of an sm_90 SM's 228 KiB: not a byte more.) Both shapes
 // give the same bits: a row's products are the same wgmma over the same
 // key tiles in the same order.
-template <int HD, int WG>
+//
+// WS (warp-specialized, an experiment behind PrefillTuning::wgmma_producer_warp):
+// two or three consumer warpgroups plus one producer warp that issues every
+// TMA; each slot has a "full" barrier (the copy landed) and an "empty" one
+// (every consumer thread is done with it), so no block barrier couples the
+// warpgroups. One block per SM (the producer warp's registers do not fit
+// two; three warpgroups + the producer = 416 threads leave 157 registers
+// each), hence a deep ring:
+//   hd 64,  WG 2 / 3, WS: (2 / 3 + 2 * 8) * 8 KiB  + 1 KiB = 145 / 153 KiB
+//   hd 128, WG 2 / 3, WS: (2 / 3 + 2 * 5) * 16 KiB + 1 KiB = 193 / 209 KiB
+// The same bits again: every row's products are the same instructions.
+template <int HD, int WG, bool WS = false>
 struct WgmmaPrefillShape {
   static constexpr int kBr = 64 * WG;  // query rows: each warpgroup's m64
   static constexpr int kBc = 64;       // keys per tile
-  static constexpr int kThreads = 128 * WG;
-  static constexpr int kStages = HD == 64 ? 4 : (WG == 1 ? 3 : 2);
-  static constexpr int kMinBlocks = HD == 64 && WG == 1 ? 3 : 2;
+  static constexpr int kConsumerThreads = 128 * WG;
+  static constexpr int kThreads = kConsumerThreads + (WS ? 32 : 0);
+  static constexpr int kStages = WS ? (HD == 64 ? 8 : 5) : (HD == 64 ? 4 : (WG == 1 ? 3 : 2));
+  static constexpr int kMinBlocks = WS ? 1 : (HD == 64 && WG == 1 ? 3 : 2);
   static constexpr int kTileBytes = 64 * HD * 2;  // 64 rows (a warpgroup's Q, or one K / V tile)
   static constexpr int kTilesBytes = kTileBytes * (WG + 2 * kStages);  // Q, the K ring, the V ring
-  static constexpr int kBarrierBytes = 8 * (1 + kStages);             // Q's and each slot's mbarrier
+  // Q's mbarrier, each slot's (full), and with WS each slot's empty one.
+  static constexpr int kBarrierBytes = 8 * (1 + (WS ? 2 : 1) * kStages);
   static constexpr int kSmemBytes = kTilesBytes + 1024;
   // Dynamic shared memory starts 16-byte aligned at least, so aligning up
   // moves by d <= 1008 bytes: d bytes are free before the tiles and 1024 - d
@@ -90,7 +108,8 @@ struct WgmmaPrefillShape {
   static_assert(kMinBlocks * (kSmemBytes + 1024) <= 228 * 1024,
                 "kMinBlocks blocks (+ 1 KiB reserved each) fit an sm_90 SM's 228 KiB of shared memory");
   static_assert(HD == 64 || HD == 128, "the wgmma prefill covers head_dim 64 and 128");
-  static_assert(WG == 1 || WG == 2, "one or two consumer warpgroups");
+  static_assert(WS ? (WG == 2 || WG == 3) : (WG == 1 || WG == 2),
+                "one or two consumer warpgroups, or two or three beside a producer warp");
   static_assert(kBc == 64, "the TMA boxes, wgmma_qk's n64 and wgmma_pv's 4 key steps are 64-key tiles");
 };
 
@@ -128,13 +147,13 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[HD / 2], const std::uint32_t
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <class T, int HD, int WG>
-__global__ void __launch_bounds__(WgmmaPrefillShape<HD, WG>::kThreads, WgmmaPrefillShape<HD, WG>::kMinBlocks)
+template <class T, int HD, int WG, bool WS>
+__global__ void __launch_bounds__(WgmmaPrefillShape<HD, WG, WS>::kThreads, WgmmaPrefillShape<HD, WG, WS>::kMinBlocks)
     attention_prefill_wgmma_kernel(const AttentionArgs a, const __grid_constant__ CUtensorMap q_map,
                                    const __grid_constant__ CUtensorMap k_map,
                                    const __grid_constant__ CUtensorMap v_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Sh = WgmmaPrefillShape<HD, WG>;
+  using Sh = WgmmaPrefillShape<HD, WG, WS>;
   constexpr int kBr = Sh::kBr;
   constexpr int kBc = Sh::kBc;
   constexpr int kStages = Sh::kStages;
@@ -147,7 +166,8 @@ __global__ void __launch_bounds__(WgmmaPrefillShape<HD, WG>::kThreads, WgmmaPref
   const std::uint32_t sQ = (raw + 1023u) & ~1023u;     // [WG][64][HD], swizzled
   const std::uint32_t sK = sQ + WG * kTileBytes;       // [kStages][64][HD]
   const std::uint32_t sV = sK + kStages * kTileBytes;  // [kStages][64][HD]
-  // Barriers: [0] Q, [1 + s] slot s (its K and V tiles).
+  // Barriers: [0] Q, [1 + s] slot s (its K and V tiles landed), with WS
+  // [1 + kStages + s] slot s (every consumer thread is done with it).
   const std::uint32_t tiles_end = sQ + Sh::kTilesBytes;
   const std::uint32_t bars_at = raw + Sh::kSmemBytes - tiles_end >= Sh::kBarrierBytes ? tiles_end : raw;
   std::uint64_t* const bars = reinterpret_cast<std::uint64_t*>(smem_raw + (bars_at - raw));
@@ -205,7 +225,7 @@ __global__ void __launch_bounds__(WgmmaPrefillShape<HD, WG>::kThreads, WgmmaPref
 #pragma unroll
     for (int blk = 0; blk < HD / 64; ++blk) tma_load_3d(dst + blk * kWgBlockBytes, map, blk * 64, row0, plane, bar);
   };
-  auto load_kv = [&](int tile) {  // thread 0 only
+  auto load_kv = [&](int tile) {  // one thread: 0, or (WS) the producer warp's lane 0
     const int slot = tile % kStages;
     std::uint64_t* const bar = &bars[1 + slot];
     mbarrier_arrive_expect_tx(bar, 2 * kTileBytes);
@@ -215,16 +235,40 @@ __global__ void __launch_bounds__(WgmmaPrefillShape<HD, WG>::kThreads, WgmmaPref
   if (tid == 0) {
 #pragma unroll
     for (int i = 0; i < 1 + kStages; ++i) mbarrier_init(&bars[i], 1);
+    if constexpr (WS) {
+#pragma unroll
+      for (int i = 0; i < kStages; ++i) mbarrier_init(&bars[1 + kStages + i], Sh::kConsumerThreads);
+    }
     fence_mbarrier_init();
   }
-  __syncthreads();
-  // Prologue: Q of the warpgroups with a valid row, then K/V of the first
-  // kStages - 1 tiles.
-  if (tid == 0) {
+  __syncthreads();  // the last block-wide barrier of a WS block: the producer leaves below
+  auto load_q = [&] {
     const int q_tiles = (q_rows + 63) / 64;
     mbarrier_arrive_expect_tx(&bars[0], q_tiles * kTileBytes);
     for (int w = 0; w < q_tiles; ++w) tma_tile(sQ + w * kTileBytes, &q_map, q0 + 64 * w, q_plane, &bars[0]);
-    for (int st = 0; st < kStages - 1 && st < n_tiles; ++st) load_kv(st);
+  };
+  if constexpr (WS) {
+    if (tid >= Sh::kConsumerThreads) {  // the producer warp: one lane issues every copy
+      if (tid == Sh::kConsumerThreads) {
+        load_q();
+        for (int t = 0; t < n_tiles; ++t) {
+          // Slot t % kStages last held tile t - kStages: wait until every
+          // consumer thread released it (that phase's parity).
+          if (t >= kStages) {
+            mbarrier_wait_parity(&bars[1 + kStages + t % kStages], static_cast<std::uint32_t>(t / kStages - 1) & 1u);
+          }
+          load_kv(t);
+        }
+      }
+      return;
+    }
+  } else {
+    // Prologue: Q of the warpgroups with a valid row, then K/V of the first
+    // kStages - 1 tiles.
+    if (tid == 0) {
+      load_q();
+      for (int st = 0; st < kStages - 1 && st < n_tiles; ++st) load_kv(st);
+    }
   }
 
   float o[kDT][4];
@@ -246,13 +290,25 @@ __global__ void __launch_bounds__(WgmmaPrefillShape<HD, WG>::kThreads, WgmmaPref
   const float scale_log2 = a.scale * kLog2e;
 
   for (int t = 0; t < n_tiles; ++t) {
-    // Every wgmma of tile t - 1 was waited for by every thread, so its slot
-    // can be refilled. (Every tile below n_tiles is read, and its barrier
-    // phase waited for, by the warpgroup holding the block's last valid
-    // row, before the barrier that lets thread 0 re-arm it.)
-    __syncthreads();
-    if (tid == 0 && t + kStages - 1 < n_tiles) load_kv(t + kStages - 1);
-    if (WG > 1 && t >= wg_tiles) continue;  // warpgroup-uniform (one warpgroup: wg_tiles == n_tiles)
+    if constexpr (WS) {
+      // A warpgroup past its last row's keys only releases the slot, once the
+      // tile is there: its release of tile t + kStages must not count
+      // toward the release of tile t, which the other warpgroup may still be
+      // reading, and tile t + kStages lands only after that release.
+      if (t >= wg_tiles) {
+        mbarrier_wait_parity(&bars[1 + t % kStages], static_cast<std::uint32_t>(t / kStages) & 1u);
+        mbarrier_arrive(&bars[1 + kStages + t % kStages]);
+        continue;
+      }
+    } else {
+      // Every wgmma of tile t - 1 was waited for by every thread, so its
+      // slot can be refilled. (Every tile below n_tiles is read, and its
+      // barrier phase waited for, by the warpgroup holding the block's last
+      // valid row, before the barrier that lets thread 0 re-arm it.)
+      __syncthreads();
+      if (tid == 0 && t + kStages - 1 < n_tiles) load_kv(t + kStages - 1);
+      if (WG > 1 && t >= wg_tiles) continue;  // warpgroup-uniform (one warpgroup: wg_tiles == n_tiles)
+    }
     if (t == 0) mbarrier_wait_parity(&bars[0], 0);
     mbarrier_wait_parity(&bars[1 + t % kStages], static_cast<std::uint32_t>(t / kStages) & 1u);
     const std::uint32_t slot = static_cast<std::uint32_t>(t % kStages) * kTileBytes;
@@ -297,6 +353,7 @@ __global__ void __launch_bounds__(WgmmaPrefillShape<HD, WG>::kThreads, WgmmaPref
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(o_flat);
+    if constexpr (WS) mbarrier_arrive(&bars[1 + kStages + t % kStages]);  // this thread is done with the slot
   }
   if (wg_tiles == 0) mbarrier_wait_parity(&bars[0], 0);  // no copy outlives the block
 
@@ -359,14 +416,15 @@ bool encode_rows_map(CUtensorMap* map, EncodeTiledFn encode, DType dtype, const 
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <class T, int HD, int WG>
+template <class T, int HD, int WG, bool WS = false>
 bool launch_wgmma_shape(const AttentionArgs& a, const CUtensorMap& q_map, const CUtensorMap& k_map,
                         const CUtensorMap& v_map, cudaStream_t stream) {
-  using Sh = WgmmaPrefillShape<HD, WG>;
-  if (!prepare_kernel<attention_prefill_wgmma_kernel<T, HD, WG>>(Sh::kSmemBytes)) return false;
+  using Sh = WgmmaPrefillShape<HD, WG, WS>;
+  if (!prepare_kernel<attention_prefill_wgmma_kernel<T, HD, WG, WS>>(Sh::kSmemBytes)) return false;
   const long long tiles = (static_cast<long long>(a.q_len) + Sh::kBr - 1) / Sh::kBr;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_heads), static_cast<unsigned>(a.batch));
-  attention_prefill_wgmma_kernel<T, HD, WG><<<grid, Sh::kThreads, Sh::kSmemBytes, stream>>>(a, q_map, k_map, v_map);
+  attention_prefill_wgmma_kernel<T, HD, WG, WS><<<grid, Sh::kThreads, Sh::kSmemBytes, stream>>>(a, q_map, k_map,
+                                                                                                v_map);
   check_launch("flash_attention");
   return true;
 }
@@ -393,6 +451,11 @@ bool launch_wgmma_typed(const AttentionArgs& a, cudaStream_t stream) {
     return false;
   }
   int warpgroups = a.prefill_tuning.wgmma_warpgroups;
+  if (a.prefill_tuning.wgmma_producer_warp) {
+    if (warpgroups == 0 || warpgroups == 2) return launch_wgmma_shape<T, HD, 2, true>(a, q_map, k_map, v_map, stream);
+    if (warpgroups == 3) return launch_wgmma_shape<T, HD, 3, true>(a, q_map, k_map, v_map, stream);
+    throw_bad_dispatch("flash_attention", "PrefillTuning::wgmma_warpgroups (with the producer warp)", warpgroups);
+  }
   if (warpgroups == 0) {
     const long long blocks2 = (static_cast<long long>(a.q_len) + 127) / 128 * a.num_heads * a.batch;
     warpgroups = blocks2 >= 4LL * device_sm_count("flash_attention") ? 2 : 1;

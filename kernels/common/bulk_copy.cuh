@@ -51,6 +51,15 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(std::uint64_t* bar, st
 #endif
 }
 
+// One arrival (no transaction bytes).
+__device__ __forceinline__ void mbarrier_arrive(std::uint64_t* bar) {
+#ifdef FERRUM_BULK_COPY_UNAVAILABLE
+  __trap();
+#else
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+#endif
+}
+
 // Spins until the barrier's phase of parity `parity` has completed.
 __device__ __forceinline__ void mbarrier_wait_parity(std::uint64_t* bar, std::uint32_t parity) {
 #ifdef FERRUM_BULK_COPY_UNAVAILABLE

@@ -372,8 +372,11 @@ TEST_F(CudaPrefillWgmma, RunsWhereItShould) {
         a.scale = 0.125f;
         SCOPED_TRACE(cat(to_string(dt), " head_dim ", hd, " q_len ", a.q_len, " kv_len ", a.kv_len, " kv_stride ",
                          a.kv_stride, " kv heads ", a.num_kv_heads));
-        EXPECT_EQ(kernels::launch_attention_prefill_wgmma(a, nullptr), hd != 256);
-        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        for (const bool producer_warp : {false, true}) {
+          a.prefill_tuning.wgmma_producer_warp = producer_warp;
+          EXPECT_EQ(kernels::launch_attention_prefill_wgmma(a, nullptr), hd != 256) << "producer warp " << producer_warp;
+          EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        }
       }
     }
   }
@@ -392,16 +395,22 @@ TEST_F(CudaPrefillWgmma, RunsWhereItShould) {
   empty.kv_stride = 8;
   empty.kv_len = 0;
   empty.scale = 0.125f;
-  dout_mem.fill(kPoisonByte);
-  kernels::launch_attention(empty, nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<std::uint8_t> got = dout_mem.read();
-  for (std::size_t i = 0; i < std::size_t{kHeads} * 5 * 128 * 2; ++i) ASSERT_EQ(got[i], 0u) << "byte " << i;
+  for (const bool producer_warp : {false, true}) {
+    empty.prefill_tuning.wgmma_producer_warp = producer_warp;
+    dout_mem.fill(kPoisonByte);
+    kernels::launch_attention(empty, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<std::uint8_t> got = dout_mem.read();
+    for (std::size_t i = 0; i < std::size_t{kHeads} * 5 * 128 * 2; ++i) {
+      ASSERT_EQ(got[i], 0u) << "byte " << i << ", producer warp " << producer_warp;
+    }
+  }
 }
 
-// Straight through the launcher: blocks of one and of two warpgroups (and
-// the automatic choice) give the same bytes, on random inputs with a
-// partial last block, GQA, a chunk at pos_offset > 0 over a longer cache.
+// Straight through the launcher: blocks of one and of two warpgroups, the
+// automatic choice and the warp-specialized experiment (a producer warp,
+// full / empty barriers per slot) give the same bytes, on random inputs with
+// a partial last block, GQA, a chunk at pos_offset > 0 over a longer cache.
 TEST_F(CudaPrefillWgmma, BothBlockShapesGiveTheSameBits) {
   cuda();  // device 0 current
   if (const std::string why = why_not_here(); !why.empty()) GTEST_SKIP() << why;
@@ -411,9 +420,13 @@ TEST_F(CudaPrefillWgmma, BothBlockShapesGiveTheSameBits) {
     long long pos;
     bool causal;
   };
-  const Case cases[] = {{128, 8, 2, 300, 300, 300, 0, true},   {128, 8, 8, 193, 700, 730, 507, true},
-                        {64, 8, 1, 129, 1000, 1000, 0, false}, {64, 4, 4, 250, 377, 400, 127, true},
-                        {128, 4, 1, 65, 90, 96, 25, true}};
+  // The last two wrap the producer-warp variant's 5 / 8-slot rings many
+  // times (both mbarrier parities, every slot); the last has one 64-row
+  // block, so the other warpgroups skip every tile.
+  const Case cases[] = {{128, 8, 2, 300, 300, 300, 0, true},     {128, 8, 8, 193, 700, 730, 507, true},
+                        {64, 8, 1, 129, 1000, 1000, 0, false},   {64, 4, 4, 250, 377, 400, 127, true},
+                        {128, 4, 1, 65, 90, 96, 25, true},       {128, 8, 2, 1100, 2200, 2200, 1100, true},
+                        {64, 4, 4, 64, 1300, 1300, 0, false}};
   for (DType dt : kHalfDTypes) {
     for (const Case& c : cases) {
       SCOPED_TRACE(cat(to_string(dt), " hd ", c.hd, " heads ", c.heads, "/", c.kv_heads, " q_len ", c.q_len,
@@ -426,7 +439,7 @@ TEST_F(CudaPrefillWgmma, BothBlockShapesGiveTheSameBits) {
       const std::vector<std::uint8_t> v = encode_bytes(random_uniform(rng, dt, kv_elems));
       const DeviceBytes dq(q), dk(k), dv(v);
       DeviceBytes dout(q.size());
-      auto run_with = [&](int warpgroups) {
+      auto run_with = [&](int warpgroups, bool producer_warp = false) {
         dout.fill(kPoisonByte);
         kernels::AttentionArgs a;
         a.dtype = dt;
@@ -445,6 +458,7 @@ TEST_F(CudaPrefillWgmma, BothBlockShapesGiveTheSameBits) {
         a.causal = c.causal;
         a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
         a.prefill_tuning.wgmma_warpgroups = warpgroups;
+        a.prefill_tuning.wgmma_producer_warp = producer_warp;
         EXPECT_TRUE(kernels::launch_attention_prefill_wgmma(a, nullptr));
         EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         return dout.read();
@@ -452,6 +466,8 @@ TEST_F(CudaPrefillWgmma, BothBlockShapesGiveTheSameBits) {
       const std::vector<std::uint8_t> one = run_with(1);
       EXPECT_TRUE(bitwise_equal(run_with(2), one, size_of(dt))) << "two warpgroups";
       EXPECT_TRUE(bitwise_equal(run_with(0), one, size_of(dt))) << "automatic choice";
+      EXPECT_TRUE(bitwise_equal(run_with(2, true), one, size_of(dt))) << "producer warp, two warpgroups";
+      EXPECT_TRUE(bitwise_equal(run_with(3, true), one, size_of(dt))) << "producer warp, three warpgroups";
     }
   }
 }
