@@ -13,8 +13,8 @@
 //
 //   S = Q Kᵀ    wgmma m64n64k16, Q and K both from shared memory (K-major,
 //               128-byte swizzle), HD / 16 steps, fp32 accumulators
-//   softmax     online, fp32, base 2 (online_softmax_step, shared with the
-//               mma.sync kernel)
+//   softmax     online, fp32, base 2 (online_softmax_step of mma.cuh, shared
+//               with the mma.sync kernels)
 //   O += P V    wgmma m64nHDk16 with P from registers (the S accumulators
 //               re-packed, as in the mma.sync kernel) and V from shared
 //               memory as an MN-major operand (imm-trans-b): V is stored
@@ -57,7 +57,6 @@
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
 #include "kernels/common/mma.cuh"
-#include "kernels/common/vec.cuh"
 #include "kernels/common/wgmma.cuh"
 #include "kernels/common/wgmma_ops.cuh"
 

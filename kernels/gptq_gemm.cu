@@ -195,15 +195,8 @@ __device__ __forceinline__ void unpack_zeros(const uint2 zr, std::uint32_t (&lo)
   }
 }
 
-// ── Split-K over CTAs, last arriver (both kernels) ──────────────────────────
+// ── Split-K over CTAs ───────────────────────────────────────────────────────
 //
-// Every CTA of output tile `tile` has stored its f32 partial, rows x cols
-// row-major, at partials + (split * tiles + tile) * rows * cols. The CTA
-// that arrives last at counters[tile] sums the `splits` partials in split
-// order 0, 1, ..., S-1 (fixed: bitwise reproducible), stores
-// out[r, col0 + c] (row stride n) for col0 + c < n, and resets the counter
-// for the next launch on the stream. Every thread of the CTA calls it.
-// Quads of 4 columns, kPer per thread, all in flight for one split at a time.
 // One quad (4 f32 columns) of a split-K sum: sum += v, and the finished
 // quad stored as 4 T at out[row, col .. col + 3] (row stride n), the two
 // reductions below (workspace and cluster) sharing both.
@@ -219,6 +212,14 @@ __device__ __forceinline__ void store_quad(T* out /* [rows, n] */, int n, int ro
       make_uint2(pack2<T>(sum.x, sum.y), pack2<T>(sum.z, sum.w));
 }
 
+// The last arriver (both kernels): every CTA of output tile `tile` has
+// stored its f32 partial, rows x cols row-major, at partials + (split *
+// tiles + tile) * rows * cols. The CTA
+// that arrives last at counters[tile] sums the `splits` partials in split
+// order 0, 1, ..., S-1 (fixed: bitwise reproducible), stores
+// out[r, col0 + c] (row stride n) for col0 + c < n, and resets the counter
+// for the next launch on the stream. Every thread of the CTA calls it.
+// Quads of 4 columns, kPer per thread, all in flight for one split at a time.
 template <class T, int kThreadsN, int kPer>
 __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [splits][tiles][rows][cols] f32
                                                    int* counters,          // [tiles], zero between launches
@@ -1224,9 +1225,8 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   p.ring = kBulk ? ring : 0;
   p.group_rows_per_chunk = std::max(1, kChunkK16 / p.k16_per_group);
   const dim3 grid(static_cast<unsigned>(args.w.n_pad / kGptqTileN), static_cast<unsigned>(splits));
-  p.cluster_reduce = kBulk && args.cluster_reduce &&
-                     gptq_cluster_reduces(true, splits, static_cast<long long>(grid.x) * splits,
-                                          device_sm_count("gemm_gptq"));
+  p.cluster_reduce =
+      kBulk && gptq_cluster_reduces(args.cluster_reduce, splits, static_cast<long long>(grid.x) * splits, args.num_sms);
   const dim3 cluster(1, p.cluster_reduce ? static_cast<unsigned>(splits) : 1u, 1);
   const std::size_t smem = kBulk ? static_cast<std::size_t>(stream_ring_bytes(NT, ring)) : 0;
   if constexpr (kBulk) {  // the shared-memory opt-in, once per device (cheap after the first call)

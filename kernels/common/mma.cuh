@@ -125,19 +125,15 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 // One online-softmax step over the two rows (g, g + 8) of an m16 tile that a
-// thread holds, in two halves so that a kernel may run other work between
-// them (e.g. the previous tile's P V, FlashAttention-3's overlap):
-//   online_softmax_scores: s holds raw scores of NT n8 key tiles (-inf where
-//     masked) and becomes p = 2^(s * scale_log2 - max); the running max m_run
-//     (raw units) and this thread's share of the row sums l_run are updated,
-//     and alpha[r] is the factor the row's output accumulators must take.
-//     The quad (4 lanes) of a row agrees on the max.
-//   rescale_rows: o *= alpha per row (skipped where alpha is exactly 1: the
-//     same bits).
-// online_softmax_step is both, back to back.
-template <int NT>
-__device__ __forceinline__ void online_softmax_scores(float (&s)[NT][4], float (&m_run)[2], float (&l_run)[2],
-                                                      float scale_log2, float (&alpha)[2]) {
+// thread holds: s holds raw scores of NT n8 key tiles (-inf where masked) and
+// becomes p = 2^(s * scale_log2 - max); the running max m_run (raw units),
+// this thread's share of the row sums l_run, and the output accumulators o
+// are rescaled (a row whose max did not move keeps its o: alpha is exactly
+// 1, the same bits). The quad (4 lanes) of a row agrees on the max.
+template <int NT, int DT>
+__device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&m_run)[2], float (&l_run)[2],
+                                                    float (&o)[DT][4], float scale_log2) {
+  float alpha[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = m_run[r];
@@ -167,10 +163,6 @@ __device__ __forceinline__ void online_softmax_scores(float (&s)[NT][4], float (
     }
     l_run[r] = l_run[r] * alpha[r] + sum;
   }
-}
-
-template <int DT>
-__device__ __forceinline__ void rescale_rows(float (&o)[DT][4], const float (&alpha)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (alpha[r] != 1.0f) {
@@ -181,14 +173,6 @@ __device__ __forceinline__ void rescale_rows(float (&o)[DT][4], const float (&al
       }
     }
   }
-}
-
-template <int NT, int DT>
-__device__ __forceinline__ void online_softmax_step(float (&s)[NT][4], float (&m_run)[2], float (&l_run)[2],
-                                                    float (&o)[DT][4], float scale_log2) {
-  float alpha[2];
-  online_softmax_scores(s, m_run, l_run, scale_log2, alpha);
-  rescale_rows(o, alpha);
 }
 
 // Two floats rounded to T, `lo` in the low half (the lower column).

@@ -5,7 +5,8 @@
 // Shared-memory tiles use the 128-byte swizzle: a tile of R rows x C 16-bit
 // columns (C a multiple of 64) is stored as C / 64 column blocks, each
 // [R rows][128 B], block after block; 16-byte chunk c of row r sits at chunk
-// c ^ (r & 7) of the row (swz128_offset). Every block starts on a 1024-byte
+// c ^ (r & 7) of the row (what a TMA box of 64 columns with
+// CU_TENSOR_MAP_SWIZZLE_128B writes). Every block starts on a 1024-byte
 // boundary, so the hardware's swizzle phase (address bits 7..9) is the row
 // index's low bits. The same physical layout serves
 //   - a K-major operand (rows = M or N, columns = K: Q and K of Q Kᵀ):
@@ -21,12 +22,6 @@
 #include <cstdint>
 
 namespace ferrum::kernels {
-
-// Byte offset of 16-byte chunk `chunk` (0 .. C/8) of row `row` in a
-// swizzled tile of `rows` rows.
-__device__ __forceinline__ std::uint32_t swz128_offset(int row, int chunk, int rows) {
-  return static_cast<std::uint32_t>((chunk >> 3) * rows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
-}
 
 // Descriptor of a 128-byte-swizzled operand at shared address `smem_addr`
 // (1024-byte aligned block start, plus k-step offsets). Fields (in 16-byte

@@ -204,23 +204,34 @@ bool gemm_weights_before_wait() {
 
 namespace {
 
-// The current device's compute capability as major * 10 + minor, cached
-// per device (0: no device). It never changes.
-int current_device_cc() {
-  int device = -1;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= detail::kMaxDevices) return 0;
-  static std::array<std::atomic<int>, detail::kMaxDevices> known{};  // 0: not asked yet
-  int cc = known[device].load(std::memory_order_relaxed);
-  if (cc == 0) {
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-      return 0;
+// Attribute kAttr of `device`, cached per device (attributes never change;
+// a race only repeats the query).
+template <cudaDeviceAttr kAttr>
+cudaError_t cached_device_attribute(int device, int* value) {
+  static std::array<std::atomic<int>, detail::kMaxDevices> known{};  // value + 1; 0: not asked yet
+  const bool cacheable = device >= 0 && device < detail::kMaxDevices;
+  if (cacheable) {
+    const int k = known[device].load(std::memory_order_relaxed);
+    if (k > 0) {
+      *value = k - 1;
+      return cudaSuccess;
     }
-    cc = major * 10 + minor;
-    known[device].store(cc, std::memory_order_relaxed);
   }
-  return cc;
+  const cudaError_t err = cudaDeviceGetAttribute(value, kAttr, device);
+  if (err == cudaSuccess && cacheable && *value >= 0) known[device].store(*value + 1, std::memory_order_relaxed);
+  return err;
+}
+
+// The current device's compute capability as major * 10 + minor (0: no
+// device, or the query failed).
+int current_device_cc() {
+  int device = -1, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device, &major) != cudaSuccess ||
+      cached_device_attribute<cudaDevAttrComputeCapabilityMinor>(device, &minor) != cudaSuccess) {
+    return 0;
+  }
+  return major * 10 + minor;
 }
 
 }  // namespace
@@ -231,16 +242,9 @@ int device_sm_count(const char* op) {
   int device = -1;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) throw_cuda_error(op, "cudaGetDevice", err);
-  static std::array<std::atomic<int>, detail::kMaxDevices> known{};  // 0: not asked yet
-  const bool cached = device >= 0 && device < detail::kMaxDevices;
-  if (cached) {
-    const int sms = known[device].load(std::memory_order_relaxed);
-    if (sms > 0) return sms;
-  }
   int sms = 0;
-  err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  err = cached_device_attribute<cudaDevAttrMultiProcessorCount>(device, &sms);
   if (err != cudaSuccess) throw_cuda_error(op, "cudaDeviceGetAttribute (multiprocessors)", err);
-  if (cached) known[device].store(sms, std::memory_order_relaxed);
   return sms;
 }
 
