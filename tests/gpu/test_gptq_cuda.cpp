@@ -609,6 +609,10 @@ TEST_F(CudaGptqStreamBulk, ClusterReduceGivesTheWorkspaceReductionsBits) {
                                .splits;
         ASSERT_GE(splits, 2);
         ASSERT_LE(splits, kernels::kGptqClusterMaxSplits);
+        // ... and one the launcher clusters (at most kGptqClusterMaxCtasPerSm
+        // CTAs per SM): else both runs would take the workspace.
+        ASSERT_TRUE(kernels::gptq_cluster_reduces(true, splits, static_cast<long long>(n_pad / kernels::kGptqTileN) * splits,
+                                                  num_sms()));
         EXPECT_TRUE(
             same_floats(run_gemm(*cluster, *w_cluster, a, dt, m), run_gemm(*workspace, *w_workspace, a, dt, m)));
       }
