@@ -66,7 +66,7 @@ struct DecodeTuning {
 struct PrefillTuning {
   // Consumer warpgroups per block (64 query rows each; they share every K /
   // V tile): 1 or 2; 0: two where a grid of 128-row blocks fills the device
-  // four times over, else one. With wgmma_producer_warp: 2 or 3 (0: 2).
+  // at least once, else one. With wgmma_producer_warp: 2 or 3 (0: 2).
   int wgmma_warpgroups = 0;
   // An experiment (kernels/attention_prefill_wgmma.cu, WS): the consumer
   // warpgroups and a producer warp issuing the copies, slots handed over by

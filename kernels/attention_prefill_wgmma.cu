@@ -429,11 +429,11 @@ bool launch_wgmma_shape(const AttentionArgs& a, const CUtensorMap& q_map, const 
 }
 
 // Two warpgroups per block (128-row blocks sharing each K / V tile) once
-// the grid of them fills the device four times over, the rule of the
-// mma.sync kernel's 128-row shape (on the H200, S = 4k and 16k at 32 heads
-// gained 9 % and 14 % with it; S = 1k was not measured with two);
-// PrefillTuning::wgmma_warpgroups overrides it. Both shapes give the same
-// bits.
+// the grid of them fills the device at least once: on the H200 (f16, hd 128,
+// 32 heads) two beat one at every S measured, 1k +5 %, 2k +2 %, 4k +13 %,
+// 16k +18 % (docs/PERFORMANCE.md, session 13); below one wave the 64-row
+// blocks keep more SMs busy. PrefillTuning::wgmma_warpgroups overrides it.
+// Both shapes give the same bits.
 template <class T, int HD>
 bool launch_wgmma_typed(const AttentionArgs& a, cudaStream_t stream) {
   const EncodeTiledFn encode = encode_tiled_fn();
@@ -457,7 +457,7 @@ bool launch_wgmma_typed(const AttentionArgs& a, cudaStream_t stream) {
   }
   if (warpgroups == 0) {
     const long long blocks2 = (static_cast<long long>(a.q_len) + 127) / 128 * a.num_heads * a.batch;
-    warpgroups = blocks2 >= 4LL * device_sm_count("flash_attention") ? 2 : 1;
+    warpgroups = blocks2 >= device_sm_count("flash_attention") ? 2 : 1;
   }
   if (warpgroups == 2) return launch_wgmma_shape<T, HD, 2>(a, q_map, k_map, v_map, stream);
   if (warpgroups == 1) return launch_wgmma_shape<T, HD, 1>(a, q_map, k_map, v_map, stream);

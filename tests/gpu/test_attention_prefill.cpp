@@ -17,7 +17,7 @@
 // Auto runs where it should (else the sweep would test the mma.sync kernel
 // twice).
 //
-// Sweep (small grids: the 64-row shape): q_len {2, 7, 17, 64, 127, 129,
+// Sweep (small grids: mostly the 64-row shapes): q_len {2, 7, 17, 64, 127, 129,
 // 257, 1000} (below, at and across the 64- and 128-row query tiles and the
 // 32/64-key tiles) x head_dim {64, 128, 256} x causal / not, with GQA ratios
 // 1 / 4 / 8 and three placements of the queries cycled through it:
