@@ -4,7 +4,7 @@
 //
 //   ferrum_bench_gptq [--json PATH] [--iters N] [--warmup N] [--dtype f16|bf16]
 //                     [--asym] [--act-order] [--crossover] [--quick]
-//                     [--kernel auto|fused|stream|bulk] [--ring N] [--splits N] [--cluster-reduce]
+//                     [--kernel auto|fused|stream|bulk] [--ring N] [--splits N] [--no-cluster-reduce]
 //                     [--ms M,M,...] [--shapes KxN,KxN,...]
 //
 // --kernel picks the kernel launch_gptq_gemm runs (GptqGemmArgs::kernel):
@@ -14,8 +14,10 @@
 // m <= 16 (larger m still run the fused kernel); bulk = the same streaming
 // kernel with its weights brought into shared-memory rings by bulk copies
 // (--ring: chunk slots per warp, 0 = the library's choice; --splits: CTAs
-// along k, 0 = the plan's; --cluster-reduce: GptqGemmArgs::cluster_reduce,
-// the bulk source's 2..8 splits summed in a cluster, plan column "sxSc").
+// along k, 0 = the plan's; --no-cluster-reduce: GptqGemmArgs::cluster_reduce
+// = false, the bulk source's splits always summed through the workspace; by
+// default launches that pass the launcher's gate sum them in a cluster, plan
+// column "sxSc").
 // --ms replaces the list of m, --shapes
 // the list of shapes. The "plan"
 // column says which ran: "sxS" = streaming (one CTA per 64 columns, S
@@ -82,7 +84,7 @@ struct Options {
   std::string kernel = "auto";  // auto | fused | stream | bulk
   int ring = 0;                 // bulk: chunk slots per warp (0: the default)
   int splits = 0;               // stream / bulk: CTAs along k (0: the plan's)
-  bool cluster_reduce = false;  // bulk: GptqGemmArgs::cluster_reduce
+  bool cluster_reduce = true;   // bulk: GptqGemmArgs::cluster_reduce
   std::vector<int> ms;          // --ms: the m values (empty: the default list)
   std::vector<std::pair<int, int>> shapes;  // --shapes: [k x n] (empty: the default list)
 };
@@ -185,8 +187,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "--ring takes 0..%d (got %d)\n", ferrum::kernels::kGptqStreamMaxRing, opt.ring);
         return 2;
       }
-    } else if (a == "--cluster-reduce") {
-      opt.cluster_reduce = true;
+    } else if (a == "--no-cluster-reduce") {
+      opt.cluster_reduce = false;
     } else if (a == "--ms") {
       for (const std::string& item : comma_items(value())) opt.ms.push_back(std::atoi(item.c_str()));
     } else if (a == "--shapes") {
@@ -207,7 +209,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--iters N] [--warmup N] [--dtype f16|bf16] [--asym] [--act-order] "
-                   "[--crossover] [--quick] [--kernel auto|fused|stream|bulk] [--ring N] [--splits N] [--cluster-reduce] "
+                   "[--crossover] [--quick] [--kernel auto|fused|stream|bulk] [--ring N] [--splits N] [--no-cluster-reduce] "
                    "[--ms M,M,...] "
                    "[--shapes KxN,...]\n",
                    argv[0]);
@@ -260,7 +262,7 @@ int main(int argc, char** argv) {
   auto streams = [&](int rows) { return kind_of(rows) != ferrum::kernels::GptqKernelKind::Fused; };
   std::printf("device %s, %d SMs, dtype %s, group 128%s%s, kernel %s, ring %d%s\n", prop.name, num_sms,
               bf16 ? "bf16" : "f16", opt.asym ? ", asymmetric" : ", symmetric", opt.act_order ? ", act-order" : "",
-              opt.kernel.c_str(), opt.ring, opt.cluster_reduce ? ", cluster reduce" : "");
+              opt.kernel.c_str(), opt.ring, opt.cluster_reduce ? "" : ", no cluster reduce");
   std::printf("%6s %6s %5s | %10s %9s %9s %6s | %10s | %10s %8s | %8s %6s\n", "k", "n", "m", "ours_us", "int4_GB/s",
               "+meta", "plan", "deq+cublas", "cublas_us", "speedup", "read_us", "max_x");
 

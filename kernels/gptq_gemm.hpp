@@ -147,8 +147,8 @@ struct GptqGemmArgs {
   // kGptqClusterMaxCtasPerSm CTAs per SM: the splits of a column block run
   // as one thread-block cluster and sum through distributed shared memory,
   // in split order (the same bits as the workspace's reduction, which every
-  // other launch uses). An A/B switch (CudaBackendConfig::gptq_cluster_reduce).
-  bool cluster_reduce = false;
+  // other launch uses). CudaBackendConfig::gptq_cluster_reduce (on by default).
+  bool cluster_reduce = true;
 };
 void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream);
 

@@ -3,7 +3,7 @@
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N] [--batch N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
 //                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]
-//                      [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk] [--gptq-cluster-reduce]
+//                      [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk] [--no-gptq-cluster-reduce]
 //                      [--skinny-max-m N]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
@@ -38,8 +38,9 @@
 //   --gptq-kernel K  CudaBackendConfig::gptq_kernel for gemm_gptq: auto (the
 //                    library's choice), fused, stream or bulk (the streaming
 //                    kernel through shared-memory rings; m <= 16); an A/B switch
-//   --gptq-cluster-reduce  CudaBackendConfig::gptq_cluster_reduce (the bulk
-//                    source's splits summed in a cluster; the same logits)
+//   --no-gptq-cluster-reduce  CudaBackendConfig::gptq_cluster_reduce = false
+//                    (the bulk source's splits summed through the workspace,
+//                    not in a cluster; the same logits); an A/B switch
 //   --eager/--graph  decode steps as op calls, or one captured graph replayed
 //                    per step (graph needs Op::GraphCapture; else eager)
 //   --dump-logits F  writes the logits each generated token was chosen from
@@ -86,7 +87,7 @@ struct Options {
   bool gemm_prefetch = false;
   bool gemm_early_weights = false;
   GptqKernel gptq_kernel = GptqKernel::Auto;
-  bool gptq_cluster_reduce = false;
+  bool gptq_cluster_reduce = true;
   int skinny_max_m = -1;  // CudaBackendConfig::gemm_skinny_max_m
   bool graph = false;
   std::uint64_t seed = 1234;
@@ -139,7 +140,7 @@ void usage(std::FILE* out) {
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3[;4,5]\"] [--steps N] [--batch N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
                "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]\n"
-               "                     [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk] [--gptq-cluster-reduce]\n"
+               "                     [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk] [--no-gptq-cluster-reduce]\n"
                "                     [--skinny-max-m N]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
@@ -222,8 +223,8 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.gemm_prefetch = true;
     } else if (arg == "--gemm-early-weights") {
       opt.gemm_early_weights = true;
-    } else if (arg == "--gptq-cluster-reduce") {
-      opt.gptq_cluster_reduce = true;
+    } else if (arg == "--no-gptq-cluster-reduce") {
+      opt.gptq_cluster_reduce = false;
     } else if (arg == "--gptq-kernel") {
       const std::string kernel = value();
       if (kernel == "auto") {

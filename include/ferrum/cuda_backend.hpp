@@ -123,12 +123,13 @@ struct CudaBackendConfig {
   // 3 CTAs per SM (kernels/gptq_gemm.hpp, kGptqClusterMaxCtasPerSm): the
   // splits of a column block run as one thread-block cluster and sum through
   // distributed shared memory instead of the workspace, with no fence or
-  // atomic (the same bits either way: the same sums in the same order). An
-  // A/B switch, off by default: on the H200 it won 4-7 % on one-wave
-  // launches and lost ~20 % on larger ones (session 12), so it is now kept
-  // to the former; whether that wins in the engine is not yet measured. Per
-  // backend object.
-  bool gptq_cluster_reduce = false;
+  // atomic (the same bits either way: the same sums in the same order). On
+  // by default: on the H200 it wins 7-11 % on one-wave launches (4096 x
+  // 4096, 4096 x 6144) and lost ~20 % on larger ones (session 12), hence the
+  // CTA-per-SM gate; the llama3-8b GPTQ engine decodes 3.5-4 % faster with
+  // it (session 13). false: the workspace reduction everywhere (an A/B
+  // switch). Per backend object.
+  bool gptq_cluster_reduce = true;
   // The prefill attention kernel (see PrefillKernel). Per backend object. A
   // value outside the enum throws InvalidArgument naming this field.
   PrefillKernel prefill_kernel = PrefillKernel::Auto;
@@ -246,7 +247,7 @@ class CudaBackend final : public Backend {
   static GptqKernel checked_gptq_kernel(GptqKernel requested);
   GptqKernel gptq_kernel_ = GptqKernel::Auto;
   int gptq_stream_ring_ = 0;  // CudaBackendConfig::gptq_stream_ring, checked
-  bool gptq_cluster_reduce_ = false;  // CudaBackendConfig::gptq_cluster_reduce
+  bool gptq_cluster_reduce_ = true;  // CudaBackendConfig::gptq_cluster_reduce
   // CudaBackendConfig::prefill_kernel, through checked_prefill_kernel
   // (src/cuda/cuda_backend_attention.cpp), which throws on a bad value.
   static PrefillKernel checked_prefill_kernel(PrefillKernel requested);

@@ -573,7 +573,7 @@ TEST_F(CudaGptqStreamBulk, ConfigReachesTheBackend) {
   EXPECT_EQ(bulk_backend(3)->gptq_stream_ring(), 3);
   EXPECT_EQ(CudaBackend().gptq_stream_ring(), 0);
   EXPECT_TRUE(bulk_backend(0, true)->gptq_cluster_reduce());
-  EXPECT_FALSE(CudaBackend().gptq_cluster_reduce());
+  EXPECT_TRUE(CudaBackend().gptq_cluster_reduce());  // the default
 }
 
 // CudaBackendConfig::gptq_cluster_reduce: the splits of a column block summed
