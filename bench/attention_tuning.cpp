@@ -5,7 +5,12 @@
 // block (PrefillTuning) beside the mma.sync prefill. None of the knobs
 // changes a result. Not part of the library.
 //
-//   ferrum_attention_tuning [decode|prefill|all]   f16, hd 128 (default all)
+//   ferrum_attention_tuning [decode|prefill|all] [B L]   f16, hd 128 (default all)
+//
+// B L: decode at batch B and cache length L only (one shape, e.g. for ncu).
+// Decode variants: the defaults, the merge as a second kernel (fused 0), and
+// the deeper cp.async rings (DecodeTuning::ring_stages 4 / 5 / 6; the L2
+// prefetch knobs stay at their defaults, measured in session 7).
 //
 // Method: CUDA events around R back-to-back launches (R so that a sample is
 // >= ~200 us), inputs rotated over sets >= 256 MiB together (past the 50 MB
@@ -163,10 +168,13 @@ void tune_prefill(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1) {
 
 int main(int argc, char** argv) {
   const char* what = argc > 1 ? argv[1] : "all";
-  if (std::strcmp(what, "decode") != 0 && std::strcmp(what, "prefill") != 0 && std::strcmp(what, "all") != 0) {
-    std::printf("usage: %s [decode|prefill|all]\n", argv[0]);
+  if ((std::strcmp(what, "decode") != 0 && std::strcmp(what, "prefill") != 0 && std::strcmp(what, "all") != 0) ||
+      (argc != 2 && argc != 4 && argc != 1)) {
+    std::printf("usage: %s [decode|prefill|all] [B L]\n", argv[0]);
     return 2;
   }
+  const int only_batch = argc == 4 ? std::atoi(argv[2]) : 0;
+  const long long only_len = argc == 4 ? std::atoll(argv[3]) : 0;
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::printf("no GPU: nothing to tune\n");
@@ -182,9 +190,10 @@ int main(int argc, char** argv) {
   if (std::strcmp(what, "prefill") == 0) return 0;
   auto* error_flag = static_cast<std::uint32_t*>(device_zeros(sizeof(std::uint32_t)));
 
-  std::printf("%-5s %-7s %-9s %-10s %-6s %10s %9s\n", "B", "L", "l2_ahead", "prefetch", "fused", "median_us", "GB/s");
-  const Shape shapes[] = {{1, 1024},  {1, 4096},  {1, 8192},  {1, 32768}, {1, 131072},
-                          {16, 8192}, {16, 32768}, {64, 8192}, {64, 32768}};
+  std::printf("%-5s %-7s %-6s %-6s %10s %9s\n", "B", "L", "fused", "stages", "median_us", "GB/s");
+  std::vector<Shape> shapes = {{1, 1024},   {1, 4096},  {1, 8192},   {1, 32768}, {1, 131072}, {16, 1024},
+                               {16, 8192},  {16, 32768}, {64, 1024}, {64, 8192}, {64, 32768}};
+  if (only_batch > 0) shapes = {{only_batch, only_len}};
   for (const Shape& sh : shapes) {
     const std::size_t kv_bytes = static_cast<std::size_t>(sh.batch) * kKvHeads * sh.kv * kHd * 2;
     const double call_bytes = 2.0 * static_cast<double>(kv_bytes);
@@ -200,44 +209,43 @@ int main(int argc, char** argv) {
     const std::size_t ws = ferrum::kernels::attention_workspace_floats(sh.batch, kHeads, 1, kHd, sh.kv);
     auto* partials = static_cast<float*>(device_zeros(std::max<std::size_t>(ws, 1) * sizeof(float)));
 
-    for (int ahead : {0, 1, 2}) {
-      for (double prefetch : {0.0, 36.0 * 1024 * 1024, 64.0 * 1024 * 1024}) {
-        for (bool fused : {true, false}) {
-          AttentionArgs a;
-          a.dtype = ferrum::DType::F16;
-          a.q = q;
-          a.out = out;
-          a.batch = sh.batch;
-          a.num_heads = kHeads;
-          a.num_kv_heads = kKvHeads;
-          a.q_len = 1;
-          a.head_dim = kHd;
-          a.kv_stride = sh.kv;
-          a.kv_len = static_cast<int>(sh.kv);
-          a.pos_offset = sh.kv - 1;
-          a.error_flag = error_flag;
-          a.scale = 1.0f / std::sqrt(static_cast<float>(kHd));
-          ferrum::kernels::set_decode_workspace(a, partials, ws);
-          a.decode_tuning.l2_ahead = ahead;
-          a.decode_tuning.l2_prefetch_bytes = prefetch;
-          a.decode_tuning.fused_merge = fused;
-          const int reps = std::max(1, static_cast<int>(200e-6 * 4e12 / std::max(call_bytes, 4e6)));
-          double us = 0.0;
-          try {
-            us = median_us(stream, e0, e1, reps, [&](int r) {
-              a.k = k[r % sets];
-              a.v = v[r % sets];
-              ferrum::kernels::launch_attention(a, stream);
-            });
-          } catch (const std::exception& e) {
-            std::printf("%-5d %-7lld %-9d %-10.0f %-6d  failed: %s\n", sh.batch, sh.kv, ahead, prefetch / 1048576.0,
-                        fused ? 1 : 0, e.what());
-            continue;
-          }
-          std::printf("%-5d %-7lld %-9d %-10.0f %-6d %10.2f %9.0f\n", sh.batch, sh.kv, ahead, prefetch / 1048576.0,
-                      fused ? 1 : 0, us, call_bytes / us / 1e3);
-        }
+    struct Variant {
+      bool fused;
+      int stages;  // DecodeTuning::ring_stages (0: the library's)
+    };
+    for (const Variant var : {Variant{true, 0}, Variant{false, 0}, Variant{true, 4}, Variant{true, 5},
+                              Variant{true, 6}}) {
+      AttentionArgs a;
+      a.dtype = ferrum::DType::F16;
+      a.q = q;
+      a.out = out;
+      a.batch = sh.batch;
+      a.num_heads = kHeads;
+      a.num_kv_heads = kKvHeads;
+      a.q_len = 1;
+      a.head_dim = kHd;
+      a.kv_stride = sh.kv;
+      a.kv_len = static_cast<int>(sh.kv);
+      a.pos_offset = sh.kv - 1;
+      a.error_flag = error_flag;
+      a.scale = 1.0f / std::sqrt(static_cast<float>(kHd));
+      ferrum::kernels::set_decode_workspace(a, partials, ws);
+      a.decode_tuning.fused_merge = var.fused;
+      a.decode_tuning.ring_stages = var.stages;
+      const int reps = std::max(1, static_cast<int>(200e-6 * 4e12 / std::max(call_bytes, 4e6)));
+      double us = 0.0;
+      try {
+        us = median_us(stream, e0, e1, reps, [&](int r) {
+          a.k = k[r % sets];
+          a.v = v[r % sets];
+          ferrum::kernels::launch_attention(a, stream);
+        });
+      } catch (const std::exception& e) {
+        std::printf("%-5d %-7lld %-6d %-6d  failed: %s\n", sh.batch, sh.kv, var.fused ? 1 : 0, var.stages, e.what());
+        continue;
       }
+      std::printf("%-5d %-7lld %-6d %-6d %10.2f %9.0f\n", sh.batch, sh.kv, var.fused ? 1 : 0, var.stages, us,
+                  call_bytes / us / 1e3);
     }
     for (int s = 0; s < sets; ++s) {
       check(cudaFree(k[s]), "cudaFree");

@@ -58,6 +58,11 @@ struct DecodeTuning {
   double l2_prefetch_bytes = 0.0;
   // The last block of a row merges its slices (else a second kernel does).
   bool fused_merge = true;
+  // Sub-tile slots in each key warp's cp.async ring (ring_stages - 1 in
+  // flight). 0: the library's (hd 64: 4, hd 128: 3, two blocks per SM;
+  // hd 256: 3). An experiment: 4, 5 or 6 at head_dim 128 (one block per
+  // SM, 3-5 sub-tiles = 96-160 KiB in flight per SM against 2 x 64 KiB).
+  int ring_stages = 0;
 };
 
 // Launch knobs of the wgmma prefill (kernels/attention_prefill_wgmma.cu);
