@@ -8,9 +8,11 @@
 //   ferrum_attention_tuning [decode|prefill|all] [B L]   f16, hd 128 (default all)
 //
 // B L: decode at batch B and cache length L only (one shape, e.g. for ncu).
-// Decode variants: the defaults, the merge as a second kernel (fused 0), and
-// the deeper cp.async rings (DecodeTuning::ring_stages 4 / 5 / 6; the L2
-// prefetch knobs stay at their defaults, measured in session 7).
+// Decode variants: the merge in the decode kernel (fused 1) and as a second
+// kernel (fused 0); the L2 prefetch knobs stay at their defaults (measured
+// in session 7). Session 13 also swept deeper cp.async rings (4-6 slots per
+// key warp, one block per SM): slower at every shape, removed
+// (docs/design/decode_attention.md §4.3).
 //
 // Method: CUDA events around R back-to-back launches (R so that a sample is
 // >= ~200 us), inputs rotated over sets >= 256 MiB together (past the 50 MB
@@ -190,7 +192,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(what, "prefill") == 0) return 0;
   auto* error_flag = static_cast<std::uint32_t*>(device_zeros(sizeof(std::uint32_t)));
 
-  std::printf("%-5s %-7s %-6s %-6s %10s %9s\n", "B", "L", "fused", "stages", "median_us", "GB/s");
+  std::printf("%-5s %-7s %-6s %10s %9s\n", "B", "L", "fused", "median_us", "GB/s");
   std::vector<Shape> shapes = {{1, 1024},   {1, 4096},  {1, 8192},   {1, 32768}, {1, 131072}, {16, 1024},
                                {16, 8192},  {16, 32768}, {64, 1024}, {64, 8192}, {64, 32768}};
   if (only_batch > 0) shapes = {{only_batch, only_len}};
@@ -209,12 +211,7 @@ int main(int argc, char** argv) {
     const std::size_t ws = ferrum::kernels::attention_workspace_floats(sh.batch, kHeads, 1, kHd, sh.kv);
     auto* partials = static_cast<float*>(device_zeros(std::max<std::size_t>(ws, 1) * sizeof(float)));
 
-    struct Variant {
-      bool fused;
-      int stages;  // DecodeTuning::ring_stages (0: the library's)
-    };
-    for (const Variant var : {Variant{true, 0}, Variant{false, 0}, Variant{true, 4}, Variant{true, 5},
-                              Variant{true, 6}}) {
+    for (const bool fused : {true, false}) {
       AttentionArgs a;
       a.dtype = ferrum::DType::F16;
       a.q = q;
@@ -230,8 +227,8 @@ int main(int argc, char** argv) {
       a.error_flag = error_flag;
       a.scale = 1.0f / std::sqrt(static_cast<float>(kHd));
       ferrum::kernels::set_decode_workspace(a, partials, ws);
-      a.decode_tuning.fused_merge = var.fused;
-      a.decode_tuning.ring_stages = var.stages;
+      a.decode_tuning.fused_merge = fused;
+      a.decode_tuning.fused_max_groups_per_sm = 1e9;  // fused 1 means fused at every size
       const int reps = std::max(1, static_cast<int>(200e-6 * 4e12 / std::max(call_bytes, 4e6)));
       double us = 0.0;
       try {
@@ -241,11 +238,10 @@ int main(int argc, char** argv) {
           ferrum::kernels::launch_attention(a, stream);
         });
       } catch (const std::exception& e) {
-        std::printf("%-5d %-7lld %-6d %-6d  failed: %s\n", sh.batch, sh.kv, var.fused ? 1 : 0, var.stages, e.what());
+        std::printf("%-5d %-7lld %-6d  failed: %s\n", sh.batch, sh.kv, fused ? 1 : 0, e.what());
         continue;
       }
-      std::printf("%-5d %-7lld %-6d %-6d %10.2f %9.0f\n", sh.batch, sh.kv, var.fused ? 1 : 0, var.stages, us,
-                  call_bytes / us / 1e3);
+      std::printf("%-5d %-7lld %-6d %10.2f %9.0f\n", sh.batch, sh.kv, fused ? 1 : 0, us, call_bytes / us / 1e3);
     }
     for (int s = 0; s < sets; ++s) {
       check(cudaFree(k[s]), "cudaFree");

@@ -344,7 +344,7 @@ struct DecodeTraits<256> {
 // for the kernel before it, which had no such prefetch and the same 512-key
 // slices. bench/attention_tuning.cpp decides it.
 
-template <int HD, int STAGES = DecodeTraits<HD>::kStages>
+template <int HD>
 struct DecodeShape {
   static constexpr int kKeyWarps = 4;    // warps splitting the keys of a tile
   static constexpr int kSub = 16;        // keys per warp per tile (one k16 step of P·V)
@@ -353,7 +353,7 @@ struct DecodeShape {
   static constexpr int kMaxHeads = 16 * kMaxMTiles;
   static constexpr int kMaxWarps = kKeyWarps * kMaxMTiles;
   static constexpr int kMaxThreads = kMaxWarps * 32;
-  static constexpr int kStages = STAGES;
+  static constexpr int kStages = DecodeTraits<HD>::kStages;
   static constexpr int kChunks = HD / 8;  // 16-byte chunks per row
   static constexpr bool kQInRegs = HD <= 128;
   static constexpr int kSubElems = kSub * HD;  // one K or V sub-tile
@@ -422,14 +422,14 @@ __device__ __forceinline__ void ring_barrier(int kw, int mtiles) {
 // grid.x = (batch * splits) * chunks (chunk fastest, so the blocks of one
 // slice that split a large group run together and share K/V through L2),
 // grid.y = kv heads; blockDim = 128 * m-tiles.
-template <class T, int HD, int STAGES>
-__global__ void __launch_bounds__(DecodeShape<HD, STAGES>::kMaxThreads)
+template <class T, int HD>
+__global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     attention_decode_kernel(const AttentionArgs a, int splits, int slice_keys, int chunks, bool prefetch_l2,
                             bool fused, bool trigger) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   pdl_begin();  // launched with launch_pdl: nothing global is touched before this
   if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
-  using Sh = DecodeShape<HD, STAGES>;
+  using Sh = DecodeShape<HD>;
   constexpr int kStages = Sh::kStages;
   constexpr int kChunks = Sh::kChunks;
   constexpr int kKSteps = HD / 16;  // k16 steps of Q Kᵀ
@@ -734,15 +734,11 @@ void launch_combine(const AttentionArgs& a, int splits, int slice_keys, cudaStre
       <<<static_cast<unsigned>(a.batch * a.num_heads), kCombineThreads, 0, stream>>>(a, splits, slice_keys);
 }
 
-// DecodeTuning::ring_stages: the library's ring (DecodeTraits) or, at
-// head_dim 128, a deeper one (one block per SM; an experiment).
-using DecodeDeepStages128 = IntList<4, 5, 6>;
-
-template <class T, int HD, int STAGES>
-bool launch_decode_shape(const AttentionArgs& a, cudaStream_t stream) {
-  using Sh = DecodeShape<HD, STAGES>;
-  const auto kernel = attention_decode_kernel<T, HD, STAGES>;
-  if (!prepare_kernel<attention_decode_kernel<T, HD, STAGES>>(Sh::kSmemBytes)) return false;
+template <class T, int HD>
+bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
+  using Sh = DecodeShape<HD>;
+  const auto kernel = attention_decode_kernel<T, HD>;
+  if (!prepare_kernel<attention_decode_kernel<T, HD>>(Sh::kSmemBytes)) return false;
   const int splits = attention_decode_splits(a.kv_stride);
   const int slice_keys = static_cast<int>(attention_decode_slice_keys(a.kv_stride));
   const int group = a.num_heads / a.num_kv_heads;
@@ -754,29 +750,19 @@ bool launch_decode_shape(const AttentionArgs& a, cudaStream_t stream) {
   // fits well inside L2 (else prefetched lines would be evicted unread).
   const double footprint = static_cast<double>(a.batch) * a.num_kv_heads * static_cast<double>(a.kv_stride) * HD * 4.0;
   const bool prefetch_l2 = footprint <= a.decode_tuning.l2_prefetch_bytes;
-  // The kernel finishes every row itself (no second launch) unless there
-  // are more (sequence, kv head, chunk) groups than arrival counters.
-  const bool fused = splits == 1 || (a.decode_tuning.fused_merge &&
-                                     static_cast<long long>(a.batch) * a.num_kv_heads * chunks <= kDecodeArrivalSlots);
+  // The kernel finishes every row itself (no second launch) in launches of
+  // few (sequence, kv head, chunk) groups (DecodeTuning), never past the
+  // arrival counters.
+  const long long groups = static_cast<long long>(a.batch) * a.num_kv_heads * chunks;
+  const bool fused =
+      splits == 1 || (a.decode_tuning.fused_merge && groups <= kDecodeArrivalSlots &&
+                      static_cast<double>(groups) <=
+                          a.decode_tuning.fused_max_groups_per_sm * device_sm_count("flash_attention"));
   launch_pdl("flash_attention", kernel, grid, static_cast<unsigned>(Sh::kKeyWarps * 32 * mtiles), Sh::kSmemBytes,
              stream, a, splits, slice_keys, chunks, prefetch_l2, fused, pdl_early_trigger());
   if (!fused) launch_combine<T, HD>(a, splits, slice_keys, stream);
   check_launch("flash_attention");
   return true;
-}
-
-template <class T, int HD>
-bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
-  constexpr int kDefault = DecodeTraits<HD>::kStages;
-  const int stages = a.decode_tuning.ring_stages;
-  if (stages == 0 || stages == kDefault) return launch_decode_shape<T, HD, kDefault>(a, stream);
-  if constexpr (HD == 128) {
-    bool launched = false;
-    dispatch_int(DecodeDeepStages128{}, stages, "flash_attention", "DecodeTuning::ring_stages",
-                 [&](auto s_c) { launched = launch_decode_shape<T, HD, decltype(s_c)::value>(a, stream); });
-    return launched;
-  }
-  throw_bad_dispatch("flash_attention", "DecodeTuning::ring_stages", stages);
 }
 
 // Decode (q_len == 1) on tensor cores; false (nothing launched) where it

@@ -56,13 +56,14 @@ struct DecodeTuning {
   // at 36 MiB, B=1 L=4k took 13.8 µs against 12.4 without, L=8k 17.8
   // against 15.4; no shape gained. Kept as a knob for other GPUs.
   double l2_prefetch_bytes = 0.0;
-  // The last block of a row merges its slices (else a second kernel does).
+  // The last block of a row merges its slices (else a second kernel does)
+  // in launches of at most fused_max_groups_per_sm (sequence, kv head,
+  // chunk) groups per SM. On the H200 (f16, 8 kv heads, hd 128; session 13)
+  // the fused merge won at B = 1 (2-4 µs) and B = 16 (1-3 %, 1 group per
+  // SM), the combine kernel at B = 64 (0.5-7 %, 3.9 groups per SM); 2 is
+  // between the two, not measured closer. fused_merge = false: never.
   bool fused_merge = true;
-  // Sub-tile slots in each key warp's cp.async ring (ring_stages - 1 in
-  // flight). 0: the library's (hd 64: 4, hd 128: 3, two blocks per SM;
-  // hd 256: 3). An experiment: 4, 5 or 6 at head_dim 128 (one block per
-  // SM, 3-5 sub-tiles = 96-160 KiB in flight per SM against 2 x 64 KiB).
-  int ring_stages = 0;
+  double fused_max_groups_per_sm = 2.0;
 };
 
 // Launch knobs of the wgmma prefill (kernels/attention_prefill_wgmma.cu);
