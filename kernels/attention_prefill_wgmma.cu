@@ -50,13 +50,13 @@
 
 #include <climits>
 #include <cstdint>
-#include <mutex>
 
 #include "kernels/attention_prefill.hpp"
 #include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
 #include "kernels/common/mma.cuh"
+#include "kernels/common/tensor_map.hpp"
 #include "kernels/common/wgmma.cuh"
 #include "kernels/common/wgmma_ops.cuh"
 
@@ -378,43 +378,6 @@ __global__ void __launch_bounds__(WgmmaPrefillShape<HD, WG, WS>::kThreads, Wgmma
 #endif
 }
 
-// cuTensorMapEncodeTiled, reached through the runtime (no link to the
-// driver library), looked up once per process; null when the driver lacks it.
-using EncodeTiledFn = decltype(&cuTensorMapEncodeTiled);
-EncodeTiledFn encode_tiled_fn() {
-  static EncodeTiledFn fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) ==
-            cudaSuccess &&
-        found == cudaDriverEntryPointSuccess) {
-      fn = reinterpret_cast<EncodeTiledFn>(p);
-    } else {
-      (void)cudaGetLastError();  // not sticky: the fallback's launch check must not see it
-    }
-  });
-  return fn;
-}
-
-// A 3-d map over `base`: [planes][rows][HD] elements of 2 bytes, row r of
-// plane p at (p * plane_rows + r) * HD (plane_rows >= rows), 64 x 64 boxes,
-// 128-byte swizzle, zero fill past `rows`. False when the driver refuses it.
-template <int HD>
-bool encode_rows_map(CUtensorMap* map, EncodeTiledFn encode, DType dtype, const void* base, long long rows,
-                     long long plane_rows, long long planes) {
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(HD), static_cast<cuuint64_t>(rows > 0 ? rows : 1),
-                              static_cast<cuuint64_t>(planes)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(HD) * 2, static_cast<cuuint64_t>(plane_rows) * HD * 2};
-  const cuuint32_t box[3] = {64, 64, 1};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  return encode(map, dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
-                const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 template <class T, int HD, int WG, bool WS = false>
 bool launch_wgmma_shape(const AttentionArgs& a, const CUtensorMap& q_map, const CUtensorMap& k_map,
                         const CUtensorMap& v_map, cudaStream_t stream) {
@@ -436,17 +399,15 @@ bool launch_wgmma_shape(const AttentionArgs& a, const CUtensorMap& q_map, const 
 // Both shapes give the same bits.
 template <class T, int HD>
 bool launch_wgmma_typed(const AttentionArgs& a, cudaStream_t stream) {
-  const EncodeTiledFn encode = encode_tiled_fn();
-  if (encode == nullptr) return false;
   // Q and out [batch * heads][q_len][HD]; K and V [batch * kv heads][kv_stride][HD],
   // of which rows < kv_len are mapped.
   CUtensorMap q_map, k_map, v_map;
   const long long q_planes = static_cast<long long>(a.batch) * a.num_heads;
   const long long kv_planes = static_cast<long long>(a.batch) * a.num_kv_heads;
   if (q_planes > INT_MAX) return false;  // the kernel's plane coordinate is an int (TMA coordinates are s32)
-  if (!encode_rows_map<HD>(&q_map, encode, a.dtype, a.q, a.q_len, a.q_len, q_planes) ||
-      !encode_rows_map<HD>(&k_map, encode, a.dtype, a.k, a.kv_len, a.kv_stride, kv_planes) ||
-      !encode_rows_map<HD>(&v_map, encode, a.dtype, a.v, a.kv_len, a.kv_stride, kv_planes)) {
+  if (!encode_rows_map(&q_map, a.dtype, a.q, HD, a.q_len, a.q_len, q_planes) ||
+      !encode_rows_map(&k_map, a.dtype, a.k, HD, a.kv_len, a.kv_stride, kv_planes) ||
+      !encode_rows_map(&v_map, a.dtype, a.v, HD, a.kv_len, a.kv_stride, kv_planes)) {
     return false;
   }
   int warpgroups = a.prefill_tuning.wgmma_warpgroups;

@@ -22,7 +22,8 @@
 // - Device check: kv_lens outside [1, capacity] is reported as DeviceCheck
 //   at synchronize(), zeros are written, and the backend keeps working.
 // - Launch knobs (kernels::DecodeTuning, through the launcher): the L2
-//   prefetch settings and who merges the slices change no bit of the output.
+//   prefetch settings, who merges the slices and the TMA ring change no bit
+//   of the output, with NaN in the cache past kv_len.
 //
 // Skipped (GTEST_SKIP) when no CUDA device is visible.
 #include <cuda_runtime_api.h>
@@ -33,6 +34,7 @@
 #include <cstring>
 #include <vector>
 
+#include "ferrum/half.hpp"
 #include "kernels/attention.hpp"
 
 #include "support/device_bytes.hpp"
@@ -194,25 +196,47 @@ TEST_P(CudaDecodeBatch, SliceEdgesMatchCpuAndRepeatBitwise) {
 // Straight through the launcher, on raw device memory: every DecodeTuning
 // variant gives the default's bytes. Cases: a small launch (the whole-slice
 // L2 prefetch applies when a variant turns it on), one past a 36 MiB
-// footprint (prefetch-ahead applies), several valid slices to merge in both.
+// footprint (prefetch-ahead applies), several valid slices to merge in both,
+// slices ending inside a 64-key tile and inside a warp's 16 keys; head_dim
+// 64 and 256; a GQA group of 20 (two m-tiles). Cache rows at and past kv_len
+// hold NaN, so a path that lets one into P V shows. The TMA ring
+// (DecodeTuning::tma) must give the cp.async ring's bytes; on an sm_90
+// device the test insists that it ran.
 TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
   FERRUM_SEEDED_RNG(rng);
   const DType dt = GetParam();
   cuda();  // device 0 current, its runtime made
-  constexpr int kHeads = 8, kKvHeads = 2, kHd = 128;
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  if (major >= 9) EXPECT_TRUE(kernels::attention_decode_tma_available()) << "sm_90 device, no TMA decode";
   struct Case {
     int batch;
     int kv_len;
     long long capacity;
+    int heads;
+    int kv_heads;
+    int head_dim;
   };
-  for (const Case& c : {Case{1, 700, 1000}, Case{3, 4999, 5000}, Case{2, 9000, 20000}}) {
-    SCOPED_TRACE(cat("batch ", c.batch, " kv_len ", c.kv_len, " capacity ", c.capacity));
-    const std::size_t q_elems = static_cast<std::size_t>(c.batch) * kHeads * kHd;
-    const std::size_t kv_elems = static_cast<std::size_t>(c.batch) * kKvHeads * c.capacity * kHd;
+  for (const Case& c : {Case{1, 700, 1000, 8, 2, 128}, Case{3, 4999, 5000, 8, 2, 128},
+                        Case{2, 9000, 20000, 8, 2, 128}, Case{2, 333, 4096, 40, 2, 128},
+                        Case{1, 4100, 9000, 4, 1, 64}, Case{2, 1234, 1500, 16, 2, 256}}) {
+    SCOPED_TRACE(cat("batch ", c.batch, " kv_len ", c.kv_len, " capacity ", c.capacity, " heads ", c.heads, "/",
+                     c.kv_heads, " hd ", c.head_dim));
+    const std::size_t q_elems = static_cast<std::size_t>(c.batch) * c.heads * c.head_dim;
+    const std::size_t kv_elems = static_cast<std::size_t>(c.batch) * c.kv_heads * c.capacity * c.head_dim;
     const std::vector<std::uint8_t> q = encode_bytes(random_uniform(rng, dt, q_elems));
-    const std::vector<std::uint8_t> k = encode_bytes(random_uniform(rng, dt, kv_elems));
-    const std::vector<std::uint8_t> v = encode_bytes(random_uniform(rng, dt, kv_elems));
-    const std::size_t ws = kernels::attention_workspace_floats(c.batch, kHeads, 1, kHd, c.capacity);
+    std::vector<std::uint8_t> k = encode_bytes(random_uniform(rng, dt, kv_elems));
+    std::vector<std::uint8_t> v = encode_bytes(random_uniform(rng, dt, kv_elems));
+    // Rows kv_len .. capacity - 1 of every (sequence, kv head): NaN (0xffff
+    // in f16 and bf16).
+    const std::size_t row_bytes = static_cast<std::size_t>(c.head_dim) * 2;
+    for (std::size_t plane = 0; plane < static_cast<std::size_t>(c.batch) * c.kv_heads; ++plane) {
+      const std::size_t from = (plane * c.capacity + c.kv_len) * row_bytes;
+      const std::size_t to = (plane + 1) * c.capacity * row_bytes;
+      std::memset(k.data() + from, 0xff, to - from);
+      std::memset(v.data() + from, 0xff, to - from);
+    }
+    const std::size_t ws = kernels::attention_workspace_floats(c.batch, c.heads, 1, c.head_dim, c.capacity);
     const DeviceBytes dq_mem(q), dk_mem(k), dv_mem(v), dws_mem(std::max<std::size_t>(ws, 1) * sizeof(float));
     DeviceBytes dout_mem(q.size()), dflag_mem(sizeof(std::uint32_t));
     dflag_mem.fill(0);
@@ -228,15 +252,15 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
       a.v = dv;
       a.out = dout;
       a.batch = c.batch;
-      a.num_heads = kHeads;
-      a.num_kv_heads = kKvHeads;
+      a.num_heads = c.heads;
+      a.num_kv_heads = c.kv_heads;
       a.q_len = 1;
-      a.head_dim = kHd;
+      a.head_dim = c.head_dim;
       a.kv_stride = c.capacity;
       a.kv_len = c.kv_len;
       a.pos_offset = c.kv_len - 1;
       a.error_flag = static_cast<std::uint32_t*>(dflag);
-      a.scale = 1.0f / std::sqrt(static_cast<float>(kHd));
+      a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
       kernels::set_decode_workspace(a, static_cast<float*>(dws), ws);
       a.decode_tuning = tuning;
       kernels::launch_attention(a, nullptr);
@@ -246,13 +270,23 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
       return out;
     };
     const std::vector<std::uint8_t> reference = run_with({});
-    std::vector<kernels::DecodeTuning> variants(6);
+    for (std::size_t i = 0; i < reference.size() / 2; ++i) {
+      std::uint16_t bits = 0;
+      std::memcpy(&bits, reference.data() + 2 * i, 2);
+      ASSERT_TRUE(std::isfinite(dt == DType::BF16 ? bf16_to_f32(bits) : f16_to_f32(bits))) << "element " << i;
+    }
+    std::vector<kernels::DecodeTuning> variants(9);
     variants[0].l2_ahead = 2;
     variants[1].l2_ahead = 5;
     variants[2].l2_prefetch_bytes = 36.0 * 1024 * 1024;
     variants[3].l2_prefetch_bytes = 1e12;
     variants[4].fused_merge = false;
     variants[5].fused_max_groups_per_sm = 0.0;  // the combine kernel by the size rule
+    variants[6].tma = true;
+    variants[7].tma = true;
+    variants[7].fused_merge = false;
+    variants[8].tma = true;
+    variants[8].l2_prefetch_bytes = 1e12;
     for (std::size_t i = 0; i < variants.size(); ++i) {
       EXPECT_TRUE(reference == run_with(variants[i])) << "variant " << i << " changed the output";
     }
