@@ -9,9 +9,8 @@
 //
 // B L: decode at batch B and cache length L only (one shape, e.g. for ncu).
 // Decode variants: the merge in the decode kernel (fused 1) and as a second
-// kernel (fused 0), each with the cp.async ring and the TMA ring
-// (DecodeTuning::tma); the L2 prefetch knobs stay at their defaults
-// (measured in session 7). Session 13 also swept deeper cp.async rings (4-6 slots per
+// kernel (fused 0); the L2 prefetch knobs stay at their defaults (measured
+// in session 7). Session 13 also swept deeper cp.async rings (4-6 slots per
 // key warp, one block per SM): slower at every shape, removed
 // (docs/design/decode_attention.md §4.3).
 //
@@ -193,7 +192,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(what, "prefill") == 0) return 0;
   auto* error_flag = static_cast<std::uint32_t*>(device_zeros(sizeof(std::uint32_t)));
 
-  std::printf("%-5s %-7s %-6s %-4s %10s %9s\n", "B", "L", "fused", "tma", "median_us", "GB/s");
+  std::printf("%-5s %-7s %-6s %10s %9s\n", "B", "L", "fused", "median_us", "GB/s");
   std::vector<Shape> shapes = {{1, 1024},   {1, 4096},  {1, 8192},   {1, 32768}, {1, 131072}, {16, 1024},
                                {16, 8192},  {16, 32768}, {64, 1024}, {64, 8192}, {64, 32768}};
   if (only_batch > 0) shapes = {{only_batch, only_len}};
@@ -212,9 +211,7 @@ int main(int argc, char** argv) {
     const std::size_t ws = ferrum::kernels::attention_workspace_floats(sh.batch, kHeads, 1, kHd, sh.kv);
     auto* partials = static_cast<float*>(device_zeros(std::max<std::size_t>(ws, 1) * sizeof(float)));
 
-    for (const int variant : {0, 1, 2, 3}) {
-      const bool fused = variant % 2 == 0;
-      const bool tma = variant >= 2;
+    for (const bool fused : {true, false}) {
       AttentionArgs a;
       a.dtype = ferrum::DType::F16;
       a.q = q;
@@ -232,7 +229,6 @@ int main(int argc, char** argv) {
       ferrum::kernels::set_decode_workspace(a, partials, ws);
       a.decode_tuning.fused_merge = fused;
       a.decode_tuning.fused_max_groups_per_sm = 1e9;  // fused 1 means fused at every size
-      a.decode_tuning.tma = tma;
       const int reps = std::max(1, static_cast<int>(200e-6 * 4e12 / std::max(call_bytes, 4e6)));
       double us = 0.0;
       try {
@@ -242,11 +238,10 @@ int main(int argc, char** argv) {
           ferrum::kernels::launch_attention(a, stream);
         });
       } catch (const std::exception& e) {
-        std::printf("%-5d %-7lld %-6d %-4d  failed: %s\n", sh.batch, sh.kv, fused ? 1 : 0, tma ? 1 : 0, e.what());
+        std::printf("%-5d %-7lld %-6d  failed: %s\n", sh.batch, sh.kv, fused ? 1 : 0, e.what());
         continue;
       }
-      std::printf("%-5d %-7lld %-6d %-4d %10.2f %9.0f\n", sh.batch, sh.kv, fused ? 1 : 0, tma ? 1 : 0, us,
-                  call_bytes / us / 1e3);
+      std::printf("%-5d %-7lld %-6d %10.2f %9.0f\n", sh.batch, sh.kv, fused ? 1 : 0, us, call_bytes / us / 1e3);
     }
     for (int s = 0; s < sets; ++s) {
       check(cudaFree(k[s]), "cudaFree");

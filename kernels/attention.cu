@@ -38,18 +38,15 @@
 // calls the tensor-core prefill (kernels/attention_prefill.cu) declines,
 // and runs decode only on a device without sm_80 tensor-core support.
 #include <cfloat>
-#include <climits>
 #include <cstdint>
 
 #include "kernels/attention.hpp"
 #include "kernels/attention_prefill.hpp"
-#include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/check.hpp"
 #include "kernels/common/device_error.cuh"
 #include "kernels/common/dtype.cuh"
 #include "kernels/common/launch.cuh"
 #include "kernels/common/mma.cuh"
-#include "kernels/common/tensor_map.hpp"
 #include "kernels/common/vec.cuh"
 
 namespace ferrum::kernels {
@@ -360,14 +357,9 @@ struct DecodeShape {
   static constexpr int kChunks = HD / 8;  // 16-byte chunks per row
   static constexpr bool kQInRegs = HD <= 128;
   static constexpr int kSubElems = kSub * HD;  // one K or V sub-tile
-  static constexpr int kTileElems = kTileKeys * HD;  // one K or V tile (the TMA ring's half-slot)
   static constexpr int kRingElems = kStages * kKeyWarps * 2 * kSubElems;
   static constexpr int kQElems = kMaxHeads * HD;
   static constexpr int kSmemBytes = (kRingElems + kQElems) * 2;
-  // The TMA ring (the same bytes as a slot per stage of 64 keys) starts at a
-  // 1024-byte boundary, the 128-byte swizzle's period; then Q and the ring's
-  // mbarriers.
-  static constexpr int kTmaSmemBytes = kSmemBytes + kStages * 8 + 1024;
   // End-of-slice merge, reusing the ring: O [warps][16][kOStride] f32 (rows
   // padded against bank conflicts), then m and l [warps][16].
   static constexpr int kOStride = HD + 8;
@@ -378,8 +370,6 @@ struct DecodeShape {
   static_assert(kMaxHeads * (kAttnDecodeMaxSplits + 1) * 4 <= kRingElems * 2, "the slice merge fits in the ring");
   static_assert(kChunks >= 8, "the swizzle permutes 8 chunks of a row");
   static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of sm_90");
-  static_assert(kTmaSmemBytes <= 227 * 1024, "the TMA ring fits the opt-in shared memory of sm_90");
-  static_assert(kRingElems == kStages * 2 * kTileElems, "a ring slot is one K and one V tile");
 };
 
 // One 16-key sub-tile of K and of V into swizzled shared memory, PT threads
@@ -432,19 +422,10 @@ __device__ __forceinline__ void ring_barrier(int kw, int mtiles) {
 // grid.x = (batch * splits) * chunks (chunk fastest, so the blocks of one
 // slice that split a large group run together and share K/V through L2),
 // grid.y = kv heads; blockDim = 128 * m-tiles.
-//
-// kTma (DecodeTuning::tma, sm_90): the 64-key tiles arrive by TMA into one
-// block-wide ring (thread 0 issues them; an mbarrier per slot; a block
-// barrier per tile frees the previous slot) instead of each key warp's
-// cp.async ring. k_map / v_map: 3-d maps over the cache [batch * kv heads]
-// [kv_stride][HD] (kernels/common/tensor_map.hpp), unused otherwise. Each
-// warp reads the same 16 keys of each tile, in the same order, so the two
-// paths give the same bits.
-template <class T, int HD, bool kTma>
+template <class T, int HD>
 __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
-    attention_decode_kernel(const AttentionArgs a, const __grid_constant__ CUtensorMap k_map,
-                            const __grid_constant__ CUtensorMap v_map, int splits, int slice_keys, int chunks,
-                            bool prefetch_l2, bool fused, bool trigger) {
+    attention_decode_kernel(const AttentionArgs a, int splits, int slice_keys, int chunks, bool prefetch_l2,
+                            bool fused, bool trigger) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   pdl_begin();  // launched with launch_pdl: nothing global is touched before this
   if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
@@ -455,13 +436,8 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   constexpr int kDT = HD / 8;       // n8 tiles of O (head dims)
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  // cp.async: [kStages][4 key warps][K, V][16][HD] (swz rows). TMA, from a
-  // 1024-byte boundary: [kStages][K, V][HD / 64][64 keys][128 B] (the maps'
-  // swizzled boxes).
-  unsigned char* const ring_raw = kTma ? smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u) : smem_raw;
-  T* const ring = reinterpret_cast<T*>(ring_raw);
-  T* const sQ = ring + Sh::kRingElems;  // [32][HD]
-  std::uint64_t* const bars = reinterpret_cast<std::uint64_t*>(sQ + Sh::kQElems);  // TMA: slot s landed
+  T* const ring = reinterpret_cast<T*>(smem_raw);  // [kStages][4 key warps][K, V][16][HD]
+  T* const sQ = ring + Sh::kRingElems;              // [32][HD]
 
   const int tid = static_cast<int>(threadIdx.x);
   const int nthreads = static_cast<int>(blockDim.x);
@@ -515,7 +491,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   // shared memory. At most 8 warps x 132 SMs x l2_ahead x 8 KiB (hd 128)
   // wait in L2, used within a few microseconds: never evicted unread.
   const int l2_ahead = a.decode_tuning.l2_ahead;
-  const bool prefetch_ahead = !kTma && !prefetch_l2 && l2_ahead > 0 && mt == 0 && lane == 0;
+  const bool prefetch_ahead = !prefetch_l2 && l2_ahead > 0 && mt == 0 && lane == 0;
   auto prefetch_sub = [&](int t) {
     const int key0 = t * Sh::kTileKeys + kw * Sh::kSub;
     const auto bytes = static_cast<std::uint32_t>(min(Sh::kSub, n_keys - key0)) * HD * 2u;
@@ -533,23 +509,6 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       load_sub_tile<T, HD, 64>(dk, dk + Sh::kSubElems, k + goff, v + goff, n_keys - key0, ptid);
     }
   };
-  // TMA (one thread): keys [t * 64, + 64) of the slice, K and V, into slot
-  // t % kStages. Rows past the cache's capacity arrive as zeros.
-  const int kv_plane = b * a.num_kv_heads + kvh;
-  auto load_tile = [&](int t) {
-    const int slot = t % kStages;
-    std::uint64_t* const bar = &bars[slot];
-    const std::uint32_t dk = smem_u32(ring + slot * 2 * Sh::kTileElems);
-    const std::uint32_t dv = dk + Sh::kTileElems * 2;
-    const int row = static_cast<int>(begin) + t * Sh::kTileKeys;
-    mbarrier_arrive_expect_tx(bar, 2 * Sh::kTileElems * 2);
-#pragma unroll
-    for (int blk = 0; blk < HD / 64; ++blk) {
-      tma_load_3d(dk + blk * 64 * 128, &k_map, blk * 64, row, kv_plane, bar);
-      tma_load_3d(dv + blk * 64 * 128, &v_map, blk * 64, row, kv_plane, bar);
-    }
-  };
-  const int n_iter = (n_keys + Sh::kTileKeys - 1) / Sh::kTileKeys;
 
   // Prologue: Q (rows past the block's heads zero), then this warp's first
   // kStages - 1 sub-tiles. Always commit, so the group count is fixed.
@@ -563,33 +522,17 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     }
     cp_async_commit();
   }
-  if constexpr (kTma) {
-    if (tid == 0) {
 #pragma unroll
-      for (int s = 0; s < kStages; ++s) mbarrier_init(&bars[s], 1);
-      fence_mbarrier_init();
-    }
-    __syncthreads();  // the barriers are initialized before anyone waits on them
-    if (tid == 0) {
-#pragma unroll
-      for (int t = 0; t < kStages - 1; ++t) {
-        if (t < n_iter) load_tile(t);
-      }
-    }
-    cp_async_wait<0>();  // Q has landed
-  } else {
-#pragma unroll
-    for (int t = 0; t < kStages - 1; ++t) {
-      if (t < n_sub) load_sub(t);
-      cp_async_commit();
-    }
-    if (prefetch_ahead) {
-      for (int t = kStages - 1; t < kStages - 1 + l2_ahead; ++t) {
-        if (t < n_sub) prefetch_sub(t);
-      }
-    }
-    cp_async_wait<kStages - 1>();  // Q has landed
+  for (int t = 0; t < kStages - 1; ++t) {
+    if (t < n_sub) load_sub(t);
+    cp_async_commit();
   }
+  if (prefetch_ahead) {
+    for (int t = kStages - 1; t < kStages - 1 + l2_ahead; ++t) {
+      if (t < n_sub) prefetch_sub(t);
+    }
+  }
+  cp_async_wait<kStages - 1>();  // Q has landed
   __syncthreads();
 
   // ldmatrix row addresses. Chunk 2 * (4j + i) + c of a swizzled row lies
@@ -599,9 +542,6 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   //   K: keys (lane & 7) + 8 (lane >> 4), c = (lane >> 3) & 1: both n8 key
   //      tiles of one k16 step per ldmatrix.x4
   //   V (transposed): keys lane & 15, c = lane >> 4: two n8 dim tiles
-  // TMA tiles: this warp's rows kw * 16 .. + 15 of the slot's 64, each a
-  // 128-byte row per 64 head dims, 8 chunks apart = the next 64-dim block.
-  constexpr std::uint32_t kChunkGroupBytes = kTma ? 64 * 128 : 128;  // chunk c + 8 from chunk c
   std::uint32_t q_off[4], k_off[4], v_off[4];
   {
     const int a_row = mt * 16 + (lane & 15);
@@ -610,14 +550,8 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       q_off[i] = smem_u32(sQ + swz<HD>(a_row, 2 * i + (lane >> 4)));
-      if constexpr (kTma) {
-        const int kr = kw * Sh::kSub + k_row, vr = kw * Sh::kSub + v_row;
-        k_off[i] = static_cast<std::uint32_t>(kr * 128 + (((2 * i + ((lane >> 3) & 1)) ^ (kr & 7)) << 4));
-        v_off[i] = static_cast<std::uint32_t>(vr * 128 + (((2 * i + (lane >> 4)) ^ (vr & 7)) << 4));
-      } else {
-        k_off[i] = static_cast<std::uint32_t>(swz<HD>(k_row, 2 * i + ((lane >> 3) & 1)) * 2);
-        v_off[i] = static_cast<std::uint32_t>(swz<HD>(v_row, 2 * i + (lane >> 4)) * 2);
-      }
+      k_off[i] = static_cast<std::uint32_t>(swz<HD>(k_row, 2 * i + ((lane >> 3) & 1)) * 2);
+      v_off[i] = static_cast<std::uint32_t>(swz<HD>(v_row, 2 * i + (lane >> 4)) * 2);
     }
   }
   std::uint32_t qf[Sh::kQInRegs ? kKSteps : 1][4];
@@ -641,28 +575,18 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   // barriers; a warp whose keys ran out only keeps the ring's group count.
   // (compute-sanitizer racecheck pairs barriers by count across the block:
   // with unequal counts it reported the merge below as racing.)
+  const int n_iter = (n_keys + Sh::kTileKeys - 1) / Sh::kTileKeys;
   for (int t = 0; t < n_iter; ++t) {
-    std::uint32_t sK, sV;
-    if constexpr (kTma) {
-      // Every warp is done with tile t - 1, whose slot is refilled next.
-      __syncthreads();
-      if (tid == 0 && t + kStages - 1 < n_iter) load_tile(t + kStages - 1);
-      if (t >= n_sub) continue;  // warp-uniform: this key warp's sub-tiles are done
-      mbarrier_wait_parity(&bars[t % kStages], static_cast<std::uint32_t>(t / kStages) & 1u);
-      sK = smem_u32(ring + (t % kStages) * 2 * Sh::kTileElems);
-      sV = sK + Sh::kTileElems * 2;
-    } else {
-      // Sub-tile t has landed for every thread sharing it, and all of them
-      // are done with sub-tile t - 1, whose slot is refilled next.
-      cp_async_wait<kStages - 2>();
-      ring_barrier(kw, mtiles);
-      if (t + kStages - 1 < n_sub) load_sub(t + kStages - 1);
-      cp_async_commit();
-      if (prefetch_ahead && t + kStages - 1 + l2_ahead < n_sub) prefetch_sub(t + kStages - 1 + l2_ahead);
-      if (t >= n_sub) continue;  // warp-uniform: this key warp's sub-tiles are done
-      sK = smem_u32(ring + ((t % kStages) * Sh::kKeyWarps + kw) * 2 * Sh::kSubElems);
-      sV = sK + Sh::kSubElems * 2;
-    }
+    // Sub-tile t has landed for every thread sharing it, and all of them are
+    // done with sub-tile t - 1, whose slot is refilled next.
+    cp_async_wait<kStages - 2>();
+    ring_barrier(kw, mtiles);
+    if (t + kStages - 1 < n_sub) load_sub(t + kStages - 1);
+    cp_async_commit();
+    if (prefetch_ahead && t + kStages - 1 + l2_ahead < n_sub) prefetch_sub(t + kStages - 1 + l2_ahead);
+    if (t >= n_sub) continue;  // warp-uniform: this key warp's sub-tiles are done
+    const std::uint32_t sK = smem_u32(ring + ((t % kStages) * Sh::kKeyWarps + kw) * 2 * Sh::kSubElems);
+    const std::uint32_t sV = sK + Sh::kSubElems * 2;
 
     // S = Q Kᵀ: 16 heads x 16 keys.
     float s[2][4];
@@ -681,7 +605,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
         ldmatrix_x4(qa, q_off[kk % 4] + (kk / 4) * 128);
       }
       std::uint32_t kb[4];
-      ldmatrix_x4(kb, sK + k_off[kk % 4] + (kk / 4) * kChunkGroupBytes);
+      ldmatrix_x4(kb, sK + k_off[kk % 4] + (kk / 4) * 128);
       mma_16816<T>(s[0], qa, kb[0], kb[1]);
       mma_16816<T>(s[1], qa, kb[2], kb[3]);
     }
@@ -689,23 +613,6 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     // Keys past the slice's valid range (the last sub-tile only).
     const int key0 = t * Sh::kTileKeys + kw * Sh::kSub;
     if (key0 + Sh::kSub > n_keys) {
-      if constexpr (kTma) {
-        // The TMA copied these rows as the cache holds them (up to its
-        // capacity), and rows at or past kv_len may hold anything: their p
-        // is 0, but 0 x NaN is NaN. Zero the V rows, as the cp.async path
-        // zero-fills them (one warp of the pair; the tile's last use).
-        if (mt == 0) {
-          const int first = n_keys - key0;  // 1 .. 15: the sub-tile's first row past the keys
-          for (int idx = lane; idx < (Sh::kSub - first) * kChunks; idx += 32) {
-            const int row = kw * Sh::kSub + first + idx / kChunks;
-            const int c = idx % kChunks;
-            const std::uint32_t at = sV + static_cast<std::uint32_t>((c >> 3) * 64 * 128 + row * 128 +
-                                                                     (((c & 7) ^ (row & 7)) << 4));
-            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0u) : "memory");
-          }
-        }
-        ring_barrier(kw, mtiles);
-      }
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
@@ -724,7 +631,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
 #pragma unroll
     for (int dp = 0; dp < kDT / 2; ++dp) {
       std::uint32_t vb[4];
-      ldmatrix_x4_trans(vb, sV + v_off[dp % 4] + (dp / 4) * kChunkGroupBytes);
+      ldmatrix_x4_trans(vb, sV + v_off[dp % 4] + (dp / 4) * 128);
       mma_16816<T>(o[2 * dp], pa, vb[0], vb[1]);
       mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
     }
@@ -827,31 +734,11 @@ void launch_combine(const AttentionArgs& a, int splits, int slice_keys, cudaStre
       <<<static_cast<unsigned>(a.batch * a.num_heads), kCombineThreads, 0, stream>>>(a, splits, slice_keys);
 }
 
-// The TMA instance where asked for (DecodeTuning::tma) and possible: an
-// sm_90 device running sm_90 code, coordinates that fit the maps' s32, and
-// maps the driver encodes; else the cp.async instance (the same bits).
-template <class T, int HD>
-bool use_decode_tma(const AttentionArgs& a, CUtensorMap* k_map, CUtensorMap* v_map) {
-  if (!a.decode_tuning.tma || !device_is_sm90_or_later() || !has_sm90_code(attention_decode_kernel<T, HD, true>)) {
-    return false;
-  }
-  const long long planes = static_cast<long long>(a.batch) * a.num_kv_heads;
-  if (planes > INT_MAX || a.kv_stride > INT_MAX - DecodeShape<HD>::kTileKeys) return false;
-  return encode_rows_map(k_map, a.dtype, a.k, HD, a.kv_stride, a.kv_stride, planes) &&
-         encode_rows_map(v_map, a.dtype, a.v, HD, a.kv_stride, a.kv_stride, planes);
-}
-
 template <class T, int HD>
 bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   using Sh = DecodeShape<HD>;
-  CUtensorMap k_map{}, v_map{};
-  const bool tma = use_decode_tma<T, HD>(a, &k_map, &v_map);
-  const auto kernel = tma ? attention_decode_kernel<T, HD, true> : attention_decode_kernel<T, HD, false>;
-  const int smem = tma ? Sh::kTmaSmemBytes : Sh::kSmemBytes;
-  if (!(tma ? prepare_kernel<attention_decode_kernel<T, HD, true>>(smem)
-            : prepare_kernel<attention_decode_kernel<T, HD, false>>(smem))) {
-    return false;
-  }
+  const auto kernel = attention_decode_kernel<T, HD>;
+  if (!prepare_kernel<attention_decode_kernel<T, HD>>(Sh::kSmemBytes)) return false;
   const int splits = attention_decode_splits(a.kv_stride);
   const int slice_keys = static_cast<int>(attention_decode_slice_keys(a.kv_stride));
   const int group = a.num_heads / a.num_kv_heads;
@@ -871,9 +758,8 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
       splits == 1 || (a.decode_tuning.fused_merge && groups <= kDecodeArrivalSlots &&
                       static_cast<double>(groups) <=
                           a.decode_tuning.fused_max_groups_per_sm * device_sm_count("flash_attention"));
-  launch_pdl("flash_attention", kernel, grid, static_cast<unsigned>(Sh::kKeyWarps * 32 * mtiles),
-             static_cast<std::size_t>(smem), stream, a, k_map, v_map, splits, slice_keys, chunks, prefetch_l2, fused,
-             pdl_early_trigger());
+  launch_pdl("flash_attention", kernel, grid, static_cast<unsigned>(Sh::kKeyWarps * 32 * mtiles), Sh::kSmemBytes,
+             stream, a, splits, slice_keys, chunks, prefetch_l2, fused, pdl_early_trigger());
   if (!fused) launch_combine<T, HD>(a, splits, slice_keys, stream);
   check_launch("flash_attention");
   return true;
@@ -898,11 +784,6 @@ bool launch_attention_decode_tc(const AttentionArgs& a, cudaStream_t stream) {
 }
 
 }  // namespace
-
-bool attention_decode_tma_available() {
-  return device_is_sm90_or_later() && has_sm90_code(attention_decode_kernel<__half, 128, true>) &&
-         tensor_map_encoder_available();
-}
 
 std::size_t attention_workspace_floats(int batch, int num_heads, int q_len, int head_dim, long long kv_stride) {
   if (q_len != 1) return 0;

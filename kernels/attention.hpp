@@ -64,10 +64,6 @@ struct DecodeTuning {
   // between the two, not measured closer. fused_merge = false: never.
   bool fused_merge = true;
   double fused_max_groups_per_sm = 2.0;
-  // sm_90: the 64-key K / V tiles arrive by TMA into one block-wide ring
-  // (kernels/attention.cu, kTma) instead of each key warp's cp.async ring.
-  // The same bits. An experiment (session 13), off until measured.
-  bool tma = false;
 };
 
 // Launch knobs of the wgmma prefill (kernels/attention_prefill_wgmma.cu);
@@ -120,11 +116,6 @@ struct AttentionArgs {
 // Floats of split-K scratch a decode call needs (0 for prefill): at most
 // batch * num_heads * 32 * (head_dim + 1).
 std::size_t attention_workspace_floats(int batch, int num_heads, int q_len, int head_dim, long long kv_stride);
-
-// Whether DecodeTuning::tma can take effect on the current device: sm_90+,
-// the library built with sm_90 code, and a driver that encodes tensor maps
-// (a launch still falls back to cp.async where a map does not fit).
-bool attention_decode_tma_available();
 
 // Points a.partial_out and a.partial_lse into `workspace` (f32, `floats` of
 // them, at least attention_workspace_floats): the outputs first, then the
