@@ -449,7 +449,7 @@ int main(int argc, char** argv) {
       row.config = plan.config;
       if (streams(m)) {  // the streaming kernel: "config" -1
         const ferrum::kernels::GptqPlan sp = ferrum::kernels::gptq_stream_plan(
-            opt.dtype, !r.uniform_zero, m, static_cast<int>(r.k_pad), static_cast<int>(r.n_pad),
+            opt.dtype, !r.uniform_zero, m, k, static_cast<int>(r.k_pad), static_cast<int>(r.n_pad),
             static_cast<int>(r.group_rows), num_sms, kind_of(m), opt.ring);
         row.splits = opt.splits > 0 ? std::min(opt.splits, static_cast<int>(r.k_pad) / 128) : sp.splits;
         row.config = -1;

@@ -1520,9 +1520,9 @@ bool gptq_bulk_source_applies(int group_rows) {
   return stream_occupancy().bulk_supported && group_rows >= kGptqBulkMinGroupRows;
 }
 
-GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k_pad, int n_pad, int group_rows, int num_sms,
+GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k, int k_pad, int n_pad, int group_rows, int num_sms,
                           GptqKernelKind kind, int ring) {
-  const bool bulk = stream_uses_bulk(kind, k_pad, group_rows);
+  const bool bulk = stream_uses_bulk(kind, k, group_rows);  // as launch_stream decides it
   const int dtype_index = dtype == DType::BF16 ? 1 : 0;
   return stream_plan_for(dtype_index, zeros, stream_nt(m), bulk,
                          bulk ? stream_ring_for(dtype_index, zeros, stream_nt(m), ring) : 0, k_pad, n_pad, num_sms);

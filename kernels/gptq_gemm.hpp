@@ -118,9 +118,10 @@ GptqPlan gptq_plan(DType dtype, int m, int k_pad, int n_pad, int num_sms);
 // The streaming kernel's plan for m <= kGptqStreamMaxM rows (zeros: the
 // weight has a zero array): config -1, one CTA per 64 columns (n_ctas)
 // times `splits` along k.
-// group_rows: the weight's (GptqDeviceWeight::group_rows); kind and ring:
-// those of the launch (GptqGemmArgs::kernel, ::stream_ring).
-GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k_pad, int n_pad, int group_rows, int num_sms,
+// k, k_pad, group_rows: the weight's (GptqDeviceWeight); kind and ring:
+// those of the launch (GptqGemmArgs::kernel, ::stream_ring). The launch
+// runs exactly this plan.
+GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k, int k_pad, int n_pad, int group_rows, int num_sms,
                           GptqKernelKind kind = GptqKernelKind::Stream, int ring = 0);
 // f32 partial sums either kernel may need for any m <= kGptqMaxM.
 std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms);

@@ -604,8 +604,9 @@ TEST_F(CudaGptqStreamBulk, ClusterReduceGivesTheWorkspaceReductionsBits) {
       for (DType dt : kHalfDTypes) {
         SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
         // The premise: a plan the cluster reduce takes.
-        const int splits = kernels::gptq_stream_plan(dt, !c.symmetric, static_cast<int>(m), k_pad, n_pad, group_rows,
-                                                     num_sms(), kernels::GptqKernelKind::StreamBulk, 0)
+        const int splits = kernels::gptq_stream_plan(dt, !c.symmetric, static_cast<int>(m), static_cast<int>(c.k),
+                                                     k_pad, n_pad, group_rows, num_sms(),
+                                                     kernels::GptqKernelKind::StreamBulk, 0)
                                .splits;
         ASSERT_GE(splits, 2);
         ASSERT_LE(splits, kernels::kGptqClusterMaxSplits);
@@ -673,13 +674,13 @@ TEST_F(CudaGptqStreamBulk, EveryRingSizeGivesTheRegisterSourcesBits) {
     for (std::size_t m : {1, 9, 16}) {
       for (DType dt : kHalfDTypes) {
         const int k_pad = static_cast<int>((c.k + 127) / 128 * 128), n_pad = static_cast<int>(c.n);
-        ASSERT_EQ(kernels::gptq_stream_plan(dt, !c.symmetric, static_cast<int>(m), k_pad, n_pad, c.group_size,
-                                            num_sms(), kernels::GptqKernelKind::Stream, 0)
+        ASSERT_EQ(kernels::gptq_stream_plan(dt, !c.symmetric, static_cast<int>(m), static_cast<int>(c.k), k_pad,
+                                            n_pad, c.group_size, num_sms(), kernels::GptqKernelKind::Stream, 0)
                       .splits,
                   1);
         for (int ring = 1; ring <= kernels::kGptqStreamMaxRing; ++ring) {
-          ASSERT_EQ(kernels::gptq_stream_plan(dt, !c.symmetric, static_cast<int>(m), k_pad, n_pad, c.group_size,
-                                              num_sms(), kernels::GptqKernelKind::StreamBulk, ring)
+          ASSERT_EQ(kernels::gptq_stream_plan(dt, !c.symmetric, static_cast<int>(m), static_cast<int>(c.k), k_pad,
+                                              n_pad, c.group_size, num_sms(), kernels::GptqKernelKind::StreamBulk, ring)
                         .splits,
                     1)
               << "m=" << m << " ring=" << ring;
