@@ -5,9 +5,8 @@
 // block (PrefillTuning) beside the mma.sync prefill. None of the knobs
 // changes a result. Not part of the library.
 //
-//   ferrum_attention_tuning [decode|prefill|all] [B L]   f16, hd 128 (default all)
-//
-// B L: decode at batch B and cache length L only (one shape, e.g. for ncu).
+//   ferrum_attention_tuning [decode|prefill|all]   f16, hd 128 (default all)
+//   ferrum_attention_tuning decode B L             one decode shape (e.g. for ncu)
 // Decode variants: the merge in the decode kernel (fused 1) and as a second
 // kernel (fused 0); the L2 prefetch knobs stay at their defaults (measured
 // in session 7). Session 13 also swept deeper cp.async rings (4-6 slots per
@@ -170,13 +169,22 @@ void tune_prefill(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1) {
 
 int main(int argc, char** argv) {
   const char* what = argc > 1 ? argv[1] : "all";
-  if ((std::strcmp(what, "decode") != 0 && std::strcmp(what, "prefill") != 0 && std::strcmp(what, "all") != 0) ||
-      (argc != 2 && argc != 4 && argc != 1)) {
-    std::printf("usage: %s [decode|prefill|all] [B L]\n", argv[0]);
+  // B L: 1 <= B <= 4096, 1 <= L <= 2^20, and only with "decode".
+  auto positive = [](const char* text, long long most) {
+    char* end = nullptr;
+    const long long v = std::strtoll(text, &end, 10);
+    return end != text && *end == '\0' && v >= 1 && v <= most ? v : 0LL;
+  };
+  const long long only_batch = argc == 4 ? positive(argv[2], 4096) : 0;
+  const long long only_len = argc == 4 ? positive(argv[3], 1LL << 20) : 0;
+  const bool known = std::strcmp(what, "decode") == 0 || std::strcmp(what, "prefill") == 0 ||
+                     std::strcmp(what, "all") == 0;
+  if (!known || (argc != 1 && argc != 2 && argc != 4) ||
+      (argc == 4 && (std::strcmp(what, "decode") != 0 || only_batch == 0 || only_len == 0))) {
+    std::printf("usage: %s [decode|prefill|all]\n       %s decode B L   (1 <= B <= 4096, 1 <= L <= 1048576)\n",
+                argv[0], argv[0]);
     return 2;
   }
-  const int only_batch = argc == 4 ? std::atoi(argv[2]) : 0;
-  const long long only_len = argc == 4 ? std::atoll(argv[3]) : 0;
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::printf("no GPU: nothing to tune\n");
@@ -195,7 +203,7 @@ int main(int argc, char** argv) {
   std::printf("%-5s %-7s %-6s %10s %9s\n", "B", "L", "fused", "median_us", "GB/s");
   std::vector<Shape> shapes = {{1, 1024},   {1, 4096},  {1, 8192},   {1, 32768}, {1, 131072}, {16, 1024},
                                {16, 8192},  {16, 32768}, {64, 1024}, {64, 8192}, {64, 32768}};
-  if (only_batch > 0) shapes = {{only_batch, only_len}};
+  if (only_batch > 0) shapes = {{static_cast<int>(only_batch), only_len}};
   for (const Shape& sh : shapes) {
     const std::size_t kv_bytes = static_cast<std::size_t>(sh.batch) * kKvHeads * sh.kv * kHd * 2;
     const double call_bytes = 2.0 * static_cast<double>(kv_bytes);

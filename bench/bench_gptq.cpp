@@ -466,9 +466,10 @@ int main(int argc, char** argv) {
       if (opt.crossover) std::snprintf(deq, sizeof(deq), "%.1f", row.dequant_us);
       char plan_text[16];
       if (row.config < 0) {
-        // "c": the splits summed in a cluster (the rule of launch_gptq_gemm's bulk source).
-        const bool clustered = kind_of(m) == ferrum::kernels::GptqKernelKind::StreamBulk &&
-                               ferrum::kernels::gptq_bulk_source_applies(128) &&
+        // "c": the splits summed in a cluster (the rule of launch_gptq_gemm's
+        // bulk source, on a device where such a cluster fits).
+        const bool clustered = kind_of(m) == ferrum::kernels::GptqKernelKind::StreamBulk && k % 8 == 0 &&
+                               ferrum::kernels::gptq_bulk_source_applies(static_cast<int>(r.group_rows)) &&
                                ferrum::kernels::gptq_cluster_reduces(
                                    opt.cluster_reduce, row.splits,
                                    static_cast<long long>(r.n_pad / ferrum::kernels::kGptqTileN) * row.splits, num_sms);

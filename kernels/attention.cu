@@ -27,7 +27,9 @@
 // its base-2 log-sum-exp. The block that finishes a (sequence, kv head)
 // last -- an arrival counter, which that block returns to zero -- merges
 // the slices' partials in slice order (merge_slice_partials), so there is
-// no second kernel; a row with one valid slice is written directly.
+// no second kernel; a row with one valid slice is written directly. Large
+// launches (DecodeTuning::fused_max_groups_per_sm) merge in a second kernel
+// instead, attention_combine_kernel: the same arithmetic.
 // Bitwise deterministic: which block merges never changes the arithmetic.
 // In device-state / ragged mode the grid covers the whole capacity and
 // slices past kv_len exit at once (they do not arrive: the count to wait
@@ -144,7 +146,8 @@ __device__ void merge_slice_partials(const AttentionArgs& a, long long row0, int
 // launch and graph replay starts from zero. Per device: decode launches of
 // one device must not run concurrently (the backend queues every op of a
 // device on one stream), as for the split-K workspace. A launch with more
-// groups merges in attention_combine_kernel instead (the same bits).
+// groups (or past DecodeTuning's fused size) merges in
+// attention_combine_kernel instead (the same bits).
 constexpr int kDecodeArrivalSlots = 1 << 16;
 __device__ unsigned int g_decode_arrivals[kDecodeArrivalSlots];
 
@@ -713,9 +716,10 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
 }
 
 // The merge as a kernel of its own, one block per (sequence, head): after
-// attention_rows_kernel, and after the tensor-core kernel when a launch has
-// more (sequence, kv head, chunk) groups than arrival counters. The same
-// arithmetic as the fused merge, so the same bits.
+// attention_rows_kernel, and after the tensor-core kernel when the launch is
+// not fused (more (sequence, kv head, chunk) groups than
+// DecodeTuning::fused_max_groups_per_sm per SM or than arrival counters, or
+// fused_merge off). The same arithmetic as the fused merge, so the same bits.
 constexpr int kCombineThreads = 64;
 
 template <class T, int HD>

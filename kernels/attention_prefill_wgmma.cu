@@ -4,8 +4,8 @@
 //
 // A block is one or two warpgroups (4 warps, 128 threads each) owning 64
 // query rows each of one (sequence, q head); two share every K / V tile
-// (the shape is picked from the grid size, as the mma.sync kernel picks
-// its 64- or 128-row blocks; the bits are the same). Warp w of a
+// (the shape is picked from the grid size, two from one wave of 128-row
+// blocks -- see launch_wgmma_typed; the bits are the same). Warp w of a
 // warpgroup holds its rows 16 w .. 16 w + 15 of every accumulator (wgmma's
 // m64 layout is the mma.sync C layout per warp and n8 tile, so the masking
 // and the online softmax are attention_prefill.cu's).
@@ -393,8 +393,9 @@ bool launch_wgmma_shape(const AttentionArgs& a, const CUtensorMap& q_map, const 
 
 // Two warpgroups per block (128-row blocks sharing each K / V tile) once
 // the grid of them fills the device at least once: on the H200 (f16, hd 128,
-// 32 heads) two beat one at every S measured, 1k +5 %, 2k +2 %, 4k +13 %,
-// 16k +18 % (docs/PERFORMANCE.md, session 13); below one wave the 64-row
+// 32 heads, random inputs) two beat one at every S measured: 1k +3.6 %,
+// 2k +1.4 %, 4k +11.7 %, 16k +16.8 % (docs/PERFORMANCE.md, session 13);
+// below one wave the 64-row
 // blocks keep more SMs busy. PrefillTuning::wgmma_warpgroups overrides it.
 // Both shapes give the same bits.
 template <class T, int HD>

@@ -40,6 +40,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
@@ -1212,6 +1213,38 @@ auto stream_kernel_ptr() {
 // Dynamic shared memory of the bulk source: `ring` slots per warp.
 constexpr int stream_ring_bytes(int nt, int ring) { return kStreamWarps * ring * stream_slot_bytes(nt); }
 
+// Whether a cluster of `splits` CTAs of `kernel` (its shared-memory opt-in
+// done) with `smem` bytes each can be resident at all
+// (cudaOccupancyMaxActiveClusters > 0). Where not (a GPU partition too
+// small for one), the launch takes the workspace reduction instead of
+// failing: the same bits. Asked once per instance, cluster size and ring,
+// on the device current at the first call (as stream_occupancy).
+template <class T, int NT, bool kZeros, StreamSource kSource>
+bool stream_cluster_fits(int splits, int ring, std::size_t smem) {
+  static std::atomic<unsigned char> known[kGptqClusterMaxSplits + 1][kGptqStreamMaxRing + 1];  // 0 unknown, 1 no, 2 yes
+  std::atomic<unsigned char>& state = known[splits][ring];
+  unsigned char v = state.load(std::memory_order_relaxed);
+  if (v == 0) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = static_cast<unsigned>(splits);
+    attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(1, static_cast<unsigned>(splits), 1);
+    config.blockDim = dim3(kStreamThreads);
+    config.dynamicSmemBytes = smem;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    int clusters = 0;
+    const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, stream_kernel_ptr<T, NT, kZeros, kSource>(), &config);
+    if (err != cudaSuccess) (void)cudaGetLastError();  // not sticky: the launch check must not see it
+    v = err == cudaSuccess && clusters > 0 ? 2 : 1;
+    state.store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
+}
+
 template <class T, int NT, StreamSource kSource>
 void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream_t stream) {
   constexpr bool kBulk = kSource != StreamSource::Registers;
@@ -1225,9 +1258,6 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   p.ring = kBulk ? ring : 0;
   p.group_rows_per_chunk = std::max(1, kChunkK16 / p.k16_per_group);
   const dim3 grid(static_cast<unsigned>(args.w.n_pad / kGptqTileN), static_cast<unsigned>(splits));
-  p.cluster_reduce =
-      kBulk && gptq_cluster_reduces(args.cluster_reduce, splits, static_cast<long long>(grid.x) * splits, args.num_sms);
-  const dim3 cluster(1, p.cluster_reduce ? static_cast<unsigned>(splits) : 1u, 1);
   const std::size_t smem = kBulk ? static_cast<std::size_t>(stream_ring_bytes(NT, ring)) : 0;
   if constexpr (kBulk) {  // the shared-memory opt-in, once per device (cheap after the first call)
     const bool ok = args.w.zeros != nullptr
@@ -1238,6 +1268,13 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
                          stream_ring_bytes(NT, kGptqStreamMaxRing));
     }
   }
+  p.cluster_reduce =
+      kBulk && gptq_cluster_reduces(args.cluster_reduce, splits, static_cast<long long>(grid.x) * splits, args.num_sms);
+  if (p.cluster_reduce) {
+    p.cluster_reduce = args.w.zeros != nullptr ? stream_cluster_fits<T, NT, true, kSource>(splits, ring, smem)
+                                               : stream_cluster_fits<T, NT, false, kSource>(splits, ring, smem);
+  }
+  const dim3 cluster(1, p.cluster_reduce ? static_cast<unsigned>(splits) : 1u, 1);
   if (args.w.zeros != nullptr) {
     launch_pdl_clustered("gemm_gptq (stream)", cluster, stream_kernel_ptr<T, NT, true, kSource>(), grid,
                          dim3(kStreamThreads), smem, stream, p);

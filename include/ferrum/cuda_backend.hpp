@@ -124,7 +124,7 @@ struct CudaBackendConfig {
   // splits of a column block run as one thread-block cluster and sum through
   // distributed shared memory instead of the workspace, with no fence or
   // atomic (the same bits either way: the same sums in the same order). On
-  // by default: on the H200 it wins 7-11 % on one-wave launches (4096 x
+  // by default: on the H200 it wins 4-11 % on one-wave launches (4096 x
   // 4096, 4096 x 6144) and lost ~20 % on larger ones (session 12), hence the
   // CTA-per-SM gate; the llama3-8b GPTQ engine decodes 3.5-4 % faster with
   // it (session 13). false: the workspace reduction everywhere (an A/B

@@ -1,5 +1,5 @@
 // TMA tensor maps over the attention layouts (host side): what the wgmma
-// prefill and the TMA decode hand to cp.async.bulk.tensor. The encoder,
+// prefill hands to cp.async.bulk.tensor. The encoder,
 // cuTensorMapEncodeTiled, is reached through the runtime
 // (cudaGetDriverEntryPointByVersion), so the library does not link the
 // driver library; it is looked up once per process.
@@ -10,9 +10,6 @@
 #include "ferrum/dtype.hpp"
 
 namespace ferrum::kernels {
-
-// Whether the driver offers cuTensorMapEncodeTiled (CUDA 12.0+ drivers).
-bool tensor_map_encoder_available();
 
 // A 3-d map over `base`: [planes][rows][head_dim] elements of 2 bytes (f16 or
 // bf16), row r of plane p at (p * plane_rows + r) * head_dim (plane_rows >=

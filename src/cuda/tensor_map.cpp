@@ -30,8 +30,6 @@ EncodeTiledFn encode_tiled_fn() {
 
 }  // namespace
 
-bool tensor_map_encoder_available() { return encode_tiled_fn() != nullptr; }
-
 bool encode_rows_map(CUtensorMap* map, DType dtype, const void* base, int head_dim, long long rows,
                      long long plane_rows, long long planes) {
   const EncodeTiledFn encode = encode_tiled_fn();

@@ -5,9 +5,10 @@
 //     default sm_90a build, the wgmma kernel of
 //     kernels/attention_prefill_wgmma.cu for head_dim 64 / 128 (blocks of
 //     one warpgroup, 64 query rows, for small grids, and of two, 128 rows,
-//     under the same rule as the mma.sync kernel's 128-row shape: LargeGrid
-//     and the batch-invariance test reach it, and the latter checks both
-//     shapes give the same bits), the mma.sync kernel for head_dim 256;
+//     once ceil(q_len / 128) * heads * batch >= SMs: LargeGrid and the
+//     batch-invariance test reach it; CudaPrefillWgmma.BothBlockShapesGive-
+//     TheSameBits pins that both shapes give the same bits), the mma.sync
+//     kernel for head_dim 256;
 //   - a backend with PrefillKernel::MmaSync: the mma.sync kernel of
 //     kernels/attention_prefill.cu for every head_dim. It has two
 //     query-block shapes: 64 rows (one m16 tile per warp) for small grids
@@ -284,7 +285,9 @@ TEST_P(CudaPrefillDeterminism, BitwiseRepeatable) {
   const std::unique_ptr<Backend> mma_sync = make_mma_sync_backend();
   for (Backend* be : {&cuda(), mma_sync.get()}) {
   SCOPED_TRACE(be == &cuda() ? "auto" : "mma_sync");
-  // 8 heads x batch 2: the 64-row shape; 64 heads x batch 4: the 128-row one.
+  // 8 heads x batch 2: the mma.sync kernel's 64-row shape (and the wgmma
+  // kernel's one-warpgroup blocks on devices of more than 128 SMs); 64 heads
+  // x batch 4: the 128-row / two-warpgroup shapes.
   for (std::size_t heads : {std::size_t{8}, std::size_t{64}}) {
     for (bool causal : {true, false}) {
       AttnConfig cfg;

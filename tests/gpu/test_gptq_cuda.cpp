@@ -558,8 +558,10 @@ class CudaGptqStreamBulk : public CudaGptqStream {
     return sms;
   }
   // A backend with the bulk source and `ring` chunk slots per warp (0: the
-  // default), its splits summed in a cluster when `cluster_reduce`.
-  static std::unique_ptr<CudaBackend> bulk_backend(int ring = 0, bool cluster_reduce = false) {
+  // default), its splits summed in a cluster when `cluster_reduce` (by
+  // default as CudaBackendConfig's default: what an engine runs).
+  static std::unique_ptr<CudaBackend> bulk_backend(int ring = 0,
+                                                   bool cluster_reduce = CudaBackendConfig{}.gptq_cluster_reduce) {
     CudaBackendConfig config;
     config.gptq_kernel = GptqKernel::StreamBulk;
     config.gptq_stream_ring = ring;
@@ -586,7 +588,7 @@ TEST_F(CudaGptqStreamBulk, ConfigReachesTheBackend) {
 TEST_F(CudaGptqStreamBulk, ClusterReduceGivesTheWorkspaceReductionsBits) {
   if (!kernels::gptq_bulk_copy_supported()) GTEST_SKIP() << "no bulk copies (sm_90+) on this device";
   FERRUM_SEEDED_RNG(rng);
-  auto workspace = bulk_backend();
+  auto workspace = bulk_backend(0, false);
   auto cluster = bulk_backend(0, true);
   const std::initializer_list<std::size_t> ms = {1, 9, 16};
   for (const WeightCase& c : {WeightCase{2048, 1024, 128, true, false, GptqZeroFormat::V1, false},
@@ -717,40 +719,44 @@ TEST_F(CudaGptqStreamBulk, DeterministicRunToRunAndClose) {
 
 // Launched with PDL, the kernel's prologue overlaps the previous kernel: a
 // chain y = (x · W1) · W2 on the stream with no host sync between the two
-// GEMMs (the second reads what the first wrote, and both use the split-K
-// workspace: 8 splits of a 64-column weight) must equal the two GEMMs run
-// with a download in between, eagerly and replayed from a graph.
+// GEMMs (the second reads what the first wrote; 8 splits of a 64-column
+// weight, summed through the split-K workspace or in a cluster) must equal
+// the two GEMMs run with a download in between, eagerly and replayed from a
+// graph.
 TEST_F(CudaGptqStreamBulk, BackToBackLaunchesSeeEachOthersWrites) {
   FERRUM_SEEDED_RNG(rng);
-  auto bulk = bulk_backend();
   const WeightCase c1{8192, 64, 128, false, false, GptqZeroFormat::V1, false};
   const WeightCase c2{64, 8192, 32, true, false, GptqZeroFormat::V2, false};
   const Checkpoint ck1 = make_checkpoint(c1, rng), ck2 = make_checkpoint(c2, rng);
-  std::unique_ptr<QuantWeight> w1 = bulk->load_gptq(ck1.tensors());
-  std::unique_ptr<QuantWeight> w2 = bulk->load_gptq(ck2.tensors());
-  for (std::size_t m : {1, 9}) {
-    SCOPED_TRACE(cat("m=", m));
-    const std::vector<float> a = uniform_values(rng, m * c1.k, -1.0f, 1.0f);
-    // Apart: each GEMM's input uploaded from the host.
-    const std::vector<float> mid = run_gemm(*bulk, *w1, a, DType::F16, m);
-    const std::vector<float> want = run_gemm(*bulk, *w2, mid, DType::F16, m);
-    Buffer a_buf = bulk->upload(a, DType::F16);
-    Buffer mid_buf = bulk->upload(std::vector<float>(m * c1.n, NAN), DType::F16);
-    Buffer out = bulk->upload(std::vector<float>(m * c2.n, NAN), DType::F16);
-    bulk->gemm_gptq(a_buf, *w1, mid_buf, m);
-    bulk->gemm_gptq(mid_buf, *w2, out, m);
-    EXPECT_TRUE(same_floats(bulk->download(out), want)) << "eager chain";
-    bulk->write(mid_buf, std::vector<float>(m * c1.n, NAN));
-    bulk->write(out, std::vector<float>(m * c2.n, NAN));
-    bulk->begin_graph_capture();
-    bulk->gemm_gptq(a_buf, *w1, mid_buf, m);
-    bulk->gemm_gptq(mid_buf, *w2, out, m);
-    bulk->end_graph_capture();
-    for (int replay = 0; replay < 3; ++replay) {
-      ASSERT_TRUE(bulk->replay_last_graph());
-      EXPECT_TRUE(same_floats(bulk->download(out), want)) << "graph replay " << replay;
+  for (const bool cluster_reduce : {false, true}) {
+    SCOPED_TRACE(cluster_reduce ? "cluster reduce" : "workspace reduce");
+    auto bulk = bulk_backend(0, cluster_reduce);
+    std::unique_ptr<QuantWeight> w1 = bulk->load_gptq(ck1.tensors());
+    std::unique_ptr<QuantWeight> w2 = bulk->load_gptq(ck2.tensors());
+    for (std::size_t m : {1, 9}) {
+      SCOPED_TRACE(cat("m=", m));
+      const std::vector<float> a = uniform_values(rng, m * c1.k, -1.0f, 1.0f);
+      // Apart: each GEMM's input uploaded from the host.
+      const std::vector<float> mid = run_gemm(*bulk, *w1, a, DType::F16, m);
+      const std::vector<float> want = run_gemm(*bulk, *w2, mid, DType::F16, m);
+      Buffer a_buf = bulk->upload(a, DType::F16);
+      Buffer mid_buf = bulk->upload(std::vector<float>(m * c1.n, NAN), DType::F16);
+      Buffer out = bulk->upload(std::vector<float>(m * c2.n, NAN), DType::F16);
+      bulk->gemm_gptq(a_buf, *w1, mid_buf, m);
+      bulk->gemm_gptq(mid_buf, *w2, out, m);
+      EXPECT_TRUE(same_floats(bulk->download(out), want)) << "eager chain";
+      bulk->write(mid_buf, std::vector<float>(m * c1.n, NAN));
+      bulk->write(out, std::vector<float>(m * c2.n, NAN));
+      bulk->begin_graph_capture();
+      bulk->gemm_gptq(a_buf, *w1, mid_buf, m);
+      bulk->gemm_gptq(mid_buf, *w2, out, m);
+      bulk->end_graph_capture();
+      for (int replay = 0; replay < 3; ++replay) {
+        ASSERT_TRUE(bulk->replay_last_graph());
+        EXPECT_TRUE(same_floats(bulk->download(out), want)) << "graph replay " << replay;
+      }
+      bulk->reset_graph();
     }
-    bulk->reset_graph();
   }
 }
 
