@@ -5,7 +5,7 @@ What structure lets cuDNN read K+V at 4.6 TB/s in decode (issue 3; ours tops
 out at 4.3)? Its grid, block, shared memory, registers, occupancy and DRAM
 rate answer that; ncu reports them for the kernels this script launches:
 
-  ncu --clock-control none --launch-skip 2 --launch-count 6 \
+  ncu --clock-control none --profile-from-start off --launch-count 8 \
       --metrics launch__grid_size,launch__block_size,launch__registers_per_thread,\
 launch__shared_mem_per_block_dynamic,launch__shared_mem_per_block_static,\
 launch__occupancy_limit_shared_mem,sm__warps_active.avg.pct_of_peak_sustained_active,\
@@ -13,7 +13,9 @@ gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__
       python3 bench/torch_decode_probe.py --backend cudnn --batch 16 --kv 8192
 
 Shapes as bench/torch_reference.py's decode cases: 32 q heads, 8 kv heads,
-hd 128, f16, q_len 1, GQA through enable_gqa. Not a benchmark (no timing).
+hd 128, f16, q_len 1, GQA through enable_gqa. One call runs outside the
+profiled range (cudaProfilerStart / Stop), so the range holds only the
+decode calls' kernels. Not a benchmark (no timing).
 """
 import argparse
 
@@ -36,9 +38,13 @@ def main():
     v = torch.randn(args.batch, nkv, args.kv, hd, device="cuda", dtype=torch.float16)
     backend = SDPBackend.CUDNN_ATTENTION if args.backend == "cudnn" else SDPBackend.FLASH_ATTENTION
     with sdpa_kernel(backend):
+        F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # plans, workspaces: outside the range
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
         for _ in range(args.calls):
             F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
     print(f"probe: {args.backend} B={args.batch} L={args.kv}: {args.calls} calls")
 
 
