@@ -130,6 +130,21 @@ void decode_to_f32(DType dtype, const void* src, std::size_t count, float* dst) 
   }
 }
 
+// How src[src_offset .. +len) and dst[dst_offset .. +len) (one dtype) lie
+// in memory: views of one allocation may share bytes. A device-to-device
+// cudaMemcpy is undefined on overlapping ranges, so element copies refuse
+// a partial overlap on every backend; the same range is already in place.
+enum class CopyOverlap { Disjoint, Same, Partial };
+CopyOverlap copy_overlap(const Buffer& src, std::size_t src_offset, const Buffer& dst, std::size_t dst_offset,
+                         std::size_t len) {
+  const std::size_t elem = size_of(src.dtype());
+  const auto s = reinterpret_cast<std::uintptr_t>(src.data()) + src_offset * elem;
+  const auto d = reinterpret_cast<std::uintptr_t>(dst.data()) + dst_offset * elem;
+  if (s == d) return CopyOverlap::Same;
+  const std::uintptr_t bytes = len * elem;
+  return s < d + bytes && d < s + bytes ? CopyOverlap::Partial : CopyOverlap::Disjoint;
+}
+
 }  // namespace
 
 // ── Buffers ────────────────────────────────────────────────────────────────
@@ -216,6 +231,17 @@ void Backend::copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst,
   if (dst_offset > dst.numel() || len > dst.numel() - dst_offset) {
     check.fail(ErrorCode::ShapeMismatch, "copy_slice: destination range [{}, {}) runs past 'dst' ({} elements)",
          dst_offset, dst_offset + len, dst.numel());
+  }
+  switch (copy_overlap(src, src_offset, dst, dst_offset, len)) {
+    case CopyOverlap::Same:
+      return;  // already in place
+    case CopyOverlap::Partial:
+      check.fail(ErrorCode::InvalidArgument,
+                 "copy_slice: 'dst' range [{}, {}) overlaps 'src' range [{}, {}) in memory (views of one buffer); "
+                 "copy through a second buffer",
+                 dst_offset, dst_offset + len, src_offset, src_offset + len);
+    case CopyOverlap::Disjoint:
+      break;
   }
   do_copy_slice(src, src_offset, dst, dst_offset, len);
 }
@@ -597,6 +623,8 @@ void check_qkv_rope_append(const OpCheck& check, const Buffer& qkv, const Buffer
   check.size("cfg.head_dim", cfg.head_dim);
   check.size("cfg.capacity", cfg.capacity);
   check.size("cfg.max_pos", cfg.max_pos);
+  // The kernels index a qkv row's heads in 32 bits.
+  check.size("cfg.heads + 2 * cfg.kv_heads", cfg.heads + 2 * cfg.kv_heads);
   check.buffer("qkv", qkv);
   check.buffer("q_out", q_out);
   check.buffer("k_cache", k_cache);
@@ -947,6 +975,14 @@ void Backend::do_all_gather(const Buffer& local, Buffer& global, std::size_t loc
     check.fail(ErrorCode::Unsupported, "all_gather: world size is {} but the {} backend has no communicator",
          world_size(), name());
   }
+  switch (copy_overlap(local, 0, global, 0, local_len)) {
+    case CopyOverlap::Same:
+      return;  // in place
+    case CopyOverlap::Partial:
+      check.fail(ErrorCode::InvalidArgument, "all_gather: 'global' overlaps 'local' in memory without being in place");
+    case CopyOverlap::Disjoint:
+      break;
+  }
   do_copy_slice(local, 0, global, 0, local_len);
 }
 
@@ -964,6 +1000,14 @@ void Backend::do_reduce_scatter(const Buffer& input, Buffer& output, std::size_t
   if (world_size() != 1) {
     check.fail(ErrorCode::Unsupported, "reduce_scatter: world size is {} but the {} backend has no communicator",
          world_size(), name());
+  }
+  switch (copy_overlap(input, 0, output, 0, len)) {
+    case CopyOverlap::Same:
+      return;  // in place
+    case CopyOverlap::Partial:
+      check.fail(ErrorCode::InvalidArgument, "reduce_scatter: 'output' overlaps 'input' in memory without being in place");
+    case CopyOverlap::Disjoint:
+      break;
   }
   do_copy_slice(input, 0, output, 0, len);
 }

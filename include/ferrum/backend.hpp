@@ -181,6 +181,8 @@ class Backend {
   void read_bytes(const Buffer& src, void* host, std::size_t bytes, std::size_t src_byte_offset = 0);
 
   // dst[dst_offset .. +len) = src[src_offset .. +len); same dtype. Capture-safe.
+  // The two ranges may be the same (nothing to do) but must not otherwise
+  // share bytes (views of one buffer): InvalidArgument.
   void copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
                   std::size_t len);
 

@@ -245,6 +245,9 @@ class CudaBackend final : public Backend {
   // CudaBackendConfig::gptq_kernel; the constructor sets it through
   // checked_gptq_kernel (src/cuda/cuda_backend_gptq.cpp), which throws on a bad value.
   static GptqKernel checked_gptq_kernel(GptqKernel requested);
+  // Every field's own check, before the device's runtime is made: a refused
+  // config leaves no device-wide setting (workspaces, PDL) behind.
+  static const CudaBackendConfig& checked_config(const CudaBackendConfig& config);
   GptqKernel gptq_kernel_ = GptqKernel::Auto;
   int gptq_stream_ring_ = 0;  // CudaBackendConfig::gptq_stream_ring, checked
   bool gptq_cluster_reduce_ = true;  // CudaBackendConfig::gptq_cluster_reduce

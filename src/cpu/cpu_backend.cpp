@@ -322,7 +322,9 @@ void CpuBackend::do_read_bytes(const Buffer& src, std::size_t src_byte_offset, v
 
 void CpuBackend::do_copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst,
                                std::size_t dst_offset, std::size_t len) {
-  // memmove: src and dst may be views of one buffer with overlapping ranges.
+  // memmove: src and dst may be views of one buffer (disjoint ranges:
+  // Backend::copy_slice refuses overlapping ones, as the CUDA copy would be
+  // undefined there).
   const std::size_t elem = size_of(src.dtype());
   std::memmove(bytes_of(dst) + dst_offset * elem, bytes_of(src) + src_offset * elem, len * elem);
 }

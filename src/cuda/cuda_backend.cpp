@@ -116,9 +116,18 @@ int checked_gptq_stream_ring(int requested) {
 
 }  // namespace
 
+const CudaBackendConfig& CudaBackend::checked_config(const CudaBackendConfig& config) {
+  (void)checked_communicator(config);
+  (void)resolved_skinny_max_m(config.gemm_skinny_max_m);
+  (void)checked_gptq_kernel(config.gptq_kernel);
+  (void)checked_gptq_stream_ring(config.gptq_stream_ring);
+  (void)checked_prefill_kernel(config.prefill_kernel);
+  return config;
+}
+
 CudaBackend::CudaBackend(CudaBackendConfig config)
     : device_(config.device),
-      rt_(&detail::cuda_runtime(config)),
+      rt_(&detail::cuda_runtime(checked_config(config))),
       comm_(checked_communicator(config)),
       collective_timeout_(config.collective_timeout),
       gemm_skinny_max_m_(resolved_skinny_max_m(config.gemm_skinny_max_m)),

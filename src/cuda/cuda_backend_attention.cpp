@@ -37,6 +37,16 @@ std::optional<Problem> cuda_attention_problem(const AttnConfig& cfg,
     return Problem{ErrorCode::Unsupported,
                    fmt::format("cfg.head_dim = {} is not one of the CUDA kernel's 64, 128, 256", cfg.head_dim)};
   }
+  // Heads (and, at prefill, sequences) index a grid dimension of at most 65535.
+  constexpr std::size_t kGridYZ = 65535;
+  if (cfg.num_heads > kGridYZ) {
+    return Problem{ErrorCode::Unsupported,
+                   fmt::format("cfg.num_heads = {} exceeds the CUDA kernels' limit of {}", cfg.num_heads, kGridYZ)};
+  }
+  if (q_len > 1 && batch > kGridYZ) {
+    return Problem{ErrorCode::Unsupported,
+                   fmt::format("batch = {} exceeds the CUDA prefill kernels' limit of {}", batch, kGridYZ)};
+  }
   for (const auto& [name, b] : buffers) {
     if ((reinterpret_cast<std::uintptr_t>(b->data()) & 15u) != 0) {
       return Problem{ErrorCode::Misaligned, fmt::format("argument '{}' at {} is not 16-byte aligned", name, b->data())};

@@ -134,6 +134,10 @@ void validate_gptq(const GptqHostTensors& t, std::string_view op) {
     fail(ErrorCode::Unsupported, "{}: argument 'bits' = {} is not supported (only 4-bit GPTQ is implemented)", op,
          t.bits);
   }
+  if (t.zero_format != GptqZeroFormat::V1 && t.zero_format != GptqZeroFormat::V2) {
+    fail(ErrorCode::InvalidArgument, "{}: argument 'zero_format' = {} is neither GptqZeroFormat::V1 (0) nor V2 (1)", op,
+         static_cast<int>(t.zero_format));
+  }
   const std::size_t groups = gptq_groups(t.k, t.n, t.group_size, op);
 
   auto size_is = [&](std::string_view arg, std::size_t have, std::size_t rows, std::size_t cols,

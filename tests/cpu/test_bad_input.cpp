@@ -239,6 +239,9 @@ TEST_P(BadInput, QkvRopeAppendDomainAndPositions) {
   expect_call_error(op, ErrorCode::NullBuffer, "'q_norm'", [](OpArgs& a) { a.null_norm_w = true; });
   expect_call_error(op, ErrorCode::NullBuffer, "'k_norm'", [](OpArgs& a) { a.null_k_norm = true; });
   expect_call_error(op, ErrorCode::InvalidArgument, "'eps'", [](OpArgs& a) { a.eps = kNaN; });
+  // Each head count fits 32 bits, a qkv row's heads do not.
+  expect_call_error(op, ErrorCode::InvalidArgument, "'cfg.heads + 2 * cfg.kv_heads'",
+                    [](OpArgs& a) { a.sizes["cfg.kv_heads"] = std::size_t{1} << 30; });
   // Tables of 6 positions, caches of 5, 2 tokens: offsets 0..3 fit both.
   expect_call_error(op, ErrorCode::CapacityExceeded, "cfg.capacity", [](OpArgs& a) { a.pos_offset = 4; });
   expect_call_error(op, ErrorCode::CapacityExceeded, "cos/sin tables",
@@ -421,6 +424,32 @@ TEST_P(BadInput, CopySliceRanges) {
   expect_error(ErrorCode::ShapeMismatch, "copy_slice", [&] { backend().copy_slice(src, 7, dst, 0, 1); }, "'src'");
   expect_error(ErrorCode::ShapeMismatch, "copy_slice",
                [&] { backend().copy_slice(src, 0, dst, std::numeric_limits<std::size_t>::max(), 1); }, "'dst'");
+}
+
+// Views of one buffer: ranges that share bytes without being the same are
+// refused (a device-to-device copy is undefined there), on every backend
+// alike; the same range is already in place; disjoint ranges copy. The
+// world-size-1 collectives, which copy, follow the same rule.
+TEST_P(BadInput, CopySliceOverlap) {
+  std::vector<float> values(16);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  Buffer whole = backend().upload(values, DType::F32);
+  Buffer front = whole.view(0, 10), back = whole.view(4, 10);
+  expect_error(ErrorCode::InvalidArgument, "copy_slice", [&] { backend().copy_slice(front, 0, back, 0, 8); },
+               "overlaps");
+  expect_error(ErrorCode::InvalidArgument, "copy_slice", [&] { backend().copy_slice(whole, 3, whole, 1, 4); },
+               "overlaps");
+  expect_error(ErrorCode::InvalidArgument, "reduce_scatter",
+               [&] { backend().reduce_scatter(front, back, 8, ReduceOp::Sum); }, "overlaps");
+  expect_error(ErrorCode::InvalidArgument, "all_gather", [&] { backend().all_gather(front, back, 8); }, "overlaps");
+  backend().copy_slice(whole, 2, whole, 2, 5);  // the same range
+  backend().copy_slice(front, 4, back, 0, 6);   // the same bytes through two views
+  backend().reduce_scatter(whole, whole, 16, ReduceOp::Sum);  // in place
+  backend().all_gather(whole, whole, 16);                     // in place
+  EXPECT_EQ(backend().download(whole), values);
+  backend().copy_slice(whole, 0, whole, 8, 8);  // disjoint halves of one buffer
+  for (std::size_t i = 8; i < 16; ++i) values[i] = static_cast<float>(i - 8);
+  EXPECT_EQ(backend().download(whole), values);
 }
 
 TEST_P(BadInput, DecodeStateDomain) {

@@ -575,6 +575,12 @@ TEST_F(GptqBadInput, BitsOtherThanFourAreUnsupported) {
   }
 }
 
+TEST_F(GptqBadInput, ZeroFormatOutsideTheEnum) {
+  GptqHostTensors t = valid();
+  t.zero_format = static_cast<GptqZeroFormat>(7);
+  expect_invalid(t, ErrorCode::InvalidArgument, {"'zero_format' = 7", "V1 (0) nor V2 (1)"});
+}
+
 TEST_F(GptqBadInput, ZeroOrHugeSizes) {
   GptqHostTensors t = valid();
   t.k = 0;

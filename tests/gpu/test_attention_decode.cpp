@@ -314,5 +314,27 @@ TEST_F(CudaDecodeCheck, KvLensOutOfRangeIsADeviceCheck) {
   EXPECT_TRUE(run(be, ok).guards_ok());
 }
 
+// Past the kernels' grid limits (65535 heads; 65535 sequences at prefill):
+// a named Unsupported, not a failed launch.
+TEST_F(CudaDecodeCheck, GridLimitsAreNamedErrors) {
+  Backend& be = cuda();
+  constexpr std::size_t kPast = 65536, kHd = 64;
+  {
+    AttnConfig cfg = attn_config(kPast, kPast, kHd, 1);
+    Buffer q = be.alloc(DType::F16, kPast * kHd), k = be.alloc(DType::F16, kPast * kHd);
+    Buffer v = be.alloc(DType::F16, kPast * kHd), out = be.alloc(DType::F16, kPast * kHd);
+    expect_error(ErrorCode::Unsupported, "flash_attention", [&] { be.flash_attention(q, k, v, out, 1, 1, 1, 0, cfg); },
+                 "cfg.num_heads = 65536");
+  }
+  {
+    AttnConfig cfg = attn_config(1, 1, kHd, 2);
+    Buffer q = be.alloc(DType::F16, kPast * 2 * kHd), k = be.alloc(DType::F16, kPast * 2 * kHd);
+    Buffer v = be.alloc(DType::F16, kPast * 2 * kHd), out = be.alloc(DType::F16, kPast * 2 * kHd);
+    expect_error(ErrorCode::Unsupported, "flash_attention",
+                 [&] { be.flash_attention(q, k, v, out, kPast, 2, 2, 0, cfg); }, "batch = 65536");
+  }
+  be.synchronize();  // nothing was launched: the backend is fine
+}
+
 }  // namespace
 }  // namespace ferrum::test
