@@ -19,4 +19,11 @@ void launch_set_decode_state(DecodeState* state, std::int32_t token, std::int32_
   check_launch("set_decode_state");
 }
 
+cudaError_t probe_kernel_image() {
+  cudaFuncAttributes attr{};
+  const cudaError_t err = cudaFuncGetAttributes(&attr, set_decode_state_kernel);
+  if (err != cudaSuccess) (void)cudaGetLastError();  // not sticky: answered, not raised
+  return err;
+}
+
 }  // namespace ferrum::kernels

@@ -29,4 +29,10 @@ enum DeviceErrorBits : std::uint32_t {
 void launch_set_decode_state(DecodeState* state, std::int32_t token, std::int32_t pos, std::int32_t kv_len,
                              cudaStream_t stream);
 
+// Whether the current device can run this build's kernels: cudaSuccess, or
+// the runtime's answer for one of them (cudaFuncGetAttributes) -- e.g.
+// cudaErrorNoKernelImageForDevice when CMAKE_CUDA_ARCHITECTURES does not
+// cover the device (the default 90a runs on compute capability 9.0 only).
+cudaError_t probe_kernel_image();
+
 }  // namespace ferrum::kernels

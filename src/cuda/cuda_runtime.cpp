@@ -41,6 +41,15 @@ CudaRuntime* create_runtime(const CudaBackendConfig& config) {
   int major = 0;
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, config.device), op,
              "cudaDeviceGetAttribute");
+  if (const cudaError_t image = kernels::probe_kernel_image(); image != cudaSuccess) {
+    int minor = 0;
+    (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, config.device);
+    delete rt;  // nothing else made yet
+    fail(ErrorCode::Unsupported,
+         "CudaBackend: device {} (compute capability {}.{}) cannot run this build's kernels ({}); build with "
+         "CMAKE_CUDA_ARCHITECTURES covering it (the default 90a runs on 9.0 only; e.g. \"80;90a\")",
+         config.device, major, minor, cudaGetErrorString(image));
+  }
   rt->pdl_capable = major >= 9;
   rt->pdl = config.programmatic_dependent_launch && rt->pdl_capable;
   rt->pdl_trigger = rt->pdl && config.pdl_early_trigger;
