@@ -1,6 +1,7 @@
 #include "ferrum/buffer.hpp"
 
 #include <cstdint>
+#include <limits>
 #include <utility>
 
 #include "common/fail.hpp"
@@ -54,6 +55,12 @@ Buffer Buffer::wrap(Backend& backend, void* ptr, DType dtype, std::size_t numel)
                  "Buffer::wrap: argument 'ptr' = {} is not aligned to the {}-byte {} element", ptr,
                  size_of(dtype), to_string(dtype));
   }
+  if (numel == 0) detail::fail(ErrorCode::InvalidArgument, "Buffer::wrap: argument 'numel' = 0, must be at least 1");
+  if (numel > std::numeric_limits<std::size_t>::max() / size_of(dtype)) {
+    detail::fail(ErrorCode::InvalidArgument, "Buffer::wrap: argument 'numel' = {} {} elements overflow a byte count",
+                 numel, to_string(dtype));
+  }
+  backend.check_wrapped(ptr, numel * size_of(dtype));
   return Buffer(&backend, ptr, dtype, numel, /*owning=*/false);
 }
 

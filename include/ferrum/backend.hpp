@@ -396,6 +396,13 @@ class Backend {
   friend class Buffer;
   virtual void* allocate_bytes(std::size_t bytes) = 0;
   virtual void free_bytes(void* ptr) noexcept = 0;
+  // Buffer::wrap: throws ferrum::Error (naming Buffer::wrap and 'ptr') when
+  // this backend's ops cannot touch `bytes` bytes at `ptr`. Default: any
+  // memory (CpuBackend: host memory).
+  virtual void check_wrapped(const void* ptr, std::size_t bytes) const {
+    (void)ptr;
+    (void)bytes;
+  }
   Buffer make_buffer(void* data, DType dtype, std::size_t numel, bool owning) {
     return Buffer(this, data, dtype, numel, owning);
   }

@@ -34,7 +34,10 @@ class Buffer {
 
   // Wraps memory the caller owns (device memory for CudaBackend, host memory
   // for CpuBackend) so engines can pass their own allocations to ops.
-  // Throws Misaligned if `ptr` is not aligned to the element size.
+  // Throws Misaligned if `ptr` is not aligned to the element size,
+  // InvalidArgument for numel 0, a byte count past size_t, or memory the
+  // backend's ops cannot reach (CudaBackend: pageable host memory, another
+  // device's memory). The extent itself is the caller's promise.
   static Buffer wrap(Backend& backend, void* ptr, DType dtype, std::size_t numel);
 
  private:

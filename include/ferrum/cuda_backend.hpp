@@ -169,6 +169,10 @@ class CudaBackend final : public Backend {
   void abandon_capture() noexcept override;
   void* allocate_bytes(std::size_t bytes) override;
   void free_bytes(void* ptr) noexcept override;
+  // Device memory of this backend's device, or pinned / managed host memory
+  // (reachable from kernels); pageable host memory and another device's
+  // memory are refused.
+  void check_wrapped(const void* ptr, std::size_t bytes) const override;
   void do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host,
                       std::size_t bytes) override;
   void do_read_bytes(const Buffer& src, std::size_t src_byte_offset, void* host,

@@ -258,6 +258,33 @@ void* CudaBackend::allocate_bytes(std::size_t bytes) {
   return p;
 }
 
+void CudaBackend::check_wrapped(const void* ptr, std::size_t bytes) const {
+  cudaPointerAttributes attr{};
+  const cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // answered, not sticky
+    detail::fail(ErrorCode::InvalidArgument, "Buffer::wrap: argument 'ptr' = {} ({} bytes): CUDA cannot tell what it is ({})",
+                 ptr, bytes, cudaGetErrorString(err));
+  }
+  switch (attr.type) {
+    case cudaMemoryTypeDevice:
+      if (attr.device != device_) {
+        detail::fail(ErrorCode::InvalidArgument,
+                     "Buffer::wrap: argument 'ptr' = {} is memory of device {}, but this CudaBackend runs on device {}",
+                     ptr, attr.device, device_);
+      }
+      return;
+    case cudaMemoryTypeHost:     // pinned (mapped under unified addressing)
+    case cudaMemoryTypeManaged:  // migrates on access
+      return;
+    default:
+      detail::fail(ErrorCode::InvalidArgument,
+                   "Buffer::wrap: argument 'ptr' = {} is pageable host memory, which CudaBackend's kernels cannot "
+                   "read: wrap device, pinned or managed memory",
+                   ptr);
+  }
+}
+
 void CudaBackend::free_bytes(void* ptr) noexcept {
   int current = -1;
   cudaGetDevice(&current);

@@ -119,6 +119,12 @@ TEST(BufferApi, WrapHostMemory) {
   // Off the element grid: refused.
   auto* odd = reinterpret_cast<std::uint8_t*>(host.data()) + 1;
   expect_error(ErrorCode::Misaligned, "Buffer::wrap", [&] { (void)Buffer::wrap(cpu, odd, DType::F16, 2); }, "'ptr'");
+  expect_error(ErrorCode::InvalidArgument, "Buffer::wrap", [&] { (void)Buffer::wrap(cpu, host.data(), DType::F16, 0); },
+               "'numel' = 0");
+  expect_error(
+      ErrorCode::InvalidArgument, "Buffer::wrap",
+      [&] { (void)Buffer::wrap(cpu, host.data(), DType::F32, std::numeric_limits<std::size_t>::max() / 2); },
+      "overflow");
   expect_error(ErrorCode::NullBuffer, "Buffer::wrap", [&] { (void)Buffer::wrap(cpu, nullptr, DType::F16, 2); },
                "'ptr'");
 }

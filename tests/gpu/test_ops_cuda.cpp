@@ -8,9 +8,11 @@
 // synchronize(), and the backend must keep working afterwards.
 //
 // Skipped (GTEST_SKIP) when no CUDA device is visible.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <initializer_list>
 #include <vector>
 
@@ -411,6 +413,32 @@ TEST_F(CudaDeviceCheck, DecodeStatePositionPastKvCapacity) {
     EXPECT_TRUE(bitwise_equal(cache_v.bytes(), encode_bytes(c.cache_v), 2));
     expect_backend_still_works(rng);
   }
+}
+
+// Buffer::wrap on CudaBackend: memory its kernels cannot reach is refused
+// at the wrap (before, a kernel would fault and leave the device's context
+// unusable); device, pinned and managed memory are taken.
+class CudaWrap : public CudaTest {};
+TEST_F(CudaWrap, RefusesMemoryItsKernelsCannotReach) {
+  Backend& be = cuda();
+  std::vector<std::uint16_t> pageable(64);
+  expect_error(ErrorCode::InvalidArgument, "Buffer::wrap",
+               [&] { (void)Buffer::wrap(be, pageable.data(), DType::F16, pageable.size()); }, "pageable");
+  void *device = nullptr, *pinned = nullptr, *managed = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, 128), cudaSuccess);
+  ASSERT_EQ(cudaMallocHost(&pinned, 128), cudaSuccess);
+  ASSERT_EQ(cudaMallocManaged(&managed, 128), cudaSuccess);
+  for (void* ptr : {device, pinned, managed}) {
+    Buffer w = Buffer::wrap(be, ptr, DType::F16, 64);
+    be.write(w, std::vector<float>(64, 2.0f));
+    Buffer ones = be.upload(std::vector<float>(64, 1.0f), DType::F16);
+    be.add_inplace(w, ones, 64);
+    EXPECT_EQ(be.download(w), std::vector<float>(64, 3.0f));
+  }
+  be.synchronize();
+  EXPECT_EQ(cudaFree(device), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+  EXPECT_EQ(cudaFree(managed), cudaSuccess);
 }
 
 }  // namespace
