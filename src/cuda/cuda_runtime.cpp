@@ -33,8 +33,21 @@ CudaRuntime* runtime_of_current_device() noexcept {
   return g_runtimes[device];
 }
 
-CudaRuntime* create_runtime(const CudaBackendConfig& config) {
-  auto* rt = new CudaRuntime();
+// What create_runtime made before a step failed (it throws on): nothing of
+// it stays behind, so a retry (e.g. with a smaller workspace) starts clean.
+void release_partial_runtime(CudaRuntime* rt) noexcept {
+  if (rt->error_host != nullptr) (void)cudaFreeHost(rt->error_host);
+  if (rt->decode_state != nullptr) (void)cudaFree(rt->decode_state);
+  if (rt->attention_workspace != nullptr) (void)cudaFree(rt->attention_workspace);
+  if (rt->one_zero != nullptr) (void)cudaFree(const_cast<float*>(rt->one_zero));
+  if (rt->cublas_workspace != nullptr) (void)cudaFree(rt->cublas_workspace);
+  if (rt->cublas != nullptr) (void)cublasDestroy(rt->cublas);
+  if (rt->stream != nullptr) (void)cudaStreamDestroy(rt->stream);
+  (void)cudaGetLastError();
+  delete rt;
+}
+
+CudaRuntime* create_runtime_steps(CudaRuntime* rt, const CudaBackendConfig& config) {
   rt->device = config.device;
   const char* op = "CudaBackend";
   check_cuda(cudaSetDevice(config.device), op, "cudaSetDevice");
@@ -44,7 +57,6 @@ CudaRuntime* create_runtime(const CudaBackendConfig& config) {
   if (const cudaError_t image = kernels::probe_kernel_image(); image != cudaSuccess) {
     int minor = 0;
     (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, config.device);
-    delete rt;  // nothing else made yet
     fail(ErrorCode::Unsupported,
          "CudaBackend: device {} (compute capability {}.{}) cannot run this build's kernels ({}); build with "
          "CMAKE_CUDA_ARCHITECTURES covering it (the default 90a runs on 9.0 only; e.g. \"80;90a\")",
@@ -70,8 +82,8 @@ CudaRuntime* create_runtime(const CudaBackendConfig& config) {
   const float one_zero[2] = {1.0f, 0.0f};
   float* one_zero_dev = nullptr;
   check_cuda(cudaMalloc(reinterpret_cast<void**>(&one_zero_dev), sizeof one_zero), op, "cudaMalloc(alpha/beta)");
-  check_cuda(cudaMemcpy(one_zero_dev, one_zero, sizeof one_zero, cudaMemcpyHostToDevice), op, "cudaMemcpy(alpha/beta)");
   rt->one_zero = one_zero_dev;
+  check_cuda(cudaMemcpy(one_zero_dev, one_zero, sizeof one_zero, cudaMemcpyHostToDevice), op, "cudaMemcpy(alpha/beta)");
 
   rt->attention_workspace_bytes = config.attention_workspace_bytes;
   if (rt->attention_workspace_bytes > 0) {
@@ -89,6 +101,16 @@ CudaRuntime* create_runtime(const CudaBackendConfig& config) {
   check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&rt->error_device), rt->error_host, 0), op,
              "cudaHostGetDevicePointer(error word)");
   return rt;
+}
+
+CudaRuntime* create_runtime(const CudaBackendConfig& config) {
+  auto* rt = new CudaRuntime();
+  try {
+    return create_runtime_steps(rt, config);
+  } catch (...) {
+    release_partial_runtime(rt);
+    throw;
+  }
 }
 
 }  // namespace
