@@ -4,7 +4,12 @@
 // (shapes, dtypes, alignment, capacity, ownership) and throws ferrum::Error
 // naming the op, the argument and the offending value; only then does it call
 // the backend's protected `do_*` implementation. So CpuBackend and
-// CudaBackend share one set of checks and can never disagree on what is legal.
+// CudaBackend share one set of checks and can never disagree on what is legal,
+// except where a CUDA kernel has a limit of its own, which CudaBackend checks
+// and names too (supports / supports_head_dim say which ops and head dims it
+// runs): attention and
+// gemm_gptq need 16-byte-aligned buffers (Misaligned), attention head_dim
+// 64 / 128 / 256 and at most 65535 heads (Unsupported).
 //
 // Layout conventions (row-major everywhere):
 //   token-major activations  [tokens, dim]
@@ -334,7 +339,9 @@ class Backend {
   // softmax(q kᵀ · scale + mask) v, per (batch, head); q head h reads kv head
   // h / (num_heads / num_kv_heads). Keys 0 .. kv_len-1 are valid. In
   // device-state mode with q_len == 1, kv_len is the decode state's and
-  // cfg.kv_seq_stride must be set (the cache capacity).
+  // cfg.kv_seq_stride must be set (the cache capacity). CudaBackend: q, k, v
+  // and out 16-byte aligned; head_dim 64, 128 or 256; at most 65535 heads,
+  // and at most 65535 sequences when q_len > 1.
   void flash_attention(const Buffer& q /*[batch, num_heads, q_len, head_dim]*/,
                        const Buffer& k /*[batch, num_kv_heads, kv_seq_stride, head_dim]*/,
                        const Buffer& v /*[batch, num_kv_heads, kv_seq_stride, head_dim]*/,
@@ -359,7 +366,8 @@ class Backend {
 
   // ── Quantized GEMM ─────────────────────────────────────────────────────
   std::unique_ptr<QuantWeight> load_gptq(const GptqHostTensors& tensors);
-  // out[m, n] = a[m, k] · dequant(w)  (w is [k, n] as GPTQ stores it)
+  // out[m, n] = a[m, k] · dequant(w)  (w is [k, n] as GPTQ stores it).
+  // CudaBackend: a and out 16-byte aligned.
   void gemm_gptq(const Buffer& a /*[m, k]*/, const QuantWeight& w, Buffer& out /*[m, n]*/,
                  std::size_t m);
   // Routes by w.kind(): Gptq -> gemm_gptq; other kinds are Unsupported.
