@@ -7,9 +7,8 @@
 // CudaBackend share one set of checks and can never disagree on what is legal,
 // except where a CUDA kernel has a limit of its own, which CudaBackend checks
 // and names too (supports / supports_head_dim say which ops and head dims it
-// runs): attention and
-// gemm_gptq need 16-byte-aligned buffers (Misaligned), attention head_dim
-// 64 / 128 / 256 and at most 65535 heads (Unsupported).
+// runs): attention and gemm_gptq need 16-byte-aligned buffers (Misaligned),
+// attention head_dim 64 / 128 / 256 and at most 65535 heads (Unsupported).
 //
 // Layout conventions (row-major everywhere):
 //   token-major activations  [tokens, dim]
