@@ -1218,7 +1218,8 @@ constexpr int stream_ring_bytes(int nt, int ring) { return kStreamWarps * ring *
 // (cudaOccupancyMaxActiveClusters > 0). Where not (a GPU partition too
 // small for one), the launch takes the workspace reduction instead of
 // failing: the same bits. Asked once per instance, cluster size and ring,
-// on the device current at the first call (as stream_occupancy).
+// on the device current at the first call (as stream_occupancy); a failed
+// query throws and is asked again next time.
 template <class T, int NT, bool kZeros, StreamSource kSource>
 bool stream_cluster_fits(int splits, int ring, std::size_t smem) {
   static std::atomic<unsigned char> known[kGptqClusterMaxSplits + 1][kGptqStreamMaxRing + 1];  // 0 unknown, 1 no, 2 yes
@@ -1238,8 +1239,11 @@ bool stream_cluster_fits(int splits, int ring, std::size_t smem) {
     config.numAttrs = 1;
     int clusters = 0;
     const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, stream_kernel_ptr<T, NT, kZeros, kSource>(), &config);
-    if (err != cudaSuccess) (void)cudaGetLastError();  // not sticky: the launch check must not see it
-    v = err == cudaSuccess && clusters > 0 ? 2 : 1;
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveClusters", err);  // a failed query is not an answer
+    }
+    v = clusters > 0 ? 2 : 1;
     state.store(v, std::memory_order_relaxed);
   }
   return v == 2;

@@ -259,6 +259,7 @@ void* CudaBackend::allocate_bytes(std::size_t bytes) {
 }
 
 void CudaBackend::check_wrapped(const void* ptr, std::size_t bytes) const {
+  detail::activate_device(device_);  // devicePointer below is as this device sees it
   cudaPointerAttributes attr{};
   const cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
   if (err != cudaSuccess) {
@@ -276,6 +277,12 @@ void CudaBackend::check_wrapped(const void* ptr, std::size_t bytes) const {
       return;
     case cudaMemoryTypeHost:     // pinned (mapped under unified addressing)
     case cudaMemoryTypeManaged:  // migrates on access
+      if (attr.devicePointer != ptr) {
+        detail::fail(ErrorCode::InvalidArgument,
+                     "Buffer::wrap: argument 'ptr' = {} is host memory that device {} reaches only at {}, not at "
+                     "the same address (pinned without cudaHostAllocPortable / mapped?)",
+                     ptr, device_, attr.devicePointer);
+      }
       return;
     default:
       detail::fail(ErrorCode::InvalidArgument,
@@ -295,7 +302,7 @@ void CudaBackend::free_bytes(void* ptr) noexcept {
 
 void CudaBackend::do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host, std::size_t bytes) {
   detail::activate_device(device_);
-  check_cuda(cudaMemcpyAsync(ptr<std::uint8_t>(dst) + dst_byte_offset, host, bytes, cudaMemcpyHostToDevice,
+  check_cuda(cudaMemcpyAsync(ptr<std::uint8_t>(dst) + dst_byte_offset, host, bytes, cudaMemcpyDefault,
                              rt_->stream),
              "write", "cudaMemcpyAsync");
   wait_stream("write");
@@ -303,7 +310,7 @@ void CudaBackend::do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const
 
 void CudaBackend::do_read_bytes(const Buffer& src, std::size_t src_byte_offset, void* host, std::size_t bytes) {
   detail::activate_device(device_);
-  check_cuda(cudaMemcpyAsync(host, ptr<std::uint8_t>(src) + src_byte_offset, bytes, cudaMemcpyDeviceToHost,
+  check_cuda(cudaMemcpyAsync(host, ptr<std::uint8_t>(src) + src_byte_offset, bytes, cudaMemcpyDefault,
                              rt_->stream),
              "read", "cudaMemcpyAsync");
   wait_stream("read");
@@ -314,7 +321,7 @@ void CudaBackend::do_copy_slice(const Buffer& src, std::size_t src_offset, Buffe
   detail::activate_device(device_);
   const std::size_t es = size_of(src.dtype());
   check_cuda(cudaMemcpyAsync(ptr<std::uint8_t>(dst) + dst_offset * es, ptr<std::uint8_t>(src) + src_offset * es,
-                             len * es, cudaMemcpyDeviceToDevice, rt_->stream),
+                             len * es, cudaMemcpyDefault, rt_->stream),
              "copy_slice", "cudaMemcpyAsync");
 }
 

@@ -54,13 +54,17 @@ CudaRuntime* create_runtime_steps(CudaRuntime* rt, const CudaBackendConfig& conf
   int major = 0;
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, config.device), op,
              "cudaDeviceGetAttribute");
-  if (const cudaError_t image = kernels::probe_kernel_image(); image != cudaSuccess) {
+  if (const cudaError_t image = kernels::probe_kernel_image();
+      image == cudaErrorNoKernelImageForDevice || image == cudaErrorInvalidDeviceFunction ||
+      image == cudaErrorUnsupportedPtxVersion) {
     int minor = 0;
     (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, config.device);
     fail(ErrorCode::Unsupported,
          "CudaBackend: device {} (compute capability {}.{}) cannot run this build's kernels ({}); build with "
          "CMAKE_CUDA_ARCHITECTURES covering it (the default 90a runs on 9.0 only; e.g. \"80;90a\")",
          config.device, major, minor, cudaGetErrorString(image));
+  } else {
+    check_cuda(image, op, "cudaFuncGetAttributes (kernel image probe)");
   }
   rt->pdl_capable = major >= 9;
   rt->pdl = config.programmatic_dependent_launch && rt->pdl_capable;
