@@ -134,15 +134,22 @@ void decode_to_f32(DType dtype, const void* src, std::size_t count, float* dst) 
 // in memory: views of one allocation may share bytes. A device-to-device
 // cudaMemcpy is undefined on overlapping ranges, so element copies refuse
 // a partial overlap on every backend; the same range is already in place.
-enum class CopyOverlap { Disjoint, Same, Partial };
-CopyOverlap copy_overlap(const Buffer& src, std::size_t src_offset, const Buffer& dst, std::size_t dst_offset,
-                         std::size_t len) {
+// Returns whether the copy has anything to do: false for the same range;
+// throws InvalidArgument naming `dst_name` and `src_name` for a partial overlap.
+bool copy_needed(const OpCheck& check, const Buffer& src, std::size_t src_offset, std::string_view src_name,
+                 const Buffer& dst, std::size_t dst_offset, std::string_view dst_name, std::size_t len) {
   const std::size_t elem = size_of(src.dtype());
   const auto s = reinterpret_cast<std::uintptr_t>(src.data()) + src_offset * elem;
   const auto d = reinterpret_cast<std::uintptr_t>(dst.data()) + dst_offset * elem;
-  if (s == d) return CopyOverlap::Same;
+  if (s == d) return false;
   const std::uintptr_t bytes = len * elem;
-  return s < d + bytes && d < s + bytes ? CopyOverlap::Partial : CopyOverlap::Disjoint;
+  if (s < d + bytes && d < s + bytes) {
+    check.fail(ErrorCode::InvalidArgument,
+               "{}: '{}' [{}, {}) overlaps '{}' [{}, {}) in memory (views of one buffer) without being the same "
+               "range; copy through a second buffer",
+               check.op(), dst_name, dst_offset, dst_offset + len, src_name, src_offset, src_offset + len);
+  }
+  return true;
 }
 
 }  // namespace
@@ -232,18 +239,9 @@ void Backend::copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst,
     check.fail(ErrorCode::ShapeMismatch, "copy_slice: destination range [{}, {}) runs past 'dst' ({} elements)",
          dst_offset, dst_offset + len, dst.numel());
   }
-  switch (copy_overlap(src, src_offset, dst, dst_offset, len)) {
-    case CopyOverlap::Same:
-      return;  // already in place
-    case CopyOverlap::Partial:
-      check.fail(ErrorCode::InvalidArgument,
-                 "copy_slice: 'dst' range [{}, {}) overlaps 'src' range [{}, {}) in memory (views of one buffer); "
-                 "copy through a second buffer",
-                 dst_offset, dst_offset + len, src_offset, src_offset + len);
-    case CopyOverlap::Disjoint:
-      break;
+  if (copy_needed(check, src, src_offset, "src", dst, dst_offset, "dst", len)) {
+    do_copy_slice(src, src_offset, dst, dst_offset, len);
   }
-  do_copy_slice(src, src_offset, dst, dst_offset, len);
 }
 
 // ── Decode state and graphs ───────────────────────────────────────────────
@@ -975,15 +973,9 @@ void Backend::do_all_gather(const Buffer& local, Buffer& global, std::size_t loc
     check.fail(ErrorCode::Unsupported, "all_gather: world size is {} but the {} backend has no communicator",
          world_size(), name());
   }
-  switch (copy_overlap(local, 0, global, 0, local_len)) {
-    case CopyOverlap::Same:
-      return;  // in place
-    case CopyOverlap::Partial:
-      check.fail(ErrorCode::InvalidArgument, "all_gather: 'global' overlaps 'local' in memory without being in place");
-    case CopyOverlap::Disjoint:
-      break;
+  if (copy_needed(check, local, 0, "local", global, 0, "global", local_len)) {
+    do_copy_slice(local, 0, global, 0, local_len);
   }
-  do_copy_slice(local, 0, global, 0, local_len);
 }
 
 void Backend::do_broadcast(Buffer&, std::size_t, std::size_t) {
@@ -1001,15 +993,9 @@ void Backend::do_reduce_scatter(const Buffer& input, Buffer& output, std::size_t
     check.fail(ErrorCode::Unsupported, "reduce_scatter: world size is {} but the {} backend has no communicator",
          world_size(), name());
   }
-  switch (copy_overlap(input, 0, output, 0, len)) {
-    case CopyOverlap::Same:
-      return;  // in place
-    case CopyOverlap::Partial:
-      check.fail(ErrorCode::InvalidArgument, "reduce_scatter: 'output' overlaps 'input' in memory without being in place");
-    case CopyOverlap::Disjoint:
-      break;
+  if (copy_needed(check, input, 0, "input", output, 0, "output", len)) {
+    do_copy_slice(input, 0, output, 0, len);
   }
-  do_copy_slice(input, 0, output, 0, len);
 }
 
 }  // namespace ferrum

@@ -198,7 +198,8 @@ TEST_P(CudaDecodeBatch, SliceEdgesMatchCpuAndRepeatBitwise) {
 // L2 prefetch applies when a variant turns it on), one past a 36 MiB
 // footprint (prefetch-ahead applies), several valid slices to merge in both,
 // slices ending inside a 64-key tile and inside a warp's 16 keys; head_dim
-// 64 and 256; a GQA group of 20 (two m-tiles). Cache rows at and past kv_len
+// 64 and 256; a GQA group of 20 (two m-tiles); a batch large enough that
+// the default merges in the combine kernel. Cache rows at and past kv_len
 // hold NaN, so a path that lets one into P V shows.
 TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
   FERRUM_SEEDED_RNG(rng);
@@ -214,7 +215,8 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
   };
   for (const Case& c : {Case{1, 700, 1000, 8, 2, 128}, Case{3, 4999, 5000, 8, 2, 128},
                         Case{2, 9000, 20000, 8, 2, 128}, Case{2, 333, 4096, 40, 2, 128},
-                        Case{1, 4100, 9000, 4, 1, 64}, Case{2, 1234, 1500, 16, 2, 256}}) {
+                        Case{1, 4100, 9000, 4, 1, 64}, Case{2, 1234, 1500, 16, 2, 256},
+                        Case{48, 200, 256, 16, 8, 128}}) {
     SCOPED_TRACE(cat("batch ", c.batch, " kv_len ", c.kv_len, " capacity ", c.capacity, " heads ", c.heads, "/",
                      c.kv_heads, " hd ", c.head_dim));
     const std::size_t q_elems = static_cast<std::size_t>(c.batch) * c.heads * c.head_dim;
@@ -276,7 +278,12 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
     variants[2].l2_prefetch_bytes = 36.0 * 1024 * 1024;
     variants[3].l2_prefetch_bytes = 1e12;
     variants[4].fused_merge = false;
-    variants[5].fused_max_groups_per_sm = 0.0;  // the combine kernel by the size rule
+    // The size rule: 0 takes the combine kernel everywhere; a huge bound the
+    // fused merge everywhere, also where the default rule does not (48 x 8
+    // groups pass 2 per SM on devices of up to 191 SMs, the H200's 132).
+    variants[5].fused_max_groups_per_sm = 0.0;
+    variants.push_back({});
+    variants.back().fused_max_groups_per_sm = 1e9;
     for (std::size_t i = 0; i < variants.size(); ++i) {
       EXPECT_TRUE(reference == run_with(variants[i])) << "variant " << i << " changed the output";
     }
