@@ -7,6 +7,7 @@
 //
 //   ferrum_attention_tuning [decode|prefill|all]   f16, hd 128 (default all)
 //   ferrum_attention_tuning decode B L             one decode shape (e.g. for ncu)
+//   ferrum_attention_tuning decode-exp [B L]       the session-14 decode experiments
 // Decode variants: the merge in the decode kernel (fused 1) and as a second
 // kernel (fused 0); the L2 prefetch knobs stay at their defaults (measured
 // in session 7). Session 13 also swept deeper cp.async rings (4-6 slots per
@@ -177,11 +178,13 @@ int main(int argc, char** argv) {
   };
   const long long only_batch = argc == 4 ? positive(argv[2], 4096) : 0;
   const long long only_len = argc == 4 ? positive(argv[3], 1LL << 20) : 0;
+  const bool experiments = std::strcmp(what, "decode-exp") == 0;
+  if (experiments) what = "decode";
   const bool known = std::strcmp(what, "decode") == 0 || std::strcmp(what, "prefill") == 0 ||
                      std::strcmp(what, "all") == 0;
   if (!known || (argc != 1 && argc != 2 && argc != 4) ||
       (argc == 4 && (std::strcmp(what, "decode") != 0 || only_batch == 0 || only_len == 0))) {
-    std::printf("usage: %s [decode|prefill|all]\n       %s decode B L   (1 <= B <= 4096, 1 <= L <= 1048576)\n",
+    std::printf("usage: %s [decode|decode-exp|prefill|all]\n       %s decode[-exp] B L   (1 <= B <= 4096, 1 <= L <= 1048576)\n",
                 argv[0], argv[0]);
     return 2;
   }
@@ -200,10 +203,51 @@ int main(int argc, char** argv) {
   if (std::strcmp(what, "prefill") == 0) return 0;
   auto* error_flag = static_cast<std::uint32_t*>(device_zeros(sizeof(std::uint32_t)));
 
-  std::printf("%-5s %-7s %-6s %10s %9s\n", "B", "L", "fused", "median_us", "GB/s");
+  // Decode variants: the merge in the kernel (fused 1) or as a second
+  // kernel (fused 0); with "decode-exp" the library's defaults against
+  // DecodeTuning's slices per block, the combine kernel and the late
+  // next-slice prologue, and V placed 36 KiB past an allocation start ("v+36k": K and V
+  // at different offsets from their 2 MiB-aligned bases).
+  struct Variant {
+    const char* name;
+    DecodeTuning tuning;
+    std::size_t v_skew;
+  };
+  std::vector<Variant> variants;
+  {
+    DecodeTuning t;
+    t.fused_max_groups_per_sm = 1e9;  // fused 1 means fused at every size
+    variants.push_back({"fused1", t, 0});
+    if (experiments) {
+      DecodeTuning d;  // the library's defaults
+      variants = {{"default", d, 0}};
+      const char* const names[] = {"spb1", "spb2", "spb4", "spb8"};  // slices per block 1, 2, 4, 8
+      for (int i = 0; i < 4; ++i) {
+        DecodeTuning x = d;
+        x.slices_per_block = 1 << i;
+        variants.push_back({names[i], x, 0});
+      }
+      DecodeTuning x = d;
+      x.fused_merge = false;
+      variants.push_back({"combine", x, 0});
+      x = d;
+      x.overlap_boundary = false;
+      variants.push_back({"nooverlap", x, 0});
+      variants.push_back({"v+36k", d, 36 * 1024});
+    } else {
+      t.fused_merge = false;
+      variants.push_back({"fused0", t, 0});
+    }
+  }
+  std::printf("%-5s %-7s %-9s %10s %9s\n", "B", "L", "variant", "median_us", "GB/s");
   std::vector<Shape> shapes = {{1, 1024},   {1, 4096},  {1, 8192},   {1, 32768}, {1, 131072}, {16, 1024},
                                {16, 8192},  {16, 32768}, {64, 1024}, {64, 8192}, {64, 32768}};
+  if (experiments) {
+    shapes = {{1, 1024}, {1, 4096}, {1, 32768}, {1, 131072}, {16, 1024}, {16, 8192}, {16, 32768}, {16, 131072},
+              {64, 1024}, {64, 8192}, {64, 32768}};
+  }
   if (only_batch > 0) shapes = {{static_cast<int>(only_batch), only_len}};
+  constexpr std::size_t kMaxSkew = 64 * 1024;
   for (const Shape& sh : shapes) {
     const std::size_t kv_bytes = static_cast<std::size_t>(sh.batch) * kKvHeads * sh.kv * kHd * 2;
     const double call_bytes = 2.0 * static_cast<double>(kv_bytes);
@@ -211,7 +255,7 @@ int main(int argc, char** argv) {
     std::vector<void*> k(sets), v(sets);
     for (int s = 0; s < sets; ++s) {
       k[s] = device_random_f16(kv_bytes, 100 + s);
-      v[s] = device_random_f16(kv_bytes, 200 + s);
+      v[s] = device_random_f16(kv_bytes + kMaxSkew, 200 + s);
     }
     const std::size_t q_bytes = static_cast<std::size_t>(sh.batch) * kHeads * kHd * 2;
     void* q = device_random_f16(q_bytes, 1);
@@ -219,7 +263,7 @@ int main(int argc, char** argv) {
     const std::size_t ws = ferrum::kernels::attention_workspace_floats(sh.batch, kHeads, 1, kHd, sh.kv);
     auto* partials = static_cast<float*>(device_zeros(std::max<std::size_t>(ws, 1) * sizeof(float)));
 
-    for (const bool fused : {true, false}) {
+    for (const Variant& var : variants) {
       AttentionArgs a;
       a.dtype = ferrum::DType::F16;
       a.q = q;
@@ -235,21 +279,20 @@ int main(int argc, char** argv) {
       a.error_flag = error_flag;
       a.scale = 1.0f / std::sqrt(static_cast<float>(kHd));
       ferrum::kernels::set_decode_workspace(a, partials, ws);
-      a.decode_tuning.fused_merge = fused;
-      a.decode_tuning.fused_max_groups_per_sm = 1e9;  // fused 1 means fused at every size
+      a.decode_tuning = var.tuning;
       const int reps = std::max(1, static_cast<int>(200e-6 * 4e12 / std::max(call_bytes, 4e6)));
       double us = 0.0;
       try {
         us = median_us(stream, e0, e1, reps, [&](int r) {
           a.k = k[r % sets];
-          a.v = v[r % sets];
+          a.v = static_cast<char*>(v[r % sets]) + var.v_skew;
           ferrum::kernels::launch_attention(a, stream);
         });
       } catch (const std::exception& e) {
-        std::printf("%-5d %-7lld %-6d  failed: %s\n", sh.batch, sh.kv, fused ? 1 : 0, e.what());
+        std::printf("%-5d %-7lld %-9s  failed: %s\n", sh.batch, sh.kv, var.name, e.what());
         continue;
       }
-      std::printf("%-5d %-7lld %-6d %10.2f %9.0f\n", sh.batch, sh.kv, fused ? 1 : 0, us, call_bytes / us / 1e3);
+      std::printf("%-5d %-7lld %-9s %10.2f %9.0f\n", sh.batch, sh.kv, var.name, us, call_bytes / us / 1e3);
     }
     for (int s = 0; s < sets; ++s) {
       check(cudaFree(k[s]), "cudaFree");

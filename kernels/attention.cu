@@ -39,6 +39,8 @@
 // attention_rows_kernel (CUDA cores, fp32) is the prefill fallback for
 // calls the tensor-core prefill (kernels/attention_prefill.cu) declines,
 // and runs decode only on a device without sm_80 tensor-core support.
+#include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cstdint>
 
@@ -377,6 +379,10 @@ struct DecodeShape {
 
 // One 16-key sub-tile of K and of V into swizzled shared memory, PT threads
 // (the warps sharing these keys); rows >= valid_rows are zero-filled.
+//
+// Plain cp.async.cg: the .L2::256B fetch hint (used until session 14) made
+// the H200 decode 3-8 % slower at every large shape (B=1 L=128k: 145.4 against
+// 131.7 us; B=16 L=128k: 2050 against 1888).
 template <class T, int HD, int PT>
 __device__ __forceinline__ void load_sub_tile(T* dk, T* dv, const T* gk, const T* gv, int valid_rows, int ptid) {
   constexpr int kChunks = HD / 8;
@@ -390,8 +396,8 @@ __device__ __forceinline__ void load_sub_tile(T* dk, T* dv, const T* gk, const T
     const bool valid = row < valid_rows;
     const int off = swz<HD>(row, chunk);
     const int goff = valid ? row * HD + chunk * 8 : 0;  // not read when invalid
-    cp_async_16_l2_256(smem_u32(dk + off), gk + goff, valid);
-    cp_async_16_l2_256(smem_u32(dv + off), gv + goff, valid);
+    cp_async_16(smem_u32(dk + off), gk + goff, valid);
+    cp_async_16(smem_u32(dv + off), gv + goff, valid);
   }
 }
 
@@ -427,8 +433,8 @@ __device__ __forceinline__ void ring_barrier(int kw, int mtiles) {
 // grid.y = kv heads; blockDim = 128 * m-tiles.
 template <class T, int HD>
 __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
-    attention_decode_kernel(const AttentionArgs a, int splits, int slice_keys, int chunks, bool prefetch_l2,
-                            bool fused, bool trigger) {
+    attention_decode_kernel(const AttentionArgs a, int splits, int slice_keys, int slices_per_block, int chunks,
+                            bool prefetch_l2, bool fused, bool trigger) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   pdl_begin();  // launched with launch_pdl: nothing global is touched before this
   if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
@@ -452,69 +458,41 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   const int g = lane / 4;
   const int tig = lane % 4;
 
+  // blockIdx.x = (b, run of slices_per_block slices, chunk), chunk fastest.
   const int chunk = static_cast<int>(blockIdx.x % static_cast<unsigned>(chunks));
-  const long long seq_split = blockIdx.x / static_cast<unsigned>(chunks);
-  const int split = static_cast<int>(seq_split % splits);
-  const int b = static_cast<int>(seq_split / splits);
+  const int row_blocks = (splits + slices_per_block - 1) / slices_per_block;
+  const long long seq_block = blockIdx.x / static_cast<unsigned>(chunks);
+  const int split0 = static_cast<int>(seq_block % row_blocks) * slices_per_block;
+  const int b = static_cast<int>(seq_block / row_blocks);
   const int kvh = static_cast<int>(blockIdx.y);
   const int group = a.num_heads / a.num_kv_heads;
   const int head0 = kvh * group + chunk * 16 * mtiles;
   const int heads = min(16 * mtiles, kvh * group + group - head0);
   const long long row0 = static_cast<long long>(b) * a.num_heads + head0;  // q / out row of head0
 
-  const long long limit = key_limit(a, b, 0, split == 0 && chunk == 0 && tid == 0);
-  const long long begin = static_cast<long long>(split) * slice_keys;
-  if (begin >= limit) {
-    // A slice past the valid keys takes no part (it does not arrive). With
-    // no valid key at all (a reported bad kv_len), slice 0 writes zeros.
-    if (split == 0) {
+  const long long limit = key_limit(a, b, 0, split0 == 0 && chunk == 0 && tid == 0);
+  if (static_cast<long long>(split0) * slice_keys >= limit) {
+    // Slices past the valid keys take no part (the block does not arrive).
+    // With no valid key at all (a reported bad kv_len), slice 0 writes zeros.
+    if (split0 == 0) {
       T* const out = static_cast<T*>(a.out) + row0 * HD;
       for (int idx = tid; idx < heads * HD; idx += nthreads) out[idx] = from_float<T>(0.0f);
     }
     return;
   }
-  // The slices that hold a valid key (the blocks that arrive), this one's keys.
+  // The slices that hold a valid key, this block's run of them, and the
+  // blocks that hold one (the blocks that arrive).
   const int used = static_cast<int>(min(static_cast<long long>(splits), (limit + slice_keys - 1) / slice_keys));
-  const int n_keys = static_cast<int>(min(static_cast<long long>(slice_keys), limit - begin));
-  // This warp's sub-tiles: keys [t * 64 + kw * 16, + 16) of the slice.
-  const int n_sub = n_keys > kw * Sh::kSub ? (n_keys - kw * Sh::kSub + Sh::kTileKeys - 1) / Sh::kTileKeys : 0;
-
-  const long long kv_row0 = (static_cast<long long>(b) * a.num_kv_heads + kvh) * a.kv_stride + begin;
-  const T* const k = static_cast<const T*>(a.k) + kv_row0 * HD;
-  const T* const v = static_cast<const T*>(a.v) + kv_row0 * HD;
-  if (prefetch_l2 && chunk == 0 && tid == 0) {
-    // A small grid (about one block per SM): request the whole slice from
-    // DRAM at once, so the cp.async stream below is served from L2.
-    const auto bytes = static_cast<std::uint32_t>(n_keys) * HD * 2u;
-    prefetch_l2_bulk(k, bytes);
-    prefetch_l2_bulk(v, bytes);
-  }
-  // Otherwise each warp may ask L2 for its sub-tiles l2_ahead beyond the
-  // ring (lane 0 of m-tile 0): more bytes in flight per SM without more
-  // shared memory. At most 8 warps x 132 SMs x l2_ahead x 8 KiB (hd 128)
-  // wait in L2, used within a few microseconds: never evicted unread.
+  const int split_end = min(split0 + slices_per_block, used);
+  const int arrivals = (used + slices_per_block - 1) / slices_per_block;
+  const int ptid = mt * 32 + lane;  // index among the warps sharing this warp's keys
   const int l2_ahead = a.decode_tuning.l2_ahead;
   const bool prefetch_ahead = !prefetch_l2 && l2_ahead > 0 && mt == 0 && lane == 0;
-  auto prefetch_sub = [&](int t) {
-    const int key0 = t * Sh::kTileKeys + kw * Sh::kSub;
-    const auto bytes = static_cast<std::uint32_t>(min(Sh::kSub, n_keys - key0)) * HD * 2u;
-    prefetch_l2_bulk(k + static_cast<long long>(key0) * HD, bytes);
-    prefetch_l2_bulk(v + static_cast<long long>(key0) * HD, bytes);
-  };
-  const int ptid = mt * 32 + lane;  // index among the warps sharing this warp's keys
-  auto load_sub = [&](int t) {
-    const int key0 = t * Sh::kTileKeys + kw * Sh::kSub;
-    T* const dk = ring + ((t % kStages) * Sh::kKeyWarps + kw) * 2 * Sh::kSubElems;
-    const long long goff = static_cast<long long>(key0) * HD;
-    if (mtiles == 1) {
-      load_sub_tile<T, HD, 32>(dk, dk + Sh::kSubElems, k + goff, v + goff, n_keys - key0, ptid);
-    } else {
-      load_sub_tile<T, HD, 64>(dk, dk + Sh::kSubElems, k + goff, v + goff, n_keys - key0, ptid);
-    }
-  };
+  const long long plane_row0 = (static_cast<long long>(b) * a.num_kv_heads + kvh) * a.kv_stride;
+  const float scale_log2 = a.scale * kLog2e;
+  const bool direct = fused && used == 1;  // the row's only valid slice is its output
 
-  // Prologue: Q (rows past the block's heads zero), then this warp's first
-  // kStages - 1 sub-tiles. Always commit, so the group count is fixed.
+  // Q (rows past the block's heads zero), its own cp.async group.
   {
     const T* const q = static_cast<const T*>(a.q) + row0 * HD;
     for (int idx = tid; idx < 16 * mtiles * kChunks; idx += nthreads) {
@@ -525,18 +503,6 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     }
     cp_async_commit();
   }
-#pragma unroll
-  for (int t = 0; t < kStages - 1; ++t) {
-    if (t < n_sub) load_sub(t);
-    cp_async_commit();
-  }
-  if (prefetch_ahead) {
-    for (int t = kStages - 1; t < kStages - 1 + l2_ahead; ++t) {
-      if (t < n_sub) prefetch_sub(t);
-    }
-  }
-  cp_async_wait<kStages - 1>();  // Q has landed
-  __syncthreads();
 
   // ldmatrix row addresses. Chunk 2 * (4j + i) + c of a swizzled row lies
   // at offset[i] + j * 128 bytes (the swizzle only permutes the low 3 bits
@@ -558,152 +524,255 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     }
   }
   std::uint32_t qf[Sh::kQInRegs ? kKSteps : 1][4];
-  if constexpr (Sh::kQInRegs) {
-#pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) ldmatrix_x4(qf[kk], q_off[kk % 4] + (kk / 4) * 128);
-  }
 
-  float o[kDT][4];
-#pragma unroll
-  for (int dt = 0; dt < kDT; ++dt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
-  }
-  float m_run[2] = {-INFINITY, -INFINITY};  // running max of rows g, g + 8, raw score units
-  float l_run[2] = {0.0f, 0.0f};           // this thread's share of the row sums
-  const float scale_log2 = a.scale * kLog2e;
-
-  // Every warp of the block runs the same number of iterations (key warp 0
-  // has the most sub-tiles), so all warps pass the same sequence of
-  // barriers; a warp whose keys ran out only keeps the ring's group count.
-  // (compute-sanitizer racecheck pairs barriers by count across the block:
-  // with unequal counts it reported the merge below as racing.)
-  const int n_iter = (n_keys + Sh::kTileKeys - 1) / Sh::kTileKeys;
-  for (int t = 0; t < n_iter; ++t) {
-    // Sub-tile t has landed for every thread sharing it, and all of them are
-    // done with sub-tile t - 1, whose slot is refilled next.
-    cp_async_wait<kStages - 2>();
-    ring_barrier(kw, mtiles);
-    if (t + kStages - 1 < n_sub) load_sub(t + kStages - 1);
-    cp_async_commit();
-    if (prefetch_ahead && t + kStages - 1 + l2_ahead < n_sub) prefetch_sub(t + kStages - 1 + l2_ahead);
-    if (t >= n_sub) continue;  // warp-uniform: this key warp's sub-tiles are done
-    const std::uint32_t sK = smem_u32(ring + ((t % kStages) * Sh::kKeyWarps + kw) * 2 * Sh::kSubElems);
-    const std::uint32_t sV = sK + Sh::kSubElems * 2;
-
-    // S = Q Kᵀ: 16 heads x 16 keys.
-    float s[2][4];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+  // The block's slices one after another, each exactly as a block of its own
+  // would run it (the same sub-tiles per key warp, the same merges), so the
+  // bits never depend on slices_per_block. At a boundary the next slice's
+  // first sub-tiles are requested before this one's warps merge (where the
+  // merge scratch fits beside them, DecodeTuning::overlap_boundary), else
+  // asked into L2 while the slice drains; either way the stream from DRAM
+  // does not pause.
+  struct SliceView {
+    const T* k;  // [n_keys, HD] of this (sequence, kv head)
+    const T* v;  // [n_keys, HD]
+    int n_keys;
+    int n_sub;  // this key warp's sub-tiles: keys [t * 64 + kw * 16, + 16)
+  };
+  auto view_of = [&](int split) {
+    SliceView sv;
+    const long long begin = static_cast<long long>(split) * slice_keys;
+    sv.n_keys = static_cast<int>(min(static_cast<long long>(slice_keys), limit - begin));
+    sv.n_sub = sv.n_keys > kw * Sh::kSub ? (sv.n_keys - kw * Sh::kSub + Sh::kTileKeys - 1) / Sh::kTileKeys : 0;
+    sv.k = static_cast<const T*>(a.k) + (plane_row0 + begin) * HD;
+    sv.v = static_cast<const T*>(a.v) + (plane_row0 + begin) * HD;
+    return sv;
+  };
+  auto load_sub = [&](const SliceView& sv, int t) {
+    const int key0 = t * Sh::kTileKeys + kw * Sh::kSub;
+    T* const dk = ring + ((t % kStages) * Sh::kKeyWarps + kw) * 2 * Sh::kSubElems;
+    const long long goff = static_cast<long long>(key0) * HD;
+    if (mtiles == 1) {
+      load_sub_tile<T, HD, 32>(dk, dk + Sh::kSubElems, sv.k + goff, sv.v + goff, sv.n_keys - key0, ptid);
+    } else {
+      load_sub_tile<T, HD, 64>(dk, dk + Sh::kSubElems, sv.k + goff, sv.v + goff, sv.n_keys - key0, ptid);
+    }
+  };
+  // Each warp may ask L2 for its sub-tiles l2_ahead beyond the ring (lane 0
+  // of m-tile 0): more bytes in flight per SM without more shared memory. At
+  // most 8 warps x 132 SMs x l2_ahead x 8 KiB (hd 128) wait in L2, used
+  // within a few microseconds: never evicted unread.
+  auto prefetch_sub = [&](const SliceView& sv, int t) {
+    const int key0 = t * Sh::kTileKeys + kw * Sh::kSub;
+    const auto bytes = static_cast<std::uint32_t>(min(Sh::kSub, sv.n_keys - key0)) * HD * 2u;
+    prefetch_l2_bulk(sv.k + static_cast<long long>(key0) * HD, bytes);
+    prefetch_l2_bulk(sv.v + static_cast<long long>(key0) * HD, bytes);
+  };
+  // A slice's prologue: its first kStages - 1 sub-tiles of this warp (one
+  // commit group each, always committed so the group count is fixed).
+  auto prologue = [&](const SliceView& sv) {
+    if (prefetch_l2 && chunk == 0 && tid == 0) {
+      // A small grid (about one block per SM): request the whole slice from
+      // DRAM at once, so the cp.async stream is served from L2.
+      const auto bytes = static_cast<std::uint32_t>(sv.n_keys) * HD * 2u;
+      prefetch_l2_bulk(sv.k, bytes);
+      prefetch_l2_bulk(sv.v, bytes);
     }
 #pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
-      std::uint32_t qa[4];
+    for (int t = 0; t < kStages - 1; ++t) {
+      if (t < sv.n_sub) load_sub(sv, t);
+      cp_async_commit();
+    }
+    if (prefetch_ahead) {
+      for (int t = kStages - 1; t < kStages - 1 + l2_ahead; ++t) {
+        if (t < sv.n_sub) prefetch_sub(sv, t);
+      }
+    }
+  };
+  // The merge scratch: (m, l, O) of each warp's valid rows, [warps][hrows]
+  // (one m-tile: only the block's heads; two: all 16 rows per warp). In the
+  // last ring slot (which a slice's prologue does not fill) where it fits,
+  // so the next prologue can go out first; else over the drained ring.
+  const int hrows = mtiles == 1 ? heads : 16;
+  const int scratch_floats = Sh::kMaxWarps / Sh::kMaxMTiles * mtiles * hrows * (Sh::kOStride + 2);
+  constexpr int kSlotFloats = Sh::kKeyWarps * 2 * Sh::kSubElems / 2;
+  const bool overlap = a.decode_tuning.overlap_boundary && scratch_floats <= kSlotFloats;
+  float* const mo = overlap ? reinterpret_cast<float*>(ring + (kStages - 1) * Sh::kKeyWarps * 2 * Sh::kSubElems)
+                            : reinterpret_cast<float*>(smem_raw);  // [warps][hrows][kOStride]
+  float* const mm = mo + Sh::kMaxWarps / Sh::kMaxMTiles * mtiles * hrows * Sh::kOStride;  // [warps][hrows]
+  float* const ml = mm + Sh::kMaxWarps / Sh::kMaxMTiles * mtiles * hrows;                  // [warps][hrows]
+
+  SliceView cur = view_of(split0);
+  prologue(cur);
+  for (int split = split0; split < split_end; ++split) {
+    const bool has_next = split + 1 < split_end;
+    if (split == split0) {
+      cp_async_wait<kStages - 1>();  // Q has landed
+      __syncthreads();
       if constexpr (Sh::kQInRegs) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) qa[e] = qf[kk][e];
-      } else {
-        ldmatrix_x4(qa, q_off[kk % 4] + (kk / 4) * 128);
+        for (int kk = 0; kk < kKSteps; ++kk) ldmatrix_x4(qf[kk], q_off[kk % 4] + (kk / 4) * 128);
       }
-      std::uint32_t kb[4];
-      ldmatrix_x4(kb, sK + k_off[kk % 4] + (kk / 4) * 128);
-      mma_16816<T>(s[0], qa, kb[0], kb[1]);
-      mma_16816<T>(s[1], qa, kb[2], kb[3]);
     }
 
-    // Keys past the slice's valid range (the last sub-tile only).
-    const int key0 = t * Sh::kTileKeys + kw * Sh::kSub;
-    if (key0 + Sh::kSub > n_keys) {
+    float o[kDT][4];
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
+    }
+    float m_run[2] = {-INFINITY, -INFINITY};  // running max of rows g, g + 8, raw score units
+    float l_run[2] = {0.0f, 0.0f};           // this thread's share of the row sums
+
+    // Every warp of the block runs the same number of iterations (key warp 0
+    // has the most sub-tiles), so all warps pass the same sequence of
+    // barriers; a warp whose keys ran out only keeps the ring's group count.
+    // (compute-sanitizer racecheck pairs barriers by count across the block:
+    // with unequal counts it reported the merge below as racing.)
+    const int n_iter = (cur.n_keys + Sh::kTileKeys - 1) / Sh::kTileKeys;
+    // Without the early prologue: the iteration after which the ring has
+    // nothing left to load asks L2 for the next slice's first sub-tiles.
+    const int next_prefetch_t = has_next && !overlap ? max(0, n_iter - (kStages - 1)) : -1;
+    for (int t = 0; t < n_iter; ++t) {
+      // Sub-tile t has landed for every thread sharing it, and all of them are
+      // done with sub-tile t - 1, whose slot is refilled next.
+      cp_async_wait<kStages - 2>();
+      ring_barrier(kw, mtiles);
+      if (t + kStages - 1 < cur.n_sub) load_sub(cur, t + kStages - 1);
+      cp_async_commit();
+      if (t == next_prefetch_t && mt == 0 && lane == 0) {
+        const SliceView next = view_of(split + 1);
+        for (int u = 0; u < kStages - 1 && u < next.n_sub; ++u) prefetch_sub(next, u);
+      }
+      if (prefetch_ahead && t + kStages - 1 + l2_ahead < cur.n_sub) prefetch_sub(cur, t + kStages - 1 + l2_ahead);
+      if (t >= cur.n_sub) continue;  // warp-uniform: this key warp's sub-tiles are done
+      const std::uint32_t sK = smem_u32(ring + ((t % kStages) * Sh::kKeyWarps + kw) * 2 * Sh::kSubElems);
+      const std::uint32_t sV = sK + Sh::kSubElems * 2;
+
+      // S = Q Kᵀ: 16 heads x 16 keys.
+      float s[2][4];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (key0 + nt * 8 + tig * 2 + (e & 1) >= n_keys) s[nt][e] = -INFINITY;
+        for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        std::uint32_t qa[4];
+        if constexpr (Sh::kQInRegs) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) qa[e] = qf[kk][e];
+        } else {
+          ldmatrix_x4(qa, q_off[kk % 4] + (kk / 4) * 128);
+        }
+        std::uint32_t kb[4];
+        ldmatrix_x4(kb, sK + k_off[kk % 4] + (kk / 4) * 128);
+        mma_16816<T>(s[0], qa, kb[0], kb[1]);
+        mma_16816<T>(s[1], qa, kb[2], kb[3]);
+      }
+
+      // Keys past the slice's valid range (the last sub-tile only).
+      const int key0 = t * Sh::kTileKeys + kw * Sh::kSub;
+      if (key0 + Sh::kSub > cur.n_keys) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (key0 + nt * 8 + tig * 2 + (e & 1) >= cur.n_keys) s[nt][e] = -INFINITY;
+          }
         }
       }
-    }
 
-    // Online softmax per row; the quad (4 lanes) shares a row.
-    online_softmax_step(s, m_run, l_run, o, scale_log2);
+      // Online softmax per row; the quad (4 lanes) shares a row.
+      online_softmax_step(s, m_run, l_run, o, scale_log2);
 
-    // O += P V: the two n8 accumulators of S are the A fragment of P.
-    const std::uint32_t pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]),
-                                 pack2<T>(s[1][0], s[1][1]), pack2<T>(s[1][2], s[1][3])};
+      // O += P V: the two n8 accumulators of S are the A fragment of P.
+      const std::uint32_t pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]),
+                                   pack2<T>(s[1][0], s[1][1]), pack2<T>(s[1][2], s[1][3])};
 #pragma unroll
-    for (int dp = 0; dp < kDT / 2; ++dp) {
-      std::uint32_t vb[4];
-      ldmatrix_x4_trans(vb, sV + v_off[dp % 4] + (dp / 4) * 128);
-      mma_16816<T>(o[2 * dp], pa, vb[0], vb[1]);
-      mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
+      for (int dp = 0; dp < kDT / 2; ++dp) {
+        std::uint32_t vb[4];
+        ldmatrix_x4_trans(vb, sV + v_off[dp % 4] + (dp / 4) * 128);
+        mma_16816<T>(o[2 * dp], pa, vb[0], vb[1]);
+        mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
+      }
     }
-  }
-  cp_async_wait<0>();  // only empty groups can remain; leave none behind
-  __syncthreads();     // every warp is done with the ring: reuse it for the merge
+    cp_async_wait<0>();  // only empty groups can remain; leave none behind
+    __syncthreads();     // every warp is done with the ring: the scratch and the next prologue may overwrite it
+    const SliceView next = has_next ? view_of(split + 1) : cur;
+    if (overlap && has_next) prologue(next);  // fills slots 0 .. kStages - 2, not the scratch
 
-  // Publish each warp's (m in base-2 units, l, O) per row.
-  float* const mo = reinterpret_cast<float*>(smem_raw);      // [warps][16][kOStride]
-  float* const mm = mo + Sh::kMaxWarps * 16 * Sh::kOStride;  // [warps][16]
-  float* const ml = mm + Sh::kMaxWarps * 16;                 // [warps][16]
+    // Publish each warp's (m in base-2 units, l, O) per valid row.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = l_run[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int row = warp * 16 + g + 8 * r;
-    if (tig == 0) {
-      mm[row] = m_run[r] == -INFINITY ? -INFINITY : m_run[r] * scale_log2;
-      ml[row] = l;
-    }
+    for (int r = 0; r < 2; ++r) {
+      float l = l_run[r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      if (g + 8 * r >= hrows) continue;  // a row past the block's heads (one m-tile)
+      const int row = warp * hrows + g + 8 * r;
+      if (tig == 0) {
+        mm[row] = m_run[r] == -INFINITY ? -INFINITY : m_run[r] * scale_log2;
+        ml[row] = l;
+      }
 #pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) {
-      *reinterpret_cast<float2*>(mo + row * Sh::kOStride + dt * 8 + tig * 2) = make_float2(o[dt][2 * r], o[dt][2 * r + 1]);
+      for (int dt = 0; dt < kDT; ++dt) {
+        *reinterpret_cast<float2*>(mo + row * Sh::kOStride + dt * 8 + tig * 2) =
+            make_float2(o[dt][2 * r], o[dt][2 * r + 1]);
+      }
     }
-  }
-  __syncthreads();
+    __syncthreads();
 
-  // Merge the key warps of each head in a fixed order; normalize per slice.
-  // The row's only valid slice (fused) is its final output.
-  const bool direct = fused && used == 1;
-  for (int idx = tid; idx < heads * HD; idx += nthreads) {
-    const int h = idx / HD;
-    const int d = idx % HD;
-    const int wrow = (h / 16) * Sh::kKeyWarps * 16 + h % 16;  // row of key warp 0 of h's m-tile
-    float mx = -INFINITY;
+    // Merge the key warps of each head in a fixed order; normalize per slice.
+    // The row's only valid slice (fused) is its final output.
+    for (int idx = tid; idx < heads * HD; idx += nthreads) {
+      const int h = idx / HD;
+      const int d = idx % HD;
+      const int wrow = (h / 16) * Sh::kKeyWarps * hrows + h % 16;  // row of key warp 0 of h's m-tile
+      float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < Sh::kKeyWarps; ++w) mx = fmaxf(mx, mm[wrow + w * 16]);
-    float sum = 0.0f, acc = 0.0f;
+      for (int w = 0; w < Sh::kKeyWarps; ++w) mx = fmaxf(mx, mm[wrow + w * hrows]);
+      float sum = 0.0f, acc = 0.0f;
 #pragma unroll
-    for (int w = 0; w < Sh::kKeyWarps; ++w) {
-      const float mw = mm[wrow + w * 16];
-      if (mw == -INFINITY) continue;  // a warp that saw no key
-      const float f = exp2f(mw - mx);
-      sum += ml[wrow + w * 16] * f;
-      acc += mo[(wrow + w * 16) * Sh::kOStride + d] * f;
+      for (int w = 0; w < Sh::kKeyWarps; ++w) {
+        const float mw = mm[wrow + w * hrows];
+        if (mw == -INFINITY) continue;  // a warp that saw no key
+        const float f = exp2f(mw - mx);
+        sum += ml[wrow + w * hrows] * f;
+        acc += mo[(wrow + w * hrows) * Sh::kOStride + d] * f;
+      }
+      // Key 0 of the slice is valid and belongs to key warp 0: sum > 0.
+      if (direct) {
+        static_cast<T*>(a.out)[(row0 + h) * HD + d] = from_float<T>(acc / sum);
+      } else {
+        a.partial_out[((row0 + h) * splits + split) * HD + d] = acc / sum;
+        if (d == 0) a.partial_lse[(row0 + h) * splits + split] = mx + log2f(sum);
+      }
     }
-    // Key 0 of the slice is valid and belongs to key warp 0: sum > 0.
-    if (direct) {
-      static_cast<T*>(a.out)[(row0 + h) * HD + d] = from_float<T>(acc / sum);
-    } else {
-      a.partial_out[((row0 + h) * splits + split) * HD + d] = acc / sum;
-      if (d == 0) a.partial_lse[(row0 + h) * splits + split] = mx + log2f(sum);
-    }
-  }
+    __syncthreads();  // every thread is done with the scratch: the ring refills over it
+    if (!overlap && has_next) prologue(next);
+    cur = next;
+  }  // slices
   if (direct || !fused) return;  // done, or attention_combine_kernel merges
+  if (arrivals == 1) {
+    // The block holds every valid slice of the row: its own partials,
+    // visible to it after the barrier above, merge here.
+    merge_slice_partials<T, HD>(a, row0, heads, splits, used, reinterpret_cast<float*>(smem_raw));
+    return;
+  }
 
-  // Arrive. The last of the `used` blocks of this (sequence, kv head,
+  // Arrive. The last of the `arrivals` blocks of this (sequence, kv head,
   // chunk) merges their partials. Every writer fences before the arrival
   // (release: its partials are visible device-wide first); the last block
-  // fences after it (acquire) and reads the partials through L2.
+  // fences after it (acquire) and reads the partials through L2. (One
+  // thread's fence after the barrier, as in a cooperative-groups grid sync,
+  // measured 0.3-1 us slower at B = 1 in session 14.)
   unsigned int* const s_last = reinterpret_cast<unsigned int*>(sQ);  // Q is no longer read
   __threadfence();
-  __syncthreads();  // also: every warp is done with mo / mm / ml
+  __syncthreads();
   if (tid == 0) {
     unsigned int* const counter =
         g_decode_arrivals + (static_cast<long long>(b) * a.num_kv_heads + kvh) * chunks + chunk;
-    // atomicInc wraps to 0 after used - 1: the last arrival leaves it zero.
-    const unsigned int last = static_cast<unsigned int>(used - 1);
+    // atomicInc wraps to 0 after arrivals - 1: the last arrival leaves it zero.
+    const unsigned int last = static_cast<unsigned int>(arrivals - 1);
     *s_last = atomicInc(counter, last) == last ? 1u : 0u;
   }
   __syncthreads();
@@ -732,6 +801,24 @@ __global__ void __launch_bounds__(kCombineThreads)
   merge_slice_partials<T, HD>(a, row, 1, splits, used, smem);
 }
 
+// Blocks of Kernel resident per SM at `threads` threads (128 or 256) and
+// `smem` bytes, asked once per device and block size.
+template <auto Kernel>
+int resident_blocks(int threads, int smem) {
+  static std::atomic<int> cache[64][2] = {};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) throw_cuda_error("flash_attention", "cudaGetDevice", err);
+  std::atomic<int>* const slot = dev >= 0 && dev < 64 ? &cache[dev][threads > 128 ? 1 : 0] : nullptr;
+  int blocks = slot != nullptr ? slot->load(std::memory_order_relaxed) : 0;
+  if (blocks > 0) return blocks;
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads, smem);
+  if (err != cudaSuccess) throw_cuda_error("flash_attention", "cudaOccupancyMaxActiveBlocksPerMultiprocessor", err);
+  blocks = std::max(blocks, 1);
+  if (slot != nullptr) slot->store(blocks, std::memory_order_relaxed);
+  return blocks;
+}
+
 template <class T, int HD>
 void launch_combine(const AttentionArgs& a, int splits, int slice_keys, cudaStream_t stream) {
   attention_combine_kernel<T, HD>
@@ -748,22 +835,40 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   const int group = a.num_heads / a.num_kv_heads;
   const int mtiles = group > 16 ? Sh::kMaxMTiles : 1;
   const int chunks = (group + 16 * mtiles - 1) / (16 * mtiles);
-  const dim3 grid(static_cast<unsigned>(static_cast<long long>(a.batch) * splits * chunks),
+  const long long groups = static_cast<long long>(a.batch) * a.num_kv_heads * chunks;
+  const int smem = Sh::kSmemBytes;
+  const unsigned threads = static_cast<unsigned>(Sh::kKeyWarps * 32 * mtiles);
+  // Slices per block (DecodeTuning::slices_per_block).
+  int per_block = a.decode_tuning.slices_per_block;
+  if (per_block <= 0) {
+    per_block = 1;
+    if (slice_keys < 512) {
+      const long long slots =
+          static_cast<long long>(resident_blocks<attention_decode_kernel<T, HD>>(static_cast<int>(threads), smem)) *
+          device_sm_count("flash_attention");
+      while (per_block * 2 <= splits && per_block * 2 * slice_keys <= 1024 &&
+             2 * groups * ((splits + per_block * 2 - 1) / (per_block * 2)) >= slots) {
+        per_block *= 2;
+      }
+    }
+  }
+  per_block = std::min(per_block, splits);
+  const int row_blocks = (splits + per_block - 1) / per_block;
+  const dim3 grid(static_cast<unsigned>(static_cast<long long>(a.batch) * row_blocks * chunks),
                   static_cast<unsigned>(a.num_kv_heads));
   // L2 prefetch of whole slices only while everything the launch may read
   // fits well inside L2 (else prefetched lines would be evicted unread).
   const double footprint = static_cast<double>(a.batch) * a.num_kv_heads * static_cast<double>(a.kv_stride) * HD * 4.0;
   const bool prefetch_l2 = footprint <= a.decode_tuning.l2_prefetch_bytes;
-  // The kernel finishes every row itself (no second launch) in launches of
-  // few (sequence, kv head, chunk) groups (DecodeTuning), never past the
-  // arrival counters.
-  const long long groups = static_cast<long long>(a.batch) * a.num_kv_heads * chunks;
+  // The kernel finishes every row itself (no second launch) where one block
+  // holds the whole row, and in launches of few (sequence, kv head, chunk)
+  // groups (DecodeTuning), never past the arrival counters.
   const bool fused =
-      splits == 1 || (a.decode_tuning.fused_merge && groups <= kDecodeArrivalSlots &&
-                      static_cast<double>(groups) <=
-                          a.decode_tuning.fused_max_groups_per_sm * device_sm_count("flash_attention"));
-  launch_pdl("flash_attention", kernel, grid, static_cast<unsigned>(Sh::kKeyWarps * 32 * mtiles), Sh::kSmemBytes,
-             stream, a, splits, slice_keys, chunks, prefetch_l2, fused, pdl_early_trigger());
+      row_blocks == 1 || (a.decode_tuning.fused_merge && groups <= kDecodeArrivalSlots &&
+                          static_cast<double>(groups) <=
+                              a.decode_tuning.fused_max_groups_per_sm * device_sm_count("flash_attention"));
+  launch_pdl("flash_attention", kernel, grid, threads, smem, stream, a, splits, slice_keys, per_block, chunks,
+             prefetch_l2, fused, pdl_early_trigger());
   if (!fused) launch_combine<T, HD>(a, splits, slice_keys, stream);
   check_launch("flash_attention");
   return true;

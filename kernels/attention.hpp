@@ -64,6 +64,23 @@ struct DecodeTuning {
   // between the two, not measured closer. fused_merge = false: never.
   bool fused_merge = true;
   double fused_max_groups_per_sm = 2.0;
+  // Consecutive slices of one (sequence, kv head, chunk) per block, run one
+  // after another (each exactly as alone: the bits never change). 0: one,
+  // except for slices shorter than 512 keys (caches up to 4096 positions),
+  // where it doubles while a block stays within 1024 keys and the launch
+  // keeps at least half a block per slot (blocks per SM x SMs): a large
+  // batch of short caches then streams in long blocks (H200, session 14:
+  // B=64 L=1k 100 -> 91 us, B=16 L=1k 35 -> 30 us), while a batch of one
+  // keeps a block per slice. Longer slices gained nothing from it (B=64
+  // L=32k: 1885 us at one, 1942 at two). A block holding every valid slice
+  // of its row merges them itself.
+  int slices_per_block = 0;
+  // A block running several slices requests the next slice's first
+  // sub-tiles before it merges its warps (the merge scratch then sits in the
+  // last ring slot, where it fits: up to 14 heads per block at hd 128);
+  // false: after the merge, with those sub-tiles asked into L2 meanwhile.
+  // The same bits.
+  bool overlap_boundary = true;
 };
 
 // Launch knobs of the wgmma prefill (kernels/attention_prefill_wgmma.cu);

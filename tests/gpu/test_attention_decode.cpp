@@ -284,6 +284,19 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
     variants[5].fused_max_groups_per_sm = 0.0;
     variants.push_back({});
     variants.back().fused_max_groups_per_sm = 1e9;
+    // Slices per block (a block running several slices, merging a whole row
+    // itself at 8 and 16), also with the combine kernel; the next slice's
+    // prologue after the merge.
+    for (int per_block : {1, 2, 3, 8, 16}) {
+      variants.push_back({});
+      variants.back().slices_per_block = per_block;
+    }
+    variants.push_back({});
+    variants.back().slices_per_block = 2;
+    variants.back().fused_merge = false;
+    variants.push_back({});
+    variants.back().overlap_boundary = false;
+    variants.back().slices_per_block = 3;
     for (std::size_t i = 0; i < variants.size(); ++i) {
       EXPECT_TRUE(reference == run_with(variants[i])) << "variant " << i << " changed the output";
     }
