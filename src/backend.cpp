@@ -894,8 +894,12 @@ namespace {
 // all_gather and reduce_scatter: a source and a destination, one of them
 // world_size shards of `len` elements and the other one shard; f16 / bf16 /
 // f32 as the source is, the destination of the same dtype.
+// The shard may share bytes with the full buffer only as this rank's slice
+// of it, full[rank * len, (rank + 1) * len) (NCCL's in-place form; at world
+// size 1 the same range), whatever the world size: NCCL leaves any other
+// overlap undefined, and the world-size-1 copy refuses it too.
 void check_shard_pair(const OpCheck& check, NamedBuffer source, NamedBuffer dest, bool source_is_full,
-                      std::string_view len_name, std::size_t len, std::size_t world) {
+                      std::string_view len_name, std::size_t len, std::size_t world, std::size_t rank) {
   check.size(len_name, len);
   check.buffer(source.name, source.buffer);
   check.buffer(dest.name, dest.buffer);
@@ -904,7 +908,17 @@ void check_shard_pair(const OpCheck& check, NamedBuffer source, NamedBuffer dest
   const NamedBuffer& full = source_is_full ? source : dest;
   const NamedBuffer& shard = source_is_full ? dest : source;
   check.holds(shard.name, shard.buffer, len, "[len]");
-  check.holds(full.name, full.buffer, check.product({world, len}), "[world_size * len]");
+  const std::size_t full_len = check.product({world, len});
+  check.holds(full.name, full.buffer, full_len, "[world_size * len]");
+  const std::size_t elem = size_of(full.buffer.dtype());
+  const auto s = reinterpret_cast<std::uintptr_t>(shard.buffer.data());
+  const auto f = reinterpret_cast<std::uintptr_t>(full.buffer.data());
+  if (s < f + full_len * elem && f < s + len * elem && s != f + rank * len * elem) {
+    check.fail(ErrorCode::InvalidArgument,
+               "{}: '{}' [0, {}) overlaps '{}' [0, {}) in memory (views of one buffer) without being rank {}'s "
+               "slice [{}, {}) of it (the in-place form); use separate buffers",
+               check.op(), shard.name, len, full.name, full_len, rank, rank * len, (rank + 1) * len);
+  }
 }
 
 void check_reduce_op(const OpCheck& check, ReduceOp op) {
@@ -934,7 +948,7 @@ void Backend::all_reduce(Buffer& buf, std::size_t len, ReduceOp op) {
 void Backend::all_gather(const Buffer& local, Buffer& global, std::size_t local_len) {
   OpCheck check(*this, "all_gather");
   check_shard_pair(check, {"local", local}, {"global", global}, /*source_is_full=*/false, "local_len", local_len,
-                   world_size());
+                   world_size(), rank());
   do_all_gather(local, global, local_len);
 }
 
@@ -953,7 +967,8 @@ void Backend::broadcast(Buffer& buf, std::size_t len, std::size_t src_rank) {
 
 void Backend::reduce_scatter(const Buffer& input, Buffer& output, std::size_t len, ReduceOp op) {
   OpCheck check(*this, "reduce_scatter");
-  check_shard_pair(check, {"input", input}, {"output", output}, /*source_is_full=*/true, "len", len, world_size());
+  check_shard_pair(check, {"input", input}, {"output", output}, /*source_is_full=*/true, "len", len, world_size(),
+                   rank());
   check_reduce_op(check, op);
   do_reduce_scatter(input, output, len, op);
 }

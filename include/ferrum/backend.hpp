@@ -379,7 +379,10 @@ class Backend {
   // reduce_scatter copies input into output. A CudaBackend with a
   // Communicator (communicator.hpp) runs them over NCCL on its stream
   // (capture-safe); a world size above 1 without a communicator throws
-  // Unsupported, never a silent no-op. f16, bf16 and f32.
+  // Unsupported, never a silent no-op. f16, bf16 and f32. all_gather's local
+  // and reduce_scatter's output may share memory with the full buffer only
+  // as its rank's slice [rank * len, (rank + 1) * len) (in place); any other
+  // overlap is InvalidArgument.
   virtual std::size_t world_size() const noexcept { return 1; }
   virtual std::size_t rank() const noexcept { return 0; }
   void all_reduce(Buffer& buf /*[len], in place*/, std::size_t len, ReduceOp op);

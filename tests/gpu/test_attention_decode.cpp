@@ -199,8 +199,9 @@ TEST_P(CudaDecodeBatch, SliceEdgesMatchCpuAndRepeatBitwise) {
 // footprint (prefetch-ahead applies), several valid slices to merge in both,
 // slices ending inside a 64-key tile and inside a warp's 16 keys; head_dim
 // 64 and 256; a GQA group of 20 (two m-tiles); a batch large enough that
-// the default merges in the combine kernel. Cache rows at and past kv_len
-// hold NaN, so a path that lets one into P V shows.
+// the default merges in the combine kernel; ragged batches (kv_lens) whose
+// default runs several slices per block. Cache rows at and past each
+// sequence's kv_len hold NaN, so a path that lets one into P V shows.
 TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
   FERRUM_SEEDED_RNG(rng);
   const DType dt = GetParam();
@@ -212,23 +213,32 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
     int heads;
     int kv_heads;
     int head_dim;
+    bool ragged = false;  // kv_lens: sequence b holds kv_len, kv_len / 2 + 1 or 1 keys (b % 3)
   };
   for (const Case& c : {Case{1, 700, 1000, 8, 2, 128}, Case{3, 4999, 5000, 8, 2, 128},
                         Case{2, 9000, 20000, 8, 2, 128}, Case{2, 333, 4096, 40, 2, 128},
                         Case{1, 4100, 9000, 4, 1, 64}, Case{2, 1234, 1500, 16, 2, 256},
-                        Case{48, 200, 256, 16, 8, 128}}) {
+                        Case{48, 200, 256, 16, 8, 128}, Case{6, 3000, 4096, 32, 8, 128, true},
+                        Case{5, 1000, 1024, 16, 1, 64, true}}) {
     SCOPED_TRACE(cat("batch ", c.batch, " kv_len ", c.kv_len, " capacity ", c.capacity, " heads ", c.heads, "/",
-                     c.kv_heads, " hd ", c.head_dim));
+                     c.kv_heads, " hd ", c.head_dim, c.ragged ? " ragged" : ""));
+    auto seq_len = [&](int b) {
+      if (!c.ragged) return c.kv_len;
+      return b % 3 == 0 ? c.kv_len : b % 3 == 1 ? c.kv_len / 2 + 1 : 1;
+    };
     const std::size_t q_elems = static_cast<std::size_t>(c.batch) * c.heads * c.head_dim;
     const std::size_t kv_elems = static_cast<std::size_t>(c.batch) * c.kv_heads * c.capacity * c.head_dim;
     const std::vector<std::uint8_t> q = encode_bytes(random_uniform(rng, dt, q_elems));
     std::vector<std::uint8_t> k = encode_bytes(random_uniform(rng, dt, kv_elems));
     std::vector<std::uint8_t> v = encode_bytes(random_uniform(rng, dt, kv_elems));
-    // Rows kv_len .. capacity - 1 of every (sequence, kv head): NaN (0xffff
-    // in f16 and bf16).
+    // Rows past the sequence's kv_len .. capacity - 1 of every (sequence,
+    // kv head): NaN (0xffff in f16 and bf16).
     const std::size_t row_bytes = static_cast<std::size_t>(c.head_dim) * 2;
+    std::vector<std::int32_t> lens(static_cast<std::size_t>(c.batch));
+    for (int b = 0; b < c.batch; ++b) lens[static_cast<std::size_t>(b)] = seq_len(b);
     for (std::size_t plane = 0; plane < static_cast<std::size_t>(c.batch) * c.kv_heads; ++plane) {
-      const std::size_t from = (plane * c.capacity + c.kv_len) * row_bytes;
+      const std::size_t len = static_cast<std::size_t>(lens[plane / static_cast<std::size_t>(c.kv_heads)]);
+      const std::size_t from = (plane * c.capacity + len) * row_bytes;
       const std::size_t to = (plane + 1) * c.capacity * row_bytes;
       std::memset(k.data() + from, 0xff, to - from);
       std::memset(v.data() + from, 0xff, to - from);
@@ -237,6 +247,9 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
     const DeviceBytes dq_mem(q), dk_mem(k), dv_mem(v), dws_mem(std::max<std::size_t>(ws, 1) * sizeof(float));
     DeviceBytes dout_mem(q.size()), dflag_mem(sizeof(std::uint32_t));
     dflag_mem.fill(0);
+    std::vector<std::uint8_t> lens_bytes(lens.size() * sizeof(std::int32_t));
+    std::memcpy(lens_bytes.data(), lens.data(), lens_bytes.size());
+    const DeviceBytes dlens_mem(lens_bytes);
     void *const dq = dq_mem.get(), *const dk = dk_mem.get(), *const dv = dv_mem.get(), *const dout = dout_mem.get();
     void *const dws = dws_mem.get(), *const dflag = dflag_mem.get();
 
@@ -256,6 +269,7 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
       a.kv_stride = c.capacity;
       a.kv_len = c.kv_len;
       a.pos_offset = c.kv_len - 1;
+      if (c.ragged) a.kv_lens = static_cast<const int*>(dlens_mem.get());
       a.error_flag = static_cast<std::uint32_t*>(dflag);
       a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
       kernels::set_decode_workspace(a, static_cast<float*>(dws), ws);
