@@ -12,6 +12,12 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 std::mutex g_runtimes_mutex;
+// Held through a whole cuda_runtime() call, so runtimes are made one at a
+// time: a second caller for the same device waits, then finds the first's
+// runtime and compares its config with it (two racing first backends would
+// otherwise both make one, and the loser's would leak unchecked). Taken
+// before g_runtimes_mutex, never while holding it.
+std::mutex g_create_mutex;
 std::array<CudaRuntime*, kMaxDevices> g_runtimes{};
 // Per device, read by every launch without a lock: 0 no runtime yet (a
 // launcher used on its own, e.g. by a tuning bench: the device decides PDL,
@@ -135,6 +141,7 @@ CudaRuntime& cuda_runtime(const CudaBackendConfig& config) {
   if (config.cublas_workspace_bytes == 0) {
     fail(ErrorCode::InvalidArgument, "CudaBackend: argument 'config.cublas_workspace_bytes' = 0");
   }
+  std::lock_guard<std::mutex> create_lock(g_create_mutex);
   {
     std::lock_guard<std::mutex> lock(g_runtimes_mutex);
     CudaRuntime* existing = g_runtimes[config.device];
@@ -172,13 +179,13 @@ CudaRuntime& cuda_runtime(const CudaBackendConfig& config) {
   }
   CudaRuntime* rt = create_runtime(config);
   std::lock_guard<std::mutex> lock(g_runtimes_mutex);
-  if (g_runtimes[config.device] == nullptr) g_runtimes[config.device] = rt;
-  const CudaRuntime& made = *g_runtimes[config.device];
+  g_runtimes[config.device] = rt;  // still empty: creations are serialized
+  const CudaRuntime& made = *rt;
   g_launch_state[config.device].store(kConfigured | (made.pdl ? kLaunchPdl : 0) | (made.pdl_trigger ? kLaunchTrigger : 0) |
                                           (made.gemm_prefetch ? kLaunchGemmPrefetch : 0) |
                                           (made.gemm_weights ? kLaunchGemmWeights : 0),
                                       std::memory_order_relaxed);
-  return *g_runtimes[config.device];
+  return *rt;
 }
 
 void activate_device(int device) {
