@@ -7,9 +7,12 @@
 
 #include <fmt/format.h>
 
+#include <cuda.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -55,6 +58,26 @@ std::string describe_device_errors(std::uint32_t bits) {
       "[1, kv_seq_stride] (zeros written)");
   if (what.empty()) what = fmt::format("unknown device error bits {:#x}", bits);
   return what;
+}
+
+// The driver's cuMemGetAddressRange (through the runtime's entry-point
+// query: no link to libcuda), or null where the driver lacks it.
+using GetAddressRangeFn = CUresult (*)(CUdeviceptr* base, std::size_t* size, CUdeviceptr ptr);
+GetAddressRangeFn get_address_range_fn() {
+  static GetAddressRangeFn fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault, &found) ==
+            cudaSuccess &&
+        found == cudaDriverEntryPointSuccess) {
+      fn = reinterpret_cast<GetAddressRangeFn>(p);
+    } else {
+      (void)cudaGetLastError();  // not sticky
+    }
+  });
+  return fn;
 }
 
 }  // namespace
@@ -273,6 +296,22 @@ void CudaBackend::check_wrapped(const void* ptr, std::size_t bytes) const {
         detail::fail(ErrorCode::InvalidArgument,
                      "Buffer::wrap: argument 'ptr' = {} is memory of device {}, but this CudaBackend runs on device {}",
                      ptr, attr.device, device_);
+      }
+      // The extent, where the driver can tell the allocation that holds ptr
+      // (cudaMalloc / cuMemAlloc; not knowable for every allocator).
+      if (const GetAddressRangeFn range = get_address_range_fn()) {
+        CUdeviceptr base = 0;
+        std::size_t size = 0;
+        if (range(&base, &size, reinterpret_cast<CUdeviceptr>(ptr)) == CUDA_SUCCESS) {
+          const std::size_t room = static_cast<std::size_t>(base + size - reinterpret_cast<CUdeviceptr>(ptr));
+          if (bytes > room) {
+            detail::fail(ErrorCode::InvalidArgument,
+                         "Buffer::wrap: argument 'numel' makes {} bytes from 'ptr' = {}, past the end of its "
+                         "allocation ({} bytes from there)",
+                         bytes, ptr, room);
+          }
+        }
+        (void)cudaGetLastError();
       }
       return;
     case cudaMemoryTypeHost:     // pinned (mapped under unified addressing)

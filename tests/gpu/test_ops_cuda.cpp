@@ -428,6 +428,11 @@ TEST_F(CudaWrap, RefusesMemoryItsKernelsCannotReach) {
   ASSERT_EQ(cudaMalloc(&device, 128), cudaSuccess);
   ASSERT_EQ(cudaMallocHost(&pinned, 128), cudaSuccess);
   ASSERT_EQ(cudaMallocManaged(&managed, 128), cudaSuccess);
+  // One element past the 128-byte allocation (the driver knows its extent).
+  expect_error(ErrorCode::InvalidArgument, "Buffer::wrap", [&] { (void)Buffer::wrap(be, device, DType::F16, 65); },
+               "past the end");
+  expect_error(ErrorCode::InvalidArgument, "Buffer::wrap",
+               [&] { (void)Buffer::wrap(be, static_cast<char*>(device) + 64, DType::F16, 33); }, "past the end");
   for (void* ptr : {device, pinned, managed}) {
     Buffer w = Buffer::wrap(be, ptr, DType::F16, 64);
     be.write(w, std::vector<float>(64, 2.0f));
