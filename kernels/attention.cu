@@ -842,14 +842,19 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   int per_block = a.decode_tuning.slices_per_block;
   if (per_block <= 0) {
     per_block = 1;
+    const long long slots =
+        static_cast<long long>(resident_blocks<attention_decode_kernel<T, HD>>(static_cast<int>(threads), smem)) *
+        device_sm_count("flash_attention");
+    auto blocks_at = [&](int per) { return groups * ((splits + per - 1) / per); };
     if (slice_keys < 512) {
-      const long long slots =
-          static_cast<long long>(resident_blocks<attention_decode_kernel<T, HD>>(static_cast<int>(threads), smem)) *
-          device_sm_count("flash_attention");
-      while (per_block * 2 <= splits && per_block * 2 * slice_keys <= 1024 &&
-             2 * groups * ((splits + per_block * 2 - 1) / (per_block * 2)) >= slots) {
+      // Short slices: up to 1024 keys per block, at least half a block per slot.
+      while (per_block * 2 <= splits && per_block * 2 * slice_keys <= 1024 && 2 * blocks_at(per_block * 2) >= slots) {
         per_block *= 2;
       }
+    } else if (groups < slots) {
+      // Whole rows would leave slots empty (B = 16 at 8 kv heads): as long
+      // as the launch keeps about a block per slot (90 %).
+      while (per_block * 2 <= splits && 10 * blocks_at(per_block * 2) >= 9 * slots) per_block *= 2;
     }
   }
   per_block = std::min(per_block, splits);

@@ -65,15 +65,19 @@ struct DecodeTuning {
   bool fused_merge = true;
   double fused_max_groups_per_sm = 2.0;
   // Consecutive slices of one (sequence, kv head, chunk) per block, run one
-  // after another (each exactly as alone: the bits never change). 0: one,
-  // except for slices shorter than 512 keys (caches up to 4096 positions),
-  // where it doubles while a block stays within 1024 keys and the launch
-  // keeps at least half a block per slot (blocks per SM x SMs): a large
-  // batch of short caches then streams in long blocks (H200, session 14:
-  // B=64 L=1k 100 -> 91 us, B=16 L=1k 35 -> 30 us), while a batch of one
-  // keeps a block per slice. Longer slices gained nothing from it (B=64
-  // L=32k: 1885 us at one, 1942 at two). A block holding every valid slice
-  // of its row merges them itself.
+  // after another (each exactly as alone: the bits never change). 0: a
+  // power of two by the launch (slots = blocks per SM x SMs):
+  //   - slices shorter than 512 keys (caches up to 4096 positions): doubled
+  //     while a block stays within 1024 keys and the launch keeps at least
+  //     half a block per slot (H200, session 14: B=64 L=1k 106 -> 86 us,
+  //     B=16 L=1k 36 -> 27 us);
+  //   - longer slices, where fewer (sequence, kv head, chunk) groups than
+  //     slots: doubled while the launch keeps 90 % of a block per slot
+  //     (B=16 L=8k 146.3 -> 141.3 us at 8, L=32k 500.6 -> 497.1, L=128k
+  //     1925 -> 1913);
+  //   - else one: a batch of one keeps a block per slice, and B=64 at 8k and
+  //     32k lost 1-2 % at 2 to 8.
+  // A block holding every valid slice of its row merges them itself.
   int slices_per_block = 0;
   // A block running several slices requests the next slice's first
   // sub-tiles before it merges its warps (the merge scratch then sits in the
