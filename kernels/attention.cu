@@ -5,9 +5,10 @@
 // attention_decode_kernel. The key range is cut into slices whose size
 // depends on the cache capacity alone (attention_decode_slice_keys: 128
 // keys up to a 4k cache, then at most 16 slices), so a result never depends
-// on kv_len, the batch or the launch size; one block owns (sequence, kv
-// head, slice) and every q head of the
-// GQA group: the group is the M dimension of mma.sync m16n8k16 (padded to
+// on kv_len, the batch or the launch size; one block owns a run of
+// consecutive slices of one (sequence, kv head) (DecodeTuning::
+// slices_per_block: one at batch 1, several for large batches), each run
+// exactly as alone, and every q head of the GQA group: the group is the M dimension of mma.sync m16n8k16 (padded to
 // 16 rows per m-tile; groups above 16 take a second set of 4 warps, above
 // 32 a further block per 32 heads). The slice streams through shared memory
 // 64 keys at a time; each of the 4 key warps owns 16 keys of every 64:
@@ -27,9 +28,11 @@
 // its base-2 log-sum-exp. The block that finishes a (sequence, kv head)
 // last -- an arrival counter, which that block returns to zero -- merges
 // the slices' partials in slice order (merge_slice_partials), so there is
-// no second kernel; a row with one valid slice is written directly. Large
-// launches (DecodeTuning::fused_max_groups_per_sm) merge in a second kernel
-// instead, attention_combine_kernel: the same arithmetic.
+// no second kernel; a row with one valid slice is written directly, a block
+// that holds every valid slice of its row merges them itself. Large
+// launches of several blocks per row (DecodeTuning::fused_max_groups_per_sm)
+// merge in a second kernel instead, attention_combine_kernel: the same
+// arithmetic.
 // Bitwise deterministic: which block merges never changes the arithmetic.
 // In device-state / ragged mode the grid covers the whole capacity and
 // slices past kv_len exit at once (they do not arrive: the count to wait
@@ -428,8 +431,9 @@ __device__ __forceinline__ void ring_barrier(int kw, int mtiles) {
   }
 }
 
-// grid.x = (batch * splits) * chunks (chunk fastest, so the blocks of one
-// slice that split a large group run together and share K/V through L2),
+// grid.x = (batch * row_blocks) * chunks, row_blocks = ceil(splits /
+// slices_per_block) (chunk fastest, so the blocks of one run of slices that
+// split a large group run together and share K/V through L2),
 // grid.y = kv heads; blockDim = 128 * m-tiles.
 template <class T, int HD>
 __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
@@ -869,9 +873,10 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   // holds the whole row, and in launches of few (sequence, kv head, chunk)
   // groups (DecodeTuning), never past the arrival counters.
   const bool fused =
-      row_blocks == 1 || (a.decode_tuning.fused_merge && groups <= kDecodeArrivalSlots &&
-                          static_cast<double>(groups) <=
-                              a.decode_tuning.fused_max_groups_per_sm * device_sm_count("flash_attention"));
+      splits == 1 || (a.decode_tuning.fused_merge &&
+                      (row_blocks == 1 || (groups <= kDecodeArrivalSlots &&
+                                           static_cast<double>(groups) <= a.decode_tuning.fused_max_groups_per_sm *
+                                                                              device_sm_count("flash_attention"))));
   launch_pdl("flash_attention", kernel, grid, threads, smem, stream, a, splits, slice_keys, per_block, chunks,
              prefetch_l2, fused, pdl_early_trigger());
   if (!fused) launch_combine<T, HD>(a, splits, slice_keys, stream);

@@ -61,7 +61,9 @@ struct DecodeTuning {
   // chunk) groups per SM. On the H200 (f16, 8 kv heads, hd 128; session 13)
   // the fused merge won at B = 1 (2-4 µs) and B = 16 (1-3 %, 1 group per
   // SM), the combine kernel at B = 64 (0.5-7 %, 3.9 groups per SM); 2 is
-  // between the two, not measured closer. fused_merge = false: never.
+  // between the two, not measured closer. A block that holds a whole row
+  // (slices_per_block) merges it itself at any launch size, unless
+  // fused_merge = false: then the second kernel always merges.
   bool fused_merge = true;
   double fused_max_groups_per_sm = 2.0;
   // Consecutive slices of one (sequence, kv head, chunk) per block, run one

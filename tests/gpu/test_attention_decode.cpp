@@ -199,7 +199,8 @@ TEST_P(CudaDecodeBatch, SliceEdgesMatchCpuAndRepeatBitwise) {
 // footprint (prefetch-ahead applies), several valid slices to merge in both,
 // slices ending inside a 64-key tile and inside a warp's 16 keys; head_dim
 // 64 and 256; a GQA group of 20 (two m-tiles); a batch large enough that
-// the default merges in the combine kernel; ragged batches (kv_lens) whose
+// the size rule picks the combine kernel (where a block runs one slice;
+// the default there holds whole rows and merges them itself); ragged batches (kv_lens) whose
 // default runs several slices per block. Cache rows at and past each
 // sequence's kv_len hold NaN, so a path that lets one into P V shows.
 TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
@@ -292,10 +293,12 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
     variants[2].l2_prefetch_bytes = 36.0 * 1024 * 1024;
     variants[3].l2_prefetch_bytes = 1e12;
     variants[4].fused_merge = false;
-    // The size rule: 0 takes the combine kernel everywhere; a huge bound the
-    // fused merge everywhere, also where the default rule does not (48 x 8
-    // groups pass 2 per SM on devices of up to 191 SMs, the H200's 132).
+    // The size rule: 0 takes the combine kernel wherever a row has several
+    // blocks (one slice each here); a huge bound the fused merge everywhere,
+    // also where the default rule does not (48 x 8 groups pass 2 per SM on
+    // devices of up to 191 SMs, the H200's 132).
     variants[5].fused_max_groups_per_sm = 0.0;
+    variants[5].slices_per_block = 1;
     variants.push_back({});
     variants.back().fused_max_groups_per_sm = 1e9;
     // Slices per block (a block running several slices, merging a whole row
