@@ -200,9 +200,11 @@ TEST_P(CudaDecodeBatch, SliceEdgesMatchCpuAndRepeatBitwise) {
 // slices ending inside a 64-key tile and inside a warp's 16 keys; head_dim
 // 64 and 256; a GQA group of 20 (two m-tiles); a batch large enough that
 // the size rule picks the combine kernel (where a block runs one slice;
-// the default there holds whole rows and merges them itself); ragged batches (kv_lens) whose
-// default runs several slices per block. Cache rows at and past each
-// sequence's kv_len hold NaN, so a path that lets one into P V shows.
+// the default there holds whole rows and merges them itself); ragged
+// batches (kv_lens) whose default runs several slices per block; kv_len
+// from a device decode state (also with two m-tiles at hd 256). Cache rows
+// at and past each sequence's kv_len hold NaN, so a path that lets one
+// into P V shows.
 TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
   FERRUM_SEEDED_RNG(rng);
   const DType dt = GetParam();
@@ -215,14 +217,16 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
     int kv_heads;
     int head_dim;
     bool ragged = false;  // kv_lens: sequence b holds kv_len, kv_len / 2 + 1 or 1 keys (b % 3)
+    bool state = false;   // kv_len from a device DecodeState (one captured launch's mode)
   };
   for (const Case& c : {Case{1, 700, 1000, 8, 2, 128}, Case{3, 4999, 5000, 8, 2, 128},
                         Case{2, 9000, 20000, 8, 2, 128}, Case{2, 333, 4096, 40, 2, 128},
                         Case{1, 4100, 9000, 4, 1, 64}, Case{2, 1234, 1500, 16, 2, 256},
                         Case{48, 200, 256, 16, 8, 128}, Case{6, 3000, 4096, 32, 8, 128, true},
-                        Case{5, 1000, 1024, 16, 1, 64, true}}) {
+                        Case{5, 1000, 1024, 16, 1, 64, true}, Case{16, 2500, 4096, 32, 8, 128, false, true},
+                        Case{2, 900, 1024, 40, 1, 256, false, true}}) {
     SCOPED_TRACE(cat("batch ", c.batch, " kv_len ", c.kv_len, " capacity ", c.capacity, " heads ", c.heads, "/",
-                     c.kv_heads, " hd ", c.head_dim, c.ragged ? " ragged" : ""));
+                     c.kv_heads, " hd ", c.head_dim, c.ragged ? " ragged" : "", c.state ? " state" : ""));
     auto seq_len = [&](int b) {
       if (!c.ragged) return c.kv_len;
       return b % 3 == 0 ? c.kv_len : b % 3 == 1 ? c.kv_len / 2 + 1 : 1;
@@ -251,6 +255,10 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
     std::vector<std::uint8_t> lens_bytes(lens.size() * sizeof(std::int32_t));
     std::memcpy(lens_bytes.data(), lens.data(), lens_bytes.size());
     const DeviceBytes dlens_mem(lens_bytes);
+    const kernels::DecodeState host_state{0, c.kv_len - 1, c.kv_len};
+    std::vector<std::uint8_t> state_bytes(sizeof host_state);
+    std::memcpy(state_bytes.data(), &host_state, sizeof host_state);
+    const DeviceBytes dstate_mem(state_bytes);
     void *const dq = dq_mem.get(), *const dk = dk_mem.get(), *const dv = dv_mem.get(), *const dout = dout_mem.get();
     void *const dws = dws_mem.get(), *const dflag = dflag_mem.get();
 
@@ -271,6 +279,7 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
       a.kv_len = c.kv_len;
       a.pos_offset = c.kv_len - 1;
       if (c.ragged) a.kv_lens = static_cast<const int*>(dlens_mem.get());
+      if (c.state) a.state = static_cast<const kernels::DecodeState*>(dstate_mem.get());
       a.error_flag = static_cast<std::uint32_t*>(dflag);
       a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
       kernels::set_decode_workspace(a, static_cast<float*>(dws), ws);
