@@ -32,6 +32,11 @@ bool pdl_early_trigger();
 bool gemm_prefetch_before_wait();
 bool gemm_weights_before_wait();
 
+// The driver function `name` (CUDA 12 ABI) through the runtime's entry-point
+// query, so nothing links libcuda; null where the driver lacks it (the
+// failed query is cleared, not sticky). Callers cache it in a static.
+void* driver_entry_point(const char* name) noexcept;
+
 // Every launcher ends with this: an unchecked launch is a silent failure.
 inline void check_launch(const char* op) {
   const cudaError_t err = cudaGetLastError();

@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -21,6 +20,7 @@
 #include "cuda/buffer_ptr.hpp"
 #include "cuda/cuda_runtime.hpp"
 #include "cuda/nccl_check.hpp"
+#include "kernels/common/check.hpp"
 #include "kernels/argmax.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/elementwise.hpp"
@@ -60,23 +60,10 @@ std::string describe_device_errors(std::uint32_t bits) {
   return what;
 }
 
-// The driver's cuMemGetAddressRange (through the runtime's entry-point
-// query: no link to libcuda), or null where the driver lacks it.
+// The driver's cuMemGetAddressRange, or null where the driver lacks it.
 using GetAddressRangeFn = CUresult (*)(CUdeviceptr* base, std::size_t* size, CUdeviceptr ptr);
 GetAddressRangeFn get_address_range_fn() {
-  static GetAddressRangeFn fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault, &found) ==
-            cudaSuccess &&
-        found == cudaDriverEntryPointSuccess) {
-      fn = reinterpret_cast<GetAddressRangeFn>(p);
-    } else {
-      (void)cudaGetLastError();  // not sticky
-    }
-  });
+  static const auto fn = reinterpret_cast<GetAddressRangeFn>(kernels::driver_entry_point("cuMemGetAddressRange"));
   return fn;
 }
 

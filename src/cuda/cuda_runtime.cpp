@@ -188,6 +188,25 @@ CudaRuntime& cuda_runtime(const CudaBackendConfig& config) {
   return *rt;
 }
 
+}  // namespace ferrum::detail
+
+namespace ferrum::kernels {
+
+void* driver_entry_point(const char* name) noexcept {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) == cudaSuccess &&
+      found == cudaDriverEntryPointSuccess) {
+    return p;
+  }
+  (void)cudaGetLastError();  // not sticky: a fallback's launch check must not see it
+  return nullptr;
+}
+
+}  // namespace ferrum::kernels
+
+namespace ferrum::detail {
+
 void activate_device(int device) {
   int current = -1;
   check_cuda(cudaGetDevice(&current), "CudaBackend", "cudaGetDevice");

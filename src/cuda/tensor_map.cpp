@@ -2,7 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include <mutex>
+#include "kernels/common/check.hpp"
 
 namespace ferrum::kernels {
 namespace {
@@ -12,19 +12,7 @@ using EncodeTiledFn = decltype(&cuTensorMapEncodeTiled);
 // Null when the driver lacks it; then the callers fall back to kernels
 // without TMA.
 EncodeTiledFn encode_tiled_fn() {
-  static EncodeTiledFn fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) ==
-            cudaSuccess &&
-        found == cudaDriverEntryPointSuccess) {
-      fn = reinterpret_cast<EncodeTiledFn>(p);
-    } else {
-      (void)cudaGetLastError();  // not sticky: the fallback's launch check must not see it
-    }
-  });
+  static const auto fn = reinterpret_cast<EncodeTiledFn>(driver_entry_point("cuTensorMapEncodeTiled"));
   return fn;
 }
 
