@@ -95,53 +95,87 @@ __device__ __forceinline__ long long key_limit(const AttentionArgs& a, int b, in
 // The arithmetic depends on the partials alone, so the same bits come out
 // whichever block or kernel runs it; used == 0 writes zeros. Reads through
 // L2 (the partials come from other blocks). Every thread of the block calls
-// it (it holds __syncthreads); smem: heads * (splits + 1) floats.
+// it (it holds __syncthreads); blockDim.x is a multiple of 32; smem:
+// heads * (splits + 1) floats.
+//
+// It is latency, not bandwidth: at B = 1 one block per (sequence, kv head)
+// runs it alone after the decode. So every partial a thread reads is
+// requested at once (up to kAttnDecodeMaxSplits float4 in registers), its
+// first item's before the weights exist (one L2 round trip covers those and
+// the lse), and each head's weights come from one warp (max and sum as
+// shuffle trees) instead of a serial loop. (Session 15, B = 1 L = 4k: the
+// serial weights and batches of 8 slices took 3.3 us after the last arrival.)
 template <class T, int HD>
 __device__ void merge_slice_partials(const AttentionArgs& a, long long row0, int heads, int splits, int used,
                                      float* smem) {
   static_assert(HD % 4 == 0, "4 columns per thread");
+  static_assert(kAttnDecodeMaxSplits <= 32, "one slice per lane in the weight step");
+  constexpr int kQuads = HD / 4;
+  constexpr int kMaxUsed = kAttnDecodeMaxSplits;
   const int tid = static_cast<int>(threadIdx.x);
   const int nthreads = static_cast<int>(blockDim.x);
+  const int lane = tid % 32;
+  const int items = heads * kQuads;            // (head, 4 columns)
   float* const w_s = smem;                     // [heads][splits]: lse, then weights
   float* const sum_s = smem + heads * splits;  // [heads]
-  for (int i = tid; i < heads * used; i += nthreads) {
-    const int h = i / used;
-    const int s = i % used;
-    w_s[h * splits + s] = __ldcg(a.partial_lse + (row0 + h) * splits + s);
-  }
-  __syncthreads();
-  for (int h = tid; h < heads; h += nthreads) {
-    float* const w = w_s + h * splits;
-    float mx = -INFINITY;
-    for (int s = 0; s < used; ++s) mx = fmaxf(mx, w[s]);  // finite: a valid slice has sum > 0
-    float sum = 0.0f;
-    for (int s = 0; s < used; ++s) {
-      w[s] = exp2f(w[s] - mx);
-      sum += w[s];
+  // Item idx's partials of slices 0 .. used - 1, [used][HD] from its quad.
+  auto load_item = [&](int idx, float4 (&x)[kMaxUsed]) {
+    const float* const po = a.partial_out + ((row0 + idx / kQuads) * splits) * HD + (idx % kQuads) * 4;
+#pragma unroll
+    for (int s = 0; s < kMaxUsed; ++s) {
+      x[s] = s < used ? __ldcg(reinterpret_cast<const float4*>(po + static_cast<long long>(s) * HD))
+                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    sum_s[h] = sum;
-  }
-  __syncthreads();
-  constexpr int kQuads = HD / 4;
-  for (int idx = tid; idx < heads * kQuads; idx += nthreads) {
+  };
+  auto finish_item = [&](int idx, const float4 (&x)[kMaxUsed]) {
     const int h = idx / kQuads;
     const int d = (idx % kQuads) * 4;
     const float* const w = w_s + h * splits;
-    const float* const po = a.partial_out + (row0 + h) * splits * HD + d;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 8
-    for (int s = 0; s < used; ++s) {
-      const float4 x = __ldcg(reinterpret_cast<const float4*>(po + static_cast<long long>(s) * HD));
-      acc[0] = fmaf(w[s], x.x, acc[0]);
-      acc[1] = fmaf(w[s], x.y, acc[1]);
-      acc[2] = fmaf(w[s], x.z, acc[2]);
-      acc[3] = fmaf(w[s], x.w, acc[3]);
+#pragma unroll
+    for (int s = 0; s < kMaxUsed; ++s) {
+      if (s < used) {
+        acc[0] = fmaf(w[s], x[s].x, acc[0]);
+        acc[1] = fmaf(w[s], x[s].y, acc[1]);
+        acc[2] = fmaf(w[s], x[s].z, acc[2]);
+        acc[3] = fmaf(w[s], x[s].w, acc[3]);
+      }
     }
     const float sum = sum_s[h];
     vec_t<T, 4> o;
 #pragma unroll
     for (int c = 0; c < 4; ++c) o.set(c, sum > 0.0f ? acc[c] / sum : 0.0f);
     o.store(static_cast<T*>(a.out) + (row0 + h) * HD + d);
+  };
+  // The thread's first item, in flight across the weight step.
+  float4 first[kMaxUsed];
+  if (tid < items) load_item(tid, first);
+  for (int i = tid; i < heads * used; i += nthreads) {
+    const int h = i / used;
+    const int s = i % used;
+    w_s[h * splits + s] = __ldcg(a.partial_lse + (row0 + h) * splits + s);
+  }
+  __syncthreads();
+  // Weights 2^(lse_s - max) and their sum, a warp per head, lane s.
+  for (int h = tid / 32; h < heads; h += nthreads / 32) {
+    float* const w = w_s + h * splits;
+    const float lse = lane < used ? w[lane] : -INFINITY;
+    float mx = lse;  // finite: a valid slice has sum > 0
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    const float e = lane < used ? exp2f(lse - mx) : 0.0f;
+    float sum = e;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane < used) w[lane] = e;
+    if (lane == 0) sum_s[h] = sum;
+  }
+  __syncthreads();
+  if (tid < items) finish_item(tid, first);
+  for (int idx = tid + nthreads; idx < items; idx += nthreads) {  // more than one item per thread
+    float4 x[kMaxUsed];
+    load_item(idx, x);
+    finish_item(idx, x);
   }
 }
 
@@ -726,29 +760,53 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     __syncthreads();
 
     // Merge the key warps of each head in a fixed order; normalize per slice.
-    // The row's only valid slice (fused) is its final output.
-    for (int idx = tid; idx < heads * HD; idx += nthreads) {
-      const int h = idx / HD;
-      const int d = idx % HD;
+    // The row's only valid slice (fused) is its final output. First one
+    // thread per head: the key warps' factors 2^(m_w - max) (0 for a warp
+    // that saw no key: its O is exactly 0) over their m, the row sum in
+    // their l slot of key warp 0, the slice's lse. Then 4 columns per thread.
+    // (Computing the factors per column made this the longest serial step of
+    // a short decode: 1.4 us at B = 1, session 15.)
+    for (int h = tid; h < heads; h += nthreads) {
       const int wrow = (h / 16) * Sh::kKeyWarps * hrows + h % 16;  // row of key warp 0 of h's m-tile
       float mx = -INFINITY;
 #pragma unroll
       for (int w = 0; w < Sh::kKeyWarps; ++w) mx = fmaxf(mx, mm[wrow + w * hrows]);
-      float sum = 0.0f, acc = 0.0f;
+      float sum = 0.0f;
 #pragma unroll
       for (int w = 0; w < Sh::kKeyWarps; ++w) {
         const float mw = mm[wrow + w * hrows];
-        if (mw == -INFINITY) continue;  // a warp that saw no key
-        const float f = exp2f(mw - mx);
+        const float f = mw == -INFINITY ? 0.0f : exp2f(mw - mx);
         sum += ml[wrow + w * hrows] * f;
-        acc += mo[(wrow + w * hrows) * Sh::kOStride + d] * f;
+        mm[wrow + w * hrows] = f;
       }
-      // Key 0 of the slice is valid and belongs to key warp 0: sum > 0.
+      ml[wrow] = sum;  // key 0 of the slice is valid and belongs to key warp 0: sum > 0
+      if (!direct) a.partial_lse[(row0 + h) * splits + split] = mx + log2f(sum);
+    }
+    __syncthreads();
+    constexpr int kQuads = HD / 4;
+    for (int idx = tid; idx < heads * kQuads; idx += nthreads) {
+      const int h = idx / kQuads;
+      const int d = (idx % kQuads) * 4;
+      const int wrow = (h / 16) * Sh::kKeyWarps * hrows + h % 16;
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int w = 0; w < Sh::kKeyWarps; ++w) {
+        const float f = mm[wrow + w * hrows];
+        const float4 x = *reinterpret_cast<const float4*>(mo + (wrow + w * hrows) * Sh::kOStride + d);
+        acc[0] += x.x * f;
+        acc[1] += x.y * f;
+        acc[2] += x.z * f;
+        acc[3] += x.w * f;
+      }
+      const float sum = ml[wrow];
       if (direct) {
-        static_cast<T*>(a.out)[(row0 + h) * HD + d] = from_float<T>(acc / sum);
+        vec_t<T, 4> o;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) o.set(c, acc[c] / sum);
+        o.store(static_cast<T*>(a.out) + (row0 + h) * HD + d);
       } else {
-        a.partial_out[((row0 + h) * splits + split) * HD + d] = acc / sum;
-        if (d == 0) a.partial_lse[(row0 + h) * splits + split] = mx + log2f(sum);
+        *reinterpret_cast<float4*>(a.partial_out + ((row0 + h) * splits + split) * HD + d) =
+            make_float4(acc[0] / sum, acc[1] / sum, acc[2] / sum, acc[3] / sum);
       }
     }
     __syncthreads();  // every thread is done with the scratch: the ring refills over it
