@@ -518,50 +518,11 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     }
     return;
   }
-  // The slices that hold a valid key, this block's run of them, and the
-  // blocks that hold one (the blocks that arrive).
-  const int used = static_cast<int>(min(static_cast<long long>(splits), (limit + slice_keys - 1) / slice_keys));
-  const int split_end = min(split0 + slices_per_block, used);
-  const int arrivals = (used + slices_per_block - 1) / slices_per_block;
   const int ptid = mt * 32 + lane;  // index among the warps sharing this warp's keys
   const int l2_ahead = a.decode_tuning.l2_ahead;
   const bool prefetch_ahead = !prefetch_l2 && l2_ahead > 0 && mt == 0 && lane == 0;
   const long long plane_row0 = (static_cast<long long>(b) * a.num_kv_heads + kvh) * a.kv_stride;
   const float scale_log2 = a.scale * kLog2e;
-  const bool direct = fused && used == 1;  // the row's only valid slice is its output
-
-  // Q (rows past the block's heads zero), its own cp.async group.
-  {
-    const T* const q = static_cast<const T*>(a.q) + row0 * HD;
-    for (int idx = tid; idx < 16 * mtiles * kChunks; idx += nthreads) {
-      const int row = idx / kChunks;
-      const int c = idx % kChunks;
-      const bool valid = row < heads;
-      cp_async_16(smem_u32(sQ + swz<HD>(row, c)), q + (valid ? row * HD + c * 8 : 0), valid);
-    }
-    cp_async_commit();
-  }
-
-  // ldmatrix row addresses. Chunk 2 * (4j + i) + c of a swizzled row lies
-  // at offset[i] + j * 128 bytes (the swizzle only permutes the low 3 bits
-  // of the chunk), so 4 offsets per operand cover every k16 step.
-  //   A (Q, this warp's 16 heads): rows lane & 15, chunk c = lane >> 4
-  //   K: keys (lane & 7) + 8 (lane >> 4), c = (lane >> 3) & 1: both n8 key
-  //      tiles of one k16 step per ldmatrix.x4
-  //   V (transposed): keys lane & 15, c = lane >> 4: two n8 dim tiles
-  std::uint32_t q_off[4], k_off[4], v_off[4];
-  {
-    const int a_row = mt * 16 + (lane & 15);
-    const int k_row = (lane & 7) + ((lane >> 4) << 3);
-    const int v_row = lane & 15;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      q_off[i] = smem_u32(sQ + swz<HD>(a_row, 2 * i + (lane >> 4)));
-      k_off[i] = static_cast<std::uint32_t>(swz<HD>(k_row, 2 * i + ((lane >> 3) & 1)) * 2);
-      v_off[i] = static_cast<std::uint32_t>(swz<HD>(v_row, 2 * i + (lane >> 4)) * 2);
-    }
-  }
-  std::uint32_t qf[Sh::kQInRegs ? kKSteps : 1][4];
 
   // The block's slices one after another, each exactly as a block of its own
   // would run it (the same sub-tiles per key warp, the same merges), so the
@@ -605,9 +566,23 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     prefetch_l2_bulk(sv.k + static_cast<long long>(key0) * HD, bytes);
     prefetch_l2_bulk(sv.v + static_cast<long long>(key0) * HD, bytes);
   };
+  // Q (rows past the block's heads zero), its own cp.async group.
+  auto load_q = [&] {
+    const T* const q = static_cast<const T*>(a.q) + row0 * HD;
+    for (int idx = tid; idx < 16 * mtiles * kChunks; idx += nthreads) {
+      const int row = idx / kChunks;
+      const int c = idx % kChunks;
+      const bool valid = row < heads;
+      cp_async_16(smem_u32(sQ + swz<HD>(row, c)), q + (valid ? row * HD + c * 8 : 0), valid);
+    }
+    cp_async_commit();
+  };
   // A slice's prologue: its first kStages - 1 sub-tiles of this warp (one
-  // commit group each, always committed so the group count is fixed).
-  auto prologue = [&](const SliceView& sv) {
+  // commit group each, always committed so the group count is fixed). The
+  // block's first slice also loads Q, as the second group: the stream from
+  // DRAM starts before anything else of the set-up (at B = 1 the set-up is
+  // hundreds of instructions per warp at one warp per scheduler).
+  auto prologue = [&](const SliceView& sv, bool with_q) {
     if (prefetch_l2 && chunk == 0 && tid == 0) {
       // A small grid (about one block per SM): request the whole slice from
       // DRAM at once, so the cp.async stream is served from L2.
@@ -619,6 +594,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     for (int t = 0; t < kStages - 1; ++t) {
       if (t < sv.n_sub) load_sub(sv, t);
       cp_async_commit();
+      if (t == 0 && with_q) load_q();
     }
     if (prefetch_ahead) {
       for (int t = kStages - 1; t < kStages - 1 + l2_ahead; ++t) {
@@ -626,6 +602,16 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       }
     }
   };
+  SliceView cur = view_of(split0);
+  prologue(cur, true);
+
+  // The slices that hold a valid key, this block's run of them, and the
+  // blocks that hold one (the blocks that arrive).
+  const int used = static_cast<int>(min(static_cast<long long>(splits), (limit + slice_keys - 1) / slice_keys));
+  const int split_end = min(split0 + slices_per_block, used);
+  const int arrivals = (used + slices_per_block - 1) / slices_per_block;
+  const bool direct = fused && used == 1;  // the row's only valid slice is its output
+
   // The merge scratch: (m, l, O) of each warp's valid rows, [warps][hrows]
   // (one m-tile: only the block's heads; two: all 16 rows per warp). In the
   // last ring slot (which a slice's prologue does not fill) where it fits,
@@ -639,12 +625,31 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   float* const mm = mo + Sh::kMaxWarps / Sh::kMaxMTiles * mtiles * hrows * Sh::kOStride;  // [warps][hrows]
   float* const ml = mm + Sh::kMaxWarps / Sh::kMaxMTiles * mtiles * hrows;                  // [warps][hrows]
 
-  SliceView cur = view_of(split0);
-  prologue(cur);
+  // ldmatrix row addresses. Chunk 2 * (4j + i) + c of a swizzled row lies
+  // at offset[i] + j * 128 bytes (the swizzle only permutes the low 3 bits
+  // of the chunk), so 4 offsets per operand cover every k16 step.
+  //   A (Q, this warp's 16 heads): rows lane & 15, chunk c = lane >> 4
+  //   K: keys (lane & 7) + 8 (lane >> 4), c = (lane >> 3) & 1: both n8 key
+  //      tiles of one k16 step per ldmatrix.x4
+  //   V (transposed): keys lane & 15, c = lane >> 4: two n8 dim tiles
+  std::uint32_t q_off[4], k_off[4], v_off[4];
+  {
+    const int a_row = mt * 16 + (lane & 15);
+    const int k_row = (lane & 7) + ((lane >> 4) << 3);
+    const int v_row = lane & 15;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      q_off[i] = smem_u32(sQ + swz<HD>(a_row, 2 * i + (lane >> 4)));
+      k_off[i] = static_cast<std::uint32_t>(swz<HD>(k_row, 2 * i + ((lane >> 3) & 1)) * 2);
+      v_off[i] = static_cast<std::uint32_t>(swz<HD>(v_row, 2 * i + (lane >> 4)) * 2);
+    }
+  }
+  std::uint32_t qf[Sh::kQInRegs ? kKSteps : 1][4];
+
   for (int split = split0; split < split_end; ++split) {
     const bool has_next = split + 1 < split_end;
     if (split == split0) {
-      cp_async_wait<kStages - 1>();  // Q has landed
+      cp_async_wait<kStages - 2>();  // sub-tile 0 and Q have landed
       __syncthreads();
       if constexpr (Sh::kQInRegs) {
 #pragma unroll
@@ -737,7 +742,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     cp_async_wait<0>();  // only empty groups can remain; leave none behind
     __syncthreads();     // every warp is done with the ring: the scratch and the next prologue may overwrite it
     const SliceView next = has_next ? view_of(split + 1) : cur;
-    if (overlap && has_next) prologue(next);  // fills slots 0 .. kStages - 2, not the scratch
+    if (overlap && has_next) prologue(next, false);  // fills slots 0 .. kStages - 2, not the scratch
 
     // Publish each warp's (m in base-2 units, l, O) per valid row.
 #pragma unroll
@@ -810,7 +815,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       }
     }
     __syncthreads();  // every thread is done with the scratch: the ring refills over it
-    if (!overlap && has_next) prologue(next);
+    if (!overlap && has_next) prologue(next, false);
     cur = next;
   }  // slices
   if (direct || !fused) return;  // done, or attention_combine_kernel merges
