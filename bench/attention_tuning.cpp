@@ -205,8 +205,8 @@ int main(int argc, char** argv) {
 
   // Decode variants: the merge in the kernel (fused 1) or as a second
   // kernel (fused 0); with "decode-exp" the library's defaults against
-  // DecodeTuning's slices per block, the combine kernel and the late
-  // next-slice prologue, and V placed 36 KiB past an allocation start ("v+36k": K and V
+  // DecodeTuning's slices per block, the combine kernel, the late
+  // next-slice prologue, the cluster merge (one slice per block), and V placed 36 KiB past an allocation start ("v+36k": K and V
   // at different offsets from their 2 MiB-aligned bases).
   struct Variant {
     const char* name;
@@ -233,6 +233,10 @@ int main(int argc, char** argv) {
       x = d;
       x.overlap_boundary = false;
       variants.push_back({"nooverlap", x, 0});
+      x = d;
+      x.cluster_merge = true;
+      x.slices_per_block = 1;
+      variants.push_back({"cluster", x, 0});
       variants.push_back({"v+36k", d, 36 * 1024});
     } else {
       t.fused_merge = false;

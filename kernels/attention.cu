@@ -42,6 +42,8 @@
 // attention_rows_kernel (CUDA cores, fp32) is the prefill fallback for
 // calls the tensor-core prefill (kernels/attention_prefill.cu) declines,
 // and runs decode only on a device without sm_80 tensor-core support.
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
@@ -89,24 +91,56 @@ __device__ __forceinline__ long long key_limit(const AttentionArgs& a, int b, in
   return limit < 0 ? 0 : limit;
 }
 
-// Merges the decode slice partials of rows row0 .. row0 + heads - 1 (one
-// sequence; slices 0 .. used - 1 hold a valid key) into a.out, in slice
-// order:  out = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max).
+// Where a row's slice partials lie: the split-K workspace (written by other
+// blocks, read through L2), or, under DecodeTuning::cluster_merge, the
+// shared memory of the cluster's blocks (block rank s holds slice s).
+template <int HD>
+struct WorkspacePartials {
+  const float* out;  // [rows][splits][HD], row = sequence * num_heads + head
+  const float* lse;  // [rows][splits]
+  long long row0;    // the row of head 0
+  int splits;
+  __device__ float lse_at(int h, int s) const { return __ldcg(lse + (row0 + h) * splits + s); }
+  __device__ float4 quad_at(int h, int s, int d) const {
+    return __ldcg(reinterpret_cast<const float4*>(out + ((row0 + h) * splits + s) * HD + d));
+  }
+};
+
+template <int HD>
+struct ClusterPartials {
+  float* out;  // [kMaxHeads][HD] at the same offset in every block's shared memory
+  float* lse;  // [kMaxHeads]
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __device__ float lse_at(int h, int s) const {
+    return *static_cast<const float*>(__cluster_map_shared_rank(lse + h, static_cast<unsigned>(s)));
+  }
+  __device__ float4 quad_at(int h, int s, int d) const {
+    return *static_cast<const float4*>(__cluster_map_shared_rank(out + h * HD + d, static_cast<unsigned>(s)));
+  }
+#else
+  __device__ float lse_at(int, int) const { __trap(); return 0.0f; }      // never launched below sm_90
+  __device__ float4 quad_at(int, int, int) const { __trap(); return {}; }
+#endif
+};
+
+// Merges the decode slice partials of heads h_begin .. h_end - 1 of one
+// sequence (slices 0 .. used - 1 hold a valid key) into out ([heads][HD]
+// from head 0), in slice order:
+//   out = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max).
 // The arithmetic depends on the partials alone, so the same bits come out
-// whichever block or kernel runs it; used == 0 writes zeros. Reads through
-// L2 (the partials come from other blocks). Every thread of the block calls
-// it (it holds __syncthreads); blockDim.x is a multiple of 32; smem:
-// heads * (splits + 1) floats.
+// whichever block, kernel or source runs it; used == 0 writes zeros. Every
+// thread of the block calls it (it holds __syncthreads); blockDim.x is a
+// multiple of 32; smem: (h_end - h_begin) * (splits + 1) floats.
 //
 // It is latency, not bandwidth: at B = 1 one block per (sequence, kv head)
 // runs it alone after the decode. So every partial a thread reads is
 // requested at once (up to kAttnDecodeMaxSplits float4 in registers), its
-// first item's before the weights exist (one L2 round trip covers those and
+// first item's before the weights exist (one round trip covers those and
 // the lse), and each head's weights come from one warp (max and sum as
 // shuffle trees) instead of a serial loop. (Session 15, B = 1 L = 4k: the
 // serial weights and batches of 8 slices took 3.3 us after the last arrival.)
-template <class T, int HD>
-__device__ void merge_slice_partials(const AttentionArgs& a, long long row0, int heads, int splits, int used,
+template <class T, int HD, class Partials>
+__device__ void merge_slice_partials(const Partials& src, T* out, int h_begin, int h_end, int splits, int used,
                                      float* smem) {
   static_assert(HD % 4 == 0, "4 columns per thread");
   static_assert(kAttnDecodeMaxSplits <= 32, "one slice per lane in the weight step");
@@ -115,22 +149,21 @@ __device__ void merge_slice_partials(const AttentionArgs& a, long long row0, int
   const int tid = static_cast<int>(threadIdx.x);
   const int nthreads = static_cast<int>(blockDim.x);
   const int lane = tid % 32;
+  const int heads = h_end - h_begin;
   const int items = heads * kQuads;            // (head, 4 columns)
   float* const w_s = smem;                     // [heads][splits]: lse, then weights
   float* const sum_s = smem + heads * splits;  // [heads]
-  // Item idx's partials of slices 0 .. used - 1, [used][HD] from its quad.
+  // Item idx's partials of slices 0 .. used - 1.
   auto load_item = [&](int idx, float4 (&x)[kMaxUsed]) {
-    const float* const po = a.partial_out + ((row0 + idx / kQuads) * splits) * HD + (idx % kQuads) * 4;
+    const int h = h_begin + idx / kQuads;
+    const int d = (idx % kQuads) * 4;
 #pragma unroll
-    for (int s = 0; s < kMaxUsed; ++s) {
-      x[s] = s < used ? __ldcg(reinterpret_cast<const float4*>(po + static_cast<long long>(s) * HD))
-                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+    for (int s = 0; s < kMaxUsed; ++s) x[s] = s < used ? src.quad_at(h, s, d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   };
   auto finish_item = [&](int idx, const float4 (&x)[kMaxUsed]) {
-    const int h = idx / kQuads;
+    const int hl = idx / kQuads;
     const int d = (idx % kQuads) * 4;
-    const float* const w = w_s + h * splits;
+    const float* const w = w_s + hl * splits;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int s = 0; s < kMaxUsed; ++s) {
@@ -141,24 +174,24 @@ __device__ void merge_slice_partials(const AttentionArgs& a, long long row0, int
         acc[3] = fmaf(w[s], x[s].w, acc[3]);
       }
     }
-    const float sum = sum_s[h];
+    const float sum = sum_s[hl];
     vec_t<T, 4> o;
 #pragma unroll
     for (int c = 0; c < 4; ++c) o.set(c, sum > 0.0f ? acc[c] / sum : 0.0f);
-    o.store(static_cast<T*>(a.out) + (row0 + h) * HD + d);
+    o.store(out + static_cast<long long>(h_begin + hl) * HD + d);
   };
   // The thread's first item, in flight across the weight step.
   float4 first[kMaxUsed];
   if (tid < items) load_item(tid, first);
   for (int i = tid; i < heads * used; i += nthreads) {
-    const int h = i / used;
+    const int hl = i / used;
     const int s = i % used;
-    w_s[h * splits + s] = __ldcg(a.partial_lse + (row0 + h) * splits + s);
+    w_s[hl * splits + s] = src.lse_at(h_begin + hl, s);
   }
   __syncthreads();
   // Weights 2^(lse_s - max) and their sum, a warp per head, lane s.
-  for (int h = tid / 32; h < heads; h += nthreads / 32) {
-    float* const w = w_s + h * splits;
+  for (int hl = tid / 32; hl < heads; hl += nthreads / 32) {
+    float* const w = w_s + hl * splits;
     const float lse = lane < used ? w[lane] : -INFINITY;
     float mx = lse;  // finite: a valid slice has sum > 0
 #pragma unroll
@@ -168,7 +201,7 @@ __device__ void merge_slice_partials(const AttentionArgs& a, long long row0, int
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     if (lane < used) w[lane] = e;
-    if (lane == 0) sum_s[h] = sum;
+    if (lane == 0) sum_s[hl] = sum;
   }
   __syncthreads();
   if (tid < items) finish_item(tid, first);
@@ -386,6 +419,9 @@ struct DecodeTraits<256> {
 // for the kernel before it, which had no such prefetch and the same 512-key
 // slices. bench/attention_tuning.cpp decides it.
 
+// DecodeTuning::cluster_merge: at most the portable cluster size.
+constexpr int kDecodeMaxClusterSlices = 8;
+
 template <int HD>
 struct DecodeShape {
   static constexpr int kKeyWarps = 4;    // warps splitting the keys of a tile
@@ -408,6 +444,11 @@ struct DecodeShape {
   static constexpr int kMergeFloats = kMaxWarps * 16 * (kOStride + 2);
   static_assert(kStages >= 2, "the ring needs a slot to fill while another is read");
   static_assert(kMergeFloats * 4 <= kRingElems * 2, "the merge fits in the drained ring");
+  // DecodeTuning::cluster_merge: a slice's (O, lse) at the end of the ring,
+  // beside the largest merge scratch (which starts at the ring's start).
+  static constexpr int kClusterFloats = kMaxHeads * (HD + 1);
+  static_assert((kMergeFloats + kClusterFloats) * 4 <= kRingElems * 2, "the cluster partials fit beside the scratch");
+  static_assert(kMaxHeads * (kDecodeMaxClusterSlices + 1) * 4 <= kQElems * 2, "the cluster merge's weights fit in Q");
   static_assert(kAttnDecodeMinSliceKeys % kTileKeys == 0, "whole tiles per slice (powers of two from 128)");
   static_assert(kMaxHeads * (kAttnDecodeMaxSplits + 1) * 4 <= kRingElems * 2, "the slice merge fits in the ring");
   static_assert(kChunks >= 8, "the swizzle permutes 8 chunks of a row");
@@ -472,7 +513,7 @@ __device__ __forceinline__ void ring_barrier(int kw, int mtiles) {
 template <class T, int HD>
 __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     attention_decode_kernel(const AttentionArgs a, int splits, int slice_keys, int slices_per_block, int chunks,
-                            bool prefetch_l2, bool fused, bool trigger) {
+                            bool prefetch_l2, bool fused, bool cluster, bool trigger) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   pdl_begin();  // launched with launch_pdl: nothing global is touched before this
   if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
@@ -494,6 +535,18 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   const int kw = warp % Sh::kKeyWarps;  // which 16 keys of each tile
   const int mt = warp / Sh::kKeyWarps;  // which 16 q heads
   const int g = lane / 4;
+  // DecodeTuning::cluster_merge (launched only on sm_90, one slice per
+  // block, the row's slices one cluster along grid.x: block rank = slice).
+  float* const cluster_out = reinterpret_cast<float*>(smem_raw + Sh::kRingElems * 2) - Sh::kClusterFloats;  // [32][HD]
+  float* const cluster_lse = cluster_out + Sh::kMaxHeads * HD;                                              // [32]
+  auto cluster_merge_barriers = [] {
+#if __CUDA_ARCH__ >= 900
+    cooperative_groups::this_cluster().sync();
+    cooperative_groups::this_cluster().sync();
+#else
+    __trap();
+#endif
+  };
   const int tig = lane % 4;
 
   // blockIdx.x = (b, run of slices_per_block slices, chunk), chunk fastest.
@@ -510,12 +563,14 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
 
   const long long limit = key_limit(a, b, 0, split0 == 0 && chunk == 0 && tid == 0);
   if (static_cast<long long>(split0) * slice_keys >= limit) {
-    // Slices past the valid keys take no part (the block does not arrive).
-    // With no valid key at all (a reported bad kv_len), slice 0 writes zeros.
+    // Slices past the valid keys take no part (the block does not arrive;
+    // in a cluster it passes the cluster's two barriers). With no valid key
+    // at all (a reported bad kv_len), slice 0 writes zeros.
     if (split0 == 0) {
       T* const out = static_cast<T*>(a.out) + row0 * HD;
       for (int idx = tid; idx < heads * HD; idx += nthreads) out[idx] = from_float<T>(0.0f);
     }
+    if (cluster && limit > slice_keys) cluster_merge_barriers();
     return;
   }
   const int ptid = mt * 32 + lane;  // index among the warps sharing this warp's keys
@@ -619,7 +674,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   const int hrows = mtiles == 1 ? heads : 16;
   const int scratch_floats = Sh::kMaxWarps / Sh::kMaxMTiles * mtiles * hrows * (Sh::kOStride + 2);
   constexpr int kSlotFloats = Sh::kKeyWarps * 2 * Sh::kSubElems / 2;
-  const bool overlap = a.decode_tuning.overlap_boundary && scratch_floats <= kSlotFloats;
+  const bool overlap = !cluster && a.decode_tuning.overlap_boundary && scratch_floats <= kSlotFloats;
   float* const mo = overlap ? reinterpret_cast<float*>(ring + (kStages - 1) * Sh::kKeyWarps * 2 * Sh::kSubElems)
                             : reinterpret_cast<float*>(smem_raw);  // [warps][hrows][kOStride]
   float* const mm = mo + Sh::kMaxWarps / Sh::kMaxMTiles * mtiles * hrows * Sh::kOStride;  // [warps][hrows]
@@ -785,7 +840,11 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
         mm[wrow + w * hrows] = f;
       }
       ml[wrow] = sum;  // key 0 of the slice is valid and belongs to key warp 0: sum > 0
-      if (!direct) a.partial_lse[(row0 + h) * splits + split] = mx + log2f(sum);
+      if (cluster) {
+        cluster_lse[h] = mx + log2f(sum);
+      } else if (!direct) {
+        a.partial_lse[(row0 + h) * splits + split] = mx + log2f(sum);
+      }
     }
     __syncthreads();
     constexpr int kQuads = HD / 4;
@@ -810,19 +869,43 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
         for (int c = 0; c < 4; ++c) o.set(c, acc[c] / sum);
         o.store(static_cast<T*>(a.out) + (row0 + h) * HD + d);
       } else {
-        *reinterpret_cast<float4*>(a.partial_out + ((row0 + h) * splits + split) * HD + d) =
-            make_float4(acc[0] / sum, acc[1] / sum, acc[2] / sum, acc[3] / sum);
+        float* const po = cluster ? cluster_out + h * HD + d : a.partial_out + ((row0 + h) * splits + split) * HD + d;
+        *reinterpret_cast<float4*>(po) = make_float4(acc[0] / sum, acc[1] / sum, acc[2] / sum, acc[3] / sum);
       }
     }
     __syncthreads();  // every thread is done with the scratch: the ring refills over it
     if (!overlap && has_next) prologue(next, false);
     cur = next;
   }  // slices
+  if (cluster && used > 1) {
+    // The row's slices are this cluster's blocks (block rank = slice): after
+    // the barrier every block's (O, lse) is readable through distributed
+    // shared memory; blocks 0 .. used - 1 merge a share of the heads each;
+    // the second barrier keeps every block's partials alive until the last
+    // read. (With one valid slice the block wrote the output directly.)
+#if __CUDA_ARCH__ >= 900
+    cooperative_groups::this_cluster().sync();
+    if (split0 < used) {
+      const int h_begin = split0 * heads / used;
+      const int h_end = (split0 + 1) * heads / used;
+      if (h_begin < h_end) {
+        merge_slice_partials<T, HD>(ClusterPartials<HD>{cluster_out, cluster_lse}, static_cast<T*>(a.out) + row0 * HD,
+                                    h_begin, h_end, splits, used, reinterpret_cast<float*>(sQ));
+      }
+    }
+    cooperative_groups::this_cluster().sync();
+#else
+    __trap();
+#endif
+    return;
+  }
   if (direct || !fused) return;  // done, or attention_combine_kernel merges
   if (arrivals == 1) {
     // The block holds every valid slice of the row: its own partials,
     // visible to it after the barrier above, merge here.
-    merge_slice_partials<T, HD>(a, row0, heads, splits, used, reinterpret_cast<float*>(smem_raw));
+    merge_slice_partials<T, HD>(WorkspacePartials<HD>{a.partial_out, a.partial_lse, row0, splits},
+                                static_cast<T*>(a.out) + row0 * HD, 0, heads, splits, used,
+                                reinterpret_cast<float*>(smem_raw));
     return;
   }
 
@@ -845,7 +928,9 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   __syncthreads();
   if (*s_last == 0) return;
   __threadfence();
-  merge_slice_partials<T, HD>(a, row0, heads, splits, used, reinterpret_cast<float*>(smem_raw));
+  merge_slice_partials<T, HD>(WorkspacePartials<HD>{a.partial_out, a.partial_lse, row0, splits},
+                              static_cast<T*>(a.out) + row0 * HD, 0, heads, splits, used,
+                              reinterpret_cast<float*>(smem_raw));
 #else
   __trap();  // built without sm_80+: the launcher never launches this
 #endif
@@ -865,7 +950,8 @@ __global__ void __launch_bounds__(kCombineThreads)
   const long long row = blockIdx.x;  // b * num_heads + head (q_len == 1)
   const long long limit = key_limit(a, static_cast<int>(row / a.num_heads), 0, false);
   const int used = static_cast<int>(min(static_cast<long long>(splits), (limit + slice_keys - 1) / slice_keys));
-  merge_slice_partials<T, HD>(a, row, 1, splits, used, smem);
+  merge_slice_partials<T, HD>(WorkspacePartials<HD>{a.partial_out, a.partial_lse, row, splits},
+                              static_cast<T*>(a.out) + row * HD, 0, 1, splits, used, smem);
 }
 
 // Blocks of Kernel resident per SM at `threads` threads (128 or 256) and
@@ -892,6 +978,51 @@ void launch_combine(const AttentionArgs& a, int splits, int slice_keys, cudaStre
       <<<static_cast<unsigned>(a.batch * a.num_heads), kCombineThreads, 0, stream>>>(a, splits, slice_keys);
 }
 
+// Whether clusters of `slices` blocks of the decode kernel (`threads`
+// threads, its shared-memory opt-in done) can be resident at all
+// (cudaOccupancyMaxActiveClusters > 0) on the current device, which must be
+// sm_90+ and run a build holding the kernel's sm_90 code. Where not, the
+// launch merges as without DecodeTuning::cluster_merge: the same bits.
+// Asked once per device, cluster size and block size; a failed query is no
+// answer (not cached) and the launch takes the other merge.
+template <class T, int HD>
+bool decode_cluster_fits(int slices, unsigned threads) {
+  if (slices < 2 || slices > kDecodeMaxClusterSlices) return false;
+  static std::atomic<unsigned char> known[64][kDecodeMaxClusterSlices + 1][2];  // 0 unknown, 1 no, 2 yes
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  std::atomic<unsigned char>& state = known[dev][slices][threads > 128 ? 1 : 0];
+  unsigned char v = state.load(std::memory_order_relaxed);
+  if (v == 0) {
+    if (!device_is_sm90_or_later() || !has_sm90_code(attention_decode_kernel<T, HD>)) {
+      v = 1;
+    } else {
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = static_cast<unsigned>(slices);
+      attr.val.clusterDim.y = 1;
+      attr.val.clusterDim.z = 1;
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(static_cast<unsigned>(slices), 1, 1);
+      config.blockDim = dim3(threads);
+      config.dynamicSmemBytes = DecodeShape<HD>::kSmemBytes;
+      config.attrs = &attr;
+      config.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, attention_decode_kernel<T, HD>, &config) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+      }
+      v = clusters > 0 ? 2 : 1;
+    }
+    state.store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
+}
+
 template <class T, int HD>
 bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   using Sh = DecodeShape<HD>;
@@ -907,6 +1038,10 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   const unsigned threads = static_cast<unsigned>(Sh::kKeyWarps * 32 * mtiles);
   // Slices per block (DecodeTuning::slices_per_block).
   int per_block = a.decode_tuning.slices_per_block;
+  // DecodeTuning::cluster_merge wants one slice per block.
+  const bool cluster_shape = a.decode_tuning.cluster_merge && a.decode_tuning.fused_merge && chunks == 1 &&
+                             splits >= 2 && splits <= kDecodeMaxClusterSlices;
+  if (per_block <= 0 && cluster_shape) per_block = 1;
   if (per_block <= 0) {
     per_block = 1;
     const long long slots =
@@ -935,13 +1070,18 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   // The kernel finishes every row itself (no second launch) where one block
   // holds the whole row, and in launches of few (sequence, kv head, chunk)
   // groups (DecodeTuning), never past the arrival counters.
+  // The row's slices as one cluster (DecodeTuning::cluster_merge): one
+  // slice per block, one head chunk (so a row's blocks are adjacent in
+  // grid.x), 2 .. 8 slices; it merges in the kernel at any launch size.
+  const bool cluster = cluster_shape && per_block == 1 && decode_cluster_fits<T, HD>(splits, threads);
   const bool fused =
-      splits == 1 || (a.decode_tuning.fused_merge &&
+      splits == 1 || cluster || (a.decode_tuning.fused_merge &&
                       (row_blocks == 1 || (groups <= kDecodeArrivalSlots &&
                                            static_cast<double>(groups) <= a.decode_tuning.fused_max_groups_per_sm *
                                                                               device_sm_count("flash_attention"))));
-  launch_pdl("flash_attention", kernel, grid, threads, smem, stream, a, splits, slice_keys, per_block, chunks,
-             prefetch_l2, fused, pdl_early_trigger());
+  launch_pdl_clustered("flash_attention", dim3(cluster ? static_cast<unsigned>(splits) : 1u, 1, 1), kernel, grid,
+                       threads, smem, stream, a, splits, slice_keys, per_block, chunks, prefetch_l2, fused, cluster,
+                       pdl_early_trigger());
   if (!fused) launch_combine<T, HD>(a, splits, slice_keys, stream);
   check_launch("flash_attention");
   return true;

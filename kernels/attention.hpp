@@ -87,6 +87,17 @@ struct DecodeTuning {
   // false: after the merge, with those sub-tiles asked into L2 meanwhile.
   // The same bits.
   bool overlap_boundary = true;
+  // The slices of a row as one thread-block cluster, on sm_90 where a row
+  // has 2..8 slices (caches of 129..1024 positions), one head chunk covers
+  // the GQA group (up to 32 q heads per kv head) and a block runs one slice
+  // (slices_per_block 0 then means one; fused_merge = false turns this
+  // off): each block keeps its slice's (O, lse) in shared memory, and after
+  // a cluster barrier the row's blocks merge a share of its heads each
+  // through distributed shared memory -- no partial stores, fences, arrival
+  // counter or second kernel, at any launch size. The same arithmetic as
+  // the other merges (merge_slice_partials), so the same bits. Off: written
+  // in session 15 after the H200 time was spent, not yet measured.
+  bool cluster_merge = false;
 };
 
 // Launch knobs of the wgmma prefill (kernels/attention_prefill_wgmma.cu);

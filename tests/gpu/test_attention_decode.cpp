@@ -202,7 +202,8 @@ TEST_P(CudaDecodeBatch, SliceEdgesMatchCpuAndRepeatBitwise) {
 // the size rule picks the combine kernel (where a block runs one slice;
 // the default there holds whole rows and merges them itself); ragged
 // batches (kv_lens) whose default runs several slices per block; kv_len
-// from a device decode state (also with two m-tiles at hd 256). Cache rows
+// from a device decode state (also with two m-tiles at hd 256, in one head
+// chunk and in two); two slices of one row (the smallest cluster). Cache rows
 // at and past each sequence's kv_len hold NaN, so a path that lets one
 // into P V shows.
 TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
@@ -224,7 +225,8 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
                         Case{1, 4100, 9000, 4, 1, 64}, Case{2, 1234, 1500, 16, 2, 256},
                         Case{48, 200, 256, 16, 8, 128}, Case{6, 3000, 4096, 32, 8, 128, true},
                         Case{5, 1000, 1024, 16, 1, 64, true}, Case{16, 2500, 4096, 32, 8, 128, false, true},
-                        Case{2, 900, 1024, 40, 1, 256, false, true}}) {
+                        Case{2, 900, 1024, 40, 1, 256, false, true}, Case{2, 900, 1024, 32, 1, 256, false, true},
+                        Case{1, 200, 256, 4, 1, 128}}) {
     SCOPED_TRACE(cat("batch ", c.batch, " kv_len ", c.kv_len, " capacity ", c.capacity, " heads ", c.heads, "/",
                      c.kv_heads, " hd ", c.head_dim, c.ragged ? " ragged" : "", c.state ? " state" : ""));
     auto seq_len = [&](int b) {
@@ -323,6 +325,14 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
     variants.push_back({});
     variants.back().overlap_boundary = false;
     variants.back().slices_per_block = 3;
+    // The row's slices as one cluster, merged through distributed shared
+    // memory (where a row has 2..8 slices and one head chunk; elsewhere the
+    // launch merges as without it): by default, and with a block per slice.
+    variants.push_back({});
+    variants.back().cluster_merge = true;
+    variants.push_back({});
+    variants.back().cluster_merge = true;
+    variants.back().slices_per_block = 1;
     for (std::size_t i = 0; i < variants.size(); ++i) {
       EXPECT_TRUE(reference == run_with(variants[i])) << "variant " << i << " changed the output";
     }
