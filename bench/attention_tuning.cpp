@@ -243,7 +243,7 @@ int main(int argc, char** argv) {
       variants.push_back({"fused0", t, 0});
     }
   }
-  std::printf("%-5s %-7s %-9s %10s %9s\n", "B", "L", "variant", "median_us", "GB/s");
+  std::printf("%-5s %-7s %-9s %10s %9s   %s\n", "B", "L", "variant", "median_us", "GB/s", "launch");
   std::vector<Shape> shapes = {{1, 1024},   {1, 4096},  {1, 8192},   {1, 32768}, {1, 131072}, {16, 1024},
                                {16, 8192},  {16, 32768}, {64, 1024}, {64, 8192}, {64, 32768}};
   if (experiments) {
@@ -296,7 +296,13 @@ int main(int argc, char** argv) {
         std::printf("%-5d %-7lld %-9s  failed: %s\n", sh.batch, sh.kv, var.name, e.what());
         continue;
       }
-      std::printf("%-5d %-7lld %-9s %10.2f %9.0f\n", sh.batch, sh.kv, var.name, us, call_bytes / us / 1e3);
+      // The launch the variant took (a knob that does not apply leaves the default's).
+      a.k = k[0];
+      a.v = v[0];
+      const auto plan = ferrum::kernels::decode_launch_plan(a);
+      std::printf("%-5d %-7lld %-9s %10.2f %9.0f   spb %d%s%s\n", sh.batch, sh.kv, var.name, us, call_bytes / us / 1e3,
+                  plan ? plan->slices_per_block : 0, plan && plan->fused ? " fused" : "",
+                  plan && plan->cluster ? " cluster" : "");
     }
     for (int s = 0; s < sets; ++s) {
       check(cudaFree(k[s]), "cudaFree");

@@ -1023,10 +1023,11 @@ bool decode_cluster_fits(int slices, unsigned threads) {
   return v == 2;
 }
 
+// How launch_decode_typed runs a decode (DecodeLaunchPlan); false where the
+// device cannot run the kernel (no sm_80+ image or shared-memory opt-in).
 template <class T, int HD>
-bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
+bool plan_decode_typed(const AttentionArgs& a, DecodeLaunchPlan& plan) {
   using Sh = DecodeShape<HD>;
-  const auto kernel = attention_decode_kernel<T, HD>;
   if (!prepare_kernel<attention_decode_kernel<T, HD>>(Sh::kSmemBytes)) return false;
   const int splits = attention_decode_splits(a.kv_stride);
   const int slice_keys = static_cast<int>(attention_decode_slice_keys(a.kv_stride));
@@ -1061,40 +1062,61 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   }
   per_block = std::min(per_block, splits);
   const int row_blocks = (splits + per_block - 1) / per_block;
-  const dim3 grid(static_cast<unsigned>(static_cast<long long>(a.batch) * row_blocks * chunks),
-                  static_cast<unsigned>(a.num_kv_heads));
   // L2 prefetch of whole slices only while everything the launch may read
   // fits well inside L2 (else prefetched lines would be evicted unread).
   const double footprint = static_cast<double>(a.batch) * a.num_kv_heads * static_cast<double>(a.kv_stride) * HD * 4.0;
-  const bool prefetch_l2 = footprint <= a.decode_tuning.l2_prefetch_bytes;
-  // The kernel finishes every row itself (no second launch) where one block
-  // holds the whole row, and in launches of few (sequence, kv head, chunk)
-  // groups (DecodeTuning), never past the arrival counters.
   // The row's slices as one cluster (DecodeTuning::cluster_merge): one
   // slice per block, one head chunk (so a row's blocks are adjacent in
   // grid.x), 2 .. 8 slices; it merges in the kernel at any launch size.
   const bool cluster = cluster_shape && per_block == 1 && decode_cluster_fits<T, HD>(splits, threads);
+  // Otherwise the kernel finishes every row itself (no second launch) where
+  // one block holds the whole row, and in launches of few (sequence, kv
+  // head, chunk) groups (DecodeTuning), never past the arrival counters.
   const bool fused =
-      splits == 1 || cluster || (a.decode_tuning.fused_merge &&
-                      (row_blocks == 1 || (groups <= kDecodeArrivalSlots &&
-                                           static_cast<double>(groups) <= a.decode_tuning.fused_max_groups_per_sm *
-                                                                              device_sm_count("flash_attention"))));
-  launch_pdl_clustered("flash_attention", dim3(cluster ? static_cast<unsigned>(splits) : 1u, 1, 1), kernel, grid,
-                       threads, smem, stream, a, splits, slice_keys, per_block, chunks, prefetch_l2, fused, cluster,
-                       pdl_early_trigger());
-  if (!fused) launch_combine<T, HD>(a, splits, slice_keys, stream);
+      splits == 1 || cluster ||
+      (a.decode_tuning.fused_merge &&
+       (row_blocks == 1 || (groups <= kDecodeArrivalSlots &&
+                            static_cast<double>(groups) <=
+                                a.decode_tuning.fused_max_groups_per_sm * device_sm_count("flash_attention"))));
+  plan.splits = splits;
+  plan.slice_keys = slice_keys;
+  plan.slices_per_block = per_block;
+  plan.head_chunks = chunks;
+  plan.grid_x = static_cast<long long>(a.batch) * row_blocks * chunks;
+  plan.grid_y = a.num_kv_heads;
+  plan.threads = static_cast<int>(threads);
+  plan.prefetch_l2 = footprint <= a.decode_tuning.l2_prefetch_bytes;
+  plan.fused = fused;
+  plan.cluster = cluster;
+  return true;
+}
+
+template <class T, int HD>
+bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
+  DecodeLaunchPlan p;
+  if (!plan_decode_typed<T, HD>(a, p)) return false;
+  const dim3 grid(static_cast<unsigned>(p.grid_x), static_cast<unsigned>(p.grid_y));
+  launch_pdl_clustered("flash_attention", dim3(p.cluster ? static_cast<unsigned>(p.splits) : 1u, 1, 1),
+                       attention_decode_kernel<T, HD>, grid, static_cast<unsigned>(p.threads),
+                       DecodeShape<HD>::kSmemBytes, stream, a, p.splits, p.slice_keys, p.slices_per_block,
+                       p.head_chunks, p.prefetch_l2, p.fused, p.cluster, pdl_early_trigger());
+  if (!p.fused) launch_combine<T, HD>(a, p.splits, p.slice_keys, stream);
   check_launch("flash_attention");
   return true;
 }
 
 // Decode (q_len == 1) on tensor cores; false (nothing launched) where it
 // does not apply, so the caller falls back to the CUDA-core kernel.
-bool launch_attention_decode_tc(const AttentionArgs& a, cudaStream_t stream) {
+bool decode_tc_applies(const AttentionArgs& a) {
   if (a.q_len != 1 || a.kv_stride < 1) return false;
   if (a.dtype != DType::F16 && a.dtype != DType::BF16) return false;
   if (!attention_head_dim_supported(static_cast<std::size_t>(a.head_dim))) return false;
   if (a.num_kv_heads < 1 || a.num_kv_heads > 65535 || a.num_heads % a.num_kv_heads != 0) return false;
-  if (!all_aligned16(a.q, a.k, a.v)) return false;
+  return all_aligned16(a.q, a.k, a.v);
+}
+
+bool launch_attention_decode_tc(const AttentionArgs& a, cudaStream_t stream) {
+  if (!decode_tc_applies(a)) return false;
   bool launched = false;
   dispatch_half_dtype(a.dtype, "flash_attention", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -1106,6 +1128,20 @@ bool launch_attention_decode_tc(const AttentionArgs& a, cudaStream_t stream) {
 }
 
 }  // namespace
+
+std::optional<DecodeLaunchPlan> decode_launch_plan(const AttentionArgs& a) {
+  if (!decode_tc_applies(a)) return std::nullopt;
+  DecodeLaunchPlan plan;
+  bool planned = false;
+  dispatch_half_dtype(a.dtype, "flash_attention", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    dispatch_int(AttentionHeadDims{}, a.head_dim, "flash_attention", "head_dim", [&](auto hd_c) {
+      planned = plan_decode_typed<T, decltype(hd_c)::value>(a, plan);
+    });
+  });
+  if (!planned) return std::nullopt;
+  return plan;
+}
 
 std::size_t attention_workspace_floats(int batch, int num_heads, int q_len, int head_dim, long long kv_stride) {
   if (q_len != 1) return 0;

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include <cuda_runtime_api.h>
 
@@ -161,5 +162,23 @@ inline void set_decode_workspace(AttentionArgs& a, float* workspace, std::size_t
 }
 
 void launch_attention(const AttentionArgs& args, cudaStream_t stream);
+
+// How launch_attention runs a decode (q_len == 1) on the tensor-core
+// kernel on the current device: for tests (which path a knob took) and the
+// tuning tool. nullopt where that kernel does not apply (the CUDA-core
+// fallback runs).
+struct DecodeLaunchPlan {
+  int splits = 0;            // slices per row (attention_decode_splits)
+  int slice_keys = 0;
+  int slices_per_block = 0;  // consecutive slices per block
+  int head_chunks = 0;       // blocks across one kv head's GQA group
+  long long grid_x = 0;      // batch * ceil(splits / slices_per_block) * head_chunks
+  int grid_y = 0;            // kv heads
+  int threads = 0;           // 128 per m-tile of 16 q heads
+  bool prefetch_l2 = false;  // whole slices asked into L2 first
+  bool fused = false;        // the kernel merges the slices (no combine kernel)
+  bool cluster = false;      // DecodeTuning::cluster_merge taken
+};
+std::optional<DecodeLaunchPlan> decode_launch_plan(const AttentionArgs& args);
 
 }  // namespace ferrum::kernels

@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "ferrum/half.hpp"
@@ -264,8 +265,7 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
     void *const dq = dq_mem.get(), *const dk = dk_mem.get(), *const dv = dv_mem.get(), *const dout = dout_mem.get();
     void *const dws = dws_mem.get(), *const dflag = dflag_mem.get();
 
-    auto run_with = [&](const kernels::DecodeTuning& tuning) {
-      EXPECT_EQ(cudaMemset(dout, kPoisonByte, q.size()), cudaSuccess);
+    auto args_for = [&](const kernels::DecodeTuning& tuning) {
       kernels::AttentionArgs a;
       a.dtype = dt;
       a.q = dq;
@@ -286,7 +286,11 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
       a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
       kernels::set_decode_workspace(a, static_cast<float*>(dws), ws);
       a.decode_tuning = tuning;
-      kernels::launch_attention(a, nullptr);
+      return a;
+    };
+    auto run_with = [&](const kernels::DecodeTuning& tuning) {
+      EXPECT_EQ(cudaMemset(dout, kPoisonByte, q.size()), cudaSuccess);
+      kernels::launch_attention(args_for(tuning), nullptr);
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       std::vector<std::uint8_t> out(q.size());
       EXPECT_EQ(cudaMemcpy(out.data(), dout, out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -335,6 +339,21 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
     variants.back().slices_per_block = 1;
     for (std::size_t i = 0; i < variants.size(); ++i) {
       EXPECT_TRUE(reference == run_with(variants[i])) << "variant " << i << " changed the output";
+    }
+    // The cluster merge ran where it applies (an sm_90 device: 2..8 slices,
+    // one head chunk), so the comparison above covered it.
+    int major = 0;
+    ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+    const int splits = kernels::attention_decode_splits(c.capacity);
+    const bool one_chunk = c.heads / c.kv_heads <= 32;  // two m-tiles of 16 q heads per block at most
+    kernels::DecodeTuning cluster_tuning;
+    cluster_tuning.cluster_merge = true;
+    const std::optional<kernels::DecodeLaunchPlan> plan = kernels::decode_launch_plan(args_for(cluster_tuning));
+    ASSERT_TRUE(plan.has_value());
+    EXPECT_EQ(plan->cluster, major >= 9 && splits >= 2 && splits <= 8 && one_chunk) << "splits " << splits;
+    if (plan->cluster) {
+      EXPECT_EQ(plan->slices_per_block, 1);
+      EXPECT_TRUE(plan->fused);
     }
     std::uint32_t flag = 1;
     EXPECT_EQ(cudaMemcpy(&flag, dflag, sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
