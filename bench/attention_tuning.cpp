@@ -8,6 +8,9 @@
 //   ferrum_attention_tuning [decode|prefill|all]   f16, hd 128 (default all)
 //   ferrum_attention_tuning decode B L             one decode shape (e.g. for ncu)
 //   ferrum_attention_tuning decode-exp [B L]       the session-14 decode experiments
+//   ferrum_attention_tuning timeline B L [GHz]    where a decode's time goes, per phase
+//                                                 (a build with -DFERRUM_DECODE_TIMELINE=ON;
+//                                                 GHz: the SM clock, 1.98 on the H200)
 // Decode variants: the merge in the decode kernel (fused 1) and as a second
 // kernel (fused 0); the L2 prefetch knobs stay at their defaults (measured
 // in session 7). Session 13 also swept deeper cp.async rings (4-6 slots per
@@ -166,10 +169,103 @@ void tune_prefill(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1) {
   }
 }
 
+
+// The decode shapes of this tool: f16, 32 q heads over 8 kv heads, hd 128.
+constexpr int kDecodeHeads = 32, kDecodeKvHeads = 8, kDecodeHeadDim = 128;
+
+// Their arguments (the cache full); k and v are set per launch.
+AttentionArgs decode_args(int batch, long long kv, const void* q, void* out, std::uint32_t* error_flag,
+                          float* partials, std::size_t ws_floats) {
+  AttentionArgs a;
+  a.dtype = ferrum::DType::F16;
+  a.q = q;
+  a.out = out;
+  a.batch = batch;
+  a.num_heads = kDecodeHeads;
+  a.num_kv_heads = kDecodeKvHeads;
+  a.q_len = 1;
+  a.head_dim = kDecodeHeadDim;
+  a.kv_stride = kv;
+  a.kv_len = static_cast<int>(kv);
+  a.pos_offset = kv - 1;
+  a.error_flag = error_flag;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(kDecodeHeadDim));
+  ferrum::kernels::set_decode_workspace(a, partials, ws_floats);
+  return a;
+}
+
+// Medians etc. over the blocks of the last of 8 back-to-back default
+// launches, in µs after each block's entry (clock64 at `ghz`), per
+// kernels::DecodeTimelinePoint.
+int run_timeline(int batch, long long kv, double ghz) {
+#if defined(FERRUM_DECODE_TIMELINE)
+  constexpr int kHeads = kDecodeHeads, kKvHeads = kDecodeKvHeads, kHd = kDecodeHeadDim;
+  cudaStream_t stream;
+  check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  auto* error_flag = static_cast<std::uint32_t*>(device_zeros(sizeof(std::uint32_t)));
+  const std::size_t kv_bytes = static_cast<std::size_t>(batch) * kKvHeads * kv * kHd * 2;
+  const int sets = std::max(3, static_cast<int>(std::ceil(kRotateBytes / (2.0 * static_cast<double>(kv_bytes)))));
+  std::vector<void*> k(sets), v(sets);
+  for (int s = 0; s < sets; ++s) {
+    k[s] = device_random_f16(kv_bytes, 100 + s);
+    v[s] = device_random_f16(kv_bytes, 200 + s);
+  }
+  const std::size_t q_bytes = static_cast<std::size_t>(batch) * kHeads * kHd * 2;
+  const std::size_t ws = ferrum::kernels::attention_workspace_floats(batch, kHeads, 1, kHd, kv);
+  AttentionArgs a = decode_args(batch, kv, device_random_f16(q_bytes, 1), device_zeros(q_bytes), error_flag,
+                                static_cast<float*>(device_zeros(std::max<std::size_t>(ws, 1) * 4)), ws);
+  int r = 0;
+  auto launch = [&] {
+    a.k = k[r % sets];
+    a.v = v[r % sets];
+    ++r;
+    ferrum::kernels::launch_attention(a, stream);
+  };
+  for (int i = 0; i < 40; ++i) launch();
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  const char* const names[] = {"entry", "kv_len known", "Q + tile 0 landed", "slice computed", "warps published",
+                               "slice stored", "arrived", "row merged"};
+  for (int rep = 0; rep < 2; ++rep) {
+    ferrum::kernels::decode_timeline_reset();
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    for (int i = 0; i < 8; ++i) launch();
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    const auto rows = ferrum::kernels::decode_timeline_read();
+    std::printf("B %d L %lld, last of 8 launches (us after the block's entry at %.2f GHz):\n", batch, kv, ghz);
+    for (int point = 1; point < ferrum::kernels::kDecodeTimelinePoints; ++point) {
+      std::vector<double> t;
+      for (const auto& row : rows) {
+        if (row[0] != 0 && row[point] > row[0]) t.push_back(static_cast<double>(row[point] - row[0]) / (ghz * 1e3));
+      }
+      if (t.empty()) continue;
+      std::sort(t.begin(), t.end());
+      std::printf("  %-18s blocks %5zu  min %7.2f  median %7.2f  p90 %7.2f  max %7.2f\n", names[point], t.size(),
+                  t.front(), t[t.size() / 2], t[t.size() * 9 / 10], t.back());
+    }
+  }
+  return 0;
+#else
+  (void)batch;
+  (void)kv;
+  (void)ghz;
+  std::printf("built without FERRUM_DECODE_TIMELINE (cmake -DFERRUM_DECODE_TIMELINE=ON)\n");
+  return 2;
+#endif
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   const char* what = argc > 1 ? argv[1] : "all";
+  if (argc >= 4 && argc <= 5 && std::strcmp(what, "timeline") == 0) {
+    const int batch = std::atoi(argv[2]);
+    const long long kv = std::atoll(argv[3]);
+    const double ghz = argc == 5 ? std::atof(argv[4]) : 1.98;
+    if (batch < 1 || batch > 4096 || kv < 1 || kv > (1LL << 20) || !(ghz > 0.0)) {
+      std::printf("usage: %s timeline B L [GHz]\n", argv[0]);
+      return 2;
+    }
+    return run_timeline(batch, kv, ghz);
+  }
   // B L: 1 <= B <= 4096, 1 <= L <= 2^20, and only with "decode".
   auto positive = [](const char* text, long long most) {
     char* end = nullptr;
@@ -193,7 +289,7 @@ int main(int argc, char** argv) {
     std::printf("no GPU: nothing to tune\n");
     return 0;
   }
-  constexpr int kHeads = 32, kKvHeads = 8, kHd = 128;
+  constexpr int kHeads = kDecodeHeads, kKvHeads = kDecodeKvHeads, kHd = kDecodeHeadDim;
   cudaStream_t stream;
   check(cudaStreamCreate(&stream), "cudaStreamCreate");
   cudaEvent_t e0, e1;
@@ -268,21 +364,7 @@ int main(int argc, char** argv) {
     auto* partials = static_cast<float*>(device_zeros(std::max<std::size_t>(ws, 1) * sizeof(float)));
 
     for (const Variant& var : variants) {
-      AttentionArgs a;
-      a.dtype = ferrum::DType::F16;
-      a.q = q;
-      a.out = out;
-      a.batch = sh.batch;
-      a.num_heads = kHeads;
-      a.num_kv_heads = kKvHeads;
-      a.q_len = 1;
-      a.head_dim = kHd;
-      a.kv_stride = sh.kv;
-      a.kv_len = static_cast<int>(sh.kv);
-      a.pos_offset = sh.kv - 1;
-      a.error_flag = error_flag;
-      a.scale = 1.0f / std::sqrt(static_cast<float>(kHd));
-      ferrum::kernels::set_decode_workspace(a, partials, ws);
+      AttentionArgs a = decode_args(sh.batch, sh.kv, q, out, error_flag, partials, ws);
       a.decode_tuning = var.tuning;
       const int reps = std::max(1, static_cast<int>(200e-6 * 4e12 / std::max(call_bytes, 4e6)));
       double us = 0.0;

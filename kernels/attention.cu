@@ -91,6 +91,25 @@ __device__ __forceinline__ long long key_limit(const AttentionArgs& a, int b, in
   return limit < 0 ? 0 : limit;
 }
 
+// FERRUM_DECODE_TIMELINE (a CMake option, diagnostics only): thread 0 of
+// every block stores clock64() at each DecodeTimelinePoint of
+// attention_decode_kernel; decode_timeline_read returns them
+// (ferrum_attention_tuning timeline). Without the option the marks are
+// empty. (Session 15 found the B = 1 merges' cost this way.)
+#if defined(FERRUM_DECODE_TIMELINE)
+__device__ unsigned long long g_decode_timeline[kDecodeTimelineBlocks][kDecodeTimelinePoints];
+#endif
+__device__ __forceinline__ void timeline_mark(DecodeTimelinePoint point) {
+#if defined(FERRUM_DECODE_TIMELINE)
+  const unsigned block = blockIdx.y * gridDim.x + blockIdx.x;
+  if (threadIdx.x == 0 && block < static_cast<unsigned>(kDecodeTimelineBlocks)) {
+    g_decode_timeline[block][static_cast<int>(point)] = static_cast<unsigned long long>(clock64());
+  }
+#else
+  (void)point;
+#endif
+}
+
 // Where a row's slice partials lie: the split-K workspace (written by other
 // blocks, read through L2), or, under DecodeTuning::cluster_merge, the
 // shared memory of the cluster's blocks (block rank s holds slice s).
@@ -515,6 +534,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     attention_decode_kernel(const AttentionArgs a, int splits, int slice_keys, int slices_per_block, int chunks,
                             bool prefetch_l2, bool fused, bool cluster, bool trigger) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  timeline_mark(DecodeTimelinePoint::Entry);
   pdl_begin();  // launched with launch_pdl: nothing global is touched before this
   if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
   using Sh = DecodeShape<HD>;
@@ -573,6 +593,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     if (cluster && limit > slice_keys) cluster_merge_barriers();
     return;
   }
+  timeline_mark(DecodeTimelinePoint::KvLenKnown);
   const int ptid = mt * 32 + lane;  // index among the warps sharing this warp's keys
   const int l2_ahead = a.decode_tuning.l2_ahead;
   const bool prefetch_ahead = !prefetch_l2 && l2_ahead > 0 && mt == 0 && lane == 0;
@@ -706,6 +727,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     if (split == split0) {
       cp_async_wait<kStages - 2>();  // sub-tile 0 and Q have landed
       __syncthreads();
+      timeline_mark(DecodeTimelinePoint::FirstTileLanded);
       if constexpr (Sh::kQInRegs) {
 #pragma unroll
         for (int kk = 0; kk < kKSteps; ++kk) ldmatrix_x4(qf[kk], q_off[kk % 4] + (kk / 4) * 128);
@@ -796,6 +818,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     }
     cp_async_wait<0>();  // only empty groups can remain; leave none behind
     __syncthreads();     // every warp is done with the ring: the scratch and the next prologue may overwrite it
+    timeline_mark(DecodeTimelinePoint::SliceComputed);
     const SliceView next = has_next ? view_of(split + 1) : cur;
     if (overlap && has_next) prologue(next, false);  // fills slots 0 .. kStages - 2, not the scratch
 
@@ -818,6 +841,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       }
     }
     __syncthreads();
+    timeline_mark(DecodeTimelinePoint::WarpsPublished);
 
     // Merge the key warps of each head in a fixed order; normalize per slice.
     // The row's only valid slice (fused) is its final output. First one
@@ -874,6 +898,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       }
     }
     __syncthreads();  // every thread is done with the scratch: the ring refills over it
+    timeline_mark(DecodeTimelinePoint::SliceStored);
     if (!overlap && has_next) prologue(next, false);
     cur = next;
   }  // slices
@@ -885,6 +910,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     // read. (With one valid slice the block wrote the output directly.)
 #if __CUDA_ARCH__ >= 900
     cooperative_groups::this_cluster().sync();
+    timeline_mark(DecodeTimelinePoint::Arrived);
     if (split0 < used) {
       const int h_begin = split0 * heads / used;
       const int h_end = (split0 + 1) * heads / used;
@@ -894,6 +920,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       }
     }
     cooperative_groups::this_cluster().sync();
+    timeline_mark(DecodeTimelinePoint::RowMerged);
 #else
     __trap();
 #endif
@@ -926,11 +953,14 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     *s_last = atomicInc(counter, last) == last ? 1u : 0u;
   }
   __syncthreads();
+  timeline_mark(DecodeTimelinePoint::Arrived);
   if (*s_last == 0) return;
   __threadfence();
   merge_slice_partials<T, HD>(WorkspacePartials<HD>{a.partial_out, a.partial_lse, row0, splits},
                               static_cast<T*>(a.out) + row0 * HD, 0, heads, splits, used,
                               reinterpret_cast<float*>(smem_raw));
+  __syncthreads();
+  timeline_mark(DecodeTimelinePoint::RowMerged);
 #else
   __trap();  // built without sm_80+: the launcher never launches this
 #endif
@@ -1142,6 +1172,22 @@ std::optional<DecodeLaunchPlan> decode_launch_plan(const AttentionArgs& a) {
   if (!planned) return std::nullopt;
   return plan;
 }
+
+#if defined(FERRUM_DECODE_TIMELINE)
+void decode_timeline_reset() {
+  void* p = nullptr;
+  cudaError_t err = cudaGetSymbolAddress(&p, g_decode_timeline);
+  if (err == cudaSuccess) err = cudaMemset(p, 0, sizeof(g_decode_timeline));
+  if (err != cudaSuccess) throw_cuda_error("decode_timeline", "cudaMemset", err);
+}
+
+std::vector<std::array<unsigned long long, kDecodeTimelinePoints>> decode_timeline_read() {
+  std::vector<std::array<unsigned long long, kDecodeTimelinePoints>> rows(kDecodeTimelineBlocks);
+  const cudaError_t err = cudaMemcpyFromSymbol(rows.data(), g_decode_timeline, sizeof(g_decode_timeline));
+  if (err != cudaSuccess) throw_cuda_error("decode_timeline", "cudaMemcpyFromSymbol", err);
+  return rows;
+}
+#endif
 
 std::size_t attention_workspace_floats(int batch, int num_heads, int q_len, int head_dim, long long kv_stride) {
   if (q_len != 1) return 0;

@@ -1,9 +1,11 @@
 // Launcher for flash_attention. The caller (CudaBackend) has validated.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -180,5 +182,27 @@ struct DecodeLaunchPlan {
   bool cluster = false;      // DecodeTuning::cluster_merge taken
 };
 std::optional<DecodeLaunchPlan> decode_launch_plan(const AttentionArgs& args);
+
+// FERRUM_DECODE_TIMELINE (CMake option, diagnostics only): per block of the
+// last decode launches (block = blockIdx.y * gridDim.x + blockIdx.x, the
+// first kDecodeTimelineBlocks), clock64() of thread 0 at each point; 0
+// where a block did not pass a point (e.g. RowMerged in non-merging blocks).
+// A later launch overwrites what it reaches, so reset before the launch read.
+enum class DecodeTimelinePoint : int {
+  Entry = 0,            // before the PDL wait
+  KvLenKnown = 1,       // the block's slices hold a valid key
+  FirstTileLanded = 2,  // Q and the first sub-tile in shared memory
+  SliceComputed = 3,    // the (last) slice's sub-tiles computed
+  WarpsPublished = 4,   // the key warps' (m, l, O) in shared memory
+  SliceStored = 5,      // the slice's merged (O, lse) stored
+  Arrived = 6,          // past the arrival counter or the first cluster barrier
+  RowMerged = 7,        // the merging block: the row's output stored
+};
+inline constexpr int kDecodeTimelinePoints = 8;
+inline constexpr int kDecodeTimelineBlocks = 8192;
+#if defined(FERRUM_DECODE_TIMELINE)
+void decode_timeline_reset();
+std::vector<std::array<unsigned long long, kDecodeTimelinePoints>> decode_timeline_read();
+#endif
 
 }  // namespace ferrum::kernels
