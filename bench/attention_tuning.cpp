@@ -169,7 +169,6 @@ void tune_prefill(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1) {
   }
 }
 
-
 // The decode shapes of this tool: f16, 32 q heads over 8 kv heads, hd 128.
 constexpr int kDecodeHeads = 32, kDecodeKvHeads = 8, kDecodeHeadDim = 128;
 
@@ -194,6 +193,18 @@ AttentionArgs decode_args(int batch, long long kv, const void* q, void* out, std
   return a;
 }
 
+// Random K and V caches of kv_bytes each (V with v_extra bytes more), as
+// many sets as rotate a decode's reads past kRotateBytes.
+void random_kv_sets(std::size_t kv_bytes, std::size_t v_extra, std::vector<void*>& k, std::vector<void*>& v) {
+  const int sets = std::max(2, static_cast<int>(std::ceil(kRotateBytes / (2.0 * static_cast<double>(kv_bytes)))));
+  k.resize(static_cast<std::size_t>(sets));
+  v.resize(static_cast<std::size_t>(sets));
+  for (int s = 0; s < sets; ++s) {
+    k[static_cast<std::size_t>(s)] = device_random_f16(kv_bytes, 100 + s);
+    v[static_cast<std::size_t>(s)] = device_random_f16(kv_bytes + v_extra, 200 + s);
+  }
+}
+
 // Medians etc. over the blocks of the last of 8 back-to-back default
 // launches, in µs after each block's entry (clock64 at `ghz`), per
 // kernels::DecodeTimelinePoint.
@@ -203,13 +214,9 @@ int run_timeline(int batch, long long kv, double ghz) {
   cudaStream_t stream;
   check(cudaStreamCreate(&stream), "cudaStreamCreate");
   auto* error_flag = static_cast<std::uint32_t*>(device_zeros(sizeof(std::uint32_t)));
-  const std::size_t kv_bytes = static_cast<std::size_t>(batch) * kKvHeads * kv * kHd * 2;
-  const int sets = std::max(3, static_cast<int>(std::ceil(kRotateBytes / (2.0 * static_cast<double>(kv_bytes)))));
-  std::vector<void*> k(sets), v(sets);
-  for (int s = 0; s < sets; ++s) {
-    k[s] = device_random_f16(kv_bytes, 100 + s);
-    v[s] = device_random_f16(kv_bytes, 200 + s);
-  }
+  std::vector<void*> k, v;
+  random_kv_sets(static_cast<std::size_t>(batch) * kKvHeads * kv * kHd * 2, 0, k, v);
+  const int sets = static_cast<int>(k.size());
   const std::size_t q_bytes = static_cast<std::size_t>(batch) * kHeads * kHd * 2;
   const std::size_t ws = ferrum::kernels::attention_workspace_floats(batch, kHeads, 1, kHd, kv);
   AttentionArgs a = decode_args(batch, kv, device_random_f16(q_bytes, 1), device_zeros(q_bytes), error_flag,
@@ -302,8 +309,9 @@ int main(int argc, char** argv) {
   // Decode variants: the merge in the kernel (fused 1) or as a second
   // kernel (fused 0); with "decode-exp" the library's defaults against
   // DecodeTuning's slices per block, the combine kernel, the late
-  // next-slice prologue, the cluster merge (one slice per block), and V placed 36 KiB past an allocation start ("v+36k": K and V
-  // at different offsets from their 2 MiB-aligned bases).
+  // next-slice prologue, the cluster merge (one slice per block), and V
+  // placed 36 KiB past an allocation start ("v+36k": K and V at different
+  // offsets from their 2 MiB-aligned bases).
   struct Variant {
     const char* name;
     DecodeTuning tuning;
@@ -351,12 +359,9 @@ int main(int argc, char** argv) {
   for (const Shape& sh : shapes) {
     const std::size_t kv_bytes = static_cast<std::size_t>(sh.batch) * kKvHeads * sh.kv * kHd * 2;
     const double call_bytes = 2.0 * static_cast<double>(kv_bytes);
-    const int sets = std::max(2, static_cast<int>(std::ceil(kRotateBytes / call_bytes)));
-    std::vector<void*> k(sets), v(sets);
-    for (int s = 0; s < sets; ++s) {
-      k[s] = device_random_f16(kv_bytes, 100 + s);
-      v[s] = device_random_f16(kv_bytes + kMaxSkew, 200 + s);
-    }
+    std::vector<void*> k, v;
+    random_kv_sets(kv_bytes, kMaxSkew, k, v);
+    const int sets = static_cast<int>(k.size());
     const std::size_t q_bytes = static_cast<std::size_t>(sh.batch) * kHeads * kHd * 2;
     void* q = device_random_f16(q_bytes, 1);
     void* out = device_zeros(q_bytes);

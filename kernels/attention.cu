@@ -1030,21 +1030,10 @@ bool decode_cluster_fits(int slices, unsigned threads) {
     if (!device_is_sm90_or_later() || !has_sm90_code(attention_decode_kernel<T, HD>)) {
       v = 1;
     } else {
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = static_cast<unsigned>(slices);
-      attr.val.clusterDim.y = 1;
-      attr.val.clusterDim.z = 1;
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(static_cast<unsigned>(slices), 1, 1);
-      config.blockDim = dim3(threads);
-      config.dynamicSmemBytes = DecodeShape<HD>::kSmemBytes;
-      config.attrs = &attr;
-      config.numAttrs = 1;
       int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, attention_decode_kernel<T, HD>, &config) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
+      if (max_active_clusters(&clusters, attention_decode_kernel<T, HD>, dim3(static_cast<unsigned>(slices), 1, 1),
+                              dim3(threads), DecodeShape<HD>::kSmemBytes) != cudaSuccess) {
+        return false;  // no answer: not cached
       }
       v = clusters > 0 ? 2 : 1;
     }

@@ -1,11 +1,9 @@
 // Launcher for flash_attention. The caller (CudaBackend) has validated.
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
-#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -200,9 +198,14 @@ enum class DecodeTimelinePoint : int {
 };
 inline constexpr int kDecodeTimelinePoints = 8;
 inline constexpr int kDecodeTimelineBlocks = 8192;
+}  // namespace ferrum::kernels
+
 #if defined(FERRUM_DECODE_TIMELINE)
+#include <array>
+#include <vector>
+
+namespace ferrum::kernels {
 void decode_timeline_reset();
 std::vector<std::array<unsigned long long, kDecodeTimelinePoints>> decode_timeline_read();
-#endif
-
 }  // namespace ferrum::kernels
+#endif

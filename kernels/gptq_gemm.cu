@@ -1226,21 +1226,10 @@ bool stream_cluster_fits(int splits, int ring, std::size_t smem) {
   std::atomic<unsigned char>& state = known[splits][ring];
   unsigned char v = state.load(std::memory_order_relaxed);
   if (v == 0) {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = static_cast<unsigned>(splits);
-    attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(1, static_cast<unsigned>(splits), 1);
-    config.blockDim = dim3(kStreamThreads);
-    config.dynamicSmemBytes = smem;
-    config.attrs = &attr;
-    config.numAttrs = 1;
     int clusters = 0;
-    const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, stream_kernel_ptr<T, NT, kZeros, kSource>(), &config);
+    const cudaError_t err = max_active_clusters(&clusters, stream_kernel_ptr<T, NT, kZeros, kSource>(),
+                                                dim3(1, static_cast<unsigned>(splits), 1), dim3(kStreamThreads), smem);
     if (err != cudaSuccess) {
-      (void)cudaGetLastError();
       throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveClusters", err);  // a failed query is not an answer
     }
     v = clusters > 0 ? 2 : 1;

@@ -126,6 +126,30 @@ void launch_pdl_clustered(const char* op, dim3 cluster, void (*kernel)(Params...
   }
 }
 
+// cudaOccupancyMaxActiveClusters for clusters of `cluster` blocks of
+// `kernel` (`block` threads, `smem` dynamic bytes, its shared-memory opt-in
+// done): how many such clusters the device can hold at once (0: none). On
+// a failed query the error is consumed (not sticky) and returned.
+template <class... Params>
+cudaError_t max_active_clusters(int* clusters, void (*kernel)(Params...), dim3 cluster, dim3 block,
+                                std::size_t smem) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cluster.x;
+  attr.val.clusterDim.y = cluster.y;
+  attr.val.clusterDim.z = cluster.z;
+  cudaLaunchConfig_t config{};
+  config.gridDim = cluster;  // one cluster's worth of grid
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  *clusters = 0;
+  const cudaError_t err = cudaOccupancyMaxActiveClusters(clusters, kernel, &config);
+  if (err != cudaSuccess) (void)cudaGetLastError();
+  return err;
+}
+
 template <class... Params, class... Args>
 void launch_pdl(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
                 cudaStream_t stream, Args&&... args) {
