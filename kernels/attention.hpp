@@ -96,8 +96,11 @@ struct DecodeTuning {
   // a cluster barrier the row's blocks merge a share of its heads each
   // through distributed shared memory -- no partial stores, fences, arrival
   // counter or second kernel, at any launch size. The same arithmetic as
-  // the other merges (merge_slice_partials), so the same bits. Off: written
-  // in session 15 after the H200 time was spent, not yet measured.
+  // the other merges (merge_slice_partials), so the same bits. Off: on the
+  // H200 (session 16) it did not beat the arrival-counter merge at B = 1
+  // L = 1k under graph replay (8.81-9.01 against 8.70 µs), and it loses
+  // wherever a launch has more than one wave (docs/design/
+  // decode_attention.md §4.6).
   bool cluster_merge = false;
 };
 

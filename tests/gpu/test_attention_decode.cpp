@@ -204,7 +204,8 @@ TEST_P(CudaDecodeBatch, SliceEdgesMatchCpuAndRepeatBitwise) {
 // the default there holds whole rows and merges them itself); ragged
 // batches (kv_lens) whose default runs several slices per block; kv_len
 // from a device decode state (also with two m-tiles at hd 256, in one head
-// chunk and in two); two slices of one row (the smallest cluster). Cache rows
+// chunk and in two); two slices of one row (the smallest cluster); B = 1 at
+// 4k and 2k caches (32 and 16 slices of 128 keys). Cache rows
 // at and past each sequence's kv_len hold NaN, so a path that lets one
 // into P V shows.
 TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
@@ -227,7 +228,8 @@ TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
                         Case{48, 200, 256, 16, 8, 128}, Case{6, 3000, 4096, 32, 8, 128, true},
                         Case{5, 1000, 1024, 16, 1, 64, true}, Case{16, 2500, 4096, 32, 8, 128, false, true},
                         Case{2, 900, 1024, 40, 1, 256, false, true}, Case{2, 900, 1024, 32, 1, 256, false, true},
-                        Case{1, 200, 256, 4, 1, 128}}) {
+                        Case{1, 200, 256, 4, 1, 128}, Case{1, 3999, 4096, 8, 2, 128},
+                        Case{1, 1500, 2048, 32, 8, 128, false, true}}) {
     SCOPED_TRACE(cat("batch ", c.batch, " kv_len ", c.kv_len, " capacity ", c.capacity, " heads ", c.heads, "/",
                      c.kv_heads, " hd ", c.head_dim, c.ragged ? " ragged" : "", c.state ? " state" : ""));
     auto seq_len = [&](int b) {
