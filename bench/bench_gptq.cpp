@@ -27,7 +27,8 @@
 // and the llama3-8b step's 4096x6144 (q|k|v) and 4096x28672 (gate|up);
 // m in {1, 2, 4, 8, 16, 32, 48, 64, 128} (--crossover adds 256, 512, 1024, where
 // the dequantize + cuBLAS path is also timed: the crossover sets
-// kFusedMaxM in src/cuda/cuda_backend_gptq.cpp). Group size 128.
+// kernels::gptq_fused_max_m, whose pick the "rule" column shows: F the INT4
+// kernels, D dequantize + cuBLAS). Group size 128.
 //
 // "read_us" (once per shape) is the read ceiling of the INT4 weight + scale
 // bytes (bench/read_ceiling.cu: a read-only stream, no math) and "max_x"
@@ -144,6 +145,7 @@ struct Row {
   double ours_us, dequant_us, cublas_us, read_us;
   int splits, config;
   double int4_gbs, meta_gbs, speedup;
+  bool rule_fused;  // kernels::gptq_fused_max_m sends this m to the INT4 kernels
 };
 
 }  // namespace
@@ -263,8 +265,8 @@ int main(int argc, char** argv) {
   std::printf("device %s, %d SMs, dtype %s, group 128%s%s, kernel %s, ring %d%s\n", prop.name, num_sms,
               bf16 ? "bf16" : "f16", opt.asym ? ", asymmetric" : ", symmetric", opt.act_order ? ", act-order" : "",
               opt.kernel.c_str(), opt.ring, opt.cluster_reduce ? "" : ", no cluster reduce");
-  std::printf("%6s %6s %5s | %10s %9s %9s %6s | %10s | %10s %8s | %8s %6s\n", "k", "n", "m", "ours_us", "int4_GB/s",
-              "+meta", "plan", "deq+cublas", "cublas_us", "speedup", "read_us", "max_x");
+  std::printf("%6s %6s %5s | %10s %9s %9s %6s | %10s %4s | %10s %8s | %8s %6s\n", "k", "n", "m", "ours_us",
+              "int4_GB/s", "+meta", "plan", "deq+cublas", "rule", "cublas_us", "speedup", "read_us", "max_x");
 
   std::vector<Row> rows;
   XorShift rng{0x9E3779B97F4A7C15ull};
@@ -477,9 +479,12 @@ int main(int argc, char** argv) {
       } else {
         std::snprintf(plan_text, sizeof(plan_text), "c%dx%d", row.config, row.splits);
       }
-      std::printf("%6d %6d %5d | %10.1f %9.0f %9.0f %6s | %10s | %10.1f %7.2fx | %8.1f %5.2fx\n", k, n, m, row.ours_us,
-                  row.int4_gbs, row.meta_gbs, plan_text, deq, row.cublas_us, row.speedup, row.read_us,
-                  row.cublas_us / row.read_us);
+      row.rule_fused = static_cast<std::size_t>(m) <= ferrum::kernels::gptq_fused_max_m(
+                                                        static_cast<std::size_t>(k), static_cast<std::size_t>(n),
+                                                        opt.act_order);
+      std::printf("%6d %6d %5d | %10.1f %9.0f %9.0f %6s | %10s %4s | %10.1f %7.2fx | %8.1f %5.2fx\n", k, n, m,
+                  row.ours_us, row.int4_gbs, row.meta_gbs, plan_text, deq, row.rule_fused ? "F" : "D", row.cublas_us,
+                  row.speedup, row.read_us, row.cublas_us / row.read_us);
       std::fflush(stdout);
     }
 
@@ -502,7 +507,8 @@ int main(int argc, char** argv) {
       out << "  {\"k\": " << rw.k << ", \"n\": " << rw.n << ", \"m\": " << rw.m << ", \"ours_us\": " << rw.ours_us
           << ", \"int4_gbps\": " << rw.int4_gbs << ", \"int4_meta_gbps\": " << rw.meta_gbs
           << ", \"splits\": " << rw.splits << ", \"config\": " << rw.config
-          << ", \"dequant_cublas_us\": " << rw.dequant_us << ", \"cublas_fp16_us\": " << rw.cublas_us
+          << ", \"dequant_cublas_us\": " << rw.dequant_us << ", \"rule\": \"" << (rw.rule_fused ? "fused" : "dequant")
+          << "\"" << ", \"cublas_fp16_us\": " << rw.cublas_us
           << ", \"speedup_vs_cublas\": " << rw.speedup << ", \"read_ceiling_us\": " << rw.read_us
           << ", \"max_speedup_vs_cublas\": " << rw.cublas_us / rw.read_us << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
     }

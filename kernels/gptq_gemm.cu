@@ -1463,12 +1463,42 @@ __global__ void __launch_bounds__(kThreads) gptq_dequant_kernel(const GptqDevice
   const T* scales = static_cast<const T*>(w.scales);
   for (long long tile = static_cast<long long>(blockIdx.x) * kWarps + warp; tile < tiles;
        tile += static_cast<long long>(gridDim.x) * kWarps) {
+    // k tiles fastest: a block reads one column block's packed weight in
+    // order. (Column blocks fastest, so that a block's warps write adjacent
+    // pieces of the same scratch rows, measured 1-8 % slower on the H200.)
     const int nb = n0 / kGptqTileN + static_cast<int>(tile / k16_used);
     const int kt = static_cast<int>(tile % k16_used);
     if (nb * kGptqTileN >= w.n) continue;  // warp-uniform
     const uint4 wq = __ldcs(reinterpret_cast<const uint4*>(
         w.qweight + ((static_cast<std::size_t>(nb) * k16_total + kt) * 32 + lane) * 4));
     const std::uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
+    // The fused layout (groups of 16-row multiples): the tile's 16 rows share
+    // one scale row, and a lane's 8 columns (gid * 8 + t in the permuted
+    // order) are 8 adjacent scales and zeros: one 16-byte and one 8-byte
+    // load per tile instead of a dependent scale-row, scale and zero load
+    // per element (which held this kernel near 1.2 TB/s on the H200).
+    // Rows past k are computed but never stored. Same values either way.
+    const bool uniform = w.group_rows > 0;
+    T s8[8];
+    int z8[8];
+    if (uniform) {
+      const std::size_t base =
+          static_cast<std::size_t>(kt * 16 / w.group_rows) * w.n_pad + nb * kGptqTileN + gid * 8;
+      const uint4 sv = __ldg(reinterpret_cast<const uint4*>(scales + base));
+      const std::uint32_t sw[4] = {sv.x, sv.y, sv.z, sv.w};
+      std::uint32_t zw[2] = {0u, 0u};
+      if (w.zeros != nullptr) {
+        const uint2 zv = __ldg(reinterpret_cast<const uint2*>(w.zeros + base));
+        zw[0] = zv.x;
+        zw[1] = zv.y;
+      }
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        const std::uint16_t bits = static_cast<std::uint16_t>(sw[t / 2] >> (16 * (t % 2)));
+        s8[t] = *reinterpret_cast<const T*>(&bits);
+        z8[t] = w.zeros != nullptr ? static_cast<int>((zw[t / 4] >> (8 * (t % 4))) & 0xFFu) : w.zero_value;
+      }
+    }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
 #pragma unroll
@@ -1476,12 +1506,14 @@ __global__ void __launch_bounds__(kThreads) gptq_dequant_kernel(const GptqDevice
         const int r = 2 * tig + (slot >= 4 ? 1 : 0) + ((slot & 1) != 0 ? 8 : 0);
         const int t = 2 * j + ((slot >> 1) & 1);
         const int row = kt * 16 + r;
+        const int q = static_cast<int>((words[j] >> (4 * slot)) & 0xFu);
         float v = 0.0f;
-        if (row < w.k) {
+        if (uniform) {
+          v = static_cast<float>(q - z8[t]) * to_float(s8[t]);
+        } else if (row < w.k) {
           const std::size_t at = static_cast<std::size_t>(__ldg(w.row_group + row)) * w.n_pad + nb * kGptqTileN +
                                  gid * 8 + t;
           const int z = w.zeros != nullptr ? static_cast<int>(__ldg(w.zeros + at)) : w.zero_value;
-          const int q = static_cast<int>((words[j] >> (4 * slot)) & 0xFu);
           v = static_cast<float>(q - z) * to_float(scales[at]);
         }
         stage[warp][r][t * 8 + gid] = from_float<T>(v);

@@ -91,6 +91,32 @@ inline GptqKernelKind gptq_kernel_for(bool automatic, GptqKernelKind forced, int
   return rows <= kGptqRegisterStreamAutoMaxM ? GptqKernelKind::Stream : GptqKernelKind::Fused;
 }
 
+// The largest m for which gemm_gptq runs the INT4 kernels on a fused-layout
+// weight of k x n (in launches of kGptqMaxM rows); larger m dequantize the
+// weight in column chunks and call cuBLAS. Measured on the H200
+// (bench_gptq --crossover, docs/PERFORMANCE.md session 16): the fused
+// kernel's m <= 32 configuration beats dequantize + cuBLAS at every shape;
+// above it each 64-row launch costs about as much as a whole dequantize +
+// cuBLAS on small weights (4096 x 4096: 43 against 28 us at m = 64), while
+// larger weights keep the fused kernel ahead up to m = 128-192. The steps
+// are by weight count (k * n), each the lowest crossover of the measured
+// shapes it covers; act-order (a gather of the activations before each
+// fused launch) takes the step below. CudaBackendConfig::gptq_fused_max_m
+// overrides it.
+inline std::size_t gptq_fused_max_m(std::size_t k, std::size_t n, bool act_order) {
+  struct Step {
+    double weights_below;
+    std::size_t max_m;
+  };
+  static constexpr Step kSteps[] = {{24e6, 32}, {48e6, 48}, {64e6, 96}, {100e6, 128}, {1e300, 192}};
+  constexpr int kLast = static_cast<int>(sizeof kSteps / sizeof kSteps[0]) - 1;
+  const double weights = static_cast<double>(k) * static_cast<double>(n);
+  int i = 0;
+  while (i < kLast && weights >= kSteps[i].weights_below) ++i;
+  if (act_order && i > 0) --i;
+  return kSteps[i].max_m;
+}
+
 // A repacked weight on the device.
 struct GptqDeviceWeight {
   const std::uint32_t* qweight = nullptr;  // [n_pad/64][k_pad/16][32][4] u32 (gptq_repack.hpp layout)

@@ -130,6 +130,14 @@ struct CudaBackendConfig {
   // it (session 13). false: the workspace reduction everywhere (an A/B
   // switch). Per backend object.
   bool gptq_cluster_reduce = true;
+  // The largest m for which gemm_gptq runs the INT4 kernels on a fused-layout
+  // weight (in launches of 64 rows); larger m dequantize the weight in column
+  // chunks and call cuBLAS. -1: the library's rule, by the weight's size
+  // (kernels::gptq_fused_max_m, measured on the H200: 32 at 4096 x 4096 up
+  // to 192 at 8192 x 28672); 0: dequantize + cuBLAS at every m. Both paths
+  // give exact f32 sums rounded once, but not the same bits on general data.
+  // Per backend object. Below -1 throws InvalidArgument naming this field.
+  int gptq_fused_max_m = -1;
   // The prefill attention kernel (see PrefillKernel). Per backend object. A
   // value outside the enum throws InvalidArgument naming this field.
   PrefillKernel prefill_kernel = PrefillKernel::Auto;
@@ -162,6 +170,8 @@ class CudaBackend final : public Backend {
   int gptq_stream_ring() const noexcept { return gptq_stream_ring_; }
   // CudaBackendConfig::gptq_cluster_reduce of this backend.
   bool gptq_cluster_reduce() const noexcept { return gptq_cluster_reduce_; }
+  // CudaBackendConfig::gptq_fused_max_m of this backend.
+  int gptq_fused_max_m() const noexcept { return gptq_fused_max_m_; }
   // CudaBackendConfig::prefill_kernel of this backend.
   PrefillKernel prefill_kernel() const noexcept { return prefill_kernel_; }
 
@@ -254,7 +264,8 @@ class CudaBackend final : public Backend {
   static const CudaBackendConfig& checked_config(const CudaBackendConfig& config);
   GptqKernel gptq_kernel_ = GptqKernel::Auto;
   int gptq_stream_ring_ = 0;  // CudaBackendConfig::gptq_stream_ring, checked
-  bool gptq_cluster_reduce_ = true;  // CudaBackendConfig::gptq_cluster_reduce
+  bool gptq_cluster_reduce_ = true;
+  int gptq_fused_max_m_ = -1;  // CudaBackendConfig::gptq_fused_max_m, checked  // CudaBackendConfig::gptq_cluster_reduce
   // CudaBackendConfig::prefill_kernel, through checked_prefill_kernel
   // (src/cuda/cuda_backend_attention.cpp), which throws on a bad value.
   static PrefillKernel checked_prefill_kernel(PrefillKernel requested);

@@ -124,6 +124,15 @@ int checked_gptq_stream_ring(int requested) {
   return requested;
 }
 
+int checked_gptq_fused_max_m(int requested) {
+  if (requested < -1) {
+    detail::fail(ErrorCode::InvalidArgument,
+                 "CudaBackend: CudaBackendConfig::gptq_fused_max_m = {} is below -1 (-1: the library's rule)",
+                 requested);
+  }
+  return requested;
+}
+
 }  // namespace
 
 const CudaBackendConfig& CudaBackend::checked_config(const CudaBackendConfig& config) {
@@ -131,6 +140,7 @@ const CudaBackendConfig& CudaBackend::checked_config(const CudaBackendConfig& co
   (void)resolved_skinny_max_m(config.gemm_skinny_max_m);
   (void)checked_gptq_kernel(config.gptq_kernel);
   (void)checked_gptq_stream_ring(config.gptq_stream_ring);
+  (void)checked_gptq_fused_max_m(config.gptq_fused_max_m);
   (void)checked_prefill_kernel(config.prefill_kernel);
   return config;
 }
@@ -144,6 +154,7 @@ CudaBackend::CudaBackend(CudaBackendConfig config)
       gptq_kernel_(checked_gptq_kernel(config.gptq_kernel)),
       gptq_stream_ring_(checked_gptq_stream_ring(config.gptq_stream_ring)),
       gptq_cluster_reduce_(config.gptq_cluster_reduce),
+      gptq_fused_max_m_(checked_gptq_fused_max_m(config.gptq_fused_max_m)),
       prefill_kernel_(checked_prefill_kernel(config.prefill_kernel)) {}
 
 CudaBackend::~CudaBackend() = default;

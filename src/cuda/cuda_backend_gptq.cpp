@@ -8,7 +8,9 @@
 //
 // gemm_gptq picks one of two paths, both allocation- and sync-free and
 // capture-safe:
-//   * fused (m <= kFusedMaxM and a fused layout): the INT4 tensor-core kernel,
+//   * fused (a fused layout and m <= kernels::gptq_fused_max_m, the measured
+//     crossover by weight size, or CudaBackendConfig::gptq_fused_max_m):
+//     the INT4 tensor-core kernel,
 //     kernels::kGptqMaxM rows per launch; act-order first gathers the
 //     activation columns into a workspace. Launches of m <= 16 rows
 //     (kernels::kGptqStreamMaxM) take the streaming kernel instead, through
@@ -56,10 +58,6 @@ namespace {
 static_assert(kernels::kGptqTileK == static_cast<int>(detail::kGptqTileK), "repack and kernel disagree on k padding");
 static_assert(kernels::kGptqTileN == static_cast<int>(detail::kGptqTileN), "repack and kernel disagree on n padding");
 
-// Largest m that takes the fused kernel (in launches of kernels::kGptqMaxM
-// rows); above it, dequantize + cuBLAS. To be set from bench/bench_gptq.cpp's
-// crossover measurement.
-constexpr std::size_t kFusedMaxM = 256;
 // Bound of the dequantize scratch (the cuBLAS path works in column chunks).
 constexpr std::size_t kScratchBytes = std::size_t{64} << 20;
 
@@ -280,7 +278,9 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
   const auto* a_bytes = ptr<std::uint8_t>(a);
   auto* out_bytes = ptr<std::uint8_t>(out);
 
-  if (weight->fused() && m <= kFusedMaxM) {
+  const std::size_t fused_max_m = gptq_fused_max_m_ >= 0 ? static_cast<std::size_t>(gptq_fused_max_m_)
+                                                         : kernels::gptq_fused_max_m(k, n, weight->act_order());
+  if (weight->fused() && m <= fused_max_m) {
     const std::size_t step = static_cast<std::size_t>(kernels::kGptqMaxM);
     for (std::size_t row0 = 0; row0 < m; row0 += step) {
       const int rows = static_cast<int>(std::min(step, m - row0));

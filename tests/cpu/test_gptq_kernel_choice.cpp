@@ -61,5 +61,35 @@ TEST(GptqKernelChoice, ClusterReduceTakesTwoToEightSplitsOfOneWaveWhenAskedFor) 
   EXPECT_EQ(kernels::kGptqClusterMaxSplits, 8);  // the portable cluster size
 }
 
+// The crossover to dequantize + cuBLAS (CudaBackend::gemm_gptq; its GPU
+// tests run both sides of it): at the shapes measured on the H200, then
+// monotone in the weight count, never below the m <= 32 configuration (which
+// won at every shape), one step lower with act-order.
+TEST(GptqKernelChoice, FusedKernelsUpToTheMeasuredCrossover) {
+  using kernels::gptq_fused_max_m;
+  EXPECT_EQ(gptq_fused_max_m(4096, 4096, false), 32u);
+  EXPECT_EQ(gptq_fused_max_m(4096, 6144, false), 48u);
+  EXPECT_EQ(gptq_fused_max_m(14336, 4096, false), 96u);
+  EXPECT_EQ(gptq_fused_max_m(4096, 14336, false), 96u);
+  EXPECT_EQ(gptq_fused_max_m(8192, 8192, false), 128u);
+  EXPECT_EQ(gptq_fused_max_m(4096, 28672, false), 192u);
+  EXPECT_EQ(gptq_fused_max_m(8192, 28672, false), 192u);
+  EXPECT_EQ(gptq_fused_max_m(8192, 8192, true), 96u);
+  EXPECT_EQ(gptq_fused_max_m(4096, 4096, true), 32u);
+  EXPECT_EQ(gptq_fused_max_m(8, 8, false), 32u);
+  std::size_t last = 0;
+  for (std::size_t k = 128; k <= 65536; k *= 2) {
+    for (std::size_t n = 64; n <= 65536; n *= 2) {
+      const std::size_t m = gptq_fused_max_m(k, n, false);
+      EXPECT_GE(m, 32u);
+      EXPECT_LE(gptq_fused_max_m(k, n, true), m);
+      if (n == k) {
+        EXPECT_GE(m, last) << k;  // square weights of growing size
+        last = m;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ferrum::test

@@ -8,8 +8,10 @@
 // dtype: the results must be bitwise equal. Covered: group sizes 32, 64,
 // 128, -1; symmetric / asymmetric zeros; V1 / V2; act-order; non-square and
 // padded k / n; m in {1, 3, 16, 17, 33, 64, 65, 200, 300} (the streaming
-// kernel up to 8 rows, every fused kernel configuration above, row chunking,
-// and the dequantize + cuBLAS path); split-K,
+// kernel up to 16 rows, every fused kernel configuration above, row chunking,
+// and the dequantize + cuBLAS path: each m on the default backend, whose
+// measured rule sends these small weights to dequantize + cuBLAS above
+// m = 32, and on one whose fused kernels take every m); split-K,
 // also at every configuration boundary and with partly empty column blocks;
 // general layouts (group size 8, uneven act-order groups); f16 and bf16.
 // Also: bitwise determinism run to run on random (non-exact) data, graph
@@ -162,27 +164,51 @@ std::vector<float> run_gemm(Backend& be, const QuantWeight& w, const std::vector
 
 class CudaGptq : public CudaTest {
  protected:
-  // Loads `c` on both backends and compares every m in `ms`, f16 and bf16.
+  // Loads `c` on both backends and compares every m in `ms`, f16 and bf16:
+  // on the default backend (the measured rule sends small weights to
+  // dequantize + cuBLAS above m = 32) and on one whose fused kernels take
+  // every m (CudaBackendConfig::gptq_fused_max_m), so both paths see each m.
   void expect_exact(const WeightCase& c, std::initializer_list<std::size_t> ms, Rng& rng) {
-    expect_exact_on(cuda(), c, ms, rng);
+    expect_exact_on({&cuda(), &fused_everywhere()}, c, ms, rng);
   }
   // The same on `gpu` (a CudaBackend with its own config).
   void expect_exact_on(Backend& gpu, const WeightCase& c, std::initializer_list<std::size_t> ms, Rng& rng) {
+    expect_exact_on({&gpu}, c, ms, rng);
+  }
+  void expect_exact_on(std::initializer_list<Backend*> gpus, const WeightCase& c, std::initializer_list<std::size_t> ms,
+                       Rng& rng) {
     SCOPED_TRACE(describe(c));
     const Checkpoint ck = make_checkpoint(c, rng);
-    std::unique_ptr<QuantWeight> on_gpu = gpu.load_gptq(ck.tensors());
+    std::vector<std::unique_ptr<QuantWeight>> on_gpus;
+    for (Backend* gpu : gpus) {
+      on_gpus.push_back(gpu->load_gptq(ck.tensors()));
+      ASSERT_EQ(on_gpus.back()->k(), c.k);
+      ASSERT_EQ(on_gpus.back()->n(), c.n);
+    }
     std::unique_ptr<QuantWeight> on_cpu = cpu().load_gptq(ck.tensors());
-    ASSERT_EQ(on_gpu->k(), c.k);
-    ASSERT_EQ(on_gpu->n(), c.n);
     for (std::size_t m : ms) {
       const std::vector<float> a = integer_activations(rng, m * c.k);
       for (DType dt : kHalfDTypes) {
         SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
         const std::vector<float> want = run_gemm(cpu(), *on_cpu, a, dt, m);
-        EXPECT_TRUE(same_floats(run_gemm(gpu, *on_gpu, a, dt, m), want));
+        std::size_t i = 0;
+        for (Backend* gpu : gpus) {
+          SCOPED_TRACE(cat("backend ", i));
+          EXPECT_TRUE(same_floats(run_gemm(*gpu, *on_gpus[i++], a, dt, m), want));
+        }
       }
     }
   }
+  // A backend on the device whose fused kernels take every m up to 4096.
+  CudaBackend& fused_everywhere() {
+    if (fused_everywhere_ == nullptr) {
+      CudaBackendConfig config;
+      config.gptq_fused_max_m = 4096;
+      fused_everywhere_ = std::make_unique<CudaBackend>(config);
+    }
+    return *fused_everywhere_;
+  }
+  std::unique_ptr<CudaBackend> fused_everywhere_;
 };
 
 constexpr std::initializer_list<std::size_t> kAllM = {1, 3, 16, 17, 33, 64, 65, 200, 300};
@@ -449,6 +475,15 @@ TEST_F(CudaGptqStream, ConfigOutsideTheEnumIsRefused) {
     config.gptq_stream_ring = bad;
     expect_error(ErrorCode::InvalidArgument, "CudaBackend", [&] { CudaBackend be(config); }, "gptq_stream_ring");
   }
+  for (int bad : {-2, -100}) {
+    CudaBackendConfig config;
+    config.gptq_fused_max_m = bad;
+    expect_error(ErrorCode::InvalidArgument, "CudaBackend", [&] { CudaBackend be(config); }, "gptq_fused_max_m");
+  }
+  EXPECT_EQ(CudaBackend().gptq_fused_max_m(), -1);  // the library's rule
+  CudaBackendConfig zero;
+  zero.gptq_fused_max_m = 0;
+  EXPECT_EQ(CudaBackend(zero).gptq_fused_max_m(), 0);
 }
 
 // Every standard layout: group sizes (scale rows changing inside a 128-row
