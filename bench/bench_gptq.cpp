@@ -463,6 +463,9 @@ int main(int argc, char** argv) {
       row.meta_gbs = static_cast<double>(q_bytes + meta_bytes) / (row.ours_us * 1e3);
       row.speedup = row.cublas_us / row.ours_us;
       row.read_us = read_us;
+      row.rule_fused = static_cast<std::size_t>(m) <= ferrum::kernels::gptq_fused_max_m(
+                                                        static_cast<std::size_t>(k), static_cast<std::size_t>(n),
+                                                        opt.act_order);
       rows.push_back(row);
       char deq[32] = "-";
       if (opt.crossover) std::snprintf(deq, sizeof(deq), "%.1f", row.dequant_us);
@@ -479,9 +482,6 @@ int main(int argc, char** argv) {
       } else {
         std::snprintf(plan_text, sizeof(plan_text), "c%dx%d", row.config, row.splits);
       }
-      row.rule_fused = static_cast<std::size_t>(m) <= ferrum::kernels::gptq_fused_max_m(
-                                                        static_cast<std::size_t>(k), static_cast<std::size_t>(n),
-                                                        opt.act_order);
       std::printf("%6d %6d %5d | %10.1f %9.0f %9.0f %6s | %10s %4s | %10.1f %7.2fx | %8.1f %5.2fx\n", k, n, m,
                   row.ours_us, row.int4_gbs, row.meta_gbs, plan_text, deq, row.rule_fused ? "F" : "D", row.cublas_us,
                   row.speedup, row.read_us, row.cublas_us / row.read_us);

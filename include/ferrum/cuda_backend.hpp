@@ -134,8 +134,9 @@ struct CudaBackendConfig {
   // weight (in launches of 64 rows); larger m dequantize the weight in column
   // chunks and call cuBLAS. -1: the library's rule, by the weight's size
   // (kernels::gptq_fused_max_m, measured on the H200: 32 at 4096 x 4096 up
-  // to 192 at 8192 x 28672); 0: dequantize + cuBLAS at every m. Both paths
-  // give exact f32 sums rounded once, but not the same bits on general data.
+  // to 192 at 8192 x 28672); 0: dequantize + cuBLAS at every m. The paths
+  // sum in different orders, so on general data their bits differ (each is
+  // deterministic). gptq_kernel applies only to m that run the INT4 kernels.
   // Per backend object. Below -1 throws InvalidArgument naming this field.
   int gptq_fused_max_m = -1;
   // The prefill attention kernel (see PrefillKernel). Per backend object. A
@@ -264,8 +265,8 @@ class CudaBackend final : public Backend {
   static const CudaBackendConfig& checked_config(const CudaBackendConfig& config);
   GptqKernel gptq_kernel_ = GptqKernel::Auto;
   int gptq_stream_ring_ = 0;  // CudaBackendConfig::gptq_stream_ring, checked
-  bool gptq_cluster_reduce_ = true;
-  int gptq_fused_max_m_ = -1;  // CudaBackendConfig::gptq_fused_max_m, checked  // CudaBackendConfig::gptq_cluster_reduce
+  bool gptq_cluster_reduce_ = true;  // CudaBackendConfig::gptq_cluster_reduce
+  int gptq_fused_max_m_ = -1;        // CudaBackendConfig::gptq_fused_max_m, checked
   // CudaBackendConfig::prefill_kernel, through checked_prefill_kernel
   // (src/cuda/cuda_backend_attention.cpp), which throws on a bad value.
   static PrefillKernel checked_prefill_kernel(PrefillKernel requested);

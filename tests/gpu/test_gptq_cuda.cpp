@@ -239,6 +239,8 @@ TEST_F(CudaGptq, ExactWithPaddedKAndTinyShapes) {
   expect_exact({64, 8, 64, false, false, GptqZeroFormat::V2}, {1, 3, 65}, rng);
   expect_exact({16, 8, -1, true, false, GptqZeroFormat::V1}, {2, 300}, rng);  // the op registry's shape
   expect_exact({4224, 72, -1, false, false, GptqZeroFormat::V2}, {1, 16}, rng);
+  // k = 264: the last 16-row tile is half past k (dequantized, never stored).
+  expect_exact({264, 200, -1, true, false, GptqZeroFormat::V1}, {3, 300}, rng);
 }
 
 // Long k with few columns: many splits over k, the last CTA reducing them.
@@ -331,6 +333,36 @@ void expect_deterministic_and_close(Backend& gpu, Backend& cpu, const std::vecto
 TEST_F(CudaGptq, DeterministicRunToRunAndClose) {
   FERRUM_SEEDED_RNG(rng);
   expect_deterministic_and_close(cuda(), cpu(), {1, 16, 40, 64, 300}, 2, rng);
+  // The fused kernel's m > 32 configurations (the rule sends these small
+  // weights' m = 40 and 64 to dequantize + cuBLAS on the default backend).
+  expect_deterministic_and_close(fused_everywhere(), cpu(), {40, 48, 64}, 2, rng);
+}
+
+// The default backend follows kernels::gptq_fused_max_m: on random data the
+// two paths differ in their last bits, so at the rule's m the default gives
+// the fused kernels' bytes and one row past it dequantize + cuBLAS's.
+TEST_F(CudaGptq, DefaultFollowsTheMeasuredCrossover) {
+  FERRUM_SEEDED_RNG(rng);
+  CudaBackendConfig dequant_config;
+  dequant_config.gptq_fused_max_m = 0;
+  CudaBackend dequant(dequant_config);
+  const WeightCase c{4096, 512, 128, false, true, GptqZeroFormat::V1, false};
+  const Checkpoint ck = make_checkpoint(c, rng);
+  std::unique_ptr<QuantWeight> on_default = cuda().load_gptq(ck.tensors());
+  std::unique_ptr<QuantWeight> on_fused = fused_everywhere().load_gptq(ck.tensors());
+  std::unique_ptr<QuantWeight> on_dequant = dequant.load_gptq(ck.tensors());
+  const std::size_t rule = kernels::gptq_fused_max_m(c.k, c.n, c.act_order);
+  bool differs = false;
+  for (std::size_t m : {rule, rule + 1}) {
+    SCOPED_TRACE(cat("m=", m));
+    const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
+    const std::vector<float> got = run_gemm(cuda(), *on_default, a, DType::F16, m);
+    const std::vector<float> fused = run_gemm(fused_everywhere(), *on_fused, a, DType::F16, m);
+    const std::vector<float> deq = run_gemm(dequant, *on_dequant, a, DType::F16, m);
+    EXPECT_TRUE(same_floats(got, m <= rule ? fused : deq));
+    differs = differs || !same_floats(fused, deq);
+  }
+  EXPECT_TRUE(differs) << "the two paths gave the same bits: this test cannot tell them apart";
 }
 
 // One gemm_gptq (f16) captured in a graph and replayed twice into a
@@ -385,7 +417,7 @@ TEST_F(CudaGptq, WeightsOfDifferentSizesCoexist) {
   std::unique_ptr<QuantWeight> gl = cuda().load_gptq(cl.tensors());
   std::unique_ptr<QuantWeight> ps = cpu().load_gptq(cs.tensors());
   std::unique_ptr<QuantWeight> pl = cpu().load_gptq(cl.tensors());
-  for (std::size_t m : {1, 64}) {
+  for (std::size_t m : {1, 32, 64}) {  // 32: the fused kernel with the act-order gather (64: dequantize + cuBLAS)
     const std::vector<float> as = integer_activations(rng, m * small.k), al = integer_activations(rng, m * large.k);
     EXPECT_TRUE(same_floats(run_gemm(cuda(), *gs, as, DType::F16, m), run_gemm(cpu(), *ps, as, DType::F16, m)));
     EXPECT_TRUE(same_floats(run_gemm(cuda(), *gl, al, DType::F16, m), run_gemm(cpu(), *pl, al, DType::F16, m)));
@@ -488,7 +520,8 @@ TEST_F(CudaGptqStream, ConfigOutsideTheEnumIsRefused) {
 
 // Every standard layout: group sizes (scale rows changing inside a 128-row
 // chunk at 32 / 64), zeros, act-order, V1 / V2; n = 200 pads to 256 (a
-// partly live column block). m = 17 and 64 check the fallback to the fused kernel.
+// partly live column block). m = 17 checks the fallback to the fused kernel
+// (m = 64 on this small weight: to dequantize + cuBLAS, by the crossover rule).
 TEST_F(CudaGptqStream, ExactOnEveryStandardLayout) {
   FERRUM_SEEDED_RNG(rng);
   for_each_standard_layout([&](const WeightCase& c) { expect_exact_on(stream(), c, kStreamM, rng); });
