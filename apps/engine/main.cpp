@@ -4,7 +4,7 @@
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
 //                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]
 //                      [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk] [--no-gptq-cluster-reduce]
-//                      [--skinny-max-m N]
+//                      [--skinny-max-m N] [--gptq-fused-max-m N]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
 //                    runs its projections with gemm_gptq
@@ -38,6 +38,10 @@
 //   --gptq-kernel K  CudaBackendConfig::gptq_kernel for gemm_gptq: auto (the
 //                    library's choice), fused, stream or bulk (the streaming
 //                    kernel through shared-memory rings; m <= 16); an A/B switch
+//   --gptq-fused-max-m N  CudaBackendConfig::gptq_fused_max_m: gemm_gptq runs
+//                    the INT4 kernels up to m = N rows, dequantize + cuBLAS
+//                    above (default: the library's measured rule by weight
+//                    size); the two paths round differently; an A/B switch
 //   --no-gptq-cluster-reduce  CudaBackendConfig::gptq_cluster_reduce = false
 //                    (the bulk source's splits summed through the workspace,
 //                    not in a cluster; the same logits); an A/B switch
@@ -89,6 +93,7 @@ struct Options {
   GptqKernel gptq_kernel = GptqKernel::Auto;
   bool gptq_cluster_reduce = true;
   int skinny_max_m = -1;  // CudaBackendConfig::gemm_skinny_max_m
+  int gptq_fused_max_m = -1;  // CudaBackendConfig::gptq_fused_max_m
   bool graph = false;
   std::uint64_t seed = 1234;
   std::string dump_logits;  // empty: no dump
@@ -141,7 +146,7 @@ void usage(std::FILE* out) {
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
                "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]\n"
                "                     [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk] [--no-gptq-cluster-reduce]\n"
-               "                     [--skinny-max-m N]\n"
+               "                     [--skinny-max-m N] [--gptq-fused-max-m N]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
   std::fprintf(out, "\n");
@@ -244,6 +249,10 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
         fail(ErrorCode::InvalidArgument, "--skinny-max-m takes 0..", kGemmSkinnyMaxM, ", got ", m);
       }
       opt.skinny_max_m = static_cast<int>(m);
+    } else if (arg == "--gptq-fused-max-m") {
+      const std::size_t m = parse_count(arg, value());
+      if (m > 65536) fail(ErrorCode::InvalidArgument, "--gptq-fused-max-m takes 0..65536, got ", m);
+      opt.gptq_fused_max_m = static_cast<int>(m);
     } else if (arg == "--eager") {
       opt.graph = false;
     } else if (arg == "--graph") {
@@ -299,6 +308,7 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       config.gemm_weights_before_wait = opt.gemm_early_weights;
       config.gptq_kernel = opt.gptq_kernel;
       config.gptq_cluster_reduce = opt.gptq_cluster_reduce;
+      config.gptq_fused_max_m = opt.gptq_fused_max_m;
       config.gemm_skinny_max_m = opt.skinny_max_m;
       backend = std::make_unique<CudaBackend>(config);
     } else {

@@ -195,6 +195,36 @@ TEST(EngineCli, GptqLaunchSwitchesGiveTheSameLogits) {
   expect_launch_switches_keep_logits(dir, dir / "gptq-model");
 }
 
+// --gptq-fused-max-m (CudaBackendConfig::gptq_fused_max_m): dequantize +
+// cuBLAS everywhere, the INT4 kernels everywhere and the default rule all
+// decode a GPTQ model with a 5-token prompt (its prefill is m = 5); a value
+// past the range is refused by name. (The paths round differently, so the
+// tokens are not compared.)
+TEST(EngineCli, GptqFusedMaxMRange) {
+  const std::filesystem::path dir = testing::scratch_dir();
+  const std::filesystem::path log = dir / "engine.log";
+  ModelConfig config = testing::gpu_tiny_llama_config();
+  config.intermediate_size = 512;
+  config.vocab_size = 512;
+  GptqConfig gptq;
+  gptq.group_size = 128;
+  config.gptq = gptq;
+  config.validate("gptq fused-max-m test config");
+  testing::write_checkpoint(dir / "gptq-model", config, testing::GptqTestSource(config, kSeed), SafetensorsDType::F16, 1);
+  for (const char* m : {"0", "4", "4096", ""}) {
+    SCOPED_TRACE(m);
+    const std::string flag = *m != '\0' ? std::string(" --gptq-fused-max-m ") + m : std::string();
+    ASSERT_EQ(run_engine("--model \"" + (dir / "gptq-model").string() + "\" --prompt-tokens 1,2,3,4,5 --steps 3" + flag,
+                         log),
+              0)
+        << read_text(log);
+    EXPECT_EQ(generated_tokens(read_text(log)).size(), 3u);
+    expect_gpu_backend_when_present(read_text(log));
+  }
+  EXPECT_EQ(run_engine("--random tiny-llama --steps 2 --gptq-fused-max-m 70000", log), 1);
+  EXPECT_NE(read_text(log).find("--gptq-fused-max-m takes 0..65536, got 70000"), std::string::npos) << read_text(log);
+}
+
 // A preset whose attention shape the CUDA backend cannot run (head_dim 16)
 // still decodes on a GPU machine: the engine says so and takes CpuBackend.
 TEST(EngineCli, UnsupportedAttentionShapeFallsBackToCpu) {
