@@ -181,18 +181,24 @@ TEST(EngineCli, LaunchSwitchesGiveTheSameLogits) {
 
 // The same with GPTQ INT4 projections (group 128, symmetric): on a GPU the
 // streaming kernel's bulk source launched with PDL.
-TEST(EngineCli, GptqLaunchSwitchesGiveTheSameLogits) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU: the launch switches only configure CudaBackend";
-  const std::filesystem::path dir = testing::scratch_dir();
+// A GPU-sized tiny Llama with GPTQ INT4 projections (group 128, symmetric),
+// written under dir / "gptq-model"; returns that directory.
+std::filesystem::path write_gptq_tiny_checkpoint(const std::filesystem::path& dir) {
   ModelConfig config = testing::gpu_tiny_llama_config();
   config.intermediate_size = 512;
   config.vocab_size = 512;
   GptqConfig gptq;
   gptq.group_size = 128;
   config.gptq = gptq;
-  config.validate("gptq launch-switch test config");
+  config.validate("gptq engine test config");
   testing::write_checkpoint(dir / "gptq-model", config, testing::GptqTestSource(config, kSeed), SafetensorsDType::F16, 1);
-  expect_launch_switches_keep_logits(dir, dir / "gptq-model");
+  return dir / "gptq-model";
+}
+
+TEST(EngineCli, GptqLaunchSwitchesGiveTheSameLogits) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU: the launch switches only configure CudaBackend";
+  const std::filesystem::path dir = testing::scratch_dir();
+  expect_launch_switches_keep_logits(dir, write_gptq_tiny_checkpoint(dir));
 }
 
 // --gptq-fused-max-m (CudaBackendConfig::gptq_fused_max_m): dequantize +
@@ -203,20 +209,11 @@ TEST(EngineCli, GptqLaunchSwitchesGiveTheSameLogits) {
 TEST(EngineCli, GptqFusedMaxMRange) {
   const std::filesystem::path dir = testing::scratch_dir();
   const std::filesystem::path log = dir / "engine.log";
-  ModelConfig config = testing::gpu_tiny_llama_config();
-  config.intermediate_size = 512;
-  config.vocab_size = 512;
-  GptqConfig gptq;
-  gptq.group_size = 128;
-  config.gptq = gptq;
-  config.validate("gptq fused-max-m test config");
-  testing::write_checkpoint(dir / "gptq-model", config, testing::GptqTestSource(config, kSeed), SafetensorsDType::F16, 1);
+  const std::filesystem::path model = write_gptq_tiny_checkpoint(dir);
   for (const char* m : {"0", "4", "4096", ""}) {
     SCOPED_TRACE(m);
     const std::string flag = *m != '\0' ? std::string(" --gptq-fused-max-m ") + m : std::string();
-    ASSERT_EQ(run_engine("--model \"" + (dir / "gptq-model").string() + "\" --prompt-tokens 1,2,3,4,5 --steps 3" + flag,
-                         log),
-              0)
+    ASSERT_EQ(run_engine("--model \"" + model.string() + "\" --prompt-tokens 1,2,3,4,5 --steps 3" + flag, log), 0)
         << read_text(log);
     EXPECT_EQ(generated_tokens(read_text(log)).size(), 3u);
     expect_gpu_backend_when_present(read_text(log));
