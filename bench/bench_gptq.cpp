@@ -4,13 +4,15 @@
 //
 //   ferrum_bench_gptq [--json PATH] [--iters N] [--warmup N] [--dtype f16|bf16]
 //                     [--asym] [--act-order] [--crossover] [--quick]
-//                     [--kernel auto|fused|stream|bulk] [--ring N] [--splits N] [--no-cluster-reduce]
+//                     [--kernel auto|fused|stream|bulk|wgmma] [--ring N] [--splits N] [--no-cluster-reduce]
 //                     [--ms M,M,...] [--shapes KxN,KxN,...]
 //
 // --kernel picks the kernel launch_gptq_gemm runs (GptqGemmArgs::kernel):
 // auto = CudaBackendConfig's default rule (the streaming kernel, bulk
-// source, for launches of m <= kGptqStreamAutoMaxM, else fused); fused = the
-// fused kernel; stream = the register-streaming kernel for launches of
+// source, for launches of m <= kGptqStreamAutoMaxM, else wgmma where it
+// runs, else fused); fused = the
+// fused kernel; wgmma = the warpgroup-MMA kernel (sm_90a; auto's pick for
+// 17 .. 64 rows where it runs); stream = the register-streaming kernel for launches of
 // m <= 16 (larger m still run the fused kernel); bulk = the same streaming
 // kernel with its weights brought into shared-memory rings by bulk copies
 // (--ring: chunk slots per warp, 0 = the library's choice; --splits: CTAs
@@ -21,7 +23,8 @@
 // --ms replaces the list of m, --shapes
 // the list of shapes. The "plan"
 // column says which ran: "sxS" = streaming (one CTA per 64 columns, S
-// splits along k), else "cCxS": the fused configuration C and its splits.
+// splits along k), "wxS" = wgmma (one CTA per 256 columns, S splits), else
+// "cCxS": the fused configuration C and its splits.
 //
 // Shapes [k x n]: 4096x4096, 4096x14336, 14336x4096, 8192x8192, 8192x28672,
 // and the llama3-8b step's 4096x6144 (q|k|v) and 4096x28672 (gate|up);
@@ -84,7 +87,7 @@ struct Options {
   bool quick = false;
   std::string kernel = "auto";  // auto | fused | stream | bulk
   int ring = 0;                 // bulk: chunk slots per warp (0: the default)
-  int splits = 0;               // stream / bulk: CTAs along k (0: the plan's)
+  int splits = 0;               // stream / bulk / wgmma: CTAs along k (0: the plan's)
   bool cluster_reduce = true;   // bulk: GptqGemmArgs::cluster_reduce
   std::vector<int> ms;          // --ms: the m values (empty: the default list)
   std::vector<std::pair<int, int>> shapes;  // --shapes: [k x n] (empty: the default list)
@@ -204,14 +207,15 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--kernel") {
       opt.kernel = value();
-      if (opt.kernel != "auto" && opt.kernel != "fused" && opt.kernel != "stream" && opt.kernel != "bulk") {
-        std::fprintf(stderr, "--kernel must be auto, fused, stream or bulk (got %s)\n", opt.kernel.c_str());
+      if (opt.kernel != "auto" && opt.kernel != "fused" && opt.kernel != "stream" && opt.kernel != "bulk" &&
+          opt.kernel != "wgmma") {
+        std::fprintf(stderr, "--kernel must be auto, fused, stream, bulk or wgmma (got %s)\n", opt.kernel.c_str());
         return 2;
       }
     } else {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--iters N] [--warmup N] [--dtype f16|bf16] [--asym] [--act-order] "
-                   "[--crossover] [--quick] [--kernel auto|fused|stream|bulk] [--ring N] [--splits N] [--no-cluster-reduce] "
+                   "[--crossover] [--quick] [--kernel auto|fused|stream|bulk|wgmma] [--ring N] [--splits N] [--no-cluster-reduce] "
                    "[--ms M,M,...] "
                    "[--shapes KxN,...]\n",
                    argv[0]);
@@ -251,17 +255,24 @@ int main(int argc, char** argv) {
   // The kernel a launch of `rows` rows runs: CudaBackend's rule
   // (gptq_kernel_for; every weight here has groups of 128 rows) for auto,
   // else the named one; the streaming kinds cover kGptqStreamMaxM rows (more
-  // rows run the fused kernel).
-  auto kind_of = [&](int rows) {
+  // rows run the fused kernel), wgmma every m where it runs (else fused).
+  auto kind_of = [&](int rows, int k, int n) {
     using ferrum::kernels::GptqKernelKind;
-    const GptqKernelKind forced = opt.kernel == "stream" ? GptqKernelKind::Stream
-                                  : opt.kernel == "bulk" ? GptqKernelKind::StreamBulk
-                                                         : GptqKernelKind::Fused;
-    const GptqKernelKind kind =
-        ferrum::kernels::gptq_kernel_for(opt.kernel == "auto", forced, rows, ferrum::kernels::gptq_bulk_source_applies(128));
+    const GptqKernelKind forced = opt.kernel == "stream"  ? GptqKernelKind::Stream
+                                  : opt.kernel == "bulk"  ? GptqKernelKind::StreamBulk
+                                  : opt.kernel == "wgmma" ? GptqKernelKind::Wgmma
+                                                          : GptqKernelKind::Fused;
+    const bool wgmma = ferrum::kernels::gptq_wgmma_applies(128);
+    const GptqKernelKind kind = ferrum::kernels::gptq_kernel_for(
+        opt.kernel == "auto", forced, rows, ferrum::kernels::gptq_bulk_source_applies(128),
+        wgmma && ferrum::kernels::gptq_wgmma_preferred(rows, static_cast<std::size_t>(k), static_cast<std::size_t>(n)));
+    if (kind == GptqKernelKind::Wgmma) return wgmma ? kind : GptqKernelKind::Fused;
     return rows <= ferrum::kernels::kGptqStreamMaxM ? kind : GptqKernelKind::Fused;
   };
-  auto streams = [&](int rows) { return kind_of(rows) != ferrum::kernels::GptqKernelKind::Fused; };
+  auto streams = [&](int rows, int k, int n) {
+    const auto kind = kind_of(rows, k, n);
+    return kind == ferrum::kernels::GptqKernelKind::Stream || kind == ferrum::kernels::GptqKernelKind::StreamBulk;
+  };
   std::printf("device %s, %d SMs, dtype %s, group 128%s%s, kernel %s, ring %d%s\n", prop.name, num_sms,
               bf16 ? "bf16" : "f16", opt.asym ? ", asymmetric" : ", symmetric", opt.act_order ? ", act-order" : "",
               opt.kernel.c_str(), opt.ring, opt.cluster_reduce ? "" : ", no cluster reduce");
@@ -339,8 +350,9 @@ int main(int argc, char** argv) {
     float* d_partials = static_cast<float*>(
         dev_alloc(std::max<std::size_t>(
                       ferrum::kernels::gptq_partials_floats(static_cast<int>(r.k_pad), static_cast<int>(r.n_pad), num_sms),
-                      // --splits: up to 16 splits of every column block's 16 rows
-                      std::size_t{16} * r.n_pad * ferrum::kernels::kGptqStreamMaxM) *
+                      // --splits: up to 16 splits of every column block's 16
+                      // rows (streaming) or of 256 columns' 64 rows (wgmma)
+                      std::size_t{16} * ((r.n_pad + 255) / 256 * 256) * ferrum::kernels::kGptqMaxM) *
                   sizeof(float)));
     const std::size_t counters = ferrum::kernels::gptq_counter_ints(static_cast<int>(r.n_pad));
     int* d_counters = static_cast<int*>(dev_alloc(counters * sizeof(int)));
@@ -417,7 +429,7 @@ int main(int argc, char** argv) {
           args.partials = d_partials;
           args.counters = d_counters;
           args.num_sms = num_sms;
-          args.kernel = kind_of(rows_now);
+          args.kernel = kind_of(rows_now, k, n);
           args.stream_ring = opt.ring;
           args.stream_splits = opt.splits;
           args.cluster_reduce = opt.cluster_reduce;
@@ -449,12 +461,17 @@ int main(int argc, char** argv) {
                                      static_cast<int>(r.n_pad), num_sms);
       row.splits = plan.splits;
       row.config = plan.config;
-      if (streams(m)) {  // the streaming kernel: "config" -1
+      if (streams(m, k, n)) {  // the streaming kernel: "config" -1
         const ferrum::kernels::GptqPlan sp = ferrum::kernels::gptq_stream_plan(
             opt.dtype, !r.uniform_zero, m, k, static_cast<int>(r.k_pad), static_cast<int>(r.n_pad),
-            static_cast<int>(r.group_rows), num_sms, kind_of(m), opt.ring);
+            static_cast<int>(r.group_rows), num_sms, kind_of(m, k, n), opt.ring);
         row.splits = opt.splits > 0 ? std::min(opt.splits, static_cast<int>(r.k_pad) / 128) : sp.splits;
         row.config = -1;
+      } else if (kind_of(std::min(m, ferrum::kernels::kGptqMaxM), k, n) == ferrum::kernels::GptqKernelKind::Wgmma) {  // "config" -2
+        const ferrum::kernels::GptqPlan wp =
+            ferrum::kernels::gptq_wgmma_plan(static_cast<int>(r.k_pad), static_cast<int>(r.n_pad), num_sms);
+        row.splits = opt.splits > 0 ? opt.splits : wp.splits;
+        row.config = wp.config;
       }
       row.ours_us = time_median(copies, opt.warmup, opt.iters, fused, stream);
       row.dequant_us = opt.crossover ? time_median(copies, opt.warmup, opt.iters, dequant_cublas, stream) : 0.0;
@@ -463,17 +480,20 @@ int main(int argc, char** argv) {
       row.meta_gbs = static_cast<double>(q_bytes + meta_bytes) / (row.ours_us * 1e3);
       row.speedup = row.cublas_us / row.ours_us;
       row.read_us = read_us;
+      const bool wgmma_runs = ferrum::kernels::gptq_wgmma_applies(128) && (opt.kernel == "auto" || opt.kernel == "wgmma");
       row.rule_fused = static_cast<std::size_t>(m) <= ferrum::kernels::gptq_fused_max_m(
                                                         static_cast<std::size_t>(k), static_cast<std::size_t>(n),
-                                                        opt.act_order);
+                                                        opt.act_order, wgmma_runs);
       rows.push_back(row);
       char deq[32] = "-";
       if (opt.crossover) std::snprintf(deq, sizeof(deq), "%.1f", row.dequant_us);
       char plan_text[16];
-      if (row.config < 0) {
+      if (row.config == -2) {
+        std::snprintf(plan_text, sizeof(plan_text), "wx%d", row.splits);
+      } else if (row.config < 0) {
         // "c": the splits summed in a cluster (the rule of launch_gptq_gemm's
         // bulk source, on a device where such a cluster fits).
-        const bool clustered = kind_of(m) == ferrum::kernels::GptqKernelKind::StreamBulk && k % 8 == 0 &&
+        const bool clustered = kind_of(m, k, n) == ferrum::kernels::GptqKernelKind::StreamBulk && k % 8 == 0 &&
                                ferrum::kernels::gptq_bulk_source_applies(static_cast<int>(r.group_rows)) &&
                                ferrum::kernels::gptq_cluster_reduces(
                                    opt.cluster_reduce, row.splits,

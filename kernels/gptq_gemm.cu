@@ -51,6 +51,7 @@
 #include "kernels/common/dtype.cuh"
 #include "kernels/common/launch.cuh"
 #include "kernels/common/mma.cuh"
+#include "kernels/gptq_int4.cuh"
 
 namespace ferrum::kernels {
 
@@ -63,206 +64,13 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kK16PerStage = kGptqTileK / 16;  // 8
 constexpr int kMaxGroupsPerStage = kK16PerStage;  // group_rows >= 16
 
-// ── PTX helpers ─────────────────────────────────────────────────────────────
-
-// cp.async, ldmatrix and mma.sync come from kernels/common/mma.cuh. The
-// weight stream uses plain cp.async.cg: the L2::cache_hint (evict-first)
-// form trapped as an illegal instruction on the H200.
-
-// (a & b) | c in one instruction.
-__device__ __forceinline__ std::uint32_t and_or(std::uint32_t a, std::uint32_t b, std::uint32_t c) {
-  std::uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-
-// The low / high 16 bits of x in both halves (one prmt each).
-__device__ __forceinline__ std::uint32_t dup16(std::uint32_t x) { return __byte_perm(x, 0u, 0x1010u); }
-__device__ __forceinline__ std::uint32_t dup16_hi(std::uint32_t x) { return __byte_perm(x, 0u, 0x3232u); }
-
-// ── Element types: dequantization and mma ───────────────────────────────────
-
-template <class T>
-struct Int4Math;
-
-template <>
-struct Int4Math<__half> {
-  // Per n tile: the negated biases -(1024 + z) (low nibble) and -(64 + z)
-  // (second nibble, after the 1/16 scaling), as duplicated half2 patterns.
-  static __device__ __forceinline__ void biases(int z, std::uint32_t& lo, std::uint32_t& hi) {
-    lo = dup16(0xE400u | static_cast<std::uint32_t>(z));
-    hi = dup16(0xD400u + (static_cast<std::uint32_t>(z) << 4));
-  }
-  static __device__ __forceinline__ std::uint32_t add(std::uint32_t a, std::uint32_t b) {
-    std::uint32_t d;
-    asm("add.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-  }
-  static __device__ __forceinline__ std::uint32_t mul(std::uint32_t a, std::uint32_t b) {
-    std::uint32_t d;
-    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-  }
-  static __device__ __forceinline__ std::uint32_t fma(std::uint32_t a, std::uint32_t b, std::uint32_t c) {
-    std::uint32_t d;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-  }
-  // One word -> the 4 B registers of n tiles 2j (b[0], b[1]) and 2j+1
-  // (b[2], b[3]) as the exact integers q - z (no scale).
-  static __device__ __forceinline__ void dequant_unscaled(std::uint32_t w, std::uint32_t lo0, std::uint32_t hi0,
-                                                          std::uint32_t lo1, std::uint32_t hi1,
-                                                          std::uint32_t (&b)[4]) {
-    constexpr std::uint32_t kMagic = 0x64006400u;   // half2 (1024, 1024)
-    constexpr std::uint32_t kSixteenth = 0x2C002C00u;  // half2 (1/16, 1/16)
-    const std::uint32_t w8 = w >> 8;
-    b[0] = add(and_or(w, 0x000F000Fu, kMagic), lo0);
-    b[1] = fma(and_or(w, 0x00F000F0u, kMagic), kSixteenth, hi0);
-    b[2] = add(and_or(w8, 0x000F000Fu, kMagic), lo1);
-    b[3] = fma(and_or(w8, 0x00F000F0u, kMagic), kSixteenth, hi1);
-  }
-};
-
-template <>
-struct Int4Math<__nv_bfloat16> {
-  // -(128 + z) as duplicated bf16x2 (the second pattern is unused).
-  static __device__ __forceinline__ void biases(int z, std::uint32_t& lo, std::uint32_t& hi) {
-    lo = dup16(0xC300u + static_cast<std::uint32_t>(z));
-    hi = lo;
-  }
-  // add / mul.rn.bf16x2 are sm_90 instructions; below it the same roundings
-  // as fma.rn.bf16x2 (sm_80): a * 1 + b, and a * b + (-0), which keeps the
-  // sign of a zero product.
-  static __device__ __forceinline__ std::uint32_t add(std::uint32_t a, std::uint32_t b) {
-    std::uint32_t d;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(0x3F803F80u), "r"(b));
-#else
-    asm("add.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-#endif
-    return d;
-  }
-  static __device__ __forceinline__ std::uint32_t mul(std::uint32_t a, std::uint32_t b) {
-    std::uint32_t d;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
-#else
-    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-#endif
-    return d;
-  }
-  static __device__ __forceinline__ void dequant_unscaled(std::uint32_t w, std::uint32_t lo0, std::uint32_t /*hi0*/,
-                                                          std::uint32_t lo1, std::uint32_t /*hi1*/,
-                                                          std::uint32_t (&b)[4]) {
-    constexpr std::uint32_t kMagic = 0x43004300u;  // bf16x2 (128, 128)
-    b[0] = add(and_or(w, 0x000F000Fu, kMagic), lo0);
-    b[1] = add(and_or(w >> 4, 0x000F000Fu, kMagic), lo0);
-    b[2] = add(and_or(w >> 8, 0x000F000Fu, kMagic), lo1);
-    b[3] = add(and_or(w >> 12, 0x000F000Fu, kMagic), lo1);
-  }
-};
-
-// One word -> the 4 B registers of n tiles 2j (b[0], b[1]) and 2j+1 (b[2],
-// b[3]), scaled: (q - z) is exact, so the one multiply rounds once, exactly
-// as rounding the f32 weight to the activation dtype (the fused kernel).
-template <class T>
-__device__ __forceinline__ void dequant_scaled(std::uint32_t w, std::uint32_t s0, std::uint32_t lo0, std::uint32_t hi0,
-                                               std::uint32_t s1, std::uint32_t lo1, std::uint32_t hi1,
-                                               std::uint32_t (&b)[4]) {
-  using M = Int4Math<T>;
-  M::dequant_unscaled(w, lo0, hi0, lo1, hi1, b);
-  b[0] = M::mul(b[0], s0);
-  b[1] = M::mul(b[1], s0);
-  b[2] = M::mul(b[2], s1);
-  b[3] = M::mul(b[3], s1);
-}
-
-// ── Scale / zero rows (shared by the fused and streaming kernels) ─────────
-
-// Lane gid's 8 permuted scales (one 16-byte slice of a scale row: n tile t,
-// column gid, i.e. feature 8t + gid of the column block) as duplicated pairs.
-__device__ __forceinline__ void unpack_scales(const uint4 raw, std::uint32_t (&sc)[8]) {
-  const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int t = 0; t < 8; ++t) sc[t] = t % 2 == 0 ? dup16(words[t / 2]) : dup16_hi(words[t / 2]);
-}
-// The negated biases of the same 8 features from their 8 zero bytes.
-template <class T>
-__device__ __forceinline__ void unpack_zeros(const uint2 zr, std::uint32_t (&lo)[8], std::uint32_t (&hi)[8]) {
-#pragma unroll
-  for (int t = 0; t < 8; ++t) {
-    const std::uint32_t zw = t < 4 ? zr.x : zr.y;
-    Int4Math<T>::biases(static_cast<int>((zw >> (8 * (t % 4))) & 0xFFu), lo[t], hi[t]);
-  }
-}
-
-// ── Split-K over CTAs ───────────────────────────────────────────────────────
-//
-// One quad (4 f32 columns) of a split-K sum: sum += v, and the finished
-// quad stored as 4 T at out[row, col .. col + 3] (row stride n), the two
-// reductions below (workspace and cluster) sharing both.
-__device__ __forceinline__ void add_quad(float4& sum, const float4& v) {
-  sum.x += v.x;
-  sum.y += v.y;
-  sum.z += v.z;
-  sum.w += v.w;
-}
-template <class T>
-__device__ __forceinline__ void store_quad(T* out /* [rows, n] */, int n, int row, int col, const float4& sum) {
-  *reinterpret_cast<uint2*>(out + static_cast<std::size_t>(row) * n + col) =
-      make_uint2(pack2<T>(sum.x, sum.y), pack2<T>(sum.z, sum.w));
-}
-
-// The last arriver (both kernels): every CTA of output tile `tile` has
-// stored its f32 partial, rows x cols row-major, at partials + (split *
-// tiles + tile) * rows * cols. The CTA
-// that arrives last at counters[tile] sums the `splits` partials in split
-// order 0, 1, ..., S-1 (fixed: bitwise reproducible), stores
-// out[r, col0 + c] (row stride n) for col0 + c < n, and resets the counter
-// for the next launch on the stream. Every thread of the CTA calls it.
-// Quads of 4 columns, kPer per thread, all in flight for one split at a time.
-template <class T, int kThreadsN, int kPer>
-__device__ __forceinline__ void splitk_finish_last(const float* partials,  // [splits][tiles][rows][cols] f32
-                                                   int* counters,          // [tiles], zero between launches
-                                                   int tile, int tiles, int splits, int rows, int cols, int col0,
-                                                   int n, T* out /* [rows, n] */) {
-  __shared__ int s_is_last;
-  const int tid = static_cast<int>(threadIdx.x);
-  __threadfence();  // release: this CTA's partial is visible device-wide before it arrives
-  __syncthreads();
-  if (tid == 0) s_is_last = atomicAdd(counters + tile, 1) == splits - 1 ? 1 : 0;
-  __syncthreads();
-  if (s_is_last == 0) return;
-  __threadfence();  // acquire: the other partials are read through L2 below
-  const int quads_per_row = cols / 4;
-  const int quads = rows * quads_per_row;
-  const std::size_t tile_floats = static_cast<std::size_t>(rows) * cols;
-  const float* tile0 = partials + static_cast<std::size_t>(tile) * tile_floats;
-  const std::size_t split_stride = static_cast<std::size_t>(tiles) * tile_floats;
-  float4 sum[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) sum[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int s = 0; s < splits; ++s) {
-    const float* part = tile0 + static_cast<std::size_t>(s) * split_stride;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int c = tid + i * kThreadsN;
-      // Quad c is row c / quads_per_row, columns (c % quads_per_row) * 4 ..
-      // Columns >= n are skipped (a column block past n has no partial).
-      if (c < quads && col0 + (c % quads_per_row) * 4 < n) {
-        add_quad(sum[i], __ldcg(reinterpret_cast<const float4*>(part) + c));
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int c = tid + i * kThreadsN;
-    const int row = c / quads_per_row, col = col0 + (c % quads_per_row) * 4;
-    // n is a multiple of 8: a quad is all in or all out.
-    if (c < quads && col < n) store_quad(out, n, row, col, sum[i]);
-  }
-  if (tid == 0) counters[tile] = 0;
-}
+// cp.async, ldmatrix and mma.sync come from kernels/common/mma.cuh; the INT4
+// dequantization, scale / zero unpacking, the split-K reduction and the
+// weight-stream load from kernels/gptq_int4.cuh (shared with the wgmma kernel,
+// kernels/gptq_gemm_wgmma.cu). The fused kernel's weight stream uses plain
+// cp.async.cg: the L2::cache_hint (evict-first) form trapped as an illegal
+// instruction on the H200.
+using namespace gptq;
 
 // ── Fused kernel ────────────────────────────────────────────────────────────
 
@@ -805,11 +613,8 @@ constexpr int kStreamTileBytes = static_cast<int>(sizeof(float)) * NT * 8 * kGpt
 // one column block are one cluster (dims 1 x S), so they sum through
 // distributed shared memory instead of the workspace. Each CTA leaves its
 // split's sums (warp 0's acc) in `tile` ([NT * 8][64] f32, row-major, in its
-// own shared memory); after a cluster barrier CTA rank r sums its share of
-// the live rows' quads over the S tiles in split order 0, 1, ..., S-1 from
-// 0.0f, exactly as splitk_finish_last sums the workspace partials (so both
-// give the same bits), and stores them; a second barrier keeps every tile
-// alive until the last read. No workspace, counter, fence or atomic.
+// own shared memory) and cluster_sum_store (gptq_int4.cuh) sums the S tiles
+// in split order: the bits of the workspace reduction.
 template <class T, int NT>
 __device__ __forceinline__ void cluster_reduce_store(const float (&acc)[NT * 16], unsigned char* tile_smem,
                                                      bool holds_sums, const StreamParams& p, int nb,
@@ -833,33 +638,10 @@ __device__ __forceinline__ void cluster_reduce_store(const float (&acc)[NT * 16]
       }
     }
   }
-  const cg::cluster_group cluster = cg::this_cluster();
-  // Publishes every split's tile (release / acquire); a block's shared
-  // memory may also be read only once the block is known to run.
-  cluster.sync();
-  const int splits = p.splits;
-  const int rank = static_cast<int>(cluster.block_rank());  // = the split (cluster 1 x S over grid.y)
-  constexpr int kQuadsPerRow = kGptqTileN / 4;
-  const int quads = p.m * kQuadsPerRow;
-  const int q_end = (rank + 1) * quads / splits;
-  for (int q = rank * quads / splits + static_cast<int>(threadIdx.x); q < q_end; q += kStreamThreads) {
-    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int s = 0; s < splits; ++s) add_quad(sum, *cluster.map_shared_rank(reinterpret_cast<float4*>(tile) + q, s));
-    const int row = q / kQuadsPerRow, col = nb * kGptqTileN + (q % kQuadsPerRow) * 4;
-    if (col < p.n) store_quad(out, p.n, row, col, sum);  // n is a multiple of 8: a quad is all in or all out
-  }
-  cluster.sync();  // no block exits while another may still read its tile
+  cluster_sum_store<T, kStreamThreads, 1>(tile, kGptqTileN, p.splits, p.m, kGptqTileN, nb * kGptqTileN, p.n, out);
 #endif
 }
 
-// 16 bytes of the weight stream: read once, so not kept in L1.
-__device__ __forceinline__ uint4 load_stream_16(const std::uint32_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
 
 template <class T, int NT, bool kZeros, StreamSource kSource>
 __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, kSource != StreamSource::Registers>)
@@ -1551,6 +1333,11 @@ std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms) {
         most = std::max(most, static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile);
       }
     }
+    if (gptq_wgmma_supported()) {
+      // Even one split stores its partial (the last arriver writes out).
+      const GptqPlan plan = gptq_wgmma_plan(k_pad, n_pad, num_sms);
+      most = std::max(most, static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile);
+    }
     for (int nt = 1; nt <= 2; ++nt) {
       for (bool zeros : {false, true}) {
         // ring 0: the register source; 1 ..: the bulk source's ring sizes.
@@ -1602,6 +1389,11 @@ void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream) {
   if (stream_applies(args)) {
     dispatch_half_dtype(args.dtype, "gemm_gptq", [&](auto tag) { launch_stream<typename decltype(tag)::type>(args, stream); });
     check_launch("gemm_gptq (stream)");
+    return;
+  }
+  if (args.kernel == GptqKernelKind::Wgmma && gptq_wgmma_applies(args.w.group_rows)) {
+    launch_gptq_wgmma(args, stream);
+    check_launch("gemm_gptq (wgmma)");
     return;
   }
   const GptqPlan plan = gptq_plan(args.dtype, args.m, args.w.k_pad, args.w.n_pad, args.num_sms);

@@ -13,6 +13,11 @@
 //                        with the same fixed-order reduction), its chunks
 //                        loaded into registers (Stream) or brought into
 //                        shared-memory rings by bulk copies (StreamBulk).
+//                        With GptqGemmArgs::kernel = Wgmma (CudaBackend's
+//                        default for launches of 17 .. 64 rows where the
+//                        build has sm_90a code and the device is 9.0): the
+//                        warpgroup-MMA kernel (kernels/gptq_gemm_wgmma.cu),
+//                        the same workspace reduction.
 //   launch_gptq_gather   a_perm[i, j] = a[i, perm[j]] (act-order).
 //   launch_gptq_dequant  W[:, n0 .. n0 + cols) as f16 / bf16, rows in the
 //                        checkpoint's order (for the cuBLAS path at large m).
@@ -22,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 
 #include "ferrum/dtype.hpp"
 
@@ -39,7 +45,10 @@ inline constexpr int kGptqStreamMaxM = 16;  // rows the streaming kernel covers 
 //               (zero) rows landing in warp-private shared-memory rings by
 //               bulk copy (sm_90+; the register source below sm_90 and for
 //               groups of 16 rows).
-enum class GptqKernelKind { Fused, Stream, StreamBulk };
+//   Wgmma       the warpgroup-MMA kernel (wgmma with the dequantized weights
+//               as its register A operand; sm_90a builds on 9.0 devices, any
+//               m <= kGptqMaxM); elsewhere the fused kernel.
+enum class GptqKernelKind { Fused, Stream, StreamBulk, Wgmma };
 
 // Most chunk slots per warp of StreamBulk's ring (GptqGemmArgs::stream_ring).
 inline constexpr int kGptqStreamMaxRing = 6;
@@ -80,41 +89,71 @@ inline constexpr int kGptqBulkMinGroupRows = 32;
 // (GptqDeviceWeight::group_rows) take the bulk source on the current device.
 bool gptq_bulk_source_applies(int group_rows);
 
+// Whether this build has the wgmma kernel's sm_90a code and the current
+// device runs it (compute capability 9.0).
+bool gptq_wgmma_supported();
+// Whether a Wgmma launch on a weight with groups of `group_rows` rows takes
+// the wgmma kernel on the current device (every fused layout does where
+// gptq_wgmma_supported()); else it runs the fused kernel.
+bool gptq_wgmma_applies(int group_rows);
+
+// Whether Auto takes the wgmma kernel (where it applies) over the fused
+// kernel for a launch of `rows` rows (17 .. kGptqMaxM) on a k x n weight.
+// Measured on the H200 (docs/PERFORMANCE.md, session 17; f16, g128): wgmma
+// won at every shape above 32 rows (8192 x 28672, m = 64: 82.8 against
+// 124.6 us; 4096 x 4096: 19.2 against 42.5) and at 17 .. 32 rows except on
+// weights with k >= 8192 and n <= 8192 (8192 x 8192, m = 32: 40.1 against
+// 30.8 us; 14336 x 4096: 32.4 against 29.2), where the fused kernel's plan
+// streams faster.
+inline bool gptq_wgmma_preferred(int rows, std::size_t k, std::size_t n) {
+  return rows > 32 || !(k >= 8192 && n <= 8192);
+}
+
 // The kernel a launch of `rows` rows asks for: `forced` when the caller
 // names one, else (auto) StreamBulk up to kGptqStreamAutoMaxM rows where
 // bulk copies are supported, the register source up to
-// kGptqRegisterStreamAutoMaxM where not, then the fused kernel. CudaBackend
-// (GptqKernel) and bench/bench_gptq.cpp (--kernel) both decide through this.
-inline GptqKernelKind gptq_kernel_for(bool automatic, GptqKernelKind forced, int rows, bool bulk_supported) {
+// kGptqRegisterStreamAutoMaxM where not; above that the wgmma kernel when
+// `wgmma` (it applies to the weight and gptq_wgmma_preferred), else the
+// fused kernel. CudaBackend (GptqKernel) and bench/bench_gptq.cpp
+// (--kernel) both decide through this.
+inline GptqKernelKind gptq_kernel_for(bool automatic, GptqKernelKind forced, int rows, bool bulk_supported,
+                                      bool wgmma) {
   if (!automatic) return forced;
-  if (bulk_supported) return rows <= kGptqStreamAutoMaxM ? GptqKernelKind::StreamBulk : GptqKernelKind::Fused;
-  return rows <= kGptqRegisterStreamAutoMaxM ? GptqKernelKind::Stream : GptqKernelKind::Fused;
+  const GptqKernelKind large = wgmma ? GptqKernelKind::Wgmma : GptqKernelKind::Fused;
+  if (bulk_supported) return rows <= kGptqStreamAutoMaxM ? GptqKernelKind::StreamBulk : large;
+  return rows <= kGptqRegisterStreamAutoMaxM ? GptqKernelKind::Stream : large;
 }
 
 // The largest m for which gemm_gptq runs the INT4 kernels on a fused-layout
 // weight of k x n (in launches of kGptqMaxM rows); larger m dequantize the
-// weight in column chunks and call cuBLAS. Measured on the H200
-// (bench_gptq --crossover, docs/PERFORMANCE.md session 16): the fused
-// kernel's m <= 32 configuration beats dequantize + cuBLAS at every shape;
-// above it each 64-row launch costs about as much as a whole dequantize +
-// cuBLAS on small weights (4096 x 4096: 43 against 28 us at m = 64), while
-// larger weights keep the fused kernel ahead up to m = 128-192. The steps
-// are by weight count (k * n), each the lowest crossover of the measured
-// shapes it covers; act-order (a gather of the activations before each
-// fused launch) takes the step below. CudaBackendConfig::gptq_fused_max_m
-// overrides it.
-inline std::size_t gptq_fused_max_m(std::size_t k, std::size_t n, bool act_order) {
+// weight in column chunks and call cuBLAS. Measured on the H200 with
+// bench_gptq --crossover, in steps by weight count (k * n), each the lowest
+// crossover of the measured shapes it covers; act-order (a gather of the
+// activations before each launch) takes the step below.
+//   * wgmma: the launches above 16 rows run the wgmma kernel (session 17):
+//     96 at 4096 x 4096, 128 at 4096 x 6144 and 58.7 M weights, 192 at
+//     8192 x 8192, 256 at 4096 / 8192 x 28672 (8192 x 28672, m = 256: 332
+//     against 457 us).
+//   * otherwise the fused kernel (session 16): its m <= 32 configuration
+//     beats dequantize + cuBLAS at every shape; above it each 64-row launch
+//     costs about as much as a whole dequantize + cuBLAS on small weights
+//     (4096 x 4096: 43 against 28 us at m = 64), while larger weights keep
+//     it ahead up to m = 128-192.
+// CudaBackendConfig::gptq_fused_max_m overrides it.
+inline std::size_t gptq_fused_max_m(std::size_t k, std::size_t n, bool act_order, bool wgmma) {
   struct Step {
     double weights_below;
     std::size_t max_m;
   };
-  static constexpr Step kSteps[] = {{24e6, 32}, {48e6, 48}, {64e6, 96}, {100e6, 128}, {1e300, 192}};
-  constexpr int kLast = static_cast<int>(sizeof kSteps / sizeof kSteps[0]) - 1;
+  static constexpr Step kFusedSteps[] = {{24e6, 32}, {48e6, 48}, {64e6, 96}, {100e6, 128}, {1e300, 192}};
+  static constexpr Step kWgmmaSteps[] = {{24e6, 96}, {64e6, 128}, {100e6, 192}, {1e300, 256}};
+  const Step* steps = wgmma ? kWgmmaSteps : kFusedSteps;
+  const int last = wgmma ? static_cast<int>(std::size(kWgmmaSteps)) - 1 : static_cast<int>(std::size(kFusedSteps)) - 1;
   const double weights = static_cast<double>(k) * static_cast<double>(n);
   int i = 0;
-  while (i < kLast && weights >= kSteps[i].weights_below) ++i;
+  while (i < last && weights >= steps[i].weights_below) ++i;
   if (act_order && i > 0) --i;
-  return kSteps[i].max_m;
+  return steps[i].max_m;
 }
 
 // A repacked weight on the device.
@@ -147,6 +186,9 @@ GptqPlan gptq_plan(DType dtype, int m, int k_pad, int n_pad, int num_sms);
 // k, k_pad, group_rows: the weight's (GptqDeviceWeight); kind and ring:
 // those of the launch (GptqGemmArgs::kernel, ::stream_ring). The launch
 // runs exactly this plan.
+// The wgmma kernel's plan (the same for every m <= kGptqMaxM): config -2,
+// 256 columns per CTA (n_ctas) times `splits` along k.
+GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms);
 GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k, int k_pad, int n_pad, int group_rows, int num_sms,
                           GptqKernelKind kind = GptqKernelKind::Stream, int ring = 0);
 // f32 partial sums either kernel may need for any m <= kGptqMaxM.
@@ -163,21 +205,28 @@ struct GptqGemmArgs {
   float* partials = nullptr;  // [gptq_partials_floats] f32 workspace
   int* counters = nullptr;    // [gptq_counter_ints] zeroed ints
   int num_sms = 0;
-  GptqKernelKind kernel = GptqKernelKind::Fused;  // Stream / StreamBulk: the streaming kernel where m <= kGptqStreamMaxM
+  // Stream / StreamBulk: the streaming kernel where m <= kGptqStreamMaxM;
+  // Wgmma: the wgmma kernel where gptq_wgmma_applies.
+  GptqKernelKind kernel = GptqKernelKind::Fused;
   // StreamBulk: chunk slots per warp, 1 .. kGptqStreamMaxRing; 0: the most
   // slots that keep 4 CTAs per SM (kernels/gptq_gemm.cu, stream_ring_for).
   int stream_ring = 0;
-  // Streaming kernels: CTAs along k, 1 .. 16; 0: the plan's (a benchmark's
-  // override; CudaBackend always passes 0).
+  // Streaming and wgmma kernels: CTAs along k, 1 .. 16; 0: the plan's (a
+  // benchmark's override; CudaBackend always passes 0).
   int stream_splits = 0;
   // StreamBulk with 2 .. kGptqClusterMaxSplits splits and at most
   // kGptqClusterMaxCtasPerSm CTAs per SM: the splits of a column block run
   // as one thread-block cluster and sum through distributed shared memory,
   // in split order (the same bits as the workspace's reduction, which every
-  // other launch uses). CudaBackendConfig::gptq_cluster_reduce (on by default).
+  // other launch uses). Wgmma: every launch of 2 .. kGptqClusterMaxSplits
+  // splits whose cluster fits the device. CudaBackendConfig::gptq_cluster_reduce
+  // (on by default).
   bool cluster_reduce = true;
 };
 void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream);
+// The wgmma kernel alone (launch_gptq_gemm calls it for Wgmma where
+// gptq_wgmma_applies); throws where it does not apply.
+void launch_gptq_wgmma(const GptqGemmArgs& args, cudaStream_t stream);
 
 // a_perm[i, j] = a[i, perm[j]] for i < m, j < k. a and a_perm: [m, k] row-major.
 void launch_gptq_gather(DType dtype, const void* a, const std::int32_t* perm /*[k]*/, void* a_perm, int m, int k,

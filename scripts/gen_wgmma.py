@@ -9,10 +9,13 @@ Shapes: m64nNk16, f32 accumulate, f16 or bf16 inputs.
   ss: A and B from shared memory (descriptors), both K-major.
   rs: A from registers (the mma.sync A-fragment layout), B from shared
       memory, B MN-major (imm-trans-b = 1: B stored [k][n], n contiguous).
+  rs_k: A from registers, B K-major in shared memory (imm-trans-b = 0: B
+      stored [n][k], k contiguous; the GPTQ kernel's activation rows).
 """
 import sys
 
-NS = (64, 128)
+# (source, N) pairs emitted, in this order.
+VARIANTS = (("ss", 64), ("ss", 128), ("rs", 64), ("rs", 128), ("rs_k", 32), ("rs_k", 64))
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 
@@ -25,8 +28,9 @@ def acc_constraints(n_regs):
 
 
 def emit(out, n, source):
-    """One wrapper: source "ss" (A and B descriptors, both K-major) or "rs"
-    (A from registers, B MN-major: imm-trans-b 1)."""
+    """One wrapper: source "ss" (A and B descriptors, both K-major), "rs"
+    (A from registers, B MN-major: imm-trans-b 1) or "rs_k" (A from
+    registers, B K-major: imm-trans-b 0)."""
     regs = n // 2
     if source == "ss":
         out.append(f"// D[64 x {n}] (+)= A[64 x 16] * B[{n} x 16]^T, A and B K-major in shared memory.")
@@ -35,9 +39,15 @@ def emit(out, n, source):
         inputs = '"l"(desc_a), "l"(desc_b), "r"(scale_d)'
         scale_operand = regs + 2
     else:
-        out.append(f"// D[64 x {n}] (+)= A[64 x 16] * B[16 x {n}], A from registers, B MN-major in shared memory.")
-        name, a_param = f"wgmma_rs_m64n{n}k16_tb", "const std::uint32_t (&a)[4]"
-        operands = f"{{%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}}}, %{regs + 4}, p, 1, 1, 1"
+        trans_b = 1 if source == "rs" else 0
+        if trans_b:
+            out.append(f"// D[64 x {n}] (+)= A[64 x 16] * B[16 x {n}], A from registers, B MN-major in shared memory.")
+            name = f"wgmma_rs_m64n{n}k16_tb"
+        else:
+            out.append(f"// D[64 x {n}] (+)= A[64 x 16] * B[{n} x 16]^T, A from registers, B K-major in shared memory.")
+            name = f"wgmma_rs_m64n{n}k16"
+        a_param = "const std::uint32_t (&a)[4]"
+        operands = f"{{%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}}}, %{regs + 4}, p, 1, 1, {trans_b}"
         inputs = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)'
         scale_operand = regs + 5
     out.append("template <class T>")
@@ -85,9 +95,8 @@ def main():
         "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)",
         "",
     ]
-    for source in ("ss", "rs"):
-        for n in NS:
-            emit(out, n, source)
+    for source, n in VARIANTS:
+        emit(out, n, source)
     out += ["#endif  // __CUDA_ARCH_FEAT_SM90_ALL", "", "}  // namespace ferrum::kernels", ""]
     sys.stdout.write("\n".join(out))
 

@@ -164,7 +164,7 @@ if has_mode gptq; then
   {
     echo "== GPTQ tests (memcheck, then racecheck) ($(date +%T))"
     sanitize memcheck 200 '*Gptq*:*BadInput*' 25
-    sanitize racecheck 120 'CudaGptqStream.*'
+    sanitize racecheck 120 'CudaGptqStream.*:CudaGptqWgmma.*'
   } 2>&1 | tee -a "$LOG"
 fi
 

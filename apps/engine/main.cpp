@@ -3,7 +3,7 @@
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N] [--batch N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
 //                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]
-//                      [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk] [--no-gptq-cluster-reduce]
+//                      [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce]
 //                      [--skinny-max-m N] [--gptq-fused-max-m N]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
@@ -37,7 +37,8 @@
 //                    the library's per-shape rule); an A/B switch
 //   --gptq-kernel K  CudaBackendConfig::gptq_kernel for gemm_gptq: auto (the
 //                    library's choice), fused, stream or bulk (the streaming
-//                    kernel through shared-memory rings; m <= 16); an A/B switch
+//                    kernel through shared-memory rings; m <= 16), wgmma
+//                    (the warpgroup-MMA kernel, sm_90a); an A/B switch
 //   --gptq-fused-max-m N  CudaBackendConfig::gptq_fused_max_m: gemm_gptq runs
 //                    the INT4 kernels up to m = N rows, dequantize + cuBLAS
 //                    above (default: the library's measured rule by weight
@@ -145,7 +146,7 @@ void usage(std::FILE* out) {
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3[;4,5]\"] [--steps N] [--batch N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
                "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]\n"
-               "                     [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk] [--no-gptq-cluster-reduce]\n"
+               "                     [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce]\n"
                "                     [--skinny-max-m N] [--gptq-fused-max-m N]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
@@ -240,8 +241,10 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
         opt.gptq_kernel = GptqKernel::Stream;
       } else if (kernel == "bulk") {
         opt.gptq_kernel = GptqKernel::StreamBulk;
+      } else if (kernel == "wgmma") {
+        opt.gptq_kernel = GptqKernel::Wgmma;
       } else {
-        fail(ErrorCode::InvalidArgument, "--gptq-kernel takes auto, fused, stream or bulk, got '", kernel, "'");
+        fail(ErrorCode::InvalidArgument, "--gptq-kernel takes auto, fused, stream, bulk or wgmma, got '", kernel, "'");
       }
     } else if (arg == "--skinny-max-m") {
       const std::size_t m = parse_count(arg, value());

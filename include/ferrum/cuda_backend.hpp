@@ -24,11 +24,14 @@ namespace detail {
 struct CudaRuntime;
 }
 
-// Which INT4 kernel gemm_gptq runs for launches of m <= 16 rows on a
-// fused-layout weight (kernels/gptq_gemm.hpp). Larger m, and layouts a kernel
-// does not cover, take the fused kernel / the dequantize + cuBLAS path.
+// Which INT4 kernel gemm_gptq runs for launches of up to 64 rows on a
+// fused-layout weight (kernels/gptq_gemm.hpp). The streaming kinds cover
+// m <= 16 (larger launches take the fused kernel); layouts no kernel covers,
+// and m past the crossover, take the dequantize + cuBLAS path.
 enum class GptqKernel {
-  Auto = 0,    // the library's choice: StreamBulk (without bulk copies: Stream for m <= 8, then Fused)
+  // The library's choice: StreamBulk for m <= 16 (without bulk copies:
+  // Stream for m <= 8), then Wgmma where it runs, else Fused.
+  Auto = 0,
   Fused = 1,   // the fused kernel (shared-memory cp.async pipeline)
   Stream = 2,  // the register-streaming kernel for every m <= 16
   // The same streaming kernel with its weights, activation rows and scale
@@ -36,6 +39,9 @@ enum class GptqKernel {
   // TMA engine, sm_90+), for every m <= 16; below sm_90, and for groups of
   // 16 rows, the register source runs.
   StreamBulk = 3,
+  // The warpgroup-MMA kernel (kernels/gptq_gemm_wgmma.cu) for every launch:
+  // sm_90a builds on a 9.0 device; elsewhere the fused kernel runs.
+  Wgmma = 4,
 };
 
 // Which kernel flash_attention runs at prefill (q_len > 1). Both are
@@ -110,7 +116,7 @@ struct CudaBackendConfig {
   // kernel's tail. Results are bitwise the same. Per device, like
   // programmatic_dependent_launch.
   bool gemm_weights_before_wait = false;
-  // The GPTQ INT4 kernel at m <= 16 (see GptqKernel). Per backend object (it
+  // The GPTQ INT4 kernel per launch of up to 64 rows (see GptqKernel). Per backend object (it
   // changes no workspace). A value outside the enum throws InvalidArgument
   // naming this field.
   GptqKernel gptq_kernel = GptqKernel::Auto;

@@ -16,9 +16,11 @@
 // the skinny GEMM's, behind the switches below: an L2 prefetch hint
 // (gemm_prefetch_before_wait), and, on the caller's promise that no kernel
 // ordered before the GEMM writes its weights, real loads of the first round
-// of weights (gemm_weights_before_wait); and the GPTQ streaming kernel's
-// bulk source, which sets up its mbarriers and zeroes shared memory (no
-// global access) before its wait. None writes global memory before the wait.
+// of weights (gemm_weights_before_wait); the GPTQ streaming kernel's bulk
+// source, which sets up its mbarriers and zeroes shared memory (no global
+// access) before its wait; and the GPTQ wgmma kernel, which zeroes the
+// activation rows past m in its shared-memory ring before its wait. None
+// writes global memory before the wait.
 //
 // Early triggers (griddepcontrol.launch_dependents): without one the next
 // kernel is scheduled as this one's blocks exit. A first version triggered at the top of every kernel;
@@ -42,8 +44,8 @@
 //   CudaBackendConfig): the skinny SIMT GEMM (m <= 2) loads its first round
 //   of weights into registers before its pdl_begin().
 //
-// The GPTQ streaming kernel is launched with PDL too (its bulk source sets
-// up its barriers and shared memory before pdl_begin()). Kernels launched
+// The GPTQ streaming and wgmma kernels are launched with PDL too (see the
+// exceptions above). Kernels launched
 // the ordinary way (prefill attention, the fused GPTQ kernel, cuBLAS, NCCL)
 // are full dependencies as before, and pdl_begin() is a no-op when the launch did not
 // ask for PDL or the device is older than sm_90.

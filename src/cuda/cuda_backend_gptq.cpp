@@ -10,12 +10,13 @@
 // capture-safe:
 //   * fused (a fused layout and m <= kernels::gptq_fused_max_m, the measured
 //     crossover by weight size, or CudaBackendConfig::gptq_fused_max_m):
-//     the INT4 tensor-core kernel,
-//     kernels::kGptqMaxM rows per launch; act-order first gathers the
-//     activation columns into a workspace. Launches of m <= 16 rows
-//     (kernels::kGptqStreamMaxM) take the streaming kernel instead, through
-//     shared-memory rings (GptqKernel::Auto, StreamBulk) or registers
-//     (Stream), with the same split-K workspace and gather.
+//     the INT4 tensor-core kernels, kernels::kGptqMaxM rows per launch;
+//     act-order first gathers the activation columns into a workspace.
+//     Launches of m <= 16 rows (kernels::kGptqStreamMaxM) take the streaming
+//     kernel, through shared-memory rings (GptqKernel::Auto, StreamBulk) or
+//     registers (Stream); larger launches the wgmma kernel (Auto where it
+//     applies and measured faster, Wgmma) or the fused kernel, with the same
+//     split-K workspace and gather.
 //   * dequantize + cuBLAS (larger m, or a checkpoint outside the fused
 //     layout: odd group sizes, uneven act-order groups): W is dequantized in
 //     column chunks into a bounded scratch, each chunk followed by one
@@ -224,6 +225,8 @@ kernels::GptqKernelKind forced_kernel_kind(GptqKernel kernel) {
       return kernels::GptqKernelKind::Stream;
     case GptqKernel::StreamBulk:
       return kernels::GptqKernelKind::StreamBulk;
+    case GptqKernel::Wgmma:
+      return kernels::GptqKernelKind::Wgmma;
     default:
       return kernels::GptqKernelKind::Fused;
   }
@@ -237,10 +240,12 @@ GptqKernel CudaBackend::checked_gptq_kernel(GptqKernel requested) {
     case GptqKernel::Fused:
     case GptqKernel::Stream:
     case GptqKernel::StreamBulk:
+    case GptqKernel::Wgmma:
       return requested;
   }
   detail::fail(ErrorCode::InvalidArgument,
-               "CudaBackend: CudaBackendConfig::gptq_kernel = {} is not Auto (0), Fused (1), Stream (2) or StreamBulk (3)",
+               "CudaBackend: CudaBackendConfig::gptq_kernel = {} is not Auto (0), Fused (1), Stream (2), StreamBulk (3) "
+               "or Wgmma (4)",
                static_cast<int>(requested));
 }
 
@@ -278,8 +283,14 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
   const auto* a_bytes = ptr<std::uint8_t>(a);
   auto* out_bytes = ptr<std::uint8_t>(out);
 
-  const std::size_t fused_max_m = gptq_fused_max_m_ >= 0 ? static_cast<std::size_t>(gptq_fused_max_m_)
-                                                         : kernels::gptq_fused_max_m(k, n, weight->act_order());
+  // The launches above 16 rows run the wgmma kernel under Auto (where it
+  // applies) and Wgmma; the crossover to dequantize + cuBLAS was measured
+  // for each kernel.
+  const bool wgmma_applies = weight->fused() && kernels::gptq_wgmma_applies(view.group_rows);
+  const bool wgmma_runs = wgmma_applies && (gptq_kernel_ == GptqKernel::Auto || gptq_kernel_ == GptqKernel::Wgmma);
+  const std::size_t fused_max_m = gptq_fused_max_m_ >= 0
+                                      ? static_cast<std::size_t>(gptq_fused_max_m_)
+                                      : kernels::gptq_fused_max_m(k, n, weight->act_order(), wgmma_runs);
   if (weight->fused() && m <= fused_max_m) {
     const std::size_t step = static_cast<std::size_t>(kernels::kGptqMaxM);
     for (std::size_t row0 = 0; row0 < m; row0 += step) {
@@ -299,9 +310,11 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
       args.counters = ws.counters;
       args.num_sms = rt_->num_sms;
       // Auto: the streaming kernel (bulk source) where it measured faster (m <= kGptqStreamAutoMaxM);
-      // where this weight cannot take the bulk source, the register source's range.
+      // where this weight cannot take the bulk source, the register source's range; above it
+      // the wgmma kernel where it applies and measured faster (gptq_wgmma_preferred).
       args.kernel = kernels::gptq_kernel_for(gptq_kernel_ == GptqKernel::Auto, forced_kernel_kind(gptq_kernel_), rows,
-                                             kernels::gptq_bulk_source_applies(view.group_rows));
+                                             kernels::gptq_bulk_source_applies(view.group_rows),
+                                             wgmma_applies && kernels::gptq_wgmma_preferred(rows, k, n));
       args.stream_ring = gptq_stream_ring_;
       args.cluster_reduce = gptq_cluster_reduce_;
       kernels::launch_gptq_gemm(args, rt_->stream);

@@ -13,11 +13,16 @@ namespace {
 using kernels::GptqKernelKind;
 using kernels::gptq_kernel_for;
 
+// Above the streaming range Auto takes the wgmma kernel where it runs
+// (sm_90a build, 9.0 device), else the fused kernel.
 TEST(GptqKernelChoice, AutoTakesTheBulkSourceUpToSixteenRowsWhereBulkCopiesRun) {
-  for (int rows = 1; rows <= kernels::kGptqMaxM; ++rows) {
-    SCOPED_TRACE(rows);
-    EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::Fused, rows, true),
-              rows <= kernels::kGptqStreamMaxM ? GptqKernelKind::StreamBulk : GptqKernelKind::Fused);
+  for (bool wgmma : {false, true}) {
+    const GptqKernelKind large = wgmma ? GptqKernelKind::Wgmma : GptqKernelKind::Fused;
+    for (int rows = 1; rows <= kernels::kGptqMaxM; ++rows) {
+      SCOPED_TRACE(rows);
+      EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::Fused, rows, true, wgmma),
+                rows <= kernels::kGptqStreamMaxM ? GptqKernelKind::StreamBulk : large);
+    }
   }
 }
 
@@ -25,16 +30,41 @@ TEST(GptqKernelChoice, AutoTakesTheBulkSourceUpToSixteenRowsWhereBulkCopiesRun) 
 TEST(GptqKernelChoice, AutoWithoutBulkCopiesTakesTheRegisterSourceUpToEightRows) {
   for (int rows = 1; rows <= kernels::kGptqMaxM; ++rows) {
     SCOPED_TRACE(rows);
-    EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::StreamBulk, rows, false),
+    EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::StreamBulk, rows, false, false),
               rows <= 8 ? GptqKernelKind::Stream : GptqKernelKind::Fused);
   }
 }
 
 TEST(GptqKernelChoice, ANamedKernelIsTakenAsIs) {
-  for (GptqKernelKind kind : {GptqKernelKind::Fused, GptqKernelKind::Stream, GptqKernelKind::StreamBulk}) {
+  for (GptqKernelKind kind :
+       {GptqKernelKind::Fused, GptqKernelKind::Stream, GptqKernelKind::StreamBulk, GptqKernelKind::Wgmma}) {
     for (bool bulk : {false, true}) {
-      for (int rows : {1, 9, 16, 17, 64}) EXPECT_EQ(gptq_kernel_for(false, kind, rows, bulk), kind);
+      for (bool wgmma : {false, true}) {
+        for (int rows : {1, 9, 16, 17, 64}) EXPECT_EQ(gptq_kernel_for(false, kind, rows, bulk, wgmma), kind);
+      }
     }
+  }
+}
+
+// The wgmma kernel's plan: 256 columns per CTA, splits along k from one
+// wave of the device's slots, none of them empty; a pure function of the
+// sizes on a machine without the kernel (two CTAs per SM assumed), at most
+// kGptqClusterMaxSplits (a cluster sums them).
+TEST(GptqKernelChoice, WgmmaPlanFillsOneWaveWithNoEmptySplit) {
+  struct Case {
+    int k_pad, n_pad, n_ctas, splits;
+  };
+  if (kernels::gptq_wgmma_supported()) GTEST_SKIP() << "the plan below assumes 2 CTAs per SM (no wgmma device)";
+  for (const Case c : {Case{8192, 8192, 32, 8}, Case{8192, 28672, 112, 2}, Case{4096, 4096, 16, 8},
+                       Case{14336, 4096, 16, 8}, Case{4096, 14336, 56, 4}, Case{128, 64, 1, 2}}) {
+    SCOPED_TRACE(testing::Message() << c.k_pad << " x " << c.n_pad);
+    const kernels::GptqPlan plan = kernels::gptq_wgmma_plan(c.k_pad, c.n_pad, 132);
+    EXPECT_EQ(plan.block_n, 256);
+    EXPECT_EQ(plan.n_ctas, c.n_ctas);
+    EXPECT_EQ(plan.splits, c.splits);
+    const int stages = c.k_pad / 64;
+    const int per_split = (stages + plan.splits - 1) / plan.splits;
+    EXPECT_LT((plan.splits - 1) * per_split, stages);  // the last split owns a stage
   }
 }
 
@@ -62,32 +92,66 @@ TEST(GptqKernelChoice, ClusterReduceTakesTwoToEightSplitsOfOneWaveWhenAskedFor) 
 }
 
 // The crossover to dequantize + cuBLAS (CudaBackend::gemm_gptq; its GPU
-// tests run both sides of it): at the shapes measured on the H200, then
-// monotone in the weight count, never below the m <= 32 configuration (which
-// won at every shape), one step lower with act-order.
+// tests run both sides of it), for the fused kernel (session 16) and the
+// wgmma kernel (session 17): at the shapes measured on the H200, then
+// monotone in the weight count, never below 32 (the fused kernel's m <= 32
+// configuration won at every shape), one step lower with act-order, and the
+// wgmma kernel's never below the fused kernel's.
 TEST(GptqKernelChoice, FusedKernelsUpToTheMeasuredCrossover) {
   using kernels::gptq_fused_max_m;
-  EXPECT_EQ(gptq_fused_max_m(4096, 4096, false), 32u);
-  EXPECT_EQ(gptq_fused_max_m(4096, 6144, false), 48u);
-  EXPECT_EQ(gptq_fused_max_m(14336, 4096, false), 96u);
-  EXPECT_EQ(gptq_fused_max_m(4096, 14336, false), 96u);
-  EXPECT_EQ(gptq_fused_max_m(8192, 8192, false), 128u);
-  EXPECT_EQ(gptq_fused_max_m(4096, 28672, false), 192u);
-  EXPECT_EQ(gptq_fused_max_m(8192, 28672, false), 192u);
-  EXPECT_EQ(gptq_fused_max_m(8192, 8192, true), 96u);
-  EXPECT_EQ(gptq_fused_max_m(4096, 4096, true), 32u);
-  EXPECT_EQ(gptq_fused_max_m(8, 8, false), 32u);
-  std::size_t last = 0;
-  for (std::size_t k = 128; k <= 65536; k *= 2) {
-    for (std::size_t n = 64; n <= 65536; n *= 2) {
-      const std::size_t m = gptq_fused_max_m(k, n, false);
-      EXPECT_GE(m, 32u);
-      EXPECT_LE(gptq_fused_max_m(k, n, true), m);
-      if (n == k) {
-        EXPECT_GE(m, last) << k;  // square weights of growing size
-        last = m;
+  EXPECT_EQ(gptq_fused_max_m(4096, 4096, false, false), 32u);
+  EXPECT_EQ(gptq_fused_max_m(4096, 6144, false, false), 48u);
+  EXPECT_EQ(gptq_fused_max_m(14336, 4096, false, false), 96u);
+  EXPECT_EQ(gptq_fused_max_m(4096, 14336, false, false), 96u);
+  EXPECT_EQ(gptq_fused_max_m(8192, 8192, false, false), 128u);
+  EXPECT_EQ(gptq_fused_max_m(4096, 28672, false, false), 192u);
+  EXPECT_EQ(gptq_fused_max_m(8192, 28672, false, false), 192u);
+  EXPECT_EQ(gptq_fused_max_m(8192, 8192, true, false), 96u);
+  EXPECT_EQ(gptq_fused_max_m(4096, 4096, true, false), 32u);
+  EXPECT_EQ(gptq_fused_max_m(8, 8, false, false), 32u);
+  EXPECT_EQ(gptq_fused_max_m(4096, 4096, false, true), 96u);
+  EXPECT_EQ(gptq_fused_max_m(4096, 6144, false, true), 128u);
+  EXPECT_EQ(gptq_fused_max_m(14336, 4096, false, true), 128u);
+  EXPECT_EQ(gptq_fused_max_m(4096, 14336, false, true), 128u);
+  EXPECT_EQ(gptq_fused_max_m(8192, 8192, false, true), 192u);
+  EXPECT_EQ(gptq_fused_max_m(4096, 28672, false, true), 256u);
+  EXPECT_EQ(gptq_fused_max_m(8192, 28672, false, true), 256u);
+  EXPECT_EQ(gptq_fused_max_m(8192, 8192, true, true), 128u);
+  EXPECT_EQ(gptq_fused_max_m(4096, 4096, true, true), 96u);
+  for (bool wgmma : {false, true}) {
+    std::size_t last = 0;
+    for (std::size_t k = 128; k <= 65536; k *= 2) {
+      for (std::size_t n = 64; n <= 65536; n *= 2) {
+        const std::size_t m = gptq_fused_max_m(k, n, false, wgmma);
+        EXPECT_GE(m, 32u);
+        EXPECT_LE(gptq_fused_max_m(k, n, true, wgmma), m);
+        if (wgmma) EXPECT_GE(m, gptq_fused_max_m(k, n, false, false));
+        if (n == k) {
+          EXPECT_GE(m, last) << k;  // square weights of growing size
+          last = m;
+        }
       }
     }
+  }
+}
+
+// Auto's choice between the wgmma and the fused kernel above 16 rows: wgmma
+// above 32 rows everywhere, and at 17 .. 32 except on long-k, narrow weights
+// (the measured exceptions 8192 x 8192 and 14336 x 4096).
+TEST(GptqKernelChoice, WgmmaPreferredWhereItMeasuredFaster) {
+  using kernels::gptq_wgmma_preferred;
+  for (int rows : {33, 48, 64}) {
+    EXPECT_TRUE(gptq_wgmma_preferred(rows, 8192, 8192));
+    EXPECT_TRUE(gptq_wgmma_preferred(rows, 14336, 4096));
+    EXPECT_TRUE(gptq_wgmma_preferred(rows, 4096, 4096));
+  }
+  for (int rows : {17, 32}) {
+    EXPECT_FALSE(gptq_wgmma_preferred(rows, 8192, 8192));
+    EXPECT_FALSE(gptq_wgmma_preferred(rows, 14336, 4096));
+    EXPECT_TRUE(gptq_wgmma_preferred(rows, 8192, 28672));
+    EXPECT_TRUE(gptq_wgmma_preferred(rows, 4096, 4096));
+    EXPECT_TRUE(gptq_wgmma_preferred(rows, 4096, 14336));
+    EXPECT_TRUE(gptq_wgmma_preferred(rows, 4096, 6144));
   }
 }
 

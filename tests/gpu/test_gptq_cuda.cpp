@@ -164,12 +164,14 @@ std::vector<float> run_gemm(Backend& be, const QuantWeight& w, const std::vector
 
 class CudaGptq : public CudaTest {
  protected:
-  // Loads `c` on both backends and compares every m in `ms`, f16 and bf16:
+  // Loads `c` on three backends and compares every m in `ms`, f16 and bf16:
   // on the default backend (the measured rule sends small weights to
-  // dequantize + cuBLAS above m = 32) and on one whose fused kernels take
-  // every m (CudaBackendConfig::gptq_fused_max_m), so both paths see each m.
+  // dequantize + cuBLAS above m = 32), on one whose INT4 kernels take every m
+  // (CudaBackendConfig::gptq_fused_max_m; 17 .. 64-row launches on the wgmma
+  // kernel where it runs) and on one that also forces the fused kernel, so
+  // every path sees each m.
   void expect_exact(const WeightCase& c, std::initializer_list<std::size_t> ms, Rng& rng) {
-    expect_exact_on({&cuda(), &fused_everywhere()}, c, ms, rng);
+    expect_exact_on({&cuda(), &fused_everywhere(), &fused_kernel_everywhere()}, c, ms, rng);
   }
   // The same on `gpu` (a CudaBackend with its own config).
   void expect_exact_on(Backend& gpu, const WeightCase& c, std::initializer_list<std::size_t> ms, Rng& rng) {
@@ -208,7 +210,18 @@ class CudaGptq : public CudaTest {
     }
     return *fused_everywhere_;
   }
+  // The same with GptqKernel::Fused: the fused kernel for every launch.
+  CudaBackend& fused_kernel_everywhere() {
+    if (fused_kernel_everywhere_ == nullptr) {
+      CudaBackendConfig config;
+      config.gptq_fused_max_m = 4096;
+      config.gptq_kernel = GptqKernel::Fused;
+      fused_kernel_everywhere_ = std::make_unique<CudaBackend>(config);
+    }
+    return *fused_kernel_everywhere_;
+  }
   std::unique_ptr<CudaBackend> fused_everywhere_;
+  std::unique_ptr<CudaBackend> fused_kernel_everywhere_;
 };
 
 constexpr std::initializer_list<std::size_t> kAllM = {1, 3, 16, 17, 33, 64, 65, 200, 300};
@@ -333,9 +346,11 @@ void expect_deterministic_and_close(Backend& gpu, Backend& cpu, const std::vecto
 TEST_F(CudaGptq, DeterministicRunToRunAndClose) {
   FERRUM_SEEDED_RNG(rng);
   expect_deterministic_and_close(cuda(), cpu(), {1, 16, 40, 64, 300}, 2, rng);
-  // The fused kernel's m > 32 configurations (the rule sends these small
-  // weights' m = 40 and 64 to dequantize + cuBLAS on the default backend).
+  // The INT4 kernels at m > 32 (the rule sends these small weights' m = 40
+  // and 64 to dequantize + cuBLAS on the default backend): wgmma where it
+  // runs, and the fused kernel's configurations.
   expect_deterministic_and_close(fused_everywhere(), cpu(), {40, 48, 64}, 2, rng);
+  expect_deterministic_and_close(fused_kernel_everywhere(), cpu(), {40, 48, 64}, 2, rng);
 }
 
 // The default backend follows kernels::gptq_fused_max_m: on random data the
@@ -351,7 +366,8 @@ TEST_F(CudaGptq, DefaultFollowsTheMeasuredCrossover) {
   std::unique_ptr<QuantWeight> on_default = cuda().load_gptq(ck.tensors());
   std::unique_ptr<QuantWeight> on_fused = fused_everywhere().load_gptq(ck.tensors());
   std::unique_ptr<QuantWeight> on_dequant = dequant.load_gptq(ck.tensors());
-  const std::size_t rule = kernels::gptq_fused_max_m(c.k, c.n, c.act_order);
+  // The default runs the wgmma kernel above 16 rows where it applies.
+  const std::size_t rule = kernels::gptq_fused_max_m(c.k, c.n, c.act_order, kernels::gptq_wgmma_applies(c.group_size));
   bool differs = false;
   for (std::size_t m : {rule, rule + 1}) {
     SCOPED_TRACE(cat("m=", m));
@@ -496,7 +512,7 @@ TEST_F(CudaGptqStream, ConfigSelectsTheKernel) {
 }
 
 TEST_F(CudaGptqStream, ConfigOutsideTheEnumIsRefused) {
-  for (int bad : {-1, 4, 7}) {
+  for (int bad : {-1, 5, 7}) {
     CudaBackendConfig config;
     config.gptq_kernel = static_cast<GptqKernel>(bad);
     expect_error(ErrorCode::InvalidArgument, "CudaBackend", [&] { CudaBackend be(config); }, "gptq_kernel");
@@ -571,8 +587,8 @@ TEST_F(CudaGptqStream, FusedConfigStaysExactAtSmallM) {
 // Which kernel GptqKernel::Auto ran, seen through the bits: on random data
 // the streaming kernel (scale-after) and the fused kernel (scale-before)
 // round differently, so Auto must equal StreamBulk bitwise for m <= 16 and
-// Fused for m = 17, and the two kernels must differ somewhere (else this
-// test could not tell them apart).
+// Wgmma (where it runs, else Fused) for m = 17, and the two streaming-range
+// kernels must differ somewhere (else this test could not tell them apart).
 TEST_F(CudaGptqStream, AutoTakesTheBulkStreamingKernelUpToSixteenRows) {
   FERRUM_SEEDED_RNG(rng);
   CudaBackendConfig fused_config;
@@ -581,12 +597,16 @@ TEST_F(CudaGptqStream, AutoTakesTheBulkStreamingKernelUpToSixteenRows) {
   CudaBackendConfig bulk_config;
   bulk_config.gptq_kernel = GptqKernel::StreamBulk;
   CudaBackend bulk(bulk_config);
+  CudaBackendConfig large_config;
+  large_config.gptq_kernel = kernels::gptq_wgmma_supported() ? GptqKernel::Wgmma : GptqKernel::Fused;
+  CudaBackend large(large_config);
   Backend& automatic = cuda();
   const WeightCase c{4096, 512, 128, false, true, GptqZeroFormat::V1, false};
   const Checkpoint ck = make_checkpoint(c, rng);
   std::unique_ptr<QuantWeight> w_auto = automatic.load_gptq(ck.tensors());
   std::unique_ptr<QuantWeight> w_bulk = bulk.load_gptq(ck.tensors());
   std::unique_ptr<QuantWeight> w_fused = fused.load_gptq(ck.tensors());
+  std::unique_ptr<QuantWeight> w_large = large.load_gptq(ck.tensors());
   bool kernels_differ = false;
   for (std::size_t m : {1, 8, 9, 16, 17}) {
     const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
@@ -595,7 +615,7 @@ TEST_F(CudaGptqStream, AutoTakesTheBulkStreamingKernelUpToSixteenRows) {
       const std::vector<float> got = run_gemm(automatic, *w_auto, a, dt, m);
       const std::vector<float> by_bulk = run_gemm(bulk, *w_bulk, a, dt, m);
       const std::vector<float> by_fused = run_gemm(fused, *w_fused, a, dt, m);
-      EXPECT_TRUE(same_floats(got, m <= 16 ? by_bulk : by_fused));
+      EXPECT_TRUE(same_floats(got, m <= 16 ? by_bulk : run_gemm(large, *w_large, a, dt, m)));
       if (m <= 16 && !same_floats(by_bulk, by_fused)) kernels_differ = true;
     }
   }
@@ -832,6 +852,89 @@ TEST_F(CudaGptqStreamBulk, GraphCaptureAndReplay) {
   FERRUM_SEEDED_RNG(rng);
   auto bulk = bulk_backend();
   expect_graph_replays_like_cpu(*bulk, cpu(), {2048, 256, 128, false, true, GptqZeroFormat::V1}, rng);
+}
+
+// ── The warpgroup-MMA kernel (GptqKernel::Wgmma, sm_90a) ─────────────────────
+
+class CudaGptqWgmma : public CudaGptq {
+ protected:
+  // A backend with the wgmma kernel forced for every launch (m <= 16 too)
+  // and the INT4 path for every m (launches of 64 rows past 64).
+  void SetUp() override {
+    CudaGptq::SetUp();
+    if (IsSkipped()) return;
+    if (!kernels::gptq_wgmma_supported()) GTEST_SKIP() << "no sm_90a code in this build, or not a 9.0 device";
+    CudaBackendConfig config;
+    config.gptq_kernel = GptqKernel::Wgmma;
+    config.gptq_fused_max_m = 4096;
+    wgmma_ = std::make_unique<CudaBackend>(config);
+  }
+  CudaBackend& wgmma() { return *wgmma_; }
+  std::unique_ptr<CudaBackend> wgmma_;
+};
+
+// N = 32 up to m = 32, then 64; rows >= m zero in shared memory; 65 and 130
+// are launches of 64 rows plus a tail.
+constexpr std::initializer_list<std::size_t> kWgmmaM = {1, 16, 17, 31, 32, 33, 63, 64, 65, 130};
+
+// Every standard layout (scale rows changing inside a 64-row stage at group
+// 32; n = 200 pads to 256: the CTA's last warp has no column block).
+TEST_F(CudaGptqWgmma, ExactOnEveryStandardLayout) {
+  FERRUM_SEEDED_RNG(rng);
+  for_each_standard_layout([&](const WeightCase& c) { expect_exact_on(wgmma(), c, kWgmmaM, rng); });
+}
+
+// Splits along k (4096 / 4000 rows: many; k = 4000 ends inside a stage, its
+// columns past k zero-filled), groups of 16 (four scale rows per stage),
+// one group over all of k, k = 264 (the last stage mostly past k), n past
+// one wave of CTAs (38400 columns: 150 CTAs), n = 8 (one live warp).
+TEST_F(CudaGptqWgmma, ExactWithSplitsAndOddShapes) {
+  FERRUM_SEEDED_RNG(rng);
+  expect_exact_on(wgmma(), {4000, 264, 32, false, true, GptqZeroFormat::V1}, {17, 33, 48, 64}, rng);
+  expect_exact_on(wgmma(), {4096, 328, 128, true, false, GptqZeroFormat::V2}, {20, 64}, rng);
+  expect_exact_on(wgmma(), {2048, 136, 16, false, false, GptqZeroFormat::V1}, {24, 64}, rng);
+  expect_exact_on(wgmma(), {4224, 200, -1, false, false, GptqZeroFormat::V2}, {40}, rng);
+  expect_exact_on(wgmma(), {264, 200, -1, true, false, GptqZeroFormat::V1}, {3, 64}, rng);
+  expect_exact_on(wgmma(), {1024, 38400, 128, true, false, GptqZeroFormat::V1}, {17, 64}, rng);
+  expect_exact_on(wgmma(), {64, 8, 64, false, false, GptqZeroFormat::V2}, {33}, rng);
+}
+
+// Random data: close to the CPU and bitwise equal over three runs.
+TEST_F(CudaGptqWgmma, DeterministicRunToRunAndClose) {
+  FERRUM_SEEDED_RNG(rng);
+  expect_deterministic_and_close(wgmma(), cpu(), {17, 32, 40, 64}, 3, rng);
+}
+
+// Capture-safe (act-order gather + wgmma kernel in one graph).
+TEST_F(CudaGptqWgmma, GraphCaptureAndReplay) {
+  FERRUM_SEEDED_RNG(rng);
+  expect_graph_replays_like_cpu(wgmma(), cpu(), {2048, 256, 128, false, true, GptqZeroFormat::V1}, rng);
+}
+
+// Back-to-back launches on one weight and the shared workspace (PDL lets
+// each start before the previous finishes; its wait must hold the
+// workspace): every result equals its own single run.
+TEST_F(CudaGptqWgmma, BackToBackLaunchesKeepTheirResults) {
+  FERRUM_SEEDED_RNG(rng);
+  const WeightCase c{4096, 512, 128, false, true, GptqZeroFormat::V1};
+  const Checkpoint ck = make_checkpoint(c, rng);
+  std::unique_ptr<QuantWeight> w = wgmma().load_gptq(ck.tensors());
+  const std::size_t m = 48;
+  std::vector<std::vector<float>> inputs, want;
+  for (int i = 0; i < 4; ++i) {
+    inputs.push_back(uniform_values(rng, m * c.k, -1.0f, 1.0f));
+    want.push_back(run_gemm(wgmma(), *w, inputs.back(), DType::BF16, m));
+  }
+  std::vector<Buffer> a, out;
+  for (int i = 0; i < 4; ++i) {
+    a.push_back(wgmma().upload(inputs[static_cast<std::size_t>(i)], DType::BF16));
+    out.push_back(wgmma().upload(std::vector<float>(m * c.n, NAN), DType::BF16));
+  }
+  for (int i = 0; i < 4; ++i) wgmma().gemm_gptq(a[static_cast<std::size_t>(i)], *w, out[static_cast<std::size_t>(i)], m);
+  for (int i = 0; i < 4; ++i) {
+    SCOPED_TRACE(cat("launch ", i));
+    EXPECT_TRUE(same_floats(wgmma().download(out[static_cast<std::size_t>(i)]), want[static_cast<std::size_t>(i)]));
+  }
 }
 
 }  // namespace

@@ -1,0 +1,527 @@
+// GPTQ INT4 x f16/bf16 GEMM on Hopper warpgroup MMA (wgmma.mma_async,
+// sm_90a), for launches of 17 .. 64 rows: out[m, n] = a[m, k] · W[k, n].
+//
+// At m = 64 the op is no longer a weight stream but a matrix product
+// (docs/design/gptq_small_m.md §3): 8192 x 8192 is 8.6 GFLOP against 34 MB
+// of INT4 weights. mma.sync tops out near two thirds of the tensor cores'
+// rate on Hopper; wgmma reaches it. So the roles of the streaming kernel are
+// kept (weights as the A operand, features along M) and the product moves to
+// wgmma with A from registers:
+//
+//   * CTA = one warpgroup (128 threads), 4 column blocks of 64 features (one
+//     per warp) x a k-range (split blockIdx.y of gridDim.y). Two CTAs per SM.
+//   * A = dequantized weights. Repacked word j of lane (g, t) in a k16 tile
+//     of a column block is one mma.sync A fragment of that block's features
+//     16 j .. 16 j + 15 (src/quant/gptq_repack.hpp; Int4Math's (b0, b1, b2,
+//     b3) are (a0, a2, a1, a3)), and wgmma's register A operand takes each
+//     warp's rows in exactly that layout: warp w supplies rows 16 w .. 16 w
+//     + 15. So one k16 step is 4 wgmma m64nNk16 (j = 0 .. 3), the 64 A rows
+//     of wgmma j being features 16 j .. 16 j + 15 of each warp's block; each
+//     lane's 16-byte word group of the step is its 4 A fragments.
+//   * B = activations, N = 32 or 64 rows (rows >= m zero), K-major in
+//     shared memory with the 128-byte swizzle (kernels/common/wgmma.cuh).
+//   * A ring of kRing shared-memory slots, one 64-row-of-k stage each,
+//     filled by cp.async kRing - 2 stages ahead: the stage's activation rows
+//     (columns >= k zero-filled), the 4 column blocks' weights (2 KiB each,
+//     read back one 16-byte load per lane per k16 step) and the scale (and
+//     zero) rows of the stage's groups for the CTA's 256 features. A slot is
+//     refilled after the block barrier that follows the wgmma wait of the
+//     step that last read it. Each warp also asks L2 for its block's
+//     weights kL2Ahead stages past the ring (bulk prefetch, kL2Batch stages
+//     per request), so the ring's copies mostly hit L2. (A first version loaded the weights into
+//     registers one stage ahead: latency-bound, ~680 cycles per k16 step.)
+//   * Dequantization scale-before, as the fused kernel: (q - z) is exact and
+//     one multiply by the scale rounds once, exactly as rounding the f32
+//     weight to the activation dtype. Two A register sets used in turn: the
+//     next step's dequantization overlaps this step's wgmma, whose registers
+//     stay untouched until wgmma.wait_group says it is done.
+//   * f32 accumulators (4 x N / 2 per thread). The splits of a column group
+//     (at most kGptqClusterMaxSplits) run as one thread-block cluster: each
+//     leaves its [m][256] f32 partial in its shared memory and the cluster
+//     sums them in split order through distributed shared memory
+//     (cluster_sum_store); where such a cluster cannot be resident, every
+//     split stores to the workspace and the last arriver sums them in the
+//     same order (splitk_finish_last). Either way bitwise reproducible, and
+//     the same bits.
+#include "kernels/gptq_gemm.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+
+#include "kernels/common/bulk_copy.cuh"
+#include "kernels/common/check.hpp"
+#include "kernels/common/dtype.cuh"
+#include "kernels/common/launch.cuh"
+#include "kernels/common/mma.cuh"
+#include "kernels/common/wgmma.cuh"
+#include "kernels/common/wgmma_ops.cuh"
+#include "kernels/gptq_int4.cuh"
+
+namespace ferrum::kernels {
+
+namespace {
+
+using namespace gptq;
+
+constexpr int kWgThreads = 128;
+constexpr int kWgBlocks = 4;                        // 64-feature column blocks per CTA, one per warp
+constexpr int kWgCols = kWgBlocks * kGptqTileN;     // 256 features per CTA
+constexpr int kStageK = 64;                         // k rows per ring stage: one 128-byte swizzle atom
+constexpr int kStageK16 = kStageK / 16;             // 4
+constexpr int kStageGroups = kStageK / 16;          // most scale rows a stage touches (groups of 16)
+constexpr int kRing = 5;                            // slots; kRing - 2 stages in flight
+constexpr int kL2Ahead = 8;                         // stages of weights asked of L2 past the ring
+constexpr int kL2Batch = 4;                         // stages per L2 prefetch request
+constexpr int kBlockStageBytes = kStageK16 * 512;   // one column block's weights of a stage
+constexpr int kScaleBytes = kStageGroups * kWgCols * 2;
+constexpr int kZeroBytes = kStageGroups * kWgCols;
+constexpr int kMinBlocksPerSm = 2;
+constexpr int kMaxSplits = kGptqClusterMaxSplits;
+// The cluster reduce's partial tile: [kN][kTilePitch] f32 (4 floats of
+// padding per row: the accumulator stores of lanes 2 t apart hit other banks).
+constexpr int kTilePitch = kWgCols + 4;
+
+static_assert(kGptqTileK % kStageK == 0, "k_pad (a multiple of kGptqTileK) must be whole stages");
+
+// Shared-memory slot: activation rows [kN][64 k] (128 B each, swizzled),
+// the 4 column blocks' weights [4][4 k16][32 lanes][16 B], then the stage's
+// scale rows [kStageGroups][256] and zero rows, padded to 1024 bytes (the
+// swizzle's phase is the row index only when every slot starts 1024-aligned).
+template <int kN>
+struct WgmmaSlot {
+  static constexpr int kActBytes = kN * kStageK * 2;
+  static constexpr int kWeightOffset = kActBytes;
+  static constexpr int kScaleOffset = kWeightOffset + kWgBlocks * kBlockStageBytes;
+  static constexpr int kZeroOffset = kScaleOffset + kScaleBytes;
+  static constexpr int kBytes = (kZeroOffset + kZeroBytes + 1023) / 1024 * 1024;
+  static constexpr int kSmemBytes = kRing * kBytes + 1024;  // + alignment slack
+  static_assert(kN * kTilePitch * 4 <= kRing * kBytes, "the cluster reduce's tile reuses the ring");
+  // k16 steps per wgmma commit group: two at N = 32 (the wgmma of one group
+  // run while the next is dequantized; the 32 more A registers fit), one at
+  // N = 64 (its 128 accumulators leave no room for a second pair).
+  static constexpr int kGroupSteps = kN == 32 ? 2 : 1;
+  static_assert(kStageK16 % kGroupSteps == 0, "a group must not straddle stages");
+};
+
+struct WgmmaParams {
+  const std::uint32_t* qweight;  // [n_pad/64][k_pad/16][32][4] u32 (gptq_repack.hpp layout)
+  const void* scales;            // [scale_rows][n_pad] T, permuted columns
+  const std::uint8_t* zeros;     // [scale_rows][n_pad] u8 true zeros, permuted columns, or null
+  const void* a;                 // [m, k] T row-major, 16-byte aligned (act-order: already gathered)
+  void* out;                     // [m, n] T row-major
+  float* partials;               // [splits][n_ctas][m][256] f32
+  int* counters;                 // [n_ctas] ints, zero between launches
+  int m, k, n, k_pad, n_pad;
+  int zero_value;
+  int group_rows;                // rows per scale row: 16, 32, 64 or a multiple of 64
+  int stages_per_split;          // 64-row stages per CTA along k (the last split may have fewer)
+  int splits;
+  bool cluster_reduce;           // the splits of a column group are one cluster (dims 1 x splits)
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+template <class T, int kN>
+__device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const std::uint32_t (&a)[4], std::uint64_t desc) {
+  if constexpr (kN == 32) {
+    wgmma_rs_m64n32k16<T>(d, a, desc, 1);
+  } else {
+    static_assert(kN == 64, "N is 32 or 64");
+    wgmma_rs_m64n64k16<T>(d, a, desc, 1);
+  }
+}
+
+#endif
+
+template <class T, int kN, bool kZeros>
+__global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel(const WgmmaParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Slot = WgmmaSlot<kN>;
+  using M = Int4Math<T>;
+  constexpr int kAcc = kN / 2;  // f32 per thread per wgmma
+  extern __shared__ unsigned char smem_raw[];
+  // 1024-aligned by an offset from the array itself (not through an integer
+  // cast), so the compiler keeps the shared address space: LDS, not LD.
+  unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  const std::uint32_t smem_base = smem_u32(smem);
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const int gid = lane >> 2;
+  const int m = p.m;
+
+  // Rows m .. kN - 1 of every slot are never copied into: zero them once
+  // (no global access, so before the PDL wait).
+  for (int i = tid; i < kRing * (kN - m) * 8; i += kWgThreads) {
+    const int slot = i / ((kN - m) * 8), rem = i % ((kN - m) * 8);
+    *reinterpret_cast<uint4*>(smem + slot * Slot::kBytes + (m + rem / 8) * 128 + (rem % 8) * 16) =
+        make_uint4(0u, 0u, 0u, 0u);
+  }
+  pdl_begin();
+
+  const int cta_n = static_cast<int>(blockIdx.x), split = static_cast<int>(blockIdx.y);
+  const int n_ctas = static_cast<int>(gridDim.x);
+  const int col0 = cta_n * kWgCols;  // first feature of the CTA
+  const int k16_total = p.k_pad / 16;
+  const int stage0 = split * p.stages_per_split;
+  const int stages = max(0, min(p.stages_per_split, p.k_pad / kStageK - stage0));
+  const int cb = cta_n * kWgBlocks + warp;  // this warp's column block
+  const bool live = cb * kGptqTileN < p.n_pad;
+  const int groups_per_stage = p.group_rows >= kStageK ? 1 : kStageK / p.group_rows;
+
+  const T* a = static_cast<const T*>(p.a);
+  const T* scales = static_cast<const T*>(p.scales);
+  // This warp's column block of the weights: [k_pad / 16][32][4] u32.
+  const std::uint32_t* wblock = p.qweight + static_cast<std::size_t>(live ? cb : 0) * k16_total * 128;
+
+  // One stage into slot s % kRing: activation rows < m (columns >= k zero),
+  // the 4 column blocks' weights, the scale (zero) rows of the stage's
+  // groups for the CTA's 256 features (features >= n_pad zero). One commit
+  // group per stage, empty past the end. Each thread's roles are fixed for
+  // the whole k-range, so their addresses are computed once:
+  //   activations: rows act_row + 16 i (i < 4), 16-byte column piece act_c
+  //   (the swizzle phase row & 7 is the same for every i);
+  //   weights: pieces lane + 32 i of the warp's block;
+  //   scale rows: warp g < groups_per_stage takes the stage's group g, one
+  //   16-byte piece per lane (zero rows: lanes 0 .. 15).
+  const int act_row = tid >> 3, act_c = tid & 7;
+  const T* act_src = a + static_cast<std::size_t>(act_row) * p.k + act_c * 8;
+  const std::uint32_t act_dst = static_cast<std::uint32_t>(act_row * 128 + ((act_c ^ (act_row & 7)) << 4));
+  const std::size_t act_step = static_cast<std::size_t>(16) * p.k;  // 16 rows further
+  const std::uint32_t* w_src = wblock + lane * 4;
+  const std::uint32_t w_dst = static_cast<std::uint32_t>(Slot::kWeightOffset + warp * kBlockStageBytes + lane * 16);
+  const bool scale_valid = col0 + lane * 8 < p.n_pad;
+  const bool zero_valid = lane < 16 && col0 + lane * 16 < p.n_pad;
+  const int stages_per_group = p.group_rows >= kStageK ? p.group_rows / kStageK : 1;
+  auto load_stage = [&](int s) {
+    if (s < stages) {
+      const std::uint32_t slot = smem_base + static_cast<std::uint32_t>((s % kRing) * Slot::kBytes);
+      const int r0 = (stage0 + s) * kStageK;
+      const bool col_valid = r0 + act_c * 8 < p.k;
+#pragma unroll
+      for (int i = 0; i < kN / 16; ++i) {
+        if (act_row + 16 * i < m) {
+          cp_async_16(slot + act_dst + i * 2048, act_src + (col_valid ? r0 + i * act_step : 0), col_valid);
+        }
+      }
+      if (live) {
+        const std::uint32_t* src = w_src + static_cast<std::size_t>(stage0 + s) * (kStageK16 * 128);
+#pragma unroll
+        for (int i = 0; i < kBlockStageBytes / 16 / 32; ++i) cp_async_16(slot + w_dst + i * 512, src + i * 128);
+      }
+      if (warp < groups_per_stage) {
+        const int g = (stage0 + s) / stages_per_group * groups_per_stage + warp;
+        cp_async_16(slot + Slot::kScaleOffset + warp * (kWgCols * 2) + lane * 16,
+                    scales + static_cast<std::size_t>(g) * p.n_pad + (scale_valid ? col0 + lane * 8 : 0), scale_valid);
+        if constexpr (kZeros) {
+          if (lane < 16) {
+            cp_async_16(slot + Slot::kZeroOffset + warp * kWgCols + lane * 16,
+                        p.zeros + static_cast<std::size_t>(g) * p.n_pad + (zero_valid ? col0 + lane * 16 : 0),
+                        zero_valid);
+          }
+        }
+      }
+    }
+    cp_async_commit();
+  };
+
+#pragma unroll
+  for (int s = 0; s < kRing - 2; ++s) load_stage(s);
+  // L2 prefetch of the warp's weights: kL2Batch stages per request, the
+  // first kL2Ahead stages past the ring now, then one batch every kL2Batch
+  // stages. Every lane asks for the same bytes (one request per warp: the
+  // instruction takes a warp-uniform address).
+  auto prefetch_weights = [&](int first) {
+    const int count = min(kL2Batch, stages - first);
+    if (live && count > 0) {
+      prefetch_l2_bulk(wblock + static_cast<std::size_t>(stage0 + first) * (kStageK16 * 128),
+                       static_cast<std::uint32_t>(count * kBlockStageBytes));
+    }
+  };
+#pragma unroll
+  for (int s = kRing - 2; s < kRing - 2 + kL2Ahead; s += kL2Batch) prefetch_weights(s);
+
+  float acc[4][kAcc];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[j][i] = 0.0f;
+  }
+  // Two sets of A fragments used in turn, each holding kGroupSteps k16
+  // steps: one set's wgmma run while the next set is dequantized.
+  constexpr int kGroupSteps = WgmmaSlot<kN>::kGroupSteps;
+  std::uint32_t afrag[2][kGroupSteps][4][4];
+  std::uint32_t sc[8];
+  std::uint32_t lo[kZeros ? 8 : 1], hi[kZeros ? 8 : 1];
+  if constexpr (!kZeros) M::biases(p.zero_value, lo[0], hi[0]);
+
+  for (int s = 0; s < stages; ++s) {
+    // Stage s landed (this thread's copies), visible to wgmma (async proxy)
+    // and to every thread; every thread has waited for the wgmma of stage
+    // s - 2, so its slot is free for stage s + kRing - 2.
+    cp_async_wait<kRing - 3>();
+    fence_proxy_async_shared();
+    __syncthreads();
+    load_stage(s + kRing - 2);
+    if (s % kL2Batch == 0) prefetch_weights(s + kRing - 2 + kL2Ahead);
+    const int slot_off = (s % kRing) * Slot::kBytes;
+    const std::uint32_t act = smem_base + static_cast<std::uint32_t>(slot_off);
+    // This lane's weights of step kk, read one step ahead of their use.
+    auto weights_of = [&](int kk) {
+      return *reinterpret_cast<const uint4*>(smem + slot_off + Slot::kWeightOffset + warp * kBlockStageBytes +
+                                             kk * 512 + lane * 16);
+    };
+    uint4 w_next = weights_of(0);
+#pragma unroll
+    for (int kk = 0; kk < kStageK16; ++kk) {
+      const uint4 w = w_next;
+      if (kk + 1 < kStageK16) w_next = weights_of(kk + 1);
+      // The scale row of this k16 step: the stage's local group kk * gps / 4.
+      const int g = (kk * groups_per_stage) >> 2;
+      if (kk == 0 || g != (((kk - 1) * groups_per_stage) >> 2)) {
+        unpack_scales(*reinterpret_cast<const uint4*>(smem + slot_off + Slot::kScaleOffset + g * (kWgCols * 2) +
+                                                       warp * 128 + gid * 16),
+                      sc);
+        if constexpr (kZeros) {
+          unpack_zeros<T>(*reinterpret_cast<const uint2*>(smem + slot_off + Slot::kZeroOffset + g * kWgCols +
+                                                           warp * 64 + gid * 8),
+                          lo, hi);
+        }
+      }
+      // Step kk's A fragments: set (kk / kGroupSteps) % 2, slot kk % kGroupSteps.
+      std::uint32_t(&af)[4][4] = afrag[(kk / kGroupSteps) & 1][kk % kGroupSteps];
+      const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        std::uint32_t b[4];
+        constexpr int kZ = kZeros ? 1 : 0;
+        dequant_scaled<T>(words[j], sc[2 * j], lo[kZ * 2 * j], hi[kZ * 2 * j], sc[2 * j + 1], lo[kZ * (2 * j + 1)],
+                          hi[kZ * (2 * j + 1)], b);
+        af[j][0] = b[0];
+        af[j][1] = b[2];
+        af[j][2] = b[1];
+        af[j][3] = b[3];
+      }
+      if (kk % kGroupSteps == kGroupSteps - 1) {
+        // A group of kGroupSteps steps: 4 wgmma each, one commit group.
+        wgmma_fence();
+#pragma unroll
+        for (int u = 0; u < kGroupSteps; ++u) {
+          const int step = kk - (kGroupSteps - 1) + u;
+          const std::uint64_t desc = wgmma_desc_sw128(act + step * 32, 16, 1024);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) wgmma_rs<T, kN>(acc[j], afrag[(kk / kGroupSteps) & 1][u][j], desc);
+        }
+        wgmma_commit();
+        // The previous group's wgmma are done: its A registers (the other
+        // set) may be overwritten by the next dequantization.
+        wgmma_wait<1>();
+      }
+    }
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int j = 0; j < 4; ++j) wgmma_fence_operands(acc[j]);
+
+  // This split's [m][256] f32 partial. Accumulator i of wgmma j: feature
+  // 16 j + 8 r + gid of the warp's block, row 8 jj + 2 t + c (i = 4 jj + 2 r + c).
+  const int t = lane & 3;
+  if (p.cluster_reduce) {
+    // Into this CTA's shared memory (the ring: every copy landed, every
+    // wgmma done; the barrier keeps the last stage's readers ahead of it).
+    cp_async_wait<0>();
+    __syncthreads();
+    float* tile = reinterpret_cast<float*>(smem);  // [kN][kTilePitch]
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) {
+        const int jj = i >> 2, r = (i >> 1) & 1, c = i & 1;
+        tile[(8 * jj + 2 * t + c) * kTilePitch + warp * kGptqTileN + 16 * j + 8 * r + gid] = acc[j][i];
+      }
+    }
+    cluster_sum_store<T, kWgThreads, 4>(tile, kTilePitch, p.splits, m, kWgCols, col0, p.n, static_cast<T*>(p.out));
+    return;
+  }
+  float* part = p.partials + (static_cast<std::size_t>(split) * n_ctas + cta_n) * m * kWgCols;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      const int jj = i >> 2, r = (i >> 1) & 1, c = i & 1;
+      const int row = 8 * jj + 2 * t + c;
+      if (row < m) __stcg(part + row * kWgCols + warp * kGptqTileN + 16 * j + 8 * r + gid, acc[j][i]);
+    }
+  }
+  constexpr int kPer = (kN * (kWgCols / 4) + kWgThreads - 1) / kWgThreads;
+  splitk_finish_last<T, kWgThreads, kPer>(p.partials, p.counters, cta_n, n_ctas, p.splits, m, kWgCols, col0, p.n,
+                                          static_cast<T*>(p.out));
+#else
+  (void)p;
+  __trap();  // launched only where gptq_wgmma_supported() (an sm_90a build on a 9.0 device)
+#endif
+}
+
+template <class T, int kN, bool kZeros>
+auto wgmma_kernel_ptr() {
+  return &gptq_wgmma_kernel<T, kN, kZeros>;
+}
+
+template <class T, int kN, bool kZeros>
+void prepare_one(int& blocks_per_sm) {
+  auto kernel = wgmma_kernel_ptr<T, kN, kZeros>();
+  constexpr int smem = WgmmaSlot<kN>::kSmemBytes;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaFuncSetAttribute", err);
+  int blocks = 0;
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWgThreads, smem);
+  if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveBlocksPerMultiprocessor", err);
+  blocks_per_sm = std::max(blocks, 1);
+}
+
+// CTAs per SM of the smallest occupancy over every instance (the plan must
+// not depend on the zero array or N); sets every instance's shared-memory
+// limit once.
+int wgmma_blocks_per_sm() {
+  static int blocks = 0;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int b[8] = {};
+    prepare_one<__half, 32, false>(b[0]);
+    prepare_one<__half, 32, true>(b[1]);
+    prepare_one<__half, 64, false>(b[2]);
+    prepare_one<__half, 64, true>(b[3]);
+    prepare_one<__nv_bfloat16, 32, false>(b[4]);
+    prepare_one<__nv_bfloat16, 32, true>(b[5]);
+    prepare_one<__nv_bfloat16, 64, false>(b[6]);
+    prepare_one<__nv_bfloat16, 64, true>(b[7]);
+    blocks = *std::min_element(b, b + 8);
+  });
+  return blocks;
+}
+
+// Whether a cluster of `splits` CTAs of the instance can be resident at all
+// (cudaOccupancyMaxActiveClusters > 0); where not, the launch sums its
+// splits through the workspace instead: the same bits. Asked once per
+// instance and cluster size, on the device current at the first call; a
+// failed query throws and is asked again next time.
+template <class T, int kN, bool kZeros>
+bool cluster_fits(int splits) {
+  static std::atomic<unsigned char> known[kMaxSplits + 1];  // 0 unknown, 1 no, 2 yes
+  std::atomic<unsigned char>& state = known[splits];
+  unsigned char v = state.load(std::memory_order_relaxed);
+  if (v == 0) {
+    (void)wgmma_blocks_per_sm();  // the shared-memory opt-in
+    int clusters = 0;
+    const cudaError_t err = max_active_clusters(&clusters, wgmma_kernel_ptr<T, kN, kZeros>(),
+                                                dim3(1, static_cast<unsigned>(splits), 1), dim3(kWgThreads),
+                                                WgmmaSlot<kN>::kSmemBytes);
+    if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveClusters", err);
+    v = clusters > 0 ? 2 : 1;
+    state.store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
+}
+
+template <class T, int kN, bool kZeros>
+void launch_instance(WgmmaParams p, bool cluster_requested, dim3 grid, cudaStream_t stream) {
+  auto kernel = wgmma_kernel_ptr<T, kN, kZeros>();
+  p.cluster_reduce = cluster_requested && p.splits >= 2 && p.splits <= kGptqClusterMaxSplits &&
+                     cluster_fits<T, kN, kZeros>(p.splits);
+  const dim3 cluster(1, p.cluster_reduce ? static_cast<unsigned>(p.splits) : 1u, 1);
+  launch_pdl_clustered("gemm_gptq (wgmma)", cluster, kernel, grid, dim3(kWgThreads), WgmmaSlot<kN>::kSmemBytes,
+                       stream, p);
+}
+
+template <class T, int kN>
+void launch_typed(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t stream) {
+  WgmmaParams p{};
+  p.qweight = args.w.qweight;
+  p.scales = args.w.scales;
+  p.zeros = args.w.zeros;
+  p.a = args.a;
+  p.out = args.out;
+  p.partials = args.partials;
+  p.counters = args.counters;
+  p.m = args.m;
+  p.k = args.w.k;
+  p.n = args.w.n;
+  p.k_pad = args.w.k_pad;
+  p.n_pad = args.w.n_pad;
+  p.zero_value = args.w.zero_value;
+  p.group_rows = args.w.group_rows;
+  p.splits = plan.splits;
+  const int stages = args.w.k_pad / kStageK;
+  p.stages_per_split = (stages + plan.splits - 1) / plan.splits;
+  const dim3 grid(static_cast<unsigned>(plan.n_ctas), static_cast<unsigned>(plan.splits));
+  (void)wgmma_blocks_per_sm();  // the shared-memory opt-in of every instance
+  if (args.w.zeros != nullptr) {
+    launch_instance<T, kN, true>(p, args.cluster_reduce, grid, stream);
+  } else {
+    launch_instance<T, kN, false>(p, args.cluster_reduce, grid, stream);
+  }
+}
+
+}  // namespace
+
+bool gptq_wgmma_supported() {
+#if defined(FERRUM_HAVE_SM90A)
+  return device_is_sm90a();
+#else
+  return false;
+#endif
+}
+
+bool gptq_wgmma_applies(int group_rows) {
+  // Groups of 16, 32 or 64 rows, or any multiple of 64 (every fused layout:
+  // group_rows divides 128 or is a multiple of it).
+  return gptq_wgmma_supported() && group_rows >= 16 &&
+         (group_rows >= kStageK ? group_rows % kStageK == 0 : kStageK % group_rows == 0);
+}
+
+GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms) {
+  GptqPlan plan;
+  plan.config = -2;
+  plan.m_tile = 64;
+  plan.block_n = kWgCols;
+  plan.n_ctas = (n_pad + kWgCols - 1) / kWgCols;
+  const int stages = k_pad / kStageK;
+  const int per_sm = gptq_wgmma_supported() ? wgmma_blocks_per_sm() : kMinBlocksPerSm;
+  const long long slots = static_cast<long long>(std::max(num_sms, 1)) * per_sm;
+  // As many splits as one wave holds (at most kMaxSplits): more waves would
+  // cut the stages per CTA a little further but multiply the f32 partials
+  // (256 x m floats per CTA) that the last arriver sums.
+  plan.splits = static_cast<int>(std::clamp<long long>(slots / plan.n_ctas, 1, std::min(stages, kMaxSplits)));
+  // Splits that would own no stage are dropped (the plan's stages per split
+  // is rounded up).
+  const int per_split = (stages + plan.splits - 1) / plan.splits;
+  plan.splits = (stages + per_split - 1) / per_split;
+  return plan;
+}
+
+void launch_gptq_wgmma(const GptqGemmArgs& args, cudaStream_t stream) {
+  if (!gptq_wgmma_applies(args.w.group_rows)) {
+    throw_bad_dispatch("gemm_gptq (wgmma)", "group_rows on this build / device", args.w.group_rows);
+  }
+  GptqPlan plan = gptq_wgmma_plan(args.w.k_pad, args.w.n_pad, args.num_sms);
+  if (args.stream_splits > 0) {  // a benchmark's override, no split left empty
+    const int stages = args.w.k_pad / kStageK;
+    const int per_split = (stages + std::min(args.stream_splits, stages) - 1) / std::min(args.stream_splits, stages);
+    plan.splits = (stages + per_split - 1) / per_split;
+  }
+  dispatch_half_dtype(args.dtype, "gemm_gptq", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (args.m <= 32) {
+      launch_typed<T, 32>(args, plan, stream);
+    } else {
+      launch_typed<T, 64>(args, plan, stream);
+    }
+  });
+}
+
+}  // namespace ferrum::kernels
