@@ -1,4 +1,4 @@
-// GPTQ INT4 GEMM benchmark: our fused kernel (kernels/gptq_gemm.hpp), our
+// GPTQ INT4 GEMM benchmark: our INT4 kernels (kernels/gptq_gemm.hpp), our
 // dequantize + cuBLAS path, and cuBLAS f16 on the same shape (a · Wᵀ with W
 // [n, k] f16, as CudaBackend::gemm does).
 //
@@ -9,17 +9,17 @@
 //
 // --kernel picks the kernel launch_gptq_gemm runs (GptqGemmArgs::kernel):
 // auto = CudaBackendConfig's default rule (the streaming kernel, bulk
-// source, for launches of m <= kGptqStreamAutoMaxM, else wgmma where it
-// runs, else fused); fused = the
-// fused kernel; wgmma = the warpgroup-MMA kernel (sm_90a; auto's pick for
-// 17 .. 64 rows where it runs); stream = the register-streaming kernel for launches of
-// m <= 16 (larger m still run the fused kernel); bulk = the same streaming
-// kernel with its weights brought into shared-memory rings by bulk copies
-// (--ring: chunk slots per warp, 0 = the library's choice; --splits: CTAs
-// along k, 0 = the plan's; --no-cluster-reduce: GptqGemmArgs::cluster_reduce
-// = false, the bulk source's splits always summed through the workspace; by
-// default launches that pass the launcher's gate sum them in a cluster, plan
-// column "sxSc").
+// source, for launches of m <= kGptqStreamAutoMaxM; above, wgmma where it
+// runs and measured faster, gptq_wgmma_auto, else fused); fused = the fused
+// kernel; wgmma = the warpgroup-MMA kernel for every launch (sm_90a; fused
+// elsewhere); stream = the register-streaming kernel for launches of m <= 16
+// (larger m still run the fused kernel); bulk = the same streaming kernel
+// with its weights brought into shared-memory rings by bulk copies (--ring:
+// chunk slots per warp, 0 = the library's choice; --splits: CTAs along k of
+// the streaming and wgmma kernels, 0 = the plan's; --no-cluster-reduce:
+// GptqGemmArgs::cluster_reduce = false, their splits always summed through
+// the workspace; by default launches that pass the launcher's gate sum them
+// in a cluster, plan column "sxSc"; wgmma launches of 2..8 splits always).
 // --ms replaces the list of m, --shapes
 // the list of shapes. The "plan"
 // column says which ran: "sxS" = streaming (one CTA per 64 columns, S
@@ -85,10 +85,10 @@ struct Options {
   bool act_order = false;
   bool crossover = false;
   bool quick = false;
-  std::string kernel = "auto";  // auto | fused | stream | bulk
+  std::string kernel = "auto";  // auto | fused | stream | bulk | wgmma
   int ring = 0;                 // bulk: chunk slots per warp (0: the default)
   int splits = 0;               // stream / bulk / wgmma: CTAs along k (0: the plan's)
-  bool cluster_reduce = true;   // bulk: GptqGemmArgs::cluster_reduce
+  bool cluster_reduce = true;   // bulk / wgmma: GptqGemmArgs::cluster_reduce
   std::vector<int> ms;          // --ms: the m values (empty: the default list)
   std::vector<std::pair<int, int>> shapes;  // --shapes: [k x n] (empty: the default list)
 };
@@ -262,11 +262,10 @@ int main(int argc, char** argv) {
                                   : opt.kernel == "bulk"  ? GptqKernelKind::StreamBulk
                                   : opt.kernel == "wgmma" ? GptqKernelKind::Wgmma
                                                           : GptqKernelKind::Fused;
-    const bool wgmma = ferrum::kernels::gptq_wgmma_applies(128);
     const GptqKernelKind kind = ferrum::kernels::gptq_kernel_for(
         opt.kernel == "auto", forced, rows, ferrum::kernels::gptq_bulk_source_applies(128),
-        wgmma && ferrum::kernels::gptq_wgmma_preferred(rows, static_cast<std::size_t>(k), static_cast<std::size_t>(n)));
-    if (kind == GptqKernelKind::Wgmma) return wgmma ? kind : GptqKernelKind::Fused;
+        ferrum::kernels::gptq_wgmma_auto(rows, static_cast<std::size_t>(k), static_cast<std::size_t>(n), 128));
+    if (kind == GptqKernelKind::Wgmma) return ferrum::kernels::gptq_wgmma_applies(128) ? kind : GptqKernelKind::Fused;
     return rows <= ferrum::kernels::kGptqStreamMaxM ? kind : GptqKernelKind::Fused;
   };
   auto streams = [&](int rows, int k, int n) {
@@ -468,9 +467,9 @@ int main(int argc, char** argv) {
         row.splits = opt.splits > 0 ? std::min(opt.splits, static_cast<int>(r.k_pad) / 128) : sp.splits;
         row.config = -1;
       } else if (kind_of(std::min(m, ferrum::kernels::kGptqMaxM), k, n) == ferrum::kernels::GptqKernelKind::Wgmma) {  // "config" -2
-        const ferrum::kernels::GptqPlan wp =
-            ferrum::kernels::gptq_wgmma_plan(static_cast<int>(r.k_pad), static_cast<int>(r.n_pad), num_sms);
-        row.splits = opt.splits > 0 ? opt.splits : wp.splits;
+        const ferrum::kernels::GptqPlan wp = ferrum::kernels::gptq_wgmma_plan(
+            static_cast<int>(r.k_pad), static_cast<int>(r.n_pad), num_sms, opt.splits);
+        row.splits = wp.splits;
         row.config = wp.config;
       }
       row.ours_us = time_median(copies, opt.warmup, opt.iters, fused, stream);

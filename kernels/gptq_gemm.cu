@@ -35,7 +35,6 @@
 // then the gather (act-order) and dequantize (cuBLAS path) kernels.
 #include "kernels/gptq_gemm.hpp"
 
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -56,8 +55,6 @@
 namespace ferrum::kernels {
 
 namespace {
-
-namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -1326,17 +1323,17 @@ GptqPlan gptq_plan(DType dtype, int m, int k_pad, int n_pad, int num_sms) {
 
 std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms) {
   std::size_t most = 0;
+  if (gptq_wgmma_supported()) {
+    // Even one split stores its partial where no cluster sums them.
+    const GptqPlan plan = gptq_wgmma_plan(k_pad, n_pad, num_sms);
+    most = static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile;
+  }
   for (int d = 0; d < 2; ++d) {
     for (int c = 0; c < kNumConfigs; ++c) {
       const GptqPlan plan = plan_for(d, c, k_pad, n_pad, num_sms);
       if (plan.splits > 1) {
         most = std::max(most, static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile);
       }
-    }
-    if (gptq_wgmma_supported()) {
-      // Even one split stores its partial (the last arriver writes out).
-      const GptqPlan plan = gptq_wgmma_plan(k_pad, n_pad, num_sms);
-      most = std::max(most, static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile);
     }
     for (int nt = 1; nt <= 2; ++nt) {
       for (bool zeros : {false, true}) {

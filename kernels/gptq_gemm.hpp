@@ -1,4 +1,5 @@
-// Launchers for the GPTQ INT4 x f16/bf16 GEMM (kernels/gptq_gemm.cu).
+// Launchers for the GPTQ INT4 x f16/bf16 GEMM (kernels/gptq_gemm.cu,
+// kernels/gptq_gemm_wgmma.cu).
 // Raw pointers, sizes and a stream; the caller (CudaBackend) has validated.
 // The weight layout is the repacked one of src/quant/gptq_repack.hpp.
 //
@@ -15,9 +16,10 @@
 //                        shared-memory rings by bulk copies (StreamBulk).
 //                        With GptqGemmArgs::kernel = Wgmma (CudaBackend's
 //                        default for launches of 17 .. 64 rows where the
-//                        build has sm_90a code and the device is 9.0): the
+//                        build has sm_90a code, the device is 9.0 and it
+//                        measured faster, gptq_wgmma_auto): the
 //                        warpgroup-MMA kernel (kernels/gptq_gemm_wgmma.cu),
-//                        the same workspace reduction.
+//                        its splits summed in a cluster or the workspace.
 //   launch_gptq_gather   a_perm[i, j] = a[i, perm[j]] (act-order).
 //   launch_gptq_dequant  W[:, n0 .. n0 + cols) as f16 / bf16, rows in the
 //                        checkpoint's order (for the cuBLAS path at large m).
@@ -33,7 +35,7 @@
 
 namespace ferrum::kernels {
 
-inline constexpr int kGptqMaxM = 64;     // rows of a per launch of the fused kernel
+inline constexpr int kGptqMaxM = 64;     // rows of a per launch of the fused and wgmma kernels
 inline constexpr int kGptqTileK = 128;   // must equal detail::kGptqTileK
 inline constexpr int kGptqTileN = 64;    // must equal detail::kGptqTileN
 inline constexpr int kGptqStreamMaxM = 16;  // rows the streaming kernel covers per launch
@@ -53,8 +55,8 @@ enum class GptqKernelKind { Fused, Stream, StreamBulk, Wgmma };
 // Most chunk slots per warp of StreamBulk's ring (GptqGemmArgs::stream_ring).
 inline constexpr int kGptqStreamMaxRing = 6;
 
-// Most splits StreamBulk sums in a cluster (GptqGemmArgs::cluster_reduce):
-// the portable cluster size.
+// Most splits StreamBulk and the wgmma kernel sum in a cluster
+// (GptqGemmArgs::cluster_reduce): the portable cluster size.
 inline constexpr int kGptqClusterMaxSplits = 8;
 // Most CTAs per SM of a launch that sums its splits in clusters. On the
 // H200 (session 12, ferrum_bench_gptq, f16 g128) clusters won on launches
@@ -109,19 +111,25 @@ inline bool gptq_wgmma_preferred(int rows, std::size_t k, std::size_t n) {
   return rows > 32 || !(k >= 8192 && n <= 8192);
 }
 
+// Whether Auto's launches of `rows` rows on a k x n weight with groups of
+// `group_rows` rows take the wgmma kernel where the streaming kernel does
+// not: it applies on this device and gptq_wgmma_preferred. CudaBackend and
+// bench_gptq ask this.
+bool gptq_wgmma_auto(int rows, std::size_t k, std::size_t n, int group_rows);
+
 // The kernel a launch of `rows` rows asks for: `forced` when the caller
 // names one, else (auto) StreamBulk up to kGptqStreamAutoMaxM rows where
 // bulk copies are supported, the register source up to
-// kGptqRegisterStreamAutoMaxM where not; above that the wgmma kernel when
-// `wgmma` (it applies to the weight and gptq_wgmma_preferred), else the
-// fused kernel. CudaBackend (GptqKernel) and bench/bench_gptq.cpp
-// (--kernel) both decide through this.
+// kGptqRegisterStreamAutoMaxM where not (then the fused kernel up to
+// kGptqStreamMaxM); above kGptqStreamMaxM rows the wgmma kernel when
+// `wgmma` (gptq_wgmma_auto), else the fused kernel. CudaBackend
+// (GptqKernel) and bench/bench_gptq.cpp (--kernel) both decide through this.
 inline GptqKernelKind gptq_kernel_for(bool automatic, GptqKernelKind forced, int rows, bool bulk_supported,
                                       bool wgmma) {
   if (!automatic) return forced;
-  const GptqKernelKind large = wgmma ? GptqKernelKind::Wgmma : GptqKernelKind::Fused;
-  if (bulk_supported) return rows <= kGptqStreamAutoMaxM ? GptqKernelKind::StreamBulk : large;
-  return rows <= kGptqRegisterStreamAutoMaxM ? GptqKernelKind::Stream : large;
+  if (rows > kGptqStreamMaxM) return wgmma ? GptqKernelKind::Wgmma : GptqKernelKind::Fused;
+  if (bulk_supported) return rows <= kGptqStreamAutoMaxM ? GptqKernelKind::StreamBulk : GptqKernelKind::Fused;
+  return rows <= kGptqRegisterStreamAutoMaxM ? GptqKernelKind::Stream : GptqKernelKind::Fused;
 }
 
 // The largest m for which gemm_gptq runs the INT4 kernels on a fused-layout
@@ -186,12 +194,15 @@ GptqPlan gptq_plan(DType dtype, int m, int k_pad, int n_pad, int num_sms);
 // k, k_pad, group_rows: the weight's (GptqDeviceWeight); kind and ring:
 // those of the launch (GptqGemmArgs::kernel, ::stream_ring). The launch
 // runs exactly this plan.
-// The wgmma kernel's plan (the same for every m <= kGptqMaxM): config -2,
-// 256 columns per CTA (n_ctas) times `splits` along k.
-GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms);
 GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k, int k_pad, int n_pad, int group_rows, int num_sms,
                           GptqKernelKind kind = GptqKernelKind::Stream, int ring = 0);
-// f32 partial sums either kernel may need for any m <= kGptqMaxM.
+// The wgmma kernel's plan (the same for every m <= kGptqMaxM): config -2,
+// 256 columns per CTA (n_ctas) times `splits` along k, none empty; with
+// `splits_override` > 0 (a benchmark's, 1 .. 16) that many, less any left
+// empty.
+GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms, int splits_override = 0);
+// f32 partial sums any of the kernels may need for any m <= kGptqMaxM and
+// the plans' own splits (a benchmark that overrides splits sizes its own).
 std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms);
 // Split-K arrival counters (ints, zero-initialized once; each launch leaves them 0).
 std::size_t gptq_counter_ints(int n_pad);

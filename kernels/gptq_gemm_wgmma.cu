@@ -484,36 +484,43 @@ bool gptq_wgmma_applies(int group_rows) {
          (group_rows >= kStageK ? group_rows % kStageK == 0 : kStageK % group_rows == 0);
 }
 
-GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms) {
+bool gptq_wgmma_auto(int rows, std::size_t k, std::size_t n, int group_rows) {
+  return gptq_wgmma_applies(group_rows) && gptq_wgmma_preferred(rows, k, n);
+}
+
+GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms, int splits_override) {
   GptqPlan plan;
   plan.config = -2;
   plan.m_tile = 64;
   plan.block_n = kWgCols;
   plan.n_ctas = (n_pad + kWgCols - 1) / kWgCols;
-  const int stages = k_pad / kStageK;
-  const int per_sm = gptq_wgmma_supported() ? wgmma_blocks_per_sm() : kMinBlocksPerSm;
-  const long long slots = static_cast<long long>(std::max(num_sms, 1)) * per_sm;
-  // As many splits as one wave holds (at most kMaxSplits): more waves would
-  // cut the stages per CTA a little further but multiply the f32 partials
-  // (256 x m floats per CTA) that the last arriver sums.
-  plan.splits = static_cast<int>(std::clamp<long long>(slots / plan.n_ctas, 1, std::min(stages, kMaxSplits)));
-  // Splits that would own no stage are dropped (the plan's stages per split
-  // is rounded up).
+  const int stages = std::max(k_pad / kStageK, 1);
+  if (splits_override > 0) {
+    plan.splits = std::min(splits_override, stages);
+  } else {
+    const int per_sm = gptq_wgmma_supported() ? wgmma_blocks_per_sm() : kMinBlocksPerSm;
+    const long long slots = static_cast<long long>(std::max(num_sms, 1)) * per_sm;
+    // As many splits as one wave holds (at most kMaxSplits): more waves would
+    // cut the stages per CTA a little further but multiply the f32 partials
+    // (256 x m floats per CTA) that the cluster or the last arriver sums.
+    plan.splits = static_cast<int>(std::clamp<long long>(slots / plan.n_ctas, 1, std::min(stages, kMaxSplits)));
+  }
+  // Splits that would own no stage are dropped (the stages per split are
+  // rounded up).
   const int per_split = (stages + plan.splits - 1) / plan.splits;
   plan.splits = (stages + per_split - 1) / per_split;
   return plan;
 }
 
 void launch_gptq_wgmma(const GptqGemmArgs& args, cudaStream_t stream) {
+  if (args.m < 1 || args.m > kGptqMaxM) throw_bad_dispatch("gemm_gptq (wgmma)", "rows per launch m", args.m);
+  if (args.stream_splits < 0 || args.stream_splits > 16) {
+    throw_bad_dispatch("gemm_gptq (wgmma)", "stream_splits (CTAs along k)", args.stream_splits);
+  }
   if (!gptq_wgmma_applies(args.w.group_rows)) {
     throw_bad_dispatch("gemm_gptq (wgmma)", "group_rows on this build / device", args.w.group_rows);
   }
-  GptqPlan plan = gptq_wgmma_plan(args.w.k_pad, args.w.n_pad, args.num_sms);
-  if (args.stream_splits > 0) {  // a benchmark's override, no split left empty
-    const int stages = args.w.k_pad / kStageK;
-    const int per_split = (stages + std::min(args.stream_splits, stages) - 1) / std::min(args.stream_splits, stages);
-    plan.splits = (stages + per_split - 1) / per_split;
-  }
+  const GptqPlan plan = gptq_wgmma_plan(args.w.k_pad, args.w.n_pad, args.num_sms, args.stream_splits);
   dispatch_half_dtype(args.dtype, "gemm_gptq", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (args.m <= 32) {

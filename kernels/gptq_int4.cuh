@@ -127,7 +127,7 @@ __device__ __forceinline__ void dequant_scaled(std::uint32_t w, std::uint32_t s0
   b[3] = M::mul(b[3], s1);
 }
 
-// ── Scale / zero rows (shared by the fused and streaming kernels) ─────────
+// ── Scale / zero rows (shared by every INT4 kernel) ────────────────────────
 
 // Lane gid's 8 permuted scales (one 16-byte slice of a scale row: n tile t,
 // column gid, i.e. feature 8t + gid of the column block) as duplicated pairs.
@@ -163,7 +163,7 @@ __device__ __forceinline__ void store_quad(T* out /* [rows, n] */, int n, int ro
       make_uint2(pack2<T>(sum.x, sum.y), pack2<T>(sum.z, sum.w));
 }
 
-// The last arriver (both kernels): every CTA of output tile `tile` has
+// The last arriver (every INT4 kernel): every CTA of output tile `tile` has
 // stored its f32 partial, rows x cols row-major, at partials + (split *
 // tiles + tile) * rows * cols. The CTA
 // that arrives last at counters[tile] sums the `splits` partials in split

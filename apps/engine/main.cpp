@@ -38,14 +38,17 @@
 //   --gptq-kernel K  CudaBackendConfig::gptq_kernel for gemm_gptq: auto (the
 //                    library's choice), fused, stream or bulk (the streaming
 //                    kernel through shared-memory rings; m <= 16), wgmma
-//                    (the warpgroup-MMA kernel, sm_90a); an A/B switch
+//                    (the warpgroup-MMA kernel, sm_90a); the kernels round
+//                    differently, and the kernel of the launches above 16
+//                    rows sets the default crossover; an A/B switch
 //   --gptq-fused-max-m N  CudaBackendConfig::gptq_fused_max_m: gemm_gptq runs
 //                    the INT4 kernels up to m = N rows, dequantize + cuBLAS
 //                    above (default: the library's measured rule by weight
 //                    size); the two paths round differently; an A/B switch
 //   --no-gptq-cluster-reduce  CudaBackendConfig::gptq_cluster_reduce = false
-//                    (the bulk source's splits summed through the workspace,
-//                    not in a cluster; the same logits); an A/B switch
+//                    (the streaming and wgmma kernels' splits summed through
+//                    the workspace, not in a cluster; the same logits); an
+//                    A/B switch
 //   --eager/--graph  decode steps as op calls, or one captured graph replayed
 //                    per step (graph needs Op::GraphCapture; else eager)
 //   --dump-logits F  writes the logits each generated token was chosen from

@@ -27,10 +27,14 @@ struct CudaRuntime;
 // Which INT4 kernel gemm_gptq runs for launches of up to 64 rows on a
 // fused-layout weight (kernels/gptq_gemm.hpp). The streaming kinds cover
 // m <= 16 (larger launches take the fused kernel); layouts no kernel covers,
-// and m past the crossover, take the dequantize + cuBLAS path.
+// and m past the crossover, take the dequantize + cuBLAS path. The kernels
+// sum in different orders: on general data their bits differ (each is
+// deterministic).
 enum class GptqKernel {
   // The library's choice: StreamBulk for m <= 16 (without bulk copies:
-  // Stream for m <= 8), then Wgmma where it runs, else Fused.
+  // Stream for m <= 8, then Fused); above 16 rows Wgmma where it runs and
+  // measured faster (kernels::gptq_wgmma_auto: not at 17..32 rows on
+  // weights with k >= 8192 and n <= 8192), else Fused.
   Auto = 0,
   Fused = 1,   // the fused kernel (shared-memory cp.async pipeline)
   Stream = 2,  // the register-streaming kernel for every m <= 16
@@ -116,7 +120,9 @@ struct CudaBackendConfig {
   // kernel's tail. Results are bitwise the same. Per device, like
   // programmatic_dependent_launch.
   bool gemm_weights_before_wait = false;
-  // The GPTQ INT4 kernel per launch of up to 64 rows (see GptqKernel). Per backend object (it
+  // The GPTQ INT4 kernel per launch of up to 64 rows (see GptqKernel); with
+  // gptq_fused_max_m = -1 it also picks the crossover rule (Auto and Wgmma
+  // where the wgmma kernel runs: that kernel's). Per backend object (it
   // changes no workspace). A value outside the enum throws InvalidArgument
   // naming this field.
   GptqKernel gptq_kernel = GptqKernel::Auto;
@@ -126,23 +132,27 @@ struct CudaBackendConfig {
   // InvalidArgument naming this field.
   int gptq_stream_ring = 0;
   // GptqKernel::StreamBulk launches split over k into 2..8 CTAs, of at most
-  // 3 CTAs per SM (kernels/gptq_gemm.hpp, kGptqClusterMaxCtasPerSm): the
-  // splits of a column block run as one thread-block cluster and sum through
-  // distributed shared memory instead of the workspace, with no fence or
-  // atomic (the same bits either way: the same sums in the same order). On
-  // by default: on the H200 it wins 4-11 % on one-wave launches (4096 x
-  // 4096, 4096 x 6144) and lost ~20 % on larger ones (session 12), hence the
-  // CTA-per-SM gate; the llama3-8b GPTQ engine decodes 3.5-4 % faster with
-  // it (session 13). false: the workspace reduction everywhere (an A/B
-  // switch). Per backend object.
+  // 3 CTAs per SM (kernels/gptq_gemm.hpp, kGptqClusterMaxCtasPerSm), and
+  // wgmma launches of 2..8 splits: the splits of a column block (group) run
+  // as one thread-block cluster and sum through distributed shared memory
+  // instead of the workspace, with no fence or atomic (the same bits either
+  // way: the same sums in the same order). On by default: on the H200 it
+  // wins 4-11 % on one-wave streaming launches (4096 x 4096, 4096 x 6144)
+  // and lost ~20 % on larger ones (session 12), hence the CTA-per-SM gate;
+  // the llama3-8b GPTQ engine decodes 3.5-4 % faster with it (session 13);
+  // the wgmma kernel at 8192 x 8192, m = 64, 85.8 -> 50.3 us (session 17).
+  // false: the workspace reduction everywhere (an A/B switch). Per backend
+  // object.
   bool gptq_cluster_reduce = true;
   // The largest m for which gemm_gptq runs the INT4 kernels on a fused-layout
   // weight (in launches of 64 rows); larger m dequantize the weight in column
-  // chunks and call cuBLAS. -1: the library's rule, by the weight's size
-  // (kernels::gptq_fused_max_m, measured on the H200: 32 at 4096 x 4096 up
-  // to 192 at 8192 x 28672); 0: dequantize + cuBLAS at every m. The paths
-  // sum in different orders, so on general data their bits differ (each is
-  // deterministic). gptq_kernel applies only to m that run the INT4 kernels.
+  // chunks and call cuBLAS. -1: the library's rule, by the weight's size and
+  // the kernel of the launches above 16 rows (kernels::gptq_fused_max_m,
+  // measured on the H200: with wgmma 96 at 4096 x 4096 up to 256 at 8192 x
+  // 28672; with the fused kernel 32 up to 192); 0: dequantize + cuBLAS at
+  // every m. The paths sum in different orders, so on general data their
+  // bits differ (each is deterministic). gptq_kernel applies only to m that
+  // run the INT4 kernels.
   // Per backend object. Below -1 throws InvalidArgument naming this field.
   int gptq_fused_max_m = -1;
   // The prefill attention kernel (see PrefillKernel). Per backend object. A

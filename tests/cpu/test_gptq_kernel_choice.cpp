@@ -26,12 +26,19 @@ TEST(GptqKernelChoice, AutoTakesTheBulkSourceUpToSixteenRowsWhereBulkCopiesRun) 
   }
 }
 
-// Without bulk copies (below sm_90) Auto keeps the register source's range.
+// Without bulk copies (below sm_90, or groups of 16 rows) Auto keeps the
+// register source's range, then the fused kernel to 16 rows; the wgmma
+// kernel never takes the streaming range.
 TEST(GptqKernelChoice, AutoWithoutBulkCopiesTakesTheRegisterSourceUpToEightRows) {
-  for (int rows = 1; rows <= kernels::kGptqMaxM; ++rows) {
-    SCOPED_TRACE(rows);
-    EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::StreamBulk, rows, false, false),
-              rows <= 8 ? GptqKernelKind::Stream : GptqKernelKind::Fused);
+  for (bool wgmma : {false, true}) {
+    for (int rows = 1; rows <= kernels::kGptqMaxM; ++rows) {
+      SCOPED_TRACE(testing::Message() << rows << " rows, wgmma " << wgmma);
+      const GptqKernelKind want = rows <= 8                          ? GptqKernelKind::Stream
+                                  : rows <= kernels::kGptqStreamMaxM ? GptqKernelKind::Fused
+                                  : wgmma                            ? GptqKernelKind::Wgmma
+                                                                     : GptqKernelKind::Fused;
+      EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::StreamBulk, rows, false, wgmma), want);
+    }
   }
 }
 

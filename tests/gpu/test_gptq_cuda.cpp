@@ -355,7 +355,7 @@ TEST_F(CudaGptq, DeterministicRunToRunAndClose) {
 
 // The default backend follows kernels::gptq_fused_max_m: on random data the
 // two paths differ in their last bits, so at the rule's m the default gives
-// the fused kernels' bytes and one row past it dequantize + cuBLAS's.
+// the INT4 kernels' bytes and one row past it dequantize + cuBLAS's.
 TEST_F(CudaGptq, DefaultFollowsTheMeasuredCrossover) {
   FERRUM_SEEDED_RNG(rng);
   CudaBackendConfig dequant_config;
@@ -366,8 +366,8 @@ TEST_F(CudaGptq, DefaultFollowsTheMeasuredCrossover) {
   std::unique_ptr<QuantWeight> on_default = cuda().load_gptq(ck.tensors());
   std::unique_ptr<QuantWeight> on_fused = fused_everywhere().load_gptq(ck.tensors());
   std::unique_ptr<QuantWeight> on_dequant = dequant.load_gptq(ck.tensors());
-  // The default runs the wgmma kernel above 16 rows where it applies.
-  const std::size_t rule = kernels::gptq_fused_max_m(c.k, c.n, c.act_order, kernels::gptq_wgmma_applies(c.group_size));
+  // The default runs the wgmma kernel above 16 rows where it applies (groups of 128 rows here).
+  const std::size_t rule = kernels::gptq_fused_max_m(c.k, c.n, c.act_order, kernels::gptq_wgmma_applies(128));
   bool differs = false;
   for (std::size_t m : {rule, rule + 1}) {
     SCOPED_TRACE(cat("m=", m));
@@ -886,8 +886,9 @@ TEST_F(CudaGptqWgmma, ExactOnEveryStandardLayout) {
 
 // Splits along k (4096 / 4000 rows: many; k = 4000 ends inside a stage, its
 // columns past k zero-filled), groups of 16 (four scale rows per stage),
-// one group over all of k, k = 264 (the last stage mostly past k), n past
-// one wave of CTAs (38400 columns: 150 CTAs), n = 8 (one live warp).
+// one group over all of k, k = 264 (the last stage mostly past k), many
+// column groups (38400 columns: 150 CTAs of one split, summed through the
+// workspace), n = 8 (one live warp).
 TEST_F(CudaGptqWgmma, ExactWithSplitsAndOddShapes) {
   FERRUM_SEEDED_RNG(rng);
   expect_exact_on(wgmma(), {4000, 264, 32, false, true, GptqZeroFormat::V1}, {17, 33, 48, 64}, rng);
@@ -935,6 +936,62 @@ TEST_F(CudaGptqWgmma, BackToBackLaunchesKeepTheirResults) {
     SCOPED_TRACE(cat("launch ", i));
     EXPECT_TRUE(same_floats(wgmma().download(out[static_cast<std::size_t>(i)]), want[static_cast<std::size_t>(i)]));
   }
+}
+
+// The config reaches the backend.
+TEST_F(CudaGptqWgmma, ConfigSelectsTheKernel) { EXPECT_EQ(wgmma().gptq_kernel(), GptqKernel::Wgmma); }
+
+// The workspace reduction (gptq_cluster_reduce = false) gives the cluster
+// sum's bits on random data, at plans of 3, 2 and 8 splits on the H200's
+// 132 SMs (k = 1024 over 80 / 90 column groups; 8192 x 512 over 2).
+TEST_F(CudaGptqWgmma, WorkspaceReductionGivesTheClusterSumsBits) {
+  FERRUM_SEEDED_RNG(rng);
+  CudaBackendConfig config;
+  config.gptq_kernel = GptqKernel::Wgmma;
+  config.gptq_fused_max_m = 4096;
+  config.gptq_cluster_reduce = false;
+  CudaBackend workspace(config);
+  for (const WeightCase& c : {WeightCase{1024, 20480, 128, false, true, GptqZeroFormat::V1, false},
+                              WeightCase{1024, 23040, 64, true, false, GptqZeroFormat::V2, false},
+                              WeightCase{8192, 512, 128, true, true, GptqZeroFormat::V1, false}}) {
+    SCOPED_TRACE(describe(c));
+    const Checkpoint ck = make_checkpoint(c, rng);
+    std::unique_ptr<QuantWeight> w_cluster = wgmma().load_gptq(ck.tensors());
+    std::unique_ptr<QuantWeight> w_workspace = workspace.load_gptq(ck.tensors());
+    for (std::size_t m : {20, 64}) {
+      const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
+      for (DType dt : kHalfDTypes) {
+        SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
+        EXPECT_TRUE(same_floats(run_gemm(workspace, *w_workspace, a, dt, m), run_gemm(wgmma(), *w_cluster, a, dt, m)));
+      }
+    }
+  }
+}
+
+// Auto (the default backend) runs the fused kernel at 17 .. 32 rows on a
+// weight with k >= 8192 and n <= 8192 and the wgmma kernel at 33 rows
+// (gptq_wgmma_preferred), seen through the bits on random data.
+TEST_F(CudaGptqWgmma, AutoKeepsTheFusedKernelAtThirtyTwoRowsOnLongNarrowWeights) {
+  FERRUM_SEEDED_RNG(rng);
+  CudaBackendConfig fused_config;
+  fused_config.gptq_kernel = GptqKernel::Fused;
+  CudaBackend fused(fused_config);
+  const WeightCase c{8192, 512, 128, true, false, GptqZeroFormat::V1, false};
+  ASSERT_LE(33u, kernels::gptq_fused_max_m(c.k, c.n, c.act_order, true));  // both m on the INT4 path
+  const Checkpoint ck = make_checkpoint(c, rng);
+  std::unique_ptr<QuantWeight> w_auto = cuda().load_gptq(ck.tensors());
+  std::unique_ptr<QuantWeight> w_fused = fused.load_gptq(ck.tensors());
+  std::unique_ptr<QuantWeight> w_wgmma = wgmma().load_gptq(ck.tensors());
+  bool kernels_differ = false;
+  for (std::size_t m : {17, 32, 33}) {
+    SCOPED_TRACE(cat("m=", m));
+    const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
+    const std::vector<float> by_fused = run_gemm(fused, *w_fused, a, DType::F16, m);
+    const std::vector<float> by_wgmma = run_gemm(wgmma(), *w_wgmma, a, DType::F16, m);
+    EXPECT_TRUE(same_floats(run_gemm(cuda(), *w_auto, a, DType::F16, m), m <= 32 ? by_fused : by_wgmma));
+    kernels_differ = kernels_differ || !same_floats(by_fused, by_wgmma);
+  }
+  EXPECT_TRUE(kernels_differ) << "the two kernels gave the same bits: this test cannot see the dispatch";
 }
 
 }  // namespace
