@@ -10,7 +10,7 @@
 // --kernel picks the kernel launch_gptq_gemm runs (GptqGemmArgs::kernel):
 // auto = CudaBackendConfig's default rule (the streaming kernel, bulk
 // source, for launches of m <= kGptqStreamAutoMaxM; above, wgmma where it
-// runs and measured faster, gptq_wgmma_auto, else fused); fused = the fused
+// runs and measured faster, gptq_wgmma_preferred, else fused); fused = the fused
 // kernel; wgmma = the warpgroup-MMA kernel for every launch (sm_90a; fused
 // elsewhere); stream = the register-streaming kernel for launches of m <= 16
 // (larger m still run the fused kernel); bulk = the same streaming kernel
@@ -256,6 +256,7 @@ int main(int argc, char** argv) {
   // (gptq_kernel_for; every weight here has groups of 128 rows) for auto,
   // else the named one; the streaming kinds cover kGptqStreamMaxM rows (more
   // rows run the fused kernel), wgmma every m where it runs (else fused).
+  const bool wgmma_applies = ferrum::kernels::gptq_wgmma_applies(128);  // every weight here has groups of 128 rows
   auto kind_of = [&](int rows, int k, int n) {
     using ferrum::kernels::GptqKernelKind;
     const GptqKernelKind forced = opt.kernel == "stream"  ? GptqKernelKind::Stream
@@ -264,8 +265,9 @@ int main(int argc, char** argv) {
                                                           : GptqKernelKind::Fused;
     const GptqKernelKind kind = ferrum::kernels::gptq_kernel_for(
         opt.kernel == "auto", forced, rows, ferrum::kernels::gptq_bulk_source_applies(128),
-        ferrum::kernels::gptq_wgmma_auto(rows, static_cast<std::size_t>(k), static_cast<std::size_t>(n), 128));
-    if (kind == GptqKernelKind::Wgmma) return ferrum::kernels::gptq_wgmma_applies(128) ? kind : GptqKernelKind::Fused;
+        wgmma_applies &&
+            ferrum::kernels::gptq_wgmma_preferred(rows, static_cast<std::size_t>(k), static_cast<std::size_t>(n)));
+    if (kind == GptqKernelKind::Wgmma) return wgmma_applies ? kind : GptqKernelKind::Fused;
     return rows <= ferrum::kernels::kGptqStreamMaxM ? kind : GptqKernelKind::Fused;
   };
   auto streams = [&](int rows, int k, int n) {
@@ -479,7 +481,7 @@ int main(int argc, char** argv) {
       row.meta_gbs = static_cast<double>(q_bytes + meta_bytes) / (row.ours_us * 1e3);
       row.speedup = row.cublas_us / row.ours_us;
       row.read_us = read_us;
-      const bool wgmma_runs = ferrum::kernels::gptq_wgmma_applies(128) && (opt.kernel == "auto" || opt.kernel == "wgmma");
+      const bool wgmma_runs = wgmma_applies && (opt.kernel == "auto" || opt.kernel == "wgmma");
       row.rule_fused = static_cast<std::size_t>(m) <= ferrum::kernels::gptq_fused_max_m(
                                                         static_cast<std::size_t>(k), static_cast<std::size_t>(n),
                                                         opt.act_order, wgmma_runs);

@@ -411,14 +411,8 @@ constexpr int fused_smem_bytes() {
 
 template <class T, int Config, bool kZeros>
 void prepare_one(int& blocks_per_sm) {
-  auto kernel = fused_kernel_ptr<T, Config, kZeros>();
-  constexpr int smem = fused_smem_bytes<Config, kZeros>();
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaFuncSetAttribute", err);
-  int blocks = 0;
-  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem);
-  if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveBlocksPerMultiprocessor", err);
-  blocks_per_sm = std::max(blocks, 1);
+  blocks_per_sm = opt_in_blocks_per_sm("gemm_gptq", fused_kernel_ptr<T, Config, kZeros>(), kThreads,
+                                       fused_smem_bytes<Config, kZeros>());
 }
 
 // Blocks per SM of each (dtype, config), the zero-array variant (the plan
@@ -1002,19 +996,8 @@ constexpr int stream_ring_bytes(int nt, int ring) { return kStreamWarps * ring *
 template <class T, int NT, bool kZeros, StreamSource kSource>
 bool stream_cluster_fits(int splits, int ring, std::size_t smem) {
   static std::atomic<unsigned char> known[kGptqClusterMaxSplits + 1][kGptqStreamMaxRing + 1];  // 0 unknown, 1 no, 2 yes
-  std::atomic<unsigned char>& state = known[splits][ring];
-  unsigned char v = state.load(std::memory_order_relaxed);
-  if (v == 0) {
-    int clusters = 0;
-    const cudaError_t err = max_active_clusters(&clusters, stream_kernel_ptr<T, NT, kZeros, kSource>(),
-                                                dim3(1, static_cast<unsigned>(splits), 1), dim3(kStreamThreads), smem);
-    if (err != cudaSuccess) {
-      throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveClusters", err);  // a failed query is not an answer
-    }
-    v = clusters > 0 ? 2 : 1;
-    state.store(v, std::memory_order_relaxed);
-  }
-  return v == 2;
+  return cluster_fits_once(known[splits][ring], "gemm_gptq", stream_kernel_ptr<T, NT, kZeros, kSource>(),
+                           dim3(1, static_cast<unsigned>(splits), 1), dim3(kStreamThreads), smem);
 }
 
 template <class T, int NT, StreamSource kSource>
@@ -1388,8 +1371,7 @@ void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream) {
     check_launch("gemm_gptq (stream)");
     return;
   }
-  if (args.kernel == GptqKernelKind::Wgmma && gptq_wgmma_applies(args.w.group_rows)) {
-    launch_gptq_wgmma(args, stream);
+  if (args.kernel == GptqKernelKind::Wgmma && launch_gptq_wgmma(args, stream)) {
     check_launch("gemm_gptq (wgmma)");
     return;
   }

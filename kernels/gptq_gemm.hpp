@@ -17,7 +17,7 @@
 //                        With GptqGemmArgs::kernel = Wgmma (CudaBackend's
 //                        default for launches of 17 .. 64 rows where the
 //                        build has sm_90a code, the device is 9.0 and it
-//                        measured faster, gptq_wgmma_auto): the
+//                        measured faster, gptq_wgmma_preferred): the
 //                        warpgroup-MMA kernel (kernels/gptq_gemm_wgmma.cu),
 //                        its splits summed in a cluster or the workspace.
 //   launch_gptq_gather   a_perm[i, j] = a[i, perm[j]] (act-order).
@@ -111,18 +111,13 @@ inline bool gptq_wgmma_preferred(int rows, std::size_t k, std::size_t n) {
   return rows > 32 || !(k >= 8192 && n <= 8192);
 }
 
-// Whether Auto's launches of `rows` rows on a k x n weight with groups of
-// `group_rows` rows take the wgmma kernel where the streaming kernel does
-// not: it applies on this device and gptq_wgmma_preferred. CudaBackend and
-// bench_gptq ask this.
-bool gptq_wgmma_auto(int rows, std::size_t k, std::size_t n, int group_rows);
-
 // The kernel a launch of `rows` rows asks for: `forced` when the caller
 // names one, else (auto) StreamBulk up to kGptqStreamAutoMaxM rows where
 // bulk copies are supported, the register source up to
 // kGptqRegisterStreamAutoMaxM where not (then the fused kernel up to
 // kGptqStreamMaxM); above kGptqStreamMaxM rows the wgmma kernel when
-// `wgmma` (gptq_wgmma_auto), else the fused kernel. CudaBackend
+// `wgmma` (gptq_wgmma_applies to the weight and gptq_wgmma_preferred),
+// else the fused kernel. CudaBackend
 // (GptqKernel) and bench/bench_gptq.cpp (--kernel) both decide through this.
 inline GptqKernelKind gptq_kernel_for(bool automatic, GptqKernelKind forced, int rows, bool bulk_supported,
                                       bool wgmma) {
@@ -235,9 +230,10 @@ struct GptqGemmArgs {
   bool cluster_reduce = true;
 };
 void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream);
-// The wgmma kernel alone (launch_gptq_gemm calls it for Wgmma where
-// gptq_wgmma_applies); throws where it does not apply.
-void launch_gptq_wgmma(const GptqGemmArgs& args, cudaStream_t stream);
+// The wgmma kernel alone (launch_gptq_gemm calls it for Wgmma): false, with
+// nothing launched, where it does not apply (gptq_wgmma_applies); an m or
+// splits override outside its range throws.
+bool launch_gptq_wgmma(const GptqGemmArgs& args, cudaStream_t stream);
 
 // a_perm[i, j] = a[i, perm[j]] for i < m, j < k. a and a_perm: [m, k] row-major.
 void launch_gptq_gather(DType dtype, const void* a, const std::int32_t* perm /*[k]*/, void* a_perm, int m, int k,

@@ -377,14 +377,8 @@ auto wgmma_kernel_ptr() {
 
 template <class T, int kN, bool kZeros>
 void prepare_one(int& blocks_per_sm) {
-  auto kernel = wgmma_kernel_ptr<T, kN, kZeros>();
-  constexpr int smem = WgmmaSlot<kN>::kSmemBytes;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaFuncSetAttribute", err);
-  int blocks = 0;
-  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWgThreads, smem);
-  if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveBlocksPerMultiprocessor", err);
-  blocks_per_sm = std::max(blocks, 1);
+  blocks_per_sm = opt_in_blocks_per_sm("gemm_gptq", wgmma_kernel_ptr<T, kN, kZeros>(), kWgThreads,
+                                       WgmmaSlot<kN>::kSmemBytes);
 }
 
 // CTAs per SM of the smallest occupancy over every instance (the plan must
@@ -416,19 +410,9 @@ int wgmma_blocks_per_sm() {
 template <class T, int kN, bool kZeros>
 bool cluster_fits(int splits) {
   static std::atomic<unsigned char> known[kMaxSplits + 1];  // 0 unknown, 1 no, 2 yes
-  std::atomic<unsigned char>& state = known[splits];
-  unsigned char v = state.load(std::memory_order_relaxed);
-  if (v == 0) {
-    (void)wgmma_blocks_per_sm();  // the shared-memory opt-in
-    int clusters = 0;
-    const cudaError_t err = max_active_clusters(&clusters, wgmma_kernel_ptr<T, kN, kZeros>(),
-                                                dim3(1, static_cast<unsigned>(splits), 1), dim3(kWgThreads),
-                                                WgmmaSlot<kN>::kSmemBytes);
-    if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveClusters", err);
-    v = clusters > 0 ? 2 : 1;
-    state.store(v, std::memory_order_relaxed);
-  }
-  return v == 2;
+  (void)wgmma_blocks_per_sm();  // the shared-memory opt-in
+  return cluster_fits_once(known[splits], "gemm_gptq", wgmma_kernel_ptr<T, kN, kZeros>(),
+                           dim3(1, static_cast<unsigned>(splits), 1), dim3(kWgThreads), WgmmaSlot<kN>::kSmemBytes);
 }
 
 template <class T, int kN, bool kZeros>
@@ -487,10 +471,6 @@ bool gptq_wgmma_applies(int group_rows) {
          (group_rows >= kStageK ? group_rows % kStageK == 0 : kStageK % group_rows == 0);
 }
 
-bool gptq_wgmma_auto(int rows, std::size_t k, std::size_t n, int group_rows) {
-  return gptq_wgmma_applies(group_rows) && gptq_wgmma_preferred(rows, k, n);
-}
-
 GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms, int splits_override) {
   GptqPlan plan;
   plan.config = -2;
@@ -515,14 +495,12 @@ GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms, int splits_override)
   return plan;
 }
 
-void launch_gptq_wgmma(const GptqGemmArgs& args, cudaStream_t stream) {
+bool launch_gptq_wgmma(const GptqGemmArgs& args, cudaStream_t stream) {
   if (args.m < 1 || args.m > kGptqMaxM) throw_bad_dispatch("gemm_gptq (wgmma)", "rows per launch m", args.m);
   if (args.stream_splits < 0 || args.stream_splits > 16) {
     throw_bad_dispatch("gemm_gptq (wgmma)", "stream_splits (CTAs along k)", args.stream_splits);
   }
-  if (!gptq_wgmma_applies(args.w.group_rows)) {
-    throw_bad_dispatch("gemm_gptq (wgmma)", "group_rows on this build / device", args.w.group_rows);
-  }
+  if (!gptq_wgmma_applies(args.w.group_rows)) return false;
   const GptqPlan plan = gptq_wgmma_plan(args.w.k_pad, args.w.n_pad, args.num_sms, args.stream_splits);
   dispatch_half_dtype(args.dtype, "gemm_gptq", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -532,6 +510,7 @@ void launch_gptq_wgmma(const GptqGemmArgs& args, cudaStream_t stream) {
       launch_typed<T, 64>(args, plan, stream);
     }
   });
+  return true;
 }
 
 }  // namespace ferrum::kernels

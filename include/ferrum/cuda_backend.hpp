@@ -33,7 +33,7 @@ struct CudaRuntime;
 enum class GptqKernel {
   // The library's choice: StreamBulk for m <= 16 (without bulk copies:
   // Stream for m <= 8, then Fused); above 16 rows Wgmma where it runs and
-  // measured faster (kernels::gptq_wgmma_auto: not at 17..32 rows on
+  // measured faster (kernels::gptq_wgmma_preferred: not at 17..32 rows on
   // weights with k >= 8192 and n <= 8192), else Fused.
   Auto = 0,
   Fused = 1,   // the fused kernel (shared-memory cp.async pipeline)

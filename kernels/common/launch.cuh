@@ -152,6 +152,38 @@ cudaError_t max_active_clusters(int* clusters, void (*kernel)(Params...), dim3 c
   return err;
 }
 
+// Opts `kernel` in to `smem` bytes of dynamic shared memory and returns how
+// many blocks of `threads` threads with that much fit on one SM (at least
+// 1). A failed call throws ferrum::Error naming `op`.
+template <class... Params>
+int opt_in_blocks_per_sm(const char* op, void (*kernel)(Params...), int threads, int smem) {
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) throw_cuda_error(op, "cudaFuncSetAttribute", err);
+  int blocks = 0;
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem);
+  if (err != cudaSuccess) throw_cuda_error(op, "cudaOccupancyMaxActiveBlocksPerMultiprocessor", err);
+  return blocks > 1 ? blocks : 1;
+}
+
+// Whether a cluster of `cluster` blocks of `kernel` (its shared-memory
+// opt-in done) can be resident at all (max_active_clusters > 0), asked once
+// and remembered in `state` (0 not asked, 1 no, 2 yes; the caller keeps one
+// per kernel instance and launch shape). A failed query throws naming `op`
+// and is asked again next time (a failed query is not an answer).
+template <class... Params>
+bool cluster_fits_once(std::atomic<unsigned char>& state, const char* op, void (*kernel)(Params...), dim3 cluster,
+                       dim3 block, std::size_t smem) {
+  unsigned char v = state.load(std::memory_order_relaxed);
+  if (v == 0) {
+    int clusters = 0;
+    const cudaError_t err = max_active_clusters(&clusters, kernel, cluster, block, smem);
+    if (err != cudaSuccess) throw_cuda_error(op, "cudaOccupancyMaxActiveClusters", err);
+    v = clusters > 0 ? 2 : 1;
+    state.store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
+}
+
 template <class... Params, class... Args>
 void launch_pdl(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
                 cudaStream_t stream, Args&&... args) {

@@ -314,7 +314,7 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
       // the wgmma kernel where it applies and measured faster (gptq_wgmma_preferred).
       args.kernel = kernels::gptq_kernel_for(gptq_kernel_ == GptqKernel::Auto, forced_kernel_kind(gptq_kernel_), rows,
                                              kernels::gptq_bulk_source_applies(view.group_rows),
-                                             weight->fused() && kernels::gptq_wgmma_auto(rows, k, n, view.group_rows));
+                                             wgmma_applies && kernels::gptq_wgmma_preferred(rows, k, n));
       args.stream_ring = gptq_stream_ring_;
       args.cluster_reduce = gptq_cluster_reduce_;
       kernels::launch_gptq_gemm(args, rt_->stream);
