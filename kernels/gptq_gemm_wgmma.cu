@@ -33,10 +33,11 @@
 //     ~680 cycles per k16 step.)
 //   * Dequantization scale-before, as the fused kernel: (q - z) is exact and
 //     one multiply by the scale rounds once, exactly as rounding the f32
-//     weight to the activation dtype. Two A register sets (kGroupSteps k16
-//     steps each) used in turn: the next set's dequantization overlaps this
-//     set's wgmma, whose registers stay untouched until wgmma.wait_group
-//     says they are done.
+//     weight to the activation dtype. Two A register sets (one k16 step
+//     each) used in turn: the next step's dequantization overlaps this
+//     step's wgmma, whose registers stay untouched until wgmma.wait_group
+//     says they are done. (Two steps per set and commit group measured no
+//     faster, session 17: 8192 x 28672, m = 17, 65.2 -> 64.7 us.)
 //   * f32 accumulators (4 x N / 2 per thread). The splits of a column group
 //     (at most kGptqClusterMaxSplits) run as one thread-block cluster: each
 //     leaves its [m][256] f32 partial in its shared memory and the cluster
@@ -103,12 +104,6 @@ struct WgmmaSlot {
   static constexpr int kBytes = (kZeroOffset + kZeroBytes + 1023) / 1024 * 1024;
   static constexpr int kSmemBytes = kRing * kBytes + 1024;  // + alignment slack
   static_assert(kN * kTilePitch * 4 <= kRing * kBytes, "the cluster reduce's tile reuses the ring");
-  // k16 steps per wgmma commit group: two at N = 32 (the 32 more A
-  // registers fit; measured no faster than one on the H200, session 17:
-  // 8192 x 28672, m = 17, 65.2 -> 64.7 us), one at N = 64 (its 128
-  // accumulators leave no room for a second pair).
-  static constexpr int kGroupSteps = kN == 32 ? 2 : 1;
-  static_assert(kStageK16 % kGroupSteps == 0, "a group must not straddle stages");
 };
 
 struct WgmmaParams {
@@ -255,10 +250,9 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[j][i] = 0.0f;
   }
-  // Two sets of A fragments used in turn, each holding kGroupSteps k16
-  // steps: one set's wgmma run while the next set is dequantized.
-  constexpr int kGroupSteps = WgmmaSlot<kN>::kGroupSteps;
-  std::uint32_t afrag[2][kGroupSteps][4][4];
+  // Two sets of A fragments used in turn, one k16 step each: one step's
+  // wgmma run while the next step is dequantized.
+  std::uint32_t afrag[2][4][4];
   std::uint32_t sc[8];
   std::uint32_t lo[kZeros ? 8 : 1], hi[kZeros ? 8 : 1];
   if constexpr (!kZeros) M::biases(p.zero_value, lo[0], hi[0]);
@@ -296,8 +290,7 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel
                           lo, hi);
         }
       }
-      // Step kk's A fragments: set (kk / kGroupSteps) % 2, slot kk % kGroupSteps.
-      std::uint32_t(&af)[4][4] = afrag[(kk / kGroupSteps) & 1][kk % kGroupSteps];
+      std::uint32_t(&af)[4][4] = afrag[kk & 1];
       const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -310,21 +303,15 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel
         af[j][2] = b[1];
         af[j][3] = b[3];
       }
-      if (kk % kGroupSteps == kGroupSteps - 1) {
-        // A group of kGroupSteps steps: 4 wgmma each, one commit group.
-        wgmma_fence();
+      // Step kk: 4 wgmma, one commit group.
+      wgmma_fence();
+      const std::uint64_t desc = wgmma_desc_sw128(act + kk * 32, 16, 1024);
 #pragma unroll
-        for (int u = 0; u < kGroupSteps; ++u) {
-          const int step = kk - (kGroupSteps - 1) + u;
-          const std::uint64_t desc = wgmma_desc_sw128(act + step * 32, 16, 1024);
-#pragma unroll
-          for (int j = 0; j < 4; ++j) wgmma_rs<T, kN>(acc[j], afrag[(kk / kGroupSteps) & 1][u][j], desc);
-        }
-        wgmma_commit();
-        // The previous group's wgmma are done: its A registers (the other
-        // set) may be overwritten by the next dequantization.
-        wgmma_wait<1>();
-      }
+      for (int j = 0; j < 4; ++j) wgmma_rs<T, kN>(acc[j], af[j], desc);
+      wgmma_commit();
+      // The previous step's wgmma are done: its A registers (the other set)
+      // may be overwritten by the next dequantization.
+      wgmma_wait<1>();
     }
   }
   wgmma_wait<0>();

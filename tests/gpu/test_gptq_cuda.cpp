@@ -986,10 +986,17 @@ TEST_F(CudaGptqWgmma, AutoKeepsTheFusedKernelAtThirtyTwoRowsOnLongNarrowWeights)
   for (std::size_t m : {17, 32, 33}) {
     SCOPED_TRACE(cat("m=", m));
     const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
-    const std::vector<float> by_fused = run_gemm(fused, *w_fused, a, DType::F16, m);
+    const std::vector<float> by_auto = run_gemm(cuda(), *w_auto, a, DType::F16, m);
     const std::vector<float> by_wgmma = run_gemm(wgmma(), *w_wgmma, a, DType::F16, m);
-    EXPECT_TRUE(same_floats(run_gemm(cuda(), *w_auto, a, DType::F16, m), m <= 32 ? by_fused : by_wgmma));
-    kernels_differ = kernels_differ || !same_floats(by_fused, by_wgmma);
+    if (m <= 32) {
+      // (Not above: there the fused-only backend's act-order rule takes
+      // dequantize + cuBLAS, whose kernels racecheck flags on its own.)
+      const std::vector<float> by_fused = run_gemm(fused, *w_fused, a, DType::F16, m);
+      EXPECT_TRUE(same_floats(by_auto, by_fused));
+      kernels_differ = kernels_differ || !same_floats(by_fused, by_wgmma);
+    } else {
+      EXPECT_TRUE(same_floats(by_auto, by_wgmma));
+    }
   }
   EXPECT_TRUE(kernels_differ) << "the two kernels gave the same bits: this test cannot see the dispatch";
 }
