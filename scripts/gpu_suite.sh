@@ -116,7 +116,7 @@ if has_mode tests; then
     # since session 12 every prefill case runs on both prefill kernels, and
     # 2 of 8 shards of the prefill cases alone passed 150 s, hence 300 s).
     echo "== compute-sanitizer racecheck ($(date +%T))"
-    SANITIZE_SHARDS=14 sanitize racecheck 300 'Sweep/CudaRowOps.*Norm*:DTypes/CudaUnaligned.*:Specs/CudaFlashAttention.*:DTypes/CudaDeviceState.Flash*:Specs/CudaFlashDecodeRagged.*_case?:DTypes/CudaDecodeBatch.*:Sweep/CudaPrefillAttention.*_case?:Shapes/CudaGemmSkinny.*:CudaArgmax.*:*GemmSiluMul*:CudaGptqStream.*-*t4096*:*ManyRows*'
+    SANITIZE_SHARDS=14 sanitize racecheck 300 'Sweep/CudaRowOps.*Norm*:DTypes/CudaUnaligned.*:Specs/CudaFlashAttention.*:DTypes/CudaDeviceState.Flash*:Specs/CudaFlashDecodeRagged.*_case?:DTypes/CudaDecodeBatch.*:Cases/CudaDecodeKnobs.*:Sweep/CudaPrefillAttention.*_case?:Shapes/CudaGemmSkinny.*:CudaArgmax.*:*GemmSiluMul*:CudaGptqStream.*-*t4096*:*ManyRows*'
   } 2>&1 | tee -a "$LOG"
 fi
 
@@ -156,7 +156,7 @@ fi
 if has_mode race; then
   {
     echo "== racecheck: attention decode/prefill, GPTQ ($(date +%T))"
-    sanitize racecheck 300 'Specs/CudaFlashDecodeRagged.*_case?:Specs/CudaFlashAttention.*_case?:DTypes/CudaDecodeBatch.*:Sweep/CudaPrefillAttention.*_case?:*CudaPrefillLargeGrid*:CudaPrefillWgmma.*:CudaGptqStream.*'
+    sanitize racecheck 300 'Specs/CudaFlashDecodeRagged.*_case?:Specs/CudaFlashAttention.*_case?:DTypes/CudaDecodeBatch.*:Cases/CudaDecodeKnobs.*:Sweep/CudaPrefillAttention.*_case?:*CudaPrefillLargeGrid*:CudaPrefillWgmma.*:CudaGptqStream.*'
   } 2>&1 | tee -a "$LOG"
 fi
 

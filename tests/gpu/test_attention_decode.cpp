@@ -32,7 +32,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "ferrum/half.hpp"
@@ -194,6 +196,8 @@ TEST_P(CudaDecodeBatch, SliceEdgesMatchCpuAndRepeatBitwise) {
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(DTypes, CudaDecodeBatch, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
+
 // Straight through the launcher, on raw device memory: every DecodeTuning
 // variant gives the default's bytes. Cases: a small launch (the whole-slice
 // L2 prefetch applies when a variant turns it on), one past a 36 MiB
@@ -208,162 +212,174 @@ TEST_P(CudaDecodeBatch, SliceEdgesMatchCpuAndRepeatBitwise) {
 // 4k and 2k caches (32 and 16 slices of 128 keys). Cache rows
 // at and past each sequence's kv_len hold NaN, so a path that lets one
 // into P V shows.
-TEST_P(CudaDecodeBatch, DecodeTuningKnobsChangeNoBit) {
-  FERRUM_SEEDED_RNG(rng);
-  const DType dt = GetParam();
-  cuda();  // device 0 current, its runtime made
-  struct Case {
-    int batch;
-    int kv_len;
-    long long capacity;
-    int heads;
-    int kv_heads;
-    int head_dim;
-    bool ragged = false;  // kv_lens: sequence b holds kv_len, kv_len / 2 + 1 or 1 keys (b % 3)
-    bool state = false;   // kv_len from a device DecodeState (one captured launch's mode)
-  };
-  for (const Case& c : {Case{1, 700, 1000, 8, 2, 128}, Case{3, 4999, 5000, 8, 2, 128},
-                        Case{2, 9000, 20000, 8, 2, 128}, Case{2, 333, 4096, 40, 2, 128},
-                        Case{1, 4100, 9000, 4, 1, 64}, Case{2, 1234, 1500, 16, 2, 256},
-                        Case{48, 200, 256, 16, 8, 128}, Case{6, 3000, 4096, 32, 8, 128, true},
-                        Case{5, 1000, 1024, 16, 1, 64, true}, Case{16, 2500, 4096, 32, 8, 128, false, true},
-                        Case{2, 900, 1024, 40, 1, 256, false, true}, Case{2, 900, 1024, 32, 1, 256, false, true},
-                        Case{1, 200, 256, 4, 1, 128}, Case{1, 3999, 4096, 8, 2, 128},
-                        Case{1, 1500, 2048, 32, 8, 128, false, true}}) {
-    SCOPED_TRACE(cat("batch ", c.batch, " kv_len ", c.kv_len, " capacity ", c.capacity, " heads ", c.heads, "/",
-                     c.kv_heads, " hd ", c.head_dim, c.ragged ? " ragged" : "", c.state ? " state" : ""));
-    auto seq_len = [&](int b) {
-      if (!c.ragged) return c.kv_len;
-      return b % 3 == 0 ? c.kv_len : b % 3 == 1 ? c.kv_len / 2 + 1 : 1;
-    };
-    const std::size_t q_elems = static_cast<std::size_t>(c.batch) * c.heads * c.head_dim;
-    const std::size_t kv_elems = static_cast<std::size_t>(c.batch) * c.kv_heads * c.capacity * c.head_dim;
-    const std::vector<std::uint8_t> q = encode_bytes(random_uniform(rng, dt, q_elems));
-    std::vector<std::uint8_t> k = encode_bytes(random_uniform(rng, dt, kv_elems));
-    std::vector<std::uint8_t> v = encode_bytes(random_uniform(rng, dt, kv_elems));
-    // Rows past the sequence's kv_len .. capacity - 1 of every (sequence,
-    // kv head): NaN (0xffff in f16 and bf16).
-    const std::size_t row_bytes = static_cast<std::size_t>(c.head_dim) * 2;
-    std::vector<std::int32_t> lens(static_cast<std::size_t>(c.batch));
-    for (int b = 0; b < c.batch; ++b) lens[static_cast<std::size_t>(b)] = seq_len(b);
-    for (std::size_t plane = 0; plane < static_cast<std::size_t>(c.batch) * c.kv_heads; ++plane) {
-      const std::size_t len = static_cast<std::size_t>(lens[plane / static_cast<std::size_t>(c.kv_heads)]);
-      const std::size_t from = (plane * c.capacity + len) * row_bytes;
-      const std::size_t to = (plane + 1) * c.capacity * row_bytes;
-      std::memset(k.data() + from, 0xff, to - from);
-      std::memset(v.data() + from, 0xff, to - from);
-    }
-    const std::size_t ws = kernels::attention_workspace_floats(c.batch, c.heads, 1, c.head_dim, c.capacity);
-    const DeviceBytes dq_mem(q), dk_mem(k), dv_mem(v), dws_mem(std::max<std::size_t>(ws, 1) * sizeof(float));
-    DeviceBytes dout_mem(q.size()), dflag_mem(sizeof(std::uint32_t));
-    dflag_mem.fill(0);
-    std::vector<std::uint8_t> lens_bytes(lens.size() * sizeof(std::int32_t));
-    std::memcpy(lens_bytes.data(), lens.data(), lens_bytes.size());
-    const DeviceBytes dlens_mem(lens_bytes);
-    const kernels::DecodeState host_state{0, c.kv_len - 1, c.kv_len};
-    std::vector<std::uint8_t> state_bytes(sizeof host_state);
-    std::memcpy(state_bytes.data(), &host_state, sizeof host_state);
-    const DeviceBytes dstate_mem(state_bytes);
-    void *const dq = dq_mem.get(), *const dk = dk_mem.get(), *const dv = dv_mem.get(), *const dout = dout_mem.get();
-    void *const dws = dws_mem.get(), *const dflag = dflag_mem.get();
+struct DecodeKnobCase {
+  int batch;
+  int kv_len;
+  long long capacity;
+  int heads;
+  int kv_heads;
+  int head_dim;
+  bool ragged = false;  // kv_lens: sequence b holds kv_len, kv_len / 2 + 1 or 1 keys (b % 3)
+  bool state = false;   // kv_len from a device DecodeState (one captured launch's mode)
+};
+constexpr DecodeKnobCase kDecodeKnobCases[] = {
+    {1, 700, 1000, 8, 2, 128},       {3, 4999, 5000, 8, 2, 128},
+    {2, 9000, 20000, 8, 2, 128},     {2, 333, 4096, 40, 2, 128},
+    {1, 4100, 9000, 4, 1, 64},       {2, 1234, 1500, 16, 2, 256},
+    {48, 200, 256, 16, 8, 128},      {6, 3000, 4096, 32, 8, 128, true},
+    {5, 1000, 1024, 16, 1, 64, true}, {16, 2500, 4096, 32, 8, 128, false, true},
+    {2, 900, 1024, 40, 1, 256, false, true}, {2, 900, 1024, 32, 1, 256, false, true},
+    {1, 200, 256, 4, 1, 128},        {1, 3999, 4096, 8, 2, 128},
+    {1, 1500, 2048, 32, 8, 128, false, true}};
 
-    auto args_for = [&](const kernels::DecodeTuning& tuning) {
-      kernels::AttentionArgs a;
-      a.dtype = dt;
-      a.q = dq;
-      a.k = dk;
-      a.v = dv;
-      a.out = dout;
-      a.batch = c.batch;
-      a.num_heads = c.heads;
-      a.num_kv_heads = c.kv_heads;
-      a.q_len = 1;
-      a.head_dim = c.head_dim;
-      a.kv_stride = c.capacity;
-      a.kv_len = c.kv_len;
-      a.pos_offset = c.kv_len - 1;
-      if (c.ragged) a.kv_lens = static_cast<const int*>(dlens_mem.get());
-      if (c.state) a.state = static_cast<const kernels::DecodeState*>(dstate_mem.get());
-      a.error_flag = static_cast<std::uint32_t*>(dflag);
-      a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-      kernels::set_decode_workspace(a, static_cast<float*>(dws), ws);
-      a.decode_tuning = tuning;
-      return a;
-    };
-    auto run_with = [&](const kernels::DecodeTuning& tuning) {
-      EXPECT_EQ(cudaMemset(dout, kPoisonByte, q.size()), cudaSuccess);
-      kernels::launch_attention(args_for(tuning), nullptr);
-      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      std::vector<std::uint8_t> out(q.size());
-      EXPECT_EQ(cudaMemcpy(out.data(), dout, out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-      return out;
-    };
-    const std::vector<std::uint8_t> reference = run_with({});
-    for (std::size_t i = 0; i < reference.size() / 2; ++i) {
-      std::uint16_t bits = 0;
-      std::memcpy(&bits, reference.data() + 2 * i, 2);
-      ASSERT_TRUE(std::isfinite(dt == DType::BF16 ? bf16_to_f32(bits) : f16_to_f32(bits))) << "element " << i;
-    }
-    std::vector<kernels::DecodeTuning> variants(6);
-    variants[0].l2_ahead = 2;
-    variants[1].l2_ahead = 5;
-    variants[2].l2_prefetch_bytes = 36.0 * 1024 * 1024;
-    variants[3].l2_prefetch_bytes = 1e12;
-    variants[4].fused_merge = false;
-    // The size rule: 0 takes the combine kernel wherever a row has several
-    // blocks (one slice each here); a huge bound the fused merge everywhere,
-    // also where the default rule does not (48 x 8 groups pass 2 per SM on
-    // devices of up to 191 SMs, the H200's 132).
-    variants[5].fused_max_groups_per_sm = 0.0;
-    variants[5].slices_per_block = 1;
-    variants.push_back({});
-    variants.back().fused_max_groups_per_sm = 1e9;
-    // Slices per block (a block running several slices, merging a whole row
-    // itself at 8 and 16), also with the combine kernel; the next slice's
-    // prologue after the merge.
-    for (int per_block : {1, 2, 3, 8, 16}) {
-      variants.push_back({});
-      variants.back().slices_per_block = per_block;
-    }
-    variants.push_back({});
-    variants.back().slices_per_block = 2;
-    variants.back().fused_merge = false;
-    variants.push_back({});
-    variants.back().overlap_boundary = false;
-    variants.back().slices_per_block = 3;
-    // The row's slices as one cluster, merged through distributed shared
-    // memory (where a row has 2..8 slices and one head chunk; elsewhere the
-    // launch merges as without it): by default, and with a block per slice.
-    variants.push_back({});
-    variants.back().cluster_merge = true;
-    variants.push_back({});
-    variants.back().cluster_merge = true;
-    variants.back().slices_per_block = 1;
-    for (std::size_t i = 0; i < variants.size(); ++i) {
-      EXPECT_TRUE(reference == run_with(variants[i])) << "variant " << i << " changed the output";
-    }
-    // The cluster merge ran where it applies (an sm_90 device: 2..8 slices,
-    // one head chunk), so the comparison above covered it.
-    int major = 0;
-    ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-    const int splits = kernels::attention_decode_splits(c.capacity);
-    const bool one_chunk = c.heads / c.kv_heads <= 32;  // two m-tiles of 16 q heads per block at most
-    kernels::DecodeTuning cluster_tuning;
-    cluster_tuning.cluster_merge = true;
-    const std::optional<kernels::DecodeLaunchPlan> plan = kernels::decode_launch_plan(args_for(cluster_tuning));
-    ASSERT_TRUE(plan.has_value());
-    EXPECT_EQ(plan->cluster, major >= 9 && splits >= 2 && splits <= 8 && one_chunk) << "splits " << splits;
-    if (plan->cluster) {
-      EXPECT_EQ(plan->slices_per_block, 1);
-      EXPECT_TRUE(plan->fused);
-    }
-    std::uint32_t flag = 1;
-    EXPECT_EQ(cudaMemcpy(&flag, dflag, sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(flag, 0u);
+// One test per (dtype, case), so that a sanitizer run shards them (the two
+// tests of 15 cases each did not finish under racecheck in 230 s).
+class CudaDecodeKnobs : public CudaParamTest<std::tuple<DType, int>> {};
+
+TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
+  FERRUM_SEEDED_RNG(rng);
+  const DType dt = std::get<0>(GetParam());
+  const DecodeKnobCase& c = kDecodeKnobCases[std::get<1>(GetParam())];
+  cuda();  // device 0 current, its runtime made
+  SCOPED_TRACE(cat("batch ", c.batch, " kv_len ", c.kv_len, " capacity ", c.capacity, " heads ", c.heads, "/",
+                   c.kv_heads, " hd ", c.head_dim, c.ragged ? " ragged" : "", c.state ? " state" : ""));
+  auto seq_len = [&](int b) {
+    if (!c.ragged) return c.kv_len;
+    return b % 3 == 0 ? c.kv_len : b % 3 == 1 ? c.kv_len / 2 + 1 : 1;
+  };
+  const std::size_t q_elems = static_cast<std::size_t>(c.batch) * c.heads * c.head_dim;
+  const std::size_t kv_elems = static_cast<std::size_t>(c.batch) * c.kv_heads * c.capacity * c.head_dim;
+  const std::vector<std::uint8_t> q = encode_bytes(random_uniform(rng, dt, q_elems));
+  std::vector<std::uint8_t> k = encode_bytes(random_uniform(rng, dt, kv_elems));
+  std::vector<std::uint8_t> v = encode_bytes(random_uniform(rng, dt, kv_elems));
+  // Rows past the sequence's kv_len .. capacity - 1 of every (sequence,
+  // kv head): NaN (0xffff in f16 and bf16).
+  const std::size_t row_bytes = static_cast<std::size_t>(c.head_dim) * 2;
+  std::vector<std::int32_t> lens(static_cast<std::size_t>(c.batch));
+  for (int b = 0; b < c.batch; ++b) lens[static_cast<std::size_t>(b)] = seq_len(b);
+  for (std::size_t plane = 0; plane < static_cast<std::size_t>(c.batch) * c.kv_heads; ++plane) {
+    const std::size_t len = static_cast<std::size_t>(lens[plane / static_cast<std::size_t>(c.kv_heads)]);
+    const std::size_t from = (plane * c.capacity + len) * row_bytes;
+    const std::size_t to = (plane + 1) * c.capacity * row_bytes;
+    std::memset(k.data() + from, 0xff, to - from);
+    std::memset(v.data() + from, 0xff, to - from);
   }
+  const std::size_t ws = kernels::attention_workspace_floats(c.batch, c.heads, 1, c.head_dim, c.capacity);
+  const DeviceBytes dq_mem(q), dk_mem(k), dv_mem(v), dws_mem(std::max<std::size_t>(ws, 1) * sizeof(float));
+  DeviceBytes dout_mem(q.size()), dflag_mem(sizeof(std::uint32_t));
+  dflag_mem.fill(0);
+  std::vector<std::uint8_t> lens_bytes(lens.size() * sizeof(std::int32_t));
+  std::memcpy(lens_bytes.data(), lens.data(), lens_bytes.size());
+  const DeviceBytes dlens_mem(lens_bytes);
+  const kernels::DecodeState host_state{0, c.kv_len - 1, c.kv_len};
+  std::vector<std::uint8_t> state_bytes(sizeof host_state);
+  std::memcpy(state_bytes.data(), &host_state, sizeof host_state);
+  const DeviceBytes dstate_mem(state_bytes);
+  void *const dq = dq_mem.get(), *const dk = dk_mem.get(), *const dv = dv_mem.get(), *const dout = dout_mem.get();
+  void *const dws = dws_mem.get(), *const dflag = dflag_mem.get();
+
+  auto args_for = [&](const kernels::DecodeTuning& tuning) {
+    kernels::AttentionArgs a;
+    a.dtype = dt;
+    a.q = dq;
+    a.k = dk;
+    a.v = dv;
+    a.out = dout;
+    a.batch = c.batch;
+    a.num_heads = c.heads;
+    a.num_kv_heads = c.kv_heads;
+    a.q_len = 1;
+    a.head_dim = c.head_dim;
+    a.kv_stride = c.capacity;
+    a.kv_len = c.kv_len;
+    a.pos_offset = c.kv_len - 1;
+    if (c.ragged) a.kv_lens = static_cast<const int*>(dlens_mem.get());
+    if (c.state) a.state = static_cast<const kernels::DecodeState*>(dstate_mem.get());
+    a.error_flag = static_cast<std::uint32_t*>(dflag);
+    a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    kernels::set_decode_workspace(a, static_cast<float*>(dws), ws);
+    a.decode_tuning = tuning;
+    return a;
+  };
+  auto run_with = [&](const kernels::DecodeTuning& tuning) {
+    EXPECT_EQ(cudaMemset(dout, kPoisonByte, q.size()), cudaSuccess);
+    kernels::launch_attention(args_for(tuning), nullptr);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<std::uint8_t> out(q.size());
+    EXPECT_EQ(cudaMemcpy(out.data(), dout, out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  };
+  const std::vector<std::uint8_t> reference = run_with({});
+  for (std::size_t i = 0; i < reference.size() / 2; ++i) {
+    std::uint16_t bits = 0;
+    std::memcpy(&bits, reference.data() + 2 * i, 2);
+    ASSERT_TRUE(std::isfinite(dt == DType::BF16 ? bf16_to_f32(bits) : f16_to_f32(bits))) << "element " << i;
+  }
+  std::vector<kernels::DecodeTuning> variants(6);
+  variants[0].l2_ahead = 2;
+  variants[1].l2_ahead = 5;
+  variants[2].l2_prefetch_bytes = 36.0 * 1024 * 1024;
+  variants[3].l2_prefetch_bytes = 1e12;
+  variants[4].fused_merge = false;
+  // The size rule: 0 takes the combine kernel wherever a row has several
+  // blocks (one slice each here); a huge bound the fused merge everywhere,
+  // also where the default rule does not (48 x 8 groups pass 2 per SM on
+  // devices of up to 191 SMs, the H200's 132).
+  variants[5].fused_max_groups_per_sm = 0.0;
+  variants[5].slices_per_block = 1;
+  variants.push_back({});
+  variants.back().fused_max_groups_per_sm = 1e9;
+  // Slices per block (a block running several slices, merging a whole row
+  // itself at 8 and 16), also with the combine kernel; the next slice's
+  // prologue after the merge.
+  for (int per_block : {1, 2, 3, 8, 16}) {
+    variants.push_back({});
+    variants.back().slices_per_block = per_block;
+  }
+  variants.push_back({});
+  variants.back().slices_per_block = 2;
+  variants.back().fused_merge = false;
+  variants.push_back({});
+  variants.back().overlap_boundary = false;
+  variants.back().slices_per_block = 3;
+  // The row's slices as one cluster, merged through distributed shared
+  // memory (where a row has 2..8 slices and one head chunk; elsewhere the
+  // launch merges as without it): by default, and with a block per slice.
+  variants.push_back({});
+  variants.back().cluster_merge = true;
+  variants.push_back({});
+  variants.back().cluster_merge = true;
+  variants.back().slices_per_block = 1;
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    EXPECT_TRUE(reference == run_with(variants[i])) << "variant " << i << " changed the output";
+  }
+  // The cluster merge ran where it applies (an sm_90 device: 2..8 slices,
+  // one head chunk), so the comparison above covered it.
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  const int splits = kernels::attention_decode_splits(c.capacity);
+  const bool one_chunk = c.heads / c.kv_heads <= 32;  // two m-tiles of 16 q heads per block at most
+  kernels::DecodeTuning cluster_tuning;
+  cluster_tuning.cluster_merge = true;
+  const std::optional<kernels::DecodeLaunchPlan> plan = kernels::decode_launch_plan(args_for(cluster_tuning));
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_EQ(plan->cluster, major >= 9 && splits >= 2 && splits <= 8 && one_chunk) << "splits " << splits;
+  if (plan->cluster) {
+    EXPECT_EQ(plan->slices_per_block, 1);
+    EXPECT_TRUE(plan->fused);
+  }
+  std::uint32_t flag = 1;
+  EXPECT_EQ(cudaMemcpy(&flag, dflag, sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(flag, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(DTypes, CudaDecodeBatch, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
+INSTANTIATE_TEST_SUITE_P(Cases, CudaDecodeKnobs,
+                         ::testing::Combine(::testing::ValuesIn(kHalfDTypes),
+                                            ::testing::Range(0, static_cast<int>(std::size(kDecodeKnobCases)))),
+                         [](const ::testing::TestParamInfo<std::tuple<DType, int>>& info) {
+                           return cat(dtype_param_name({std::get<0>(info.param), info.index}), "_case",
+                                      std::get<1>(info.param));
+                         });
 
 class CudaDecodeCheck : public CudaTest {};
 
