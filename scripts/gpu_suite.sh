@@ -18,7 +18,8 @@
 #                                weights, graph and eager (needs .deps)
 #   scripts/gpu_suite.sh tuning  ferrum_attention_tuning: the prefill and decode launch
 #                                knobs (DecodeTuning) A/B in one run
-#   scripts/gpu_suite.sh profile ncu on GPTQ m=1 and decode B=1, racecheck detail
+#   scripts/gpu_suite.sh profile ncu on GPTQ m=1, the wgmma GPTQ kernel at m=64 (source
+#                                view) and decode B=1, racecheck detail
 #   scripts/gpu_suite.sh sdpa    scripts/sdpa_check.py: flash_attention (both
 #                                prefill kernels) and torch SDPA against a
 #                                float64 reference at large shapes
@@ -317,6 +318,12 @@ if has_mode profile; then
     NCU=(ncu --clock-control none --set detailed --launch-skip 12 --launch-count 1)
     timeout 120 "${NCU[@]}" -k regex:gptq_fused $B/bench/ferrum_bench_gptq --quick --iters 20 > "$OUT/ncu_gptq_m1.txt" 2>&1
     echo "ncu gptq exit $?"
+    # The wgmma GPTQ kernel at m = 64 (docs/design/gptq_small_m.md §10): the
+    # stall reasons per SASS instruction of its k16 step, as CSV.
+    timeout 120 ncu --clock-control none -k regex:gptq_wgmma --launch-skip 3 --launch-count 1 --section SourceCounters \
+      --page source --print-source sass --csv $B/bench/ferrum_bench_gptq --kernel wgmma --shapes 8192x28672 --ms 64 \
+      --iters 5 > "$OUT/ncu_gptq_wgmma_m64_source.csv" 2>&1
+    echo "ncu gptq wgmma exit $?"
     for L in 1024 32768; do
       timeout 120 "${NCU[@]}" -k regex:attention_decode $B/bench/ferrum_bench --reps 20 \
         --filter "attention_decode f16 B=1 L=$L " > "$OUT/ncu_decode_L$L.txt" 2>&1
