@@ -8,9 +8,9 @@
 //                     [--ms M,M,...] [--shapes KxN,KxN,...]
 //
 // --kernel picks the kernel launch_gptq_gemm runs (GptqGemmArgs::kernel):
-// auto = CudaBackendConfig's default rule (the streaming kernel, bulk
-// source, for launches of m <= kGptqStreamAutoMaxM; above, wgmma where it
-// runs and measured faster, gptq_wgmma_preferred, else fused); fused = the fused
+// auto = CudaBackendConfig's default rule (wgmma where it runs and measured
+// faster, gptq_wgmma_preferred; else the streaming kernel, bulk source, for
+// launches of m <= kGptqStreamAutoMaxM, and fused above); fused = the fused
 // kernel; wgmma = the warpgroup-MMA kernel for every launch (sm_90a; fused
 // elsewhere); stream = the register-streaming kernel for launches of m <= 16
 // (larger m still run the fused kernel); bulk = the same streaming kernel
@@ -264,9 +264,8 @@ int main(int argc, char** argv) {
                                   : opt.kernel == "wgmma" ? GptqKernelKind::Wgmma
                                                           : GptqKernelKind::Fused;
     const GptqKernelKind kind = ferrum::kernels::gptq_kernel_for(
-        opt.kernel == "auto", forced, rows, ferrum::kernels::gptq_bulk_source_applies(128),
-        wgmma_applies &&
-            ferrum::kernels::gptq_wgmma_preferred(rows, static_cast<std::size_t>(k), static_cast<std::size_t>(n)));
+        opt.kernel == "auto", forced, rows, static_cast<std::size_t>(k), static_cast<std::size_t>(n),
+        ferrum::kernels::gptq_bulk_source_applies(128), wgmma_applies);
     if (kind == GptqKernelKind::Wgmma) return wgmma_applies ? kind : GptqKernelKind::Fused;
     return rows <= ferrum::kernels::kGptqStreamMaxM ? kind : GptqKernelKind::Fused;
   };

@@ -15,7 +15,7 @@
 //                        loaded into registers (Stream) or brought into
 //                        shared-memory rings by bulk copies (StreamBulk).
 //                        With GptqGemmArgs::kernel = Wgmma (CudaBackend's
-//                        default for launches of 17 .. 64 rows where the
+//                        default for launches of 12 .. 64 rows where the
 //                        build has sm_90a code, the device is 9.0 and it
 //                        measured faster, gptq_wgmma_preferred): the
 //                        warpgroup-MMA kernel (kernels/gptq_gemm_wgmma.cu),
@@ -99,30 +99,43 @@ bool gptq_wgmma_supported();
 // gptq_wgmma_supported()); else it runs the fused kernel.
 bool gptq_wgmma_applies(int group_rows);
 
-// Whether Auto takes the wgmma kernel (where it applies) over the fused
-// kernel for a launch of `rows` rows (17 .. kGptqMaxM) on a k x n weight.
-// Measured on the H200 (docs/PERFORMANCE.md, session 17; f16, g128): wgmma
-// won at every shape above 32 rows (8192 x 28672, m = 64: 82.8 against
-// 124.6 us; 4096 x 4096: 19.2 against 42.5) and at 17 .. 32 rows except on
-// weights with k >= 8192 and n <= 8192 (8192 x 8192, m = 32: 40.1 against
-// 30.8 us; 14336 x 4096: 32.4 against 29.2), where the fused kernel's plan
-// streams faster.
+// Whether Auto takes the wgmma kernel (where it applies) for a launch of
+// `rows` rows on a k x n weight. Measured on the H200 (docs/PERFORMANCE.md,
+// session 19; f16, g128), against the streaming kernel at 9 .. 16 rows and
+// the fused kernel at 17 .. 32:
+//   * up to 11 rows never: the streaming kernel's time grows with m, the
+//     wgmma kernel's hardly (8192 x 28672, m = 9: 58.3 against 55.1 us;
+//     4096 x 28672, m = 10: 34.0 against 32.9; at m = 8 one n8 tile:
+//     4096 x 14336 21.2 against 19.8);
+//   * 12 .. 16 rows on weights of n >= 6144: 4096 x 14336, m = 16: 21.6
+//     against 24.2 us; 8192 x 28672: 58.3 against 61.9; m = 12 at least as
+//     fast on each (4096 x 28672: 33.7 against 36.2); on n = 4096 the
+//     streaming kernel stays faster (4096 x 4096: 14.0 against 12.9; 14336
+//     x 4096: 29.2 against 24.1);
+//   * 17 .. 32 rows except on weights with k >= 8192 and n <= 4096 (14336 x
+//     4096, m = 32: 30.1 against 29.4 us); 8192 x 8192: 25.8 against 30.8;
+//   * above 32 rows everywhere (8192 x 28672, m = 64: 76.5 against 124.6).
 inline bool gptq_wgmma_preferred(int rows, std::size_t k, std::size_t n) {
-  return rows > 32 || !(k >= 8192 && n <= 8192);
+  if (rows < 12) return false;
+  if (rows <= kGptqStreamMaxM) return n >= 6144;
+  if (rows <= 32) return !(k >= 8192 && n <= 4096);
+  return true;
 }
 
-// The kernel a launch of `rows` rows asks for: `forced` when the caller
-// names one, else (auto) StreamBulk up to kGptqStreamAutoMaxM rows where
-// bulk copies are supported, the register source up to
+// The kernel a launch of `rows` rows on a k x n weight asks for: `forced`
+// when the caller names one, else (auto) the wgmma kernel where it applies
+// (`wgmma_applies`: gptq_wgmma_applies to the weight) and
+// gptq_wgmma_preferred; otherwise StreamBulk up to kGptqStreamAutoMaxM rows
+// where bulk copies are supported, the register source up to
 // kGptqRegisterStreamAutoMaxM where not (then the fused kernel up to
-// kGptqStreamMaxM); above kGptqStreamMaxM rows the wgmma kernel when
-// `wgmma` (gptq_wgmma_applies to the weight and gptq_wgmma_preferred),
-// else the fused kernel. CudaBackend
-// (GptqKernel) and bench/bench_gptq.cpp (--kernel) both decide through this.
-inline GptqKernelKind gptq_kernel_for(bool automatic, GptqKernelKind forced, int rows, bool bulk_supported,
-                                      bool wgmma) {
+// kGptqStreamMaxM), and the fused kernel above kGptqStreamMaxM rows.
+// CudaBackend (GptqKernel) and bench/bench_gptq.cpp (--kernel) both decide
+// through this.
+inline GptqKernelKind gptq_kernel_for(bool automatic, GptqKernelKind forced, int rows, std::size_t k, std::size_t n,
+                                      bool bulk_supported, bool wgmma_applies) {
   if (!automatic) return forced;
-  if (rows > kGptqStreamMaxM) return wgmma ? GptqKernelKind::Wgmma : GptqKernelKind::Fused;
+  if (wgmma_applies && gptq_wgmma_preferred(rows, k, n)) return GptqKernelKind::Wgmma;
+  if (rows > kGptqStreamMaxM) return GptqKernelKind::Fused;
   if (bulk_supported) return rows <= kGptqStreamAutoMaxM ? GptqKernelKind::StreamBulk : GptqKernelKind::Fused;
   return rows <= kGptqRegisterStreamAutoMaxM ? GptqKernelKind::Stream : GptqKernelKind::Fused;
 }
@@ -195,6 +208,16 @@ GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k, int k_pad, int 
 // 256 columns per CTA (n_ctas) times `splits` along k, none empty; with
 // `splits_override` > 0 (a benchmark's, 1 .. 16) that many, less any left
 // empty.
+// Its splits: the most (at most min(stages, kGptqClusterMaxSplits)) whose
+// n_ctas clusters of that many CTAs the device holds at once,
+// resident_clusters[s] being how many clusters of s CTAs it holds (index 1 ..
+// kGptqClusterMaxSplits; 0 unused); at least 1. One more split than fits
+// makes the launch two waves of clusters: 8192 x 8192 (32 column groups) at
+// 8 splits took 47.4 us at m = 64 against 31.9 at 7, the most that fit on
+// the H200 (30 clusters of 8, 32 of 7; docs/PERFORMANCE.md, session 19).
+// Without the device's counts (no wgmma device), slots / s with two CTAs
+// per SM: then it is the most splits one wave of CTAs holds.
+int gptq_wgmma_splits(int n_ctas, int stages, const int* resident_clusters);
 GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms, int splits_override = 0);
 // f32 partial sums any of the kernels may need for any m <= kGptqMaxM and
 // the plans' own splits (a benchmark that overrides splits sizes its own).

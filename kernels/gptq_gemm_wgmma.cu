@@ -52,7 +52,9 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <limits>
 #include <cstdint>
 #include <mutex>
 
@@ -177,59 +179,76 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel
   // This warp's column block of the weights: [k_pad / 16][32][4] u32.
   const std::uint32_t* wblock = p.qweight + static_cast<std::size_t>(live ? cb : 0) * k16_total * 128;
 
-  // One stage into slot s % kRing: activation rows < m (columns >= k zero),
-  // the 4 column blocks' weights, the scale (zero) rows of the stage's
-  // groups for the CTA's 256 features (features >= n_pad zero). One commit
-  // group per stage, empty past the end. Each thread's roles are fixed for
-  // the whole k-range, so their addresses are computed once:
+  // load_stage: the next stage into its slot: activation rows < m (columns
+  // >= k zero), the 4 column blocks' weights, the scale (zero) rows of the
+  // stage's groups for the CTA's 256 features (features >= n_pad zero). One
+  // commit group per stage, empty past the end. Each thread's roles are
+  // fixed for the whole k-range:
   //   activations: rows act_row + 16 i (i < 4), 16-byte column piece act_c
   //   (the swizzle phase row & 7 is the same for every i);
   //   weights: pieces lane + 32 i of the warp's block;
   //   scale rows: warp g < groups_per_stage takes the stage's group g, one
   //   16-byte piece per lane (zero rows: lanes 0 .. 15).
   const int act_row = tid >> 3, act_c = tid & 7;
-  const T* act_src = a + static_cast<std::size_t>(act_row) * p.k + act_c * 8;
   const std::uint32_t act_dst = static_cast<std::uint32_t>(act_row * 128 + ((act_c ^ (act_row & 7)) << 4));
   const std::size_t act_step = static_cast<std::size_t>(16) * p.k;  // 16 rows further
-  const std::uint32_t* w_src = wblock + lane * 4;
+  // Rows act_row + 16 i < m are copied: i < act_rows.
+  const int act_rows = m > act_row ? (m - act_row + 15) / 16 : 0;
   const std::uint32_t w_dst = static_cast<std::uint32_t>(Slot::kWeightOffset + warp * kBlockStageBytes + lane * 16);
   const bool scale_valid = col0 + lane * 8 < p.n_pad;
   const bool zero_valid = lane < 16 && col0 + lane * 16 < p.n_pad;
   const int stages_per_group = p.group_rows >= kStageK ? p.group_rows / kStageK : 1;
-  auto load_stage = [&](int s) {
-    if (s < stages) {
-      const std::uint32_t slot = smem_base + static_cast<std::uint32_t>((s % kRing) * Slot::kBytes);
-      const int r0 = (stage0 + s) * kStageK;
-      const bool col_valid = r0 + act_c * 8 < p.k;
+  // Copy cursors, advanced one stage per load_stage call (stages are loaded
+  // in order): the slot, the activation column, the weights, the scale row.
+  // Kept as running values so that a stage's copies cost a few adds, not
+  // the address arithmetic from scratch (ncu, session 19: the copy issue
+  // was a third of the kernel's stall samples).
+  int fill_s = 0;
+  std::uint32_t fill_slot = smem_base;
+  int act_col = stage0 * kStageK + act_c * 8;
+  const T* act_cur = a + static_cast<std::size_t>(act_row) * p.k + act_col;
+  const std::uint32_t* w_cur = wblock + static_cast<std::size_t>(stage0) * (kStageK16 * 128) + lane * 4;
+  int scale_row = stage0 / stages_per_group * groups_per_stage + warp;  // this warp's group of the stage
+  int group_left = stages_per_group - stage0 % stages_per_group;       // stages until the next scale row
+  auto load_stage = [&]() {
+    if (fill_s < stages) {
+      const bool col_valid = act_col < p.k;
 #pragma unroll
       for (int i = 0; i < kN / 16; ++i) {
-        if (act_row + 16 * i < m) {
-          cp_async_16(slot + act_dst + i * 2048, act_src + (col_valid ? r0 + i * act_step : 0), col_valid);
-        }
+        if (i < act_rows) cp_async_16(fill_slot + act_dst + i * 2048, col_valid ? act_cur + i * act_step : a, col_valid);
       }
       if (live) {
-        const std::uint32_t* src = w_src + static_cast<std::size_t>(stage0 + s) * (kStageK16 * 128);
 #pragma unroll
-        for (int i = 0; i < kBlockStageBytes / 16 / 32; ++i) cp_async_16(slot + w_dst + i * 512, src + i * 128);
+        for (int i = 0; i < kBlockStageBytes / 16 / 32; ++i) cp_async_16(fill_slot + w_dst + i * 512, w_cur + i * 128);
       }
       if (warp < groups_per_stage) {
-        const int g = (stage0 + s) / stages_per_group * groups_per_stage + warp;
-        cp_async_16(slot + Slot::kScaleOffset + warp * (kWgCols * 2) + lane * 16,
-                    scales + static_cast<std::size_t>(g) * p.n_pad + (scale_valid ? col0 + lane * 8 : 0), scale_valid);
+        cp_async_16(fill_slot + Slot::kScaleOffset + warp * (kWgCols * 2) + lane * 16,
+                    scales + static_cast<std::size_t>(scale_row) * p.n_pad + (scale_valid ? col0 + lane * 8 : 0),
+                    scale_valid);
         if constexpr (kZeros) {
           if (lane < 16) {
-            cp_async_16(slot + Slot::kZeroOffset + warp * kWgCols + lane * 16,
-                        p.zeros + static_cast<std::size_t>(g) * p.n_pad + (zero_valid ? col0 + lane * 16 : 0),
+            cp_async_16(fill_slot + Slot::kZeroOffset + warp * kWgCols + lane * 16,
+                        p.zeros + static_cast<std::size_t>(scale_row) * p.n_pad + (zero_valid ? col0 + lane * 16 : 0),
                         zero_valid);
           }
         }
       }
+      act_col += kStageK;
+      act_cur += kStageK;
+      w_cur += kStageK16 * 128;
+      if (--group_left == 0) {
+        group_left = stages_per_group;
+        scale_row += groups_per_stage;
+      }
+      ++fill_s;
+      fill_slot += Slot::kBytes;
+      if (fill_slot == smem_base + kRing * Slot::kBytes) fill_slot = smem_base;
     }
     cp_async_commit();
   };
 
 #pragma unroll
-  for (int s = 0; s < kRing - 2; ++s) load_stage(s);
+  for (int s = 0; s < kRing - 2; ++s) load_stage();
   // L2 prefetch of the warp's weights: kL2Batch stages per request, the
   // first kL2Ahead stages past the ring now, then one batch every kL2Batch
   // stages. Every lane asks for the same bytes (one request per warp: the
@@ -257,16 +276,17 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel
   std::uint32_t lo[kZeros ? 8 : 1], hi[kZeros ? 8 : 1];
   if constexpr (!kZeros) M::biases(p.zero_value, lo[0], hi[0]);
 
+  int slot_off = 0;  // the slot of stage s
   for (int s = 0; s < stages; ++s) {
     // Stage s landed (this thread's copies), visible to wgmma (async proxy)
     // and to every thread; every thread has waited for the wgmma of stage
-    // s - 2, so its slot is free for stage s + kRing - 2.
+    // s - 2, so its slot is free for stage s + kRing - 2. (Two stages per
+    // barrier, refilled two at a time, measured no faster: session 19.)
     cp_async_wait<kRing - 3>();
     fence_proxy_async_shared();
     __syncthreads();
-    load_stage(s + kRing - 2);
+    load_stage();
     if (s % kL2Batch == 0) prefetch_weights(s + kRing - 2 + kL2Ahead);
-    const int slot_off = (s % kRing) * Slot::kBytes;
     const std::uint32_t act = smem_base + static_cast<std::uint32_t>(slot_off);
     // This lane's weights of step kk, read one step ahead of their use.
     auto weights_of = [&](int kk) {
@@ -313,6 +333,7 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel
       // may be overwritten by the next dequantization.
       wgmma_wait<1>();
     }
+    slot_off = slot_off + Slot::kBytes == kRing * Slot::kBytes ? 0 : slot_off + Slot::kBytes;
   }
   wgmma_wait<0>();
 #pragma unroll
@@ -389,6 +410,42 @@ int wgmma_blocks_per_sm() {
   return blocks;
 }
 
+// Clusters of s CTAs (dims 1 x s, index s = 1 .. kMaxSplits) the device
+// holds at once, the least over every instance; asked once, on the device
+// current at the first call (a failed query throws and is asked again).
+template <class T, int kN, bool kZeros>
+void lower_resident_clusters(std::array<int, kMaxSplits + 1>& resident) {
+  for (int s = 1; s <= kMaxSplits; ++s) {
+    int clusters = 0;
+    const cudaError_t err = max_active_clusters(&clusters, wgmma_kernel_ptr<T, kN, kZeros>(),
+                                                dim3(1, static_cast<unsigned>(s), 1), dim3(kWgThreads),
+                                                WgmmaSlot<kN>::kSmemBytes);
+    if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveClusters", err);
+    resident[s] = std::min(resident[s], clusters);
+  }
+}
+
+const std::array<int, kMaxSplits + 1>& wgmma_resident_clusters() {
+  static std::array<int, kMaxSplits + 1> resident{};
+  static std::once_flag once;
+  std::call_once(once, [] {
+    (void)wgmma_blocks_per_sm();  // the shared-memory opt-in of every instance
+    std::array<int, kMaxSplits + 1> r;
+    r.fill(std::numeric_limits<int>::max());
+    lower_resident_clusters<__half, 32, false>(r);
+    lower_resident_clusters<__half, 32, true>(r);
+    lower_resident_clusters<__half, 64, false>(r);
+    lower_resident_clusters<__half, 64, true>(r);
+    lower_resident_clusters<__nv_bfloat16, 32, false>(r);
+    lower_resident_clusters<__nv_bfloat16, 32, true>(r);
+    lower_resident_clusters<__nv_bfloat16, 64, false>(r);
+    lower_resident_clusters<__nv_bfloat16, 64, true>(r);
+    r[0] = 0;
+    resident = r;
+  });
+  return resident;
+}
+
 // Whether a cluster of `splits` CTAs of the instance can be resident at all
 // (cudaOccupancyMaxActiveClusters > 0); where not, the launch sums its
 // splits through the workspace instead: the same bits. Asked once per
@@ -458,6 +515,16 @@ bool gptq_wgmma_applies(int group_rows) {
          (group_rows >= kStageK ? group_rows % kStageK == 0 : kStageK % group_rows == 0);
 }
 
+int gptq_wgmma_splits(int n_ctas, int stages, const int* resident_clusters) {
+  // The most splits whose clusters are all resident in one wave. Fewer cut
+  // the f32 partials (256 x m floats per CTA) the cluster sums, but leave
+  // SMs idle; more put part of the launch in a second wave of clusters.
+  for (int s = std::min(stages, kMaxSplits); s > 1; --s) {
+    if (n_ctas <= resident_clusters[s]) return s;
+  }
+  return 1;
+}
+
 GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms, int splits_override) {
   GptqPlan plan;
   plan.config = -2;
@@ -467,13 +534,13 @@ GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms, int splits_override)
   const int stages = std::max(k_pad / kStageK, 1);
   if (splits_override > 0) {
     plan.splits = std::min(splits_override, stages);
+  } else if (gptq_wgmma_supported()) {
+    plan.splits = gptq_wgmma_splits(plan.n_ctas, stages, wgmma_resident_clusters().data());
   } else {
-    const int per_sm = gptq_wgmma_supported() ? wgmma_blocks_per_sm() : kMinBlocksPerSm;
-    const long long slots = static_cast<long long>(std::max(num_sms, 1)) * per_sm;
-    // As many splits as one wave holds (at most kMaxSplits): more waves would
-    // cut the stages per CTA a little further but multiply the f32 partials
-    // (256 x m floats per CTA) that the cluster or the last arriver sums.
-    plan.splits = static_cast<int>(std::clamp<long long>(slots / plan.n_ctas, 1, std::min(stages, kMaxSplits)));
+    std::array<int, kMaxSplits + 1> resident{};
+    const int slots = std::max(num_sms, 1) * kMinBlocksPerSm;
+    for (int s = 1; s <= kMaxSplits; ++s) resident[s] = slots / s;
+    plan.splits = gptq_wgmma_splits(plan.n_ctas, stages, resident.data());
   }
   // Splits that would own no stage are dropped (the stages per split are
   // rounded up).

@@ -31,10 +31,11 @@ struct CudaRuntime;
 // sum in different orders: on general data their bits differ (each is
 // deterministic).
 enum class GptqKernel {
-  // The library's choice: StreamBulk for m <= 16 (without bulk copies:
-  // Stream for m <= 8, then Fused); above 16 rows Wgmma where it runs and
-  // measured faster (kernels::gptq_wgmma_preferred: not at 17..32 rows on
-  // weights with k >= 8192 and n <= 8192), else Fused.
+  // The library's choice: Wgmma where it runs and measured faster
+  // (kernels::gptq_wgmma_preferred: above 32 rows; at 17..32 except on
+  // weights with k >= 8192 and n <= 4096; at 12..16 on weights with n >=
+  // 6144); else StreamBulk for m <= 16 (without bulk copies: Stream for
+  // m <= 8, then Fused) and Fused above.
   Auto = 0,
   Fused = 1,   // the fused kernel (shared-memory cp.async pipeline)
   Stream = 2,  // the register-streaming kernel for every m <= 16

@@ -283,9 +283,9 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
   const auto* a_bytes = ptr<std::uint8_t>(a);
   auto* out_bytes = ptr<std::uint8_t>(out);
 
-  // The launches above 16 rows run the wgmma kernel under Auto (where it
-  // applies) and Wgmma; the crossover to dequantize + cuBLAS was measured
-  // for each kernel.
+  // The launches above 16 rows run the wgmma kernel under Wgmma, and under
+  // Auto where it applies (and measured faster: gptq_wgmma_preferred); the
+  // crossover to dequantize + cuBLAS was measured for each kernel.
   const bool wgmma_applies = weight->fused() && kernels::gptq_wgmma_applies(view.group_rows);
   const bool wgmma_runs = wgmma_applies && (gptq_kernel_ == GptqKernel::Auto || gptq_kernel_ == GptqKernel::Wgmma);
   const std::size_t fused_max_m = gptq_fused_max_m_ >= 0
@@ -309,12 +309,11 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
       args.partials = ws.partials;
       args.counters = ws.counters;
       args.num_sms = rt_->num_sms;
-      // Auto: the streaming kernel (bulk source) where it measured faster (m <= kGptqStreamAutoMaxM);
-      // where this weight cannot take the bulk source, the register source's range; above it
-      // the wgmma kernel where it applies and measured faster (gptq_wgmma_preferred).
+      // Auto: the wgmma kernel where it applies and measured faster (gptq_wgmma_preferred), else
+      // the streaming kernel (bulk source) up to kGptqStreamAutoMaxM rows; where this weight cannot
+      // take the bulk source, the register source's range; the fused kernel above.
       args.kernel = kernels::gptq_kernel_for(gptq_kernel_ == GptqKernel::Auto, forced_kernel_kind(gptq_kernel_), rows,
-                                             kernels::gptq_bulk_source_applies(view.group_rows),
-                                             wgmma_applies && kernels::gptq_wgmma_preferred(rows, k, n));
+                                             k, n, kernels::gptq_bulk_source_applies(view.group_rows), wgmma_applies);
       args.stream_ring = gptq_stream_ring_;
       args.cluster_reduce = gptq_cluster_reduce_;
       kernels::launch_gptq_gemm(args, rt_->stream);

@@ -13,31 +13,48 @@ namespace {
 using kernels::GptqKernelKind;
 using kernels::gptq_kernel_for;
 
-// Above the streaming range Auto takes the wgmma kernel where it runs
-// (sm_90a build, 9.0 device), else the fused kernel.
+// On a narrow weight (n = 4096) Auto takes the bulk source up to 16 rows,
+// then the wgmma kernel where it applies (sm_90a build, 9.0 device), else the
+// fused kernel.
 TEST(GptqKernelChoice, AutoTakesTheBulkSourceUpToSixteenRowsWhereBulkCopiesRun) {
   for (bool wgmma : {false, true}) {
     const GptqKernelKind large = wgmma ? GptqKernelKind::Wgmma : GptqKernelKind::Fused;
     for (int rows = 1; rows <= kernels::kGptqMaxM; ++rows) {
       SCOPED_TRACE(rows);
-      EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::Fused, rows, true, wgmma),
+      EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::Fused, rows, 4096, 4096, true, wgmma),
                 rows <= kernels::kGptqStreamMaxM ? GptqKernelKind::StreamBulk : large);
     }
   }
 }
 
+// On a wide weight (n >= 6144) the wgmma kernel, where it applies, takes
+// over from the streaming kernel at 12 rows.
+TEST(GptqKernelChoice, AutoTakesTheWgmmaKernelFromTwelveRowsOnWideWeights) {
+  for (std::size_t n : {6144, 14336, 28672}) {
+    for (int rows = 1; rows <= kernels::kGptqMaxM; ++rows) {
+      SCOPED_TRACE(testing::Message() << rows << " rows, n = " << n);
+      EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::Fused, rows, 4096, n, true, true),
+                rows < 12 ? GptqKernelKind::StreamBulk : GptqKernelKind::Wgmma);
+      EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::Fused, rows, 4096, n, true, false),
+                rows <= kernels::kGptqStreamMaxM ? GptqKernelKind::StreamBulk : GptqKernelKind::Fused);
+    }
+  }
+}
+
 // Without bulk copies (below sm_90, or groups of 16 rows) Auto keeps the
-// register source's range, then the fused kernel to 16 rows; the wgmma
-// kernel never takes the streaming range.
+// register source's range, then the fused kernel to 16 rows on a narrow
+// weight; the wgmma kernel takes only what gptq_wgmma_preferred gives it.
 TEST(GptqKernelChoice, AutoWithoutBulkCopiesTakesTheRegisterSourceUpToEightRows) {
   for (bool wgmma : {false, true}) {
     for (int rows = 1; rows <= kernels::kGptqMaxM; ++rows) {
       SCOPED_TRACE(testing::Message() << rows << " rows, wgmma " << wgmma);
-      const GptqKernelKind want = rows <= 8                          ? GptqKernelKind::Stream
+      const GptqKernelKind want = rows <= kernels::kGptqRegisterStreamAutoMaxM ? GptqKernelKind::Stream
                                   : rows <= kernels::kGptqStreamMaxM ? GptqKernelKind::Fused
                                   : wgmma                            ? GptqKernelKind::Wgmma
                                                                      : GptqKernelKind::Fused;
-      EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::StreamBulk, rows, false, wgmma), want);
+      EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::StreamBulk, rows, 4096, 4096, false, wgmma), want);
+      EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::StreamBulk, rows, 4096, 14336, false, wgmma),
+                wgmma && rows >= 12 ? GptqKernelKind::Wgmma : want);
     }
   }
 }
@@ -47,7 +64,9 @@ TEST(GptqKernelChoice, ANamedKernelIsTakenAsIs) {
        {GptqKernelKind::Fused, GptqKernelKind::Stream, GptqKernelKind::StreamBulk, GptqKernelKind::Wgmma}) {
     for (bool bulk : {false, true}) {
       for (bool wgmma : {false, true}) {
-        for (int rows : {1, 9, 16, 17, 64}) EXPECT_EQ(gptq_kernel_for(false, kind, rows, bulk, wgmma), kind);
+        for (int rows : {1, 9, 16, 17, 64}) {
+          EXPECT_EQ(gptq_kernel_for(false, kind, rows, 4096, 14336, bulk, wgmma), kind);
+        }
       }
     }
   }
@@ -72,6 +91,24 @@ TEST(GptqKernelChoice, WgmmaPlanFillsOneWaveWithNoEmptySplit) {
     const int stages = c.k_pad / 64;
     const int per_split = (stages + plan.splits - 1) / plan.splits;
     EXPECT_LT((plan.splits - 1) * per_split, stages);  // the last split owns a stage
+  }
+}
+
+// On a wgmma device the splits come from how many clusters of each size it
+// holds at once (cudaOccupancyMaxActiveClusters): the most whose clusters
+// all fit in one wave. The counts below are the H200's for this kernel
+// (session 19), where 8192 x 8192 at 8 splits (32 clusters of 8, 30
+// resident) measured 47.4 us at m = 64 against 31.9 at 7.
+TEST(GptqKernelChoice, WgmmaSplitsAreTheMostWhoseClustersFitOneWave) {
+  const int h200[kernels::kGptqClusterMaxSplits + 1] = {0, 264, 132, 79, 62, 47, 39, 32, 30};
+  struct Case {
+    int n_ctas, stages, splits;
+  };
+  for (const Case c : {Case{32, 128, 7}, Case{112, 128, 2}, Case{56, 64, 4}, Case{16, 224, 8}, Case{24, 64, 8},
+                       Case{16, 64, 8}, Case{40, 64, 5}, Case{132, 64, 2}, Case{133, 64, 1}, Case{300, 64, 1},
+                       Case{16, 3, 3}, Case{1, 1, 1}}) {
+    SCOPED_TRACE(testing::Message() << c.n_ctas << " column groups, " << c.stages << " stages");
+    EXPECT_EQ(kernels::gptq_wgmma_splits(c.n_ctas, c.stages, h200), c.splits);
   }
 }
 
@@ -142,23 +179,21 @@ TEST(GptqKernelChoice, FusedKernelsUpToTheMeasuredCrossover) {
   }
 }
 
-// Auto's choice between the wgmma and the fused kernel above 16 rows: wgmma
-// above 32 rows everywhere, and at 17 .. 32 except on long-k, narrow weights
-// (the measured exceptions 8192 x 8192 and 14336 x 4096).
+// Where Auto prefers the wgmma kernel (session 19's measurements): never up
+// to 11 rows; at 12 .. 16 rows on weights of n >= 6144; at 17 .. 32 except on
+// long-k weights of n <= 4096 (the measured exception 14336 x 4096); above 32
+// rows everywhere.
 TEST(GptqKernelChoice, WgmmaPreferredWhereItMeasuredFaster) {
   using kernels::gptq_wgmma_preferred;
-  for (int rows : {33, 48, 64}) {
-    EXPECT_TRUE(gptq_wgmma_preferred(rows, 8192, 8192));
-    EXPECT_TRUE(gptq_wgmma_preferred(rows, 14336, 4096));
-    EXPECT_TRUE(gptq_wgmma_preferred(rows, 4096, 4096));
-  }
-  for (int rows : {17, 32}) {
-    EXPECT_FALSE(gptq_wgmma_preferred(rows, 8192, 8192));
-    EXPECT_FALSE(gptq_wgmma_preferred(rows, 14336, 4096));
-    EXPECT_TRUE(gptq_wgmma_preferred(rows, 8192, 28672));
-    EXPECT_TRUE(gptq_wgmma_preferred(rows, 4096, 4096));
-    EXPECT_TRUE(gptq_wgmma_preferred(rows, 4096, 14336));
-    EXPECT_TRUE(gptq_wgmma_preferred(rows, 4096, 6144));
+  const std::size_t shapes[][2] = {{8192, 28672}, {4096, 28672}, {4096, 14336}, {14336, 4096},
+                                   {8192, 8192},  {4096, 4096},  {4096, 6144}};
+  for (const auto& kn : shapes) {
+    const std::size_t k = kn[0], n = kn[1];
+    SCOPED_TRACE(testing::Message() << k << " x " << n);
+    for (int rows : {1, 8, 11}) EXPECT_FALSE(gptq_wgmma_preferred(rows, k, n));
+    for (int rows : {12, 16}) EXPECT_EQ(gptq_wgmma_preferred(rows, k, n), n >= 6144);
+    for (int rows : {17, 32}) EXPECT_EQ(gptq_wgmma_preferred(rows, k, n), !(k == 14336 && n == 4096));
+    for (int rows : {33, 48, 64}) EXPECT_TRUE(gptq_wgmma_preferred(rows, k, n));
   }
 }
 

@@ -942,8 +942,9 @@ TEST_F(CudaGptqWgmma, BackToBackLaunchesKeepTheirResults) {
 TEST_F(CudaGptqWgmma, ConfigSelectsTheKernel) { EXPECT_EQ(wgmma().gptq_kernel(), GptqKernel::Wgmma); }
 
 // The workspace reduction (gptq_cluster_reduce = false) gives the cluster
-// sum's bits on random data, at plans of 3, 2 and 8 splits on the H200's
-// 132 SMs (k = 1024 over 80 / 90 column groups; 8192 x 512 over 2).
+// sum's bits on random data, at plans of 3, 2 and 8 splits on the H200
+// (k = 1024 over 64 / 90 column groups; 8192 x 512 over 2; the H200 holds
+// 79 clusters of 3, 62 of 4, 132 of 2 and 30 of 8: gptq_wgmma_splits).
 TEST_F(CudaGptqWgmma, WorkspaceReductionGivesTheClusterSumsBits) {
   FERRUM_SEEDED_RNG(rng);
   CudaBackendConfig config;
@@ -951,7 +952,7 @@ TEST_F(CudaGptqWgmma, WorkspaceReductionGivesTheClusterSumsBits) {
   config.gptq_fused_max_m = 4096;
   config.gptq_cluster_reduce = false;
   CudaBackend workspace(config);
-  for (const WeightCase& c : {WeightCase{1024, 20480, 128, false, true, GptqZeroFormat::V1, false},
+  for (const WeightCase& c : {WeightCase{1024, 16384, 128, false, true, GptqZeroFormat::V1, false},
                               WeightCase{1024, 23040, 64, true, false, GptqZeroFormat::V2, false},
                               WeightCase{8192, 512, 128, true, true, GptqZeroFormat::V1, false}}) {
     SCOPED_TRACE(describe(c));
@@ -969,7 +970,7 @@ TEST_F(CudaGptqWgmma, WorkspaceReductionGivesTheClusterSumsBits) {
 }
 
 // Auto (the default backend) runs the fused kernel at 17 .. 32 rows on a
-// weight with k >= 8192 and n <= 8192 and the wgmma kernel at 33 rows
+// weight with k >= 8192 and n <= 4096 and the wgmma kernel at 33 rows
 // (gptq_wgmma_preferred), seen through the bits on random data.
 TEST_F(CudaGptqWgmma, AutoKeepsTheFusedKernelAtThirtyTwoRowsOnLongNarrowWeights) {
   FERRUM_SEEDED_RNG(rng);
@@ -996,6 +997,33 @@ TEST_F(CudaGptqWgmma, AutoKeepsTheFusedKernelAtThirtyTwoRowsOnLongNarrowWeights)
       kernels_differ = kernels_differ || !same_floats(by_fused, by_wgmma);
     } else {
       EXPECT_TRUE(same_floats(by_auto, by_wgmma));
+    }
+  }
+  EXPECT_TRUE(kernels_differ) << "the two kernels gave the same bits: this test cannot see the dispatch";
+}
+
+// On a weight of n >= 6144 Auto runs the streaming kernel up to 11 rows and
+// the wgmma kernel from 12 (gptq_wgmma_preferred), seen through the bits.
+TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelFromTwelveRowsOnWideWeights) {
+  FERRUM_SEEDED_RNG(rng);
+  CudaBackendConfig bulk_config;
+  bulk_config.gptq_kernel = GptqKernel::StreamBulk;
+  CudaBackend bulk(bulk_config);
+  const WeightCase c{1024, 6144, 128, true, false, GptqZeroFormat::V1, false};
+  const Checkpoint ck = make_checkpoint(c, rng);
+  std::unique_ptr<QuantWeight> w_auto = cuda().load_gptq(ck.tensors());
+  std::unique_ptr<QuantWeight> w_bulk = bulk.load_gptq(ck.tensors());
+  std::unique_ptr<QuantWeight> w_wgmma = wgmma().load_gptq(ck.tensors());
+  bool kernels_differ = false;
+  for (std::size_t m : {8, 11, 12, 16}) {
+    const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
+    for (DType dt : kHalfDTypes) {
+      SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
+      const std::vector<float> by_auto = run_gemm(cuda(), *w_auto, a, dt, m);
+      const std::vector<float> by_bulk = run_gemm(bulk, *w_bulk, a, dt, m);
+      const std::vector<float> by_wgmma = run_gemm(wgmma(), *w_wgmma, a, dt, m);
+      EXPECT_TRUE(same_floats(by_auto, m < 12 ? by_bulk : by_wgmma));
+      kernels_differ = kernels_differ || !same_floats(by_bulk, by_wgmma);
     }
   }
   EXPECT_TRUE(kernels_differ) << "the two kernels gave the same bits: this test cannot see the dispatch";
