@@ -8,7 +8,9 @@
 //                        with a deterministic fixed-order reduction).
 //                        With GptqGemmArgs::kernel = Stream / StreamBulk and
 //                        m <= kGptqStreamMaxM (CudaBackend asks for StreamBulk
-//                        up to kGptqStreamAutoMaxM by default): the streaming
+//                        up to kGptqStreamAutoMaxM by default, except where
+//                        gptq_wgmma_preferred gives a launch to the wgmma
+//                        kernel): the streaming
 //                        kernel (weights as the mma A operand, each warp its
 //                        own stream of 4 KiB chunks, split over k across CTAs
 //                        with the same fixed-order reduction), its chunks
@@ -71,7 +73,8 @@ inline constexpr int kGptqClusterMaxCtasPerSm = 3;
 bool gptq_cluster_reduces(bool requested, int splits, long long ctas, int num_sms);
 
 // Rows per launch up to which CudaBackendConfig's GptqKernel::Auto takes
-// StreamBulk: on the H200 it measured at least as fast as the register
+// StreamBulk (except where gptq_wgmma_preferred gives a launch to the wgmma
+// kernel): on the H200 it measured at least as fast as the register
 // source at every benchmark shape for m <= 8, and faster than the fused
 // kernel at 6 of the 7 shapes at m = 16 (4096 x 4096: 14.4 against 13.7 us;
 // docs/PERFORMANCE.md, session 9). Without bulk copies Auto keeps the
@@ -101,7 +104,7 @@ bool gptq_wgmma_applies(int group_rows);
 
 // Whether Auto takes the wgmma kernel (where it applies) for a launch of
 // `rows` rows on a k x n weight. Measured on the H200 (docs/PERFORMANCE.md,
-// session 19; f16, g128), against the streaming kernel at 9 .. 16 rows and
+// session 19; f16, g128), against the streaming kernel up to 16 rows and
 // the fused kernel at 17 .. 32:
 //   * up to 11 rows never: the streaming kernel's time grows with m, the
 //     wgmma kernel's hardly (8192 x 28672, m = 9: 58.3 against 55.1 us;
@@ -216,7 +219,9 @@ GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k, int k_pad, int 
 // 8 splits took 47.4 us at m = 64 against 31.9 at 7, the most that fit on
 // the H200 (30 clusters of 8, 32 of 7; docs/PERFORMANCE.md, session 19).
 // Without the device's counts (no wgmma device), slots / s with two CTAs
-// per SM: then it is the most splits one wave of CTAs holds.
+// per SM: then it is the most splits one wave of CTAs holds. The plan is the
+// same when the splits are summed through the workspace instead
+// (CudaBackendConfig::gptq_cluster_reduce off), so both give the same bits.
 int gptq_wgmma_splits(int n_ctas, int stages, const int* resident_clusters);
 GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms, int splits_override = 0);
 // f32 partial sums any of the kernels may need for any m <= kGptqMaxM and

@@ -1,5 +1,6 @@
 // GPTQ INT4 x f16/bf16 GEMM on Hopper warpgroup MMA (wgmma.mma_async,
-// sm_90a), for launches of 17 .. 64 rows: out[m, n] = a[m, k] · W[k, n].
+// sm_90a), for launches of up to 64 rows (Auto: from 12 rows where
+// gptq_wgmma_preferred): out[m, n] = a[m, k] · W[k, n].
 //
 // At m = 64 the op is no longer a weight stream but a matrix product
 // (docs/design/gptq_small_m.md §3): 8192 x 8192 is 8.6 GFLOP against 34 MB
@@ -54,8 +55,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <limits>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 
 #include "kernels/common/bulk_copy.cuh"
@@ -389,9 +390,9 @@ void prepare_one(int& blocks_per_sm) {
                                        WgmmaSlot<kN>::kSmemBytes);
 }
 
-// CTAs per SM of the smallest occupancy over every instance (the plan must
-// not depend on the zero array or N); sets every instance's shared-memory
-// limit once.
+// CTAs per SM of the smallest occupancy over every instance; sets every
+// instance's shared-memory limit once (the callers need only that: the plan
+// takes its splits from the resident clusters).
 int wgmma_blocks_per_sm() {
   static int blocks = 0;
   static std::once_flag once;

@@ -12,11 +12,12 @@
 //     crossover by weight size, or CudaBackendConfig::gptq_fused_max_m):
 //     the INT4 tensor-core kernels, kernels::kGptqMaxM rows per launch;
 //     act-order first gathers the activation columns into a workspace.
-//     Launches of m <= 16 rows (kernels::kGptqStreamMaxM) take the streaming
-//     kernel, through shared-memory rings (GptqKernel::Auto, StreamBulk) or
-//     registers (Stream); larger launches the wgmma kernel (Auto where it
-//     applies and measured faster, Wgmma) or the fused kernel, with the same
-//     split-K workspace and gather.
+//     Launches take the wgmma kernel where it applies (every launch under
+//     GptqKernel::Wgmma; under Auto those kernels::gptq_wgmma_preferred gives
+//     it: from 12 rows on wide weights, every launch above 32 rows), else the
+//     streaming kernel up to 16 rows (kernels::kGptqStreamMaxM) through
+//     shared-memory rings (Auto, StreamBulk) or registers (Stream), else the
+//     fused kernel, with the same split-K workspace and gather.
 //   * dequantize + cuBLAS (larger m, or a checkpoint outside the fused
 //     layout: odd group sizes, uneven act-order groups): W is dequantized in
 //     column chunks into a bounded scratch, each chunk followed by one
@@ -283,9 +284,10 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
   const auto* a_bytes = ptr<std::uint8_t>(a);
   auto* out_bytes = ptr<std::uint8_t>(out);
 
-  // The launches above 16 rows run the wgmma kernel under Wgmma, and under
-  // Auto where it applies (and measured faster: gptq_wgmma_preferred); the
-  // crossover to dequantize + cuBLAS was measured for each kernel.
+  // Every launch runs the wgmma kernel under Wgmma, and under Auto those
+  // gptq_wgmma_preferred gives it (every launch above 32 rows), where it
+  // applies; the crossover to dequantize + cuBLAS was measured for each
+  // kernel.
   const bool wgmma_applies = weight->fused() && kernels::gptq_wgmma_applies(view.group_rows);
   const bool wgmma_runs = wgmma_applies && (gptq_kernel_ == GptqKernel::Auto || gptq_kernel_ == GptqKernel::Wgmma);
   const std::size_t fused_max_m = gptq_fused_max_m_ >= 0

@@ -2,7 +2,9 @@
 // cluster reduce's (gptq_cluster_reduces), shared by the launcher, CudaBackend
 // and bench_gptq: pure host functions, so they are checked here
 // on every machine; the GPU tests check that CudaBackend follows it
-// (CudaGptqStream.AutoTakesTheBulkStreamingKernelUpToSixteenRows).
+// (CudaGptqStream.AutoTakesTheBulkStreamingKernelUpToSixteenRows,
+// CudaGptqWgmma.AutoTakesTheWgmmaKernelFromTwelveRowsOnWideWeights and
+// CudaGptqWgmma.AutoKeepsTheFusedKernelAtThirtyTwoRowsOnLongNarrowWeights).
 #include <gtest/gtest.h>
 
 #include "kernels/gptq_gemm.hpp"

@@ -167,8 +167,8 @@ class CudaGptq : public CudaTest {
   // Loads `c` on three backends and compares every m in `ms`, f16 and bf16:
   // on the default backend (the measured rule sends small weights to
   // dequantize + cuBLAS above m = 32), on one whose INT4 kernels take every m
-  // (CudaBackendConfig::gptq_fused_max_m; 17 .. 64-row launches on the wgmma
-  // kernel where it runs) and on one that also forces the fused kernel, so
+  // (CudaBackendConfig::gptq_fused_max_m; the launches Auto gives the wgmma
+  // kernel, gptq_wgmma_preferred, on it where it runs) and on one that also forces the fused kernel, so
   // every path sees each m.
   void expect_exact(const WeightCase& c, std::initializer_list<std::size_t> ms, Rng& rng) {
     expect_exact_on({&cuda(), &fused_everywhere(), &fused_kernel_everywhere()}, c, ms, rng);
@@ -586,7 +586,8 @@ TEST_F(CudaGptqStream, FusedConfigStaysExactAtSmallM) {
 
 // Which kernel GptqKernel::Auto ran, seen through the bits: on random data
 // the streaming kernel (scale-after) and the fused kernel (scale-before)
-// round differently, so Auto must equal StreamBulk bitwise for m <= 16 and
+// round differently, so Auto must equal StreamBulk bitwise for m <= 16 on
+// this narrow weight (n < 6144; wider ones take wgmma from 12 rows) and
 // Wgmma (where it runs, else Fused) for m = 17, and the two streaming-range
 // kernels must differ somewhere (else this test could not tell them apart).
 TEST_F(CudaGptqStream, AutoTakesTheBulkStreamingKernelUpToSixteenRows) {
@@ -888,9 +889,12 @@ TEST_F(CudaGptqWgmma, ExactOnEveryStandardLayout) {
 // columns past k zero-filled), groups of 16 (four scale rows per stage),
 // one group over all of k, k = 264 (the last stage mostly past k), many
 // column groups (38400 columns: 150 CTAs of one split, summed through the
-// workspace), n = 8 (one live warp).
+// workspace), n = 8 (one live warp), splits that start inside a 128-row
+// group and cross into the next (k = 2304: 36 stages, 5 per split; the
+// kernel's scale-row cursor starts mid-group).
 TEST_F(CudaGptqWgmma, ExactWithSplitsAndOddShapes) {
   FERRUM_SEEDED_RNG(rng);
+  expect_exact_on(wgmma(), {2304, 264, 128, false, true, GptqZeroFormat::V1}, {17, 64}, rng);
   expect_exact_on(wgmma(), {4000, 264, 32, false, true, GptqZeroFormat::V1}, {17, 33, 48, 64}, rng);
   expect_exact_on(wgmma(), {4096, 328, 128, true, false, GptqZeroFormat::V2}, {20, 64}, rng);
   expect_exact_on(wgmma(), {2048, 136, 16, false, false, GptqZeroFormat::V1}, {24, 64}, rng);
@@ -1014,7 +1018,9 @@ TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelFromTwelveRowsOnWideWeights) {
   std::unique_ptr<QuantWeight> w_auto = cuda().load_gptq(ck.tensors());
   std::unique_ptr<QuantWeight> w_bulk = bulk.load_gptq(ck.tensors());
   std::unique_ptr<QuantWeight> w_wgmma = wgmma().load_gptq(ck.tensors());
-  bool kernels_differ = false;
+  // On each side of 12 rows the two kernels must differ somewhere, else
+  // that side's comparison could not tell them apart.
+  bool differ_below = false, differ_from = false;
   for (std::size_t m : {8, 11, 12, 16}) {
     const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
     for (DType dt : kHalfDTypes) {
@@ -1023,10 +1029,11 @@ TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelFromTwelveRowsOnWideWeights) {
       const std::vector<float> by_bulk = run_gemm(bulk, *w_bulk, a, dt, m);
       const std::vector<float> by_wgmma = run_gemm(wgmma(), *w_wgmma, a, dt, m);
       EXPECT_TRUE(same_floats(by_auto, m < 12 ? by_bulk : by_wgmma));
-      kernels_differ = kernels_differ || !same_floats(by_bulk, by_wgmma);
+      bool& differ = m < 12 ? differ_below : differ_from;
+      differ = differ || !same_floats(by_bulk, by_wgmma);
     }
   }
-  EXPECT_TRUE(kernels_differ) << "the two kernels gave the same bits: this test cannot see the dispatch";
+  EXPECT_TRUE(differ_below && differ_from) << "the two kernels gave the same bits on one side of 12 rows";
 }
 
 }  // namespace
