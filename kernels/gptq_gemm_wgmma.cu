@@ -385,30 +385,24 @@ auto wgmma_kernel_ptr() {
 }
 
 template <class T, int kN, bool kZeros>
-void prepare_one(int& blocks_per_sm) {
-  blocks_per_sm = opt_in_blocks_per_sm("gemm_gptq", wgmma_kernel_ptr<T, kN, kZeros>(), kWgThreads,
-                                       WgmmaSlot<kN>::kSmemBytes);
+void opt_in_one() {
+  (void)opt_in_blocks_per_sm("gemm_gptq", wgmma_kernel_ptr<T, kN, kZeros>(), kWgThreads, WgmmaSlot<kN>::kSmemBytes);
 }
 
-// CTAs per SM of the smallest occupancy over every instance; sets every
-// instance's shared-memory limit once (the callers need only that: the plan
-// takes its splits from the resident clusters).
-int wgmma_blocks_per_sm() {
-  static int blocks = 0;
+// Sets every instance's shared-memory limit, once (the occupancy that
+// matters, clusters resident at once, is wgmma_resident_clusters').
+void wgmma_opt_in() {
   static std::once_flag once;
   std::call_once(once, [] {
-    int b[8] = {};
-    prepare_one<__half, 32, false>(b[0]);
-    prepare_one<__half, 32, true>(b[1]);
-    prepare_one<__half, 64, false>(b[2]);
-    prepare_one<__half, 64, true>(b[3]);
-    prepare_one<__nv_bfloat16, 32, false>(b[4]);
-    prepare_one<__nv_bfloat16, 32, true>(b[5]);
-    prepare_one<__nv_bfloat16, 64, false>(b[6]);
-    prepare_one<__nv_bfloat16, 64, true>(b[7]);
-    blocks = *std::min_element(b, b + 8);
+    opt_in_one<__half, 32, false>();
+    opt_in_one<__half, 32, true>();
+    opt_in_one<__half, 64, false>();
+    opt_in_one<__half, 64, true>();
+    opt_in_one<__nv_bfloat16, 32, false>();
+    opt_in_one<__nv_bfloat16, 32, true>();
+    opt_in_one<__nv_bfloat16, 64, false>();
+    opt_in_one<__nv_bfloat16, 64, true>();
   });
-  return blocks;
 }
 
 // Clusters of s CTAs (dims 1 x s, index s = 1 .. kMaxSplits) the device
@@ -430,7 +424,7 @@ const std::array<int, kMaxSplits + 1>& wgmma_resident_clusters() {
   static std::array<int, kMaxSplits + 1> resident{};
   static std::once_flag once;
   std::call_once(once, [] {
-    (void)wgmma_blocks_per_sm();  // the shared-memory opt-in of every instance
+    wgmma_opt_in();
     std::array<int, kMaxSplits + 1> r;
     r.fill(std::numeric_limits<int>::max());
     lower_resident_clusters<__half, 32, false>(r);
@@ -455,7 +449,7 @@ const std::array<int, kMaxSplits + 1>& wgmma_resident_clusters() {
 template <class T, int kN, bool kZeros>
 bool cluster_fits(int splits) {
   static std::atomic<unsigned char> known[kMaxSplits + 1];  // 0 unknown, 1 no, 2 yes
-  (void)wgmma_blocks_per_sm();  // the shared-memory opt-in
+  wgmma_opt_in();
   return cluster_fits_once(known[splits], "gemm_gptq", wgmma_kernel_ptr<T, kN, kZeros>(),
                            dim3(1, static_cast<unsigned>(splits), 1), dim3(kWgThreads), WgmmaSlot<kN>::kSmemBytes);
 }
@@ -491,7 +485,7 @@ void launch_typed(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
   const int stages = args.w.k_pad / kStageK;
   p.stages_per_split = (stages + plan.splits - 1) / plan.splits;
   const dim3 grid(static_cast<unsigned>(plan.n_ctas), static_cast<unsigned>(plan.splits));
-  (void)wgmma_blocks_per_sm();  // the shared-memory opt-in of every instance
+  wgmma_opt_in();
   if (args.w.zeros != nullptr) {
     launch_instance<T, kN, true>(p, args.cluster_reduce, grid, stream);
   } else {
