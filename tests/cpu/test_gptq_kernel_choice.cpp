@@ -197,6 +197,13 @@ TEST(GptqKernelChoice, WgmmaPreferredWhereItMeasuredFaster) {
     for (int rows : {17, 32}) EXPECT_EQ(gptq_wgmma_preferred(rows, k, n), !(k == 14336 && n == 4096));
     for (int rows : {33, 48, 64}) EXPECT_TRUE(gptq_wgmma_preferred(rows, k, n));
   }
+  // The rule's edges.
+  EXPECT_FALSE(gptq_wgmma_preferred(12, 4096, 6136));
+  EXPECT_TRUE(gptq_wgmma_preferred(12, 4096, 6144));
+  EXPECT_FALSE(gptq_wgmma_preferred(17, 8192, 4096));
+  EXPECT_TRUE(gptq_wgmma_preferred(17, 8192, 4104));
+  EXPECT_TRUE(gptq_wgmma_preferred(17, 8184, 4096));
+  EXPECT_TRUE(gptq_wgmma_preferred(33, 8192, 4096));
 }
 
 }  // namespace
