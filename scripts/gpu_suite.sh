@@ -20,6 +20,9 @@
 #                                knobs (DecodeTuning) A/B in one run
 #   scripts/gpu_suite.sh profile ncu on GPTQ m=1, the wgmma GPTQ kernel at m=64 (source
 #                                view) and decode B=1, racecheck detail
+#   scripts/gpu_suite.sh trace   the llama3-8b decode step (GPTQ and f16, eager)
+#                                under bench/kernel_trace.cpp's CUPTI tracer: every
+#                                kernel's in-step time and overlap (needs .deps)
 #   scripts/gpu_suite.sh sdpa    scripts/sdpa_check.py: flash_attention (both
 #                                prefill kernels) and torch SDPA against a
 #                                float64 reference at large shapes
@@ -35,7 +38,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 MODE="${1:-all}"
-has_mode() { [ "$MODE" = all ] && [ "$1" != nccl ] && [ "$1" != gptq ] && [ "$1" != engine ] && [ "$1" != quicktests ] && [ "$1" != gptqbench ] && [ "$1" != race ] && [ "$1" != hf ] && [ "$1" != sdpa ] && [ "$1" != profile ] && [ "$1" != tuning ] && return 0; [[ ",$MODE," == *",$1,"* ]]; }
+has_mode() { [ "$MODE" = all ] && [ "$1" != nccl ] && [ "$1" != trace ] && [ "$1" != gptq ] && [ "$1" != engine ] && [ "$1" != quicktests ] && [ "$1" != gptqbench ] && [ "$1" != race ] && [ "$1" != hf ] && [ "$1" != sdpa ] && [ "$1" != profile ] && [ "$1" != tuning ] && return 0; [[ ",$MODE," == *",$1,"* ]]; }
 BF=()
 [ -n "${BENCH_FILTER:-}" ] && BF=(--filter "$BENCH_FILTER")
 QUICK=""
@@ -333,6 +336,22 @@ if has_mode profile; then
     timeout 150 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 6 $B/tests/ferrum_tests_gpu \
       --gtest_brief=1 --gtest_filter='Specs/CudaFlashDecodeRagged.*_case1:CudaGptq*' > "$OUT/racecheck_detail.txt" 2>&1
     echo "racecheck detail exit $?"
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode trace; then
+  # Where a decode step's time goes as it runs (PDL overlap included), from
+  # CUPTI's kernel records: eager steps, since CUPTI slows a graph replay by
+  # ~25 % (bench/kernel_trace.cpp). The summary is per kernel and grid:
+  # its time on the GPU and how far it pushed the step's end.
+  {
+    for quant in "--quant gptq" ""; do
+      name=$([ -n "$quant" ] && echo gptq || echo f16)
+      echo "== kernel trace: llama3-8b $name, eager ($(date +%T))"
+      timeout 240 env LD_PRELOAD=$B/bench/libferrum_kernel_trace.so FERRUM_KERNEL_TRACE="$OUT/trace_$name.csv" \
+        $B/apps/engine/ferrum_engine --random llama3-8b $quant --dtype f16 --eager --steps 16 2>&1 | grep -E "decode:|trace"
+      python3 bench/kernel_trace_summary.py "$OUT/trace_$name.csv" --steps 8
+    done
   } 2>&1 | tee -a "$LOG"
 fi
 
