@@ -590,6 +590,7 @@ struct StreamParams : GemmOperands {
   int ring;  // bulk source: chunk slots per warp in shared memory (1 .. kGptqStreamMaxRing)
   int group_rows_per_chunk;  // bulk source: scale (zero) rows a chunk touches, max(1, 8 / k16_per_group)
   bool cluster_reduce;  // bulk source, 2 .. kGptqClusterMaxSplits splits launched as one cluster per column block
+  bool weights_before_wait;  // bulk source: gemm_weights_before_wait (the first fills' weights before the PDL wait)
 };
 
 // Bytes of the warp sums (warps 1.. of a CTA, read by warp 0) at the start of
@@ -798,44 +799,59 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
       }
     }
     __syncwarp();
-    // Launched with PDL: everything above touched only shared memory and
-    // overlapped the previous kernel's tail; from here on global memory.
-    pdl_begin();
     const T* const act_rows = static_cast<const T*>(p.a);
-    // Lane 0 announces the slot's bytes, then lanes 0 .. live_rows copy one
-    // activation row each (the valid columns of the chunk: k is a multiple
-    // of 8, so 16-byte multiples), lanes 16 .. 16 + group_rows_per_chunk the
-    // column block's scale (and zero) rows of the chunk's groups, and lane 31
-    // the weights.
+    // A slot's fill: lane 0 announces the slot's bytes, then lanes 0 ..
+    // live_rows copy one activation row each (the valid columns of the chunk:
+    // k is a multiple of 8, so 16-byte multiples), lanes 16 .. 16 +
+    // group_rows_per_chunk the column block's scale (and zero) rows of the
+    // chunk's groups, and lane 31 the weights. `weights` issues the
+    // announcement, the weights and the scale rows; `activations` the rows of
+    // a (the previous kernel's output).
     const std::uint32_t group_row_bytes = kScaleRowBytes + (kZeros ? kZeroRowBytes : 0);
-    auto issue = [&](int slot, int chunk) {
+    auto issue = [&](int slot, int chunk, bool weights, bool activations) {
       const int col0 = chunk * kGptqTileK;
       const std::uint32_t row_bytes = static_cast<std::uint32_t>(min(kGptqTileK, p.k - col0)) * 2u;
       unsigned char* const dst = ring + slot * kSlotBytes;
-      if (lane == 0) {
-        mbarrier_arrive_expect_tx(&full[slot], kChunkWords * 4u + live_rows * row_bytes +
-                                                   p.group_rows_per_chunk * group_row_bytes);
+      if (weights) {
+        if (lane == 0) {
+          mbarrier_arrive_expect_tx(&full[slot], kChunkWords * 4u + live_rows * row_bytes +
+                                                     p.group_rows_per_chunk * group_row_bytes);
+        }
+        __syncwarp();
+        if (lane == 31) {
+          bulk_copy_to_shared(dst, wblock + static_cast<std::size_t>(chunk) * kChunkWords, kChunkWords * 4u,
+                              &full[slot]);
+        } else if (lane >= 16 && lane < 16 + p.group_rows_per_chunk) {
+          const int i = lane - 16;
+          const std::size_t at = static_cast<std::size_t>(chunk * kChunkK16 / p.k16_per_group + i) * p.n_pad +
+                                 static_cast<std::size_t>(nb) * kGptqTileN;
+          bulk_copy_to_shared(dst + stream_slot_scales_at(NT) + i * kScaleRowBytes, scales + at, kScaleRowBytes,
+                              &full[slot]);
+          if constexpr (kZeros) {
+            bulk_copy_to_shared(dst + stream_slot_zeros_at(NT) + i * kZeroRowBytes, p.zeros + at, kZeroRowBytes,
+                                &full[slot]);
+          }
+        }
       }
-      __syncwarp();
-      if (lane == 31) {
-        bulk_copy_to_shared(dst, wblock + static_cast<std::size_t>(chunk) * kChunkWords, kChunkWords * 4u, &full[slot]);
-      } else if (lane < live_rows) {
+      if (activations && lane < live_rows) {
         bulk_copy_to_shared(dst + kChunkWords * 4 + lane * kStreamActPitch,
                             act_rows + static_cast<std::size_t>(lane) * p.k + col0, row_bytes, &full[slot]);
-      } else if (lane >= 16 && lane < 16 + p.group_rows_per_chunk) {
-        const int i = lane - 16;
-        const std::size_t at = static_cast<std::size_t>(chunk * kChunkK16 / p.k16_per_group + i) * p.n_pad +
-                               static_cast<std::size_t>(nb) * kGptqTileN;
-        bulk_copy_to_shared(dst + stream_slot_scales_at(NT) + i * kScaleRowBytes, scales + at, kScaleRowBytes,
-                            &full[slot]);
-        if constexpr (kZeros) {
-          bulk_copy_to_shared(dst + stream_slot_zeros_at(NT) + i * kZeroRowBytes, p.zeros + at, kZeroRowBytes,
-                              &full[slot]);
-        }
       }
     };
     int c = c_begin + warp;
-    for (int r = 0; r < p.ring && c + r * kStreamWarps < c_end; ++r) issue(r, c + r * kStreamWarps);
+    // gemm_weights_before_wait (the caller's promise that no kernel before
+    // this one writes the weight): the first fills' weights and scale rows
+    // are requested before the wait, so their DRAM latency overlaps the
+    // previous kernel's tail; the activations only after it.
+    if (p.weights_before_wait) {
+      for (int r = 0; r < p.ring && c + r * kStreamWarps < c_end; ++r) issue(r, c + r * kStreamWarps, true, false);
+    }
+    // Launched with PDL: everything above touched only shared memory (and,
+    // under the promise, the weight); from here on global memory.
+    pdl_begin();
+    for (int r = 0; r < p.ring && c + r * kStreamWarps < c_end; ++r) {
+      issue(r, c + r * kStreamWarps, !p.weights_before_wait, true);
+    }
     int slot = 0;
     std::uint32_t phase = 0;
     for (; c < c_end; c += kStreamWarps) {
@@ -886,7 +902,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
       const int c_refill = c + p.ring * kStreamWarps;
       if (c_refill < c_end) {
         fence_proxy_async_shared();
-        issue(slot, c_refill);
+        issue(slot, c_refill, true, true);
       }
       if (++slot == p.ring) {
         slot = 0;
@@ -1029,6 +1045,7 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
     p.cluster_reduce = args.w.zeros != nullptr ? stream_cluster_fits<T, NT, true, kSource>(splits, ring, smem)
                                                : stream_cluster_fits<T, NT, false, kSource>(splits, ring, smem);
   }
+  p.weights_before_wait = kBulk && gemm_weights_before_wait();
   const dim3 cluster(1, p.cluster_reduce ? static_cast<unsigned>(splits) : 1u, 1);
   if (args.w.zeros != nullptr) {
     launch_pdl_clustered("gemm_gptq (stream)", cluster, stream_kernel_ptr<T, NT, true, kSource>(), grid,

@@ -31,7 +31,9 @@
 //   --gemm-prefetch  CudaBackendConfig::gemm_prefetch_before_wait (the same)
 //   --gemm-early-weights  CudaBackendConfig::gemm_weights_before_wait (the
 //                    same; the engine's weights are never written while it
-//                    decodes, which is the promise that field asks for)
+//                    decodes, which is the promise that field asks for): the
+//                    skinny GEMM's and the GPTQ streaming kernel's first
+//                    weights requested before their PDL wait
 //   --skinny-max-m N CudaBackendConfig::gemm_skinny_max_m: dense GEMMs of m <= N
 //                    rows take the skinny kernel, 0 = cuBLAS for all (default:
 //                    the library's per-shape rule); an A/B switch

@@ -111,13 +111,15 @@ struct CudaBackendConfig {
   // previous kernel. Per device, like programmatic_dependent_launch.
   bool pdl_early_trigger = true;
   bool gemm_prefetch_before_wait = false;
-  // A promise, off by default: no kernel ordered before a gemm or
-  // gemm_silu_mul on its stream (or in its graph) that may not have completed
-  // writes the weight operand (gemm's b, gemm_silu_mul's w). True for model
-  // weights loaded before decoding; false, e.g., when b is the output of the
-  // op just before. With it, the skinny SIMT decode GEMM (m <= 2) reads its
-  // first round of weights into registers before it waits on the previous
-  // kernel (PDL), so that round's DRAM latency overlaps the previous
+  // A promise, off by default: no kernel ordered before a gemm,
+  // gemm_silu_mul or gemm_gptq on its stream (or in its graph) that may not
+  // have completed writes the weight operand (gemm's b, gemm_silu_mul's w,
+  // gemm_gptq's QuantWeight). True for model weights loaded before decoding;
+  // false, e.g., when b is the output of the op just before. With it, the
+  // skinny SIMT decode GEMM (m <= 2) reads its first round of weights into
+  // registers, and the GPTQ streaming kernel's bulk source requests its
+  // first ring fills' weights and scale rows, before they wait on the
+  // previous kernel (PDL), so that DRAM latency overlaps the previous
   // kernel's tail. Results are bitwise the same. Per device, like
   // programmatic_dependent_launch.
   bool gemm_weights_before_wait = false;

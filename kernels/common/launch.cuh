@@ -17,8 +17,9 @@
 // (gemm_prefetch_before_wait), and, on the caller's promise that no kernel
 // ordered before the GEMM writes its weights, real loads of the first round
 // of weights (gemm_weights_before_wait); the GPTQ streaming kernel's bulk
-// source, which sets up its mbarriers and zeroes shared memory (no global
-// access) before its wait; and the GPTQ wgmma kernel, which zeroes the
+// source, which sets up its mbarriers and zeroes shared memory before its
+// wait, and on the same promise requests its first ring fills' weights and
+// scale rows there (bulk copies into shared memory); and the GPTQ wgmma kernel, which zeroes the
 // activation rows past m in its shared-memory ring before its wait. None
 // writes global memory before the wait.
 //
