@@ -4,15 +4,17 @@
 // overlap that programmatic dependent launch gives them. ncu times each kernel
 // alone and serialised; this shows where a decode step's time goes as it runs.
 //
-//   FERRUM_KERNEL_TRACE=trace.csv LD_PRELOAD=$B/bench/libferrum_kernel_trace.so \
-//     $B/apps/engine/ferrum_engine --random llama3-8b --quant gptq --graph --steps 8
+//   export FERRUM_KERNEL_TRACE=trace.csv LD_PRELOAD=$B/bench/libferrum_kernel_trace.so
+//   $B/apps/engine/ferrum_engine --random llama3-8b --quant gptq --eager --steps 16
 //   python3 bench/kernel_trace_summary.py trace.csv
+// ($B: the build directory; scripts/gpu_suite.sh trace does this.)
 //
 // FERRUM_KERNEL_TRACE names the CSV written at exit (default
 // kernel_trace.csv); it is read once, when the library loads. Columns: start
 // and end in ns, graph id and node id (0 outside graphs), correlation id, grid,
-// block, cluster, dynamic shared memory, kernel name (mangled names
-// demangled by CUPTI where it can).
+// block, cluster, dynamic shared memory, kernel name as CUPTI gives it (C++
+// names mangled; the summary demangles them with c++filt). A process killed
+// before it exits normally writes nothing.
 //
 // CONCURRENT_KERNEL records do not serialise kernels (the KERNEL kind would).
 // CUPTI adds work per launch: an eager llama3-8b GPTQ step ran ~1 % slower
@@ -46,6 +48,7 @@ std::mutex g_mutex;
 std::vector<KernelRecord>* g_records = nullptr;  // leaked on purpose: written from CUPTI's thread at exit
 std::string* g_path = nullptr;
 bool g_enabled = false;
+std::size_t g_incomplete = 0;  // records without a complete start / end
 
 void report(const char* what, CUptiResult r) {
   const char* text = nullptr;
@@ -65,6 +68,12 @@ void CUPTIAPI buffer_completed(CUcontext, std::uint32_t, std::uint8_t* buffer, s
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
     if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+    // A forced flush may hand over records of kernels still running, without
+    // timestamps: counted, not written.
+    if (k->start == 0 || k->end < k->start) {
+      ++g_incomplete;
+      continue;
+    }
     g_records->push_back(KernelRecord{k->start,
                                       k->end,
                                       k->graphId,
@@ -103,7 +112,22 @@ void write_csv() {
                  name.c_str());
   }
   std::fclose(f);
-  std::fprintf(stderr, "ferrum_kernel_trace: %zu kernels -> %s\n", g_records->size(), g_path->c_str());
+  std::fprintf(stderr, "ferrum_kernel_trace: %zu kernels -> %s", g_records->size(), g_path->c_str());
+  if (g_incomplete) std::fprintf(stderr, " (%zu records without timestamps left out)", g_incomplete);
+  std::fprintf(stderr, "\n");
+}
+
+// At exit (registered in trace_start, so it runs after every exit handler
+// registered later, before the libraries are unloaded): flush every buffer,
+// including the ones still being filled, then write the CSV once.
+void trace_finish() {
+  static bool done = false;
+  if (!g_enabled || done) return;
+  done = true;
+  const CUptiResult r = cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  if (r != CUPTI_SUCCESS) report("cuptiActivityFlushAll", r);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  write_csv();
 }
 
 __attribute__((constructor)) void trace_start() {
@@ -116,14 +140,11 @@ __attribute__((constructor)) void trace_start() {
   r = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
   if (r != CUPTI_SUCCESS) return report("cuptiActivityEnable(CONCURRENT_KERNEL)", r);
   g_enabled = true;
+  std::atexit(trace_finish);
 }
 
-__attribute__((destructor)) void trace_finish() {
-  if (!g_enabled) return;
-  // Flush every buffer, including the ones still being filled.
-  cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-  std::lock_guard<std::mutex> lock(g_mutex);
-  write_csv();
-}
+// Also at unload, for a process that leaves without running its exit
+// handlers' list to the end (trace_finish runs once either way).
+__attribute__((destructor)) void trace_unload() { trace_finish(); }
 
 }  // namespace

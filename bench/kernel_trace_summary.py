@@ -6,9 +6,12 @@ kernel). Over the last --steps complete steps, each kernel (by name and
 grid) gets:
   dur       its own start-to-end time on the GPU (overlaps included),
   marginal  how far it pushed the end of the step's timeline past every
-            kernel before it (the sum of marginals is the step's span:
-            what removing or speeding up that kernel can win at most),
-  gap       start minus the previous kernel's end (negative: PDL overlap).
+            kernel before it, idle time before it included (the marginals
+            sum to the step's span; a guide to what speeding the kernel up
+            can win, not a bound),
+  gap       start minus the previous kernel's end (negative: PDL overlap;
+            the first kernel of a step shows 0: the time between steps is
+            the period minus the span).
 Usage: kernel_trace_summary.py trace.csv [--steps N] [--step-end argmax]
 """
 import argparse
@@ -21,7 +24,7 @@ import subprocess
 
 
 def demangle(names):
-    """CUPTI gives mangled names for kernels in anonymous namespaces."""
+    """CUPTI gives C++ kernel names mangled."""
     if not shutil.which("c++filt"):
         return names
     out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout
@@ -73,15 +76,15 @@ def main():
     print(f"{nsteps} steps, {len(steps[-1])} kernels per step, graph ids {sorted({k[4] for k in steps[-1]})}")
     print(f"step span (first start to last end) median {statistics.median(spans) / 1e3:.1f} us;"
           f" step period (argmax end to argmax end) median {statistics.median(periods[-nsteps:]) / 1e3:.1f} us")
-    print(f"{'marginal us/step':>16} {'count':>5} {'dur us':>8} {'marg us':>8} {'gap us':>7}  kernel grid")
+    print(f"{'marginal us/step':>16} {'/step':>6} {'dur us':>8} {'marg us':>8} {'gap us':>7}  kernel grid")
     total = 0.0
     for (name, grid), a in sorted(agg.items(), key=lambda kv: -kv[1]["marg"]):
         n = a["n"]
         per_step = a["marg"] / nsteps / 1e3
         total += per_step
-        print(f"{per_step:16.1f} {n // nsteps:5d} {a['dur'] / n / 1e3:8.2f} {a['marg'] / n / 1e3:8.2f}"
+        print(f"{per_step:16.1f} {n / nsteps:6.1f} {a['dur'] / n / 1e3:8.2f} {a['marg'] / n / 1e3:8.2f}"
               f" {a['gap'] / n / 1e3:7.2f}  {name} {grid}")
-    print(f"{total:16.1f} total marginal per step")
+    print(f"{total:16.1f} total marginal per step (the mean span; the line above gives the median)")
 
 
 if __name__ == "__main__":

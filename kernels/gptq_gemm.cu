@@ -578,7 +578,9 @@ constexpr int kStreamMinBlocks = kBulk ? (NT == 1 ? (kZeros ? 4 : 5) : 4) : (NT 
 // Where a warp's chunks come from (see above). (A third source, the bulk
 // source with its first ring of weight copies issued before the PDL wait,
 // and a stream-K form of the bulk source were measured slower in session 10
-// and removed: docs/design/gptq_small_m.md §7.)
+// and removed: docs/design/gptq_small_m.md §7. The early weight copies came
+// back in session 20 as a runtime flag of the bulk source,
+// StreamParams::weights_before_wait, behind the caller's promise: §12.)
 enum class StreamSource { Registers, Bulk };
 
 struct StreamParams : GemmOperands {
@@ -847,7 +849,8 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
       for (int r = 0; r < p.ring && c + r * kStreamWarps < c_end; ++r) issue(r, c + r * kStreamWarps, true, false);
     }
     // Launched with PDL: everything above touched only shared memory (and,
-    // under the promise, the weight); from here on global memory.
+    // under the promise, the weight's words and scale / zero rows); from here
+    // on global memory.
     pdl_begin();
     for (int r = 0; r < p.ring && c + r * kStreamWarps < c_end; ++r) {
       issue(r, c + r * kStreamWarps, !p.weights_before_wait, true);

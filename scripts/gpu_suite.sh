@@ -348,6 +348,7 @@ if has_mode trace; then
     for quant in "--quant gptq" ""; do
       name=$([ -n "$quant" ] && echo gptq || echo f16)
       echo "== kernel trace: llama3-8b $name, eager ($(date +%T))"
+      rm -f "$OUT/trace_$name.csv"  # a run that dies writes none: never summarise an old one
       timeout 240 env LD_PRELOAD=$B/bench/libferrum_kernel_trace.so FERRUM_KERNEL_TRACE="$OUT/trace_$name.csv" \
         $B/apps/engine/ferrum_engine --random llama3-8b $quant --dtype f16 --eager --steps 16 2>&1 | grep -E "decode:|trace"
       python3 bench/kernel_trace_summary.py "$OUT/trace_$name.csv" --steps 8

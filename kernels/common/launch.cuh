@@ -43,7 +43,9 @@
 //   nothing, so nothing stale can be read;
 // - gemm_weights_before_wait (a promise by the caller, see
 //   CudaBackendConfig): the skinny SIMT GEMM (m <= 2) loads its first round
-//   of weights into registers before its pdl_begin().
+//   of weights into registers, and the GPTQ streaming kernel's bulk source
+//   requests its first ring fills' weights and scale rows, before their
+//   pdl_begin().
 //
 // The GPTQ streaming and wgmma kernels are launched with PDL too (see the
 // exceptions above). Kernels launched

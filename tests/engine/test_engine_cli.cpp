@@ -179,13 +179,16 @@ TEST(EngineCli, LaunchSwitchesGiveTheSameLogits) {
   expect_launch_switches_keep_logits(dir, write_gpu_tiny_checkpoint(dir));
 }
 
-// The same with GPTQ INT4 projections (group 128, symmetric): on a GPU the
-// streaming kernel's bulk source launched with PDL.
 // A GPU-sized tiny Llama with GPTQ INT4 projections (group 128, symmetric),
-// written under dir / "gptq-model"; returns that directory.
+// written under dir / "gptq-model"; returns that directory. Intermediate 2560:
+// on the H200 the down projection (k = 2560: 20 chunks of 128 rows, n = 256)
+// runs the streaming kernel's bulk source with 2 splits summed in a cluster,
+// 10 chunks per CTA, so warps 0 and 1 take 3 chunks: both ring slots' first
+// fills (which --gemm-early-weights requests before the PDL wait) and a
+// refill after them.
 std::filesystem::path write_gptq_tiny_checkpoint(const std::filesystem::path& dir) {
   ModelConfig config = testing::gpu_tiny_llama_config();
-  config.intermediate_size = 512;
+  config.intermediate_size = 2560;
   config.vocab_size = 512;
   GptqConfig gptq;
   gptq.group_size = 128;
@@ -195,6 +198,8 @@ std::filesystem::path write_gptq_tiny_checkpoint(const std::filesystem::path& di
   return dir / "gptq-model";
 }
 
+// The same with GPTQ INT4 projections: on a GPU the streaming kernel's bulk
+// source launched with PDL.
 TEST(EngineCli, GptqLaunchSwitchesGiveTheSameLogits) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU: the launch switches only configure CudaBackend";
   const std::filesystem::path dir = testing::scratch_dir();
