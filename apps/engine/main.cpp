@@ -2,7 +2,7 @@
 //
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N] [--batch N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
-//                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]
+//                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--pdl-trigger-after-loads] [--gemm-prefetch]
 //                      [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce]
 //                      [--skinny-max-m N] [--gptq-fused-max-m N]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
@@ -28,6 +28,9 @@
 //                    an A/B switch, the tokens and logits are the same)
 //   --no-pdl-trigger CudaBackendConfig::pdl_early_trigger = false (on by
 //                    default; an A/B switch, the tokens and logits are the same)
+//   --pdl-trigger-after-loads  CudaBackendConfig::pdl_trigger_after_loads
+//                    (the same; the norms and SiLU·mul trigger the next
+//                    kernel once their loads have landed)
 //   --gemm-prefetch  CudaBackendConfig::gemm_prefetch_before_wait (the same)
 //   --gemm-early-weights  CudaBackendConfig::gemm_weights_before_wait (the
 //                    same; the engine's weights are never written while it
@@ -94,6 +97,7 @@ struct Options {
   bool force_cpu = false;
   bool no_pdl = false;
   bool pdl_trigger = true;  // CudaBackendConfig's default
+  bool pdl_trigger_after_loads = false;
   bool gemm_prefetch = false;
   bool gemm_early_weights = false;
   GptqKernel gptq_kernel = GptqKernel::Auto;
@@ -150,7 +154,7 @@ void usage(std::FILE* out) {
   std::fprintf(out,
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3[;4,5]\"] [--steps N] [--batch N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
-               "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]\n"
+               "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--pdl-trigger-after-loads] [--gemm-prefetch]\n"
                "                     [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce]\n"
                "                     [--skinny-max-m N] [--gptq-fused-max-m N]\n"
                "presets:");
@@ -230,6 +234,8 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.no_pdl = true;
     } else if (arg == "--no-pdl-trigger") {
       opt.pdl_trigger = false;
+    } else if (arg == "--pdl-trigger-after-loads") {
+      opt.pdl_trigger_after_loads = true;
     } else if (arg == "--gemm-prefetch") {
       opt.gemm_prefetch = true;
     } else if (arg == "--gemm-early-weights") {
@@ -312,6 +318,7 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       CudaBackendConfig config;
       config.programmatic_dependent_launch = !opt.no_pdl;
       config.pdl_early_trigger = opt.pdl_trigger;
+      config.pdl_trigger_after_loads = opt.pdl_trigger_after_loads;
       config.gemm_prefetch_before_wait = opt.gemm_prefetch;
       config.gemm_weights_before_wait = opt.gemm_early_weights;
       config.gptq_kernel = opt.gptq_kernel;

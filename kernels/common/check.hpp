@@ -31,6 +31,11 @@ bool device_is_sm90a();
 bool pdl_early_trigger();
 bool gemm_prefetch_before_wait();
 bool gemm_weights_before_wait();
+// Where the norms and SiLU·mul call griddepcontrol.launch_dependents
+// (CudaBackendConfig::pdl_early_trigger, ::pdl_trigger_after_loads): not at
+// all, right after their own wait, or once their loads have landed.
+enum class PdlTrigger : int { None, AfterWait, AfterLoads };
+PdlTrigger pdl_trigger_point();
 
 // The driver function `name` (CUDA 12 ABI) through the runtime's entry-point
 // query, so nothing links libcuda; null where the driver lacks it (the
