@@ -261,8 +261,6 @@ void throw_cuda_error(const char* op, const char* what, cudaError_t err) {
   detail::fail(code, "{}: {} failed: {} ({})", op, what, cudaGetErrorName(err), cudaGetErrorString(err));
 }
 
-bool pdl_early_trigger() { return (detail::launch_state_of_current_device() & detail::kLaunchTrigger) != 0; }
-
 bool gemm_prefetch_before_wait() {
   return (detail::launch_state_of_current_device() & detail::kLaunchGemmPrefetch) != 0;
 }

@@ -973,9 +973,45 @@ TEST_F(CudaGptqWgmma, WorkspaceReductionGivesTheClusterSumsBits) {
   }
 }
 
-// Auto (the default backend) runs the fused kernel at 17 .. 32 rows on a
-// weight with k >= 8192 and n <= 4096 and the wgmma kernel at 33 rows
-// (gptq_wgmma_preferred), seen through the bits on random data.
+// Auto (the default backend) against `below` (a backend forcing the kernel
+// Auto should take under `first_wgmma_m` rows) and the wgmma-forced one, seen
+// through the bits on random data: Auto's output equals `below`'s for m <
+// first_wgmma_m and the wgmma kernel's from there. On each side the two
+// kernels must differ somewhere, else that side's comparison could not tell
+// them apart; `below_runs_above` false leaves `below` out from first_wgmma_m
+// on (and that side's check with it).
+void expect_auto_takes_wgmma_from(Backend& automatic, Backend& below, Backend& wgmma, const WeightCase& c,
+                                  std::initializer_list<std::size_t> ms, std::size_t first_wgmma_m,
+                                  std::initializer_list<DType> dtypes, bool below_runs_above, Rng& rng) {
+  const Checkpoint ck = make_checkpoint(c, rng);
+  std::unique_ptr<QuantWeight> w_auto = automatic.load_gptq(ck.tensors());
+  std::unique_ptr<QuantWeight> w_below = below.load_gptq(ck.tensors());
+  std::unique_ptr<QuantWeight> w_wgmma = wgmma.load_gptq(ck.tensors());
+  bool differ_below = false, differ_from = false;
+  for (std::size_t m : ms) {
+    const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
+    for (DType dt : dtypes) {
+      SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
+      const std::vector<float> by_auto = run_gemm(automatic, *w_auto, a, dt, m);
+      const std::vector<float> by_wgmma = run_gemm(wgmma, *w_wgmma, a, dt, m);
+      if (m >= first_wgmma_m) EXPECT_TRUE(same_floats(by_auto, by_wgmma));
+      if (m >= first_wgmma_m && !below_runs_above) continue;
+      const std::vector<float> by_below = run_gemm(below, *w_below, a, dt, m);
+      if (m < first_wgmma_m) EXPECT_TRUE(same_floats(by_auto, by_below));
+      bool& differ = m < first_wgmma_m ? differ_below : differ_from;
+      differ = differ || !same_floats(by_below, by_wgmma);
+    }
+  }
+  EXPECT_TRUE(differ_below) << "the two kernels gave the same bits below " << first_wgmma_m << " rows";
+  if (below_runs_above) {
+    EXPECT_TRUE(differ_from) << "the two kernels gave the same bits from " << first_wgmma_m << " rows";
+  }
+}
+
+// Auto runs the fused kernel at 17 .. 32 rows on a weight with k >= 8192 and
+// n <= 4096 and the wgmma kernel at 33 rows (gptq_wgmma_preferred). The
+// fused-only backend is not run at 33 rows: there its act-order rule takes
+// dequantize + cuBLAS, whose kernels racecheck flags on its own.
 TEST_F(CudaGptqWgmma, AutoKeepsTheFusedKernelAtThirtyTwoRowsOnLongNarrowWeights) {
   FERRUM_SEEDED_RNG(rng);
   CudaBackendConfig fused_config;
@@ -983,57 +1019,18 @@ TEST_F(CudaGptqWgmma, AutoKeepsTheFusedKernelAtThirtyTwoRowsOnLongNarrowWeights)
   CudaBackend fused(fused_config);
   const WeightCase c{8192, 512, 128, true, false, GptqZeroFormat::V1, false};
   ASSERT_LE(33u, kernels::gptq_fused_max_m(c.k, c.n, c.act_order, true));  // both m on the INT4 path
-  const Checkpoint ck = make_checkpoint(c, rng);
-  std::unique_ptr<QuantWeight> w_auto = cuda().load_gptq(ck.tensors());
-  std::unique_ptr<QuantWeight> w_fused = fused.load_gptq(ck.tensors());
-  std::unique_ptr<QuantWeight> w_wgmma = wgmma().load_gptq(ck.tensors());
-  bool kernels_differ = false;
-  for (std::size_t m : {17, 32, 33}) {
-    SCOPED_TRACE(cat("m=", m));
-    const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
-    const std::vector<float> by_auto = run_gemm(cuda(), *w_auto, a, DType::F16, m);
-    const std::vector<float> by_wgmma = run_gemm(wgmma(), *w_wgmma, a, DType::F16, m);
-    if (m <= 32) {
-      // (Not above: there the fused-only backend's act-order rule takes
-      // dequantize + cuBLAS, whose kernels racecheck flags on its own.)
-      const std::vector<float> by_fused = run_gemm(fused, *w_fused, a, DType::F16, m);
-      EXPECT_TRUE(same_floats(by_auto, by_fused));
-      kernels_differ = kernels_differ || !same_floats(by_fused, by_wgmma);
-    } else {
-      EXPECT_TRUE(same_floats(by_auto, by_wgmma));
-    }
-  }
-  EXPECT_TRUE(kernels_differ) << "the two kernels gave the same bits: this test cannot see the dispatch";
+  expect_auto_takes_wgmma_from(cuda(), fused, wgmma(), c, {17, 32, 33}, 33, {DType::F16}, false, rng);
 }
 
 // On a weight of n >= 6144 Auto runs the streaming kernel up to 11 rows and
-// the wgmma kernel from 12 (gptq_wgmma_preferred), seen through the bits.
+// the wgmma kernel from 12 (gptq_wgmma_preferred).
 TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelFromTwelveRowsOnWideWeights) {
   FERRUM_SEEDED_RNG(rng);
   CudaBackendConfig bulk_config;
   bulk_config.gptq_kernel = GptqKernel::StreamBulk;
   CudaBackend bulk(bulk_config);
   const WeightCase c{1024, 6144, 128, true, false, GptqZeroFormat::V1, false};
-  const Checkpoint ck = make_checkpoint(c, rng);
-  std::unique_ptr<QuantWeight> w_auto = cuda().load_gptq(ck.tensors());
-  std::unique_ptr<QuantWeight> w_bulk = bulk.load_gptq(ck.tensors());
-  std::unique_ptr<QuantWeight> w_wgmma = wgmma().load_gptq(ck.tensors());
-  // On each side of 12 rows the two kernels must differ somewhere, else
-  // that side's comparison could not tell them apart.
-  bool differ_below = false, differ_from = false;
-  for (std::size_t m : {8, 11, 12, 16}) {
-    const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
-    for (DType dt : kHalfDTypes) {
-      SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
-      const std::vector<float> by_auto = run_gemm(cuda(), *w_auto, a, dt, m);
-      const std::vector<float> by_bulk = run_gemm(bulk, *w_bulk, a, dt, m);
-      const std::vector<float> by_wgmma = run_gemm(wgmma(), *w_wgmma, a, dt, m);
-      EXPECT_TRUE(same_floats(by_auto, m < 12 ? by_bulk : by_wgmma));
-      bool& differ = m < 12 ? differ_below : differ_from;
-      differ = differ || !same_floats(by_bulk, by_wgmma);
-    }
-  }
-  EXPECT_TRUE(differ_below && differ_from) << "the two kernels gave the same bits on one side of 12 rows";
+  expect_auto_takes_wgmma_from(cuda(), bulk, wgmma(), c, {8, 11, 12, 16}, 12, {DType::F16, DType::BF16}, true, rng);
 }
 
 }  // namespace
