@@ -63,16 +63,6 @@ constexpr int next_pow2(int v) {
   return p;
 }
 
-// L2 policy for the weight stream: evict first.
-// (sm_80 and later; older targets fall back to a plain streaming load.)
-__device__ __forceinline__ std::uint64_t evict_first_policy() {
-  std::uint64_t policy = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-#endif
-  return policy;
-}
-
 // 16 bytes of the weight: read-only path, no L1 allocation, L2 evict-first,
 // 256-byte L2 prefetch (the block reads at least 256 contiguous bytes of a
 // row per chunk anyway). Not volatile: the compiler may hoist and batch these

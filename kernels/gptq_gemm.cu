@@ -66,7 +66,8 @@ constexpr int kMaxGroupsPerStage = kK16PerStage;  // group_rows >= 16
 // weight-stream load from kernels/gptq_int4.cuh (shared with the wgmma kernel,
 // kernels/gptq_gemm_wgmma.cu). The fused kernel's weight stream uses plain
 // cp.async.cg: the L2::cache_hint (evict-first) form trapped as an illegal
-// instruction on the H200.
+// instruction on the H200. The streaming kernel's bulk copies do take the hint
+// (StreamParams::weights_evict_first).
 using namespace gptq;
 
 // ── Fused kernel ────────────────────────────────────────────────────────────
@@ -593,6 +594,7 @@ struct StreamParams : GemmOperands {
   int group_rows_per_chunk;  // bulk source: scale (zero) rows a chunk touches, max(1, 8 / k16_per_group)
   bool cluster_reduce;  // bulk source, 2 .. kGptqClusterMaxSplits splits launched as one cluster per column block
   bool weights_before_wait;  // bulk source: gemm_weights_before_wait (the first fills' weights before the PDL wait)
+  bool weights_evict_first;  // bulk source: gptq_weights_evict_first (the weight and scale copies' L2 policy)
 };
 
 // Bytes of the warp sums (warps 1.. of a CTA, read by warp 0) at the start of
@@ -810,6 +812,16 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     // announcement, the weights and the scale rows; `activations` the rows of
     // a (the previous kernel's output).
     const std::uint32_t group_row_bytes = kScaleRowBytes + (kZeros ? kZeroRowBytes : 0);
+    // gptq_weights_evict_first: the weight stream (read once, larger than
+    // L2) does not push out what the small ops between GEMMs reuse.
+    const std::uint64_t policy = p.weights_evict_first ? evict_first_policy() : 0;
+    auto copy_weights = [&](void* dst, const void* src, std::uint32_t bytes, std::uint64_t* bar) {
+      if (p.weights_evict_first) {
+        bulk_copy_to_shared(dst, src, bytes, bar, policy);
+      } else {
+        bulk_copy_to_shared(dst, src, bytes, bar);
+      }
+    };
     auto issue = [&](int slot, int chunk, bool weights, bool activations) {
       const int col0 = chunk * kGptqTileK;
       const std::uint32_t row_bytes = static_cast<std::uint32_t>(min(kGptqTileK, p.k - col0)) * 2u;
@@ -821,17 +833,14 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
         }
         __syncwarp();
         if (lane == 31) {
-          bulk_copy_to_shared(dst, wblock + static_cast<std::size_t>(chunk) * kChunkWords, kChunkWords * 4u,
-                              &full[slot]);
+          copy_weights(dst, wblock + static_cast<std::size_t>(chunk) * kChunkWords, kChunkWords * 4u, &full[slot]);
         } else if (lane >= 16 && lane < 16 + p.group_rows_per_chunk) {
           const int i = lane - 16;
           const std::size_t at = static_cast<std::size_t>(chunk * kChunkK16 / p.k16_per_group + i) * p.n_pad +
                                  static_cast<std::size_t>(nb) * kGptqTileN;
-          bulk_copy_to_shared(dst + stream_slot_scales_at(NT) + i * kScaleRowBytes, scales + at, kScaleRowBytes,
-                              &full[slot]);
+          copy_weights(dst + stream_slot_scales_at(NT) + i * kScaleRowBytes, scales + at, kScaleRowBytes, &full[slot]);
           if constexpr (kZeros) {
-            bulk_copy_to_shared(dst + stream_slot_zeros_at(NT) + i * kZeroRowBytes, p.zeros + at, kZeroRowBytes,
-                                &full[slot]);
+            copy_weights(dst + stream_slot_zeros_at(NT) + i * kZeroRowBytes, p.zeros + at, kZeroRowBytes, &full[slot]);
           }
         }
       }
@@ -1049,6 +1058,7 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
                                                : stream_cluster_fits<T, NT, false, kSource>(splits, ring, smem);
   }
   p.weights_before_wait = kBulk && gemm_weights_before_wait();
+  p.weights_evict_first = kBulk && gptq_weights_evict_first();
   const dim3 cluster(1, p.cluster_reduce ? static_cast<unsigned>(splits) : 1u, 1);
   if (args.w.zeros != nullptr) {
     launch_pdl_clustered("gemm_gptq (stream)", cluster, stream_kernel_ptr<T, NT, true, kSource>(), grid,

@@ -53,9 +53,9 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
                                  const T* __restrict__ weight,  // [dim]
                                  const T* __restrict__ bias,    // [dim] (Layer)
                                  T* out,                         // [rows, dim]
-                                 int rows, int dim, float eps, int group, PdlTrigger trigger) {
+                                 int rows, int dim, float eps, int group, bool trigger) {
   pdl_begin();
-  if (trigger == PdlTrigger::AfterWait) pdl_trigger_dependents();  // the A/B switches of launch.cuh
+  if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
   using V = vec_t<T, VW>;
   const int rows_per_block = blockDim.x / group;
   const int row = blockIdx.x * rows_per_block + threadIdx.x / group;
@@ -127,9 +127,6 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
     }
   }
   const float inv = rsqrtf(row_sum(sq, group) / static_cast<float>(dim) + eps);
-  // The reductions used every loaded x (and residual) value, so those loads
-  // have landed (with PREFETCH_W, the decode shapes', the weight's too).
-  if (trigger == PdlTrigger::AfterLoads) pdl_trigger_dependents();
 
   if (!row_ok) return;  // after the last block-wide reduction
   // LayerNorm reads weight and bias per vector here, not all up front: with
@@ -159,9 +156,9 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
 // Block per row, rows longer than registers hold: accumulate, then re-read.
 template <NormKind K, class T>
 __global__ void __launch_bounds__(1024) norm_rows_loop_kernel(const T* __restrict__ x, T* residual, const T* __restrict__ weight,
-                                      const T* __restrict__ bias, T* out, int dim, float eps, PdlTrigger trigger) {
+                                      const T* __restrict__ bias, T* out, int dim, float eps, bool trigger) {
   pdl_begin();
-  if (trigger == PdlTrigger::AfterWait) pdl_trigger_dependents();  // the A/B switches of launch.cuh
+  if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
   const long long base = static_cast<long long>(blockIdx.x) * dim;
   auto value = [&](int d) {
     if constexpr (K == NormKind::AddRms) return to_float(residual[base + d]);
@@ -183,8 +180,6 @@ __global__ void __launch_bounds__(1024) norm_rows_loop_kernel(const T* __restric
     sq += c * c;
   }
   const float inv = rsqrtf(row_sum(sq, blockDim.x) / static_cast<float>(dim) + eps);
-  // The row's first two passes have landed (the third re-reads it).
-  if (trigger == PdlTrigger::AfterLoads) pdl_trigger_dependents();
   for (int d = threadIdx.x; d < dim; d += blockDim.x) {
     float o = ((value(d) - mean) * inv) * to_float(weight[d]);
     if constexpr (K == NormKind::Layer) o += to_float(bias[d]);
@@ -256,7 +251,7 @@ void launch_typed(const NormArgs& a, cudaStream_t stream) {
   const int nvec_per_thread = plan.nvec_per_thread;
   const int threads = plan.threads;
   const int blocks = plan.blocks;
-  const PdlTrigger trigger = pdl_trigger_point();
+  const bool trigger = pdl_early_trigger();
   // 8 vectors per thread need up to ~230 registers: at most 256 threads.
   if (nvec_per_thread > kMaxNvec || (nvec_per_thread == kMaxNvec && threads > 256)) {
     launch_pdl("norm", norm_rows_loop_kernel<K, T>, dim3(a.rows), kMaxGroup, 0, stream, x, residual, weight, bias, out,

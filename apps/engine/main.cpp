@@ -2,8 +2,8 @@
 //
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N] [--batch N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
-//                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--pdl-trigger-after-loads] [--gemm-prefetch]
-//                      [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce]
+//                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]
+//                      [--gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce]
 //                      [--skinny-max-m N] [--gptq-fused-max-m N]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
@@ -28,15 +28,15 @@
 //                    an A/B switch, the tokens and logits are the same)
 //   --no-pdl-trigger CudaBackendConfig::pdl_early_trigger = false (on by
 //                    default; an A/B switch, the tokens and logits are the same)
-//   --pdl-trigger-after-loads  CudaBackendConfig::pdl_trigger_after_loads
-//                    (the same; the norms and SiLU·mul trigger the next
-//                    kernel once their loads have landed)
 //   --gemm-prefetch  CudaBackendConfig::gemm_prefetch_before_wait (the same)
 //   --gemm-early-weights  CudaBackendConfig::gemm_weights_before_wait (the
 //                    same; the engine's weights are never written while it
 //                    decodes, which is the promise that field asks for): the
 //                    skinny GEMM's and the GPTQ streaming kernel's first
 //                    weights requested before their PDL wait
+//   --no-gptq-evict-first  CudaBackendConfig::gptq_weights_evict_first =
+//                    false (on by default; the same): the GPTQ streaming
+//                    kernel's weight copies without the L2 evict-first policy
 //   --skinny-max-m N CudaBackendConfig::gemm_skinny_max_m: dense GEMMs of m <= N
 //                    rows take the skinny kernel, 0 = cuBLAS for all (default:
 //                    the library's per-shape rule); an A/B switch
@@ -97,9 +97,9 @@ struct Options {
   bool force_cpu = false;
   bool no_pdl = false;
   bool pdl_trigger = true;  // CudaBackendConfig's default
-  bool pdl_trigger_after_loads = false;
   bool gemm_prefetch = false;
   bool gemm_early_weights = false;
+  bool gptq_evict_first = true;  // CudaBackendConfig's default
   GptqKernel gptq_kernel = GptqKernel::Auto;
   bool gptq_cluster_reduce = true;
   int skinny_max_m = -1;  // CudaBackendConfig::gemm_skinny_max_m
@@ -154,8 +154,8 @@ void usage(std::FILE* out) {
   std::fprintf(out,
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3[;4,5]\"] [--steps N] [--batch N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
-               "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--pdl-trigger-after-loads] [--gemm-prefetch]\n"
-               "                     [--gemm-early-weights] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce]\n"
+               "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]\n"
+               "                     [--gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce]\n"
                "                     [--skinny-max-m N] [--gptq-fused-max-m N]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
@@ -234,12 +234,12 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.no_pdl = true;
     } else if (arg == "--no-pdl-trigger") {
       opt.pdl_trigger = false;
-    } else if (arg == "--pdl-trigger-after-loads") {
-      opt.pdl_trigger_after_loads = true;
     } else if (arg == "--gemm-prefetch") {
       opt.gemm_prefetch = true;
     } else if (arg == "--gemm-early-weights") {
       opt.gemm_early_weights = true;
+    } else if (arg == "--no-gptq-evict-first") {
+      opt.gptq_evict_first = false;
     } else if (arg == "--no-gptq-cluster-reduce") {
       opt.gptq_cluster_reduce = false;
     } else if (arg == "--gptq-kernel") {
@@ -318,9 +318,9 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       CudaBackendConfig config;
       config.programmatic_dependent_launch = !opt.no_pdl;
       config.pdl_early_trigger = opt.pdl_trigger;
-      config.pdl_trigger_after_loads = opt.pdl_trigger_after_loads;
       config.gemm_prefetch_before_wait = opt.gemm_prefetch;
       config.gemm_weights_before_wait = opt.gemm_early_weights;
+      config.gptq_weights_evict_first = opt.gptq_evict_first;
       config.gptq_kernel = opt.gptq_kernel;
       config.gptq_cluster_reduce = opt.gptq_cluster_reduce;
       config.gptq_fused_max_m = opt.gptq_fused_max_m;

@@ -111,16 +111,16 @@ struct CudaBackendConfig {
   // previous kernel. Per device, like programmatic_dependent_launch.
   bool pdl_early_trigger = true;
   bool gemm_prefetch_before_wait = false;
-  // With pdl_early_trigger, off by default (not yet measured): the norms and
-  // SiLU·mul trigger once their loads have landed (the norm after its
-  // reduction, SiLU·mul after its stores are issued) instead of right after
-  // their wait. Meant for an A/B with gemm_weights_before_wait: the GEMM
-  // behind them then requests its weights when the small op no longer waits
-  // on memory (session 20: with the trigger right after the wait, the GPTQ
-  // GEMMs gained 1.5-2.3 us each and the norm in front lost as much).
-  // Results are bitwise the same. Per device, like
-  // programmatic_dependent_launch.
-  bool pdl_trigger_after_loads = false;
+  // On by default: the GPTQ streaming kernel's bulk source reads its weights
+  // and scale rows with an L2 evict-first policy (as the skinny dense GEMM
+  // always does), so that a weight stream larger than L2 does not push out
+  // what the small ops between the GEMMs reuse (the residual, the norm
+  // weights, the KV cache). On the H200 (session 21) the llama3-8b GPTQ
+  // graph decode went 434-435 -> 447-448 tok/s with it; the norms, RoPE and
+  // decode attention in the step got 0.2-0.4 us faster each, the GEMMs
+  // 0.5-0.8 us. Results are bitwise the same (an A/B switch). Per device,
+  // like programmatic_dependent_launch.
+  bool gptq_weights_evict_first = true;
   // A promise, off by default: no kernel ordered before a gemm,
   // gemm_silu_mul or gemm_gptq on its stream (or in its graph) that may not
   // have completed writes the weight operand (gemm's b, gemm_silu_mul's w,

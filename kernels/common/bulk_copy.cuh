@@ -105,6 +105,21 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
 #endif
 }
 
+// The same copy with an L2 cache policy for its reads (evict_first_policy,
+// kernels/common/mma.cuh).
+__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, std::uint32_t bytes,
+                                                    std::uint64_t* bar, std::uint64_t policy) {
+#ifdef FERRUM_BULK_COPY_UNAVAILABLE
+  __trap();
+#else
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
+          smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
+      : "memory");
+#endif
+}
+
 // The box of a 3-d tensor map at coordinates (c0 innermost, c1, c2) into
 // shared memory at `dst` (laid out and swizzled as the map says; 128-byte
 // aligned, 1024 for the 128-byte swizzle), completing on `bar`; elements

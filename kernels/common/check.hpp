@@ -24,18 +24,14 @@ int device_sm_count(const char* op);
 // Whether the current device runs sm_90a code (compute capability exactly
 // 9.0: the arch-specific features such as wgmma), cached per device.
 bool device_is_sm90a();
-// The current device's CudaBackendConfig::gemm_prefetch_before_wait and
-// ::gemm_weights_before_wait (false without a backend): switches read by the
-// launchers they concern.
+// The current device's CudaBackendConfig::gemm_prefetch_before_wait,
+// ::gemm_weights_before_wait, ::gptq_weights_evict_first and
+// ::pdl_early_trigger (the last false without PDL; all false without a
+// backend): switches read by the launchers they concern.
 bool gemm_prefetch_before_wait();
 bool gemm_weights_before_wait();
-// Where the norms and SiLU·mul call griddepcontrol.launch_dependents, from
-// the current device's CudaBackendConfig::pdl_early_trigger and
-// ::pdl_trigger_after_loads: not at all (None without PDL or without a
-// backend), right after their own wait, or once their loads have landed.
-// Decode attention triggers right after its wait unless None.
-enum class PdlTrigger : int { None, AfterWait, AfterLoads };
-PdlTrigger pdl_trigger_point();
+bool gptq_weights_evict_first();
+bool pdl_early_trigger();
 
 // The driver function `name` (CUDA 12 ABI) through the runtime's entry-point
 // query, so nothing links libcuda; null where the driver lacks it (the

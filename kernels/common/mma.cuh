@@ -50,6 +50,16 @@ __device__ __forceinline__ void cp_async_16_l2_256(std::uint32_t dst, const void
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
                : "memory");
 }
+// L2 policy for a weight stream (read once, larger than L2): evict first,
+// so that it does not push out what the small ops between the GEMMs reuse.
+// sm_80 and later; 0 (no policy) below.
+__device__ __forceinline__ std::uint64_t evict_first_policy() {
+  std::uint64_t policy = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#endif
+  return policy;
+}
 // Asks L2 to fetch [src, src + bytes) (sm_90; 16-byte aligned, bytes a
 // multiple of 16). Fire and forget: no completion to wait for. A no-op below
 // sm_90.

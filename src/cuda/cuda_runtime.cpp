@@ -24,7 +24,7 @@ std::array<CudaRuntime*, kMaxDevices> g_runtimes{};
 // the A/B switches are off), else kConfigured | the kLaunch* bits of the
 // runtime's config. Set once when the device's runtime is created.
 constexpr int kConfigured = 1, kLaunchPdl = 2, kLaunchTrigger = 4, kLaunchGemmPrefetch = 8, kLaunchGemmWeights = 16,
-              kLaunchTriggerLate = 32;
+              kLaunchGptqEvictFirst = 32;
 std::array<std::atomic<int>, kMaxDevices> g_launch_state{};
 
 int launch_state_of_current_device() {
@@ -76,9 +76,9 @@ CudaRuntime* create_runtime_steps(CudaRuntime* rt, const CudaBackendConfig& conf
   rt->pdl_capable = major >= 9;
   rt->pdl = config.programmatic_dependent_launch && rt->pdl_capable;
   rt->pdl_trigger = rt->pdl && config.pdl_early_trigger;
-  rt->pdl_trigger_late = rt->pdl_trigger && config.pdl_trigger_after_loads;
   rt->gemm_prefetch = config.gemm_prefetch_before_wait;
   rt->gemm_weights = config.gemm_weights_before_wait;
+  rt->gptq_evict_first = config.gptq_weights_evict_first;
   check_cuda(cudaDeviceGetAttribute(&rt->num_sms, cudaDevAttrMultiProcessorCount, config.device), op,
              "cudaDeviceGetAttribute");
   check_cuda(cudaStreamCreateWithFlags(&rt->stream, cudaStreamNonBlocking), op, "cudaStreamCreate");
@@ -166,10 +166,10 @@ CudaRuntime& cuda_runtime(const CudaBackendConfig& config) {
              config.pdl_early_trigger, config.gemm_prefetch_before_wait, config.device, existing->pdl_trigger,
              existing->gemm_prefetch);
       }
-      if (existing->pdl_trigger_late != (config.pdl_trigger_after_loads && existing->pdl_trigger)) {
+      if (existing->gptq_evict_first != config.gptq_weights_evict_first) {
         fail(ErrorCode::InvalidArgument,
-             "CudaBackend: argument 'config.pdl_trigger_after_loads' = {} but device {} already runs with {}",
-             config.pdl_trigger_after_loads, config.device, existing->pdl_trigger_late);
+             "CudaBackend: argument 'config.gptq_weights_evict_first' = {} but device {} already runs with {}",
+             config.gptq_weights_evict_first, config.device, existing->gptq_evict_first);
       }
       if (existing->gemm_weights != config.gemm_weights_before_wait) {
         fail(ErrorCode::InvalidArgument,
@@ -191,7 +191,7 @@ CudaRuntime& cuda_runtime(const CudaBackendConfig& config) {
   g_launch_state[config.device].store(kConfigured | (made.pdl ? kLaunchPdl : 0) | (made.pdl_trigger ? kLaunchTrigger : 0) |
                                           (made.gemm_prefetch ? kLaunchGemmPrefetch : 0) |
                                           (made.gemm_weights ? kLaunchGemmWeights : 0) |
-                                          (made.pdl_trigger_late ? kLaunchTriggerLate : 0),
+                                          (made.gptq_evict_first ? kLaunchGptqEvictFirst : 0),
                                       std::memory_order_relaxed);
   return *rt;
 }
@@ -269,11 +269,11 @@ bool gemm_weights_before_wait() {
   return (detail::launch_state_of_current_device() & detail::kLaunchGemmWeights) != 0;
 }
 
-PdlTrigger pdl_trigger_point() {
-  const int state = detail::launch_state_of_current_device();
-  if ((state & detail::kLaunchTrigger) == 0) return PdlTrigger::None;
-  return (state & detail::kLaunchTriggerLate) != 0 ? PdlTrigger::AfterLoads : PdlTrigger::AfterWait;
+bool gptq_weights_evict_first() {
+  return (detail::launch_state_of_current_device() & detail::kLaunchGptqEvictFirst) != 0;
 }
+
+bool pdl_early_trigger() { return (detail::launch_state_of_current_device() & detail::kLaunchTrigger) != 0; }
 
 namespace {
 
