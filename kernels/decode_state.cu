@@ -1,4 +1,6 @@
 #include "kernels/common/check.hpp"
+#include "kernels/common/device_error.cuh"
+#include "kernels/common/launch.cuh"
 #include "kernels/decode_state.hpp"
 
 namespace ferrum::kernels {
@@ -11,7 +13,31 @@ __global__ void set_decode_state_kernel(DecodeState* state, std::int32_t token, 
   state->kv_len = kv_len;
 }
 
+__global__ void advance_decode_state_kernel(DecodeState* state, const std::int32_t* next_token,  // [1]
+                                            std::int32_t* token_log,                              // [log_size]
+                                            long long log_size, std::uint32_t* error_flag) {
+  pdl_begin();
+  const std::int32_t pos = state->pos;
+  const long long at = static_cast<long long>(pos) + 1;
+  if (at < 0 || at >= log_size) {
+    report_device_error(error_flag, kErrDecodeLogOverCapacity);
+    return;
+  }
+  const std::int32_t token = *next_token;
+  token_log[at] = token;
+  state->token = token;
+  state->pos = pos + 1;
+  state->kv_len += 1;
+}
+
 }  // namespace
+
+void launch_advance_decode_state(DecodeState* state, const std::int32_t* next_token, std::int32_t* token_log,
+                                 long long log_size, std::uint32_t* error_flag, cudaStream_t stream) {
+  launch_pdl("advance_decode_state", advance_decode_state_kernel, dim3(1), dim3(1), 0, stream, state, next_token,
+             token_log, log_size, error_flag);
+  check_launch("advance_decode_state");
+}
 
 void launch_set_decode_state(DecodeState* state, std::int32_t token, std::int32_t pos, std::int32_t kv_len,
                              cudaStream_t stream) {

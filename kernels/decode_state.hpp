@@ -22,12 +22,23 @@ enum DeviceErrorBits : std::uint32_t {
   kErrRopePositionOutOfRange = 1u << 1,
   kErrKvAppendOverCapacity = 1u << 2,
   kErrAttnKvLenOutOfRange = 1u << 3,
+  kErrDecodeLogOverCapacity = 1u << 4,
 };
 
 // Writes the decode state with one tiny kernel: the values travel as kernel
 // arguments, so there is no host buffer to race with and nothing pageable.
 void launch_set_decode_state(DecodeState* state, std::int32_t token, std::int32_t pos, std::int32_t kv_len,
                              cudaStream_t stream);
+
+// The decode step on the device (Backend::advance_decode_state):
+// token_log[pos + 1] = *next_token, token = *next_token, pos += 1,
+// kv_len += 1; with pos + 1 outside [0, log_size) nothing changes and
+// kErrDecodeLogOverCapacity is set. Launched with PDL (it waits for the
+// argmax in front of it).
+void launch_advance_decode_state(DecodeState* state,
+                                 const std::int32_t* next_token,  // [1]
+                                 std::int32_t* token_log,         // [log_size]
+                                 long long log_size, std::uint32_t* error_flag, cudaStream_t stream);
 
 // Whether the current device can run this build's kernels: cudaSuccess, or
 // the runtime's answer for one of them (cudaFuncGetAttributes) -- e.g.

@@ -215,8 +215,8 @@ if has_mode engine; then
     # (32 steps): the default against both switches, compared bitwise.
     for dtype in ${ENGINE_DTYPES:-f16}; do
       run=0
-      for mode in --graph --eager "--graph --no-pdl" "--graph --no-pdl-trigger" "--graph --gemm-prefetch" \
-                  "--graph --gemm-early-weights"; do
+      for mode in --graph --eager "--graph --pipeline" "--graph --no-pdl" "--graph --no-pdl-trigger" \
+                  "--graph --gemm-prefetch" "--graph --gemm-early-weights"; do
         echo "-- $dtype $mode"
         timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --dtype $dtype --steps 128 $mode \
           > /tmp/ferrum_engine_$run.log 2>&1
@@ -260,9 +260,10 @@ if has_mode engine; then
       done
     done
     echo "== engine, GPTQ INT4 (llama3-8b shape, random int4 weights, f16) ($(date +%T))"
-    # Auto (the streaming kernel, bulk source, with PDL), the register
-    # source, eager.
-    for mode in --graph "--graph --gptq-kernel stream" --eager; do
+    # Auto (the streaming kernel, bulk source, with PDL), the steps enqueued
+    # back to back (--pipeline), the register source, the weights without
+    # the L2 evict-first policy, eager.
+    for mode in --graph "--graph --pipeline" "--graph --gptq-kernel stream" "--graph --no-gptq-evict-first" --eager; do
       echo "-- gptq $mode"
       timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --quant gptq --dtype f16 --steps 128 $mode 2>&1 | grep -E "backend|model|loaded|decode:|bound:|prefill:|error"
     done

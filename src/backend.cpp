@@ -50,6 +50,7 @@ std::string_view to_string(Op op) noexcept {
     case Op::DeviceStateMode: return "device_state_mode";
     case Op::GemmSiluMul: return "gemm_silu_mul";
     case Op::QkvRopeAppendRagged: return "qkv_rope_append_ragged";
+    case Op::AdvanceDecodeState: return "advance_decode_state";
   }
   return "unknown_op";
 }
@@ -254,6 +255,17 @@ void Backend::set_decode_state(std::uint32_t token, std::uint32_t step) {
   if (step >= kMax) check.fail(ErrorCode::InvalidArgument, "set_decode_state: argument 'step' = {} must be below {}", step, kMax);
   do_set_decode_state(static_cast<std::int32_t>(token), static_cast<std::int32_t>(step),
                       static_cast<std::int32_t>(step) + 1);
+}
+
+void Backend::advance_decode_state(const Buffer& next_token, Buffer& token_log) {
+  OpCheck check(*this, "advance_decode_state");
+  check.buffer("next_token", next_token);
+  check.buffer("token_log", token_log);
+  check.dtype("next_token", next_token, DType::I32);
+  check.dtype("token_log", token_log, DType::I32);
+  check.holds("next_token", next_token, 1, "[1]");
+  check.holds("token_log", token_log, 1, "[positions]");
+  do_advance_decode_state(next_token, token_log);
 }
 
 void Backend::begin_graph_capture() {

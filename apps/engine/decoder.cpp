@@ -34,7 +34,10 @@ std::vector<Op> required_ops(DecodeMode mode, bool gptq, bool batch) {
     ops.push_back(Op::QkvRopeAppendRagged);
     ops.push_back(Op::FlashDecodeRagged);
   }
-  if (mode != DecodeMode::Eager) ops.push_back(Op::DeviceStateMode);
+  if (mode != DecodeMode::Eager) {
+    ops.push_back(Op::DeviceStateMode);
+    ops.push_back(Op::AdvanceDecodeState);  // decode_pipelined
+  }
   if (mode == DecodeMode::Graph) ops.push_back(Op::GraphCapture);
   return ops;
 }
@@ -124,6 +127,7 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
   mlp_out_ = be_.alloc(dt, rows * hidden);
   logits_ = be_.alloc(dt, sequences * cfg_.vocab_size);
   next_token_ = be_.alloc(DType::I32, sequences);
+  if (mode != DecodeMode::Eager) token_log_ = be_.alloc(DType::I32, capacity_ + 1);
   if (sequences > 1) {
     // The batch step's attention call once, on the real caches with every
     // kv length 1: a backend that cannot serve this batch (e.g. its decode
@@ -220,15 +224,19 @@ void Decoder::run_prefill(std::size_t seq, std::span<const std::int32_t> tokens)
 }
 
 void Decoder::run_step(Captured kind, const Pass& pass) {
-  if (mode_ != DecodeMode::Graph) {
+  auto enqueue_step = [&] {
     enqueue_forward(pass);
+    if (kind == Captured::Pipelined) be_.advance_decode_state(next_token_.view(0, 1), token_log_);
+  };
+  if (mode_ != DecodeMode::Graph) {
+    enqueue_step();
     return;
   }
   if (captured_ != kind) {
     if (captured_ != Captured::None) be_.reset_graph();  // the slot holds the other step
     captured_ = Captured::None;
     be_.begin_graph_capture();
-    enqueue_forward(pass);
+    enqueue_step();
     be_.end_graph_capture();
     captured_ = kind;
   }
@@ -259,6 +267,38 @@ void Decoder::run_decode(std::int32_t token) {
   be_.set_device_state_mode(false);
   positions_[0] += 1;
   last_rows_ = 1;
+}
+
+std::vector<std::int32_t> Decoder::decode_pipelined(std::int32_t token, std::size_t steps) {
+  if (mode_ == DecodeMode::Eager) {
+    fail(ErrorCode::Unsupported,
+         "Decoder: decode_pipelined passes tokens through the decode state: DeviceState or Graph mode, not Eager");
+  }
+  const std::int32_t one[1] = {token};
+  check_tokens(0, one);
+  const std::size_t first = positions_[0];
+  if (first + steps > capacity_) {
+    fail(ErrorCode::CapacityExceeded, "Decoder: ", steps, " pipelined steps from position ", first,
+         " run past kv_capacity = ", capacity_);
+  }
+  if (steps == 0) return {};
+  be_.set_device_state_mode(true);
+  be_.set_decode_state(static_cast<std::uint32_t>(token), static_cast<std::uint32_t>(first));
+  try {
+    // pos_offset is the host's copy of the position (eager planning only):
+    // the steps read token, pos and kv_len from the decode state.
+    for (std::size_t i = 0; i < steps; ++i) run_step(Captured::Pipelined, {.rows = 1, .pos_offset = first + i, .seq = 0});
+  } catch (...) {
+    be_.set_device_state_mode(false);
+    throw;
+  }
+  be_.set_device_state_mode(false);
+  positions_[0] = first + steps;
+  last_rows_ = 1;
+  // Step i (at position first + i) logged its token at first + i + 1.
+  std::vector<std::int32_t> tokens(steps);
+  be_.read_bytes(token_log_, tokens.data(), steps * sizeof(std::int32_t), (first + 1) * sizeof(std::int32_t));
+  return tokens;
 }
 
 void Decoder::run_decode_batch(std::span<const std::int32_t> tokens) {

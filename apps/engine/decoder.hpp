@@ -87,6 +87,15 @@ class Decoder {
   std::int32_t prefill_next(std::span<const std::int32_t> tokens) { return prefill_next(0, tokens); }
   std::int32_t prefill_next(std::size_t seq, std::span<const std::int32_t> tokens);
   std::int32_t decode_next(std::int32_t token);
+  // `steps` greedy steps of sequence 0 enqueued back to back: token at
+  // position(), then each step's argmax as the next step's token, passed on
+  // the device (Backend::advance_decode_state, the step's last op), so the
+  // host never waits between steps; the generated tokens come back in one
+  // read at the end. Returns the `steps` tokens decode_next would have
+  // returned one by one (the same bits). DeviceState or Graph mode (Graph:
+  // the step with its advance is captured once and replayed); position()
+  // moves by `steps`.
+  std::vector<std::int32_t> decode_pipelined(std::int32_t token, std::size_t steps);
   // One step of every sequence: tokens[s] at position(s), one forward pass
   // of sequences() rows; returns logits [sequences, vocab], or (the _next
   // form) each sequence's greedy next token. Graph mode captures this step
@@ -118,7 +127,7 @@ class Decoder {
     std::size_t seq = 0;
     bool ragged = false;
   };
-  enum class Captured { None, Single, Batch };
+  enum class Captured { None, Single, Batch, Pipelined };
 
   void check_sequence(std::size_t seq) const;
   void check_tokens(std::size_t seq, std::span<const std::int32_t> tokens) const;
@@ -131,7 +140,8 @@ class Decoder {
   void enqueue_mlp(std::size_t layer, std::size_t tokens);
   // out[m, p.n] = x[m, p.k] · Wᵀ with gemm or gemm_gptq.
   void project(const Projection& p, const Buffer& x, Buffer& out, std::size_t m);
-  // Runs one decode step: eagerly, or in Graph mode by replaying `kind`,
+  // Runs one decode step (Pipelined: the forward pass, then the decode
+  // state's advance): eagerly, or in Graph mode by replaying `kind`,
   // captured first unless the backend's graph slot already holds it.
   void run_step(Captured kind, const Pass& pass);
   AttnConfig attn_config() const;
@@ -182,6 +192,7 @@ class Decoder {
   Buffer mlp_out_;      // [R, hidden]
   Buffer logits_;       // [sequences, vocab]
   Buffer next_token_;   // [sequences] i32: argmax of logits_ rows
+  Buffer token_log_;    // [kv_capacity + 1] i32: decode_pipelined's tokens, at their positions
 };
 
 // Index of the largest logit (the first on ties), on the host: the engine

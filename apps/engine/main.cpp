@@ -4,7 +4,7 @@
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
 //                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]
 //                      [--gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce]
-//                      [--skinny-max-m N] [--gptq-fused-max-m N]
+//                      [--skinny-max-m N] [--gptq-fused-max-m N] [--pipeline]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
 //                    runs its projections with gemm_gptq
@@ -56,6 +56,12 @@
 //                    A/B switch
 //   --eager/--graph  decode steps as op calls, or one captured graph replayed
 //                    per step (graph needs Op::GraphCapture; else eager)
+//   --pipeline       the decode steps enqueued back to back, each step's
+//                    argmax passed to the next on the device
+//                    (Decoder::decode_pipelined): the host reads the tokens
+//                    once, after the last step (the same tokens; one
+//                    sequence, no --dump-logits; eager becomes device-state
+//                    decoding, op by op)
 //   --dump-logits F  writes the logits each generated token was chosen from
 //                    (the prefill's last position, then every decode step):
 //                    --steps rows of vocab_size float32, little-endian, no header
@@ -95,6 +101,7 @@ struct Options {
   std::size_t steps = 16;
   std::size_t batch = 0;  // 0: one sequence per prompt
   bool force_cpu = false;
+  bool pipeline = false;  // --pipeline: Decoder::decode_pipelined
   bool no_pdl = false;
   bool pdl_trigger = true;  // CudaBackendConfig's default
   bool gemm_prefetch = false;
@@ -156,7 +163,7 @@ void usage(std::FILE* out) {
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
                "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]\n"
                "                     [--gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce]\n"
-               "                     [--skinny-max-m N] [--gptq-fused-max-m N]\n"
+               "                     [--skinny-max-m N] [--gptq-fused-max-m N] [--pipeline]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
   std::fprintf(out, "\n");
@@ -271,6 +278,8 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.graph = false;
     } else if (arg == "--graph") {
       opt.graph = true;
+    } else if (arg == "--pipeline") {
+      opt.pipeline = true;
     } else {
       usage(arg == "--help" ? stdout : stderr);
       exit_code = arg == "--help" ? 0 : 2;
@@ -291,6 +300,13 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
          "--quant applies to --random presets; a checkpoint's config.json says how it is quantized");
   }
   if (opt.batch == 0) opt.batch = opt.prompts.size();
+  if (opt.pipeline && (opt.batch > 1 || opt.prompts.size() > 1)) {
+    fail(ErrorCode::InvalidArgument, "--pipeline decodes one sequence; got a batch of ",
+         std::max(opt.batch, opt.prompts.size()));
+  }
+  if (opt.pipeline && !opt.dump_logits.empty()) {
+    fail(ErrorCode::InvalidArgument, "--pipeline reads no logits back between steps, so it cannot --dump-logits");
+  }
   if (opt.prompts.size() == 1 && opt.batch > 1) {  // ragged lengths from one prompt
     const std::vector<std::int32_t> prompt = opt.prompts[0];
     opt.prompts.clear();
@@ -424,7 +440,9 @@ int run(const Options& opt) {
   const ModelConfig config = opt.model_dir.empty() ? random_config(opt) : load_checkpoint_config(opt.model_dir);
   DecodeMode mode = opt.graph ? DecodeMode::Graph : DecodeMode::Eager;
   std::unique_ptr<Backend> backend = choose_backend(opt, config, mode);
-  std::printf("ferrum_engine: backend %s, %s decoding\n", backend->name().c_str(), to_string(mode).c_str());
+  if (opt.pipeline && mode == DecodeMode::Eager) mode = DecodeMode::DeviceState;  // tokens through the decode state
+  std::printf("ferrum_engine: backend %s, %s decoding%s\n", backend->name().c_str(), to_string(mode).c_str(),
+              opt.pipeline ? ", pipelined" : "");
 
   const auto load_start = Clock::now();
   ModelWeights weights = opt.model_dir.empty() ? random_weights(*backend, config, opt.seed)
@@ -477,9 +495,15 @@ int run(const Options& opt) {
 
   std::vector<std::vector<std::int32_t>> generated(batch);
   const auto decode_start = Clock::now();
+  // --pipeline: every decode step enqueued before any token is read; the
+  // loop below then only prints them.
+  const std::vector<std::int32_t> pipelined =
+      opt.pipeline && opt.steps > 1 ? decoder.decode_pipelined(next[0], opt.steps - 1) : std::vector<std::int32_t>{};
   for (std::size_t step = 0; step < opt.steps; ++step) {
     if (step > 0) {
-      if (batch == 1) {
+      if (opt.pipeline) {
+        next[0] = pipelined[step - 1];
+      } else if (batch == 1) {
         next[0] = decoder.decode_next(next[0]);
       } else {
         next = decoder.decode_batch_next(next);

@@ -73,8 +73,9 @@ enum class Op {
   DeviceStateMode,
   GemmSiluMul,
   QkvRopeAppendRagged,
+  AdvanceDecodeState,
 };
-inline constexpr int kNumOps = static_cast<int>(Op::QkvRopeAppendRagged) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::AdvanceDecodeState) + 1;
 std::string_view to_string(Op op) noexcept;
 
 // GELU formula. Erf is torch's F.gelu default; Tanh is approximate='tanh'.
@@ -199,6 +200,16 @@ class Backend {
   // Sets token, pos = step and kv_len = step + 1 in the backend's decode
   // state. Stream-ordered and allocation-free; call it before each replay.
   void set_decode_state(std::uint32_t token, std::uint32_t step);
+  // The decode state's step on the device, for decode steps enqueued back to
+  // back (one captured step replayed with no host read of the token in
+  // between): token_log[pos + 1] = next_token[0], then token =
+  // next_token[0], pos += 1 and kv_len += 1. Capture it as a step's last op,
+  // after the argmax that writes next_token. Stream-ordered, allocation-free
+  // and capture-safe; the token is not range-checked here (the next step's
+  // embedding_lookup does that). A pos + 1 outside token_log changes
+  // nothing: CpuBackend throws CapacityExceeded, CudaBackend raises a device
+  // error that synchronize() throws as DeviceCheck.
+  void advance_decode_state(const Buffer& next_token /*[1] i32*/, Buffer& token_log /*[positions] i32*/);
   // In device-state mode, single-token embedding_lookup, qk_norm_rope,
   // kv_cache_append_head_major, qkv_rope_append and decode flash_attention read token / pos /
   // kv_len from the decode state instead of their host arguments.
@@ -424,6 +435,7 @@ class Backend {
   virtual void do_copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst,
                              std::size_t dst_offset, std::size_t len) = 0;
   virtual void do_set_decode_state(std::int32_t token, std::int32_t pos, std::int32_t kv_len) = 0;
+  virtual void do_advance_decode_state(const Buffer& next_token, Buffer& token_log) = 0;
 
   virtual void do_begin_graph_capture();
   virtual void do_end_graph_capture();

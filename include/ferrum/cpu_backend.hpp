@@ -40,6 +40,7 @@ class CpuBackend final : public Backend {
   void do_copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
                      std::size_t len) override;
   void do_set_decode_state(std::int32_t token, std::int32_t pos, std::int32_t kv_len) override;
+  void do_advance_decode_state(const Buffer& next_token, Buffer& token_log) override;
 
   void do_rms_norm(const Buffer& x, const Buffer& w, float eps, Buffer& out, std::size_t tokens,
                    std::size_t dim) override;

@@ -267,6 +267,7 @@ bool CpuBackend::supports(Op op) const noexcept {
     case Op::FlashAttention:
     case Op::FlashDecodeRagged:
     case Op::DeviceStateMode:
+    case Op::AdvanceDecodeState:
     case Op::GemmSiluMul:
     case Op::AllReduce:  // world size 1: identities, in the base class
     case Op::AllGather:
@@ -333,6 +334,20 @@ void CpuBackend::do_set_decode_state(std::int32_t token, std::int32_t pos, std::
   state_token_ = token;
   state_pos_ = pos;
   state_kv_len_ = kv_len;
+}
+
+void CpuBackend::do_advance_decode_state(const Buffer& next_token, Buffer& token_log) {
+  const std::int64_t at = static_cast<std::int64_t>(state_pos_) + 1;
+  if (at >= static_cast<std::int64_t>(token_log.numel())) {
+    fail(ErrorCode::CapacityExceeded,
+         "advance_decode_state: decode-state position {} + 1 is outside token_log (numel = {})", state_pos_,
+         token_log.numel());
+  }
+  const std::int32_t token = *static_cast<const std::int32_t*>(next_token.data());
+  static_cast<std::int32_t*>(token_log.data())[at] = token;
+  state_token_ = token;
+  state_pos_ += 1;
+  state_kv_len_ += 1;
 }
 
 // ── Norms ────────────────────────────────────────────────────────────────────

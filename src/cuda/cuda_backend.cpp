@@ -56,6 +56,8 @@ std::string describe_device_errors(std::uint32_t bits) {
   add(kernels::kErrAttnKvLenOutOfRange,
       "flash_attention / flash_decode_ragged: a device-side kv_len (decode state or kv_lens) was outside "
       "[1, kv_seq_stride] (zeros written)");
+  add(kernels::kErrDecodeLogOverCapacity,
+      "advance_decode_state: the decode-state position + 1 was outside token_log (state and log unchanged)");
   if (what.empty()) what = fmt::format("unknown device error bits {:#x}", bits);
   return what;
 }
@@ -365,6 +367,12 @@ void CudaBackend::do_copy_slice(const Buffer& src, std::size_t src_offset, Buffe
 void CudaBackend::do_set_decode_state(std::int32_t token, std::int32_t pos, std::int32_t kv_len) {
   detail::activate_device(device_);
   kernels::launch_set_decode_state(rt_->decode_state, token, pos, kv_len, rt_->stream);
+}
+
+void CudaBackend::do_advance_decode_state(const Buffer& next_token, Buffer& token_log) {
+  detail::activate_device(device_);
+  kernels::launch_advance_decode_state(rt_->decode_state, ptr<std::int32_t>(next_token), ptr<std::int32_t>(token_log),
+                                       static_cast<long long>(token_log.numel()), rt_->error_device, rt_->stream);
 }
 
 // ── Graph slot ─────────────────────────────────────────────────────────────

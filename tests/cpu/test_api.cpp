@@ -314,6 +314,55 @@ TEST_P(ApiOnBackend, DeviceStateModeFlag) {
   EXPECT_FALSE(backend().device_state_mode());
 }
 
+// ── advance_decode_state: the decode step on the device ──────────────────────
+// Two steps from (token 5, pos 10) write their tokens at positions 11 and 12
+// of the log; a device-state embedding lookup then reads the last token (the
+// host id is a decoy), and a third step's slot (13) shows pos moved by one
+// each time. Past the log nothing is written: CpuBackend throws at once,
+// CudaBackend at synchronize().
+TEST_P(ApiOnBackend, AdvanceDecodeStateStepsTheState) {
+  Backend& be = backend();
+  constexpr std::size_t kLog = 16, kRows = 12, kDim = 8;
+  std::vector<float> want(kLog, -1.0f);
+  Buffer log = be.upload(want, DType::I32);
+  Buffer next = be.alloc(DType::I32, 1);
+  auto advance_with = [&](std::int32_t token) {
+    be.write_bytes(next, &token, sizeof token);
+    be.advance_decode_state(next, log);
+  };
+  be.set_decode_state(5, 10);
+  advance_with(7);
+  advance_with(9);
+  want[11] = 7.0f;
+  want[12] = 9.0f;
+  EXPECT_EQ(be.download(log), want);
+
+  std::vector<float> table(kRows * kDim);
+  for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<float>(i);  // exact in f16
+  const Buffer rows = be.upload(table, DType::F16);
+  const std::vector<float> decoy_id = {3.0f};
+  const Buffer ids = be.upload(decoy_id, DType::I32);
+  Buffer out = be.alloc(DType::F16, kDim);
+  {
+    DeviceStateScope scope(be, true);
+    be.embedding_lookup(rows, ids, out, 1, kDim, kRows);
+  }
+  EXPECT_EQ(be.download(out), std::vector<float>(table.begin() + 9 * kDim, table.begin() + 10 * kDim))
+      << "the state's token is the last advance's";
+  advance_with(4);
+  want[13] = 4.0f;
+  EXPECT_EQ(be.download(log), want);
+
+  be.set_decode_state(0, kLog - 1);  // the next slot, kLog, is past the log
+  if (be.kind() == BackendKind::Cpu) {
+    expect_error(ErrorCode::CapacityExceeded, "advance_decode_state", [&] { advance_with(1); }, "token_log");
+  } else {
+    advance_with(1);
+    expect_error(ErrorCode::DeviceCheck, "advance_decode_state", [&] { be.synchronize(); });
+  }
+  EXPECT_EQ(be.download(log), want);
+}
+
 // ── World size 1 collectives ─────────────────────────────────────────────────
 
 TEST_P(ApiOnBackend, WorldSizeOneCollectives) {

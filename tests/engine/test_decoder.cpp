@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <set>
 
 #include <gtest/gtest.h>
 
@@ -140,7 +141,45 @@ TEST_P(DecoderTest, DeviceStateStepEqualsEagerStep) {
   EXPECT_FALSE(m.be.device_state_mode());  // left off after each step
 }
 
+// decode_pipelined passes each step's argmax to the next on the device and
+// reads the tokens once: the same tokens, one by one, as decode_next (the
+// same ops in the same order), and the decoder goes on from the right
+// position. 40 steps from a 7-token prompt: the log's slots 8 .. 47. Seed 6:
+// both presets' greedy tokens change along the way (with the default seed
+// tiny-qwen3 repeats one token).
+TEST_P(DecoderTest, PipelinedStepsEqualDecodeNext) {
+  Model m(GetParam(), 6);
+  constexpr std::size_t kPipelined = 40;
+  Decoder one_by_one(m.be, m.weights, 64, kPrompt.size(), DecodeMode::DeviceState);
+  Decoder pipelined(m.be, m.weights, 64, kPrompt.size(), DecodeMode::DeviceState);
+  const std::int32_t first = one_by_one.prefill_next(kPrompt);
+  ASSERT_EQ(pipelined.prefill_next(kPrompt), first);
+  std::vector<std::int32_t> want;
+  std::int32_t token = first;
+  for (std::size_t i = 0; i < kPipelined; ++i) want.push_back(token = one_by_one.decode_next(token));
+  EXPECT_EQ(pipelined.decode_pipelined(first, kPipelined), want);
+  EXPECT_EQ(pipelined.position(), one_by_one.position());
+  EXPECT_FALSE(m.be.device_state_mode());
+  EXPECT_GT(std::set<std::int32_t>(want.begin(), want.end()).size(), 1u) << "a constant token sequence proves little";
+  // Afterwards the ordinary step continues from there.
+  EXPECT_EQ(pipelined.decode_next(want.back()), one_by_one.decode_next(want.back()));
+  EXPECT_TRUE(pipelined.decode_pipelined(want.back(), 0).empty());
+}
+
 INSTANTIATE_TEST_SUITE_P(Presets, DecoderTest, ::testing::Values("tiny-llama", "tiny-qwen3"));
+
+TEST(Decoder, PipelinedRefusals) {
+  Model m("tiny-llama");
+  Decoder eager(m.be, m.weights, 8, 4);
+  EXPECT_ENGINE_ERROR(eager.decode_pipelined(1, 2), ErrorCode::Unsupported, "Eager");
+  Decoder decoder(m.be, m.weights, 8, 4, DecodeMode::DeviceState);
+  EXPECT_ENGINE_ERROR(decoder.decode_pipelined(-1, 2), ErrorCode::InvalidArgument, "-1");
+  decoder.prefill(std::vector<std::int32_t>{1, 2, 3, 4});
+  EXPECT_ENGINE_ERROR(decoder.decode_pipelined(1, 5), ErrorCode::CapacityExceeded, "kv_capacity = 8");
+  EXPECT_EQ(decoder.position(), 4u) << "a refused call runs nothing";
+  EXPECT_EQ(decoder.decode_pipelined(1, 4).size(), 4u);  // positions 4 .. 7: the last that fit
+  EXPECT_EQ(decoder.position(), 8u);
+}
 
 TEST(Decoder, Bf16ModelMatchesFp64ReferenceLoosely) {
   ModelConfig config = preset_config("tiny-qwen3");
@@ -237,6 +276,8 @@ TEST(Decoder, RequiredOps) {
   CpuBackend be;
   EXPECT_TRUE(missing_ops(be, DecodeMode::Eager).empty());
   EXPECT_TRUE(missing_ops(be, DecodeMode::DeviceState).empty());
+  const std::vector<Op> state_ops = required_ops(DecodeMode::DeviceState);
+  EXPECT_NE(std::find(state_ops.begin(), state_ops.end(), Op::AdvanceDecodeState), state_ops.end());
   EXPECT_EQ(missing_ops(be, DecodeMode::Graph), std::vector<Op>{Op::GraphCapture});
   EXPECT_TRUE(missing_ops(be, DecodeMode::Eager, false, /*batch=*/true).empty());
   const std::vector<Op> batch_ops = required_ops(DecodeMode::Eager, false, /*batch=*/true);
@@ -301,6 +342,25 @@ TEST_F(DecoderGpu, GraphArgmaxTokensEqualHostArgmaxOfEagerLogits) {
     got = graph.decode_next(got);
   }
   EXPECT_TRUE(graph.graph_captured());
+}
+
+// The pipelined step in graph mode (forward pass and advance captured once,
+// replayed back to back with no host read between) against graph-mode
+// decode_next: the same tokens, then both go on alike.
+TEST_F(DecoderGpu, GraphPipelinedStepsEqualDecodeNext) {
+  const ModelWeights& w = *weights_;
+  constexpr std::size_t kPipelined = 48;
+  Decoder one_by_one(*be_, w, 64, kPrompt.size(), DecodeMode::Graph);
+  Decoder pipelined(*be_, w, 64, kPrompt.size(), DecodeMode::Graph);
+  const std::int32_t first = one_by_one.prefill_next(kPrompt);
+  ASSERT_EQ(pipelined.prefill_next(kPrompt), first);
+  std::vector<std::int32_t> want;
+  std::int32_t token = first;
+  for (std::size_t i = 0; i < kPipelined; ++i) want.push_back(token = one_by_one.decode_next(token));
+  EXPECT_EQ(pipelined.decode_pipelined(first, kPipelined), want);
+  EXPECT_TRUE(pipelined.graph_captured());
+  EXPECT_EQ(pipelined.decode_next(want.back()), one_by_one.decode_next(want.back()));
+  EXPECT_NO_THROW(be_->synchronize());
 }
 
 // The batch step in graph mode on the GPU (captured once, replayed with new

@@ -400,6 +400,35 @@ TEST(EngineCli, GptqActOrderCheckpointMatchesInProcessDecoder) {
   expect_rows_match_decoder(be, load_checkpoint(be, dir / "model"), read_floats(dump), generated_tokens(output));
 }
 
+// --pipeline (every decode step enqueued before any token is read) prints
+// the tokens of the step-by-step run: on CpuBackend as device-state
+// decoding, and where a GPU is present also as a replayed graph against the
+// graph run (the GPU-sized tiny checkpoint: CudaBackend runs its head_dim).
+// Its refusals: a batch, --dump-logits.
+TEST(EngineCli, PipelineGivesTheStepByStepTokens) {
+  const std::filesystem::path dir = testing::scratch_dir();
+  const std::filesystem::path log = dir / "engine.log";
+  const std::filesystem::path model = write_gpu_tiny_checkpoint(dir);
+  const std::string base = "--model \"" + model.string() + "\" --prompt-tokens 1,17,42,255,3,99,200 --steps 24";
+  std::vector<std::string> backends = {" --cpu"};
+  if (cuda_device_count() > 0) backends.push_back(" --graph");
+  for (const std::string& backend : backends) {
+    SCOPED_TRACE(backend);
+    ASSERT_EQ(run_engine(base + backend, log), 0) << read_text(log);
+    const std::vector<std::int32_t> want = generated_tokens(read_text(log));
+    ASSERT_EQ(want.size(), 24u);
+    ASSERT_EQ(run_engine(base + backend + " --pipeline", log), 0) << read_text(log);
+    EXPECT_NE(read_text(log).find("decoding, pipelined"), std::string::npos) << read_text(log);
+    EXPECT_EQ(generated_tokens(read_text(log)), want) << read_text(log);
+  }
+  EXPECT_EQ(run_engine("--random tiny-llama --cpu --steps 2 --pipeline --batch 2", log), 1);
+  EXPECT_NE(read_text(log).find("--pipeline decodes one sequence"), std::string::npos) << read_text(log);
+  EXPECT_EQ(run_engine("--random tiny-llama --cpu --steps 2 --pipeline --dump-logits \"" + (dir / "x.bin").string() + "\"",
+                       log),
+            1);
+  EXPECT_NE(read_text(log).find("cannot --dump-logits"), std::string::npos) << read_text(log);
+}
+
 TEST(EngineCli, QuantFlagErrors) {
   const std::filesystem::path dir = testing::scratch_dir();
   const std::filesystem::path log = dir / "engine.log";

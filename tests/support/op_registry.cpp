@@ -86,6 +86,14 @@ std::vector<OpSpec> build_specs() {
   s.push_back({Op::Argmax, "argmax", {act("x", kTokens * kVocab), {"out", DType::I32, kTokens, kTokens - 1, kH}},
                {{"rows", kTokens}, {"cols", kVocab}},
                [](Backend& be, OpArgs& a) { be.argmax(a.buf("x"), a.buf("out"), a.size("rows"), a.size("cols")); }});
+  // From position 0, so that the valid call's write (token_log[1]) is in
+  // range whatever an earlier test left in the decode state.
+  s.push_back({Op::AdvanceDecodeState, "advance_decode_state",
+               {{"next_token", DType::I32, 1, 0, DType::F32}, {"token_log", DType::I32, kTokens, 0, DType::F32}}, {},
+               [](Backend& be, OpArgs& a) {
+                 be.set_decode_state(0, 0);
+                 be.advance_decode_state(a.buf("next_token"), a.buf("token_log"));
+               }});
   s.push_back({Op::Gemm, "gemm", {act("a", kM * kK), act("b", kN * kK), act("out", kM * kN)},
                {{"m", kM}, {"n", kN}, {"k", kK}}, [](Backend& be, OpArgs& a) {
                  be.gemm(a.buf("a"), a.buf("b"), a.buf("out"), a.size("m"), a.size("n"), a.size("k"));
