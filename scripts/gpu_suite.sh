@@ -26,6 +26,12 @@
 #   scripts/gpu_suite.sh sdpa    scripts/sdpa_check.py: flash_attention (both
 #                                prefill kernels) and torch SDPA against a
 #                                float64 reference at large shapes
+#   scripts/gpu_suite.sh verify  a kernel change's verification in about 2.5
+#                                minutes: quicktests (the GPU binary in 8
+#                                shards, the CPU binary's CUDA instances), the
+#                                engine tests, memcheck over the GPTQ tests in
+#                                10 shards; VERIFY_RACECHECK='filter' adds
+#                                racecheck over those tests (12 shards)
 # Modes combine with commas (gptq,bench). BENCH_FILTER=attention_,gemm passes
 # --filter to ferrum_bench and torch_reference.py. SKIP_GEMM_INTERLEAVED=1 and
 # SKIP_TORCH_GPTQ=1 leave out those two reference runs (to fit a call).
@@ -38,7 +44,21 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 MODE="${1:-all}"
-has_mode() { [ "$MODE" = all ] && [ "$1" != nccl ] && [ "$1" != trace ] && [ "$1" != gptq ] && [ "$1" != engine ] && [ "$1" != quicktests ] && [ "$1" != gptqbench ] && [ "$1" != race ] && [ "$1" != hf ] && [ "$1" != sdpa ] && [ "$1" != profile ] && [ "$1" != tuning ] && return 0; [[ ",$MODE," == *",$1,"* ]]; }
+# What `all` leaves out (each runs only when named): one list, so that a new
+# mode is added in one place.
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race hf sdpa profile tuning verify)
+# verify runs the GPU test binary (quicktests, 8 shards) first.
+if [[ ",$MODE," == *",verify,"* ]]; then
+  MODE="$MODE,quicktests"
+  GPU_TEST_SHARDS="${GPU_TEST_SHARDS:-8}"
+fi
+has_mode() {
+  if [ "$MODE" = all ]; then
+    [[ " ${OPT_IN_MODES[*]} " != *" $1 "* ]]
+    return
+  fi
+  [[ ",$MODE," == *",$1,"* ]]
+}
 BF=()
 [ -n "${BENCH_FILTER:-}" ] && BF=(--filter "$BENCH_FILTER")
 QUICK=""
@@ -154,6 +174,22 @@ if has_mode quicktests; then
       > "$OUT/cputests_cuda.log" 2>&1
     echo "ferrum_tests_cpu (CUDA instances) exit $?"
     grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$OUT/cputests_cuda.log" | head -20
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode verify; then
+  {
+    echo "== verify: engine tests ($(date +%T))"
+    timeout 180 $B/tests/engine/ferrum_tests_engine --gtest_brief=1 > "$OUT/engine_tests.log" 2>&1
+    echo "engine tests exit $?"
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/engine_tests.log" | head -12
+    echo "== verify: memcheck over the GPTQ tests ($(date +%T))"
+    SANITIZE_SHARDS=10 sanitize memcheck 200 '*Gptq*' 1
+    if [ -n "${VERIFY_RACECHECK:-}" ]; then
+      echo "== verify: racecheck over '$VERIFY_RACECHECK' ($(date +%T))"
+      SANITIZE_SHARDS=12 sanitize racecheck 300 "$VERIFY_RACECHECK" 1
+    fi
+    echo "== verify done ($(date +%T))"
   } 2>&1 | tee -a "$LOG"
 fi
 
