@@ -78,6 +78,14 @@ LOG="$OUT/suite.log"
 # that no call of ours can change, and they take most of its time.
 # (--kernel-name-exclude kns=nvjet is no way out: the run of session 5 with
 # it failed every shard.)
+# Every engine test (the CLI ones run the engine on the GPU here); the whole
+# output is kept in $OUT/engine_tests.log: a failed one prints the engine's log.
+run_engine_tests() {
+  timeout 180 $B/tests/engine/ferrum_tests_engine --gtest_brief=1 > "$OUT/engine_tests.log" 2>&1
+  echo "engine tests exit $?"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/engine_tests.log" | head -12
+}
+
 SANITIZE_RUN=0
 sanitize() {
   SANITIZE_RUN=$((SANITIZE_RUN + 1))
@@ -180,9 +188,7 @@ fi
 if has_mode verify; then
   {
     echo "== verify: engine tests ($(date +%T))"
-    timeout 180 $B/tests/engine/ferrum_tests_engine --gtest_brief=1 > "$OUT/engine_tests.log" 2>&1
-    echo "engine tests exit $?"
-    grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/engine_tests.log" | head -12
+    run_engine_tests
     echo "== verify: memcheck over the GPTQ tests ($(date +%T))"
     SANITIZE_SHARDS=10 sanitize memcheck 200 '*Gptq*' 1
     if [ -n "${VERIFY_RACECHECK:-}" ]; then
@@ -299,15 +305,29 @@ if has_mode engine; then
     # Auto (the streaming kernel, bulk source, with PDL), the steps enqueued
     # back to back (--pipeline), the register source, the weights without
     # the L2 evict-first policy, eager.
+    # The same-bits switches (--pipeline, --no-gptq-evict-first) must give
+    # --graph's tokens; the register source and eager may round otherwise.
     for mode in --graph "--graph --pipeline" "--graph --gptq-kernel stream" "--graph --no-gptq-evict-first" --eager; do
       echo "-- gptq $mode"
-      timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --quant gptq --dtype f16 --steps 128 $mode 2>&1 | grep -E "backend|model|loaded|decode:|bound:|prefill:|error"
+      log="/tmp/ferrum_gptq_${mode//[ -]/}.log"
+      timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --quant gptq --dtype f16 --steps 128 $mode > "$log" 2>&1
+      grep -E "backend|model|loaded|decode:|bound:|prefill:|error" "$log"
+      case "$mode" in
+        *--pipeline* | *--no-gptq-evict-first*)
+          first=$(grep generated: /tmp/ferrum_gptq_graph.log)
+          if [ -n "$first" ] && [ "$first" = "$(grep generated: "$log")" ]; then
+            echo "   tokens equal to --graph"
+          else
+            echo "   TOKENS DIFFER from --graph (or a run produced none)"
+          fi
+          ;;
+      esac
     done
-    # Every engine test (the CLI ones run the engine on the GPU here); the
-    # whole output is kept: a failed one prints the engine's log.
-    timeout 180 $B/tests/engine/ferrum_tests_engine --gtest_brief=1 > "$OUT/engine_tests.log" 2>&1
-    echo "engine tests exit $?"
-    grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/engine_tests.log" | head -12
+    if has_mode verify; then
+      echo "engine tests: run by verify above"
+    else
+      run_engine_tests
+    fi
     # Where a graph-replayed decode step spends its time, per kernel (Nsight
     # Systems when the machine has it).
     if command -v nsys >/dev/null; then

@@ -264,7 +264,7 @@ void Backend::advance_decode_state(const Buffer& next_token, Buffer& token_log) 
   check.dtype("next_token", next_token, DType::I32);
   check.dtype("token_log", token_log, DType::I32);
   check.holds("next_token", next_token, 1, "[1]");
-  check.holds("token_log", token_log, 1, "[positions]");
+  check.holds("token_log", token_log, 2, "[positions]");  // one slot past position 0 at least
   do_advance_decode_state(next_token, token_log);
 }
 

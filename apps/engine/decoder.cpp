@@ -245,6 +245,22 @@ void Decoder::run_step(Captured kind, const Pass& pass) {
   }
 }
 
+namespace {
+
+// Device-state mode on for a scope, off again however the scope ends.
+class DeviceStateModeOn {
+ public:
+  explicit DeviceStateModeOn(Backend& be) : be_(be) { be_.set_device_state_mode(true); }
+  ~DeviceStateModeOn() { be_.set_device_state_mode(false); }
+  DeviceStateModeOn(const DeviceStateModeOn&) = delete;
+  DeviceStateModeOn& operator=(const DeviceStateModeOn&) = delete;
+
+ private:
+  Backend& be_;
+};
+
+}  // namespace
+
 void Decoder::run_decode(std::int32_t token) {
   const std::int32_t one[1] = {token};
   check_tokens(0, one);
@@ -256,15 +272,11 @@ void Decoder::run_decode(std::int32_t token) {
   // The step reads token / pos / kv_len from the decode state, so one
   // captured graph serves every later step. The state is set first: a
   // capture records the ops, not their inputs.
-  be_.set_device_state_mode(true);
-  be_.set_decode_state(static_cast<std::uint32_t>(token), static_cast<std::uint32_t>(positions_[0]));
-  try {
+  {
+    const DeviceStateModeOn state_mode(be_);
+    be_.set_decode_state(static_cast<std::uint32_t>(token), static_cast<std::uint32_t>(positions_[0]));
     run_step(Captured::Single, {.rows = 1, .pos_offset = positions_[0], .seq = 0});
-  } catch (...) {
-    be_.set_device_state_mode(false);
-    throw;
   }
-  be_.set_device_state_mode(false);
   positions_[0] += 1;
   last_rows_ = 1;
 }
@@ -274,25 +286,21 @@ std::vector<std::int32_t> Decoder::decode_pipelined(std::int32_t token, std::siz
     fail(ErrorCode::Unsupported,
          "Decoder: decode_pipelined passes tokens through the decode state: DeviceState or Graph mode, not Eager");
   }
+  if (steps == 0) return {};
   const std::int32_t one[1] = {token};
-  check_tokens(0, one);
+  check_tokens(0, one);  // position() < capacity_ from here on
   const std::size_t first = positions_[0];
-  if (first + steps > capacity_) {
+  if (steps > capacity_ - first) {
     fail(ErrorCode::CapacityExceeded, "Decoder: ", steps, " pipelined steps from position ", first,
          " run past kv_capacity = ", capacity_);
   }
-  if (steps == 0) return {};
-  be_.set_device_state_mode(true);
-  be_.set_decode_state(static_cast<std::uint32_t>(token), static_cast<std::uint32_t>(first));
-  try {
+  {
+    const DeviceStateModeOn state_mode(be_);
+    be_.set_decode_state(static_cast<std::uint32_t>(token), static_cast<std::uint32_t>(first));
     // pos_offset is the host's copy of the position (eager planning only):
     // the steps read token, pos and kv_len from the decode state.
     for (std::size_t i = 0; i < steps; ++i) run_step(Captured::Pipelined, {.rows = 1, .pos_offset = first + i, .seq = 0});
-  } catch (...) {
-    be_.set_device_state_mode(false);
-    throw;
   }
-  be_.set_device_state_mode(false);
   positions_[0] = first + steps;
   last_rows_ = 1;
   // Step i (at position first + i) logged its token at first + i + 1.

@@ -94,7 +94,7 @@ class Decoder {
   // read at the end. Returns the `steps` tokens decode_next would have
   // returned one by one (the same bits). DeviceState or Graph mode (Graph:
   // the step with its advance is captured once and replayed); position()
-  // moves by `steps`.
+  // moves by `steps` (zero steps: nothing runs, nothing is checked).
   std::vector<std::int32_t> decode_pipelined(std::int32_t token, std::size_t steps);
   // One step of every sequence: tokens[s] at position(s), one forward pass
   // of sequences() rows; returns logits [sequences, vocab], or (the _next

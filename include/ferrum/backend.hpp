@@ -195,7 +195,8 @@ class Backend {
   // On CudaBackend the decode state, the device error word and the graph
   // slot belong to the device, not to the object: every CudaBackend on one
   // device shares them (a captured graph points at them), so
-  // set_decode_state, synchronize's DeviceCheck and reset_graph act for all.
+  // set_decode_state, advance_decode_state, synchronize's DeviceCheck and
+  // reset_graph act for all.
   // Device-state mode is per object. CpuBackend keeps all of it per object.
   // Sets token, pos = step and kv_len = step + 1 in the backend's decode
   // state. Stream-ordered and allocation-free; call it before each replay.
@@ -208,7 +209,8 @@ class Backend {
   // and capture-safe; the token is not range-checked here (the next step's
   // embedding_lookup does that). A pos + 1 outside token_log changes
   // nothing: CpuBackend throws CapacityExceeded, CudaBackend raises a device
-  // error that synchronize() throws as DeviceCheck.
+  // error that synchronize() throws as DeviceCheck. token_log holds at least
+  // 2 elements (ShapeMismatch otherwise).
   void advance_decode_state(const Buffer& next_token /*[1] i32*/, Buffer& token_log /*[positions] i32*/);
   // In device-state mode, single-token embedding_lookup, qk_norm_rope,
   // kv_cache_append_head_major, qkv_rope_append and decode flash_attention read token / pos /

@@ -345,12 +345,14 @@ TEST_F(DecoderGpu, GraphArgmaxTokensEqualHostArgmaxOfEagerLogits) {
 }
 
 // The pipelined step in graph mode (forward pass and advance captured once,
-// replayed back to back with no host read between) against graph-mode
-// decode_next: the same tokens, then both go on alike.
+// replayed back to back with no host read between) against decode_next op by
+// op in device-state mode (the graph's ops, so the same bits; a second graph
+// decoder would share the backend's one graph slot): the same tokens, then
+// both go on alike.
 TEST_F(DecoderGpu, GraphPipelinedStepsEqualDecodeNext) {
   const ModelWeights& w = *weights_;
   constexpr std::size_t kPipelined = 48;
-  Decoder one_by_one(*be_, w, 64, kPrompt.size(), DecodeMode::Graph);
+  Decoder one_by_one(*be_, w, 64, kPrompt.size(), DecodeMode::DeviceState);
   Decoder pipelined(*be_, w, 64, kPrompt.size(), DecodeMode::Graph);
   const std::int32_t first = one_by_one.prefill_next(kPrompt);
   ASSERT_EQ(pipelined.prefill_next(kPrompt), first);

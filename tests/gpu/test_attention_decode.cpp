@@ -40,6 +40,7 @@
 #include "ferrum/half.hpp"
 #include "kernels/attention.hpp"
 
+#include "support/attention_args.hpp"
 #include "support/device_bytes.hpp"
 #include "support/op_runners.hpp"
 #include "support/test_support.hpp"
@@ -279,24 +280,18 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   void *const dws = dws_mem.get(), *const dflag = dflag_mem.get();
 
   auto args_for = [&](const kernels::DecodeTuning& tuning) {
-    kernels::AttentionArgs a;
-    a.dtype = dt;
-    a.q = dq;
-    a.k = dk;
-    a.v = dv;
-    a.out = dout;
-    a.batch = c.batch;
-    a.num_heads = c.heads;
-    a.num_kv_heads = c.kv_heads;
-    a.q_len = 1;
-    a.head_dim = c.head_dim;
-    a.kv_stride = c.capacity;
-    a.kv_len = c.kv_len;
-    a.pos_offset = c.kv_len - 1;
+    kernels::AttentionArgs a = attention_args(dt, dq, dk, dv, dout,
+                                              {.batch = c.batch,
+                                               .heads = c.heads,
+                                               .kv_heads = c.kv_heads,
+                                               .q_len = 1,
+                                               .head_dim = c.head_dim,
+                                               .kv_stride = c.capacity,
+                                               .kv_len = c.kv_len,
+                                               .pos_offset = c.kv_len - 1});
     if (c.ragged) a.kv_lens = static_cast<const int*>(dlens_mem.get());
     if (c.state) a.state = static_cast<const kernels::DecodeState*>(dstate_mem.get());
     a.error_flag = static_cast<std::uint32_t*>(dflag);
-    a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     kernels::set_decode_workspace(a, static_cast<float*>(dws), ws);
     a.decode_tuning = tuning;
     return a;

@@ -57,6 +57,7 @@
 #include "ferrum/cuda_backend.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/attention_prefill.hpp"
+#include "support/attention_args.hpp"
 #include "support/device_bytes.hpp"
 #include "support/op_runners.hpp"
 #include "support/test_support.hpp"
@@ -357,21 +358,15 @@ TEST_F(CudaPrefillWgmma, RunsWhereItShould) {
   for (DType dt : kHalfDTypes) {
     for (int hd : {64, 128, 256}) {
       for (const Geometry& geo : geometries) {
-        kernels::AttentionArgs a;
-        a.dtype = dt;
-        a.q = dq;
-        a.k = dk;
-        a.v = dv;
-        a.out = dout;
-        a.batch = 1;
-        a.num_heads = kHeads;
-        a.num_kv_heads = geo.kv_heads;
-        a.q_len = geo.q_len;
-        a.head_dim = hd;
-        a.kv_stride = geo.kv_stride;
-        a.kv_len = geo.kv_len;
-        a.pos_offset = geo.pos;
-        a.causal = geo.causal;
+        kernels::AttentionArgs a = attention_args(dt, dq, dk, dv, dout,
+                                                  {.heads = kHeads,
+                                                   .kv_heads = geo.kv_heads,
+                                                   .q_len = geo.q_len,
+                                                   .head_dim = hd,
+                                                   .kv_stride = geo.kv_stride,
+                                                   .kv_len = geo.kv_len,
+                                                   .pos_offset = geo.pos,
+                                                   .causal = geo.causal});
         a.scale = 0.125f;
         SCOPED_TRACE(cat(to_string(dt), " head_dim ", hd, " q_len ", a.q_len, " kv_len ", a.kv_len, " kv_stride ",
                          a.kv_stride, " kv heads ", a.num_kv_heads));
@@ -384,19 +379,9 @@ TEST_F(CudaPrefillWgmma, RunsWhereItShould) {
     }
   }
   // An empty cache: either kernel may take it; whichever does writes zeros.
-  kernels::AttentionArgs empty;
-  empty.dtype = DType::F16;
-  empty.q = dq;
-  empty.k = dk;
-  empty.v = dv;
-  empty.out = dout;
-  empty.batch = 1;
-  empty.num_heads = kHeads;
-  empty.num_kv_heads = kHeads;
-  empty.q_len = 5;
-  empty.head_dim = 128;
-  empty.kv_stride = 8;
-  empty.kv_len = 0;
+  kernels::AttentionArgs empty = attention_args(
+      DType::F16, dq, dk, dv, dout,
+      {.heads = kHeads, .kv_heads = kHeads, .q_len = 5, .head_dim = 128, .kv_stride = 8, .kv_len = 0});
   empty.scale = 0.125f;
   for (const bool producer_warp : {false, true}) {
     empty.prefill_tuning.wgmma_producer_warp = producer_warp;
@@ -444,22 +429,16 @@ TEST_F(CudaPrefillWgmma, BothBlockShapesGiveTheSameBits) {
       DeviceBytes dout(q.size());
       auto run_with = [&](int warpgroups, bool producer_warp = false) {
         dout.fill(kPoisonByte);
-        kernels::AttentionArgs a;
-        a.dtype = dt;
-        a.q = dq.get();
-        a.k = dk.get();
-        a.v = dv.get();
-        a.out = dout.get();
-        a.batch = static_cast<int>(batch);
-        a.num_heads = c.heads;
-        a.num_kv_heads = c.kv_heads;
-        a.q_len = c.q_len;
-        a.head_dim = c.hd;
-        a.kv_stride = c.kv_stride;
-        a.kv_len = c.kv_len;
-        a.pos_offset = c.pos;
-        a.causal = c.causal;
-        a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+        kernels::AttentionArgs a = attention_args(dt, dq.get(), dk.get(), dv.get(), dout.get(),
+                                                  {.batch = static_cast<int>(batch),
+                                                   .heads = c.heads,
+                                                   .kv_heads = c.kv_heads,
+                                                   .q_len = c.q_len,
+                                                   .head_dim = c.hd,
+                                                   .kv_stride = c.kv_stride,
+                                                   .kv_len = c.kv_len,
+                                                   .pos_offset = c.pos,
+                                                   .causal = c.causal});
         a.prefill_tuning.wgmma_warpgroups = warpgroups;
         a.prefill_tuning.wgmma_producer_warp = producer_warp;
         EXPECT_TRUE(kernels::launch_attention_prefill_wgmma(a, nullptr));

@@ -89,7 +89,7 @@ std::vector<OpSpec> build_specs() {
   // From position 0, so that the valid call's write (token_log[1]) is in
   // range whatever an earlier test left in the decode state.
   s.push_back({Op::AdvanceDecodeState, "advance_decode_state",
-               {{"next_token", DType::I32, 1, 0, DType::F32}, {"token_log", DType::I32, kTokens, 0, DType::F32}}, {},
+               {{"next_token", DType::I32, 1, 0, DType::F32}, {"token_log", DType::I32, kTokens, 1, DType::F32}}, {},
                [](Backend& be, OpArgs& a) {
                  be.set_decode_state(0, 0);
                  be.advance_decode_state(a.buf("next_token"), a.buf("token_log"));
