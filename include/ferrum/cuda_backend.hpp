@@ -116,10 +116,10 @@ struct CudaBackendConfig {
   // always does), so that a weight stream larger than L2 does not push out
   // what the small ops between the GEMMs reuse (the residual, the norm
   // weights, the KV cache). On the H200 (session 21) the llama3-8b GPTQ
-  // graph decode went 434-435 -> 447-448 tok/s with it; the norms, RoPE and
-  // decode attention in the step got 0.2-0.4 us faster each, the GEMMs
-  // 0.5-0.8 us. Results are bitwise the same (an A/B switch). Per device,
-  // like programmatic_dependent_launch.
+  // graph decode went 434-437 -> 443-448 tok/s with it; the norms, RoPE and
+  // decode attention in the step got 0.2-0.4 us faster each, q|k|v, gate|up
+  // and down 0.3-0.8 us (o level). Results are bitwise the same (an A/B
+  // switch). Per device, like programmatic_dependent_launch.
   bool gptq_weights_evict_first = true;
   // A promise, off by default: no kernel ordered before a gemm,
   // gemm_silu_mul or gemm_gptq on its stream (or in its graph) that may not
