@@ -232,13 +232,16 @@ void Decoder::run_step(Captured kind, const Pass& pass) {
     enqueue_step();
     return;
   }
-  if (captured_ != kind) {
-    if (captured_ != Captured::None) be_.reset_graph();  // the slot holds the other step
+  // Captured again when the slot holds another step of this decoder or
+  // anyone else's graph (the slot is the device's: see Backend::held_graph).
+  if (captured_ != kind || be_.held_graph() != captured_graph_) {
+    if (be_.held_graph() != 0) be_.reset_graph();  // freed before the new one is built
     captured_ = Captured::None;
     be_.begin_graph_capture();
     enqueue_step();
     be_.end_graph_capture();
     captured_ = kind;
+    captured_graph_ = be_.held_graph();
   }
   if (!be_.replay_last_graph()) {
     fail(ErrorCode::GraphCapture, "Decoder: the captured decode step is gone (another user reset the graph slot)");

@@ -115,7 +115,12 @@ class Decoder {
   std::size_t sequences() const noexcept { return positions_.size(); }
   std::size_t capacity() const noexcept { return capacity_; }
   DecodeMode mode() const noexcept { return mode_; }
-  bool graph_captured() const noexcept { return captured_ != Captured::None; }
+  // Whether the backend's graph slot still holds this decoder's last capture
+  // (another decoder's or caller's capture on the device replaces it; the
+  // next step then captures again).
+  bool graph_captured() const noexcept {
+    return captured_ != Captured::None && be_.held_graph() == captured_graph_;
+  }
 
  private:
   // One forward pass: `rows` rows; either `rows` tokens of sequence `seq` at
@@ -161,6 +166,7 @@ class Decoder {
   std::size_t last_rows_ = 1;           // rows of logits_ the last step wrote
   std::vector<std::int32_t> batch_host_state_;  // a batch step's [3, sequences] host copy, reused
   Captured captured_ = Captured::None;
+  std::uint64_t captured_graph_ = 0;  // Backend::held_graph() right after the capture of captured_
 
   // Per layer KV caches [sequences, kv_heads, capacity, hd].
   std::vector<Buffer> k_cache_;

@@ -224,6 +224,12 @@ class Backend {
   bool replay_last_graph();     // false when no graph is held
   void reset_graph();           // drops the held graph
   virtual bool is_capturing() const noexcept { return false; }
+  // Which graph the slot holds: 0 when none, else an id no earlier capture
+  // on this device had (end_graph_capture draws a new one). On CudaBackend
+  // the slot is the device's, so another object's capture replaces the
+  // graph; a caller that captured compares this with the id it saw after
+  // end_graph_capture before it replays.
+  virtual std::uint64_t held_graph() const noexcept { return 0; }
 
   // ── Norms ──────────────────────────────────────────────────────────────
   // out = x / sqrt(mean(x²) + eps) * w

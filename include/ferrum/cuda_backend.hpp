@@ -185,6 +185,7 @@ class CudaBackend final : public Backend {
   bool supports_head_dim(Op op, std::size_t head_dim) const noexcept override;
   void synchronize() override;
   bool is_capturing() const noexcept override;
+  std::uint64_t held_graph() const noexcept override;
 
   int device() const noexcept { return device_; }
   std::size_t world_size() const noexcept override;

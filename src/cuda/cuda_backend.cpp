@@ -201,6 +201,8 @@ std::size_t CudaBackend::rank() const noexcept { return comm_ != nullptr ? stati
 
 bool CudaBackend::is_capturing() const noexcept { return rt_->capturing; }
 
+std::uint64_t CudaBackend::held_graph() const noexcept { return rt_->graph_exec != nullptr ? rt_->graph_id : 0; }
+
 void CudaBackend::abandon_capture() noexcept { detail::abandon_capture(*rt_); }
 
 void CudaBackend::synchronize() {
@@ -414,6 +416,7 @@ void CudaBackend::do_end_graph_capture() {
   do_reset_graph();
   rt_->graph = graph;
   rt_->graph_exec = exec;
+  rt_->graph_id = ++rt_->graph_serial;
 }
 
 bool CudaBackend::do_replay_last_graph() {
@@ -436,6 +439,7 @@ void CudaBackend::do_reset_graph() {
   if (rt_->graph != nullptr) cudaGraphDestroy(rt_->graph);
   rt_->graph_exec = nullptr;
   rt_->graph = nullptr;
+  rt_->graph_id = 0;
 }
 
 // ── Norms ──────────────────────────────────────────────────────────────────

@@ -28,6 +28,8 @@ struct CudaRuntime {
   std::uint32_t* error_device = nullptr;  // the same word as the device sees it
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t graph_exec = nullptr;
+  std::uint64_t graph_id = 0;     // Backend::held_graph(): 0 while graph_exec is null
+  std::uint64_t graph_serial = 0;  // ids drawn so far
   bool capturing = false;
   bool pdl_capable = false;  // sm_90+: programmatic dependent launch exists
   bool pdl = false;          // ... and config.programmatic_dependent_launch asked for it

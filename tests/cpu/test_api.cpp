@@ -277,6 +277,7 @@ TEST(CpuSupports, ExactlyTheDocumentedSet) {
   EXPECT_EQ(cpu.kind(), BackendKind::Cpu);
   EXPECT_FALSE(cpu.name().empty());
   EXPECT_FALSE(cpu.is_capturing());
+  EXPECT_EQ(cpu.held_graph(), 0u);
   EXPECT_FALSE(cpu.replay_last_graph());
   EXPECT_NO_THROW(cpu.reset_graph());
 }

@@ -346,9 +346,8 @@ TEST_F(DecoderGpu, GraphArgmaxTokensEqualHostArgmaxOfEagerLogits) {
 
 // The pipelined step in graph mode (forward pass and advance captured once,
 // replayed back to back with no host read between) against decode_next op by
-// op in device-state mode (the graph's ops, so the same bits; a second graph
-// decoder would share the backend's one graph slot): the same tokens, then
-// both go on alike.
+// op in device-state mode (the graph's ops, so the same bits): the same
+// tokens, then both go on alike.
 TEST_F(DecoderGpu, GraphPipelinedStepsEqualDecodeNext) {
   const ModelWeights& w = *weights_;
   constexpr std::size_t kPipelined = 48;
@@ -363,6 +362,33 @@ TEST_F(DecoderGpu, GraphPipelinedStepsEqualDecodeNext) {
   EXPECT_TRUE(pipelined.graph_captured());
   EXPECT_EQ(pipelined.decode_next(want.back()), one_by_one.decode_next(want.back()));
   EXPECT_NO_THROW(be_->synchronize());
+}
+
+// Two graph-mode decoders on one device share its one graph slot: each step
+// of one replaces the other's graph, and each decoder notices
+// (Backend::held_graph) and captures its step again instead of replaying
+// the other's. Interleaved, each gives the tokens of a device-state decoder
+// of its own prompt.
+TEST_F(DecoderGpu, TwoGraphDecodersInterleaved) {
+  const ModelWeights& w = *weights_;
+  const std::vector<std::int32_t> prompts[2] = {kPrompt, {5, 9, 30, 7}};
+  std::vector<std::unique_ptr<Decoder>> graph, reference;
+  std::int32_t got[2], want[2];
+  for (int d = 0; d < 2; ++d) {
+    graph.push_back(std::make_unique<Decoder>(*be_, w, 64, kPrompt.size(), DecodeMode::Graph));
+    reference.push_back(std::make_unique<Decoder>(*be_, w, 64, kPrompt.size(), DecodeMode::DeviceState));
+    got[d] = graph[d]->prefill_next(prompts[d]);
+    want[d] = reference[d]->prefill_next(prompts[d]);
+  }
+  for (std::size_t step = 0; step < 12; ++step) {
+    for (int d = 0; d < 2; ++d) {
+      ASSERT_EQ(got[d], want[d]) << "decoder " << d << ", step " << step;
+      got[d] = graph[d]->decode_next(got[d]);
+      want[d] = reference[d]->decode_next(want[d]);
+      EXPECT_TRUE(graph[d]->graph_captured());
+      EXPECT_FALSE(graph[1 - d]->graph_captured()) << "the other decoder's graph was replaced";
+    }
+  }
 }
 
 // The batch step in graph mode on the GPU (captured once, replayed with new

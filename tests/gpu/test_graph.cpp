@@ -231,6 +231,33 @@ TEST_F(CudaGraphErrors, ReplayIsFalseWithoutAGraph) {
   EXPECT_FALSE(cuda().replay_last_graph());
 }
 
+// held_graph(): 0 without a graph, a new id for every capture, the same id
+// seen through another CudaBackend object on the device (the slot is the
+// device's), 0 again after reset_graph().
+TEST_F(CudaGraphErrors, HeldGraphIdsTellCapturesApart) {
+  cuda().reset_graph();
+  EXPECT_EQ(cuda().held_graph(), 0u);
+  Buffer acc = cuda().upload(std::vector<float>(16, 0.0f), DType::F16);
+  Buffer one = cuda().upload(std::vector<float>(16, 1.0f), DType::F16);
+  auto capture = [&] {
+    cuda().begin_graph_capture();
+    cuda().add_inplace(acc, one, 16);
+    cuda().end_graph_capture();
+    return cuda().held_graph();
+  };
+  const std::uint64_t first = capture();
+  EXPECT_NE(first, 0u);
+  CudaBackend other;
+  EXPECT_EQ(other.held_graph(), first);
+  const std::uint64_t second = capture();
+  EXPECT_NE(second, 0u);
+  EXPECT_NE(second, first);
+  EXPECT_EQ(other.held_graph(), second);
+  other.reset_graph();
+  EXPECT_EQ(cuda().held_graph(), 0u);
+  EXPECT_FALSE(cuda().replay_last_graph());
+}
+
 TEST_F(CudaGraphErrors, BadArgumentsDuringCapture) {
   FERRUM_SEEDED_RNG(rng);
   cuda().reset_graph();
