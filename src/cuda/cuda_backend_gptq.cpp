@@ -233,6 +233,58 @@ kernels::GptqKernelKind forced_kernel_kind(GptqKernel kernel) {
   }
 }
 
+// The backend's GPTQ switches, as the two ops below read them.
+struct GptqSwitches {
+  GptqKernel kernel;
+  int stream_ring;
+  bool cluster_reduce;
+  int fused_max_m;  // CudaBackendConfig::gptq_fused_max_m (-1: the library's rule)
+  int num_sms;
+};
+
+// Whether an m-row gemm_gptq on `weight` runs the INT4 kernels (else
+// dequantize + cuBLAS): one rule for gemm_gptq and silu_mul_gemm_gptq, so
+// that the fused form runs exactly where the two ops would. wgmma_applies:
+// the wgmma kernel can run this weight.
+bool int4_kernels_run(const CudaGptqWeight& weight, const kernels::GptqDeviceWeight& view, std::size_t m,
+                      const GptqSwitches& sw, bool& wgmma_applies) {
+  // Every launch runs the wgmma kernel under Wgmma, and under Auto those
+  // gptq_wgmma_preferred gives it (every launch above 32 rows), where it
+  // applies; the crossover to dequantize + cuBLAS was measured for each
+  // kernel.
+  wgmma_applies = weight.fused() && kernels::gptq_wgmma_applies(view.group_rows);
+  const bool wgmma_runs = wgmma_applies && (sw.kernel == GptqKernel::Auto || sw.kernel == GptqKernel::Wgmma);
+  const std::size_t fused_max_m = sw.fused_max_m >= 0
+                                      ? static_cast<std::size_t>(sw.fused_max_m)
+                                      : kernels::gptq_fused_max_m(weight.k(), weight.n(), weight.act_order(), wgmma_runs);
+  return weight.fused() && m <= fused_max_m;
+}
+
+// The INT4 kernels' launch of `rows` rows of a (already gathered where the
+// weight is act-order) into out.
+kernels::GptqGemmArgs int4_args(DType dtype, const kernels::GptqDeviceWeight& view, const GptqWorkspace& ws,
+                                const void* a_rows, void* out_rows, int rows, const GptqSwitches& sw,
+                                bool wgmma_applies) {
+  kernels::GptqGemmArgs args;
+  args.dtype = dtype;
+  args.w = view;
+  args.a = a_rows;
+  args.out = out_rows;
+  args.m = rows;
+  args.partials = ws.partials;
+  args.counters = ws.counters;
+  args.num_sms = sw.num_sms;
+  // Auto: the wgmma kernel where it applies and measured faster (gptq_wgmma_preferred), else
+  // the streaming kernel (bulk source) up to kGptqStreamAutoMaxM rows; where this weight cannot
+  // take the bulk source, the register source's range; the fused kernel above.
+  args.kernel = kernels::gptq_kernel_for(sw.kernel == GptqKernel::Auto, forced_kernel_kind(sw.kernel), rows,
+                                         static_cast<std::size_t>(view.k), static_cast<std::size_t>(view.n),
+                                         kernels::gptq_bulk_source_applies(view.group_rows), wgmma_applies);
+  args.stream_ring = sw.stream_ring;
+  args.cluster_reduce = sw.cluster_reduce;
+  return args;
+}
+
 }  // namespace
 
 GptqKernel CudaBackend::checked_gptq_kernel(GptqKernel requested) {
@@ -284,16 +336,9 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
   const auto* a_bytes = ptr<std::uint8_t>(a);
   auto* out_bytes = ptr<std::uint8_t>(out);
 
-  // Every launch runs the wgmma kernel under Wgmma, and under Auto those
-  // gptq_wgmma_preferred gives it (every launch above 32 rows), where it
-  // applies; the crossover to dequantize + cuBLAS was measured for each
-  // kernel.
-  const bool wgmma_applies = weight->fused() && kernels::gptq_wgmma_applies(view.group_rows);
-  const bool wgmma_runs = wgmma_applies && (gptq_kernel_ == GptqKernel::Auto || gptq_kernel_ == GptqKernel::Wgmma);
-  const std::size_t fused_max_m = gptq_fused_max_m_ >= 0
-                                      ? static_cast<std::size_t>(gptq_fused_max_m_)
-                                      : kernels::gptq_fused_max_m(k, n, weight->act_order(), wgmma_runs);
-  if (weight->fused() && m <= fused_max_m) {
+  const GptqSwitches sw{gptq_kernel_, gptq_stream_ring_, gptq_cluster_reduce_, gptq_fused_max_m_, rt_->num_sms};
+  bool wgmma_applies = false;
+  if (int4_kernels_run(*weight, view, m, sw, wgmma_applies)) {
     const std::size_t step = static_cast<std::size_t>(kernels::kGptqMaxM);
     for (std::size_t row0 = 0; row0 < m; row0 += step) {
       const int rows = static_cast<int>(std::min(step, m - row0));
@@ -302,23 +347,8 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
         kernels::launch_gptq_gather(dtype, a_rows, weight->perm(), ws.gather, rows, static_cast<int>(k), rt_->stream);
         a_rows = ws.gather;
       }
-      kernels::GptqGemmArgs args;
-      args.dtype = dtype;
-      args.w = view;
-      args.a = a_rows;
-      args.out = out_bytes + row0 * n * 2;
-      args.m = rows;
-      args.partials = ws.partials;
-      args.counters = ws.counters;
-      args.num_sms = rt_->num_sms;
-      // Auto: the wgmma kernel where it applies and measured faster (gptq_wgmma_preferred), else
-      // the streaming kernel (bulk source) up to kGptqStreamAutoMaxM rows; where this weight cannot
-      // take the bulk source, the register source's range; the fused kernel above.
-      args.kernel = kernels::gptq_kernel_for(gptq_kernel_ == GptqKernel::Auto, forced_kernel_kind(gptq_kernel_), rows,
-                                             k, n, kernels::gptq_bulk_source_applies(view.group_rows), wgmma_applies);
-      args.stream_ring = gptq_stream_ring_;
-      args.cluster_reduce = gptq_cluster_reduce_;
-      kernels::launch_gptq_gemm(args, rt_->stream);
+      kernels::launch_gptq_gemm(int4_args(dtype, view, ws, a_rows, out_bytes + row0 * n * 2, rows, sw, wgmma_applies),
+                                rt_->stream);
     }
     return;
   }
@@ -337,6 +367,36 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
                               static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "gemm_gptq", "cublasGemmEx");
   }
+}
+
+// SiLU·mul in the streaming kernel's staging where the unfused pair would
+// run that kernel with its bulk source at m <= 4 (kernels::
+// gptq_silu_mul_input_applies) and gptq_fuse_silu_mul asks for it; the
+// base class's fused_silu_mul_split + gemm_gptq everywhere else. The plan
+// (splits, ring, cluster reduce) is the one gemm_gptq takes, so the bits
+// are the same.
+void CudaBackend::do_silu_mul_gemm_gptq(const Buffer& gate_up, const QuantWeight& w, Buffer& act, Buffer& out,
+                                        std::size_t m) {
+  const auto* weight = dynamic_cast<const CudaGptqWeight*>(&w);
+  if (gptq_fuse_silu_mul_ && weight != nullptr && !weight->act_order() &&
+      m <= static_cast<std::size_t>(kernels::kGptqSiluMulInputMaxM)) {
+    const DType dtype = gate_up.dtype();
+    const kernels::GptqDeviceWeight view = weight->view(dtype);
+    const GptqSwitches sw{gptq_kernel_, gptq_stream_ring_, gptq_cluster_reduce_, gptq_fused_max_m_, rt_->num_sms};
+    bool wgmma_applies = false;
+    const bool aligned = ((reinterpret_cast<std::uintptr_t>(gate_up.data()) | reinterpret_cast<std::uintptr_t>(out.data())) & 15u) == 0;
+    if (aligned && int4_kernels_run(*weight, view, m, sw, wgmma_applies)) {
+      kernels::GptqGemmArgs args =
+          int4_args(dtype, view, weight->workspace(), ptr(gate_up), ptr(out), static_cast<int>(m), sw, wgmma_applies);
+      if (kernels::gptq_silu_mul_input_applies(args)) {
+        args.silu_mul_input = true;
+        detail::activate_device(device_);
+        kernels::launch_gptq_gemm(args, rt_->stream);
+        return;
+      }
+    }
+  }
+  Backend::do_silu_mul_gemm_gptq(gate_up, w, act, out, m);
 }
 
 }  // namespace ferrum

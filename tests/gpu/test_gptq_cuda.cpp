@@ -484,6 +484,74 @@ TEST_F(CudaGptq, BadInput) {
 
 // ── The streaming kernel (opt-in) ────────────────────────────────────────────
 
+// silu_mul_gemm_gptq with CudaBackendConfig::gptq_fuse_silu_mul: where the
+// fused staging runs (the bulk streaming kernel at m <= 4, no act-order) out
+// equals fused_silu_mul_split + gemm_gptq bit for bit and act keeps its
+// poison (the proof that the fused launch ran); at m = 5, 8 and for an
+// act-order weight the op runs the two ops (act written, the same bits).
+// The switch off gives the same outputs through the two ops. Weights with
+// and without zeros, groups of 128 / 32 / 64, a k whose last chunk is short
+// (416 = 3 x 128 + 32), an n that is not a multiple of 64, random gate / up
+// values of both signs.
+class CudaGptqSiluMul : public CudaGptq {
+ protected:
+  void SetUp() override {
+    CudaGptq::SetUp();
+    if (IsSkipped()) return;
+    CudaBackendConfig config;
+    config.gptq_fuse_silu_mul = true;
+    fusing_ = std::make_unique<CudaBackend>(config);
+  }
+  std::unique_ptr<CudaBackend> fusing_;
+};
+
+TEST_F(CudaGptqSiluMul, FusedStagingEqualsTheTwoOps) {
+  FERRUM_SEEDED_RNG(rng);
+  ASSERT_TRUE(fusing_->gptq_fuse_silu_mul());
+  EXPECT_FALSE(CudaBackendConfig{}.gptq_fuse_silu_mul) << "off by default";
+  const WeightCase cases[] = {{2048, 512, 128, true, false, GptqZeroFormat::V1, false},
+                              {416, 200, 32, false, false, GptqZeroFormat::V2, false},
+                              {5120, 1024, 128, false, false, GptqZeroFormat::V1, false},
+                              {1024, 192, 64, false, true, GptqZeroFormat::V1, false}};
+  constexpr float kPoison = 1234.0f;  // exact in f16 and bf16
+  for (const WeightCase& c : cases) {
+    SCOPED_TRACE(describe(c));
+    const Checkpoint ck = make_checkpoint(c, rng);
+    const std::unique_ptr<QuantWeight> w_default = cuda().load_gptq(ck.tensors());
+    const std::unique_ptr<QuantWeight> w_fusing = fusing_->load_gptq(ck.tensors());
+    for (std::size_t m : {1, 2, 3, 4, 5, 8}) {
+      std::vector<float> gate_up(m * 2 * c.k);
+      for (float& v : gate_up) v = rng.uniform(-6.0f, 6.0f);
+      for (DType dt : kHalfDTypes) {
+        SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
+        // The reference: the two ops, on the default backend.
+        Buffer gu_ref = cuda().upload(gate_up, dt);
+        Buffer act_ref = cuda().upload(std::vector<float>(m * c.k, NAN), dt);
+        Buffer out_ref = cuda().upload(std::vector<float>(m * c.n, NAN), dt);
+        cuda().fused_silu_mul_split(gu_ref, act_ref, m, c.k);
+        cuda().gemm_gptq(act_ref, *w_default, out_ref, m);
+        const std::vector<float> want = cuda().download(out_ref);
+        const std::vector<float> want_act = cuda().download(act_ref);
+        // The op with the switch off: the two ops.
+        Buffer out_off = cuda().upload(std::vector<float>(m * c.n, NAN), dt);
+        Buffer act_off = cuda().upload(std::vector<float>(m * c.k, kPoison), dt);
+        cuda().silu_mul_gemm_gptq(gu_ref, *w_default, act_off, out_off, m);
+        EXPECT_TRUE(same_floats(cuda().download(out_off), want)) << "switch off";
+        EXPECT_TRUE(same_floats(cuda().download(act_off), want_act)) << "switch off: act is the two ops' workspace";
+        // The op with the switch on.
+        Buffer gu = fusing_->upload(gate_up, dt);
+        Buffer act = fusing_->upload(std::vector<float>(m * c.k, kPoison), dt);
+        Buffer out = fusing_->upload(std::vector<float>(m * c.n, NAN), dt);
+        fusing_->silu_mul_gemm_gptq(gu, *w_fusing, act, out, m);
+        EXPECT_TRUE(same_floats(fusing_->download(out), want)) << "switch on";
+        const bool fused = m <= static_cast<std::size_t>(kernels::kGptqSiluMulInputMaxM) && !c.act_order;
+        EXPECT_TRUE(same_floats(fusing_->download(act), fused ? std::vector<float>(m * c.k, kPoison) : want_act))
+            << (fused ? "the fused launch must not write act" : "the two ops write act");
+      }
+    }
+  }
+}
+
 class CudaGptqStream : public CudaGptq {
  protected:
   // A second backend on the device with the streaming kernel forced (the
