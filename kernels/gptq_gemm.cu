@@ -519,8 +519,9 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
 //       row of the groups the chunk touches (the column block's 128 (64)
 //       bytes), completing on the slot's mbarrier. The warp waits on the
 //       slot, reads its weights (one 16-byte load per lane per k16 step),
-//       activations (ldmatrix, two k16 steps per load; rows >= m and columns
-//       >= k zero in shared memory) and scales, and its lanes refill the
+//       activations (ldmatrix, two k16 steps per load; columns >= k and the
+//       rows no copy writes zero in shared memory; kSiluIn: rows m .. 2m - 1
+//       hold up, whose output rows are never stored) and scales, and its lanes refill the
 //       slot with the chunk p.ring on. No registers hold data in flight (95
 //       registers at NT = 1 without zeros; with the default two slots per
 //       warp 4 CTAs per SM, see stream_ring_for), no global loads
@@ -815,7 +816,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     __syncwarp();
     const T* const act_rows = static_cast<const T*>(p.a);
     // A slot's fill: lane 0 announces the slot's bytes, then lanes 0 ..
-    // live_rows copy one activation row each (the valid columns of the chunk:
+    // copied_rows copy one activation row each (the valid columns of the chunk:
     // k is a multiple of 8, so 16-byte multiples), lanes 16 .. 16 +
     // group_rows_per_chunk the column block's scale (and zero) rows of the
     // chunk's groups, and lane 31 the weights. `weights` issues the

@@ -397,7 +397,8 @@ class Backend {
   // CudaBackendConfig::gptq_fuse_silu_mul computes act inside the GPTQ
   // streaming kernel's activation staging where that kernel runs with its
   // bulk source and m <= 4 (act then neither written nor read); gate_up,
-  // act and out 16-byte aligned.
+  // act and out 16-byte aligned (Misaligned), and none of them may overlap
+  // another (not checked, as for every op's outputs).
   void silu_mul_gemm_gptq(const Buffer& gate_up /*[m, 2k]*/, const QuantWeight& w, Buffer& act /*[m, k]*/,
                           Buffer& out /*[m, n]*/, std::size_t m);
   // Routes by w.kind(): Gptq -> gemm_gptq; other kinds are Unsupported.

@@ -377,20 +377,29 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
 // are the same.
 void CudaBackend::do_silu_mul_gemm_gptq(const Buffer& gate_up, const QuantWeight& w, Buffer& act, Buffer& out,
                                         std::size_t m) {
+  // The same refusals whether or not the launch fuses (the two ops would
+  // name gemm_gptq's 'a' for act).
+  const std::pair<const char*, const Buffer*> buffers[] = {{"gate_up", &gate_up}, {"act", &act}, {"out", &out}};
+  for (const auto& [name, b] : buffers) {
+    if ((reinterpret_cast<std::uintptr_t>(b->data()) & 15u) != 0) {
+      abandon_capture();
+      detail::fail(ErrorCode::Misaligned, "silu_mul_gemm_gptq: argument '{}' at {} is not 16-byte aligned", name,
+                   b->data());
+    }
+  }
   const auto* weight = dynamic_cast<const CudaGptqWeight*>(&w);
   if (gptq_fuse_silu_mul_ && weight != nullptr && !weight->act_order() &&
       m <= static_cast<std::size_t>(kernels::kGptqSiluMulInputMaxM)) {
+    detail::activate_device(device_);  // the plan's queries ask the current device
     const DType dtype = gate_up.dtype();
     const kernels::GptqDeviceWeight view = weight->view(dtype);
     const GptqSwitches sw{gptq_kernel_, gptq_stream_ring_, gptq_cluster_reduce_, gptq_fused_max_m_, rt_->num_sms};
     bool wgmma_applies = false;
-    const bool aligned = ((reinterpret_cast<std::uintptr_t>(gate_up.data()) | reinterpret_cast<std::uintptr_t>(out.data())) & 15u) == 0;
-    if (aligned && int4_kernels_run(*weight, view, m, sw, wgmma_applies)) {
+    if (int4_kernels_run(*weight, view, m, sw, wgmma_applies)) {
       kernels::GptqGemmArgs args =
           int4_args(dtype, view, weight->workspace(), ptr(gate_up), ptr(out), static_cast<int>(m), sw, wgmma_applies);
       if (kernels::gptq_silu_mul_input_applies(args)) {
         args.silu_mul_input = true;
-        detail::activate_device(device_);
         kernels::launch_gptq_gemm(args, rt_->stream);
         return;
       }

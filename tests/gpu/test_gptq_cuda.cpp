@@ -492,25 +492,33 @@ TEST_F(CudaGptq, BadInput) {
 // The switch off gives the same outputs through the two ops. Weights with
 // and without zeros, groups of 128 / 32 / 64, a k whose last chunk is short
 // (416 = 3 x 128 + 32), an n that is not a multiple of 64, random gate / up
-// values of both signs.
+// values of both signs; three fusing backends: the default plan, one slot
+// per warp (every chunk after the first refills a slot the conversion
+// wrote), and the workspace split-K reduction instead of the cluster's.
 class CudaGptqSiluMul : public CudaGptq {
  protected:
   void SetUp() override {
     CudaGptq::SetUp();
     if (IsSkipped()) return;
-    CudaBackendConfig config;
-    config.gptq_fuse_silu_mul = true;
-    fusing_ = std::make_unique<CudaBackend>(config);
+    for (int variant = 0; variant < 3; ++variant) {
+      CudaBackendConfig config;
+      config.gptq_fuse_silu_mul = true;
+      if (variant == 1) config.gptq_stream_ring = 1;
+      if (variant == 2) config.gptq_cluster_reduce = false;
+      fusing_.push_back(std::make_unique<CudaBackend>(config));
+    }
   }
-  std::unique_ptr<CudaBackend> fusing_;
+  std::vector<std::unique_ptr<CudaBackend>> fusing_;
 };
 
 TEST_F(CudaGptqSiluMul, FusedStagingEqualsTheTwoOps) {
   FERRUM_SEEDED_RNG(rng);
-  ASSERT_TRUE(fusing_->gptq_fuse_silu_mul());
+  if (!kernels::gptq_bulk_copy_supported()) GTEST_SKIP() << "no bulk copies on this device: nothing fuses";
+  ASSERT_TRUE(fusing_[0]->gptq_fuse_silu_mul());
   EXPECT_FALSE(CudaBackendConfig{}.gptq_fuse_silu_mul) << "off by default";
   const WeightCase cases[] = {{2048, 512, 128, true, false, GptqZeroFormat::V1, false},
                               {416, 200, 32, false, false, GptqZeroFormat::V2, false},
+                              {2560, 256, 64, false, false, GptqZeroFormat::V1, false},
                               {5120, 1024, 128, false, false, GptqZeroFormat::V1, false},
                               {1024, 192, 64, false, true, GptqZeroFormat::V1, false}};
   constexpr float kPoison = 1234.0f;  // exact in f16 and bf16
@@ -518,7 +526,6 @@ TEST_F(CudaGptqSiluMul, FusedStagingEqualsTheTwoOps) {
     SCOPED_TRACE(describe(c));
     const Checkpoint ck = make_checkpoint(c, rng);
     const std::unique_ptr<QuantWeight> w_default = cuda().load_gptq(ck.tensors());
-    const std::unique_ptr<QuantWeight> w_fusing = fusing_->load_gptq(ck.tensors());
     for (std::size_t m : {1, 2, 3, 4, 5, 8}) {
       std::vector<float> gate_up(m * 2 * c.k);
       for (float& v : gate_up) v = rng.uniform(-6.0f, 6.0f);
@@ -538,17 +545,35 @@ TEST_F(CudaGptqSiluMul, FusedStagingEqualsTheTwoOps) {
         cuda().silu_mul_gemm_gptq(gu_ref, *w_default, act_off, out_off, m);
         EXPECT_TRUE(same_floats(cuda().download(out_off), want)) << "switch off";
         EXPECT_TRUE(same_floats(cuda().download(act_off), want_act)) << "switch off: act is the two ops' workspace";
-        // The op with the switch on.
-        Buffer gu = fusing_->upload(gate_up, dt);
-        Buffer act = fusing_->upload(std::vector<float>(m * c.k, kPoison), dt);
-        Buffer out = fusing_->upload(std::vector<float>(m * c.n, NAN), dt);
-        fusing_->silu_mul_gemm_gptq(gu, *w_fusing, act, out, m);
-        EXPECT_TRUE(same_floats(fusing_->download(out), want)) << "switch on";
-        const bool fused = m <= static_cast<std::size_t>(kernels::kGptqSiluMulInputMaxM) && !c.act_order;
-        EXPECT_TRUE(same_floats(fusing_->download(act), fused ? std::vector<float>(m * c.k, kPoison) : want_act))
-            << (fused ? "the fused launch must not write act" : "the two ops write act");
+        // The op with the switch on, on each fusing backend.
+        for (std::size_t v = 0; v < fusing_.size(); ++v) {
+          CudaBackend& be = *fusing_[v];
+          const std::unique_ptr<QuantWeight> w = be.load_gptq(ck.tensors());
+          Buffer gu = be.upload(gate_up, dt);
+          Buffer act = be.upload(std::vector<float>(m * c.k, kPoison), dt);
+          Buffer out = be.upload(std::vector<float>(m * c.n, NAN), dt);
+          be.silu_mul_gemm_gptq(gu, *w, act, out, m);
+          EXPECT_TRUE(same_floats(be.download(out), want)) << "switch on, backend " << v;
+          const bool fused = m <= static_cast<std::size_t>(kernels::kGptqSiluMulInputMaxM) && !c.act_order;
+          EXPECT_TRUE(same_floats(be.download(act), fused ? std::vector<float>(m * c.k, kPoison) : want_act))
+              << (fused ? "the fused launch must not write act" : "the two ops write act") << ", backend " << v;
+        }
       }
     }
+  }
+  // A misaligned operand is refused under the op's name, fused or not.
+  const Checkpoint ck = make_checkpoint(cases[0], rng);
+  const std::size_t k = cases[0].k, n = cases[0].n;
+  for (Backend* be : {&cuda(), static_cast<Backend*>(fusing_[0].get())}) {
+    const std::unique_ptr<QuantWeight> w = be->load_gptq(ck.tensors());
+    Buffer gu = be->alloc(DType::F16, 2 * k + 8), act = be->alloc(DType::F16, k + 8), out = be->alloc(DType::F16, n + 8);
+    Buffer gu_off = gu.view(1, 2 * k), act_off = act.view(1, k), out_off = out.view(1, n);
+    expect_error(ErrorCode::Misaligned, "silu_mul_gemm_gptq", [&] { be->silu_mul_gemm_gptq(gu_off, *w, act, out, 1); },
+                 "'gate_up'");
+    expect_error(ErrorCode::Misaligned, "silu_mul_gemm_gptq", [&] { be->silu_mul_gemm_gptq(gu, *w, act_off, out, 1); },
+                 "'act'");
+    expect_error(ErrorCode::Misaligned, "silu_mul_gemm_gptq", [&] { be->silu_mul_gemm_gptq(gu, *w, act, out_off, 1); },
+                 "'out'");
   }
 }
 
