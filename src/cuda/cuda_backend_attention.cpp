@@ -47,10 +47,8 @@ std::optional<Problem> cuda_attention_problem(const AttnConfig& cfg,
     return Problem{ErrorCode::Unsupported,
                    fmt::format("batch = {} exceeds the CUDA prefill kernels' limit of {}", batch, kGridYZ)};
   }
-  for (const auto& [name, b] : buffers) {
-    if ((reinterpret_cast<std::uintptr_t>(b->data()) & 15u) != 0) {
-      return Problem{ErrorCode::Misaligned, fmt::format("argument '{}' at {} is not 16-byte aligned", name, b->data())};
-    }
+  if (std::string misaligned = detail::misaligned_16(buffers); !misaligned.empty()) {
+    return Problem{ErrorCode::Misaligned, std::move(misaligned)};
   }
   *need = kernels::attention_workspace_floats(static_cast<int>(batch), static_cast<int>(cfg.num_heads),
                                               static_cast<int>(q_len), static_cast<int>(cfg.head_dim), stride);

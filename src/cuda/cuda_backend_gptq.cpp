@@ -242,6 +242,10 @@ struct GptqSwitches {
   int num_sms;
 };
 
+GptqSwitches switches_of(const CudaBackend& be, int num_sms) {
+  return {be.gptq_kernel(), be.gptq_stream_ring(), be.gptq_cluster_reduce(), be.gptq_fused_max_m(), num_sms};
+}
+
 // Whether an m-row gemm_gptq on `weight` runs the INT4 kernels (else
 // dequantize + cuBLAS): one rule for gemm_gptq and silu_mul_gemm_gptq, so
 // that the fused form runs exactly where the two ops would. wgmma_applies:
@@ -322,11 +326,8 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
     refuse(ErrorCode::InvalidArgument, "argument 'w' was not made by this backend's load_gptq");
   }
   // Rows of a and out are moved as 16-byte vectors (k and n are multiples of 8).
-  const std::pair<const char*, const Buffer*> buffers[] = {{"a", &a}, {"out", &out}};
-  for (const auto& [name, b] : buffers) {
-    if ((reinterpret_cast<std::uintptr_t>(b->data()) & 15u) != 0) {
-      refuse(ErrorCode::Misaligned, fmt::format("argument '{}' at {} is not 16-byte aligned", name, b->data()));
-    }
+  if (const std::string misaligned = detail::misaligned_16({{"a", &a}, {"out", &out}}); !misaligned.empty()) {
+    refuse(ErrorCode::Misaligned, misaligned);
   }
   detail::activate_device(device_);
   const DType dtype = a.dtype();
@@ -336,7 +337,7 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
   const auto* a_bytes = ptr<std::uint8_t>(a);
   auto* out_bytes = ptr<std::uint8_t>(out);
 
-  const GptqSwitches sw{gptq_kernel_, gptq_stream_ring_, gptq_cluster_reduce_, gptq_fused_max_m_, rt_->num_sms};
+  const GptqSwitches sw = switches_of(*this, rt_->num_sms);
   bool wgmma_applies = false;
   if (int4_kernels_run(*weight, view, m, sw, wgmma_applies)) {
     const std::size_t step = static_cast<std::size_t>(kernels::kGptqMaxM);
@@ -379,13 +380,10 @@ void CudaBackend::do_silu_mul_gemm_gptq(const Buffer& gate_up, const QuantWeight
                                         std::size_t m) {
   // The same refusals whether or not the launch fuses (the two ops would
   // name gemm_gptq's 'a' for act).
-  const std::pair<const char*, const Buffer*> buffers[] = {{"gate_up", &gate_up}, {"act", &act}, {"out", &out}};
-  for (const auto& [name, b] : buffers) {
-    if ((reinterpret_cast<std::uintptr_t>(b->data()) & 15u) != 0) {
-      abandon_capture();
-      detail::fail(ErrorCode::Misaligned, "silu_mul_gemm_gptq: argument '{}' at {} is not 16-byte aligned", name,
-                   b->data());
-    }
+  if (const std::string misaligned = detail::misaligned_16({{"gate_up", &gate_up}, {"act", &act}, {"out", &out}});
+      !misaligned.empty()) {
+    abandon_capture();
+    detail::fail(ErrorCode::Misaligned, "silu_mul_gemm_gptq: {}", misaligned);
   }
   const auto* weight = dynamic_cast<const CudaGptqWeight*>(&w);
   if (gptq_fuse_silu_mul_ && weight != nullptr && !weight->act_order() &&
@@ -393,7 +391,7 @@ void CudaBackend::do_silu_mul_gemm_gptq(const Buffer& gate_up, const QuantWeight
     detail::activate_device(device_);  // the plan's queries ask the current device
     const DType dtype = gate_up.dtype();
     const kernels::GptqDeviceWeight view = weight->view(dtype);
-    const GptqSwitches sw{gptq_kernel_, gptq_stream_ring_, gptq_cluster_reduce_, gptq_fused_max_m_, rt_->num_sms};
+    const GptqSwitches sw = switches_of(*this, rt_->num_sms);
     bool wgmma_applies = false;
     if (int4_kernels_run(*weight, view, m, sw, wgmma_applies)) {
       kernels::GptqGemmArgs args =

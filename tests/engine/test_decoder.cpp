@@ -24,6 +24,21 @@ using testing::max_diff;
 const std::vector<std::int32_t> kPrompt = {1, 17, 42, 255, 3, 99, 200};
 constexpr std::size_t kSteps = 8;
 
+// Prefills kPrompt on both decoders (the same first token), runs `steps`
+// decode_next steps on one_by_one and one decode_pipelined call of as many
+// steps on pipelined: the same tokens and positions. Returns the tokens.
+std::vector<std::int32_t> expect_pipelined_equals_decode_next(Decoder& one_by_one, Decoder& pipelined,
+                                                              std::size_t steps) {
+  const std::int32_t first = one_by_one.prefill_next(kPrompt);
+  EXPECT_EQ(pipelined.prefill_next(kPrompt), first);
+  std::vector<std::int32_t> want;
+  std::int32_t token = first;
+  for (std::size_t i = 0; i < steps; ++i) want.push_back(token = one_by_one.decode_next(token));
+  EXPECT_EQ(pipelined.decode_pipelined(first, steps), want);
+  EXPECT_EQ(pipelined.position(), one_by_one.position());
+  return want;
+}
+
 struct Model {
   explicit Model(const std::string& preset, std::uint64_t seed = 2024)
       : config(preset_config(preset)), source(config, seed), weights(random_weights(be, config, seed)),
@@ -152,13 +167,8 @@ TEST_P(DecoderTest, PipelinedStepsEqualDecodeNext) {
   constexpr std::size_t kPipelined = 40;
   Decoder one_by_one(m.be, m.weights, 64, kPrompt.size(), DecodeMode::DeviceState);
   Decoder pipelined(m.be, m.weights, 64, kPrompt.size(), DecodeMode::DeviceState);
-  const std::int32_t first = one_by_one.prefill_next(kPrompt);
-  ASSERT_EQ(pipelined.prefill_next(kPrompt), first);
-  std::vector<std::int32_t> want;
-  std::int32_t token = first;
-  for (std::size_t i = 0; i < kPipelined; ++i) want.push_back(token = one_by_one.decode_next(token));
-  EXPECT_EQ(pipelined.decode_pipelined(first, kPipelined), want);
-  EXPECT_EQ(pipelined.position(), one_by_one.position());
+  const std::vector<std::int32_t> want = expect_pipelined_equals_decode_next(one_by_one, pipelined, kPipelined);
+  ASSERT_EQ(want.size(), kPipelined);
   EXPECT_FALSE(m.be.device_state_mode());
   EXPECT_GT(std::set<std::int32_t>(want.begin(), want.end()).size(), 1u) << "a constant token sequence proves little";
   // Afterwards the ordinary step continues from there.
@@ -353,12 +363,8 @@ TEST_F(DecoderGpu, GraphPipelinedStepsEqualDecodeNext) {
   constexpr std::size_t kPipelined = 48;
   Decoder one_by_one(*be_, w, 64, kPrompt.size(), DecodeMode::DeviceState);
   Decoder pipelined(*be_, w, 64, kPrompt.size(), DecodeMode::Graph);
-  const std::int32_t first = one_by_one.prefill_next(kPrompt);
-  ASSERT_EQ(pipelined.prefill_next(kPrompt), first);
-  std::vector<std::int32_t> want;
-  std::int32_t token = first;
-  for (std::size_t i = 0; i < kPipelined; ++i) want.push_back(token = one_by_one.decode_next(token));
-  EXPECT_EQ(pipelined.decode_pipelined(first, kPipelined), want);
+  const std::vector<std::int32_t> want = expect_pipelined_equals_decode_next(one_by_one, pipelined, kPipelined);
+  ASSERT_EQ(want.size(), kPipelined);
   EXPECT_TRUE(pipelined.graph_captured());
   EXPECT_EQ(pipelined.decode_next(want.back()), one_by_one.decode_next(want.back()));
   EXPECT_NO_THROW(be_->synchronize());
