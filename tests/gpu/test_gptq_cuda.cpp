@@ -521,7 +521,7 @@ TEST_F(CudaGptqSiluMul, FusedStagingEqualsTheTwoOps) {
                               {2560, 256, 64, false, false, GptqZeroFormat::V1, false},
                               {5120, 1024, 128, false, false, GptqZeroFormat::V1, false},
                               {1024, 192, 64, false, true, GptqZeroFormat::V1, false}};
-  constexpr float kPoison = 1234.0f;  // exact in f16 and bf16
+  constexpr float kPoison = 1232.0f;  // 77 x 16: exact in f16 and bf16 (1234 is not in bf16)
   for (const WeightCase& c : cases) {
     SCOPED_TRACE(describe(c));
     const Checkpoint ck = make_checkpoint(c, rng);
