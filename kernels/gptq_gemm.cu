@@ -45,13 +45,11 @@
 #include <mutex>
 #include <type_traits>
 
-#include "kernels/common/activation.cuh"
 #include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
 #include "kernels/common/launch.cuh"
 #include "kernels/common/mma.cuh"
-#include "kernels/common/vec.cuh"
 #include "kernels/gptq_int4.cuh"
 
 namespace ferrum::kernels {
@@ -519,9 +517,8 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
 //       row of the groups the chunk touches (the column block's 128 (64)
 //       bytes), completing on the slot's mbarrier. The warp waits on the
 //       slot, reads its weights (one 16-byte load per lane per k16 step),
-//       activations (ldmatrix, two k16 steps per load; columns >= k and the
-//       rows no copy writes zero in shared memory; kSiluIn: rows m .. 2m - 1
-//       hold up, whose output rows are never stored) and scales, and its lanes refill the
+//       activations (ldmatrix, two k16 steps per load; rows >= m and columns
+//       >= k zero in shared memory) and scales, and its lanes refill the
 //       slot with the chunk p.ring on. No registers hold data in flight (95
 //       registers at NT = 1 without zeros; with the default two slots per
 //       warp 4 CTAs per SM, see stream_ring_for), no global loads
@@ -642,16 +639,10 @@ __device__ __forceinline__ void cluster_reduce_store(const float (&acc)[NT * 16]
 }
 
 
-// kSiluIn (GptqGemmArgs::silu_mul_input; bulk source, NT = 1, m <= 4 only):
-// p.a is gate_up [m, 2k] as [gate | up], and the activations are
-// silu(gate) · up, computed in each slot after its copies land: gate row r
-// in slot row r, up row r in slot row m + r (output rows >= m are never
-// stored), the product rounded to T into row r, as silu_mul_kernel does.
-template <class T, int NT, bool kZeros, StreamSource kSource, bool kSiluIn = false>
+template <class T, int NT, bool kZeros, StreamSource kSource>
 __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, kSource != StreamSource::Registers>)
     gptq_stream_kernel(const StreamParams p) {
   constexpr bool kBulk = kSource != StreamSource::Registers;
-  static_assert(!kSiluIn || (kBulk && NT == 1), "silu·mul staging: the bulk source with one row tile");
   using M = Int4Math<T>;
   constexpr int kAcc = NT * 4 * 4;  // [nt][j][4] f32
   // The bulk source's rings (dynamic shared memory; none for the register
@@ -801,22 +792,20 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
       fence_mbarrier_init();
     }
     const int live_rows = min(p.m, NT * 8);
-    // Slot rows the copies write: the live rows (kSiluIn: and their up rows).
-    const int copied_rows = kSiluIn ? 2 * live_rows : live_rows;
-    // Rows no copy ever writes are zeroed once: hygiene, not correctness
-    // (output column n depends only on B row n, and output rows >= m are
-    // never stored).
+    // Rows >= m of every slot are zeroed once (no copy ever writes them):
+    // hygiene, not correctness (output column n depends only on B row n, and
+    // output rows >= m are never stored).
     for (int r = 0; r < p.ring; ++r) {
-      for (int i = lane; i < (NT * 8 - copied_rows) * (kGptqTileK / 8); i += 32) {
+      for (int i = lane; i < (NT * 8 - live_rows) * (kGptqTileK / 8); i += 32) {
         *reinterpret_cast<uint4*>(ring + r * kSlotBytes + kChunkWords * 4 +
-                                  (copied_rows + i / (kGptqTileK / 8)) * kStreamActPitch + (i % (kGptqTileK / 8)) * 16) =
+                                  (live_rows + i / (kGptqTileK / 8)) * kStreamActPitch + (i % (kGptqTileK / 8)) * 16) =
             make_uint4(0u, 0u, 0u, 0u);
       }
     }
     __syncwarp();
     const T* const act_rows = static_cast<const T*>(p.a);
     // A slot's fill: lane 0 announces the slot's bytes, then lanes 0 ..
-    // copied_rows copy one activation row each (the valid columns of the chunk:
+    // live_rows copy one activation row each (the valid columns of the chunk:
     // k is a multiple of 8, so 16-byte multiples), lanes 16 .. 16 +
     // group_rows_per_chunk the column block's scale (and zero) rows of the
     // chunk's groups, and lane 31 the weights. `weights` issues the
@@ -839,7 +828,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
       unsigned char* const dst = ring + slot * kSlotBytes;
       if (weights) {
         if (lane == 0) {
-          mbarrier_arrive_expect_tx(&full[slot], kChunkWords * 4u + copied_rows * row_bytes +
+          mbarrier_arrive_expect_tx(&full[slot], kChunkWords * 4u + live_rows * row_bytes +
                                                      p.group_rows_per_chunk * group_row_bytes);
         }
         __syncwarp();
@@ -855,12 +844,9 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
           }
         }
       }
-      if (activations && lane < copied_rows) {
-        // kSiluIn: lane r < m copies gate row r, lane m + r up row r (rows of 2k).
-        const std::size_t at = kSiluIn ? static_cast<std::size_t>(lane % live_rows) * 2 * p.k +
-                                             (lane >= live_rows ? static_cast<std::size_t>(p.k) : 0u) + col0
-                                       : static_cast<std::size_t>(lane) * p.k + col0;
-        bulk_copy_to_shared(dst + kChunkWords * 4 + lane * kStreamActPitch, act_rows + at, row_bytes, &full[slot]);
+      if (activations && lane < live_rows) {
+        bulk_copy_to_shared(dst + kChunkWords * 4 + lane * kStreamActPitch,
+                            act_rows + static_cast<std::size_t>(lane) * p.k + col0, row_bytes, &full[slot]);
       }
     };
     int c = c_begin + warp;
@@ -883,21 +869,6 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     for (; c < c_end; c += kStreamWarps) {
       mbarrier_wait_parity(&full[slot], phase);
       unsigned char* const base = ring + slot * kSlotBytes;
-      if constexpr (kSiluIn) {
-        // Row r = silu(row r) · row (m + r), 8 columns per item (columns past
-        // a short last chunk hold stale bytes: zeroed just below).
-        for (int i = lane; i < live_rows * (kGptqTileK / 8); i += 32) {
-          unsigned char* const gate = base + kChunkWords * 4 + (i / (kGptqTileK / 8)) * kStreamActPitch +
-                                      (i % (kGptqTileK / 8)) * 16;
-          vec_t<T, 8> g, u;
-          g.load(reinterpret_cast<const T*>(gate));
-          u.load(reinterpret_cast<const T*>(gate + live_rows * kStreamActPitch));
-#pragma unroll
-          for (int j = 0; j < 8; ++j) g.set(j, silu_mul(g.f(j), u.f(j)));
-          g.store(reinterpret_cast<T*>(gate));
-        }
-        __syncwarp();
-      }
       const int tail = p.k - c * kGptqTileK;  // < 128: the last chunk, whose columns >= k were not copied
       if (tail < kGptqTileK) {
         for (int i = lane; i < live_rows * (kGptqTileK / 8); i += 32) {
@@ -1035,9 +1006,9 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
                                               nb * kGptqTileN, p.n, out);
 }
 
-template <class T, int NT, bool kZeros, StreamSource kSource, bool kSiluIn = false>
+template <class T, int NT, bool kZeros, StreamSource kSource>
 auto stream_kernel_ptr() {
-  return &gptq_stream_kernel<T, NT, kZeros, kSource, kSiluIn>;
+  return &gptq_stream_kernel<T, NT, kZeros, kSource>;
 }
 
 // Dynamic shared memory of the bulk source: `ring` slots per warp.
@@ -1050,14 +1021,14 @@ constexpr int stream_ring_bytes(int nt, int ring) { return kStreamWarps * ring *
 // failing: the same bits. Asked once per instance, cluster size and ring,
 // on the device current at the first call (as stream_occupancy); a failed
 // query throws and is asked again next time.
-template <class T, int NT, bool kZeros, StreamSource kSource, bool kSiluIn = false>
+template <class T, int NT, bool kZeros, StreamSource kSource>
 bool stream_cluster_fits(int splits, int ring, std::size_t smem) {
   static std::atomic<unsigned char> known[kGptqClusterMaxSplits + 1][kGptqStreamMaxRing + 1];  // 0 unknown, 1 no, 2 yes
-  return cluster_fits_once(known[splits][ring], "gemm_gptq", stream_kernel_ptr<T, NT, kZeros, kSource, kSiluIn>(),
+  return cluster_fits_once(known[splits][ring], "gemm_gptq", stream_kernel_ptr<T, NT, kZeros, kSource>(),
                            dim3(1, static_cast<unsigned>(splits), 1), dim3(kStreamThreads), smem);
 }
 
-template <class T, int NT, StreamSource kSource, bool kSiluIn = false>
+template <class T, int NT, StreamSource kSource>
 void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream_t stream) {
   constexpr bool kBulk = kSource != StreamSource::Registers;
   StreamParams p{};
@@ -1073,8 +1044,8 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   const std::size_t smem = kBulk ? static_cast<std::size_t>(stream_ring_bytes(NT, ring)) : 0;
   if constexpr (kBulk) {  // the shared-memory opt-in, once per device (cheap after the first call)
     const bool ok = args.w.zeros != nullptr
-                        ? prepare_kernel<&gptq_stream_kernel<T, NT, true, kSource, kSiluIn>>(stream_ring_bytes(NT, kGptqStreamMaxRing))
-                        : prepare_kernel<&gptq_stream_kernel<T, NT, false, kSource, kSiluIn>>(stream_ring_bytes(NT, kGptqStreamMaxRing));
+                        ? prepare_kernel<&gptq_stream_kernel<T, NT, true, kSource>>(stream_ring_bytes(NT, kGptqStreamMaxRing))
+                        : prepare_kernel<&gptq_stream_kernel<T, NT, false, kSource>>(stream_ring_bytes(NT, kGptqStreamMaxRing));
     if (!ok) {
       throw_bad_dispatch("gemm_gptq", "bulk rings' bytes (device opt-in shared memory)",
                          stream_ring_bytes(NT, kGptqStreamMaxRing));
@@ -1083,17 +1054,17 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   p.cluster_reduce =
       kBulk && gptq_cluster_reduces(args.cluster_reduce, splits, static_cast<long long>(grid.x) * splits, args.num_sms);
   if (p.cluster_reduce) {
-    p.cluster_reduce = args.w.zeros != nullptr ? stream_cluster_fits<T, NT, true, kSource, kSiluIn>(splits, ring, smem)
-                                               : stream_cluster_fits<T, NT, false, kSource, kSiluIn>(splits, ring, smem);
+    p.cluster_reduce = args.w.zeros != nullptr ? stream_cluster_fits<T, NT, true, kSource>(splits, ring, smem)
+                                               : stream_cluster_fits<T, NT, false, kSource>(splits, ring, smem);
   }
   p.weights_before_wait = kBulk && gemm_weights_before_wait();
   p.weights_evict_first = kBulk && gptq_weights_evict_first();
   const dim3 cluster(1, p.cluster_reduce ? static_cast<unsigned>(splits) : 1u, 1);
   if (args.w.zeros != nullptr) {
-    launch_pdl_clustered("gemm_gptq (stream)", cluster, stream_kernel_ptr<T, NT, true, kSource, kSiluIn>(), grid,
+    launch_pdl_clustered("gemm_gptq (stream)", cluster, stream_kernel_ptr<T, NT, true, kSource>(), grid,
                          dim3(kStreamThreads), smem, stream, p);
   } else {
-    launch_pdl_clustered("gemm_gptq (stream)", cluster, stream_kernel_ptr<T, NT, false, kSource, kSiluIn>(), grid,
+    launch_pdl_clustered("gemm_gptq (stream)", cluster, stream_kernel_ptr<T, NT, false, kSource>(), grid,
                          dim3(kStreamThreads), smem, stream, p);
   }
 }
@@ -1229,9 +1200,7 @@ void launch_stream(const GptqGemmArgs& args, cudaStream_t stream) {
       stream_plan_for(dtype_index, args.w.zeros != nullptr, nt, bulk, ring, args.w.k_pad, args.w.n_pad, args.num_sms);
   const int splits = args.stream_splits > 0 ? std::min(args.stream_splits, args.w.k_pad / kGptqTileK) : plan.splits;
   if (bulk) {
-    if (args.silu_mul_input) {  // gptq_silu_mul_input_applies: nt == 1
-      launch_stream_nt<T, 1, StreamSource::Bulk, true>(args, splits, ring, stream);
-    } else if (nt == 1) {
+    if (nt == 1) {
       launch_stream_nt<T, 1, StreamSource::Bulk>(args, splits, ring, stream);
     } else {
       launch_stream_nt<T, 2, StreamSource::Bulk>(args, splits, ring, stream);
@@ -1401,11 +1370,6 @@ std::size_t gptq_counter_ints(int n_pad) {
 
 bool gptq_bulk_copy_supported() { return stream_occupancy().bulk_supported; }
 
-bool gptq_silu_mul_input_applies(const GptqGemmArgs& args) {
-  return stream_applies(args) && stream_uses_bulk(args.kernel, args.w.k, args.w.group_rows) &&
-         args.m <= kGptqSiluMulInputMaxM;
-}
-
 bool gptq_cluster_reduces(bool requested, int splits, long long ctas, int num_sms) {
   return requested && splits >= 2 && splits <= kGptqClusterMaxSplits &&
          ctas <= static_cast<long long>(kGptqClusterMaxCtasPerSm) * num_sms;
@@ -1431,10 +1395,6 @@ void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream) {
   }
   if (args.stream_splits < 0 || args.stream_splits > kStreamMaxSplits) {
     throw_bad_dispatch("gemm_gptq", "stream_splits (CTAs along k)", args.stream_splits);
-  }
-  if (args.silu_mul_input && !gptq_silu_mul_input_applies(args)) {
-    throw_bad_dispatch("gemm_gptq", "silu_mul_input at rows per launch m (the bulk streaming kernel only, m <= 4)",
-                       args.m);
   }
   if (stream_applies(args)) {
     dispatch_half_dtype(args.dtype, "gemm_gptq", [&](auto tag) { launch_stream<typename decltype(tag)::type>(args, stream); });

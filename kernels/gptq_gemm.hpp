@@ -256,18 +256,8 @@ struct GptqGemmArgs {
   // splits whose cluster fits the device. CudaBackendConfig::gptq_cluster_reduce
   // (on by default).
   bool cluster_reduce = true;
-  // a is gate_up [m, 2k] as [gate | up] and the activations are silu(gate) ·
-  // up, computed in the streaming kernel's staging (the bits of
-  // fused_silu_mul_split then this GEMM). Only where
-  // gptq_silu_mul_input_applies; elsewhere launch_gptq_gemm throws.
-  bool silu_mul_input = false;
 };
 void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream);
-// Rows the silu·mul staging takes: gate and up rows share a slot's 8 rows.
-inline constexpr int kGptqSiluMulInputMaxM = 4;
-// Whether args (silu_mul_input aside) runs the streaming kernel with its
-// bulk source at m <= kGptqSiluMulInputMaxM, where silu_mul_input can be set.
-bool gptq_silu_mul_input_applies(const GptqGemmArgs& args);
 // The wgmma kernel alone (launch_gptq_gemm calls it for Wgmma): false, with
 // nothing launched, where it does not apply (gptq_wgmma_applies); an m or
 // splits override outside its range throws.

@@ -51,7 +51,6 @@ std::string_view to_string(Op op) noexcept {
     case Op::GemmSiluMul: return "gemm_silu_mul";
     case Op::QkvRopeAppendRagged: return "qkv_rope_append_ragged";
     case Op::AdvanceDecodeState: return "advance_decode_state";
-    case Op::SiluMulGemmGptq: return "silu_mul_gemm_gptq";
   }
   return "unknown_op";
 }
@@ -855,16 +854,15 @@ std::unique_ptr<QuantWeight> Backend::do_load_gptq(const GptqHostTensors&) {
 namespace {
 
 // The checks gemm_gptq and gemm_quant share (each reports under its own name).
-// a_name: how the op names its [m, k] operand ("a"; silu_mul_gemm_gptq's "act").
 void check_quant_gemm(OpCheck& check, const Backend& self, const Buffer& a, const QuantWeight& w,
-                      const Buffer& out, std::size_t m, std::string_view a_name = "a") {
+                      const Buffer& out, std::size_t m) {
   check.size("m", m);
   if (w.backend() != &self) check.fail(ErrorCode::WrongBackend, "{}: argument 'w' belongs to another backend", check.op());
-  check.buffer(a_name, a);
+  check.buffer("a", a);
   check.buffer("out", out);
-  check.activation(a_name, a);
-  check.same_dtype("out", out, a_name, a);
-  check.holds(a_name, a, check.product({m, w.k()}), "[m, k]");
+  check.activation("a", a);
+  check.same_dtype("out", out, "a", a);
+  check.holds("a", a, check.product({m, w.k()}), "[m, k]");
   check.holds("out", out, check.product({m, w.n()}), "[m, n]");
 }
 
@@ -880,25 +878,6 @@ void Backend::gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std:
 void Backend::do_gemm_gptq(const Buffer&, const QuantWeight&, Buffer&, std::size_t) {
   OpCheck check(*this, "gemm_gptq");
   check.fail(ErrorCode::Unsupported, "gemm_gptq: not implemented on the {} backend yet", name());
-}
-
-void Backend::silu_mul_gemm_gptq(const Buffer& gate_up, const QuantWeight& w, Buffer& act, Buffer& out,
-                                 std::size_t m) {
-  OpCheck check(*this, "silu_mul_gemm_gptq");
-  check_quant_gemm(check, *this, act, w, out, m, "act");
-  check.buffer("gate_up", gate_up);
-  check.same_dtype("gate_up", gate_up, "act", act);
-  check.holds("gate_up", gate_up, check.product({m, 2, w.k()}), "[m, 2k]");
-  if (w.kind() != QuantKind::Gptq) {
-    check.fail(ErrorCode::InvalidArgument, "silu_mul_gemm_gptq: argument 'w' is not a GPTQ weight");
-  }
-  do_silu_mul_gemm_gptq(gate_up, w, act, out, m);
-}
-
-void Backend::do_silu_mul_gemm_gptq(const Buffer& gate_up, const QuantWeight& w, Buffer& act, Buffer& out,
-                                    std::size_t m) {
-  do_fused_silu_mul_split(gate_up, act, m, w.k());
-  do_gemm_gptq(act, w, out, m);
 }
 
 void Backend::gemm_quant(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) {

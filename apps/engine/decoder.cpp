@@ -28,7 +28,6 @@ std::vector<Op> required_ops(DecodeMode mode, bool gptq, bool batch) {
   if (gptq) {
     ops.push_back(Op::LoadGptq);
     ops.push_back(Op::GemmGptq);
-    ops.push_back(Op::SiluMulGemmGptq);  // the MLP's down projection
     ops.push_back(Op::CopySlice);  // prefill through an unfused gate | up
   }
   if (batch) {
@@ -438,13 +437,6 @@ void Decoder::enqueue_mlp(std::size_t l, std::size_t tokens) {
       project(lw.gate_up_proj.parts[part], normed_, act_, tokens);
       for (std::size_t t = 0; t < tokens; ++t) be_.copy_slice(act_, t * im, gate_up_, t * 2 * im + part * im, im);
     }
-  }
-  if (lw.down_proj.quantized()) {
-    // SiLU·mul and the GPTQ down projection as one op: the same bits, and
-    // where the backend can (CudaBackendConfig::gptq_fuse_silu_mul) one
-    // launch that computes act while it stages it.
-    be_.silu_mul_gemm_gptq(gate_up_, *lw.down_proj.gptq, act_, mlp_out_, tokens);
-    return;
   }
   be_.fused_silu_mul_split(gate_up_, act_, tokens, im);
   project(lw.down_proj, act_, mlp_out_, tokens);

@@ -74,9 +74,8 @@ enum class Op {
   GemmSiluMul,
   QkvRopeAppendRagged,
   AdvanceDecodeState,
-  SiluMulGemmGptq,
 };
-inline constexpr int kNumOps = static_cast<int>(Op::SiluMulGemmGptq) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::AdvanceDecodeState) + 1;
 std::string_view to_string(Op op) noexcept;
 
 // GELU formula. Erf is torch's F.gelu default; Tanh is approximate='tanh'.
@@ -389,18 +388,6 @@ class Backend {
   // CudaBackend: a and out 16-byte aligned.
   void gemm_gptq(const Buffer& a /*[m, k]*/, const QuantWeight& w, Buffer& out /*[m, n]*/,
                  std::size_t m);
-  // SwiGLU's down projection: out[m, n] = act · dequant(w) with act[t, j] =
-  // silu(gate_up[t, j]) · gate_up[t, k + j] (gate_up [m, 2k] as [gate | up],
-  // k = w.k()). The bits of fused_silu_mul_split(gate_up -> act) followed
-  // by gemm_gptq(act, w, out), and that is what a backend may run: act is a
-  // workspace, its contents unspecified after the call. CudaBackend with
-  // CudaBackendConfig::gptq_fuse_silu_mul computes act inside the GPTQ
-  // streaming kernel's activation staging where that kernel runs with its
-  // bulk source and m <= 4 (act then neither written nor read); gate_up,
-  // act and out 16-byte aligned (Misaligned), and none of them may overlap
-  // another (not checked, as for every op's outputs).
-  void silu_mul_gemm_gptq(const Buffer& gate_up /*[m, 2k]*/, const QuantWeight& w, Buffer& act /*[m, k]*/,
-                          Buffer& out /*[m, n]*/, std::size_t m);
   // Routes by w.kind(): Gptq -> gemm_gptq; other kinds are Unsupported.
   void gemm_quant(const Buffer& a /*[m, k]*/, const QuantWeight& w, Buffer& out /*[m, n]*/,
                   std::size_t m);
@@ -519,9 +506,6 @@ class Backend {
                                 const MlaConfig& cfg);
   virtual std::unique_ptr<QuantWeight> do_load_gptq(const GptqHostTensors& tensors);
   virtual void do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m);
-  // Default: do_fused_silu_mul_split into act, then do_gemm_gptq.
-  virtual void do_silu_mul_gemm_gptq(const Buffer& gate_up, const QuantWeight& w, Buffer& act, Buffer& out,
-                                     std::size_t m);
   virtual void do_all_reduce(Buffer& buf, std::size_t len, ReduceOp op);
   virtual void do_all_gather(const Buffer& local, Buffer& global, std::size_t local_len);
   virtual void do_broadcast(Buffer& buf, std::size_t len, std::size_t src_rank);

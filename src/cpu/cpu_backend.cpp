@@ -276,7 +276,6 @@ bool CpuBackend::supports(Op op) const noexcept {
     case Op::LoadGptq:
     case Op::GemmGptq:
     case Op::GemmQuant:
-    case Op::SiluMulGemmGptq:
       return true;
     case Op::MlaAttention:
     case Op::GraphCapture:

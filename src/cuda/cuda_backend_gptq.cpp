@@ -233,7 +233,7 @@ kernels::GptqKernelKind forced_kernel_kind(GptqKernel kernel) {
   }
 }
 
-// The backend's GPTQ switches, as the two ops below read them.
+// The backend's GPTQ switches, as gemm_gptq reads them.
 struct GptqSwitches {
   GptqKernel kernel;
   int stream_ring;
@@ -247,9 +247,7 @@ GptqSwitches switches_of(const CudaBackend& be, int num_sms) {
 }
 
 // Whether an m-row gemm_gptq on `weight` runs the INT4 kernels (else
-// dequantize + cuBLAS): one rule for gemm_gptq and silu_mul_gemm_gptq, so
-// that the fused form runs exactly where the two ops would. wgmma_applies:
-// the wgmma kernel can run this weight.
+// dequantize + cuBLAS). wgmma_applies: the wgmma kernel can run this weight.
 bool int4_kernels_run(const CudaGptqWeight& weight, const kernels::GptqDeviceWeight& view, std::size_t m,
                       const GptqSwitches& sw, bool& wgmma_applies) {
   // Every launch runs the wgmma kernel under Wgmma, and under Auto those
@@ -368,42 +366,6 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
                               static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "gemm_gptq", "cublasGemmEx");
   }
-}
-
-// SiLU·mul in the streaming kernel's staging where the unfused pair would
-// run that kernel with its bulk source at m <= 4 (kernels::
-// gptq_silu_mul_input_applies) and gptq_fuse_silu_mul asks for it; the
-// base class's fused_silu_mul_split + gemm_gptq everywhere else. The plan
-// (splits, ring, cluster reduce) is the one gemm_gptq takes, so the bits
-// are the same.
-void CudaBackend::do_silu_mul_gemm_gptq(const Buffer& gate_up, const QuantWeight& w, Buffer& act, Buffer& out,
-                                        std::size_t m) {
-  // The same refusals whether or not the launch fuses (the two ops would
-  // name gemm_gptq's 'a' for act).
-  if (const std::string misaligned = detail::misaligned_16({{"gate_up", &gate_up}, {"act", &act}, {"out", &out}});
-      !misaligned.empty()) {
-    abandon_capture();
-    detail::fail(ErrorCode::Misaligned, "silu_mul_gemm_gptq: {}", misaligned);
-  }
-  const auto* weight = dynamic_cast<const CudaGptqWeight*>(&w);
-  if (gptq_fuse_silu_mul_ && weight != nullptr && !weight->act_order() &&
-      m <= static_cast<std::size_t>(kernels::kGptqSiluMulInputMaxM)) {
-    detail::activate_device(device_);  // the plan's queries ask the current device
-    const DType dtype = gate_up.dtype();
-    const kernels::GptqDeviceWeight view = weight->view(dtype);
-    const GptqSwitches sw = switches_of(*this, rt_->num_sms);
-    bool wgmma_applies = false;
-    if (int4_kernels_run(*weight, view, m, sw, wgmma_applies)) {
-      kernels::GptqGemmArgs args =
-          int4_args(dtype, view, weight->workspace(), ptr(gate_up), ptr(out), static_cast<int>(m), sw, wgmma_applies);
-      if (kernels::gptq_silu_mul_input_applies(args)) {
-        args.silu_mul_input = true;
-        kernels::launch_gptq_gemm(args, rt_->stream);
-        return;
-      }
-    }
-  }
-  Backend::do_silu_mul_gemm_gptq(gate_up, w, act, out, m);
 }
 
 }  // namespace ferrum

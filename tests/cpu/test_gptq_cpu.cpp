@@ -114,37 +114,6 @@ TEST(CpuGptq, GemmIsExactOnIntegerActivations) {
   }
 }
 
-// silu_mul_gemm_gptq is fused_silu_mul_split into act, then gemm_gptq: the
-// same out and act, bit for bit, over m = 1 .. 5 and every layout of
-// cases()' first weights; gate_up of both signs (SiLU's whole range).
-TEST(CpuGptq, SiluMulGemmIsTheTwoOps) {
-  std::mt19937 rng(11);
-  CpuBackend cpu;
-  for (const GptqGemmCase& c : {GptqGemmCase{1, 256, 72, 32, false, GptqZeroFormat::V1},
-                                GptqGemmCase{1, 256, 72, 128, true, GptqZeroFormat::V2},
-                                GptqGemmCase{1, 384, 24, -1, false, GptqZeroFormat::V1}}) {
-    const std::unique_ptr<QuantWeight> w = cpu.load_gptq(detail::pack_gptq(random_weight(c, rng), c.format).host_tensors());
-    for (std::size_t m = 1; m <= 5; ++m) {
-      std::uniform_real_distribution<float> value(-6.0f, 6.0f);
-      std::vector<float> gate_up(m * 2 * c.k);
-      for (auto& v : gate_up) v = value(rng);
-      for (DType dt : {DType::F16, DType::BF16}) {
-        SCOPED_TRACE(::testing::Message() << "k " << c.k << " group " << c.group_size << " m " << m << " "
-                                          << to_string(dt));
-        const Buffer gu = cpu.upload(gate_up, dt);
-        Buffer act_ref = cpu.alloc(dt, m * c.k), out_ref = cpu.alloc(dt, m * c.n);
-        cpu.fused_silu_mul_split(gu, act_ref, m, c.k);
-        cpu.gemm_gptq(act_ref, *w, out_ref, m);
-        Buffer act = cpu.upload(std::vector<float>(m * c.k, NAN), dt);
-        Buffer out = cpu.upload(std::vector<float>(m * c.n, NAN), dt);
-        cpu.silu_mul_gemm_gptq(gu, *w, act, out, m);
-        EXPECT_EQ(cpu.download(out), cpu.download(out_ref));
-        EXPECT_EQ(cpu.download(act), cpu.download(act_ref));
-      }
-    }
-  }
-}
-
 TEST(CpuGptq, WeightFromAnotherBackendIsRefused) {
   CpuBackend a, b;
   std::mt19937 rng(7);

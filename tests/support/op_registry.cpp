@@ -226,11 +226,6 @@ std::vector<OpSpec> build_specs() {
                }});
   s.push_back({Op::GemmGptq, "gemm_gptq", {act("a", kM * kK), act("out", kM * kN)}, {{"m", kM}},
                [](Backend& be, OpArgs& a) { be.gemm_gptq(a.buf("a"), *a.weight, a.buf("out"), a.size("m")); }});
-  s.push_back({Op::SiluMulGemmGptq, "silu_mul_gemm_gptq",
-               {act("gate_up", kM * 2 * kK), act("act", kM * kK), act("out", kM * kN)}, {{"m", kM}},
-               [](Backend& be, OpArgs& a) {
-                 be.silu_mul_gemm_gptq(a.buf("gate_up"), *a.weight, a.buf("act"), a.buf("out"), a.size("m"));
-               }});
   s.push_back({Op::GemmQuant, "gemm_quant", {act("a", kM * kK), act("out", kM * kN)}, {{"m", kM}},
                [](Backend& be, OpArgs& a) { be.gemm_quant(a.buf("a"), *a.weight, a.buf("out"), a.size("m")); }});
   // Collectives take f32 as well: use it, so the activation-only ops are not the only dtype path.
@@ -298,7 +293,7 @@ OpArgs make_args(Backend& backend, const OpSpec& spec) {
     const std::int32_t positions[] = {0, static_cast<std::int32_t>(a.size("cfg.capacity")) - 1};
     backend.write_bytes(a.buf("positions"), positions, sizeof(positions));
   }
-  if (spec.op == Op::GemmGptq || spec.op == Op::GemmQuant || spec.op == Op::SiluMulGemmGptq) {
+  if (spec.op == Op::GemmGptq || spec.op == Op::GemmQuant) {
     // A real weight where the backend can load one, so valid calls run.
     if (backend.supports(Op::LoadGptq)) {
       a.weight = backend.load_gptq(ValidGptq(kK, kN).tensors);
