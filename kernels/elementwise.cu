@@ -216,13 +216,14 @@ void launch_silu_mul_split(DType dtype, const void* gate_up, void* out, long lon
   });
 }
 
-void launch_silu_mul_pairs(DType dtype, const void* gate_up, void* out, long long n, cudaStream_t stream) {
-  dispatch_half_dtype(dtype, "gemm_silu_mul", [&](auto tag) {
+void launch_silu_mul_pairs(const char* op, DType dtype, const void* gate_up, void* out, long long n,
+                           cudaStream_t stream) {
+  dispatch_half_dtype(dtype, op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int kWide = kVec16<T> / 2;  // outputs per 16-byte input vector
     const bool wide =
         n % kWide == 0 && aligned16(gate_up) && (reinterpret_cast<std::uintptr_t>(out) % (sizeof(T) * kWide)) == 0;
-    launch_silu_mul<T, GateUp::Pairs, kWide>("gemm_silu_mul", wide, gate_up, out, 1, n, stream);
+    launch_silu_mul<T, GateUp::Pairs, kWide>(op, wide, gate_up, out, 1, n, stream);
   });
 }
 

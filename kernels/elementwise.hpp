@@ -21,8 +21,9 @@ void launch_add_bias(DType dtype, void* data /*[rows, cols]*/, const void* bias 
 void launch_silu_mul_split(DType dtype, const void* gate_up /*[tokens, 2*im]*/, void* out /*[tokens, im]*/,
                            long long tokens, long long im, cudaStream_t stream);
 // out[i] = silu(gate_up[2 i]) * gate_up[2 i + 1]: gate and up interleaved in
-// pairs (Backend::gemm_silu_mul's unfused path, n = tokens * im outputs).
-void launch_silu_mul_pairs(DType dtype, const void* gate_up /*[n, 2] (gate, up)*/, void* out /*[n]*/, long long n,
+// pairs (the unfused path of Backend::gemm_silu_mul and gemm_silu_mul_gptq,
+// n = tokens * im outputs); op names the calling op in errors.
+void launch_silu_mul_pairs(const char* op, DType dtype, const void* gate_up /*[n, 2] (gate, up)*/, void* out /*[n]*/, long long n,
                            cudaStream_t stream);
 
 }  // namespace ferrum::kernels

@@ -45,6 +45,7 @@
 #include <mutex>
 #include <type_traits>
 
+#include "kernels/common/activation.cuh"
 #include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
@@ -639,10 +640,13 @@ __device__ __forceinline__ void cluster_reduce_store(const float (&acc)[NT * 16]
 }
 
 
-template <class T, int NT, bool kZeros, StreamSource kSource>
+// kSiluOut (launch_gptq_gemm_silu_mul; bulk source, NT = 1, one split): the
+// output columns are (gate, up) pairs and p.out is act [m, n / 2].
+template <class T, int NT, bool kZeros, StreamSource kSource, bool kSiluOut = false>
 __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, kSource != StreamSource::Registers>)
     gptq_stream_kernel(const StreamParams p) {
   constexpr bool kBulk = kSource != StreamSource::Registers;
+  static_assert(!kSiluOut || (kBulk && NT == 1), "silu·mul epilogue: the bulk source with one row tile");
   using M = Int4Math<T>;
   constexpr int kAcc = NT * 4 * 4;  // [nt][j][4] f32
   // The bulk source's rings (dynamic shared memory; none for the register
@@ -989,6 +993,19 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int f = f0 + (e >= 2 ? 8 : 0), r = r0 + (e & 1);
+          if constexpr (kSiluOut) {
+            // Feature f is gate_q for even gid (f = 2q within the block), and
+            // its up_q, feature f + 1, sits in lane + 4 (gid + 1): every lane
+            // shuffles, the even-gid lanes store. Each value rounded to T
+            // first, as the unfused GEMM stores gate_up.
+            const float up = __shfl_down_sync(0xffffffffu, d[e], 4);
+            const int col = nb * kGptqTileN + f;
+            if (r < p.m && (gid & 1) == 0 && col < p.n) {
+              out[static_cast<std::size_t>(r) * (p.n / 2) + col / 2] =
+                  from_float<T>(silu_mul(to_float(from_float<T>(d[e])), to_float(from_float<T>(up))));
+            }
+            continue;
+          }
           if (r >= p.m) continue;
           if (p.splits == 1) {
             if (nb * kGptqTileN + f < p.n) out[static_cast<std::size_t>(r) * p.n + nb * kGptqTileN + f] = from_float<T>(d[e]);
@@ -1006,9 +1023,9 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
                                               nb * kGptqTileN, p.n, out);
 }
 
-template <class T, int NT, bool kZeros, StreamSource kSource>
+template <class T, int NT, bool kZeros, StreamSource kSource, bool kSiluOut = false>
 auto stream_kernel_ptr() {
-  return &gptq_stream_kernel<T, NT, kZeros, kSource>;
+  return &gptq_stream_kernel<T, NT, kZeros, kSource, kSiluOut>;
 }
 
 // Dynamic shared memory of the bulk source: `ring` slots per warp.
@@ -1021,14 +1038,14 @@ constexpr int stream_ring_bytes(int nt, int ring) { return kStreamWarps * ring *
 // failing: the same bits. Asked once per instance, cluster size and ring,
 // on the device current at the first call (as stream_occupancy); a failed
 // query throws and is asked again next time.
-template <class T, int NT, bool kZeros, StreamSource kSource>
+template <class T, int NT, bool kZeros, StreamSource kSource, bool kSiluOut = false>
 bool stream_cluster_fits(int splits, int ring, std::size_t smem) {
   static std::atomic<unsigned char> known[kGptqClusterMaxSplits + 1][kGptqStreamMaxRing + 1];  // 0 unknown, 1 no, 2 yes
-  return cluster_fits_once(known[splits][ring], "gemm_gptq", stream_kernel_ptr<T, NT, kZeros, kSource>(),
+  return cluster_fits_once(known[splits][ring], "gemm_gptq", stream_kernel_ptr<T, NT, kZeros, kSource, kSiluOut>(),
                            dim3(1, static_cast<unsigned>(splits), 1), dim3(kStreamThreads), smem);
 }
 
-template <class T, int NT, StreamSource kSource>
+template <class T, int NT, StreamSource kSource, bool kSiluOut = false>
 void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream_t stream) {
   constexpr bool kBulk = kSource != StreamSource::Registers;
   StreamParams p{};
@@ -1044,8 +1061,8 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   const std::size_t smem = kBulk ? static_cast<std::size_t>(stream_ring_bytes(NT, ring)) : 0;
   if constexpr (kBulk) {  // the shared-memory opt-in, once per device (cheap after the first call)
     const bool ok = args.w.zeros != nullptr
-                        ? prepare_kernel<&gptq_stream_kernel<T, NT, true, kSource>>(stream_ring_bytes(NT, kGptqStreamMaxRing))
-                        : prepare_kernel<&gptq_stream_kernel<T, NT, false, kSource>>(stream_ring_bytes(NT, kGptqStreamMaxRing));
+                        ? prepare_kernel<&gptq_stream_kernel<T, NT, true, kSource, kSiluOut>>(stream_ring_bytes(NT, kGptqStreamMaxRing))
+                        : prepare_kernel<&gptq_stream_kernel<T, NT, false, kSource, kSiluOut>>(stream_ring_bytes(NT, kGptqStreamMaxRing));
     if (!ok) {
       throw_bad_dispatch("gemm_gptq", "bulk rings' bytes (device opt-in shared memory)",
                          stream_ring_bytes(NT, kGptqStreamMaxRing));
@@ -1054,17 +1071,17 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   p.cluster_reduce =
       kBulk && gptq_cluster_reduces(args.cluster_reduce, splits, static_cast<long long>(grid.x) * splits, args.num_sms);
   if (p.cluster_reduce) {
-    p.cluster_reduce = args.w.zeros != nullptr ? stream_cluster_fits<T, NT, true, kSource>(splits, ring, smem)
-                                               : stream_cluster_fits<T, NT, false, kSource>(splits, ring, smem);
+    p.cluster_reduce = args.w.zeros != nullptr ? stream_cluster_fits<T, NT, true, kSource, kSiluOut>(splits, ring, smem)
+                                               : stream_cluster_fits<T, NT, false, kSource, kSiluOut>(splits, ring, smem);
   }
   p.weights_before_wait = kBulk && gemm_weights_before_wait();
   p.weights_evict_first = kBulk && gptq_weights_evict_first();
   const dim3 cluster(1, p.cluster_reduce ? static_cast<unsigned>(splits) : 1u, 1);
   if (args.w.zeros != nullptr) {
-    launch_pdl_clustered("gemm_gptq (stream)", cluster, stream_kernel_ptr<T, NT, true, kSource>(), grid,
+    launch_pdl_clustered("gemm_gptq (stream)", cluster, stream_kernel_ptr<T, NT, true, kSource, kSiluOut>(), grid,
                          dim3(kStreamThreads), smem, stream, p);
   } else {
-    launch_pdl_clustered("gemm_gptq (stream)", cluster, stream_kernel_ptr<T, NT, false, kSource>(), grid,
+    launch_pdl_clustered("gemm_gptq (stream)", cluster, stream_kernel_ptr<T, NT, false, kSource, kSiluOut>(), grid,
                          dim3(kStreamThreads), smem, stream, p);
   }
 }
@@ -1190,25 +1207,39 @@ GptqPlan stream_plan_for(int dtype_index, bool zeros, int nt, bool bulk, int rin
   return plan;
 }
 
+// How launch_stream runs args: row tiles, source, ring and splits.
+struct StreamLaunch {
+  int nt;
+  bool bulk;
+  int ring;  // 0 for the register source
+  int splits;
+};
+
+StreamLaunch stream_launch_for(const GptqGemmArgs& args) {
+  const int dtype_index = args.dtype == DType::BF16 ? 1 : 0;
+  StreamLaunch l{};
+  l.nt = stream_nt(args.m);
+  l.bulk = stream_uses_bulk(args.kernel, args.w.k, args.w.group_rows);
+  l.ring = l.bulk ? stream_ring_for(dtype_index, args.w.zeros != nullptr, l.nt, args.stream_ring) : 0;
+  const GptqPlan plan = stream_plan_for(dtype_index, args.w.zeros != nullptr, l.nt, l.bulk, l.ring, args.w.k_pad,
+                                        args.w.n_pad, args.num_sms);
+  l.splits = args.stream_splits > 0 ? std::min(args.stream_splits, args.w.k_pad / kGptqTileK) : plan.splits;
+  return l;
+}
+
 template <class T>
 void launch_stream(const GptqGemmArgs& args, cudaStream_t stream) {
-  const int dtype_index = std::is_same_v<T, __nv_bfloat16> ? 1 : 0;
-  const int nt = stream_nt(args.m);
-  const bool bulk = stream_uses_bulk(args.kernel, args.w.k, args.w.group_rows);
-  const int ring = bulk ? stream_ring_for(dtype_index, args.w.zeros != nullptr, nt, args.stream_ring) : 0;
-  const GptqPlan plan =
-      stream_plan_for(dtype_index, args.w.zeros != nullptr, nt, bulk, ring, args.w.k_pad, args.w.n_pad, args.num_sms);
-  const int splits = args.stream_splits > 0 ? std::min(args.stream_splits, args.w.k_pad / kGptqTileK) : plan.splits;
-  if (bulk) {
-    if (nt == 1) {
-      launch_stream_nt<T, 1, StreamSource::Bulk>(args, splits, ring, stream);
+  const StreamLaunch l = stream_launch_for(args);
+  if (l.bulk) {
+    if (l.nt == 1) {
+      launch_stream_nt<T, 1, StreamSource::Bulk>(args, l.splits, l.ring, stream);
     } else {
-      launch_stream_nt<T, 2, StreamSource::Bulk>(args, splits, ring, stream);
+      launch_stream_nt<T, 2, StreamSource::Bulk>(args, l.splits, l.ring, stream);
     }
-  } else if (nt == 1) {
-    launch_stream_nt<T, 1, StreamSource::Registers>(args, splits, 0, stream);
+  } else if (l.nt == 1) {
+    launch_stream_nt<T, 1, StreamSource::Registers>(args, l.splits, 0, stream);
   } else {
-    launch_stream_nt<T, 2, StreamSource::Registers>(args, splits, 0, stream);
+    launch_stream_nt<T, 2, StreamSource::Registers>(args, l.splits, 0, stream);
   }
 }
 
@@ -1385,6 +1416,18 @@ GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k, int k_pad, int 
   const int dtype_index = dtype == DType::BF16 ? 1 : 0;
   return stream_plan_for(dtype_index, zeros, stream_nt(m), bulk,
                          bulk ? stream_ring_for(dtype_index, zeros, stream_nt(m), ring) : 0, k_pad, n_pad, num_sms);
+}
+
+bool launch_gptq_gemm_silu_mul(const GptqGemmArgs& args, cudaStream_t stream) {
+  if (!stream_applies(args) || args.m > kGptqSiluMulMaxM || args.w.n % 2 != 0) return false;
+  const StreamLaunch l = stream_launch_for(args);
+  static_assert(kGptqSiluMulMaxM <= 8, "one row tile");
+  if (!l.bulk || l.splits != 1) return false;
+  dispatch_half_dtype(args.dtype, "gemm_silu_mul_gptq", [&](auto tag) {
+    launch_stream_nt<typename decltype(tag)::type, 1, StreamSource::Bulk, true>(args, 1, l.ring, stream);
+  });
+  check_launch("gemm_silu_mul_gptq (stream)");
+  return true;
 }
 
 void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream) {

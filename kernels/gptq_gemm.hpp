@@ -262,6 +262,16 @@ void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream);
 // nothing launched, where it does not apply (gptq_wgmma_applies); an m or
 // splits override outside its range throws.
 bool launch_gptq_wgmma(const GptqGemmArgs& args, cudaStream_t stream);
+// SwiGLU in the epilogue (Backend::gemm_silu_mul_gptq): w's output columns
+// are (gate_j, up_j) pairs (n = 2 * im), and args.out is act [m, n / 2]
+// (element-aligned): act[r, j] = silu(gate) · up of the pair as rounded to
+// the dtype, the bits of this GEMM into gate_up followed by
+// launch_silu_mul_pairs. Where the streaming kernel takes the launch with
+// its bulk source, one row tile (m <= kGptqSiluMulMaxM) and one split
+// (every output column written by one CTA, so each pair is in one warp's
+// registers); false, with nothing launched, elsewhere.
+inline constexpr int kGptqSiluMulMaxM = 8;
+bool launch_gptq_gemm_silu_mul(const GptqGemmArgs& args, cudaStream_t stream);
 
 // a_perm[i, j] = a[i, perm[j]] for i < m, j < k. a and a_perm: [m, k] row-major.
 void launch_gptq_gather(DType dtype, const void* a, const std::int32_t* perm /*[k]*/, void* a_perm, int m, int k,

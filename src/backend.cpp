@@ -51,6 +51,7 @@ std::string_view to_string(Op op) noexcept {
     case Op::GemmSiluMul: return "gemm_silu_mul";
     case Op::QkvRopeAppendRagged: return "qkv_rope_append_ragged";
     case Op::AdvanceDecodeState: return "advance_decode_state";
+    case Op::GemmSiluMulGptq: return "gemm_silu_mul_gptq";
   }
   return "unknown_op";
 }
@@ -854,16 +855,17 @@ std::unique_ptr<QuantWeight> Backend::do_load_gptq(const GptqHostTensors&) {
 namespace {
 
 // The checks gemm_gptq and gemm_quant share (each reports under its own name).
+// out_name: how the op names its [m, n] result ("out"; gemm_silu_mul_gptq's "gate_up").
 void check_quant_gemm(OpCheck& check, const Backend& self, const Buffer& a, const QuantWeight& w,
-                      const Buffer& out, std::size_t m) {
+                      const Buffer& out, std::size_t m, std::string_view out_name = "out") {
   check.size("m", m);
   if (w.backend() != &self) check.fail(ErrorCode::WrongBackend, "{}: argument 'w' belongs to another backend", check.op());
   check.buffer("a", a);
-  check.buffer("out", out);
+  check.buffer(out_name, out);
   check.activation("a", a);
-  check.same_dtype("out", out, "a", a);
+  check.same_dtype(out_name, out, "a", a);
   check.holds("a", a, check.product({m, w.k()}), "[m, k]");
-  check.holds("out", out, check.product({m, w.n()}), "[m, n]");
+  check.holds(out_name, out, check.product({m, w.n()}), "[m, n]");
 }
 
 }  // namespace
@@ -878,6 +880,25 @@ void Backend::gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std:
 void Backend::do_gemm_gptq(const Buffer&, const QuantWeight&, Buffer&, std::size_t) {
   OpCheck check(*this, "gemm_gptq");
   check.fail(ErrorCode::Unsupported, "gemm_gptq: not implemented on the {} backend yet", name());
+}
+
+void Backend::gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& gate_up, Buffer& act,
+                                 std::size_t m) {
+  OpCheck check(*this, "gemm_silu_mul_gptq");
+  check_quant_gemm(check, *this, a, w, gate_up, m, "gate_up");
+  if (w.kind() != QuantKind::Gptq) {
+    check.fail(ErrorCode::InvalidArgument, "gemm_silu_mul_gptq: argument 'w' is not a GPTQ weight");
+  }
+  // w.n() is even: load_gptq takes multiples of 8 only.
+  check.buffer("act", act);
+  check.same_dtype("act", act, "a", a);
+  check.holds("act", act, check.product({m, w.n() / 2}), "[m, im]");
+  do_gemm_silu_mul_gptq(a, w, gate_up, act, m);
+}
+
+void Backend::do_gemm_silu_mul_gptq(const Buffer&, const QuantWeight&, Buffer&, Buffer&, std::size_t) {
+  OpCheck check(*this, "gemm_silu_mul_gptq");
+  check.fail(ErrorCode::Unsupported, "gemm_silu_mul_gptq: not implemented on the {} backend yet", name());
 }
 
 void Backend::gemm_quant(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) {

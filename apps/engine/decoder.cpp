@@ -28,6 +28,7 @@ std::vector<Op> required_ops(DecodeMode mode, bool gptq, bool batch) {
   if (gptq) {
     ops.push_back(Op::LoadGptq);
     ops.push_back(Op::GemmGptq);
+    ops.push_back(Op::GemmSiluMulGptq);  // gate | up with identical g_idx
     ops.push_back(Op::CopySlice);  // prefill through an unfused gate | up
   }
   if (batch) {
@@ -418,8 +419,13 @@ void Decoder::enqueue_attention(std::size_t l, const Pass& pass) {
 void Decoder::enqueue_mlp(std::size_t l, std::size_t tokens) {
   const LayerWeights& lw = w_.layers[l];
   const std::size_t im = cfg_.intermediate_size;
-  if (lw.gate_up_proj.interleaved_pairs) {  // dense: SwiGLU in the GEMM (gate_up_ is its workspace)
-    be_.gemm_silu_mul(normed_, lw.gate_up_proj.parts[0].dense, gate_up_, act_, tokens, im, cfg_.hidden_size);
+  if (lw.gate_up_proj.interleaved_pairs) {  // SwiGLU in the GEMM (gate_up_ is its workspace)
+    const Projection& gate_up = lw.gate_up_proj.parts[0];
+    if (gate_up.quantized()) {
+      be_.gemm_silu_mul_gptq(normed_, *gate_up.gptq, gate_up_, act_, tokens);
+    } else {
+      be_.gemm_silu_mul(normed_, gate_up.dense, gate_up_, act_, tokens, im, cfg_.hidden_size);
+    }
     project(lw.down_proj, act_, mlp_out_, tokens);
     return;
   }

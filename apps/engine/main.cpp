@@ -3,7 +3,7 @@
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N] [--batch N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
 //                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]
-//                      [--gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce]
+//                      [--gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]
 //                      [--skinny-max-m N] [--gptq-fused-max-m N] [--pipeline]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
@@ -50,6 +50,9 @@
 //                    the INT4 kernels up to m = N rows, dequantize + cuBLAS
 //                    above (default: the library's measured rule by weight
 //                    size); the two paths round differently; an A/B switch
+//   --no-gptq-fuse-silu-mul  CudaBackendConfig::gptq_fuse_silu_mul = false
+//                    (the GPTQ gate|up GEMM stores gate_up and the pairs
+//                    kernel computes SiLU·mul; the same logits); an A/B switch
 //   --no-gptq-cluster-reduce  CudaBackendConfig::gptq_cluster_reduce = false
 //                    (the streaming and wgmma kernels' splits summed through
 //                    the workspace, not in a cluster; the same logits); an
@@ -109,6 +112,7 @@ struct Options {
   bool gptq_evict_first = true;  // CudaBackendConfig's default
   GptqKernel gptq_kernel = GptqKernel::Auto;
   bool gptq_cluster_reduce = true;
+  bool gptq_fuse_silu_mul = true;  // CudaBackendConfig's default
   int skinny_max_m = -1;  // CudaBackendConfig::gemm_skinny_max_m
   int gptq_fused_max_m = -1;  // CudaBackendConfig::gptq_fused_max_m
   bool graph = false;
@@ -162,7 +166,7 @@ void usage(std::FILE* out) {
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3[;4,5]\"] [--steps N] [--batch N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
                "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]\n"
-               "                     [--gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce]\n"
+               "                     [--gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]\n"
                "                     [--skinny-max-m N] [--gptq-fused-max-m N] [--pipeline]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
@@ -249,6 +253,8 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.gptq_evict_first = false;
     } else if (arg == "--no-gptq-cluster-reduce") {
       opt.gptq_cluster_reduce = false;
+    } else if (arg == "--no-gptq-fuse-silu-mul") {
+      opt.gptq_fuse_silu_mul = false;
     } else if (arg == "--gptq-kernel") {
       const std::string kernel = value();
       if (kernel == "auto") {
@@ -339,6 +345,7 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       config.gptq_weights_evict_first = opt.gptq_evict_first;
       config.gptq_kernel = opt.gptq_kernel;
       config.gptq_cluster_reduce = opt.gptq_cluster_reduce;
+      config.gptq_fuse_silu_mul = opt.gptq_fuse_silu_mul;
       config.gptq_fused_max_m = opt.gptq_fused_max_m;
       config.gemm_skinny_max_m = opt.skinny_max_m;
       backend = std::make_unique<CudaBackend>(config);

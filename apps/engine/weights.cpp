@@ -36,6 +36,38 @@ std::vector<T> concat_columns(const std::vector<const std::vector<T>*>& parts, s
   return out;
 }
 
+// Two row-major [rows, cols] matrices with their columns interleaved:
+// [rows, 2 * cols], column 2j = a's column j, 2j + 1 = b's.
+template <class T>
+std::vector<T> interleave_columns(const std::vector<T>& a, const std::vector<T>& b, std::size_t rows) {
+  const std::size_t cols = rows == 0 ? 0 : a.size() / rows;
+  std::vector<T> out(2 * a.size());
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t j = 0; j < cols; ++j) {
+      out[r * 2 * cols + 2 * j] = a[r * cols + j];
+      out[r * 2 * cols + 2 * j + 1] = b[r * cols + j];
+    }
+  }
+  return out;
+}
+
+// The same for GPTQ's packed zeros: [rows, cols / 8] words, column c in bits
+// 4 (c % 8) .. 4 (c % 8) + 3 of word c / 8.
+std::vector<std::int32_t> interleave_packed_columns(const std::vector<std::int32_t>& a,
+                                                    const std::vector<std::int32_t>& b, std::size_t rows) {
+  const std::size_t words = rows == 0 ? 0 : a.size() / rows;  // per row, per part
+  std::vector<std::uint32_t> out(2 * a.size(), 0u);
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t c = 0; c < 2 * words * 8; ++c) {
+      const std::vector<std::int32_t>& part = (c & 1) != 0 ? b : a;
+      const std::size_t src = c / 2;
+      const std::uint32_t nibble = (static_cast<std::uint32_t>(part[r * words + src / 8]) >> (4 * (src % 8))) & 0xFu;
+      out[r * 2 * words + c / 8] |= nibble << (4 * (c % 8));
+    }
+  }
+  return {out.begin(), out.end()};
+}
+
 // Presence (InvalidArgument) and shape (ShapeMismatch) of one tensor.
 TensorMeta checked_meta(const TensorSource& source, const ExpectedTensor& expected) {
   if (!source.contains(expected.name)) {
@@ -221,8 +253,26 @@ class WeightLoader {
   }
 
   // gate | up: dense parts as one weight with their rows interleaved (gate_j,
-  // up_j), for gemm_silu_mul; anything else as fuse() joins it.
+  // up_j), for gemm_silu_mul; GPTQ parts with identical g_idx as one weight
+  // with their output columns interleaved, for gemm_silu_mul_gptq; anything
+  // else as fuse() joins it.
   FusedProjection fuse_gate_up(HostProjection gate, HostProjection up) const {
+    if (gate.quantized && up.quantized && gate.g_idx == up.g_idx) {
+      HostProjection joined;
+      joined.base = gate.base;
+      joined.n = 2 * gate.n;
+      joined.k = gate.k;
+      joined.quantized = true;
+      const std::size_t groups = config_.gptq->groups(joined.k);
+      joined.qweight = interleave_columns(gate.qweight, up.qweight, joined.k / 8);  // [k / 8, n]
+      joined.qzeros = interleave_packed_columns(gate.qzeros, up.qzeros, groups);
+      joined.scales = interleave_columns(gate.scales, up.scales, groups);
+      joined.g_idx = std::move(gate.g_idx);
+      FusedProjection fused;
+      fused.parts.push_back(upload_projection(joined));
+      fused.interleaved_pairs = true;
+      return fused;
+    }
     if (gate.quantized || up.quantized) return fuse({std::move(gate), std::move(up)});  // both [im, hidden]
     const std::size_t n = gate.n, k = gate.k;
     Projection joined;

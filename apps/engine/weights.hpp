@@ -44,12 +44,15 @@ struct Projection {
 //   gemm_gptq (the qzeros words never straddle parts: every n is a multiple of 8).
 // Otherwise (GPTQ parts with different g_idx, or a mix of dense and GPTQ
 // parts) one projection per part, in output order, each its own GEMM.
-// gate | up of dense checkpoints is the exception: one [2 * im, k] weight with
-// the rows interleaved (row 2j = gate_j, row 2j + 1 = up_j, interleaved_pairs),
-// the layout Backend::gemm_silu_mul takes, so SwiGLU runs in the GEMM.
+// gate | up is the exception (interleaved_pairs): dense, one [2 * im, k]
+// weight with the rows interleaved (row 2j = gate_j, row 2j + 1 = up_j), the
+// layout Backend::gemm_silu_mul takes; GPTQ with identical g_idx, one weight
+// of 2 * im output columns interleaved the same way (qweight, scales and the
+// qzeros nibbles), the layout Backend::gemm_silu_mul_gptq takes. SwiGLU then
+// runs in the GEMM.
 struct FusedProjection {
   std::vector<Projection> parts;
-  bool interleaved_pairs = false;  // one dense part, (gate, up) rows interleaved
+  bool interleaved_pairs = false;  // one part, (gate, up) output features interleaved
 
   bool fused() const noexcept { return parts.size() == 1; }
 };

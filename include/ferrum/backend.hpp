@@ -74,8 +74,9 @@ enum class Op {
   GemmSiluMul,
   QkvRopeAppendRagged,
   AdvanceDecodeState,
+  GemmSiluMulGptq,
 };
-inline constexpr int kNumOps = static_cast<int>(Op::AdvanceDecodeState) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::GemmSiluMulGptq) + 1;
 std::string_view to_string(Op op) noexcept;
 
 // GELU formula. Erf is torch's F.gelu default; Tanh is approximate='tanh'.
@@ -388,6 +389,19 @@ class Backend {
   // CudaBackend: a and out 16-byte aligned.
   void gemm_gptq(const Buffer& a /*[m, k]*/, const QuantWeight& w, Buffer& out /*[m, n]*/,
                  std::size_t m);
+  // gemm_silu_mul for a GPTQ gate|up weight: act[t, j] = silu(g) · u with
+  // g = gate_up[t, 2j], u = gate_up[t, 2j + 1] and gate_up = gemm_gptq(a, w)
+  // (w.n() = 2 * im, its output columns interleaving gate and up: column 2j
+  // = gate_j, 2j + 1 = up_j). The bits of gemm_gptq into gate_up followed
+  // by silu·mul of each pair (fp32 math, one rounding), and that is what a
+  // backend may run: gate_up is a workspace, its contents unspecified after
+  // the call. CudaBackend (CudaBackendConfig::gptq_fuse_silu_mul, on by
+  // default) fuses the two where the streaming GPTQ kernel takes the launch
+  // with its bulk source, m <= 8 and one split (llama-style decode shapes):
+  // silu·mul in its epilogue, gate_up neither written nor read. a and
+  // gate_up 16-byte aligned on CudaBackend. gate_up must not overlap a or act.
+  void gemm_silu_mul_gptq(const Buffer& a /*[m, k]*/, const QuantWeight& w /*[k, 2*im], (gate, up) columns*/,
+                          Buffer& gate_up /*[m, 2*im], workspace*/, Buffer& act /*[m, im]*/, std::size_t m);
   // Routes by w.kind(): Gptq -> gemm_gptq; other kinds are Unsupported.
   void gemm_quant(const Buffer& a /*[m, k]*/, const QuantWeight& w, Buffer& out /*[m, n]*/,
                   std::size_t m);
@@ -506,6 +520,8 @@ class Backend {
                                 const MlaConfig& cfg);
   virtual std::unique_ptr<QuantWeight> do_load_gptq(const GptqHostTensors& tensors);
   virtual void do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m);
+  virtual void do_gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& gate_up, Buffer& act,
+                                     std::size_t m);
   virtual void do_all_reduce(Buffer& buf, std::size_t len, ReduceOp op);
   virtual void do_all_gather(const Buffer& local, Buffer& global, std::size_t local_len);
   virtual void do_broadcast(Buffer& buf, std::size_t len, std::size_t src_rank);

@@ -157,6 +157,12 @@ struct CudaBackendConfig {
   // false: the workspace reduction everywhere (an A/B switch). Per backend
   // object.
   bool gptq_cluster_reduce = true;
+  // gemm_silu_mul_gptq computes silu·mul in the GPTQ streaming kernel's
+  // epilogue where that kernel takes the launch with its bulk source, m <= 8
+  // and one split (kernels::launch_gptq_gemm_silu_mul), instead of storing
+  // gate_up and running the pairs kernel after it. The same bits either way
+  // (an A/B switch). Per backend object.
+  bool gptq_fuse_silu_mul = true;
   // The largest m for which gemm_gptq runs the INT4 kernels on a fused-layout
   // weight (in launches of 64 rows); larger m dequantize the weight in column
   // chunks and call cuBLAS. -1: the library's rule, by the weight's size and
@@ -203,6 +209,8 @@ class CudaBackend final : public Backend {
   bool gptq_cluster_reduce() const noexcept { return gptq_cluster_reduce_; }
   // CudaBackendConfig::gptq_fused_max_m of this backend.
   int gptq_fused_max_m() const noexcept { return gptq_fused_max_m_; }
+  // CudaBackendConfig::gptq_fuse_silu_mul of this backend.
+  bool gptq_fuse_silu_mul() const noexcept { return gptq_fuse_silu_mul_; }
   // CudaBackendConfig::prefill_kernel of this backend.
   PrefillKernel prefill_kernel() const noexcept { return prefill_kernel_; }
 
@@ -271,6 +279,8 @@ class CudaBackend final : public Backend {
                               const Buffer& kv_lens, std::size_t batch, const AttnConfig& cfg) override;
   std::unique_ptr<QuantWeight> do_load_gptq(const GptqHostTensors& tensors) override;
   void do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) override;
+  void do_gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& gate_up, Buffer& act,
+                             std::size_t m) override;
   void do_all_reduce(Buffer& buf, std::size_t len, ReduceOp op) override;
   void do_all_gather(const Buffer& local, Buffer& global, std::size_t local_len) override;
   void do_broadcast(Buffer& buf, std::size_t len, std::size_t src_rank) override;
@@ -298,6 +308,7 @@ class CudaBackend final : public Backend {
   int gptq_stream_ring_ = 0;  // CudaBackendConfig::gptq_stream_ring, checked
   bool gptq_cluster_reduce_ = true;  // CudaBackendConfig::gptq_cluster_reduce
   int gptq_fused_max_m_ = -1;        // CudaBackendConfig::gptq_fused_max_m, checked
+  bool gptq_fuse_silu_mul_ = true;   // CudaBackendConfig::gptq_fuse_silu_mul
   // CudaBackendConfig::prefill_kernel, through checked_prefill_kernel
   // (src/cuda/cuda_backend_attention.cpp), which throws on a bad value.
   static PrefillKernel checked_prefill_kernel(PrefillKernel requested);

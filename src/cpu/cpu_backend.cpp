@@ -275,6 +275,7 @@ bool CpuBackend::supports(Op op) const noexcept {
     case Op::ReduceScatter:
     case Op::LoadGptq:
     case Op::GemmGptq:
+    case Op::GemmSiluMulGptq:
     case Op::GemmQuant:
       return true;
     case Op::MlaAttention:
@@ -615,6 +616,15 @@ void CpuBackend::do_gemm_gptq(const Buffer& a /*[m, k]*/, const QuantWeight& w, 
              std::memcpy(dst, w_t + j_begin * k, rows * k * sizeof(float));
            },
            out);
+}
+
+// gemm_gptq into the workspace (one rounding per output), then silu·mul of
+// each rounded (gate, up) column pair, as do_gemm_silu_mul.
+void CpuBackend::do_gemm_silu_mul_gptq(const Buffer& a /*[m, k]*/, const QuantWeight& w,
+                                       Buffer& gate_up /*[m, 2*im] workspace*/, Buffer& act /*[m, im]*/,
+                                       std::size_t m) {
+  do_gemm_gptq(a, w, gate_up, m);
+  silu_mul_rows(gate_up, act, m, w.n() / 2, /*interleaved=*/true);
 }
 
 // ── Embedding and reshaping ──────────────────────────────────────────────────

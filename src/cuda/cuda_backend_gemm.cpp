@@ -53,7 +53,7 @@ void CudaBackend::do_gemm_silu_mul(const Buffer& a, const Buffer& w, Buffer& gat
     return;
   }
   do_gemm(a, w, gate_up, m, 2 * im, k);
-  kernels::launch_silu_mul_pairs(a.dtype(), ptr(gate_up), ptr(act), mm * ii, rt_->stream);
+  kernels::launch_silu_mul_pairs("gemm_silu_mul", a.dtype(), ptr(gate_up), ptr(act), mm * ii, rt_->stream);
 }
 
 }  // namespace ferrum

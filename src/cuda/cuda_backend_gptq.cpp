@@ -46,6 +46,7 @@
 #include "common/fail.hpp"
 #include "cuda/buffer_ptr.hpp"
 #include "cuda/cuda_runtime.hpp"
+#include "kernels/elementwise.hpp"
 #include "kernels/gptq_gemm.hpp"
 #include "quant/gptq_repack.hpp"
 
@@ -366,6 +367,40 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
                               static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "gemm_gptq", "cublasGemmEx");
   }
+}
+
+// silu·mul in the streaming kernel's epilogue where it takes the launch
+// with one split (kernels::launch_gptq_gemm_silu_mul decides), else
+// gemm_gptq into the workspace and the pairs kernel: the same bits. The
+// refusals are the same whichever runs.
+void CudaBackend::do_gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& gate_up, Buffer& act,
+                                        std::size_t m) {
+  const auto* weight = dynamic_cast<const CudaGptqWeight*>(&w);
+  if (weight == nullptr) {
+    abandon_capture();
+    detail::fail(ErrorCode::InvalidArgument,
+                 "gemm_silu_mul_gptq: argument 'w' was not made by this backend's load_gptq");
+  }
+  if (const std::string misaligned = detail::misaligned_16({{"a", &a}, {"gate_up", &gate_up}}); !misaligned.empty()) {
+    abandon_capture();
+    detail::fail(ErrorCode::Misaligned, "gemm_silu_mul_gptq: {}", misaligned);
+  }
+  detail::activate_device(device_);  // the plan's queries ask the current device
+  const DType dtype = a.dtype();
+  if (gptq_fuse_silu_mul_ && !weight->act_order() && m <= static_cast<std::size_t>(kernels::kGptqSiluMulMaxM)) {
+    const kernels::GptqDeviceWeight view = weight->view(dtype);
+    const GptqSwitches sw = switches_of(*this, rt_->num_sms);
+    bool wgmma_applies = false;
+    if (int4_kernels_run(*weight, view, m, sw, wgmma_applies) &&
+        kernels::launch_gptq_gemm_silu_mul(
+            int4_args(dtype, view, weight->workspace(), ptr(a), ptr(act), static_cast<int>(m), sw, wgmma_applies),
+            rt_->stream)) {
+      return;
+    }
+  }
+  do_gemm_gptq(a, w, gate_up, m);
+  kernels::launch_silu_mul_pairs("gemm_silu_mul_gptq", dtype, ptr(gate_up), ptr(act),
+                                 static_cast<long long>(m * (w.n() / 2)), rt_->stream);
 }
 
 }  // namespace ferrum

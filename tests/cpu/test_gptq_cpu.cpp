@@ -114,6 +114,49 @@ TEST(CpuGptq, GemmIsExactOnIntegerActivations) {
   }
 }
 
+// gemm_silu_mul_gptq is gemm_gptq into gate_up, then silu·mul of each
+// (gate, up) column pair: act equals fused_silu_mul_split of the same
+// gate_up with its pairs split into [gate | up] halves (the same silu·mul of
+// the same rounded values), bit for bit; gate_up is gemm_gptq's. Over
+// m = 1 .. 5, groups of 32 / 128 / the whole k, v1 and v2 zeros.
+TEST(CpuGptq, GemmSiluMulIsGemmThenPairs) {
+  std::mt19937 rng(12);
+  CpuBackend cpu;
+  for (const GptqGemmCase& c : {GptqGemmCase{1, 256, 72, 32, false, GptqZeroFormat::V1},
+                                GptqGemmCase{1, 256, 72, 128, true, GptqZeroFormat::V2},
+                                GptqGemmCase{1, 384, 24, -1, false, GptqZeroFormat::V1}}) {
+    const std::unique_ptr<QuantWeight> w = cpu.load_gptq(detail::pack_gptq(random_weight(c, rng), c.format).host_tensors());
+    const std::size_t im = c.n / 2;
+    for (std::size_t m = 1; m <= 5; ++m) {
+      std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+      std::vector<float> a(m * c.k);
+      for (auto& v : a) v = value(rng);
+      for (DType dt : {DType::F16, DType::BF16}) {
+        SCOPED_TRACE(::testing::Message() << "k " << c.k << " group " << c.group_size << " m " << m << " "
+                                          << to_string(dt));
+        const Buffer a_buf = cpu.upload(a, dt);
+        Buffer gate_up_ref = cpu.alloc(dt, m * c.n);
+        cpu.gemm_gptq(a_buf, *w, gate_up_ref, m);
+        const std::vector<float> pairs = cpu.download(gate_up_ref);
+        std::vector<float> halves(m * c.n);
+        for (std::size_t t = 0; t < m; ++t) {
+          for (std::size_t j = 0; j < im; ++j) {
+            halves[t * c.n + j] = pairs[t * c.n + 2 * j];
+            halves[t * c.n + im + j] = pairs[t * c.n + 2 * j + 1];
+          }
+        }
+        Buffer act_ref = cpu.alloc(dt, m * im);
+        cpu.fused_silu_mul_split(cpu.upload(halves, dt), act_ref, m, im);
+        Buffer gate_up = cpu.upload(std::vector<float>(m * c.n, NAN), dt);
+        Buffer act = cpu.upload(std::vector<float>(m * im, NAN), dt);
+        cpu.gemm_silu_mul_gptq(a_buf, *w, gate_up, act, m);
+        EXPECT_EQ(cpu.download(act), cpu.download(act_ref));
+        EXPECT_EQ(cpu.download(gate_up), pairs);
+      }
+    }
+  }
+}
+
 TEST(CpuGptq, WeightFromAnotherBackendIsRefused) {
   CpuBackend a, b;
   std::mt19937 rng(7);

@@ -150,9 +150,10 @@ void expect_gpu_backend_when_present(const std::string& output) {
 // default run's, eager and graph: PDL on and off, the early trigger off, the
 // L2 prefetch, the pre-wait weight loads (gemm_weights_before_wait) and the
 // GPTQ weights' L2 policy off (gptq_weights_evict_first), which no other test can turn on
-// (the first backend on a device fixes them), and the GPTQ cluster reduce
-// turned off (per backend; here only the flag's path, CudaGptqStreamBulk tests
-// the kernel). GPU
+// (the first backend on a device fixes them), the GPTQ cluster reduce
+// turned off and SiLU·mul outside the GPTQ gate|up GEMM's epilogue
+// (gptq_fuse_silu_mul off; per backend; here only the flags' paths,
+// CudaGptqStream and CudaGptqSiluMul test the kernels). GPU
 // only: the flags configure CudaBackend, so on CpuBackend the runs could not
 // differ.
 void expect_launch_switches_keep_logits(const std::filesystem::path& dir, const std::filesystem::path& model) {
@@ -164,7 +165,7 @@ void expect_launch_switches_keep_logits(const std::filesystem::path& dir, const 
     expect_gpu_backend_when_present(read_text(log));
     for (const char* switches : {"--no-pdl", "--no-pdl-trigger", "--gemm-early-weights",
                                  "--no-pdl-trigger --gemm-early-weights --gemm-prefetch", "--no-gptq-cluster-reduce",
-                                 "--no-gptq-evict-first --gemm-early-weights"}) {
+                                 "--no-gptq-evict-first --gemm-early-weights", "--no-gptq-fuse-silu-mul"}) {
       SCOPED_TRACE(switches);
       std::filesystem::remove(dir / "b.bin");
       ASSERT_EQ(run_engine(base + " " + switches + " --dump-logits \"" + (dir / "b.bin").string() + "\"", log), 0)

@@ -273,6 +273,7 @@ TEST_P(GptqRandomTest, FusedGptqProjectionsDecodeLikeDequantizedReference) {
     ASSERT_TRUE(l.qkv_proj.fused());  // no act-order: q | k | v concatenated along n
     expect_projection(l.qkv_proj.parts[0], c.qkv_dim(), c.hidden_size, true);
     ASSERT_TRUE(l.gate_up_proj.fused());
+    EXPECT_TRUE(l.gate_up_proj.interleaved_pairs);  // gate and up columns interleaved: gemm_silu_mul_gptq
     expect_projection(l.gate_up_proj.parts[0], 2 * c.intermediate_size, c.hidden_size, true);
     expect_projection(l.o_proj, c.hidden_size, c.q_dim(), true);
     expect_projection(l.down_proj, c.hidden_size, c.intermediate_size, true);
@@ -289,9 +290,9 @@ TEST_P(GptqRandomTest, FusedGptqProjectionsDecodeLikeDequantizedReference) {
 INSTANTIATE_TEST_SUITE_P(Presets, GptqRandomTest, ::testing::Values("tiny-llama", "tiny-qwen3"));
 
 TEST(GptqRandom, DecoderNeedsTheGptqOps) {
-  EXPECT_EQ(required_ops(DecodeMode::Eager, false).size() + 3, required_ops(DecodeMode::Eager, true).size());
+  EXPECT_EQ(required_ops(DecodeMode::Eager, false).size() + 4, required_ops(DecodeMode::Eager, true).size());
   const std::vector<Op> ops = required_ops(DecodeMode::Graph, true);
-  for (Op op : {Op::LoadGptq, Op::GemmGptq, Op::CopySlice, Op::GraphCapture}) {
+  for (Op op : {Op::LoadGptq, Op::GemmGptq, Op::GemmSiluMulGptq, Op::CopySlice, Op::GraphCapture}) {
     EXPECT_NE(std::find(ops.begin(), ops.end(), op), ops.end()) << to_string(op);
   }
   CpuBackend be;
@@ -345,7 +346,12 @@ TEST_P(GptqCheckpointTest, DecodesLikeDequantizedReference) {
       expect_projection(l.gate_up_proj.parts[0], c.intermediate_size, c.hidden_size, true);
       expect_projection(l.gate_up_proj.parts[1], c.intermediate_size, c.hidden_size, true);
     } else {
+      // One g_idx: gate and up columns interleaved for gemm_silu_mul_gptq
+      // (asymmetric cases: the qzeros nibbles moved too, or the decode below
+      // leaves the reference).
       ASSERT_TRUE(l.gate_up_proj.fused());
+      EXPECT_TRUE(l.gate_up_proj.interleaved_pairs);
+      expect_projection(l.gate_up_proj.parts[0], 2 * c.intermediate_size, c.hidden_size, true);
     }
   }
   const DequantizedSource dequantized(config, files);

@@ -156,7 +156,7 @@ class CudaGemmSiluMul : public CudaGemmSkinny {
     be.gemm_silu_mul(a.view(), w.view(), workspace.view(), act.view(), c.m, c.im, c.k);
     GuardedOutput gate_up(be, dt(), c.m * 2 * c.im, lead), act_by_steps(be, dt(), c.m * c.im, act_lead);
     be.gemm(a.view(), w.view(), gate_up.view(), c.m, 2 * c.im, c.k);
-    kernels::launch_silu_mul_pairs(dt(), gate_up.view().data(), act_by_steps.view().data(),
+    kernels::launch_silu_mul_pairs("gemm_silu_mul", dt(), gate_up.view().data(), act_by_steps.view().data(),
                                    static_cast<long long>(c.m * c.im), be.stream());
     be.synchronize();
     for (GuardedOutput* out : {&workspace, &act, &gate_up, &act_by_steps}) EXPECT_TRUE(out->check_guard());

@@ -482,6 +482,111 @@ TEST_F(CudaGptq, BadInput) {
   });
 }
 
+// gemm_silu_mul_gptq: CudaBackend (gptq_fuse_silu_mul, on by default) runs
+// silu·mul in the streaming kernel's epilogue where that kernel takes the
+// launch with its bulk source, m <= 8 and one split, and gemm_gptq + the
+// pairs kernel elsewhere; a backend with the switch off always runs the
+// latter. act must be the same bits either way, and the fusing backend's
+// gate_up keeps its poison exactly where the plan says the epilogue ran (the
+// proof that it ran). Weights with and without zeros, groups of 128 / 32 /
+// 64, k with a short last chunk (416), n not a multiple of 64 (400: the
+// pairs past n), a 28672-column weight (llama3-8b's gate|up width, one split
+// at k = 2048), an act-order weight and a k = 8192 weight of several splits
+// (both never fused); m = 1 .. 16 (9 and 16: two row tiles, never fused).
+class CudaGptqSiluMul : public CudaGptq {
+ protected:
+  void SetUp() override {
+    CudaGptq::SetUp();
+    if (IsSkipped()) return;
+    CudaBackendConfig config;
+    config.gptq_fuse_silu_mul = false;
+    unfused_ = std::make_unique<CudaBackend>(config);
+  }
+  static int num_sms() {
+    int sms = 0;
+    EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+    return sms;
+  }
+  // Whether the fusing backend's launch takes the epilogue (the rule
+  // kernels::launch_gptq_gemm_silu_mul applies to Auto's streaming launch).
+  static bool epilogue_runs(const WeightCase& c, std::size_t m, DType dt) {
+    const int k_pad = static_cast<int>((c.k + 127) / 128 * 128), n_pad = static_cast<int>((c.n + 63) / 64 * 64);
+    const int group_rows = c.group_size > 0 ? c.group_size : k_pad;
+    return m <= static_cast<std::size_t>(kernels::kGptqSiluMulMaxM) && !c.act_order &&
+           kernels::gptq_bulk_source_applies(group_rows) &&
+           kernels::gptq_stream_plan(dt, !c.symmetric, static_cast<int>(m), static_cast<int>(c.k), k_pad, n_pad,
+                                     group_rows, num_sms(), kernels::GptqKernelKind::StreamBulk, 0)
+                   .splits == 1;
+  }
+  std::unique_ptr<CudaBackend> unfused_;
+};
+
+TEST_F(CudaGptqSiluMul, EpilogueEqualsGemmThenPairs) {
+  FERRUM_SEEDED_RNG(rng);
+  EXPECT_TRUE(CudaBackendConfig{}.gptq_fuse_silu_mul) << "on by default";
+  EXPECT_TRUE(static_cast<CudaBackend&>(cuda()).gptq_fuse_silu_mul());
+  EXPECT_FALSE(unfused_->gptq_fuse_silu_mul());
+  const WeightCase cases[] = {{1024, 400, 128, false, false, GptqZeroFormat::V1, false},
+                              {416, 256, 32, true, false, GptqZeroFormat::V2, false},
+                              {2048, 28672, 128, false, false, GptqZeroFormat::V1, false},
+                              {1024, 192, 64, false, true, GptqZeroFormat::V1, false},
+                              {8192, 512, 128, true, false, GptqZeroFormat::V1, false}};
+  constexpr float kPoison = 1232.0f;  // 77 x 16: exact in f16 and bf16
+  int fused_runs = 0;
+  for (const WeightCase& c : cases) {
+    SCOPED_TRACE(describe(c));
+    const Checkpoint ck = make_checkpoint(c, rng);
+    const std::unique_ptr<QuantWeight> w_fusing = cuda().load_gptq(ck.tensors());
+    const std::unique_ptr<QuantWeight> w_unfused = unfused_->load_gptq(ck.tensors());
+    const std::size_t im = c.n / 2;
+    for (std::size_t m : {1, 2, 5, 8, 9, 16}) {
+      const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
+      for (DType dt : kHalfDTypes) {
+        SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
+        Buffer a_ref = unfused_->upload(a, dt);
+        Buffer gate_up_ref = unfused_->upload(std::vector<float>(m * c.n, kPoison), dt);
+        Buffer act_ref = unfused_->upload(std::vector<float>(m * im, NAN), dt);
+        unfused_->gemm_silu_mul_gptq(a_ref, *w_unfused, gate_up_ref, act_ref, m);
+        const std::vector<float> want_act = unfused_->download(act_ref);
+        const std::vector<float> want_gate_up = unfused_->download(gate_up_ref);
+        // The unfused path is gemm_gptq into gate_up: the same bits.
+        Buffer out_gemm = unfused_->upload(std::vector<float>(m * c.n, NAN), dt);
+        unfused_->gemm_gptq(a_ref, *w_unfused, out_gemm, m);
+        EXPECT_TRUE(same_floats(want_gate_up, unfused_->download(out_gemm))) << "switch off: gate_up is gemm_gptq's";
+
+        Buffer a_dev = cuda().upload(a, dt);
+        Buffer gate_up = cuda().upload(std::vector<float>(m * c.n, kPoison), dt);
+        Buffer act = cuda().upload(std::vector<float>(m * im, NAN), dt);
+        cuda().gemm_silu_mul_gptq(a_dev, *w_fusing, gate_up, act, m);
+        EXPECT_TRUE(same_floats(cuda().download(act), want_act)) << "act";
+        const bool fused = epilogue_runs(c, m, dt);
+        fused_runs += fused ? 1 : 0;
+        EXPECT_TRUE(same_floats(cuda().download(gate_up), fused ? std::vector<float>(m * c.n, kPoison) : want_gate_up))
+            << (fused ? "the epilogue must not write gate_up" : "the unfused path writes gate_up");
+      }
+    }
+  }
+  // The premise: the epilogue ran (3 weights x m = 1, 2, 5, 8 x 2 dtypes).
+  EXPECT_EQ(fused_runs, 24);
+  // Misaligned a / gate_up are refused under the op's name on both backends
+  // (act needs no alignment).
+  const Checkpoint ck = make_checkpoint(cases[0], rng);
+  const std::size_t k = cases[0].k, n = cases[0].n;
+  for (Backend* be : {&cuda(), static_cast<Backend*>(unfused_.get())}) {
+    const std::unique_ptr<QuantWeight> w = be->load_gptq(ck.tensors());
+    Buffer a = be->alloc(DType::F16, k + 8), gate_up = be->alloc(DType::F16, n + 8), act = be->alloc(DType::F16, n / 2 + 8);
+    Buffer a_off = a.view(1, k), gate_up_off = gate_up.view(1, n), act_off = act.view(1, n / 2);
+    expect_error(ErrorCode::Misaligned, "gemm_silu_mul_gptq", [&] { be->gemm_silu_mul_gptq(a_off, *w, gate_up, act, 1); },
+                 "'a'");
+    expect_error(ErrorCode::Misaligned, "gemm_silu_mul_gptq",
+                 [&] { be->gemm_silu_mul_gptq(a, *w, gate_up_off, act, 1); }, "'gate_up'");
+    EXPECT_NO_THROW({
+      be->gemm_silu_mul_gptq(a, *w, gate_up, act_off, 1);
+      be->synchronize();
+    });
+  }
+}
+
 // ── The streaming kernel (opt-in) ────────────────────────────────────────────
 
 class CudaGptqStream : public CudaGptq {
