@@ -47,7 +47,9 @@
 //   CudaBackendConfig): the skinny SIMT GEMM (m <= 2) loads its first round
 //   of weights into registers, and the GPTQ streaming kernel's bulk source
 //   requests its first ring fills' weights and scale rows, before their
-//   pdl_begin().
+//   pdl_begin(). Under it, the GPTQ gate|up GEMM with the SiLU·mul epilogue
+//   (gemm_silu_mul_gptq) also triggers right after its pdl_begin(), so the
+//   down projection after it starts its weight stream during it.
 //
 // The GPTQ streaming and wgmma kernels are launched with PDL too (see the
 // exceptions above). Kernels launched
