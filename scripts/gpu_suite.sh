@@ -258,7 +258,7 @@ if has_mode engine; then
     for dtype in ${ENGINE_DTYPES:-f16}; do
       run=0
       for mode in --graph --eager "--graph --pipeline" "--graph --no-pdl" "--graph --no-pdl-trigger" \
-                  "--graph --gemm-prefetch" "--graph --gemm-early-weights"; do
+                  "--graph --gemm-prefetch" "--graph --no-gemm-early-weights"; do
         echo "-- $dtype $mode"
         timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --dtype $dtype --steps 128 $mode \
           > /tmp/ferrum_engine_$run.log 2>&1

@@ -148,7 +148,8 @@ void expect_gpu_backend_when_present(const std::string& output) {
 
 // The decode-step launch switches change no bit: each run's logits equal the
 // default run's, eager and graph: PDL on and off, the early trigger off, the
-// L2 prefetch, the pre-wait weight loads (gemm_weights_before_wait) and the
+// L2 prefetch, the pre-wait weight loads off (gemm_weights_before_wait, the
+// engine's promise by default) and the
 // GPTQ weights' L2 policy off (gptq_weights_evict_first), which no other test can turn on
 // (the first backend on a device fixes them), the GPTQ cluster reduce
 // turned off and SiLU·mul outside the GPTQ gate|up GEMM's epilogue
@@ -163,9 +164,10 @@ void expect_launch_switches_keep_logits(const std::filesystem::path& dir, const 
     const std::string base = "--model \"" + model.string() + "\" --steps 4 " + mode;
     ASSERT_EQ(run_engine(base + " --dump-logits \"" + (dir / "a.bin").string() + "\"", log), 0) << read_text(log);
     expect_gpu_backend_when_present(read_text(log));
-    for (const char* switches : {"--no-pdl", "--no-pdl-trigger", "--gemm-early-weights",
-                                 "--no-pdl-trigger --gemm-early-weights --gemm-prefetch", "--no-gptq-cluster-reduce",
-                                 "--no-gptq-evict-first --gemm-early-weights", "--no-gptq-fuse-silu-mul"}) {
+    for (const char* switches : {"--no-pdl", "--no-pdl-trigger", "--no-gemm-early-weights",
+                                 "--no-pdl-trigger --gemm-prefetch", "--no-gptq-cluster-reduce",
+                                 "--no-gptq-evict-first --no-gemm-early-weights", "--no-gptq-fuse-silu-mul",
+                                 "--no-gptq-fuse-silu-mul --no-gemm-early-weights"}) {
       SCOPED_TRACE(switches);
       std::filesystem::remove(dir / "b.bin");
       ASSERT_EQ(run_engine(base + " " + switches + " --dump-logits \"" + (dir / "b.bin").string() + "\"", log), 0)
@@ -187,7 +189,7 @@ TEST(EngineCli, LaunchSwitchesGiveTheSameLogits) {
 // on the H200 the down projection (k = 2560: 20 chunks of 128 rows, n = 256)
 // runs the streaming kernel's bulk source with 2 splits summed in a cluster,
 // 10 chunks per CTA, so warps 0 and 1 take 3 chunks: both ring slots' first
-// fills (which --gemm-early-weights requests before the PDL wait) and a
+// fills (which the engine's default promise requests before the PDL wait) and a
 // refill after them.
 std::filesystem::path write_gptq_tiny_checkpoint(const std::filesystem::path& dir) {
   ModelConfig config = testing::gpu_tiny_llama_config();
