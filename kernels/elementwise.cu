@@ -90,7 +90,8 @@ void launch_flat_map(const char* name, const T* a, const T* b, T* out, long long
 
 // Where the gate and up of output e = t * im + j live: Split, row t of
 // [tokens, 2 im] is [gate | up] (fused_silu_mul_split); Pairs, gate and up
-// interleaved, [tokens * im, 2] (gemm_silu_mul's unfused path).
+// interleaved, [tokens * im, 2] (the unfused path of gemm_silu_mul and
+// gemm_silu_mul_gptq).
 enum class GateUp { Split, Pairs };
 
 // The gate and up of VW consecutive outputs starting at vector vi, held as

@@ -1055,6 +1055,8 @@ bool stream_cluster_fits(int splits, int ring, std::size_t smem) {
 template <class T, int NT, StreamSource kSource, bool kSiluOut = false>
 void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream_t stream) {
   constexpr bool kBulk = kSource != StreamSource::Registers;
+  constexpr const char* kOp = kSiluOut ? "gemm_silu_mul_gptq" : "gemm_gptq";  // as errors name it
+  constexpr const char* kLaunch = kSiluOut ? "gemm_silu_mul_gptq (stream)" : "gemm_gptq (stream)";
   StreamParams p{};
   static_cast<GemmOperands&>(p) = gemm_operands(args);
   p.partials = args.partials;
@@ -1071,7 +1073,7 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
                         ? prepare_kernel<&gptq_stream_kernel<T, NT, true, kSource, kSiluOut>>(stream_ring_bytes(NT, kGptqStreamMaxRing))
                         : prepare_kernel<&gptq_stream_kernel<T, NT, false, kSource, kSiluOut>>(stream_ring_bytes(NT, kGptqStreamMaxRing));
     if (!ok) {
-      throw_bad_dispatch("gemm_gptq", "bulk rings' bytes (device opt-in shared memory)",
+      throw_bad_dispatch(kOp, "bulk rings' bytes (device opt-in shared memory)",
                          stream_ring_bytes(NT, kGptqStreamMaxRing));
     }
   }
@@ -1085,10 +1087,12 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   p.weights_evict_first = kBulk && gptq_weights_evict_first();
   const dim3 cluster(1, p.cluster_reduce ? static_cast<unsigned>(splits) : 1u, 1);
   if (args.w.zeros != nullptr) {
-    launch_pdl_clustered("gemm_gptq (stream)", cluster, stream_kernel_ptr<T, NT, true, kSource, kSiluOut>(), grid,
+    launch_pdl_clustered(kLaunch, cluster,
+                         stream_kernel_ptr<T, NT, true, kSource, kSiluOut>(), grid,
                          dim3(kStreamThreads), smem, stream, p);
   } else {
-    launch_pdl_clustered("gemm_gptq (stream)", cluster, stream_kernel_ptr<T, NT, false, kSource, kSiluOut>(), grid,
+    launch_pdl_clustered(kLaunch, cluster,
+                         stream_kernel_ptr<T, NT, false, kSource, kSiluOut>(), grid,
                          dim3(kStreamThreads), smem, stream, p);
   }
 }

@@ -12,7 +12,9 @@
 //     attn = causal GQA attention over the cache -> token-major -> o_proj
 //     residual += attn; normed = rms_norm(residual, post_attention_norm[l])
 //     mlp = down(silu(gate) · up)  (dense: gemm_silu_mul over the interleaved
-//       gate|up weight, one launch at decode; GPTQ: gemm_gptq + fused_silu_mul_split)
+//       gate|up weight, one launch at decode; GPTQ with gate and up of one
+//       g_idx: gemm_silu_mul_gptq over the interleaved columns, one launch at
+//       decode; other GPTQ: gemm_gptq per part + fused_silu_mul_split)
 //     residual += mlp; normed = rms_norm(residual, input_norm[l+1] or final norm)
 //   logits = normed[last] · lm_headᵀ (a batch step: every row's); next
 //   token = argmax(logits) on the device

@@ -341,7 +341,7 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
   if (opt.force_cpu) {
     backend = std::make_unique<CpuBackend>();
   } else {
-    if (cuda_device_count() > 0) {  // the options' defaults are CudaBackendConfig's
+    if (cuda_device_count() > 0) {  // the options' defaults are CudaBackendConfig's, but for the promise
       CudaBackendConfig config;
       config.programmatic_dependent_launch = !opt.no_pdl;
       config.pdl_early_trigger = opt.pdl_trigger;

@@ -76,7 +76,9 @@ __device__ __forceinline__ void pdl_begin() {
 
 // Lets the next PDL-launched kernel in the stream be scheduled now; it still
 // waits in its own pdl_begin() until this grid has completed and its memory
-// is visible. Only behind the pdl_early_trigger switch (see above).
+// is visible. Behind the pdl_early_trigger switch (see above), and in
+// gemm_silu_mul_gptq's fused GPTQ launch behind gemm_weights_before_wait
+// (which --no-pdl-trigger leaves alone).
 __device__ __forceinline__ void pdl_trigger_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -493,6 +493,8 @@ TEST_F(CudaGptq, BadInput) {
 // pairs past n), a 28672-column weight (llama3-8b's gate|up width, one split
 // at k = 2048), an act-order weight and a k = 8192 weight of several splits
 // (both never fused); m = 1 .. 16 (9 and 16: two row tiles, never fused).
+// The backends here do not make gemm_weights_before_wait's promise, so the
+// fused launch's early trigger runs in the engine's launch-switch test only.
 class CudaGptqSiluMul : public CudaGptq {
  protected:
   void SetUp() override {
@@ -566,8 +568,15 @@ TEST_F(CudaGptqSiluMul, EpilogueEqualsGemmThenPairs) {
       }
     }
   }
-  // The premise: the epilogue ran (3 weights x m = 1, 2, 5, 8 x 2 dtypes).
-  EXPECT_EQ(fused_runs, 24);
+  // The premise: the epilogue ran. Without bulk copies (before sm_90) it
+  // never does; on the H200 in 24 runs (3 weights x m = 1, 2, 5, 8 x 2
+  // dtypes), and on any GPU with bulk copies in at least the 16 of the two
+  // weights whose k allows one split only (k <= 1024: at most 8 chunks).
+  if (kernels::gptq_bulk_copy_supported()) {
+    EXPECT_GE(fused_runs, 16);
+  } else {
+    EXPECT_EQ(fused_runs, 0);
+  }
   // Misaligned a / gate_up are refused under the op's name on both backends
   // (act needs no alignment).
   const Checkpoint ck = make_checkpoint(cases[0], rng);
