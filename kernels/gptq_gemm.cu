@@ -1218,39 +1218,48 @@ GptqPlan stream_plan_for(int dtype_index, bool zeros, int nt, bool bulk, int rin
   return plan;
 }
 
-// How launch_stream runs args: row tiles, source, ring and splits.
+// How the streaming kernel runs a launch: row tiles, source, ring and
+// splits. One derivation for the launcher and gptq_stream_plan.
 struct StreamLaunch {
   int nt;
   bool bulk;
   int ring;  // 0 for the register source
-  int splits;
+  GptqPlan plan;
 };
 
-StreamLaunch stream_launch_for(const GptqGemmArgs& args) {
-  const int dtype_index = args.dtype == DType::BF16 ? 1 : 0;
+StreamLaunch stream_launch_for(DType dtype, bool zeros, int m, int k, int k_pad, int n_pad, int group_rows,
+                               int num_sms, GptqKernelKind kind, int ring) {
+  const int dtype_index = dtype == DType::BF16 ? 1 : 0;
   StreamLaunch l{};
-  l.nt = stream_nt(args.m);
-  l.bulk = stream_uses_bulk(args.kernel, args.w.k, args.w.group_rows);
-  l.ring = l.bulk ? stream_ring_for(dtype_index, args.w.zeros != nullptr, l.nt, args.stream_ring) : 0;
-  const GptqPlan plan = stream_plan_for(dtype_index, args.w.zeros != nullptr, l.nt, l.bulk, l.ring, args.w.k_pad,
-                                        args.w.n_pad, args.num_sms);
-  l.splits = args.stream_splits > 0 ? std::min(args.stream_splits, args.w.k_pad / kGptqTileK) : plan.splits;
+  l.nt = stream_nt(m);
+  l.bulk = stream_uses_bulk(kind, k, group_rows);
+  l.ring = l.bulk ? stream_ring_for(dtype_index, zeros, l.nt, ring) : 0;
+  l.plan = stream_plan_for(dtype_index, zeros, l.nt, l.bulk, l.ring, k_pad, n_pad, num_sms);
+  return l;
+}
+
+// args' launch, with a benchmark's splits override (stream_splits) applied to the plan.
+StreamLaunch stream_launch_for(const GptqGemmArgs& args) {
+  StreamLaunch l = stream_launch_for(args.dtype, args.w.zeros != nullptr, args.m, args.w.k, args.w.k_pad,
+                                     args.w.n_pad, args.w.group_rows, args.num_sms, args.kernel, args.stream_ring);
+  if (args.stream_splits > 0) l.plan.splits = std::min(args.stream_splits, args.w.k_pad / kGptqTileK);
   return l;
 }
 
 template <class T>
 void launch_stream(const GptqGemmArgs& args, cudaStream_t stream) {
   const StreamLaunch l = stream_launch_for(args);
+  const int splits = l.plan.splits;
   if (l.bulk) {
     if (l.nt == 1) {
-      launch_stream_nt<T, 1, StreamSource::Bulk>(args, l.splits, l.ring, stream);
+      launch_stream_nt<T, 1, StreamSource::Bulk>(args, splits, l.ring, stream);
     } else {
-      launch_stream_nt<T, 2, StreamSource::Bulk>(args, l.splits, l.ring, stream);
+      launch_stream_nt<T, 2, StreamSource::Bulk>(args, splits, l.ring, stream);
     }
   } else if (l.nt == 1) {
-    launch_stream_nt<T, 1, StreamSource::Registers>(args, l.splits, 0, stream);
+    launch_stream_nt<T, 1, StreamSource::Registers>(args, splits, 0, stream);
   } else {
-    launch_stream_nt<T, 2, StreamSource::Registers>(args, l.splits, 0, stream);
+    launch_stream_nt<T, 2, StreamSource::Registers>(args, splits, 0, stream);
   }
 }
 
@@ -1423,17 +1432,14 @@ bool gptq_bulk_source_applies(int group_rows) {
 
 GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k, int k_pad, int n_pad, int group_rows, int num_sms,
                           GptqKernelKind kind, int ring) {
-  const bool bulk = stream_uses_bulk(kind, k, group_rows);  // as launch_stream decides it
-  const int dtype_index = dtype == DType::BF16 ? 1 : 0;
-  return stream_plan_for(dtype_index, zeros, stream_nt(m), bulk,
-                         bulk ? stream_ring_for(dtype_index, zeros, stream_nt(m), ring) : 0, k_pad, n_pad, num_sms);
+  return stream_launch_for(dtype, zeros, m, k, k_pad, n_pad, group_rows, num_sms, kind, ring).plan;  // as launch_stream
 }
 
 bool launch_gptq_gemm_silu_mul(const GptqGemmArgs& args, cudaStream_t stream) {
   if (!stream_applies(args) || args.m > kGptqSiluMulMaxM || args.w.n % 2 != 0) return false;
   const StreamLaunch l = stream_launch_for(args);
   static_assert(kGptqSiluMulMaxM <= 8, "one row tile");
-  if (!l.bulk || l.splits != 1) return false;
+  if (!l.bulk || l.plan.splits != 1) return false;
   dispatch_half_dtype(args.dtype, "gemm_silu_mul_gptq", [&](auto tag) {
     launch_stream_nt<typename decltype(tag)::type, 1, StreamSource::Bulk, true>(args, 1, l.ring, stream);
   });
