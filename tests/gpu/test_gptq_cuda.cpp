@@ -596,6 +596,120 @@ TEST_F(CudaGptqSiluMul, EpilogueEqualsGemmThenPairs) {
   }
 }
 
+// gemm_gptq_add_rms_norm: CudaBackend (gptq_fuse_norm, on by default) runs
+// the residual add + RMSNorm in the streaming kernel's last block where it
+// takes the launch (kernels::gptq_norm_out_applies: bulk source, one row
+// tile, m <= 4, a norm plan of at most 4 vectors per thread: n <= 4096),
+// gemm_gptq + the norm kernel elsewhere; a backend with the switch off
+// always runs the latter. residual and normed must be the same bits either
+// way, and the fusing backend's out (a workspace the fused launch does not
+// touch: its GEMM writes normed) keeps its poison exactly where the epilogue
+// ran (the proof that it ran). Weights: the llama3-8b o shape (4 splits in a
+// cluster), the down shape's k with n = 4096 (8 splits through the
+// workspace), groups of 32 and 64, with and without zeros, n = 1000 (a plan
+// of 64 threads), n = 6144 (8 vectors per thread: never fused), act-order
+// (never fused); m = 1 .. 5 (5: never fused).
+class CudaGptqNorm : public CudaGptq {
+ protected:
+  void SetUp() override {
+    CudaGptq::SetUp();
+    if (IsSkipped()) return;
+    CudaBackendConfig config;
+    config.gptq_fuse_norm = false;
+    unfused_ = std::make_unique<CudaBackend>(config);
+  }
+  std::unique_ptr<CudaBackend> unfused_;
+};
+
+TEST_F(CudaGptqNorm, EpilogueEqualsGemmThenNorm) {
+  FERRUM_SEEDED_RNG(rng);
+  EXPECT_TRUE(CudaBackendConfig{}.gptq_fuse_norm) << "on by default";
+  EXPECT_TRUE(static_cast<CudaBackend&>(cuda()).gptq_fuse_norm());
+  EXPECT_FALSE(unfused_->gptq_fuse_norm());
+  const WeightCase cases[] = {{4096, 4096, 128, true, false, GptqZeroFormat::V1, false},
+                              {14336, 4096, 128, false, false, GptqZeroFormat::V2, false},
+                              {1024, 1000, 32, false, false, GptqZeroFormat::V1, false},
+                              {2048, 512, 64, true, false, GptqZeroFormat::V1, false},
+                              {1024, 6144, 128, true, false, GptqZeroFormat::V1, false},
+                              {1024, 512, 64, false, true, GptqZeroFormat::V1, false}};
+  constexpr float kPoison = 1232.0f;  // 77 x 16: exact in f16 and bf16
+  constexpr float kEps = 1e-5f;
+  int fused_runs = 0;
+  for (const WeightCase& c : cases) {
+    SCOPED_TRACE(describe(c));
+    const Checkpoint ck = make_checkpoint(c, rng);
+    const std::unique_ptr<QuantWeight> w_fusing = cuda().load_gptq(ck.tensors());
+    const std::unique_ptr<QuantWeight> w_unfused = unfused_->load_gptq(ck.tensors());
+    const std::vector<float> norm_w = uniform_values(rng, c.n, 0.5f, 1.5f);
+    for (std::size_t m : {1, 2, 4, 5}) {
+      const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
+      const std::vector<float> residual = uniform_values(rng, m * c.n, -2.0f, 2.0f);
+      for (DType dt : kHalfDTypes) {
+        SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
+        struct Run {
+          std::vector<float> out, residual, normed;
+        };
+        auto run = [&](CudaBackend& be, const QuantWeight& w) {
+          Buffer a_dev = be.upload(a, dt), res = be.upload(residual, dt), wb = be.upload(norm_w, dt);
+          Buffer out = be.upload(std::vector<float>(m * c.n, kPoison), dt);
+          Buffer normed = be.upload(std::vector<float>(m * c.n, NAN), dt);
+          be.gemm_gptq_add_rms_norm(a_dev, w, out, res, wb, kEps, normed, m);
+          return Run{be.download(out), be.download(res), be.download(normed)};
+        };
+        const Run want = run(*unfused_, *w_unfused);
+        const Run got = run(static_cast<CudaBackend&>(cuda()), *w_fusing);
+        EXPECT_TRUE(same_floats(got.residual, want.residual)) << "residual";
+        EXPECT_TRUE(same_floats(got.normed, want.normed)) << "normed";
+        const std::vector<float> poison(m * c.n, kPoison);
+        EXPECT_FALSE(same_floats(want.out, poison)) << "the ops apart write out";
+        if (same_floats(got.out, poison)) {
+          ++fused_runs;
+          EXPECT_LE(m, 4u) << "the epilogue covers m <= 4";
+          EXPECT_FALSE(c.act_order) << "act-order weights gather a first";
+          EXPECT_NE(c.n, 6144u) << "n = 6144 takes 8 vectors a thread";
+        } else {
+          EXPECT_TRUE(same_floats(got.out, want.out)) << "out, where the ops ran apart";
+        }
+      }
+    }
+  }
+  // The premise: the epilogue ran. On a GPU with bulk copies at least in
+  // the 24 runs of the first four weights at m = 1, 2, 4 (both dtypes) less
+  // those whose launch takes two row tiles or the wgmma kernel (none here).
+  if (kernels::gptq_bulk_copy_supported()) {
+    EXPECT_GE(fused_runs, 24);
+  } else {
+    EXPECT_EQ(fused_runs, 0);
+  }
+}
+
+// Misaligned buffers are refused by name on both backends.
+TEST_F(CudaGptqNorm, MisalignedBuffersAreNamed) {
+  FERRUM_SEEDED_RNG(rng);
+  const WeightCase c{1024, 512, 128, false, false, GptqZeroFormat::V1, false};
+  const Checkpoint ck = make_checkpoint(c, rng);
+  for (Backend* be : {&cuda(), static_cast<Backend*>(unfused_.get())}) {
+    const std::unique_ptr<QuantWeight> w = be->load_gptq(ck.tensors());
+    Buffer a = be->upload(std::vector<float>(c.k + 8, 0.5f), DType::F16);
+    Buffer res = be->upload(std::vector<float>(c.n + 8, 1.0f), DType::F16);
+    Buffer wb = be->upload(std::vector<float>(c.n + 8, 1.0f), DType::F16);
+    Buffer out = be->alloc(DType::F16, c.n + 8), normed = be->alloc(DType::F16, c.n + 8);
+    Buffer a0 = a.view(0, c.k), res0 = res.view(0, c.n), w0 = wb.view(0, c.n), out0 = out.view(0, c.n),
+           normed0 = normed.view(0, c.n);
+    Buffer res1 = res.view(1, c.n), w1 = wb.view(1, c.n), normed1 = normed.view(1, c.n);
+    expect_error(ErrorCode::Misaligned, "gemm_gptq_add_rms_norm",
+                 [&] { be->gemm_gptq_add_rms_norm(a0, *w, out0, res1, w0, 1e-5f, normed0, 1); }, "'residual'");
+    expect_error(ErrorCode::Misaligned, "gemm_gptq_add_rms_norm",
+                 [&] { be->gemm_gptq_add_rms_norm(a0, *w, out0, res0, w1, 1e-5f, normed0, 1); }, "'norm_w'");
+    expect_error(ErrorCode::Misaligned, "gemm_gptq_add_rms_norm",
+                 [&] { be->gemm_gptq_add_rms_norm(a0, *w, out0, res0, w0, 1e-5f, normed1, 1); }, "'normed'");
+    EXPECT_NO_THROW({
+      be->gemm_gptq_add_rms_norm(a0, *w, out0, res0, w0, 1e-5f, normed0, 1);
+      be->synchronize();
+    });
+  }
+}
+
 // ── The streaming kernel (opt-in) ────────────────────────────────────────────
 
 class CudaGptqStream : public CudaGptq {
