@@ -51,8 +51,6 @@
 #include "kernels/common/dtype.cuh"
 #include "kernels/common/launch.cuh"
 #include "kernels/common/mma.cuh"
-#include "kernels/common/reduce.cuh"
-#include "kernels/common/vec.cuh"
 #include "kernels/gptq_int4.cuh"
 
 namespace ferrum::kernels {
@@ -579,22 +577,6 @@ constexpr int stream_slot_bytes(int nt) { return stream_slot_zeros_at(nt) + kSlo
 template <int NT, bool kZeros, bool kBulk>
 constexpr int kStreamMinBlocks = kBulk ? (NT == 1 ? (kZeros ? 4 : 5) : 4) : (NT == 1 ? 3 : 2);
 
-// What the streaming kernel fuses around its GEMM (template flags, bulk
-// source with one row tile only):
-//   kFuseSiluOut  SwiGLU in the epilogue (launch_gptq_gemm_silu_mul);
-//   kFuseNormOut  the residual add + RMSNorm of the whole output rows after
-//                 it, by the grid's last CTA (launch_gptq_gemm_add_rms_norm).
-constexpr int kFuseSiluOut = 1;
-constexpr int kFuseNormOut = 2;
-constexpr const char* stream_fuse_op(int fuse) {
-  return fuse == kFuseNormOut ? "gemm_gptq_add_rms_norm" : fuse == kFuseSiluOut ? "gemm_silu_mul_gptq" : "gemm_gptq";
-}
-constexpr const char* stream_fuse_launch(int fuse) {
-  return fuse == kFuseNormOut   ? "gemm_gptq_add_rms_norm (stream)"
-         : fuse == kFuseSiluOut ? "gemm_silu_mul_gptq (stream)"
-                                : "gemm_gptq (stream)";
-}
-
 // Where a warp's chunks come from (see above). (A third source, the bulk
 // source with its first ring of weight copies issued before the PDL wait,
 // and a stream-K form of the bulk source were measured slower in session 10
@@ -614,116 +596,7 @@ struct StreamParams : GemmOperands {
   bool cluster_reduce;  // bulk source, 2 .. kGptqClusterMaxSplits splits launched as one cluster per column block
   bool weights_before_wait;  // bulk source: gemm_weights_before_wait (the first fills' weights before the PDL wait)
   bool weights_evict_first;  // bulk source: gptq_weights_evict_first (the weight and scale copies' L2 policy)
-  // kFuseNormOut (GptqNormOut): after the GEMM, residual += out and normed =
-  // rms_norm(residual) * norm_weight, by the grid's last CTA.
-  void* norm_residual;        // [m, n] T, in/out
-  const void* norm_weight;    // [n] T
-  void* norm_normed;          // [m, n] T
-  int* grid_counter;          // counters[n_pad / 64]: arrivals, zero between launches
-  float norm_eps;
-  int norm_group;    // NormRowPlan::group (a multiple of 32)
-  int norm_vectors;  // NormRowPlan::vectors_per_thread
 };
-
-// Vectors of a row one thread of the norm epilogue holds at most (norm_row_plan:
-// ceil(group / 128) of the norm kernel's threads x vectors_per_thread):
-// n = 4096 takes 4 (group 256, 2 vectors each).
-constexpr int kNormOutMaxVectors = 4;
-
-// kFuseNormOut, by every thread of every CTA at its end: the CTA arrives at
-// the grid counter, and the last to arrive (every output column stored and
-// visible) adds the GEMM's output rows into residual (rounded to T) and
-// stores rms_norm(residual) * weight to normed, row by row (normed may be
-// p.out: a thread writes only the elements it read). The sums follow
-// norm_row_plan (kernels/norm.hpp): the norm kernel's thread v < group sums
-// its vectors v + i * group in order (fmaf), its warps butterfly, the warp
-// sums are added in warp order from 0.0f; here thread t plays v = t, t + 128,
-// ... (whole warps: group % 32 == 0), so the bits are the norm kernel's.
-template <class T>
-__device__ __forceinline__ void norm_out_rows(const StreamParams& p) {
-  __shared__ int s_is_last;
-  __threadfence();  // release: this CTA's output (or partial) before it arrives
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int ctas = static_cast<int>(gridDim.x * gridDim.y);
-    s_is_last = atomicAdd(p.grid_counter, 1) == ctas - 1 ? 1 : 0;
-  }
-  __syncthreads();
-  if (s_is_last == 0) return;
-  __threadfence();  // acquire: every CTA's columns are read through L2 below
-  constexpr int kVw = 16 / static_cast<int>(sizeof(T));
-  using V = vec_t<T, kVw>;
-  __shared__ float warp_sums[kGptqNormOutMaxM][kNormOutMaxVectors * kStreamWarps];
-  const int t = static_cast<int>(threadIdx.x), lane = t & 31;
-  const int nvec = p.n / kVw;
-  const int per_virtual = p.norm_vectors;
-  const int slots = ((p.norm_group + kStreamThreads - 1) / kStreamThreads) * per_virtual;  // <= kNormOutMaxVectors
-  // Slot q: the norm kernel's thread t + 128 * (q / per_virtual), its vector q % per_virtual.
-  auto vector_of = [&](int q) {
-    const int v = t + kStreamThreads * (q / per_virtual);
-    return q < slots && v < p.norm_group ? v + (q % per_virtual) * p.norm_group : nvec;  // nvec: none
-  };
-  const T* const weight = static_cast<const T*>(p.norm_weight);
-  for (int r = 0; r < p.m; ++r) {
-    const T* const out = static_cast<const T*>(p.out) + static_cast<std::size_t>(r) * p.n;
-    T* const res = static_cast<T*>(p.norm_residual) + static_cast<std::size_t>(r) * p.n;
-    T* const normed = static_cast<T*>(p.norm_normed) + static_cast<std::size_t>(r) * p.n;
-    V hv[kNormOutMaxVectors], rv[kNormOutMaxVectors];
-#pragma unroll
-    for (int q = 0; q < kNormOutMaxVectors; ++q) {  // every load before any use
-      const int vi = vector_of(q);
-      if (vi < nvec) {
-        const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(out + static_cast<std::size_t>(vi) * kVw));
-        hv[q] = *reinterpret_cast<const V*>(&raw);  // other CTAs' stores: through L2
-        rv[q].load(res + static_cast<std::size_t>(vi) * kVw);
-        // The weight only after the sum: fetched into L1 now (held in
-        // registers, bf16 spilled at the kernel's 96-register bound).
-        if (r == 0) prefetch_l1(weight + static_cast<std::size_t>(vi) * kVw);
-      }
-    }
-    float sq = 0.0f;
-#pragma unroll
-    for (int q = 0; q < kNormOutMaxVectors; ++q) {
-      const int vi = vector_of(q);
-      if (vi < nvec) {
-#pragma unroll
-        for (int j = 0; j < kVw; ++j) hv[q].set(j, hv[q].f(j) + rv[q].f(j));  // rounded to T, as stored
-        hv[q].store(res + static_cast<std::size_t>(vi) * kVw);
-#pragma unroll
-        for (int j = 0; j < kVw; ++j) {
-          const float d = hv[q].f(j);
-          sq = fmaf(d, d, sq);
-        }
-      }
-      // A norm thread's last vector: its warp's butterfly (whole warps take
-      // part: group is a multiple of 32 and the slot count uniform).
-      if (q < slots && q % per_virtual == per_virtual - 1) {
-        const int u = q / per_virtual;
-        if (t + kStreamThreads * u < p.norm_group) {
-          const float sum = group_sum_in_warp(sq, 32);
-          if (lane == 0) warp_sums[r][(t >> 5) + kStreamWarps * u] = sum;
-        }
-        sq = 0.0f;
-      }
-    }
-    __syncthreads();
-    float total = 0.0f;
-    for (int w = 0; w < p.norm_group / 32; ++w) total += warp_sums[r][w];
-    const float inv = rsqrtf(total / static_cast<float>(p.n) + p.norm_eps);
-#pragma unroll
-    for (int q = 0; q < kNormOutMaxVectors; ++q) {
-      const int vi = vector_of(q);
-      if (vi < nvec) {
-        V w, o;
-        w.load(weight + static_cast<std::size_t>(vi) * kVw);
-#pragma unroll
-        for (int j = 0; j < kVw; ++j) o.set(j, (hv[q].f(j) * inv) * w.f(j));
-        o.store(normed + static_cast<std::size_t>(vi) * kVw);
-      }
-    }
-  }
-  if (t == 0) *p.grid_counter = 0;
-}
 
 // Bytes of the warp sums (warps 1.. of a CTA, read by warp 0) at the start of
 // the bulk source's ring memory, and the split's [NT * 8][64] f32 tile after
@@ -769,13 +642,11 @@ __device__ __forceinline__ void cluster_reduce_store(const float (&acc)[NT * 16]
 
 // kSiluOut (launch_gptq_gemm_silu_mul; bulk source, NT = 1, one split): the
 // output columns are (gate, up) pairs and p.out is act [m, n / 2].
-template <class T, int NT, bool kZeros, StreamSource kSource, int kFuse = 0>
+template <class T, int NT, bool kZeros, StreamSource kSource, bool kSiluOut = false>
 __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, kSource != StreamSource::Registers>)
     gptq_stream_kernel(const StreamParams p) {
   constexpr bool kBulk = kSource != StreamSource::Registers;
-  constexpr bool kSiluOut = (kFuse & kFuseSiluOut) != 0;
-  constexpr bool kNormOut = (kFuse & kFuseNormOut) != 0;
-  static_assert(kFuse == 0 || (kBulk && NT == 1), "fusions: the bulk source with one row tile");
+  static_assert(!kSiluOut || (kBulk && NT == 1), "silu·mul epilogue: the bulk source with one row tile");
   using M = Int4Math<T>;
   constexpr int kAcc = NT * 4 * 4;  // [nt][j][4] f32
   // The bulk source's rings (dynamic shared memory; none for the register
@@ -998,7 +869,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     // next kernel is the down projection, whose CTAs then sit resident and
     // request their first weights before their own wait, during this GEMM
     // (session 22: 439-446 -> 467-469 tok/s; the trigger alone gains nothing).
-    if constexpr (kSiluOut || kNormOut) {
+    if constexpr (kSiluOut) {
       if (p.weights_before_wait) pdl_trigger_dependents();
     }
     for (int r = 0; r < p.ring && c + r * kStreamWarps < c_end; ++r) {
@@ -1114,7 +985,6 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
   if constexpr (kBulk) {
     if (p.cluster_reduce) {  // grid-uniform
       cluster_reduce_store<T, NT>(acc, ring_smem + kStreamRedBytes<NT>, warp == 0, p, nb, out);
-      if constexpr (kNormOut) norm_out_rows<T>(p);
       return;
     }
   }
@@ -1154,17 +1024,15 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
       }
     }
   }
-  if (p.splits > 1) {  // grid-uniform
-    constexpr int kPer = (NT * 8 * (kGptqTileN / 4) + kStreamThreads - 1) / kStreamThreads;
-    splitk_finish_last<T, kStreamThreads, kPer>(p.partials, p.counters, nb, nb_total, p.splits, p.m, kGptqTileN,
-                                                nb * kGptqTileN, p.n, out);
-  }
-  if constexpr (kNormOut) norm_out_rows<T>(p);
+  if (p.splits == 1) return;  // grid-uniform
+  constexpr int kPer = (NT * 8 * (kGptqTileN / 4) + kStreamThreads - 1) / kStreamThreads;
+  splitk_finish_last<T, kStreamThreads, kPer>(p.partials, p.counters, nb, nb_total, p.splits, p.m, kGptqTileN,
+                                              nb * kGptqTileN, p.n, out);
 }
 
-template <class T, int NT, bool kZeros, StreamSource kSource, int kFuse = 0>
+template <class T, int NT, bool kZeros, StreamSource kSource, bool kSiluOut = false>
 auto stream_kernel_ptr() {
-  return &gptq_stream_kernel<T, NT, kZeros, kSource, kFuse>;
+  return &gptq_stream_kernel<T, NT, kZeros, kSource, kSiluOut>;
 }
 
 // Dynamic shared memory of the bulk source: `ring` slots per warp.
@@ -1177,21 +1045,18 @@ constexpr int stream_ring_bytes(int nt, int ring) { return kStreamWarps * ring *
 // failing: the same bits. Asked once per instance, cluster size and ring,
 // on the device current at the first call (as stream_occupancy); a failed
 // query throws and is asked again next time.
-template <class T, int NT, bool kZeros, StreamSource kSource, int kFuse = 0>
+template <class T, int NT, bool kZeros, StreamSource kSource, bool kSiluOut = false>
 bool stream_cluster_fits(int splits, int ring, std::size_t smem) {
   static std::atomic<unsigned char> known[kGptqClusterMaxSplits + 1][kGptqStreamMaxRing + 1];  // 0 unknown, 1 no, 2 yes
-  return cluster_fits_once(known[splits][ring], "gemm_gptq", stream_kernel_ptr<T, NT, kZeros, kSource, kFuse>(),
+  return cluster_fits_once(known[splits][ring], "gemm_gptq", stream_kernel_ptr<T, NT, kZeros, kSource, kSiluOut>(),
                            dim3(1, static_cast<unsigned>(splits), 1), dim3(kStreamThreads), smem);
 }
 
-// norm: kFuseNormOut's norm (null otherwise).
-template <class T, int NT, StreamSource kSource, int kFuse = 0>
-void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream_t stream,
-                      const GptqNormOut* norm = nullptr) {
+template <class T, int NT, StreamSource kSource, bool kSiluOut = false>
+void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream_t stream) {
   constexpr bool kBulk = kSource != StreamSource::Registers;
-  static_assert(kFuse == 0 || (kBulk && NT == 1), "fusions: the bulk source with one row tile");
-  constexpr const char* kOp = stream_fuse_op(kFuse);  // as errors name it
-  constexpr const char* kLaunch = stream_fuse_launch(kFuse);
+  constexpr const char* kOp = kSiluOut ? "gemm_silu_mul_gptq" : "gemm_gptq";  // as errors name it
+  constexpr const char* kLaunch = kSiluOut ? "gemm_silu_mul_gptq (stream)" : "gemm_gptq (stream)";
   StreamParams p{};
   static_cast<GemmOperands&>(p) = gemm_operands(args);
   p.partials = args.partials;
@@ -1205,8 +1070,8 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   const std::size_t smem = kBulk ? static_cast<std::size_t>(stream_ring_bytes(NT, ring)) : 0;
   if constexpr (kBulk) {  // the shared-memory opt-in, once per device (cheap after the first call)
     const bool ok = args.w.zeros != nullptr
-                        ? prepare_kernel<&gptq_stream_kernel<T, NT, true, kSource, kFuse>>(stream_ring_bytes(NT, kGptqStreamMaxRing))
-                        : prepare_kernel<&gptq_stream_kernel<T, NT, false, kSource, kFuse>>(stream_ring_bytes(NT, kGptqStreamMaxRing));
+                        ? prepare_kernel<&gptq_stream_kernel<T, NT, true, kSource, kSiluOut>>(stream_ring_bytes(NT, kGptqStreamMaxRing))
+                        : prepare_kernel<&gptq_stream_kernel<T, NT, false, kSource, kSiluOut>>(stream_ring_bytes(NT, kGptqStreamMaxRing));
     if (!ok) {
       throw_bad_dispatch(kOp, "bulk rings' bytes (device opt-in shared memory)",
                          stream_ring_bytes(NT, kGptqStreamMaxRing));
@@ -1215,28 +1080,19 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   p.cluster_reduce =
       kBulk && gptq_cluster_reduces(args.cluster_reduce, splits, static_cast<long long>(grid.x) * splits, args.num_sms);
   if (p.cluster_reduce) {
-    p.cluster_reduce = args.w.zeros != nullptr ? stream_cluster_fits<T, NT, true, kSource, kFuse>(splits, ring, smem)
-                                               : stream_cluster_fits<T, NT, false, kSource, kFuse>(splits, ring, smem);
+    p.cluster_reduce = args.w.zeros != nullptr ? stream_cluster_fits<T, NT, true, kSource, kSiluOut>(splits, ring, smem)
+                                               : stream_cluster_fits<T, NT, false, kSource, kSiluOut>(splits, ring, smem);
   }
   p.weights_before_wait = kBulk && gemm_weights_before_wait();
   p.weights_evict_first = kBulk && gptq_weights_evict_first();
-  if constexpr ((kFuse & kFuseNormOut) != 0) {
-    p.norm_residual = norm->residual;
-    p.norm_weight = norm->weight;
-    p.norm_normed = norm->normed;
-    p.grid_counter = args.counters + args.w.n_pad / kGptqTileN;
-    p.norm_eps = norm->eps;
-    p.norm_group = norm->group;
-    p.norm_vectors = norm->vectors_per_thread;
-  }
   const dim3 cluster(1, p.cluster_reduce ? static_cast<unsigned>(splits) : 1u, 1);
   if (args.w.zeros != nullptr) {
     launch_pdl_clustered(kLaunch, cluster,
-                         stream_kernel_ptr<T, NT, true, kSource, kFuse>(), grid,
+                         stream_kernel_ptr<T, NT, true, kSource, kSiluOut>(), grid,
                          dim3(kStreamThreads), smem, stream, p);
   } else {
     launch_pdl_clustered(kLaunch, cluster,
-                         stream_kernel_ptr<T, NT, false, kSource, kFuse>(), grid,
+                         stream_kernel_ptr<T, NT, false, kSource, kSiluOut>(), grid,
                          dim3(kStreamThreads), smem, stream, p);
   }
 }
@@ -1559,9 +1415,8 @@ std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms) {
 }
 
 std::size_t gptq_counter_ints(int n_pad) {
-  // The streaming kernel has a tile per 64-column block: the most along n;
-  // then the norm epilogue's grid counter.
-  return static_cast<std::size_t>((n_pad + kGptqTileN - 1) / kGptqTileN) + 1;
+  // The streaming kernel has a tile per 64-column block: the most along n.
+  return static_cast<std::size_t>((n_pad + kGptqTileN - 1) / kGptqTileN);
 }
 
 bool gptq_bulk_copy_supported() { return stream_occupancy().bulk_supported; }
@@ -1586,33 +1441,9 @@ bool launch_gptq_gemm_silu_mul(const GptqGemmArgs& args, cudaStream_t stream) {
   static_assert(kGptqSiluMulMaxM <= 8, "one row tile");
   if (!l.bulk || l.plan.splits != 1) return false;
   dispatch_half_dtype(args.dtype, "gemm_silu_mul_gptq", [&](auto tag) {
-    launch_stream_nt<typename decltype(tag)::type, 1, StreamSource::Bulk, kFuseSiluOut>(args, 1, l.ring, stream);
+    launch_stream_nt<typename decltype(tag)::type, 1, StreamSource::Bulk, true>(args, 1, l.ring, stream);
   });
   check_launch("gemm_silu_mul_gptq (stream)");
-  return true;
-}
-
-bool gptq_norm_out_applies(const GptqGemmArgs& args, const GptqNormOut& norm) {
-  if (!stream_applies(args) || args.m > kGptqNormOutMaxM) return false;
-  // The norm kernel's plan must be one the epilogue repeats: 16-byte
-  // vectors, whole warps, at most kNormOutMaxVectors vectors per thread.
-  const int virtual_per_thread = (norm.group + kStreamThreads - 1) / kStreamThreads;
-  if (norm.vector_width != 8 || norm.group < 32 || norm.group % 32 != 0 || norm.vectors_per_thread < 1 ||
-      virtual_per_thread * norm.vectors_per_thread > kNormOutMaxVectors) {
-    return false;
-  }
-  const StreamLaunch l = stream_launch_for(args);
-  return l.bulk && l.nt == 1;
-}
-
-bool launch_gptq_gemm_add_rms_norm(const GptqGemmArgs& args, const GptqNormOut& norm, cudaStream_t stream) {
-  if (!gptq_norm_out_applies(args, norm)) return false;
-  const StreamLaunch l = stream_launch_for(args);  // the plain launch's ring and splits: its bits
-  dispatch_half_dtype(args.dtype, "gemm_gptq_add_rms_norm", [&](auto tag) {
-    launch_stream_nt<typename decltype(tag)::type, 1, StreamSource::Bulk, kFuseNormOut>(args, l.plan.splits, l.ring,
-                                                                                      stream, &norm);
-  });
-  check_launch("gemm_gptq_add_rms_norm (stream)");
   return true;
 }
 

@@ -227,8 +227,7 @@ GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms, int splits_override 
 // f32 partial sums any of the kernels may need for any m <= kGptqMaxM and
 // the plans' own splits (a benchmark that overrides splits sizes its own).
 std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms);
-// Split-K arrival counters and the norm epilogue's grid counter (ints,
-// zero-initialized once; each launch leaves them 0).
+// Split-K arrival counters (ints, zero-initialized once; each launch leaves them 0).
 std::size_t gptq_counter_ints(int n_pad);
 
 struct GptqGemmArgs {
@@ -273,32 +272,6 @@ bool launch_gptq_wgmma(const GptqGemmArgs& args, cudaStream_t stream);
 // registers); false, with nothing launched, elsewhere.
 inline constexpr int kGptqSiluMulMaxM = 8;
 bool launch_gptq_gemm_silu_mul(const GptqGemmArgs& args, cudaStream_t stream);
-
-// The residual add + RMSNorm after the GEMM (Backend::gemm_gptq_add_rms_norm):
-// out = a · W as launch_gptq_gemm stores it, then residual += out (rounded
-// to the dtype) and normed = rms_norm(residual) * weight, [m, n] each, by the
-// grid's last CTA in the norm kernel's order (group and vectors_per_thread
-// from norm_row_plan, kernels/norm.hpp): the bits of launch_gptq_gemm
-// followed by launch_norm (AddRms). normed may be args.out (each element is
-// then read and rewritten by one thread).
-struct GptqNormOut {
-  void* residual = nullptr;      // [m, n], in/out
-  const void* weight = nullptr;  // [n]
-  void* normed = nullptr;        // [m, n]
-  float eps = 0.0f;
-  int vector_width = 0;        // NormRowPlan::vector_width (8: 16-byte vectors)
-  int group = 0;               // NormRowPlan::group
-  int vectors_per_thread = 0;  // NormRowPlan::vectors_per_thread
-};
-inline constexpr int kGptqNormOutMaxM = 4;
-// Whether launch_gptq_gemm_add_rms_norm takes args: the streaming kernel's
-// bulk source with one row tile, m <= kGptqNormOutMaxM, and a norm plan of
-// 16-byte vectors, whole warps and at most 4 vectors per thread of 128
-// (n <= 4096 at the tuned plan).
-bool gptq_norm_out_applies(const GptqGemmArgs& args, const GptqNormOut& norm);
-// The fused launch where gptq_norm_out_applies; false, with nothing
-// launched, elsewhere (the caller then runs the GEMM and the norm apart).
-bool launch_gptq_gemm_add_rms_norm(const GptqGemmArgs& args, const GptqNormOut& norm, cudaStream_t stream);
 
 // a_perm[i, j] = a[i, perm[j]] for i < m, j < k. a and a_perm: [m, k] row-major.
 void launch_gptq_gather(DType dtype, const void* a, const std::int32_t* perm /*[k]*/, void* a_perm, int m, int k,

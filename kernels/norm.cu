@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
 #pragma unroll
       for (int j = 0; j < VW; ++j) {
         const float d = data[i].f(j) - mean;
-        sq = fmaf(d, d, sq);  // explicit: NormRowPlan's order, repeated by the GPTQ pre-norm
+        sq += d * d;
       }
     }
   }
@@ -155,9 +155,8 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
 
 // Block per row, rows longer than registers hold: accumulate, then re-read.
 template <NormKind K, class T>
-__global__ void __launch_bounds__(1024) norm_rows_loop_kernel(const T* __restrict__ x, T* residual,
-                                                              const T* __restrict__ weight, const T* __restrict__ bias,
-                                                              T* out, int dim, float eps, bool trigger) {
+__global__ void __launch_bounds__(1024) norm_rows_loop_kernel(const T* __restrict__ x, T* residual, const T* __restrict__ weight,
+                                      const T* __restrict__ bias, T* out, int dim, float eps, bool trigger) {
   pdl_begin();
   if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
   const long long base = static_cast<long long>(blockIdx.x) * dim;
@@ -178,7 +177,7 @@ __global__ void __launch_bounds__(1024) norm_rows_loop_kernel(const T* __restric
   float sq = 0.0f;
   for (int d = threadIdx.x; d < dim; d += blockDim.x) {
     const float c = value(d) - mean;
-    sq = fmaf(c, c, sq);
+    sq += c * c;
   }
   const float inv = rsqrtf(row_sum(sq, blockDim.x) / static_cast<float>(dim) + eps);
   for (int d = threadIdx.x; d < dim; d += blockDim.x) {
@@ -210,47 +209,12 @@ int next_pow2(int v) {
 // Through CudaBackend (ferrum_bench): layer f16 140.0 µs, rms bf16 133.1;
 // session 8 (per-vector weight loads, t4 for both): layer f16 134.5 µs
 // (93.8 % of copy), bf16 142.0 (88.9 %; was 181.6).
-int tuned_vectors_per_thread(NormKind kind, DType dtype) {
-  const bool f16 = dtype == DType::F16;
-  if (kind == NormKind::Layer) return 4;
-  if (kind == NormKind::Rms) return f16 ? 2 : 4;
+template <NormKind K, class T>
+constexpr int tuned_vectors_per_thread() {
+  constexpr bool f16 = std::is_same_v<T, __half>;
+  if constexpr (K == NormKind::Layer) return 4;
+  if constexpr (K == NormKind::Rms) return f16 ? 2 : 4;
   return 2;
-}
-
-// The launch of a norm: its row plan (NormRowPlan), block and grid, and
-// whether the weight is prefetched with x. One derivation for launch_typed
-// and norm_row_plan, so the GPTQ pre-norm cannot drift from the kernel.
-struct NormLaunch {
-  NormRowPlan row;
-  int threads = 0, blocks = 0;
-  bool prefetch_w = false;
-};
-
-NormLaunch norm_launch_for(const NormArgs& a, bool wide) {
-  const int vw = wide ? kVec16<__half> : 1;  // 16-byte vectors of 2-byte elements
-  const int nvec = a.dim / vw;
-  auto plan_for = [&](int target) {
-    NormLaunch l{};
-    l.row.vector_width = vw;
-    l.row.group = std::min(kMaxGroup, next_pow2((nvec + target - 1) / target));
-    l.row.vectors_per_thread = next_pow2((nvec + l.row.group - 1) / l.row.group);
-    l.threads = std::max(l.row.group, std::min(kMaxGroup, std::max(32, a.min_block_threads)));
-    l.blocks = (a.rows + l.threads / l.row.group - 1) / (l.threads / l.row.group);
-    return l;
-  };
-  const int target =
-      a.target_vectors_per_thread > 0 ? a.target_vectors_per_thread : tuned_vectors_per_thread(a.kind, a.dtype);
-  NormLaunch l = plan_for(target);
-  // At most one block per SM: latency-bound. Then spread the row over more
-  // threads (fewer registers each) and prefetch the weight with x.
-  l.prefetch_w = l.blocks <= a.num_sms;
-  if (l.prefetch_w && target > 2) {
-    l = plan_for(2);  // fewer registers for the prefetched weight
-    l.prefetch_w = true;
-  }
-  // 8 vectors per thread need up to ~230 registers: at most 256 threads.
-  l.row.row_loop = l.row.vectors_per_thread > kMaxNvec || (l.row.vectors_per_thread == kMaxNvec && l.threads > 256);
-  return l;
 }
 
 template <NormKind K, class T>
@@ -262,24 +226,42 @@ void launch_typed(const NormArgs& a, cudaStream_t stream) {
   T* out = static_cast<T*>(a.out);
 
   constexpr int kWide = kVec16<T>;
-  static_assert(kWide == kVec16<__half>, "norm_launch_for's vector width");
   const bool wide = a.dim % kWide == 0 && aligned16(x) && aligned16(weight) && aligned16(out) &&
-                    (K != NormKind::AddRms || aligned16(residual)) &&
-                    (K != NormKind::Layer || aligned16(bias));
-  const NormLaunch l = norm_launch_for(a, wide);
-  const int group = l.row.group;
-  const int threads = l.threads;
-  const int blocks = l.blocks;
+                    (K != NormKind::AddRms || aligned16(residual)) && (K != NormKind::Layer || aligned16(bias));
+  const int vw = wide ? kWide : 1;
+  const int nvec = a.dim / vw;
+  struct Plan {
+    int group, nvec_per_thread, threads, blocks;
+  };
+  auto plan_for = [&](int target) {
+    Plan p{};
+    p.group = std::min(kMaxGroup, next_pow2((nvec + target - 1) / target));
+    p.nvec_per_thread = next_pow2((nvec + p.group - 1) / p.group);
+    p.threads = std::max(p.group, std::min(kMaxGroup, std::max(32, a.min_block_threads)));
+    p.blocks = (a.rows + p.threads / p.group - 1) / (p.threads / p.group);
+    return p;
+  };
+  const int target = a.target_vectors_per_thread > 0 ? a.target_vectors_per_thread : tuned_vectors_per_thread<K, T>();
+  Plan plan = plan_for(target);
+  // At most one block per SM: latency-bound. Then spread the row over more
+  // threads (fewer registers each) and prefetch the weight with x.
+  const bool prefetch_w = plan.blocks <= a.num_sms;
+  if (prefetch_w && target > 2) plan = plan_for(2);  // fewer registers for the prefetched weight
+  const int group = plan.group;
+  const int nvec_per_thread = plan.nvec_per_thread;
+  const int threads = plan.threads;
+  const int blocks = plan.blocks;
   const bool trigger = pdl_early_trigger();
-  if (l.row.row_loop) {
-    launch_pdl("norm", norm_rows_loop_kernel<K, T>, dim3(a.rows), kMaxGroup, 0, stream, x, residual, weight, bias,
-               out, a.dim, a.eps, trigger);
+  // 8 vectors per thread need up to ~230 registers: at most 256 threads.
+  if (nvec_per_thread > kMaxNvec || (nvec_per_thread == kMaxNvec && threads > 256)) {
+    launch_pdl("norm", norm_rows_loop_kernel<K, T>, dim3(a.rows), kMaxGroup, 0, stream, x, residual, weight, bias, out,
+               a.dim, a.eps, trigger);
     return;
   }
   auto go = [&](auto vw_c, auto nvec_c) {
     constexpr int kVw = decltype(vw_c)::value;
     constexpr int kNvec = decltype(nvec_c)::value;
-    if (l.prefetch_w) {
+    if (prefetch_w) {
       launch_pdl("norm", norm_rows_kernel<K, T, kVw, kNvec, true>, dim3(blocks), threads, 0, stream, x, residual,
                  weight, bias, out, a.rows, a.dim, a.eps, group, trigger);
     } else {
@@ -287,7 +269,7 @@ void launch_typed(const NormArgs& a, cudaStream_t stream) {
                  weight, bias, out, a.rows, a.dim, a.eps, group, trigger);
     }
   };
-  dispatch_int<1, 2, 4, 8>(l.row.vectors_per_thread, "norm", "vectors per thread", [&](auto nvec_c) {
+  dispatch_int<1, 2, 4, 8>(nvec_per_thread, "norm", "vectors per thread", [&](auto nvec_c) {
     if (wide) {
       go(std::integral_constant<int, kWide>{}, nvec_c);
     } else {
@@ -297,10 +279,6 @@ void launch_typed(const NormArgs& a, cudaStream_t stream) {
 }
 
 }  // namespace
-
-NormRowPlan norm_row_plan(const NormArgs& args, bool aligned) {
-  return norm_launch_for(args, aligned && args.dim % (kVec16<__half>) == 0).row;
-}
 
 void launch_norm(const NormArgs& args, cudaStream_t stream) {
   dispatch_half_dtype(args.dtype, "norm", [&](auto tag) {

@@ -32,21 +32,4 @@ struct NormArgs {
 
 void launch_norm(const NormArgs& args, cudaStream_t stream);
 
-// How norm_rows_kernel splits one row of `dim` elements: `group` threads,
-// each summing its `vectors_per_thread` vectors of `vector_width` elements
-// (vectors lane, lane + group, ...) in order with fmaf, then the group's
-// sums: butterfly within each warp (group_sum_in_warp), then the warps'
-// sums in warp order from 0.0f. row_loop: the row is too long for
-// registers and norm_rows_loop_kernel runs instead. The GPTQ streaming
-// kernel's norm epilogue (launch_gptq_gemm_add_rms_norm) repeats this order
-// from the plan, so both give the same bits. `aligned`: every pointer of the
-// launch is 16-byte aligned (the wide vectors need it too).
-struct NormRowPlan {
-  int vector_width = 1;
-  int group = 1;
-  int vectors_per_thread = 1;
-  bool row_loop = false;
-};
-NormRowPlan norm_row_plan(const NormArgs& args, bool aligned);
-
 }  // namespace ferrum::kernels

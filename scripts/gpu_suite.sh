@@ -306,17 +306,16 @@ if has_mode engine; then
     # back to back (--pipeline), the register source, the weights without
     # the L2 evict-first policy, eager.
     # The same-bits switches (--pipeline, --no-gptq-evict-first,
-    # --no-gptq-fuse-silu-mul, --no-gemm-early-weights, --no-gptq-fuse-norm) must give --graph's
+    # --no-gptq-fuse-silu-mul, --no-gemm-early-weights) must give --graph's
     # tokens; the register source and eager may round otherwise.
     for mode in --graph "--graph --pipeline" "--graph --no-gptq-fuse-silu-mul" "--graph --no-gemm-early-weights" \
-                "--graph --no-gptq-fuse-norm" \
                 "--graph --gptq-kernel stream" "--graph --no-gptq-evict-first" --eager; do
       echo "-- gptq $mode"
       log="/tmp/ferrum_gptq_${mode//[ -]/}.log"
       timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --quant gptq --dtype f16 --steps 128 $mode > "$log" 2>&1
       grep -E "backend|model|loaded|decode:|bound:|prefill:|error" "$log"
       case "$mode" in
-        *--pipeline* | *--no-gptq-evict-first* | *--no-gptq-fuse-silu-mul* | *--no-gemm-early-weights* | *--no-gptq-fuse-norm*)
+        *--pipeline* | *--no-gptq-evict-first* | *--no-gptq-fuse-silu-mul* | *--no-gemm-early-weights*)
           first=$(grep generated: /tmp/ferrum_gptq_graph.log)
           if [ -n "$first" ] && [ "$first" = "$(grep generated: "$log")" ]; then
             echo "   tokens equal to --graph"

@@ -52,7 +52,6 @@ std::string_view to_string(Op op) noexcept {
     case Op::QkvRopeAppendRagged: return "qkv_rope_append_ragged";
     case Op::AdvanceDecodeState: return "advance_decode_state";
     case Op::GemmSiluMulGptq: return "gemm_silu_mul_gptq";
-    case Op::GemmGptqAddRmsNorm: return "gemm_gptq_add_rms_norm";
   }
   return "unknown_op";
 }
@@ -316,25 +315,23 @@ struct NamedBuffer {
 
 // The checks the three row norms share: sizes and eps; x is an activation;
 // every other buffer has x's dtype; `rows` hold [tokens, dim], `params` [dim].
-// x_name: how the op names x (gemm_gptq_add_rms_norm's is its "out").
 void check_row_norm(OpCheck& check, const Buffer& x, std::initializer_list<NamedBuffer> rows,
-                    std::initializer_list<NamedBuffer> params, float eps, std::size_t tokens, std::size_t dim,
-                    std::string_view x_name = "x") {
+                    std::initializer_list<NamedBuffer> params, float eps, std::size_t tokens, std::size_t dim) {
   check.size("tokens", tokens);
   check.size("dim", dim);
   check.eps(eps);
-  check.buffer(x_name, x);
-  check.activation(x_name, x);
+  check.buffer("x", x);
+  check.activation("x", x);
   const std::size_t n = check.product({tokens, dim});
-  check.holds(x_name, x, n, "[tokens, dim]");
+  check.holds("x", x, n, "[tokens, dim]");
   for (const NamedBuffer& b : rows) {
     check.buffer(b.name, b.buffer);
-    check.same_dtype(b.name, b.buffer, x_name, x);
+    check.same_dtype(b.name, b.buffer, "x", x);
     check.holds(b.name, b.buffer, n, "[tokens, dim]");
   }
   for (const NamedBuffer& b : params) {
     check.buffer(b.name, b.buffer);
-    check.same_dtype(b.name, b.buffer, x_name, x);
+    check.same_dtype(b.name, b.buffer, "x", x);
     check.holds(b.name, b.buffer, dim, "[dim]");
   }
 }
@@ -902,23 +899,6 @@ void Backend::gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& 
 void Backend::do_gemm_silu_mul_gptq(const Buffer&, const QuantWeight&, Buffer&, Buffer&, std::size_t) {
   OpCheck check(*this, "gemm_silu_mul_gptq");
   check.fail(ErrorCode::Unsupported, "gemm_silu_mul_gptq: not implemented on the {} backend yet", name());
-}
-
-void Backend::gemm_gptq_add_rms_norm(const Buffer& a, const QuantWeight& w, Buffer& out, Buffer& residual,
-                                     const Buffer& norm_w, float eps, Buffer& normed, std::size_t m) {
-  OpCheck check(*this, "gemm_gptq_add_rms_norm");
-  check_quant_gemm(check, *this, a, w, out, m);
-  if (w.kind() != QuantKind::Gptq) {
-    check.fail(ErrorCode::InvalidArgument, "gemm_gptq_add_rms_norm: argument 'w' is not a GPTQ weight");
-  }
-  check_row_norm(check, out, {{"residual", residual}, {"normed", normed}}, {{"norm_w", norm_w}}, eps, m, w.n(), "out");
-  do_gemm_gptq_add_rms_norm(a, w, out, residual, norm_w, eps, normed, m);
-}
-
-void Backend::do_gemm_gptq_add_rms_norm(const Buffer& a, const QuantWeight& w, Buffer& out, Buffer& residual,
-                                        const Buffer& norm_w, float eps, Buffer& normed, std::size_t m) {
-  do_gemm_gptq(a, w, out, m);
-  do_fused_add_rms_norm(residual, out, norm_w, eps, normed, m, w.n());
 }
 
 void Backend::gemm_quant(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) {

@@ -29,7 +29,6 @@ std::vector<Op> required_ops(DecodeMode mode, bool gptq, bool batch) {
     ops.push_back(Op::LoadGptq);
     ops.push_back(Op::GemmGptq);
     ops.push_back(Op::GemmSiluMulGptq);  // gate | up with identical g_idx
-    ops.push_back(Op::GemmGptqAddRmsNorm);  // o and down with the norm after them
     ops.push_back(Op::CopySlice);  // prefill through an unfused gate | up
   }
   if (batch) {
@@ -346,9 +345,12 @@ void Decoder::enqueue_forward(const Pass& pass) {
   be_.embedding_lookup(w_.embed_tokens, pass.ragged ? batch_ids_ : ids_, residual_, rows, hidden, cfg_.vocab_size);
   be_.rms_norm(residual_, w_.layers[0].input_norm, eps, normed_, rows, hidden);
   for (std::size_t l = 0; l < cfg_.num_hidden_layers; ++l) {
-    enqueue_attention(l, pass, w_.layers[l].post_attention_norm);  // normed_ -> (attn_out_) -> normed_
+    enqueue_attention(l, pass);  // normed_ -> attn_out_
+    be_.fused_add_rms_norm(residual_, attn_out_, w_.layers[l].post_attention_norm, eps, normed_, rows, hidden);
+    enqueue_mlp(l, rows);  // normed_ -> mlp_out_
     const bool last = l + 1 == cfg_.num_hidden_layers;
-    enqueue_mlp(l, rows, last ? w_.final_norm : w_.layers[l + 1].input_norm);  // normed_ -> (mlp_out_) -> normed_
+    const Buffer& next_norm = last ? w_.final_norm : w_.layers[l + 1].input_norm;
+    be_.fused_add_rms_norm(residual_, mlp_out_, next_norm, eps, normed_, rows, hidden);
   }
   // A prefill needs only its last row's logits; a batch step every row's.
   const std::size_t out_rows = pass.ragged ? rows : 1;
@@ -357,7 +359,7 @@ void Decoder::enqueue_forward(const Pass& pass) {
   be_.argmax(logits_, next_token_, out_rows, cfg_.vocab_size);  // greedy, on the device
 }
 
-void Decoder::enqueue_attention(std::size_t l, const Pass& pass, const Buffer& norm_after) {
+void Decoder::enqueue_attention(std::size_t l, const Pass& pass) {
   const LayerWeights& lw = w_.layers[l];
   const std::size_t tokens = pass.rows;
   const std::size_t heads = cfg_.num_attention_heads;
@@ -380,7 +382,7 @@ void Decoder::enqueue_attention(std::size_t l, const Pass& pass, const Buffer& n
                                seq_positions_, tokens, rope);
     Buffer out = attn_heads_.view(0, tokens * cfg_.q_dim());  // [sequences, heads, hd] = [sequences, heads * hd]
     be_.flash_decode_ragged(q_heads, k_cache_[l], v_cache_[l], out, kv_lens_, tokens, attn);
-    project_then_norm(lw.o_proj, attn_heads_, attn_out_, norm_after, tokens);
+    project(lw.o_proj, attn_heads_, attn_out_, tokens);
     return;
   }
 
@@ -411,10 +413,10 @@ void Decoder::enqueue_attention(std::size_t l, const Pass& pass, const Buffer& n
   // The attention output [heads, T, hd] is already token-major [1, heads * hd] at T = 1.
   const bool one_token = tokens == 1;
   if (!one_token) be_.transpose_head_to_token(attn_heads_, attn_tokens_, tokens, heads, hd);  // [T, heads * hd]
-  project_then_norm(lw.o_proj, one_token ? attn_heads_ : attn_tokens_, attn_out_, norm_after, tokens);
+  project(lw.o_proj, one_token ? attn_heads_ : attn_tokens_, attn_out_, tokens);
 }
 
-void Decoder::enqueue_mlp(std::size_t l, std::size_t tokens, const Buffer& norm_after) {
+void Decoder::enqueue_mlp(std::size_t l, std::size_t tokens) {
   const LayerWeights& lw = w_.layers[l];
   const std::size_t im = cfg_.intermediate_size;
   if (lw.gate_up_proj.interleaved_pairs) {  // SwiGLU in the GEMM (gate_up_ is its workspace)
@@ -424,7 +426,7 @@ void Decoder::enqueue_mlp(std::size_t l, std::size_t tokens, const Buffer& norm_
     } else {
       be_.gemm_silu_mul(normed_, gate_up.dense, gate_up_, act_, tokens, im, cfg_.hidden_size);
     }
-    project_then_norm(lw.down_proj, act_, mlp_out_, norm_after, tokens);
+    project(lw.down_proj, act_, mlp_out_, tokens);
     return;
   }
   if (lw.gate_up_proj.fused()) {
@@ -443,18 +445,7 @@ void Decoder::enqueue_mlp(std::size_t l, std::size_t tokens, const Buffer& norm_
     }
   }
   be_.fused_silu_mul_split(gate_up_, act_, tokens, im);
-  project_then_norm(lw.down_proj, act_, mlp_out_, norm_after, tokens);
-}
-
-void Decoder::project_then_norm(const Projection& p, const Buffer& x, Buffer& out, const Buffer& norm_w,
-                                std::size_t m) {
-  const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  if (p.quantized()) {
-    be_.gemm_gptq_add_rms_norm(x, *p.gptq, out, residual_, norm_w, eps, normed_, m);
-  } else {
-    project(p, x, out, m);
-    be_.fused_add_rms_norm(residual_, out, norm_w, eps, normed_, m, cfg_.hidden_size);
-  }
+  project(lw.down_proj, act_, mlp_out_, tokens);
 }
 
 void Decoder::project(const Projection& p, const Buffer& x, Buffer& out, std::size_t m) {

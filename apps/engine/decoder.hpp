@@ -143,16 +143,10 @@ class Decoder {
   // Enqueues the whole forward pass; no allocation, no host transfer (so it
   // can be captured).
   void enqueue_forward(const Pass& pass);
-  // normed_ -> the block's output added into residual_, then RMSNorm with
-  // norm_after into normed_ (the next block's input).
-  void enqueue_attention(std::size_t layer, const Pass& pass, const Buffer& norm_after);
-  void enqueue_mlp(std::size_t layer, std::size_t tokens, const Buffer& norm_after);
+  void enqueue_attention(std::size_t layer, const Pass& pass);
+  void enqueue_mlp(std::size_t layer, std::size_t tokens);
   // out[m, p.n] = x[m, p.k] · Wᵀ with gemm or gemm_gptq.
   void project(const Projection& p, const Buffer& x, Buffer& out, std::size_t m);
-  // project(), then residual_ += out and normed_ = rms_norm(residual_) *
-  // norm_w: one gemm_gptq_add_rms_norm for a GPTQ projection, else the
-  // projection and fused_add_rms_norm.
-  void project_then_norm(const Projection& p, const Buffer& x, Buffer& out, const Buffer& norm_w, std::size_t m);
   // Runs one decode step (Pipelined: the forward pass, then the decode
   // state's advance): eagerly, or in Graph mode by replaying `kind`,
   // captured first unless the backend's graph slot already holds it.

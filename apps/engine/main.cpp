@@ -3,7 +3,7 @@
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N] [--batch N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
 //                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]
-//                      [--no-gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul] [--no-gptq-fuse-norm]
+//                      [--no-gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]
 //                      [--skinny-max-m N] [--gptq-fused-max-m N] [--pipeline]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
@@ -54,7 +54,6 @@
 //                    above (default: the library's measured rule by weight
 //                    size); the two paths round differently; an A/B switch
 //   --no-gptq-fuse-silu-mul  CudaBackendConfig::gptq_fuse_silu_mul = false
-//   --no-gptq-fuse-norm      CudaBackendConfig::gptq_fuse_norm = false
 //                    (the GPTQ gate|up GEMM stores gate_up and the pairs
 //                    kernel computes SiLU·mul; the same logits); an A/B switch
 //   --no-gptq-cluster-reduce  CudaBackendConfig::gptq_cluster_reduce = false
@@ -117,7 +116,6 @@ struct Options {
   GptqKernel gptq_kernel = GptqKernel::Auto;
   bool gptq_cluster_reduce = true;
   bool gptq_fuse_silu_mul = true;  // CudaBackendConfig's default
-  bool gptq_fuse_norm = true;  // CudaBackendConfig's default
   int skinny_max_m = -1;  // CudaBackendConfig::gemm_skinny_max_m
   int gptq_fused_max_m = -1;  // CudaBackendConfig::gptq_fused_max_m
   bool graph = false;
@@ -171,7 +169,7 @@ void usage(std::FILE* out) {
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3[;4,5]\"] [--steps N] [--batch N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
                "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]\n"
-               "                     [--no-gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul] [--no-gptq-fuse-norm]\n"
+               "                     [--no-gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]\n"
                "                     [--skinny-max-m N] [--gptq-fused-max-m N] [--pipeline]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
@@ -262,8 +260,6 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.gptq_cluster_reduce = false;
     } else if (arg == "--no-gptq-fuse-silu-mul") {
       opt.gptq_fuse_silu_mul = false;
-    } else if (arg == "--no-gptq-fuse-norm") {
-      opt.gptq_fuse_norm = false;
     } else if (arg == "--gptq-kernel") {
       const std::string kernel = value();
       if (kernel == "auto") {
@@ -355,7 +351,6 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       config.gptq_kernel = opt.gptq_kernel;
       config.gptq_cluster_reduce = opt.gptq_cluster_reduce;
       config.gptq_fuse_silu_mul = opt.gptq_fuse_silu_mul;
-      config.gptq_fuse_norm = opt.gptq_fuse_norm;
       config.gptq_fused_max_m = opt.gptq_fused_max_m;
       config.gemm_skinny_max_m = opt.skinny_max_m;
       backend = std::make_unique<CudaBackend>(config);

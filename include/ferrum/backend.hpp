@@ -75,9 +75,8 @@ enum class Op {
   QkvRopeAppendRagged,
   AdvanceDecodeState,
   GemmSiluMulGptq,
-  GemmGptqAddRmsNorm,
 };
-inline constexpr int kNumOps = static_cast<int>(Op::GemmGptqAddRmsNorm) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::GemmSiluMulGptq) + 1;
 std::string_view to_string(Op op) noexcept;
 
 // GELU formula. Erf is torch's F.gelu default; Tanh is approximate='tanh'.
@@ -403,19 +402,6 @@ class Backend {
   // gate_up 16-byte aligned on CudaBackend. gate_up must not overlap a or act.
   void gemm_silu_mul_gptq(const Buffer& a /*[m, k]*/, const QuantWeight& w /*[k, 2*im], (gate, up) columns*/,
                           Buffer& gate_up /*[m, 2*im], workspace*/, Buffer& act /*[m, im]*/, std::size_t m);
-  // A projection into the residual stream followed by the next RMSNorm:
-  // out = gemm_gptq(a, w), residual += out (rounded to the dtype), normed =
-  // rms_norm(residual) * norm_w. The bits of gemm_gptq followed by
-  // fused_add_rms_norm(residual, out, norm_w, eps, normed), and that is what
-  // a backend may run: out is a workspace, its contents unspecified after
-  // the call. CudaBackend (CudaBackendConfig::gptq_fuse_norm, on by default)
-  // runs the norm in the streaming GPTQ kernel's last block where that kernel
-  // takes the launch with its bulk source and one row tile, m <= 4 and n <=
-  // 4096 (llama-style decode: o and down). a, out, residual, norm_w and
-  // normed 16-byte aligned on CudaBackend.
-  void gemm_gptq_add_rms_norm(const Buffer& a /*[m, k]*/, const QuantWeight& w, Buffer& out /*[m, n], workspace*/,
-                              Buffer& residual /*[m, n], in/out*/, const Buffer& norm_w /*[n]*/, float eps,
-                              Buffer& normed /*[m, n]*/, std::size_t m);
   // Routes by w.kind(): Gptq -> gemm_gptq; other kinds are Unsupported.
   void gemm_quant(const Buffer& a /*[m, k]*/, const QuantWeight& w, Buffer& out /*[m, n]*/,
                   std::size_t m);
@@ -536,9 +522,6 @@ class Backend {
   virtual void do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m);
   virtual void do_gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& gate_up, Buffer& act,
                                      std::size_t m);
-  // The default runs the two ops (CpuBackend keeps it: the reference).
-  virtual void do_gemm_gptq_add_rms_norm(const Buffer& a, const QuantWeight& w, Buffer& out, Buffer& residual,
-                                         const Buffer& norm_w, float eps, Buffer& normed, std::size_t m);
   virtual void do_all_reduce(Buffer& buf, std::size_t len, ReduceOp op);
   virtual void do_all_gather(const Buffer& local, Buffer& global, std::size_t local_len);
   virtual void do_broadcast(Buffer& buf, std::size_t len, std::size_t src_rank);

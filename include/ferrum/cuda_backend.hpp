@@ -166,14 +166,6 @@ struct CudaBackendConfig {
   // gate_up and running the pairs kernel after it. The same bits either way
   // (an A/B switch). Per backend object.
   bool gptq_fuse_silu_mul = true;
-  // gemm_gptq_add_rms_norm runs the residual add + RMSNorm in the GPTQ
-  // streaming kernel's last block where that kernel takes the launch with
-  // its bulk source (kernels::gptq_norm_out_applies: m <= 4, n <= 4096 at the
-  // norm's tuned plan), instead of the GEMM then the norm kernel; under
-  // gemm_weights_before_wait that launch also releases the next kernel
-  // early, as gemm_silu_mul_gptq's does. The same bits either way (an A/B
-  // switch). Per backend object.
-  bool gptq_fuse_norm = true;
   // The largest m for which gemm_gptq runs the INT4 kernels on a fused-layout
   // weight (in launches of 64 rows); larger m dequantize the weight in column
   // chunks and call cuBLAS. -1: the library's rule, by the weight's size and
@@ -222,8 +214,6 @@ class CudaBackend final : public Backend {
   int gptq_fused_max_m() const noexcept { return gptq_fused_max_m_; }
   // CudaBackendConfig::gptq_fuse_silu_mul of this backend.
   bool gptq_fuse_silu_mul() const noexcept { return gptq_fuse_silu_mul_; }
-  // CudaBackendConfig::gptq_fuse_norm of this backend.
-  bool gptq_fuse_norm() const noexcept { return gptq_fuse_norm_; }
   // CudaBackendConfig::prefill_kernel of this backend.
   PrefillKernel prefill_kernel() const noexcept { return prefill_kernel_; }
 
@@ -292,8 +282,6 @@ class CudaBackend final : public Backend {
                               const Buffer& kv_lens, std::size_t batch, const AttnConfig& cfg) override;
   std::unique_ptr<QuantWeight> do_load_gptq(const GptqHostTensors& tensors) override;
   void do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) override;
-  void do_gemm_gptq_add_rms_norm(const Buffer& a, const QuantWeight& w, Buffer& out, Buffer& residual,
-                                 const Buffer& norm_w, float eps, Buffer& normed, std::size_t m) override;
   void do_gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& gate_up, Buffer& act,
                              std::size_t m) override;
   void do_all_reduce(Buffer& buf, std::size_t len, ReduceOp op) override;
@@ -324,7 +312,6 @@ class CudaBackend final : public Backend {
   bool gptq_cluster_reduce_ = true;  // CudaBackendConfig::gptq_cluster_reduce
   int gptq_fused_max_m_ = -1;        // CudaBackendConfig::gptq_fused_max_m, checked
   bool gptq_fuse_silu_mul_ = true;   // CudaBackendConfig::gptq_fuse_silu_mul
-  bool gptq_fuse_norm_ = true;       // CudaBackendConfig::gptq_fuse_norm
   // CudaBackendConfig::prefill_kernel, through checked_prefill_kernel
   // (src/cuda/cuda_backend_attention.cpp), which throws on a bad value.
   static PrefillKernel checked_prefill_kernel(PrefillKernel requested);

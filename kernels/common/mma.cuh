@@ -71,10 +71,6 @@ __device__ __forceinline__ void prefetch_l2_bulk(const void* src, std::uint32_t 
   (void)bytes;
 #endif
 }
-// Asks L1 (and L2) to fetch the line holding `src`. Fire and forget.
-__device__ __forceinline__ void prefetch_l1(const void* src) {
-  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(src));
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's groups are still in flight.
 template <int N>

@@ -276,7 +276,6 @@ bool CpuBackend::supports(Op op) const noexcept {
     case Op::LoadGptq:
     case Op::GemmGptq:
     case Op::GemmSiluMulGptq:
-    case Op::GemmGptqAddRmsNorm:  // the two ops (Backend's default): the reference
     case Op::GemmQuant:
       return true;
     case Op::MlaAttention:

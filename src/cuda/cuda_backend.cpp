@@ -20,7 +20,6 @@
 #include "cuda/buffer_ptr.hpp"
 #include "cuda/cuda_runtime.hpp"
 #include "cuda/nccl_check.hpp"
-#include "cuda/norm_args.hpp"
 #include "kernels/common/check.hpp"
 #include "kernels/argmax.hpp"
 #include "kernels/attention.hpp"
@@ -159,7 +158,6 @@ CudaBackend::CudaBackend(CudaBackendConfig config)
       gptq_cluster_reduce_(config.gptq_cluster_reduce),
       gptq_fused_max_m_(checked_gptq_fused_max_m(config.gptq_fused_max_m)),
       gptq_fuse_silu_mul_(config.gptq_fuse_silu_mul),
-      gptq_fuse_norm_(config.gptq_fuse_norm),
       prefill_kernel_(checked_prefill_kernel(config.prefill_kernel)) {}
 
 CudaBackend::~CudaBackend() = default;
@@ -447,7 +445,24 @@ void CudaBackend::do_reset_graph() {
 
 // ── Norms ──────────────────────────────────────────────────────────────────
 
-using detail::norm_args;
+namespace {
+
+kernels::NormArgs norm_args(kernels::NormKind kind, const Buffer& x, const Buffer& weight, float eps, Buffer& out,
+                            std::size_t tokens, std::size_t dim, int num_sms) {
+  kernels::NormArgs a;
+  a.kind = kind;
+  a.dtype = x.dtype();
+  a.x = ptr(x);
+  a.weight = ptr(weight);
+  a.out = ptr(out);
+  a.rows = static_cast<int>(tokens);
+  a.dim = static_cast<int>(dim);
+  a.eps = eps;
+  a.num_sms = num_sms;
+  return a;
+}
+
+}  // namespace
 
 void CudaBackend::do_rms_norm(const Buffer& x, const Buffer& w, float eps, Buffer& out, std::size_t tokens,
                               std::size_t dim) {

@@ -46,10 +46,8 @@
 #include "common/fail.hpp"
 #include "cuda/buffer_ptr.hpp"
 #include "cuda/cuda_runtime.hpp"
-#include "cuda/norm_args.hpp"
 #include "kernels/elementwise.hpp"
 #include "kernels/gptq_gemm.hpp"
-#include "kernels/norm.hpp"
 #include "quant/gptq_repack.hpp"
 
 namespace ferrum {
@@ -403,58 +401,6 @@ void CudaBackend::do_gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, B
   do_gemm_gptq(a, w, gate_up, m);
   kernels::launch_silu_mul_pairs("gemm_silu_mul_gptq", dtype, ptr(gate_up), ptr(act),
                                  static_cast<long long>(m * (w.n() / 2)), rt_->stream);
-}
-
-// The norm in the streaming kernel's last block where it takes the launch
-// (kernels::gptq_norm_out_applies), else gemm_gptq and the norm kernel: the
-// same bits, since the epilogue sums in the norm kernel's plan for these rows
-// (kernels::norm_row_plan).
-void CudaBackend::do_gemm_gptq_add_rms_norm(const Buffer& a, const QuantWeight& w, Buffer& out, Buffer& residual,
-                                            const Buffer& norm_w, float eps, Buffer& normed, std::size_t m) {
-  const auto* weight = dynamic_cast<const CudaGptqWeight*>(&w);
-  if (weight == nullptr) {
-    abandon_capture();
-    detail::fail(ErrorCode::InvalidArgument,
-                 "gemm_gptq_add_rms_norm: argument 'w' was not made by this backend's load_gptq");
-  }
-  if (const std::string misaligned = detail::misaligned_16({{"a", &a}, {"out", &out}, {"residual", &residual},
-                                                            {"norm_w", &norm_w}, {"normed", &normed}});
-      !misaligned.empty()) {
-    abandon_capture();
-    detail::fail(ErrorCode::Misaligned, "gemm_gptq_add_rms_norm: {}", misaligned);
-  }
-  detail::activate_device(device_);
-  const DType dtype = a.dtype();
-  const std::size_t n = w.n();
-  kernels::NormArgs na =
-      detail::norm_args(kernels::NormKind::AddRms, out, norm_w, eps, normed, m, n, rt_->num_sms);
-  na.residual = ptr(residual);
-  if (gptq_fuse_norm_ && !weight->act_order()) {
-    const kernels::GptqDeviceWeight view = weight->view(dtype);
-    const GptqSwitches sw = switches_of(*this, rt_->num_sms);
-    bool wgmma_applies = false;
-    if (int4_kernels_run(*weight, view, m, sw, wgmma_applies)) {
-      const kernels::NormRowPlan plan = kernels::norm_row_plan(na, true);
-      kernels::GptqNormOut norm;
-      norm.residual = na.residual;
-      norm.weight = na.weight;
-      norm.normed = na.out;
-      norm.eps = eps;
-      norm.vector_width = plan.row_loop ? 0 : plan.vector_width;
-      norm.group = plan.group;
-      norm.vectors_per_thread = plan.vectors_per_thread;
-      // The GEMM's output goes to normed, where the last block reads it and
-      // writes the norm in its place (each element by the thread that read
-      // it): out is not touched.
-      if (kernels::launch_gptq_gemm_add_rms_norm(
-              int4_args(dtype, view, weight->workspace(), ptr(a), ptr(normed), static_cast<int>(m), sw, wgmma_applies),
-              norm, rt_->stream)) {
-        return;
-      }
-    }
-  }
-  do_gemm_gptq(a, w, out, m);
-  kernels::launch_norm(na, rt_->stream);
 }
 
 }  // namespace ferrum

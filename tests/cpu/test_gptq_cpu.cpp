@@ -157,56 +157,6 @@ TEST(CpuGptq, GemmSiluMulIsGemmThenPairs) {
   }
 }
 
-// gemm_gptq_add_rms_norm on the reference: out is gemm_gptq's (bit for
-// bit), residual gains out rounded to the dtype, and normed is the RMSNorm of
-// the sum, checked against a float64 computation here (within one unit of the
-// dtype's last place: one rounding of an fp32 result).
-TEST(CpuGptq, GemmAddRmsNormIsGemmThenNorm) {
-  std::mt19937 rng(21);
-  CpuBackend cpu;
-  constexpr float kEps = 1e-5f;
-  for (const GptqGemmCase& c : {GptqGemmCase{1, 256, 72, 32, false, GptqZeroFormat::V1},
-                                GptqGemmCase{1, 384, 24, -1, true, GptqZeroFormat::V2}}) {
-    const std::unique_ptr<QuantWeight> w = cpu.load_gptq(detail::pack_gptq(random_weight(c, rng), c.format).host_tensors());
-    for (std::size_t m : {1, 3}) {
-      std::uniform_real_distribution<float> value(-1.0f, 1.0f), scale(0.5f, 1.5f);
-      std::vector<float> a(m * c.k), residual(m * c.n), norm_w(c.n);
-      for (auto& v : a) v = value(rng);
-      for (auto& v : residual) v = 2.0f * value(rng);
-      for (auto& v : norm_w) v = scale(rng);
-      for (DType dt : {DType::F16, DType::BF16}) {
-        SCOPED_TRACE(::testing::Message() << "k " << c.k << " m " << m << " " << to_string(dt));
-        const Buffer a_buf = cpu.upload(a, dt), wb = cpu.upload(norm_w, dt);
-        Buffer res = cpu.upload(residual, dt);
-        const std::vector<float> res_before = cpu.download(res), w_rounded = cpu.download(wb);
-        Buffer out = cpu.upload(std::vector<float>(m * c.n, NAN), dt);
-        Buffer normed = cpu.upload(std::vector<float>(m * c.n, NAN), dt);
-        cpu.gemm_gptq_add_rms_norm(a_buf, *w, out, res, wb, kEps, normed, m);
-        Buffer out_ref = cpu.alloc(dt, m * c.n);
-        cpu.gemm_gptq(a_buf, *w, out_ref, m);
-        const std::vector<float> got_out = cpu.download(out), sum = cpu.download(res), got = cpu.download(normed);
-        EXPECT_EQ(got_out, cpu.download(out_ref)) << "out is gemm_gptq's";
-        const double ulp = dt == DType::F16 ? 0x1p-10 : 0x1p-7;
-        for (std::size_t t = 0; t < m; ++t) {
-          double sq = 0.0;
-          for (std::size_t i = 0; i < c.n; ++i) {
-            const std::size_t at = t * c.n + i;
-            const float want_sum = cpu.download(cpu.upload(std::vector<float>{got_out[at] + res_before[at]}, dt))[0];
-            ASSERT_EQ(sum[at], want_sum) << "residual[" << at << "]";
-            sq += static_cast<double>(sum[at]) * sum[at];
-          }
-          const double inv = 1.0 / std::sqrt(sq / static_cast<double>(c.n) + kEps);
-          for (std::size_t i = 0; i < c.n; ++i) {
-            const std::size_t at = t * c.n + i;
-            const double want = static_cast<double>(sum[at]) * inv * w_rounded[i];
-            EXPECT_LE(std::abs(got[at] - want), std::abs(want) * ulp + 1e-6) << "normed[" << at << "]";
-          }
-        }
-      }
-    }
-  }
-}
-
 TEST(CpuGptq, WeightFromAnotherBackendIsRefused) {
   CpuBackend a, b;
   std::mt19937 rng(7);

@@ -153,9 +153,8 @@ void expect_gpu_backend_when_present(const std::string& output) {
 // GPTQ weights' L2 policy off (gptq_weights_evict_first), which no other test can turn on
 // (the first backend on a device fixes them), the GPTQ cluster reduce
 // turned off and SiLU·mul outside the GPTQ gate|up GEMM's epilogue
-// (gptq_fuse_silu_mul off; per backend) or the norms outside the GPTQ o
-// and down GEMMs' last block (gptq_fuse_norm off); here only the flags'
-// paths, CudaGptqStream, CudaGptqSiluMul and CudaGptqNorm test the kernels. GPU
+// (gptq_fuse_silu_mul off; per backend; here only the flags' paths,
+// CudaGptqStream and CudaGptqSiluMul test the kernels). GPU
 // only: the flags configure CudaBackend, so on CpuBackend the runs could not
 // differ.
 void expect_launch_switches_keep_logits(const std::filesystem::path& dir, const std::filesystem::path& model) {
@@ -168,8 +167,7 @@ void expect_launch_switches_keep_logits(const std::filesystem::path& dir, const 
     for (const char* switches : {"--no-pdl", "--no-pdl-trigger", "--no-gemm-early-weights",
                                  "--no-pdl-trigger --gemm-prefetch", "--no-gptq-cluster-reduce",
                                  "--no-gptq-evict-first --no-gemm-early-weights", "--no-gptq-fuse-silu-mul",
-                                 "--no-gptq-fuse-silu-mul --no-gemm-early-weights", "--no-gptq-fuse-norm",
-                                 "--no-gptq-fuse-norm --no-gptq-fuse-silu-mul"}) {
+                                 "--no-gptq-fuse-silu-mul --no-gemm-early-weights"}) {
       SCOPED_TRACE(switches);
       std::filesystem::remove(dir / "b.bin");
       ASSERT_EQ(run_engine(base + " " + switches + " --dump-logits \"" + (dir / "b.bin").string() + "\"", log), 0)
@@ -188,20 +186,13 @@ TEST(EngineCli, LaunchSwitchesGiveTheSameLogits) {
 
 // A GPU-sized tiny Llama with GPTQ INT4 projections (group 128, symmetric),
 // written under dir / "gptq-model"; returns that directory. Intermediate 2560:
-// on the H200 the down projection (k = 2560: 20 chunks of 128 rows, n = 1024)
+// on the H200 the down projection (k = 2560: 20 chunks of 128 rows, n = 256)
 // runs the streaming kernel's bulk source with 2 splits summed in a cluster,
 // 10 chunks per CTA, so warps 0 and 1 take 3 chunks: both ring slots' first
 // fills (which the engine's default promise requests before the PDL wait) and a
-// refill after them. Hidden 1024: the norm's plan for a row of 1024 (64
-// threads of 2 vectors) is one the GPTQ norm epilogue repeats, so o and down
-// run it at m = 1 (at 256 the norm takes 16 threads a row and the ops run
-// apart).
+// refill after them.
 std::filesystem::path write_gptq_tiny_checkpoint(const std::filesystem::path& dir) {
   ModelConfig config = testing::gpu_tiny_llama_config();
-  config.hidden_size = 1024;
-  config.num_attention_heads = 16;
-  config.num_key_value_heads = 4;
-  config.head_dim = 64;
   config.intermediate_size = 2560;
   config.vocab_size = 512;
   GptqConfig gptq;

@@ -231,13 +231,6 @@ std::vector<OpSpec> build_specs() {
                [](Backend& be, OpArgs& a) {
                  be.gemm_silu_mul_gptq(a.buf("a"), *a.weight, a.buf("gate_up"), a.buf("act"), a.size("m"));
                }});
-  s.push_back({Op::GemmGptqAddRmsNorm, "gemm_gptq_add_rms_norm",
-               {act("a", kM * kK), act("out", kM * kN), act("residual", kM * kN), act("norm_w", kN),
-                act("normed", kM * kN)},
-               {{"m", kM}}, [](Backend& be, OpArgs& a) {
-                 be.gemm_gptq_add_rms_norm(a.buf("a"), *a.weight, a.buf("out"), a.buf("residual"), a.buf("norm_w"),
-                                           a.eps, a.buf("normed"), a.size("m"));
-               }});
   s.push_back({Op::GemmQuant, "gemm_quant", {act("a", kM * kK), act("out", kM * kN)}, {{"m", kM}},
                [](Backend& be, OpArgs& a) { be.gemm_quant(a.buf("a"), *a.weight, a.buf("out"), a.size("m")); }});
   // Collectives take f32 as well: use it, so the activation-only ops are not the only dtype path.
@@ -305,8 +298,7 @@ OpArgs make_args(Backend& backend, const OpSpec& spec) {
     const std::int32_t positions[] = {0, static_cast<std::int32_t>(a.size("cfg.capacity")) - 1};
     backend.write_bytes(a.buf("positions"), positions, sizeof(positions));
   }
-  if (spec.op == Op::GemmGptq || spec.op == Op::GemmQuant || spec.op == Op::GemmSiluMulGptq ||
-      spec.op == Op::GemmGptqAddRmsNorm) {
+  if (spec.op == Op::GemmGptq || spec.op == Op::GemmQuant || spec.op == Op::GemmSiluMulGptq) {
     // A real weight where the backend can load one, so valid calls run.
     if (backend.supports(Op::LoadGptq)) {
       a.weight = backend.load_gptq(ValidGptq(kK, kN).tensors);
