@@ -1191,8 +1191,9 @@ int stream_ring_for(int dtype_index, bool zeros, int nt, int requested) {
 // slots (ties: fewer splits), every warp with at least one chunk. (A
 // waves x chunks model picked 4 splits at 8192 x 28672 and measured 61.9 us
 // at m = 1 where one split, 1.13 waves, measured 49.9 us.)
+// ctas_per_sm > 0 caps the slots at that many per SM (GptqGemmArgs::stream_ctas_per_sm).
 GptqPlan stream_plan_for(int dtype_index, bool zeros, int nt, bool bulk, int ring, int k_pad, int n_pad,
-                         int num_sms) {
+                         int num_sms, int ctas_per_sm) {
   GptqPlan plan;
   plan.config = -1;
   plan.m_tile = 8 * nt;
@@ -1201,7 +1202,10 @@ GptqPlan stream_plan_for(int dtype_index, bool zeros, int nt, bool bulk, int rin
   const int chunks = k_pad / kGptqTileK;
   const StreamOccupancy& occ = stream_occupancy();
   const int z = zeros ? 1 : 0;
-  const int per_sm = bulk ? occ.bulk[dtype_index][z][nt - 1][ring - 1] : occ.registers[dtype_index][z][nt - 1];
+  const int resident = bulk ? occ.bulk[dtype_index][z][nt - 1][ring - 1] : occ.registers[dtype_index][z][nt - 1];
+  // Fewer slots give fewer splits (the nearest CTA count moves down), so the
+  // default's workspace (gptq_partials_floats) covers every cap.
+  const int per_sm = ctas_per_sm > 0 ? std::min(ctas_per_sm, resident) : resident;
   const long long slots = static_cast<long long>(std::max(num_sms, 1)) * per_sm;
   long long best = -1;
   for (int s = 1; s <= std::min(kStreamMaxSplits, chunks); ++s) {
@@ -1228,20 +1232,21 @@ struct StreamLaunch {
 };
 
 StreamLaunch stream_launch_for(DType dtype, bool zeros, int m, int k, int k_pad, int n_pad, int group_rows,
-                               int num_sms, GptqKernelKind kind, int ring) {
+                               int num_sms, GptqKernelKind kind, int ring, int ctas_per_sm) {
   const int dtype_index = dtype == DType::BF16 ? 1 : 0;
   StreamLaunch l{};
   l.nt = stream_nt(m);
   l.bulk = stream_uses_bulk(kind, k, group_rows);
   l.ring = l.bulk ? stream_ring_for(dtype_index, zeros, l.nt, ring) : 0;
-  l.plan = stream_plan_for(dtype_index, zeros, l.nt, l.bulk, l.ring, k_pad, n_pad, num_sms);
+  l.plan = stream_plan_for(dtype_index, zeros, l.nt, l.bulk, l.ring, k_pad, n_pad, num_sms, ctas_per_sm);
   return l;
 }
 
 // args' launch, with a benchmark's splits override (stream_splits) applied to the plan.
 StreamLaunch stream_launch_for(const GptqGemmArgs& args) {
   StreamLaunch l = stream_launch_for(args.dtype, args.w.zeros != nullptr, args.m, args.w.k, args.w.k_pad,
-                                     args.w.n_pad, args.w.group_rows, args.num_sms, args.kernel, args.stream_ring);
+                                     args.w.n_pad, args.w.group_rows, args.num_sms, args.kernel, args.stream_ring,
+                                     args.stream_ctas_per_sm);
   if (args.stream_splits > 0) l.plan.splits = std::min(args.stream_splits, args.w.k_pad / kGptqTileK);
   return l;
 }
@@ -1403,7 +1408,7 @@ std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms) {
       for (bool zeros : {false, true}) {
         // ring 0: the register source; 1 ..: the bulk source's ring sizes.
         for (int ring = 0; ring <= (stream_occupancy().bulk_supported ? kGptqStreamMaxRing : 0); ++ring) {
-          const GptqPlan plan = stream_plan_for(d, zeros, nt, ring > 0, ring, k_pad, n_pad, num_sms);
+          const GptqPlan plan = stream_plan_for(d, zeros, nt, ring > 0, ring, k_pad, n_pad, num_sms, 0);
           if (plan.splits > 1) {
             most = std::max(most, static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile);
           }
@@ -1431,8 +1436,9 @@ bool gptq_bulk_source_applies(int group_rows) {
 }
 
 GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k, int k_pad, int n_pad, int group_rows, int num_sms,
-                          GptqKernelKind kind, int ring) {
-  return stream_launch_for(dtype, zeros, m, k, k_pad, n_pad, group_rows, num_sms, kind, ring).plan;  // as launch_stream
+                          GptqKernelKind kind, int ring, int ctas_per_sm) {
+  return stream_launch_for(dtype, zeros, m, k, k_pad, n_pad, group_rows, num_sms, kind, ring, ctas_per_sm)
+      .plan;  // as launch_stream
 }
 
 bool launch_gptq_gemm_silu_mul(const GptqGemmArgs& args, cudaStream_t stream) {
@@ -1455,6 +1461,9 @@ void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream) {
   }
   if (args.stream_splits < 0 || args.stream_splits > kStreamMaxSplits) {
     throw_bad_dispatch("gemm_gptq", "stream_splits (CTAs along k)", args.stream_splits);
+  }
+  if (args.stream_ctas_per_sm < 0 || args.stream_ctas_per_sm > kGptqStreamMaxCtasPerSm) {
+    throw_bad_dispatch("gemm_gptq", "stream_ctas_per_sm (CTAs per SM the plan fills)", args.stream_ctas_per_sm);
   }
   if (stream_applies(args)) {
     dispatch_half_dtype(args.dtype, "gemm_gptq", [&](auto tag) { launch_stream<typename decltype(tag)::type>(args, stream); });

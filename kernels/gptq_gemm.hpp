@@ -56,6 +56,9 @@ enum class GptqKernelKind { Fused, Stream, StreamBulk, Wgmma };
 
 // Most chunk slots per warp of StreamBulk's ring (GptqGemmArgs::stream_ring).
 inline constexpr int kGptqStreamMaxRing = 6;
+// Largest GptqGemmArgs::stream_ctas_per_sm (the register file holds 16 of
+// the streaming kernel's 128-thread CTAs at most).
+inline constexpr int kGptqStreamMaxCtasPerSm = 16;
 
 // Most splits StreamBulk and the wgmma kernel sum in a cluster
 // (GptqGemmArgs::cluster_reduce): the portable cluster size.
@@ -205,8 +208,9 @@ GptqPlan gptq_plan(DType dtype, int m, int k_pad, int n_pad, int num_sms);
 // k, k_pad, group_rows: the weight's (GptqDeviceWeight); kind and ring:
 // those of the launch (GptqGemmArgs::kernel, ::stream_ring). The launch
 // runs exactly this plan.
+// ctas_per_sm: GptqGemmArgs::stream_ctas_per_sm (0: every resident slot).
 GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k, int k_pad, int n_pad, int group_rows, int num_sms,
-                          GptqKernelKind kind = GptqKernelKind::Stream, int ring = 0);
+                          GptqKernelKind kind = GptqKernelKind::Stream, int ring = 0, int ctas_per_sm = 0);
 // The wgmma kernel's plan (the same for every m <= kGptqMaxM): config -2,
 // 256 columns per CTA (n_ctas) times `splits` along k, none empty; with
 // `splits_override` > 0 (a benchmark's, 1 .. 16) that many, less any left
@@ -248,6 +252,13 @@ struct GptqGemmArgs {
   // Streaming and wgmma kernels: CTAs along k, 1 .. 16; 0: the plan's (a
   // benchmark's override; CudaBackend always passes 0).
   int stream_splits = 0;
+  // Streaming kernel: the plan fills at most this many CTAs per SM (1 ..
+  // kGptqStreamMaxCtasPerSm), fewer than its resident slots where that is
+  // less, so the next kernel's CTAs, released early under PDL, find room to
+  // start their weight copies during this one's tail; 0: every resident
+  // slot (the measured default). Fewer splits sum in another order.
+  // CudaBackendConfig::gptq_stream_ctas_per_sm.
+  int stream_ctas_per_sm = 0;
   // StreamBulk with 2 .. kGptqClusterMaxSplits splits and at most
   // kGptqClusterMaxCtasPerSm CTAs per SM: the splits of a column block run
   // as one thread-block cluster and sum through distributed shared memory,

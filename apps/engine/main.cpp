@@ -4,7 +4,7 @@
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
 //                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]
 //                      [--no-gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]
-//                      [--skinny-max-m N] [--gptq-fused-max-m N] [--pipeline]
+//                      [--skinny-max-m N] [--gptq-fused-max-m N] [--gptq-ctas-per-sm N] [--pipeline]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
 //                    runs its projections with gemm_gptq
@@ -53,6 +53,11 @@
 //                    the INT4 kernels up to m = N rows, dequantize + cuBLAS
 //                    above (default: the library's measured rule by weight
 //                    size); the two paths round differently; an A/B switch
+//   --gptq-ctas-per-sm N  CudaBackendConfig::gptq_stream_ctas_per_sm: the
+//                    streaming GPTQ kernel plans for at most N CTAs per SM
+//                    (1..16; default: every resident slot), leaving room for
+//                    the next GEMM's early CTAs; fewer splits round
+//                    otherwise; an A/B switch
 //   --no-gptq-fuse-silu-mul  CudaBackendConfig::gptq_fuse_silu_mul = false
 //                    (the GPTQ gate|up GEMM stores gate_up and the pairs
 //                    kernel computes SiLU·mul; the same logits); an A/B switch
@@ -118,6 +123,7 @@ struct Options {
   bool gptq_fuse_silu_mul = true;  // CudaBackendConfig's default
   int skinny_max_m = -1;  // CudaBackendConfig::gemm_skinny_max_m
   int gptq_fused_max_m = -1;  // CudaBackendConfig::gptq_fused_max_m
+  int gptq_ctas_per_sm = 0;   // CudaBackendConfig::gptq_stream_ctas_per_sm
   bool graph = false;
   std::uint64_t seed = 1234;
   std::string dump_logits;  // empty: no dump
@@ -170,7 +176,7 @@ void usage(std::FILE* out) {
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
                "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]\n"
                "                     [--no-gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]\n"
-               "                     [--skinny-max-m N] [--gptq-fused-max-m N] [--pipeline]\n"
+               "                     [--skinny-max-m N] [--gptq-fused-max-m N] [--gptq-ctas-per-sm N] [--pipeline]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
   std::fprintf(out, "\n");
@@ -285,6 +291,12 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       const std::size_t m = parse_count(arg, value());
       if (m > 65536) fail(ErrorCode::InvalidArgument, "--gptq-fused-max-m takes 0..65536, got ", m);
       opt.gptq_fused_max_m = static_cast<int>(m);
+    } else if (arg == "--gptq-ctas-per-sm") {
+      const std::size_t n = parse_count(arg, value());
+      if (n < 1 || n > static_cast<std::size_t>(kGptqStreamMaxCtasPerSm)) {
+        fail(ErrorCode::InvalidArgument, "--gptq-ctas-per-sm takes 1..", kGptqStreamMaxCtasPerSm, ", got ", n);
+      }
+      opt.gptq_ctas_per_sm = static_cast<int>(n);
     } else if (arg == "--eager") {
       opt.graph = false;
     } else if (arg == "--graph") {
@@ -352,6 +364,7 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       config.gptq_cluster_reduce = opt.gptq_cluster_reduce;
       config.gptq_fuse_silu_mul = opt.gptq_fuse_silu_mul;
       config.gptq_fused_max_m = opt.gptq_fused_max_m;
+      config.gptq_stream_ctas_per_sm = opt.gptq_ctas_per_sm;
       config.gemm_skinny_max_m = opt.skinny_max_m;
       backend = std::make_unique<CudaBackend>(config);
     } else {

@@ -64,6 +64,8 @@ enum class PrefillKernel {
 // The largest CudaBackendConfig::gemm_skinny_max_m (the skinny decode
 // kernel's rows per launch).
 inline constexpr int kGemmSkinnyMaxM = 16;
+// The largest CudaBackendConfig::gptq_stream_ctas_per_sm.
+inline constexpr int kGptqStreamMaxCtasPerSm = 16;
 
 struct CudaBackendConfig {
   int device = 0;
@@ -147,6 +149,15 @@ struct CudaBackendConfig {
   // most that keep 4 CTAs per SM). An A/B switch; outside [0, 6] throws
   // InvalidArgument naming this field.
   int gptq_stream_ring = 0;
+  // The streaming GPTQ kernel plans its splits for at most this many CTAs
+  // per SM, 1..kGptqStreamMaxCtasPerSm; 0: every resident slot (the
+  // default, measured fastest standalone). Fewer CTAs leave room for the
+  // next kernel's CTAs, which PDL may start early in a decode step's GEMM ->
+  // GEMM chain (docs/design/gptq_small_m.md §13.3; not yet measured). Fewer
+  // splits sum in another order, so outputs may differ in the last bits. An
+  // A/B switch; outside [0, 16] throws InvalidArgument naming this field.
+  // Per backend object.
+  int gptq_stream_ctas_per_sm = 0;
   // GptqKernel::StreamBulk launches split over k into 2..8 CTAs, of at most
   // 3 CTAs per SM (kernels/gptq_gemm.hpp, kGptqClusterMaxCtasPerSm), and
   // wgmma launches of 2..8 splits: the splits of a column block (group) run
@@ -208,6 +219,8 @@ class CudaBackend final : public Backend {
   GptqKernel gptq_kernel() const noexcept { return gptq_kernel_; }
   // CudaBackendConfig::gptq_stream_ring of this backend.
   int gptq_stream_ring() const noexcept { return gptq_stream_ring_; }
+  // CudaBackendConfig::gptq_stream_ctas_per_sm of this backend.
+  int gptq_stream_ctas_per_sm() const noexcept { return gptq_stream_ctas_per_sm_; }
   // CudaBackendConfig::gptq_cluster_reduce of this backend.
   bool gptq_cluster_reduce() const noexcept { return gptq_cluster_reduce_; }
   // CudaBackendConfig::gptq_fused_max_m of this backend.
@@ -309,6 +322,7 @@ class CudaBackend final : public Backend {
   static const CudaBackendConfig& checked_config(const CudaBackendConfig& config);
   GptqKernel gptq_kernel_ = GptqKernel::Auto;
   int gptq_stream_ring_ = 0;  // CudaBackendConfig::gptq_stream_ring, checked
+  int gptq_stream_ctas_per_sm_ = 0;  // CudaBackendConfig::gptq_stream_ctas_per_sm, checked
   bool gptq_cluster_reduce_ = true;  // CudaBackendConfig::gptq_cluster_reduce
   int gptq_fused_max_m_ = -1;        // CudaBackendConfig::gptq_fused_max_m, checked
   bool gptq_fuse_silu_mul_ = true;   // CudaBackendConfig::gptq_fuse_silu_mul

@@ -107,6 +107,7 @@ std::shared_ptr<Communicator> checked_communicator(const CudaBackendConfig& conf
 namespace {
 
 static_assert(kGemmSkinnyMaxM == kernels::kSkinnyMaxM, "the public bound is the kernel's");
+static_assert(kGptqStreamMaxCtasPerSm == kernels::kGptqStreamMaxCtasPerSm, "the public bound is the kernel's");
 
 int resolved_skinny_max_m(int requested) {
   if (requested < -1 || requested > kernels::kSkinnyMaxM) {
@@ -122,6 +123,16 @@ int checked_gptq_stream_ring(int requested) {
     detail::fail(ErrorCode::InvalidArgument,
                  "CudaBackend: CudaBackendConfig::gptq_stream_ring = {} is outside [0, {}] (0: the default)",
                  requested, kernels::kGptqStreamMaxRing);
+  }
+  return requested;
+}
+
+int checked_gptq_stream_ctas_per_sm(int requested) {
+  if (requested < 0 || requested > kernels::kGptqStreamMaxCtasPerSm) {
+    detail::fail(ErrorCode::InvalidArgument,
+                 "CudaBackend: CudaBackendConfig::gptq_stream_ctas_per_sm = {} is outside [0, {}] (0: every resident "
+                 "slot)",
+                 requested, kernels::kGptqStreamMaxCtasPerSm);
   }
   return requested;
 }
@@ -142,6 +153,7 @@ const CudaBackendConfig& CudaBackend::checked_config(const CudaBackendConfig& co
   (void)resolved_skinny_max_m(config.gemm_skinny_max_m);
   (void)checked_gptq_kernel(config.gptq_kernel);
   (void)checked_gptq_stream_ring(config.gptq_stream_ring);
+  (void)checked_gptq_stream_ctas_per_sm(config.gptq_stream_ctas_per_sm);
   (void)checked_gptq_fused_max_m(config.gptq_fused_max_m);
   (void)checked_prefill_kernel(config.prefill_kernel);
   return config;
@@ -155,6 +167,7 @@ CudaBackend::CudaBackend(CudaBackendConfig config)
       gemm_skinny_max_m_(resolved_skinny_max_m(config.gemm_skinny_max_m)),
       gptq_kernel_(checked_gptq_kernel(config.gptq_kernel)),
       gptq_stream_ring_(checked_gptq_stream_ring(config.gptq_stream_ring)),
+      gptq_stream_ctas_per_sm_(checked_gptq_stream_ctas_per_sm(config.gptq_stream_ctas_per_sm)),
       gptq_cluster_reduce_(config.gptq_cluster_reduce),
       gptq_fused_max_m_(checked_gptq_fused_max_m(config.gptq_fused_max_m)),
       gptq_fuse_silu_mul_(config.gptq_fuse_silu_mul),

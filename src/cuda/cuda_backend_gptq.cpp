@@ -238,13 +238,15 @@ kernels::GptqKernelKind forced_kernel_kind(GptqKernel kernel) {
 struct GptqSwitches {
   GptqKernel kernel;
   int stream_ring;
+  int stream_ctas_per_sm;  // CudaBackendConfig::gptq_stream_ctas_per_sm (0: every resident slot)
   bool cluster_reduce;
   int fused_max_m;  // CudaBackendConfig::gptq_fused_max_m (-1: the library's rule)
   int num_sms;
 };
 
 GptqSwitches switches_of(const CudaBackend& be, int num_sms) {
-  return {be.gptq_kernel(), be.gptq_stream_ring(), be.gptq_cluster_reduce(), be.gptq_fused_max_m(), num_sms};
+  return {be.gptq_kernel(),          be.gptq_stream_ring(), be.gptq_stream_ctas_per_sm(),
+          be.gptq_cluster_reduce(), be.gptq_fused_max_m(), num_sms};
 }
 
 // Whether an m-row gemm_gptq on `weight` runs the INT4 kernels (else
@@ -284,6 +286,7 @@ kernels::GptqGemmArgs int4_args(DType dtype, const kernels::GptqDeviceWeight& vi
                                          static_cast<std::size_t>(view.k), static_cast<std::size_t>(view.n),
                                          kernels::gptq_bulk_source_applies(view.group_rows), wgmma_applies);
   args.stream_ring = sw.stream_ring;
+  args.stream_ctas_per_sm = sw.stream_ctas_per_sm;
   args.cluster_reduce = sw.cluster_reduce;
   return args;
 }

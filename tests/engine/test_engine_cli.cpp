@@ -232,6 +232,28 @@ TEST(EngineCli, GptqFusedMaxMRange) {
   EXPECT_NE(read_text(log).find("--gptq-fused-max-m takes 0..65536, got 70000"), std::string::npos) << read_text(log);
 }
 
+// --gptq-ctas-per-sm (CudaBackendConfig::gptq_stream_ctas_per_sm): a GPTQ
+// model decodes at both ends of the range (on CpuBackend without a GPU),
+// and values outside 1..16 are refused by name. (Fewer splits round
+// otherwise, so the tokens are not compared.)
+TEST(EngineCli, GptqCtasPerSmRange) {
+  const std::filesystem::path dir = testing::scratch_dir();
+  const std::filesystem::path log = dir / "engine.log";
+  const std::filesystem::path model = write_gptq_tiny_checkpoint(dir);
+  for (const char* n : {"1", "2", "16"}) {
+    SCOPED_TRACE(n);
+    ASSERT_EQ(run_engine("--model \"" + model.string() + "\" --steps 3 --gptq-ctas-per-sm " + std::string(n), log), 0)
+        << read_text(log);
+    EXPECT_EQ(generated_tokens(read_text(log)).size(), 3u);
+    expect_gpu_backend_when_present(read_text(log));
+  }
+  for (const char* bad : {"0", "17"}) {
+    EXPECT_EQ(run_engine("--random tiny-llama --steps 2 --gptq-ctas-per-sm " + std::string(bad), log), 1);
+    EXPECT_NE(read_text(log).find(std::string("--gptq-ctas-per-sm takes 1..16, got ") + bad), std::string::npos)
+        << read_text(log);
+  }
+}
+
 // A preset whose attention shape the CUDA backend cannot run (head_dim 16)
 // still decodes on a GPU machine: the engine says so and takes CpuBackend.
 TEST(EngineCli, UnsupportedAttentionShapeFallsBackToCpu) {

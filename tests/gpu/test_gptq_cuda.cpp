@@ -637,6 +637,12 @@ TEST_F(CudaGptqStream, ConfigOutsideTheEnumIsRefused) {
     config.gptq_stream_ring = bad;
     expect_error(ErrorCode::InvalidArgument, "CudaBackend", [&] { CudaBackend be(config); }, "gptq_stream_ring");
   }
+  for (int bad : {-1, 17, 1000}) {
+    CudaBackendConfig config;
+    config.gptq_stream_ctas_per_sm = bad;
+    expect_error(ErrorCode::InvalidArgument, "CudaBackend", [&] { CudaBackend be(config); },
+                 "gptq_stream_ctas_per_sm");
+  }
   for (int bad : {-2, -100}) {
     CudaBackendConfig config;
     config.gptq_fused_max_m = bad;
@@ -779,6 +785,45 @@ TEST_F(CudaGptqStreamBulk, ConfigReachesTheBackend) {
   EXPECT_EQ(CudaBackend().gptq_stream_ring(), 0);
   EXPECT_TRUE(bulk_backend(0, true)->gptq_cluster_reduce());
   EXPECT_TRUE(CudaBackend().gptq_cluster_reduce());  // the default
+  EXPECT_EQ(CudaBackend().gptq_stream_ctas_per_sm(), 0);  // every resident slot
+}
+
+// CudaBackendConfig::gptq_stream_ctas_per_sm: the plan fills at most that
+// many CTAs per SM (fewer splits where the default fills more), and the
+// results stay exact against the CPU (power-of-two scales and integer
+// activations: every order of the sums gives the same bits). The llama3-8b
+// down (14336 x 4096: 64 column blocks) and q|k|v (4096 x 6144: 96) shapes,
+// whose default plans fill about 4 CTAs per SM on the H200, capped at 1 and
+// 2; a cap above the resident slots changes nothing.
+TEST_F(CudaGptqStreamBulk, CtasPerSmCapsThePlan) {
+  if (!kernels::gptq_bulk_copy_supported()) GTEST_SKIP() << "no bulk copies (sm_90+) on this device";
+  FERRUM_SEEDED_RNG(rng);
+  const int sms = num_sms();
+  for (const WeightCase& c : {WeightCase{14336, 4096, 128, true, false, GptqZeroFormat::V1},
+                              WeightCase{4096, 6144, 128, false, false, GptqZeroFormat::V2}}) {
+    SCOPED_TRACE(describe(c));
+    const int k_pad = static_cast<int>((c.k + 127) / 128 * 128), n_pad = static_cast<int>((c.n + 63) / 64 * 64);
+    const auto plan = [&](int cap) {
+      return kernels::gptq_stream_plan(DType::F16, !c.symmetric, 1, static_cast<int>(c.k), k_pad, n_pad, 128, sms,
+                                       kernels::GptqKernelKind::StreamBulk, 0, cap);
+    };
+    const kernels::GptqPlan full = plan(0);
+    EXPECT_EQ(plan(kGptqStreamMaxCtasPerSm).splits, full.splits) << "a cap above the resident slots";
+    for (int cap : {1, 2}) {
+      SCOPED_TRACE(cat("cap ", cap));
+      const kernels::GptqPlan capped = plan(cap);
+      EXPECT_LE(capped.splits, full.splits);
+      if (capped.n_ctas <= cap * sms) {
+        EXPECT_LE(capped.n_ctas * capped.splits, cap * sms + capped.n_ctas / 2) << "the nearest CTA count to the cap";
+      }
+      CudaBackendConfig config;
+      config.gptq_kernel = GptqKernel::StreamBulk;
+      config.gptq_stream_ctas_per_sm = cap;
+      CudaBackend be(config);
+      EXPECT_EQ(be.gptq_stream_ctas_per_sm(), cap);
+      expect_exact_on(be, c, {1, 4}, rng);
+    }
+  }
 }
 
 // CudaBackendConfig::gptq_cluster_reduce: the splits of a column block summed
