@@ -131,9 +131,8 @@ struct GateUpVec<T, VW, GateUp::Pairs> {
 template <class T, int VW, GateUp L>
 __global__ void silu_mul_kernel(const T* __restrict__ gate_up,  // Split: [tokens, 2*im]; Pairs: [tokens*im, 2]
                                 T* __restrict__ out,             // [tokens, im]
-                                long long tokens, long long im, bool trigger) {
-  pdl_begin();
-  if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
+                                long long tokens, long long im, PdlTrigger trigger) {
+  pdl_begin_with_trigger(trigger);  // the A/B switches of launch.cuh
   const long long vec_per_row = im / VW;
   const long long total = tokens * vec_per_row;
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x * kItems + threadIdx.x;
@@ -165,9 +164,9 @@ void launch_silu_mul(const char* op, bool wide, const void* gate_up, void* out, 
   const auto* in = static_cast<const T*>(gate_up);
   auto* o = static_cast<T*>(out);
   if (wide) {
-    launch_pdl(op, silu_mul_kernel<T, kWide, L>, grid, kThreads, 0, stream, in, o, tokens, im, pdl_early_trigger());
+    launch_pdl(op, silu_mul_kernel<T, kWide, L>, grid, kThreads, 0, stream, in, o, tokens, im, small_op_trigger());
   } else {
-    launch_pdl(op, silu_mul_kernel<T, 1, L>, grid, kThreads, 0, stream, in, o, tokens, im, pdl_early_trigger());
+    launch_pdl(op, silu_mul_kernel<T, 1, L>, grid, kThreads, 0, stream, in, o, tokens, im, small_op_trigger());
   }
   check_launch(op);
 }

@@ -596,6 +596,7 @@ struct StreamParams : GemmOperands {
   bool cluster_reduce;  // bulk source, 2 .. kGptqClusterMaxSplits splits launched as one cluster per column block
   bool weights_before_wait;  // bulk source: gemm_weights_before_wait (the first fills' weights before the PDL wait)
   bool weights_evict_first;  // bulk source: gptq_weights_evict_first (the weight and scale copies' L2 policy)
+  bool release_next;  // bulk source: pdl_chain_release (trigger the next kernel right after the PDL wait)
 };
 
 // Bytes of the warp sums (warps 1.. of a CTA, read by warp 0) at the start of
@@ -869,9 +870,9 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     // next kernel is the down projection, whose CTAs then sit resident and
     // request their first weights before their own wait, during this GEMM
     // (session 22: 439-446 -> 467-469 tok/s; the trigger alone gains nothing).
-    if constexpr (kSiluOut) {
-      if (p.weights_before_wait) pdl_trigger_dependents();
-    }
+    // pdl_chain_release: every bulk launch releases the next kernel here (a
+    // norm, which releases the GEMM after it before its own wait).
+    if (p.release_next || (kSiluOut && p.weights_before_wait)) pdl_trigger_dependents();
     for (int r = 0; r < p.ring && c + r * kStreamWarps < c_end; ++r) {
       issue(r, c + r * kStreamWarps, !p.weights_before_wait, true);
     }
@@ -1085,6 +1086,7 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   }
   p.weights_before_wait = kBulk && gemm_weights_before_wait();
   p.weights_evict_first = kBulk && gptq_weights_evict_first();
+  p.release_next = kBulk && pdl_chain_release();
   const dim3 cluster(1, p.cluster_reduce ? static_cast<unsigned>(splits) : 1u, 1);
   if (args.w.zeros != nullptr) {
     launch_pdl_clustered(kLaunch, cluster,

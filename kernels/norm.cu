@@ -53,9 +53,8 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
                                  const T* __restrict__ weight,  // [dim]
                                  const T* __restrict__ bias,    // [dim] (Layer)
                                  T* out,                         // [rows, dim]
-                                 int rows, int dim, float eps, int group, bool trigger) {
-  pdl_begin();
-  if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
+                                 int rows, int dim, float eps, int group, PdlTrigger trigger) {
+  pdl_begin_with_trigger(trigger);  // the A/B switches of launch.cuh
   using V = vec_t<T, VW>;
   const int rows_per_block = blockDim.x / group;
   const int row = blockIdx.x * rows_per_block + threadIdx.x / group;
@@ -156,9 +155,8 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
 // Block per row, rows longer than registers hold: accumulate, then re-read.
 template <NormKind K, class T>
 __global__ void __launch_bounds__(1024) norm_rows_loop_kernel(const T* __restrict__ x, T* residual, const T* __restrict__ weight,
-                                      const T* __restrict__ bias, T* out, int dim, float eps, bool trigger) {
-  pdl_begin();
-  if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
+                                      const T* __restrict__ bias, T* out, int dim, float eps, PdlTrigger trigger) {
+  pdl_begin_with_trigger(trigger);  // the A/B switches of launch.cuh
   const long long base = static_cast<long long>(blockIdx.x) * dim;
   auto value = [&](int d) {
     if constexpr (K == NormKind::AddRms) return to_float(residual[base + d]);
@@ -251,7 +249,7 @@ void launch_typed(const NormArgs& a, cudaStream_t stream) {
   const int nvec_per_thread = plan.nvec_per_thread;
   const int threads = plan.threads;
   const int blocks = plan.blocks;
-  const bool trigger = pdl_early_trigger();
+  const PdlTrigger trigger = small_op_trigger();
   // 8 vectors per thread need up to ~230 registers: at most 256 threads.
   if (nvec_per_thread > kMaxNvec || (nvec_per_thread == kMaxNvec && threads > 256)) {
     launch_pdl("norm", norm_rows_loop_kernel<K, T>, dim3(a.rows), kMaxGroup, 0, stream, x, residual, weight, bias, out,

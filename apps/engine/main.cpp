@@ -2,7 +2,7 @@
 //
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N] [--batch N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
-//                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]
+//                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--pdl-chain-release] [--gemm-prefetch]
 //                      [--no-gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]
 //                      [--skinny-max-m N] [--gptq-fused-max-m N] [--gptq-ctas-per-sm N] [--pipeline]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
@@ -28,6 +28,12 @@
 //                    an A/B switch, the tokens and logits are the same)
 //   --no-pdl-trigger CudaBackendConfig::pdl_early_trigger = false (on by
 //                    default; an A/B switch, the tokens and logits are the same)
+//   --pdl-chain-release  CudaBackendConfig::pdl_chain_release (off by default;
+//                    the same): the GPTQ streaming GEMMs release the next
+//                    kernel after their wait and the norms and SiLU·mul before
+//                    theirs, so a GEMM -> norm -> GEMM chain starts the second
+//                    GEMM's weight stream during the first (with
+//                    --gptq-ctas-per-sm N leaving it room)
 //   --gemm-prefetch  CudaBackendConfig::gemm_prefetch_before_wait (the same)
 //   --no-gemm-early-weights  CudaBackendConfig::gemm_weights_before_wait =
 //                    false (the same logits). The engine makes that promise by
@@ -115,6 +121,7 @@ struct Options {
   bool pipeline = false;  // --pipeline: Decoder::decode_pipelined
   bool no_pdl = false;
   bool pdl_trigger = true;  // CudaBackendConfig's default
+  bool pdl_chain_release = false;  // CudaBackendConfig's default
   bool gemm_prefetch = false;
   bool gemm_early_weights = true;  // the engine's promise (see --no-gemm-early-weights)
   bool gptq_evict_first = true;  // CudaBackendConfig's default
@@ -174,7 +181,7 @@ void usage(std::FILE* out) {
   std::fprintf(out,
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3[;4,5]\"] [--steps N] [--batch N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
-               "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--gemm-prefetch]\n"
+               "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--pdl-chain-release] [--gemm-prefetch]\n"
                "                     [--no-gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]\n"
                "                     [--skinny-max-m N] [--gptq-fused-max-m N] [--gptq-ctas-per-sm N] [--pipeline]\n"
                "presets:");
@@ -254,6 +261,8 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.no_pdl = true;
     } else if (arg == "--no-pdl-trigger") {
       opt.pdl_trigger = false;
+    } else if (arg == "--pdl-chain-release") {
+      opt.pdl_chain_release = true;
     } else if (arg == "--gemm-prefetch") {
       opt.gemm_prefetch = true;
     } else if (arg == "--gemm-early-weights") {
@@ -357,6 +366,7 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       CudaBackendConfig config;
       config.programmatic_dependent_launch = !opt.no_pdl;
       config.pdl_early_trigger = opt.pdl_trigger;
+      config.pdl_chain_release = opt.pdl_chain_release;
       config.gemm_prefetch_before_wait = opt.gemm_prefetch;
       config.gemm_weights_before_wait = opt.gemm_early_weights;
       config.gptq_weights_evict_first = opt.gptq_evict_first;

@@ -113,6 +113,17 @@ struct CudaBackendConfig {
   // previous kernel. Per device, like programmatic_dependent_launch.
   bool pdl_early_trigger = true;
   bool gemm_prefetch_before_wait = false;
+  // Off by default (an A/B switch; results are bitwise the same either
+  // way): a GEMM -> norm -> GEMM chain of a decode step released one launch
+  // further ahead. The GPTQ streaming kernel's bulk source triggers the next
+  // kernel right after its own wait, and the norms trigger theirs before
+  // their wait (not after it, as pdl_early_trigger does), so the second
+  // GEMM's CTAs can become resident in the slots the first leaves free (see
+  // gptq_stream_ctas_per_sm) and, under gemm_weights_before_wait, stream
+  // their first weights while the first GEMM still streams its own
+  // (docs/design/gptq_small_m.md §13.4). Needs programmatic_dependent_launch.
+  // Per device, like programmatic_dependent_launch.
+  bool pdl_chain_release = false;
   // On by default: the GPTQ streaming kernel's bulk source reads its weights
   // and scale rows with an L2 evict-first policy (as the skinny dense GEMM
   // always does), so that a weight stream larger than L2 does not push out

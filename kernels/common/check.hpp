@@ -25,13 +25,15 @@ int device_sm_count(const char* op);
 // 9.0: the arch-specific features such as wgmma), cached per device.
 bool device_is_sm90a();
 // The current device's CudaBackendConfig::gemm_prefetch_before_wait,
-// ::gemm_weights_before_wait, ::gptq_weights_evict_first and
-// ::pdl_early_trigger (the last false without PDL; all false without a
-// backend): switches read by the launchers they concern.
+// ::gemm_weights_before_wait, ::gptq_weights_evict_first,
+// ::pdl_early_trigger and ::pdl_chain_release (the last two false without
+// PDL; all false without a backend): switches read by the launchers they
+// concern.
 bool gemm_prefetch_before_wait();
 bool gemm_weights_before_wait();
 bool gptq_weights_evict_first();
 bool pdl_early_trigger();
+bool pdl_chain_release();
 
 // The driver function `name` (CUDA 12 ABI) through the runtime's entry-point
 // query, so nothing links libcuda; null where the driver lacks it (the

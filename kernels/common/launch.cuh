@@ -40,6 +40,11 @@
 //   never run more than one kernel ahead (session 21 measured the norms and
 //   SiLU·mul triggering once their loads had landed instead: 7 % slower,
 //   removed);
+// - pdl_chain_release (off): the GPTQ streaming kernel's bulk source
+//   triggers right after its own wait, and the norms and SiLU·mul before
+//   theirs (PdlTrigger::BeforeWait), so in a GEMM -> norm -> GEMM chain the
+//   second GEMM may launch while the first still streams (two kernels ahead,
+//   the GEMMs stop the chain: they trigger only after their wait);
 // - gemm_prefetch_before_wait: the skinny GEMM asks L2 for its first round
 //   of weights before its pdl_begin(): a prefetch hint, which returns
 //   nothing, so nothing stale can be read;
@@ -76,13 +81,32 @@ __device__ __forceinline__ void pdl_begin() {
 
 // Lets the next PDL-launched kernel in the stream be scheduled now; it still
 // waits in its own pdl_begin() until this grid has completed and its memory
-// is visible. Behind the pdl_early_trigger switch (see above), and in
-// gemm_silu_mul_gptq's fused GPTQ launch behind gemm_weights_before_wait
-// (which --no-pdl-trigger leaves alone).
+// is visible. Behind the pdl_early_trigger and pdl_chain_release switches
+// (see above), and in gemm_silu_mul_gptq's fused GPTQ launch behind
+// gemm_weights_before_wait (which --no-pdl-trigger leaves alone).
 __device__ __forceinline__ void pdl_trigger_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// Where a small op between two GEMMs of a decode step (a norm, SiLU·mul)
+// triggers the next kernel (see the switches above): not at all, right after
+// its own wait (pdl_early_trigger), or before it (pdl_chain_release, which
+// takes precedence), so that the GEMM after it can launch while the GEMM
+// before it still runs.
+enum class PdlTrigger : int { None, AfterWait, BeforeWait };
+
+inline PdlTrigger small_op_trigger() {
+  if (pdl_chain_release()) return PdlTrigger::BeforeWait;
+  return pdl_early_trigger() ? PdlTrigger::AfterWait : PdlTrigger::None;
+}
+
+// pdl_begin() with the trigger where `trigger` puts it.
+__device__ __forceinline__ void pdl_begin_with_trigger(PdlTrigger trigger) {
+  if (trigger == PdlTrigger::BeforeWait) pdl_trigger_dependents();
+  pdl_begin();
+  if (trigger == PdlTrigger::AfterWait) pdl_trigger_dependents();
 }
 
 // Whether a kernel's code was compiled for sm_90+ (its cluster, bulk-copy or

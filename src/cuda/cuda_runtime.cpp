@@ -24,7 +24,7 @@ std::array<CudaRuntime*, kMaxDevices> g_runtimes{};
 // the A/B switches are off), else kConfigured | the kLaunch* bits of the
 // runtime's config. Set once when the device's runtime is created.
 constexpr int kConfigured = 1, kLaunchPdl = 2, kLaunchTrigger = 4, kLaunchGemmPrefetch = 8, kLaunchGemmWeights = 16,
-              kLaunchGptqEvictFirst = 32;
+              kLaunchGptqEvictFirst = 32, kLaunchChainRelease = 64;
 std::array<std::atomic<int>, kMaxDevices> g_launch_state{};
 
 int launch_state_of_current_device() {
@@ -76,6 +76,7 @@ CudaRuntime* create_runtime_steps(CudaRuntime* rt, const CudaBackendConfig& conf
   rt->pdl_capable = major >= 9;
   rt->pdl = config.programmatic_dependent_launch && rt->pdl_capable;
   rt->pdl_trigger = rt->pdl && config.pdl_early_trigger;
+  rt->pdl_chain = rt->pdl && config.pdl_chain_release;
   rt->gemm_prefetch = config.gemm_prefetch_before_wait;
   rt->gemm_weights = config.gemm_weights_before_wait;
   rt->gptq_evict_first = config.gptq_weights_evict_first;
@@ -166,6 +167,11 @@ CudaRuntime& cuda_runtime(const CudaBackendConfig& config) {
              config.pdl_early_trigger, config.gemm_prefetch_before_wait, config.device, existing->pdl_trigger,
              existing->gemm_prefetch);
       }
+      if (existing->pdl_chain != (config.pdl_chain_release && existing->pdl)) {
+        fail(ErrorCode::InvalidArgument,
+             "CudaBackend: argument 'config.pdl_chain_release' = {} but device {} already runs with {}",
+             config.pdl_chain_release, config.device, existing->pdl_chain);
+      }
       if (existing->gptq_evict_first != config.gptq_weights_evict_first) {
         fail(ErrorCode::InvalidArgument,
              "CudaBackend: argument 'config.gptq_weights_evict_first' = {} but device {} already runs with {}",
@@ -191,7 +197,8 @@ CudaRuntime& cuda_runtime(const CudaBackendConfig& config) {
   g_launch_state[config.device].store(kConfigured | (made.pdl ? kLaunchPdl : 0) | (made.pdl_trigger ? kLaunchTrigger : 0) |
                                           (made.gemm_prefetch ? kLaunchGemmPrefetch : 0) |
                                           (made.gemm_weights ? kLaunchGemmWeights : 0) |
-                                          (made.gptq_evict_first ? kLaunchGptqEvictFirst : 0),
+                                          (made.gptq_evict_first ? kLaunchGptqEvictFirst : 0) |
+                                          (made.pdl_chain ? kLaunchChainRelease : 0),
                                       std::memory_order_relaxed);
   return *rt;
 }
@@ -274,6 +281,10 @@ bool gptq_weights_evict_first() {
 }
 
 bool pdl_early_trigger() { return (detail::launch_state_of_current_device() & detail::kLaunchTrigger) != 0; }
+
+bool pdl_chain_release() {
+  return (detail::launch_state_of_current_device() & detail::kLaunchChainRelease) != 0;
+}
 
 namespace {
 

@@ -34,6 +34,7 @@ struct CudaRuntime {
   bool pdl_capable = false;  // sm_90+: programmatic dependent launch exists
   bool pdl = false;          // ... and config.programmatic_dependent_launch asked for it
   bool pdl_trigger = false;  // ... and config.pdl_early_trigger
+  bool pdl_chain = false;    // ... and config.pdl_chain_release
   bool gptq_evict_first = false;      // config.gptq_weights_evict_first
   bool gemm_prefetch = false;  // config.gemm_prefetch_before_wait
   bool gemm_weights = false;   // config.gemm_weights_before_wait

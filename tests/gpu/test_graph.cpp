@@ -341,5 +341,30 @@ TEST_F(CudaGraphErrors, PdlSettingMustAgreeWithTheDevice) {
   EXPECT_NO_THROW(CudaBackend be(same));
 }
 
+// The same for the per-device launch switches: each one asked the other way
+// from the device's first backend is refused, naming its field.
+TEST_F(CudaGraphErrors, LaunchSwitchesMustAgreeWithTheDevice) {
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  if (major < 9) GTEST_SKIP() << "no programmatic dependent launch before sm_90: the PDL switches are all off";
+  const CudaBackendConfig first;  // what cuda() was made with
+  struct Case {
+    const char* field;
+    void (*flip)(CudaBackendConfig&);
+  };
+  const Case cases[] = {
+      {"pdl_early_trigger", [](CudaBackendConfig& c) { c.pdl_early_trigger = !c.pdl_early_trigger; }},
+      {"pdl_chain_release", [](CudaBackendConfig& c) { c.pdl_chain_release = !c.pdl_chain_release; }},
+      {"gemm_weights_before_wait", [](CudaBackendConfig& c) { c.gemm_weights_before_wait = !c.gemm_weights_before_wait; }},
+      {"gptq_weights_evict_first", [](CudaBackendConfig& c) { c.gptq_weights_evict_first = !c.gptq_weights_evict_first; }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.field);
+    CudaBackendConfig other = first;
+    c.flip(other);
+    expect_error(ErrorCode::InvalidArgument, "CudaBackend", [&] { CudaBackend be(other); }, c.field);
+  }
+}
+
 }  // namespace
 }  // namespace ferrum::test
