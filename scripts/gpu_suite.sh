@@ -304,23 +304,24 @@ if has_mode engine; then
     echo "== engine, GPTQ INT4 (llama3-8b shape, random int4 weights, f16) ($(date +%T))"
     # Auto (the streaming kernel, bulk source, with PDL), the steps enqueued
     # back to back (--pipeline), the register source, the weights without
-    # the L2 evict-first policy, the GEMM -> norm -> GEMM chain released
-    # ahead (alone and with the splits planned for 3 CTAs per SM, room for
-    # the next GEMM's early CTAs), eager.
+    # the L2 evict-first policy, the GEMM -> norm -> GEMM chains not
+    # released ahead (the engine's default for one sequence since session
+    # 24), that with the splits planned for every slot (the library's
+    # defaults, the engine's before), eager.
     # The same-bits switches (--pipeline, --no-gptq-evict-first,
-    # --no-gptq-fuse-silu-mul, --no-gemm-early-weights, --pdl-chain-release)
-    # must give --graph's tokens; the register source, fewer splits and
+    # --no-gptq-fuse-silu-mul, --no-gemm-early-weights, --no-pdl-chain-release)
+    # must give --graph's tokens; the register source, other splits and
     # eager may round otherwise.
     for mode in --graph "--graph --pipeline" "--graph --no-gptq-fuse-silu-mul" "--graph --no-gemm-early-weights" \
-                "--graph --gptq-kernel stream" "--graph --no-gptq-evict-first" "--graph --pdl-chain-release" \
-                "--graph --pdl-chain-release --gptq-ctas-per-sm 3" --eager; do
+                "--graph --gptq-kernel stream" "--graph --no-gptq-evict-first" "--graph --no-pdl-chain-release" \
+                "--graph --no-pdl-chain-release --gptq-ctas-per-sm 0" --eager; do
       echo "-- gptq $mode"
       log="/tmp/ferrum_gptq_${mode//[ -]/}.log"
       timeout 240 $B/apps/engine/ferrum_engine --random llama3-8b --quant gptq --dtype f16 --steps 128 $mode > "$log" 2>&1
       grep -E "backend|model|loaded|decode:|bound:|prefill:|error" "$log"
       case "$mode" in
         *--gptq-ctas-per-sm*) ;;
-        *--pipeline* | *--no-gptq-evict-first* | *--no-gptq-fuse-silu-mul* | *--no-gemm-early-weights* | *--pdl-chain-release*)
+        *--pipeline* | *--no-gptq-evict-first* | *--no-gptq-fuse-silu-mul* | *--no-gemm-early-weights* | *--no-pdl-chain-release*)
           first=$(grep generated: /tmp/ferrum_gptq_graph.log)
           if [ -n "$first" ] && [ "$first" = "$(grep generated: "$log")" ]; then
             echo "   tokens equal to --graph"

@@ -2,7 +2,7 @@
 //
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N] [--batch N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
-//                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--pdl-chain-release] [--gemm-prefetch]
+//                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--[no-]pdl-chain-release] [--gemm-prefetch]
 //                      [--no-gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]
 //                      [--skinny-max-m N] [--gptq-fused-max-m N] [--gptq-ctas-per-sm N] [--pipeline]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
@@ -28,12 +28,15 @@
 //                    an A/B switch, the tokens and logits are the same)
 //   --no-pdl-trigger CudaBackendConfig::pdl_early_trigger = false (on by
 //                    default; an A/B switch, the tokens and logits are the same)
-//   --pdl-chain-release  CudaBackendConfig::pdl_chain_release (off by default;
-//                    the same): the GPTQ streaming GEMMs release the next
-//                    kernel after their wait and the norms and SiLU·mul before
-//                    theirs, so a GEMM -> norm -> GEMM chain starts the second
-//                    GEMM's weight stream during the first (with
-//                    --gptq-ctas-per-sm N leaving it room)
+//   --pdl-chain-release, --no-pdl-chain-release  CudaBackendConfig::
+//                    pdl_chain_release (the same logits): the GPTQ streaming
+//                    GEMMs release the next kernel after their wait and the
+//                    norms and SiLU·mul before theirs, so a GEMM -> norm -> GEMM
+//                    chain starts the second GEMM's weight stream during the
+//                    first (with --gptq-ctas-per-sm N leaving it room). On by
+//                    default where measured faster: a GPTQ model decoding one
+//                    sequence (with --gptq-ctas-per-sm 3: llama3-8b +2 %,
+//                    session 24); off elsewhere (the library's default)
 //   --gemm-prefetch  CudaBackendConfig::gemm_prefetch_before_wait (the same)
 //   --no-gemm-early-weights  CudaBackendConfig::gemm_weights_before_wait =
 //                    false (the same logits). The engine makes that promise by
@@ -61,9 +64,11 @@
 //                    size); the two paths round differently; an A/B switch
 //   --gptq-ctas-per-sm N  CudaBackendConfig::gptq_stream_ctas_per_sm: the
 //                    streaming GPTQ kernel plans for at most N CTAs per SM
-//                    (1..16; default: every resident slot), leaving room for
-//                    the next GEMM's early CTAs; fewer splits round
-//                    otherwise; an A/B switch
+//                    (1..16; 0: every resident slot, the library's default),
+//                    leaving room for the next GEMM's early CTAs; fewer
+//                    splits may round otherwise. Default: 3 where
+//                    --pdl-chain-release is on by default (a GPTQ model
+//                    decoding one sequence), else 0
 //   --no-gptq-fuse-silu-mul  CudaBackendConfig::gptq_fuse_silu_mul = false
 //                    (the GPTQ gate|up GEMM stores gate_up and the pairs
 //                    kernel computes SiLU·mul; the same logits); an A/B switch
@@ -94,6 +99,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -111,6 +117,10 @@ using namespace ferrum;
 using namespace ferrum::engine;
 using Clock = std::chrono::steady_clock;
 
+// The streaming GPTQ kernel's CTAs per SM for a GPTQ model decoding one
+// sequence (see choose_backend): 2 measured slower, 4 no better (session 24).
+constexpr int kEngineGptqCtasPerSm = 3;
+
 struct Options {
   std::string model_dir;
   std::string random_preset;
@@ -121,7 +131,8 @@ struct Options {
   bool pipeline = false;  // --pipeline: Decoder::decode_pipelined
   bool no_pdl = false;
   bool pdl_trigger = true;  // CudaBackendConfig's default
-  bool pdl_chain_release = false;  // CudaBackendConfig's default
+  // Unset: the engine's choice by model and batch (choose_backend).
+  std::optional<bool> pdl_chain_release;
   bool gemm_prefetch = false;
   bool gemm_early_weights = true;  // the engine's promise (see --no-gemm-early-weights)
   bool gptq_evict_first = true;  // CudaBackendConfig's default
@@ -130,7 +141,7 @@ struct Options {
   bool gptq_fuse_silu_mul = true;  // CudaBackendConfig's default
   int skinny_max_m = -1;  // CudaBackendConfig::gemm_skinny_max_m
   int gptq_fused_max_m = -1;  // CudaBackendConfig::gptq_fused_max_m
-  int gptq_ctas_per_sm = 0;   // CudaBackendConfig::gptq_stream_ctas_per_sm
+  std::optional<int> gptq_ctas_per_sm;  // CudaBackendConfig::gptq_stream_ctas_per_sm; unset: as above
   bool graph = false;
   std::uint64_t seed = 1234;
   std::string dump_logits;  // empty: no dump
@@ -181,7 +192,7 @@ void usage(std::FILE* out) {
   std::fprintf(out,
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3[;4,5]\"] [--steps N] [--batch N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
-               "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--pdl-chain-release] [--gemm-prefetch]\n"
+               "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--[no-]pdl-chain-release] [--gemm-prefetch]\n"
                "                     [--no-gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]\n"
                "                     [--skinny-max-m N] [--gptq-fused-max-m N] [--gptq-ctas-per-sm N] [--pipeline]\n"
                "presets:");
@@ -263,6 +274,8 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.pdl_trigger = false;
     } else if (arg == "--pdl-chain-release") {
       opt.pdl_chain_release = true;
+    } else if (arg == "--no-pdl-chain-release") {
+      opt.pdl_chain_release = false;
     } else if (arg == "--gemm-prefetch") {
       opt.gemm_prefetch = true;
     } else if (arg == "--gemm-early-weights") {
@@ -302,8 +315,8 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.gptq_fused_max_m = static_cast<int>(m);
     } else if (arg == "--gptq-ctas-per-sm") {
       const std::size_t n = parse_count(arg, value());
-      if (n < 1 || n > static_cast<std::size_t>(kGptqStreamMaxCtasPerSm)) {
-        fail(ErrorCode::InvalidArgument, "--gptq-ctas-per-sm takes 1..", kGptqStreamMaxCtasPerSm, ", got ", n);
+      if (n > static_cast<std::size_t>(kGptqStreamMaxCtasPerSm)) {
+        fail(ErrorCode::InvalidArgument, "--gptq-ctas-per-sm takes 0..", kGptqStreamMaxCtasPerSm, ", got ", n);
       }
       opt.gptq_ctas_per_sm = static_cast<int>(n);
     } else if (arg == "--eager") {
@@ -366,7 +379,14 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       CudaBackendConfig config;
       config.programmatic_dependent_launch = !opt.no_pdl;
       config.pdl_early_trigger = opt.pdl_trigger;
-      config.pdl_chain_release = opt.pdl_chain_release;
+      // A GPTQ model decoding one sequence: its GEMM -> norm -> GEMM chains
+      // released ahead, the streaming splits planned for 3 CTAs per SM so
+      // the next GEMM's early CTAs find room (llama3-8b GPTQ graph decode
+      // 458-468 -> 473-477 tok/s, session 24; either alone gains nothing).
+      // Elsewhere (dense weights, batch decoding) the library's defaults:
+      // not measured with them.
+      const bool gptq_single = gptq && !batch;
+      config.pdl_chain_release = opt.pdl_chain_release.value_or(gptq_single);
       config.gemm_prefetch_before_wait = opt.gemm_prefetch;
       config.gemm_weights_before_wait = opt.gemm_early_weights;
       config.gptq_weights_evict_first = opt.gptq_evict_first;
@@ -374,9 +394,13 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       config.gptq_cluster_reduce = opt.gptq_cluster_reduce;
       config.gptq_fuse_silu_mul = opt.gptq_fuse_silu_mul;
       config.gptq_fused_max_m = opt.gptq_fused_max_m;
-      config.gptq_stream_ctas_per_sm = opt.gptq_ctas_per_sm;
+      config.gptq_stream_ctas_per_sm = opt.gptq_ctas_per_sm.value_or(gptq_single ? kEngineGptqCtasPerSm : 0);
       config.gemm_skinny_max_m = opt.skinny_max_m;
       backend = std::make_unique<CudaBackend>(config);
+      if (gptq) {
+        std::printf("ferrum_engine: GPTQ launches: pdl_chain_release %s, gptq_stream_ctas_per_sm %d\n",
+                    config.pdl_chain_release ? "on" : "off", config.gptq_stream_ctas_per_sm);
+      }
     } else {
       backend = std::make_unique<CpuBackend>();
     }

@@ -116,13 +116,18 @@ struct CudaBackendConfig {
   // Off by default (an A/B switch; results are bitwise the same either
   // way): a GEMM -> norm -> GEMM chain of a decode step released one launch
   // further ahead. The GPTQ streaming kernel's bulk source triggers the next
-  // kernel right after its own wait, and the norms trigger theirs before
-  // their wait (not after it, as pdl_early_trigger does), so the second
-  // GEMM's CTAs can become resident in the slots the first leaves free (see
-  // gptq_stream_ctas_per_sm) and, under gemm_weights_before_wait, stream
-  // their first weights while the first GEMM still streams its own
-  // (docs/design/gptq_small_m.md §13.4). Needs programmatic_dependent_launch.
-  // Per device, like programmatic_dependent_launch.
+  // kernel right after its own wait, and the norms and SiLU·mul trigger
+  // theirs before their wait (not after it, as pdl_early_trigger does), so
+  // the second GEMM's CTAs can become resident in the slots the first leaves
+  // free (see gptq_stream_ctas_per_sm) and, under gemm_weights_before_wait,
+  // stream their first weights while the first GEMM still streams its own
+  // (docs/design/gptq_small_m.md §13.4). On the H200 (session 24), with
+  // gptq_stream_ctas_per_sm = 3 and the promise, the llama3-8b GPTQ graph
+  // decode went 458-468 -> 473-477 tok/s; alone it was level (458 / 459),
+  // as was the cap alone. Off here because it pays only with the promise
+  // and the cap (ferrum_engine turns all three on for a GPTQ model decoding
+  // one sequence). Needs programmatic_dependent_launch. Per device, like
+  // programmatic_dependent_launch.
   bool pdl_chain_release = false;
   // On by default: the GPTQ streaming kernel's bulk source reads its weights
   // and scale rows with an L2 evict-first policy (as the skinny dense GEMM
@@ -164,10 +169,12 @@ struct CudaBackendConfig {
   // per SM, 1..kGptqStreamMaxCtasPerSm; 0: every resident slot (the
   // default, measured fastest standalone). Fewer CTAs leave room for the
   // next kernel's CTAs, which PDL may start early in a decode step's GEMM ->
-  // GEMM chain (docs/design/gptq_small_m.md §13.3; not yet measured). Fewer
-  // splits sum in another order, so outputs may differ in the last bits. An
-  // A/B switch; outside [0, 16] throws InvalidArgument naming this field.
-  // Per backend object.
+  // norm -> GEMM chain (pdl_chain_release; docs/design/gptq_small_m.md
+  // §13.4): llama3-8b GPTQ graph decode +2 % with both at 3; alone 2 lost
+  // 5 %, 3 was level or 1 % slower, 4 level (session 24). Fewer splits sum
+  // in another order, so outputs may differ in the last bits. An A/B
+  // switch; outside [0, 16] throws InvalidArgument naming this field. Per
+  // backend object.
   int gptq_stream_ctas_per_sm = 0;
   // GptqKernel::StreamBulk launches split over k into 2..8 CTAs, of at most
   // 3 CTAs per SM (kernels/gptq_gemm.hpp, kGptqClusterMaxCtasPerSm), and

@@ -148,7 +148,7 @@ void expect_gpu_backend_when_present(const std::string& output) {
 
 // The decode-step launch switches change no bit: each run's logits equal the
 // default run's, eager and graph: PDL on and off, the early trigger off, the
-// chain release on, the L2 prefetch, the pre-wait weight loads off (gemm_weights_before_wait, the
+// chain release on and off, the L2 prefetch, the pre-wait weight loads off (gemm_weights_before_wait, the
 // engine's promise by default) and the
 // GPTQ weights' L2 policy off (gptq_weights_evict_first), which no other test can turn on
 // (the first backend on a device fixes them), the GPTQ cluster reduce
@@ -164,7 +164,8 @@ void expect_launch_switches_keep_logits(const std::filesystem::path& dir, const 
     const std::string base = "--model \"" + model.string() + "\" --steps 4 " + mode;
     ASSERT_EQ(run_engine(base + " --dump-logits \"" + (dir / "a.bin").string() + "\"", log), 0) << read_text(log);
     expect_gpu_backend_when_present(read_text(log));
-    for (const char* switches : {"--no-pdl", "--no-pdl-trigger", "--pdl-chain-release", "--no-gemm-early-weights",
+    for (const char* switches : {"--no-pdl", "--no-pdl-trigger", "--pdl-chain-release", "--no-pdl-chain-release",
+                                 "--no-gemm-early-weights",
                                  "--no-pdl-trigger --gemm-prefetch", "--no-gptq-cluster-reduce",
                                  "--no-gptq-evict-first --no-gemm-early-weights", "--no-gptq-fuse-silu-mul",
                                  "--no-gptq-fuse-silu-mul --no-gemm-early-weights"}) {
@@ -233,24 +234,51 @@ TEST(EngineCli, GptqFusedMaxMRange) {
 }
 
 // --gptq-ctas-per-sm (CudaBackendConfig::gptq_stream_ctas_per_sm): a GPTQ
-// model decodes at both ends of the range (on CpuBackend without a GPU),
-// and values outside 1..16 are refused by name. (Fewer splits round
-// otherwise, so the tokens are not compared.)
+// model decodes at both ends of the range, 0 (every slot) included (on
+// CpuBackend without a GPU), and values past 16 are refused by name. (Fewer
+// splits may round otherwise, so the tokens are not compared.)
 TEST(EngineCli, GptqCtasPerSmRange) {
   const std::filesystem::path dir = testing::scratch_dir();
   const std::filesystem::path log = dir / "engine.log";
   const std::filesystem::path model = write_gptq_tiny_checkpoint(dir);
-  for (const char* n : {"1", "2", "16"}) {
+  for (const char* n : {"0", "1", "2", "16"}) {
     SCOPED_TRACE(n);
     ASSERT_EQ(run_engine("--model \"" + model.string() + "\" --steps 3 --gptq-ctas-per-sm " + std::string(n), log), 0)
         << read_text(log);
     EXPECT_EQ(generated_tokens(read_text(log)).size(), 3u);
     expect_gpu_backend_when_present(read_text(log));
   }
-  for (const char* bad : {"0", "17"}) {
+  for (const char* bad : {"17", "1000"}) {
     EXPECT_EQ(run_engine("--random tiny-llama --steps 2 --gptq-ctas-per-sm " + std::string(bad), log), 1);
-    EXPECT_NE(read_text(log).find(std::string("--gptq-ctas-per-sm takes 1..16, got ") + bad), std::string::npos)
+    EXPECT_NE(read_text(log).find(std::string("--gptq-ctas-per-sm takes 0..16, got ") + bad), std::string::npos)
         << read_text(log);
+  }
+}
+
+// The engine's GPTQ launch plan on CudaBackend (the line it prints): a GPTQ
+// model decoding one sequence releases its GEMM -> norm -> GEMM chains ahead
+// with the streaming splits planned for 3 CTAs per SM; batch decoding keeps
+// the library's defaults; either flag overrides its half. GPU only: the plan
+// configures CudaBackend.
+TEST(EngineCli, GptqLaunchPlanDefaults) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU: the launch plan only configures CudaBackend";
+  const std::filesystem::path dir = testing::scratch_dir();
+  const std::filesystem::path log = dir / "engine.log";
+  const std::filesystem::path model = write_gptq_tiny_checkpoint(dir);
+  const std::string base = "--model \"" + model.string() + "\" --steps 2";
+  struct Case {
+    const char* flags;
+    const char* plan;
+  };
+  for (const Case& c : {Case{"", "pdl_chain_release on, gptq_stream_ctas_per_sm 3"},
+                        Case{"--batch 2", "pdl_chain_release off, gptq_stream_ctas_per_sm 0"},
+                        Case{"--no-pdl-chain-release", "pdl_chain_release off, gptq_stream_ctas_per_sm 3"},
+                        Case{"--gptq-ctas-per-sm 0", "pdl_chain_release on, gptq_stream_ctas_per_sm 0"},
+                        Case{"--batch 2 --pdl-chain-release --gptq-ctas-per-sm 5",
+                             "pdl_chain_release on, gptq_stream_ctas_per_sm 5"}}) {
+    SCOPED_TRACE(c.flags);
+    ASSERT_EQ(run_engine(base + " " + c.flags, log), 0) << read_text(log);
+    EXPECT_NE(read_text(log).find(std::string("GPTQ launches: ") + c.plan), std::string::npos) << read_text(log);
   }
 }
 
