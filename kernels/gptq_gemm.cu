@@ -39,11 +39,13 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/common/activation.cuh"
 #include "kernels/common/bulk_copy.cuh"
@@ -597,6 +599,61 @@ struct StreamParams : GemmOperands {
   bool weights_before_wait;  // bulk source: gemm_weights_before_wait (the first fills' weights before the PDL wait)
   bool weights_evict_first;  // bulk source: gptq_weights_evict_first (the weight and scale copies' L2 policy)
   bool release_next;  // bulk source: pdl_chain_release (trigger the next kernel right after the PDL wait)
+#if defined(FERRUM_GPTQ_TIMELINE)
+  int timeline_slot;  // this launch's slot of g_gptq_timeline
+#endif
+};
+
+// FERRUM_GPTQ_TIMELINE's recorder (gptq_gemm.hpp): thread 0 of each CTA
+// stores the stamps; without the option it holds nothing and its calls
+// compile to nothing. The Entry stamp is taken first and stored with the
+// wait's (nothing global is written before the PDL wait).
+#if defined(FERRUM_GPTQ_TIMELINE)
+__device__ GptqTimelineStamp g_gptq_timeline[kGptqTimelineLaunches][kGptqTimelineCtas][kGptqTimelinePoints];
+
+__device__ __forceinline__ GptqTimelineStamp gptq_timeline_now() {
+  unsigned long long ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return GptqTimelineStamp{ns, static_cast<unsigned long long>(clock64())};
+}
+#endif
+
+class StreamTimeline {
+ public:
+  __device__ explicit StreamTimeline(const StreamParams& p) {
+#if defined(FERRUM_GPTQ_TIMELINE)
+    slot_ = p.timeline_slot;
+    entry_ = gptq_timeline_now();
+#else
+    (void)p;
+#endif
+  }
+  // Right after the PDL wait: the Entry and WaitReturned stamps.
+  __device__ void mark_wait_returned() const {
+#if defined(FERRUM_GPTQ_TIMELINE)
+    store(GptqTimelinePoint::Entry, entry_);
+    store(GptqTimelinePoint::WaitReturned, gptq_timeline_now());
+#endif
+  }
+  __device__ void mark(GptqTimelinePoint point) const {
+#if defined(FERRUM_GPTQ_TIMELINE)
+    store(point, gptq_timeline_now());
+#else
+    (void)point;
+#endif
+  }
+
+ private:
+#if defined(FERRUM_GPTQ_TIMELINE)
+  __device__ void store(GptqTimelinePoint point, const GptqTimelineStamp& stamp) const {
+    const unsigned cta = blockIdx.y * gridDim.x + blockIdx.x;
+    if (threadIdx.x == 0 && cta < static_cast<unsigned>(kGptqTimelineCtas)) {
+      g_gptq_timeline[slot_][cta][static_cast<int>(point)] = stamp;
+    }
+  }
+  int slot_;
+  GptqTimelineStamp entry_;
+#endif
 };
 
 // Bytes of the warp sums (warps 1.. of a CTA, read by warp 0) at the start of
@@ -648,6 +705,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     gptq_stream_kernel(const StreamParams p) {
   constexpr bool kBulk = kSource != StreamSource::Registers;
   static_assert(!kSiluOut || (kBulk && NT == 1), "silu·mul epilogue: the bulk source with one row tile");
+  const StreamTimeline timeline(p);
   using M = Int4Math<T>;
   constexpr int kAcc = NT * 4 * 4;  // [nt][j][4] f32
   // The bulk source's rings (dynamic shared memory; none for the register
@@ -866,6 +924,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     // under the promise, the weight's words and scale / zero rows); from here
     // on global memory.
     pdl_begin();
+    timeline.mark_wait_returned();
     // The gate|up GEMM with the SiLU·mul epilogue, under the promise: the
     // next kernel is the down projection, whose CTAs then sit resident and
     // request their first weights before their own wait, during this GEMM
@@ -880,6 +939,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     std::uint32_t phase = 0;
     for (; c < c_end; c += kStreamWarps) {
       mbarrier_wait_parity(&full[slot], phase);
+      if (c == c_begin) timeline.mark(GptqTimelinePoint::FirstChunk);  // warp 0's first (thread 0 stores)
       unsigned char* const base = ring + slot * kSlotBytes;
       const int tail = p.k - c * kGptqTileK;  // < 128: the last chunk, whose columns >= k were not copied
       if (tail < kGptqTileK) {
@@ -935,6 +995,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     }
   } else {
     pdl_begin();  // launched with PDL: before any global access
+    timeline.mark_wait_returned();
     // Two register buffers in turn (no copies): while one chunk is consumed
     // the next one's loads are in flight, and L2 holds the kStreamL2Ahead after.
     uint4 wa[kChunkK16], wb[kChunkK16];
@@ -967,6 +1028,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     }
   }
 
+  timeline.mark(GptqTimelinePoint::ChunksDone);
   // Warps 1.. -> warp 0, in warp order.
   if constexpr (kBulk) __syncthreads();  // every warp is done with its ring before red overwrites it
   if (warp > 0) {
@@ -981,11 +1043,13 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
       for (int i = 0; i < kAcc; ++i) acc[i] += red[w][i][lane];
     }
   }
+  timeline.mark(GptqTimelinePoint::WarpsSummed);
   // D fragment (nt, j): d0 / d1 = feature 16j + g, rows 8nt + 2t / +1; d2 / d3 = feature + 8.
   T* out = static_cast<T*>(p.out);
   if constexpr (kBulk) {
     if (p.cluster_reduce) {  // grid-uniform
       cluster_reduce_store<T, NT>(acc, ring_smem + kStreamRedBytes<NT>, warp == 0, p, nb, out);
+      timeline.mark(GptqTimelinePoint::Exit);
       return;
     }
   }
@@ -1025,11 +1089,41 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
       }
     }
   }
-  if (p.splits == 1) return;  // grid-uniform
+  if (p.splits == 1) {  // grid-uniform
+    timeline.mark(GptqTimelinePoint::Exit);
+    return;
+  }
   constexpr int kPer = (NT * 8 * (kGptqTileN / 4) + kStreamThreads - 1) / kStreamThreads;
   splitk_finish_last<T, kStreamThreads, kPer>(p.partials, p.counters, nb, nb_total, p.splits, p.m, kGptqTileN,
                                               nb * kGptqTileN, p.n, out);
+  timeline.mark(GptqTimelinePoint::Exit);
 }
+
+#if defined(FERRUM_GPTQ_TIMELINE)
+// The launches' records, one per slot of g_gptq_timeline (gptq_gemm.hpp).
+std::mutex g_gptq_timeline_mutex;
+long long g_gptq_timeline_launches = 0;
+std::array<GptqTimelineLaunch, kGptqTimelineLaunches> g_gptq_timeline_records;
+
+// The next slot, with this launch's record.
+int gptq_timeline_claim(const GptqGemmArgs& args, int grid_x, int splits, int ring, bool cluster_reduce,
+                        bool silu_out) {
+  std::lock_guard<std::mutex> lock(g_gptq_timeline_mutex);
+  const long long sequence = g_gptq_timeline_launches++;
+  const int slot = static_cast<int>(sequence % kGptqTimelineLaunches);
+  GptqTimelineLaunch& r = g_gptq_timeline_records[static_cast<std::size_t>(slot)];
+  r.sequence = sequence;
+  r.m = args.m;
+  r.k = args.w.k;
+  r.n = args.w.n;
+  r.grid_x = grid_x;
+  r.splits = splits;
+  r.ring = ring;
+  r.cluster_reduce = cluster_reduce;
+  r.silu_out = silu_out;
+  return slot;
+}
+#endif
 
 template <class T, int NT, bool kZeros, StreamSource kSource, bool kSiluOut = false>
 auto stream_kernel_ptr() {
@@ -1087,6 +1181,9 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   p.weights_before_wait = kBulk && gemm_weights_before_wait();
   p.weights_evict_first = kBulk && gptq_weights_evict_first();
   p.release_next = kBulk && pdl_chain_release();
+#if defined(FERRUM_GPTQ_TIMELINE)
+  p.timeline_slot = gptq_timeline_claim(args, static_cast<int>(grid.x), splits, p.ring, p.cluster_reduce, kSiluOut);
+#endif
   const dim3 cluster(1, p.cluster_reduce ? static_cast<unsigned>(splits) : 1u, 1);
   if (args.w.zeros != nullptr) {
     launch_pdl_clustered(kLaunch, cluster,
@@ -1515,5 +1612,36 @@ void launch_gptq_dequant(DType dtype, const GptqDeviceWeight& w, int n0, int col
   });
   check_launch("gemm_gptq (dequantize)");
 }
+
+#if defined(FERRUM_GPTQ_TIMELINE)
+void gptq_timeline_reset() {
+  void* stamps = nullptr;
+  cudaError_t err = cudaGetSymbolAddress(&stamps, g_gptq_timeline);
+  if (err == cudaSuccess) err = cudaMemset(stamps, 0, sizeof(g_gptq_timeline));
+  if (err != cudaSuccess) throw_cuda_error("gptq_timeline", "cudaMemset", err);
+}
+
+std::vector<GptqTimelineLaunch> gptq_timeline_read() {
+  std::vector<std::array<std::array<GptqTimelineStamp, kGptqTimelinePoints>, kGptqTimelineCtas>> stamps(
+      kGptqTimelineLaunches);
+  const cudaError_t err = cudaMemcpyFromSymbol(stamps.data(), g_gptq_timeline, sizeof(g_gptq_timeline));
+  if (err != cudaSuccess) throw_cuda_error("gptq_timeline", "cudaMemcpyFromSymbol", err);
+  std::vector<GptqTimelineLaunch> launches;
+  {
+    std::lock_guard<std::mutex> lock(g_gptq_timeline_mutex);
+    launches.assign(g_gptq_timeline_records.begin(), g_gptq_timeline_records.end());
+  }
+  for (std::size_t slot = 0; slot < launches.size(); ++slot) {
+    GptqTimelineLaunch& l = launches[slot];
+    const std::size_t ctas = std::min<std::size_t>(static_cast<std::size_t>(l.grid_x) * l.splits, kGptqTimelineCtas);
+    l.ctas.assign(stamps[slot].begin(), stamps[slot].begin() + static_cast<std::ptrdiff_t>(ctas));
+  }
+  std::stable_sort(launches.begin(), launches.end(), [](const GptqTimelineLaunch& a, const GptqTimelineLaunch& b) {
+    if ((a.sequence < 0) != (b.sequence < 0)) return b.sequence < 0;  // unused slots last
+    return a.sequence < b.sequence;
+  });
+  return launches;
+}
+#endif
 
 }  // namespace ferrum::kernels

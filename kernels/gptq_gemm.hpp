@@ -295,4 +295,50 @@ void launch_gptq_gather(DType dtype, const void* a, const std::int32_t* perm /*[
 void launch_gptq_dequant(DType dtype, const GptqDeviceWeight& w, int n0, int cols, void* scratch,
                          cudaStream_t stream);
 
+// FERRUM_GPTQ_TIMELINE (CMake option, diagnostics only): thread 0 of every
+// CTA of the streaming kernel (CTA = blockIdx.y * gridDim.x + blockIdx.x, the
+// first kGptqTimelineCtas) stores %globaltimer and clock64() at each point,
+// into slot (launch count mod kGptqTimelineLaunches) of a device array; the
+// launcher records each launch's shape and plan for its slot when it is
+// enqueued (or captured: every replay of a graph rewrites the slots its
+// launches took at capture). So after a decode step the last
+// kGptqTimelineLaunches streaming launches can be read, each CTA's phases
+// beside the others' (bench/gptq_timeline.cpp, ferrum_gptq_timeline). A
+// stamp of 0: the CTA did not pass the point since the last reset (e.g.
+// FirstChunk in a CTA without chunks). Without the option nothing is
+// recorded and these functions do not exist.
+enum class GptqTimelinePoint : int {
+  Entry = 0,         // the kernel's first statement (stored after the wait)
+  WaitReturned = 1,  // past griddepcontrol.wait: the previous kernel has completed
+  FirstChunk = 2,    // warp 0's first chunk (weights, scale rows, activations) landed (bulk source)
+  ChunksDone = 3,    // warp 0 done with its chunks
+  WarpsSummed = 4,   // the CTA's warp sums in warp 0
+  Exit = 5,          // the CTA's last statement (its outputs or partials stored, reductions done)
+};
+inline constexpr int kGptqTimelinePoints = 6;
+inline constexpr int kGptqTimelineLaunches = 16;
+inline constexpr int kGptqTimelineCtas = 1024;
 }  // namespace ferrum::kernels
+
+#if defined(FERRUM_GPTQ_TIMELINE)
+#include <array>
+#include <vector>
+
+namespace ferrum::kernels {
+struct GptqTimelineStamp {
+  unsigned long long global_ns;  // %globaltimer
+  unsigned long long clock;      // clock64() of the CTA's SM
+};
+struct GptqTimelineLaunch {
+  long long sequence = -1;  // launches counted since the process started; -1: the slot was never used
+  int m = 0, k = 0, n = 0;
+  int grid_x = 0, splits = 0, ring = 0;
+  bool cluster_reduce = false, silu_out = false;
+  std::vector<std::array<GptqTimelineStamp, kGptqTimelinePoints>> ctas;  // [min(grid, kGptqTimelineCtas)]
+};
+// Zeroes every stamp (the launches' records stay).
+void gptq_timeline_reset();
+// The kGptqTimelineLaunches slots, oldest launch first (unused slots last).
+std::vector<GptqTimelineLaunch> gptq_timeline_read();
+}  // namespace ferrum::kernels
+#endif

@@ -23,6 +23,10 @@
 #   scripts/gpu_suite.sh trace   the llama3-8b decode step (GPTQ and f16, eager)
 #                                under bench/kernel_trace.cpp's CUPTI tracer: every
 #                                kernel's in-step time and overlap (needs .deps)
+#   scripts/gpu_suite.sh gptqtimeline  bench/gptq_timeline.cpp (a second build
+#                                with -DFERRUM_GPTQ_TIMELINE=ON): the GPTQ
+#                                streaming kernel's per-CTA phases in the
+#                                llama3-8b GPTQ decode step (needs .deps)
 #   scripts/gpu_suite.sh sdpa    scripts/sdpa_check.py: flash_attention (both
 #                                prefill kernels) and torch SDPA against a
 #                                float64 reference at large shapes
@@ -46,7 +50,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race hf sdpa profile tuning verify)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race hf sdpa profile tuning verify gptqtimeline)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -417,6 +421,25 @@ if has_mode trace; then
       timeout 240 env LD_PRELOAD=$B/bench/libferrum_kernel_trace.so FERRUM_KERNEL_TRACE="$OUT/trace_$name.csv" \
         $B/apps/engine/ferrum_engine --random llama3-8b $quant --dtype f16 --eager --steps 16 2>&1 | grep -E "decode:|trace"
       python3 bench/kernel_trace_summary.py "$OUT/trace_$name.csv" --steps 8
+    done
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode gptqtimeline; then
+  # The GPTQ streaming kernel's per-CTA phases inside the llama3-8b GPTQ
+  # decode step (a second build with -DFERRUM_GPTQ_TIMELINE=ON, only the
+  # library and bench/gptq_timeline.cpp): the engine's plan, then without
+  # the chain release and the CTA cap (the library's defaults), graph.
+  {
+    TB="${B}-timeline"
+    echo "== GPTQ timeline build ($(date +%T))"
+    DEPS=""
+    [ -d .deps ] && DEPS="-DCMAKE_PREFIX_PATH=$PWD/.deps"
+    cmake -S . -B "$TB" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRUM_GPTQ_TIMELINE=ON $DEPS >/dev/null
+    cmake --build "$TB" -j16 --target ferrum_gptq_timeline 2>&1 | grep -E "error|FAILED" || echo "build ok"
+    for plan in "" "--no-chain --ctas-per-sm 0"; do
+      echo "== ferrum_gptq_timeline $plan ($(date +%T))"
+      timeout 120 "$TB/apps/engine/ferrum_gptq_timeline" $plan --csv "$OUT/gptq_timeline${plan//[ -]/}.csv"
     done
   } 2>&1 | tee -a "$LOG"
 fi

@@ -1,0 +1,233 @@
+// The GPTQ streaming kernel's phases inside a real decode step
+// (diagnostics; built with -DFERRUM_GPTQ_TIMELINE=ON, which also makes the
+// kernel record them: kernels/gptq_gemm.hpp, GptqTimelinePoint).
+//
+//   ferrum_gptq_timeline [--preset NAME] [--steps N] [--eager] [--no-chain]
+//                        [--ctas-per-sm N] [--no-early-weights] [--csv PATH]
+//
+// Decodes --steps (default 16) tokens of a random GPTQ model (default
+// llama3-8b, f16, the engine's random weights) with the engine's Decoder,
+// graph replay unless --eager, on a CudaBackend configured as ferrum_engine
+// configures it for a GPTQ model decoding one sequence: the
+// gemm_weights_before_wait promise, pdl_chain_release and
+// gptq_stream_ctas_per_sm = 3 (--no-early-weights, --no-chain and
+// --ctas-per-sm N change them). Before the last step the stamps are reset;
+// after it the last kGptqTimelineLaunches streaming launches (the last
+// layers' q|k|v, o, gate|up and down) are printed, one line per launch and
+// point: over the launch's CTAs, the min / median / max of the point's
+// %globaltimer in µs after the earliest WaitReturned of the launch (the
+// moment the kernel before it completed), and the median of each CTA's
+// clock64 time since its own previous point. "gap" is how long after the
+// previous streaming launch's last Exit this launch's first WaitReturned
+// came (the small op between them, plus the two completions). --csv writes
+// every CTA's stamps.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include <ferrum/ferrum.hpp>
+
+#include "decoder.hpp"
+#include "kernels/gptq_gemm.hpp"
+#include "model_config.hpp"
+#include "weights.hpp"
+
+namespace {
+
+using namespace ferrum;
+using namespace ferrum::engine;
+using kernels::GptqTimelineLaunch;
+using kernels::GptqTimelinePoint;
+using kernels::kGptqTimelinePoints;
+
+struct Options {
+  std::string preset = "llama3-8b";
+  std::size_t steps = 16;
+  bool graph = true;
+  bool chain = true;
+  int ctas_per_sm = 3;
+  bool early_weights = true;
+  std::string csv;
+};
+
+const char* const kPointNames[kGptqTimelinePoints] = {"Entry",      "WaitReturned", "FirstChunk",
+                                                      "ChunksDone", "WarpsSummed",  "Exit"};
+
+[[noreturn]] void usage_error(const std::string& what) {
+  std::fprintf(stderr,
+               "ferrum_gptq_timeline: %s\n"
+               "usage: ferrum_gptq_timeline [--preset NAME] [--steps N] [--eager] [--no-chain] [--ctas-per-sm N]\n"
+               "                            [--no-early-weights] [--csv PATH]\n",
+               what.c_str());
+  std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(arg + " needs a value");
+      return argv[++i];
+    };
+    auto number = [&](long lo, long hi) {
+      const std::string v = value();
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < lo || n > hi) {
+        usage_error(arg + " takes " + std::to_string(lo) + ".." + std::to_string(hi) + ", got '" + v + "'");
+      }
+      return n;
+    };
+    if (arg == "--preset") {
+      opt.preset = value();
+    } else if (arg == "--steps") {
+      opt.steps = static_cast<std::size_t>(number(2, 4096));
+    } else if (arg == "--eager") {
+      opt.graph = false;
+    } else if (arg == "--no-chain") {
+      opt.chain = false;
+    } else if (arg == "--ctas-per-sm") {
+      opt.ctas_per_sm = static_cast<int>(number(0, kGptqStreamMaxCtasPerSm));
+    } else if (arg == "--no-early-weights") {
+      opt.early_weights = false;
+    } else if (arg == "--csv") {
+      opt.csv = value();
+    } else {
+      usage_error("unknown argument '" + arg + "'");
+    }
+  }
+  return opt;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The launch by its weight shape in a Llama step.
+std::string launch_name(const GptqTimelineLaunch& l, const ModelConfig& c) {
+  const std::size_t hd = c.head_dim, q = c.num_attention_heads * hd, kv = c.num_key_value_heads * hd;
+  const auto k = static_cast<std::size_t>(l.k), n = static_cast<std::size_t>(l.n);
+  if (k == c.hidden_size && n == q + 2 * kv) return "q|k|v";
+  if (k == q && n == c.hidden_size) return "o";
+  if (k == c.hidden_size && n == 2 * c.intermediate_size) return l.silu_out ? "gate|up+silu" : "gate|up";
+  if (k == c.intermediate_size && n == c.hidden_size) return "down";
+  return "?";
+}
+
+int run(const Options& opt) {
+  if (cuda_device_count() == 0) {
+    std::fprintf(stderr, "ferrum_gptq_timeline: no GPU\n");
+    return 1;
+  }
+  ModelConfig config = preset_config(opt.preset);
+  config.dtype = DType::F16;
+  config.gptq = random_gptq_config(config);
+  CudaBackendConfig bc;
+  bc.gemm_weights_before_wait = opt.early_weights;
+  bc.pdl_chain_release = opt.chain;
+  bc.gptq_stream_ctas_per_sm = opt.ctas_per_sm;
+  CudaBackend backend(bc);
+  const ModelWeights weights = random_weights(backend, config, 1234);
+  const DecodeMode mode = opt.graph ? DecodeMode::Graph : DecodeMode::Eager;
+  Decoder decoder(backend, weights, opt.steps + 1, 1, mode);
+  const std::int32_t prompt[] = {1};
+  std::int32_t next = decoder.prefill_next(prompt);
+  for (std::size_t step = 1; step + 1 < opt.steps; ++step) next = decoder.decode_next(next);
+  backend.synchronize();
+  kernels::gptq_timeline_reset();
+  next = decoder.decode_next(next);  // the step read below
+  backend.synchronize();
+  const std::vector<GptqTimelineLaunch> launches = kernels::gptq_timeline_read();
+
+  int clock_khz = 0;
+  (void)cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
+  const double cycles_per_us = clock_khz / 1000.0;
+  std::printf("ferrum_gptq_timeline: %s GPTQ f16, %s, %zu steps; promise %s, chain %s, ctas_per_sm %d; clock64 "
+              "columns at the peak SM clock, %.0f MHz (each launch prints the clock it measured)\n",
+              opt.preset.c_str(), opt.graph ? "graph" : "eager", opt.steps, opt.early_weights ? "on" : "off",
+              opt.chain ? "on" : "off", opt.ctas_per_sm, cycles_per_us);
+  std::ofstream csv;
+  if (!opt.csv.empty()) {
+    csv.open(opt.csv);
+    csv << "launch,name,cta,point,global_ns,clock\n";
+  }
+  unsigned long long previous_exit = 0;
+  int index = 0;
+  for (const GptqTimelineLaunch& l : launches) {
+    if (l.sequence < 0 || l.ctas.empty()) continue;
+    const std::string name = launch_name(l, config);
+    unsigned long long wait0 = ~0ull, last_exit = 0;
+    for (const auto& cta : l.ctas) {
+      const auto w = cta[static_cast<int>(GptqTimelinePoint::WaitReturned)].global_ns;
+      if (w != 0) wait0 = std::min(wait0, w);
+      last_exit = std::max(last_exit, cta[static_cast<int>(GptqTimelinePoint::Exit)].global_ns);
+    }
+    if (wait0 == ~0ull) {
+      std::printf("launch %lld %s: no CTA recorded (not run since the reset)\n", l.sequence, name.c_str());
+      continue;
+    }
+    std::printf("\nlaunch %lld %s: m %d, k %d, n %d, grid %d x %d, ring %d%s; span WaitReturned -> last Exit %.2f µs",
+                l.sequence, name.c_str(), l.m, l.k, l.n, l.grid_x, l.splits, l.ring,
+                l.cluster_reduce ? ", cluster reduce" : "", (last_exit - wait0) / 1000.0);
+    if (previous_exit != 0) std::printf("; gap after the previous launch's last Exit %.2f µs", (wait0 - static_cast<double>(previous_exit)) / 1000.0);
+    // The SM clock this launch ran at: clock64 cycles per %globaltimer ns
+    // over each CTA's Entry -> Exit, median.
+    std::vector<double> mhz;
+    for (const auto& cta : l.ctas) {
+      const auto& e = cta[static_cast<int>(GptqTimelinePoint::Entry)];
+      const auto& x = cta[static_cast<int>(GptqTimelinePoint::Exit)];
+      if (e.global_ns != 0 && x.global_ns > e.global_ns + 2000) {
+        mhz.push_back(1000.0 * static_cast<double>(x.clock - e.clock) / static_cast<double>(x.global_ns - e.global_ns));
+      }
+    }
+    std::printf("; SM clock %.0f MHz measured", median(mhz));
+    std::printf("\n  %-13s %9s %9s %9s   %s\n", "point", "min µs", "median", "max", "clock since previous point (median µs)");
+    for (int p = 0; p < kGptqTimelinePoints; ++p) {
+      std::vector<double> at, since;
+      for (const auto& cta : l.ctas) {
+        if (cta[p].global_ns == 0) continue;
+        at.push_back((static_cast<double>(cta[p].global_ns) - static_cast<double>(wait0)) / 1000.0);
+        if (p > 0 && cta[p - 1].clock != 0) since.push_back(static_cast<double>(cta[p].clock - cta[p - 1].clock) / cycles_per_us);
+      }
+      if (at.empty()) {
+        std::printf("  %-13s %9s\n", kPointNames[p], "-");
+        continue;
+      }
+      std::printf("  %-13s %9.2f %9.2f %9.2f   %s\n", kPointNames[p], *std::min_element(at.begin(), at.end()),
+                  median(at), *std::max_element(at.begin(), at.end()),
+                  since.empty() ? "" : std::to_string(median(since)).c_str());
+    }
+    if (csv.is_open()) {
+      for (std::size_t c = 0; c < l.ctas.size(); ++c) {
+        for (int p = 0; p < kGptqTimelinePoints; ++p) {
+          csv << index << ',' << name << ',' << c << ',' << kPointNames[p] << ',' << l.ctas[c][p].global_ns << ','
+              << l.ctas[c][p].clock << '\n';
+        }
+      }
+    }
+    previous_exit = last_exit;
+    ++index;
+  }
+  std::printf("\n(token %d)\n", next);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferrum_gptq_timeline: %s\n", e.what());
+    return 1;
+  }
+}
