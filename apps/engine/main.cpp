@@ -35,8 +35,9 @@
 //                    chain starts the second GEMM's weight stream during the
 //                    first (with --gptq-ctas-per-sm N leaving it room). On by
 //                    default where measured faster: a GPTQ model decoding one
-//                    sequence (with --gptq-ctas-per-sm 3: llama3-8b +2 %,
-//                    session 24); off elsewhere (the library's default)
+//                    sequence under the promise below (with
+//                    --gptq-ctas-per-sm 3: llama3-8b +2 %, session 24); off
+//                    elsewhere (the library's default)
 //   --gemm-prefetch  CudaBackendConfig::gemm_prefetch_before_wait (the same)
 //   --no-gemm-early-weights  CudaBackendConfig::gemm_weights_before_wait =
 //                    false (the same logits). The engine makes that promise by
@@ -383,9 +384,10 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       // released ahead, the streaming splits planned for 3 CTAs per SM so
       // the next GEMM's early CTAs find room (llama3-8b GPTQ graph decode
       // 458-468 -> 473-477 tok/s, session 24; either alone gains nothing).
-      // Elsewhere (dense weights, batch decoding) the library's defaults:
-      // not measured with them.
-      const bool gptq_single = gptq && !batch;
+      // Only with the promise (without it the early CTAs have nothing to
+      // do); elsewhere (dense weights, batch decoding) the library's
+      // defaults: not measured with them.
+      const bool gptq_single = gptq && !batch && opt.gemm_early_weights;
       config.pdl_chain_release = opt.pdl_chain_release.value_or(gptq_single);
       config.gemm_prefetch_before_wait = opt.gemm_prefetch;
       config.gemm_weights_before_wait = opt.gemm_early_weights;

@@ -257,8 +257,9 @@ TEST(EngineCli, GptqCtasPerSmRange) {
 
 // The engine's GPTQ launch plan on CudaBackend (the line it prints): a GPTQ
 // model decoding one sequence releases its GEMM -> norm -> GEMM chains ahead
-// with the streaming splits planned for 3 CTAs per SM; batch decoding keeps
-// the library's defaults; either flag overrides its half. GPU only: the plan
+// with the streaming splits planned for 3 CTAs per SM; batch decoding and a
+// run without the gemm_weights_before_wait promise keep the library's
+// defaults; either flag overrides its half. GPU only: the plan
 // configures CudaBackend.
 TEST(EngineCli, GptqLaunchPlanDefaults) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU: the launch plan only configures CudaBackend";
@@ -272,6 +273,7 @@ TEST(EngineCli, GptqLaunchPlanDefaults) {
   };
   for (const Case& c : {Case{"", "pdl_chain_release on, gptq_stream_ctas_per_sm 3"},
                         Case{"--batch 2", "pdl_chain_release off, gptq_stream_ctas_per_sm 0"},
+                        Case{"--no-gemm-early-weights", "pdl_chain_release off, gptq_stream_ctas_per_sm 0"},
                         Case{"--no-pdl-chain-release", "pdl_chain_release off, gptq_stream_ctas_per_sm 3"},
                         Case{"--gptq-ctas-per-sm 0", "pdl_chain_release on, gptq_stream_ctas_per_sm 0"},
                         Case{"--batch 2 --pdl-chain-release --gptq-ctas-per-sm 5",
