@@ -602,13 +602,20 @@ std::unique_ptr<QuantWeight> CpuBackend::do_load_gptq(const GptqHostTensors& ten
   return std::make_unique<CpuGptqWeight>(this, w.k, w.n, detail::dequantize_gptq_transposed(w));
 }
 
+namespace {
+
+// w as made by a CpuBackend's load_gptq; else InvalidArgument naming `op`.
+const CpuGptqWeight& checked_cpu_gptq_weight(const char* op, const QuantWeight& w) {
+  const auto* weight = dynamic_cast<const CpuGptqWeight*>(&w);
+  if (weight == nullptr) fail(ErrorCode::InvalidArgument, "{}: argument 'w' was not made by this backend's load_gptq", op);
+  return *weight;
+}
+
+}  // namespace
+
 void CpuBackend::do_gemm_gptq(const Buffer& a /*[m, k]*/, const QuantWeight& w, Buffer& out /*[m, n]*/,
                               std::size_t m) {
-  const auto* weight_ptr = dynamic_cast<const CpuGptqWeight*>(&w);
-  if (weight_ptr == nullptr) {
-    fail(ErrorCode::InvalidArgument, "gemm_gptq: argument 'w' was not made by this backend's load_gptq");
-  }
-  const CpuGptqWeight& weight = *weight_ptr;
+  const CpuGptqWeight& weight = checked_cpu_gptq_weight("gemm_gptq", w);
   const std::size_t k = weight.k();
   const float* w_t = weight.transposed().data();
   gemm_f32(decode_rows(a, m, k), m, weight.n(), k,
@@ -623,6 +630,7 @@ void CpuBackend::do_gemm_gptq(const Buffer& a /*[m, k]*/, const QuantWeight& w, 
 void CpuBackend::do_gemm_silu_mul_gptq(const Buffer& a /*[m, k]*/, const QuantWeight& w,
                                        Buffer& gate_up /*[m, 2*im] workspace*/, Buffer& act /*[m, im]*/,
                                        std::size_t m) {
+  (void)checked_cpu_gptq_weight("gemm_silu_mul_gptq", w);  // refused under this op's name
   do_gemm_gptq(a, w, gate_up, m);
   silu_mul_rows(gate_up, act, m, w.n() / 2, /*interleaved=*/true);
 }

@@ -291,6 +291,24 @@ kernels::GptqGemmArgs int4_args(DType dtype, const kernels::GptqDeviceWeight& vi
   return args;
 }
 
+// The checks both GPTQ GEMM ops make first, naming `op`: w made by a
+// CudaBackend's load_gptq, the named row operands 16-byte aligned (the
+// kernels move rows as 16-byte vectors; k and n are multiples of 8). A
+// capture in progress is ended before the throw.
+const CudaGptqWeight& checked_gptq_operands(detail::CudaRuntime& rt, const char* op, const QuantWeight& w,
+                                            std::initializer_list<detail::NamedBuffer> rows) {
+  const auto* weight = dynamic_cast<const CudaGptqWeight*>(&w);
+  if (weight == nullptr) {
+    detail::abandon_capture(rt);
+    detail::fail(ErrorCode::InvalidArgument, "{}: argument 'w' was not made by this backend's load_gptq", op);
+  }
+  if (const std::string misaligned = detail::misaligned_16(rows); !misaligned.empty()) {
+    detail::abandon_capture(rt);
+    detail::fail(ErrorCode::Misaligned, "{}: {}", op, misaligned);
+  }
+  return *weight;
+}
+
 }  // namespace
 
 GptqKernel CudaBackend::checked_gptq_kernel(GptqKernel requested) {
@@ -319,18 +337,7 @@ std::unique_ptr<QuantWeight> CudaBackend::do_load_gptq(const GptqHostTensors& te
 }
 
 void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) {
-  auto refuse = [&](ErrorCode code, const std::string& message) {
-    abandon_capture();
-    detail::fail(code, "gemm_gptq: {}", message);
-  };
-  const auto* weight = dynamic_cast<const CudaGptqWeight*>(&w);
-  if (weight == nullptr) {
-    refuse(ErrorCode::InvalidArgument, "argument 'w' was not made by this backend's load_gptq");
-  }
-  // Rows of a and out are moved as 16-byte vectors (k and n are multiples of 8).
-  if (const std::string misaligned = detail::misaligned_16({{"a", &a}, {"out", &out}}); !misaligned.empty()) {
-    refuse(ErrorCode::Misaligned, misaligned);
-  }
+  const CudaGptqWeight* const weight = &checked_gptq_operands(*rt_, "gemm_gptq", w, {{"a", &a}, {"out", &out}});
   detail::activate_device(device_);
   const DType dtype = a.dtype();
   const kernels::GptqDeviceWeight view = weight->view(dtype);
@@ -378,16 +385,8 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
 // refusals are the same whichever runs.
 void CudaBackend::do_gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& gate_up, Buffer& act,
                                         std::size_t m) {
-  const auto* weight = dynamic_cast<const CudaGptqWeight*>(&w);
-  if (weight == nullptr) {
-    abandon_capture();
-    detail::fail(ErrorCode::InvalidArgument,
-                 "gemm_silu_mul_gptq: argument 'w' was not made by this backend's load_gptq");
-  }
-  if (const std::string misaligned = detail::misaligned_16({{"a", &a}, {"gate_up", &gate_up}}); !misaligned.empty()) {
-    abandon_capture();
-    detail::fail(ErrorCode::Misaligned, "gemm_silu_mul_gptq: {}", misaligned);
-  }
+  const CudaGptqWeight* const weight =
+      &checked_gptq_operands(*rt_, "gemm_silu_mul_gptq", w, {{"a", &a}, {"gate_up", &gate_up}});
   detail::activate_device(device_);  // the plan's queries ask the current device
   const DType dtype = a.dtype();
   if (gptq_fuse_silu_mul_ && !weight->act_order() && m <= static_cast<std::size_t>(kernels::kGptqSiluMulMaxM)) {

@@ -348,8 +348,9 @@ TEST_P(BadInput, QuantWeightChecks) {
   GptqHostTensors empty;
   expect_error(ErrorCode::InvalidArgument, "load_gptq", [&] { (void)backend().load_gptq(empty); });
   // A weight that claims this backend but was not made by its load_gptq.
-  if (backend().supports(Op::GemmGptq)) {
-    expect_call_error(Op::GemmGptq, ErrorCode::InvalidArgument, "'w'", [&](OpArgs& a) {
+  for (Op op : {Op::GemmGptq, Op::GemmSiluMulGptq}) {
+    if (!backend().supports(op)) continue;
+    expect_call_error(op, ErrorCode::InvalidArgument, "'w'", [&](OpArgs& a) {
       a.weight = std::make_unique<FakeQuantWeight>(&backend(), QuantKind::Gptq, a.weight->k(), a.weight->n());
     });
   }
