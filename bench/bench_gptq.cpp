@@ -464,7 +464,7 @@ int main(int argc, char** argv) {
       if (streams(m, k, n)) {  // the streaming kernel: "config" -1
         const ferrum::kernels::GptqPlan sp = ferrum::kernels::gptq_stream_plan(
             opt.dtype, !r.uniform_zero, m, k, static_cast<int>(r.k_pad), static_cast<int>(r.n_pad),
-            static_cast<int>(r.group_rows), num_sms, kind_of(m, k, n), opt.ring);
+            static_cast<int>(r.group_rows), num_sms, kind_of(m, k, n), opt.ring, /*ctas_per_sm=*/0);
         row.splits = opt.splits > 0 ? std::min(opt.splits, static_cast<int>(r.k_pad) / 128) : sp.splits;
         row.config = -1;
       } else if (kind_of(std::min(m, ferrum::kernels::kGptqMaxM), k, n) == ferrum::kernels::GptqKernelKind::Wgmma) {  // "config" -2

@@ -210,7 +210,7 @@ GptqPlan gptq_plan(DType dtype, int m, int k_pad, int n_pad, int num_sms);
 // runs exactly this plan.
 // ctas_per_sm: GptqGemmArgs::stream_ctas_per_sm (0: every resident slot).
 GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k, int k_pad, int n_pad, int group_rows, int num_sms,
-                          GptqKernelKind kind = GptqKernelKind::Stream, int ring = 0, int ctas_per_sm = 0);
+                          GptqKernelKind kind, int ring, int ctas_per_sm);
 // The wgmma kernel's plan (the same for every m <= kGptqMaxM): config -2,
 // 256 columns per CTA (n_ctas) times `splits` along k, none empty; with
 // `splits_override` > 0 (a benchmark's, 1 .. 16) that many, less any left

@@ -517,7 +517,8 @@ class CudaGptqSiluMul : public CudaGptq {
     return m <= static_cast<std::size_t>(kernels::kGptqSiluMulMaxM) && !c.act_order &&
            kernels::gptq_bulk_source_applies(group_rows) &&
            kernels::gptq_stream_plan(dt, !c.symmetric, static_cast<int>(m), static_cast<int>(c.k), k_pad, n_pad,
-                                     group_rows, num_sms(), kernels::GptqKernelKind::StreamBulk, 0)
+                                     group_rows, num_sms(), kernels::GptqKernelKind::StreamBulk, /*ring=*/0,
+                                     /*ctas_per_sm=*/0)
                    .splits == 1;
   }
   std::unique_ptr<CudaBackend> unfused_;
@@ -872,7 +873,7 @@ TEST_F(CudaGptqStreamBulk, ClusterReduceGivesTheWorkspaceReductionsBits) {
         // The premise: a plan the cluster reduce takes.
         const int splits = kernels::gptq_stream_plan(dt, !c.symmetric, static_cast<int>(m), static_cast<int>(c.k),
                                                      k_pad, n_pad, group_rows, num_sms(),
-                                                     kernels::GptqKernelKind::StreamBulk, 0)
+                                                     kernels::GptqKernelKind::StreamBulk, /*ring=*/0, /*ctas_per_sm=*/0)
                                .splits;
         ASSERT_GE(splits, 2);
         ASSERT_LE(splits, kernels::kGptqClusterMaxSplits);
@@ -941,12 +942,14 @@ TEST_F(CudaGptqStreamBulk, EveryRingSizeGivesTheRegisterSourcesBits) {
       for (DType dt : kHalfDTypes) {
         const int k_pad = static_cast<int>((c.k + 127) / 128 * 128), n_pad = static_cast<int>(c.n);
         ASSERT_EQ(kernels::gptq_stream_plan(dt, !c.symmetric, static_cast<int>(m), static_cast<int>(c.k), k_pad,
-                                            n_pad, c.group_size, num_sms(), kernels::GptqKernelKind::Stream, 0)
+                                            n_pad, c.group_size, num_sms(), kernels::GptqKernelKind::Stream,
+                                            /*ring=*/0, /*ctas_per_sm=*/0)
                       .splits,
                   1);
         for (int ring = 1; ring <= kernels::kGptqStreamMaxRing; ++ring) {
           ASSERT_EQ(kernels::gptq_stream_plan(dt, !c.symmetric, static_cast<int>(m), static_cast<int>(c.k), k_pad,
-                                              n_pad, c.group_size, num_sms(), kernels::GptqKernelKind::StreamBulk, ring)
+                                              n_pad, c.group_size, num_sms(), kernels::GptqKernelKind::StreamBulk, ring,
+                                              /*ctas_per_sm=*/0)
                         .splits,
                     1)
               << "m=" << m << " ring=" << ring;
