@@ -1618,6 +1618,9 @@ void gptq_timeline_reset() {
   void* stamps = nullptr;
   cudaError_t err = cudaGetSymbolAddress(&stamps, g_gptq_timeline);
   if (err == cudaSuccess) err = cudaMemset(stamps, 0, sizeof(g_gptq_timeline));
+  // The memset runs on the legacy stream, which a backend's non-blocking
+  // stream does not wait for: done before the next launch can stamp.
+  if (err == cudaSuccess) err = cudaDeviceSynchronize();
   if (err != cudaSuccess) throw_cuda_error("gptq_timeline", "cudaMemset", err);
 }
 
