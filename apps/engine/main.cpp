@@ -399,9 +399,10 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       config.gptq_stream_ctas_per_sm = opt.gptq_ctas_per_sm.value_or(gptq_single ? kEngineGptqCtasPerSm : 0);
       config.gemm_skinny_max_m = opt.skinny_max_m;
       backend = std::make_unique<CudaBackend>(config);
-      if (gptq) {
+      if (gptq) {  // the chain release needs PDL (the runtime drops it without)
+        const bool chain = config.pdl_chain_release && config.programmatic_dependent_launch;
         std::printf("ferrum_engine: GPTQ launches: pdl_chain_release %s, gptq_stream_ctas_per_sm %d\n",
-                    config.pdl_chain_release ? "on" : "off", config.gptq_stream_ctas_per_sm);
+                    chain ? "on" : config.pdl_chain_release ? "off (no PDL)" : "off", config.gptq_stream_ctas_per_sm);
       }
     } else {
       backend = std::make_unique<CpuBackend>();

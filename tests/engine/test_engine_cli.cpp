@@ -277,7 +277,8 @@ TEST(EngineCli, GptqLaunchPlanDefaults) {
                         Case{"--no-pdl-chain-release", "pdl_chain_release off, gptq_stream_ctas_per_sm 3"},
                         Case{"--gptq-ctas-per-sm 0", "pdl_chain_release on, gptq_stream_ctas_per_sm 0"},
                         Case{"--batch 2 --pdl-chain-release --gptq-ctas-per-sm 5",
-                             "pdl_chain_release on, gptq_stream_ctas_per_sm 5"}}) {
+                             "pdl_chain_release on, gptq_stream_ctas_per_sm 5"},
+                        Case{"--no-pdl", "pdl_chain_release off (no PDL), gptq_stream_ctas_per_sm 3"}}) {
     SCOPED_TRACE(c.flags);
     ASSERT_EQ(run_engine(base + " " + c.flags, log), 0) << read_text(log);
     EXPECT_NE(read_text(log).find(std::string("GPTQ launches: ") + c.plan), std::string::npos) << read_text(log);
