@@ -8,7 +8,7 @@
 // Decodes --steps (default 16) tokens of a random GPTQ model (default
 // llama3-8b, f16, the engine's random weights) with the engine's Decoder,
 // graph replay unless --eager, on a CudaBackend configured as ferrum_engine
-// configures it for a GPTQ model decoding one sequence: the
+// configures it for a GPTQ model decoding one sequence from a graph: the
 // gemm_weights_before_wait promise, pdl_chain_release and
 // gptq_stream_ctas_per_sm = 3 (--no-early-weights, --no-chain and
 // --ctas-per-sm N change them). Before the last step the stamps are reset;

@@ -35,7 +35,7 @@
 //                    chain starts the second GEMM's weight stream during the
 //                    first (with --gptq-ctas-per-sm N leaving it room). On by
 //                    default where measured faster: a GPTQ model decoding one
-//                    sequence under the promise below (with
+//                    sequence with --graph under the promise below (with
 //                    --gptq-ctas-per-sm 3: llama3-8b +2 %, session 24); off
 //                    elsewhere (the library's default)
 //   --gemm-prefetch  CudaBackendConfig::gemm_prefetch_before_wait (the same)
@@ -69,7 +69,7 @@
 //                    leaving room for the next GEMM's early CTAs; fewer
 //                    splits may round otherwise. Default: 3 where
 //                    --pdl-chain-release is on by default (a GPTQ model
-//                    decoding one sequence), else 0
+//                    decoding one sequence with --graph), else 0
 //   --no-gptq-fuse-silu-mul  CudaBackendConfig::gptq_fuse_silu_mul = false
 //                    (the GPTQ gate|up GEMM stores gate_up and the pairs
 //                    kernel computes SiLU·mul; the same logits); an A/B switch
@@ -119,7 +119,7 @@ using namespace ferrum::engine;
 using Clock = std::chrono::steady_clock;
 
 // The streaming GPTQ kernel's CTAs per SM for a GPTQ model decoding one
-// sequence (see choose_backend): 2 measured slower, 4 no better (session 24).
+// sequence from a graph (see choose_backend): 2 measured slower, 4 no better (session 24).
 constexpr int kEngineGptqCtasPerSm = 3;
 
 struct Options {
@@ -380,14 +380,14 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       CudaBackendConfig config;
       config.programmatic_dependent_launch = !opt.no_pdl;
       config.pdl_early_trigger = opt.pdl_trigger;
-      // A GPTQ model decoding one sequence: its GEMM -> norm -> GEMM chains
-      // released ahead, the streaming splits planned for 3 CTAs per SM so
-      // the next GEMM's early CTAs find room (llama3-8b GPTQ graph decode
-      // 458-468 -> 473-477 tok/s, session 24; either alone gains nothing).
-      // Only with the promise (without it the early CTAs have nothing to
-      // do); elsewhere (dense weights, batch decoding) the library's
-      // defaults: not measured with them.
-      const bool gptq_single = gptq && !batch && opt.gemm_early_weights;
+      // A GPTQ model decoding one sequence from a graph: its GEMM -> norm ->
+      // GEMM chains released ahead, the streaming splits planned for 3 CTAs
+      // per SM so the next GEMM's early CTAs find room (llama3-8b GPTQ graph
+      // decode 458-468 -> 473-477 tok/s, session 24; either alone gains
+      // nothing). Only with the promise (without it the early CTAs have
+      // nothing to do); elsewhere (dense weights, batch decoding, eager
+      // steps) the library's defaults: not measured with them.
+      const bool gptq_single = gptq && !batch && opt.graph && opt.gemm_early_weights;
       config.pdl_chain_release = opt.pdl_chain_release.value_or(gptq_single);
       config.gemm_prefetch_before_wait = opt.gemm_prefetch;
       config.gemm_weights_before_wait = opt.gemm_early_weights;

@@ -126,7 +126,7 @@ struct CudaBackendConfig {
   // decode went 458-468 -> 473-477 tok/s; alone it was level (458 / 459),
   // as was the cap alone. Off here because it pays only with the promise
   // and the cap (ferrum_engine turns all three on for a GPTQ model decoding
-  // one sequence). Needs programmatic_dependent_launch. Per device, like
+  // one sequence from a graph). Needs programmatic_dependent_launch. Per device, like
   // programmatic_dependent_launch.
   bool pdl_chain_release = false;
   // On by default: the GPTQ streaming kernel's bulk source reads its weights

@@ -256,17 +256,17 @@ TEST(EngineCli, GptqCtasPerSmRange) {
 }
 
 // The engine's GPTQ launch plan on CudaBackend (the line it prints): a GPTQ
-// model decoding one sequence releases its GEMM -> norm -> GEMM chains ahead
-// with the streaming splits planned for 3 CTAs per SM; batch decoding and a
-// run without the gemm_weights_before_wait promise keep the library's
-// defaults; either flag overrides its half. GPU only: the plan
+// model decoding one sequence from a graph releases its GEMM -> norm -> GEMM
+// chains ahead with the streaming splits planned for 3 CTAs per SM; batch
+// decoding, eager steps and a run without the gemm_weights_before_wait
+// promise keep the library's defaults; either flag overrides its half. GPU only: the plan
 // configures CudaBackend.
 TEST(EngineCli, GptqLaunchPlanDefaults) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU: the launch plan only configures CudaBackend";
   const std::filesystem::path dir = testing::scratch_dir();
   const std::filesystem::path log = dir / "engine.log";
   const std::filesystem::path model = write_gptq_tiny_checkpoint(dir);
-  const std::string base = "--model \"" + model.string() + "\" --steps 2";
+  const std::string base = "--model \"" + model.string() + "\" --steps 2 --graph";
   struct Case {
     const char* flags;
     const char* plan;
@@ -274,6 +274,7 @@ TEST(EngineCli, GptqLaunchPlanDefaults) {
   for (const Case& c : {Case{"", "pdl_chain_release on, gptq_stream_ctas_per_sm 3"},
                         Case{"--batch 2", "pdl_chain_release off, gptq_stream_ctas_per_sm 0"},
                         Case{"--no-gemm-early-weights", "pdl_chain_release off, gptq_stream_ctas_per_sm 0"},
+                        Case{"--eager", "pdl_chain_release off, gptq_stream_ctas_per_sm 0"},
                         Case{"--no-pdl-chain-release", "pdl_chain_release off, gptq_stream_ctas_per_sm 3"},
                         Case{"--gptq-ctas-per-sm 0", "pdl_chain_release on, gptq_stream_ctas_per_sm 0"},
                         Case{"--batch 2 --pdl-chain-release --gptq-ctas-per-sm 5",
