@@ -1118,7 +1118,7 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   launch_pdl_clustered("flash_attention", dim3(p.cluster ? static_cast<unsigned>(p.splits) : 1u, 1, 1),
                        attention_decode_kernel<T, HD>, grid, static_cast<unsigned>(p.threads),
                        DecodeShape<HD>::kSmemBytes, stream, a, p.splits, p.slice_keys, p.slices_per_block,
-                       p.head_chunks, p.prefetch_l2, p.fused, p.cluster, pdl_early_trigger());
+                       p.head_chunks, p.prefetch_l2, p.fused, p.cluster, launch_switches().pdl_early_trigger);
   if (!p.fused) launch_combine<T, HD>(a, p.splits, p.slice_keys, stream);
   check_launch("flash_attention");
   return true;

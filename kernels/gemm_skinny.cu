@@ -324,9 +324,11 @@ void launch_simt(const char* op, const void* a, const void* b, void* out, long l
   const long long chunks = (k / kVecElems + kChunkVecs - 1) / kChunkVecs;
   const int warps = warps_per_block(blocks, chunks, num_sms);
   // First round of a block: every warp's U chunks of kChunkVecs vectors.
-  const int prefetch_bytes = gemm_prefetch_before_wait() ? warps * C::kUnroll * kChunkVecs * 16 : 0;
-  auto* kernel = gemm_weights_before_wait() ? gemm_skinny_simt_kernel<T, M, C::kRows, C::kUnroll, kSiluPairs, true>
-                                            : gemm_skinny_simt_kernel<T, M, C::kRows, C::kUnroll, kSiluPairs, false>;
+  const LaunchSwitches switches = launch_switches();
+  const int prefetch_bytes = switches.gemm_prefetch_before_wait ? warps * C::kUnroll * kChunkVecs * 16 : 0;
+  auto* kernel = switches.gemm_weights_before_wait
+                     ? gemm_skinny_simt_kernel<T, M, C::kRows, C::kUnroll, kSiluPairs, true>
+                     : gemm_skinny_simt_kernel<T, M, C::kRows, C::kUnroll, kSiluPairs, false>;
   launch_pdl(op, kernel, dim3(static_cast<unsigned>(blocks)), warps * 32, 0, stream, static_cast<const T*>(a),
              static_cast<const T*>(b), static_cast<T*>(out), static_cast<int>(n), static_cast<int>(k), prefetch_bytes);
   check_launch(op);
@@ -542,7 +544,7 @@ void launch_mma_tiles(const void* a, const void* b, void* out, long long m, long
   const int warps = warps_per_block(blocks, chunks, num_sms);
   // First round of a block: one iteration (kIterElems elements) per warp.
   const int prefetch_bytes =
-      gemm_prefetch_before_wait() ? warps * S::kIterElems * static_cast<int>(sizeof(T)) : 0;
+      launch_switches().gemm_prefetch_before_wait ? warps * S::kIterElems * static_cast<int>(sizeof(T)) : 0;
   launch_pdl("gemm_skinny", gemm_skinny_mma_kernel<T, kTiles, kGroups>, dim3(static_cast<unsigned>(blocks)),
              warps * 32, 0, stream, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out),
              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), prefetch_bytes);

@@ -1178,9 +1178,10 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
     p.cluster_reduce = args.w.zeros != nullptr ? stream_cluster_fits<T, NT, true, kSource, kSiluOut>(splits, ring, smem)
                                                : stream_cluster_fits<T, NT, false, kSource, kSiluOut>(splits, ring, smem);
   }
-  p.weights_before_wait = kBulk && gemm_weights_before_wait();
-  p.weights_evict_first = kBulk && gptq_weights_evict_first();
-  p.release_next = kBulk && pdl_chain_release();
+  const LaunchSwitches switches = launch_switches();
+  p.weights_before_wait = kBulk && switches.gemm_weights_before_wait;
+  p.weights_evict_first = kBulk && switches.gptq_weights_evict_first;
+  p.release_next = kBulk && switches.pdl_chain_release;
 #if defined(FERRUM_GPTQ_TIMELINE)
   p.timeline_slot = gptq_timeline_claim(args, static_cast<int>(grid.x), splits, p.ring, p.cluster_reduce, kSiluOut);
 #endif

@@ -387,8 +387,8 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       // nothing). Only with the promise (without it the early CTAs have
       // nothing to do); elsewhere (dense weights, batch decoding, eager
       // steps) the library's defaults: not measured with them.
-      const bool gptq_single = gptq && !batch && opt.graph && opt.gemm_early_weights;
-      config.pdl_chain_release = opt.pdl_chain_release.value_or(gptq_single);
+      const bool gptq_graph_single = gptq && !batch && opt.graph && opt.gemm_early_weights;
+      config.pdl_chain_release = opt.pdl_chain_release.value_or(gptq_graph_single);
       config.gemm_prefetch_before_wait = opt.gemm_prefetch;
       config.gemm_weights_before_wait = opt.gemm_early_weights;
       config.gptq_weights_evict_first = opt.gptq_evict_first;
@@ -396,7 +396,7 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       config.gptq_cluster_reduce = opt.gptq_cluster_reduce;
       config.gptq_fuse_silu_mul = opt.gptq_fuse_silu_mul;
       config.gptq_fused_max_m = opt.gptq_fused_max_m;
-      config.gptq_stream_ctas_per_sm = opt.gptq_ctas_per_sm.value_or(gptq_single ? kEngineGptqCtasPerSm : 0);
+      config.gptq_stream_ctas_per_sm = opt.gptq_ctas_per_sm.value_or(gptq_graph_single ? kEngineGptqCtasPerSm : 0);
       config.gemm_skinny_max_m = opt.skinny_max_m;
       backend = std::make_unique<CudaBackend>(config);
       if (gptq) {  // the chain release needs PDL (the runtime drops it without)

@@ -24,16 +24,18 @@ int device_sm_count(const char* op);
 // Whether the current device runs sm_90a code (compute capability exactly
 // 9.0: the arch-specific features such as wgmma), cached per device.
 bool device_is_sm90a();
-// The current device's CudaBackendConfig::gemm_prefetch_before_wait,
-// ::gemm_weights_before_wait, ::gptq_weights_evict_first,
-// ::pdl_early_trigger and ::pdl_chain_release (the last two false without
-// PDL; all false without a backend): switches read by the launchers they
-// concern.
-bool gemm_prefetch_before_wait();
-bool gemm_weights_before_wait();
-bool gptq_weights_evict_first();
-bool pdl_early_trigger();
-bool pdl_chain_release();
+// The current device's launch switches, the CudaBackendConfig fields of
+// the same names (pdl_early_trigger and pdl_chain_release false without
+// PDL; all false without a backend), from one read of the device's state:
+// a launcher asks once per launch and reads the fields it concerns.
+struct LaunchSwitches {
+  bool gemm_prefetch_before_wait = false;
+  bool gemm_weights_before_wait = false;
+  bool gptq_weights_evict_first = false;
+  bool pdl_early_trigger = false;
+  bool pdl_chain_release = false;
+};
+LaunchSwitches launch_switches();
 
 // The driver function `name` (CUDA 12 ABI) through the runtime's entry-point
 // query, so nothing links libcuda; null where the driver lacks it (the

@@ -98,8 +98,9 @@ __device__ __forceinline__ void pdl_trigger_dependents() {
 enum class PdlTrigger : int { None, AfterWait, BeforeWait };
 
 inline PdlTrigger small_op_trigger() {
-  if (pdl_chain_release()) return PdlTrigger::BeforeWait;
-  return pdl_early_trigger() ? PdlTrigger::AfterWait : PdlTrigger::None;
+  const LaunchSwitches s = launch_switches();
+  if (s.pdl_chain_release) return PdlTrigger::BeforeWait;
+  return s.pdl_early_trigger ? PdlTrigger::AfterWait : PdlTrigger::None;
 }
 
 // pdl_begin() with the trigger where `trigger` puts it.

@@ -149,44 +149,30 @@ CudaRuntime& cuda_runtime(const CudaBackendConfig& config) {
     std::lock_guard<std::mutex> lock(g_runtimes_mutex);
     CudaRuntime* existing = g_runtimes[config.device];
     if (existing != nullptr) {
-      if (existing->attention_workspace_bytes != config.attention_workspace_bytes) {
-        fail(ErrorCode::InvalidArgument,
-             "CudaBackend: argument 'config.attention_workspace_bytes' = {} but device {} already runs with {}",
-             config.attention_workspace_bytes, config.device, existing->attention_workspace_bytes);
-      }
-      if (existing->pdl != (config.programmatic_dependent_launch && existing->pdl_capable)) {
-        fail(ErrorCode::InvalidArgument,
-             "CudaBackend: argument 'config.programmatic_dependent_launch' = {} but device {} already runs with {}",
-             config.programmatic_dependent_launch, config.device, existing->pdl);
-      }
-      if (existing->pdl_trigger != (config.pdl_early_trigger && existing->pdl) ||
-          existing->gemm_prefetch != config.gemm_prefetch_before_wait) {
-        fail(ErrorCode::InvalidArgument,
-             "CudaBackend: arguments 'config.pdl_early_trigger' = {} / 'config.gemm_prefetch_before_wait' = {} but "
-             "device {} already runs with {} / {}",
-             config.pdl_early_trigger, config.gemm_prefetch_before_wait, config.device, existing->pdl_trigger,
-             existing->gemm_prefetch);
-      }
-      if (existing->pdl_chain != (config.pdl_chain_release && existing->pdl)) {
-        fail(ErrorCode::InvalidArgument,
-             "CudaBackend: argument 'config.pdl_chain_release' = {} but device {} already runs with {}",
-             config.pdl_chain_release, config.device, existing->pdl_chain);
-      }
-      if (existing->gptq_evict_first != config.gptq_weights_evict_first) {
-        fail(ErrorCode::InvalidArgument,
-             "CudaBackend: argument 'config.gptq_weights_evict_first' = {} but device {} already runs with {}",
-             config.gptq_weights_evict_first, config.device, existing->gptq_evict_first);
-      }
-      if (existing->gemm_weights != config.gemm_weights_before_wait) {
-        fail(ErrorCode::InvalidArgument,
-             "CudaBackend: argument 'config.gemm_weights_before_wait' = {} but device {} already runs with {}",
-             config.gemm_weights_before_wait, config.device, existing->gemm_weights);
-      }
-      if (existing->cublas_workspace_bytes != config.cublas_workspace_bytes) {
-        fail(ErrorCode::InvalidArgument,
-             "CudaBackend: argument 'config.cublas_workspace_bytes' = {} but device {} already runs with {}",
-             config.cublas_workspace_bytes, config.device, existing->cublas_workspace_bytes);
-      }
+      // Each per-device setting must agree with the device's runtime: as it
+      // would run (the PDL switches are off without PDL) against as it runs.
+      auto must_agree = [&](const char* field, auto asked, auto as_run, auto running) {
+        if (as_run != running) {
+          fail(ErrorCode::InvalidArgument, "CudaBackend: argument 'config.{}' = {} but device {} already runs with {}",
+               field, asked, config.device, running);
+        }
+      };
+      const bool pdl = config.programmatic_dependent_launch && existing->pdl_capable;
+      must_agree("attention_workspace_bytes", config.attention_workspace_bytes, config.attention_workspace_bytes,
+                 existing->attention_workspace_bytes);
+      must_agree("programmatic_dependent_launch", config.programmatic_dependent_launch, pdl, existing->pdl);
+      must_agree("pdl_early_trigger", config.pdl_early_trigger, config.pdl_early_trigger && existing->pdl,
+                 existing->pdl_trigger);
+      must_agree("pdl_chain_release", config.pdl_chain_release, config.pdl_chain_release && existing->pdl,
+                 existing->pdl_chain);
+      must_agree("gemm_prefetch_before_wait", config.gemm_prefetch_before_wait, config.gemm_prefetch_before_wait,
+                 existing->gemm_prefetch);
+      must_agree("gemm_weights_before_wait", config.gemm_weights_before_wait, config.gemm_weights_before_wait,
+                 existing->gemm_weights);
+      must_agree("gptq_weights_evict_first", config.gptq_weights_evict_first, config.gptq_weights_evict_first,
+                 existing->gptq_evict_first);
+      must_agree("cublas_workspace_bytes", config.cublas_workspace_bytes, config.cublas_workspace_bytes,
+                 existing->cublas_workspace_bytes);
       return *existing;
     }
   }
@@ -268,22 +254,15 @@ void throw_cuda_error(const char* op, const char* what, cudaError_t err) {
   detail::fail(code, "{}: {} failed: {} ({})", op, what, cudaGetErrorName(err), cudaGetErrorString(err));
 }
 
-bool gemm_prefetch_before_wait() {
-  return (detail::launch_state_of_current_device() & detail::kLaunchGemmPrefetch) != 0;
-}
-
-bool gemm_weights_before_wait() {
-  return (detail::launch_state_of_current_device() & detail::kLaunchGemmWeights) != 0;
-}
-
-bool gptq_weights_evict_first() {
-  return (detail::launch_state_of_current_device() & detail::kLaunchGptqEvictFirst) != 0;
-}
-
-bool pdl_early_trigger() { return (detail::launch_state_of_current_device() & detail::kLaunchTrigger) != 0; }
-
-bool pdl_chain_release() {
-  return (detail::launch_state_of_current_device() & detail::kLaunchChainRelease) != 0;
+LaunchSwitches launch_switches() {
+  const int state = detail::launch_state_of_current_device();
+  LaunchSwitches s;
+  s.gemm_prefetch_before_wait = (state & detail::kLaunchGemmPrefetch) != 0;
+  s.gemm_weights_before_wait = (state & detail::kLaunchGemmWeights) != 0;
+  s.gptq_weights_evict_first = (state & detail::kLaunchGptqEvictFirst) != 0;
+  s.pdl_early_trigger = (state & detail::kLaunchTrigger) != 0;
+  s.pdl_chain_release = (state & detail::kLaunchChainRelease) != 0;
+  return s;
 }
 
 namespace {

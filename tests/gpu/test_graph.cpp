@@ -355,6 +355,8 @@ TEST_F(CudaGraphErrors, LaunchSwitchesMustAgreeWithTheDevice) {
   const Case cases[] = {
       {"pdl_early_trigger", [](CudaBackendConfig& c) { c.pdl_early_trigger = !c.pdl_early_trigger; }},
       {"pdl_chain_release", [](CudaBackendConfig& c) { c.pdl_chain_release = !c.pdl_chain_release; }},
+      {"gemm_prefetch_before_wait",
+       [](CudaBackendConfig& c) { c.gemm_prefetch_before_wait = !c.gemm_prefetch_before_wait; }},
       {"gemm_weights_before_wait", [](CudaBackendConfig& c) { c.gemm_weights_before_wait = !c.gemm_weights_before_wait; }},
       {"gptq_weights_evict_first", [](CudaBackendConfig& c) { c.gptq_weights_evict_first = !c.gptq_weights_evict_first; }},
   };
