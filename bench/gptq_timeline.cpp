@@ -56,8 +56,8 @@ struct Options {
   std::string csv;
 };
 
-const char* const kPointNames[kGptqTimelinePoints] = {"Entry",      "WaitReturned", "FirstChunk",
-                                                      "ChunksDone", "WarpsSummed",  "Exit"};
+const char* const kPointNames[kGptqTimelinePoints] = {"Entry",       "WaitReturned", "FirstChunk",  "FirstChunkDone",
+                                                      "SecondChunk", "ChunksDone",   "WarpsSummed", "Exit"};
 
 [[noreturn]] void usage_error(const std::string& what) {
   std::fprintf(stderr,
@@ -190,7 +190,7 @@ int run(const Options& opt) {
       }
     }
     std::printf("; SM clock %.0f MHz measured", median(mhz));
-    std::printf("\n  %-13s %9s %9s %9s   %s\n", "point", "min µs", "median", "max", "clock since previous point (median µs)");
+    std::printf("\n  %-14s %9s %9s %9s   %s\n", "point", "min µs", "median", "max", "clock since previous point (median µs)");
     for (int p = 0; p < kGptqTimelinePoints; ++p) {
       std::vector<double> at, since;
       for (const auto& cta : l.ctas) {
@@ -199,10 +199,10 @@ int run(const Options& opt) {
         if (p > 0 && cta[p - 1].clock != 0) since.push_back(static_cast<double>(cta[p].clock - cta[p - 1].clock) / cycles_per_us);
       }
       if (at.empty()) {
-        std::printf("  %-13s %9s\n", kPointNames[p], "-");
+        std::printf("  %-14s %9s\n", kPointNames[p], "-");
         continue;
       }
-      std::printf("  %-13s %9.2f %9.2f %9.2f   %s\n", kPointNames[p], *std::min_element(at.begin(), at.end()),
+      std::printf("  %-14s %9.2f %9.2f %9.2f   %s\n", kPointNames[p], *std::min_element(at.begin(), at.end()),
                   median(at), *std::max_element(at.begin(), at.end()),
                   since.empty() ? "" : std::to_string(median(since)).c_str());
     }

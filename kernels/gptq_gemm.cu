@@ -656,45 +656,53 @@ class StreamTimeline {
 #endif
 };
 
-// Bytes of the warp sums (warps 1.. of a CTA, read by warp 0) at the start of
-// the bulk source's ring memory, and the split's [NT * 8][64] f32 tile after
-// them (cluster reduce).
+// Bytes of the warp sums (every warp's acc, [warps][NT * 16][32] f32) at the
+// start of the bulk source's ring memory, and the CTA's [NT * 8][64] f32 sum
+// tile after them.
 template <int NT>
-constexpr int kStreamRedBytes = static_cast<int>(sizeof(float)) * (kStreamWarps - 1) * NT * 16 * 32;
+constexpr int kStreamRedBytes = static_cast<int>(sizeof(float)) * kStreamWarps * NT * 16 * 32;
 template <int NT>
 constexpr int kStreamTileBytes = static_cast<int>(sizeof(float)) * NT * 8 * kGptqTileN;
 
 // Cluster reduce (bulk source, StreamParams::cluster_reduce): the splits of
 // one column block are one cluster (dims 1 x S), so they sum through
-// distributed shared memory instead of the workspace. Each CTA leaves its
-// split's sums (warp 0's acc) in `tile` ([NT * 8][64] f32, row-major, in its
-// own shared memory) and cluster_sum_store (gptq_int4.cuh) sums the S tiles
-// in split order: the bits of the workspace reduction.
+// distributed shared memory instead of the workspace. Each CTA has its
+// split's sums in `tile` ([NT * 8][64] f32, row-major, in its own shared
+// memory, written by every thread: cta_sums_to_tile) and cluster_sum_store
+// (gptq_int4.cuh) sums the S tiles in split order: the bits of the
+// workspace reduction.
 template <class T, int NT>
-__device__ __forceinline__ void cluster_reduce_store(const float (&acc)[NT * 16], unsigned char* tile_smem,
-                                                     bool holds_sums, const StreamParams& p, int nb,
+__device__ __forceinline__ void cluster_reduce_store(const float* tile, const StreamParams& p, int nb,
                                                      T* out /* [m, n] */) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  (void)acc, (void)tile_smem, (void)holds_sums, (void)p, (void)nb, (void)out;
+  (void)tile, (void)p, (void)nb, (void)out;
   __trap();  // never launched: clusters and the bulk source run on sm_90+ only
 #else
-  float* const tile = reinterpret_cast<float*>(tile_smem);  // [NT * 8][kGptqTileN]
-  const int lane = static_cast<int>(threadIdx.x) & 31, gid = lane >> 2, tig = lane & 3;
-  if (holds_sums) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int f = 16 * j + gid + (e >= 2 ? 8 : 0), r = nt * 8 + 2 * tig + (e & 1);
-          tile[r * kGptqTileN + f] = acc[(nt * 4 + j) * 4 + e];
-        }
-      }
-    }
-  }
   cluster_sum_store<T, kStreamThreads, 1>(tile, kGptqTileN, p.splits, p.m, kGptqTileN, nb * kGptqTileN, p.n, out);
 #endif
+}
+
+// The CTA's sums, every thread at once (after a barrier that follows every
+// warp's red[warp] = acc): tile[r][f] = red[0] + red[1] + ... in warp order
+// (the order warp 0 once summed them in, so the bits are unchanged) for the
+// live rows r < m. Warp w's acc holds row r, feature f of the CTA's
+// [NT * 8][64] tile at D fragment (nt, j) = (r / 8, f / 16), element
+// e = (r & 1) + (f % 16 >= 8 ? 2 : 0), of lane 4 (f % 8) + (r % 8) / 2.
+// Spread over the CTA, so that no single warp walks the whole tile (the
+// SiLU·mul epilogue alone took ~1.2 us in warp 0: session 25's profile).
+template <int NT>
+__device__ __forceinline__ void cta_sums_to_tile(const float (*red)[NT * 16][32], float* tile /* [NT * 8][64] */,
+                                                 int m) {
+  const int live = min(m, NT * 8) * kGptqTileN;
+  for (int idx = static_cast<int>(threadIdx.x); idx < live; idx += kStreamThreads) {
+    const int r = idx / kGptqTileN, f = idx % kGptqTileN;
+    const int i = ((r / 8) * 4 + f / 16) * 4 + (r & 1) + ((f % 16) >= 8 ? 2 : 0);
+    const int lane = (f % 8) * 4 + (r % 8) / 2;
+    float v = red[0][i][lane];
+#pragma unroll
+    for (int w = 1; w < kStreamWarps; ++w) v += red[w][i][lane];
+    tile[idx] = v;
+  }
 }
 
 
@@ -709,18 +717,23 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
   using M = Int4Math<T>;
   constexpr int kAcc = NT * 4 * 4;  // [nt][j][4] f32
   // The bulk source's rings (dynamic shared memory; none for the register
-  // source), and where warps 1.. leave their sums for warp 0: the bulk
-  // source reuses its rings (after a barrier), the register source has its own.
+  // source), where every warp leaves its sums (red) and the CTA's sum tile:
+  // the bulk source reuses its rings (after a barrier), the register source
+  // has its own.
   extern __shared__ __align__(128) unsigned char ring_smem[];  // [warps][p.ring][stream_slot_bytes(NT)]
   float(*red)[kAcc][32];
+  float* tile;  // [NT * 8][kGptqTileN]
   if constexpr (kBulk) {
-    static_assert(kStreamRedBytes<NT> == sizeof(float) * (kStreamWarps - 1) * kAcc * 32, "one layout of the sums");
+    static_assert(kStreamRedBytes<NT> == sizeof(float) * kStreamWarps * kAcc * 32, "one layout of the sums");
     static_assert(kStreamRedBytes<NT> + kStreamTileBytes<NT> <= kStreamWarps * stream_slot_bytes(NT),
-                  "the warp sums and the cluster reduce's tile fit in the smallest ring (one slot per warp)");
+                  "the warp sums and the sum tile fit in the smallest ring (one slot per warp)");
     red = reinterpret_cast<float(*)[kAcc][32]>(ring_smem);
+    tile = reinterpret_cast<float*>(ring_smem + kStreamRedBytes<NT>);
   } else {
-    __shared__ float red_own[kStreamWarps - 1][kAcc][32];
+    __shared__ float red_own[kStreamWarps][kAcc][32];
+    __shared__ float tile_own[NT * 8 * kGptqTileN];
     red = red_own;
+    tile = tile_own;
   }
 
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
@@ -940,6 +953,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     for (; c < c_end; c += kStreamWarps) {
       mbarrier_wait_parity(&full[slot], phase);
       if (c == c_begin) timeline.mark(GptqTimelinePoint::FirstChunk);  // warp 0's first (thread 0 stores)
+      if (c == c_begin + kStreamWarps) timeline.mark(GptqTimelinePoint::SecondChunk);
       unsigned char* const base = ring + slot * kSlotBytes;
       const int tail = p.k - c * kGptqTileK;  // < 128: the last chunk, whose columns >= k were not copied
       if (tail < kGptqTileK) {
@@ -981,6 +995,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
               },
               [&](int, uint4& s_raw, uint2& z_raw) { group_row_at(++row_in_chunk, s_raw, z_raw); }, c, s_first,
               z_first);
+      if (c == c_begin) timeline.mark(GptqTimelinePoint::FirstChunkDone);
       // Every lane has read the slot before it is refilled.
       __syncwarp();
       const int c_refill = c + p.ring * kStreamWarps;
@@ -1029,69 +1044,52 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
   }
 
   timeline.mark(GptqTimelinePoint::ChunksDone);
-  // Warps 1.. -> warp 0, in warp order.
+  // Every warp's sums -> the CTA's tile, summed by every thread.
   if constexpr (kBulk) __syncthreads();  // every warp is done with its ring before red overwrites it
-  if (warp > 0) {
 #pragma unroll
-    for (int i = 0; i < kAcc; ++i) red[warp - 1][i][lane] = acc[i];
-  }
+  for (int i = 0; i < kAcc; ++i) red[warp][i][lane] = acc[i];
   __syncthreads();
-  if (warp == 0) {
-#pragma unroll
-    for (int w = 0; w < kStreamWarps - 1; ++w) {
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) acc[i] += red[w][i][lane];
-    }
-  }
+  cta_sums_to_tile<NT>(red, tile, p.m);
   timeline.mark(GptqTimelinePoint::WarpsSummed);
-  // D fragment (nt, j): d0 / d1 = feature 16j + g, rows 8nt + 2t / +1; d2 / d3 = feature + 8.
   T* out = static_cast<T*>(p.out);
   if constexpr (kBulk) {
-    if (p.cluster_reduce) {  // grid-uniform
-      cluster_reduce_store<T, NT>(acc, ring_smem + kStreamRedBytes<NT>, warp == 0, p, nb, out);
+    if (p.cluster_reduce) {  // grid-uniform; cluster_sum_store's cluster barrier publishes the tile
+      cluster_reduce_store<T, NT>(tile, p, nb, out);
       timeline.mark(GptqTimelinePoint::Exit);
       return;
     }
   }
-  // One split: the output directly. Otherwise this split's [m][64] f32 partial.
-  if (warp == 0) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int f0 = 16 * j + gid;
-        const int r0 = nt * 8 + 2 * tig;
-        const float* d = &acc[(nt * 4 + j) * 4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int f = f0 + (e >= 2 ? 8 : 0), r = r0 + (e & 1);
-          if constexpr (kSiluOut) {
-            // Feature f is gate_q for even gid (f = 2q within the block), and
-            // its up_q, feature f + 1, sits in lane + 4 (gid + 1): every lane
-            // shuffles, the even-gid lanes store. Each value rounded to T
-            // first, as the unfused GEMM stores gate_up.
-            const float up = __shfl_down_sync(0xffffffffu, d[e], 4);
-            const int col = nb * kGptqTileN + f;
-            if (r < p.m && (gid & 1) == 0 && col < p.n) {
-              out[static_cast<std::size_t>(r) * (p.n / 2) + col / 2] =
-                  from_float<T>(silu_mul(to_float(from_float<T>(d[e])), to_float(from_float<T>(up))));
-            }
-            continue;
-          }
-          if (r >= p.m) continue;
-          if (p.splits == 1) {
-            if (nb * kGptqTileN + f < p.n) out[static_cast<std::size_t>(r) * p.n + nb * kGptqTileN + f] = from_float<T>(d[e]);
-          } else {
-            float* const split_part = p.partials + (static_cast<std::size_t>(split) * nb_total + nb) * p.m * kGptqTileN;
-            __stcg(split_part + static_cast<std::size_t>(r) * kGptqTileN + f, d[e]);
-          }
-        }
+  __syncthreads();  // the tile is whole
+  // One split: the output directly, one element (SiLU·mul: one pair) per
+  // thread, consecutive threads on consecutive columns. Otherwise this
+  // split's [m][64] f32 partial.
+  const int col0 = nb * kGptqTileN;
+  const int live_rows = min(p.m, NT * 8);
+  if constexpr (kSiluOut) {
+    // Columns 2q, 2q + 1 of the block are gate_q and up_q (act column
+    // (col0 + 2q) / 2), each rounded to T first, as the unfused GEMM stores gate_up.
+    for (int idx = static_cast<int>(threadIdx.x); idx < live_rows * (kGptqTileN / 2); idx += kStreamThreads) {
+      const int r = idx / (kGptqTileN / 2), q = idx % (kGptqTileN / 2);
+      const float gate = tile[r * kGptqTileN + 2 * q], up = tile[r * kGptqTileN + 2 * q + 1];
+      if (col0 + 2 * q < p.n) {
+        out[static_cast<std::size_t>(r) * (p.n / 2) + col0 / 2 + q] =
+            from_float<T>(silu_mul(to_float(from_float<T>(gate)), to_float(from_float<T>(up))));
       }
     }
-  }
-  if (p.splits == 1) {  // grid-uniform
     timeline.mark(GptqTimelinePoint::Exit);
     return;
+  }
+  if (p.splits == 1) {  // grid-uniform
+    for (int idx = static_cast<int>(threadIdx.x); idx < live_rows * kGptqTileN; idx += kStreamThreads) {
+      const int r = idx / kGptqTileN, f = idx % kGptqTileN;
+      if (col0 + f < p.n) out[static_cast<std::size_t>(r) * p.n + col0 + f] = from_float<T>(tile[idx]);
+    }
+    timeline.mark(GptqTimelinePoint::Exit);
+    return;
+  }
+  float* const split_part = p.partials + (static_cast<std::size_t>(split) * nb_total + nb) * p.m * kGptqTileN;
+  for (int idx = static_cast<int>(threadIdx.x); idx < live_rows * kGptqTileN; idx += kStreamThreads) {
+    __stcg(split_part + idx, tile[idx]);
   }
   constexpr int kPer = (NT * 8 * (kGptqTileN / 4) + kStreamThreads - 1) / kStreamThreads;
   splitk_finish_last<T, kStreamThreads, kPer>(p.partials, p.counters, nb, nb_total, p.splits, p.m, kGptqTileN,

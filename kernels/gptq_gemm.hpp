@@ -310,12 +310,14 @@ void launch_gptq_dequant(DType dtype, const GptqDeviceWeight& w, int n0, int col
 enum class GptqTimelinePoint : int {
   Entry = 0,         // the kernel's first statement (stored after the wait)
   WaitReturned = 1,  // past griddepcontrol.wait: the previous kernel has completed
-  FirstChunk = 2,    // warp 0's first chunk (weights, scale rows, activations) landed (bulk source)
-  ChunksDone = 3,    // warp 0 done with its chunks
-  WarpsSummed = 4,   // the CTA's warp sums in warp 0
-  Exit = 5,          // the CTA's last statement (its outputs or partials stored, reductions done)
+  FirstChunk = 2,      // warp 0's first chunk (weights, scale rows, activations) landed (bulk source)
+  FirstChunkDone = 3,  // warp 0 done with its first chunk (bulk source)
+  SecondChunk = 4,     // warp 0's second chunk landed (bulk source; 0 in a warp with one chunk)
+  ChunksDone = 5,      // warp 0 done with its chunks
+  WarpsSummed = 6,     // the CTA's sums in its tile (summed by every thread)
+  Exit = 7,            // the CTA's last statement (its outputs or partials stored, reductions done)
 };
-inline constexpr int kGptqTimelinePoints = 6;
+inline constexpr int kGptqTimelinePoints = 8;
 inline constexpr int kGptqTimelineLaunches = 16;
 inline constexpr int kGptqTimelineCtas = 1024;
 }  // namespace ferrum::kernels

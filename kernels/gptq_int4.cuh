@@ -224,9 +224,10 @@ __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [s
 // give the same bits), and stores out[row, col0 + c] (row stride n) for
 // col0 + c < n; a second barrier keeps every tile alive until the last read.
 // No workspace, counter, fence or atomic. Every thread of every CTA calls it.
-// kBatch: quads per thread whose loads are in flight together; 1 keeps the
-// registers of a kernel near its limit (the streaming kernel), more hide
-// the round trips of a large tile (the wgmma kernel's [m][256]).
+// kBatch: quads per thread whose loads are in flight together, each with
+// every split's load issued before the first add (one distributed shared
+// memory round trip per kBatch quads, not one per split: the streaming
+// kernel's one quad per thread waited out S round trips in a row).
 template <class T, int kThreadsN, int kBatch>
 __device__ __forceinline__ void cluster_sum_store(const float* tile, int pitch, int splits, int rows, int cols,
                                                   int col0, int n, T* out /* [rows, n] */) {
@@ -243,43 +244,30 @@ __device__ __forceinline__ void cluster_sum_store(const float* tile, int pitch, 
   const int quads_per_row = cols / 4;
   const int quads = rows * quads_per_row;
   const int q_end = (rank + 1) * quads / splits;
-  if constexpr (kBatch == 1) {
-    for (int q = rank * quads / splits + static_cast<int>(threadIdx.x); q < q_end; q += kThreadsN) {
-      const int row = q / quads_per_row, c4 = (q % quads_per_row) * 4;
-      const float4* at = reinterpret_cast<const float4*>(tile + row * pitch + c4);
-      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      for (int s = 0; s < splits; ++s) add_quad(sum, *cluster.map_shared_rank(at, s));
-      // n is a multiple of 8: a quad is all in or all out.
-      if (col0 + c4 < n) store_quad(out, n, row, col0 + c4, sum);
+  // 4 kBatch x kGptqClusterMaxSplits registers of loads in flight.
+  for (int q0 = rank * quads / splits + static_cast<int>(threadIdx.x); q0 < q_end; q0 += kBatch * kThreadsN) {
+    float4 part[kBatch][kGptqClusterMaxSplits];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int q = q0 + b * kThreadsN;
+      const float4* at =
+          reinterpret_cast<const float4*>(tile + (q / quads_per_row) * pitch + (q % quads_per_row) * 4);
+#pragma unroll
+      for (int s = 0; s < kGptqClusterMaxSplits; ++s) {
+        if (q < q_end && s < splits) part[b][s] = *cluster.map_shared_rank(at, s);
+      }
     }
-  } else {
-    // kBatch quads per thread at a time, every split's load of them issued
-    // before the first add (distributed shared memory is a long round trip;
-    // 4 kBatch x kGptqClusterMaxSplits registers).
-    for (int q0 = rank * quads / splits + static_cast<int>(threadIdx.x); q0 < q_end; q0 += kBatch * kThreadsN) {
-      float4 part[kBatch][kGptqClusterMaxSplits];
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int q = q0 + b * kThreadsN;
-        const float4* at =
-            reinterpret_cast<const float4*>(tile + (q / quads_per_row) * pitch + (q % quads_per_row) * 4);
+    for (int b = 0; b < kBatch; ++b) {
+      const int q = q0 + b * kThreadsN;
+      if (q >= q_end) continue;
+      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-        for (int s = 0; s < kGptqClusterMaxSplits; ++s) {
-          if (q < q_end && s < splits) part[b][s] = *cluster.map_shared_rank(at, s);
-        }
+      for (int s = 0; s < kGptqClusterMaxSplits; ++s) {
+        if (s < splits) add_quad(sum, part[b][s]);
       }
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int q = q0 + b * kThreadsN;
-        if (q >= q_end) continue;
-        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-        for (int s = 0; s < kGptqClusterMaxSplits; ++s) {
-          if (s < splits) add_quad(sum, part[b][s]);
-        }
-        const int row = q / quads_per_row, c4 = (q % quads_per_row) * 4;
-        if (col0 + c4 < n) store_quad(out, n, row, col0 + c4, sum);
-      }
+      const int row = q / quads_per_row, c4 = (q % quads_per_row) * 4;
+      if (col0 + c4 < n) store_quad(out, n, row, col0 + c4, sum);
     }
   }
   cluster.sync();  // no block exits while another may still read its tile
