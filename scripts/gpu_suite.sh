@@ -27,6 +27,14 @@
 #                                with -DFERRUM_GPTQ_TIMELINE=ON): the GPTQ
 #                                streaming kernel's per-CTA phases in the
 #                                llama3-8b GPTQ decode step (needs .deps)
+#   scripts/gpu_suite.sh ab      this tree against base/ (scripts/gpu_tree.sh
+#                                REV --base BASE, or gpu_tree.sh --working
+#                                --base BASE): base's engine and GPTQ bench
+#                                built beside the main build, then
+#                                ferrum_engine AB_RUNS (2) times each,
+#                                alternated, with the greedy tokens' md5, and
+#                                ferrum_bench_gptq --kernel bulk m = 1 on the
+#                                decode shapes, both builds (needs .deps)
 #   scripts/gpu_suite.sh sdpa    scripts/sdpa_check.py: flash_attention (both
 #                                prefill kernels) and torch SDPA against a
 #                                float64 reference at large shapes
@@ -50,7 +58,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race hf sdpa profile tuning verify gptqtimeline)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race hf sdpa profile tuning verify gptqtimeline ab)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -132,7 +140,18 @@ sanitize() {
   DEPS=""
   [ -d .deps ] && DEPS="-DCMAKE_PREFIX_PATH=$PWD/.deps"
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release $DEPS >/dev/null
-  cmake --build $B -j16 2>&1 | grep -E "error|warning|FAILED" || echo "build ok"
+  # ab: base's two targets build beside the main build (6 of the 16 jobs).
+  if has_mode ab; then
+    if [ ! -d base ]; then
+      echo "ab: no base/ in this tree (scripts/gpu_tree.sh ... --base REV)"
+    else
+      cmake -S base -B "${B}-base" -G Ninja -DCMAKE_BUILD_TYPE=Release $DEPS >/dev/null
+      ( cmake --build "${B}-base" -j6 --target ferrum_engine ferrum_bench_gptq 2>&1 | grep -E "error|FAILED" \
+          || echo "base build ok ($(cat base/COMMIT 2>/dev/null))" ) &
+    fi
+  fi
+  cmake --build $B -j$([ -d base ] && has_mode ab && echo 10 || echo 16) 2>&1 | grep -E "error|warning|FAILED" || echo "build ok"
+  wait
 } 2>&1 | tee -a "$LOG"
 
 if has_mode tests; then
@@ -440,6 +459,29 @@ if has_mode gptqtimeline; then
     for plan in "" "--no-chain --ctas-per-sm 0"; do
       echo "== ferrum_gptq_timeline $plan ($(date +%T))"
       timeout 120 "$TB/apps/engine/ferrum_gptq_timeline" $plan --csv "$OUT/gptq_timeline${plan//[ -]/}.csv"
+    done
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode ab && [ -d base ]; then
+  {
+    echo "== ab: $(cat COMMIT 2>/dev/null || echo this tree) against base $(cat base/COMMIT 2>/dev/null) ($(date +%T))"
+    # One engine line per run: its decode rate and the md5 of its generated
+    # tokens (equal tokens: equal md5).
+    AB_ENGINE_FLAGS="${AB_ENGINE_FLAGS:---random llama3-8b --dtype f16 --quant gptq --steps 128 --graph}"
+    for i in $(seq 1 "${AB_RUNS:-2}"); do
+      for build in "$B" "${B}-base"; do
+        timeout 120 "$build/apps/engine/ferrum_engine" $AB_ENGINE_FLAGS > /tmp/ferrum_ab_engine.log 2>&1
+        rc=$?
+        name=this
+        [ "$build" = "$B" ] || name=base
+        echo "-- $name run $i: exit $rc$(grep -E 'decode:' /tmp/ferrum_ab_engine.log | tr -s ' ') tokens $(grep -E 'generated:' /tmp/ferrum_ab_engine.log | md5sum | cut -c1-8)"
+      done
+    done
+    for build in "$B" "${B}-base"; do
+      echo "-- ferrum_bench_gptq --kernel bulk, m = 1: $([ "$build" = "$B" ] && echo this || echo base)"
+      timeout 90 "$build/bench/ferrum_bench_gptq" --kernel bulk --ms 1 \
+        --shapes 4096x6144,4096x4096,4096x28672,14336x4096,8192x8192,8192x28672 2>&1 | grep -vE "^#|^$"
     done
   } 2>&1 | tee -a "$LOG"
 fi

@@ -2,14 +2,35 @@
 # Exports a commit (default HEAD) into .gpu-tree/ (git-ignored via
 # .git/info/exclude), with .deps/ beside it, so a device run can build exactly
 # that commit while the working tree holds unfinished edits:
-#   scripts/gpu_tree.sh [REV]
+#   scripts/gpu_tree.sh [REV] [--base BASE_REV]
+#   scripts/gpu_tree.sh --working [--base BASE_REV]   the working tree as it is
+#                                (tracked and untracked, not ignored files)
 #   device run: carry [".gpu-tree"], command: cd .gpu-tree && bash scripts/gpu_suite.sh all
+# --base also exports BASE_REV into .gpu-tree/base/ for gpu_suite.sh's ab mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-REV="${1:-HEAD}"
+REV=HEAD
+BASE=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --base) BASE="$2"; shift 2 ;;
+    --working) REV=""; shift ;;
+    *) REV="$1"; shift ;;
+  esac
+done
 grep -qx "/.gpu-tree/" .git/info/exclude 2>/dev/null || echo "/.gpu-tree/" >> .git/info/exclude
 rm -rf .gpu-tree && mkdir -p .gpu-tree
-git archive "$REV" | tar -x -C .gpu-tree
-git rev-parse --short "$REV" > .gpu-tree/COMMIT
+if [ -n "$REV" ]; then
+  git archive "$REV" | tar -x -C .gpu-tree
+  git rev-parse --short "$REV" > .gpu-tree/COMMIT
+else
+  git ls-files -co --exclude-standard | grep -v "^\.gpu-tree/" | tar -cf - -T - | tar -x -C .gpu-tree
+  echo "$(git rev-parse --short HEAD)+working" > .gpu-tree/COMMIT
+fi
+if [ -n "$BASE" ]; then
+  mkdir -p .gpu-tree/base
+  git archive "$BASE" | tar -x -C .gpu-tree/base
+  git rev-parse --short "$BASE" > .gpu-tree/base/COMMIT
+fi
 [ -d .deps ] && cp -r .deps .gpu-tree/
-echo "exported $(cat .gpu-tree/COMMIT) to .gpu-tree"
+echo "exported $(cat .gpu-tree/COMMIT) to .gpu-tree${BASE:+, base $(cat .gpu-tree/base/COMMIT)}"
