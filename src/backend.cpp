@@ -874,12 +874,12 @@ void Backend::gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std:
   OpCheck check(*this, "gemm_gptq");
   check_quant_gemm(check, *this, a, w, out, m);
   if (w.kind() != QuantKind::Gptq) check.fail(ErrorCode::InvalidArgument, "gemm_gptq: argument 'w' is not a GPTQ weight");
-  do_gemm_gptq(a, w, out, m);
+  do_gemm_gptq(a, w, out, m, "gemm_gptq");
 }
 
-void Backend::do_gemm_gptq(const Buffer&, const QuantWeight&, Buffer&, std::size_t) {
-  OpCheck check(*this, "gemm_gptq");
-  check.fail(ErrorCode::Unsupported, "gemm_gptq: not implemented on the {} backend yet", name());
+void Backend::do_gemm_gptq(const Buffer&, const QuantWeight&, Buffer&, std::size_t, const char* op) {
+  OpCheck check(*this, op);
+  check.fail(ErrorCode::Unsupported, "{}: not implemented on the {} backend yet", op, name());
 }
 
 void Backend::gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& gate_up, Buffer& act,
@@ -910,7 +910,7 @@ void Backend::gemm_quant(const Buffer& a, const QuantWeight& w, Buffer& out, std
         check.fail(ErrorCode::Unsupported, "gemm_quant: GPTQ weights need gemm_gptq, which the {} backend lacks yet",
                    name());
       }
-      do_gemm_gptq(a, w, out, m);
+      do_gemm_gptq(a, w, out, m, "gemm_quant");
       return;
     case QuantKind::Awq:
       check.fail(ErrorCode::Unsupported, "gemm_quant: quant kind Awq is not supported");

@@ -519,7 +519,9 @@ class Backend {
                                 std::size_t batch, std::size_t q_len, std::size_t kv_len,
                                 const MlaConfig& cfg);
   virtual std::unique_ptr<QuantWeight> do_load_gptq(const GptqHostTensors& tensors);
-  virtual void do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m);
+  // op: the public op that called it (gemm_gptq, gemm_quant, or
+  // gemm_silu_mul_gptq's fallback), whose name its refusals carry.
+  virtual void do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m, const char* op);
   virtual void do_gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& gate_up, Buffer& act,
                                      std::size_t m);
   virtual void do_all_reduce(Buffer& buf, std::size_t len, ReduceOp op);

@@ -312,7 +312,7 @@ class CudaBackend final : public Backend {
   void do_flash_decode_ragged(const Buffer& q, const Buffer& k, const Buffer& v, Buffer& out,
                               const Buffer& kv_lens, std::size_t batch, const AttnConfig& cfg) override;
   std::unique_ptr<QuantWeight> do_load_gptq(const GptqHostTensors& tensors) override;
-  void do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) override;
+  void do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m, const char* op) override;
   void do_gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& gate_up, Buffer& act,
                              std::size_t m) override;
   void do_all_reduce(Buffer& buf, std::size_t len, ReduceOp op) override;

@@ -614,8 +614,8 @@ const CpuGptqWeight& checked_cpu_gptq_weight(const char* op, const QuantWeight& 
 }  // namespace
 
 void CpuBackend::do_gemm_gptq(const Buffer& a /*[m, k]*/, const QuantWeight& w, Buffer& out /*[m, n]*/,
-                              std::size_t m) {
-  const CpuGptqWeight& weight = checked_cpu_gptq_weight("gemm_gptq", w);
+                              std::size_t m, const char* op) {
+  const CpuGptqWeight& weight = checked_cpu_gptq_weight(op, w);
   const std::size_t k = weight.k();
   const float* w_t = weight.transposed().data();
   gemm_f32(decode_rows(a, m, k), m, weight.n(), k,
@@ -630,8 +630,7 @@ void CpuBackend::do_gemm_gptq(const Buffer& a /*[m, k]*/, const QuantWeight& w, 
 void CpuBackend::do_gemm_silu_mul_gptq(const Buffer& a /*[m, k]*/, const QuantWeight& w,
                                        Buffer& gate_up /*[m, 2*im] workspace*/, Buffer& act /*[m, im]*/,
                                        std::size_t m) {
-  (void)checked_cpu_gptq_weight("gemm_silu_mul_gptq", w);  // refused under this op's name
-  do_gemm_gptq(a, w, gate_up, m);
+  do_gemm_gptq(a, w, gate_up, m, "gemm_silu_mul_gptq");
   silu_mul_rows(gate_up, act, m, w.n() / 2, /*interleaved=*/true);
 }
 

@@ -336,8 +336,8 @@ std::unique_ptr<QuantWeight> CudaBackend::do_load_gptq(const GptqHostTensors& te
   return weight;
 }
 
-void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) {
-  const CudaGptqWeight* const weight = &checked_gptq_operands(*rt_, "gemm_gptq", w, {{"a", &a}, {"out", &out}});
+void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m, const char* op) {
+  const CudaGptqWeight* const weight = &checked_gptq_operands(*rt_, op, w, {{"a", &a}, {"out", &out}});
   detail::activate_device(device_);
   const DType dtype = a.dtype();
   const kernels::GptqDeviceWeight view = weight->view(dtype);
@@ -375,7 +375,7 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
                               static_cast<int>(k), rt_->one_zero, ws.scratch, type, static_cast<int>(chunk), a_bytes,
                               type, static_cast<int>(k), rt_->one_zero + 1, out_bytes + n0 * 2, type,
                               static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                 "gemm_gptq", "cublasGemmEx");
+                 op, "cublasGemmEx");
   }
 }
 
@@ -400,7 +400,7 @@ void CudaBackend::do_gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, B
       return;
     }
   }
-  do_gemm_gptq(a, w, gate_up, m);
+  do_gemm_gptq(a, w, gate_up, m, "gemm_silu_mul_gptq");
   kernels::launch_silu_mul_pairs("gemm_silu_mul_gptq", dtype, ptr(gate_up), ptr(act),
                                  static_cast<long long>(m * (w.n() / 2)), rt_->stream);
 }

@@ -347,8 +347,9 @@ TEST_P(BadInput, QuantWeightChecks) {
   // Every backend validates the checkpoint before anything else.
   GptqHostTensors empty;
   expect_error(ErrorCode::InvalidArgument, "load_gptq", [&] { (void)backend().load_gptq(empty); });
-  // A weight that claims this backend but was not made by its load_gptq.
-  for (Op op : {Op::GemmGptq, Op::GemmSiluMulGptq}) {
+  // A weight that claims this backend but was not made by its load_gptq,
+  // refused under the name of the op called.
+  for (Op op : {Op::GemmGptq, Op::GemmSiluMulGptq, Op::GemmQuant}) {
     if (!backend().supports(op)) continue;
     expect_call_error(op, ErrorCode::InvalidArgument, "'w'", [&](OpArgs& a) {
       a.weight = std::make_unique<FakeQuantWeight>(&backend(), QuantKind::Gptq, a.weight->k(), a.weight->n());
