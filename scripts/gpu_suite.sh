@@ -78,24 +78,35 @@ QUICK=""
 export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1
 B="${BUILD_DIR:-build-gpu}"
 LOG="$OUT/suite.log"
+# The bulky logs (each GPU test shard, each sanitizer run, the test binaries'
+# whole output) go to $DETAIL_DIR; a step that fails copies its log into
+# $OUT. A device call brings back only a few files (8 on this workplace's
+# machines), so $OUT holds the summary (suite.log), the JSON and what failed.
+DETAIL="${DETAIL_DIR:-/tmp/ferrum_suite_detail}"
+mkdir -p "$DETAIL"
+keep_log() { cp "$1" "$OUT/" && echo "(kept $(basename "$1") in \$OUT)"; }
 
 # sanitize TOOL SECONDS FILTER [TAIL]: compute-sanitizer TOOL over the GPU
 # test binary with a gtest filter, in SANITIZE_SHARDS (default 4) gtest
 # shards side by side (the sanitizers are CPU-heavy; the GPU is mostly
 # idle). Prints each shard's last TAIL lines, the error summaries, and one
 # exit line: the worst shard's exit code (9: errors found, 124: timeout).
-# The full output goes to $OUT/TOOL.N.log (N counts the calls of this run).
+# The full output goes to $DETAIL/TOOL.N.log (N counts the calls of this
+# run), and into $OUT when a shard failed.
 # racecheck runs only tests that never reach cuBLAS: it reports hazards
 # inside cuBLAS's own kernels (nvjet_*, TMA / wgmma shared-memory traffic)
 # that no call of ours can change, and they take most of its time.
 # (--kernel-name-exclude kns=nvjet is no way out: the run of session 5 with
 # it failed every shard.)
 # Every engine test (the CLI ones run the engine on the GPU here); the whole
-# output is kept in $OUT/engine_tests.log: a failed one prints the engine's log.
+# output is kept in $DETAIL/engine_tests.log (in $OUT too when one failed: a
+# failed one prints the engine's log).
 run_engine_tests() {
-  timeout 180 $B/tests/engine/ferrum_tests_engine --gtest_brief=1 > "$OUT/engine_tests.log" 2>&1
-  echo "engine tests exit $?"
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/engine_tests.log" | head -12
+  timeout 180 $B/tests/engine/ferrum_tests_engine --gtest_brief=1 > "$DETAIL/engine_tests.log" 2>&1
+  local rc=$?
+  echo "engine tests exit $rc"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$DETAIL/engine_tests.log" | head -12
+  [ "$rc" -eq 0 ] || keep_log "$DETAIL/engine_tests.log"
 }
 
 SANITIZE_RUN=0
@@ -125,10 +136,11 @@ sanitize() {
     echo "-- $1 shard $i of $shards: exit $rc"
     tail -"${4:-3}" "$dir/$i.log"
   done
-  cat "$dir"/*.log > "$OUT/$1.$SANITIZE_RUN.log"
+  cat "$dir"/*.log > "$DETAIL/$1.$SANITIZE_RUN.log"
   grep -hE "ERROR SUMMARY" "$dir"/*.log | sort | uniq -c
   rm -rf "$dir"
   echo "$1 exit $worst"
+  [ "$worst" -eq 0 ] || keep_log "$DETAIL/$1.$SANITIZE_RUN.log"
 }
 
 {
@@ -187,24 +199,27 @@ if has_mode quicktests; then
     pids=()
     for i in $(seq 0 $((SHARDS - 1))); do
       NCCL_NVLS_ENABLE=0 GTEST_TOTAL_SHARDS=$SHARDS GTEST_SHARD_INDEX=$i timeout 300 \
-        stdbuf -oL -eL $B/tests/ferrum_tests_gpu --gtest_brief=1 > "$OUT/gputests.$i.log" 2>&1 &
+        stdbuf -oL -eL $B/tests/ferrum_tests_gpu --gtest_brief=1 > "$DETAIL/gputests.$i.log" 2>&1 &
       pids+=($!)
     done
     # wait PID returns a child's status even when it exited before the wait.
     FAILED_SHARDS=0
     for pid in "${pids[@]}"; do wait "$pid" || FAILED_SHARDS=$((FAILED_SHARDS + 1)); done
-    cat "$OUT"/gputests.*.log > "$OUT/gputests.log"
+    cat "$DETAIL"/gputests.[0-9]*.log > "$DETAIL/gputests.log"
     echo "ferrum_tests_gpu shards failed: $FAILED_SHARDS of $SHARDS"
-    echo "passed: $(grep -hE '^\[  PASSED  \]' "$OUT"/gputests.*.log | awk '{s += $4} END {print s + 0}')," \
-      "skipped: $(grep -hE '^\[  SKIPPED \] [0-9]+ test' "$OUT"/gputests.*.log | awk '{s += $4} END {print s + 0}')"
-    grep -hE "^\[  FAILED  \]|Timeout|terminate" "$OUT"/gputests.*.log | head -30
+    echo "passed: $(grep -hE '^\[  PASSED  \]' "$DETAIL"/gputests.[0-9]*.log | awk '{s += $4} END {print s + 0}')," \
+      "skipped: $(grep -hE '^\[  SKIPPED \] [0-9]+ test' "$DETAIL"/gputests.[0-9]*.log | awk '{s += $4} END {print s + 0}')"
+    grep -hE "^\[  FAILED  \]|Timeout|terminate" "$DETAIL"/gputests.[0-9]*.log | head -30
+    [ "$FAILED_SHARDS" -eq 0 ] || keep_log "$DETAIL/gputests.log"
     # The CPU binary's suites that run on every backend (AllBackends/...):
     # their CudaBackend instances (bad input, API, qkv_rope_append, ...).
     echo "== CPU test binary, CUDA instances ($(date +%T))"
     timeout 200 stdbuf -oL -eL $B/tests/ferrum_tests_cpu --gtest_brief=1 --gtest_filter='*/Cuda' \
-      > "$OUT/cputests_cuda.log" 2>&1
-    echo "ferrum_tests_cpu (CUDA instances) exit $?"
-    grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$OUT/cputests_cuda.log" | head -20
+      > "$DETAIL/cputests_cuda.log" 2>&1
+    rc=$?
+    echo "ferrum_tests_cpu (CUDA instances) exit $rc"
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$DETAIL/cputests_cuda.log" | head -20
+    [ "$rc" -eq 0 ] || keep_log "$DETAIL/cputests_cuda.log"
   } 2>&1 | tee -a "$LOG"
 fi
 
