@@ -4,6 +4,7 @@
 //
 //   ferrum_gptq_timeline [--preset NAME] [--steps N] [--eager] [--no-chain]
 //                        [--ctas-per-sm N] [--no-early-weights] [--csv PATH]
+//                        [--print-last N]
 //
 // Decodes --steps (default 16) tokens of a random GPTQ model (default
 // llama3-8b, f16, the engine's random weights) with the engine's Decoder,
@@ -19,8 +20,9 @@
 // moment the kernel before it completed), and the median of each CTA's
 // clock64 time since its own previous point. "gap" is how long after the
 // previous streaming launch's last Exit this launch's first WaitReturned
-// came (the small op between them, plus the two completions). --csv writes
-// every CTA's stamps.
+// came (the small op between them, plus the two completions). --print-last N
+// prints only the last N of them (4: the last layer); --csv writes every
+// CTA's stamps of all of them.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -44,6 +46,7 @@ using namespace ferrum;
 using namespace ferrum::engine;
 using kernels::GptqTimelineLaunch;
 using kernels::GptqTimelinePoint;
+using kernels::kGptqTimelineLaunches;
 using kernels::kGptqTimelinePoints;
 
 struct Options {
@@ -54,6 +57,7 @@ struct Options {
   int ctas_per_sm = 3;
   bool early_weights = true;
   std::string csv;
+  int print_last = kGptqTimelineLaunches;
 };
 
 const char* const kPointNames[kGptqTimelinePoints] = {"Entry",       "WaitReturned", "FirstChunk",  "FirstChunkDone",
@@ -63,7 +67,7 @@ const char* const kPointNames[kGptqTimelinePoints] = {"Entry",       "WaitReturn
   std::fprintf(stderr,
                "ferrum_gptq_timeline: %s\n"
                "usage: ferrum_gptq_timeline [--preset NAME] [--steps N] [--eager] [--no-chain] [--ctas-per-sm N]\n"
-               "                            [--no-early-weights] [--csv PATH]\n",
+               "                            [--no-early-weights] [--csv PATH] [--print-last N]\n",
                what.c_str());
   std::exit(2);
 }
@@ -99,6 +103,8 @@ Options parse(int argc, char** argv) {
       opt.early_weights = false;
     } else if (arg == "--csv") {
       opt.csv = value();
+    } else if (arg == "--print-last") {
+      opt.print_last = static_cast<int>(number(1, kGptqTimelineLaunches));
     } else {
       usage_error("unknown argument '" + arg + "'");
     }
@@ -162,9 +168,17 @@ int run(const Options& opt) {
   }
   unsigned long long previous_exit = 0;
   int index = 0;
+  const auto recorded = std::count_if(launches.begin(), launches.end(),
+                                      [](const GptqTimelineLaunch& l) { return l.sequence >= 0 && !l.ctas.empty(); });
+  const long long shown_from = static_cast<long long>(recorded) - opt.print_last;
   for (const GptqTimelineLaunch& l : launches) {
     if (l.sequence < 0 || l.ctas.empty()) continue;
     const std::string name = launch_name(l, config);
+    // The launches before the last --print-last: still in the CSV and the gaps.
+    const bool shown = index >= shown_from;
+    auto say = [&](const char* format, auto... args) {
+      if (shown) std::printf(format, args...);
+    };
     unsigned long long wait0 = ~0ull, last_exit = 0;
     for (const auto& cta : l.ctas) {
       const auto w = cta[static_cast<int>(GptqTimelinePoint::WaitReturned)].global_ns;
@@ -172,13 +186,13 @@ int run(const Options& opt) {
       last_exit = std::max(last_exit, cta[static_cast<int>(GptqTimelinePoint::Exit)].global_ns);
     }
     if (wait0 == ~0ull) {
-      std::printf("launch %lld %s: no CTA recorded (not run since the reset)\n", l.sequence, name.c_str());
+      say("launch %lld %s: no CTA recorded (not run since the reset)\n", l.sequence, name.c_str());
       continue;
     }
-    std::printf("\nlaunch %lld %s: m %d, k %d, n %d, grid %d x %d, ring %d%s; span WaitReturned -> last Exit %.2f µs",
+    say("\nlaunch %lld %s: m %d, k %d, n %d, grid %d x %d, ring %d%s; span WaitReturned -> last Exit %.2f µs",
                 l.sequence, name.c_str(), l.m, l.k, l.n, l.grid_x, l.splits, l.ring,
                 l.cluster_reduce ? ", cluster reduce" : "", (last_exit - wait0) / 1000.0);
-    if (previous_exit != 0) std::printf("; gap after the previous launch's last Exit %.2f µs", (wait0 - static_cast<double>(previous_exit)) / 1000.0);
+    if (previous_exit != 0) say("; gap after the previous launch's last Exit %.2f µs", (wait0 - static_cast<double>(previous_exit)) / 1000.0);
     // The SM clock this launch ran at: clock64 cycles per %globaltimer ns
     // over each CTA's Entry -> Exit, median.
     std::vector<double> mhz;
@@ -189,8 +203,8 @@ int run(const Options& opt) {
         mhz.push_back(1000.0 * static_cast<double>(x.clock - e.clock) / static_cast<double>(x.global_ns - e.global_ns));
       }
     }
-    std::printf("; SM clock %.0f MHz measured", median(mhz));
-    std::printf("\n  %-14s %9s %9s %9s   %s\n", "point", "min µs", "median", "max", "clock since previous point (median µs)");
+    say("; SM clock %.0f MHz measured", median(mhz));
+    say("\n  %-14s %9s %9s %9s   %s\n", "point", "min µs", "median", "max", "clock since previous point (median µs)");
     for (int p = 0; p < kGptqTimelinePoints; ++p) {
       std::vector<double> at, since;
       for (const auto& cta : l.ctas) {
@@ -199,10 +213,10 @@ int run(const Options& opt) {
         if (p > 0 && cta[p - 1].clock != 0) since.push_back(static_cast<double>(cta[p].clock - cta[p - 1].clock) / cycles_per_us);
       }
       if (at.empty()) {
-        std::printf("  %-14s %9s\n", kPointNames[p], "-");
+        say("  %-14s %9s\n", kPointNames[p], "-");
         continue;
       }
-      std::printf("  %-14s %9.2f %9.2f %9.2f   %s\n", kPointNames[p], *std::min_element(at.begin(), at.end()),
+      say("  %-14s %9.2f %9.2f %9.2f   %s\n", kPointNames[p], *std::min_element(at.begin(), at.end()),
                   median(at), *std::max_element(at.begin(), at.end()),
                   since.empty() ? "" : std::to_string(median(since)).c_str());
     }

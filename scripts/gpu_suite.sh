@@ -463,7 +463,8 @@ if has_mode gptqtimeline; then
   # The GPTQ streaming kernel's per-CTA phases inside the llama3-8b GPTQ
   # decode step (a second build with -DFERRUM_GPTQ_TIMELINE=ON, only the
   # library and bench/gptq_timeline.cpp): the engine's plan, then without
-  # the chain release and the CTA cap (the library's defaults), graph.
+  # the chain release and the CTA cap (the library's defaults), graph; the
+  # last layer's four launches printed, the last 16 in each CSV.
   {
     TB="${B}-timeline"
     echo "== GPTQ timeline build ($(date +%T))"
@@ -473,7 +474,7 @@ if has_mode gptqtimeline; then
     cmake --build "$TB" -j16 --target ferrum_gptq_timeline 2>&1 | grep -E "error|FAILED" || echo "build ok"
     for plan in "" "--no-chain --ctas-per-sm 0"; do
       echo "== ferrum_gptq_timeline $plan ($(date +%T))"
-      timeout 120 "$TB/apps/engine/ferrum_gptq_timeline" $plan --csv "$OUT/gptq_timeline${plan//[ -]/}.csv"
+      timeout 120 "$TB/apps/engine/ferrum_gptq_timeline" $plan --print-last 4 --csv "$OUT/gptq_timeline${plan//[ -]/}.csv"
     done
   } 2>&1 | tee -a "$LOG"
 fi
