@@ -540,12 +540,13 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
 //     More exact than the fused kernel's scale-before (no rounding of the
 //     scaled weight); both are exact on the tests' power-of-two scales.
 //   * Register source: two register buffers used in turn (no copies between them).
-//   * Warps summed through shared memory in warp order onto warp 0, then the
-//     splits through the workspace in split order (splitk_finish_last):
+//   * Warps summed through shared memory in warp order (every thread its
+//     own tile elements: cta_sums_to_tile), then the splits through the
+//     workspace in split order (splitk_finish_last):
 //     fixed order, bitwise reproducible. With GptqGemmArgs::cluster_reduce
 //     (bulk source, 2..8 splits) the splits of a column block are one
 //     cluster and sum the same way through distributed shared memory
-//     (cluster_reduce_store): no workspace round trip, fence or atomic.
+//     (cluster_sum_store): no workspace round trip, fence or atomic.
 constexpr int kStreamThreads = 128;
 constexpr int kStreamWarps = kStreamThreads / 32;
 constexpr int kChunkK16 = kGptqTileK / 16;  // k16 steps per chunk (8)
@@ -663,24 +664,6 @@ template <int NT>
 constexpr int kStreamRedBytes = static_cast<int>(sizeof(float)) * kStreamWarps * NT * 16 * 32;
 template <int NT>
 constexpr int kStreamTileBytes = static_cast<int>(sizeof(float)) * NT * 8 * kGptqTileN;
-
-// Cluster reduce (bulk source, StreamParams::cluster_reduce): the splits of
-// one column block are one cluster (dims 1 x S), so they sum through
-// distributed shared memory instead of the workspace. Each CTA has its
-// split's sums in `tile` ([NT * 8][64] f32, row-major, in its own shared
-// memory, written by every thread: cta_sums_to_tile) and cluster_sum_store
-// (gptq_int4.cuh) sums the S tiles in split order: the bits of the
-// workspace reduction.
-template <class T, int NT>
-__device__ __forceinline__ void cluster_reduce_store(const float* tile, const StreamParams& p, int nb,
-                                                     T* out /* [m, n] */) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  (void)tile, (void)p, (void)nb, (void)out;
-  __trap();  // never launched: clusters and the bulk source run on sm_90+ only
-#else
-  cluster_sum_store<T, kStreamThreads, 1>(tile, kGptqTileN, p.splits, p.m, kGptqTileN, nb * kGptqTileN, p.n, out);
-#endif
-}
 
 // The CTA's sums, every thread at once (after a barrier that follows every
 // warp's red[warp] = acc): tile[r][f] = red[0] + red[1] + ... in warp order
@@ -1053,8 +1036,14 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
   timeline.mark(GptqTimelinePoint::WarpsSummed);
   T* out = static_cast<T*>(p.out);
   if constexpr (kBulk) {
-    if (p.cluster_reduce) {  // grid-uniform; cluster_sum_store's cluster barrier publishes the tile
-      cluster_reduce_store<T, NT>(tile, p, nb, out);
+    // Cluster reduce (StreamParams::cluster_reduce; grid-uniform): the
+    // splits of one column block are one cluster (dims 1 x S), so they sum
+    // their tiles through distributed shared memory in split order, the bits
+    // of the workspace reduction (cluster_sum_store, gptq_int4.cuh, whose
+    // first cluster barrier publishes the tiles; it traps below sm_90, where
+    // neither clusters nor the bulk source run).
+    if (p.cluster_reduce) {
+      cluster_sum_store<T, kStreamThreads, 1>(tile, kGptqTileN, p.splits, p.m, kGptqTileN, nb * kGptqTileN, p.n, out);
       timeline.mark(GptqTimelinePoint::Exit);
       return;
     }

@@ -336,29 +336,32 @@ std::unique_ptr<QuantWeight> CudaBackend::do_load_gptq(const GptqHostTensors& te
   return weight;
 }
 
-void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m, const char* op) {
-  const CudaGptqWeight* const weight = &checked_gptq_operands(*rt_, op, w, {{"a", &a}, {"out", &out}});
-  detail::activate_device(device_);
+namespace {
+
+// gemm_gptq on a weight and operands checked_gptq_operands passed, on the
+// current device: the INT4 kernels where int4_kernels_run says so, else
+// dequantize + cuBLAS. `op` names a cuBLAS failure.
+void run_gemm_gptq(detail::CudaRuntime& rt, const GptqSwitches& sw, const CudaGptqWeight& weight,
+                   const Buffer& a /*[m, k]*/, Buffer& out /*[m, n]*/, std::size_t m, const char* op) {
   const DType dtype = a.dtype();
-  const kernels::GptqDeviceWeight view = weight->view(dtype);
-  const GptqWorkspace& ws = weight->workspace();
-  const std::size_t k = weight->k(), n = weight->n();
+  const kernels::GptqDeviceWeight view = weight.view(dtype);
+  const GptqWorkspace& ws = weight.workspace();
+  const std::size_t k = weight.k(), n = weight.n();
   const auto* a_bytes = ptr<std::uint8_t>(a);
   auto* out_bytes = ptr<std::uint8_t>(out);
 
-  const GptqSwitches sw = switches_of(*this, rt_->num_sms);
   bool wgmma_applies = false;
-  if (int4_kernels_run(*weight, view, m, sw, wgmma_applies)) {
+  if (int4_kernels_run(weight, view, m, sw, wgmma_applies)) {
     const std::size_t step = static_cast<std::size_t>(kernels::kGptqMaxM);
     for (std::size_t row0 = 0; row0 < m; row0 += step) {
       const int rows = static_cast<int>(std::min(step, m - row0));
       const void* a_rows = a_bytes + row0 * k * 2;
-      if (weight->act_order()) {
-        kernels::launch_gptq_gather(dtype, a_rows, weight->perm(), ws.gather, rows, static_cast<int>(k), rt_->stream);
+      if (weight.act_order()) {
+        kernels::launch_gptq_gather(dtype, a_rows, weight.perm(), ws.gather, rows, static_cast<int>(k), rt.stream);
         a_rows = ws.gather;
       }
       kernels::launch_gptq_gemm(int4_args(dtype, view, ws, a_rows, out_bytes + row0 * n * 2, rows, sw, wgmma_applies),
-                                rt_->stream);
+                                rt.stream);
     }
     return;
   }
@@ -367,40 +370,48 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
   // a[m, k] · W[k, n] is column-major outᵀ[n, m] = Wᵀ · aᵀ, where the chunk
   // W[:, n0 .. n0 + cols) (row-major [k][cols]) is column-major [cols x k].
   const cudaDataType_t type = dtype == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
-  const std::size_t chunk = weight->scratch_cols();
+  const std::size_t chunk = weight.scratch_cols();
   for (std::size_t n0 = 0; n0 < n; n0 += chunk) {
     const std::size_t cols = std::min(chunk, n - n0);
-    kernels::launch_gptq_dequant(dtype, view, static_cast<int>(n0), static_cast<int>(chunk), ws.scratch, rt_->stream);
-    check_cublas(cublasGemmEx(rt_->cublas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(cols), static_cast<int>(m),
-                              static_cast<int>(k), rt_->one_zero, ws.scratch, type, static_cast<int>(chunk), a_bytes,
-                              type, static_cast<int>(k), rt_->one_zero + 1, out_bytes + n0 * 2, type,
+    kernels::launch_gptq_dequant(dtype, view, static_cast<int>(n0), static_cast<int>(chunk), ws.scratch, rt.stream);
+    check_cublas(cublasGemmEx(rt.cublas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(cols), static_cast<int>(m),
+                              static_cast<int>(k), rt.one_zero, ws.scratch, type, static_cast<int>(chunk), a_bytes,
+                              type, static_cast<int>(k), rt.one_zero + 1, out_bytes + n0 * 2, type,
                               static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  op, "cublasGemmEx");
   }
 }
 
+}  // namespace
+
+void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m, const char* op) {
+  const CudaGptqWeight& weight = checked_gptq_operands(*rt_, op, w, {{"a", &a}, {"out", &out}});
+  detail::activate_device(device_);
+  run_gemm_gptq(*rt_, switches_of(*this, rt_->num_sms), weight, a, out, m, op);
+}
+
 // silu·mul in the streaming kernel's epilogue where it takes the launch
 // with one split (kernels::launch_gptq_gemm_silu_mul decides), else
 // gemm_gptq into the workspace and the pairs kernel: the same bits. The
-// refusals are the same whichever runs.
+// refusals are the same whichever runs (one check, under this op's name).
 void CudaBackend::do_gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& gate_up, Buffer& act,
                                         std::size_t m) {
-  const CudaGptqWeight* const weight =
-      &checked_gptq_operands(*rt_, "gemm_silu_mul_gptq", w, {{"a", &a}, {"gate_up", &gate_up}});
+  const CudaGptqWeight& weight =
+      checked_gptq_operands(*rt_, "gemm_silu_mul_gptq", w, {{"a", &a}, {"gate_up", &gate_up}});
   detail::activate_device(device_);  // the plan's queries ask the current device
   const DType dtype = a.dtype();
-  if (gptq_fuse_silu_mul_ && !weight->act_order() && m <= static_cast<std::size_t>(kernels::kGptqSiluMulMaxM)) {
-    const kernels::GptqDeviceWeight view = weight->view(dtype);
-    const GptqSwitches sw = switches_of(*this, rt_->num_sms);
+  const GptqSwitches sw = switches_of(*this, rt_->num_sms);
+  if (gptq_fuse_silu_mul_ && !weight.act_order() && m <= static_cast<std::size_t>(kernels::kGptqSiluMulMaxM)) {
+    const kernels::GptqDeviceWeight view = weight.view(dtype);
     bool wgmma_applies = false;
-    if (int4_kernels_run(*weight, view, m, sw, wgmma_applies) &&
+    if (int4_kernels_run(weight, view, m, sw, wgmma_applies) &&
         kernels::launch_gptq_gemm_silu_mul(
-            int4_args(dtype, view, weight->workspace(), ptr(a), ptr(act), static_cast<int>(m), sw, wgmma_applies),
+            int4_args(dtype, view, weight.workspace(), ptr(a), ptr(act), static_cast<int>(m), sw, wgmma_applies),
             rt_->stream)) {
       return;
     }
   }
-  do_gemm_gptq(a, w, gate_up, m, "gemm_silu_mul_gptq");
+  run_gemm_gptq(*rt_, sw, weight, a, gate_up, m, "gemm_silu_mul_gptq");
   kernels::launch_silu_mul_pairs("gemm_silu_mul_gptq", dtype, ptr(gate_up), ptr(act),
                                  static_cast<long long>(m * (w.n() / 2)), rt_->stream);
 }
