@@ -15,6 +15,7 @@
 
 #include "kernels/argmax.hpp"
 #include "kernels/common/check.hpp"
+#include "kernels/common/cluster.cuh"
 #include "kernels/common/dtype.cuh"
 #include "kernels/common/launch.cuh"
 #include "kernels/common/vec.cuh"
@@ -166,8 +167,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         if (lane == 0) out[row] = best.index;
       }
       // No block exits, or overwrites its candidates for a next row, while
-      // rank 0 may still read them.
-      cluster.sync();
+      // rank 0 may still read them (its reads are complete: warp 0 reduced
+      // them before the barrier).
+      cluster_sync_after_reads();
     }
 #endif
     if constexpr (!kClustered) __syncthreads();  // warp_best is rewritten for the next row

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/common/cluster.cuh"
 #include "kernels/common/mma.cuh"
 #include "kernels/gptq_gemm.hpp"
 
@@ -252,25 +253,29 @@ __device__ __forceinline__ void cluster_sum_store(const float* tile, int pitch, 
       const int q = q0 + b * kThreadsN;
       const float4* at =
           reinterpret_cast<const float4*>(tile + (q / quads_per_row) * pitch + (q % quads_per_row) * 4);
+      // Only quads that are stored are read (see the second barrier).
+      const bool stored = q < q_end && col0 + (q % quads_per_row) * 4 < n;
 #pragma unroll
       for (int s = 0; s < kGptqClusterMaxSplits; ++s) {
-        if (q < q_end && s < splits) part[b][s] = *cluster.map_shared_rank(at, s);
+        if (stored && s < splits) part[b][s] = *cluster.map_shared_rank(at, s);
       }
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int q = q0 + b * kThreadsN;
-      if (q >= q_end) continue;
+      const int row = q / quads_per_row, c4 = (q % quads_per_row) * 4;
+      if (q >= q_end || col0 + c4 >= n) continue;
       float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
       for (int s = 0; s < kGptqClusterMaxSplits; ++s) {
         if (s < splits) add_quad(sum, part[b][s]);
       }
-      const int row = q / quads_per_row, c4 = (q % quads_per_row) * 4;
-      if (col0 + c4 < n) store_quad(out, n, row, col0 + c4, sum);
+      store_quad(out, n, row, col0 + c4, sum);
     }
   }
-  cluster.sync();  // no block exits while another may still read its tile
+  // No block exits while another may still read its tile; the reads above
+  // are all complete (each value feeds a store issued before the barrier).
+  cluster_sync_after_reads();
 #endif
 }
 
