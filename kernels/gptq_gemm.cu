@@ -600,6 +600,8 @@ struct StreamParams : GemmOperands {
   bool weights_before_wait;  // bulk source: gemm_weights_before_wait (the first fills' weights before the PDL wait)
   bool weights_evict_first;  // bulk source: gptq_weights_evict_first (the weight and scale copies' L2 policy)
   bool release_next;  // bulk source: pdl_chain_release (trigger the next kernel right after the PDL wait)
+  GptqNormIn norm_in;  // bulk source only (launch_gptq_gemm_row_sq / _silu_mul see to it)
+  GptqResidualOut residual_out;
 #if defined(FERRUM_GPTQ_TIMELINE)
   int timeline_slot;  // this launch's slot of g_gptq_timeline
 #endif
@@ -714,7 +716,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     tile = reinterpret_cast<float*>(ring_smem + kStreamRedBytes<NT>);
   } else {
     __shared__ float red_own[kStreamWarps][kAcc][32];
-    __shared__ float tile_own[NT * 8 * kGptqTileN];
+    __shared__ __align__(16) float tile_own[NT * 8 * kGptqTileN];  // read as float4 (the residual epilogue)
     red = red_own;
     tile = tile_own;
   }
@@ -931,9 +933,30 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     for (int r = 0; r < p.ring && c + r * kStreamWarps < c_end; ++r) {
       issue(r, c + r * kStreamWarps, !p.weights_before_wait, true);
     }
+    // rms_norm_gemm_gptq (GptqNormIn, grid-uniform): every warp takes its
+    // rows' rsqrt(mean(x²) + eps) from row_sq while its first copies fly
+    // (kernels/common/row_sq.cuh: the same bits in every warp and in
+    // launch_rms_norm_from_row_sq), then scales each chunk's rows in its
+    // slot before use: T((x * inv) * w), w the norm weight's columns of the
+    // chunk (lane's 4 columns, loaded before the slot's wait).
+    const T* const norm_w = static_cast<const T*>(p.norm_in.norm_w);
+    __shared__ float norm_inv[kStreamWarps][kGptqStreamMaxM];
+    if (norm_w != nullptr) {
+      const int groups = (p.k + kRowSqCols - 1) / kRowSqCols;
+      for (int r = 0; r < live_rows; ++r) {
+        const float inv = rms_inv_from_row_sq(p.norm_in.row_sq + static_cast<std::size_t>(r) * groups, groups, p.k,
+                                              p.norm_in.eps, lane);
+        if (lane == 0) norm_inv[warp][r] = inv;
+      }
+      __syncwarp();
+    }
     int slot = 0;
     std::uint32_t phase = 0;
     for (; c < c_end; c += kStreamWarps) {
+      // The norm weight of lane's 4 columns of this chunk (columns >= k: 0).
+      float4 norm_quad = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const int norm_col = c * kGptqTileK + lane * 4;
+      if (norm_w != nullptr && norm_col < p.k) norm_quad = load_quad_f32(norm_w + norm_col);
       mbarrier_wait_parity(&full[slot], phase);
       if (c == c_begin) timeline.mark(GptqTimelinePoint::FirstChunk);  // warp 0's first (thread 0 stores)
       if (c == c_begin + kStreamWarps) timeline.mark(GptqTimelinePoint::SecondChunk);
@@ -947,6 +970,20 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
                 make_uint4(0u, 0u, 0u, 0u);
           }
         }
+        __syncwarp();
+      }
+      if (norm_w != nullptr) {
+        // Columns >= k hold 0 (never copied, or zeroed above) and stay 0.
+        for (int r = 0; r < live_rows; ++r) {
+          T* const at = reinterpret_cast<T*>(base + kChunkWords * 4 + r * kStreamActPitch) + lane * 4;
+          const float4 x = load_quad_f32(at);
+          const float inv = norm_inv[warp][r];
+          store_quad_f32(at, make_float4(rms_scaled(x.x, inv, norm_quad.x), rms_scaled(x.y, inv, norm_quad.y),
+                                         rms_scaled(x.z, inv, norm_quad.z), rms_scaled(x.w, inv, norm_quad.w)));
+        }
+        // This lane's stores before the bulk copy another lane issues into
+        // these rows at the refill (the fence orders this thread's accesses).
+        fence_proxy_async_shared();
         __syncwarp();
       }
       const uint4* const words = reinterpret_cast<const uint4*>(base) + lane;
@@ -1043,7 +1080,8 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     // first cluster barrier publishes the tiles; it traps below sm_90, where
     // neither clusters nor the bulk source run).
     if (p.cluster_reduce) {
-      cluster_sum_store<T, kStreamThreads, 1>(tile, kGptqTileN, p.splits, p.m, kGptqTileN, nb * kGptqTileN, p.n, out);
+      cluster_sum_store<T, kStreamThreads, 1>(tile, kGptqTileN, p.splits, p.m, kGptqTileN, nb * kGptqTileN, p.n, out,
+                                              p.residual_out);
       timeline.mark(GptqTimelinePoint::Exit);
       return;
     }
@@ -1069,9 +1107,23 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     return;
   }
   if (p.splits == 1) {  // grid-uniform
-    for (int idx = static_cast<int>(threadIdx.x); idx < live_rows * kGptqTileN; idx += kStreamThreads) {
-      const int r = idx / kGptqTileN, f = idx % kGptqTileN;
-      if (col0 + f < p.n) out[static_cast<std::size_t>(r) * p.n + col0 + f] = from_float<T>(tile[idx]);
+    if (p.residual_out.residual != nullptr) {
+      // A quad per thread (store_quad_out: the same out bits), every thread
+      // of the CTA in every iteration.
+      constexpr int kQuadsPerRow = kGptqTileN / 4;
+      for (int base_q = 0; base_q < live_rows * kQuadsPerRow; base_q += kStreamThreads) {
+        const int q = base_q + static_cast<int>(threadIdx.x);
+        const int r = q / kQuadsPerRow, c4 = (q % kQuadsPerRow) * 4;
+        const bool stored = q < live_rows * kQuadsPerRow && col0 + c4 < p.n;
+        const float4 sum = stored ? *reinterpret_cast<const float4*>(tile + r * kGptqTileN + c4)
+                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        store_quad_out(out, p.n, r, col0 + c4, sum, stored, p.residual_out);
+      }
+    } else {
+      for (int idx = static_cast<int>(threadIdx.x); idx < live_rows * kGptqTileN; idx += kStreamThreads) {
+        const int r = idx / kGptqTileN, f = idx % kGptqTileN;
+        if (col0 + f < p.n) out[static_cast<std::size_t>(r) * p.n + col0 + f] = from_float<T>(tile[idx]);
+      }
     }
     timeline.mark(GptqTimelinePoint::Exit);
     return;
@@ -1082,7 +1134,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
   }
   constexpr int kPer = (NT * 8 * (kGptqTileN / 4) + kStreamThreads - 1) / kStreamThreads;
   splitk_finish_last<T, kStreamThreads, kPer>(p.partials, p.counters, nb, nb_total, p.splits, p.m, kGptqTileN,
-                                              nb * kGptqTileN, p.n, out);
+                                              nb * kGptqTileN, p.n, out, p.residual_out);
   timeline.mark(GptqTimelinePoint::Exit);
 }
 
@@ -1169,6 +1221,9 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   p.weights_before_wait = kBulk && switches.gemm_weights_before_wait;
   p.weights_evict_first = kBulk && switches.gptq_weights_evict_first;
   p.release_next = kBulk && switches.pdl_chain_release;
+  if (args.norm_in.norm_w != nullptr && !kBulk) throw_bad_dispatch(kOp, "norm_in without the bulk source", 0);
+  p.norm_in = args.norm_in;
+  p.residual_out = args.residual_out;
 #if defined(FERRUM_GPTQ_TIMELINE)
   p.timeline_slot = gptq_timeline_claim(args, static_cast<int>(grid.x), splits, p.ring, p.cluster_reduce, kSiluOut);
 #endif
@@ -1529,6 +1584,7 @@ GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k, int k_pad, int 
 }
 
 bool launch_gptq_gemm_silu_mul(const GptqGemmArgs& args, cudaStream_t stream) {
+  if (args.residual_out.residual != nullptr) throw_bad_dispatch("gemm_silu_mul_gptq", "residual_out (not an epilogue of it)", 0);
   if (!stream_applies(args) || args.m > kGptqSiluMulMaxM || args.w.n % 2 != 0) return false;
   const StreamLaunch l = stream_launch_for(args);
   static_assert(kGptqSiluMulMaxM <= 8, "one row tile");
@@ -1540,7 +1596,10 @@ bool launch_gptq_gemm_silu_mul(const GptqGemmArgs& args, cudaStream_t stream) {
   return true;
 }
 
-void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream) {
+namespace {
+
+// The launch knobs every entry point checks (a benchmark may set them).
+void check_launch_knobs(const GptqGemmArgs& args) {
   if (args.m < 1 || args.m > kGptqMaxM) throw_bad_dispatch("gemm_gptq", "rows per launch m", args.m);
   if (args.w.group_rows <= 0) throw_bad_dispatch("gemm_gptq", "fused group_rows", args.w.group_rows);
   if (args.stream_ring < 0 || args.stream_ring > kGptqStreamMaxRing) {
@@ -1552,6 +1611,24 @@ void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream) {
   if (args.stream_ctas_per_sm < 0 || args.stream_ctas_per_sm > kGptqStreamMaxCtasPerSm) {
     throw_bad_dispatch("gemm_gptq", "stream_ctas_per_sm (CTAs per SM the plan fills)", args.stream_ctas_per_sm);
   }
+}
+
+}  // namespace
+
+bool launch_gptq_gemm_row_sq(const GptqGemmArgs& args, cudaStream_t stream) {
+  check_launch_knobs(args);
+  if (!stream_applies(args)) return false;
+  if (args.norm_in.norm_w != nullptr && !stream_launch_for(args).bulk) return false;
+  dispatch_half_dtype(args.dtype, "gemm_gptq", [&](auto tag) { launch_stream<typename decltype(tag)::type>(args, stream); });
+  check_launch("gemm_gptq (stream, row_sq)");
+  return true;
+}
+
+void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream) {
+  if (args.norm_in.norm_w != nullptr || args.residual_out.residual != nullptr) {
+    throw_bad_dispatch("gemm_gptq", "norm_in / residual_out (launch_gptq_gemm_row_sq takes them)", 0);
+  }
+  check_launch_knobs(args);
   if (stream_applies(args)) {
     dispatch_half_dtype(args.dtype, "gemm_gptq", [&](auto tag) { launch_stream<typename decltype(tag)::type>(args, stream); });
     check_launch("gemm_gptq (stream)");

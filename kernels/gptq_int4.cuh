@@ -14,6 +14,7 @@
 
 #include "kernels/common/cluster.cuh"
 #include "kernels/common/mma.cuh"
+#include "kernels/common/row_sq.cuh"
 #include "kernels/gptq_gemm.hpp"
 
 namespace ferrum::kernels::gptq {
@@ -164,6 +165,37 @@ __device__ __forceinline__ void store_quad(T* out /* [rows, n] */, int n, int ro
       make_uint2(pack2<T>(sum.x, sum.y), pack2<T>(sum.z, sum.w));
 }
 
+// The final store of one quad: out = T(sum) as store_quad; or, with
+// GptqResidualOut's epilogue where res.residual is set (grid-uniform),
+// residual = T(residual + T(sum)) and the new residual's squares summed per
+// 16 columns into res.row_sq (kernels/common/row_sq.cuh), out left alone
+// (Backend::gemm_gptq_add_residual's out is a workspace). Every lane of the
+// warp calls it, in the same iteration (the squares meet by shuffles among
+// the 4 lanes of a 16-column group, whose quads sit in lanes 4i .. 4i + 3);
+// `stored` says whether this lane's quad is in the output (else it stores
+// nothing and adds 0). col is a multiple of 4, of 16 in lane 4i.
+template <class T>
+__device__ __forceinline__ void store_quad_out(T* out /* [rows, n] */, int n, int row, int col, const float4& sum,
+                                               bool stored, const GptqResidualOut& res) {
+  if (res.residual == nullptr) {
+    if (stored) store_quad(out, n, row, col, sum);
+    return;
+  }
+  float sq = 0.0f;
+  if (stored) {
+    const float4 rounded = make_float4(to_float(from_float<T>(sum.x)), to_float(from_float<T>(sum.y)),
+                                       to_float(from_float<T>(sum.z)), to_float(from_float<T>(sum.w)));
+    T* const r = static_cast<T*>(res.residual) + static_cast<std::size_t>(row) * n + col;
+    const float4 h = residual_add_quad<T>(load_quad_f32(r), rounded);
+    store_quad_f32(r, h);
+    sq = row_sq_quad(h);
+  }
+  const float group = row_sq_group(sq);
+  if (stored && col % kRowSqCols == 0) {
+    res.row_sq[static_cast<std::size_t>(row) * ((n + kRowSqCols - 1) / kRowSqCols) + col / kRowSqCols] = group;
+  }
+}
+
 // The last arriver (every INT4 kernel): every CTA of output tile `tile` has
 // stored its f32 partial, rows x cols row-major, at partials + (split *
 // tiles + tile) * rows * cols. The CTA
@@ -172,11 +204,13 @@ __device__ __forceinline__ void store_quad(T* out /* [rows, n] */, int n, int ro
 // out[r, col0 + c] (row stride n) for col0 + c < n, and resets the counter
 // for the next launch on the stream. Every thread of the CTA calls it.
 // Quads of 4 columns, kPer per thread, all in flight for one split at a time.
+// res: store_quad_out's residual epilogue (cols a multiple of 16).
 template <class T, int kThreadsN, int kPer>
 __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [splits][tiles][rows][cols] f32
                                                    int* counters,          // [tiles], zero between launches
                                                    int tile, int tiles, int splits, int rows, int cols, int col0,
-                                                   int n, T* out /* [rows, n] */) {
+                                                   int n, T* out /* [rows, n] */,
+                                                   const GptqResidualOut& res = GptqResidualOut{}) {
   __shared__ int s_is_last;
   const int tid = static_cast<int>(threadIdx.x);
   __threadfence();  // release: this CTA's partial is visible device-wide before it arrives
@@ -205,12 +239,13 @@ __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [s
       }
     }
   }
+  static_assert(kThreadsN % 32 == 0, "whole warps: a 16-column group's quads in 4 lanes of one warp");
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int c = tid + i * kThreadsN;
     const int row = c / quads_per_row, col = col0 + (c % quads_per_row) * 4;
     // n is a multiple of 8: a quad is all in or all out.
-    if (c < quads && col < n) store_quad(out, n, row, col, sum[i]);
+    store_quad_out(out, n, row, col, sum[i], c < quads && col < n, res);
   }
   if (tid == 0) counters[tile] = 0;
 }
@@ -229,13 +264,17 @@ __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [s
 // every split's load issued before the first add (one distributed shared
 // memory round trip per kBatch quads, not one per split: the streaming
 // kernel's one quad per thread waited out S round trips in a row).
+// Ranks take whole 16-column groups (4 quads; cols a multiple of 16), so
+// that store_quad_out's residual epilogue (res) finds a group in one warp.
 template <class T, int kThreadsN, int kBatch>
 __device__ __forceinline__ void cluster_sum_store(const float* tile, int pitch, int splits, int rows, int cols,
-                                                  int col0, int n, T* out /* [rows, n] */) {
+                                                  int col0, int n, T* out /* [rows, n] */,
+                                                  const GptqResidualOut& res = GptqResidualOut{}) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  (void)tile, (void)pitch, (void)splits, (void)rows, (void)cols, (void)col0, (void)n, (void)out;
+  (void)tile, (void)pitch, (void)splits, (void)rows, (void)cols, (void)col0, (void)n, (void)out, (void)res;
   __trap();  // never launched: clusters run on sm_90+ only
 #else
+  static_assert(kThreadsN % 32 == 0, "whole warps: a 16-column group's quads in 4 lanes of one warp");
   namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
   // Publishes every split's tile (release / acquire); a block's shared
@@ -243,10 +282,12 @@ __device__ __forceinline__ void cluster_sum_store(const float* tile, int pitch, 
   cluster.sync();
   const int rank = static_cast<int>(cluster.block_rank());
   const int quads_per_row = cols / 4;
-  const int quads = rows * quads_per_row;
-  const int q_end = (rank + 1) * quads / splits;
-  // 4 kBatch x kGptqClusterMaxSplits registers of loads in flight.
-  for (int q0 = rank * quads / splits + static_cast<int>(threadIdx.x); q0 < q_end; q0 += kBatch * kThreadsN) {
+  const int groups = rows * quads_per_row / 4;
+  const int q_begin = 4 * (rank * groups / splits), q_end = 4 * ((rank + 1) * groups / splits);
+  // 4 kBatch x kGptqClusterMaxSplits registers of loads in flight. The loop
+  // is the same for every thread of the CTA (store_quad_out's shuffles).
+  for (int q0 = q_begin + static_cast<int>(threadIdx.x); q0 - static_cast<int>(threadIdx.x) < q_end;
+       q0 += kBatch * kThreadsN) {
     float4 part[kBatch][kGptqClusterMaxSplits];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
@@ -264,13 +305,13 @@ __device__ __forceinline__ void cluster_sum_store(const float* tile, int pitch, 
     for (int b = 0; b < kBatch; ++b) {
       const int q = q0 + b * kThreadsN;
       const int row = q / quads_per_row, c4 = (q % quads_per_row) * 4;
-      if (q >= q_end || col0 + c4 >= n) continue;
+      const bool stored = q < q_end && col0 + c4 < n;
       float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
       for (int s = 0; s < kGptqClusterMaxSplits; ++s) {
-        if (s < splits) add_quad(sum, part[b][s]);
+        if (stored && s < splits) add_quad(sum, part[b][s]);
       }
-      store_quad(out, n, row, col0 + c4, sum);
+      store_quad_out(out, n, row, col0 + c4, sum, stored, res);
     }
   }
   // No block exits while another may still read its tile; the reads above

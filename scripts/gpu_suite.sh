@@ -35,6 +35,12 @@
 #                                alternated, with the greedy tokens' md5, and
 #                                ferrum_bench_gptq --kernel bulk m = 1 on the
 #                                decode shapes, both builds (needs .deps)
+#   scripts/gpu_suite.sh rowsq   the llama3-8b GPTQ graph decode with and
+#                                without --gptq-row-sq-norms (and composed:
+#                                --no-gptq-fuse-norms), alternated AB_RUNS (2)
+#                                times, tok/s and the tokens' md5; then 32
+#                                steps' logits of the fused and composed forms
+#                                compared bitwise (needs .deps)
 #   scripts/gpu_suite.sh sdpa    scripts/sdpa_check.py: flash_attention (both
 #                                prefill kernels) and torch SDPA against a
 #                                float64 reference at large shapes
@@ -58,7 +64,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race hf sdpa profile tuning verify gptqtimeline ab)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race hf sdpa profile tuning verify gptqtimeline ab rowsq)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -476,6 +482,30 @@ if has_mode gptqtimeline; then
       echo "== ferrum_gptq_timeline $plan ($(date +%T))"
       timeout 120 "$TB/apps/engine/ferrum_gptq_timeline" $plan --print-last 4 --csv "$OUT/gptq_timeline${plan//[ -]/}.csv"
     done
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode rowsq; then
+  {
+    echo "== engine: --gptq-row-sq-norms against the default ($(date +%T))"
+    ROWSQ_FLAGS="--random llama3-8b --dtype f16 --quant gptq --steps 128 --graph"
+    for i in $(seq 1 "${AB_RUNS:-2}"); do
+      for extra in "" "--gptq-row-sq-norms" "--gptq-row-sq-norms --no-gptq-fuse-norms"; do
+        timeout 120 $B/apps/engine/ferrum_engine $ROWSQ_FLAGS $extra > /tmp/ferrum_rowsq.log 2>&1
+        rc=$?
+        echo "-- [${extra:-default}] run $i: exit $rc$(grep -E 'decode:' /tmp/ferrum_rowsq.log | tr -s ' ') tokens $(grep -E 'generated:' /tmp/ferrum_rowsq.log | md5sum | cut -c1-8)"
+        grep -E "error|Error" /tmp/ferrum_rowsq.log | head -3
+      done
+    done
+    rm -f /tmp/ferrum_rowsq_*.bin
+    for extra in "" "--no-gptq-fuse-norms"; do
+      timeout 120 $B/apps/engine/ferrum_engine --random llama3-8b --dtype f16 --quant gptq --steps 32 --graph \
+        --gptq-row-sq-norms $extra --dump-logits "/tmp/ferrum_rowsq_${extra//[ -]/}.bin" > /dev/null 2>&1
+      echo "   dump run [--gptq-row-sq-norms $extra] exit $?"
+    done
+    cmp -s /tmp/ferrum_rowsq_.bin /tmp/ferrum_rowsq_nogptqfusenorms.bin \
+      && echo "-- row_sq logits (32 steps): fused bitwise equal to composed" \
+      || echo "-- row_sq logits (32 steps): FUSED AND COMPOSED DIFFER"
   } 2>&1 | tee -a "$LOG"
 fi
 

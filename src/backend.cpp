@@ -52,6 +52,10 @@ std::string_view to_string(Op op) noexcept {
     case Op::QkvRopeAppendRagged: return "qkv_rope_append_ragged";
     case Op::AdvanceDecodeState: return "advance_decode_state";
     case Op::GemmSiluMulGptq: return "gemm_silu_mul_gptq";
+    case Op::RowSumSquares: return "row_sum_squares";
+    case Op::GemmGptqAddResidual: return "gemm_gptq_add_residual";
+    case Op::RmsNormGemmGptq: return "rms_norm_gemm_gptq";
+    case Op::RmsNormGemmSiluMulGptq: return "rms_norm_gemm_silu_mul_gptq";
   }
   return "unknown_op";
 }
@@ -855,16 +859,18 @@ std::unique_ptr<QuantWeight> Backend::do_load_gptq(const GptqHostTensors&) {
 namespace {
 
 // The checks gemm_gptq and gemm_quant share (each reports under its own name).
-// out_name: how the op names its [m, n] result ("out"; gemm_silu_mul_gptq's "gate_up").
+// out_name / a_name: how the op names its [m, n] result ("out"; gemm_silu_mul_gptq's "gate_up") and its
+// [m, k] operand ("a"; the rms_norm forms' "normed").
 void check_quant_gemm(OpCheck& check, const Backend& self, const Buffer& a, const QuantWeight& w,
-                      const Buffer& out, std::size_t m, std::string_view out_name = "out") {
+                      const Buffer& out, std::size_t m, std::string_view out_name = "out",
+                      std::string_view a_name = "a") {
   check.size("m", m);
   if (w.backend() != &self) check.fail(ErrorCode::WrongBackend, "{}: argument 'w' belongs to another backend", check.op());
-  check.buffer("a", a);
+  check.buffer(a_name, a);
   check.buffer(out_name, out);
-  check.activation("a", a);
-  check.same_dtype(out_name, out, "a", a);
-  check.holds("a", a, check.product({m, w.k()}), "[m, k]");
+  check.activation(a_name, a);
+  check.same_dtype(out_name, out, a_name, a);
+  check.holds(a_name, a, check.product({m, w.k()}), "[m, k]");
   check.holds(out_name, out, check.product({m, w.n()}), "[m, n]");
 }
 
@@ -899,6 +905,157 @@ void Backend::gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& 
 void Backend::do_gemm_silu_mul_gptq(const Buffer&, const QuantWeight&, Buffer&, Buffer&, std::size_t) {
   OpCheck check(*this, "gemm_silu_mul_gptq");
   check.fail(ErrorCode::Unsupported, "gemm_silu_mul_gptq: not implemented on the {} backend yet", name());
+}
+
+// ── The row_sq ops ───────────────────────────────────────────────────────────
+
+namespace {
+
+// The first `elems` elements of two buffers share no byte.
+void check_disjoint(const OpCheck& check, std::string_view a_name, const Buffer& a, std::size_t a_elems,
+                    std::string_view b_name, const Buffer& b, std::size_t b_elems) {
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a.data());
+  const auto b0 = reinterpret_cast<std::uintptr_t>(b.data());
+  const std::uintptr_t a1 = a0 + a_elems * size_of(a.dtype()), b1 = b0 + b_elems * size_of(b.dtype());
+  if (a0 < b1 && b0 < a1) {
+    check.fail(ErrorCode::InvalidArgument, "{}: '{}' overlaps '{}' in memory (views of one buffer)", check.op(),
+               a_name, b_name);
+  }
+}
+
+// row_sq for rows x cols: f32, [rows, row_sq_groups(cols)].
+void check_row_sq(const OpCheck& check, const Buffer& row_sq, std::size_t rows, std::size_t cols) {
+  check.buffer("row_sq", row_sq);
+  check.dtype("row_sq", row_sq, DType::F32);
+  check.holds("row_sq", row_sq, check.product({rows, row_sq_groups(cols)}), "[rows, ceil(cols / 16)]");
+}
+
+// The GPTQ weight of one of the row_sq ops.
+void check_gptq_weight(const OpCheck& check, const QuantWeight& w) {
+  if (w.kind() != QuantKind::Gptq) check.fail(ErrorCode::InvalidArgument, "{}: argument 'w' is not a GPTQ weight", check.op());
+}
+
+// An output of the rms_norm forms: its name, buffer and elements.
+struct OutputExtent {
+  std::string_view name;
+  const Buffer& buffer;
+  std::size_t elems;
+};
+
+// Every output of an rms_norm form overlaps none of its inputs (a fusing
+// backend reads x, row_sq and norm_w in every CTA while others store).
+void check_outputs_apart_from_norm_in(const OpCheck& check, std::initializer_list<OutputExtent> outputs,
+                                      const Buffer& x, const Buffer& row_sq, const Buffer& norm_w, std::size_t m,
+                                      std::size_t k) {
+  for (const OutputExtent& o : outputs) {
+    check_disjoint(check, o.name, o.buffer, o.elems, "x", x, m * k);
+    check_disjoint(check, o.name, o.buffer, o.elems, "row_sq", row_sq, m * row_sq_groups(k));
+    check_disjoint(check, o.name, o.buffer, o.elems, "norm_w", norm_w, k);
+  }
+}
+
+// The norm half of rms_norm_gemm_gptq and its SiLU·mul form: x [m, k],
+// row_sq of x, norm_w [k], eps, normed [m, k] beside a GEMM on normed.
+void check_norm_in(const OpCheck& check, const Buffer& x, const Buffer& row_sq, const Buffer& norm_w, float eps,
+                   const QuantWeight& w, const Buffer& normed, std::size_t m) {
+  check.eps(eps);
+  check.buffer("x", x);
+  check.activation("x", x);
+  const std::size_t elems = check.product({m, w.k()});
+  check.holds("x", x, elems, "[m, k]");
+  check_row_sq(check, row_sq, m, w.k());
+  check.buffer("norm_w", norm_w);
+  check.same_dtype("norm_w", norm_w, "x", x);
+  check.holds("norm_w", norm_w, w.k(), "[k]");
+  check.same_dtype("normed", normed, "x", x);
+}
+
+}  // namespace
+
+void Backend::row_sum_squares(const Buffer& x, Buffer& row_sq, std::size_t rows, std::size_t cols) {
+  OpCheck check(*this, "row_sum_squares");
+  check.size("rows", rows);
+  check.size("cols", cols);
+  check.buffer("x", x);
+  check.activation("x", x);
+  const std::size_t elems = check.product({rows, cols});
+  check.holds("x", x, elems, "[rows, cols]");
+  check_row_sq(check, row_sq, rows, cols);
+  check_disjoint(check, "row_sq", row_sq, rows * row_sq_groups(cols), "x", x, elems);
+  do_row_sum_squares(x, row_sq, rows, cols);
+}
+
+void Backend::gemm_gptq_add_residual(const Buffer& a, const QuantWeight& w, Buffer& out, Buffer& residual,
+                                     Buffer& row_sq, std::size_t m) {
+  OpCheck check(*this, "gemm_gptq_add_residual");
+  check_quant_gemm(check, *this, a, w, out, m);
+  check_gptq_weight(check, w);
+  check.buffer("residual", residual);
+  check.same_dtype("residual", residual, "a", a);
+  const std::size_t out_elems = check.product({m, w.n()});
+  check.holds("residual", residual, out_elems, "[m, n]");
+  check_row_sq(check, row_sq, m, w.n());
+  const std::size_t sq_elems = m * row_sq_groups(w.n());
+  check_disjoint(check, "residual", residual, out_elems, "a", a, m * w.k());
+  check_disjoint(check, "residual", residual, out_elems, "out", out, out_elems);
+  check_disjoint(check, "row_sq", row_sq, sq_elems, "a", a, m * w.k());
+  check_disjoint(check, "row_sq", row_sq, sq_elems, "out", out, out_elems);
+  check_disjoint(check, "row_sq", row_sq, sq_elems, "residual", residual, out_elems);
+  do_gemm_gptq_add_residual(a, w, out, residual, row_sq, m);
+}
+
+void Backend::rms_norm_gemm_gptq(const Buffer& x, const Buffer& row_sq, const Buffer& norm_w, float eps,
+                                 const QuantWeight& w, Buffer& normed, Buffer& out, std::size_t m) {
+  OpCheck check(*this, "rms_norm_gemm_gptq");
+  check_quant_gemm(check, *this, normed, w, out, m, "out", "normed");
+  check_gptq_weight(check, w);
+  check_norm_in(check, x, row_sq, norm_w, eps, w, normed, m);
+  check_disjoint(check, "out", out, m * w.n(), "normed", normed, m * w.k());
+  check_outputs_apart_from_norm_in(check, {{"normed", normed, m * w.k()}, {"out", out, m * w.n()}}, x, row_sq,
+                                   norm_w, m, w.k());
+  do_rms_norm_gemm_gptq(x, row_sq, norm_w, eps, w, normed, out, m);
+}
+
+void Backend::rms_norm_gemm_silu_mul_gptq(const Buffer& x, const Buffer& row_sq, const Buffer& norm_w, float eps,
+                                          const QuantWeight& w, Buffer& normed, Buffer& gate_up, Buffer& act,
+                                          std::size_t m) {
+  OpCheck check(*this, "rms_norm_gemm_silu_mul_gptq");
+  check_quant_gemm(check, *this, normed, w, gate_up, m, "gate_up", "normed");
+  check_gptq_weight(check, w);
+  check_norm_in(check, x, row_sq, norm_w, eps, w, normed, m);
+  check.buffer("act", act);
+  check.same_dtype("act", act, "x", x);
+  check.holds("act", act, check.product({m, w.n() / 2}), "[m, im]");
+  check_disjoint(check, "gate_up", gate_up, m * w.n(), "normed", normed, m * w.k());
+  check_disjoint(check, "act", act, m * (w.n() / 2), "normed", normed, m * w.k());
+  check_disjoint(check, "act", act, m * (w.n() / 2), "gate_up", gate_up, m * w.n());
+  check_outputs_apart_from_norm_in(check,
+                                   {{"normed", normed, m * w.k()}, {"gate_up", gate_up, m * w.n()},
+                                    {"act", act, m * (w.n() / 2)}},
+                                   x, row_sq, norm_w, m, w.k());
+  do_rms_norm_gemm_silu_mul_gptq(x, row_sq, norm_w, eps, w, normed, gate_up, act, m);
+}
+
+void Backend::do_row_sum_squares(const Buffer&, Buffer&, std::size_t, std::size_t) {
+  OpCheck check(*this, "row_sum_squares");
+  check.fail(ErrorCode::Unsupported, "row_sum_squares: not implemented on the {} backend yet", name());
+}
+
+void Backend::do_gemm_gptq_add_residual(const Buffer&, const QuantWeight&, Buffer&, Buffer&, Buffer&, std::size_t) {
+  OpCheck check(*this, "gemm_gptq_add_residual");
+  check.fail(ErrorCode::Unsupported, "gemm_gptq_add_residual: not implemented on the {} backend yet", name());
+}
+
+void Backend::do_rms_norm_gemm_gptq(const Buffer&, const Buffer&, const Buffer&, float, const QuantWeight&, Buffer&,
+                                    Buffer&, std::size_t) {
+  OpCheck check(*this, "rms_norm_gemm_gptq");
+  check.fail(ErrorCode::Unsupported, "rms_norm_gemm_gptq: not implemented on the {} backend yet", name());
+}
+
+void Backend::do_rms_norm_gemm_silu_mul_gptq(const Buffer&, const Buffer&, const Buffer&, float,
+                                             const QuantWeight&, Buffer&, Buffer&, Buffer&, std::size_t) {
+  OpCheck check(*this, "rms_norm_gemm_silu_mul_gptq");
+  check.fail(ErrorCode::Unsupported, "rms_norm_gemm_silu_mul_gptq: not implemented on the {} backend yet", name());
 }
 
 void Backend::gemm_quant(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) {

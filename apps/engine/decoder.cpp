@@ -66,10 +66,32 @@ std::vector<Op> ops_refusing_head_dim(const Backend& backend, std::size_t head_d
   return refusing;
 }
 
+bool Decoder::fits_row_sq_norms(const ModelWeights& weights) {
+  return std::all_of(weights.layers.begin(), weights.layers.end(), [](const LayerWeights& l) {
+    return l.qkv_proj.fused() && l.qkv_proj.parts[0].quantized() && l.o_proj.quantized() &&
+           l.gate_up_proj.interleaved_pairs && l.gate_up_proj.parts[0].quantized() && l.down_proj.quantized();
+  });
+}
+
 Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_capacity,
-                 std::size_t max_prefill_tokens, DecodeMode mode, std::size_t sequences)
+                 std::size_t max_prefill_tokens, DecodeMode mode, std::size_t sequences, DecoderOptions options)
     : be_(backend), w_(weights), cfg_(weights.config), capacity_(kv_capacity), max_tokens_(max_prefill_tokens),
-      mode_(mode) {
+      mode_(mode), row_sq_norms_(options.gptq_row_sq_norms) {
+  if (row_sq_norms_ && !fits_row_sq_norms(weights)) {
+    fail(ErrorCode::InvalidArgument,
+         "Decoder: gptq_row_sq_norms needs every projection GPTQ, q|k|v fused and gate|up interleaved (this model "
+         "has another layout)");
+  }
+  if (row_sq_norms_) {
+    std::vector<Op> lacking;
+    for (Op op : {Op::RowSumSquares, Op::GemmGptqAddResidual, Op::RmsNormGemmGptq, Op::RmsNormGemmSiluMulGptq}) {
+      if (!backend.supports(op)) lacking.push_back(op);
+    }
+    if (!lacking.empty()) {
+      fail(ErrorCode::Unsupported, "Decoder: the ", backend.name(), " backend lacks ", op_names(lacking),
+           " (needed by gptq_row_sq_norms)");
+    }
+  }
   const std::vector<Op> missing = missing_ops(backend, mode, weights.has_gptq(), sequences > 1);
   if (!missing.empty()) {
     fail(ErrorCode::Unsupported, "Decoder: the ", backend.name(), " backend lacks ", op_names(missing), " (needed by ",
@@ -126,6 +148,7 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
   gate_up_ = be_.alloc(dt, rows * 2 * im);
   act_ = be_.alloc(dt, rows * im);
   mlp_out_ = be_.alloc(dt, rows * hidden);
+  if (row_sq_norms_) row_sq_ = be_.alloc(DType::F32, rows * row_sq_groups(hidden));
   logits_ = be_.alloc(dt, sequences * cfg_.vocab_size);
   next_token_ = be_.alloc(DType::I32, sequences);
   if (mode != DecodeMode::Eager) token_log_ = be_.alloc(DType::I32, capacity_ + 1);
@@ -343,14 +366,25 @@ void Decoder::enqueue_forward(const Pass& pass) {
   const std::size_t hidden = cfg_.hidden_size;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   be_.embedding_lookup(w_.embed_tokens, pass.ragged ? batch_ids_ : ids_, residual_, rows, hidden, cfg_.vocab_size);
-  be_.rms_norm(residual_, w_.layers[0].input_norm, eps, normed_, rows, hidden);
-  for (std::size_t l = 0; l < cfg_.num_hidden_layers; ++l) {
-    enqueue_attention(l, pass);  // normed_ -> attn_out_
-    be_.fused_add_rms_norm(residual_, attn_out_, w_.layers[l].post_attention_norm, eps, normed_, rows, hidden);
-    enqueue_mlp(l, rows);  // normed_ -> mlp_out_
-    const bool last = l + 1 == cfg_.num_hidden_layers;
-    const Buffer& next_norm = last ? w_.final_norm : w_.layers[l + 1].input_norm;
-    be_.fused_add_rms_norm(residual_, mlp_out_, next_norm, eps, normed_, rows, hidden);
+  if (row_sq_norms_) {
+    // The norms ride on the projections (DecoderOptions::gptq_row_sq_norms):
+    // residual_ and its row_sq_ carry each layer's input.
+    be_.row_sum_squares(residual_, row_sq_, rows, hidden);
+    for (std::size_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+      enqueue_attention(l, pass);  // rms_norm(residual_) -> ... -> residual_ += o
+      enqueue_mlp(l, rows);        // rms_norm(residual_) -> ... -> residual_ += down
+    }
+    be_.rms_norm(residual_, w_.final_norm, eps, normed_, rows, hidden);
+  } else {
+    be_.rms_norm(residual_, w_.layers[0].input_norm, eps, normed_, rows, hidden);
+    for (std::size_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+      enqueue_attention(l, pass);  // normed_ -> attn_out_
+      be_.fused_add_rms_norm(residual_, attn_out_, w_.layers[l].post_attention_norm, eps, normed_, rows, hidden);
+      enqueue_mlp(l, rows);  // normed_ -> mlp_out_
+      const bool last = l + 1 == cfg_.num_hidden_layers;
+      const Buffer& next_norm = last ? w_.final_norm : w_.layers[l + 1].input_norm;
+      be_.fused_add_rms_norm(residual_, mlp_out_, next_norm, eps, normed_, rows, hidden);
+    }
   }
   // A prefill needs only its last row's logits; a batch step every row's.
   const std::size_t out_rows = pass.ragged ? rows : 1;
@@ -377,12 +411,12 @@ void Decoder::enqueue_attention(std::size_t l, const Pass& pass) {
   const AttnConfig attn = attn_config();
 
   if (pass.ragged) {  // one token of each sequence: row s at its own position, in its own caches
-    project(lw.qkv_proj.parts[0], normed_, qkv_, tokens);
+    project_qkv(l, qkv_, tokens);
     be_.qkv_rope_append_ragged(qkv_, q_norm, k_norm, w_.rope_cos, w_.rope_sin, q_heads, k_cache_[l], v_cache_[l],
                                seq_positions_, tokens, rope);
     Buffer out = attn_heads_.view(0, tokens * cfg_.q_dim());  // [sequences, heads, hd] = [sequences, heads * hd]
     be_.flash_decode_ragged(q_heads, k_cache_[l], v_cache_[l], out, kv_lens_, tokens, attn);
-    project(lw.o_proj, attn_heads_, attn_out_, tokens);
+    project_residual(lw.o_proj, attn_heads_, attn_out_, tokens);
     return;
   }
 
@@ -394,7 +428,7 @@ void Decoder::enqueue_attention(std::size_t l, const Pass& pass) {
   if (lw.qkv_proj.fused()) {
     // [T, q | k | v] straight into q_heads and the caches: one launch for
     // the split, both ropes, the v transpose and the append.
-    project(lw.qkv_proj.parts[0], normed_, qkv_, tokens);
+    project_qkv(l, qkv_, tokens);
     be_.qkv_rope_append(qkv_, q_norm, k_norm, w_.rope_cos, w_.rope_sin, q_heads, k_cache, v_cache, tokens, pos_offset,
                         rope);
   } else {  // separate projections (GPTQ parts whose g_idx differ): the same steps op by op
@@ -413,7 +447,7 @@ void Decoder::enqueue_attention(std::size_t l, const Pass& pass) {
   // The attention output [heads, T, hd] is already token-major [1, heads * hd] at T = 1.
   const bool one_token = tokens == 1;
   if (!one_token) be_.transpose_head_to_token(attn_heads_, attn_tokens_, tokens, heads, hd);  // [T, heads * hd]
-  project(lw.o_proj, one_token ? attn_heads_ : attn_tokens_, attn_out_, tokens);
+  project_residual(lw.o_proj, one_token ? attn_heads_ : attn_tokens_, attn_out_, tokens);
 }
 
 void Decoder::enqueue_mlp(std::size_t l, std::size_t tokens) {
@@ -421,12 +455,15 @@ void Decoder::enqueue_mlp(std::size_t l, std::size_t tokens) {
   const std::size_t im = cfg_.intermediate_size;
   if (lw.gate_up_proj.interleaved_pairs) {  // SwiGLU in the GEMM (gate_up_ is its workspace)
     const Projection& gate_up = lw.gate_up_proj.parts[0];
-    if (gate_up.quantized()) {
+    if (row_sq_norms_) {
+      be_.rms_norm_gemm_silu_mul_gptq(residual_, row_sq_, lw.post_attention_norm, static_cast<float>(cfg_.rms_norm_eps),
+                                      *gate_up.gptq, normed_, gate_up_, act_, tokens);
+    } else if (gate_up.quantized()) {
       be_.gemm_silu_mul_gptq(normed_, *gate_up.gptq, gate_up_, act_, tokens);
     } else {
       be_.gemm_silu_mul(normed_, gate_up.dense, gate_up_, act_, tokens, im, cfg_.hidden_size);
     }
-    project(lw.down_proj, act_, mlp_out_, tokens);
+    project_residual(lw.down_proj, act_, mlp_out_, tokens);
     return;
   }
   if (lw.gate_up_proj.fused()) {
@@ -446,6 +483,24 @@ void Decoder::enqueue_mlp(std::size_t l, std::size_t tokens) {
   }
   be_.fused_silu_mul_split(gate_up_, act_, tokens, im);
   project(lw.down_proj, act_, mlp_out_, tokens);
+}
+
+void Decoder::project_qkv(std::size_t layer, Buffer& qkv, std::size_t m) {
+  const LayerWeights& lw = w_.layers[layer];
+  if (row_sq_norms_) {
+    be_.rms_norm_gemm_gptq(residual_, row_sq_, lw.input_norm, static_cast<float>(cfg_.rms_norm_eps),
+                           *lw.qkv_proj.parts[0].gptq, normed_, qkv, m);
+  } else {
+    project(lw.qkv_proj.parts[0], normed_, qkv, m);
+  }
+}
+
+void Decoder::project_residual(const Projection& p, const Buffer& x, Buffer& out, std::size_t m) {
+  if (row_sq_norms_) {
+    be_.gemm_gptq_add_residual(x, *p.gptq, out, residual_, row_sq_, m);
+  } else {
+    project(p, x, out, m);
+  }
 }
 
 void Decoder::project(const Projection& p, const Buffer& x, Buffer& out, std::size_t m) {

@@ -52,6 +52,18 @@ enum class DecodeMode {
 };
 std::string to_string(DecodeMode mode);
 
+// How a decoder arranges its ops (the engine's choices; figures in docs/PERFORMANCE.md).
+struct DecoderOptions {
+  // Every projection GPTQ, q|k|v fused and gate|up interleaved: the residual
+  // adds and RMSNorms ride on the projections (Backend::gemm_gptq_add_residual
+  // on o and down, rms_norm_gemm_gptq on q|k|v, rms_norm_gemm_silu_mul_gptq on
+  // gate|up, which carry the residual's row_sq between them) instead of a
+  // fused_add_rms_norm between each pair; the embedding's rows get
+  // row_sum_squares, the final norm stays rms_norm. Refused (InvalidArgument)
+  // on a model it does not fit. Off: not yet measured against the default.
+  bool gptq_row_sq_norms = false;
+};
+
 // The ops a decoder in `mode` calls (with `gptq`: also LoadGptq and
 // GemmGptq, for a model with GPTQ projections; with `batch`: the ragged ops
 // of decode_batch_next), and those `backend` lacks.
@@ -73,7 +85,7 @@ class Decoder {
   // projection (dense, or GPTQ parts that share g_idx).
   // Throws Unsupported (listing them) when the backend lacks an op the mode needs.
   Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_capacity, std::size_t max_prefill_tokens,
-          DecodeMode mode = DecodeMode::Eager, std::size_t sequences = 1);
+          DecodeMode mode = DecodeMode::Eager, std::size_t sequences = 1, DecoderOptions options = {});
 
   // Runs tokens at positions position() .. position() + n - 1 (q_len = n),
   // appending them to the KV caches; returns the last token's logits [vocab].
@@ -147,6 +159,14 @@ class Decoder {
   void enqueue_mlp(std::size_t layer, std::size_t tokens);
   // out[m, p.n] = x[m, p.k] · Wᵀ with gemm or gemm_gptq.
   void project(const Projection& p, const Buffer& x, Buffer& out, std::size_t m);
+  // Layer l's fused q|k|v into `qkv` from the layer's input: normed_, or
+  // (gptq_row_sq_norms) residual_ normalized inside the GEMM.
+  void project_qkv(std::size_t layer, Buffer& qkv, std::size_t m);
+  // o / down: project, and under gptq_row_sq_norms also residual_ += out
+  // with its row_sq.
+  void project_residual(const Projection& p, const Buffer& x, Buffer& out, std::size_t m);
+  // Whether `weights` fit DecoderOptions::gptq_row_sq_norms.
+  static bool fits_row_sq_norms(const ModelWeights& weights);
   // Runs one decode step (Pipelined: the forward pass, then the decode
   // state's advance): eagerly, or in Graph mode by replaying `kind`,
   // captured first unless the backend's graph slot already holds it.
@@ -165,6 +185,7 @@ class Decoder {
   DecodeMode mode_;
   std::vector<std::size_t> positions_;  // per sequence: the next position
   bool unfused_qkv_ = false;            // q, k, v projected apart (no batch step)
+  bool row_sq_norms_ = false;           // DecoderOptions::gptq_row_sq_norms
   std::size_t last_rows_ = 1;           // rows of logits_ the last step wrote
   std::vector<std::int32_t> batch_host_state_;  // a batch step's [3, sequences] host copy, reused
   Captured captured_ = Captured::None;
@@ -198,6 +219,7 @@ class Decoder {
   Buffer gate_up_;      // [R, 2 * im]
   Buffer act_;          // [R, im]; also the gate / up scratch of an unfused gate_up_proj
   Buffer mlp_out_;      // [R, hidden]
+  Buffer row_sq_;       // [R, ceil(hidden / 16)] f32 (gptq_row_sq_norms only): residual_'s
   Buffer logits_;       // [sequences, vocab]
   Buffer next_token_;   // [sequences] i32: argmax of logits_ rows
   Buffer token_log_;    // [kv_capacity + 1] i32: decode_pipelined's tokens, at their positions

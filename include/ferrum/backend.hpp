@@ -75,8 +75,16 @@ enum class Op {
   QkvRopeAppendRagged,
   AdvanceDecodeState,
   GemmSiluMulGptq,
+  RowSumSquares,
+  GemmGptqAddResidual,
+  RmsNormGemmGptq,
+  RmsNormGemmSiluMulGptq,
 };
-inline constexpr int kNumOps = static_cast<int>(Op::GemmSiluMulGptq) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::RmsNormGemmSiluMulGptq) + 1;
+// row_sq buffers (Backend::gemm_gptq_add_residual and the ops beside it):
+// one f32 sum of squares per 16 columns of a row.
+inline constexpr std::size_t kRowSqColumns = 16;
+constexpr std::size_t row_sq_groups(std::size_t cols) noexcept { return (cols + kRowSqColumns - 1) / kRowSqColumns; }
 std::string_view to_string(Op op) noexcept;
 
 // GELU formula. Erf is torch's F.gelu default; Tanh is approximate='tanh'.
@@ -402,6 +410,42 @@ class Backend {
   // gate_up 16-byte aligned on CudaBackend. gate_up must not overlap a or act.
   void gemm_silu_mul_gptq(const Buffer& a /*[m, k]*/, const QuantWeight& w /*[k, 2*im], (gate, up) columns*/,
                           Buffer& gate_up /*[m, 2*im], workspace*/, Buffer& act /*[m, im]*/, std::size_t m);
+  // The residual add and the RMSNorm around GPTQ projections, in a form a
+  // backend can fuse into the projections (CudaBackend's streaming GPTQ
+  // kernel; docs/design/gptq_small_m.md §13.6): the op that writes the
+  // residual also leaves its per-row sums of squares, and the norm reads
+  // them instead of the row. row_sq [rows, ceil(cols / 16)] f32: element
+  // (r, g) = the sum over columns 16g .. min(16g + 16, cols) - 1 of row r's
+  // squares, as stored (rounded to the dtype), summed in an order each
+  // backend fixes.
+  //
+  // row_sq of x [rows, cols] (e.g. the embedding's rows, for the first
+  // layer's norm).
+  void row_sum_squares(const Buffer& x /*[rows, cols]*/, Buffer& row_sq /*[rows, ceil(cols/16)] f32*/,
+                       std::size_t rows, std::size_t cols);
+  // residual = residual + gemm_gptq(a, w) (each rounded to the dtype, as
+  // gemm_gptq then fused_add_rms_norm's add); row_sq of the new residual.
+  // out is a workspace, its contents unspecified after the call (a fusing
+  // backend never writes it; a composing one stores the GEMM there first).
+  // No two of a, out, residual and row_sq may overlap.
+  void gemm_gptq_add_residual(const Buffer& a /*[m, k]*/, const QuantWeight& w, Buffer& out /*[m, n], workspace*/,
+                              Buffer& residual /*[m, n], in/out*/, Buffer& row_sq /*[m, ceil(n/16)] f32*/,
+                              std::size_t m);
+  // normed = rms_norm(x) * norm_w (f32 math, one rounding, as rms_norm) with
+  // mean(x²) = (sum over g of row_sq[r, g]) / k, row_sq being x's (as
+  // gemm_gptq_add_residual or row_sum_squares left it); out =
+  // gemm_gptq(normed, w). normed is a workspace, its contents unspecified
+  // after the call (a fusing backend never writes it). The outputs (normed,
+  // out; gate_up and act below) overlap none of x, row_sq and norm_w.
+  void rms_norm_gemm_gptq(const Buffer& x /*[m, k]*/, const Buffer& row_sq /*[m, ceil(k/16)] f32*/,
+                          const Buffer& norm_w /*[k]*/, float eps, const QuantWeight& w,
+                          Buffer& normed /*[m, k], workspace*/, Buffer& out /*[m, n]*/, std::size_t m);
+  // The same norm, then gemm_silu_mul_gptq (gate_up a workspace, as there).
+  void rms_norm_gemm_silu_mul_gptq(const Buffer& x /*[m, k]*/, const Buffer& row_sq /*[m, ceil(k/16)] f32*/,
+                                   const Buffer& norm_w /*[k]*/, float eps,
+                                   const QuantWeight& w /*[k, 2*im], (gate, up) columns*/,
+                                   Buffer& normed /*[m, k], workspace*/, Buffer& gate_up /*[m, 2*im], workspace*/,
+                                   Buffer& act /*[m, im]*/, std::size_t m);
   // Routes by w.kind(): Gptq -> gemm_gptq; other kinds are Unsupported.
   void gemm_quant(const Buffer& a /*[m, k]*/, const QuantWeight& w, Buffer& out /*[m, n]*/,
                   std::size_t m);
@@ -524,6 +568,15 @@ class Backend {
   virtual void do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m, const char* op);
   virtual void do_gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& gate_up, Buffer& act,
                                      std::size_t m);
+  // The four row_sq ops (default: Unsupported).
+  virtual void do_row_sum_squares(const Buffer& x, Buffer& row_sq, std::size_t rows, std::size_t cols);
+  virtual void do_gemm_gptq_add_residual(const Buffer& a, const QuantWeight& w, Buffer& out, Buffer& residual,
+                                         Buffer& row_sq, std::size_t m);
+  virtual void do_rms_norm_gemm_gptq(const Buffer& x, const Buffer& row_sq, const Buffer& norm_w, float eps,
+                                     const QuantWeight& w, Buffer& normed, Buffer& out, std::size_t m);
+  virtual void do_rms_norm_gemm_silu_mul_gptq(const Buffer& x, const Buffer& row_sq, const Buffer& norm_w,
+                                              float eps, const QuantWeight& w, Buffer& normed, Buffer& gate_up,
+                                              Buffer& act, std::size_t m);
   virtual void do_all_reduce(Buffer& buf, std::size_t len, ReduceOp op);
   virtual void do_all_gather(const Buffer& local, Buffer& global, std::size_t local_len);
   virtual void do_broadcast(Buffer& buf, std::size_t len, std::size_t src_rank);

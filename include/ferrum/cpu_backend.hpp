@@ -88,6 +88,14 @@ class CpuBackend final : public Backend {
   void do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m, const char* op) override;
   void do_gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& gate_up, Buffer& act,
                              std::size_t m) override;
+  void do_row_sum_squares(const Buffer& x, Buffer& row_sq, std::size_t rows, std::size_t cols) override;
+  void do_gemm_gptq_add_residual(const Buffer& a, const QuantWeight& w, Buffer& out, Buffer& residual,
+                                 Buffer& row_sq, std::size_t m) override;
+  void do_rms_norm_gemm_gptq(const Buffer& x, const Buffer& row_sq, const Buffer& norm_w, float eps,
+                             const QuantWeight& w, Buffer& normed, Buffer& out, std::size_t m) override;
+  void do_rms_norm_gemm_silu_mul_gptq(const Buffer& x, const Buffer& row_sq, const Buffer& norm_w, float eps,
+                                      const QuantWeight& w, Buffer& normed, Buffer& gate_up, Buffer& act,
+                                      std::size_t m) override;
 
  private:
   template <class F>
@@ -96,6 +104,9 @@ class CpuBackend final : public Backend {
   // out[t, j] = silu(gate) * up of row t of gate_up [tokens, 2*im]: gate_j,
   // up_j at 2j, 2j + 1 (interleaved) or at j, im + j ([gate | up]).
   void silu_mul_rows(const Buffer& gate_up, Buffer& out, std::size_t tokens, std::size_t im, bool interleaved);
+  // normed = rms_norm(x) * norm_w with mean(x²) from x's row_sq (the rms_norm forms' first half).
+  void rms_norm_from_row_sq(const Buffer& x, const Buffer& row_sq, const Buffer& norm_w, float eps, Buffer& normed,
+                            std::size_t rows, std::size_t cols);
   template <class DecodeB>
   void gemm_f32(const std::vector<float>& a_values, std::size_t m, std::size_t n, std::size_t k, DecodeB&& decode_b,
                 Buffer& out);

@@ -195,6 +195,14 @@ struct CudaBackendConfig {
   // gate_up and running the pairs kernel after it. The same bits either way
   // (an A/B switch). Per backend object.
   bool gptq_fuse_silu_mul = true;
+  // gemm_gptq_add_residual, rms_norm_gemm_gptq and rms_norm_gemm_silu_mul_gptq
+  // run as one GPTQ launch where the streaming kernel takes it (the residual
+  // add and row_sq in its final store; the norm applied to each chunk's
+  // activation rows in shared memory, bulk source only): the same bits as
+  // their compositions (gemm_gptq, gemm_silu_mul_gptq and the row_sq kernels),
+  // which run where it does not and with this off (an A/B switch). Per
+  // backend object.
+  bool gptq_fuse_norms = true;
   // The largest m for which gemm_gptq runs the INT4 kernels on a fused-layout
   // weight (in launches of 64 rows); larger m dequantize the weight in column
   // chunks and call cuBLAS. -1: the library's rule, by the weight's size and
@@ -245,6 +253,8 @@ class CudaBackend final : public Backend {
   int gptq_fused_max_m() const noexcept { return gptq_fused_max_m_; }
   // CudaBackendConfig::gptq_fuse_silu_mul of this backend.
   bool gptq_fuse_silu_mul() const noexcept { return gptq_fuse_silu_mul_; }
+  // CudaBackendConfig::gptq_fuse_norms of this backend.
+  bool gptq_fuse_norms() const noexcept { return gptq_fuse_norms_; }
   // CudaBackendConfig::prefill_kernel of this backend.
   PrefillKernel prefill_kernel() const noexcept { return prefill_kernel_; }
 
@@ -315,6 +325,14 @@ class CudaBackend final : public Backend {
   void do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m, const char* op) override;
   void do_gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& gate_up, Buffer& act,
                              std::size_t m) override;
+  void do_row_sum_squares(const Buffer& x, Buffer& row_sq, std::size_t rows, std::size_t cols) override;
+  void do_gemm_gptq_add_residual(const Buffer& a, const QuantWeight& w, Buffer& out, Buffer& residual,
+                                 Buffer& row_sq, std::size_t m) override;
+  void do_rms_norm_gemm_gptq(const Buffer& x, const Buffer& row_sq, const Buffer& norm_w, float eps,
+                             const QuantWeight& w, Buffer& normed, Buffer& out, std::size_t m) override;
+  void do_rms_norm_gemm_silu_mul_gptq(const Buffer& x, const Buffer& row_sq, const Buffer& norm_w, float eps,
+                                      const QuantWeight& w, Buffer& normed, Buffer& gate_up, Buffer& act,
+                                      std::size_t m) override;
   void do_all_reduce(Buffer& buf, std::size_t len, ReduceOp op) override;
   void do_all_gather(const Buffer& local, Buffer& global, std::size_t local_len) override;
   void do_broadcast(Buffer& buf, std::size_t len, std::size_t src_rank) override;
@@ -344,6 +362,7 @@ class CudaBackend final : public Backend {
   bool gptq_cluster_reduce_ = true;  // CudaBackendConfig::gptq_cluster_reduce
   int gptq_fused_max_m_ = -1;        // CudaBackendConfig::gptq_fused_max_m, checked
   bool gptq_fuse_silu_mul_ = true;   // CudaBackendConfig::gptq_fuse_silu_mul
+  bool gptq_fuse_norms_ = true;      // CudaBackendConfig::gptq_fuse_norms
   // CudaBackendConfig::prefill_kernel, through checked_prefill_kernel
   // (src/cuda/cuda_backend_attention.cpp), which throws on a bad value.
   static PrefillKernel checked_prefill_kernel(PrefillKernel requested);

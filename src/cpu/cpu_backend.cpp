@@ -277,6 +277,10 @@ bool CpuBackend::supports(Op op) const noexcept {
     case Op::GemmGptq:
     case Op::GemmSiluMulGptq:
     case Op::GemmQuant:
+    case Op::RowSumSquares:
+    case Op::GemmGptqAddResidual:
+    case Op::RmsNormGemmGptq:
+    case Op::RmsNormGemmSiluMulGptq:
       return true;
     case Op::MlaAttention:
     case Op::GraphCapture:
@@ -631,6 +635,93 @@ void CpuBackend::do_gemm_silu_mul_gptq(const Buffer& a /*[m, k]*/, const QuantWe
                                        Buffer& gate_up /*[m, 2*im] workspace*/, Buffer& act /*[m, im]*/,
                                        std::size_t m) {
   do_gemm_gptq(a, w, gate_up, m, "gemm_silu_mul_gptq");
+  silu_mul_rows(gate_up, act, m, w.n() / 2, /*interleaved=*/true);
+}
+
+// ── The row_sq ops ───────────────────────────────────────────────────────────
+
+namespace {
+
+// row_sq of one decoded row (values as stored): each group of kRowSqColumns
+// columns summed in f64, then rounded to f32.
+void row_sq_of(const float* row /*[cols]*/, std::size_t cols, float* sq /*[row_sq_groups(cols)]*/) {
+  for (std::size_t g = 0; g * kRowSqColumns < cols; ++g) {
+    double sum = 0.0;
+    for (std::size_t c = g * kRowSqColumns; c < std::min(cols, (g + 1) * kRowSqColumns); ++c) {
+      sum += static_cast<double>(row[c]) * static_cast<double>(row[c]);
+    }
+    sq[g] = static_cast<float>(sum);
+  }
+}
+
+}  // namespace
+
+void CpuBackend::do_row_sum_squares(const Buffer& x /*[rows, cols]*/, Buffer& row_sq /*[rows, groups] f32*/,
+                                    std::size_t rows, std::size_t cols) {
+  float* const sq = static_cast<float*>(row_sq.data());
+  const std::size_t groups = row_sq_groups(cols);
+  const RowTasks tasks(rows, cols);
+  parallel_for(tasks.count(), [&](std::size_t task) {
+    std::vector<float> row(cols);
+    for (std::size_t r = tasks.begin(task); r < tasks.end(task); ++r) {
+      decode(x, r * cols, cols, row.data());
+      row_sq_of(row.data(), cols, sq + r * groups);
+    }
+  });
+}
+
+void CpuBackend::do_gemm_gptq_add_residual(const Buffer& a /*[m, k]*/, const QuantWeight& w, Buffer& out /*[m, n]*/,
+                                           Buffer& residual /*[m, n]*/, Buffer& row_sq /*[m, groups] f32*/,
+                                           std::size_t m) {
+  do_gemm_gptq(a, w, out, m, "gemm_gptq_add_residual");
+  const std::size_t n = w.n(), groups = row_sq_groups(n);
+  const DType dtype = residual.dtype();
+  float* const sq = static_cast<float*>(row_sq.data());
+  std::vector<float> sum(n), addend(n);
+  for (std::size_t r = 0; r < m; ++r) {
+    decode(residual, r * n, n, sum.data());
+    decode(out, r * n, n, addend.data());
+    // As fused_add_rms_norm: the sum rounded to the dtype, as stored.
+    for (std::size_t c = 0; c < n; ++c) sum[c] = round_to(dtype, sum[c] + addend[c]);
+    encode(sum.data(), n, residual, r * n);
+    row_sq_of(sum.data(), n, sq + r * groups);
+  }
+}
+
+void CpuBackend::rms_norm_from_row_sq(const Buffer& x /*[rows, cols]*/, const Buffer& row_sq /*[rows, groups] f32*/,
+                                      const Buffer& norm_w /*[cols]*/, float eps, Buffer& normed /*[rows, cols]*/,
+                                      std::size_t rows, std::size_t cols) {
+  const std::vector<float> weight = decode_all(norm_w, cols);
+  const float* const sq = static_cast<const float*>(row_sq.data());
+  const std::size_t groups = row_sq_groups(cols);
+  std::vector<float> row(cols);
+  for (std::size_t r = 0; r < rows; ++r) {
+    double sum_sq = 0.0;
+    for (std::size_t g = 0; g < groups; ++g) sum_sq += static_cast<double>(sq[r * groups + g]);
+    // rms_scale's formula, on the given sum.
+    const float scale =
+        static_cast<float>(1.0 / std::sqrt(sum_sq / static_cast<double>(cols) + static_cast<double>(eps)));
+    decode(x, r * cols, cols, row.data());
+    for (std::size_t c = 0; c < cols; ++c) row[c] = (row[c] * scale) * weight[c];
+    encode(row.data(), cols, normed, r * cols);
+  }
+}
+
+void CpuBackend::do_rms_norm_gemm_gptq(const Buffer& x /*[m, k]*/, const Buffer& row_sq, const Buffer& norm_w,
+                                       float eps, const QuantWeight& w, Buffer& normed /*[m, k]*/,
+                                       Buffer& out /*[m, n]*/, std::size_t m) {
+  (void)checked_cpu_gptq_weight("rms_norm_gemm_gptq", w);  // before normed is written
+  rms_norm_from_row_sq(x, row_sq, norm_w, eps, normed, m, w.k());
+  do_gemm_gptq(normed, w, out, m, "rms_norm_gemm_gptq");
+}
+
+void CpuBackend::do_rms_norm_gemm_silu_mul_gptq(const Buffer& x /*[m, k]*/, const Buffer& row_sq,
+                                                const Buffer& norm_w, float eps, const QuantWeight& w,
+                                                Buffer& normed /*[m, k]*/, Buffer& gate_up /*[m, 2*im]*/,
+                                                Buffer& act /*[m, im]*/, std::size_t m) {
+  (void)checked_cpu_gptq_weight("rms_norm_gemm_silu_mul_gptq", w);  // before normed is written
+  rms_norm_from_row_sq(x, row_sq, norm_w, eps, normed, m, w.k());
+  do_gemm_gptq(normed, w, gate_up, m, "rms_norm_gemm_silu_mul_gptq");
   silu_mul_rows(gate_up, act, m, w.n() / 2, /*interleaved=*/true);
 }
 

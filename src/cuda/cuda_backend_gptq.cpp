@@ -48,6 +48,7 @@
 #include "cuda/cuda_runtime.hpp"
 #include "kernels/elementwise.hpp"
 #include "kernels/gptq_gemm.hpp"
+#include "kernels/row_sq.hpp"
 #include "quant/gptq_repack.hpp"
 
 namespace ferrum {
@@ -390,30 +391,138 @@ void CudaBackend::do_gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& ou
   run_gemm_gptq(*rt_, switches_of(*this, rt_->num_sms), weight, a, out, m, op);
 }
 
+namespace {
+
 // silu·mul in the streaming kernel's epilogue where it takes the launch
-// with one split (kernels::launch_gptq_gemm_silu_mul decides), else
-// gemm_gptq into the workspace and the pairs kernel: the same bits. The
-// refusals are the same whichever runs (one check, under this op's name).
-void CudaBackend::do_gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& gate_up, Buffer& act,
-                                        std::size_t m) {
-  const CudaGptqWeight& weight =
-      checked_gptq_operands(*rt_, "gemm_silu_mul_gptq", w, {{"a", &a}, {"gate_up", &gate_up}});
-  detail::activate_device(device_);  // the plan's queries ask the current device
+// with one split (kernels::launch_gptq_gemm_silu_mul decides; `fuse`:
+// CudaBackendConfig::gptq_fuse_silu_mul), else gemm_gptq into the workspace
+// and the pairs kernel: the same bits. `op` names a failure.
+void run_gemm_silu_mul_gptq(detail::CudaRuntime& rt, const GptqSwitches& sw, const CudaGptqWeight& weight, bool fuse,
+                            const Buffer& a /*[m, k]*/, Buffer& gate_up /*[m, n]*/, Buffer& act /*[m, n / 2]*/,
+                            std::size_t m, const char* op) {
   const DType dtype = a.dtype();
-  const GptqSwitches sw = switches_of(*this, rt_->num_sms);
-  if (gptq_fuse_silu_mul_ && !weight.act_order() && m <= static_cast<std::size_t>(kernels::kGptqSiluMulMaxM)) {
+  if (fuse && !weight.act_order() && m <= static_cast<std::size_t>(kernels::kGptqSiluMulMaxM)) {
     const kernels::GptqDeviceWeight view = weight.view(dtype);
     bool wgmma_applies = false;
     if (int4_kernels_run(weight, view, m, sw, wgmma_applies) &&
         kernels::launch_gptq_gemm_silu_mul(
             int4_args(dtype, view, weight.workspace(), ptr(a), ptr(act), static_cast<int>(m), sw, wgmma_applies),
-            rt_->stream)) {
+            rt.stream)) {
       return;
     }
   }
-  run_gemm_gptq(*rt_, sw, weight, a, gate_up, m, "gemm_silu_mul_gptq");
-  kernels::launch_silu_mul_pairs("gemm_silu_mul_gptq", dtype, ptr(gate_up), ptr(act),
-                                 static_cast<long long>(m * (w.n() / 2)), rt_->stream);
+  run_gemm_gptq(rt, sw, weight, a, gate_up, m, op);
+  kernels::launch_silu_mul_pairs(op, dtype, ptr(gate_up), ptr(act), static_cast<long long>(m * (weight.n() / 2)),
+                                 rt.stream);
+}
+
+}  // namespace
+
+// The refusals are the same whichever path runs (one check, under this op's name).
+void CudaBackend::do_gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& gate_up, Buffer& act,
+                                        std::size_t m) {
+  const CudaGptqWeight& weight =
+      checked_gptq_operands(*rt_, "gemm_silu_mul_gptq", w, {{"a", &a}, {"gate_up", &gate_up}});
+  detail::activate_device(device_);  // the plan's queries ask the current device
+  run_gemm_silu_mul_gptq(*rt_, switches_of(*this, rt_->num_sms), weight, gptq_fuse_silu_mul_, a, gate_up, act, m,
+                         "gemm_silu_mul_gptq");
+}
+
+// ── The row_sq ops (Backend::gemm_gptq_add_residual and beside it) ─────────
+
+void CudaBackend::do_row_sum_squares(const Buffer& x, Buffer& row_sq, std::size_t rows, std::size_t cols) {
+  detail::activate_device(device_);
+  kernels::launch_row_sum_squares(x.dtype(), ptr(x), ptr<float>(row_sq), static_cast<int>(rows),
+                                  static_cast<int>(cols), rt_->stream);
+}
+
+namespace {
+
+// Whether the fused forms may take a launch at all (the kernel-level
+// launchers decide the rest): not under act-order (a gathered a would need
+// the norm's columns gathered too; the composition handles it), and m within
+// one launch of the streaming kernel.
+bool row_sq_fusable(bool enabled, const CudaGptqWeight& weight, std::size_t m) {
+  return enabled && !weight.act_order() && m <= static_cast<std::size_t>(kernels::kGptqStreamMaxM);
+}
+
+}  // namespace
+
+// One streaming launch with the residual epilogue where it takes it
+// (kernels::launch_gptq_gemm_row_sq), else gemm_gptq and the add-and-sum
+// kernel: the same bits.
+void CudaBackend::do_gemm_gptq_add_residual(const Buffer& a, const QuantWeight& w, Buffer& out, Buffer& residual,
+                                           Buffer& row_sq, std::size_t m) {
+  const char* const op = "gemm_gptq_add_residual";
+  const CudaGptqWeight& weight =
+      checked_gptq_operands(*rt_, op, w, {{"a", &a}, {"out", &out}, {"residual", &residual}});
+  detail::activate_device(device_);
+  const DType dtype = a.dtype();
+  const GptqSwitches sw = switches_of(*this, rt_->num_sms);
+  if (row_sq_fusable(gptq_fuse_norms_, weight, m)) {
+    const kernels::GptqDeviceWeight view = weight.view(dtype);
+    bool wgmma_applies = false;
+    if (int4_kernels_run(weight, view, m, sw, wgmma_applies)) {
+      kernels::GptqGemmArgs args =
+          int4_args(dtype, view, weight.workspace(), ptr(a), ptr(out), static_cast<int>(m), sw, wgmma_applies);
+      args.residual_out = {.residual = ptr(residual), .row_sq = ptr<float>(row_sq)};
+      if (kernels::launch_gptq_gemm_row_sq(args, rt_->stream)) return;
+    }
+  }
+  run_gemm_gptq(*rt_, sw, weight, a, out, m, op);
+  kernels::launch_add_residual_row_sq(dtype, ptr(out), ptr(residual), ptr<float>(row_sq), static_cast<int>(m),
+                                      static_cast<int>(w.n()), rt_->stream);
+}
+
+void CudaBackend::do_rms_norm_gemm_gptq(const Buffer& x, const Buffer& row_sq, const Buffer& norm_w, float eps,
+                                       const QuantWeight& w, Buffer& normed, Buffer& out, std::size_t m) {
+  const char* const op = "rms_norm_gemm_gptq";
+  const CudaGptqWeight& weight = checked_gptq_operands(
+      *rt_, op, w, {{"x", &x}, {"norm_w", &norm_w}, {"normed", &normed}, {"out", &out}});
+  detail::activate_device(device_);
+  const DType dtype = x.dtype();
+  const GptqSwitches sw = switches_of(*this, rt_->num_sms);
+  if (row_sq_fusable(gptq_fuse_norms_, weight, m)) {
+    const kernels::GptqDeviceWeight view = weight.view(dtype);
+    bool wgmma_applies = false;
+    if (int4_kernels_run(weight, view, m, sw, wgmma_applies)) {
+      kernels::GptqGemmArgs args =
+          int4_args(dtype, view, weight.workspace(), ptr(x), ptr(out), static_cast<int>(m), sw, wgmma_applies);
+      args.norm_in = {.norm_w = ptr(norm_w), .row_sq = ptr<float>(row_sq), .eps = eps};
+      if (kernels::launch_gptq_gemm_row_sq(args, rt_->stream)) return;
+    }
+  }
+  kernels::launch_rms_norm_from_row_sq(dtype, ptr(x), ptr<float>(row_sq), ptr(norm_w), eps, ptr(normed),
+                                       static_cast<int>(m), static_cast<int>(w.k()), rt_->stream);
+  run_gemm_gptq(*rt_, sw, weight, normed, out, m, op);
+}
+
+// The norm fused into the SiLU·mul launch where kernels::launch_gptq_gemm_silu_mul
+// takes it; else the norm kernel and gemm_silu_mul_gptq's own path (which
+// may still fuse the SiLU·mul).
+void CudaBackend::do_rms_norm_gemm_silu_mul_gptq(const Buffer& x, const Buffer& row_sq, const Buffer& norm_w,
+                                                float eps, const QuantWeight& w, Buffer& normed, Buffer& gate_up,
+                                                Buffer& act, std::size_t m) {
+  const char* const op = "rms_norm_gemm_silu_mul_gptq";
+  const CudaGptqWeight& weight = checked_gptq_operands(
+      *rt_, op, w, {{"x", &x}, {"norm_w", &norm_w}, {"normed", &normed}, {"gate_up", &gate_up}});
+  detail::activate_device(device_);
+  const DType dtype = x.dtype();
+  const GptqSwitches sw = switches_of(*this, rt_->num_sms);
+  if (gptq_fuse_silu_mul_ && row_sq_fusable(gptq_fuse_norms_, weight, m) &&
+      m <= static_cast<std::size_t>(kernels::kGptqSiluMulMaxM)) {
+    const kernels::GptqDeviceWeight view = weight.view(dtype);
+    bool wgmma_applies = false;
+    if (int4_kernels_run(weight, view, m, sw, wgmma_applies)) {
+      kernels::GptqGemmArgs args =
+          int4_args(dtype, view, weight.workspace(), ptr(x), ptr(act), static_cast<int>(m), sw, wgmma_applies);
+      args.norm_in = {.norm_w = ptr(norm_w), .row_sq = ptr<float>(row_sq), .eps = eps};
+      if (kernels::launch_gptq_gemm_silu_mul(args, rt_->stream)) return;
+    }
+  }
+  kernels::launch_rms_norm_from_row_sq(dtype, ptr(x), ptr<float>(row_sq), ptr(norm_w), eps, ptr(normed),
+                                       static_cast<int>(m), static_cast<int>(w.k()), rt_->stream);
+  run_gemm_silu_mul_gptq(*rt_, sw, weight, gptq_fuse_silu_mul_, normed, gate_up, act, m, op);
 }
 
 }  // namespace ferrum

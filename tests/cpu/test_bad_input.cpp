@@ -136,7 +136,8 @@ TEST_P(BadInput, SizePast32Bits) {
 // ── Scalars: eps, scale, enums ───────────────────────────────────────────────
 
 TEST_P(BadInput, BadEps) {
-  for (Op op : {Op::RmsNorm, Op::FusedAddRmsNorm, Op::LayerNorm, Op::QkNormRope}) {
+  for (Op op : {Op::RmsNorm, Op::FusedAddRmsNorm, Op::LayerNorm, Op::QkNormRope, Op::RmsNormGemmGptq,
+                Op::RmsNormGemmSiluMulGptq}) {
     for (float eps : {kNaN, -1e-6f, kInf, -kInf}) {
       SCOPED_TRACE(cat(to_string(op), " eps=", eps));
       expect_call_error(op, ErrorCode::InvalidArgument, "'eps'", [&](OpArgs& a) { a.eps = eps; });
@@ -145,7 +146,8 @@ TEST_P(BadInput, BadEps) {
 }
 
 TEST_P(BadInput, EpsZeroIsAllowed) {
-  for (Op op : {Op::RmsNorm, Op::FusedAddRmsNorm, Op::LayerNorm, Op::QkNormRope}) {
+  for (Op op : {Op::RmsNorm, Op::FusedAddRmsNorm, Op::LayerNorm, Op::QkNormRope, Op::RmsNormGemmGptq,
+                Op::RmsNormGemmSiluMulGptq}) {
     SCOPED_TRACE(to_string(op));
     OpArgs a = make_args(backend(), op_spec(op));
     a.eps = 0.0f;
@@ -336,9 +338,12 @@ TEST_P(BadInput, QuantWeightChecks) {
   expect_call_error(Op::GemmGptq, ErrorCode::WrongBackend, "'w'", [&](OpArgs& a) {
     a.weight = std::make_unique<FakeQuantWeight>(&other(), QuantKind::Gptq, a.weight->k(), a.weight->n());
   });
-  expect_call_error(Op::GemmGptq, ErrorCode::InvalidArgument, "'w'", [&](OpArgs& a) {
-    a.weight = std::make_unique<FakeQuantWeight>(&backend(), QuantKind::Awq, a.weight->k(), a.weight->n());
-  });
+  for (Op op : {Op::GemmGptq, Op::GemmGptqAddResidual, Op::RmsNormGemmGptq, Op::RmsNormGemmSiluMulGptq}) {
+    SCOPED_TRACE(to_string(op));
+    expect_call_error(op, ErrorCode::InvalidArgument, "'w'", [&](OpArgs& a) {
+      a.weight = std::make_unique<FakeQuantWeight>(&backend(), QuantKind::Awq, a.weight->k(), a.weight->n());
+    });
+  }
   for (QuantKind kind : {QuantKind::Awq, QuantKind::Fp8}) {
     expect_call_error(Op::GemmQuant, ErrorCode::Unsupported, "gemm_quant", [&](OpArgs& a) {
       a.weight = std::make_unique<FakeQuantWeight>(&backend(), kind, a.weight->k(), a.weight->n());
@@ -349,7 +354,8 @@ TEST_P(BadInput, QuantWeightChecks) {
   expect_error(ErrorCode::InvalidArgument, "load_gptq", [&] { (void)backend().load_gptq(empty); });
   // A weight that claims this backend but was not made by its load_gptq,
   // refused under the name of the op called.
-  for (Op op : {Op::GemmGptq, Op::GemmSiluMulGptq, Op::GemmQuant}) {
+  for (Op op : {Op::GemmGptq, Op::GemmSiluMulGptq, Op::GemmQuant, Op::GemmGptqAddResidual, Op::RmsNormGemmGptq,
+                Op::RmsNormGemmSiluMulGptq}) {
     if (!backend().supports(op)) continue;
     expect_call_error(op, ErrorCode::InvalidArgument, "'w'", [&](OpArgs& a) {
       a.weight = std::make_unique<FakeQuantWeight>(&backend(), QuantKind::Gptq, a.weight->k(), a.weight->n());

@@ -15,6 +15,7 @@
 #include "ferrum/cpu_backend.hpp"
 #include "ferrum/half.hpp"
 #include "quant/gptq_format.hpp"
+#include "support/test_support.hpp"
 
 namespace ferrum {
 namespace {
@@ -153,6 +154,96 @@ TEST(CpuGptq, GemmSiluMulIsGemmThenPairs) {
         EXPECT_EQ(cpu.download(act), cpu.download(act_ref));
         EXPECT_EQ(cpu.download(gate_up), pairs);
       }
+    }
+  }
+}
+
+// row_sq per 16 columns of rows x cols values, each group summed in double.
+std::vector<float> row_sq_reference(const std::vector<float>& x, std::size_t rows, std::size_t cols) {
+  std::vector<float> sq(rows * row_sq_groups(cols));
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t g = 0; g < row_sq_groups(cols); ++g) {
+      double sum = 0.0;
+      for (std::size_t c = g * kRowSqColumns; c < std::min(cols, (g + 1) * kRowSqColumns); ++c) {
+        sum += static_cast<double>(x[r * cols + c]) * x[r * cols + c];
+      }
+      sq[r * row_sq_groups(cols) + g] = static_cast<float>(sum);
+    }
+  }
+  return sq;
+}
+
+TEST(CpuGptq, RowSumSquaresSumsEachSixteenColumns) {
+  std::mt19937 rng(21);
+  CpuBackend cpu;
+  std::normal_distribution<float> value(0.0f, 2.0f);
+  for (std::size_t cols : {std::size_t{8}, std::size_t{769}, std::size_t{4096}}) {
+    for (std::size_t rows : {std::size_t{1}, std::size_t{7}}) {
+      for (DType dt : {DType::F16, DType::BF16}) {
+        SCOPED_TRACE(::testing::Message() << rows << " x " << cols << " " << to_string(dt));
+        std::vector<float> x(rows * cols);
+        for (auto& v : x) v = value(rng);
+        const Buffer x_buf = cpu.upload(x, dt);
+        Buffer row_sq = cpu.upload(std::vector<float>(rows * row_sq_groups(cols), NAN), DType::F32);
+        cpu.row_sum_squares(x_buf, row_sq, rows, cols);
+        EXPECT_EQ(cpu.download(row_sq), row_sq_reference(cpu.download(x_buf), rows, cols));
+      }
+    }
+  }
+}
+
+// gemm_gptq_add_residual = gemm_gptq, then fused_add_rms_norm's residual add,
+// and row_sq of the result (its out is a workspace); rms_norm_gemm_gptq (and its SiLU·mul form) =
+// rms_norm from that row_sq, then the GEMM on the normalized rows.
+TEST(CpuGptq, RowSqOpsAreTheirCompositions) {
+  std::mt19937 rng(22);
+  CpuBackend cpu;
+  const float eps = 1e-5f;
+  for (const GptqGemmCase& c : {GptqGemmCase{1, 256, 72, 128, false, GptqZeroFormat::V1},
+                                GptqGemmCase{3, 256, 256, 32, false, GptqZeroFormat::V1},
+                                GptqGemmCase{17, 384, 72, -1, false, GptqZeroFormat::V1}}) {
+    // The producer's n is the consumer's k: a square-ish pair of weights.
+    const std::unique_ptr<QuantWeight> w_out =
+        cpu.load_gptq(detail::pack_gptq(random_weight(c, rng), c.format).host_tensors());  // [k, n]
+    const GptqGemmCase c_in{c.m, c.n, c.n, -1, false, GptqZeroFormat::V1};
+    const std::unique_ptr<QuantWeight> w_in =
+        cpu.load_gptq(detail::pack_gptq(random_weight(c_in, rng), c_in.format).host_tensors());  // [n, n]
+    const std::size_t m = c.m, k = c.k, n = c.n;
+    std::normal_distribution<float> value(0.0f, 1.0f);
+    std::vector<float> a(m * k), residual(m * n), norm_w(n);
+    for (auto& v : a) v = value(rng);
+    for (auto& v : residual) v = value(rng);
+    for (auto& v : norm_w) v = 1.0f + 0.1f * value(rng);
+    for (DType dt : {DType::F16, DType::BF16}) {
+      SCOPED_TRACE(::testing::Message() << "m " << m << " k " << k << " n " << n << " " << to_string(dt));
+      const Buffer a_buf = cpu.upload(a, dt), norm_buf = cpu.upload(norm_w, dt);
+      // The compositions.
+      Buffer out_ref = cpu.alloc(dt, m * n), residual_ref = cpu.upload(residual, dt), normed_ref = cpu.alloc(dt, m * n);
+      cpu.gemm_gptq(a_buf, *w_out, out_ref, m);
+      cpu.fused_add_rms_norm(residual_ref, out_ref, norm_buf, eps, normed_ref, m, n);
+      // The ops, on poisoned outputs.
+      Buffer out = cpu.upload(std::vector<float>(m * n, NAN), dt), residual_buf = cpu.upload(residual, dt);
+      Buffer row_sq = cpu.upload(std::vector<float>(m * row_sq_groups(n), NAN), DType::F32);
+      cpu.gemm_gptq_add_residual(a_buf, *w_out, out, residual_buf, row_sq, m);  // out: a workspace
+      EXPECT_EQ(cpu.download(residual_buf), cpu.download(residual_ref));
+      EXPECT_EQ(cpu.download(row_sq), row_sq_reference(cpu.download(residual_ref), m, n));
+
+      Buffer normed = cpu.upload(std::vector<float>(m * n, NAN), dt), y = cpu.upload(std::vector<float>(m * n, NAN), dt);
+      cpu.rms_norm_gemm_gptq(residual_buf, row_sq, norm_buf, eps, *w_in, normed, y, m);
+      // The norm from row_sq differs from rms_norm's only in the f32 group sums.
+      const std::vector<float> normed_f = cpu.download(normed);
+      EXPECT_TRUE(test::all_close(normed_f, cpu.download(normed_ref), dt));
+      Buffer y_ref = cpu.alloc(dt, m * n);
+      cpu.gemm_gptq(normed, *w_in, y_ref, m);
+      EXPECT_EQ(cpu.download(y), cpu.download(y_ref));
+
+      Buffer gate_up = cpu.alloc(dt, m * n), act = cpu.upload(std::vector<float>(m * n / 2, NAN), dt);
+      Buffer normed2 = cpu.alloc(dt, m * n);
+      cpu.rms_norm_gemm_silu_mul_gptq(residual_buf, row_sq, norm_buf, eps, *w_in, normed2, gate_up, act, m);
+      Buffer gate_up_ref = cpu.alloc(dt, m * n), act_ref = cpu.alloc(dt, m * n / 2);
+      cpu.gemm_silu_mul_gptq(normed, *w_in, gate_up_ref, act_ref, m);
+      EXPECT_EQ(cpu.download(normed2), normed_f);
+      EXPECT_EQ(cpu.download(act), cpu.download(act_ref));
     }
   }
 }

@@ -50,9 +50,10 @@ ModelConfig gptq_config(const std::string& preset, int group_size = 32,
 // pick either, as in test_decoder.cpp). Returns the generated tokens.
 std::vector<std::int32_t> expect_decodes_like_reference(Backend& be, const ModelWeights& weights,
                                                         const TensorSource& dequantized,
-                                                        DecodeMode mode = DecodeMode::Eager) {
+                                                        DecodeMode mode = DecodeMode::Eager,
+                                                        DecoderOptions options = {}) {
   const testing::NaiveDecoder reference(weights.config, dequantized);
-  Decoder decoder(be, weights, 64, kPrompt.size(), mode);
+  Decoder decoder(be, weights, 64, kPrompt.size(), mode, 1, options);
   std::vector<std::int32_t> sequence = kPrompt;
   std::vector<std::int32_t> generated;
   std::vector<float> logits = decoder.prefill(kPrompt);
@@ -285,6 +286,24 @@ TEST_P(GptqRandomTest, FusedGptqProjectionsDecodeLikeDequantizedReference) {
   const DequantizedSource dequantized(c, source);
   expect_decodes_like_reference(be, w, dequantized);
   testing::expect_device_state_equals_eager(be, w, kPrompt, 32, kSteps);
+}
+
+// DecoderOptions::gptq_row_sq_norms: the residual adds and norms inside the
+// GPTQ ops, prefill and decode, against the same reference.
+TEST_P(GptqRandomTest, RowSqNormsDecodeLikeDequantizedReference) {
+  ModelConfig c = preset_config(GetParam());
+  c.gptq = random_gptq_config(c);
+  CpuBackend be;
+  const ModelWeights w = random_weights(be, c, 2025);
+  const RandomTensorSource source(c, 2025);
+  const DequantizedSource dequantized(c, source);
+  const std::vector<std::int32_t> with = expect_decodes_like_reference(be, w, dequantized, DecodeMode::Eager,
+                                                                       {.gptq_row_sq_norms = true});
+  EXPECT_EQ(with, expect_decodes_like_reference(be, w, dequantized));
+  // A model with dense projections does not fit it.
+  const ModelWeights dense = random_weights(be, preset_config(GetParam()), 2025);
+  EXPECT_ENGINE_ERROR(Decoder(be, dense, 64, 8, DecodeMode::Eager, 1, {.gptq_row_sq_norms = true}),
+                      ErrorCode::InvalidArgument, "gptq_row_sq_norms");
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, GptqRandomTest, ::testing::Values("tiny-llama", "tiny-qwen3"));

@@ -1211,5 +1211,168 @@ TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelFromTwelveRowsOnWideWeights) {
   expect_auto_takes_wgmma_from(cuda(), bulk, wgmma(), c, {8, 11, 12, 16}, 12, {DType::F16, DType::BF16}, true, rng);
 }
 
+// ── The row_sq ops: the residual add and the norm around the projections ────
+
+// gemm_gptq_add_residual, then rms_norm_gemm_gptq and its SiLU·mul form on
+// the residual it left, on the default backend (fused where the streaming
+// kernel takes the launch) and on one with CudaBackendConfig::gptq_fuse_norms
+// off (gemm_gptq, gemm_silu_mul_gptq and the row_sq kernels): the same bits;
+// both against CpuBackend within the dtype's tolerance (the GEMMs sum in
+// another order there).
+class CudaGptqRowSq : public CudaGptq {
+ protected:
+  void SetUp() override {
+    CudaGptq::SetUp();
+    if (IsSkipped()) return;
+    CudaBackendConfig config;
+    config.gptq_fuse_norms = false;
+    composed_ = std::make_unique<CudaBackend>(config);
+  }
+  // Which path the default backend must take at m rows (kernels::
+  // launch_gptq_gemm_row_sq and launch_gptq_gemm_silu_mul's rules for Auto's
+  // streaming launch): fused at m = 1 (norm: with the bulk source; SiLU·mul:
+  // also one split), composed past the streaming kernel (m > 16) or under
+  // act-order; between, either (Auto's kernel choice decides).
+  enum class Path { Fused, Composed, Either };
+  static Path path(const WeightCase& c, std::size_t m, DType dt, bool norm, bool silu) {
+    if (c.act_order || m > static_cast<std::size_t>(kernels::kGptqStreamMaxM)) return Path::Composed;
+    const int k_pad = static_cast<int>((c.k + 127) / 128 * 128), n_pad = static_cast<int>((c.n + 63) / 64 * 64);
+    const int group_rows = c.group_size > 0 ? c.group_size : k_pad;
+    const bool bulk = kernels::gptq_bulk_copy_supported() && kernels::gptq_bulk_source_applies(group_rows);
+    if (norm && !bulk) return Path::Composed;
+    if (m != 1) return Path::Either;
+    if (!silu) return Path::Fused;
+    int sms = 0;
+    EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+    const int splits = kernels::gptq_stream_plan(dt, !c.symmetric, 1, static_cast<int>(c.k), k_pad, n_pad, group_rows,
+                                                 sms, kernels::GptqKernelKind::StreamBulk, /*ring=*/0,
+                                                 /*ctas_per_sm=*/0)
+                           .splits;
+    return splits == 1 ? Path::Fused : Path::Composed;
+  }
+  // The workspace `v` still holds `poison` (NaN: every element NaN) exactly when the path was fused.
+  static void expect_path(Path p, const std::vector<float>& v, float poison, const char* what) {
+    const bool untouched = std::all_of(v.begin(), v.end(), [&](float x) {
+      return std::isnan(poison) ? std::isnan(x) : x == poison;
+    });
+    if (p == Path::Fused) EXPECT_TRUE(untouched) << what << ": the fused form must not write its workspace";
+    if (p == Path::Composed) EXPECT_FALSE(untouched) << what << ": the composition writes its workspace";
+  }
+  std::unique_ptr<CudaBackend> composed_;
+};
+
+TEST_F(CudaGptqRowSq, FusedEqualsComposedAndMatchesCpu) {
+  FERRUM_SEEDED_RNG(rng);
+  EXPECT_TRUE(CudaBackendConfig{}.gptq_fuse_norms) << "on by default";
+  EXPECT_FALSE(composed_->gptq_fuse_norms());
+  constexpr float kEps = 1e-5f;
+  constexpr float kPoison = 1232.0f;  // exact in f16 and bf16
+  // (producer [k, n], consumer [n, n2]): n % 16 == 8 (a half group), the o
+  // shape (clusters), groups of 32 with zeros, act-order (composed on every
+  // backend), a long k (more splits).
+  struct Pair {
+    WeightCase out, in;
+  };
+  const Pair pairs[] = {
+      {{1024, 392, 128, true, false, GptqZeroFormat::V1, false}, {392, 256, -1, true, false, GptqZeroFormat::V1, false}},
+      {{4096, 4096, 128, true, false, GptqZeroFormat::V1, false}, {4096, 1024, 128, true, false, GptqZeroFormat::V1, false}},
+      {{416, 256, 32, false, false, GptqZeroFormat::V2, false}, {256, 512, 32, false, false, GptqZeroFormat::V2, false}},
+      {{1024, 192, 64, false, true, GptqZeroFormat::V1, false}, {192, 128, 64, false, true, GptqZeroFormat::V1, false}},
+      {{14336, 512, 128, true, false, GptqZeroFormat::V1, false}, {512, 384, 128, true, false, GptqZeroFormat::V1, false}}};
+  int normed_untouched = 0;
+  for (const Pair& pair : pairs) {
+    SCOPED_TRACE(cat(describe(pair.out), " then ", describe(pair.in)));
+    const Checkpoint ck_out = make_checkpoint(pair.out, rng), ck_in = make_checkpoint(pair.in, rng);
+    Backend* const backends[] = {&cuda(), composed_.get(), &cpu()};
+    std::unique_ptr<QuantWeight> w_out[3], w_in[3];
+    for (int b = 0; b < 3; ++b) {
+      w_out[b] = backends[b]->load_gptq(ck_out.tensors());
+      w_in[b] = backends[b]->load_gptq(ck_in.tensors());
+    }
+    const std::size_t k = pair.out.k, n = pair.out.n, n2 = pair.in.n;
+    for (std::size_t m : {1, 2, 5, 8, 9, 16, 17}) {
+      const std::vector<float> a = uniform_values(rng, m * k, -1.0f, 1.0f);
+      const std::vector<float> residual = normal_values(rng, m * n, 0.0f, 1.0f);
+      const std::vector<float> norm_w = uniform_values(rng, n, 0.5f, 1.5f);
+      for (DType dt : kHalfDTypes) {
+        SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
+        struct Result {
+          std::vector<float> out, residual, row_sq, normed, y, act, normed2;
+        } got[3];
+        for (int b = 0; b < 3; ++b) {
+          Backend& be = *backends[b];
+          Buffer a_buf = be.upload(a, dt), norm_buf = be.upload(norm_w, dt), res = be.upload(residual, dt);
+          Buffer out = be.upload(std::vector<float>(m * n, NAN), dt);
+          Buffer row_sq = be.upload(std::vector<float>(m * row_sq_groups(n), NAN), DType::F32);
+          be.gemm_gptq_add_residual(a_buf, *w_out[b], out, res, row_sq, m);
+          Buffer normed = be.upload(std::vector<float>(m * n, kPoison), dt);
+          Buffer y = be.upload(std::vector<float>(m * n2, NAN), dt);
+          be.rms_norm_gemm_gptq(res, row_sq, norm_buf, kEps, *w_in[b], normed, y, m);
+          Buffer normed2 = be.upload(std::vector<float>(m * n, kPoison), dt);
+          Buffer gate_up = be.upload(std::vector<float>(m * n2, kPoison), dt);
+          Buffer act = be.upload(std::vector<float>(m * n2 / 2, NAN), dt);
+          be.rms_norm_gemm_silu_mul_gptq(res, row_sq, norm_buf, kEps, *w_in[b], normed2, gate_up, act, m);
+          got[b] = {be.download(out), be.download(res), be.download(row_sq), be.download(normed), be.download(y),
+                    be.download(act), be.download(normed2)};
+        }
+        // Fused (or not) against composed: bitwise (out is a workspace).
+        EXPECT_TRUE(same_floats(got[0].residual, got[1].residual)) << "residual";
+        EXPECT_TRUE(same_floats(got[0].row_sq, got[1].row_sq)) << "row_sq";
+        EXPECT_TRUE(same_floats(got[0].y, got[1].y)) << "rms_norm_gemm_gptq";
+        EXPECT_TRUE(same_floats(got[0].act, got[1].act)) << "rms_norm_gemm_silu_mul_gptq";
+        // The fused forms never write their workspaces (out, normed): the
+        // proof they ran where the rule says they do.
+        expect_path(path(pair.out, m, dt, false, false), got[0].out, NAN, "gemm_gptq_add_residual");
+        expect_path(path(pair.in, m, dt, true, false), got[0].normed, kPoison, "rms_norm_gemm_gptq");
+        expect_path(path(pair.in, m, dt, true, true), got[0].normed2, kPoison, "rms_norm_gemm_silu_mul_gptq");
+        expect_path(Path::Composed, got[1].normed, kPoison, "gptq_fuse_norms off");
+        expect_path(Path::Composed, got[1].out, NAN, "gptq_fuse_norms off");
+        normed_untouched += got[0].normed == std::vector<float>(m * n, kPoison) ? 1 : 0;
+        // Against the CPU (each GEMM within its k-term tolerance; the
+        // consumer reads each backend's own residual).
+        EXPECT_TRUE(all_close(got[0].residual, got[2].residual, dt, op_scale::gemm(k))) << "residual";
+        EXPECT_TRUE(all_close(got[0].y, got[2].y, dt, op_scale::gemm(n))) << "rms_norm_gemm_gptq";
+        EXPECT_TRUE(all_close(got[0].act, got[2].act, dt, op_scale::gemm(n))) << "rms_norm_gemm_silu_mul_gptq";
+        // row_sq: the squares of the residual this backend stored, per 16 columns.
+        std::vector<double> sq_ref(m * row_sq_groups(n), 0.0);
+        for (std::size_t r = 0; r < m; ++r) {
+          for (std::size_t c = 0; c < n; ++c) {
+            const double v = got[0].residual[r * n + c];
+            sq_ref[r * row_sq_groups(n) + c / kRowSqColumns] += v * v;
+          }
+        }
+        EXPECT_TRUE(all_close(got[0].row_sq, sq_ref, DType::F32)) << "row_sq";
+      }
+    }
+  }
+  if (!kernels::gptq_bulk_copy_supported()) EXPECT_EQ(normed_untouched, 0);
+}
+
+TEST_F(CudaGptqRowSq, RowSumSquaresMatchesCpu) {
+  FERRUM_SEEDED_RNG(rng);
+  for (std::size_t cols : {std::size_t{8}, std::size_t{769}, std::size_t{4096}, std::size_t{5120}}) {
+    for (std::size_t rows : {std::size_t{1}, std::size_t{7}, std::size_t{83}}) {
+      const std::vector<float> x = normal_values(rng, rows * cols, 0.0f, 2.0f);
+      for (DType dt : kHalfDTypes) {
+        SCOPED_TRACE(cat(rows, " x ", cols, " ", to_string(dt)));
+        std::vector<float> got[2];
+        Backend* const backends[] = {&cuda(), &cpu()};
+        for (int b = 0; b < 2; ++b) {
+          Buffer x_buf = backends[b]->upload(x, dt);
+          Buffer row_sq = backends[b]->upload(std::vector<float>(rows * row_sq_groups(cols) + 4, NAN), DType::F32);
+          Buffer view = row_sq.view(0, rows * row_sq_groups(cols));
+          backends[b]->row_sum_squares(x_buf, view, rows, cols);
+          got[b] = backends[b]->download(row_sq);
+        }
+        const std::size_t used = rows * row_sq_groups(cols);
+        for (std::size_t i = used; i < used + 4; ++i) EXPECT_TRUE(std::isnan(got[0][i])) << "guard " << i;
+        got[0].resize(used);
+        got[1].resize(used);
+        EXPECT_TRUE(all_close(got[0], got[1], DType::F32));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ferrum::test

@@ -231,6 +231,34 @@ std::vector<OpSpec> build_specs() {
                [](Backend& be, OpArgs& a) {
                  be.gemm_silu_mul_gptq(a.buf("a"), *a.weight, a.buf("gate_up"), a.buf("act"), a.size("m"));
                }});
+  // The row_sq ops: f32 [rows, ceil(cols / 16)] beside the activations.
+  auto row_sq = [](std::size_t rows, std::size_t cols) {
+    const std::size_t numel = rows * row_sq_groups(cols);
+    return BufferArg{"row_sq", DType::F32, numel, numel - 1, kH};
+  };
+  s.push_back({Op::RowSumSquares, "row_sum_squares", {act("x", kTokens * kDim), row_sq(kTokens, kDim)},
+               {{"rows", kTokens}, {"cols", kDim}}, [](Backend& be, OpArgs& a) {
+                 be.row_sum_squares(a.buf("x"), a.buf("row_sq"), a.size("rows"), a.size("cols"));
+               }});
+  s.push_back({Op::GemmGptqAddResidual, "gemm_gptq_add_residual",
+               {act("a", kM * kK), act("out", kM * kN), act("residual", kM * kN), row_sq(kM, kN)}, {{"m", kM}},
+               [](Backend& be, OpArgs& a) {
+                 be.gemm_gptq_add_residual(a.buf("a"), *a.weight, a.buf("out"), a.buf("residual"), a.buf("row_sq"),
+                                           a.size("m"));
+               }});
+  s.push_back({Op::RmsNormGemmGptq, "rms_norm_gemm_gptq",
+               {act("x", kM * kK), row_sq(kM, kK), act("norm_w", kK), act("normed", kM * kK), act("out", kM * kN)},
+               {{"m", kM}}, [](Backend& be, OpArgs& a) {
+                 be.rms_norm_gemm_gptq(a.buf("x"), a.buf("row_sq"), a.buf("norm_w"), a.eps, *a.weight,
+                                       a.buf("normed"), a.buf("out"), a.size("m"));
+               }});
+  s.push_back({Op::RmsNormGemmSiluMulGptq, "rms_norm_gemm_silu_mul_gptq",
+               {act("x", kM * kK), row_sq(kM, kK), act("norm_w", kK), act("normed", kM * kK),
+                act("gate_up", kM * kN), act("act", kM * kN / 2)},
+               {{"m", kM}}, [](Backend& be, OpArgs& a) {
+                 be.rms_norm_gemm_silu_mul_gptq(a.buf("x"), a.buf("row_sq"), a.buf("norm_w"), a.eps, *a.weight,
+                                                a.buf("normed"), a.buf("gate_up"), a.buf("act"), a.size("m"));
+               }});
   s.push_back({Op::GemmQuant, "gemm_quant", {act("a", kM * kK), act("out", kM * kN)}, {{"m", kM}},
                [](Backend& be, OpArgs& a) { be.gemm_quant(a.buf("a"), *a.weight, a.buf("out"), a.size("m")); }});
   // Collectives take f32 as well: use it, so the activation-only ops are not the only dtype path.
@@ -298,7 +326,8 @@ OpArgs make_args(Backend& backend, const OpSpec& spec) {
     const std::int32_t positions[] = {0, static_cast<std::int32_t>(a.size("cfg.capacity")) - 1};
     backend.write_bytes(a.buf("positions"), positions, sizeof(positions));
   }
-  if (spec.op == Op::GemmGptq || spec.op == Op::GemmQuant || spec.op == Op::GemmSiluMulGptq) {
+  if (spec.op == Op::GemmGptq || spec.op == Op::GemmQuant || spec.op == Op::GemmSiluMulGptq ||
+      spec.op == Op::GemmGptqAddResidual || spec.op == Op::RmsNormGemmGptq || spec.op == Op::RmsNormGemmSiluMulGptq) {
     // A real weight where the backend can load one, so valid calls run.
     if (backend.supports(Op::LoadGptq)) {
       a.weight = backend.load_gptq(ValidGptq(kK, kN).tensors);
