@@ -579,5 +579,37 @@ TEST(GptqGpu, GraphDecodeMatchesDequantizedReference) {
   }
 }
 
+// DecoderOptions::gptq_row_sq_norms on the GPU: graph and eager decoding
+// against the reference (the fused forms where the streaming kernel takes
+// them), and a two-sequence batch step (the ragged path) with both options
+// giving the same tokens.
+TEST(GptqGpu, RowSqNormsGraphDecodeMatchesDequantizedReference) {
+  std::unique_ptr<Backend> be = make_default_backend();
+  if (be->kind() != BackendKind::Cuda) GTEST_SKIP() << "no GPU: the CUDA backend is not available";
+  ModelConfig c = gpu_tiny_llama_config();
+  c.intermediate_size = 512;
+  c.vocab_size = 512;
+  GptqConfig g;
+  g.group_size = 128;
+  c.gptq = g;
+  c.validate("gpu test config");
+  const GptqTestSource source(c, 43, GptqTestOptions{});
+  const ModelWeights w = load_weights(*be, c, source);
+  const DequantizedSource dequantized(c, source);
+  const DecoderOptions row_sq{.gptq_row_sq_norms = true};
+  const std::vector<std::int32_t> graph = expect_decodes_like_reference(*be, w, dequantized, DecodeMode::Graph, row_sq);
+  be->reset_graph();
+  EXPECT_EQ(graph, expect_decodes_like_reference(*be, w, dequantized, DecodeMode::Eager, row_sq));
+  // A batch step of two sequences (qkv_rope_append_ragged, flash_decode_ragged).
+  std::vector<std::int32_t> batch_tokens[2];
+  for (int with : {0, 1}) {
+    Decoder decoder(*be, w, 64, kPrompt.size(), DecodeMode::Eager, 2, {.gptq_row_sq_norms = with == 1});
+    decoder.prefill(0, kPrompt);
+    decoder.prefill(1, std::span<const std::int32_t>(kPrompt).first(4));
+    batch_tokens[with] = decoder.decode_batch_next(std::vector<std::int32_t>{5, 9});
+  }
+  EXPECT_EQ(batch_tokens[0], batch_tokens[1]);
+}
+
 }  // namespace
 }  // namespace ferrum::engine
