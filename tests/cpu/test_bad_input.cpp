@@ -13,7 +13,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "support/op_registry.hpp"
 #include "support/test_support.hpp"
@@ -360,6 +363,38 @@ TEST_P(BadInput, QuantWeightChecks) {
     expect_call_error(op, ErrorCode::InvalidArgument, "'w'", [&](OpArgs& a) {
       a.weight = std::make_unique<FakeQuantWeight>(&backend(), QuantKind::Gptq, a.weight->k(), a.weight->n());
     });
+  }
+}
+
+// The row_sq ops refuse outputs that share memory with an input or another
+// output (a fusing backend reads its inputs in every CTA while others store).
+TEST_P(BadInput, RowSqOpsRefuseOverlaps) {
+  struct Case {
+    Op op;
+    std::string first, second;  // as the message names them
+    std::function<void(OpArgs&)> mutate;
+  };
+  const std::vector<Case> cases = {
+      {Op::GemmGptqAddResidual, "residual", "a", [](OpArgs& a) { a.buffers["residual"] = a.buf("a").view(0, 16); }},
+      {Op::GemmGptqAddResidual, "residual", "out", [](OpArgs& a) { a.buffers["residual"] = a.buf("out").view(0, 16); }},
+      {Op::GemmGptqAddResidual, "row_sq", "out",
+       [this](OpArgs& a) { a.buffers["row_sq"] = Buffer::wrap(backend(), a.buf("out").data(), DType::F32, 2); }},
+      {Op::RmsNormGemmGptq, "normed", "x", [](OpArgs& a) { a.buffers["normed"] = a.buf("x").view(0, 32); }},
+      {Op::RmsNormGemmGptq, "out", "x", [](OpArgs& a) { a.buffers["out"] = a.buf("x").view(0, 16); }},
+      {Op::RmsNormGemmGptq, "out", "normed", [](OpArgs& a) { a.buffers["out"] = a.buf("normed").view(0, 16); }},
+      {Op::RmsNormGemmGptq, "normed", "norm_w", [](OpArgs& a) { a.buffers["norm_w"] = a.buf("normed").view(0, 16); }},
+      {Op::RmsNormGemmSiluMulGptq, "act", "x", [](OpArgs& a) { a.buffers["act"] = a.buf("x").view(0, 8); }},
+      {Op::RmsNormGemmSiluMulGptq, "gate_up", "normed",
+       [](OpArgs& a) { a.buffers["gate_up"] = a.buf("normed").view(0, 16); }},
+      {Op::RmsNormGemmSiluMulGptq, "act", "gate_up", [](OpArgs& a) { a.buffers["act"] = a.buf("gate_up").view(0, 8); }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(cat(to_string(c.op), ": '", c.first, "' on '", c.second, "'"));
+    const OpSpec& spec = op_spec(c.op);
+    OpArgs a = make_args(backend(), spec);
+    c.mutate(a);
+    expect_error(ErrorCode::InvalidArgument, spec.name, [&] { spec.call(backend(), a); }, cat("'", c.first, "'"));
+    expect_error(ErrorCode::InvalidArgument, spec.name, [&] { spec.call(backend(), a); }, cat("'", c.second, "'"));
   }
 }
 
