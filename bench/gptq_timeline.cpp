@@ -3,9 +3,11 @@
 // kernel record them: kernels/gptq_gemm.hpp, GptqTimelinePoint).
 //
 //   ferrum_gptq_timeline [--preset NAME] [--steps N] [--eager] [--no-chain]
-//                        [--ctas-per-sm N] [--no-early-weights] [--csv PATH]
-//                        [--print-last N]
+//                        [--ctas-per-sm N] [--no-early-weights] [--row-sq-norms]
+//                        [--csv PATH] [--print-last N]
 //
+// --row-sq-norms decodes with DecoderOptions::gptq_row_sq_norms (the norms
+// inside the GPTQ launches, as ferrum_engine --gptq-row-sq-norms).
 // Decodes --steps (default 16) tokens of a random GPTQ model (default
 // llama3-8b, f16, the engine's random weights) with the engine's Decoder,
 // graph replay unless --eager, on a CudaBackend configured as ferrum_engine
@@ -56,6 +58,7 @@ struct Options {
   bool chain = true;
   int ctas_per_sm = 3;
   bool early_weights = true;
+  bool row_sq_norms = false;  // DecoderOptions::gptq_row_sq_norms
   std::string csv;
   int print_last = kGptqTimelineLaunches;
 };
@@ -67,7 +70,7 @@ const char* const kPointNames[kGptqTimelinePoints] = {"Entry",       "WaitReturn
   std::fprintf(stderr,
                "ferrum_gptq_timeline: %s\n"
                "usage: ferrum_gptq_timeline [--preset NAME] [--steps N] [--eager] [--no-chain] [--ctas-per-sm N]\n"
-               "                            [--no-early-weights] [--csv PATH] [--print-last N]\n",
+               "                            [--no-early-weights] [--row-sq-norms] [--csv PATH] [--print-last N]\n",
                what.c_str());
   std::exit(2);
 }
@@ -101,6 +104,8 @@ Options parse(int argc, char** argv) {
       opt.ctas_per_sm = static_cast<int>(number(0, kGptqStreamMaxCtasPerSm));
     } else if (arg == "--no-early-weights") {
       opt.early_weights = false;
+    } else if (arg == "--row-sq-norms") {
+      opt.row_sq_norms = true;
     } else if (arg == "--csv") {
       opt.csv = value();
     } else if (arg == "--print-last") {
@@ -144,7 +149,7 @@ int run(const Options& opt) {
   CudaBackend backend(bc);
   const ModelWeights weights = random_weights(backend, config, 1234);
   const DecodeMode mode = opt.graph ? DecodeMode::Graph : DecodeMode::Eager;
-  Decoder decoder(backend, weights, opt.steps + 1, 1, mode);
+  Decoder decoder(backend, weights, opt.steps + 1, 1, mode, 1, {.gptq_row_sq_norms = opt.row_sq_norms});
   const std::int32_t prompt[] = {1};
   std::int32_t next = decoder.prefill_next(prompt);
   for (std::size_t step = 1; step + 1 < opt.steps; ++step) next = decoder.decode_next(next);
