@@ -469,8 +469,9 @@ if has_mode gptqtimeline; then
   # The GPTQ streaming kernel's per-CTA phases inside the llama3-8b GPTQ
   # decode step (a second build with -DFERRUM_GPTQ_TIMELINE=ON, only the
   # library and bench/gptq_timeline.cpp): the engine's plan, then without
-  # the chain release and the CTA cap (the library's defaults), graph; the
-  # last layer's four launches printed, the last 16 in each CSV.
+  # the chain release and the CTA cap (the library's defaults), then with
+  # the norms in the GPTQ launches (--row-sq-norms), graph; the last layer's
+  # four launches printed, the last 16 in each CSV.
   {
     TB="${B}-timeline"
     echo "== GPTQ timeline build ($(date +%T))"
@@ -478,7 +479,7 @@ if has_mode gptqtimeline; then
     [ -d .deps ] && DEPS="-DCMAKE_PREFIX_PATH=$PWD/.deps"
     cmake -S . -B "$TB" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRUM_GPTQ_TIMELINE=ON $DEPS >/dev/null
     cmake --build "$TB" -j16 --target ferrum_gptq_timeline 2>&1 | grep -E "error|FAILED" || echo "build ok"
-    for plan in "" "--no-chain --ctas-per-sm 0"; do
+    for plan in "" "--no-chain --ctas-per-sm 0" "--row-sq-norms"; do
       echo "== ferrum_gptq_timeline $plan ($(date +%T))"
       timeout 120 "$TB/apps/engine/ferrum_gptq_timeline" $plan --print-last 4 --csv "$OUT/gptq_timeline${plan//[ -]/}.csv"
     done
