@@ -996,6 +996,7 @@ void Backend::gemm_gptq_add_residual(const Buffer& a, const QuantWeight& w, Buff
   check.holds("residual", residual, out_elems, "[m, n]");
   check_row_sq(check, row_sq, m, w.n());
   const std::size_t sq_elems = m * row_sq_groups(w.n());
+  check_disjoint(check, "out", out, out_elems, "a", a, m * w.k());
   check_disjoint(check, "residual", residual, out_elems, "a", a, m * w.k());
   check_disjoint(check, "residual", residual, out_elems, "out", out, out_elems);
   check_disjoint(check, "row_sq", row_sq, sq_elems, "a", a, m * w.k());

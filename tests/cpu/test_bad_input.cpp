@@ -375,6 +375,7 @@ TEST_P(BadInput, RowSqOpsRefuseOverlaps) {
     std::function<void(OpArgs&)> mutate;
   };
   const std::vector<Case> cases = {
+      {Op::GemmGptqAddResidual, "out", "a", [](OpArgs& a) { a.buffers["out"] = a.buf("a").view(0, 16); }},
       {Op::GemmGptqAddResidual, "residual", "a", [](OpArgs& a) { a.buffers["residual"] = a.buf("a").view(0, 16); }},
       {Op::GemmGptqAddResidual, "residual", "out", [](OpArgs& a) { a.buffers["residual"] = a.buf("out").view(0, 16); }},
       {Op::GemmGptqAddResidual, "row_sq", "out",
