@@ -286,8 +286,8 @@ __device__ __forceinline__ void cluster_sum_store(const float* tile, int pitch, 
   const int q_begin = 4 * (rank * groups / splits), q_end = 4 * ((rank + 1) * groups / splits);
   // 4 kBatch x kGptqClusterMaxSplits registers of loads in flight. The loop
   // is the same for every thread of the CTA (store_quad_out's shuffles).
-  for (int q0 = q_begin + static_cast<int>(threadIdx.x); q0 - static_cast<int>(threadIdx.x) < q_end;
-       q0 += kBatch * kThreadsN) {
+  for (int base = q_begin; base < q_end; base += kBatch * kThreadsN) {
+    const int q0 = base + static_cast<int>(threadIdx.x);
     float4 part[kBatch][kGptqClusterMaxSplits];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {

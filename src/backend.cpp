@@ -136,6 +136,18 @@ void decode_to_f32(DType dtype, const void* src, std::size_t count, float* dst) 
   }
 }
 
+// Elements [offset, offset + elems) of a buffer as bytes in memory; views of
+// one allocation may share bytes, which the ops' overlap checks compare.
+struct ByteSpan {
+  std::uintptr_t begin, end;
+  bool overlaps(const ByteSpan& o) const noexcept { return begin < o.end && o.begin < end; }
+};
+ByteSpan byte_span(const Buffer& b, std::size_t offset, std::size_t elems) {
+  const std::size_t elem = size_of(b.dtype());
+  const auto begin = reinterpret_cast<std::uintptr_t>(b.data()) + offset * elem;
+  return {begin, begin + elems * elem};
+}
+
 // How src[src_offset .. +len) and dst[dst_offset .. +len) (one dtype) lie
 // in memory: views of one allocation may share bytes. A device-to-device
 // cudaMemcpy is undefined on overlapping ranges, so element copies refuse
@@ -144,12 +156,9 @@ void decode_to_f32(DType dtype, const void* src, std::size_t count, float* dst) 
 // throws InvalidArgument naming `dst_name` and `src_name` for a partial overlap.
 bool copy_needed(const OpCheck& check, const Buffer& src, std::size_t src_offset, std::string_view src_name,
                  const Buffer& dst, std::size_t dst_offset, std::string_view dst_name, std::size_t len) {
-  const std::size_t elem = size_of(src.dtype());
-  const auto s = reinterpret_cast<std::uintptr_t>(src.data()) + src_offset * elem;
-  const auto d = reinterpret_cast<std::uintptr_t>(dst.data()) + dst_offset * elem;
-  if (s == d) return false;
-  const std::uintptr_t bytes = len * elem;
-  if (s < d + bytes && d < s + bytes) {
+  const ByteSpan s = byte_span(src, src_offset, len), d = byte_span(dst, dst_offset, len);
+  if (s.begin == d.begin) return false;
+  if (s.overlaps(d)) {
     check.fail(ErrorCode::InvalidArgument,
                "{}: '{}' [{}, {}) overlaps '{}' [{}, {}) in memory (views of one buffer) without being the same "
                "range; copy through a second buffer",
@@ -914,10 +923,7 @@ namespace {
 // The first `elems` elements of two buffers share no byte.
 void check_disjoint(const OpCheck& check, std::string_view a_name, const Buffer& a, std::size_t a_elems,
                     std::string_view b_name, const Buffer& b, std::size_t b_elems) {
-  const auto a0 = reinterpret_cast<std::uintptr_t>(a.data());
-  const auto b0 = reinterpret_cast<std::uintptr_t>(b.data());
-  const std::uintptr_t a1 = a0 + a_elems * size_of(a.dtype()), b1 = b0 + b_elems * size_of(b.dtype());
-  if (a0 < b1 && b0 < a1) {
+  if (byte_span(a, 0, a_elems).overlaps(byte_span(b, 0, b_elems))) {
     check.fail(ErrorCode::InvalidArgument, "{}: '{}' overlaps '{}' in memory (views of one buffer)", check.op(),
                a_name, b_name);
   }
@@ -1101,10 +1107,8 @@ void check_shard_pair(const OpCheck& check, NamedBuffer source, NamedBuffer dest
   check.holds(shard.name, shard.buffer, len, "[len]");
   const std::size_t full_len = check.product({world, len});
   check.holds(full.name, full.buffer, full_len, "[world_size * len]");
-  const std::size_t elem = size_of(full.buffer.dtype());
-  const auto s = reinterpret_cast<std::uintptr_t>(shard.buffer.data());
-  const auto f = reinterpret_cast<std::uintptr_t>(full.buffer.data());
-  if (s < f + full_len * elem && f < s + len * elem && s != f + rank * len * elem) {
+  const ByteSpan s = byte_span(shard.buffer, 0, len), f = byte_span(full.buffer, 0, full_len);
+  if (s.overlaps(f) && s.begin != byte_span(full.buffer, rank * len, len).begin) {
     check.fail(ErrorCode::InvalidArgument,
                "{}: '{}' [0, {}) overlaps '{}' [0, {}) in memory (views of one buffer) without being rank {}'s "
                "slice [{}, {}) of it (the in-place form); use separate buffers",

@@ -292,6 +292,20 @@ kernels::GptqGemmArgs int4_args(DType dtype, const kernels::GptqDeviceWeight& vi
   return args;
 }
 
+// A one-launch INT4 form (silu·mul, row_sq): where the weight's INT4
+// kernels take m rows, the launch's arguments for a [m, k] and out, handed
+// to `launch` (kernels::launch_gptq_gemm_silu_mul or launch_gptq_gemm_row_sq,
+// after it sets its own fields), which says whether it took the launch.
+template <class Launch>
+bool int4_launch_taken(cudaStream_t stream, const GptqSwitches& sw, const CudaGptqWeight& weight, DType dtype,
+                       const void* a, void* out, std::size_t m, Launch&& launch) {
+  const kernels::GptqDeviceWeight view = weight.view(dtype);
+  bool wgmma_applies = false;
+  if (!int4_kernels_run(weight, view, m, sw, wgmma_applies)) return false;
+  kernels::GptqGemmArgs args = int4_args(dtype, view, weight.workspace(), a, out, static_cast<int>(m), sw, wgmma_applies);
+  return launch(args, stream);
+}
+
 // The checks both GPTQ GEMM ops make first, naming `op`: w made by a
 // CudaBackend's load_gptq, the named row operands 16-byte aligned (the
 // kernels move rows as 16-byte vectors; k and n are multiples of 8). A
@@ -401,15 +415,9 @@ void run_gemm_silu_mul_gptq(detail::CudaRuntime& rt, const GptqSwitches& sw, con
                             const Buffer& a /*[m, k]*/, Buffer& gate_up /*[m, n]*/, Buffer& act /*[m, n / 2]*/,
                             std::size_t m, const char* op) {
   const DType dtype = a.dtype();
-  if (fuse && !weight.act_order() && m <= static_cast<std::size_t>(kernels::kGptqSiluMulMaxM)) {
-    const kernels::GptqDeviceWeight view = weight.view(dtype);
-    bool wgmma_applies = false;
-    if (int4_kernels_run(weight, view, m, sw, wgmma_applies) &&
-        kernels::launch_gptq_gemm_silu_mul(
-            int4_args(dtype, view, weight.workspace(), ptr(a), ptr(act), static_cast<int>(m), sw, wgmma_applies),
-            rt.stream)) {
-      return;
-    }
+  if (fuse && !weight.act_order() && m <= static_cast<std::size_t>(kernels::kGptqSiluMulMaxM) &&
+      int4_launch_taken(rt.stream, sw, weight, dtype, ptr(a), ptr(act), m, kernels::launch_gptq_gemm_silu_mul)) {
+    return;
   }
   run_gemm_gptq(rt, sw, weight, a, gate_up, m, op);
   kernels::launch_silu_mul_pairs(op, dtype, ptr(gate_up), ptr(act), static_cast<long long>(m * (weight.n() / 2)),
@@ -459,15 +467,13 @@ void CudaBackend::do_gemm_gptq_add_residual(const Buffer& a, const QuantWeight& 
   detail::activate_device(device_);
   const DType dtype = a.dtype();
   const GptqSwitches sw = switches_of(*this, rt_->num_sms);
-  if (row_sq_fusable(gptq_fuse_norms_, weight, m)) {
-    const kernels::GptqDeviceWeight view = weight.view(dtype);
-    bool wgmma_applies = false;
-    if (int4_kernels_run(weight, view, m, sw, wgmma_applies)) {
-      kernels::GptqGemmArgs args =
-          int4_args(dtype, view, weight.workspace(), ptr(a), ptr(out), static_cast<int>(m), sw, wgmma_applies);
-      args.residual_out = {.residual = ptr(residual), .row_sq = ptr<float>(row_sq)};
-      if (kernels::launch_gptq_gemm_row_sq(args, rt_->stream)) return;
-    }
+  if (row_sq_fusable(gptq_fuse_norms_, weight, m) &&
+      int4_launch_taken(rt_->stream, sw, weight, dtype, ptr(a), ptr(out), m,
+                        [&](kernels::GptqGemmArgs& args, cudaStream_t stream) {
+                          args.residual_out = {.residual = ptr(residual), .row_sq = ptr<float>(row_sq)};
+                          return kernels::launch_gptq_gemm_row_sq(args, stream);
+                        })) {
+    return;
   }
   run_gemm_gptq(*rt_, sw, weight, a, out, m, op);
   kernels::launch_add_residual_row_sq(dtype, ptr(out), ptr(residual), ptr<float>(row_sq), static_cast<int>(m),
@@ -482,15 +488,14 @@ void CudaBackend::do_rms_norm_gemm_gptq(const Buffer& x, const Buffer& row_sq, c
   detail::activate_device(device_);
   const DType dtype = x.dtype();
   const GptqSwitches sw = switches_of(*this, rt_->num_sms);
-  if (row_sq_fusable(gptq_fuse_norms_, weight, m)) {
-    const kernels::GptqDeviceWeight view = weight.view(dtype);
-    bool wgmma_applies = false;
-    if (int4_kernels_run(weight, view, m, sw, wgmma_applies)) {
-      kernels::GptqGemmArgs args =
-          int4_args(dtype, view, weight.workspace(), ptr(x), ptr(out), static_cast<int>(m), sw, wgmma_applies);
-      args.norm_in = {.norm_w = ptr(norm_w), .row_sq = ptr<float>(row_sq), .eps = eps};
-      if (kernels::launch_gptq_gemm_row_sq(args, rt_->stream)) return;
-    }
+  const kernels::GptqNormIn norm_in{.norm_w = ptr(norm_w), .row_sq = ptr<float>(row_sq), .eps = eps};
+  if (row_sq_fusable(gptq_fuse_norms_, weight, m) &&
+      int4_launch_taken(rt_->stream, sw, weight, dtype, ptr(x), ptr(out), m,
+                        [&](kernels::GptqGemmArgs& args, cudaStream_t stream) {
+                          args.norm_in = norm_in;
+                          return kernels::launch_gptq_gemm_row_sq(args, stream);
+                        })) {
+    return;
   }
   kernels::launch_rms_norm_from_row_sq(dtype, ptr(x), ptr<float>(row_sq), ptr(norm_w), eps, ptr(normed),
                                        static_cast<int>(m), static_cast<int>(w.k()), rt_->stream);
@@ -509,16 +514,15 @@ void CudaBackend::do_rms_norm_gemm_silu_mul_gptq(const Buffer& x, const Buffer& 
   detail::activate_device(device_);
   const DType dtype = x.dtype();
   const GptqSwitches sw = switches_of(*this, rt_->num_sms);
+  const kernels::GptqNormIn norm_in{.norm_w = ptr(norm_w), .row_sq = ptr<float>(row_sq), .eps = eps};
   if (gptq_fuse_silu_mul_ && row_sq_fusable(gptq_fuse_norms_, weight, m) &&
-      m <= static_cast<std::size_t>(kernels::kGptqSiluMulMaxM)) {
-    const kernels::GptqDeviceWeight view = weight.view(dtype);
-    bool wgmma_applies = false;
-    if (int4_kernels_run(weight, view, m, sw, wgmma_applies)) {
-      kernels::GptqGemmArgs args =
-          int4_args(dtype, view, weight.workspace(), ptr(x), ptr(act), static_cast<int>(m), sw, wgmma_applies);
-      args.norm_in = {.norm_w = ptr(norm_w), .row_sq = ptr<float>(row_sq), .eps = eps};
-      if (kernels::launch_gptq_gemm_silu_mul(args, rt_->stream)) return;
-    }
+      m <= static_cast<std::size_t>(kernels::kGptqSiluMulMaxM) &&
+      int4_launch_taken(rt_->stream, sw, weight, dtype, ptr(x), ptr(act), m,
+                        [&](kernels::GptqGemmArgs& args, cudaStream_t stream) {
+                          args.norm_in = norm_in;
+                          return kernels::launch_gptq_gemm_silu_mul(args, stream);
+                        })) {
+    return;
   }
   kernels::launch_rms_norm_from_row_sq(dtype, ptr(x), ptr<float>(row_sq), ptr(norm_w), eps, ptr(normed),
                                        static_cast<int>(m), static_cast<int>(w.k()), rt_->stream);

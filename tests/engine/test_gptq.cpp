@@ -552,19 +552,25 @@ TEST(GptqCheckpoint, DenseProjectionInAGptqCheckpoint) {
 
 // ── on the GPU (skipped without one) ─────────────────────────────────────
 
-TEST(GptqGpu, GraphDecodeMatchesDequantizedReference) {
-  std::unique_ptr<Backend> be = make_default_backend();
-  if (be->kind() != BackendKind::Cuda) GTEST_SKIP() << "no GPU: the CUDA backend is not available";
+// The GPU tests' model: tiny-llama's GPU shape with GPTQ groups of 128.
+ModelConfig gpu_gptq_config(bool act_order) {
   ModelConfig c = gpu_tiny_llama_config();
   c.intermediate_size = 512;
   c.vocab_size = 512;
+  GptqConfig g;
+  g.group_size = 128;
+  g.desc_act = act_order;
+  c.gptq = g;
+  c.validate("gpu test config");
+  return c;
+}
+
+TEST(GptqGpu, GraphDecodeMatchesDequantizedReference) {
+  std::unique_ptr<Backend> be = make_default_backend();
+  if (be->kind() != BackendKind::Cuda) GTEST_SKIP() << "no GPU: the CUDA backend is not available";
   for (const bool act_order : {false, true}) {
     SCOPED_TRACE(act_order ? "act-order, gate / up unfused" : "group 128, fused");
-    GptqConfig g;
-    g.group_size = 128;
-    g.desc_act = act_order;
-    c.gptq = g;
-    c.validate("gpu test config");
+    const ModelConfig c = gpu_gptq_config(act_order);
     GptqTestOptions options;
     options.act_order = act_order;
     options.split_gate_up = act_order;
@@ -586,13 +592,7 @@ TEST(GptqGpu, GraphDecodeMatchesDequantizedReference) {
 TEST(GptqGpu, RowSqNormsGraphDecodeMatchesDequantizedReference) {
   std::unique_ptr<Backend> be = make_default_backend();
   if (be->kind() != BackendKind::Cuda) GTEST_SKIP() << "no GPU: the CUDA backend is not available";
-  ModelConfig c = gpu_tiny_llama_config();
-  c.intermediate_size = 512;
-  c.vocab_size = 512;
-  GptqConfig g;
-  g.group_size = 128;
-  c.gptq = g;
-  c.validate("gpu test config");
+  const ModelConfig c = gpu_gptq_config(false);
   const GptqTestSource source(c, 43, GptqTestOptions{});
   const ModelWeights w = load_weights(*be, c, source);
   const DequantizedSource dequantized(c, source);

@@ -100,6 +100,30 @@ std::string describe(const WeightCase& c) {
              c.act_order ? " act-order" : "", c.format == GptqZeroFormat::V1 ? " v1" : " v2");
 }
 
+// SMs of device 0 (the backends' device), for the launch plans.
+int device0_sms() {
+  int sms = 0;
+  EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  return sms;
+}
+
+// Auto's streaming launch of c at m rows with the bulk source: whether the
+// bulk source takes c's groups, and the plan's splits (at the library's
+// default ring and CTAs per SM).
+struct BulkPlan {
+  bool applies;
+  int splits;
+};
+BulkPlan bulk_stream_plan(const WeightCase& c, std::size_t m, DType dt) {
+  const int k_pad = static_cast<int>((c.k + 127) / 128 * 128), n_pad = static_cast<int>((c.n + 63) / 64 * 64);
+  const int group_rows = c.group_size > 0 ? c.group_size : k_pad;
+  return {kernels::gptq_bulk_source_applies(group_rows),
+          kernels::gptq_stream_plan(dt, !c.symmetric, static_cast<int>(m), static_cast<int>(c.k), k_pad, n_pad,
+                                    group_rows, device0_sms(), kernels::GptqKernelKind::StreamBulk, /*ring=*/0,
+                                    /*ctas_per_sm=*/0)
+              .splits};
+}
+
 Checkpoint make_checkpoint(const WeightCase& c, Rng& rng) {
   Checkpoint ck;
   ck.k = c.k;
@@ -504,22 +528,12 @@ class CudaGptqSiluMul : public CudaGptq {
     config.gptq_fuse_silu_mul = false;
     unfused_ = std::make_unique<CudaBackend>(config);
   }
-  static int num_sms() {
-    int sms = 0;
-    EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-    return sms;
-  }
   // Whether the fusing backend's launch takes the epilogue (the rule
   // kernels::launch_gptq_gemm_silu_mul applies to Auto's streaming launch).
   static bool epilogue_runs(const WeightCase& c, std::size_t m, DType dt) {
-    const int k_pad = static_cast<int>((c.k + 127) / 128 * 128), n_pad = static_cast<int>((c.n + 63) / 64 * 64);
-    const int group_rows = c.group_size > 0 ? c.group_size : k_pad;
-    return m <= static_cast<std::size_t>(kernels::kGptqSiluMulMaxM) && !c.act_order &&
-           kernels::gptq_bulk_source_applies(group_rows) &&
-           kernels::gptq_stream_plan(dt, !c.symmetric, static_cast<int>(m), static_cast<int>(c.k), k_pad, n_pad,
-                                     group_rows, num_sms(), kernels::GptqKernelKind::StreamBulk, /*ring=*/0,
-                                     /*ctas_per_sm=*/0)
-                   .splits == 1;
+    if (m > static_cast<std::size_t>(kernels::kGptqSiluMulMaxM) || c.act_order) return false;
+    const BulkPlan plan = bulk_stream_plan(c, m, dt);
+    return plan.applies && plan.splits == 1;
   }
   std::unique_ptr<CudaBackend> unfused_;
 };
@@ -761,12 +775,6 @@ TEST_F(CudaGptqStream, GraphCaptureAndReplay) {
 
 class CudaGptqStreamBulk : public CudaGptqStream {
  protected:
-  // SMs of device 0 (the backends' device), for the launch plans.
-  static int num_sms() {
-    int sms = 0;
-    EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-    return sms;
-  }
   // A backend with the bulk source and `ring` chunk slots per warp (0: the
   // default), its splits summed in a cluster when `cluster_reduce` (by
   // default as CudaBackendConfig's default: what an engine runs).
@@ -799,7 +807,7 @@ TEST_F(CudaGptqStreamBulk, ConfigReachesTheBackend) {
 TEST_F(CudaGptqStreamBulk, CtasPerSmCapsThePlan) {
   if (!kernels::gptq_bulk_copy_supported()) GTEST_SKIP() << "no bulk copies (sm_90+) on this device";
   FERRUM_SEEDED_RNG(rng);
-  const int sms = num_sms();
+  const int sms = device0_sms();
   for (const WeightCase& c : {WeightCase{14336, 4096, 128, true, false, GptqZeroFormat::V1},
                               WeightCase{4096, 6144, 128, false, false, GptqZeroFormat::V2}}) {
     SCOPED_TRACE(describe(c));
@@ -872,7 +880,7 @@ TEST_F(CudaGptqStreamBulk, ClusterReduceGivesTheWorkspaceReductionsBits) {
         SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
         // The premise: a plan the cluster reduce takes.
         const int splits = kernels::gptq_stream_plan(dt, !c.symmetric, static_cast<int>(m), static_cast<int>(c.k),
-                                                     k_pad, n_pad, group_rows, num_sms(),
+                                                     k_pad, n_pad, group_rows, device0_sms(),
                                                      kernels::GptqKernelKind::StreamBulk, /*ring=*/0, /*ctas_per_sm=*/0)
                                .splits;
         ASSERT_GE(splits, 2);
@@ -880,7 +888,7 @@ TEST_F(CudaGptqStreamBulk, ClusterReduceGivesTheWorkspaceReductionsBits) {
         // ... and one the launcher clusters (at most kGptqClusterMaxCtasPerSm
         // CTAs per SM): else both runs would take the workspace.
         ASSERT_TRUE(kernels::gptq_cluster_reduces(true, splits, static_cast<long long>(n_pad / kernels::kGptqTileN) * splits,
-                                                  num_sms()));
+                                                  device0_sms()));
         EXPECT_TRUE(
             same_floats(run_gemm(*cluster, *w_cluster, a, dt, m), run_gemm(*workspace, *w_workspace, a, dt, m)));
       }
@@ -942,13 +950,13 @@ TEST_F(CudaGptqStreamBulk, EveryRingSizeGivesTheRegisterSourcesBits) {
       for (DType dt : kHalfDTypes) {
         const int k_pad = static_cast<int>((c.k + 127) / 128 * 128), n_pad = static_cast<int>(c.n);
         ASSERT_EQ(kernels::gptq_stream_plan(dt, !c.symmetric, static_cast<int>(m), static_cast<int>(c.k), k_pad,
-                                            n_pad, c.group_size, num_sms(), kernels::GptqKernelKind::Stream,
+                                            n_pad, c.group_size, device0_sms(), kernels::GptqKernelKind::Stream,
                                             /*ring=*/0, /*ctas_per_sm=*/0)
                       .splits,
                   1);
         for (int ring = 1; ring <= kernels::kGptqStreamMaxRing; ++ring) {
           ASSERT_EQ(kernels::gptq_stream_plan(dt, !c.symmetric, static_cast<int>(m), static_cast<int>(c.k), k_pad,
-                                              n_pad, c.group_size, num_sms(), kernels::GptqKernelKind::StreamBulk, ring,
+                                              n_pad, c.group_size, device0_sms(), kernels::GptqKernelKind::StreamBulk, ring,
                                               /*ctas_per_sm=*/0)
                         .splits,
                     1)
@@ -1236,19 +1244,11 @@ class CudaGptqRowSq : public CudaGptq {
   enum class Path { Fused, Composed, Either };
   static Path path(const WeightCase& c, std::size_t m, DType dt, bool norm, bool silu) {
     if (c.act_order || m > static_cast<std::size_t>(kernels::kGptqStreamMaxM)) return Path::Composed;
-    const int k_pad = static_cast<int>((c.k + 127) / 128 * 128), n_pad = static_cast<int>((c.n + 63) / 64 * 64);
-    const int group_rows = c.group_size > 0 ? c.group_size : k_pad;
-    const bool bulk = kernels::gptq_bulk_copy_supported() && kernels::gptq_bulk_source_applies(group_rows);
-    if (norm && !bulk) return Path::Composed;
+    const BulkPlan plan = bulk_stream_plan(c, m, dt);
+    if (norm && !(kernels::gptq_bulk_copy_supported() && plan.applies)) return Path::Composed;
     if (m != 1) return Path::Either;
     if (!silu) return Path::Fused;
-    int sms = 0;
-    EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-    const int splits = kernels::gptq_stream_plan(dt, !c.symmetric, 1, static_cast<int>(c.k), k_pad, n_pad, group_rows,
-                                                 sms, kernels::GptqKernelKind::StreamBulk, /*ring=*/0,
-                                                 /*ctas_per_sm=*/0)
-                           .splits;
-    return splits == 1 ? Path::Fused : Path::Composed;
+    return plan.splits == 1 ? Path::Fused : Path::Composed;
   }
   // The workspace `v` still holds `poison` (NaN: every element NaN) exactly when the path was fused.
   static void expect_path(Path p, const std::vector<float>& v, float poison, const char* what) {
