@@ -6,8 +6,9 @@
 //                        [--ctas-per-sm N] [--no-early-weights] [--row-sq-norms]
 //                        [--csv PATH] [--print-last N]
 //
-// --row-sq-norms decodes with DecoderOptions::gptq_row_sq_norms (the norms
-// inside the GPTQ launches, as ferrum_engine --gptq-row-sq-norms).
+// --row-sq-norms decodes with DecoderOptions::gptq_row_sq_norms (the
+// residual adds in o's and down's final store, as ferrum_engine
+// --gptq-row-sq-norms).
 // Decodes --steps (default 16) tokens of a random GPTQ model (default
 // llama3-8b, f16, the engine's random weights) with the engine's Decoder,
 // graph replay unless --eager, on a CudaBackend configured as ferrum_engine

@@ -600,7 +600,6 @@ struct StreamParams : GemmOperands {
   bool weights_before_wait;  // bulk source: gemm_weights_before_wait (the first fills' weights before the PDL wait)
   bool weights_evict_first;  // bulk source: gptq_weights_evict_first (the weight and scale copies' L2 policy)
   bool release_next;  // bulk source: pdl_chain_release (trigger the next kernel right after the PDL wait)
-  GptqNormIn norm_in;  // bulk source only (launch_gptq_gemm_row_sq / _silu_mul see to it)
   GptqResidualOut residual_out;
 #if defined(FERRUM_GPTQ_TIMELINE)
   int timeline_slot;  // this launch's slot of g_gptq_timeline
@@ -933,30 +932,9 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     for (int r = 0; r < p.ring && c + r * kStreamWarps < c_end; ++r) {
       issue(r, c + r * kStreamWarps, !p.weights_before_wait, true);
     }
-    // rms_norm_gemm_gptq (GptqNormIn, grid-uniform): every warp takes its
-    // rows' rsqrt(mean(x²) + eps) from row_sq while its first copies fly
-    // (kernels/common/row_sq.cuh: the same bits in every warp and in
-    // launch_rms_norm_from_row_sq), then scales each chunk's rows in its
-    // slot before use: T((x * inv) * w), w the norm weight's columns of the
-    // chunk (lane's 4 columns, loaded before the slot's wait).
-    const T* const norm_w = static_cast<const T*>(p.norm_in.norm_w);
-    __shared__ float norm_inv[kStreamWarps][kGptqStreamMaxM];
-    if (norm_w != nullptr) {
-      const int groups = (p.k + kRowSqCols - 1) / kRowSqCols;
-      for (int r = 0; r < live_rows; ++r) {
-        const float inv = rms_inv_from_row_sq(p.norm_in.row_sq + static_cast<std::size_t>(r) * groups, groups, p.k,
-                                              p.norm_in.eps, lane);
-        if (lane == 0) norm_inv[warp][r] = inv;
-      }
-      __syncwarp();
-    }
     int slot = 0;
     std::uint32_t phase = 0;
     for (; c < c_end; c += kStreamWarps) {
-      // The norm weight of lane's 4 columns of this chunk (columns >= k: 0).
-      float4 norm_quad = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      const int norm_col = c * kGptqTileK + lane * 4;
-      if (norm_w != nullptr && norm_col < p.k) norm_quad = load_quad_f32(norm_w + norm_col);
       mbarrier_wait_parity(&full[slot], phase);
       if (c == c_begin) timeline.mark(GptqTimelinePoint::FirstChunk);  // warp 0's first (thread 0 stores)
       if (c == c_begin + kStreamWarps) timeline.mark(GptqTimelinePoint::SecondChunk);
@@ -970,20 +948,6 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
                 make_uint4(0u, 0u, 0u, 0u);
           }
         }
-        __syncwarp();
-      }
-      if (norm_w != nullptr) {
-        // Columns >= k hold 0 (never copied, or zeroed above) and stay 0.
-        for (int r = 0; r < live_rows; ++r) {
-          T* const at = reinterpret_cast<T*>(base + kChunkWords * 4 + r * kStreamActPitch) + lane * 4;
-          const float4 x = load_quad_f32(at);
-          const float inv = norm_inv[warp][r];
-          store_quad_f32(at, make_float4(rms_scaled(x.x, inv, norm_quad.x), rms_scaled(x.y, inv, norm_quad.y),
-                                         rms_scaled(x.z, inv, norm_quad.z), rms_scaled(x.w, inv, norm_quad.w)));
-        }
-        // This lane's stores before the bulk copy another lane issues into
-        // these rows at the refill (the fence orders this thread's accesses).
-        fence_proxy_async_shared();
         __syncwarp();
       }
       const uint4* const words = reinterpret_cast<const uint4*>(base) + lane;
@@ -1221,8 +1185,6 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   p.weights_before_wait = kBulk && switches.gemm_weights_before_wait;
   p.weights_evict_first = kBulk && switches.gptq_weights_evict_first;
   p.release_next = kBulk && switches.pdl_chain_release;
-  if (args.norm_in.norm_w != nullptr && !kBulk) throw_bad_dispatch(kOp, "norm_in without the bulk source", 0);
-  p.norm_in = args.norm_in;
   p.residual_out = args.residual_out;
 #if defined(FERRUM_GPTQ_TIMELINE)
   p.timeline_slot = gptq_timeline_claim(args, static_cast<int>(grid.x), splits, p.ring, p.cluster_reduce, kSiluOut);
@@ -1618,15 +1580,14 @@ void check_launch_knobs(const GptqGemmArgs& args) {
 bool launch_gptq_gemm_row_sq(const GptqGemmArgs& args, cudaStream_t stream) {
   check_launch_knobs(args);
   if (!stream_applies(args)) return false;
-  if (args.norm_in.norm_w != nullptr && !stream_launch_for(args).bulk) return false;
   dispatch_half_dtype(args.dtype, "gemm_gptq", [&](auto tag) { launch_stream<typename decltype(tag)::type>(args, stream); });
   check_launch("gemm_gptq (stream, row_sq)");
   return true;
 }
 
 void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream) {
-  if (args.norm_in.norm_w != nullptr || args.residual_out.residual != nullptr) {
-    throw_bad_dispatch("gemm_gptq", "norm_in / residual_out (launch_gptq_gemm_row_sq takes them)", 0);
+  if (args.residual_out.residual != nullptr) {
+    throw_bad_dispatch("gemm_gptq", "residual_out (launch_gptq_gemm_row_sq takes it)", 0);
   }
   check_launch_knobs(args);
   if (stream_applies(args)) {

@@ -241,14 +241,6 @@ struct GptqResidualOut {
   void* residual = nullptr;  // [m, n] T, in / out; null: off
   float* row_sq = nullptr;   // [m, ceil(n / 16)] f32
 };
-// Backend::rms_norm_gemm_gptq in the GEMM's activation load (the streaming
-// kernel's bulk source): a is x as stored, each chunk's rows normalized in
-// shared memory before use.
-struct GptqNormIn {
-  const void* norm_w = nullptr;   // [k] T, 16-byte aligned; null: off
-  const float* row_sq = nullptr;  // [m, ceil(k / 16)] f32, a's
-  float eps = 0.0f;
-};
 
 struct GptqGemmArgs {
   DType dtype = DType::F16;
@@ -283,17 +275,16 @@ struct GptqGemmArgs {
   // splits whose cluster fits the device. CudaBackendConfig::gptq_cluster_reduce
   // (on by default).
   bool cluster_reduce = true;
-  // Off unless set; only launch_gptq_gemm_row_sq (both) and
-  // launch_gptq_gemm_silu_mul (norm_in) take them.
-  GptqNormIn norm_in;
+  // Off unless set; only launch_gptq_gemm_row_sq takes it.
   GptqResidualOut residual_out;
 };
 void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream);
-// launch_gptq_gemm with norm_in and / or residual_out: true, launched, where
-// the streaming kernel takes the launch (norm_in: with its bulk source);
-// false, with nothing launched, otherwise (the caller composes the op from
-// gemm_gptq and the row_sq kernels of norm.hpp). norm_in is for weights
-// without act-order (a gathered a would need the norm's columns gathered too).
+// launch_gptq_gemm with residual_out: true, launched, where the streaming
+// kernel takes the launch; false, with nothing launched, otherwise (the
+// caller composes the op from gemm_gptq and kernels/row_sq.hpp). The norm
+// side (rms_norm_gemm_gptq) has no fused form: normalizing each chunk's
+// activation rows in the kernel measured slower than the norm kernel, and
+// its per-chunk branch slowed every launch (docs/design/gptq_small_m.md §13.7).
 bool launch_gptq_gemm_row_sq(const GptqGemmArgs& args, cudaStream_t stream);
 // The wgmma kernel alone (launch_gptq_gemm calls it for Wgmma): false, with
 // nothing launched, where it does not apply (gptq_wgmma_applies); an m or

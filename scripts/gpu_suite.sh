@@ -37,7 +37,7 @@
 #                                decode shapes, both builds (needs .deps)
 #   scripts/gpu_suite.sh rowsq   the llama3-8b GPTQ graph decode with and
 #                                without --gptq-row-sq-norms (and composed:
-#                                --no-gptq-fuse-norms), alternated AB_RUNS (2)
+#                                --no-gptq-fuse-residual-add), alternated AB_RUNS (2)
 #                                times, tok/s and the tokens' md5; then 32
 #                                steps' logits of the fused and composed forms
 #                                compared bitwise (needs .deps)
@@ -491,7 +491,7 @@ if has_mode rowsq; then
     echo "== engine: --gptq-row-sq-norms against the default ($(date +%T))"
     ROWSQ_FLAGS="--random llama3-8b --dtype f16 --quant gptq --steps 128 --graph"
     for i in $(seq 1 "${AB_RUNS:-2}"); do
-      for extra in "" "--gptq-row-sq-norms" "--gptq-row-sq-norms --no-gptq-fuse-norms"; do
+      for extra in "" "--gptq-row-sq-norms" "--gptq-row-sq-norms --no-gptq-fuse-residual-add"; do
         timeout 120 $B/apps/engine/ferrum_engine $ROWSQ_FLAGS $extra > /tmp/ferrum_rowsq.log 2>&1
         rc=$?
         echo "-- [${extra:-default}] run $i: exit $rc$(grep -E 'decode:' /tmp/ferrum_rowsq.log | tr -s ' ') tokens $(grep -E 'generated:' /tmp/ferrum_rowsq.log | md5sum | cut -c1-8)"
@@ -499,12 +499,12 @@ if has_mode rowsq; then
       done
     done
     rm -f /tmp/ferrum_rowsq_*.bin
-    for extra in "" "--no-gptq-fuse-norms"; do
+    for extra in "" "--no-gptq-fuse-residual-add"; do
       timeout 120 $B/apps/engine/ferrum_engine --random llama3-8b --dtype f16 --quant gptq --steps 32 --graph \
         --gptq-row-sq-norms $extra --dump-logits "/tmp/ferrum_rowsq_${extra//[ -]/}.bin" > /dev/null 2>&1
       echo "   dump run [--gptq-row-sq-norms $extra] exit $?"
     done
-    cmp -s /tmp/ferrum_rowsq_.bin /tmp/ferrum_rowsq_nogptqfusenorms.bin \
+    cmp -s /tmp/ferrum_rowsq_.bin /tmp/ferrum_rowsq_nogptqfuseresidualadd.bin \
       && echo "-- row_sq logits (32 steps): fused bitwise equal to composed" \
       || echo "-- row_sq logits (32 steps): FUSED AND COMPOSED DIFFER"
   } 2>&1 | tee -a "$LOG"

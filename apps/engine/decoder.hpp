@@ -60,7 +60,8 @@ struct DecoderOptions {
   // gate|up, which carry the residual's row_sq between them) instead of a
   // fused_add_rms_norm between each pair; the embedding's rows get
   // row_sum_squares, the final norm stays rms_norm. Refused (InvalidArgument)
-  // on a model it does not fit. Off: not yet measured against the default.
+  // on a model it does not fit. Off: not faster on the H200
+  // (docs/design/gptq_small_m.md §13.7).
   bool gptq_row_sq_norms = false;
 };
 
@@ -160,7 +161,7 @@ class Decoder {
   // out[m, p.n] = x[m, p.k] · Wᵀ with gemm or gemm_gptq.
   void project(const Projection& p, const Buffer& x, Buffer& out, std::size_t m);
   // Layer l's fused q|k|v into `qkv` from the layer's input: normed_, or
-  // (gptq_row_sq_norms) residual_ normalized inside the GEMM.
+  // (gptq_row_sq_norms) residual_ normalized by rms_norm_gemm_gptq.
   void project_qkv(std::size_t layer, Buffer& qkv, std::size_t m);
   // o / down: project, and under gptq_row_sq_norms also residual_ += out
   // with its row_sq.

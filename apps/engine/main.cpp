@@ -73,17 +73,18 @@
 //   --no-gptq-fuse-silu-mul  CudaBackendConfig::gptq_fuse_silu_mul = false
 //                    (the GPTQ gate|up GEMM stores gate_up and the pairs
 //                    kernel computes SiLU·mul; the same logits); an A/B switch
-//   --gptq-row-sq-norms  DecoderOptions::gptq_row_sq_norms: the residual
-//                    adds and RMSNorms ride on the GPTQ projections (o and
-//                    down add the residual and leave its row_sq, q|k|v and
-//                    gate|up normalize their input in the GEMM) instead of
-//                    fused_add_rms_norm between them; models whose every
-//                    projection is GPTQ; the norms sum in another order, so
-//                    the logits differ in the last bits; not yet the default
-//   --no-gptq-fuse-norms  CudaBackendConfig::gptq_fuse_norms = false (with
-//                    --gptq-row-sq-norms: those ops composed of gemm_gptq and
-//                    the row_sq kernels, not fused; the same logits); an A/B
-//                    switch
+//   --gptq-row-sq-norms  DecoderOptions::gptq_row_sq_norms: o and down add
+//                    the residual and leave its row_sq in their final store,
+//                    and q|k|v and gate|up read their input from a norm
+//                    kernel that takes the row's sum of squares from row_sq,
+//                    instead of fused_add_rms_norm between them; models whose
+//                    every projection is GPTQ; the norms sum in another
+//                    order, so the logits differ in the last bits; off (not
+//                    faster, docs/design/gptq_small_m.md §13.7)
+//   --no-gptq-fuse-residual-add  CudaBackendConfig::gptq_fuse_residual_add
+//                    = false (with --gptq-row-sq-norms: the residual add
+//                    composed of gemm_gptq and the add-and-sum kernel; the
+//                    same logits); an A/B switch
 //   --no-gptq-cluster-reduce  CudaBackendConfig::gptq_cluster_reduce = false
 //                    (the streaming and wgmma kernels' splits summed through
 //                    the workspace, not in a cluster; the same logits); an
@@ -151,7 +152,7 @@ struct Options {
   GptqKernel gptq_kernel = GptqKernel::Auto;
   bool gptq_cluster_reduce = true;
   bool gptq_fuse_silu_mul = true;  // CudaBackendConfig's default
-  bool gptq_fuse_norms = true;     // CudaBackendConfig's default
+  bool gptq_fuse_residual_add = true;  // CudaBackendConfig's default
   bool gptq_row_sq_norms = false;  // DecoderOptions' default
   int skinny_max_m = -1;  // CudaBackendConfig::gemm_skinny_max_m
   int gptq_fused_max_m = -1;  // CudaBackendConfig::gptq_fused_max_m
@@ -302,8 +303,8 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.gptq_cluster_reduce = false;
     } else if (arg == "--no-gptq-fuse-silu-mul") {
       opt.gptq_fuse_silu_mul = false;
-    } else if (arg == "--no-gptq-fuse-norms") {
-      opt.gptq_fuse_norms = false;
+    } else if (arg == "--no-gptq-fuse-residual-add") {
+      opt.gptq_fuse_residual_add = false;
     } else if (arg == "--gptq-row-sq-norms") {
       opt.gptq_row_sq_norms = true;
     } else if (arg == "--gptq-kernel") {
@@ -412,7 +413,7 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       config.gptq_kernel = opt.gptq_kernel;
       config.gptq_cluster_reduce = opt.gptq_cluster_reduce;
       config.gptq_fuse_silu_mul = opt.gptq_fuse_silu_mul;
-      config.gptq_fuse_norms = opt.gptq_fuse_norms;
+      config.gptq_fuse_residual_add = opt.gptq_fuse_residual_add;
       config.gptq_fused_max_m = opt.gptq_fused_max_m;
       config.gptq_stream_ctas_per_sm = opt.gptq_ctas_per_sm.value_or(gptq_graph_single ? kEngineGptqCtasPerSm : 0);
       config.gemm_skinny_max_m = opt.skinny_max_m;

@@ -195,14 +195,13 @@ struct CudaBackendConfig {
   // gate_up and running the pairs kernel after it. The same bits either way
   // (an A/B switch). Per backend object.
   bool gptq_fuse_silu_mul = true;
-  // gemm_gptq_add_residual, rms_norm_gemm_gptq and rms_norm_gemm_silu_mul_gptq
-  // run as one GPTQ launch where the streaming kernel takes it (the residual
-  // add and row_sq in its final store; the norm applied to each chunk's
-  // activation rows in shared memory, bulk source only): the same bits as
-  // their compositions (gemm_gptq, gemm_silu_mul_gptq and the row_sq kernels),
-  // which run where it does not and with this off (an A/B switch). Per
-  // backend object.
-  bool gptq_fuse_norms = true;
+  // gemm_gptq_add_residual runs as one GPTQ launch where the streaming kernel
+  // takes it (the residual add and row_sq in its final store): the same bits
+  // as its composition (gemm_gptq and the add-and-sum kernel), which runs
+  // where it does not and with this off (an A/B switch). Per backend object.
+  // (rms_norm_gemm_gptq and its SiLU·mul form always run the norm kernel
+  // first: the norm inside the GEMM measured slower, docs/design/gptq_small_m.md §13.7.)
+  bool gptq_fuse_residual_add = true;
   // The largest m for which gemm_gptq runs the INT4 kernels on a fused-layout
   // weight (in launches of 64 rows); larger m dequantize the weight in column
   // chunks and call cuBLAS. -1: the library's rule, by the weight's size and
@@ -253,8 +252,8 @@ class CudaBackend final : public Backend {
   int gptq_fused_max_m() const noexcept { return gptq_fused_max_m_; }
   // CudaBackendConfig::gptq_fuse_silu_mul of this backend.
   bool gptq_fuse_silu_mul() const noexcept { return gptq_fuse_silu_mul_; }
-  // CudaBackendConfig::gptq_fuse_norms of this backend.
-  bool gptq_fuse_norms() const noexcept { return gptq_fuse_norms_; }
+  // CudaBackendConfig::gptq_fuse_residual_add of this backend.
+  bool gptq_fuse_residual_add() const noexcept { return gptq_fuse_residual_add_; }
   // CudaBackendConfig::prefill_kernel of this backend.
   PrefillKernel prefill_kernel() const noexcept { return prefill_kernel_; }
 
@@ -362,7 +361,7 @@ class CudaBackend final : public Backend {
   bool gptq_cluster_reduce_ = true;  // CudaBackendConfig::gptq_cluster_reduce
   int gptq_fused_max_m_ = -1;        // CudaBackendConfig::gptq_fused_max_m, checked
   bool gptq_fuse_silu_mul_ = true;   // CudaBackendConfig::gptq_fuse_silu_mul
-  bool gptq_fuse_norms_ = true;      // CudaBackendConfig::gptq_fuse_norms
+  bool gptq_fuse_residual_add_ = true;  // CudaBackendConfig::gptq_fuse_residual_add
   // CudaBackendConfig::prefill_kernel, through checked_prefill_kernel
   // (src/cuda/cuda_backend_attention.cpp), which throws on a bad value.
   static PrefillKernel checked_prefill_kernel(PrefillKernel requested);

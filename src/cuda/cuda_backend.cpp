@@ -171,7 +171,7 @@ CudaBackend::CudaBackend(CudaBackendConfig config)
       gptq_cluster_reduce_(config.gptq_cluster_reduce),
       gptq_fused_max_m_(checked_gptq_fused_max_m(config.gptq_fused_max_m)),
       gptq_fuse_silu_mul_(config.gptq_fuse_silu_mul),
-      gptq_fuse_norms_(config.gptq_fuse_norms),
+      gptq_fuse_residual_add_(config.gptq_fuse_residual_add),
       prefill_kernel_(checked_prefill_kernel(config.prefill_kernel)) {}
 
 CudaBackend::~CudaBackend() = default;

@@ -444,21 +444,10 @@ void CudaBackend::do_row_sum_squares(const Buffer& x, Buffer& row_sq, std::size_
                                   static_cast<int>(cols), rt_->stream);
 }
 
-namespace {
-
-// Whether the fused forms may take a launch at all (the kernel-level
-// launchers decide the rest): not under act-order (a gathered a would need
-// the norm's columns gathered too; the composition handles it), and m within
-// one launch of the streaming kernel.
-bool row_sq_fusable(bool enabled, const CudaGptqWeight& weight, std::size_t m) {
-  return enabled && !weight.act_order() && m <= static_cast<std::size_t>(kernels::kGptqStreamMaxM);
-}
-
-}  // namespace
-
 // One streaming launch with the residual epilogue where it takes it
 // (kernels::launch_gptq_gemm_row_sq), else gemm_gptq and the add-and-sum
-// kernel: the same bits.
+// kernel: the same bits. Not under act-order (the launch reads a as given;
+// gemm_gptq gathers it first) nor past one streaming launch's rows.
 void CudaBackend::do_gemm_gptq_add_residual(const Buffer& a, const QuantWeight& w, Buffer& out, Buffer& residual,
                                            Buffer& row_sq, std::size_t m) {
   const char* const op = "gemm_gptq_add_residual";
@@ -467,7 +456,7 @@ void CudaBackend::do_gemm_gptq_add_residual(const Buffer& a, const QuantWeight& 
   detail::activate_device(device_);
   const DType dtype = a.dtype();
   const GptqSwitches sw = switches_of(*this, rt_->num_sms);
-  if (row_sq_fusable(gptq_fuse_norms_, weight, m) &&
+  if (gptq_fuse_residual_add_ && !weight.act_order() && m <= static_cast<std::size_t>(kernels::kGptqStreamMaxM) &&
       int4_launch_taken(rt_->stream, sw, weight, dtype, ptr(a), ptr(out), m,
                         [&](kernels::GptqGemmArgs& args, cudaStream_t stream) {
                           args.residual_out = {.residual = ptr(residual), .row_sq = ptr<float>(row_sq)};
@@ -487,24 +476,13 @@ void CudaBackend::do_rms_norm_gemm_gptq(const Buffer& x, const Buffer& row_sq, c
       *rt_, op, w, {{"x", &x}, {"norm_w", &norm_w}, {"normed", &normed}, {"out", &out}});
   detail::activate_device(device_);
   const DType dtype = x.dtype();
-  const GptqSwitches sw = switches_of(*this, rt_->num_sms);
-  const kernels::GptqNormIn norm_in{.norm_w = ptr(norm_w), .row_sq = ptr<float>(row_sq), .eps = eps};
-  if (row_sq_fusable(gptq_fuse_norms_, weight, m) &&
-      int4_launch_taken(rt_->stream, sw, weight, dtype, ptr(x), ptr(out), m,
-                        [&](kernels::GptqGemmArgs& args, cudaStream_t stream) {
-                          args.norm_in = norm_in;
-                          return kernels::launch_gptq_gemm_row_sq(args, stream);
-                        })) {
-    return;
-  }
   kernels::launch_rms_norm_from_row_sq(dtype, ptr(x), ptr<float>(row_sq), ptr(norm_w), eps, ptr(normed),
                                        static_cast<int>(m), static_cast<int>(w.k()), rt_->stream);
-  run_gemm_gptq(*rt_, sw, weight, normed, out, m, op);
+  run_gemm_gptq(*rt_, switches_of(*this, rt_->num_sms), weight, normed, out, m, op);
 }
 
-// The norm fused into the SiLU·mul launch where kernels::launch_gptq_gemm_silu_mul
-// takes it; else the norm kernel and gemm_silu_mul_gptq's own path (which
-// may still fuse the SiLU·mul).
+// The norm kernel, then gemm_silu_mul_gptq's own path (which may fuse the
+// SiLU·mul).
 void CudaBackend::do_rms_norm_gemm_silu_mul_gptq(const Buffer& x, const Buffer& row_sq, const Buffer& norm_w,
                                                 float eps, const QuantWeight& w, Buffer& normed, Buffer& gate_up,
                                                 Buffer& act, std::size_t m) {
@@ -513,20 +491,10 @@ void CudaBackend::do_rms_norm_gemm_silu_mul_gptq(const Buffer& x, const Buffer& 
       *rt_, op, w, {{"x", &x}, {"norm_w", &norm_w}, {"normed", &normed}, {"gate_up", &gate_up}});
   detail::activate_device(device_);
   const DType dtype = x.dtype();
-  const GptqSwitches sw = switches_of(*this, rt_->num_sms);
-  const kernels::GptqNormIn norm_in{.norm_w = ptr(norm_w), .row_sq = ptr<float>(row_sq), .eps = eps};
-  if (gptq_fuse_silu_mul_ && row_sq_fusable(gptq_fuse_norms_, weight, m) &&
-      m <= static_cast<std::size_t>(kernels::kGptqSiluMulMaxM) &&
-      int4_launch_taken(rt_->stream, sw, weight, dtype, ptr(x), ptr(act), m,
-                        [&](kernels::GptqGemmArgs& args, cudaStream_t stream) {
-                          args.norm_in = norm_in;
-                          return kernels::launch_gptq_gemm_silu_mul(args, stream);
-                        })) {
-    return;
-  }
   kernels::launch_rms_norm_from_row_sq(dtype, ptr(x), ptr<float>(row_sq), ptr(norm_w), eps, ptr(normed),
                                        static_cast<int>(m), static_cast<int>(w.k()), rt_->stream);
-  run_gemm_silu_mul_gptq(*rt_, sw, weight, gptq_fuse_silu_mul_, normed, gate_up, act, m, op);
+  run_gemm_silu_mul_gptq(*rt_, switches_of(*this, rt_->num_sms), weight, gptq_fuse_silu_mul_, normed, gate_up, act,
+                         m, op);
 }
 
 }  // namespace ferrum

@@ -1222,33 +1222,29 @@ TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelFromTwelveRowsOnWideWeights) {
 // ── The row_sq ops: the residual add and the norm around the projections ────
 
 // gemm_gptq_add_residual, then rms_norm_gemm_gptq and its SiLU·mul form on
-// the residual it left, on the default backend (fused where the streaming
-// kernel takes the launch) and on one with CudaBackendConfig::gptq_fuse_norms
-// off (gemm_gptq, gemm_silu_mul_gptq and the row_sq kernels): the same bits;
-// both against CpuBackend within the dtype's tolerance (the GEMMs sum in
-// another order there).
+// the residual it left, on the default backend (the residual add fused where
+// the streaming kernel takes the launch) and on one with
+// CudaBackendConfig::gptq_fuse_residual_add off (gemm_gptq and the
+// add-and-sum kernel): the same bits; both against CpuBackend within the
+// dtype's tolerance (the GEMMs sum in another order there). The norm forms
+// always run the norm kernel into `normed`, then the GEMM.
 class CudaGptqRowSq : public CudaGptq {
  protected:
   void SetUp() override {
     CudaGptq::SetUp();
     if (IsSkipped()) return;
     CudaBackendConfig config;
-    config.gptq_fuse_norms = false;
+    config.gptq_fuse_residual_add = false;
     composed_ = std::make_unique<CudaBackend>(config);
   }
-  // Which path the default backend must take at m rows (kernels::
-  // launch_gptq_gemm_row_sq and launch_gptq_gemm_silu_mul's rules for Auto's
-  // streaming launch): fused at m = 1 (norm: with the bulk source; SiLU·mul:
-  // also one split), composed past the streaming kernel (m > 16) or under
-  // act-order; between, either (Auto's kernel choice decides).
+  // Which path the default backend's gemm_gptq_add_residual must take at m
+  // rows (kernels::launch_gptq_gemm_row_sq's rule for Auto's streaming
+  // launch): fused at m = 1, composed past the streaming kernel (m > 16) or
+  // under act-order; between, either (Auto's kernel choice decides).
   enum class Path { Fused, Composed, Either };
-  static Path path(const WeightCase& c, std::size_t m, DType dt, bool norm, bool silu) {
+  static Path residual_path(const WeightCase& c, std::size_t m) {
     if (c.act_order || m > static_cast<std::size_t>(kernels::kGptqStreamMaxM)) return Path::Composed;
-    const BulkPlan plan = bulk_stream_plan(c, m, dt);
-    if (norm && !(kernels::gptq_bulk_copy_supported() && plan.applies)) return Path::Composed;
-    if (m != 1) return Path::Either;
-    if (!silu) return Path::Fused;
-    return plan.splits == 1 ? Path::Fused : Path::Composed;
+    return m == 1 ? Path::Fused : Path::Either;
   }
   // The workspace `v` still holds `poison` (NaN: every element NaN) exactly when the path was fused.
   static void expect_path(Path p, const std::vector<float>& v, float poison, const char* what) {
@@ -1263,8 +1259,8 @@ class CudaGptqRowSq : public CudaGptq {
 
 TEST_F(CudaGptqRowSq, FusedEqualsComposedAndMatchesCpu) {
   FERRUM_SEEDED_RNG(rng);
-  EXPECT_TRUE(CudaBackendConfig{}.gptq_fuse_norms) << "on by default";
-  EXPECT_FALSE(composed_->gptq_fuse_norms());
+  EXPECT_TRUE(CudaBackendConfig{}.gptq_fuse_residual_add) << "on by default";
+  EXPECT_FALSE(composed_->gptq_fuse_residual_add());
   constexpr float kEps = 1e-5f;
   constexpr float kPoison = 1232.0f;  // exact in f16 and bf16
   // (producer [k, n], consumer [n, n2]): n % 16 == 8 (a half group), the o
@@ -1279,7 +1275,6 @@ TEST_F(CudaGptqRowSq, FusedEqualsComposedAndMatchesCpu) {
       {{416, 256, 32, false, false, GptqZeroFormat::V2, false}, {256, 512, 32, false, false, GptqZeroFormat::V2, false}},
       {{1024, 192, 64, false, true, GptqZeroFormat::V1, false}, {192, 128, 64, false, true, GptqZeroFormat::V1, false}},
       {{14336, 512, 128, true, false, GptqZeroFormat::V1, false}, {512, 384, 128, true, false, GptqZeroFormat::V1, false}}};
-  int normed_untouched = 0;
   for (const Pair& pair : pairs) {
     SCOPED_TRACE(cat(describe(pair.out), " then ", describe(pair.in)));
     const Checkpoint ck_out = make_checkpoint(pair.out, rng), ck_in = make_checkpoint(pair.in, rng);
@@ -1333,14 +1328,12 @@ TEST_F(CudaGptqRowSq, FusedEqualsComposedAndMatchesCpu) {
         EXPECT_TRUE(same_floats(got[0].row_sq, got[1].row_sq)) << "row_sq";
         EXPECT_TRUE(same_floats(got[0].y, got[1].y)) << "rms_norm_gemm_gptq";
         EXPECT_TRUE(same_floats(got[0].act, got[1].act)) << "rms_norm_gemm_silu_mul_gptq";
-        // The fused forms never write their workspaces (out, normed): the
-        // proof they ran where the rule says they do.
-        expect_path(path(pair.out, m, dt, false, false), got[0].out, NAN, "gemm_gptq_add_residual");
-        expect_path(path(pair.in, m, dt, true, false), got[0].normed, kPoison, "rms_norm_gemm_gptq");
-        expect_path(path(pair.in, m, dt, true, true), got[0].normed2, kPoison, "rms_norm_gemm_silu_mul_gptq");
-        expect_path(Path::Composed, got[1].normed, kPoison, "gptq_fuse_norms off");
-        expect_path(Path::Composed, got[1].out, NAN, "gptq_fuse_norms off");
-        normed_untouched += got[0].normed == std::vector<float>(m * n, kPoison) ? 1 : 0;
+        // The fused residual add never writes its workspace out: the proof
+        // it ran where the rule says it does. The norm forms write normed.
+        expect_path(residual_path(pair.out, m), got[0].out, NAN, "gemm_gptq_add_residual");
+        expect_path(Path::Composed, got[0].normed, kPoison, "rms_norm_gemm_gptq");
+        expect_path(Path::Composed, got[0].normed2, kPoison, "rms_norm_gemm_silu_mul_gptq");
+        expect_path(Path::Composed, got[1].out, NAN, "gptq_fuse_residual_add off");
         // Against the CPU (each GEMM within its k-term tolerance; the CPU's
         // consumers read the default backend's residual and row_sq).
         EXPECT_TRUE(all_close(got[0].residual, got[2].residual, dt, op_scale::gemm(k))) << "residual";
@@ -1358,7 +1351,6 @@ TEST_F(CudaGptqRowSq, FusedEqualsComposedAndMatchesCpu) {
       }
     }
   }
-  if (!kernels::gptq_bulk_copy_supported()) EXPECT_EQ(normed_untouched, 0);
 }
 
 TEST_F(CudaGptqRowSq, RowSumSquaresMatchesCpu) {
