@@ -49,7 +49,8 @@
 #                                shards, the CPU binary's CUDA instances), the
 #                                engine tests, memcheck over the GPTQ tests in
 #                                10 shards; VERIFY_RACECHECK='filter' adds
-#                                racecheck over those tests (12 shards)
+#                                racecheck over those tests (16 shards, each
+#                                VERIFY_RACECHECK_S seconds at most, 300)
 # Modes combine with commas (gptq,bench). BENCH_FILTER=attention_,gemm passes
 # --filter to ferrum_bench and torch_reference.py. SKIP_GEMM_INTERLEAVED=1 and
 # SKIP_TORCH_GPTQ=1 leave out those two reference runs (to fit a call).
@@ -237,7 +238,7 @@ if has_mode verify; then
     SANITIZE_SHARDS=10 sanitize memcheck 200 '*Gptq*' 1
     if [ -n "${VERIFY_RACECHECK:-}" ]; then
       echo "== verify: racecheck over '$VERIFY_RACECHECK' ($(date +%T))"
-      SANITIZE_SHARDS=12 sanitize racecheck 300 "$VERIFY_RACECHECK" 1
+      SANITIZE_SHARDS=16 sanitize racecheck "${VERIFY_RACECHECK_S:-300}" "$VERIFY_RACECHECK" 1
     fi
     echo "== verify done ($(date +%T))"
   } 2>&1 | tee -a "$LOG"
