@@ -133,7 +133,7 @@ sanitize() {
   dir=$(mktemp -d)
   for i in $(seq 0 $((shards - 1))); do
     ( GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$2" compute-sanitizer --tool "$1" --error-exitcode 9 \
-        $B/tests/ferrum_tests_gpu --gtest_brief=1 --gtest_filter="$3" > "$dir/$i.log" 2>&1
+        $B/tests/ferrum_tests_gpu --gtest_filter="$3" > "$dir/$i.log" 2>&1
       echo $? > "$dir/$i.rc" ) &
   done
   wait
@@ -141,6 +141,8 @@ sanitize() {
     rc=$(cat "$dir/$i.rc")
     [ "$rc" -gt "$worst" ] && worst=$rc
     echo "-- $1 shard $i of $shards: exit $rc"
+    # A shard past its limit: the test it was in (gtest's RUN lines).
+    [ "$rc" -eq 124 ] && echo "   at the limit in: $(grep -E '^\[ RUN      \]' "$dir/$i.log" | tail -1)"
     tail -"${4:-3}" "$dir/$i.log"
   done
   cat "$dir"/*.log > "$DETAIL/$1.$SANITIZE_RUN.log"
