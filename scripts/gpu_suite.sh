@@ -36,10 +36,10 @@
 #                                ferrum_bench_gptq --kernel bulk m = 1 on the
 #                                decode shapes, both builds (needs .deps)
 #   scripts/gpu_suite.sh rowsq   the llama3-8b GPTQ graph decode with and
-#                                without --gptq-row-sq-norms (and composed:
-#                                --no-gptq-fuse-residual-add), alternated AB_RUNS (2)
-#                                times, tok/s and the tokens' md5; then 32
-#                                steps' logits of the fused and composed forms
+#                                without --gptq-row-sq-norms, alternated
+#                                AB_RUNS (2) times, tok/s and the tokens' md5;
+#                                then 32 steps' logits with the residual add
+#                                fused and composed (--no-gptq-fuse-residual-add)
 #                                compared bitwise (needs .deps)
 #   scripts/gpu_suite.sh sdpa    scripts/sdpa_check.py: flash_attention (both
 #                                prefill kernels) and torch SDPA against a
@@ -494,7 +494,7 @@ if has_mode rowsq; then
     echo "== engine: --gptq-row-sq-norms against the default ($(date +%T))"
     ROWSQ_FLAGS="--random llama3-8b --dtype f16 --quant gptq --steps 128 --graph"
     for i in $(seq 1 "${AB_RUNS:-2}"); do
-      for extra in "" "--gptq-row-sq-norms" "--gptq-row-sq-norms --no-gptq-fuse-residual-add"; do
+      for extra in "" "--gptq-row-sq-norms"; do
         timeout 120 $B/apps/engine/ferrum_engine $ROWSQ_FLAGS $extra > /tmp/ferrum_rowsq.log 2>&1
         rc=$?
         echo "-- [${extra:-default}] run $i: exit $rc$(grep -E 'decode:' /tmp/ferrum_rowsq.log | tr -s ' ') tokens $(grep -E 'generated:' /tmp/ferrum_rowsq.log | md5sum | cut -c1-8)"
