@@ -33,8 +33,9 @@
 #                                built beside the main build, then
 #                                ferrum_engine AB_RUNS (2) times each,
 #                                alternated, with the greedy tokens' md5, and
-#                                ferrum_bench_gptq --kernel bulk m = 1 on the
-#                                decode shapes, both builds (needs .deps)
+#                                ferrum_bench_gptq --kernel bulk m = 1 (or
+#                                AB_BENCH_MS, e.g. 1,16) on the decode shapes,
+#                                both builds (needs .deps)
 #   scripts/gpu_suite.sh rowsq   the llama3-8b GPTQ graph decode with and
 #                                without --gptq-row-sq-norms, alternated
 #                                AB_RUNS (2) times, tok/s and the tokens' md5;
@@ -529,8 +530,8 @@ if has_mode ab && [ -d base ]; then
       done
     done
     for build in "$B" "${B}-base"; do
-      echo "-- ferrum_bench_gptq --kernel bulk, m = 1: $([ "$build" = "$B" ] && echo this || echo base)"
-      timeout 90 "$build/bench/ferrum_bench_gptq" --kernel bulk --ms 1 \
+      echo "-- ferrum_bench_gptq --kernel bulk, m = ${AB_BENCH_MS:-1}: $([ "$build" = "$B" ] && echo this || echo base)"
+      timeout 90 "$build/bench/ferrum_bench_gptq" --kernel bulk --ms "${AB_BENCH_MS:-1}" \
         --shapes 4096x6144,4096x4096,4096x28672,14336x4096,8192x8192,8192x28672 2>&1 | grep -vE "^#|^$"
     done
   } 2>&1 | tee -a "$LOG"
