@@ -29,13 +29,14 @@
 #                                llama3-8b GPTQ decode step (needs .deps)
 #   scripts/gpu_suite.sh ab      this tree against base/ (scripts/gpu_tree.sh
 #                                REV --base BASE, or gpu_tree.sh --working
-#                                --base BASE): base's engine and GPTQ bench
-#                                built beside the main build, then
+#                                --base BASE) and each alt/N (--alt REV):
+#                                their engine and GPTQ bench built beside
+#                                the main build, then
 #                                ferrum_engine AB_RUNS (2) times each,
 #                                alternated, with the greedy tokens' md5, and
 #                                ferrum_bench_gptq --kernel bulk m = 1 (or
 #                                AB_BENCH_MS, e.g. 1,16) on the decode shapes,
-#                                both builds (needs .deps)
+#                                every build (needs .deps)
 #   scripts/gpu_suite.sh rowsq   the llama3-8b GPTQ graph decode with and
 #                                without --gptq-row-sq-norms, alternated
 #                                AB_RUNS (2) times, tok/s and the tokens' md5;
@@ -162,14 +163,18 @@ sanitize() {
   DEPS=""
   [ -d .deps ] && DEPS="-DCMAKE_PREFIX_PATH=$PWD/.deps"
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release $DEPS >/dev/null
-  # ab: base's two targets build beside the main build (6 of the 16 jobs).
+  # ab: base's (and each alt's) two targets build beside the main build
+  # (6 of the 16 jobs, shared).
   if has_mode ab; then
     if [ ! -d base ]; then
       echo "ab: no base/ in this tree (scripts/gpu_tree.sh ... --base REV)"
     else
-      cmake -S base -B "${B}-base" -G Ninja -DCMAKE_BUILD_TYPE=Release $DEPS >/dev/null
-      ( cmake --build "${B}-base" -j6 --target ferrum_engine ferrum_bench_gptq 2>&1 | grep -E "error|FAILED" \
-          || echo "base build ok ($(cat base/COMMIT 2>/dev/null))" ) &
+      for tree in base alt/*; do
+        [ -d "$tree" ] || continue
+        cmake -S "$tree" -B "${B}-${tree//\//}" -G Ninja -DCMAKE_BUILD_TYPE=Release $DEPS >/dev/null
+        ( cmake --build "${B}-${tree//\//}" -j6 --target ferrum_engine ferrum_bench_gptq 2>&1 | grep -E "error|FAILED" \
+            || echo "$tree build ok ($(cat "$tree/COMMIT" 2>/dev/null))" ) &
+      done
     fi
   fi
   cmake --build $B -j$([ -d base ] && has_mode ab && echo 10 || echo 16) 2>&1 | grep -E "error|warning|FAILED" || echo "build ok"
@@ -516,22 +521,29 @@ fi
 
 if has_mode ab && [ -d base ]; then
   {
-    echo "== ab: $(cat COMMIT 2>/dev/null || echo this tree) against base $(cat base/COMMIT 2>/dev/null) ($(date +%T))"
+    # The builds compared: this tree, base, and each alt/N (gpu_tree.sh --alt),
+    # named by their commits.
+    AB_BUILDS=("$B" "${B}-base")
+    AB_NAMES=("this $(cat COMMIT 2>/dev/null)" "base $(cat base/COMMIT 2>/dev/null)")
+    for tree in alt/*; do
+      [ -d "$tree" ] || continue
+      AB_BUILDS+=("${B}-${tree//\//}")
+      AB_NAMES+=("$tree $(cat "$tree/COMMIT" 2>/dev/null)")
+    done
+    echo "== ab: ${AB_NAMES[*]} ($(date +%T))"
     # One engine line per run: its decode rate and the md5 of its generated
     # tokens (equal tokens: equal md5).
     AB_ENGINE_FLAGS="${AB_ENGINE_FLAGS:---random llama3-8b --dtype f16 --quant gptq --steps 128 --graph}"
     for i in $(seq 1 "${AB_RUNS:-2}"); do
-      for build in "$B" "${B}-base"; do
-        timeout 120 "$build/apps/engine/ferrum_engine" $AB_ENGINE_FLAGS > /tmp/ferrum_ab_engine.log 2>&1
+      for b in "${!AB_BUILDS[@]}"; do
+        timeout 120 "${AB_BUILDS[$b]}/apps/engine/ferrum_engine" $AB_ENGINE_FLAGS > /tmp/ferrum_ab_engine.log 2>&1
         rc=$?
-        name=this
-        [ "$build" = "$B" ] || name=base
-        echo "-- $name run $i: exit $rc$(grep -E 'decode:' /tmp/ferrum_ab_engine.log | tr -s ' ') tokens $(grep -E 'generated:' /tmp/ferrum_ab_engine.log | md5sum | cut -c1-8)"
+        echo "-- ${AB_NAMES[$b]} run $i: exit $rc$(grep -E 'decode:' /tmp/ferrum_ab_engine.log | tr -s ' ') tokens $(grep -E 'generated:' /tmp/ferrum_ab_engine.log | md5sum | cut -c1-8)"
       done
     done
-    for build in "$B" "${B}-base"; do
-      echo "-- ferrum_bench_gptq --kernel bulk, m = ${AB_BENCH_MS:-1}: $([ "$build" = "$B" ] && echo this || echo base)"
-      timeout 90 "$build/bench/ferrum_bench_gptq" --kernel bulk --ms "${AB_BENCH_MS:-1}" \
+    for b in "${!AB_BUILDS[@]}"; do
+      echo "-- ferrum_bench_gptq --kernel bulk, m = ${AB_BENCH_MS:-1}: ${AB_NAMES[$b]}"
+      timeout 90 "${AB_BUILDS[$b]}/bench/ferrum_bench_gptq" --kernel bulk --ms "${AB_BENCH_MS:-1}" \
         --shapes 4096x6144,4096x4096,4096x28672,14336x4096,8192x8192,8192x28672 2>&1 | grep -vE "^#|^$"
     done
   } 2>&1 | tee -a "$LOG"

@@ -2,18 +2,22 @@
 # Exports a commit (default HEAD) into .gpu-tree/ (git-ignored via
 # .git/info/exclude), with .deps/ beside it, so a device run can build exactly
 # that commit while the working tree holds unfinished edits:
-#   scripts/gpu_tree.sh [REV] [--base BASE_REV]
+#   scripts/gpu_tree.sh [REV] [--base BASE_REV] [--alt ALT_REV]...
 #   scripts/gpu_tree.sh --working [--base BASE_REV]   the working tree as it is
 #                                (tracked and untracked, not ignored files)
 #   device run: carry [".gpu-tree"], command: cd .gpu-tree && bash scripts/gpu_suite.sh all
-# --base also exports BASE_REV into .gpu-tree/base/ for gpu_suite.sh's ab mode.
+# --base also exports BASE_REV into .gpu-tree/base/ for gpu_suite.sh's ab
+# mode; each --alt (with --base) one more commit into .gpu-tree/alt/1, 2, ...,
+# which ab builds and runs beside the tree and base (one call compares them all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REV=HEAD
 BASE=""
+ALTS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --base) BASE="$2"; shift 2 ;;
+    --alt) ALTS+=("$2"); shift 2 ;;
     --working) REV=""; shift ;;
     *) REV="$1"; shift ;;
   esac
@@ -32,5 +36,13 @@ if [ -n "$BASE" ]; then
   git archive "$BASE" | tar -x -C .gpu-tree/base
   git rev-parse --short "$BASE" > .gpu-tree/base/COMMIT
 fi
+ALT_NAMES=""
+for i in "${!ALTS[@]}"; do
+  dir=".gpu-tree/alt/$((i + 1))"
+  mkdir -p "$dir"
+  git archive "${ALTS[$i]}" | tar -x -C "$dir"
+  git rev-parse --short "${ALTS[$i]}" > "$dir/COMMIT"
+  ALT_NAMES="$ALT_NAMES $(cat "$dir/COMMIT")"
+done
 [ -d .deps ] && cp -r .deps .gpu-tree/
-echo "exported $(cat .gpu-tree/COMMIT) to .gpu-tree${BASE:+, base $(cat .gpu-tree/base/COMMIT)}"
+echo "exported $(cat .gpu-tree/COMMIT) to .gpu-tree${BASE:+, base $(cat .gpu-tree/base/COMMIT)}${ALT_NAMES:+, alt$ALT_NAMES}"
