@@ -941,22 +941,24 @@ void check_gptq_weight(const OpCheck& check, const QuantWeight& w) {
   if (w.kind() != QuantKind::Gptq) check.fail(ErrorCode::InvalidArgument, "{}: argument 'w' is not a GPTQ weight", check.op());
 }
 
-// An output of the rms_norm forms: its name, buffer and elements.
-struct OutputExtent {
+// An operand of the row_sq ops: its name, buffer and elements.
+struct Extent {
   std::string_view name;
   const Buffer& buffer;
   std::size_t elems;
 };
 
-// Every output of an rms_norm form overlaps none of its inputs (a fusing
-// backend reads x, row_sq and norm_w in every CTA while others store).
-void check_outputs_apart_from_norm_in(const OpCheck& check, std::initializer_list<OutputExtent> outputs,
-                                      const Buffer& x, const Buffer& row_sq, const Buffer& norm_w, std::size_t m,
-                                      std::size_t k) {
-  for (const OutputExtent& o : outputs) {
-    check_disjoint(check, o.name, o.buffer, o.elems, "x", x, m * k);
-    check_disjoint(check, o.name, o.buffer, o.elems, "row_sq", row_sq, m * row_sq_groups(k));
-    check_disjoint(check, o.name, o.buffer, o.elems, "norm_w", norm_w, k);
+// Every output overlaps no input and no other output (a fusing backend reads
+// its inputs in every CTA while others store); inputs may share memory. In
+// the outputs' order, each against the inputs, then against the outputs
+// before it; the message names the later output first.
+void check_outputs_apart(const OpCheck& check, std::initializer_list<Extent> outputs,
+                         std::initializer_list<Extent> inputs) {
+  for (auto o = outputs.begin(); o != outputs.end(); ++o) {
+    for (const Extent& in : inputs) check_disjoint(check, o->name, o->buffer, o->elems, in.name, in.buffer, in.elems);
+    for (auto earlier = outputs.begin(); earlier != o; ++earlier) {
+      check_disjoint(check, o->name, o->buffer, o->elems, earlier->name, earlier->buffer, earlier->elems);
+    }
   }
 }
 
@@ -987,7 +989,7 @@ void Backend::row_sum_squares(const Buffer& x, Buffer& row_sq, std::size_t rows,
   const std::size_t elems = check.product({rows, cols});
   check.holds("x", x, elems, "[rows, cols]");
   check_row_sq(check, row_sq, rows, cols);
-  check_disjoint(check, "row_sq", row_sq, rows * row_sq_groups(cols), "x", x, elems);
+  check_outputs_apart(check, {{"row_sq", row_sq, rows * row_sq_groups(cols)}}, {{"x", x, elems}});
   do_row_sum_squares(x, row_sq, rows, cols);
 }
 
@@ -1001,13 +1003,9 @@ void Backend::gemm_gptq_add_residual(const Buffer& a, const QuantWeight& w, Buff
   const std::size_t out_elems = check.product({m, w.n()});
   check.holds("residual", residual, out_elems, "[m, n]");
   check_row_sq(check, row_sq, m, w.n());
-  const std::size_t sq_elems = m * row_sq_groups(w.n());
-  check_disjoint(check, "out", out, out_elems, "a", a, m * w.k());
-  check_disjoint(check, "residual", residual, out_elems, "a", a, m * w.k());
-  check_disjoint(check, "residual", residual, out_elems, "out", out, out_elems);
-  check_disjoint(check, "row_sq", row_sq, sq_elems, "a", a, m * w.k());
-  check_disjoint(check, "row_sq", row_sq, sq_elems, "out", out, out_elems);
-  check_disjoint(check, "row_sq", row_sq, sq_elems, "residual", residual, out_elems);
+  check_outputs_apart(
+      check, {{"out", out, out_elems}, {"residual", residual, out_elems}, {"row_sq", row_sq, m * row_sq_groups(w.n())}},
+      {{"a", a, m * w.k()}});
   do_gemm_gptq_add_residual(a, w, out, residual, row_sq, m);
 }
 
@@ -1017,9 +1015,8 @@ void Backend::rms_norm_gemm_gptq(const Buffer& x, const Buffer& row_sq, const Bu
   check_quant_gemm(check, *this, normed, w, out, m, "out", "normed");
   check_gptq_weight(check, w);
   check_norm_in(check, x, row_sq, norm_w, eps, w, normed, m);
-  check_disjoint(check, "out", out, m * w.n(), "normed", normed, m * w.k());
-  check_outputs_apart_from_norm_in(check, {{"normed", normed, m * w.k()}, {"out", out, m * w.n()}}, x, row_sq,
-                                   norm_w, m, w.k());
+  check_outputs_apart(check, {{"normed", normed, m * w.k()}, {"out", out, m * w.n()}},
+                      {{"x", x, m * w.k()}, {"row_sq", row_sq, m * row_sq_groups(w.k())}, {"norm_w", norm_w, w.k()}});
   do_rms_norm_gemm_gptq(x, row_sq, norm_w, eps, w, normed, out, m);
 }
 
@@ -1033,13 +1030,9 @@ void Backend::rms_norm_gemm_silu_mul_gptq(const Buffer& x, const Buffer& row_sq,
   check.buffer("act", act);
   check.same_dtype("act", act, "x", x);
   check.holds("act", act, check.product({m, w.n() / 2}), "[m, im]");
-  check_disjoint(check, "gate_up", gate_up, m * w.n(), "normed", normed, m * w.k());
-  check_disjoint(check, "act", act, m * (w.n() / 2), "normed", normed, m * w.k());
-  check_disjoint(check, "act", act, m * (w.n() / 2), "gate_up", gate_up, m * w.n());
-  check_outputs_apart_from_norm_in(check,
-                                   {{"normed", normed, m * w.k()}, {"gate_up", gate_up, m * w.n()},
-                                    {"act", act, m * (w.n() / 2)}},
-                                   x, row_sq, norm_w, m, w.k());
+  check_outputs_apart(
+      check, {{"normed", normed, m * w.k()}, {"gate_up", gate_up, m * w.n()}, {"act", act, m * (w.n() / 2)}},
+      {{"x", x, m * w.k()}, {"row_sq", row_sq, m * row_sq_groups(w.k())}, {"norm_w", norm_w, w.k()}});
   do_rms_norm_gemm_silu_mul_gptq(x, row_sq, norm_w, eps, w, normed, gate_up, act, m);
 }
 

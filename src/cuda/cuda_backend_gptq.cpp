@@ -469,15 +469,29 @@ void CudaBackend::do_gemm_gptq_add_residual(const Buffer& a, const QuantWeight& 
                                       static_cast<int>(w.n()), rt_->stream);
 }
 
+namespace {
+
+// The first half of rms_norm_gemm_gptq and its SiLU·mul form: w and the
+// row operands checked (gemm_out: the GEMM's output, named as the op names
+// it), then normed = rms_norm(x) with the sums of squares from row_sq.
+const CudaGptqWeight& norm_from_row_sq(detail::CudaRuntime& rt, int device, const char* op, const Buffer& x,
+                                       const Buffer& row_sq, const Buffer& norm_w, float eps, const QuantWeight& w,
+                                       Buffer& normed, detail::NamedBuffer gemm_out, std::size_t m) {
+  const CudaGptqWeight& weight =
+      checked_gptq_operands(rt, op, w, {{"x", &x}, {"norm_w", &norm_w}, {"normed", &normed}, gemm_out});
+  detail::activate_device(device);
+  kernels::launch_rms_norm_from_row_sq(x.dtype(), ptr(x), ptr<float>(row_sq), ptr(norm_w), eps, ptr(normed),
+                                       static_cast<int>(m), static_cast<int>(w.k()), rt.stream);
+  return weight;
+}
+
+}  // namespace
+
+// The norm kernel, then gemm_gptq.
 void CudaBackend::do_rms_norm_gemm_gptq(const Buffer& x, const Buffer& row_sq, const Buffer& norm_w, float eps,
                                        const QuantWeight& w, Buffer& normed, Buffer& out, std::size_t m) {
   const char* const op = "rms_norm_gemm_gptq";
-  const CudaGptqWeight& weight = checked_gptq_operands(
-      *rt_, op, w, {{"x", &x}, {"norm_w", &norm_w}, {"normed", &normed}, {"out", &out}});
-  detail::activate_device(device_);
-  const DType dtype = x.dtype();
-  kernels::launch_rms_norm_from_row_sq(dtype, ptr(x), ptr<float>(row_sq), ptr(norm_w), eps, ptr(normed),
-                                       static_cast<int>(m), static_cast<int>(w.k()), rt_->stream);
+  const CudaGptqWeight& weight = norm_from_row_sq(*rt_, device_, op, x, row_sq, norm_w, eps, w, normed, {"out", &out}, m);
   run_gemm_gptq(*rt_, switches_of(*this, rt_->num_sms), weight, normed, out, m, op);
 }
 
@@ -487,12 +501,8 @@ void CudaBackend::do_rms_norm_gemm_silu_mul_gptq(const Buffer& x, const Buffer& 
                                                 float eps, const QuantWeight& w, Buffer& normed, Buffer& gate_up,
                                                 Buffer& act, std::size_t m) {
   const char* const op = "rms_norm_gemm_silu_mul_gptq";
-  const CudaGptqWeight& weight = checked_gptq_operands(
-      *rt_, op, w, {{"x", &x}, {"norm_w", &norm_w}, {"normed", &normed}, {"gate_up", &gate_up}});
-  detail::activate_device(device_);
-  const DType dtype = x.dtype();
-  kernels::launch_rms_norm_from_row_sq(dtype, ptr(x), ptr<float>(row_sq), ptr(norm_w), eps, ptr(normed),
-                                       static_cast<int>(m), static_cast<int>(w.k()), rt_->stream);
+  const CudaGptqWeight& weight =
+      norm_from_row_sq(*rt_, device_, op, x, row_sq, norm_w, eps, w, normed, {"gate_up", &gate_up}, m);
   run_gemm_silu_mul_gptq(*rt_, switches_of(*this, rt_->num_sms), weight, gptq_fuse_silu_mul_, normed, gate_up, act,
                          m, op);
 }
