@@ -5,6 +5,15 @@
 //   ferrum_gptq_timeline [--preset NAME] [--steps N] [--eager] [--no-chain]
 //                        [--ctas-per-sm N] [--no-early-weights] [--row-sq-norms]
 //                        [--csv PATH] [--print-last N]
+//   ferrum_gptq_timeline --gemm KxN [--m M] [--ctas-per-sm N] [--csv PATH]
+//
+// --gemm KxN: one standalone gemm_gptq launch instead of a decode step (f16,
+// symmetric, groups of 128, random words; m rows, default 1) on a
+// CudaBackend with the library's defaults, as ferrum_bench_gptq runs it
+// (--ctas-per-sm N sets gptq_stream_ctas_per_sm). Three weights are used in
+// turn, so the launch read has its weight out of L2 (two others read since).
+// Only streaming launches record stamps: from 12 rows on wide weights Auto
+// takes the wgmma kernel, and the tool then reports no launch.
 //
 // --row-sq-norms decodes with DecoderOptions::gptq_row_sq_norms (the
 // residual adds in o's and down's final store, as ferrum_engine
@@ -25,9 +34,14 @@
 // previous streaming launch's last Exit this launch's first WaitReturned
 // came (the small op between them, plus the two completions). --print-last N
 // prints only the last N of them (4: the last layer); --csv writes every
-// CTA's stamps of all of them.
+// CTA's stamps of all of them. After each launch's points, its CTAs grouped
+// by how many of the launch's CTAs ran on their SM (%smid): whether the
+// launch ends on the SMs that held more of its CTAs.
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -62,6 +76,9 @@ struct Options {
   bool row_sq_norms = false;  // DecoderOptions::gptq_row_sq_norms
   std::string csv;
   int print_last = kGptqTimelineLaunches;
+  std::size_t gemm_k = 0, gemm_n = 0;  // --gemm KxN: a standalone launch (0: a decode step)
+  std::size_t m = 1;                   // --m: its rows
+  bool ctas_per_sm_set = false;
 };
 
 const char* const kPointNames[kGptqTimelinePoints] = {"Entry",       "WaitReturned", "FirstChunk",  "FirstChunkDone",
@@ -71,7 +88,8 @@ const char* const kPointNames[kGptqTimelinePoints] = {"Entry",       "WaitReturn
   std::fprintf(stderr,
                "ferrum_gptq_timeline: %s\n"
                "usage: ferrum_gptq_timeline [--preset NAME] [--steps N] [--eager] [--no-chain] [--ctas-per-sm N]\n"
-               "                            [--no-early-weights] [--row-sq-norms] [--csv PATH] [--print-last N]\n",
+               "                            [--no-early-weights] [--row-sq-norms] [--csv PATH] [--print-last N]\n"
+               "       ferrum_gptq_timeline --gemm KxN [--m M] [--ctas-per-sm N] [--csv PATH]\n",
                what.c_str());
   std::exit(2);
 }
@@ -103,6 +121,7 @@ Options parse(int argc, char** argv) {
       opt.chain = false;
     } else if (arg == "--ctas-per-sm") {
       opt.ctas_per_sm = static_cast<int>(number(0, kGptqStreamMaxCtasPerSm));
+      opt.ctas_per_sm_set = true;
     } else if (arg == "--no-early-weights") {
       opt.early_weights = false;
     } else if (arg == "--row-sq-norms") {
@@ -111,6 +130,19 @@ Options parse(int argc, char** argv) {
       opt.csv = value();
     } else if (arg == "--print-last") {
       opt.print_last = static_cast<int>(number(1, kGptqTimelineLaunches));
+    } else if (arg == "--gemm") {
+      const std::string v = value();
+      const std::size_t x = v.find('x');
+      char* end = nullptr;
+      const long k = x == std::string::npos ? 0 : std::strtol(v.substr(0, x).c_str(), &end, 10);
+      const long n = x == std::string::npos ? 0 : std::strtol(v.substr(x + 1).c_str(), &end, 10);
+      if (k < 128 || n < 64 || k % 128 != 0 || n % 64 != 0) {
+        usage_error("--gemm takes KxN with K a multiple of 128 and N of 64, got '" + v + "'");
+      }
+      opt.gemm_k = static_cast<std::size_t>(k);
+      opt.gemm_n = static_cast<std::size_t>(n);
+    } else if (arg == "--m") {
+      opt.m = static_cast<std::size_t>(number(1, static_cast<long>(kernels::kGptqStreamMaxM)));
     } else {
       usage_error("unknown argument '" + arg + "'");
     }
@@ -135,12 +167,10 @@ std::string launch_name(const GptqTimelineLaunch& l, const ModelConfig& c) {
   return "?";
 }
 
-int run(const Options& opt) {
-  if (cuda_device_count() == 0) {
-    std::fprintf(stderr, "ferrum_gptq_timeline: no GPU\n");
-    return 1;
-  }
-  ModelConfig config = preset_config(opt.preset);
+// The streaming launches of one decode step of a random GPTQ model, and the
+// model's config (for the launches' names).
+std::vector<GptqTimelineLaunch> decode_step_launches(const Options& opt, ModelConfig& config) {
+  config = preset_config(opt.preset);
   config.dtype = DType::F16;
   config.gptq = random_gptq_config(config);
   CudaBackendConfig bc;
@@ -158,19 +188,100 @@ int run(const Options& opt) {
   kernels::gptq_timeline_reset();
   next = decoder.decode_next(next);  // the step read below
   backend.synchronize();
-  const std::vector<GptqTimelineLaunch> launches = kernels::gptq_timeline_read();
+  std::printf("ferrum_gptq_timeline: %s GPTQ f16, %s, %zu steps; promise %s, chain %s, ctas_per_sm %d (token %d)\n",
+              opt.preset.c_str(), opt.graph ? "graph" : "eager", opt.steps, opt.early_weights ? "on" : "off",
+              opt.chain ? "on" : "off", opt.ctas_per_sm, next);
+  return kernels::gptq_timeline_read();
+}
+
+// One standalone gemm_gptq launch (--gemm), its weight out of L2.
+std::vector<GptqTimelineLaunch> gemm_launches(const Options& opt) {
+  const std::size_t k = opt.gemm_k, n = opt.gemm_n, groups = k / 128;
+  CudaBackendConfig bc;
+  if (opt.ctas_per_sm_set) bc.gptq_stream_ctas_per_sm = opt.ctas_per_sm;
+  CudaBackend backend(bc);
+  std::mt19937 rng(1234);
+  std::vector<std::int32_t> qweight(k / 8 * n);
+  for (std::int32_t& w : qweight) w = static_cast<std::int32_t>(rng());
+  const std::vector<std::int32_t> qzeros(groups * (n / 8), 0x77777777);  // v1: stored 7, zero 8
+  std::uniform_real_distribution<float> scale(0.001f, 0.01f), act(-1.0f, 1.0f);
+  std::vector<float> scales(groups * n);
+  for (float& v : scales) v = scale(rng);
+  GptqHostTensors t;
+  t.qweight = qweight;
+  t.qzeros = qzeros;
+  t.scales = scales;
+  t.k = k;
+  t.n = n;
+  std::vector<std::unique_ptr<QuantWeight>> weights;
+  for (int i = 0; i < 3; ++i) weights.push_back(backend.load_gptq(t));
+  std::vector<float> a_host(opt.m * k);
+  for (float& v : a_host) v = act(rng);
+  const Buffer a = backend.upload(a_host, DType::F16);
+  Buffer out = backend.alloc(DType::F16, opt.m * n);
+  for (int i = 0; i < 30; ++i) backend.gemm_gptq(a, *weights[static_cast<std::size_t>(i % 3)], out, opt.m);
+  backend.synchronize();
+  kernels::gptq_timeline_reset();
+  backend.gemm_gptq(a, *weights[0], out, opt.m);  // weights 1 and 2 were read after it
+  backend.synchronize();
+  std::printf("ferrum_gptq_timeline: gemm_gptq %zu x %zu, m %zu, f16, g128, symmetric; library defaults%s\n", k, n,
+              opt.m, opt.ctas_per_sm_set ? (", ctas_per_sm " + std::to_string(opt.ctas_per_sm)).c_str() : "");
+  return kernels::gptq_timeline_read();
+}
+
+// A launch's CTAs grouped by how many of them ran on their SM: per group
+// the SMs, the median and latest of those SMs' last Exit, and the median
+// CTA's WaitReturned -> Exit, all in µs (after the launch's first
+// WaitReturned, wait0).
+void print_by_sm_load(const GptqTimelineLaunch& l, unsigned long long wait0) {
+  constexpr int kWait = static_cast<int>(GptqTimelinePoint::WaitReturned);
+  constexpr int kExit = static_cast<int>(GptqTimelinePoint::Exit);
+  std::map<unsigned, std::vector<std::size_t>> by_sm;  // SM -> its CTAs
+  for (std::size_t c = 0; c < l.ctas.size(); ++c) {
+    if (l.ctas[c][kExit].global_ns != 0) by_sm[l.ctas[c][kExit].sm].push_back(c);
+  }
+  std::map<std::size_t, std::vector<unsigned>> by_load;  // CTAs on the SM -> SMs
+  for (const auto& [sm, ctas] : by_sm) by_load[ctas.size()].push_back(sm);
+  std::printf("  by SM load (%zu SMs): %-10s %5s %12s %12s %14s\n", by_sm.size(), "CTAs/SM", "SMs", "last Exit med",
+              "last Exit max", "CTA span med");
+  for (const auto& [load, sms] : by_load) {
+    std::vector<double> last, span;
+    for (unsigned sm : sms) {
+      unsigned long long latest = 0;
+      for (std::size_t c : by_sm[sm]) {
+        latest = std::max(latest, l.ctas[c][kExit].global_ns);
+        if (l.ctas[c][kWait].global_ns != 0) {
+          span.push_back(static_cast<double>(l.ctas[c][kExit].global_ns - l.ctas[c][kWait].global_ns) / 1000.0);
+        }
+      }
+      last.push_back((static_cast<double>(latest) - static_cast<double>(wait0)) / 1000.0);
+    }
+    std::printf("  %34zu %5zu %12.2f %12.2f %14.2f\n", load, sms.size(), median(last),
+                *std::max_element(last.begin(), last.end()), median(span));
+  }
+}
+
+int run(const Options& opt) {
+  if (cuda_device_count() == 0) {
+    std::fprintf(stderr, "ferrum_gptq_timeline: no GPU\n");
+    return 1;
+  }
+  ModelConfig config{};
+  const std::vector<GptqTimelineLaunch> launches =
+      opt.gemm_k != 0 ? gemm_launches(opt) : decode_step_launches(opt, config);
+  auto name_of = [&](const GptqTimelineLaunch& l) {
+    return opt.gemm_k != 0 ? std::to_string(l.k) + "x" + std::to_string(l.n) : launch_name(l, config);
+  };
 
   int clock_khz = 0;
   (void)cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
   const double cycles_per_us = clock_khz / 1000.0;
-  std::printf("ferrum_gptq_timeline: %s GPTQ f16, %s, %zu steps; promise %s, chain %s, ctas_per_sm %d; clock64 "
-              "columns at the peak SM clock, %.0f MHz (each launch prints the clock it measured)\n",
-              opt.preset.c_str(), opt.graph ? "graph" : "eager", opt.steps, opt.early_weights ? "on" : "off",
-              opt.chain ? "on" : "off", opt.ctas_per_sm, cycles_per_us);
+  std::printf("clock64 columns at the peak SM clock, %.0f MHz (each launch prints the clock it measured)\n",
+              cycles_per_us);
   std::ofstream csv;
   if (!opt.csv.empty()) {
     csv.open(opt.csv);
-    csv << "launch,name,cta,point,global_ns,clock\n";
+    csv << "launch,name,cta,point,global_ns,clock,sm\n";
   }
   unsigned long long previous_exit = 0;
   int index = 0;
@@ -179,7 +290,7 @@ int run(const Options& opt) {
   const long long shown_from = static_cast<long long>(recorded) - opt.print_last;
   for (const GptqTimelineLaunch& l : launches) {
     if (l.sequence < 0 || l.ctas.empty()) continue;
-    const std::string name = launch_name(l, config);
+    const std::string name = name_of(l);
     // The launches before the last --print-last: still in the CSV and the gaps.
     const bool shown = index >= shown_from;
     auto say = [&](const char* format, auto... args) {
@@ -226,18 +337,18 @@ int run(const Options& opt) {
                   median(at), *std::max_element(at.begin(), at.end()),
                   since.empty() ? "" : std::to_string(median(since)).c_str());
     }
+    if (shown) print_by_sm_load(l, wait0);
     if (csv.is_open()) {
       for (std::size_t c = 0; c < l.ctas.size(); ++c) {
         for (int p = 0; p < kGptqTimelinePoints; ++p) {
           csv << index << ',' << name << ',' << c << ',' << kPointNames[p] << ',' << l.ctas[c][p].global_ns << ','
-              << l.ctas[c][p].clock << '\n';
+              << l.ctas[c][p].clock << ',' << l.ctas[c][p].sm << '\n';
         }
       }
     }
     previous_exit = last_exit;
     ++index;
   }
-  std::printf("\n(token %d)\n", next);
   return 0;
 }
 

@@ -624,8 +624,10 @@ __device__ GptqTimelineStamp g_gptq_timeline[kGptqTimelineLaunches][kGptqTimelin
 
 __device__ __forceinline__ GptqTimelineStamp gptq_timeline_now() {
   unsigned long long ns;
+  unsigned sm;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-  return GptqTimelineStamp{ns, static_cast<unsigned long long>(clock64())};
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  return GptqTimelineStamp{ns, static_cast<unsigned long long>(clock64()), sm};
 }
 #endif
 

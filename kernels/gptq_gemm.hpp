@@ -347,6 +347,7 @@ namespace ferrum::kernels {
 struct GptqTimelineStamp {
   unsigned long long global_ns;  // %globaltimer
   unsigned long long clock;      // clock64() of the CTA's SM
+  unsigned sm;                   // %smid: the SM the CTA ran on
 };
 struct GptqTimelineLaunch {
   long long sequence = -1;  // launches counted since the process started; -1: the slot was never used

@@ -26,7 +26,9 @@
 #   scripts/gpu_suite.sh gptqtimeline  bench/gptq_timeline.cpp (a second build
 #                                with -DFERRUM_GPTQ_TIMELINE=ON): the GPTQ
 #                                streaming kernel's per-CTA phases in the
-#                                llama3-8b GPTQ decode step (needs .deps)
+#                                llama3-8b GPTQ decode step, then in three
+#                                standalone m = 1 launches, with the CTAs
+#                                grouped by their SM's load (needs .deps)
 #   scripts/gpu_suite.sh ab      this tree against base/ (scripts/gpu_tree.sh
 #                                REV --base BASE, or gpu_tree.sh --working
 #                                --base BASE) and each alt/N (--alt REV):
@@ -491,6 +493,12 @@ if has_mode gptqtimeline; then
     for plan in "" "--no-chain --ctas-per-sm 0" "--row-sq-norms"; do
       echo "== ferrum_gptq_timeline $plan ($(date +%T))"
       timeout 120 "$TB/apps/engine/ferrum_gptq_timeline" $plan --print-last 4 --csv "$OUT/gptq_timeline${plan//[ -]/}.csv"
+    done
+    # The large one-split shapes standalone (m = 1, library defaults): does
+    # the launch end on the SMs that hold more of its CTAs?
+    for shape in 8192x28672 4096x28672 8192x8192; do
+      echo "== ferrum_gptq_timeline --gemm $shape ($(date +%T))"
+      timeout 60 "$TB/apps/engine/ferrum_gptq_timeline" --gemm "$shape"
     done
   } 2>&1 | tee -a "$LOG"
 fi
