@@ -54,7 +54,13 @@
 #                                engine tests, memcheck over the GPTQ tests in
 #                                10 shards; VERIFY_RACECHECK='filter' adds
 #                                racecheck over those tests (16 shards, each
-#                                VERIFY_RACECHECK_S seconds at most, 300)
+#                                VERIFY_RACECHECK_S seconds at most, 300;
+#                                leave out the racelong tests, which alone
+#                                take a shard past 230 s)
+#   scripts/gpu_suite.sh racelong  racecheck over the three tests too long for
+#                                a verify shard (the GPTQ cluster reduce's
+#                                bits, argmax's many rows per cluster and
+#                                every row count), one shard each, 540 s
 # Modes combine with commas (gptq,bench). BENCH_FILTER=attention_,gemm passes
 # --filter to ferrum_bench and torch_reference.py. SKIP_GEMM_INTERLEAVED=1 and
 # SKIP_TORCH_GPTQ=1 leave out those two reference runs (to fit a call).
@@ -69,7 +75,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race hf sdpa profile tuning verify gptqtimeline ab rowsq)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong hf sdpa profile tuning verify gptqtimeline ab rowsq)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -258,6 +264,15 @@ if has_mode race; then
   {
     echo "== racecheck: attention decode/prefill, GPTQ ($(date +%T))"
     sanitize racecheck 300 'Specs/CudaFlashDecodeRagged.*_case?:Specs/CudaFlashAttention.*_case?:DTypes/CudaDecodeBatch.*:Cases/CudaDecodeKnobs.*:Sweep/CudaPrefillAttention.*_case?:*CudaPrefillLargeGrid*:CudaPrefillWgmma.*:CudaGptqStream.*'
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode racelong; then
+  {
+    # Session 28: each of these reached a 230 s (140 s) verify shard's limit
+    # alone under racecheck; their kernels' other tests passed it.
+    echo "== racecheck: the long tests, one shard each ($(date +%T))"
+    SANITIZE_SHARDS=3 sanitize racecheck 540 'CudaGptqStreamBulk.ClusterReduceGivesTheWorkspaceReductionsBits:CudaArgmax.ManyRowsPerCluster:CudaArgmax.MatchesCpuOnEveryRowCount' 3
   } 2>&1 | tee -a "$LOG"
 fi
 
