@@ -502,8 +502,8 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
 //   * mma.sync m16n8k16 with A = 16 features x 16 k (dequantized weights) and
 //     B = 16 k x 8 activation rows (rows >= m zero), D = features x rows.
 //     A repacked word j of lane (g, t) is one A fragment of features
-//     16j .. 16j + 15 of its column block: Int4Math::dequant_raw gives its
-//     (a0, a1, a2, a3). NT = ceil(m / 8) B tiles.
+//     16j .. 16j + 15 of its column block: Int4Math::dequant_unscaled's
+//     (b0, b1, b2, b3) are (a0, a2, a1, a3). NT = ceil(m / 8) B tiles.
 //   * CTA = 4 warps over one 64-feature column block and one k-range (split
 //     s of S, grid.y; S from the plan below, so every shape fills the GPU in
 //     about one wave). Warp q takes the 128-row chunks q, q + 4, ... of the
@@ -522,7 +522,7 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
 //       slot, reads its weights (one 16-byte load per lane per k16 step),
 //       activations (ldmatrix, two k16 steps per load; rows >= m and columns
 //       >= k zero in shared memory) and scales, and its lanes refill the
-//       slot with the chunk p.ring on. No registers hold data in flight (94-96
+//       slot with the chunk p.ring on. No registers hold data in flight (95
 //       registers at NT = 1 without zeros; with the default two slots per
 //       warp 4 CTAs per SM, see stream_ring_for), no global loads
 //       in the loop. Same chunks, same order, same math as the register
@@ -533,21 +533,12 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
 //     start (g128: every chunk) does not wait on L2. (The bulk source's
 //     scale rows arrive with the chunk: session 10 measured the loads
 //     issued one chunk ahead at 8 % of the time at 8192 x 28672, m = 1.)
-//   * Zero and scale after the mma: the mma runs on the raw halves kRaw + q
-//     (Int4Math::dequant_raw: f16 a shift and 4 LOP3 per word, bf16 three
-//     shifts and 4 LOP3, where the old q - z form, dequant_unscaled, took 9
-//     and 11 with its f16x2 / bf16x2 adds; each mma now waits on one LOP3),
-//     into per-group f32 sums. One more mma per k16 step and n8 tile, against
-//     a constant A fragment of ones, sums the step's activations (S_lo /
-//     S_hi, the k each nibble plane multiplies). At each group's end (g128:
-//     once per chunk) the fold subtracts (kRaw + z)·S per plane and adds the
-//     result times the feature's scale (the derivation, the fragment layout
-//     and the exactness bound beside the sums, in the kernel;
-//     scripts/gptq_zero_fold_model.py models it bit for bit). Not the bits of
-//     the q - z form on random data (part and S round at the raw values'
-//     magnitude, ~2^10 larger for f16's low plane); exact on the tests' data
-//     (integer activations, power-of-two scales), like the fused kernel's
-//     scale-before.
+//   * Scale-after: the mma runs on the exact integers q - z
+//     (Int4Math::dequant_unscaled, 4 fewer instructions per word than
+//     scaling first), into per-group f32 sums that are multiplied by the
+//     feature's scale and added at each group's end (g128: once per chunk).
+//     More exact than the fused kernel's scale-before (no rounding of the
+//     scaled weight); both are exact on the tests' power-of-two scales.
 //   * Register source: two register buffers used in turn (no copies between them).
 //   * Warps summed through shared memory in warp order (every thread its
 //     own tile elements: cta_sums_to_tile), then the splits through the
@@ -748,53 +739,20 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
   // Lane gid's slice of a scale / zero row (8 features of the column block).
   const std::size_t sz_col = static_cast<std::size_t>(nb) * kGptqTileN + gid * 8;
 
-  // The zero folded per group (docs/design/gptq_small_m.md §13.7). The mma
-  // runs on the raw halves of Int4Math::dequant_raw: a feature's weight q
-  // enters as kRawLo + q in the low plane (A registers a0 / a1) and as
-  // kRawHi + q in the high plane (a2 / a3), so this group's part is
-  //   part = Σ_k (q - z)·a + (kRawLo + z)·S_lo + (kRawHi + z)·S_hi,
-  // S_lo / S_hi the sums of the activations the two planes multiply. Which
-  // k those are (PTX ISA, mma.m16n8k16, 16-bit A / B, D f32; g = lane / 4,
-  // t = lane % 4): A register a0 holds row g, columns k = 2t, 2t + 1; a1 row
-  // g + 8, the same k; a2 row g, k = 2t + 8, 2t + 9; a3 row g + 8, those k.
-  // So the low plane covers k 0..7 of every k16 step for both features of
-  // the fragment (rows g and g + 8), the high plane k 8..15: the same k sets
-  // for every feature. The constant A fragment {1, 0, 0, 1} (rows 0..7 ones
-  // on k 0..7, rows 8..15 ones on k 8..15) against the step's B fragment
-  // gives D rows g = S_lo and g + 8 = S_hi of the activation rows (D
-  // columns) 2t, 2t + 1: in the D layout, sums[nt][0 / 1] = S_lo and
-  // sums[nt][2 / 3] = S_hi of the columns that part's d0 / d1 and d2 / d3
-  // hold. Where both planes share the offset (bf16), the fragment {1, 0, 1, 0}
-  // (rows 0..7 ones on all 16 k) gives S = S_lo + S_hi in d0 / d1, and the
-  // fold needs one term (sums[nt][2 / 3] unused).
-  // At each group's end (fold), per feature (scale s, zero z) and row:
-  //   acc += s · (part - (kRawLo + z)·S_lo - (kRawHi + z)·S_hi),
-  // computed as s · fmaf(-z, S_lo + S_hi, part + base), with the row's
-  // base = -kRawLo·S_lo - kRawHi·S_hi (the symmetric weight's fixed zero
-  // goes into base too: one FADD per element, no -z term). The zeros stay
-  // the 8 packed bytes (2 registers) until the fold: held as 8 floats
-  // lo = -(kRawLo + z) for the form fmaf(lo + kRawLo - kRawHi, S_hi,
-  // fmaf(lo, S_lo, part)), they pushed bf16 NT = 2 with zeros past its 128
-  // registers into spills (ptxas, session 28).
-  // Exact on the tests' data (integer activations |a| <= 4, power-of-two
-  // scales): every value is an integer, part (at most one chunk, 128 k:
-  // f16 64·1039·4 + 64·79·4 = 286,208; bf16 128·143·4 = 73,216), S (<= 512)
-  // and base (f16 1032·256 + 72·256 = 282,624) stay below 2^19, well inside
-  // f32's 2^24 (and inside the mma's f32 accumulation of integer products).
-  // acc: the CTA's running sums; part / sums: this group's raw sums.
-  constexpr bool kSplitPlanes = M::kRawLo != M::kRawHi;
-  float acc[kAcc], part[kAcc], sums[NT][kSplitPlanes ? 4 : 2];
+  // acc: the CTA's running sums; part: this group's unscaled sums (q - z)·a,
+  // folded into acc (times the feature's scale) at each group's end.
+  float acc[kAcc], part[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = part[i] = 0.0f;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    for (float& v : sums[nt]) v = 0.0f;
-  }
 
   // The current group: the 8 features' scales (feature 8t + gid: scf[t]) and
-  // their 8 zero bytes as loaded (zeros; unpacked only in the fold).
+  // the negated biases of their zeros.
   float scf[8];
-  uint2 zcur = make_uint2(0u, 0u);
+  std::uint32_t blo[8], bhi[8];
+  if constexpr (!kZeros) {
+#pragma unroll
+    for (int t = 0; t < 8; ++t) M::biases(p.zero_value, blo[t], bhi[t]);
+  }
   // Scale (zero) row of group g, lane gid's 8 features.
   auto load_group_row = [&](int g, uint4& s_raw, uint2& z_raw) {
     const std::size_t at = static_cast<std::size_t>(g) * p.n_pad + sz_col;
@@ -805,50 +763,19 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     const T* sv = reinterpret_cast<const T*>(&s_raw);
 #pragma unroll
     for (int t = 0; t < 8; ++t) scf[t] = to_float(sv[t]);
-    if constexpr (kZeros) zcur = z_raw;
+    if constexpr (kZeros) unpack_zeros<T>(z_raw, blo, bhi);
   };
-  // D fragment (nt, j): d0 / d1 are feature 16j + g (scale scf[2j]), d2 / d3
-  // feature 16j + 8 + g (scf[2j + 1]); d0 / d2 activation row 8nt + 2t, d1 /
-  // d3 row 8nt + 2t + 1 (sums[nt][0 / 1] and, split planes, [2 / 3]).
+  // D fragment (nt, j): d0 / d1 are feature 16j + g (scale scf[2j]), d2 / d3 feature 16j + 8 + g (scf[2j + 1]).
   auto fold = [&] {
-    // Per activation row (zr: the symmetric weight's zero, else 0)
-    // base = -(kRawLo + zr)·S_lo - (kRawHi + zr)·S_hi and total = S_lo + S_hi.
-    const float zr = kZeros ? 0.0f : static_cast<float>(p.zero_value);
-    float base[NT][2], total[NT][2];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if constexpr (kSplitPlanes) {
-          base[nt][r] = fmaf(-(static_cast<float>(M::kRawHi) + zr), sums[nt][2 + r],
-                             -(static_cast<float>(M::kRawLo) + zr) * sums[nt][r]);
-          total[nt][r] = sums[nt][r] + sums[nt][2 + r];
-        } else {
-          base[nt][r] = -(static_cast<float>(M::kRawLo) + zr) * sums[nt][r];
-          total[nt][r] = sums[nt][r];
-        }
-      }
-    }
-    // Feature t's zero byte z as the float z: 2^23 + z (bits 0x4B0000zz) - 2^23.
-    auto zero_of = [&](int t) {
-      return __uint_as_float(__byte_perm(t < 4 ? zcur.x : zcur.y, 0x4B000000u, 0x7440u | (t % 4))) - 8388608.0f;
-    };
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) {
-      const int nt = i / 16, f = 2 * ((i / 4) % 4) + ((i % 4) >= 2 ? 1 : 0), r = i % 2;
-      float exact = part[i] + base[nt][r];
-      if constexpr (kZeros) exact = fmaf(-zero_of(f), total[nt][r], exact);
-      acc[i] = fmaf(scf[f], exact, acc[i]);
+      acc[i] = fmaf(scf[2 * ((i / 4) % 4) + ((i % 4) >= 2 ? 1 : 0)], part[i], acc[i]);
       part[i] = 0.0f;
-    }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      for (float& v : sums[nt]) v = 0.0f;
     }
   };
   // B fragment rows 8nt + gid; rows >= m read nothing (zero): pairs past
   // `limit` (0 for a dead row, k / 2 otherwise) are zero, which also zeroes
-  // columns >= k (padded q = 0 enters the mma as kRaw, not 0).
+  // columns >= k (padded q dequantizes to -z, not 0).
   const std::uint32_t* arow[NT];
   int limit[NT];
 #pragma unroll
@@ -880,27 +807,13 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
       }
       std::uint32_t bf[NT][2];
       act_frags(s, bf);
-      // S_lo / S_hi (or S) of the step's activations, see above. One offset:
-      // A rows 8..15 are zero and d2 / d3 are dropped (0 in, never read).
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        if constexpr (kSplitPlanes) {
-          const std::uint32_t ones[4] = {M::kOnes, 0u, 0u, M::kOnes};
-          mma_16816<T>(sums[nt], ones, bf[nt][0], bf[nt][1]);
-        } else {
-          const std::uint32_t ones[4] = {M::kOnes, 0u, M::kOnes, 0u};
-          float d[4] = {sums[nt][0], sums[nt][1], 0.0f, 0.0f};
-          mma_16816<T>(d, ones, bf[nt][0], bf[nt][1]);
-          sums[nt][0] = d[0];
-          sums[nt][1] = d[1];
-        }
-      }
       const uint4 w = weight_word(s);
       const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        std::uint32_t af[4];
-        M::dequant_raw(words[j], af);
+        std::uint32_t b[4];
+        M::dequant_unscaled(words[j], blo[2 * j], bhi[2 * j], blo[2 * j + 1], bhi[2 * j + 1], b);
+        const std::uint32_t af[4] = {b[0], b[2], b[1], b[3]};
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) mma_16816_at<T>(&part[(nt * 4 + j) * 4], af, bf[nt][0], bf[nt][1]);
       }

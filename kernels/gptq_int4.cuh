@@ -73,23 +73,6 @@ struct Int4Math<__half> {
     b[2] = add(and_or(w8, 0x000F000Fu, kMagic), lo1);
     b[3] = fma(and_or(w8, 0x00F000F0u, kMagic), kSixteenth, hi1);
   }
-  // The streaming kernel's raw form (its zero folded per group, see
-  // kernels/gptq_gemm.cu): one word -> the A fragment (a0, a1, a2, a3) of
-  // its 16 features x 16 k as raw halves, no zero and no scale. a0 / a1 (k
-  // 0..7 of the step: each byte's low nibble) are 1024 + q (0x6400 | q);
-  // a2 / a3 (k 8..15: bits 4..7 of each byte, left in place) are 64 + q,
-  // since at 2^6 the f16 ulp is 1/16, so mantissa bits 4..7 count ones
-  // (0x5400 | q << 4). A shift and 4 LOP3.
-  static constexpr int kRawLo = 1024;
-  static constexpr int kRawHi = 64;
-  static constexpr std::uint32_t kOnes = 0x3C003C00u;  // half2 (1, 1)
-  static __device__ __forceinline__ void dequant_raw(std::uint32_t w, std::uint32_t (&a)[4]) {
-    const std::uint32_t w8 = w >> 8;
-    a[0] = and_or(w, 0x000F000Fu, 0x64006400u);
-    a[1] = and_or(w8, 0x000F000Fu, 0x64006400u);
-    a[2] = and_or(w, 0x00F000F0u, 0x54005400u);
-    a[3] = and_or(w8, 0x00F000F0u, 0x54005400u);
-  }
 };
 
 template <>
@@ -128,21 +111,6 @@ struct Int4Math<__nv_bfloat16> {
     b[1] = add(and_or(w >> 4, 0x000F000Fu, kMagic), lo0);
     b[2] = add(and_or(w >> 8, 0x000F000Fu, kMagic), lo1);
     b[3] = add(and_or(w >> 12, 0x000F000Fu, kMagic), lo1);
-  }
-  // The raw form (see Int4Math<__half>::dequant_raw): every nibble 128 + q
-  // (0x4300 | q). The bf16 mantissa is bits 0..6 of each half, so only a
-  // nibble at bits 0..3 fits without a shift (bit 7 is the exponent's):
-  // three shifts and 4 LOP3. Both planes share the raw offset, so one sum
-  // of the step's activations serves both (kRawLo == kRawHi).
-  static constexpr int kRawLo = 128;
-  static constexpr int kRawHi = 128;
-  static constexpr std::uint32_t kOnes = 0x3F803F80u;  // bf16x2 (1, 1)
-  static __device__ __forceinline__ void dequant_raw(std::uint32_t w, std::uint32_t (&a)[4]) {
-    constexpr std::uint32_t kMagic = 0x43004300u;  // bf16x2 (128, 128)
-    a[0] = and_or(w, 0x000F000Fu, kMagic);
-    a[1] = and_or(w >> 8, 0x000F000Fu, kMagic);
-    a[2] = and_or(w >> 4, 0x000F000Fu, kMagic);
-    a[3] = and_or(w >> 12, 0x000F000Fu, kMagic);
   }
 };
 
