@@ -10,8 +10,9 @@
 // --gemm KxN: one standalone gemm_gptq launch instead of a decode step (f16,
 // symmetric, groups of 128, random words; m rows, default 1) on a
 // CudaBackend with the library's defaults, as ferrum_bench_gptq runs it
-// (--ctas-per-sm N sets gptq_stream_ctas_per_sm). Three weights are used in
-// turn, so the launch read has its weight out of L2 (two others read since).
+// (--ctas-per-sm N sets gptq_stream_ctas_per_sm); only that launch is
+// printed. Three weights are used in turn, so the launch read has its weight
+// out of L2 where a weight is over a third of L2 (two others read since).
 // Only streaming launches record stamps: from 12 rows on wide weights Auto
 // takes the wgmma kernel, and the tool then reports no launch.
 //
@@ -79,6 +80,8 @@ struct Options {
   std::size_t gemm_k = 0, gemm_n = 0;  // --gemm KxN: a standalone launch (0: a decode step)
   std::size_t m = 1;                   // --m: its rows
   bool ctas_per_sm_set = false;
+  bool m_set = false;
+  std::string decode_only;  // a decode-step option given (refused with --gemm)
 };
 
 const char* const kPointNames[kGptqTimelinePoints] = {"Entry",       "WaitReturned", "FirstChunk",  "FirstChunkDone",
@@ -111,6 +114,10 @@ Options parse(int argc, char** argv) {
       }
       return n;
     };
+    if (arg == "--preset" || arg == "--steps" || arg == "--eager" || arg == "--no-chain" ||
+        arg == "--no-early-weights" || arg == "--row-sq-norms" || arg == "--print-last") {
+      opt.decode_only = arg;
+    }
     if (arg == "--preset") {
       opt.preset = value();
     } else if (arg == "--steps") {
@@ -133,9 +140,13 @@ Options parse(int argc, char** argv) {
     } else if (arg == "--gemm") {
       const std::string v = value();
       const std::size_t x = v.find('x');
-      char* end = nullptr;
-      const long k = x == std::string::npos ? 0 : std::strtol(v.substr(0, x).c_str(), &end, 10);
-      const long n = x == std::string::npos ? 0 : std::strtol(v.substr(x + 1).c_str(), &end, 10);
+      auto dim = [&](const std::string& text) {
+        char* end = nullptr;
+        const long d = std::strtol(text.c_str(), &end, 10);
+        return text.empty() || *end != '\0' ? 0 : d;
+      };
+      const long k = x == std::string::npos ? 0 : dim(v.substr(0, x));
+      const long n = x == std::string::npos ? 0 : dim(v.substr(x + 1));
       if (k < 128 || n < 64 || k % 128 != 0 || n % 64 != 0) {
         usage_error("--gemm takes KxN with K a multiple of 128 and N of 64, got '" + v + "'");
       }
@@ -143,10 +154,13 @@ Options parse(int argc, char** argv) {
       opt.gemm_n = static_cast<std::size_t>(n);
     } else if (arg == "--m") {
       opt.m = static_cast<std::size_t>(number(1, static_cast<long>(kernels::kGptqStreamMaxM)));
+      opt.m_set = true;
     } else {
       usage_error("unknown argument '" + arg + "'");
     }
   }
+  if (opt.gemm_k != 0 && !opt.decode_only.empty()) usage_error(opt.decode_only + " is an option of the decode step, not of --gemm");
+  if (opt.gemm_k == 0 && opt.m_set) usage_error("--m needs --gemm");
   return opt;
 }
 
@@ -224,9 +238,17 @@ std::vector<GptqTimelineLaunch> gemm_launches(const Options& opt) {
   kernels::gptq_timeline_reset();
   backend.gemm_gptq(a, *weights[0], out, opt.m);  // weights 1 and 2 were read after it
   backend.synchronize();
+  // The warm-up launches' records stay (without stamps): only the newest.
   std::printf("ferrum_gptq_timeline: gemm_gptq %zu x %zu, m %zu, f16, g128, symmetric; library defaults%s\n", k, n,
               opt.m, opt.ctas_per_sm_set ? (", ctas_per_sm " + std::to_string(opt.ctas_per_sm)).c_str() : "");
-  return kernels::gptq_timeline_read();
+  std::vector<GptqTimelineLaunch> launches = kernels::gptq_timeline_read();
+  long long newest = -1;
+  for (const GptqTimelineLaunch& l : launches) newest = std::max(newest, l.sequence);
+  std::erase_if(launches, [&](const GptqTimelineLaunch& l) { return l.sequence != newest; });
+  if (newest < 0) {
+    std::printf("no streaming launch recorded (from 12 rows on wide weights Auto takes the wgmma kernel)\n");
+  }
+  return launches;
 }
 
 // A launch's CTAs grouped by how many of them ran on their SM: per group
@@ -236,6 +258,10 @@ std::vector<GptqTimelineLaunch> gemm_launches(const Options& opt) {
 void print_by_sm_load(const GptqTimelineLaunch& l, unsigned long long wait0) {
   constexpr int kWait = static_cast<int>(GptqTimelinePoint::WaitReturned);
   constexpr int kExit = static_cast<int>(GptqTimelinePoint::Exit);
+  if (static_cast<long long>(l.grid_x) * l.splits > kernels::kGptqTimelineCtas) {
+    std::printf("  by SM load: only the first %d of %lld CTAs were recorded (the counts below are low)\n",
+                kernels::kGptqTimelineCtas, static_cast<long long>(l.grid_x) * l.splits);
+  }
   std::map<unsigned, std::vector<std::size_t>> by_sm;  // SM -> its CTAs
   for (std::size_t c = 0; c < l.ctas.size(); ++c) {
     if (l.ctas[c][kExit].global_ns != 0) by_sm[l.ctas[c][kExit].sm].push_back(c);
