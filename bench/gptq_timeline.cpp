@@ -40,12 +40,12 @@
 // launch ends on the SMs that held more of its CTAs.
 #include <algorithm>
 #include <cstdint>
-#include <map>
-#include <memory>
-#include <random>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
