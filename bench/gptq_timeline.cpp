@@ -221,12 +221,7 @@ std::vector<GptqTimelineLaunch> gemm_launches(const Options& opt) {
   std::uniform_real_distribution<float> scale(0.001f, 0.01f), act(-1.0f, 1.0f);
   std::vector<float> scales(groups * n);
   for (float& v : scales) v = scale(rng);
-  GptqHostTensors t;
-  t.qweight = qweight;
-  t.qzeros = qzeros;
-  t.scales = scales;
-  t.k = k;
-  t.n = n;
+  const GptqHostTensors t{.qweight = qweight, .qzeros = qzeros, .scales = scales, .g_idx = {}, .k = k, .n = n};
   std::vector<std::unique_ptr<QuantWeight>> weights;
   for (int i = 0; i < 3; ++i) weights.push_back(backend.load_gptq(t));
   std::vector<float> a_host(opt.m * k);

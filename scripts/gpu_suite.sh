@@ -94,6 +94,12 @@ QUICK=""
 [ "${2:-}" = "--quick" ] && QUICK="--quick"
 export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1
 B="${BUILD_DIR:-build-gpu}"
+# ab: the build directory of base/ or alt/N (beside the main build).
+ab_build_dir() { echo "${B}-${1//\//}"; }
+# racelong's tests, each too long for a shard of the other racecheck runs
+# (session 28: the first two filled a 230 s verify shard alone, the third a
+# 140 s one; their kernels' other tests passed): run only by racelong.
+RACELONG_TESTS='CudaGptqStreamBulk.ClusterReduceGivesTheWorkspaceReductionsBits:CudaArgmax.ManyRowsPerCluster:CudaArgmax.MatchesCpuOnEveryRowCount'
 LOG="$OUT/suite.log"
 # The bulky logs (each GPU test shard, each sanitizer run, the test binaries'
 # whole output) go to $DETAIL_DIR; a step that fails copies its log into
@@ -179,8 +185,8 @@ sanitize() {
     else
       for tree in base alt/*; do
         [ -d "$tree" ] || continue
-        cmake -S "$tree" -B "${B}-${tree//\//}" -G Ninja -DCMAKE_BUILD_TYPE=Release $DEPS >/dev/null
-        ( cmake --build "${B}-${tree//\//}" -j6 --target ferrum_engine ferrum_bench_gptq 2>&1 | grep -E "error|FAILED" \
+        cmake -S "$tree" -B "$(ab_build_dir "$tree")" -G Ninja -DCMAKE_BUILD_TYPE=Release $DEPS >/dev/null
+        ( cmake --build "$(ab_build_dir "$tree")" -j6 --target ferrum_engine ferrum_bench_gptq 2>&1 | grep -E "error|FAILED" \
             || echo "$tree build ok ($(cat "$tree/COMMIT" 2>/dev/null))" ) &
       done
     fi
@@ -211,7 +217,7 @@ if has_mode tests; then
     # since session 12 every prefill case runs on both prefill kernels, and
     # 2 of 8 shards of the prefill cases alone passed 150 s, hence 300 s).
     echo "== compute-sanitizer racecheck ($(date +%T))"
-    SANITIZE_SHARDS=14 sanitize racecheck 300 'Sweep/CudaRowOps.*Norm*:DTypes/CudaUnaligned.*:Specs/CudaFlashAttention.*:DTypes/CudaDeviceState.Flash*:Specs/CudaFlashDecodeRagged.*_case?:DTypes/CudaDecodeBatch.*:Cases/CudaDecodeKnobs.*:Sweep/CudaPrefillAttention.*_case?:Shapes/CudaGemmSkinny.*:CudaArgmax.*:*GemmSiluMul*:CudaGptqStream.*-*t4096*:*ManyRows*:CudaArgmax.MatchesCpuOnEveryRowCount'
+    SANITIZE_SHARDS=14 sanitize racecheck 300 'Sweep/CudaRowOps.*Norm*:DTypes/CudaUnaligned.*:Specs/CudaFlashAttention.*:DTypes/CudaDeviceState.Flash*:Specs/CudaFlashDecodeRagged.*_case?:DTypes/CudaDecodeBatch.*:Cases/CudaDecodeKnobs.*:Sweep/CudaPrefillAttention.*_case?:Shapes/CudaGemmSkinny.*:CudaArgmax.*:*GemmSiluMul*:CudaGptqStream.*-*t4096*:*ManyRows*:'"$RACELONG_TESTS"
   } 2>&1 | tee -a "$LOG"
 fi
 
@@ -274,10 +280,8 @@ fi
 
 if has_mode racelong; then
   {
-    # Session 28: the first two filled a 230 s verify shard alone under
-    # racecheck, the third a 140 s one; their kernels' other tests passed.
     echo "== racecheck: the long tests, one shard each ($(date +%T))"
-    SANITIZE_SHARDS=3 sanitize racecheck 470 'CudaGptqStreamBulk.ClusterReduceGivesTheWorkspaceReductionsBits:CudaArgmax.ManyRowsPerCluster:CudaArgmax.MatchesCpuOnEveryRowCount' 3
+    SANITIZE_SHARDS=3 sanitize racecheck 470 "$RACELONG_TESTS" 3
   } 2>&1 | tee -a "$LOG"
 fi
 
@@ -551,11 +555,11 @@ if has_mode ab && [ -d base ]; then
   {
     # The builds compared: this tree, base, and each alt/N (gpu_tree.sh --alt),
     # named by their commits.
-    AB_BUILDS=("$B" "${B}-base")
+    AB_BUILDS=("$B" "$(ab_build_dir base)")
     AB_NAMES=("this $(cat COMMIT 2>/dev/null)" "base $(cat base/COMMIT 2>/dev/null)")
     for tree in alt/*; do
       [ -d "$tree" ] || continue
-      AB_BUILDS+=("${B}-${tree//\//}")
+      AB_BUILDS+=("$(ab_build_dir "$tree")")
       AB_NAMES+=("$tree $(cat "$tree/COMMIT" 2>/dev/null)")
     done
     echo "== ab: ${AB_NAMES[*]} ($(date +%T))"
