@@ -38,11 +38,6 @@ constexpr int kWarps = kThreads / 32;
 // block): a row of up to 160k halves (llama3 128256, qwen3 151936) or 80k
 // floats is one batch, so one memory latency. 6 spills bf16 at 64 registers.
 constexpr int kBatch = 5;
-// Far more clusters than are ever resident at once; past it each cluster
-// takes several rows (so gridDim.x stays < 2^31 for any rows, and a test
-// reaches the row loop with 65573 rows).
-constexpr long long kMaxClusters = 65536;
-
 struct alignas(8) Candidate {  // alignas: one 8-byte read across the cluster
   float value;
   int index;
@@ -178,14 +173,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 static_assert(kWarps <= 32 && kCluster <= 32, "the block and cluster steps reduce one candidate per lane of one warp");
 
 template <class T>
-void launch_typed(const void* x, std::int32_t* out, long long rows, long long cols, cudaStream_t stream) {
+void launch_typed(const void* x, std::int32_t* out, long long rows, long long cols, long long max_row_groups,
+                  cudaStream_t stream) {
   constexpr int kWide = kVec16<T>;
   const auto* xt = static_cast<const T*>(x);
   // Every row starts 16-byte aligned when the base is and cols is a
   // multiple of the vector, or when there is one row.
   const bool wide = aligned16(x) && (cols % kWide == 0 || rows == 1);
   auto go = [&](auto kernel, int blocks_per_row) {
-    const dim3 grid(static_cast<unsigned>(std::min(rows, kMaxClusters) * blocks_per_row));
+    const dim3 grid(static_cast<unsigned>(std::min(rows, max_row_groups) * blocks_per_row));
     launch_pdl_clustered("argmax", dim3(static_cast<unsigned>(blocks_per_row), 1, 1), kernel, grid, kThreads, 0,
                          stream, xt, out, rows, static_cast<int>(cols));
   };
@@ -200,10 +196,18 @@ void launch_typed(const void* x, std::int32_t* out, long long rows, long long co
 
 void launch_argmax(DType dtype, const void* x, std::int32_t* out, long long rows, long long cols,
                    cudaStream_t stream) {
+  launch_argmax(dtype, x, out, rows, cols, kArgmaxMaxRowGroups, stream);
+}
+
+void launch_argmax(DType dtype, const void* x, std::int32_t* out, long long rows, long long cols,
+                   long long max_row_groups, cudaStream_t stream) {
+  if (max_row_groups < 1 || max_row_groups > kArgmaxMaxRowGroups) {
+    throw_bad_dispatch("argmax", "max_row_groups (1 .. kArgmaxMaxRowGroups)", max_row_groups);
+  }
   switch (dtype) {
-    case DType::F16: launch_typed<__half>(x, out, rows, cols, stream); break;
-    case DType::BF16: launch_typed<__nv_bfloat16>(x, out, rows, cols, stream); break;
-    case DType::F32: launch_typed<float>(x, out, rows, cols, stream); break;
+    case DType::F16: launch_typed<__half>(x, out, rows, cols, max_row_groups, stream); break;
+    case DType::BF16: launch_typed<__nv_bfloat16>(x, out, rows, cols, max_row_groups, stream); break;
+    case DType::F32: launch_typed<float>(x, out, rows, cols, max_row_groups, stream); break;
     default: throw_bad_dispatch("argmax", "dtype (expected f16, bf16 or f32)", static_cast<long long>(dtype));
   }
   check_launch("argmax");

@@ -12,9 +12,19 @@
 
 namespace ferrum::kernels {
 
+// The most row groups (clusters on sm_90+, else blocks) launch_argmax puts
+// in its grid: far more than are ever resident at once. Past it each group
+// takes several rows in turn (so gridDim.x stays < 2^31 for any rows).
+inline constexpr long long kArgmaxMaxRowGroups = 65536;
+
 // out[r] = the first column of row r holding its largest value; NaN beats
 // every number (torch.argmax).
 void launch_argmax(DType dtype, const void* x /*[rows, cols]*/, std::int32_t* out /*[rows]*/, long long rows,
                    long long cols, cudaStream_t stream);
+// The same with at most max_row_groups (1 .. kArgmaxMaxRowGroups; else
+// throws) row groups: a test reaches the row loop with a few rows, where
+// racecheck can cover it (65537 rows' launches take it longer than a call).
+void launch_argmax(DType dtype, const void* x /*[rows, cols]*/, std::int32_t* out /*[rows]*/, long long rows,
+                   long long cols, long long max_row_groups, cudaStream_t stream);
 
 }  // namespace ferrum::kernels

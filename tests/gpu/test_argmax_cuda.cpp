@@ -12,15 +12,20 @@
 //   +inf) at the last column of one block's segment and the first of the
 //   next: the smaller index wins.
 // - ManyRowsPerCluster: more rows than the grid has clusters.
+// - RowLoopWithFewClusters: the same row loop through the launcher with
+//   its grid capped at 1, 3 and 8 row groups (small enough for racecheck).
 // - GraphReplayReadsTheCurrentInput: captured once, replayed after the input
 //   changed ([1 x 4096] and a decode batch [16 x 151936]).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
+#include "ferrum/cuda_backend.hpp"
+#include "kernels/argmax.hpp"
 #include "support/argmax_cases.hpp"
 #include "support/test_support.hpp"
 
@@ -100,6 +105,40 @@ TEST_F(CudaArgmax, ManyRowsPerCluster) {
     for (std::size_t cols : {7u, 8u}) {  // 8: one vector, in the first block of each row
       expect_matches_cpu(cuda(), cpu(), argmax_input(rng, dt, kRows, cols), dt, kRows, cols, 0);
     }
+  }
+}
+
+// kernels::launch_argmax with its grid capped at max_row_groups: every group
+// walks its rows in turn (37 rows: groups take 37, 12-13 or 4-5 rows), the
+// loop ManyRowsPerCluster reaches only past 65536 rows. Scalar (7), one
+// vector (8) and eight-segment (4104) rows, into a guarded output.
+TEST_F(CudaArgmax, RowLoopWithFewClusters) {
+  FERRUM_SEEDED_RNG(rng);
+  constexpr std::size_t kRows = 37;
+  auto& be = static_cast<CudaBackend&>(cuda());
+  for (DType dt : kArgmaxDTypes) {
+    for (std::size_t cols : {7u, 8u, 4104u}) {
+      for (long long groups : {1LL, 3LL, 8LL}) {
+        SCOPED_TRACE(cat(to_string(dt), " cols=", cols, " groups=", groups));
+        const HostTensor x = argmax_input(rng, dt, kRows, cols);
+        DeviceTensor dx(be, x);
+        GuardedOutput out(be, DType::I32, kRows);
+        kernels::launch_argmax(dt, dx.view().data(), static_cast<std::int32_t*>(out.view().data()),
+                               static_cast<long long>(kRows), static_cast<long long>(cols), groups, be.stream());
+        be.synchronize();
+        EXPECT_TRUE(out.check_guard()) << "argmax wrote outside 'out'";
+        const std::vector<std::uint8_t> bytes = out.bytes();
+        std::vector<std::int32_t> got(kRows);
+        std::memcpy(got.data(), bytes.data(), kRows * sizeof(std::int32_t));
+        EXPECT_EQ(got, argmax_reference(x, kRows, cols));
+      }
+    }
+  }
+  // A cap outside 1 .. kArgmaxMaxRowGroups is refused as a launcher misuse, naming it.
+  for (long long groups : {0LL, kernels::kArgmaxMaxRowGroups + 1}) {
+    expect_error(ErrorCode::Internal, "argmax",
+                 [&] { kernels::launch_argmax(DType::F32, nullptr, nullptr, 1, 1, groups, be.stream()); },
+                 "max_row_groups");
   }
 }
 
