@@ -100,7 +100,7 @@ TEST_F(CudaArgmax, TiesAcrossSegmentsTakeTheSmallerIndex) {
 
 TEST_F(CudaArgmax, ManyRowsPerCluster) {
   FERRUM_SEEDED_RNG(rng);
-  constexpr std::size_t kRows = 65536 + 37;  // the launcher caps the grid at 65536 clusters
+  constexpr std::size_t kRows = kernels::kArgmaxMaxRowGroups + 37;  // past the launcher's cap on its grid
   for (DType dt : kArgmaxDTypes) {
     for (std::size_t cols : {7u, 8u}) {  // 8: one vector, in the first block of each row
       expect_matches_cpu(cuda(), cpu(), argmax_input(rng, dt, kRows, cols), dt, kRows, cols, 0);
