@@ -114,28 +114,33 @@ Options parse(int argc, char** argv) {
       }
       return n;
     };
-    if (arg == "--preset" || arg == "--steps" || arg == "--eager" || arg == "--no-chain" ||
-        arg == "--no-early-weights" || arg == "--row-sq-norms" || arg == "--print-last") {
-      opt.decode_only = arg;
-    }
+    // An option of the decode step only (refused with --gemm).
+    auto decode_step_option = [&] { opt.decode_only = arg; };
     if (arg == "--preset") {
+      decode_step_option();
       opt.preset = value();
     } else if (arg == "--steps") {
+      decode_step_option();
       opt.steps = static_cast<std::size_t>(number(2, 4096));
     } else if (arg == "--eager") {
+      decode_step_option();
       opt.graph = false;
     } else if (arg == "--no-chain") {
+      decode_step_option();
       opt.chain = false;
     } else if (arg == "--ctas-per-sm") {
       opt.ctas_per_sm = static_cast<int>(number(0, kGptqStreamMaxCtasPerSm));
       opt.ctas_per_sm_set = true;
     } else if (arg == "--no-early-weights") {
+      decode_step_option();
       opt.early_weights = false;
     } else if (arg == "--row-sq-norms") {
+      decode_step_option();
       opt.row_sq_norms = true;
     } else if (arg == "--csv") {
       opt.csv = value();
     } else if (arg == "--print-last") {
+      decode_step_option();
       opt.print_last = static_cast<int>(number(1, kGptqTimelineLaunches));
     } else if (arg == "--gemm") {
       const std::string v = value();
