@@ -80,18 +80,26 @@ inline std::vector<std::int32_t> argmax_reference(const HostTensor& t, std::size
   return ids;
 }
 
-// out[0 .. rows) after backend.argmax on `t` uploaded with `lead` elements
+// out[0 .. rows) after launch(x, out) on `t` uploaded with `lead` elements
 // of offset, into a poisoned, guarded output (its guards are checked here).
-inline std::vector<std::int32_t> run_argmax(Backend& backend, const HostTensor& t, std::size_t rows,
-                                            std::size_t cols, std::size_t lead = 0) {
+template <class Launch>
+std::vector<std::int32_t> run_argmax_with(Backend& backend, const HostTensor& t, std::size_t rows, std::size_t lead,
+                                          Launch&& launch) {
   DeviceTensor x(backend, t, lead);
   GuardedOutput out(backend, DType::I32, rows, lead);
-  backend.argmax(x.view(), out.view(), rows, cols);
+  launch(x.view(), out.view());
   EXPECT_TRUE(out.check_guard()) << "argmax wrote outside 'out'";
   const std::vector<std::uint8_t> bytes = out.bytes();
   std::vector<std::int32_t> got(rows);
   std::memcpy(got.data(), bytes.data(), rows * sizeof(std::int32_t));
   return got;
+}
+
+// The same through backend.argmax.
+inline std::vector<std::int32_t> run_argmax(Backend& backend, const HostTensor& t, std::size_t rows,
+                                            std::size_t cols, std::size_t lead = 0) {
+  return run_argmax_with(backend, t, rows, lead,
+                         [&](const Buffer& x, Buffer& out) { backend.argmax(x, out, rows, cols); });
 }
 
 }  // namespace ferrum::test
