@@ -24,7 +24,9 @@ class DeviceBytes {
     }
   }
   ~DeviceBytes() {
-    if (ptr_ != nullptr) EXPECT_EQ(cudaFree(ptr_), cudaSuccess);
+    if (ptr_ != nullptr) {
+      EXPECT_EQ(cudaFree(ptr_), cudaSuccess);
+    }
   }
   DeviceBytes(const DeviceBytes&) = delete;
   DeviceBytes& operator=(const DeviceBytes&) = delete;
