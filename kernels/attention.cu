@@ -660,15 +660,23 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     prefetch_l2_bulk(sv.v + static_cast<long long>(key0) * HD, bytes);
   };
   // Q (rows past the block's heads zero), its own cp.async group.
-  auto load_q = [&] {
+  // As a cp.async group, or (after sub-tiles requested before the PDL wait,
+  // which must stay the oldest groups) with plain loads and stores, which
+  // the first slice's __syncthreads orders before the reads.
+  auto load_q = [&](bool as_group) {
     const T* const q = static_cast<const T*>(a.q) + row0 * HD;
     for (int idx = tid; idx < 16 * mtiles * kChunks; idx += nthreads) {
       const int row = idx / kChunks;
       const int c = idx % kChunks;
       const bool valid = row < heads;
-      cp_async_16(smem_u32(sQ + swz<HD>(row, c)), q + (valid ? row * HD + c * 8 : 0), valid);
+      if (as_group) {
+        cp_async_16(smem_u32(sQ + swz<HD>(row, c)), q + (valid ? row * HD + c * 8 : 0), valid);
+      } else {
+        const uint4 chunk = valid ? __ldcg(reinterpret_cast<const uint4*>(q + row * HD + c * 8)) : uint4{0, 0, 0, 0};
+        *reinterpret_cast<uint4*>(sQ + swz<HD>(row, c)) = chunk;
+      }
     }
-    cp_async_commit();
+    if (as_group) cp_async_commit();
   };
   // A slice's prologue: its first kStages - 1 sub-tiles of this warp (one
   // commit group each, always committed so the group count is fixed), from
@@ -676,7 +684,8 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   // kv_before_wait). The block's first slice also loads Q: as the second
   // group, so that the stream from DRAM starts before anything else of the
   // set-up (at B = 1 the set-up is hundreds of instructions per warp at one
-  // warp per scheduler); as the last where sub-tiles went before the wait.
+  // warp per scheduler); where sub-tiles went before the wait, with plain
+  // loads (no group: the first wait still takes sub-tile 0 alone).
   auto prologue = [&](const SliceView& sv, bool with_q, int from) {
     if (prefetch_l2 && chunk == 0 && tid == 0) {
       // A small grid (about one block per SM): request the whole slice from
@@ -690,9 +699,9 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       if (t < from) continue;
       if (t < sv.n_sub) load_sub(sv, t);
       cp_async_commit();
-      if (t == 0 && with_q) load_q();
+      if (t == 0 && with_q) load_q(true);
     }
-    if (from > 0 && with_q) load_q();
+    if (from > 0 && with_q) load_q(false);
     if (prefetch_ahead) {
       for (int t = kStages - 1; t < kStages - 1 + l2_ahead; ++t) {
         if (t < sv.n_sub) prefetch_sub(sv, t);
@@ -758,11 +767,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   for (int split = split0; split < split_end; ++split) {
     const bool has_next = split + 1 < split_end;
     if (split == split0) {
-      if (kv_before_wait) {
-        cp_async_wait<0>();  // Q was the last group
-      } else {
-        cp_async_wait<kStages - 2>();  // sub-tile 0 and Q have landed
-      }
+      cp_async_wait<kStages - 2>();  // sub-tile 0 and Q (its group, or its plain stores) have landed
       __syncthreads();
       timeline_mark(DecodeTimelinePoint::FirstTileLanded);
       if constexpr (Sh::kQInRegs) {
