@@ -23,7 +23,7 @@
 //
 // Usage: ferrum_bench [--json PATH] [--quick] [--filter SUBSTR[,SUBSTR...]]
 //                     [--reps N] [--chain N] [--graph-api]
-//                     [--prefill-kernel auto|mma_sync] [--attention-kv-before-wait]
+//                     [--prefill-kernel auto|mma_sync]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -174,9 +174,6 @@ struct Options {
   // same-size copy is chained the same way.
   int chain = 1;
   ferrum::PrefillKernel prefill_kernel = ferrum::PrefillKernel::Auto;
-  // CudaBackendConfig::attention_kv_before_wait: the promise holds here
-  // (nothing the benchmark runs writes a K/V cache the decode reads).
-  bool attention_kv_before_wait = false;
 };
 
 struct Record {
@@ -925,7 +922,7 @@ void write_json(const std::string& path, const Bench& b, const std::string& devi
 void usage(const char* argv0) {
   std::printf(
       "usage: %s [--json PATH] [--quick] [--filter SUBSTR[,SUBSTR...]] [--reps N] [--chain N] [--graph-api]\n"
-      "          [--prefill-kernel auto|mma_sync] [--attention-kv-before-wait]\n"
+      "          [--prefill-kernel auto|mma_sync]\n"
       "  --json PATH   write results as JSON\n"
       "  --quick       fewer repetitions\n"
       "  --filter S    run only cases whose \"op dtype shape mode\" contains S (comma: any of)\n"
@@ -934,9 +931,7 @@ void usage(const char* argv0) {
       "  --graph-api   time tiny ops through Backend::begin_graph_capture (one graph,\n"
       "                L2-warm) instead of raw stream capture over L2-cold sets\n"
       "  --prefill-kernel K  CudaBackendConfig::prefill_kernel: auto (default: wgmma\n"
-      "                on sm_90a) or mma_sync\n"
-      "  --attention-kv-before-wait  CudaBackendConfig::attention_kv_before_wait\n"
-      "                (decode attention requests its older K/V rows before its PDL wait)\n",
+      "                on sm_90a) or mma_sync\n",
       argv0);
 }
 
@@ -974,8 +969,6 @@ Options parse_args(int argc, char** argv) {
       } else {
         throw std::runtime_error("--prefill-kernel takes auto or mma_sync, got " + k);
       }
-    } else if (a == "--attention-kv-before-wait") {
-      o.attention_kv_before_wait = true;
     } else if (a == "-h" || a == "--help") {
       usage(argv[0]);
       std::exit(0);
@@ -996,7 +989,6 @@ int run(int argc, char** argv) {
   ferrum::CudaBackendConfig config;
   config.attention_workspace_bytes = std::size_t{1} << 30;
   config.prefill_kernel = opt.prefill_kernel;
-  config.attention_kv_before_wait = opt.attention_kv_before_wait;
   ferrum::CudaBackend be(config);
   FB_CUDA(cudaSetDevice(be.device()));
   cudaDeviceProp prop{};

@@ -78,9 +78,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 // outside [1, kv_stride] sees nothing (zeros are written) and is reported.
 __device__ __forceinline__ long long key_limit(const AttentionArgs& a, int b, int i, bool report) {
   if (a.kv_lens != nullptr || a.state != nullptr) {
-    // Through L2 (.cg): under attention_kv_before_wait the decode kernel
-    // reads it before its PDL wait, where no kernel boundary orders L1.
-    const long long kv_len = a.kv_lens != nullptr ? __ldcg(a.kv_lens + b) : __ldcg(&a.state->kv_len);
+    const long long kv_len = a.kv_lens != nullptr ? a.kv_lens[b] : a.state->kv_len;
     if (kv_len < 1 || kv_len > a.kv_stride) {
       if (report) report_device_error(a.error_flag, kErrAttnKvLenOutOfRange);
       return 0;
@@ -534,19 +532,11 @@ __device__ __forceinline__ void ring_barrier(int kw, int mtiles) {
 template <class T, int HD>
 __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     attention_decode_kernel(const AttentionArgs a, int splits, int slice_keys, int slices_per_block, int chunks,
-                            bool prefetch_l2, bool fused, bool cluster, bool trigger, bool kv_before_wait) {
+                            bool prefetch_l2, bool fused, bool cluster, bool trigger) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   timeline_mark(DecodeTimelinePoint::Entry);
-  // Launched with launch_pdl: nothing global is touched before the wait,
-  // except under kv_before_wait (CudaBackendConfig::attention_kv_before_wait,
-  // the caller's promise): kv_len and the prologue's sub-tiles of the rows
-  // below the newest are read before it (the kernel just before may have
-  // appended the newest row); Q and every global write come after it.
-  auto wait_previous = [trigger] {
-    pdl_begin();
-    if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
-  };
-  if (!kv_before_wait) wait_previous();
+  pdl_begin();  // launched with launch_pdl: nothing global is touched before this
+  if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
   using Sh = DecodeShape<HD>;
   constexpr int kStages = Sh::kStages;
   constexpr int kChunks = Sh::kChunks;
@@ -591,16 +581,11 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   const int heads = min(16 * mtiles, kvh * group + group - head0);
   const long long row0 = static_cast<long long>(b) * a.num_heads + head0;  // q / out row of head0
 
-  const bool reporter = split0 == 0 && chunk == 0 && tid == 0;  // reports a bad device-side kv_len
-  const long long limit = key_limit(a, b, 0, reporter && !kv_before_wait);
+  const long long limit = key_limit(a, b, 0, split0 == 0 && chunk == 0 && tid == 0);
   if (static_cast<long long>(split0) * slice_keys >= limit) {
     // Slices past the valid keys take no part (the block does not arrive;
     // in a cluster it passes the cluster's two barriers). With no valid key
     // at all (a reported bad kv_len), slice 0 writes zeros.
-    if (kv_before_wait && split0 == 0) {  // (the others touch nothing global)
-      wait_previous();
-      if (reporter) (void)key_limit(a, b, 0, true);  // the same value (promised): now reported
-    }
     if (split0 == 0) {
       T* const out = static_cast<T*>(a.out) + row0 * HD;
       for (int idx = tid; idx < heads * HD; idx += nthreads) out[idx] = from_float<T>(0.0f);
@@ -625,14 +610,12 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   struct SliceView {
     const T* k;  // [n_keys, HD] of this (sequence, kv head)
     const T* v;  // [n_keys, HD]
-    long long begin;  // its first key's row
     int n_keys;
     int n_sub;  // this key warp's sub-tiles: keys [t * 64 + kw * 16, + 16)
   };
   auto view_of = [&](int split) {
     SliceView sv;
     const long long begin = static_cast<long long>(split) * slice_keys;
-    sv.begin = begin;
     sv.n_keys = static_cast<int>(min(static_cast<long long>(slice_keys), limit - begin));
     sv.n_sub = sv.n_keys > kw * Sh::kSub ? (sv.n_keys - kw * Sh::kSub + Sh::kTileKeys - 1) / Sh::kTileKeys : 0;
     sv.k = static_cast<const T*>(a.k) + (plane_row0 + begin) * HD;
@@ -660,33 +643,22 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     prefetch_l2_bulk(sv.v + static_cast<long long>(key0) * HD, bytes);
   };
   // Q (rows past the block's heads zero), its own cp.async group.
-  // As a cp.async group, or (after sub-tiles requested before the PDL wait,
-  // which must stay the oldest groups) with plain loads and stores, which
-  // the first slice's __syncthreads orders before the reads.
-  auto load_q = [&](bool as_group) {
+  auto load_q = [&] {
     const T* const q = static_cast<const T*>(a.q) + row0 * HD;
     for (int idx = tid; idx < 16 * mtiles * kChunks; idx += nthreads) {
       const int row = idx / kChunks;
       const int c = idx % kChunks;
       const bool valid = row < heads;
-      if (as_group) {
-        cp_async_16(smem_u32(sQ + swz<HD>(row, c)), q + (valid ? row * HD + c * 8 : 0), valid);
-      } else {
-        const uint4 chunk = valid ? __ldcg(reinterpret_cast<const uint4*>(q + row * HD + c * 8)) : uint4{0, 0, 0, 0};
-        *reinterpret_cast<uint4*>(sQ + swz<HD>(row, c)) = chunk;
-      }
+      cp_async_16(smem_u32(sQ + swz<HD>(row, c)), q + (valid ? row * HD + c * 8 : 0), valid);
     }
-    if (as_group) cp_async_commit();
+    cp_async_commit();
   };
   // A slice's prologue: its first kStages - 1 sub-tiles of this warp (one
-  // commit group each, always committed so the group count is fixed), from
-  // sub-tile `from` on (those before it were requested before the PDL wait,
-  // kv_before_wait). The block's first slice also loads Q: as the second
-  // group, so that the stream from DRAM starts before anything else of the
-  // set-up (at B = 1 the set-up is hundreds of instructions per warp at one
-  // warp per scheduler); where sub-tiles went before the wait, with plain
-  // loads (no group: the first wait still takes sub-tile 0 alone).
-  auto prologue = [&](const SliceView& sv, bool with_q, int from) {
+  // commit group each, always committed so the group count is fixed). The
+  // block's first slice also loads Q, as the second group: the stream from
+  // DRAM starts before anything else of the set-up (at B = 1 the set-up is
+  // hundreds of instructions per warp at one warp per scheduler).
+  auto prologue = [&](const SliceView& sv, bool with_q) {
     if (prefetch_l2 && chunk == 0 && tid == 0) {
       // A small grid (about one block per SM): request the whole slice from
       // DRAM at once, so the cp.async stream is served from L2.
@@ -696,12 +668,10 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     }
 #pragma unroll
     for (int t = 0; t < kStages - 1; ++t) {
-      if (t < from) continue;
       if (t < sv.n_sub) load_sub(sv, t);
       cp_async_commit();
-      if (t == 0 && with_q) load_q(true);
+      if (t == 0 && with_q) load_q();
     }
-    if (from > 0 && with_q) load_q(false);
     if (prefetch_ahead) {
       for (int t = kStages - 1; t < kStages - 1 + l2_ahead; ++t) {
         if (t < sv.n_sub) prefetch_sub(sv, t);
@@ -709,19 +679,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     }
   };
   SliceView cur = view_of(split0);
-  int before_wait = 0;  // prologue sub-tiles requested before the wait
-  if (kv_before_wait) {
-    // Those wholly below the newest row (limit - 1), in order.
-    while (before_wait < kStages - 1 && before_wait < cur.n_sub) {
-      const int key0 = before_wait * Sh::kTileKeys + kw * Sh::kSub;
-      if (cur.begin + key0 + min(Sh::kSub, cur.n_keys - key0) > limit - 1) break;
-      load_sub(cur, before_wait);
-      cp_async_commit();
-      ++before_wait;
-    }
-    wait_previous();
-  }
-  prologue(cur, true, before_wait);
+  prologue(cur, true);
 
   // The slices that hold a valid key, this block's run of them, and the
   // blocks that hold one (the blocks that arrive).
@@ -767,7 +725,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   for (int split = split0; split < split_end; ++split) {
     const bool has_next = split + 1 < split_end;
     if (split == split0) {
-      cp_async_wait<kStages - 2>();  // sub-tile 0 and Q (its group, or its plain stores) have landed
+      cp_async_wait<kStages - 2>();  // sub-tile 0 and Q have landed
       __syncthreads();
       timeline_mark(DecodeTimelinePoint::FirstTileLanded);
       if constexpr (Sh::kQInRegs) {
@@ -862,7 +820,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     __syncthreads();     // every warp is done with the ring: the scratch and the next prologue may overwrite it
     timeline_mark(DecodeTimelinePoint::SliceComputed);
     const SliceView next = has_next ? view_of(split + 1) : cur;
-    if (overlap && has_next) prologue(next, false, 0);  // fills slots 0 .. kStages - 2, not the scratch
+    if (overlap && has_next) prologue(next, false);  // fills slots 0 .. kStages - 2, not the scratch
 
     // Publish each warp's (m in base-2 units, l, O) per valid row.
 #pragma unroll
@@ -941,7 +899,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     }
     __syncthreads();  // every thread is done with the scratch: the ring refills over it
     timeline_mark(DecodeTimelinePoint::SliceStored);
-    if (!overlap && has_next) prologue(next, false, 0);
+    if (!overlap && has_next) prologue(next, false);
     cur = next;
   }  // slices
   if (cluster && used > 1) {
@@ -1160,8 +1118,7 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   launch_pdl_clustered("flash_attention", dim3(p.cluster ? static_cast<unsigned>(p.splits) : 1u, 1, 1),
                        attention_decode_kernel<T, HD>, grid, static_cast<unsigned>(p.threads),
                        DecodeShape<HD>::kSmemBytes, stream, a, p.splits, p.slice_keys, p.slices_per_block,
-                       p.head_chunks, p.prefetch_l2, p.fused, p.cluster, launch_switches().pdl_early_trigger,
-                       a.kv_before_wait);
+                       p.head_chunks, p.prefetch_l2, p.fused, p.cluster, launch_switches().pdl_early_trigger);
   if (!p.fused) launch_combine<T, HD>(a, p.splits, p.slice_keys, stream);
   check_launch("flash_attention");
   return true;

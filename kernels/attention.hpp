@@ -145,12 +145,6 @@ struct AttentionArgs {
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
   DecodeTuning decode_tuning;  // q_len == 1, tensor-core kernel only
-  // q_len == 1, tensor-core kernel: CudaBackendConfig::attention_kv_before_wait
-  // (the caller's promise that nothing still running writes the K/V rows
-  // below each sequence's newest, kv_len - 1, or its kv_len): the kernel
-  // requests its first sub-tiles of those rows before its PDL wait. The
-  // same bits either way.
-  bool kv_before_wait = false;
   // q_len > 1: the wgmma kernel (kernels/attention_prefill_wgmma.cu) where
   // it applies, else the mma.sync kernel (CudaBackendConfig::prefill_kernel).
   bool prefill_wgmma = true;

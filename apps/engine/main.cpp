@@ -3,7 +3,7 @@
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N] [--batch N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
 //                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--[no-]pdl-chain-release] [--gemm-prefetch]
-//                      [--no-gemm-early-weights] [--no-attention-early-kv] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]
+//                      [--no-gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]
 //                      [--skinny-max-m N] [--gptq-fused-max-m N] [--gptq-ctas-per-sm N] [--pipeline]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
@@ -47,11 +47,6 @@
 //                    the GPTQ gate|up GEMM releases the down projection early
 //                    (llama3-8b GPTQ +5 %, f16 level: session 22, session 6).
 //                    --gemm-early-weights (the default) is still accepted
-//   --no-attention-early-kv  CudaBackendConfig::attention_kv_before_wait =
-//                    false (the same logits). The engine makes that promise by
-//                    default: a decode step's only new cache row is the one its
-//                    append writes just before the attention, so the decode
-//                    attention requests its older rows before its PDL wait
 //   --no-gptq-evict-first  CudaBackendConfig::gptq_weights_evict_first =
 //                    false (on by default; the same): the GPTQ streaming
 //                    kernel's weight copies without the L2 evict-first policy
@@ -153,7 +148,6 @@ struct Options {
   std::optional<bool> pdl_chain_release;
   bool gemm_prefetch = false;
   bool gemm_early_weights = true;  // the engine's promise (see --no-gemm-early-weights)
-  bool attention_early_kv = true;  // the engine's promise (see --no-attention-early-kv)
   bool gptq_evict_first = true;  // CudaBackendConfig's default
   GptqKernel gptq_kernel = GptqKernel::Auto;
   bool gptq_cluster_reduce = true;
@@ -214,7 +208,7 @@ void usage(std::FILE* out) {
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3[;4,5]\"] [--steps N] [--batch N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
                "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--[no-]pdl-chain-release] [--gemm-prefetch]\n"
-               "                     [--no-gemm-early-weights] [--no-attention-early-kv] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]\n"
+               "                     [--no-gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]\n"
                "                     [--skinny-max-m N] [--gptq-fused-max-m N] [--gptq-ctas-per-sm N] [--pipeline]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
@@ -303,8 +297,6 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.gemm_early_weights = true;
     } else if (arg == "--no-gemm-early-weights") {
       opt.gemm_early_weights = false;
-    } else if (arg == "--no-attention-early-kv") {
-      opt.attention_early_kv = false;
     } else if (arg == "--no-gptq-evict-first") {
       opt.gptq_evict_first = false;
     } else if (arg == "--no-gptq-cluster-reduce") {
@@ -417,7 +409,6 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       config.pdl_chain_release = opt.pdl_chain_release.value_or(gptq_graph_single);
       config.gemm_prefetch_before_wait = opt.gemm_prefetch;
       config.gemm_weights_before_wait = opt.gemm_early_weights;
-      config.attention_kv_before_wait = opt.attention_early_kv;
       config.gptq_weights_evict_first = opt.gptq_evict_first;
       config.gptq_kernel = opt.gptq_kernel;
       config.gptq_cluster_reduce = opt.gptq_cluster_reduce;

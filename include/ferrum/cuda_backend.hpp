@@ -154,22 +154,6 @@ struct CudaBackendConfig {
   // GPTQ graph decode 439-446 -> 467-469 tok/s, session 22). Results are
   // bitwise the same. Per device, like programmatic_dependent_launch.
   bool gemm_weights_before_wait = false;
-  // A promise, off by default: when a decode flash_attention (q_len = 1)
-  // starts, no kernel that may not have completed writes the keys and
-  // values it reads below its newest row (kv_len - 1 of each sequence) or
-  // its kv_len (the device state's, or kv_lens). True for a decode step
-  // whose KV append (kv_cache_append_head_major, qkv_rope_append) runs just
-  // before the attention and whose earlier rows were appended by earlier
-  // steps: ferrum's kernels trigger the next one only after their own wait,
-  // so every kernel two launches back has completed (with
-  // pdl_chain_release, the norms and SiLU·mul trigger before theirs: then
-  // the kernel just before the attention must not be one of them). With it,
-  // the decode attention requests its first sub-tiles of those rows before
-  // it waits on the previous kernel (PDL), so its K/V stream overlaps that
-  // kernel's tail; Q, the newest row and every write come after the wait.
-  // Results are bitwise the same. Per device, like
-  // programmatic_dependent_launch.
-  bool attention_kv_before_wait = false;
   // The GPTQ INT4 kernel per launch of up to 64 rows (see GptqKernel); with
   // gptq_fused_max_m = -1 it also picks the crossover rule (Auto and Wgmma
   // where the wgmma kernel runs: that kernel's). Per backend object (it

@@ -38,7 +38,6 @@ struct CudaRuntime {
   bool gptq_evict_first = false;      // config.gptq_weights_evict_first
   bool gemm_prefetch = false;  // config.gemm_prefetch_before_wait
   bool gemm_weights = false;   // config.gemm_weights_before_wait
-  bool attention_kv = false;   // config.attention_kv_before_wait
 };
 
 // The runtime of config.device, created on first use and never freed.

@@ -279,7 +279,7 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   void *const dq = dq_mem.get(), *const dk = dk_mem.get(), *const dv = dv_mem.get(), *const dout = dout_mem.get();
   void *const dws = dws_mem.get(), *const dflag = dflag_mem.get();
 
-  auto args_for = [&](const kernels::DecodeTuning& tuning, bool kv_before_wait = false) {
+  auto args_for = [&](const kernels::DecodeTuning& tuning) {
     kernels::AttentionArgs a = attention_args(dt, dq, dk, dv, dout,
                                               {.batch = c.batch,
                                                .heads = c.heads,
@@ -294,12 +294,11 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
     a.error_flag = static_cast<std::uint32_t*>(dflag);
     kernels::set_decode_workspace(a, static_cast<float*>(dws), ws);
     a.decode_tuning = tuning;
-    a.kv_before_wait = kv_before_wait;
     return a;
   };
-  auto run_with = [&](const kernels::DecodeTuning& tuning, bool kv_before_wait = false) {
+  auto run_with = [&](const kernels::DecodeTuning& tuning) {
     EXPECT_EQ(cudaMemset(dout, kPoisonByte, q.size()), cudaSuccess);
-    kernels::launch_attention(args_for(tuning, kv_before_wait), nullptr);
+    kernels::launch_attention(args_for(tuning), nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<std::uint8_t> out(q.size());
     EXPECT_EQ(cudaMemcpy(out.data(), dout, out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -349,16 +348,6 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   for (std::size_t i = 0; i < variants.size(); ++i) {
     EXPECT_TRUE(reference == run_with(variants[i])) << "variant " << i << " changed the output";
   }
-  // AttentionArgs::kv_before_wait (CudaBackendConfig::attention_kv_before_wait):
-  // the prologue's sub-tiles below the newest row requested before the PDL
-  // wait, Q after them; with the L2 prefetches (l2_ahead 5, whole slices),
-  // each kind of merge (combine kernel, fused, cluster) and several slices
-  // per block (3, with and without the overlapped boundary).
-  for (std::size_t i : {std::size_t{1}, std::size_t{3}, std::size_t{4}, std::size_t{5}, std::size_t{6},
-                        std::size_t{9}, std::size_t{13}, variants.size() - 1}) {
-    EXPECT_TRUE(reference == run_with(variants[i], true)) << "variant " << i << " with kv_before_wait changed the output";
-  }
-  EXPECT_TRUE(reference == run_with({}, true)) << "kv_before_wait changed the output";
   // The cluster merge ran where it applies (an sm_90 device: 2..8 slices,
   // one head chunk), so the comparison above covered it.
   int major = 0;
@@ -411,51 +400,6 @@ TEST_F(CudaDecodeCheck, KvLensOutOfRangeIsADeviceCheck) {
   // Still usable.
   const RaggedDecodeCase ok = make_ragged_decode_case(rng, DType::F16, cfg, {5, 9});
   EXPECT_TRUE(run(be, ok).guards_ok());
-}
-
-// Straight through the launcher with AttentionArgs::kv_before_wait (the
-// kv_len read before the PDL wait): a bad device-side kv_len is still
-// reported (after the wait, the error word being global memory), its
-// sequence gets zeros, and every byte equals the launch without it.
-TEST_F(CudaDecodeCheck, KvBeforeWaitStillReportsABadKvLen) {
-  FERRUM_SEEDED_RNG(rng);
-  cuda();  // device 0 current, its runtime made
-  constexpr int kBatch = 2, kHeads = 8, kKvHeads = 2, kHd = 128, kCap = 700;
-  const std::size_t q_elems = std::size_t{kBatch} * kHeads * kHd;
-  const std::size_t kv_elems = std::size_t{kBatch} * kKvHeads * kCap * kHd;
-  const DeviceBytes dq(encode_bytes(random_uniform(rng, DType::F16, q_elems)));
-  const DeviceBytes dk(encode_bytes(random_uniform(rng, DType::F16, kv_elems)));
-  const DeviceBytes dv(encode_bytes(random_uniform(rng, DType::F16, kv_elems)));
-  const std::size_t ws = kernels::attention_workspace_floats(kBatch, kHeads, 1, kHd, kCap);
-  DeviceBytes dout(q_elems * 2), dflag(sizeof(std::uint32_t)), dws(ws * sizeof(float));
-  for (std::int32_t bad : {0, -3, kCap + 1}) {
-    SCOPED_TRACE(cat("kv_lens[1] = ", bad));
-    const std::int32_t lens[kBatch] = {kCap, bad};
-    std::vector<std::uint8_t> lens_bytes(sizeof lens);
-    std::memcpy(lens_bytes.data(), lens, sizeof lens);
-    const DeviceBytes dlens(lens_bytes);
-    auto run_with = [&](bool kv_before_wait) {
-      dout.fill(kPoisonByte);
-      dflag.fill(0);
-      kernels::AttentionArgs a = attention_args(DType::F16, dq.get(), dk.get(), dv.get(), dout.get(),
-                                                {.batch = kBatch, .heads = kHeads, .kv_heads = kKvHeads, .q_len = 1,
-                                                 .head_dim = kHd, .kv_stride = kCap, .kv_len = 0, .pos_offset = 0});
-      a.kv_lens = static_cast<const int*>(dlens.get());
-      a.error_flag = static_cast<std::uint32_t*>(dflag.get());
-      kernels::set_decode_workspace(a, static_cast<float*>(dws.get()), ws);
-      a.kv_before_wait = kv_before_wait;
-      kernels::launch_attention(a, nullptr);
-      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      std::uint32_t flag = 0;
-      EXPECT_EQ(cudaMemcpy(&flag, dflag.get(), sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
-      EXPECT_EQ(flag, std::uint32_t{kernels::kErrAttnKvLenOutOfRange});
-      return dout.read();
-    };
-    const std::vector<std::uint8_t> early = run_with(true);
-    const std::size_t row_bytes = std::size_t{kHeads} * kHd * 2;
-    for (std::size_t i = row_bytes; i < 2 * row_bytes; ++i) ASSERT_EQ(early[i], 0) << "byte " << i;
-    EXPECT_TRUE(early == run_with(false));
-  }
 }
 
 // Past the kernels' grid limits (65535 heads; 65535 sequences at prefill):
