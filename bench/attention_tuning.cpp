@@ -8,7 +8,7 @@
 //   ferrum_attention_tuning [decode|prefill|all]   f16, hd 128 (default all)
 //   ferrum_attention_tuning decode B L             one decode shape (e.g. for ncu)
 //   ferrum_attention_tuning decode-exp [B L]       the session-14 decode experiments
-//   ferrum_attention_tuning timeline B L [GHz]    where a decode's time goes, per phase
+//   ferrum_attention_tuning timeline B L [GHz]    where a decode's time goes, per phase, and its schedule
 //                                                 (a build with -DFERRUM_DECODE_TIMELINE=ON;
 //                                                 GHz: the SM clock, 1.98 on the H200)
 // Decode variants: the merge in the decode kernel (fused 1) and as a second
@@ -205,9 +205,87 @@ void random_kv_sets(std::size_t kv_bytes, std::size_t v_extra, std::vector<void*
   }
 }
 
+#if defined(FERRUM_DECODE_TIMELINE)
+using ferrum::kernels::DecodeTimelineBlock;
+
+// The launch's schedule from the blocks' %globaltimer stamps (ns): when they
+// start against each other (waves), how full the SMs' block slots are kept,
+// and how long the launch runs past its last block that does not merge a
+// row (the merge tail).
+void print_schedule(const std::vector<DecodeTimelineBlock>& rows) {
+  struct Span {
+    unsigned sm;
+    double start, end;  // µs after the first block's entry
+    bool merges;        // reached RowMerged
+  };
+  std::vector<Span> spans;
+  unsigned long long t0 = ~0ull;
+  for (const DecodeTimelineBlock& row : rows) {
+    if (row.points[0].ns != 0) t0 = std::min(t0, row.points[0].ns);
+  }
+  constexpr int kRowMerged = static_cast<int>(ferrum::kernels::DecodeTimelinePoint::RowMerged);
+  for (const DecodeTimelineBlock& row : rows) {
+    const unsigned long long entry = row.points[0].ns;
+    if (entry == 0) continue;
+    // Stamps older than the entry are an earlier launch's (a point this
+    // launch's block did not reach, e.g. another block merged the row).
+    unsigned long long end = entry;
+    for (const auto& p : row.points) end = std::max(end, p.ns);
+    spans.push_back({row.sm, static_cast<double>(entry - t0) * 1e-3, static_cast<double>(end - t0) * 1e-3,
+                     row.points[kRowMerged].ns >= entry});
+  }
+  double launch_end = 0.0, streaming_end = 0.0, busy = 0.0, last_start = 0.0;
+  unsigned max_sm = 0;
+  std::vector<double> durations;
+  for (const Span& b : spans) {
+    launch_end = std::max(launch_end, b.end);
+    if (!b.merges) streaming_end = std::max(streaming_end, b.end);
+    last_start = std::max(last_start, b.start);
+    busy += b.end - b.start;
+    durations.push_back(b.end - b.start);
+    max_sm = std::max(max_sm, b.sm);
+  }
+  if (launch_end <= 0.0) return;  // no block passed a second point
+  // Per SM: blocks, the most resident at once (its slots), busy slot time.
+  std::vector<std::vector<const Span*>> by_sm(max_sm + 1);
+  for (const Span& b : spans) by_sm[b.sm].push_back(&b);
+  int sms = 0, slots = 0;
+  std::vector<double> sm_blocks;
+  for (auto& on : by_sm) {
+    if (on.empty()) continue;
+    ++sms;
+    sm_blocks.push_back(static_cast<double>(on.size()));
+    std::vector<std::pair<double, int>> events;
+    for (const Span* b : on) {
+      events.emplace_back(b->start, 1);
+      events.emplace_back(b->end, -1);
+    }
+    std::sort(events.begin(), events.end());  // an end before a start at the same time
+    int now = 0, most = 0;
+    for (const auto& e : events) most = std::max(most, now += e.second);
+    slots = std::max(slots, most);
+  }
+  std::sort(durations.begin(), durations.end());
+  std::sort(sm_blocks.begin(), sm_blocks.end());
+  std::printf("  schedule (%%globaltimer): %zu blocks on %d SMs (blocks per SM %g..%g), up to %d at once per SM\n",
+              spans.size(), sms, sm_blocks.front(), sm_blocks.back(), slots);
+  std::printf("    launch %.2f us: last block start %.2f, last non-merging block end %.2f (merge tail %.2f)\n",
+              launch_end, last_start, streaming_end, launch_end - streaming_end);
+  std::printf("    block duration min %.2f median %.2f p90 %.2f max %.2f us; slots busy %.1f %% of %d x %d\n",
+              durations.front(), durations[durations.size() / 2], durations[durations.size() * 9 / 10],
+              durations.back(), 100.0 * busy / (launch_end * sms * slots), sms, slots);
+  constexpr int kBins = 10;
+  int starts[kBins] = {};
+  for (const Span& b : spans) ++starts[std::min(kBins - 1, static_cast<int>(b.start / launch_end * kBins))];
+  std::printf("    block starts per tenth of the launch:");
+  for (int n : starts) std::printf(" %d", n);
+  std::printf("\n");
+}
+#endif
+
 // Medians etc. over the blocks of the last of 8 back-to-back default
 // launches, in µs after each block's entry (clock64 at `ghz`), per
-// kernels::DecodeTimelinePoint.
+// kernels::DecodeTimelinePoint; then the last launch's schedule.
 int run_timeline(int batch, long long kv, double ghz) {
 #if defined(FERRUM_DECODE_TIMELINE)
   constexpr int kHeads = kDecodeHeads, kKvHeads = kDecodeKvHeads, kHd = kDecodeHeadDim;
@@ -242,13 +320,15 @@ int run_timeline(int batch, long long kv, double ghz) {
     for (int point = 1; point < ferrum::kernels::kDecodeTimelinePoints; ++point) {
       std::vector<double> t;
       for (const auto& row : rows) {
-        if (row[0] != 0 && row[point] > row[0]) t.push_back(static_cast<double>(row[point] - row[0]) / (ghz * 1e3));
+        const unsigned long long entry = row.points[0].clock, at = row.points[static_cast<std::size_t>(point)].clock;
+        if (entry != 0 && at > entry) t.push_back(static_cast<double>(at - entry) / (ghz * 1e3));
       }
       if (t.empty()) continue;
       std::sort(t.begin(), t.end());
       std::printf("  %-18s blocks %5zu  min %7.2f  median %7.2f  p90 %7.2f  max %7.2f\n", names[point], t.size(),
                   t.front(), t[t.size() / 2], t[t.size() * 9 / 10], t.back());
     }
+    print_schedule(rows);
   }
   return 0;
 #else

@@ -97,13 +97,21 @@ __device__ __forceinline__ long long key_limit(const AttentionArgs& a, int b, in
 // (ferrum_attention_tuning timeline). Without the option the marks are
 // empty. (Session 15 found the B = 1 merges' cost this way.)
 #if defined(FERRUM_DECODE_TIMELINE)
-__device__ unsigned long long g_decode_timeline[kDecodeTimelineBlocks][kDecodeTimelinePoints];
+__device__ DecodeTimelineBlock g_decode_timeline[kDecodeTimelineBlocks];
 #endif
 __device__ __forceinline__ void timeline_mark(DecodeTimelinePoint point) {
 #if defined(FERRUM_DECODE_TIMELINE)
   const unsigned block = blockIdx.y * gridDim.x + blockIdx.x;
   if (threadIdx.x == 0 && block < static_cast<unsigned>(kDecodeTimelineBlocks)) {
-    g_decode_timeline[block][static_cast<int>(point)] = static_cast<unsigned long long>(clock64());
+    unsigned long long ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    g_decode_timeline[block].points[static_cast<int>(point)] =
+        DecodeTimelineStamp{static_cast<unsigned long long>(clock64()), ns};
+    if (point == DecodeTimelinePoint::Entry) {
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      g_decode_timeline[block].sm = sm;
+    }
   }
 #else
   (void)point;
@@ -1170,8 +1178,8 @@ void decode_timeline_reset() {
   if (err != cudaSuccess) throw_cuda_error("decode_timeline", "cudaMemset", err);
 }
 
-std::vector<std::array<unsigned long long, kDecodeTimelinePoints>> decode_timeline_read() {
-  std::vector<std::array<unsigned long long, kDecodeTimelinePoints>> rows(kDecodeTimelineBlocks);
+std::vector<DecodeTimelineBlock> decode_timeline_read() {
+  std::vector<DecodeTimelineBlock> rows(kDecodeTimelineBlocks);
   const cudaError_t err = cudaMemcpyFromSymbol(rows.data(), g_decode_timeline, sizeof(g_decode_timeline));
   if (err != cudaSuccess) throw_cuda_error("decode_timeline", "cudaMemcpyFromSymbol", err);
   return rows;

@@ -186,8 +186,11 @@ std::optional<DecodeLaunchPlan> decode_launch_plan(const AttentionArgs& args);
 
 // FERRUM_DECODE_TIMELINE (CMake option, diagnostics only): per block of the
 // last decode launches (block = blockIdx.y * gridDim.x + blockIdx.x, the
-// first kDecodeTimelineBlocks), clock64() of thread 0 at each point; 0
-// where a block did not pass a point (e.g. RowMerged in non-merging blocks).
+// first kDecodeTimelineBlocks), thread 0's clock64() and %globaltimer at
+// each point, and the block's SM; zeros where a block did not pass a point
+// (e.g. RowMerged in non-merging blocks). clock64 counts one SM's cycles
+// (phases within a block); the global timer is one clock for the device
+// (when blocks start and end against each other: the launch's waves).
 // A later launch overwrites what it reaches, so reset before the launch read.
 enum class DecodeTimelinePoint : int {
   Entry = 0,            // before the PDL wait
@@ -208,7 +211,15 @@ inline constexpr int kDecodeTimelineBlocks = 8192;
 #include <vector>
 
 namespace ferrum::kernels {
+struct DecodeTimelineStamp {
+  unsigned long long clock;  // clock64() of the block's SM
+  unsigned long long ns;     // %globaltimer
+};
+struct DecodeTimelineBlock {
+  std::array<DecodeTimelineStamp, kDecodeTimelinePoints> points;
+  unsigned sm;  // %smid at Entry
+};
 void decode_timeline_reset();
-std::vector<std::array<unsigned long long, kDecodeTimelinePoints>> decode_timeline_read();
+std::vector<DecodeTimelineBlock> decode_timeline_read();
 }  // namespace ferrum::kernels
 #endif

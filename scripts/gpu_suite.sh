@@ -29,6 +29,12 @@
 #                                llama3-8b GPTQ decode step, then in three
 #                                standalone m = 1 launches, with the CTAs
 #                                grouped by their SM's load (needs .deps)
+#   scripts/gpu_suite.sh decodetimeline  ferrum_attention_tuning timeline (a
+#                                second build with -DFERRUM_DECODE_TIMELINE=ON):
+#                                the decode kernel's per-block phases and its
+#                                launch's schedule (%globaltimer: waves, slots
+#                                kept busy, merge tail) at B = 1 L = 1k / 4k,
+#                                B = 16 L = 8k, B = 64 L = 1k
 #   scripts/gpu_suite.sh ab      this tree against base/ (scripts/gpu_tree.sh
 #                                REV --base BASE, or gpu_tree.sh --working
 #                                --base BASE) and each alt/N (--alt REV):
@@ -77,7 +83,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong hf sdpa profile tuning verify gptqtimeline ab rowsq)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong hf sdpa profile tuning verify gptqtimeline decodetimeline ab rowsq)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -530,6 +536,24 @@ if has_mode gptqtimeline; then
     for shape in 8192x28672 4096x28672 8192x8192; do
       echo "== ferrum_gptq_timeline --gemm $shape ($(date +%T))"
       timeout 60 "$TB/apps/engine/ferrum_gptq_timeline" --gemm "$shape"
+    done
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode decodetimeline; then
+  # The decode kernel's per-block phases and its launch's schedule (a second
+  # build with -DFERRUM_DECODE_TIMELINE=ON, only the library and
+  # ferrum_attention_tuning): B = 1 at 1k and 4k (latency), B = 16 at 8k and
+  # B = 64 at 1k (the points behind cuDNN: are the SMs' block slots kept
+  # full, and what do the waves and the merge tail cost?).
+  {
+    TB="${B}-dtimeline"
+    echo "== decode timeline build ($(date +%T))"
+    cmake -S . -B "$TB" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRUM_DECODE_TIMELINE=ON >/dev/null
+    cmake --build "$TB" -j16 --target ferrum_attention_tuning 2>&1 | grep -E "error|FAILED" || echo "build ok"
+    for point in "1 1024" "1 4096" "16 8192" "64 1024"; do
+      echo "== ferrum_attention_tuning timeline $point ($(date +%T))"
+      timeout 60 "$TB/bench/ferrum_attention_tuning" timeline $point
     done
   } 2>&1 | tee -a "$LOG"
 fi
