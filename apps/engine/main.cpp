@@ -111,7 +111,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
@@ -647,6 +649,14 @@ int main(int argc, char** argv) {
     if (!parse_options(argc, argv, opt, exit_code)) return exit_code;
     return run(opt);
   } catch (const ferrum::Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "ferrum_engine: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {  // e.g. host tables of a config too large for this machine
+    std::fflush(stdout);
+    std::fprintf(stderr, "ferrum_engine: out of host memory\n");
+    return 1;
+  } catch (const std::exception& e) {  // a library's own (nlohmann, the standard library): a message, not an abort
     std::fflush(stdout);
     std::fprintf(stderr, "ferrum_engine: %s\n", e.what());
     return 1;

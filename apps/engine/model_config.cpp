@@ -1,5 +1,6 @@
 #include "model_config.hpp"
 
+#include <climits>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -7,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine_error.hpp"
+#include "json_text.hpp"
 
 namespace ferrum::engine {
 
@@ -23,14 +25,14 @@ const Json& required(const Json& config, const char* key, const std::string& sou
 
 std::size_t size_field(const Json& value, const char* key, const std::string& source) {
   if (!value.is_number_unsigned() || value.get<std::size_t>() == 0) {
-    fail(ErrorCode::InvalidArgument, source, ": \"", key, "\" must be a positive integer, got ", value.dump());
+    fail(ErrorCode::InvalidArgument, source, ": \"", key, "\" must be a positive integer, got ", describe_json(value));
   }
   return value.get<std::size_t>();
 }
 
 double number_field(const Json& value, const char* key, const std::string& source) {
   if (!value.is_number() || !(value.get<double>() > 0.0) || !std::isfinite(value.get<double>())) {
-    fail(ErrorCode::InvalidArgument, source, ": \"", key, "\" must be a positive number, got ", value.dump());
+    fail(ErrorCode::InvalidArgument, source, ": \"", key, "\" must be a positive number, got ", describe_json(value));
   }
   return value.get<double>();
 }
@@ -38,7 +40,7 @@ double number_field(const Json& value, const char* key, const std::string& sourc
 bool bool_field(const Json& config, const char* key, bool fallback, const std::string& source) {
   if (!config.contains(key) || config[key].is_null()) return fallback;
   if (!config[key].is_boolean()) {
-    fail(ErrorCode::InvalidArgument, source, ": \"", key, "\" must be true or false, got ", config[key].dump());
+    fail(ErrorCode::InvalidArgument, source, ": \"", key, "\" must be true or false, got ", describe_json(config[key]));
   }
   return config[key].get<bool>();
 }
@@ -46,7 +48,7 @@ bool bool_field(const Json& config, const char* key, bool fallback, const std::s
 Architecture parse_architecture(const Json& config, const std::string& source) {
   const Json& archs = required(config, "architectures", source);
   if (!archs.is_array() || archs.size() != 1 || !archs[0].is_string()) {
-    fail(ErrorCode::InvalidArgument, source, ": \"architectures\" must be a one-string array, got ", archs.dump());
+    fail(ErrorCode::InvalidArgument, source, ": \"architectures\" must be a one-string array, got ", describe_json(archs));
   }
   const std::string name = archs[0].get<std::string>();
   if (name == "LlamaForCausalLM") return Architecture::Llama;
@@ -62,10 +64,9 @@ DType parse_torch_dtype(const Json& config, const std::string& source) {
     fail(ErrorCode::InvalidArgument, source, ": required field \"torch_dtype\" (or \"dtype\") is missing");
   }
   const Json& value = config[key];
-  const std::string text = value.is_string() ? value.get<std::string>() : value.dump();
-  if (text == "float16") return DType::F16;
-  if (text == "bfloat16") return DType::BF16;
-  fail(ErrorCode::DTypeMismatch, source, ": \"", key, "\" is ", text,
+  if (value == "float16") return DType::F16;
+  if (value == "bfloat16") return DType::BF16;
+  fail(ErrorCode::DTypeMismatch, source, ": \"", key, "\" is ", describe_json(value),
        "; the engine runs float16 or bfloat16 activations");
 }
 
@@ -74,21 +75,45 @@ DType parse_torch_dtype(const Json& config, const std::string& source) {
 void refuse_unsupported(const Json& config, const std::string& source) {
   // transformers >= 5 writes "rope_parameters" (and may keep "rope_scaling")
   // with rope_type "default" for plain RoPE; any other type is refused.
+  // Both of its type keys are checked: transformers reads "rope_type" first
+  // and "type" (the older name) only without it.
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     if (!config.contains(key) || config[key].is_null()) continue;
     const Json& rope = config[key];
-    const Json* type = nullptr;
-    if (rope.is_object() && rope.contains("rope_type")) type = &rope["rope_type"];
-    if (rope.is_object() && rope.contains("type")) type = &rope["type"];
-    if (type == nullptr || !type->is_string() || *type != "default") {
-      fail(ErrorCode::Unsupported, source, ": \"", key, "\" ", rope.dump(), " is not supported yet (plain RoPE only)");
+    bool plain = rope.is_object() && (rope.contains("rope_type") || rope.contains("type"));
+    for (const char* type_key : {"rope_type", "type"}) {
+      if (plain && rope.contains(type_key) && rope[type_key] != "default") plain = false;
     }
+    if (!plain) {
+      fail(ErrorCode::Unsupported, source, ": \"", key, "\" ", describe_json(rope),
+           " is not supported yet (plain RoPE only)");
+    }
+  }
+  // Attention over a sliding window or RoPE over part of each head: another
+  // model than the one the engine runs.
+  if (bool_field(config, "use_sliding_window", false, source)) {
+    fail(ErrorCode::Unsupported, source, ": \"use_sliding_window\" = true is not supported (full attention only)");
+  }
+  if (config.contains("layer_types") && !config["layer_types"].is_null()) {
+    const Json& types = config["layer_types"];
+    bool full = types.is_array();
+    for (std::size_t i = 0; full && i < types.size(); ++i) full = types[i] == "full_attention";
+    if (!full) {
+      fail(ErrorCode::Unsupported, source, ": \"layer_types\" ", describe_json(types),
+           " is not supported (every layer \"full_attention\")");
+    }
+  }
+  if (config.contains("partial_rotary_factor") && !config["partial_rotary_factor"].is_null() &&
+      config["partial_rotary_factor"] != 1 && config["partial_rotary_factor"] != 1.0) {
+    fail(ErrorCode::Unsupported, source, ": \"partial_rotary_factor\" ", describe_json(config["partial_rotary_factor"]),
+         " is not supported (RoPE over the whole head: 1)");
   }
   for (const char* key : {"attention_bias", "mlp_bias"}) {
     if (bool_field(config, key, false, source)) fail(ErrorCode::Unsupported, source, ": \"", key, "\" = true is not supported");
   }
   if (config.contains("hidden_act") && config["hidden_act"] != "silu") {
-    fail(ErrorCode::Unsupported, source, ": \"hidden_act\" ", config["hidden_act"].dump(), " is not supported (silu)");
+    fail(ErrorCode::Unsupported, source, ": \"hidden_act\" ", describe_json(config["hidden_act"]),
+         " is not supported (silu)");
   }
 }
 
@@ -103,8 +128,12 @@ std::string read_text_file(const std::filesystem::path& path, const char* what) 
 // An integer field of quantization_config (JSON integers only: 4, not 4.0).
 long long gptq_int(const Json& q, const char* key, const std::string& where) {
   const Json& value = q[key];
-  if (!value.is_number_integer()) {
-    fail(ErrorCode::InvalidArgument, where, ": \"quantization_config.", key, "\" must be an integer, got ", value.dump());
+  // An unsigned integer past long long's range would wrap to a negative
+  // value (2^64 - 1 read as -1, "one group"): refused as it is written.
+  if (!value.is_number_integer() ||
+      (value.is_number_unsigned() && value.get<unsigned long long>() > static_cast<unsigned long long>(LLONG_MAX))) {
+    fail(ErrorCode::InvalidArgument, where, ": \"quantization_config.", key, "\" must be an integer, got ",
+         describe_json(value));
   }
   return value.get<long long>();
 }
@@ -113,7 +142,7 @@ bool gptq_bool(const Json& q, const char* key, bool fallback, const std::string&
   if (!q.contains(key) || q[key].is_null()) return fallback;
   if (!q[key].is_boolean()) {
     fail(ErrorCode::InvalidArgument, where, ": \"quantization_config.", key, "\" must be true or false, got ",
-         q[key].dump());
+         describe_json(q[key]));
   }
   return q[key].get<bool>();
 }
@@ -127,7 +156,7 @@ GptqZeroFormat parse_checkpoint_format(const Json& q, const std::string& where) 
     if (!q.contains(key) || q[key].is_null()) continue;
     if (!q[key].is_string()) {
       fail(ErrorCode::InvalidArgument, where, ": \"quantization_config.", key, "\" must be a string, got ",
-           q[key].dump());
+           describe_json(q[key]));
     }
     const std::string text = q[key].get<std::string>();
     if (chosen && *chosen != text) {
@@ -145,7 +174,7 @@ GptqZeroFormat parse_checkpoint_format(const Json& q, const std::string& where) 
 
 GptqConfig parse_gptq_object(const Json& q, const std::string& where) {
   if (!q.is_object()) {
-    fail(ErrorCode::InvalidArgument, where, ": \"quantization_config\" must be an object, got ", q.dump());
+    fail(ErrorCode::InvalidArgument, where, ": \"quantization_config\" must be an object, got ", describe_json(q));
   }
   GptqConfig gptq;
   if (!q.contains("quant_method") || q["quant_method"].is_null()) {
@@ -153,7 +182,7 @@ GptqConfig parse_gptq_object(const Json& q, const std::string& where) {
   }
   const Json& method = q["quant_method"];
   if (!method.is_string() || method.get<std::string>() != "gptq") {
-    fail(ErrorCode::Unsupported, where, ": \"quantization_config.quant_method\" ", method.dump(),
+    fail(ErrorCode::Unsupported, where, ": \"quantization_config.quant_method\" ", describe_json(method),
          " is not supported (only \"gptq\")");
   }
   if (!q.contains("bits") || q["bits"].is_null()) {
@@ -202,8 +231,14 @@ void ModelConfig::validate(const std::string& source) const {
       {"head_dim", head_dim},
       {"vocab_size", vocab_size},
       {"max_position_embeddings", max_position_embeddings}};
+  // The cap keeps every product of two or three of them (the projections'
+  // and embeddings' element counts, the RoPE tables) inside size_t; no real
+  // model comes near it.
   for (const auto& [name, value] : sizes) {
     if (value == 0) fail(ErrorCode::InvalidArgument, source, ": ", name, " must be positive");
+    if (value > kMaxConfigSize) {
+      fail(ErrorCode::InvalidArgument, source, ": ", name, " = ", value, " is larger than ", kMaxConfigSize);
+    }
   }
   if (num_attention_heads % num_key_value_heads != 0) {
     fail(ErrorCode::InvalidArgument, source, ": num_attention_heads = ", num_attention_heads,

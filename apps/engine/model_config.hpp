@@ -55,7 +55,10 @@ struct ModelConfig {
   std::size_t qkv_dim() const noexcept { return q_dim() + 2 * kv_dim(); }
   bool has_qk_norm() const noexcept { return architecture == Architecture::Qwen3; }
 
-  // Throws InvalidArgument naming the field when sizes are zero or disagree
+  // The largest size field validate() accepts (2^24).
+  static constexpr std::size_t kMaxConfigSize = std::size_t{1} << 24;
+  // Throws InvalidArgument naming the field when sizes are zero, past
+  // kMaxConfigSize or disagree
   // (heads % kv_heads, odd head_dim, dtype not f16/bf16, a GPTQ group size
   // that does not divide a projection's k, ...).
   void validate(const std::string& source) const;

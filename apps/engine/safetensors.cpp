@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine_error.hpp"
+#include "json_text.hpp"
 
 namespace ferrum::engine {
 
@@ -49,7 +50,7 @@ std::uint64_t read_u64_le(const unsigned char* bytes) {
 // A JSON number that is a non-negative integer, or an error naming `what`.
 std::size_t json_size(const Json& value, const std::string& what) {
   if (!value.is_number_unsigned()) {
-    fail(ErrorCode::InvalidArgument, what, " must be a non-negative integer, got ", value.dump());
+    fail(ErrorCode::InvalidArgument, what, " must be a non-negative integer, got ", describe_json(value));
   }
   return value.get<std::size_t>();
 }
@@ -57,7 +58,9 @@ std::size_t json_size(const Json& value, const std::string& what) {
 SafetensorsTensorInfo parse_tensor_entry(const std::filesystem::path& path, const std::string& name,
                                          const Json& entry) {
   const std::string here = where(path, name);
-  if (!entry.is_object()) fail(ErrorCode::InvalidArgument, here, ": header entry must be an object, got ", entry.dump());
+  if (!entry.is_object()) {
+    fail(ErrorCode::InvalidArgument, here, ": header entry must be an object, got ", describe_json(entry));
+  }
   for (const char* key : {"dtype", "shape", "data_offsets"}) {
     if (!entry.contains(key)) fail(ErrorCode::InvalidArgument, here, ": header entry has no \"", key, "\"");
   }
@@ -66,11 +69,13 @@ SafetensorsTensorInfo parse_tensor_entry(const std::filesystem::path& path, cons
   if (!entry["dtype"].is_string()) fail(ErrorCode::InvalidArgument, here, ": \"dtype\" must be a string");
   info.dtype = parse_safetensors_dtype(entry["dtype"].get<std::string>(), here);
   const Json& shape = entry["shape"];
-  if (!shape.is_array()) fail(ErrorCode::InvalidArgument, here, ": \"shape\" must be an array, got ", shape.dump());
+  if (!shape.is_array()) {
+    fail(ErrorCode::InvalidArgument, here, ": \"shape\" must be an array, got ", describe_json(shape));
+  }
   for (const Json& dim : shape) info.shape.push_back(json_size(dim, here + ": each \"shape\" entry"));
   const Json& offsets = entry["data_offsets"];
   if (!offsets.is_array() || offsets.size() != 2) {
-    fail(ErrorCode::InvalidArgument, here, ": \"data_offsets\" must be [begin, end], got ", offsets.dump());
+    fail(ErrorCode::InvalidArgument, here, ": \"data_offsets\" must be [begin, end], got ", describe_json(offsets));
   }
   info.begin = json_size(offsets[0], here + ": data_offsets[0]");
   info.end = json_size(offsets[1], here + ": data_offsets[1]");
@@ -163,15 +168,24 @@ std::string shape_to_string(const std::vector<std::size_t>& shape) {
 SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(ErrorCode::InvalidArgument, where(path), ": cannot open it for reading");
+  // A directory or a FIFO opens as a stream but has no size to seek to.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    fail(ErrorCode::InvalidArgument, where(path), ": not a regular file",
+         ec ? concat(" (", ec.message(), ")") : std::string());
+  }
   in.seekg(0, std::ios::end);
-  const auto file_bytes = static_cast<std::uint64_t>(in.tellg());
+  const std::streamoff end = in.tellg();
   in.seekg(0);
+  if (!in || end < 0) fail(ErrorCode::InvalidArgument, where(path), ": cannot find its size");
+  const auto file_bytes = static_cast<std::uint64_t>(end);
   if (file_bytes < 8) {
     fail(ErrorCode::InvalidArgument, where(path), ": ", file_bytes,
          " bytes is too short for the 8-byte header length: the file is truncated");
   }
   unsigned char length_bytes[8];
   in.read(reinterpret_cast<char*>(length_bytes), 8);
+  if (!in) fail(ErrorCode::InvalidArgument, where(path), ": cannot read the 8-byte header length");
   const std::uint64_t header_bytes = read_u64_le(length_bytes);
   if (header_bytes > kMaxHeaderBytes) {
     fail(ErrorCode::InvalidArgument, where(path), ": header length ", header_bytes, " exceeds the ", kMaxHeaderBytes,

@@ -109,10 +109,24 @@ CheckpointDirectory::CheckpointDirectory(const std::filesystem::path& dir) : dir
   if (!std::filesystem::is_directory(dir, ec)) {
     fail(ErrorCode::InvalidArgument, "checkpoint '", dir.string(), "': not a directory");
   }
+  // The error_code forms: a filesystem error (an unreadable directory, a
+  // symlink loop) is a named InvalidArgument, not an escaping
+  // std::filesystem::filesystem_error.
+  auto refuse = [&](const std::filesystem::path& what, const std::error_code& error) {
+    fail(ErrorCode::InvalidArgument, "checkpoint '", dir.string(), "': cannot read '", what.string(), "' (",
+         error.message(), ")");
+  };
   std::vector<std::filesystem::path> paths;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") paths.push_back(entry.path());
+  std::filesystem::directory_iterator it(dir, ec);
+  if (ec) refuse(dir, ec);
+  for (; it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    if (ec) refuse(dir, ec);
+    if (it->path().extension() != ".safetensors") continue;
+    const bool regular = it->is_regular_file(ec);
+    if (ec) refuse(it->path(), ec);
+    if (regular) paths.push_back(it->path());
   }
+  if (ec) refuse(dir, ec);
   std::sort(paths.begin(), paths.end());
   if (paths.empty()) fail(ErrorCode::InvalidArgument, "checkpoint '", dir.string(), "': no *.safetensors file");
   for (const auto& path : paths) {

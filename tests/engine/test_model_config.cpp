@@ -1,5 +1,7 @@
 // config.json parsing and presets.
+#include <cstdint>
 #include <fstream>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -128,6 +130,52 @@ TEST(ModelConfig, BadValues) {
                       "rope_scaling");
   EXPECT_ENGINE_ERROR(parse_model_config(with("attention_bias", true), "c"), ErrorCode::Unsupported, "attention_bias");
   EXPECT_ENGINE_ERROR(parse_model_config("{not json", "c"), ErrorCode::InvalidArgument, "not valid JSON");
+}
+
+// Values past any model's, or built to break the error path: a named error,
+// never a crash, a wrapped size or a silently different model.
+TEST(ModelConfig, HostileValues) {
+  auto with = [](const char* key, nlohmann::json value) {
+    nlohmann::json j = nlohmann::json::parse(kLlamaConfig);
+    j[key] = std::move(value);
+    return j.dump();
+  };
+  // Sizes whose products would wrap size_t (the RoPE tables at 2^62
+  // positions were empty, then written past their end).
+  EXPECT_ENGINE_ERROR(parse_model_config(with("max_position_embeddings", std::uint64_t{1} << 62), "c"),
+                      ErrorCode::InvalidArgument, "max_position_embeddings = 4611686018427387904");
+  EXPECT_ENGINE_ERROR(parse_model_config(with("num_attention_heads", (std::uint64_t{1} << 63) + 1), "c"),
+                      ErrorCode::InvalidArgument, "num_attention_heads");
+  // Nested 100 000 deep: quoted a few levels deep (dump() overflowed the stack).
+  constexpr int kDepth = 100000;
+  std::string text = with("architectures", "@nested@");
+  text.replace(text.find("\"@nested@\""), 10, std::string(kDepth, '[') + std::string(kDepth, ']'));
+  EXPECT_ENGINE_ERROR(parse_model_config(text, "c"), ErrorCode::InvalidArgument, "architectures", "[[[[...]]]]");
+  // rope_type and type disagreeing: transformers takes rope_type, so
+  // neither order may pass as plain RoPE.
+  EXPECT_ENGINE_ERROR(parse_model_config(with("rope_scaling", {{"rope_type", "llama3"}, {"type", "default"}}), "c"),
+                      ErrorCode::Unsupported, "rope_scaling");
+  EXPECT_ENGINE_ERROR(parse_model_config(with("rope_scaling", {{"type", "llama3"}, {"rope_type", "default"}}), "c"),
+                      ErrorCode::Unsupported, "rope_scaling");
+  EXPECT_ENGINE_ERROR(parse_model_config(with("rope_scaling", {{"factor", 8.0}}), "c"), ErrorCode::Unsupported,
+                      "rope_scaling");
+  // Attention the engine does not run.
+  EXPECT_ENGINE_ERROR(parse_model_config(with("use_sliding_window", true), "c"), ErrorCode::Unsupported,
+                      "use_sliding_window");
+  EXPECT_ENGINE_ERROR(parse_model_config(with("layer_types", {"full_attention", "sliding_attention"}), "c"),
+                      ErrorCode::Unsupported, "layer_types", "sliding_attention");
+  EXPECT_ENGINE_ERROR(parse_model_config(with("partial_rotary_factor", 0.5), "c"), ErrorCode::Unsupported,
+                      "partial_rotary_factor", "0.5");
+  // ... and what it does run, written out.
+  EXPECT_NO_THROW(parse_model_config(with("use_sliding_window", false), "c"));
+  EXPECT_NO_THROW(parse_model_config(with("layer_types", {"full_attention", "full_attention"}), "c"));
+  EXPECT_NO_THROW(parse_model_config(with("partial_rotary_factor", 1.0), "c"));
+  EXPECT_NO_THROW(parse_model_config(with("rope_scaling", {{"rope_type", "default"}, {"type", "default"}}), "c"));
+  // A GPTQ integer past long long: refused as written, not wrapped to -1
+  // ("one group").
+  EXPECT_ENGINE_ERROR(
+      parse_gptq_config(R"({"quant_method": "gptq", "bits": 4, "group_size": 18446744073709551615})", "q"),
+      ErrorCode::InvalidArgument, "group_size", "18446744073709551615");
 }
 
 TEST(ModelConfig, LoadFromFile) {

@@ -1,11 +1,13 @@
 // safetensors reader / writer: round trip and every malformed-file case.
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include <gtest/gtest.h>
 
 #include "engine_test_support.hpp"
 #include "safetensors.hpp"
+#include "tensor_source.hpp"
 
 namespace ferrum::engine {
 namespace {
@@ -188,6 +190,37 @@ TEST(Safetensors, MetadataMustHoldStrings) {
 TEST(Safetensors, MissingFile) {
   EXPECT_ENGINE_ERROR(SafetensorsFile::open(scratch_dir() / "nope.safetensors"), ErrorCode::InvalidArgument,
                       "nope.safetensors", "cannot open");
+}
+
+// A directory where a file is expected: named, not read as a header.
+TEST(Safetensors, DirectoryIsNotAFile) {
+  const auto dir = scratch_dir() / "d.safetensors";
+  std::filesystem::create_directories(dir);
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(dir), ErrorCode::InvalidArgument, "d.safetensors", "not a regular file");
+}
+
+// A header entry nested 100 000 levels deep: its error message quotes a
+// few levels of it (quoting it whole overflowed the stack).
+TEST(Safetensors, DeeplyNestedEntryIsANamedError) {
+  constexpr int kDepth = 100000;
+  const std::string nested = std::string(kDepth, '[') + std::string(kDepth, ']');
+  const auto path = scratch_dir() / "t.safetensors";
+  write_raw_safetensors(path, R"({"w":)" + nested + "}", {});
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(path), ErrorCode::InvalidArgument, "'w'", "must be an object",
+                      "[[[[...]]]]");
+  write_raw_safetensors(path, R"({"w":{"dtype":"F32","shape":)" + nested + R"(,"data_offsets":[0,0]}})", {});
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(path), ErrorCode::InvalidArgument, "'w'", "shape");
+}
+
+// A symlink loop among a checkpoint's files: a named error, not an escaping
+// std::filesystem::filesystem_error.
+TEST(Safetensors, CheckpointDirectoryWithASymlinkLoop) {
+  const auto dir = scratch_dir() / "ckpt";
+  std::filesystem::create_directories(dir);
+  std::error_code ec;
+  std::filesystem::create_symlink(dir / "loop.safetensors", dir / "loop.safetensors", ec);
+  if (ec) GTEST_SKIP() << "no symlinks here: " << ec.message();
+  EXPECT_ENGINE_ERROR(CheckpointDirectory{dir}, ErrorCode::InvalidArgument, "loop.safetensors");
 }
 
 TEST(Safetensors, WriterRefusesWrongByteCount) {
