@@ -21,6 +21,10 @@ namespace {
 constexpr int kMaxNvec = 8;
 constexpr int kMaxGroup = 1024;
 
+const char* norm_op_name(NormKind kind) {
+  return kind == NormKind::Rms ? "rms_norm" : kind == NormKind::AddRms ? "fused_add_rms_norm" : "layer_norm";
+}
+
 // Sum of v over the G threads of this thread's row. For G > 32 this uses
 // shared memory and __syncthreads, so every thread of the block must call it.
 __device__ __forceinline__ float row_sum(float v, int group) {
@@ -185,8 +189,9 @@ __global__ void __launch_bounds__(1024) norm_rows_loop_kernel(const T* __restric
   }
 }
 
-int next_pow2(int v) {
-  int p = 1;
+// In 64 bits: an int version never returned for v past 2^30 (p wrapped to 0).
+long long next_pow2(long long v) {
+  long long p = 1;
   while (p < v) p *= 2;
   return p;
 }
@@ -226,17 +231,24 @@ void launch_typed(const NormArgs& a, cudaStream_t stream) {
   constexpr int kWide = kVec16<T>;
   const bool wide = a.dim % kWide == 0 && aligned16(x) && aligned16(weight) && aligned16(out) &&
                     (K != NormKind::AddRms || aligned16(residual)) && (K != NormKind::Layer || aligned16(bias));
+  // The row loop kernel's int column index passes dim by up to a block.
+  if (a.dim > kNormMaxDim) throw_size_limit(norm_op_name(K), "dim", a.dim, kNormMaxDim);
   const int vw = wide ? kWide : 1;
-  const int nvec = a.dim / vw;
+  const long long nvec = a.dim / vw;
+  // In 64 bits: near 2^31 rows or columns the int sums wrapped (a plan of
+  // one vector per thread over a 2^31-column row, or a negative grid).
   struct Plan {
-    int group, nvec_per_thread, threads, blocks;
+    int group;
+    long long nvec_per_thread;
+    int threads, blocks;
   };
   auto plan_for = [&](int target) {
     Plan p{};
-    p.group = std::min(kMaxGroup, next_pow2((nvec + target - 1) / target));
+    p.group = static_cast<int>(std::min<long long>(kMaxGroup, next_pow2((nvec + target - 1) / target)));
     p.nvec_per_thread = next_pow2((nvec + p.group - 1) / p.group);
     p.threads = std::max(p.group, std::min(kMaxGroup, std::max(32, a.min_block_threads)));
-    p.blocks = (a.rows + p.threads / p.group - 1) / (p.threads / p.group);
+    const long long rows_per_block = p.threads / p.group;
+    p.blocks = static_cast<int>((static_cast<long long>(a.rows) + rows_per_block - 1) / rows_per_block);
     return p;
   };
   const int target = a.target_vectors_per_thread > 0 ? a.target_vectors_per_thread : tuned_vectors_per_thread<K, T>();
@@ -246,7 +258,7 @@ void launch_typed(const NormArgs& a, cudaStream_t stream) {
   const bool prefetch_w = plan.blocks <= a.num_sms;
   if (prefetch_w && target > 2) plan = plan_for(2);  // fewer registers for the prefetched weight
   const int group = plan.group;
-  const int nvec_per_thread = plan.nvec_per_thread;
+  const long long nvec_per_thread = plan.nvec_per_thread;
   const int threads = plan.threads;
   const int blocks = plan.blocks;
   const PdlTrigger trigger = small_op_trigger();
@@ -267,7 +279,7 @@ void launch_typed(const NormArgs& a, cudaStream_t stream) {
                  weight, bias, out, a.rows, a.dim, a.eps, group, trigger);
     }
   };
-  dispatch_int<1, 2, 4, 8>(nvec_per_thread, "norm", "vectors per thread", [&](auto nvec_c) {
+  dispatch_int<1, 2, 4, 8>(static_cast<int>(nvec_per_thread), "norm", "vectors per thread", [&](auto nvec_c) {
     if (wide) {
       go(std::integral_constant<int, kWide>{}, nvec_c);
     } else {
@@ -287,7 +299,7 @@ void launch_norm(const NormArgs& args, cudaStream_t stream) {
       case NormKind::Layer: launch_typed<NormKind::Layer, T>(args, stream); break;
     }
   });
-  check_launch(args.kind == NormKind::Rms ? "rms_norm" : args.kind == NormKind::AddRms ? "fused_add_rms_norm" : "layer_norm");
+  check_launch(norm_op_name(args.kind));
 }
 
 }  // namespace ferrum::kernels

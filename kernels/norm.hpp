@@ -30,6 +30,10 @@ struct NormArgs {
   int min_block_threads = 256;
 };
 
+// The longest row launch_norm takes (its row-loop kernel's int column
+// index passes dim by up to one block); longer throws Unsupported naming dim.
+inline constexpr int kNormMaxDim = 1 << 30;
+
 void launch_norm(const NormArgs& args, cudaStream_t stream);
 
 }  // namespace ferrum::kernels

@@ -329,6 +329,16 @@ RopeLaunchPlan rope_launch_plan(int head_dim, bool pointers_aligned) {
   return p;
 }
 
+// A launch's blocks along grid.x for `rows` head rows (tokens x heads),
+// `threads_per_row` threads each in blocks of `threads`: past 2^31 - 1
+// blocks (rows near 2^33) a named Unsupported, not a count truncated to 32
+// bits.
+unsigned grid_blocks(const char* op, long long rows, int threads_per_row, int threads) {
+  const long long max_rows = kMaxGridX * threads / threads_per_row;  // checked before rows * threads_per_row
+  if (rows > max_rows) throw_size_limit(op, "rows (tokens x heads)", rows, max_rows);
+  return static_cast<unsigned>((rows * threads_per_row + threads - 1) / threads);
+}
+
 }  // namespace
 
 void launch_qk_norm_rope(const RopeArgs& a, cudaStream_t stream) {
@@ -339,7 +349,7 @@ void launch_qk_norm_rope(const RopeArgs& a, cudaStream_t stream) {
   if (plan.vec) {
     constexpr int kThreads = 128;
     const long long rows = static_cast<long long>(a.tokens) * a.heads;
-    const auto blocks = static_cast<unsigned>((rows * group + kThreads - 1) / kThreads);
+    const auto blocks = grid_blocks("qk_norm_rope", rows, group, kThreads);
     dispatch_half_dtype(a.dtype, "qk_norm_rope", [&](auto tag) {
       using T = typename decltype(tag)::type;
       auto* in = static_cast<const T*>(a.input);
@@ -354,7 +364,7 @@ void launch_qk_norm_rope(const RopeArgs& a, cudaStream_t stream) {
   }
   const int pairs = plan.pairs;
   const long long rows = static_cast<long long>(a.tokens) * a.heads;
-  const auto blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  const auto blocks = grid_blocks("qk_norm_rope", rows, 32, 32 * kWarpsPerBlock);
   dispatch_half_dtype(a.dtype, "qk_norm_rope", [&](auto tag) {
     using T = typename decltype(tag)::type;
     dispatch_int<1, 2, 4, 8>(pairs, "qk_norm_rope", "pairs per lane", [&](auto pairs_c) {
@@ -379,7 +389,7 @@ void launch_qkv_rope_append(const QkvRopeAppendArgs& a, cudaStream_t stream) {
   const long long rows = static_cast<long long>(a.tokens) * (a.heads + 2 * a.kv_heads);
   if (plan.vec) {
     constexpr int kThreads = 128;
-    const auto blocks = static_cast<unsigned>((rows * group + kThreads - 1) / kThreads);
+    const auto blocks = grid_blocks("qkv_rope_append", rows, group, kThreads);
     dispatch_half_dtype(a.dtype, "qkv_rope_append", [&](auto tag) {
       using T = typename decltype(tag)::type;
       auto* kernel = norm ? qkv_rope_append_vec_kernel<T, true> : qkv_rope_append_vec_kernel<T, false>;
@@ -389,7 +399,7 @@ void launch_qkv_rope_append(const QkvRopeAppendArgs& a, cudaStream_t stream) {
     return;
   }
   const int pairs = plan.pairs;
-  const auto blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  const auto blocks = grid_blocks("qkv_rope_append", rows, 32, 32 * kWarpsPerBlock);
   dispatch_half_dtype(a.dtype, "qkv_rope_append", [&](auto tag) {
     using T = typename decltype(tag)::type;
     dispatch_int<1, 2, 4, 8>(pairs, "qkv_rope_append", "pairs per lane", [&](auto pairs_c) {

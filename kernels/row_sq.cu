@@ -83,9 +83,11 @@ void launch_row_sq(const char* op, DType dtype, const void* x, void* residual, f
                    cudaStream_t stream) {
   if (rows < 1) throw_bad_dispatch(op, "rows", rows);
   if (cols < 1) throw_bad_dispatch(op, "cols", cols);
+  // Strips of 4 * kQuadThreads columns along grid.y (at most 65535).
+  static_assert(kRowSqMaxCols == 65535 * 4 * kQuadThreads, "row_sq.hpp's limit is this launch's");
+  if (cols > kRowSqMaxCols) throw_size_limit(op, "cols", cols, kRowSqMaxCols);
   const int quads = (cols + 3) / 4;
   const int strips = (quads + kQuadThreads - 1) / kQuadThreads;
-  if (strips > 65535) throw_bad_dispatch(op, "cols (strips of 512 columns past grid.y)", cols);
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(strips));
   dispatch_half_dtype(dtype, op, [&](auto tag) {
     using T = typename decltype(tag)::type;

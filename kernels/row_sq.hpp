@@ -13,6 +13,11 @@
 
 namespace ferrum::kernels {
 
+// The most columns launch_row_sum_squares and launch_add_residual_row_sq
+// take (strips of 512 columns along grid.y, at most 65535); more throws
+// Unsupported naming cols.
+inline constexpr int kRowSqMaxCols = 65535 * 512;
+
 // row_sq of x [rows, cols].
 void launch_row_sum_squares(DType dtype, const void* x /*[rows, cols]*/, float* row_sq, int rows, int cols,
                             cudaStream_t stream);

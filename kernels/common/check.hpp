@@ -11,6 +11,12 @@ namespace ferrum::kernels {
 // Throws ferrum::Error (ErrorCode::Internal): a launcher got a value that the
 // validating layer should have refused.
 [[noreturn]] void throw_bad_dispatch(const char* op, const char* what, long long value);
+// Throws ferrum::Error (ErrorCode::Unsupported): a size the public checks
+// allow but a kernel's grid or indices cannot take (e.g. more than 2^31 - 1
+// blocks), naming the op, what it is, its value and the limit.
+[[noreturn]] void throw_size_limit(const char* op, const char* what, long long value, long long limit);
+// The most blocks a launch may ask for along grid.x (sm_30 and later).
+inline constexpr long long kMaxGridX = 2147483647;
 
 // Whether launches on the current device use programmatic dependent launch
 // (see kernels/common/launch.cuh): the device's CudaBackend config decides;

@@ -453,6 +453,13 @@ void CudaBackend::do_gemm_gptq_add_residual(const Buffer& a, const QuantWeight& 
   const char* const op = "gemm_gptq_add_residual";
   const CudaGptqWeight& weight =
       checked_gptq_operands(*rt_, op, w, {{"a", &a}, {"out", &out}, {"residual", &residual}});
+  // Before any launch: where the streaming kernel does not take it, the
+  // add-and-sum kernel after the GEMM would refuse it, the GEMM already run.
+  if (w.n() > static_cast<std::size_t>(kernels::kRowSqMaxCols)) {
+    abandon_capture();
+    detail::fail(ErrorCode::Unsupported, "{}: argument 'w.n()' = {} exceeds the CUDA kernel's limit {}", op, w.n(),
+                 kernels::kRowSqMaxCols);
+  }
   detail::activate_device(device_);
   const DType dtype = a.dtype();
   const GptqSwitches sw = switches_of(*this, rt_->num_sms);

@@ -323,8 +323,16 @@ bool pdl_available() {
   return device_is_sm90_or_later();
 }
 
+// Both end a capture in progress first, as throw_cuda_error does: the stream
+// stays usable and no graph silently lacks the op.
 void throw_bad_dispatch(const char* op, const char* what, long long value) {
+  if (detail::CudaRuntime* rt = detail::runtime_of_current_device()) detail::abandon_capture(*rt);
   detail::fail(ErrorCode::Internal, "{}: no kernel instance for {} = {}", op, what, value);
+}
+
+void throw_size_limit(const char* op, const char* what, long long value, long long limit) {
+  if (detail::CudaRuntime* rt = detail::runtime_of_current_device()) detail::abandon_capture(*rt);
+  detail::fail(ErrorCode::Unsupported, "{}: {} = {} is past the CUDA kernel's limit {}", op, what, value, limit);
 }
 
 }  // namespace ferrum::kernels

@@ -16,6 +16,8 @@
 #include <initializer_list>
 #include <vector>
 
+#include "kernels/norm.hpp"
+#include "kernels/row_sq.hpp"
 #include "support/op_runners.hpp"
 #include "support/test_support.hpp"
 
@@ -444,6 +446,33 @@ TEST_F(CudaWrap, RefusesMemoryItsKernelsCannotReach) {
   EXPECT_EQ(cudaFree(device), cudaSuccess);
   EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
   EXPECT_EQ(cudaFree(managed), cudaSuccess);
+}
+
+// Sizes the public checks take but a CUDA kernel's grid or indices cannot:
+// a named Unsupported before any launch, a capture in progress ended with
+// the stream usable; never a hang (the norm plan looped forever near 2^31
+// columns), a grid truncated to 32 bits or a partial result. (qk_norm_rope's
+// and qkv_rope_append's limit, past 2^33 head rows, would need 34 GiB per
+// buffer to reach: not run.)
+class CudaSizeLimits : public CudaTest {};
+TEST_F(CudaSizeLimits, NamedBeforeAnyLaunch) {
+  Backend& be = cuda();
+  {  // A row past kernels::kNormMaxDim: 2 GiB of f16 per buffer.
+    const std::size_t dim = std::size_t{kernels::kNormMaxDim} + 8;
+    Buffer x = be.alloc(DType::F16, dim), w = be.alloc(DType::F16, dim), out = be.alloc(DType::F16, dim);
+    expect_error(ErrorCode::Unsupported, "rms_norm", [&] { be.rms_norm(x, w, 1e-6f, out, 1, dim); }, "dim");
+  }
+  {  // row_sum_squares past kernels::kRowSqMaxCols, also inside a capture.
+    const std::size_t cols = std::size_t{kernels::kRowSqMaxCols} + 1;
+    Buffer x = be.alloc(DType::F16, cols), sq = be.alloc(DType::F32, (cols + 15) / 16);
+    expect_error(ErrorCode::Unsupported, "row_sum_squares", [&] { be.row_sum_squares(x, sq, 1, cols); }, "cols");
+    be.begin_graph_capture();
+    expect_error(ErrorCode::Unsupported, "row_sum_squares", [&] { be.row_sum_squares(x, sq, 1, cols); }, "cols");
+    EXPECT_FALSE(be.is_capturing());
+  }
+  Buffer ones = be.upload(std::vector<float>(64, 1.0f), DType::F16), sums = be.alloc(DType::F32, 4);
+  be.row_sum_squares(ones, sums, 1, 64);
+  EXPECT_EQ(be.download(sums), std::vector<float>(4, 16.0f));
 }
 
 }  // namespace
