@@ -157,10 +157,19 @@ void validate_gptq(const GptqHostTensors& t, std::string_view op) {
   }
   check_g_idx_range(t.g_idx, groups, t.group_size, op);
 
+  // Within f16's range too: GPTQ checkpoints store f16 scales, and the CUDA
+  // kernels keep them as f16 for f16 activations (a scale of 7e4 became inf
+  // there, and 0 * inf NaN, while the CPU reference stayed finite).
+  constexpr float kF16Max = 65504.0f;
   for (std::size_t i = 0; i < t.scales.size(); ++i) {
     if (!std::isfinite(t.scales[i])) {
       fail(ErrorCode::InvalidArgument, "{}: argument 'scales' entry {} (group {}, column {}) = {} is not finite", op, i,
            i / t.n, i % t.n, t.scales[i]);
+    }
+    if (std::fabs(t.scales[i]) > kF16Max) {
+      fail(ErrorCode::InvalidArgument,
+           "{}: argument 'scales' entry {} (group {}, column {}) = {} is outside f16's range (|scale| <= {})", op, i,
+           i / t.n, i % t.n, t.scales[i], kF16Max);
     }
   }
 }

@@ -688,6 +688,11 @@ TEST_F(GptqBadInput, ScalesMustBeFinite) {
   s[21] = 1.0f;
   s[63] = -std::numeric_limits<float>::infinity();
   expect_invalid(t, ErrorCode::InvalidArgument, {"'scales' entry 63 (group 3, column 15) = -inf", "not finite"});
+  // Finite but past f16 (the CUDA kernels' scales for f16 activations); f16's largest is taken.
+  s[63] = 70000.0f;
+  expect_invalid(t, ErrorCode::InvalidArgument, {"'scales' entry 63 (group 3, column 15) = 70000", "outside f16's range"});
+  s[63] = -65504.0f;
+  EXPECT_NO_THROW(detail::validate_gptq(t, "load_gptq"));
 }
 
 TEST_F(GptqBadInput, EmptyGIdxAndGroupSizeMinusOneAreValid) {
