@@ -171,6 +171,17 @@ bool copy_needed(const OpCheck& check, const Buffer& src, std::size_t src_offset
 
 // ── Buffers ────────────────────────────────────────────────────────────────
 
+Backend::Backend() : owner_(std::make_shared<detail::BufferOwner>(this)) {}
+
+// Buffers still alive keep owner_ (and free through it); from now on they
+// report no backend, so no op takes them and no message calls into this one.
+Backend::~Backend() { owner_->alive.store(false, std::memory_order_release); }
+
+void Backend::set_deallocator(void (*free)(void* ptr, int device) noexcept, int device) noexcept {
+  owner_->free = free;
+  owner_->device = device;
+}
+
 Buffer Backend::alloc(DType dtype, std::size_t numel) {
   OpCheck check(*this, "alloc");
   refuse_during_capture(check);

@@ -9,32 +9,57 @@
 
 namespace ferrum {
 
+Buffer::Buffer(std::shared_ptr<detail::BufferOwner> owner, void* data, DType dtype, std::size_t numel,
+               void* alloc) noexcept
+    : owner_(std::move(owner)), data_(data), numel_(numel), dtype_(dtype), alloc_(alloc) {}
+
 Buffer::~Buffer() { release(); }
 
 Buffer::Buffer(Buffer&& other) noexcept
-    : backend_(std::exchange(other.backend_, nullptr)),
+    : owner_(std::move(other.owner_)),
       data_(std::exchange(other.data_, nullptr)),
       numel_(std::exchange(other.numel_, 0)),
       dtype_(other.dtype_),
-      owning_(std::exchange(other.owning_, false)) {}
+      alloc_(std::exchange(other.alloc_, nullptr)) {}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
-  if (this != &other) {
-    release();
-    backend_ = std::exchange(other.backend_, nullptr);
-    data_ = std::exchange(other.data_, nullptr);
-    numel_ = std::exchange(other.numel_, 0);
-    dtype_ = other.dtype_;
-    owning_ = std::exchange(other.owning_, false);
+  if (this == &other) return *this;
+  // What this Buffer held: an allocation it frees, and the bytes of it that
+  // it spanned.
+  std::shared_ptr<detail::BufferOwner> old_owner = std::move(owner_);
+  void* const old_alloc = std::exchange(alloc_, nullptr);
+  const auto* const old_begin = static_cast<const std::uint8_t*>(data_);
+  const auto* const old_end = old_begin == nullptr ? nullptr : old_begin + nbytes();
+  owner_ = std::move(other.owner_);
+  data_ = std::exchange(other.data_, nullptr);
+  numel_ = std::exchange(other.numel_, 0);
+  dtype_ = other.dtype_;
+  alloc_ = std::exchange(other.alloc_, nullptr);
+  if (old_alloc != nullptr) {
+    // x = x.view(...): the view keeps the allocation it lies in, rather
+    // than pointing into memory freed under it.
+    const auto* const begin = static_cast<const std::uint8_t*>(data_);
+    const bool inside = alloc_ == nullptr && owner_ == old_owner && begin != nullptr && begin >= old_begin &&
+                        begin + nbytes() <= old_end;
+    if (inside) {
+      alloc_ = old_alloc;
+    } else if (old_owner != nullptr && old_owner->free != nullptr) {
+      old_owner->free(old_alloc, old_owner->device);
+    }
   }
   return *this;
 }
 
 void Buffer::release() noexcept {
-  if (owning_ && data_ != nullptr && backend_ != nullptr) backend_->free_bytes(data_);
+  if (alloc_ != nullptr && owner_ != nullptr && owner_->free != nullptr) owner_->free(alloc_, owner_->device);
+  owner_.reset();
   data_ = nullptr;
   numel_ = 0;
-  owning_ = false;
+  alloc_ = nullptr;
+}
+
+Backend* Buffer::backend() const noexcept {
+  return owner_ != nullptr && owner_->alive.load(std::memory_order_acquire) ? owner_->backend : nullptr;
 }
 
 Buffer Buffer::view(std::size_t offset, std::size_t count) const {
@@ -45,7 +70,7 @@ Buffer Buffer::view(std::size_t offset, std::size_t count) const {
                  offset + count, numel_);
   }
   auto* base = static_cast<std::uint8_t*>(data_) + offset * size_of(dtype_);
-  return Buffer(backend_, base, dtype_, count, /*owning=*/false);
+  return Buffer(owner_, base, dtype_, count, /*alloc=*/nullptr);
 }
 
 Buffer Buffer::wrap(Backend& backend, void* ptr, DType dtype, std::size_t numel) {
@@ -61,7 +86,7 @@ Buffer Buffer::wrap(Backend& backend, void* ptr, DType dtype, std::size_t numel)
                  numel, to_string(dtype));
   }
   backend.check_wrapped(ptr, numel * size_of(dtype));
-  return Buffer(&backend, ptr, dtype, numel, /*owning=*/false);
+  return Buffer(backend.owner_, ptr, dtype, numel, /*alloc=*/nullptr);
 }
 
 }  // namespace ferrum

@@ -21,6 +21,7 @@
 // the op touches exactly the elements its sizes name.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -156,9 +157,24 @@ class QuantWeight {
   virtual const Backend* backend() const noexcept = 0;
 };
 
+namespace detail {
+// What a Buffer keeps of its backend, shared so that it outlives the backend:
+// a Buffer destroyed after its backend still frees its memory, and sees the
+// backend gone (Buffer::backend() null) instead of calling into it.
+struct BufferOwner {
+  explicit BufferOwner(Backend* owner) noexcept : backend(owner) {}
+  Backend* const backend;
+  std::atomic<bool> alive{true};  // false from ~Backend on
+  // Frees one allocate_bytes allocation, also after the backend is gone
+  // (set by the backend's constructor; null: nothing to free).
+  void (*free)(void* ptr, int device) noexcept = nullptr;
+  int device = -1;
+};
+}  // namespace detail
+
 class Backend {
  public:
-  virtual ~Backend() = default;
+  virtual ~Backend();
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
 
@@ -472,7 +488,10 @@ class Backend {
                       ReduceOp op);
 
  protected:
-  Backend() = default;
+  Backend();
+  // Each backend's constructor says how its allocations are freed: a
+  // function that needs nothing of the backend object but `device`.
+  void set_deallocator(void (*free)(void* ptr, int device) noexcept, int device) noexcept;
 
   // Called before any op error is thrown: a backend that is capturing a
   // graph ends and discards the capture, leaving its stream usable.
@@ -482,7 +501,6 @@ class Backend {
   // Memory hooks used by Buffer.
   friend class Buffer;
   virtual void* allocate_bytes(std::size_t bytes) = 0;
-  virtual void free_bytes(void* ptr) noexcept = 0;
   // Buffer::wrap: throws ferrum::Error (naming Buffer::wrap and 'ptr') when
   // this backend's ops cannot touch `bytes` bytes at `ptr`. Default: any
   // memory (CpuBackend: host memory).
@@ -491,7 +509,7 @@ class Backend {
     (void)bytes;
   }
   Buffer make_buffer(void* data, DType dtype, std::size_t numel, bool owning) {
-    return Buffer(this, data, dtype, numel, owning);
+    return Buffer(owner_, data, dtype, numel, owning ? data : nullptr);
   }
 
   virtual void do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host,
@@ -584,6 +602,7 @@ class Backend {
 
  private:
   bool device_state_mode_ = false;
+  std::shared_ptr<detail::BufferOwner> owner_;  // every Buffer of this backend holds it too
 };
 
 // CUDA devices visible to this process; 0 when there is no driver or GPU.

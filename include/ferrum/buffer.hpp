@@ -3,12 +3,16 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 
 #include "ferrum/dtype.hpp"
 
 namespace ferrum {
 
 class Backend;
+namespace detail {
+struct BufferOwner;  // ferrum/backend.hpp
+}
 
 class Buffer {
  public:
@@ -24,12 +28,18 @@ class Buffer {
   DType dtype() const noexcept { return dtype_; }
   std::size_t numel() const noexcept { return numel_; }
   std::size_t nbytes() const noexcept { return numel_ * size_of(dtype_); }
-  Backend* backend() const noexcept { return backend_; }
-  bool owns_memory() const noexcept { return owning_; }
+  // The backend whose memory this is; null for the null buffer and once
+  // that backend is destroyed (a Buffer may outlive its backend: its memory
+  // stays valid and is freed with it, but no op takes it any more).
+  Backend* backend() const noexcept;
+  // Whether destroying it frees memory (an allocation, not a view or a wrap).
+  bool owns_memory() const noexcept { return alloc_ != nullptr; }
   bool is_null() const noexcept { return data_ == nullptr; }
 
   // A non-owning window of `count` elements starting at element `offset`.
-  // The parent must outlive the view. Throws ShapeMismatch past the end.
+  // The parent must outlive the view, except that assigning a view over its
+  // own parent (x = x.view(...)) hands it the parent's allocation. Throws
+  // ShapeMismatch past the end.
   Buffer view(std::size_t offset, std::size_t count) const;
 
   // Wraps memory the caller owns (device memory for CudaBackend, host memory
@@ -44,15 +54,15 @@ class Buffer {
 
  private:
   friend class Backend;
-  Buffer(Backend* backend, void* data, DType dtype, std::size_t numel, bool owning) noexcept
-      : backend_(backend), data_(data), numel_(numel), dtype_(dtype), owning_(owning) {}
+  Buffer(std::shared_ptr<detail::BufferOwner> owner, void* data, DType dtype, std::size_t numel,
+         void* alloc) noexcept;
   void release() noexcept;
 
-  Backend* backend_ = nullptr;
+  std::shared_ptr<detail::BufferOwner> owner_;  // shared with the backend, outlives it
   void* data_ = nullptr;
   std::size_t numel_ = 0;
   DType dtype_ = DType::F16;
-  bool owning_ = false;
+  void* alloc_ = nullptr;  // the allocation this Buffer frees (at or before data_); null: none
 };
 
 }  // namespace ferrum

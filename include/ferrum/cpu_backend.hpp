@@ -32,7 +32,6 @@ class CpuBackend final : public Backend {
 
  protected:
   void* allocate_bytes(std::size_t bytes) override;
-  void free_bytes(void* ptr) noexcept override;
   void do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host,
                       std::size_t bytes) override;
   void do_read_bytes(const Buffer& src, std::size_t src_byte_offset, void* host,

@@ -260,7 +260,6 @@ class CudaBackend final : public Backend {
  protected:
   void abandon_capture() noexcept override;
   void* allocate_bytes(std::size_t bytes) override;
-  void free_bytes(void* ptr) noexcept override;
   // Device memory of this backend's device, or pinned / managed host memory
   // (reachable from kernels); pageable host memory and another device's
   // memory are refused.

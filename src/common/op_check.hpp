@@ -37,7 +37,7 @@ class OpCheck {
     if (b.is_null()) fail(ErrorCode::NullBuffer, "{}: argument '{}' is a null buffer", op_, arg);
     if (b.backend() != &backend_) {
       fail(ErrorCode::WrongBackend, "{}: argument '{}' belongs to another backend ({})", op_, arg,
-           b.backend() == nullptr ? std::string("none") : b.backend()->name());
+           b.backend() == nullptr ? std::string("one since destroyed") : b.backend()->name());
     }
     const auto addr = reinterpret_cast<std::uintptr_t>(b.data());
     if (addr % size_of(b.dtype()) != 0) {

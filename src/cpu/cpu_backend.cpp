@@ -237,9 +237,15 @@ void dot_rows(const float* a /*[kRows, lda]*/, std::size_t lda, const float* b /
 
 // ── Lifecycle ────────────────────────────────────────────────────────────────
 
+namespace {
+void free_host_bytes(void* ptr, int /*device*/) noexcept { std::free(ptr); }
+}  // namespace
+
 CpuBackend::CpuBackend(CpuBackendConfig config)
     : num_threads_(config.num_threads != 0 ? config.num_threads
-                                           : std::max(1u, std::thread::hardware_concurrency())) {}
+                                           : std::max(1u, std::thread::hardware_concurrency())) {
+  set_deallocator(free_host_bytes, -1);
+}
 
 CpuBackend::~CpuBackend() = default;
 
@@ -313,8 +319,6 @@ void* CpuBackend::allocate_bytes(std::size_t bytes) {
   }
   return p;
 }
-
-void CpuBackend::free_bytes(void* ptr) noexcept { std::free(ptr); }
 
 void CpuBackend::do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host,
                                 std::size_t bytes) {

@@ -159,6 +159,22 @@ const CudaBackendConfig& CudaBackend::checked_config(const CudaBackendConfig& co
   return config;
 }
 
+namespace {
+
+// Buffer's deallocator (Backend::set_deallocator): it needs only the device,
+// so a Buffer may outlive its CudaBackend (the runtime is process-global).
+void free_device_bytes(void* ptr, int device) noexcept {
+  int current = -1;
+  cudaGetDevice(&current);
+  if (current != device) cudaSetDevice(device);
+  // A failed free must not stay behind as the thread's last error, to be
+  // reported by the next op's launch check under that op's name.
+  if (cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();
+  if (current != device && current >= 0) cudaSetDevice(current);
+}
+
+}  // namespace
+
 CudaBackend::CudaBackend(CudaBackendConfig config)
     : device_(config.device),
       rt_(&detail::cuda_runtime(checked_config(config))),
@@ -172,7 +188,9 @@ CudaBackend::CudaBackend(CudaBackendConfig config)
       gptq_fused_max_m_(checked_gptq_fused_max_m(config.gptq_fused_max_m)),
       gptq_fuse_silu_mul_(config.gptq_fuse_silu_mul),
       gptq_fuse_residual_add_(config.gptq_fuse_residual_add),
-      prefill_kernel_(checked_prefill_kernel(config.prefill_kernel)) {}
+      prefill_kernel_(checked_prefill_kernel(config.prefill_kernel)) {
+  set_deallocator(free_device_bytes, device_);
+}
 
 CudaBackend::~CudaBackend() = default;
 
@@ -348,13 +366,6 @@ void CudaBackend::check_wrapped(const void* ptr, std::size_t bytes) const {
   }
 }
 
-void CudaBackend::free_bytes(void* ptr) noexcept {
-  int current = -1;
-  cudaGetDevice(&current);
-  if (current != device_) cudaSetDevice(device_);
-  cudaFree(ptr);
-  if (current != device_ && current >= 0) cudaSetDevice(current);
-}
 
 void CudaBackend::do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host, std::size_t bytes) {
   detail::activate_device(device_);

@@ -104,6 +104,44 @@ TEST(BufferApi, MoveTransfersOwnership) {
   EXPECT_EQ(cpu.download(c), (std::vector<float>{5, 6}));
 }
 
+// x = x.view(...): the view keeps the allocation it lies in (before, the
+// assignment freed it under the view); a view of other memory does not.
+TEST(BufferApi, AViewAssignedOverItsParentKeepsTheMemory) {
+  CpuBackend cpu;
+  Buffer x = cpu.upload(std::vector<float>{1, 2, 3, 4, 5, 6}, DType::F32);
+  x = x.view(2, 3);
+  EXPECT_TRUE(x.owns_memory());
+  EXPECT_EQ(cpu.download(x), (std::vector<float>{3, 4, 5}));
+  x = x.view(1, 1);  // and again, from a view that now owns
+  EXPECT_EQ(cpu.download(x), (std::vector<float>{4}));
+  Buffer other = cpu.upload(std::vector<float>{7, 8}, DType::F32);
+  x = other.view(0, 2);  // frees x's allocation: the new view is not inside it
+  EXPECT_FALSE(x.owns_memory());
+  EXPECT_EQ(cpu.download(x), (std::vector<float>{7, 8}));
+}
+
+// A Buffer may outlive its backend: it reports no backend, no op takes it
+// (WrongBackend, not a call into the destroyed backend), and destroying it
+// still frees its memory (before, it called the destroyed backend).
+TEST(BufferApi, ABufferOutlivingItsBackend) {
+  Buffer kept, view;
+  {
+    CpuBackend gone;
+    kept = gone.upload(std::vector<float>{1, 2}, DType::F32);
+    view = kept.view(0, 1);
+    EXPECT_EQ(kept.backend(), &gone);
+  }
+  EXPECT_EQ(kept.backend(), nullptr);
+  EXPECT_EQ(view.backend(), nullptr);
+  EXPECT_TRUE(kept.owns_memory());
+  EXPECT_FALSE(kept.is_null());
+  CpuBackend cpu;
+  expect_error(ErrorCode::WrongBackend, "download", [&] { (void)cpu.download(kept); }, "since destroyed");
+  view = Buffer();
+  kept = Buffer();  // frees through the deallocator the backend left behind
+  EXPECT_TRUE(kept.is_null());
+}
+
 TEST(BufferApi, WrapHostMemory) {
   CpuBackend cpu;
   std::vector<std::uint16_t> host(8);
