@@ -439,7 +439,13 @@ void CudaBackend::do_end_graph_capture() {
     cudaGraphDestroy(graph);
     check_cuda(up_err, "end_graph_capture", "cudaGraphUpload");
   }
-  do_reset_graph();
+  try {
+    do_reset_graph();  // may throw (a sticky error, a collective past its timeout): then the new graph goes too
+  } catch (...) {
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    throw;
+  }
   rt_->graph = graph;
   rt_->graph_exec = exec;
   rt_->graph_id = ++rt_->graph_serial;

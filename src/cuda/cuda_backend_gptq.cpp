@@ -135,6 +135,9 @@ std::shared_ptr<GptqWorkspace> acquire_workspace(int device, const WorkspaceNeed
   fresh->counter_ints = size.counter_ints;
   if (fresh->counters != nullptr) {
     check_cuda(cudaMemset(fresh->counters, 0, size.counter_ints * sizeof(int)), "load_gptq", "cudaMemset");
+    // cudaMemset runs on the legacy stream, which the backends' non-blocking
+    // stream does not wait for: the zeros must be there before a GEMM counts.
+    check_cuda(cudaDeviceSynchronize(), "load_gptq", "cudaDeviceSynchronize");
   }
   fresh->gather = device_alloc(size.gather_bytes, device);
   fresh->gather_bytes = size.gather_bytes;

@@ -113,6 +113,11 @@ CudaRuntime* create_runtime_steps(CudaRuntime* rt, const CudaBackendConfig& conf
   *rt->error_host = 0;
   check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&rt->error_device), rt->error_host, 0), op,
              "cudaHostGetDevicePointer(error word)");
+  // The copies above (alpha/beta, the decode state) went through the legacy
+  // stream from pageable memory: cudaMemcpy may return before their DMA
+  // lands, and the runtime's non-blocking stream does not wait for that
+  // stream. Done once, before any op can read them.
+  check_cuda(cudaDeviceSynchronize(), op, "cudaDeviceSynchronize");
   return rt;
 }
 
