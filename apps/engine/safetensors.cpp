@@ -4,6 +4,8 @@
 #include <array>
 #include <fstream>
 #include <limits>
+#include <string>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
@@ -199,13 +201,27 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   in.read(header.data(), static_cast<std::streamsize>(header_bytes));
   if (!in) fail(ErrorCode::InvalidArgument, where(path), ": reading the ", header_bytes, "-byte header failed");
 
+  // A name given twice: nlohmann keeps the last entry silently (an F32
+  // tensor could become I32), so the parse notes the first repeated key.
+  std::unordered_set<std::string> names;
+  std::string repeated;
+  auto note_repeats = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::key && depth == 1 && repeated.empty() &&
+        !names.insert(parsed.get<std::string>()).second) {
+      repeated = parsed.get<std::string>();
+    }
+    return true;
+  };
   Json json;
   try {
-    json = Json::parse(header);
+    json = Json::parse(header, note_repeats);
   } catch (const Json::parse_error& e) {
     fail(ErrorCode::InvalidArgument, where(path), ": the header is not valid JSON (", e.what(), ")");
   }
   if (!json.is_object()) fail(ErrorCode::InvalidArgument, where(path), ": the header must be a JSON object");
+  if (!repeated.empty()) {
+    fail(ErrorCode::InvalidArgument, where(path, repeated), ": the header names it more than once");
+  }
 
   SafetensorsFile file;
   file.path_ = path;

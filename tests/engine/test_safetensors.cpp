@@ -192,6 +192,17 @@ TEST(Safetensors, MissingFile) {
                       "nope.safetensors", "cannot open");
 }
 
+// A tensor named twice in one header: refused, naming it (the JSON parser
+// alone keeps the last entry, so an F32 tensor could silently become I32).
+TEST(Safetensors, DuplicateNameInOneHeader) {
+  const auto path = scratch_dir() / "t.safetensors";
+  write_raw_safetensors(path,
+                        R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                        R"("w":{"dtype":"I32","shape":[1],"data_offsets":[0,4]}})",
+                        std::vector<std::uint8_t>(4));
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(path), ErrorCode::InvalidArgument, "'w'", "more than once");
+}
+
 // A directory where a file is expected: named, not read as a header.
 TEST(Safetensors, DirectoryIsNotAFile) {
   const auto dir = scratch_dir() / "d.safetensors";
