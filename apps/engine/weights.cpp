@@ -415,6 +415,15 @@ bool ModelWeights::has_gptq() const noexcept {
 ModelWeights load_weights(Backend& backend, const ModelConfig& config, const TensorSource& source,
                           const LoadOptions& options) {
   config.validate("load_weights: config");
+  // More layers in the checkpoint than the config runs (a config cut to
+  // fewer num_hidden_layers, or the wrong config.json): another model, so
+  // refused rather than decoded with the first layers only.
+  const std::string next_layer = layer_tensor_name(config.num_hidden_layers, "input_layernorm.weight");
+  if (source.contains(next_layer)) {
+    fail(ErrorCode::ShapeMismatch, "load_weights: tensor '", next_layer, "' (", source.describe(next_layer),
+         ") exists, but the config has num_hidden_layers = ", config.num_hidden_layers, " (layers 0..",
+         config.num_hidden_layers - 1, ")");
+  }
   const WeightLoader loader(backend, config, source, options);
   ModelWeights w;
   w.config = config;

@@ -7,6 +7,7 @@
 #include <ferrum/half.hpp>
 
 #include "checkpoint_layout.hpp"
+#include "engine_error.hpp"
 #include "engine_test_support.hpp"
 #include "weights.hpp"
 
@@ -251,6 +252,22 @@ TEST(Weights, DuplicateTensorAcrossShards) {
                     {make_write_tensor("model.norm.weight", SafetensorsDType::F16, {64}, std::vector<float>(64, 1.0f))});
   CpuBackend be;
   EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::InvalidArgument, "model.norm.weight", "extra.safetensors");
+}
+
+// A checkpoint with a layer past the config's num_hidden_layers: refused,
+// naming the layer's tensor and the config's count (not decoded with the
+// first layers only).
+TEST(Weights, CheckpointHasMoreLayersThanTheConfig) {
+  ModelConfig config = preset_config("tiny-llama");
+  const RandomTensorSource src(config, 5);
+  const auto dir = testing::scratch_dir() / "ckpt";
+  write_checkpoint(dir, config, src, SafetensorsDType::F16, 1);
+  config.num_hidden_layers -= 1;
+  std::ofstream(dir / "config.json") << testing::config_json(config);
+  CpuBackend be;
+  EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::ShapeMismatch,
+                      layer_tensor_name(config.num_hidden_layers, "input_layernorm.weight"),
+                      concat("num_hidden_layers = ", config.num_hidden_layers));
 }
 
 TEST(Weights, DirectoryWithoutSafetensors) {
