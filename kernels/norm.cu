@@ -212,13 +212,50 @@ long long next_pow2(long long v) {
 // Through CudaBackend (ferrum_bench): layer f16 140.0 µs, rms bf16 133.1;
 // session 8 (per-vector weight loads, t4 for both): layer f16 134.5 µs
 // (93.8 % of copy), bf16 142.0 (88.9 %; was 181.6).
-template <NormKind K, class T>
-constexpr int tuned_vectors_per_thread() {
-  constexpr bool f16 = std::is_same_v<T, __half>;
-  if constexpr (K == NormKind::Layer) return 4;
-  if constexpr (K == NormKind::Rms) return f16 ? 2 : 4;
+int tuned_vectors_per_thread(NormKind kind, DType dtype) {
+  if (kind == NormKind::Layer) return 4;
+  if (kind == NormKind::Rms) return dtype == DType::F16 ? 2 : 4;
   return 2;
 }
+
+}  // namespace
+
+NormLaunchPlan norm_launch_plan(const NormArgs& a) {
+  // The row loop kernel's int column index passes dim by up to a block.
+  if (a.dim > kNormMaxDim) throw_size_limit(norm_op_name(a.kind), "dim", a.dim, kNormMaxDim);
+  constexpr int kWide = 8;  // 16-byte vectors of 2-byte elements (f16, bf16)
+  NormLaunchPlan plan;
+  plan.wide = a.dim % kWide == 0 && aligned16(a.x) && aligned16(a.weight) && aligned16(a.out) &&
+              (a.kind != NormKind::AddRms || aligned16(a.residual)) && (a.kind != NormKind::Layer || aligned16(a.bias));
+  const long long nvec = a.dim / (plan.wide ? kWide : 1);
+  // In 64 bits: near 2^31 rows or columns the int sums wrapped (a plan of
+  // one vector per thread over a 2^31-column row, a negative grid, or
+  // next_pow2 doubling past INT_MAX forever).
+  auto plan_for = [&](int target) {
+    plan.group = static_cast<int>(std::min<long long>(kMaxGroup, next_pow2((nvec + target - 1) / target)));
+    plan.vectors_per_thread = next_pow2((nvec + plan.group - 1) / plan.group);
+    plan.threads = std::max(plan.group, std::min(kMaxGroup, std::max(32, a.min_block_threads)));
+    const long long rows_per_block = plan.threads / plan.group;
+    plan.blocks = static_cast<int>((static_cast<long long>(a.rows) + rows_per_block - 1) / rows_per_block);
+  };
+  const int target = a.target_vectors_per_thread > 0 ? a.target_vectors_per_thread
+                                                     : tuned_vectors_per_thread(a.kind, a.dtype);
+  plan_for(target);
+  // At most one block per SM: latency-bound. Then spread the row over more
+  // threads (fewer registers each) and prefetch the weight with x.
+  plan.prefetch_weight = plan.blocks <= a.num_sms;
+  if (plan.prefetch_weight && target > 2) plan_for(2);  // fewer registers for the prefetched weight
+  // 8 vectors per thread need up to ~230 registers: at most 256 threads.
+  plan.row_loop = plan.vectors_per_thread > kMaxNvec || (plan.vectors_per_thread == kMaxNvec && plan.threads > 256);
+  if (plan.row_loop) {
+    plan.group = kMaxGroup;
+    plan.threads = kMaxGroup;
+    plan.blocks = a.rows;
+  }
+  return plan;
+}
+
+namespace {
 
 template <NormKind K, class T>
 void launch_typed(const NormArgs& a, cudaStream_t stream) {
@@ -227,44 +264,19 @@ void launch_typed(const NormArgs& a, cudaStream_t stream) {
   const T* weight = static_cast<const T*>(a.weight);
   const T* bias = static_cast<const T*>(a.bias);
   T* out = static_cast<T*>(a.out);
-
   constexpr int kWide = kVec16<T>;
-  const bool wide = a.dim % kWide == 0 && aligned16(x) && aligned16(weight) && aligned16(out) &&
-                    (K != NormKind::AddRms || aligned16(residual)) && (K != NormKind::Layer || aligned16(bias));
-  // The row loop kernel's int column index passes dim by up to a block.
-  if (a.dim > kNormMaxDim) throw_size_limit(norm_op_name(K), "dim", a.dim, kNormMaxDim);
-  const int vw = wide ? kWide : 1;
-  const long long nvec = a.dim / vw;
-  // In 64 bits: near 2^31 rows or columns the int sums wrapped (a plan of
-  // one vector per thread over a 2^31-column row, or a negative grid).
-  struct Plan {
-    int group;
-    long long nvec_per_thread;
-    int threads, blocks;
-  };
-  auto plan_for = [&](int target) {
-    Plan p{};
-    p.group = static_cast<int>(std::min<long long>(kMaxGroup, next_pow2((nvec + target - 1) / target)));
-    p.nvec_per_thread = next_pow2((nvec + p.group - 1) / p.group);
-    p.threads = std::max(p.group, std::min(kMaxGroup, std::max(32, a.min_block_threads)));
-    const long long rows_per_block = p.threads / p.group;
-    p.blocks = static_cast<int>((static_cast<long long>(a.rows) + rows_per_block - 1) / rows_per_block);
-    return p;
-  };
-  const int target = a.target_vectors_per_thread > 0 ? a.target_vectors_per_thread : tuned_vectors_per_thread<K, T>();
-  Plan plan = plan_for(target);
-  // At most one block per SM: latency-bound. Then spread the row over more
-  // threads (fewer registers each) and prefetch the weight with x.
-  const bool prefetch_w = plan.blocks <= a.num_sms;
-  if (prefetch_w && target > 2) plan = plan_for(2);  // fewer registers for the prefetched weight
+  static_assert(kWide == 8, "norm_launch_plan's vectors are 16 bytes of 2-byte elements");
+
+  const NormLaunchPlan plan = norm_launch_plan(a);
+  const bool wide = plan.wide;
+  const bool prefetch_w = plan.prefetch_weight;
   const int group = plan.group;
-  const long long nvec_per_thread = plan.nvec_per_thread;
+  const long long nvec_per_thread = plan.vectors_per_thread;
   const int threads = plan.threads;
   const int blocks = plan.blocks;
   const PdlTrigger trigger = small_op_trigger();
-  // 8 vectors per thread need up to ~230 registers: at most 256 threads.
-  if (nvec_per_thread > kMaxNvec || (nvec_per_thread == kMaxNvec && threads > 256)) {
-    launch_pdl("norm", norm_rows_loop_kernel<K, T>, dim3(a.rows), kMaxGroup, 0, stream, x, residual, weight, bias, out,
+  if (plan.row_loop) {
+    launch_pdl("norm", norm_rows_loop_kernel<K, T>, dim3(blocks), threads, 0, stream, x, residual, weight, bias, out,
                a.dim, a.eps, trigger);
     return;
   }

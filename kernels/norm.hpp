@@ -34,6 +34,20 @@ struct NormArgs {
 // index passes dim by up to one block); longer throws Unsupported naming dim.
 inline constexpr int kNormMaxDim = 1 << 30;
 
+// How launch_norm runs `args` (host only; exposed so the CPU tests can check
+// every size plans in bounded time and within the grid).
+struct NormLaunchPlan {
+  bool wide = false;             // 16-byte vectors (dim % 8 == 0, every pointer aligned)
+  bool row_loop = false;         // the row-loop kernel: a block per row, re-reading it
+  bool prefetch_weight = false;  // at most a block per SM: the weight loaded with x
+  int group = 0;                 // threads per row
+  int threads = 0;               // per block
+  int blocks = 0;
+  long long vectors_per_thread = 0;  // held in registers (past 8: row_loop)
+};
+// Throws Unsupported naming dim past kNormMaxDim.
+NormLaunchPlan norm_launch_plan(const NormArgs& args);
+
 void launch_norm(const NormArgs& args, cudaStream_t stream);
 
 }  // namespace ferrum::kernels
