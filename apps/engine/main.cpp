@@ -112,6 +112,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <new>
 #include <optional>
@@ -218,10 +219,17 @@ void usage(std::FILE* out) {
 }
 
 std::size_t parse_count(const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || text[0] == '-') {
+  // Digits only: strtoull alone also takes leading spaces and a sign (" -1"
+  // read as 2^64 - 1) and saturates past its range.
+  if (text.empty() || text[0] < '0' || text[0] > '9') {
     fail(ErrorCode::InvalidArgument, flag, " takes a non-negative integer, got '", text, "'");
+  }
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+  if (*end != '\0') fail(ErrorCode::InvalidArgument, flag, " takes a non-negative integer, got '", text, "'");
+  if (errno == ERANGE || value > std::numeric_limits<std::size_t>::max()) {
+    fail(ErrorCode::InvalidArgument, flag, " = '", text, "' is out of range");
   }
   return static_cast<std::size_t>(value);
 }
@@ -518,9 +526,34 @@ double measure_copy_gbps(Backend& be) {
 }
 
 int run(const Options& opt) {
-  LogitsDump dump(opt.dump_logits);  // opened first: a bad path fails before the model loads
-  // The config first: whether the backend needs the GPTQ ops depends on it.
+  // The config first: whether the backend needs the GPTQ ops depends on it,
+  // and the lengths and token ids are checked against it before anything
+  // loads.
   const ModelConfig config = opt.model_dir.empty() ? random_config(opt) : load_checkpoint_config(opt.model_dir);
+  const std::size_t batch = opt.prompts.size();
+  std::size_t longest = 0, prompt_tokens = 0;
+  for (const auto& p : opt.prompts) {
+    longest = std::max(longest, p.size());
+    prompt_tokens += p.size();
+    for (std::int32_t id : p) {
+      if (static_cast<std::size_t>(id) >= config.vocab_size) {
+        fail(ErrorCode::InvalidArgument, "--prompt-tokens: token id ", id, " is past the vocabulary (vocab_size = ",
+             config.vocab_size, ")");
+      }
+    }
+  }
+  // Positions the caches hold: the prompt and every generated token but the
+  // last, which is never fed back (written so that nothing wraps).
+  if (longest > config.max_position_embeddings) {
+    fail(ErrorCode::InvalidArgument, "prompt (", longest, " tokens) exceeds max_position_embeddings = ",
+         config.max_position_embeddings);
+  }
+  if (opt.steps > 0 && opt.steps - 1 > config.max_position_embeddings - longest) {
+    fail(ErrorCode::InvalidArgument, "prompt (", longest, " tokens) + --steps ", opt.steps,
+         " - 1 exceed max_position_embeddings = ", config.max_position_embeddings);
+  }
+  const std::size_t total = longest + (opt.steps > 0 ? opt.steps - 1 : 0);
+  LogitsDump dump(opt.dump_logits);  // after the checks (it truncates the file), before the model loads
   DecodeMode mode = opt.graph ? DecodeMode::Graph : DecodeMode::Eager;
   std::unique_ptr<Backend> backend = choose_backend(opt, config, mode);
   if (opt.pipeline && mode == DecodeMode::Eager) mode = DecodeMode::DeviceState;  // tokens through the decode state
@@ -544,17 +577,6 @@ int run(const Options& opt) {
               c.tie_word_embeddings ? ", tied embeddings" : "");
   std::printf("  loaded in %.2f s\n", seconds_since(load_start));
 
-  const std::size_t batch = opt.prompts.size();
-  std::size_t longest = 0, prompt_tokens = 0;
-  for (const auto& p : opt.prompts) {
-    longest = std::max(longest, p.size());
-    prompt_tokens += p.size();
-  }
-  const std::size_t total = longest + opt.steps;
-  if (total > c.max_position_embeddings) {
-    fail(ErrorCode::InvalidArgument, "prompt (", longest, " tokens) + --steps ", opt.steps,
-         " exceed max_position_embeddings = ", c.max_position_embeddings);
-  }
   Decoder decoder(*backend, weights, total, longest, mode, batch, {.gptq_row_sq_norms = opt.gptq_row_sq_norms});
   if (opt.gptq_row_sq_norms) std::printf("  norms: in the GPTQ projections (--gptq-row-sq-norms)\n");
   if (batch > 1) std::printf("  batch: %zu sequences\n", batch);
@@ -578,13 +600,18 @@ int run(const Options& opt) {
               static_cast<double>(prompt_tokens) / prefill_s);
 
   std::vector<std::vector<std::int32_t>> generated(batch);
-  const auto decode_start = Clock::now();
+  // The decode calls alone, as prefill_s: not the --dump-logits read-backs
+  // and writes, nor the printing.
+  double decode_s = 0.0;
   // --pipeline: every decode step enqueued before any token is read; the
   // loop below then only prints them.
+  auto decode_start = Clock::now();
   const std::vector<std::int32_t> pipelined =
       opt.pipeline && opt.steps > 1 ? decoder.decode_pipelined(next[0], opt.steps - 1) : std::vector<std::int32_t>{};
+  decode_s += seconds_since(decode_start);
   for (std::size_t step = 0; step < opt.steps; ++step) {
     if (step > 0) {
+      decode_start = Clock::now();
       if (opt.pipeline) {
         next[0] = pipelined[step - 1];
       } else if (batch == 1) {
@@ -592,6 +619,7 @@ int run(const Options& opt) {
       } else {
         next = decoder.decode_batch_next(next);
       }
+      decode_s += seconds_since(decode_start);
     }
     if (dump.enabled()) dump.write(step == 0 ? prefill_logits : decoder.logits());
     std::printf("  step %zu: token%s", step, batch > 1 ? "s" : "");
@@ -602,7 +630,6 @@ int run(const Options& opt) {
     std::printf("\n");
     std::fflush(stdout);
   }
-  const double decode_s = seconds_since(decode_start);
   dump.close();
   for (std::size_t b = 0; b < batch; ++b) {
     if (batch == 1) {

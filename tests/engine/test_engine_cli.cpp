@@ -130,6 +130,36 @@ TEST(EngineCli, UnwritableDumpPathIsAnError) {
   EXPECT_EQ(output.find("prefill:"), std::string::npos) << "ran before failing: " << output;
 }
 
+// Counts are digits only (a sign or leading space read " -1" as 2^64 - 1)
+// and within range; lengths and token ids are checked against the config
+// before anything loads or --dump-logits empties its file; the caches hold
+// the prompt and every generated token but the last, so tiny-llama's 128
+// positions give 128 tokens from a one-token prompt.
+TEST(EngineCli, CountsLengthsAndIdsAreCheckedFirst) {
+  const std::filesystem::path dir = testing::scratch_dir();
+  const std::filesystem::path log = dir / "engine.log";
+  for (const char* bad : {"\" -1\"", "+3", "99999999999999999999"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_EQ(run_engine(std::string("--random tiny-llama --cpu --steps ") + bad, log), 1);
+    EXPECT_NE(read_text(log).find("--steps"), std::string::npos) << read_text(log);
+  }
+  EXPECT_EQ(run_engine("--random tiny-llama --cpu --seed \" -1\"", log), 1);
+  EXPECT_NE(read_text(log).find("--seed"), std::string::npos) << read_text(log);
+
+  const std::filesystem::path kept = dir / "kept.bin";
+  std::ofstream(kept) << "keep";
+  EXPECT_EQ(run_engine("--random tiny-llama --cpu --steps 130 --dump-logits \"" + kept.string() + "\"", log), 1);
+  EXPECT_NE(read_text(log).find("max_position_embeddings = 128"), std::string::npos) << read_text(log);
+  EXPECT_EQ(read_text(log).find("loaded in"), std::string::npos) << "loaded before failing: " << read_text(log);
+  EXPECT_EQ(read_text(kept), "keep");
+  EXPECT_EQ(run_engine("--random tiny-llama --cpu --steps 2 --prompt-tokens 5,256", log), 1);
+  EXPECT_NE(read_text(log).find("token id 256 is past the vocabulary"), std::string::npos) << read_text(log);
+
+  ASSERT_EQ(run_engine("--random tiny-llama --cpu --steps 128", log), 0) << read_text(log);
+  EXPECT_EQ(generated_tokens(read_text(log)).size(), 128u);
+  EXPECT_EQ(run_engine("--random tiny-llama --cpu --steps 129", log), 1);
+}
+
 // A checkpoint the CUDA backend can run (tiny-llama at head_dim 64: the
 // tiny presets' head_dim 16 is not one of the CUDA attention kernels'), so
 // that on a GPU machine the engine runs there and not on its CPU fallback.
