@@ -88,7 +88,9 @@ void encode_from_f32(DType dtype, std::span<const float> src, void* dst) {
     case DType::I32: {
       auto* d = static_cast<std::int32_t*>(dst);
       for (std::size_t i = 0; i < src.size(); ++i) {
-        if (!(src[i] > -2147483649.0f && src[i] < 2147483648.0f)) {
+        // -2^31 is exact in f32 and fits (-2147483649.0f rounds to it, so a
+        // strict > refused INT_MIN); NaN fails both tests.
+        if (!(src[i] >= -2147483648.0f && src[i] < 2147483648.0f)) {
           detail::fail(ErrorCode::InvalidArgument, "write: value {} at index {} does not fit an i32", src[i], i);
         }
         d[i] = static_cast<std::int32_t>(src[i]);

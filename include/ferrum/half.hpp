@@ -1,6 +1,7 @@
 // Host-side conversions between f32 and the 16-bit float formats, bit-exact
-// with the CUDA intrinsics (__float2half_rn, __float2bfloat16_rn):
-// round to nearest even, NaN stays NaN, overflow goes to infinity.
+// with the CUDA intrinsics (__float2half_rn, __float2bfloat16_rn) for every
+// non-NaN input: round to nearest even, overflow goes to infinity. NaN stays
+// NaN, but its bit pattern may differ from the intrinsics' canonical one.
 #pragma once
 
 #include <cstdint>

@@ -496,6 +496,11 @@ TEST_P(ApiOnBackend, UploadConvertsLikeTheDocumentation) {
   EXPECT_EQ(backend().download(backend().upload(std::vector<float>{0.0f, 1.9f, -1.9f, -7.5f, 123456.7f, 16777216.0f},
                                                 DType::I32)),
             (std::vector<float>{0.0f, 1.0f, -1.0f, -7.0f, 123456.0f, 16777216.0f}));
+  // The i32 range's ends as f32 holds them: -2^31 fits, 2^31 does not.
+  EXPECT_EQ(backend().download(backend().upload(std::vector<float>{-2147483648.0f}, DType::I32)),
+            (std::vector<float>{-2147483648.0f}));
+  expect_error(ErrorCode::InvalidArgument, "write",
+               [&] { (void)backend().upload(std::vector<float>{2147483648.0f}, DType::I32); }, "does not fit an i32");
   EXPECT_EQ(backend().download(backend().upload(std::vector<float>{0.0f, 1.5f, 254.9f, 255.0f}, DType::U8)),
             (std::vector<float>{0.0f, 1.0f, 254.0f, 255.0f}));
 }
