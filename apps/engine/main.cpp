@@ -219,15 +219,14 @@ void usage(std::FILE* out) {
 }
 
 std::size_t parse_count(const std::string& flag, const std::string& text) {
-  // Digits only: strtoull alone also takes leading spaces and a sign (" -1"
-  // read as 2^64 - 1) and saturates past its range.
-  if (text.empty() || text[0] < '0' || text[0] > '9') {
-    fail(ErrorCode::InvalidArgument, flag, " takes a non-negative integer, got '", text, "'");
-  }
   char* end = nullptr;
   errno = 0;
   const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
-  if (*end != '\0') fail(ErrorCode::InvalidArgument, flag, " takes a non-negative integer, got '", text, "'");
+  // Digits only: strtoull alone also takes leading spaces and a sign (" -1"
+  // read as 2^64 - 1) and saturates past its range.
+  if (text.empty() || text[0] < '0' || text[0] > '9' || *end != '\0') {
+    fail(ErrorCode::InvalidArgument, flag, " takes a non-negative integer, got '", text, "'");
+  }
   if (errno == ERANGE || value > std::numeric_limits<std::size_t>::max()) {
     fail(ErrorCode::InvalidArgument, flag, " = '", text, "' is out of range");
   }
@@ -675,17 +674,10 @@ int main(int argc, char** argv) {
     int exit_code = 0;
     if (!parse_options(argc, argv, opt, exit_code)) return exit_code;
     return run(opt);
-  } catch (const ferrum::Error& e) {
+  } catch (const std::exception& e) {  // ferrum::Error, or a library's own (nlohmann, std): a message, not an abort
     std::fflush(stdout);
-    std::fprintf(stderr, "ferrum_engine: %s\n", e.what());
-    return 1;
-  } catch (const std::bad_alloc&) {  // e.g. host tables of a config too large for this machine
-    std::fflush(stdout);
-    std::fprintf(stderr, "ferrum_engine: out of host memory\n");
-    return 1;
-  } catch (const std::exception& e) {  // a library's own (nlohmann, the standard library): a message, not an abort
-    std::fflush(stdout);
-    std::fprintf(stderr, "ferrum_engine: %s\n", e.what());
+    const bool host_memory = dynamic_cast<const std::bad_alloc*>(&e) != nullptr;
+    std::fprintf(stderr, "ferrum_engine: %s\n", host_memory ? "out of host memory" : e.what());
     return 1;
   }
 }

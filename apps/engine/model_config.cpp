@@ -104,7 +104,7 @@ void refuse_unsupported(const Json& config, const std::string& source) {
     }
   }
   if (config.contains("partial_rotary_factor") && !config["partial_rotary_factor"].is_null() &&
-      config["partial_rotary_factor"] != 1 && config["partial_rotary_factor"] != 1.0) {
+      config["partial_rotary_factor"] != 1.0) {  // JSON numbers compare by value: 1 and 1.0 both pass
     fail(ErrorCode::Unsupported, source, ": \"partial_rotary_factor\" ", describe_json(config["partial_rotary_factor"]),
          " is not supported (RoPE over the whole head: 1)");
   }

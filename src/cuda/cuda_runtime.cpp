@@ -241,7 +241,7 @@ void check_cuda(cudaError_t err, const char* op, const char* what) {
 
 void check_cublas(cublasStatus_t status, const char* op, const char* what) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
-  if (CudaRuntime* rt = runtime_of_current_device()) abandon_capture(*rt);
+  abandon_capture_on_current_device();
   fail(ErrorCode::Cublas, "{}: {} failed: {} ({})", op, what, cublasGetStatusName(status),
        cublasGetStatusString(status));
 }
@@ -251,7 +251,7 @@ void check_cublas(cublasStatus_t status, const char* op, const char* what) {
 namespace ferrum::kernels {
 
 void throw_cuda_error(const char* op, const char* what, cudaError_t err) {
-  if (detail::CudaRuntime* rt = detail::runtime_of_current_device()) detail::abandon_capture(*rt);
+  detail::abandon_capture_on_current_device();
   const ErrorCode code = err == cudaErrorMemoryAllocation ? ErrorCode::OutOfMemory
                          : (err == cudaErrorStreamCaptureUnsupported || err == cudaErrorStreamCaptureInvalidated)
                              ? ErrorCode::GraphCapture
@@ -331,12 +331,12 @@ bool pdl_available() {
 // Both end a capture in progress first, as throw_cuda_error does: the stream
 // stays usable and no graph silently lacks the op.
 void throw_bad_dispatch(const char* op, const char* what, long long value) {
-  if (detail::CudaRuntime* rt = detail::runtime_of_current_device()) detail::abandon_capture(*rt);
+  detail::abandon_capture_on_current_device();
   detail::fail(ErrorCode::Internal, "{}: no kernel instance for {} = {}", op, what, value);
 }
 
 void throw_size_limit(const char* op, const char* what, long long value, long long limit) {
-  if (detail::CudaRuntime* rt = detail::runtime_of_current_device()) detail::abandon_capture(*rt);
+  detail::abandon_capture_on_current_device();
   detail::fail(ErrorCode::Unsupported, "{}: {} = {} is past the CUDA kernel's limit {}", op, what, value, limit);
 }
 
