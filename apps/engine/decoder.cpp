@@ -247,6 +247,16 @@ void Decoder::run_prefill(std::size_t seq, std::span<const std::int32_t> tokens)
   last_rows_ = 1;
 }
 
+Decoder::~Decoder() {
+  if (!graph_captured()) return;
+  try {
+    be_.reset_graph();
+  } catch (const std::exception&) {
+    // A device error or a capture of someone else's in progress: the graph
+    // stays held, with the buffers it points at, until the slot is reset.
+  }
+}
+
 void Decoder::run_step(Captured kind, const Pass& pass) {
   auto enqueue_step = [&] {
     enqueue_forward(pass);

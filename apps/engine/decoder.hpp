@@ -87,6 +87,13 @@ class Decoder {
   // Throws Unsupported (listing them) when the backend lacks an op the mode needs.
   Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_capacity, std::size_t max_prefill_tokens,
           DecodeMode mode = DecodeMode::Eager, std::size_t sequences = 1, DecoderOptions options = {});
+  // Drops the device's graph if it is still this decoder's capture: the
+  // graph points at this decoder's buffers, which the backend would
+  // otherwise keep allocated until the slot is reset or recaptured
+  // (CudaBackend::graph_retained_allocations).
+  ~Decoder();
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
 
   // Runs tokens at positions position() .. position() + n - 1 (q_len = n),
   // appending them to the KV caches; returns the last token's logits [vocab].

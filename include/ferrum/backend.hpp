@@ -248,6 +248,8 @@ class Backend {
   void end_graph_capture();     // instantiates and uploads; replaces any previous graph
   bool replay_last_graph();     // false when no graph is held
   void reset_graph();           // drops the held graph
+  // (CudaBackend keeps library memory freed while a graph is held until the
+  // graph is dropped: see CudaBackend::graph_retained_allocations.)
   virtual bool is_capturing() const noexcept { return false; }
   // Which graph the slot holds: 0 when none, else an id no earlier capture
   // on this device had (end_graph_capture draws a new one). On CudaBackend

@@ -43,7 +43,10 @@ class Buffer {
   Buffer view(std::size_t offset, std::size_t count) const;
 
   // Wraps memory the caller owns (device memory for CudaBackend, host memory
-  // for CpuBackend) so engines can pass their own allocations to ops.
+  // for CpuBackend) so engines can pass their own allocations to ops. The
+  // memory must outlive every captured graph that used it (the library
+  // keeps its own allocations alive for graphs, not the caller's:
+  // CudaBackend::graph_retained_allocations).
   // Throws Misaligned if `ptr` is not aligned to the element size,
   // InvalidArgument for numel 0, a byte count past size_t, or memory the
   // backend's ops cannot reach (CudaBackend: pageable host memory, another

@@ -231,6 +231,18 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   bool is_capturing() const noexcept override;
   std::uint64_t held_graph() const noexcept override;
+  // A captured graph points at the memory its ops used, and the library
+  // cannot see which. So library memory (a Buffer's allocation, a GPTQ
+  // weight's memory and workspace) freed while this device's graph slot
+  // holds a graph, or while a capture is open, is kept until every graph
+  // that may point at it is dropped (reset_graph, or replaced by the next
+  // end_graph_capture: then what only the old graph could use is freed) and
+  // freed then, whether the graph used it or not: a replay never touches
+  // freed memory. Returns how many allocations are kept so now; an engine
+  // that frees much while holding a graph resets the graph first. Memory
+  // passed in through Buffer::wrap is the caller's: it must outlive every
+  // graph that captured an op on it.
+  std::size_t graph_retained_allocations() const noexcept;
 
   int device() const noexcept { return device_; }
   std::size_t world_size() const noexcept override;

@@ -159,22 +159,6 @@ const CudaBackendConfig& CudaBackend::checked_config(const CudaBackendConfig& co
   return config;
 }
 
-namespace {
-
-// Buffer's deallocator (Backend::set_deallocator): it needs only the device,
-// so a Buffer may outlive its CudaBackend (the runtime is process-global).
-void free_device_bytes(void* ptr, int device) noexcept {
-  int current = -1;
-  cudaGetDevice(&current);
-  if (current != device) cudaSetDevice(device);
-  // A failed free must not stay behind as the thread's last error, to be
-  // reported by the next op's launch check under that op's name.
-  if (cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();
-  if (current != device && current >= 0) cudaSetDevice(current);
-}
-
-}  // namespace
-
 CudaBackend::CudaBackend(CudaBackendConfig config)
     : device_(config.device),
       rt_(&detail::cuda_runtime(checked_config(config))),
@@ -189,7 +173,10 @@ CudaBackend::CudaBackend(CudaBackendConfig config)
       gptq_fuse_silu_mul_(config.gptq_fuse_silu_mul),
       gptq_fuse_residual_add_(config.gptq_fuse_residual_add),
       prefill_kernel_(checked_prefill_kernel(config.prefill_kernel)) {
-  set_deallocator(free_device_bytes, device_);
+  // Buffers free through the device alone, so one may outlive its
+  // CudaBackend (the runtime is process-global); memory a graph of the
+  // device may point at is retired until that graph is dropped.
+  set_deallocator(detail::free_device_memory, device_);
 }
 
 CudaBackend::~CudaBackend() = default;
@@ -412,11 +399,20 @@ void CudaBackend::do_begin_graph_capture() {
   check_cuda(cudaStreamBeginCapture(rt_->stream, cudaStreamCaptureModeRelaxed), "begin_graph_capture",
              "cudaStreamBeginCapture");
   rt_->capturing = true;
+  detail::capture_opened(*rt_);
 }
 
 void CudaBackend::do_end_graph_capture() {
   detail::activate_device(device_);
   rt_->capturing = false;
+  // However this ends, memory freed during the capture is retired for the
+  // graph now held (the new one, or the previous one when this one fails),
+  // or freed when none is.
+  struct CloseCapture {
+    detail::CudaRuntime& rt;
+    bool kept = false;
+    ~CloseCapture() { detail::capture_closed(rt, kept); }
+  } close{*rt_};
   cudaGraph_t graph = nullptr;
   const cudaError_t end_err = cudaStreamEndCapture(rt_->stream, &graph);
   if (end_err != cudaSuccess || graph == nullptr) {
@@ -449,6 +445,7 @@ void CudaBackend::do_end_graph_capture() {
   rt_->graph = graph;
   rt_->graph_exec = exec;
   rt_->graph_id = ++rt_->graph_serial;
+  close.kept = true;
 }
 
 bool CudaBackend::do_replay_last_graph() {
@@ -459,7 +456,10 @@ bool CudaBackend::do_replay_last_graph() {
 }
 
 void CudaBackend::do_reset_graph() {
-  if (rt_->graph_exec == nullptr && rt_->graph == nullptr) return;
+  if (rt_->graph_exec == nullptr && rt_->graph == nullptr) {
+    detail::graph_dropped(*rt_);
+    return;
+  }
   detail::activate_device(device_);
   // A replay may still be running; let it finish before freeing the graph.
   // A replayed collective may wait on a peer that is gone: the same bounded
@@ -472,7 +472,10 @@ void CudaBackend::do_reset_graph() {
   rt_->graph_exec = nullptr;
   rt_->graph = nullptr;
   rt_->graph_id = 0;
+  detail::graph_dropped(*rt_);  // the stream drained above: no replay still runs
 }
+
+std::size_t CudaBackend::graph_retained_allocations() const noexcept { return detail::retired_allocations(*rt_); }
 
 // ── Norms ──────────────────────────────────────────────────────────────────
 

@@ -80,14 +80,11 @@ struct GptqWorkspace {
   GptqWorkspace() = default;
   GptqWorkspace(const GptqWorkspace&) = delete;
   GptqWorkspace& operator=(const GptqWorkspace&) = delete;
+  // Retired, not freed, while a graph of the device may point at it.
   ~GptqWorkspace() {
-    int current = -1;
-    cudaGetDevice(&current);
-    if (current != device) cudaSetDevice(device);
     for (void* p : {static_cast<void*>(partials), static_cast<void*>(counters), gather, scratch}) {
-      if (p != nullptr) cudaFree(p);
+      detail::free_device_memory(p, device);
     }
-    if (current != device && current >= 0) cudaSetDevice(current);
   }
 };
 

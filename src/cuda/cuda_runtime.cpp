@@ -33,11 +33,32 @@ int launch_state_of_current_device() {
   return g_launch_state[device].load(std::memory_order_relaxed);
 }
 
-CudaRuntime* runtime_of_current_device() noexcept {
-  int device = -1;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return nullptr;
+CudaRuntime* runtime_of(int device) noexcept {
+  if (device < 0 || device >= kMaxDevices) return nullptr;
   std::lock_guard<std::mutex> lock(g_runtimes_mutex);
   return g_runtimes[device];
+}
+
+CudaRuntime* runtime_of_current_device() noexcept {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) return nullptr;
+  return runtime_of(device);
+}
+
+// cudaFree on `device`, the caller's current device restored.
+void free_now(void* ptr, int device) noexcept {
+  int current = -1;
+  cudaGetDevice(&current);
+  if (current != device) cudaSetDevice(device);
+  // A failed free must not stay behind as the thread's last error, to be
+  // reported by the next op's launch check under that op's name.
+  if (cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();
+  if (current != device && current >= 0) cudaSetDevice(current);
+}
+
+void free_all(std::vector<void*>& ptrs, int device) noexcept {
+  for (void* p : ptrs) free_now(p, device);
+  ptrs.clear();
 }
 
 // What create_runtime made before a step failed (it throws on): nothing of
@@ -228,6 +249,72 @@ void abandon_capture(CudaRuntime& rt) noexcept {
   cudaStreamEndCapture(rt.stream, &partial);
   if (partial != nullptr) cudaGraphDestroy(partial);
   cudaGetLastError();
+  capture_closed(rt, /*kept=*/false);
+}
+
+void free_device_memory(void* ptr, int device) noexcept {
+  if (ptr == nullptr) return;
+  if (CudaRuntime* rt = runtime_of(device)) {
+    std::lock_guard<std::mutex> lock(rt->retire_mutex);
+    std::vector<void*>* retire =
+        rt->capture_open ? &rt->retired_capture : rt->graph_held ? &rt->retired_held : nullptr;
+    if (retire != nullptr) {
+      try {
+        retire->push_back(ptr);
+      } catch (...) {
+        // No room to remember it: leaking it is safe, freeing it is not.
+      }
+      return;
+    }
+  }
+  free_now(ptr, device);
+}
+
+void capture_opened(CudaRuntime& rt) noexcept {
+  std::lock_guard<std::mutex> lock(rt.retire_mutex);
+  rt.capture_open = true;
+}
+
+void capture_closed(CudaRuntime& rt, bool kept) noexcept {
+  std::vector<void*> to_free;
+  {
+    std::lock_guard<std::mutex> lock(rt.retire_mutex);
+    if (!rt.capture_open) return;
+    rt.capture_open = false;
+    // Kept: the new graph may point at what its capture saw freed (the
+    // previous graph and its retirees went in graph_dropped). Discarded with
+    // a graph held: that graph may point at it. Either way it waits for the
+    // held graph; a failed merge leaves it in retired_capture, which
+    // graph_dropped frees too.
+    if (kept) rt.graph_held = true;
+    if (rt.graph_held) {
+      try {
+        rt.retired_held.insert(rt.retired_held.end(), rt.retired_capture.begin(), rt.retired_capture.end());
+        rt.retired_capture.clear();
+      } catch (...) {
+      }
+    } else {
+      to_free.swap(rt.retired_capture);
+    }
+  }
+  free_all(to_free, rt.device);
+}
+
+void graph_dropped(CudaRuntime& rt) noexcept {
+  std::vector<void*> held, captured;
+  {
+    std::lock_guard<std::mutex> lock(rt.retire_mutex);
+    rt.graph_held = false;
+    held.swap(rt.retired_held);
+    if (!rt.capture_open) captured.swap(rt.retired_capture);
+  }
+  free_all(held, rt.device);
+  free_all(captured, rt.device);
+}
+
+std::size_t retired_allocations(CudaRuntime& rt) noexcept {
+  std::lock_guard<std::mutex> lock(rt.retire_mutex);
+  return rt.retired_held.size() + rt.retired_capture.size();
 }
 
 void abandon_capture_on_current_device() noexcept {

@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 #include "ferrum/cuda_backend.hpp"
 #include "kernels/decode_state.hpp"
@@ -38,6 +40,15 @@ struct CudaRuntime {
   bool gptq_evict_first = false;      // config.gptq_weights_evict_first
   bool gemm_prefetch = false;  // config.gemm_prefetch_before_wait
   bool gemm_weights = false;   // config.gemm_weights_before_wait
+
+  // Library device memory freed while a graph may point at it (see
+  // free_device_memory), under retire_mutex: a Buffer may be destroyed on
+  // any thread.
+  std::mutex retire_mutex;
+  bool graph_held = false;    // the slot holds a graph (mirrors graph_exec != nullptr)
+  bool capture_open = false;  // a capture is in progress (mirrors capturing)
+  std::vector<void*> retired_held;     // freed while only the held graph existed
+  std::vector<void*> retired_capture;  // freed during the capture in progress
 };
 
 // The runtime of config.device, created on first use and never freed.
@@ -45,6 +56,22 @@ CudaRuntime& cuda_runtime(const CudaBackendConfig& config);
 
 // Makes `device` current on this thread if it is not already.
 void activate_device(int device);
+
+// Frees library device memory of `device` (Buffers' allocations, GPTQ
+// workspaces), unless a graph of that device may point at it: while the
+// slot holds a graph or a capture is open, the memory is retired instead and
+// freed once every graph that may have captured it is gone. So a replay
+// never touches memory freed (and perhaps handed out again) under it.
+void free_device_memory(void* ptr, int device) noexcept;
+// The slot's transitions, which free what no graph can point at any more:
+// a capture opened; one closed (`kept`: its graph is the slot's now, the
+// previous one already dropped through graph_dropped; else discarded); the
+// held graph destroyed (after the stream drained).
+void capture_opened(CudaRuntime& rt) noexcept;
+void capture_closed(CudaRuntime& rt, bool kept) noexcept;
+void graph_dropped(CudaRuntime& rt) noexcept;
+// How many allocations are retired for graphs now.
+std::size_t retired_allocations(CudaRuntime& rt) noexcept;
 
 // Ends and discards a capture in progress on rt.stream; clears the error.
 void abandon_capture(CudaRuntime& rt) noexcept;

@@ -354,6 +354,40 @@ TEST_F(DecoderGpu, GraphArgmaxTokensEqualHostArgmaxOfEagerLogits) {
   EXPECT_TRUE(graph.graph_captured());
 }
 
+// A graph-mode decoder destroyed while the slot holds its capture drops the
+// graph (which points at its buffers): nothing stays retained for it. One
+// destroyed after another's capture replaced its own leaves that graph held
+// (its buffers are kept until that graph goes: the backend cannot tell
+// which memory a graph points at), and the other decoder's destruction
+// frees them all.
+TEST_F(DecoderGpu, DestroyedDecoderDropsOnlyItsOwnGraph) {
+  const ModelWeights& w = *weights_;
+  auto& gpu = dynamic_cast<CudaBackend&>(*be_);
+  {
+    Decoder graph(*be_, w, 64, kPrompt.size(), DecodeMode::Graph);
+    (void)graph.decode_next(graph.prefill_next(kPrompt));
+    ASSERT_TRUE(graph.graph_captured());
+  }
+  EXPECT_EQ(be_->held_graph(), 0u);
+  EXPECT_EQ(gpu.graph_retained_allocations(), 0u);
+  auto first = std::make_unique<Decoder>(*be_, w, 64, kPrompt.size(), DecodeMode::Graph);
+  {
+    Decoder second(*be_, w, 64, kPrompt.size(), DecodeMode::Graph);
+    (void)first->decode_next(first->prefill_next(kPrompt));
+    (void)second.decode_next(second.prefill_next(kPrompt));
+    const std::uint64_t seconds = be_->held_graph();
+    ASSERT_NE(seconds, 0u);
+    ASSERT_TRUE(second.graph_captured());
+    first.reset();
+    EXPECT_EQ(be_->held_graph(), seconds) << "the other decoder's graph must stay";
+    EXPECT_GT(gpu.graph_retained_allocations(), 0u) << "freed while a graph is held: kept for it";
+    EXPECT_NO_THROW((void)second.decode_next(kPrompt[0]));
+    EXPECT_EQ(be_->held_graph(), seconds) << "replayed, not captured again";
+  }
+  EXPECT_EQ(be_->held_graph(), 0u);
+  EXPECT_EQ(gpu.graph_retained_allocations(), 0u);
+}
+
 // The pipelined step in graph mode (forward pass and advance captured once,
 // replayed back to back with no host read between) against decode_next op by
 // op in device-state mode (the graph's ops, so the same bits): the same

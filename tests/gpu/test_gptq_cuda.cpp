@@ -321,6 +321,37 @@ TEST_F(CudaGptq, ExactOnGeneralLayouts) {
   }
 }
 
+// A GPTQ weight destroyed while the device's graph slot holds a graph that
+// ran it: its memory (and its workspace, if no other weight shares it) is
+// kept until the graph is dropped, so the replay still gives the eager bits.
+TEST_F(CudaGptq, WeightDestroyedUnderAHeldGraphStaysValidForReplay) {
+  FERRUM_SEEDED_RNG(rng);
+  auto& gpu = dynamic_cast<CudaBackend&>(cuda());
+  gpu.reset_graph();
+  // Act-order (a gather workspace), k long enough for split-K partials.
+  const WeightCase c{4096, 256, 128, false, true, GptqZeroFormat::V1};
+  const Checkpoint ck = make_checkpoint(c, rng);
+  for (std::size_t m : {1, 16}) {
+    SCOPED_TRACE(cat("m=", m));
+    std::unique_ptr<QuantWeight> w = cuda().load_gptq(ck.tensors());
+    Buffer a = cuda().upload(integer_activations(rng, m * c.k), DType::F16);
+    Buffer out = cuda().upload(std::vector<float>(m * c.n, NAN), DType::F16);
+    cuda().gemm_gptq(a, *w, out, m);
+    const std::vector<float> eager = cuda().download(out);
+    cuda().write(out, std::vector<float>(m * c.n, NAN));
+    cuda().begin_graph_capture();
+    cuda().gemm_gptq(a, *w, out, m);
+    cuda().end_graph_capture();
+    w.reset();
+    EXPECT_GT(gpu.graph_retained_allocations(), 0u) << "the weight's memory must outlive the graph";
+    ASSERT_TRUE(cuda().replay_last_graph());
+    cuda().synchronize();
+    EXPECT_TRUE(same_floats(cuda().download(out), eager));
+    gpu.reset_graph();
+    EXPECT_EQ(gpu.graph_retained_allocations(), 0u);
+  }
+}
+
 TEST_F(CudaGptq, GemmQuantRoutesToGptq) {
   FERRUM_SEEDED_RNG(rng);
   const WeightCase c{256, 64, 128, false, true, GptqZeroFormat::V2};
@@ -1180,10 +1211,14 @@ void expect_auto_takes_wgmma_from(Backend& automatic, Backend& below, Backend& w
       SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
       const std::vector<float> by_auto = run_gemm(automatic, *w_auto, a, dt, m);
       const std::vector<float> by_wgmma = run_gemm(wgmma, *w_wgmma, a, dt, m);
-      if (m >= first_wgmma_m) EXPECT_TRUE(same_floats(by_auto, by_wgmma));
+      if (m >= first_wgmma_m) {
+        EXPECT_TRUE(same_floats(by_auto, by_wgmma));
+      }
       if (m >= first_wgmma_m && !below_runs_above) continue;
       const std::vector<float> by_below = run_gemm(below, *w_below, a, dt, m);
-      if (m < first_wgmma_m) EXPECT_TRUE(same_floats(by_auto, by_below));
+      if (m < first_wgmma_m) {
+        EXPECT_TRUE(same_floats(by_auto, by_below));
+      }
       bool& differ = m < first_wgmma_m ? differ_below : differ_from;
       differ = differ || !same_floats(by_below, by_wgmma);
     }
@@ -1251,8 +1286,12 @@ class CudaGptqRowSq : public CudaGptq {
     const bool untouched = std::all_of(v.begin(), v.end(), [&](float x) {
       return std::isnan(poison) ? std::isnan(x) : x == poison;
     });
-    if (p == Path::Fused) EXPECT_TRUE(untouched) << what << ": the fused form must not write its workspace";
-    if (p == Path::Composed) EXPECT_FALSE(untouched) << what << ": the composition writes its workspace";
+    if (p == Path::Fused) {
+      EXPECT_TRUE(untouched) << what << ": the fused form must not write its workspace";
+    }
+    if (p == Path::Composed) {
+      EXPECT_FALSE(untouched) << what << ": the composition writes its workspace";
+    }
   }
   std::unique_ptr<CudaBackend> composed_;
 };

@@ -14,6 +14,10 @@
 // ends the capture, and leaves the backend usable. replay_last_graph() is
 // false with no graph held.
 //
+// Memory a held graph points at: Buffers freed while a graph is held or
+// captured stay allocated (retired) until the graph is dropped, so replays
+// stay valid and no new allocation lands on them.
+//
 // Skipped (GTEST_SKIP) when no CUDA device is visible.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -366,6 +370,151 @@ TEST_F(CudaGraphErrors, LaunchSwitchesMustAgreeWithTheDevice) {
     c.flip(other);
     expect_error(ErrorCode::InvalidArgument, "CudaBackend", [&] { CudaBackend be(other); }, c.field);
   }
+}
+
+// ── Memory a held graph points at ──────────────────────────────────────────
+//
+// A graph's nodes hold the raw pointers its capture saw. Library memory freed
+// while a graph may point at it is retired (kept) until the graph is dropped:
+// a replay gives the eager result, and no new allocation lands on the retired
+// memory meanwhile (if one did, the replay would read or write it).
+
+class CudaGraphMemory : public CudaTest {
+ protected:
+  static constexpr std::size_t kLen = 4096;
+
+  void SetUp() override {
+    CudaTest::SetUp();
+    if (IsSkipped()) return;
+    cuda().reset_graph();
+    ASSERT_EQ(retained(), 0u);
+  }
+
+  std::size_t retained() { return dynamic_cast<CudaBackend&>(cuda()).graph_retained_allocations(); }
+
+  Buffer filled(float value) { return cuda().upload(std::vector<float>(kLen, value), DType::F16); }
+
+  // Allocations of the same size as a retired one, none of which may reuse
+  // its address (the retired memory is not free).
+  void expect_not_reused(const void* retired) {
+    std::vector<Buffer> decoys;
+    for (int i = 0; i < 8; ++i) {
+      decoys.push_back(filled(100.0f));
+      EXPECT_NE(decoys.back().data(), retired) << "a new allocation reused memory a held graph points at";
+    }
+  }
+};
+
+TEST_F(CudaGraphMemory, BufferFreedWhileAGraphIsHeldStaysValidForItsReplays) {
+  Buffer acc = filled(0.0f);
+  std::optional<Buffer> one = filled(1.0f);
+  const void* const one_memory = one->data();
+  cuda().begin_graph_capture();
+  cuda().add_inplace(acc, *one, kLen);
+  cuda().end_graph_capture();
+  one.reset();
+  EXPECT_EQ(retained(), 1u);
+  expect_not_reused(one_memory);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(cuda().replay_last_graph());
+  cuda().synchronize();
+  EXPECT_EQ(cuda().download(acc), std::vector<float>(kLen, 3.0f));
+  cuda().reset_graph();
+  EXPECT_EQ(retained(), 0u) << "dropping the graph frees what it kept";
+}
+
+TEST_F(CudaGraphMemory, BufferFreedDuringTheCaptureStaysValidForReplay) {
+  Buffer acc = filled(0.0f);
+  std::optional<Buffer> two = filled(2.0f);
+  const void* const two_memory = two->data();
+  cuda().begin_graph_capture();
+  cuda().add_inplace(acc, *two, kLen);
+  two.reset();  // recorded, then freed before the capture ends
+  EXPECT_EQ(retained(), 1u);
+  cuda().end_graph_capture();
+  EXPECT_EQ(retained(), 1u);
+  expect_not_reused(two_memory);
+  ASSERT_TRUE(cuda().replay_last_graph());
+  cuda().synchronize();
+  EXPECT_EQ(cuda().download(acc), std::vector<float>(kLen, 2.0f));
+  cuda().reset_graph();
+  EXPECT_EQ(retained(), 0u);
+}
+
+// Views keep no memory of their own: only the allocation is retired, once.
+TEST_F(CudaGraphMemory, AViewOfAFreedAllocationIsRetiredWithIt) {
+  Buffer acc = filled(0.0f);
+  std::optional<Buffer> ones = cuda().upload(std::vector<float>(2 * kLen, 1.0f), DType::F16);
+  Buffer upper = ones->view(kLen, kLen);
+  cuda().begin_graph_capture();
+  cuda().add_inplace(acc, upper, kLen);
+  cuda().end_graph_capture();
+  upper = Buffer();
+  EXPECT_EQ(retained(), 0u) << "a view frees nothing";
+  ones.reset();
+  EXPECT_EQ(retained(), 1u);
+  ASSERT_TRUE(cuda().replay_last_graph());
+  cuda().synchronize();
+  EXPECT_EQ(cuda().download(acc), std::vector<float>(kLen, 1.0f));
+  cuda().reset_graph();
+  EXPECT_EQ(retained(), 0u);
+}
+
+// A new graph replaces the old one: what only the old one could point at is
+// freed then; what the new capture saw freed is kept for the new graph.
+TEST_F(CudaGraphMemory, ReplacingTheGraphFreesWhatOnlyTheOldOneKept) {
+  Buffer acc = filled(0.0f);
+  Buffer one = filled(1.0f);
+  std::optional<Buffer> old_operand = filled(5.0f);
+  cuda().begin_graph_capture();
+  cuda().add_inplace(acc, *old_operand, kLen);
+  cuda().end_graph_capture();
+  old_operand.reset();
+  EXPECT_EQ(retained(), 1u);
+  std::optional<Buffer> new_operand = filled(1.0f);
+  cuda().begin_graph_capture();
+  cuda().add_inplace(acc, *new_operand, kLen);
+  new_operand.reset();
+  EXPECT_EQ(retained(), 2u) << "the old graph still exists during the capture";
+  cuda().end_graph_capture();
+  EXPECT_EQ(retained(), 1u) << "only the new graph's operand is still needed";
+  ASSERT_TRUE(cuda().replay_last_graph());
+  cuda().synchronize();
+  EXPECT_EQ(cuda().download(acc), std::vector<float>(kLen, 1.0f));
+  cuda().reset_graph();
+  EXPECT_EQ(retained(), 0u);
+}
+
+// A capture that fails: with no graph held, what it saw freed is freed at
+// once; with one held, it waits for that graph (which may point at it).
+TEST_F(CudaGraphMemory, AFailedCaptureKeepsOnlyWhatTheHeldGraphMayNeed) {
+  Buffer acc = filled(0.0f);
+  auto failed_capture_freeing_one = [&] {
+    std::optional<Buffer> operand = filled(1.0f);
+    cuda().begin_graph_capture();
+    cuda().add_inplace(acc, *operand, kLen);
+    operand.reset();
+    expect_error(ErrorCode::InvalidArgument, "add_inplace", [&] { cuda().add_inplace(acc, acc, 0); });
+    EXPECT_FALSE(cuda().is_capturing());
+  };
+  failed_capture_freeing_one();
+  EXPECT_EQ(retained(), 0u) << "no graph can point at it";
+
+  std::optional<Buffer> held_operand = filled(1.0f);
+  cuda().begin_graph_capture();
+  cuda().add_inplace(acc, *held_operand, kLen);
+  cuda().end_graph_capture();
+  failed_capture_freeing_one();
+  EXPECT_EQ(retained(), 1u);
+  held_operand.reset();
+  EXPECT_EQ(retained(), 2u);
+  ASSERT_TRUE(cuda().replay_last_graph());
+  cuda().synchronize();
+  EXPECT_EQ(cuda().download(acc), std::vector<float>(kLen, 1.0f));
+  cuda().reset_graph();
+  EXPECT_EQ(retained(), 0u);
+  // Without a graph, freeing is immediate again.
+  { Buffer gone = filled(0.0f); }
+  EXPECT_EQ(retained(), 0u);
 }
 
 }  // namespace
