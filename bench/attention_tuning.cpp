@@ -405,13 +405,16 @@ int main(int argc, char** argv) {
     if (experiments) {
       DecodeTuning d;  // the library's defaults
       variants = {{"default", d, 0}};
-      const char* const names[] = {"spb1", "spb2", "spb4", "spb8"};  // slices per block 1, 2, 4, 8
-      for (int i = 0; i < 4; ++i) {
+      const char* const names[] = {"spb1", "spb2", "spb4", "spb8", "spb16"};  // slices per block 1 .. 16
+      for (int i = 0; i < 5; ++i) {
         DecodeTuning x = d;
         x.slices_per_block = 1 << i;
         variants.push_back({names[i], x, 0});
       }
       DecodeTuning x = d;
+      x.whole_rows_per_sm = false;
+      variants.push_back({"slotrule", x, 0});  // the rule before whole_rows_per_sm
+      x = d;
       x.fused_merge = false;
       variants.push_back({"combine", x, 0});
       x = d;

@@ -82,6 +82,11 @@ struct DecodeTuning {
   //     32k lost 1-2 % at 2 to 8.
   // A block holding every valid slice of its row merges them itself.
   int slices_per_block = 0;
+  // With slices_per_block 0: at slices of >= 512 keys, where the launch's
+  // rows (sequence, kv head, chunk) are at least 90 % of the SMs but fewer
+  // than the block slots, one block per whole row (else the 90 %-of-slots
+  // rule above). The same bits.
+  bool whole_rows_per_sm = true;
   // A block running several slices requests the next slice's first
   // sub-tiles before it merges its warps (the merge scratch then sits in the
   // last ring slot, where it fits: up to 14 heads per block at hd 128);
