@@ -412,9 +412,6 @@ int main(int argc, char** argv) {
         variants.push_back({names[i], x, 0});
       }
       DecodeTuning x = d;
-      x.whole_rows_per_sm = false;
-      variants.push_back({"slotrule", x, 0});  // the rule before whole_rows_per_sm
-      x = d;
       x.fused_merge = false;
       variants.push_back({"combine", x, 0});
       x = d;

@@ -1082,17 +1082,12 @@ bool plan_decode_typed(const AttentionArgs& a, DecodeLaunchPlan& plan) {
         per_block *= 2;
       }
     } else if (groups < slots) {
-      const long long sms = device_sm_count("flash_attention");
-      if (a.decode_tuning.whole_rows_per_sm && 10 * groups >= 9 * sms) {
-        // About a row per SM (B = 16 at 8 kv heads: 128 rows on 132 SMs):
-        // whole rows, one long stream per SM and no merge across blocks,
-        // the shape of B = 1 at 128k (4.2 TB/s on the H200).
-        per_block = splits;
-      } else {
-        // Whole rows would leave SMs empty: as long as the launch keeps
-        // about a block per slot (90 %).
-        while (per_block * 2 <= splits && 10 * blocks_at(per_block * 2) >= 9 * slots) per_block *= 2;
-      }
+      // Whole rows would leave slots empty (B = 16 at 8 kv heads): the
+      // fewest blocks that still fill one wave to 70 % of the slots. H200,
+      // session 31 (f16, hd 128): B = 12 L = 8k 117.5 us at 4 slices per
+      // block (384 blocks, 1.45 waves) against 112.7 at 8 (192 blocks, one
+      // wave); whole rows at B = 16 (128 blocks) lost 11 % to 8 (256).
+      while (per_block * 2 <= splits && 10 * blocks_at(per_block * 2) >= 7 * slots) per_block *= 2;
     }
   }
   per_block = std::min(per_block, splits);

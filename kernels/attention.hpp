@@ -75,18 +75,14 @@ struct DecodeTuning {
   //     half a block per slot (H200, session 14: B=64 L=1k 106 -> 86 us,
   //     B=16 L=1k 36 -> 27 us);
   //   - longer slices, where fewer (sequence, kv head, chunk) groups than
-  //     slots: doubled while the launch keeps 90 % of a block per slot
+  //     slots: doubled while the launch keeps 70 % of a block per slot
   //     (B=16 L=8k 146.3 -> 141.3 us at 8, L=32k 500.6 -> 497.1, L=128k
-  //     1925 -> 1913);
+  //     1925 -> 1913, session 14; 90 % until session 31, which measured
+  //     B=12 L=8k 117.5 -> 112.7 at 8 instead of 4);
   //   - else one: a batch of one keeps a block per slice, and B=64 at 8k and
   //     32k lost 1-2 % at 2 to 8.
   // A block holding every valid slice of its row merges them itself.
   int slices_per_block = 0;
-  // With slices_per_block 0: at slices of >= 512 keys, where the launch's
-  // rows (sequence, kv head, chunk) are at least 90 % of the SMs but fewer
-  // than the block slots, one block per whole row (else the 90 %-of-slots
-  // rule above). The same bits.
-  bool whole_rows_per_sm = true;
   // A block running several slices requests the next slice's first
   // sub-tiles before it merges its warps (the merge scratch then sits in the
   // last ring slot, where it fits: up to 14 heads per block at hd 128);

@@ -211,8 +211,7 @@ INSTANTIATE_TEST_SUITE_P(DTypes, CudaDecodeBatch, ::testing::ValuesIn(kHalfDType
 // from a device decode state (also with two m-tiles at hd 256, in one head
 // chunk and in two); two slices of one row (the smallest cluster); B = 1 at
 // 4k and 2k caches (32 and 16 slices of 128 keys); 128 rows of 512-key
-// slices (whole rows per block by default on devices of up to 142 SMs,
-// DecodeTuning::whole_rows_per_sm). Cache rows
+// slices (several slices per block by default). Cache rows
 // at and past each sequence's kv_len hold NaN, so a path that lets one
 // into P V shows.
 struct DecodeKnobCase {
@@ -335,8 +334,6 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
     variants.back().slices_per_block = per_block;
   }
   variants.push_back({});
-  variants.back().whole_rows_per_sm = false;
-  variants.push_back({});
   variants.back().slices_per_block = 2;
   variants.back().fused_merge = false;
   variants.push_back({});
@@ -367,21 +364,6 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   if (plan->cluster) {
     EXPECT_EQ(plan->slices_per_block, 1);
     EXPECT_TRUE(plan->fused);
-  }
-  // About a row per SM at slices of >= 512 keys: the default runs whole
-  // rows (and without whole_rows_per_sm, not), so both schedules ran above.
-  int sms = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  const std::optional<kernels::DecodeLaunchPlan> default_plan = kernels::decode_launch_plan(args_for({}));
-  ASSERT_TRUE(default_plan.has_value());
-  const long long rows = static_cast<long long>(c.batch) * c.kv_heads;
-  if (one_chunk && default_plan->slice_keys >= 512 && 10 * rows >= 9LL * sms && rows < sms) {
-    EXPECT_EQ(default_plan->slices_per_block, splits);
-    kernels::DecodeTuning slot_rule;
-    slot_rule.whole_rows_per_sm = false;
-    const std::optional<kernels::DecodeLaunchPlan> old_plan = kernels::decode_launch_plan(args_for(slot_rule));
-    ASSERT_TRUE(old_plan.has_value());
-    EXPECT_LT(old_plan->slices_per_block, splits);
   }
   std::uint32_t flag = 1;
   EXPECT_EQ(cudaMemcpy(&flag, dflag, sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
