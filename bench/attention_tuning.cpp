@@ -412,6 +412,9 @@ int main(int argc, char** argv) {
         variants.push_back({names[i], x, 0});
       }
       DecodeTuning x = d;
+      x.tail_free_slices = true;
+      variants.push_back({"tailfree", x, 0});
+      x = d;
       x.fused_merge = false;
       variants.push_back({"combine", x, 0});
       x = d;

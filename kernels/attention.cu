@@ -1082,12 +1082,16 @@ bool plan_decode_typed(const AttentionArgs& a, DecodeLaunchPlan& plan) {
         per_block *= 2;
       }
     } else if (groups < slots) {
-      // Whole rows would leave slots empty (B = 16 at 8 kv heads): the
-      // fewest blocks that still fill one wave to 70 % of the slots. H200,
-      // session 31 (f16, hd 128): B = 12 L = 8k 117.5 us at 4 slices per
-      // block (384 blocks, 1.45 waves) against 112.7 at 8 (192 blocks, one
-      // wave); whole rows at B = 16 (128 blocks) lost 11 % to 8 (256).
-      while (per_block * 2 <= splits && 10 * blocks_at(per_block * 2) >= 7 * slots) per_block *= 2;
+      // Whole rows would leave slots empty (B = 16 at 8 kv heads): as long
+      // as the launch keeps about a block per slot (90 %). (Session 31,
+      // H200: whole rows at B = 16 L = 8k lost 11 %; 70 % instead of 90 %
+      // won 4 % at B = 12 L = 8k and lost 2 % at B = 12 L = 32k, where one
+      // slice per block won 8 %: docs/design/decode_attention.md §4.8.)
+      if (a.decode_tuning.tail_free_slices) {
+        per_block = tail_free_slices_per_block(groups, splits, slice_keys, slots, device_sm_count("flash_attention"));
+      } else {
+        while (per_block * 2 <= splits && 10 * blocks_at(per_block * 2) >= 9 * slots) per_block *= 2;
+      }
     }
   }
   per_block = std::min(per_block, splits);

@@ -43,6 +43,42 @@ constexpr int attention_decode_splits(long long kv_stride) {
   return static_cast<int>((kv_stride + keys - 1) / keys);  // <= kAttnDecodeMaxSplits
 }
 
+// Slices per block for a decode launch of `groups` (sequence, kv head, head
+// chunk) rows of `splits` slices of `slice_keys` keys on `sms` SMs with
+// `slots` block slots, chosen by the launch's last wave
+// (DecodeTuning::tail_free_slices; session 31's sweep on the H200 showed
+// the 90 %-of-slots rule losing 4-15 % at B = 10 and 12 where it leaves a
+// thin last wave, docs/design/decode_attention.md §4.8). A launch streams at
+// full speed while about one block per SM is resident, so a power of two p
+// (up to splits) costs p * (1 - last / sms) for a last wave of `last` <
+// sms blocks, else nothing. Among the tail-free p: the most slices whose
+// block stays within kTailFreeBlockKeys keys (longer blocks lost up to 8 %
+// at 2048-key slices), else the fewest; with none tail-free, the cheapest
+// (the fewer slices on a tie).
+inline constexpr long long kTailFreeBlockKeys = 4096;
+constexpr int tail_free_slices_per_block(long long groups, int splits, long long slice_keys, long long slots,
+                                         long long sms) {
+  if (groups <= 0 || splits <= 0 || slots <= 0 || sms <= 0) return 1;
+  int best_free_short = 0, best_free_any = 0, cheapest = 1;
+  double cheapest_cost = -1.0;
+  for (int p = 1; p <= splits; p *= 2) {
+    const long long blocks = groups * ((splits + p - 1) / p);
+    const long long last = blocks - (blocks - 1) / slots * slots;  // blocks in the last wave, 1 .. slots
+    const double cost = last >= sms ? 0.0 : p * (1.0 - static_cast<double>(last) / static_cast<double>(sms));
+    if (cost == 0.0) {
+      if (best_free_any == 0) best_free_any = p;
+      if (p * slice_keys <= kTailFreeBlockKeys) best_free_short = p;
+    }
+    if (cheapest_cost < 0.0 || cost < cheapest_cost) {
+      cheapest_cost = cost;
+      cheapest = p;
+    }
+  }
+  if (best_free_short > 0) return best_free_short;
+  if (best_free_any > 0) return best_free_any;
+  return cheapest;
+}
+
 // Launch knobs of the tensor-core decode. The defaults are the library's
 // choice and every caller leaves them; bench/attention_tuning.cpp sweeps
 // them (the A/B runs of docs/design/decode_attention.md). None changes a
@@ -75,14 +111,18 @@ struct DecodeTuning {
   //     half a block per slot (H200, session 14: B=64 L=1k 106 -> 86 us,
   //     B=16 L=1k 36 -> 27 us);
   //   - longer slices, where fewer (sequence, kv head, chunk) groups than
-  //     slots: doubled while the launch keeps 70 % of a block per slot
+  //     slots: doubled while the launch keeps 90 % of a block per slot
   //     (B=16 L=8k 146.3 -> 141.3 us at 8, L=32k 500.6 -> 497.1, L=128k
-  //     1925 -> 1913, session 14; 90 % until session 31, which measured
-  //     B=12 L=8k 117.5 -> 112.7 at 8 instead of 4);
+  //     1925 -> 1913; session 31's sweep at B = 10..16: decode_attention.md
+  //     §4.8);
   //   - else one: a batch of one keeps a block per slice, and B=64 at 8k and
   //     32k lost 1-2 % at 2 to 8.
   // A block holding every valid slice of its row merges them itself.
   int slices_per_block = 0;
+  // With slices_per_block 0, for the longer slices' rule (>= 512 keys,
+  // fewer groups than slots): tail_free_slices_per_block instead of the
+  // 90 %-of-slots doubling. Off: measured on one sweep only (session 31).
+  bool tail_free_slices = false;
   // A block running several slices requests the next slice's first
   // sub-tiles before it merges its warps (the merge scratch then sits in the
   // last ring slot, where it fits: up to 14 heads per block at hd 128);

@@ -334,6 +334,8 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
     variants.back().slices_per_block = per_block;
   }
   variants.push_back({});
+  variants.back().tail_free_slices = true;
+  variants.push_back({});
   variants.back().slices_per_block = 2;
   variants.back().fused_merge = false;
   variants.push_back({});

@@ -1,0 +1,57 @@
+// The decode's tail-free slices-per-block rule (kernels/attention.hpp,
+// tail_free_slices_per_block): a pure host function, checked here on every
+// machine against the choices session 31's H200 sweep asks for (132 SMs, 2
+// blocks per SM at hd 128; 8 kv heads, so B sequences are 8 B rows). The
+// GPU tests check that every choice gives the same bits.
+#include <gtest/gtest.h>
+
+#include "kernels/attention.hpp"
+
+namespace ferrum::test {
+namespace {
+
+using kernels::attention_decode_slice_keys;
+using kernels::attention_decode_splits;
+using kernels::tail_free_slices_per_block;
+
+constexpr long long kSms = 132, kSlots = 264, kKvHeads = 8;
+
+int choice(long long batch, long long capacity) {
+  return tail_free_slices_per_block(batch * kKvHeads, attention_decode_splits(capacity),
+                                    attention_decode_slice_keys(capacity), kSlots, kSms);
+}
+
+// Each row: what the sweep measured fastest (or within 1 % of it), where the
+// 90 %-of-slots rule chose otherwise or agreed.
+TEST(DecodePlan, TailFreeRuleMatchesTheH200Sweep) {
+  EXPECT_EQ(choice(10, 8192), 8);   // 95.0 us; the slot rule's 4: 111.0 (320 blocks, last wave 56)
+  EXPECT_EQ(choice(12, 8192), 8);   // 112.9 us; 4: 118.6 (384 blocks, last wave 120)
+  EXPECT_EQ(choice(14, 8192), 8);   // 126.7 us; 4: 126.4
+  EXPECT_EQ(choice(16, 8192), 8);   // 142.2 us, as the slot rule; 16 (whole rows): 156.9
+  EXPECT_EQ(choice(12, 32768), 2);  // 380.0 us; the slot rule's 4: 404.6; 8: 409.9
+  EXPECT_EQ(choice(16, 32768), 2);  // 489.9 us; 8: 490.8
+  EXPECT_EQ(choice(16, 131072), 1); // 8192-key slices: 1899.6 us; 8: 1875.1
+  // Small batches keep the slot rule's choice.
+  EXPECT_EQ(choice(1, 131072), 1);
+  EXPECT_EQ(choice(2, 8192), 1);
+  EXPECT_EQ(choice(4, 8192), 2);
+  EXPECT_EQ(choice(8, 8192), 4);
+}
+
+TEST(DecodePlan, TailFreeRuleStaysInRange) {
+  for (long long groups : {1LL, 7LL, 96LL, 263LL}) {
+    for (int splits : {1, 3, 16, 32}) {
+      for (long long slots : {1LL, 132LL, 264LL, 1000LL}) {
+        const int p = tail_free_slices_per_block(groups, splits, 512, slots, 132);
+        EXPECT_GE(p, 1);
+        EXPECT_LE(p, splits);
+        EXPECT_EQ(p & (p - 1), 0) << "a power of two";
+      }
+    }
+  }
+  EXPECT_EQ(tail_free_slices_per_block(0, 16, 512, 264, 132), 1);
+  EXPECT_EQ(tail_free_slices_per_block(8, 16, 512, 0, 132), 1);
+}
+
+}  // namespace
+}  // namespace ferrum::test
