@@ -9,8 +9,11 @@
 
 namespace ferrum::detail {
 
+// Hidden: its many instances are the library's own business, and their
+// signatures carry fmt types, which a shared library should not export.
 template <class... Args>
-[[noreturn]] void fail(ErrorCode code, fmt::format_string<Args...> format, Args&&... args) {
+[[noreturn, gnu::visibility("hidden")]] void fail(ErrorCode code, fmt::format_string<Args...> format,
+                                                  Args&&... args) {
   throw Error(code, fmt::format(format, std::forward<Args>(args)...));
 }
 

@@ -1,22 +1,106 @@
-# Installs the built library into WORK_DIR/prefix, then configures, builds
-# and runs tests/install/consumer against it, as an engine would.
+# Installs ferrum into WORK_DIR/prefix, then configures, builds and runs
+# tests/install/consumer against it, as an engine would.
+#
+# FERRUM_INSTALL_TEST_MODE:
+#   build_tree (default): installs the already-built tree FERRUM_BUILD_DIR.
+#   shared: configures FERRUM_SOURCE_DIR as a shared, library-only build of
+#     its own (FERRUM_CUDA_ARCHITECTURES, FERRUM_PREFIX_PATH and the
+#     FERRUM_*_COMPILER / FERRUM_MAKE_PROGRAM of the outer build, when set),
+#     builds and installs that, and checks with FERRUM_NM that the library
+#     exports nothing of fmt's.
+if(NOT DEFINED FERRUM_INSTALL_TEST_MODE)
+  set(FERRUM_INSTALL_TEST_MODE build_tree)
+endif()
+
+function(ferrum_run what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${rc})")
+  endif()
+endfunction()
+
 file(REMOVE_RECURSE ${WORK_DIR})
-execute_process(COMMAND ${CMAKE_COMMAND} --install ${FERRUM_BUILD_DIR} --prefix ${WORK_DIR}/prefix
-                RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "cmake --install failed (${rc})")
+
+if(FERRUM_INSTALL_TEST_MODE STREQUAL "build_tree")
+  set(ferrum_lib_build ${FERRUM_BUILD_DIR})
+elseif(FERRUM_INSTALL_TEST_MODE STREQUAL "shared")
+  set(ferrum_lib_build ${WORK_DIR}/lib-build)
+  # Release, library only, and the outer build's toolchain, so that this
+  # build does not depend on what ctest's PATH happens to find. An initial
+  # cache file carries them: values may be lists (CMAKE_PREFIX_PATH,
+  # CMAKE_CUDA_ARCHITECTURES).
+  set(ferrum_cache "")
+  foreach(ferrum_pair IN ITEMS
+      "CMAKE_CUDA_ARCHITECTURES=FERRUM_CUDA_ARCHITECTURES"
+      "CMAKE_PREFIX_PATH=FERRUM_PREFIX_PATH"
+      "CMAKE_CXX_COMPILER=FERRUM_CXX_COMPILER"
+      "CMAKE_CUDA_COMPILER=FERRUM_CUDA_COMPILER"
+      "CMAKE_CUDA_HOST_COMPILER=FERRUM_CUDA_HOST_COMPILER"
+      "CMAKE_MAKE_PROGRAM=FERRUM_MAKE_PROGRAM")
+    string(REPLACE "=" ";" ferrum_pair "${ferrum_pair}")
+    list(GET ferrum_pair 0 ferrum_inner)
+    list(GET ferrum_pair 1 ferrum_outer)
+    if(NOT "${${ferrum_outer}}" STREQUAL "")
+      string(APPEND ferrum_cache "set(${ferrum_inner} [==[${${ferrum_outer}}]==] CACHE STRING \"\")\n")
+    endif()
+  endforeach()
+  file(WRITE ${WORK_DIR}/lib-build-cache.cmake "${ferrum_cache}")
+  ferrum_run("configuring the shared library"
+    ${CMAKE_COMMAND} -S ${FERRUM_SOURCE_DIR} -B ${ferrum_lib_build} -G ${CMAKE_GENERATOR}
+    -C ${WORK_DIR}/lib-build-cache.cmake
+    -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON
+    -DFERRUM_BUILD_TESTS=OFF -DFERRUM_BUILD_BENCHMARKS=OFF -DFERRUM_BUILD_APPS=OFF)
+  ferrum_run("building the shared library" ${CMAKE_COMMAND} --build ${ferrum_lib_build} --config Release)
+  set(ferrum_install_config --config Release)  # for a multi-config generator
+else()
+  message(FATAL_ERROR "FERRUM_INSTALL_TEST_MODE is '${FERRUM_INSTALL_TEST_MODE}': build_tree or shared")
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build -G ${CMAKE_GENERATOR}
-                        -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix
-                RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "configuring the consumer failed (${rc})")
+
+ferrum_run("cmake --install" ${CMAKE_COMMAND} --install ${ferrum_lib_build} --prefix ${WORK_DIR}/prefix
+           ${ferrum_install_config})
+
+if(FERRUM_INSTALL_TEST_MODE STREQUAL "shared")
+  # fmt is compiled into the library privately; its symbols must not be
+  # exported, where they could interpose on a consumer's own fmt
+  # (cmake/ferrum_exports.map). Judged by the mangled names: a symbol of
+  # fmt's own is _ZN3fmt..., _ZTVN3fmt... (vtable) and so on, while ferrum's
+  # functions taking fmt types (ferrum::detail::fail<...>) mention fmt only
+  # in their signature and cannot clash with another fmt.
+  file(GLOB_RECURSE ferrum_installed_so ${WORK_DIR}/prefix/libferrum_kernels.so)
+  list(LENGTH ferrum_installed_so ferrum_so_count)
+  if(NOT ferrum_so_count EQUAL 1)
+    message(FATAL_ERROR "expected one libferrum_kernels.so under ${WORK_DIR}/prefix, found: ${ferrum_installed_so}")
+  endif()
+  if(NOT FERRUM_NM)
+    message(STATUS "no nm (CMAKE_NM is empty): the exported-symbol check is skipped")
+  else()
+    execute_process(COMMAND ${FERRUM_NM} -D --defined-only ${ferrum_installed_so}
+                    RESULT_VARIABLE rc OUTPUT_VARIABLE ferrum_symbols)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "${FERRUM_NM} -D failed (${rc})")
+    endif()
+    string(REGEX MATCHALL "[^\n]+" ferrum_symbols "${ferrum_symbols}")
+    set(ferrum_fmt_symbols "")
+    foreach(ferrum_line IN LISTS ferrum_symbols)
+      # _Z, then an optional special-name prefix (vtable, typeinfo, guard
+      # variable, thunk, function-local static), then a nested name in fmt.
+      if(ferrum_line MATCHES " _Z(Z|GV|T[VTISHW]|T[hv][0-9n_]+)?N[rVKRO]*3fmt")
+        list(APPEND ferrum_fmt_symbols "${ferrum_line}")
+      endif()
+    endforeach()
+    list(LENGTH ferrum_symbols ferrum_symbol_count)
+    list(LENGTH ferrum_fmt_symbols ferrum_fmt_count)
+    if(ferrum_fmt_count GREATER 0)
+      list(JOIN ferrum_fmt_symbols "\n" ferrum_fmt_symbols)
+      message(FATAL_ERROR "${ferrum_installed_so} exports ${ferrum_fmt_count} symbol(s) of fmt "
+                          "(nm -DC shows them demangled):\n${ferrum_fmt_symbols}")
+    endif()
+    message(STATUS "${ferrum_installed_so}: ${ferrum_symbol_count} exported symbols, none of fmt")
+  endif()
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/build RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "building the consumer failed (${rc})")
-endif()
-execute_process(COMMAND ${WORK_DIR}/build/ferrum_consumer RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "the consumer failed (${rc})")
-endif()
+
+ferrum_run("configuring the consumer"
+  ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build -G ${CMAKE_GENERATOR}
+  -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+ferrum_run("building the consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+ferrum_run("the consumer" ${WORK_DIR}/build/ferrum_consumer)
