@@ -248,12 +248,15 @@ void Decoder::run_prefill(std::size_t seq, std::span<const std::int32_t> tokens)
 }
 
 Decoder::~Decoder() {
-  if (!graph_captured()) return;
+  // While a capture of someone else's is open, reset_graph would refuse and
+  // in refusing abandon that capture (OpCheck::fail): leave the slot alone;
+  // the graph stays held, with the buffers it points at, until the slot is
+  // reset or recaptured.
+  if (!graph_captured() || be_.is_capturing()) return;
   try {
     be_.reset_graph();
   } catch (const std::exception&) {
-    // A device error or a capture of someone else's in progress: the graph
-    // stays held, with the buffers it points at, until the slot is reset.
+    // A device error: the graph stays held as above.
   }
 }
 

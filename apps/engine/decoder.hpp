@@ -85,6 +85,8 @@ class Decoder {
   // and position); more than one needs the ragged ops and a fused QKV
   // projection (dense, or GPTQ parts that share g_idx).
   // Throws Unsupported (listing them) when the backend lacks an op the mode needs.
+  // The decoder keeps a reference to `backend`, which must outlive it (the
+  // destructor may reset the backend's graph slot).
   Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_capacity, std::size_t max_prefill_tokens,
           DecodeMode mode = DecodeMode::Eager, std::size_t sequences = 1, DecoderOptions options = {});
   // Drops the device's graph if it is still this decoder's capture: the

@@ -388,6 +388,30 @@ TEST_F(DecoderGpu, DestroyedDecoderDropsOnlyItsOwnGraph) {
   EXPECT_EQ(gpu.graph_retained_allocations(), 0u);
 }
 
+// A graph-mode decoder destroyed while someone else's capture is open leaves
+// the slot and that capture alone (resetting the slot then would refuse, and
+// the refusal abandons the open capture): the capture ends normally and its
+// graph replaces the decoder's.
+TEST_F(DecoderGpu, DestroyedDecoderLeavesAnOpenCaptureAlone) {
+  const ModelWeights& w = *weights_;
+  auto decoder = std::make_unique<Decoder>(*be_, w, 64, kPrompt.size(), DecodeMode::Graph);
+  (void)decoder->decode_next(decoder->prefill_next(kPrompt));
+  ASSERT_TRUE(decoder->graph_captured());
+  const std::vector<float> ones(64, 1.0f);
+  Buffer residual = be_->upload(ones, DType::F32);
+  const Buffer x = be_->upload(ones, DType::F32);
+  be_->begin_graph_capture();
+  be_->add_inplace(residual, x, ones.size());
+  decoder.reset();
+  EXPECT_TRUE(be_->is_capturing()) << "the open capture must survive the decoder's destruction";
+  ASSERT_NO_THROW(be_->end_graph_capture());
+  EXPECT_NE(be_->held_graph(), 0u);
+  EXPECT_TRUE(be_->replay_last_graph());
+  be_->reset_graph();
+  EXPECT_EQ(be_->held_graph(), 0u);
+  EXPECT_EQ(dynamic_cast<CudaBackend&>(*be_).graph_retained_allocations(), 0u);
+}
+
 // The pipelined step in graph mode (forward pass and advance captured once,
 // replayed back to back with no host read between) against decode_next op by
 // op in device-state mode (the graph's ops, so the same bits): the same
