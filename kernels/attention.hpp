@@ -54,15 +54,18 @@ constexpr int attention_decode_splits(long long kv_stride) {
 // sms blocks, else nothing. Among the tail-free p: the most slices whose
 // block stays within kTailFreeBlockKeys keys (B = 12 L = 32k: 16384-key
 // blocks 409.9 us, 4096-key 380.0), else the fewest; with none tail-free,
-// the cheapest (the fewer slices on a tie).
+// the cheapest (the fewer slices on a tie). Only p dividing splits: else
+// the last block of every row holds splits % p slices, the blocks are
+// unequal and the wave model above does not hold (a capacity of 12288
+// positions is 12 slices: p = 1, 2 or 4).
 inline constexpr long long kTailFreeBlockKeys = 8192;
 constexpr int tail_free_slices_per_block(long long groups, int splits, long long slice_keys, long long slots,
                                          long long sms) {
   if (groups <= 0 || splits <= 0 || slots <= 0 || sms <= 0) return 1;
   int best_free_short = 0, best_free_any = 0, cheapest = 1;
   double cheapest_cost = -1.0;
-  for (int p = 1; p <= splits; p *= 2) {
-    const long long blocks = groups * ((splits + p - 1) / p);
+  for (int p = 1; p <= splits && splits % p == 0; p *= 2) {
+    const long long blocks = groups * (splits / p);
     const long long last = blocks - (blocks - 1) / slots * slots;  // blocks in the last wave, 1 .. slots
     const double cost = last >= sms ? 0.0 : p * (1.0 - static_cast<double>(last) / static_cast<double>(sms));
     if (cost == 0.0) {
