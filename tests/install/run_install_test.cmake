@@ -4,10 +4,10 @@
 # FERRUM_INSTALL_TEST_MODE:
 #   build_tree (default): installs the already-built tree FERRUM_BUILD_DIR.
 #   shared: configures FERRUM_SOURCE_DIR as a shared, library-only build of
-#     its own (FERRUM_CUDA_ARCHITECTURES, FERRUM_PREFIX_PATH and the
-#     FERRUM_*_COMPILER / FERRUM_MAKE_PROGRAM of the outer build, when set),
-#     builds and installs that, and checks with FERRUM_NM that the library
-#     exports nothing of fmt's.
+#     its own, with FERRUM_INNER_CACHE (an initial cache file: the outer
+#     build's toolchain and the dependencies it found, tests/CMakeLists.txt),
+#     builds that with FERRUM_BUILD_JOBS jobs, installs it, and checks with
+#     FERRUM_NM that the library exports nothing of fmt's.
 if(NOT DEFINED FERRUM_INSTALL_TEST_MODE)
   set(FERRUM_INSTALL_TEST_MODE build_tree)
 endif()
@@ -25,32 +25,16 @@ if(FERRUM_INSTALL_TEST_MODE STREQUAL "build_tree")
   set(ferrum_lib_build ${FERRUM_BUILD_DIR})
 elseif(FERRUM_INSTALL_TEST_MODE STREQUAL "shared")
   set(ferrum_lib_build ${WORK_DIR}/lib-build)
-  # Release, library only, and the outer build's toolchain, so that this
-  # build does not depend on what ctest's PATH happens to find. An initial
-  # cache file carries them: values may be lists (CMAKE_PREFIX_PATH,
-  # CMAKE_CUDA_ARCHITECTURES).
-  set(ferrum_cache "")
-  foreach(ferrum_pair IN ITEMS
-      "CMAKE_CUDA_ARCHITECTURES=FERRUM_CUDA_ARCHITECTURES"
-      "CMAKE_PREFIX_PATH=FERRUM_PREFIX_PATH"
-      "CMAKE_CXX_COMPILER=FERRUM_CXX_COMPILER"
-      "CMAKE_CUDA_COMPILER=FERRUM_CUDA_COMPILER"
-      "CMAKE_CUDA_HOST_COMPILER=FERRUM_CUDA_HOST_COMPILER"
-      "CMAKE_MAKE_PROGRAM=FERRUM_MAKE_PROGRAM")
-    string(REPLACE "=" ";" ferrum_pair "${ferrum_pair}")
-    list(GET ferrum_pair 0 ferrum_inner)
-    list(GET ferrum_pair 1 ferrum_outer)
-    if(NOT "${${ferrum_outer}}" STREQUAL "")
-      string(APPEND ferrum_cache "set(${ferrum_inner} [==[${${ferrum_outer}}]==] CACHE STRING \"\")\n")
-    endif()
-  endforeach()
-  file(WRITE ${WORK_DIR}/lib-build-cache.cmake "${ferrum_cache}")
+  if(NOT FERRUM_BUILD_JOBS)
+    set(FERRUM_BUILD_JOBS 1)
+  endif()
   ferrum_run("configuring the shared library"
     ${CMAKE_COMMAND} -S ${FERRUM_SOURCE_DIR} -B ${ferrum_lib_build} -G ${CMAKE_GENERATOR}
-    -C ${WORK_DIR}/lib-build-cache.cmake
+    -C ${FERRUM_INNER_CACHE}
     -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON
     -DFERRUM_BUILD_TESTS=OFF -DFERRUM_BUILD_BENCHMARKS=OFF -DFERRUM_BUILD_APPS=OFF)
-  ferrum_run("building the shared library" ${CMAKE_COMMAND} --build ${ferrum_lib_build} --config Release)
+  ferrum_run("building the shared library"
+    ${CMAKE_COMMAND} --build ${ferrum_lib_build} --config Release --parallel ${FERRUM_BUILD_JOBS})
   set(ferrum_install_config --config Release)  # for a multi-config generator
 else()
   message(FATAL_ERROR "FERRUM_INSTALL_TEST_MODE is '${FERRUM_INSTALL_TEST_MODE}': build_tree or shared")
@@ -84,7 +68,9 @@ if(FERRUM_INSTALL_TEST_MODE STREQUAL "shared")
     foreach(ferrum_line IN LISTS ferrum_symbols)
       # _Z, then an optional special-name prefix (vtable, typeinfo, guard
       # variable, thunk, function-local static), then a nested name in fmt.
-      if(ferrum_line MATCHES " _Z(Z|GV|T[VTISHW]|T[hv][0-9n_]+)?N[rVKRO]*3fmt")
+      # (_ZN3fmt, _ZTVN3fmt, _ZZN3fmt (a function's local static),
+      # _ZGVZN3fmt (its guard variable), ...)
+      if(ferrum_line MATCHES " _Z(GV|T[VTISHW]|T[hv][0-9n_]+)?Z?N[rVKRO]*3fmt")
         list(APPEND ferrum_fmt_symbols "${ferrum_line}")
       endif()
     endforeach()
