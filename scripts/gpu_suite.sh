@@ -35,6 +35,13 @@
 #                                launch's schedule (%globaltimer: waves, slots
 #                                kept busy, merge tail) at B = 1 L = 1k / 4k,
 #                                B = 16 L = 8k, B = 64 L = 1k
+#   scripts/gpu_suite.sh decodesweep  ferrum_attention_tuning decode-exp
+#                                (every slices-per-block choice, the 90 %
+#                                rule and the tail-free rule) at each B:L of
+#                                DECODE_SWEEP (default: the points where the
+#                                two rules differ most, 33), two passes, the
+#                                second in reverse order; then
+#                                bench/decode_sweep_summary.py's table
 #   scripts/gpu_suite.sh ab      this tree against base/ (scripts/gpu_tree.sh
 #                                REV --base BASE, or gpu_tree.sh --working
 #                                --base BASE) and each alt/N (--alt REV):
@@ -83,7 +90,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong hf sdpa profile tuning verify gptqtimeline decodetimeline ab rowsq)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -459,6 +466,31 @@ if has_mode sdpa; then
       > "$OUT/sdpa_check.log" 2>&1
     echo "sdpa_check exit $?"
     grep -E "PASS|FAIL|sdpa_check:" "$OUT/sdpa_check.log" | head -30
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode decodesweep; then
+  # DecodeTuning::tail_free_slices against the 90 %-of-slots rule and each
+  # explicit slices-per-block choice (docs/design/decode_attention.md §4.8).
+  DECODE_SWEEP="${DECODE_SWEEP:-3:8192 6:8192 10:8192 12:8192 14:8192 18:8192 24:8192 28:8192 6:12288 12:12288 16:12288 20:12288 24:12288 32:12288 6:16384 10:16384 18:16384 20:16384 24:16384 30:16384 6:32768 10:32768 12:32768 16:32768 18:32768 24:32768 30:32768 4:131072 6:131072 10:131072 16:131072 20:131072 30:131072}"
+  {
+    echo "== decode slices-per-block sweep ($(date +%T))"
+    read -r -a sweep_points <<< "$DECODE_SWEEP"
+    : > "$OUT/decode_sweep.log"
+    for pass in 1 2; do
+      points=("${sweep_points[@]}")
+      if [ "$pass" = 2 ]; then
+        points=()
+        for ((i = ${#sweep_points[@]} - 1; i >= 0; i--)); do points+=("${sweep_points[i]}"); done
+      fi
+      for point in "${points[@]}"; do
+        echo "# pass $pass point $point" >> "$OUT/decode_sweep.log"
+        timeout 60 $B/bench/ferrum_attention_tuning decode-exp "${point%%:*}" "${point##*:}" >> "$OUT/decode_sweep.log" 2>&1 ||
+          echo "# point $point exit $?" >> "$OUT/decode_sweep.log"
+      done
+      echo "pass $pass done ($(date +%T))"
+    done
+    python3 bench/decode_sweep_summary.py "$OUT/decode_sweep.log" | tee "$OUT/decode_sweep.md"
   } 2>&1 | tee -a "$LOG"
 fi
 
