@@ -1,62 +1,60 @@
 #!/usr/bin/env python3
 """Summarizes gpu_suite.sh decodesweep's log (ferrum_attention_tuning
-decode-exp lines, several passes): per B, L the mean over passes of the
-default (the 90 %-of-slots rule), the tail-free rule and each explicit
-slices-per-block choice, in µs, with the slices per block each took, the
-fastest choice, and the tail-free rule against the default and the fastest.
+decode-exp lines, several passes): per B, L the mean over passes, in µs, of
+the default, the other slices-per-block rule ("slots90": the 90 %-of-slots
+rule the tail-free default replaced in session 32; "tailfree" in logs from
+before, when the 90 % rule was the default) and each explicit slices per
+block, with the slices per block each took, the fastest explicit choice, and
+the ratios of the two rules to each other and to the fastest.
 """
 import collections
+import math
 import re
 import sys
 
 LINE = re.compile(r"^(\d+)\s+(\d+)\s+(\S+)\s+([\d.]+)\s+\d+\s+spb (\d+)")
+EXPLICIT = ["spb1", "spb2", "spb4", "spb8", "spb16"]
 
 
 def main(path):
     times = collections.defaultdict(list)  # (B, L, variant) -> [µs]
     spb = {}
-    order = []
+    points = set()
     with open(path) as f:
         for line in f:
             m = LINE.match(line)
-            if not m:
-                continue
-            b, l, var, us, p = int(m[1]), int(m[2]), m[3], float(m[4]), int(m[5])
-            if (b, l) not in order:
-                order.append((b, l))
-            times[(b, l, var)].append(us)
-            spb[(b, l, var)] = p
-    explicit = ["spb1", "spb2", "spb4", "spb8", "spb16"]
-    print("| B | L | default (spb) | tailfree (spb) | " + " | ".join(explicit) +
-          " | fastest | tailfree / default | tailfree / fastest | pass spread |")
-    print("|" + "---|" * (9 + len(explicit) - 1))
-    ratios = []
-    for b, l in sorted(order, key=lambda x: (x[1], x[0])):
-        def mean(var):
-            t = times.get((b, l, var))
-            return sum(t) / len(t) if t else None
-        d, tf = mean("default"), mean("tailfree")
-        if d is None or tf is None:
+            if m:
+                key = (int(m[1]), int(m[2]), m[3])
+                times[key].append(float(m[4]))
+                spb[key] = int(m[5])
+                points.add(key[:2])
+    other = "slots90" if any(k[2] == "slots90" for k in times) else "tailfree"
+    print(f"| B | L | default (spb) | {other} (spb) | " + " | ".join(EXPLICIT) +
+          f" | fastest | default / {other} | default / fastest | {other} / fastest | pass spread |")
+    print("|" + "---|" * (10 + len(EXPLICIT)))
+    vs_other, vs_best = [], []
+    for b, l in sorted(points, key=lambda p: (p[1], p[0])):
+        mean = {v: sum(t) / len(t) for (pb, pl, v), t in times.items() if (pb, pl) == (b, l)}
+        if "default" not in mean or other not in mean:
             continue
-        cells = []
-        best_name, best = None, None
-        for var in explicit:
-            t = mean(var)
-            cells.append(f"{t:.1f}" if t is not None else "–")
-            if t is not None and spb[(b, l, var)] == int(var[3:]) and (best is None or t < best):
-                best_name, best = var, t
-        spread = max(
-            (max(v) - min(v)) / min(v) for k, v in times.items() if k[0] == b and k[1] == l and len(v) > 1
-        ) if any(len(v) > 1 for k, v in times.items() if k[0] == b and k[1] == l) else 0.0
-        ratios.append(tf / d)
-        print(f"| {b} | {l} | {d:.1f} ({spb[(b, l, 'default')]}) | {tf:.1f} ({spb[(b, l, 'tailfree')]}) | " +
-              " | ".join(cells) + f" | {best_name} | {tf / d:.3f} | {tf / best:.3f} | {100 * spread:.1f} % |")
-    if ratios:
-        prod = 1.0
-        for r in ratios:
-            prod *= r
-        print(f"\ntailfree / default over {len(ratios)} points: geometric mean {prod ** (1 / len(ratios)):.3f}, "
-              f"best {min(ratios):.3f}, worst {max(ratios):.3f}")
+        d, o = mean["default"], mean[other]
+        # The fastest explicit choice that ran as asked (spb16 on an 8-slice row runs 8).
+        ran = {v: mean[v] for v in EXPLICIT if v in mean and spb[(b, l, v)] == int(v[3:])}
+        best_name = min(ran, key=ran.get)
+        best = ran[best_name]
+        spread = max((max(t) - min(t)) / min(t) for (pb, pl, _), t in times.items() if (pb, pl) == (b, l))
+        vs_other.append(d / o)
+        vs_best.append(d / best)
+        cells = " | ".join(f"{mean[v]:.1f}" if v in mean else "–" for v in EXPLICIT)
+        print(f"| {b} | {l} | {d:.1f} ({spb[(b, l, 'default')]}) | {o:.1f} ({spb[(b, l, other)]}) | {cells} | "
+              f"{best_name} | {d / o:.3f} | {d / best:.3f} | {o / best:.3f} | {100 * spread:.1f} % |")
+
+    def geo(xs):
+        return math.exp(sum(map(math.log, xs)) / len(xs))
+    if vs_other:
+        print(f"\ndefault / {other} over {len(vs_other)} points: geometric mean {geo(vs_other):.3f}, "
+              f"best {min(vs_other):.3f}, worst {max(vs_other):.3f}; default / fastest: geometric mean "
+              f"{geo(vs_best):.3f}, worst {max(vs_best):.3f}")
 
 
 if __name__ == "__main__":

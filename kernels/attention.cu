@@ -1082,11 +1082,10 @@ bool plan_decode_typed(const AttentionArgs& a, DecodeLaunchPlan& plan) {
         per_block *= 2;
       }
     } else if (groups < slots) {
-      // Whole rows would leave slots empty (B = 16 at 8 kv heads): as long
-      // as the launch keeps about a block per slot (90 %). (Session 31,
-      // H200: whole rows at B = 16 L = 8k lost 11 %; 70 % instead of 90 %
-      // won 4 % at B = 12 L = 8k and lost 2 % at B = 12 L = 32k, where one
-      // slice per block won 8 %: docs/design/decode_attention.md §4.8.)
+      // Whole rows would leave slots empty (B = 16 at 8 kv heads): chosen
+      // by the launch's last wave (the default), or the 90 %-of-slots rule
+      // it replaced (8 % slower on the geometric mean of session 32's
+      // sweep: docs/design/decode_attention.md §4.8, §4.9).
       if (a.decode_tuning.tail_free_slices) {
         per_block = tail_free_slices_per_block(groups, splits, slice_keys, slots, device_sm_count("flash_attention"));
       } else {

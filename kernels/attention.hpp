@@ -46,19 +46,23 @@ constexpr int attention_decode_splits(long long kv_stride) {
 // Slices per block for a decode launch of `groups` (sequence, kv head, head
 // chunk) rows of `splits` slices of `slice_keys` keys on `sms` SMs with
 // `slots` block slots, chosen by the launch's last wave
-// (DecodeTuning::tail_free_slices; session 31's sweep on the H200 showed
-// the 90 %-of-slots rule losing 4-15 % at B = 10 and 12 where it leaves a
-// thin last wave, docs/design/decode_attention.md §4.8). A launch streams at
-// full speed while about one block per SM is resident, so a power of two p
-// (up to splits) costs p * (1 - last / sms) for a last wave of `last` <
+// (DecodeTuning::tail_free_slices, the default). A launch streams at full
+// speed while about one block per SM is resident, so a power of two p
+// dividing splits costs p * (1 - last / sms) for a last wave of `last` <
 // sms blocks, else nothing. Among the tail-free p: the most slices whose
-// block stays within kTailFreeBlockKeys keys (B = 12 L = 32k: 16384-key
-// blocks 409.9 us, 4096-key 380.0), else the fewest; with none tail-free,
-// the cheapest (the fewer slices on a tie). Only p dividing splits: else
-// the last block of every row holds splits % p slices, the blocks are
-// unequal and the wave model above does not hold (a capacity of 12288
-// positions is 12 slices: p = 1, 2 or 4).
-inline constexpr long long kTailFreeBlockKeys = 8192;
+// block stays within kTailFreeBlockKeys keys, else the fewest; with none
+// tail-free, the cheapest (the fewer slices on a tie). Only p dividing
+// splits: else the last block of every row holds splits % p slices, the
+// blocks are unequal and the wave model above does not hold (a capacity of
+// 12288 positions is 12 slices: p = 1, 2 or 4). H200 (session 32, 33
+// points B = 3..32, L = 8k..128k, two passes, with session 31's 9): within
+// 2.2 % of the fastest explicit choice everywhere (geometric mean 0.4 %),
+// against the 90 %-of-slots rule 8 % faster on the geometric mean, up to
+// 22 % (B = 18 L = 16k, 377 -> 291 µs), at worst 1.6 % slower (B = 32 L =
+// 8k, where that rule's 16 slices fill two waves); 8192 keys instead of
+// 4096 was 9 % off the fastest at B = 18 L = 8k (docs/design/
+// decode_attention.md §4.9).
+inline constexpr long long kTailFreeBlockKeys = 4096;
 constexpr int tail_free_slices_per_block(long long groups, int splits, long long slice_keys, long long slots,
                                          long long sms) {
   if (groups <= 0 || splits <= 0 || slots <= 0 || sms <= 0) return 1;
@@ -114,18 +118,19 @@ struct DecodeTuning {
   //     half a block per slot (H200, session 14: B=64 L=1k 106 -> 86 us,
   //     B=16 L=1k 36 -> 27 us);
   //   - longer slices, where fewer (sequence, kv head, chunk) groups than
-  //     slots: doubled while the launch keeps 90 % of a block per slot
+  //     slots: tail_free_slices_per_block (tail_free_slices below; the
+  //     H200 sweep of decode_attention.md §4.9), or with tail_free_slices
+  //     false doubled while the launch keeps 90 % of a block per slot
   //     (B=16 L=8k 146.3 -> 141.3 us at 8, L=32k 500.6 -> 497.1, L=128k
-  //     1925 -> 1913; session 31's sweep at B = 10..16: decode_attention.md
-  //     §4.8);
+  //     1925 -> 1913);
   //   - else one: a batch of one keeps a block per slice, and B=64 at 8k and
   //     32k lost 1-2 % at 2 to 8.
   // A block holding every valid slice of its row merges them itself.
   int slices_per_block = 0;
   // With slices_per_block 0, for the longer slices' rule (>= 512 keys,
-  // fewer groups than slots): tail_free_slices_per_block instead of the
-  // 90 %-of-slots doubling. Off: measured on one sweep only (session 31).
-  bool tail_free_slices = false;
+  // fewer groups than slots): tail_free_slices_per_block; false: the
+  // 90 %-of-slots doubling (the rule before session 32).
+  bool tail_free_slices = true;
   // A block running several slices requests the next slice's first
   // sub-tiles before it merges its warps (the merge scratch then sits in the
   // last ring slot, where it fits: up to 14 heads per block at hd 128);

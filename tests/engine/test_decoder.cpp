@@ -398,8 +398,8 @@ TEST_F(DecoderGpu, DestroyedDecoderLeavesAnOpenCaptureAlone) {
   (void)decoder->decode_next(decoder->prefill_next(kPrompt));
   ASSERT_TRUE(decoder->graph_captured());
   const std::vector<float> ones(64, 1.0f);
-  Buffer residual = be_->upload(ones, DType::F32);
-  const Buffer x = be_->upload(ones, DType::F32);
+  Buffer residual = be_->upload(ones, DType::F16);
+  const Buffer x = be_->upload(ones, DType::F16);
   be_->begin_graph_capture();
   be_->add_inplace(residual, x, ones.size());
   decoder.reset();
