@@ -82,7 +82,9 @@ struct CudaBackendConfig {
   std::size_t attention_workspace_bytes = std::size_t{256} << 20;
   // Tensor parallelism: the collectives run over this communicator, and
   // world_size() / rank() come from it. Its device must be `device`. Null:
-  // world size 1 (the collectives are identities).
+  // world size 1 (the collectives are identities). A graph this backend
+  // captures keeps it alive while the device's slot holds that graph (its
+  // collectives are nodes of the graph), past the backend if need be.
   std::shared_ptr<Communicator> communicator;
   // With a communicator, synchronize() (and the blocking reads / writes)
   // wait at most this long for the stream; past it, or on an asynchronous
@@ -250,7 +252,11 @@ class CudaBackend final : public Backend {
   // The attached communicator; null at world size 1.
   const std::shared_ptr<Communicator>& communicator() const noexcept { return comm_; }
   // The stream every op of this device is queued on (for interop: engines
-  // that launch their own kernels between ours must use it too).
+  // that launch their own kernels between ours must use it too). A capture
+  // the caller opens on it directly (cudaStreamBeginCapture) is not the
+  // graph slot's: memory the library frees meanwhile is not kept for it
+  // (graph_retained_allocations), so such a graph must not outlive the
+  // Buffers it captured; begin_graph_capture does keep them.
   cudaStream_t stream() const noexcept;
   // CudaBackendConfig::gptq_kernel of this backend.
   GptqKernel gptq_kernel() const noexcept { return gptq_kernel_; }

@@ -445,6 +445,7 @@ void CudaBackend::do_end_graph_capture() {
   rt_->graph = graph;
   rt_->graph_exec = exec;
   rt_->graph_id = ++rt_->graph_serial;
+  rt_->graph_communicator = comm_;
   close.kept = true;
 }
 
@@ -473,6 +474,7 @@ void CudaBackend::do_reset_graph() {
   rt_->graph = nullptr;
   rt_->graph_id = 0;
   detail::graph_dropped(*rt_);  // the stream drained above: no replay still runs
+  rt_->graph_communicator.reset();  // after the graph: it may be the last owner
 }
 
 std::size_t CudaBackend::graph_retained_allocations() const noexcept { return detail::retired_allocations(*rt_); }

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -32,6 +33,10 @@ struct CudaRuntime {
   cudaGraphExec_t graph_exec = nullptr;
   std::uint64_t graph_id = 0;     // Backend::held_graph(): 0 while graph_exec is null
   std::uint64_t graph_serial = 0;  // ids drawn so far
+  // The communicator of the backend that captured the held graph: its
+  // collectives are nodes of the graph, so it lives as long as the graph
+  // (the backend may go first). Null with none held or at world size 1.
+  std::shared_ptr<Communicator> graph_communicator;
   bool capturing = false;
   bool pdl_capable = false;  // sm_90+: programmatic dependent launch exists
   bool pdl = false;          // ... and config.programmatic_dependent_launch asked for it

@@ -16,7 +16,8 @@
 //     within the f16 tolerance (gemm scale over the intermediate size).
 // (4) A CUDA graph holding copy_slice + add_inplace + all_reduce, captured on
 //     each rank's backend in its own thread and replayed 100 times with fresh
-//     inputs written between replays, every result checked exactly.
+//     inputs written between replays, every result checked exactly; a held
+//     graph keeps its communicator alive past the backends.
 // (5) A collective whose peer never comes: synchronize() times out, aborts
 //     the communicator and throws ErrorCode::Nccl; later collectives throw
 //     at once.
@@ -338,6 +339,36 @@ TEST_F(NcclTest, GraphWithAllReduceReplays100Times) {
       }
       be.reset_graph();
     }));
+  }
+}
+
+// The graph's collectives use its communicator: the device's graph slot
+// keeps it alive past the backends (and the test's own references) until
+// the graph is dropped, here by a new backend on each device.
+TEST_F(NcclTest, HeldGraphKeepsItsCommunicator) {
+  constexpr std::size_t len = 1024;
+  std::array<std::weak_ptr<Communicator>, 2> comms;
+  {
+    TwoRanks ranks;
+    expect_no_failures(on_both_ranks(ranks, [&](std::size_t r, CudaBackend& be, std::vector<std::string>&) {
+      Buffer acc = be.upload(std::vector<float>(len, 1.0f), DType::F32);
+      be.all_reduce(acc, len, ReduceOp::Sum);  // NCCL connects before the capture
+      be.synchronize();
+      be.begin_graph_capture();
+      be.all_reduce(acc, len, ReduceOp::Sum);
+      be.end_graph_capture();
+      comms[r] = be.communicator();
+    }));
+    ranks.comms.clear();
+  }
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(comms[static_cast<std::size_t>(r)].expired()) << "rank " << r << ": freed under its held graph";
+    CudaBackendConfig config;
+    config.device = r;
+    CudaBackend be(config);
+    ASSERT_NE(be.held_graph(), 0u) << "rank " << r;
+    be.reset_graph();
+    EXPECT_TRUE(comms[static_cast<std::size_t>(r)].expired()) << "rank " << r << ": kept after its graph went";
   }
 }
 
