@@ -412,8 +412,8 @@ int main(int argc, char** argv) {
         variants.push_back({names[i], x, 0});
       }
       DecodeTuning x = d;
-      x.tail_free_slices = false;  // the 90 %-of-slots rule the default replaced
-      variants.push_back({"slots90", x, 0});
+      x.tail_free_slices = false;  // the slices-per-block rules the default replaced
+      variants.push_back({"oldrules", x, 0});
       x = d;
       x.fused_merge = false;
       variants.push_back({"combine", x, 0});

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Summarizes gpu_suite.sh decodesweep's log (ferrum_attention_tuning
 decode-exp lines, several passes): per B, L the mean over passes, in µs, of
-the default, the other slices-per-block rule ("slots90": the 90 %-of-slots
-rule the tail-free default replaced in session 32; "tailfree" in logs from
-before, when the 90 % rule was the default) and each explicit slices per
+the default, the other slices-per-block rule ("oldrules": the rules the
+tail-free default replaced in session 32; "slots90" in that session's second
+sweep, where only long slices had changed; "tailfree" in its first, when the
+old rules were the default) and each explicit slices per
 block, with the slices per block each took, the fastest explicit choice, and
 the ratios of the two rules to each other and to the fastest.
 """
@@ -28,7 +29,8 @@ def main(path):
                 times[key].append(float(m[4]))
                 spb[key] = int(m[5])
                 points.add(key[:2])
-    other = "slots90" if any(k[2] == "slots90" for k in times) else "tailfree"
+    names = {k[2] for k in times}
+    other = next((n for n in ("oldrules", "slots90", "tailfree") if n in names), "oldrules")
     print(f"| B | L | default (spb) | {other} (spb) | " + " | ".join(EXPLICIT) +
           f" | fastest | default / {other} | default / fastest | {other} / fastest | pass spread |")
     print("|" + "---|" * (10 + len(EXPLICIT)))

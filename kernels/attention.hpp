@@ -50,21 +50,31 @@ constexpr int attention_decode_splits(long long kv_stride) {
 // speed while about one block per SM is resident, so a power of two p
 // dividing splits costs p * (1 - last / sms) for a last wave of `last` <
 // sms blocks, else nothing. Among the tail-free p: the most slices whose
-// block stays within kTailFreeBlockKeys keys, else the fewest; with none
+// block stays within max_block_keys keys, else the fewest; with none
 // tail-free, the cheapest (the fewer slices on a tie). Only p dividing
 // splits: else the last block of every row holds splits % p slices, the
 // blocks are unequal and the wave model above does not hold (a capacity of
-// 12288 positions is 12 slices: p = 1, 2 or 4). H200 (session 32, 33
-// points B = 3..32, L = 8k..128k, two passes, with session 31's 9): within
-// 2.2 % of the fastest explicit choice everywhere (geometric mean 0.4 %),
-// against the 90 %-of-slots rule 8 % faster on the geometric mean, up to
-// 22 % (B = 18 L = 16k, 377 -> 291 µs), at worst 1.6 % slower (B = 32 L =
-// 8k, where that rule's 16 slices fill two waves); 8192 keys instead of
-// 4096 was 9 % off the fastest at B = 18 L = 8k (docs/design/
-// decode_attention.md §4.9).
+// 12288 positions is 12 slices: p = 1, 2 or 4).
+//
+// The bounds, from the H200 sweeps of session 32 (docs/design/
+// decode_attention.md §4.9; tests/cpu/test_decode_plan.cpp pins them):
+//   - slices of 512 keys and more (caches past 4096 positions), fewer
+//     groups than slots: 4096 keys. 33 points B = 3..32, L = 8k..128k, with
+//     session 31's 9: within 2.2 % of the fastest explicit choice (0.4 % on
+//     the geometric mean); against the 90 %-of-slots rule it replaced 10 %
+//     faster on the geometric mean, up to 23 % (B = 18 L = 8k), at worst
+//     1.6 % slower (B = 32 L = 8k). 8192 keys was 9 % off the fastest at
+//     B = 18 L = 8k.
+//   - 128-key slices (caches up to 4096 positions), any batch: 2048 keys
+//     (16 slices; the sweep ran no more). 30 points B = 2..64, L = 1k, 2k,
+//     4k: within 2.2 % of the fastest (0.1 % on the geometric mean), never
+//     slower than the rule it replaced (up to 1024 keys per block while the
+//     launch keeps half a block per slot) and up to 9 % faster (B = 24 L =
+//     2k, B = 48 L = 1k); 1024 keys was 8 % off at B = 16 L = 4k.
 inline constexpr long long kTailFreeBlockKeys = 4096;
+inline constexpr long long kTailFreeShortBlockKeys = 2048;
 constexpr int tail_free_slices_per_block(long long groups, int splits, long long slice_keys, long long slots,
-                                         long long sms) {
+                                         long long sms, long long max_block_keys) {
   if (groups <= 0 || splits <= 0 || slots <= 0 || sms <= 0) return 1;
   int best_free_short = 0, best_free_any = 0, cheapest = 1;
   double cheapest_cost = -1.0;
@@ -74,7 +84,7 @@ constexpr int tail_free_slices_per_block(long long groups, int splits, long long
     const double cost = last >= sms ? 0.0 : p * (1.0 - static_cast<double>(last) / static_cast<double>(sms));
     if (cost == 0.0) {
       if (best_free_any == 0) best_free_any = p;
-      if (p * slice_keys <= kTailFreeBlockKeys) best_free_short = p;
+      if (p * slice_keys <= max_block_keys) best_free_short = p;
     }
     if (cheapest_cost < 0.0 || cost < cheapest_cost) {
       cheapest_cost = cost;
@@ -113,23 +123,23 @@ struct DecodeTuning {
   // Consecutive slices of one (sequence, kv head, chunk) per block, run one
   // after another (each exactly as alone: the bits never change). 0: a
   // power of two by the launch (slots = blocks per SM x SMs):
-  //   - slices shorter than 512 keys (caches up to 4096 positions): doubled
-  //     while a block stays within 1024 keys and the launch keeps at least
-  //     half a block per slot (H200, session 14: B=64 L=1k 106 -> 86 us,
-  //     B=16 L=1k 36 -> 27 us);
+  //   - slices shorter than 512 keys (caches up to 4096 positions):
+  //     tail_free_slices_per_block with blocks of up to 2048 keys; with
+  //     tail_free_slices false doubled while a block stays within 1024 keys
+  //     and the launch keeps at least half a block per slot (H200, session
+  //     14: B=64 L=1k 106 -> 86 us, B=16 L=1k 36 -> 27 us);
   //   - longer slices, where fewer (sequence, kv head, chunk) groups than
-  //     slots: tail_free_slices_per_block (tail_free_slices below; the
-  //     H200 sweep of decode_attention.md §4.9), or with tail_free_slices
-  //     false doubled while the launch keeps 90 % of a block per slot
-  //     (B=16 L=8k 146.3 -> 141.3 us at 8, L=32k 500.6 -> 497.1, L=128k
-  //     1925 -> 1913);
+  //     slots: tail_free_slices_per_block with blocks of up to 4096 keys, or
+  //     with tail_free_slices false doubled while the launch keeps 90 % of
+  //     a block per slot (B=16 L=8k 146.3 -> 141.3 us at 8, L=32k 500.6 ->
+  //     497.1, L=128k 1925 -> 1913);
   //   - else one: a batch of one keeps a block per slice, and B=64 at 8k and
   //     32k lost 1-2 % at 2 to 8.
   // A block holding every valid slice of its row merges them itself.
   int slices_per_block = 0;
-  // With slices_per_block 0, for the longer slices' rule (>= 512 keys,
-  // fewer groups than slots): tail_free_slices_per_block; false: the
-  // 90 %-of-slots doubling (the rule before session 32).
+  // With slices_per_block 0: tail_free_slices_per_block for short slices
+  // and for long ones with fewer groups than slots; false: the rules before
+  // session 32 (see slices_per_block).
   bool tail_free_slices = true;
   // A block running several slices requests the next slice's first
   // sub-tiles before it merges its warps (the merge scratch then sits in the

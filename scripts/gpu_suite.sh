@@ -36,11 +36,12 @@
 #                                kept busy, merge tail) at B = 1 L = 1k / 4k,
 #                                B = 16 L = 8k, B = 64 L = 1k
 #   scripts/gpu_suite.sh decodesweep  ferrum_attention_tuning decode-exp
-#                                (every slices-per-block choice, the 90 %
-#                                rule and the tail-free rule) at each B:L of
-#                                DECODE_SWEEP (default: the points where the
-#                                two rules differ most, 33), two passes, the
-#                                second in reverse order; then
+#                                (the default, the rules before session 32,
+#                                every explicit slices per block) at each B:L
+#                                of DECODE_SWEEP (default: session 32's 33
+#                                long-cache points; its short-cache points are
+#                                in decode_attention.md §4.9), two passes,
+#                                the second in reverse order; then
 #                                bench/decode_sweep_summary.py's table
 #   scripts/gpu_suite.sh ab      this tree against base/ (scripts/gpu_tree.sh
 #                                REV --base BASE, or gpu_tree.sh --working
@@ -470,8 +471,8 @@ if has_mode sdpa; then
 fi
 
 if has_mode decodesweep; then
-  # DecodeTuning::tail_free_slices against the 90 %-of-slots rule and each
-  # explicit slices-per-block choice (docs/design/decode_attention.md §4.8).
+  # DecodeTuning::tail_free_slices (the default) against the rules before it
+  # and each explicit slices-per-block choice (decode_attention.md §4.9).
   DECODE_SWEEP="${DECODE_SWEEP:-3:8192 6:8192 10:8192 12:8192 14:8192 18:8192 24:8192 28:8192 6:12288 12:12288 16:12288 20:12288 24:12288 32:12288 6:16384 10:16384 18:16384 20:16384 24:16384 30:16384 6:32768 10:32768 12:32768 16:32768 18:32768 24:32768 30:32768 4:131072 6:131072 10:131072 16:131072 20:131072 30:131072}"
   {
     echo "== decode slices-per-block sweep ($(date +%T))"

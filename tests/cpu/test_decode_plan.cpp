@@ -13,13 +13,18 @@ namespace {
 
 using kernels::attention_decode_slice_keys;
 using kernels::attention_decode_splits;
+using kernels::kTailFreeBlockKeys;
+using kernels::kTailFreeShortBlockKeys;
 using kernels::tail_free_slices_per_block;
 
 constexpr long long kSms = 132, kSlots = 264, kKvHeads = 8;
 
+// The launcher's bound: 2048 keys per block for 128-key slices, 4096 for
+// longer ones (kernels/attention.cu, decode_launch_plan).
 int choice(long long batch, long long capacity) {
-  return tail_free_slices_per_block(batch * kKvHeads, attention_decode_splits(capacity),
-                                    attention_decode_slice_keys(capacity), kSlots, kSms);
+  const long long slice_keys = attention_decode_slice_keys(capacity);
+  return tail_free_slices_per_block(batch * kKvHeads, attention_decode_splits(capacity), slice_keys, kSlots, kSms,
+                                    slice_keys < 512 ? kTailFreeShortBlockKeys : kTailFreeBlockKeys);
 }
 
 // Each row: what the H200 sweeps measured (µs, explicit slices per block;
@@ -55,13 +60,35 @@ TEST(DecodePlan, TailFreeRuleMatchesTheH200Sweep) {
   EXPECT_EQ(choice(8, 8192), 4);
 }
 
+// Short caches (128-key slices), session 32's second sweep (µs, mean of two
+// passes). "Old": the rule it replaced (up to 1024 keys per block while the
+// launch keeps half a block per slot).
+TEST(DecodePlan, TailFreeRuleMatchesTheH200SweepOfShortCaches) {
+  EXPECT_EQ(choice(1, 1024), 1);    // a block per slice at B = 1 (latency)
+  EXPECT_EQ(choice(1, 4096), 1);
+  EXPECT_EQ(choice(2, 1024), 1);    // 9.6, the fastest, as the old rule
+  EXPECT_EQ(choice(8, 1024), 2);    // 16.8, the fastest, as the old rule
+  EXPECT_EQ(choice(16, 1024), 4);   // 26.1, the fastest, as the old rule (8: 128 blocks on 132 SMs)
+  EXPECT_EQ(choice(48, 1024), 4);   // 68.4, the fastest; old: 8 (74.8: 384 blocks, last wave 120)
+  EXPECT_EQ(choice(64, 1024), 8);   // 80.3, the fastest, as the old rule
+  EXPECT_EQ(choice(4, 2048), 2);    // 16.9, the fastest, as the old rule
+  EXPECT_EQ(choice(24, 2048), 16);  // 68.3; 4: 66.8; old: 8 (75.4)
+  EXPECT_EQ(choice(32, 2048), 16);  // 78.1, the fastest; old: 8 (83.6)
+  EXPECT_EQ(choice(48, 2048), 8);   // 122.3, the fastest, as the old rule (16: 384 blocks, last wave 120)
+  EXPECT_EQ(choice(64, 2048), 16);  // 151.5, the fastest; old: 8 (159.1)
+  EXPECT_EQ(choice(12, 4096), 16);  // 70.3; 4: 69.1; old: 8 (74.8)
+  EXPECT_EQ(choice(16, 4096), 16);  // 78.7, the fastest; old: 8 (84.9)
+  EXPECT_EQ(choice(24, 4096), 8);   // 123.1, the fastest, as the old rule
+  EXPECT_EQ(choice(64, 4096), 16);  // 291.0, the fastest; old: 8 (293.7)
+}
+
 // Capacities that are not a power-of-two count of slices (12288 positions:
 // 12 slices of 1024 keys; 4224: 9 of 512): only a p dividing the slices is
 // taken, so every block of a row holds the same number of slices.
 TEST(DecodePlan, TailFreeRuleDividesTheSlices) {
   for (long long groups : {8LL, 80LL, 96LL, 112LL, 128LL, 200LL, 256LL}) {
     for (int splits = 9; splits <= 16; ++splits) {
-      const int p = tail_free_slices_per_block(groups, splits, 1024, kSlots, kSms);
+      const int p = tail_free_slices_per_block(groups, splits, 1024, kSlots, kSms, kTailFreeBlockKeys);
       EXPECT_EQ(splits % p, 0) << "groups " << groups << " splits " << splits << ": p = " << p;
     }
   }
@@ -77,15 +104,15 @@ TEST(DecodePlan, TailFreeRuleStaysInRange) {
   for (long long groups : {1LL, 7LL, 96LL, 263LL}) {
     for (int splits : {1, 3, 16, 32}) {
       for (long long slots : {1LL, 132LL, 264LL, 1000LL}) {
-        const int p = tail_free_slices_per_block(groups, splits, 512, slots, 132);
+        const int p = tail_free_slices_per_block(groups, splits, 512, slots, 132, kTailFreeBlockKeys);
         EXPECT_GE(p, 1);
         EXPECT_LE(p, splits);
         EXPECT_EQ(p & (p - 1), 0) << "a power of two";
       }
     }
   }
-  EXPECT_EQ(tail_free_slices_per_block(0, 16, 512, 264, 132), 1);
-  EXPECT_EQ(tail_free_slices_per_block(8, 16, 512, 0, 132), 1);
+  EXPECT_EQ(tail_free_slices_per_block(0, 16, 512, 264, 132, kTailFreeBlockKeys), 1);
+  EXPECT_EQ(tail_free_slices_per_block(8, 16, 512, 0, 132, kTailFreeBlockKeys), 1);
 }
 
 }  // namespace

@@ -334,7 +334,7 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
     variants.back().slices_per_block = per_block;
   }
   variants.push_back({});
-  variants.back().tail_free_slices = false;  // the 90 %-of-slots rule
+  variants.back().tail_free_slices = false;  // the slices-per-block rules before session 32
   variants.push_back({});
   variants.back().slices_per_block = 2;
   variants.back().fused_merge = false;
