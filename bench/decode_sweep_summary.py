@@ -33,7 +33,7 @@ def main(path):
     other = next((n for n in ("oldrules", "slots90", "tailfree") if n in names), "oldrules")
     print(f"| B | L | default (spb) | {other} (spb) | " + " | ".join(EXPLICIT) +
           f" | fastest | default / {other} | default / fastest | {other} / fastest | pass spread |")
-    print("|" + "---|" * (10 + len(EXPLICIT)))
+    print("|" + "---|" * (9 + len(EXPLICIT)))
     vs_other, vs_best = [], []
     for b, l in sorted(points, key=lambda p: (p[1], p[0])):
         mean = {v: sum(t) / len(t) for (pb, pl, v), t in times.items() if (pb, pl) == (b, l)}
@@ -42,6 +42,8 @@ def main(path):
         d, o = mean["default"], mean[other]
         # The fastest explicit choice that ran as asked (spb16 on an 8-slice row runs 8).
         ran = {v: mean[v] for v in EXPLICIT if v in mean and spb[(b, l, v)] == int(v[3:])}
+        if not ran:  # every explicit run failed or timed out
+            continue
         best_name = min(ran, key=ran.get)
         best = ran[best_name]
         spread = max((max(t) - min(t)) / min(t) for (pb, pl, _), t in times.items() if (pb, pl) == (b, l))

@@ -1071,34 +1071,11 @@ bool plan_decode_typed(const AttentionArgs& a, DecodeLaunchPlan& plan) {
                              splits >= 2 && splits <= kDecodeMaxClusterSlices;
   if (per_block <= 0 && cluster_shape) per_block = 1;
   if (per_block <= 0) {
-    per_block = 1;
     const long long slots =
         static_cast<long long>(resident_blocks<attention_decode_kernel<T, HD>>(static_cast<int>(threads), smem)) *
         device_sm_count("flash_attention");
-    auto blocks_at = [&](int per) { return groups * ((splits + per - 1) / per); };
-    // By the launch's last wave (the default; session 32's sweeps,
-    // docs/design/decode_attention.md §4.9), or the rules it replaced.
-    const bool tail_free = a.decode_tuning.tail_free_slices;
-    const long long sms = device_sm_count("flash_attention");
-    if (slice_keys < 512) {
-      // Short slices (caches up to 4096 positions), at any batch.
-      if (tail_free) {
-        per_block = tail_free_slices_per_block(groups, splits, slice_keys, slots, sms, kTailFreeShortBlockKeys);
-      } else {  // up to 1024 keys per block, at least half a block per slot
-        while (per_block * 2 <= splits && per_block * 2 * slice_keys <= 1024 && 2 * blocks_at(per_block * 2) >= slots) {
-          per_block *= 2;
-        }
-      }
-    } else if (groups < slots) {
-      // Whole rows would leave slots empty (B = 16 at 8 kv heads). With at
-      // least a block per slot at one slice per block, one: the launch has
-      // many waves, and B = 40..64 at 8k lost 0.6-1.3 % at 4.
-      if (tail_free) {
-        per_block = tail_free_slices_per_block(groups, splits, slice_keys, slots, sms, kTailFreeBlockKeys);
-      } else {  // the 90 %-of-slots rule
-        while (per_block * 2 <= splits && 10 * blocks_at(per_block * 2) >= 9 * slots) per_block *= 2;
-      }
-    }
+    per_block = default_slices_per_block(groups, splits, slice_keys, slots, device_sm_count("flash_attention"),
+                                         a.decode_tuning.tail_free_slices);
   }
   per_block = std::min(per_block, splits);
   const int row_blocks = (splits + per_block - 1) / per_block;

@@ -59,18 +59,19 @@ constexpr int attention_decode_splits(long long kv_stride) {
 // The bounds, from the H200 sweeps of session 32 (docs/design/
 // decode_attention.md §4.9; tests/cpu/test_decode_plan.cpp pins them):
 //   - slices of 512 keys and more (caches past 4096 positions), fewer
-//     groups than slots: 4096 keys. 33 points B = 3..32, L = 8k..128k, with
-//     session 31's 9: within 2.2 % of the fastest explicit choice (0.4 % on
-//     the geometric mean); against the 90 %-of-slots rule it replaced 10 %
-//     faster on the geometric mean, up to 23 % (B = 18 L = 8k), at worst
-//     1.6 % slower (B = 32 L = 8k). 8192 keys was 9 % off the fastest at
-//     B = 18 L = 8k.
+//     groups than slots: 4096 keys. Fitted on 33 points B = 3..32, L =
+//     8k..128k, with session 31's 9: within 2.2 % of the fastest explicit
+//     choice (0.4 % on the geometric mean), against the 90 %-of-slots rule
+//     it replaced 8 % faster on the geometric mean of the 42; 8192 keys was
+//     9 % off the fastest at B = 18 L = 8k. Run as the default on the 33
+//     (call 2): 10 % faster than the 90 % rule on the geometric mean, up to
+//     23 % (B = 18 L = 8k), at worst 1.1 % slower (B = 16 L = 128k).
 //   - 128-key slices (caches up to 4096 positions), any batch: 2048 keys
-//     (16 slices; the sweep ran no more). 30 points B = 2..64, L = 1k, 2k,
-//     4k: within 2.2 % of the fastest (0.1 % on the geometric mean), never
-//     slower than the rule it replaced (up to 1024 keys per block while the
-//     launch keeps half a block per slot) and up to 9 % faster (B = 24 L =
-//     2k, B = 48 L = 1k); 1024 keys was 8 % off at B = 16 L = 4k.
+//     (16 slices; the sweep ran no more). Fitted on 30 points B = 2..64, L =
+//     1k, 2k, 4k (call 3): within 2.2 % of the fastest (0.1 % on the
+//     geometric mean), never slower than the rule it replaced; 1024 keys was
+//     8 % off at B = 16 L = 4k. Run as the default (call 4): up to 9 %
+//     faster (B = 24 L = 2k, B = 48 L = 1k), within 2.7 % of the fastest.
 inline constexpr long long kTailFreeBlockKeys = 4096;
 inline constexpr long long kTailFreeShortBlockKeys = 2048;
 constexpr int tail_free_slices_per_block(long long groups, int splits, long long slice_keys, long long slots,
@@ -94,6 +95,47 @@ constexpr int tail_free_slices_per_block(long long groups, int splits, long long
   if (best_free_short > 0) return best_free_short;
   if (best_free_any > 0) return best_free_any;
   return cheapest;
+}
+
+// The default slices per block of a decode launch (DecodeTuning::
+// slices_per_block = 0) of `groups` rows of `splits` slices of `slice_keys`
+// keys, `slots` block slots on `sms` SMs; kernels/attention.cu's plan calls
+// it, tests/cpu/test_decode_plan.cpp checks it. tail_free: the rules of
+// session 32 (DecodeTuning::tail_free_slices), else those before.
+//   - 128-key slices (caches up to 4096 positions), any batch: tail-free
+//     within kTailFreeShortBlockKeys when the slices are a power of two (8,
+//     16, 32: what the sweep measured); a count like 9 or 24 would leave the
+//     tail-free rule few or no divisors (9: only one slice per block, which
+//     lost 16-26 % at B = 32 and 64 in the sweep), so it keeps the older
+//     rule, not measured at such counts. Older rule:
+//     doubled while a block stays within 1024 keys and the launch keeps at
+//     least half a block per slot (H200, session 14: B=64 L=1k 106 -> 86
+//     us, B=16 L=1k 36 -> 27 us).
+//   - longer slices, fewer groups than slots: tail-free within
+//     kTailFreeBlockKeys (any slice count: long rows run well at one slice
+//     per block); older rule: doubled while the launch keeps 90 % of a block
+//     per slot.
+//   - longer slices, at least a block per slot at one slice per block: one
+//     (many waves, so no tail to fill; B = 64 at 8k and 32k lost 1-2 % at 2
+//     to 8 in session 14's sweep, B = 40..64 at 8k 0.6-1.3 % at 4 in
+//     session 32's).
+constexpr int default_slices_per_block(long long groups, int splits, long long slice_keys, long long slots,
+                                       long long sms, bool tail_free) {
+  if (groups <= 0 || splits <= 1 || slots <= 0) return 1;
+  auto blocks_at = [&](long long per) { return groups * ((splits + per - 1) / per); };
+  int per_block = 1;
+  if (slice_keys < 512) {
+    if (tail_free && (splits & (splits - 1)) == 0) {
+      return tail_free_slices_per_block(groups, splits, slice_keys, slots, sms, kTailFreeShortBlockKeys);
+    }
+    while (per_block * 2 <= splits && per_block * 2 * slice_keys <= 1024 && 2 * blocks_at(per_block * 2) >= slots) {
+      per_block *= 2;
+    }
+  } else if (groups < slots) {
+    if (tail_free) return tail_free_slices_per_block(groups, splits, slice_keys, slots, sms, kTailFreeBlockKeys);
+    while (per_block * 2 <= splits && 10 * blocks_at(per_block * 2) >= 9 * slots) per_block *= 2;
+  }
+  return per_block;
 }
 
 // Launch knobs of the tensor-core decode. The defaults are the library's
@@ -122,24 +164,12 @@ struct DecodeTuning {
   double fused_max_groups_per_sm = 2.0;
   // Consecutive slices of one (sequence, kv head, chunk) per block, run one
   // after another (each exactly as alone: the bits never change). 0: a
-  // power of two by the launch (slots = blocks per SM x SMs):
-  //   - slices shorter than 512 keys (caches up to 4096 positions):
-  //     tail_free_slices_per_block with blocks of up to 2048 keys; with
-  //     tail_free_slices false doubled while a block stays within 1024 keys
-  //     and the launch keeps at least half a block per slot (H200, session
-  //     14: B=64 L=1k 106 -> 86 us, B=16 L=1k 36 -> 27 us);
-  //   - longer slices, where fewer (sequence, kv head, chunk) groups than
-  //     slots: tail_free_slices_per_block with blocks of up to 4096 keys, or
-  //     with tail_free_slices false doubled while the launch keeps 90 % of
-  //     a block per slot (B=16 L=8k 146.3 -> 141.3 us at 8, L=32k 500.6 ->
-  //     497.1, L=128k 1925 -> 1913);
-  //   - else one: a batch of one keeps a block per slice, and B=64 at 8k and
-  //     32k lost 1-2 % at 2 to 8.
-  // A block holding every valid slice of its row merges them itself.
+  // power of two by the launch, default_slices_per_block (slots = blocks
+  // per SM x SMs). A block holding every valid slice of its row merges them
+  // itself.
   int slices_per_block = 0;
-  // With slices_per_block 0: tail_free_slices_per_block for short slices
-  // and for long ones with fewer groups than slots; false: the rules before
-  // session 32 (see slices_per_block).
+  // With slices_per_block 0: default_slices_per_block's tail-free rules
+  // (session 32); false: the rules before them.
   bool tail_free_slices = true;
   // A block running several slices requests the next slice's first
   // sub-tiles before it merges its warps (the merge scratch then sits in the

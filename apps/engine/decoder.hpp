@@ -92,7 +92,11 @@ class Decoder {
   // Drops the device's graph if it is still this decoder's capture: the
   // graph points at this decoder's buffers, which the backend would
   // otherwise keep allocated until the slot is reset or recaptured
-  // (CudaBackend::graph_retained_allocations).
+  // (CudaBackend::graph_retained_allocations). Unless a capture is open
+  // (Backend::is_capturing): then the slot is left alone. A capture opened
+  // directly on CudaBackend::stream() is not seen: the reset's stream
+  // synchronization would invalidate it, so destroy decoders outside such
+  // captures.
   ~Decoder();
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;

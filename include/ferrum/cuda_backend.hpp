@@ -84,7 +84,11 @@ struct CudaBackendConfig {
   // world_size() / rank() come from it. Its device must be `device`. Null:
   // world size 1 (the collectives are identities). A graph this backend
   // captures keeps it alive while the device's slot holds that graph (its
-  // collectives are nodes of the graph), past the backend if need be.
+  // collectives are nodes of the graph), past the backend if need be: it is
+  // then released by the reset_graph or end_graph_capture that drops the
+  // graph (on any backend of the device; NCCL may then tear down its group),
+  // and never if the graph is still held at exit. Reset the graph before
+  // building new communicators for the same devices.
   std::shared_ptr<Communicator> communicator;
   // With a communicator, synchronize() (and the blocking reads / writes)
   // wait at most this long for the stream; past it, or on an asynchronous
@@ -355,9 +359,11 @@ class CudaBackend final : public Backend {
   void do_reduce_scatter(const Buffer& input, Buffer& output, std::size_t len, ReduceOp op) override;
 
  private:
-  // Waits for the stream; with a communicator, polls it under the
-  // collective timeout and the communicator's asynchronous error.
-  void wait_stream(const char* op);
+  // Waits for the stream; with a communicator (this backend's, or for
+  // reset_graph the held graph's), polls it under the collective timeout
+  // and that communicator's asynchronous error.
+  void wait_stream(const char* op) { wait_stream(op, comm_.get()); }
+  void wait_stream(const char* op, Communicator* comm);
   // Throws Unsupported naming op and arg when head_dim exceeds the RoPE kernels' limit.
   void check_rope_head_dim(const char* op, const char* arg, std::size_t head_dim);
 

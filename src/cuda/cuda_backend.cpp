@@ -245,8 +245,8 @@ void CudaBackend::synchronize() {
 // round checks the communicator's asynchronous error, and past
 // collective_timeout the communicator is aborted (its kernels then return).
 // Either way the error is ErrorCode::Nccl and the communicator stays aborted.
-void CudaBackend::wait_stream(const char* op) {
-  if (comm_ == nullptr) {
+void CudaBackend::wait_stream(const char* op, Communicator* comm) {
+  if (comm == nullptr) {
     check_cuda(cudaStreamSynchronize(rt_->stream), op, "cudaStreamSynchronize");
     return;
   }
@@ -257,29 +257,29 @@ void CudaBackend::wait_stream(const char* op) {
     const cudaError_t q = cudaStreamQuery(rt_->stream);
     if (q == cudaSuccess) return;
     if (q != cudaErrorNotReady) check_cuda(q, op, "cudaStreamQuery");
-    const std::string async = detail::nccl_take_async_error(*comm_);
+    const std::string async = detail::nccl_take_async_error(*comm);
     if (!async.empty()) {
       detail::fail(ErrorCode::Nccl,
                    "{}: NCCL reported an asynchronous error on rank {} of {} (device {}): {}; the communicator was "
                    "aborted (a peer may be gone)",
-                   op, comm_->rank(), comm_->world_size(), device_, async);
+                   op, comm->rank(), comm->world_size(), device_, async);
     }
     const Clock::duration waited = Clock::now() - start;
     if (waited > collective_timeout_) {
-      if (comm_->aborted()) {
+      if (comm->aborted()) {
         detail::fail(ErrorCode::Nccl,
                      "{}: the stream of device {} did not finish within collective_timeout = {} ms; its communicator "
                      "(rank {} of {}) was already aborted: {}",
-                     op, device_, collective_timeout_.count(), comm_->rank(), comm_->world_size(),
-                     comm_->abort_reason());
+                     op, device_, collective_timeout_.count(), comm->rank(), comm->world_size(),
+                     comm->abort_reason());
       }
-      detail::nccl_abort(*comm_, fmt::format("{} timed out after collective_timeout = {} ms", op,
+      detail::nccl_abort(*comm, fmt::format("{} timed out after collective_timeout = {} ms", op,
                                              collective_timeout_.count()));
       detail::fail(ErrorCode::Nccl,
                    "{}: timeout: the stream of device {} did not finish within collective_timeout = {} ms (a "
                    "collective waits for a peer that is gone or never issued it); the communicator (rank {} of {}) "
                    "was aborted",
-                   op, device_, collective_timeout_.count(), comm_->rank(), comm_->world_size());
+                   op, device_, collective_timeout_.count(), comm->rank(), comm->world_size());
     }
     if (waited < spin) {
       std::this_thread::yield();
@@ -467,7 +467,9 @@ void CudaBackend::do_reset_graph() {
   // wait as synchronize() (on timeout the communicator is aborted, its
   // kernels return, and this throws Nccl with the graph still held; a later
   // reset_graph() then frees it).
-  wait_stream("reset_graph");
+  // The held graph's collectives are its communicator's (perhaps not this
+  // backend's): a replay stuck on a peer is that one's to time out.
+  wait_stream("reset_graph", rt_->graph_communicator != nullptr ? rt_->graph_communicator.get() : comm_.get());
   if (rt_->graph_exec != nullptr) cudaGraphExecDestroy(rt_->graph_exec);
   if (rt_->graph != nullptr) cudaGraphDestroy(rt_->graph);
   rt_->graph_exec = nullptr;

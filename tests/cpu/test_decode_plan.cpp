@@ -13,18 +13,18 @@ namespace {
 
 using kernels::attention_decode_slice_keys;
 using kernels::attention_decode_splits;
+using kernels::default_slices_per_block;
 using kernels::kTailFreeBlockKeys;
-using kernels::kTailFreeShortBlockKeys;
 using kernels::tail_free_slices_per_block;
 
 constexpr long long kSms = 132, kSlots = 264, kKvHeads = 8;
 
-// The launcher's bound: 2048 keys per block for 128-key slices, 4096 for
-// longer ones (kernels/attention.cu, decode_launch_plan).
-int choice(long long batch, long long capacity) {
-  const long long slice_keys = attention_decode_slice_keys(capacity);
-  return tail_free_slices_per_block(batch * kKvHeads, attention_decode_splits(capacity), slice_keys, kSlots, kSms,
-                                    slice_keys < 512 ? kTailFreeShortBlockKeys : kTailFreeBlockKeys);
+// What the launcher takes (default_slices_per_block) for B sequences of a
+// cache of `capacity` positions; old_rules: DecodeTuning::tail_free_slices
+// false.
+int choice(long long batch, long long capacity, bool old_rules = false) {
+  return default_slices_per_block(batch * kKvHeads, attention_decode_splits(capacity),
+                                  attention_decode_slice_keys(capacity), kSlots, kSms, !old_rules);
 }
 
 // Each row: what the H200 sweeps measured (µs, explicit slices per block;
@@ -93,11 +93,35 @@ TEST(DecodePlan, TailFreeRuleDividesTheSlices) {
     }
   }
   EXPECT_EQ(attention_decode_splits(12288), 12);
-  // 96 rows: 1152 blocks (last wave 96 of 264), 576 at p = 2 (last 48),
-  // 288 at p = 4 (last 24): none tail-free, p = 1 the cheapest. Not measured.
-  EXPECT_EQ(choice(12, 12288), 1);
+  // 48 rows: 576 blocks (last wave 48 of 264), 288 at p = 2 (last 24), 144
+  // at p = 4 (tail-free): 4, measured the fastest (86.5 µs; the 90 % rule's
+  // 2: 104.0; 8, blocks of 8 and 4 slices: 132.4).
+  EXPECT_EQ(choice(6, 12288), 4);
   EXPECT_EQ(attention_decode_splits(4224), 9);
   EXPECT_EQ(choice(12, 4224), 1);
+}
+
+// Short caches whose slice count is not a power of two keep the older rule
+// (the tail-free one would have few or no divisors: 9 slices only one per
+// block); the older rules as tail_free_slices = false gives them.
+TEST(DecodePlan, ShortCachesOfOtherSliceCountsKeepTheOlderRule) {
+  EXPECT_EQ(attention_decode_splits(1152), 9);
+  EXPECT_EQ(choice(64, 1152), 8);  // 512 rows: 8 slices per block keep 1024 blocks, as the older rule
+  EXPECT_EQ(choice(64, 1152), choice(64, 1152, true));
+  EXPECT_EQ(attention_decode_splits(3072), 24);
+  for (long long batch : {1LL, 4LL, 16LL, 48LL, 64LL}) {
+    EXPECT_EQ(choice(batch, 3072), choice(batch, 3072, true)) << "B = " << batch;
+    EXPECT_EQ(choice(batch, 1152), choice(batch, 1152, true)) << "B = " << batch;
+  }
+  // The older rules where the sweeps measured them.
+  EXPECT_EQ(choice(64, 1024, true), 8);
+  EXPECT_EQ(choice(48, 1024, true), 8);
+  EXPECT_EQ(choice(16, 4096, true), 8);
+  EXPECT_EQ(choice(10, 8192, true), 4);
+  EXPECT_EQ(choice(18, 8192, true), 8);
+  EXPECT_EQ(choice(64, 8192, true), 1);
+  EXPECT_EQ(choice(64, 8192), 1);  // at least a block per slot at one slice per block: one, both rules
+  EXPECT_EQ(choice(40, 8192), 1);
 }
 
 TEST(DecodePlan, TailFreeRuleStaysInRange) {

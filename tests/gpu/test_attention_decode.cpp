@@ -205,8 +205,9 @@ INSTANTIATE_TEST_SUITE_P(DTypes, CudaDecodeBatch, ::testing::ValuesIn(kHalfDType
 // footprint (prefetch-ahead applies), several valid slices to merge in both,
 // slices ending inside a 64-key tile and inside a warp's 16 keys; head_dim
 // 64 and 256; a GQA group of 20 (two m-tiles); a batch large enough that
-// the size rule picks the combine kernel (where a block runs one slice;
-// the default there holds whole rows and merges them itself); ragged
+// the size rule picks the combine kernel (where a block runs one slice,
+// as the default now does there; the variants of two slices per block hold
+// whole rows and merge them themselves); ragged
 // batches (kv_lens) whose default runs several slices per block; kv_len
 // from a device decode state (also with two m-tiles at hd 256, in one head
 // chunk and in two); two slices of one row (the smallest cluster); B = 1 at

@@ -344,7 +344,9 @@ TEST_F(NcclTest, GraphWithAllReduceReplays100Times) {
 
 // The graph's collectives use its communicator: the device's graph slot
 // keeps it alive past the backends (and the test's own references) until
-// the graph is dropped, here by a new backend on each device.
+// the graph is dropped, here by a new backend on each device. (Without the
+// keepalive NCCL's destroy would wait on the held graphs: the test would
+// fail by ctest's timeout.)
 TEST_F(NcclTest, HeldGraphKeepsItsCommunicator) {
   constexpr std::size_t len = 1024;
   std::array<std::weak_ptr<Communicator>, 2> comms;
@@ -359,15 +361,14 @@ TEST_F(NcclTest, HeldGraphKeepsItsCommunicator) {
       be.end_graph_capture();
       comms[r] = be.communicator();
     }));
-    ranks.comms.clear();
   }
   for (int r = 0; r < 2; ++r) {
     EXPECT_FALSE(comms[static_cast<std::size_t>(r)].expired()) << "rank " << r << ": freed under its held graph";
     CudaBackendConfig config;
     config.device = r;
     CudaBackend be(config);
-    ASSERT_NE(be.held_graph(), 0u) << "rank " << r;
-    be.reset_graph();
+    EXPECT_NE(be.held_graph(), 0u) << "rank " << r;
+    be.reset_graph();  // whatever the checks above said, so no later test inherits the graph
     EXPECT_TRUE(comms[static_cast<std::size_t>(r)].expired()) << "rank " << r << ": kept after its graph went";
   }
 }

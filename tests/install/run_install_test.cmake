@@ -28,9 +28,13 @@ elseif(FERRUM_INSTALL_TEST_MODE STREQUAL "shared")
   if(NOT FERRUM_BUILD_JOBS)
     set(FERRUM_BUILD_JOBS 1)
   endif()
+  set(ferrum_inner_cache_args "")
+  if(FERRUM_INNER_CACHE)  # run by hand without it: this build finds its own
+    set(ferrum_inner_cache_args -C ${FERRUM_INNER_CACHE})
+  endif()
   ferrum_run("configuring the shared library"
     ${CMAKE_COMMAND} -S ${FERRUM_SOURCE_DIR} -B ${ferrum_lib_build} -G ${CMAKE_GENERATOR}
-    -C ${FERRUM_INNER_CACHE}
+    ${ferrum_inner_cache_args}
     -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON
     -DFERRUM_BUILD_TESTS=OFF -DFERRUM_BUILD_BENCHMARKS=OFF -DFERRUM_BUILD_APPS=OFF)
   ferrum_run("building the shared library"
