@@ -518,10 +518,13 @@ if has_mode profile; then
       --page source --print-source sass --csv $B/bench/ferrum_bench_gptq --kernel wgmma --shapes 8192x28672 --ms 64 \
       --iters 5 > "$OUT/ncu_gptq_wgmma_m64_source.csv" 2>&1
     echo "ncu gptq wgmma exit $?"
-    for L in 1024 32768; do
+    # Decode where it misses: B = 1 latency and bandwidth (L = 1k, 32k) and
+    # B = 64 behind cuDNN (L = 1k, 8k; one slice per block at 8k).
+    for point in 1:1024 1:32768 64:1024 64:8192; do
+      b=${point%%:*} L=${point##*:}
       timeout 120 "${NCU[@]}" -k regex:attention_decode $B/bench/ferrum_bench --reps 20 \
-        --filter "attention_decode f16 B=1 L=$L " > "$OUT/ncu_decode_L$L.txt" 2>&1
-      echo "ncu decode L=$L exit $?"
+        --filter "attention_decode f16 B=$b L=$L " > "$OUT/ncu_decode_B${b}_L$L.txt" 2>&1
+      echo "ncu decode B=$b L=$L exit $?"
     done
     timeout 150 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 6 $B/tests/ferrum_tests_gpu \
       --gtest_brief=1 --gtest_filter='Specs/CudaFlashDecodeRagged.*_case1:CudaGptq*' > "$OUT/racecheck_detail.txt" 2>&1
