@@ -1070,12 +1070,11 @@ bool plan_decode_typed(const AttentionArgs& a, DecodeLaunchPlan& plan) {
   const bool cluster_shape = a.decode_tuning.cluster_merge && a.decode_tuning.fused_merge && chunks == 1 &&
                              splits >= 2 && splits <= kDecodeMaxClusterSlices;
   if (per_block <= 0 && cluster_shape) per_block = 1;
+  const long long sms = device_sm_count("flash_attention");
   if (per_block <= 0) {
     const long long slots =
-        static_cast<long long>(resident_blocks<attention_decode_kernel<T, HD>>(static_cast<int>(threads), smem)) *
-        device_sm_count("flash_attention");
-    per_block = default_slices_per_block(groups, splits, slice_keys, slots, device_sm_count("flash_attention"),
-                                         a.decode_tuning.tail_free_slices);
+        static_cast<long long>(resident_blocks<attention_decode_kernel<T, HD>>(static_cast<int>(threads), smem)) * sms;
+    per_block = default_slices_per_block(groups, splits, slice_keys, slots, sms, a.decode_tuning.tail_free_slices);
   }
   per_block = std::min(per_block, splits);
   const int row_blocks = (splits + per_block - 1) / per_block;
@@ -1094,7 +1093,7 @@ bool plan_decode_typed(const AttentionArgs& a, DecodeLaunchPlan& plan) {
       (a.decode_tuning.fused_merge &&
        (row_blocks == 1 || (groups <= kDecodeArrivalSlots &&
                             static_cast<double>(groups) <=
-                                a.decode_tuning.fused_max_groups_per_sm * device_sm_count("flash_attention"))));
+                                a.decode_tuning.fused_max_groups_per_sm * static_cast<double>(sms))));
   plan.splits = splits;
   plan.slice_keys = slice_keys;
   plan.slices_per_block = per_block;

@@ -107,7 +107,6 @@ TEST(DecodePlan, TailFreeRuleDividesTheSlices) {
 TEST(DecodePlan, ShortCachesOfOtherSliceCountsKeepTheOlderRule) {
   EXPECT_EQ(attention_decode_splits(1152), 9);
   EXPECT_EQ(choice(64, 1152), 8);  // 512 rows: 8 slices per block keep 1024 blocks, as the older rule
-  EXPECT_EQ(choice(64, 1152), choice(64, 1152, true));
   EXPECT_EQ(attention_decode_splits(3072), 24);
   for (long long batch : {1LL, 4LL, 16LL, 48LL, 64LL}) {
     EXPECT_EQ(choice(batch, 3072), choice(batch, 3072, true)) << "B = " << batch;
