@@ -31,7 +31,6 @@
 #include <cstring>
 #include <exception>
 #include <functional>
-#include <string>
 #include <vector>
 
 #include "kernels/attention.hpp"
@@ -390,9 +389,9 @@ int main(int argc, char** argv) {
   // Decode variants: the merge in the kernel (fused 1) or as a second
   // kernel (fused 0); with "decode-exp" the library's defaults against
   // DecodeTuning's slices per block, the combine kernel, the late
-  // next-slice prologue, the cluster merge (one slice per block), the
-  // persistent wave, and V placed 36 KiB past an allocation start ("v+36k":
-  // K and V at different offsets from their 2 MiB-aligned bases).
+  // next-slice prologue, the cluster merge (one slice per block), and V
+  // placed 36 KiB past an allocation start ("v+36k": K and V at different
+  // offsets from their 2 MiB-aligned bases).
   struct Variant {
     const char* name;
     DecodeTuning tuning;
@@ -425,9 +424,6 @@ int main(int argc, char** argv) {
       x.cluster_merge = true;
       x.slices_per_block = 1;
       variants.push_back({"cluster", x, 0});
-      x = d;
-      x.persistent = true;  // one wave of contiguous runs of slices, merged by the combine kernel
-      variants.push_back({"persist", x, 0});
       variants.push_back({"v+36k", d, 36 * 1024});
     } else {
       t.fused_merge = false;
@@ -474,10 +470,9 @@ int main(int argc, char** argv) {
       a.k = k[0];
       a.v = v[0];
       const auto plan = ferrum::kernels::decode_launch_plan(a);
-      std::printf("%-5d %-7lld %-9s %10.2f %9.0f   spb %d%s%s%s\n", sh.batch, sh.kv, var.name, us,
-                  call_bytes / us / 1e3, plan ? plan->slices_per_block : 0, plan && plan->fused ? " fused" : "",
-                  plan && plan->cluster ? " cluster" : "",
-                  plan && plan->persistent ? (" persistent " + std::to_string(plan->grid_x)).c_str() : "");
+      std::printf("%-5d %-7lld %-9s %10.2f %9.0f   spb %d%s%s\n", sh.batch, sh.kv, var.name, us, call_bytes / us / 1e3,
+                  plan ? plan->slices_per_block : 0, plan && plan->fused ? " fused" : "",
+                  plan && plan->cluster ? " cluster" : "");
     }
     for (int s = 0; s < sets; ++s) {
       check(cudaFree(k[s]), "cudaFree");

@@ -60,28 +60,6 @@ def main(path):
               f"best {min(vs_other):.3f}, worst {max(vs_other):.3f}; default / fastest: geometric mean "
               f"{geo(vs_best):.3f}, worst {max(vs_best):.3f}")
 
-    # DecodeTuning::persistent ("persist", session 33) against the default
-    # and the fastest of every other variant.
-    if "persist" not in names:
-        return
-    print("\n| B | L | default | persist | fastest other (variant) | persist / default | persist / fastest other |")
-    print("|---|---|---|---|---|---|---|")
-    vs_default, vs_fastest = [], []
-    for b, l in sorted(points, key=lambda p: (p[1], p[0])):
-        mean = {v: sum(t) / len(t) for (pb, pl, v), t in times.items() if (pb, pl) == (b, l)}
-        if "default" not in mean or "persist" not in mean:
-            continue
-        others = {v: t for v, t in mean.items() if v != "persist"}
-        best_name = min(others, key=others.get)
-        d, p, f = mean["default"], mean["persist"], others[best_name]
-        vs_default.append(p / d)
-        vs_fastest.append(p / f)
-        print(f"| {b} | {l} | {d:.1f} | {p:.1f} | {f:.1f} ({best_name}) | {p / d:.3f} | {p / f:.3f} |")
-    if vs_default:
-        print(f"\npersist / default over {len(vs_default)} points: geometric mean {geo(vs_default):.3f}, "
-              f"best {min(vs_default):.3f}, worst {max(vs_default):.3f}; persist / fastest other: geometric mean "
-              f"{geo(vs_fastest):.3f}, worst {max(vs_fastest):.3f}")
-
 
 if __name__ == "__main__":
     main(sys.argv[1])

@@ -537,21 +537,10 @@ __device__ __forceinline__ void ring_barrier(int kw, int mtiles) {
 // slices_per_block) (chunk fastest, so the blocks of one run of slices that
 // split a large group run together and share K/V through L2),
 // grid.y = kv heads; blockDim = 128 * m-tiles.
-//
-// persistent (DecodeTuning::persistent; every row's kv_len the same, no
-// cluster, not fused): grid (G, 1) with G about the resident block slots.
-// The valid slices of all rows, numbered (row, slice) with the slice
-// fastest (row = (sequence, kv head, chunk)), N of them, are cut into G
-// contiguous ranges; block c runs items [c N / G, (c + 1) N / G), across
-// row boundaries, each slice exactly as alone (the same bits), its partial
-// stored for attention_combine_kernel. One wave, balanced to one slice, and
-// the stream never pauses at a slice or row boundary (the next slice's
-// first sub-tiles, and the next row's Q, are requested before a slice's
-// warps merge).
 template <class T, int HD>
 __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     attention_decode_kernel(const AttentionArgs a, int splits, int slice_keys, int slices_per_block, int chunks,
-                            bool prefetch_l2, bool fused, bool cluster, bool persistent, bool trigger) {
+                            bool prefetch_l2, bool fused, bool cluster, bool trigger) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   timeline_mark(DecodeTimelinePoint::Entry);
   pdl_begin();  // launched with launch_pdl: nothing global is touched before this
@@ -588,75 +577,35 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   };
   const int tig = lane % 4;
 
-  // A row of the launch: (sequence, kv head, head chunk), numbered
-  // (b * kv heads + kv head) * chunks + chunk.
+  // blockIdx.x = (b, run of slices_per_block slices, chunk), chunk fastest.
+  const int chunk = static_cast<int>(blockIdx.x % static_cast<unsigned>(chunks));
+  const int row_blocks = (splits + slices_per_block - 1) / slices_per_block;
+  const long long seq_block = blockIdx.x / static_cast<unsigned>(chunks);
+  const int split0 = static_cast<int>(seq_block % row_blocks) * slices_per_block;
+  const int b = static_cast<int>(seq_block / row_blocks);
+  const int kvh = static_cast<int>(blockIdx.y);
   const int group = a.num_heads / a.num_kv_heads;
-  struct RowRef {
-    int heads;             // q heads of this chunk (16 per m-tile, fewer in a group's last chunk)
-    long long row0;        // q / out row of the chunk's first head
-    long long plane_row0;  // cache row of key 0 of the (sequence, kv head)
-  };
-  auto row_of = [&](long long r) {
-    const int chunk = static_cast<int>(r % chunks);
-    const long long plane = r / chunks;  // b * kv heads + kv head
-    const int kvh = static_cast<int>(plane % a.num_kv_heads);
-    const long long b = plane / a.num_kv_heads;
-    const int head0 = kvh * group + chunk * 16 * mtiles;
-    RowRef rr;
-    rr.heads = min(16 * mtiles, kvh * group + group - head0);
-    rr.row0 = b * a.num_heads + head0;
-    rr.plane_row0 = plane * a.kv_stride;
-    return rr;
-  };
+  const int head0 = kvh * group + chunk * 16 * mtiles;
+  const int heads = min(16 * mtiles, kvh * group + group - head0);
+  const long long row0 = static_cast<long long>(b) * a.num_heads + head0;  // q / out row of head0
 
-  // The block's items [item, item_end), numbered row * used + slice.
-  long long row_index, item, item_end, limit;
-  int split0;
-  if (persistent) {
-    // Every row sees the same keys (the launcher takes this path only
-    // without kv_lens): block c's share of the N valid slices.
-    limit = key_limit(a, 0, 0, blockIdx.x == 0 && tid == 0);
-    const long long used_keys = (limit + slice_keys - 1) / slice_keys;
-    const long long n = static_cast<long long>(a.batch) * a.num_kv_heads * chunks * min(static_cast<long long>(splits), used_keys);
-    item = n * blockIdx.x / gridDim.x;
-    item_end = n * (blockIdx.x + 1) / gridDim.x;
-    if (item >= item_end) return;  // no valid key at all: the combine kernel writes the zeros
-    const long long used_l = min(static_cast<long long>(splits), used_keys);
-    row_index = item / used_l;
-    split0 = static_cast<int>(item % used_l);
-  } else {
-    // blockIdx.x = (b, run of slices_per_block slices, chunk), chunk fastest.
-    const int chunk = static_cast<int>(blockIdx.x % static_cast<unsigned>(chunks));
-    const int row_blocks = (splits + slices_per_block - 1) / slices_per_block;
-    const long long seq_block = blockIdx.x / static_cast<unsigned>(chunks);
-    split0 = static_cast<int>(seq_block % row_blocks) * slices_per_block;
-    const long long b = seq_block / row_blocks;
-    row_index = (b * a.num_kv_heads + blockIdx.y) * chunks + chunk;
-    limit = key_limit(a, static_cast<int>(b), 0, split0 == 0 && chunk == 0 && tid == 0);
-  }
-  RowRef row = row_of(row_index);
+  const long long limit = key_limit(a, b, 0, split0 == 0 && chunk == 0 && tid == 0);
   if (static_cast<long long>(split0) * slice_keys >= limit) {
     // Slices past the valid keys take no part (the block does not arrive;
     // in a cluster it passes the cluster's two barriers). With no valid key
     // at all (a reported bad kv_len), slice 0 writes zeros.
     if (split0 == 0) {
-      T* const out = static_cast<T*>(a.out) + row.row0 * HD;
-      for (int idx = tid; idx < row.heads * HD; idx += nthreads) out[idx] = from_float<T>(0.0f);
+      T* const out = static_cast<T*>(a.out) + row0 * HD;
+      for (int idx = tid; idx < heads * HD; idx += nthreads) out[idx] = from_float<T>(0.0f);
     }
     if (cluster && limit > slice_keys) cluster_merge_barriers();
     return;
-  }
-  // The slices that hold a valid key (of every row, in persistent launches).
-  const int used = static_cast<int>(min(static_cast<long long>(splits), (limit + slice_keys - 1) / slice_keys));
-  if (!persistent) {
-    const long long first = row_index * used + split0;
-    item = first;
-    item_end = first + (min(split0 + slices_per_block, used) - split0);
   }
   timeline_mark(DecodeTimelinePoint::KvLenKnown);
   const int ptid = mt * 32 + lane;  // index among the warps sharing this warp's keys
   const int l2_ahead = a.decode_tuning.l2_ahead;
   const bool prefetch_ahead = !prefetch_l2 && l2_ahead > 0 && mt == 0 && lane == 0;
+  const long long plane_row0 = (static_cast<long long>(b) * a.num_kv_heads + kvh) * a.kv_stride;
   const float scale_log2 = a.scale * kLog2e;
 
   // The block's slices one after another, each exactly as a block of its own
@@ -672,13 +621,13 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     int n_keys;
     int n_sub;  // this key warp's sub-tiles: keys [t * 64 + kw * 16, + 16)
   };
-  auto view_of = [&](const RowRef& r, int split) {
+  auto view_of = [&](int split) {
     SliceView sv;
     const long long begin = static_cast<long long>(split) * slice_keys;
     sv.n_keys = static_cast<int>(min(static_cast<long long>(slice_keys), limit - begin));
     sv.n_sub = sv.n_keys > kw * Sh::kSub ? (sv.n_keys - kw * Sh::kSub + Sh::kTileKeys - 1) / Sh::kTileKeys : 0;
-    sv.k = static_cast<const T*>(a.k) + (r.plane_row0 + begin) * HD;
-    sv.v = static_cast<const T*>(a.v) + (r.plane_row0 + begin) * HD;
+    sv.k = static_cast<const T*>(a.k) + (plane_row0 + begin) * HD;
+    sv.v = static_cast<const T*>(a.v) + (plane_row0 + begin) * HD;
     return sv;
   };
   auto load_sub = [&](const SliceView& sv, int t) {
@@ -702,24 +651,23 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     prefetch_l2_bulk(sv.v + static_cast<long long>(key0) * HD, bytes);
   };
   // Q (rows past the block's heads zero), its own cp.async group.
-  auto load_q = [&](long long q_row0, int q_heads) {
-    const T* const q = static_cast<const T*>(a.q) + q_row0 * HD;
+  auto load_q = [&] {
+    const T* const q = static_cast<const T*>(a.q) + row0 * HD;
     for (int idx = tid; idx < 16 * mtiles * kChunks; idx += nthreads) {
       const int row = idx / kChunks;
       const int c = idx % kChunks;
-      const bool valid = row < q_heads;
+      const bool valid = row < heads;
       cp_async_16(smem_u32(sQ + swz<HD>(row, c)), q + (valid ? row * HD + c * 8 : 0), valid);
     }
     cp_async_commit();
   };
   // A slice's prologue: its first kStages - 1 sub-tiles of this warp (one
   // commit group each, always committed so the group count is fixed). The
-  // first slice of a row in the block also loads the row's Q (with_q: q
-  // rows q_row0 .., q_heads of them), as the second group: the stream from
+  // block's first slice also loads Q, as the second group: the stream from
   // DRAM starts before anything else of the set-up (at B = 1 the set-up is
   // hundreds of instructions per warp at one warp per scheduler).
-  auto prologue = [&](const SliceView& sv, bool with_q, long long q_row0, int q_heads) {
-    if (prefetch_l2 && tid == 0 && row_index % chunks == 0) {  // one block of the (sequence, kv head)
+  auto prologue = [&](const SliceView& sv, bool with_q) {
+    if (prefetch_l2 && chunk == 0 && tid == 0) {
       // A small grid (about one block per SM): request the whole slice from
       // DRAM at once, so the cp.async stream is served from L2.
       const auto bytes = static_cast<std::uint32_t>(sv.n_keys) * HD * 2u;
@@ -730,7 +678,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     for (int t = 0; t < kStages - 1; ++t) {
       if (t < sv.n_sub) load_sub(sv, t);
       cp_async_commit();
-      if (t == 0 && with_q) load_q(q_row0, q_heads);
+      if (t == 0 && with_q) load_q();
     }
     if (prefetch_ahead) {
       for (int t = kStages - 1; t < kStages - 1 + l2_ahead; ++t) {
@@ -738,19 +686,21 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       }
     }
   };
-  int split = split0;
-  SliceView cur = view_of(row, split);
-  prologue(cur, true, row.row0, row.heads);
+  SliceView cur = view_of(split0);
+  prologue(cur, true);
 
-  // The blocks that hold a valid slice of the row (the blocks that arrive).
-  const int arrivals = persistent ? 0 : (used + slices_per_block - 1) / slices_per_block;
+  // The slices that hold a valid key, this block's run of them, and the
+  // blocks that hold one (the blocks that arrive).
+  const int used = static_cast<int>(min(static_cast<long long>(splits), (limit + slice_keys - 1) / slice_keys));
+  const int split_end = min(split0 + slices_per_block, used);
+  const int arrivals = (used + slices_per_block - 1) / slices_per_block;
   const bool direct = fused && used == 1;  // the row's only valid slice is its output
 
   // The merge scratch: (m, l, O) of each warp's valid rows, [warps][hrows]
   // (one m-tile: only the block's heads; two: all 16 rows per warp). In the
   // last ring slot (which a slice's prologue does not fill) where it fits,
   // so the next prologue can go out first; else over the drained ring.
-  const int hrows = mtiles == 1 ? row.heads : 16;  // the same in every row (one m-tile: one chunk)
+  const int hrows = mtiles == 1 ? heads : 16;
   const int scratch_floats = Sh::kMaxWarps / Sh::kMaxMTiles * mtiles * hrows * (Sh::kOStride + 2);
   constexpr int kSlotFloats = Sh::kKeyWarps * 2 * Sh::kSubElems / 2;
   const bool overlap = !cluster && a.decode_tuning.overlap_boundary && scratch_floats <= kSlotFloats;
@@ -780,22 +730,9 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   }
   std::uint32_t qf[Sh::kQInRegs ? kKSteps : 1][4];
 
-  bool row_start = true;  // the first slice of a row in this block: Q to fetch into registers
-  for (long long left = item_end - item; left > 0; --left) {  // items left, this one included
-    const bool has_next = left > 1;
-    const bool next_row = has_next && split + 1 == used;  // persistent launches only
-    const int next_split = next_row ? 0 : split + 1;
-    // The next item's slice (row_of only where the row changes).
-    auto next_view = [&] { return view_of(next_row ? row_of(row_index + 1) : row, next_split); };
-    auto next_prologue = [&](const SliceView& next) {
-      if (next_row) {
-        const RowRef nrow = row_of(row_index + 1);
-        prologue(next, true, nrow.row0, nrow.heads);
-      } else {
-        prologue(next, false, 0, 0);
-      }
-    };
-    if (row_start) {
+  for (int split = split0; split < split_end; ++split) {
+    const bool has_next = split + 1 < split_end;
+    if (split == split0) {
       cp_async_wait<kStages - 2>();  // sub-tile 0 and Q have landed
       __syncthreads();
       timeline_mark(DecodeTimelinePoint::FirstTileLanded);
@@ -831,7 +768,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       if (t + kStages - 1 < cur.n_sub) load_sub(cur, t + kStages - 1);
       cp_async_commit();
       if (t == next_prefetch_t && mt == 0 && lane == 0) {
-        const SliceView next = next_view();
+        const SliceView next = view_of(split + 1);
         for (int u = 0; u < kStages - 1 && u < next.n_sub; ++u) prefetch_sub(next, u);
       }
       if (prefetch_ahead && t + kStages - 1 + l2_ahead < cur.n_sub) prefetch_sub(cur, t + kStages - 1 + l2_ahead);
@@ -890,10 +827,8 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     cp_async_wait<0>();  // only empty groups can remain; leave none behind
     __syncthreads();     // every warp is done with the ring: the scratch and the next prologue may overwrite it
     timeline_mark(DecodeTimelinePoint::SliceComputed);
-    const SliceView next = has_next ? next_view() : cur;
-    // Fills slots 0 .. kStages - 2, not the scratch; a next row's Q goes to
-    // sQ, which this slice no longer reads.
-    if (overlap && has_next) next_prologue(next);
+    const SliceView next = has_next ? view_of(split + 1) : cur;
+    if (overlap && has_next) prologue(next, false);  // fills slots 0 .. kStages - 2, not the scratch
 
     // Publish each warp's (m in base-2 units, l, O) per valid row.
 #pragma unroll
@@ -902,14 +837,14 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       if (g + 8 * r >= hrows) continue;  // a row past the block's heads (one m-tile)
-      const int srow = warp * hrows + g + 8 * r;  // scratch row
+      const int row = warp * hrows + g + 8 * r;
       if (tig == 0) {
-        mm[srow] = m_run[r] == -INFINITY ? -INFINITY : m_run[r] * scale_log2;
-        ml[srow] = l;
+        mm[row] = m_run[r] == -INFINITY ? -INFINITY : m_run[r] * scale_log2;
+        ml[row] = l;
       }
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt) {
-        *reinterpret_cast<float2*>(mo + srow * Sh::kOStride + dt * 8 + tig * 2) =
+        *reinterpret_cast<float2*>(mo + row * Sh::kOStride + dt * 8 + tig * 2) =
             make_float2(o[dt][2 * r], o[dt][2 * r + 1]);
       }
     }
@@ -923,7 +858,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     // their l slot of key warp 0, the slice's lse. Then 4 columns per thread.
     // (Computing the factors per column made this the longest serial step of
     // a short decode: 1.4 us at B = 1, session 15.)
-    for (int h = tid; h < row.heads; h += nthreads) {
+    for (int h = tid; h < heads; h += nthreads) {
       const int wrow = (h / 16) * Sh::kKeyWarps * hrows + h % 16;  // row of key warp 0 of h's m-tile
       float mx = -INFINITY;
 #pragma unroll
@@ -940,12 +875,12 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       if (cluster) {
         cluster_lse[h] = mx + log2f(sum);
       } else if (!direct) {
-        a.partial_lse[(row.row0 + h) * splits + split] = mx + log2f(sum);
+        a.partial_lse[(row0 + h) * splits + split] = mx + log2f(sum);
       }
     }
     __syncthreads();
     constexpr int kQuads = HD / 4;
-    for (int idx = tid; idx < row.heads * kQuads; idx += nthreads) {
+    for (int idx = tid; idx < heads * kQuads; idx += nthreads) {
       const int h = idx / kQuads;
       const int d = (idx % kQuads) * 4;
       const int wrow = (h / 16) * Sh::kKeyWarps * hrows + h % 16;
@@ -964,21 +899,17 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
         vec_t<T, 4> o;
 #pragma unroll
         for (int c = 0; c < 4; ++c) o.set(c, acc[c] / sum);
-        o.store(static_cast<T*>(a.out) + (row.row0 + h) * HD + d);
+        o.store(static_cast<T*>(a.out) + (row0 + h) * HD + d);
       } else {
-        float* const po = cluster ? cluster_out + h * HD + d : a.partial_out + ((row.row0 + h) * splits + split) * HD + d;
+        float* const po = cluster ? cluster_out + h * HD + d : a.partial_out + ((row0 + h) * splits + split) * HD + d;
         *reinterpret_cast<float4*>(po) = make_float4(acc[0] / sum, acc[1] / sum, acc[2] / sum, acc[3] / sum);
       }
     }
     __syncthreads();  // every thread is done with the scratch: the ring refills over it
     timeline_mark(DecodeTimelinePoint::SliceStored);
-    if (!overlap && has_next) next_prologue(next);
+    if (!overlap && has_next) prologue(next, false);
     cur = next;
-    split = next_split;
-    row_start = next_row;
-    if (next_row) row = row_of(++row_index);
   }  // slices
-  if (persistent) return;  // attention_combine_kernel merges
   if (cluster && used > 1) {
     // The row's slices are this cluster's blocks (block rank = slice): after
     // the barrier every block's (O, lse) is readable through distributed
@@ -989,10 +920,10 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     cooperative_groups::this_cluster().sync();
     timeline_mark(DecodeTimelinePoint::Arrived);
     if (split0 < used) {
-      const int h_begin = split0 * row.heads / used;
-      const int h_end = (split0 + 1) * row.heads / used;
+      const int h_begin = split0 * heads / used;
+      const int h_end = (split0 + 1) * heads / used;
       if (h_begin < h_end) {
-        merge_slice_partials<T, HD>(ClusterPartials<HD>{cluster_out, cluster_lse}, static_cast<T*>(a.out) + row.row0 * HD,
+        merge_slice_partials<T, HD>(ClusterPartials<HD>{cluster_out, cluster_lse}, static_cast<T*>(a.out) + row0 * HD,
                                     h_begin, h_end, splits, used, reinterpret_cast<float*>(sQ));
       }
     }
@@ -1007,8 +938,8 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   if (arrivals == 1) {
     // The block holds every valid slice of the row: its own partials,
     // visible to it after the barrier above, merge here.
-    merge_slice_partials<T, HD>(WorkspacePartials<HD>{a.partial_out, a.partial_lse, row.row0, splits},
-                                static_cast<T*>(a.out) + row.row0 * HD, 0, row.heads, splits, used,
+    merge_slice_partials<T, HD>(WorkspacePartials<HD>{a.partial_out, a.partial_lse, row0, splits},
+                                static_cast<T*>(a.out) + row0 * HD, 0, heads, splits, used,
                                 reinterpret_cast<float*>(smem_raw));
     return;
   }
@@ -1024,7 +955,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   __syncthreads();
   if (tid == 0) {
     unsigned int* const counter =
-        g_decode_arrivals + row_index;  // (b * kv heads + kv head) * chunks + chunk
+        g_decode_arrivals + (static_cast<long long>(b) * a.num_kv_heads + kvh) * chunks + chunk;
     // atomicInc wraps to 0 after arrivals - 1: the last arrival leaves it zero.
     const unsigned int last = static_cast<unsigned int>(arrivals - 1);
     *s_last = atomicInc(counter, last) == last ? 1u : 0u;
@@ -1033,8 +964,8 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   timeline_mark(DecodeTimelinePoint::Arrived);
   if (*s_last == 0) return;
   __threadfence();
-  merge_slice_partials<T, HD>(WorkspacePartials<HD>{a.partial_out, a.partial_lse, row.row0, splits},
-                              static_cast<T*>(a.out) + row.row0 * HD, 0, row.heads, splits, used,
+  merge_slice_partials<T, HD>(WorkspacePartials<HD>{a.partial_out, a.partial_lse, row0, splits},
+                              static_cast<T*>(a.out) + row0 * HD, 0, heads, splits, used,
                               reinterpret_cast<float*>(smem_raw));
   __syncthreads();
   timeline_mark(DecodeTimelinePoint::RowMerged);
@@ -1140,12 +1071,10 @@ bool plan_decode_typed(const AttentionArgs& a, DecodeLaunchPlan& plan) {
                              splits >= 2 && splits <= kDecodeMaxClusterSlices;
   if (per_block <= 0 && cluster_shape) per_block = 1;
   const long long sms = device_sm_count("flash_attention");
-  auto slots = [&] {
-    return static_cast<long long>(resident_blocks<attention_decode_kernel<T, HD>>(static_cast<int>(threads), smem)) *
-           sms;
-  };
   if (per_block <= 0) {
-    per_block = default_slices_per_block(groups, splits, slice_keys, slots(), sms, a.decode_tuning.tail_free_slices);
+    const long long slots =
+        static_cast<long long>(resident_blocks<attention_decode_kernel<T, HD>>(static_cast<int>(threads), smem)) * sms;
+    per_block = default_slices_per_block(groups, splits, slice_keys, slots, sms, a.decode_tuning.tail_free_slices);
   }
   per_block = std::min(per_block, splits);
   const int row_blocks = (splits + per_block - 1) / per_block;
@@ -1175,17 +1104,6 @@ bool plan_decode_typed(const AttentionArgs& a, DecodeLaunchPlan& plan) {
   plan.prefetch_l2 = footprint <= a.decode_tuning.l2_prefetch_bytes;
   plan.fused = fused;
   plan.cluster = cluster;
-  // DecodeTuning::persistent: one wave over every row's slices, merged by
-  // the combine kernel; the grid from the capacity (graph replays keep it).
-  if (a.decode_tuning.persistent && a.kv_lens == nullptr && splits > 1 && !cluster) {
-    plan.persistent = true;
-    plan.slices_per_block = 0;
-    const long long cap = a.decode_tuning.persistent_blocks > 0 ? a.decode_tuning.persistent_blocks : slots();
-    plan.grid_x = std::min(cap, groups * splits);
-    plan.grid_y = 1;
-    plan.prefetch_l2 = false;
-    plan.fused = false;
-  }
   return true;
 }
 
@@ -1197,8 +1115,7 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   launch_pdl_clustered("flash_attention", dim3(p.cluster ? static_cast<unsigned>(p.splits) : 1u, 1, 1),
                        attention_decode_kernel<T, HD>, grid, static_cast<unsigned>(p.threads),
                        DecodeShape<HD>::kSmemBytes, stream, a, p.splits, p.slice_keys, p.slices_per_block,
-                       p.head_chunks, p.prefetch_l2, p.fused, p.cluster, p.persistent,
-                       launch_switches().pdl_early_trigger);
+                       p.head_chunks, p.prefetch_l2, p.fused, p.cluster, launch_switches().pdl_early_trigger);
   if (!p.fused) launch_combine<T, HD>(a, p.splits, p.slice_keys, stream);
   check_launch("flash_attention");
   return true;

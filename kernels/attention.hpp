@@ -191,20 +191,6 @@ struct DecodeTuning {
   // wherever a launch has more than one wave (docs/design/
   // decode_attention.md §4.6).
   bool cluster_merge = false;
-  // One persistent wave: about one block per resident block slot (grid
-  // min(slots, rows x slices)), block c running the c-th of that many
-  // contiguous, equal runs of the launch's valid slices (numbered row by
-  // row), across row boundaries, the next slice's first sub-tiles and the
-  // next row's Q requested before a slice's warps merge; the slices merge
-  // in attention_combine_kernel. No wave quantization and no block start
-  // per row. Applies where every sequence has the same kv_len (no kv_lens;
-  // a decode state's kv_len is read on the device), a row has several
-  // slices and cluster_merge does not apply; else the launch is as without
-  // it. The same bits (each slice runs exactly as alone).
-  bool persistent = false;
-  // The persistent launch's blocks: 0, every resident slot; else at most
-  // this many (tests: a few blocks, each crossing many rows).
-  int persistent_blocks = 0;
 };
 
 // Launch knobs of the wgmma prefill (kernels/attention_prefill_wgmma.cu);
@@ -284,7 +270,6 @@ struct DecodeLaunchPlan {
   bool prefetch_l2 = false;  // whole slices asked into L2 first
   bool fused = false;        // the kernel merges the slices (no combine kernel)
   bool cluster = false;      // DecodeTuning::cluster_merge taken
-  bool persistent = false;   // DecodeTuning::persistent taken: grid_x blocks, grid_y 1
 };
 std::optional<DecodeLaunchPlan> decode_launch_plan(const AttentionArgs& args);
 

@@ -29,7 +29,6 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -351,19 +350,6 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   variants.push_back({});
   variants.back().cluster_merge = true;
   variants.back().slices_per_block = 1;
-  // The persistent wave (where every sequence has the same kv_len and a
-  // row several slices): every slot, and 1, 3 or 7 blocks, each crossing
-  // rows (of head chunks too: the GQA 40 case) mid-run; with the late
-  // next-slice prologue.
-  for (int blocks : {0, 1, 3, 7}) {
-    variants.push_back({});
-    variants.back().persistent = true;
-    variants.back().persistent_blocks = blocks;
-  }
-  variants.push_back({});
-  variants.back().persistent = true;
-  variants.back().persistent_blocks = 5;
-  variants.back().overlap_boundary = false;
   for (std::size_t i = 0; i < variants.size(); ++i) {
     EXPECT_TRUE(reference == run_with(variants[i])) << "variant " << i << " changed the output";
   }
@@ -381,37 +367,6 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   if (plan->cluster) {
     EXPECT_EQ(plan->slices_per_block, 1);
     EXPECT_TRUE(plan->fused);
-  }
-  // A decode state's kv_len changes between launches (graph replays) while
-  // the persistent grid stays the capacity's: each length gives the
-  // default's bytes.
-  if (c.state) {
-    for (int len : {1, 2, 129, c.kv_len / 2 + 1, c.kv_len}) {
-      if (len > c.kv_len) continue;  // rows past c.kv_len hold NaN
-      SCOPED_TRACE(cat("state kv_len ", len));
-      const kernels::DecodeState step_state{0, len - 1, len};
-      ASSERT_EQ(cudaMemcpy(dstate_mem.get(), &step_state, sizeof step_state, cudaMemcpyHostToDevice), cudaSuccess);
-      const std::vector<std::uint8_t> expected = run_with({});
-      for (int blocks : {0, 3}) {
-        kernels::DecodeTuning t;
-        t.persistent = true;
-        t.persistent_blocks = blocks;
-        EXPECT_TRUE(expected == run_with(t)) << "persistent, " << blocks << " blocks";
-      }
-    }
-  }
-  // The persistent wave where it applies: one row of blocks, the combine
-  // kernel merging.
-  kernels::DecodeTuning persistent_tuning;
-  persistent_tuning.persistent = true;
-  persistent_tuning.persistent_blocks = 3;
-  const std::optional<kernels::DecodeLaunchPlan> pplan = kernels::decode_launch_plan(args_for(persistent_tuning));
-  ASSERT_TRUE(pplan.has_value());
-  EXPECT_EQ(pplan->persistent, !c.ragged && splits > 1) << "splits " << splits;
-  if (pplan->persistent) {
-    EXPECT_FALSE(pplan->fused);
-    EXPECT_EQ(pplan->grid_y, 1);
-    EXPECT_EQ(pplan->grid_x, std::min<long long>(3, static_cast<long long>(c.batch) * c.kv_heads * pplan->head_chunks * splits));
   }
   std::uint32_t flag = 1;
   EXPECT_EQ(cudaMemcpy(&flag, dflag, sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -450,57 +405,6 @@ TEST_F(CudaDecodeCheck, KvLensOutOfRangeIsADeviceCheck) {
   // Still usable.
   const RaggedDecodeCase ok = make_ragged_decode_case(rng, DType::F16, cfg, {5, 9});
   EXPECT_TRUE(run(be, ok).guards_ok());
-}
-
-// A persistent launch whose device decode state holds a kv_len outside [1,
-// capacity]: the error word is set and every output is zero (no block has a
-// slice; the combine kernel writes the zeros), with the cache past the
-// state's rows NaN. Straight through the launcher, as CudaDecodeKnobs.
-TEST_F(CudaDecodeCheck, PersistentLaunchReportsABadStateKvLenAndWritesZeros) {
-  FERRUM_SEEDED_RNG(rng);
-  cuda();
-  constexpr int kBatch = 3, kHeads = 8, kKvHeads = 2, kHd = 128;
-  constexpr long long kCapacity = 1000;
-  const std::size_t q_elems = std::size_t{kBatch} * kHeads * kHd;
-  const std::size_t kv_elems = std::size_t{kBatch} * kKvHeads * kCapacity * kHd;
-  const DeviceBytes dq(encode_bytes(random_uniform(rng, DType::F16, q_elems)));
-  const DeviceBytes dk(encode_bytes(random_uniform(rng, DType::F16, kv_elems)));
-  const DeviceBytes dv(encode_bytes(random_uniform(rng, DType::F16, kv_elems)));
-  const std::size_t ws = kernels::attention_workspace_floats(kBatch, kHeads, 1, kHd, kCapacity);
-  DeviceBytes dws(ws * sizeof(float)), dout(q_elems * 2), dflag(sizeof(std::uint32_t));
-  for (std::int32_t bad : {0, -5, static_cast<std::int32_t>(kCapacity) + 1}) {
-    SCOPED_TRACE(cat("state kv_len ", bad));
-    const kernels::DecodeState host_state{0, bad - 1, bad};
-    std::vector<std::uint8_t> state_bytes(sizeof host_state);
-    std::memcpy(state_bytes.data(), &host_state, sizeof host_state);
-    const DeviceBytes dstate(state_bytes);
-    dflag.fill(0);
-    ASSERT_EQ(cudaMemset(dout.get(), kPoisonByte, q_elems * 2), cudaSuccess);
-    kernels::AttentionArgs a = attention_args(DType::F16, dq.get(), dk.get(), dv.get(), dout.get(),
-                                              {.batch = kBatch,
-                                               .heads = kHeads,
-                                               .kv_heads = kKvHeads,
-                                               .q_len = 1,
-                                               .head_dim = kHd,
-                                               .kv_stride = kCapacity,
-                                               .kv_len = 1,
-                                               .pos_offset = 0});
-    a.state = static_cast<const kernels::DecodeState*>(dstate.get());
-    a.error_flag = static_cast<std::uint32_t*>(dflag.get());
-    kernels::set_decode_workspace(a, static_cast<float*>(dws.get()), ws);
-    a.decode_tuning.persistent = true;
-    const std::optional<kernels::DecodeLaunchPlan> plan = kernels::decode_launch_plan(a);
-    ASSERT_TRUE(plan.has_value());
-    ASSERT_TRUE(plan->persistent);
-    kernels::launch_attention(a, nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<std::uint16_t> out(q_elems);
-    ASSERT_EQ(cudaMemcpy(out.data(), dout.get(), q_elems * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 0u) << "element " << i;
-    std::uint32_t flag = 0;
-    ASSERT_EQ(cudaMemcpy(&flag, dflag.get(), sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(flag, static_cast<std::uint32_t>(kernels::kErrAttnKvLenOutOfRange));
-  }
 }
 
 // Past the kernels' grid limits (65535 heads; 65535 sequences at prefill):
