@@ -389,7 +389,8 @@ int main(int argc, char** argv) {
   // Decode variants: the merge in the kernel (fused 1) or as a second
   // kernel (fused 0); with "decode-exp" the library's defaults against
   // DecodeTuning's slices per block, the combine kernel, the late
-  // next-slice prologue, the cluster merge (one slice per block), and V
+  // next-slice prologue, the ring drained at slice boundaries ("drain"),
+  // the cluster merge (one slice per block), and V
   // placed 36 KiB past an allocation start ("v+36k": K and V at different
   // offsets from their 2 MiB-aligned bases).
   struct Variant {
@@ -420,6 +421,9 @@ int main(int argc, char** argv) {
       x = d;
       x.overlap_boundary = false;
       variants.push_back({"nooverlap", x, 0});
+      x = d;
+      x.stream_across_slices = false;  // the next slice requested after the ring drained
+      variants.push_back({"drain", x, 0});
       x = d;
       x.cluster_merge = true;
       x.slices_per_block = 1;

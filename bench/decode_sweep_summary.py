@@ -6,7 +6,8 @@ tail-free default replaced in session 32; "slots90" in that session's second
 sweep, where only long slices had changed; "tailfree" in its first, when the
 old rules were the default) and each explicit slices per
 block, with the slices per block each took, the fastest explicit choice, and
-the ratios of the two rules to each other and to the fastest.
+the ratios of the two rules to each other and to the fastest; with
+--versus VARIANT also the default against that variant at every point.
 """
 import collections
 import math
@@ -17,7 +18,7 @@ LINE = re.compile(r"^(\d+)\s+(\d+)\s+(\S+)\s+([\d.]+)\s+\d+\s+spb (\d+)")
 EXPLICIT = ["spb1", "spb2", "spb4", "spb8", "spb16"]
 
 
-def main(path):
+def main(path, versus=None):
     times = collections.defaultdict(list)  # (B, L, variant) -> [µs]
     spb = {}
     points = set()
@@ -60,6 +61,30 @@ def main(path):
               f"best {min(vs_other):.3f}, worst {max(vs_other):.3f}; default / fastest: geometric mean "
               f"{geo(vs_best):.3f}, worst {max(vs_best):.3f}")
 
+    # --versus NAME: the default against one other variant at every point.
+    if versus is None or versus not in names:
+        return
+    print(f"\n| B | L | default (spb) | {versus} (spb) | default / {versus} |")
+    print("|---|---|---|---|---|")
+    ratios = []
+    for b, l in sorted(points, key=lambda p: (p[1], p[0])):
+        mean = {v: sum(t) / len(t) for (pb, pl, v), t in times.items() if (pb, pl) == (b, l)}
+        if "default" not in mean or versus not in mean:
+            continue
+        d, x = mean["default"], mean[versus]
+        ratios.append(d / x)
+        print(f"| {b} | {l} | {d:.1f} ({spb[(b, l, 'default')]}) | {x:.1f} ({spb[(b, l, versus)]}) | {d / x:.3f} |")
+    if ratios:
+        print(f"\ndefault / {versus} over {len(ratios)} points: geometric mean {geo(ratios):.3f}, "
+              f"best {min(ratios):.3f}, worst {max(ratios):.3f}")
+
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    args = sys.argv[1:]
+    versus = None
+    if len(args) == 3 and args[1] == "--versus":
+        versus = args[2]
+        args = args[:1]
+    if len(args) != 1:
+        sys.exit("usage: decode_sweep_summary.py LOG [--versus VARIANT]")
+    main(args[0], versus)

@@ -630,9 +630,11 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     sv.v = static_cast<const T*>(a.v) + (plane_row0 + begin) * HD;
     return sv;
   };
-  auto load_sub = [&](const SliceView& sv, int t) {
+  // Sub-tile t of a slice into ring stage `stage`: the block's sub-tiles
+  // take consecutive stages (mod kStages) across its slices.
+  auto load_sub = [&](const SliceView& sv, int t, int stage) {
     const int key0 = t * Sh::kTileKeys + kw * Sh::kSub;
-    T* const dk = ring + ((t % kStages) * Sh::kKeyWarps + kw) * 2 * Sh::kSubElems;
+    T* const dk = ring + (stage * Sh::kKeyWarps + kw) * 2 * Sh::kSubElems;
     const long long goff = static_cast<long long>(key0) * HD;
     if (mtiles == 1) {
       load_sub_tile<T, HD, 32>(dk, dk + Sh::kSubElems, sv.k + goff, sv.v + goff, sv.n_keys - key0, ptid);
@@ -662,11 +664,12 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     cp_async_commit();
   };
   // A slice's prologue: its first kStages - 1 sub-tiles of this warp (one
-  // commit group each, always committed so the group count is fixed). The
-  // block's first slice also loads Q, as the second group: the stream from
-  // DRAM starts before anything else of the set-up (at B = 1 the set-up is
-  // hundreds of instructions per warp at one warp per scheduler).
-  auto prologue = [&](const SliceView& sv, bool with_q) {
+  // commit group each, always committed so the group count is fixed), in
+  // ring stages base, base + 1, ... (mod kStages). The block's first slice also loads
+  // Q, as the second group: the stream from DRAM starts before anything
+  // else of the set-up (at B = 1 the set-up is hundreds of instructions per
+  // warp at one warp per scheduler).
+  auto prologue = [&](const SliceView& sv, bool with_q, int base) {
     if (prefetch_l2 && chunk == 0 && tid == 0) {
       // A small grid (about one block per SM): request the whole slice from
       // DRAM at once, so the cp.async stream is served from L2.
@@ -676,7 +679,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     }
 #pragma unroll
     for (int t = 0; t < kStages - 1; ++t) {
-      if (t < sv.n_sub) load_sub(sv, t);
+      if (t < sv.n_sub) load_sub(sv, t, (base + t) % kStages);
       cp_async_commit();
       if (t == 0 && with_q) load_q();
     }
@@ -687,7 +690,8 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     }
   };
   SliceView cur = view_of(split0);
-  prologue(cur, true);
+  prologue(cur, true, 0);
+  int base = 0;  // ring stage of the current slice's sub-tile 0
 
   // The slices that hold a valid key, this block's run of them, and the
   // blocks that hold one (the blocks that arrive).
@@ -697,17 +701,15 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   const bool direct = fused && used == 1;  // the row's only valid slice is its output
 
   // The merge scratch: (m, l, O) of each warp's valid rows, [warps][hrows]
-  // (one m-tile: only the block's heads; two: all 16 rows per warp). In the
-  // last ring slot (which a slice's prologue does not fill) where it fits,
-  // so the next prologue can go out first; else over the drained ring.
+  // (one m-tile: only the block's heads; two: all 16 rows per warp). Where
+  // it fits in one ring stage (overlap): in the stage of the slice's last
+  // sub-tile, the one stage that the next slice's first kStages - 1
+  // sub-tiles (at the next ring positions) do not fill, so those can be in
+  // flight across the merge; else over the drained ring.
   const int hrows = mtiles == 1 ? heads : 16;
   const int scratch_floats = Sh::kMaxWarps / Sh::kMaxMTiles * mtiles * hrows * (Sh::kOStride + 2);
   constexpr int kSlotFloats = Sh::kKeyWarps * 2 * Sh::kSubElems / 2;
   const bool overlap = !cluster && a.decode_tuning.overlap_boundary && scratch_floats <= kSlotFloats;
-  float* const mo = overlap ? reinterpret_cast<float*>(ring + (kStages - 1) * Sh::kKeyWarps * 2 * Sh::kSubElems)
-                            : reinterpret_cast<float*>(smem_raw);  // [warps][hrows][kOStride]
-  float* const mm = mo + Sh::kMaxWarps / Sh::kMaxMTiles * mtiles * hrows * Sh::kOStride;  // [warps][hrows]
-  float* const ml = mm + Sh::kMaxWarps / Sh::kMaxMTiles * mtiles * hrows;                  // [warps][hrows]
 
   // ldmatrix row addresses. Chunk 2 * (4j + i) + c of a swizzled row lies
   // at offset[i] + j * 128 bytes (the swizzle only permutes the low 3 bits
@@ -757,23 +759,41 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     // (compute-sanitizer racecheck pairs barriers by count across the block:
     // with unequal counts it reported the merge below as racing.)
     const int n_iter = (cur.n_keys + Sh::kTileKeys - 1) / Sh::kTileKeys;
+    // DecodeTuning::stream_across_slices: the iterations whose ring refill
+    // would lie past this slice load the next slice's first kStages - 1
+    // sub-tiles instead (at the next ring positions), so the stream from
+    // DRAM does not drain at the boundary; they stay in flight across the
+    // merge (the scratch is the one stage they do not fill). Needs a slice
+    // of at least kStages - 1 tiles (every slice but a row's last).
+    const bool flow = overlap && has_next && a.decode_tuning.stream_across_slices && n_iter >= kStages - 1;
     // Without the early prologue: the iteration after which the ring has
     // nothing left to load asks L2 for the next slice's first sub-tiles.
     const int next_prefetch_t = has_next && !overlap ? max(0, n_iter - (kStages - 1)) : -1;
+    int stage = base;                                     // of sub-tile t
+    int refill_stage = base == 0 ? kStages - 1 : base - 1;  // of sub-tile t - 1, refilled at t
     for (int t = 0; t < n_iter; ++t) {
       // Sub-tile t has landed for every thread sharing it, and all of them are
       // done with sub-tile t - 1, whose slot is refilled next.
       cp_async_wait<kStages - 2>();
       ring_barrier(kw, mtiles);
-      if (t + kStages - 1 < cur.n_sub) load_sub(cur, t + kStages - 1);
+      const int refill = t + kStages - 1;  // the sub-tile the freed stage takes, counted from this slice's first
+      if (refill < cur.n_sub) {
+        load_sub(cur, refill, refill_stage);
+      } else if (flow && refill >= n_iter) {
+        const SliceView next = view_of(split + 1);
+        if (refill - n_iter < next.n_sub) load_sub(next, refill - n_iter, refill_stage);
+      }
       cp_async_commit();
+      const int t_stage = stage;
+      refill_stage = stage;
+      stage = stage == kStages - 1 ? 0 : stage + 1;
       if (t == next_prefetch_t && mt == 0 && lane == 0) {
         const SliceView next = view_of(split + 1);
         for (int u = 0; u < kStages - 1 && u < next.n_sub; ++u) prefetch_sub(next, u);
       }
       if (prefetch_ahead && t + kStages - 1 + l2_ahead < cur.n_sub) prefetch_sub(cur, t + kStages - 1 + l2_ahead);
       if (t >= cur.n_sub) continue;  // warp-uniform: this key warp's sub-tiles are done
-      const std::uint32_t sK = smem_u32(ring + ((t % kStages) * Sh::kKeyWarps + kw) * 2 * Sh::kSubElems);
+      const std::uint32_t sK = smem_u32(ring + (t_stage * Sh::kKeyWarps + kw) * 2 * Sh::kSubElems);
       const std::uint32_t sV = sK + Sh::kSubElems * 2;
 
       // S = Q Kᵀ: 16 heads x 16 keys.
@@ -824,11 +844,19 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
         mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
       }
     }
-    cp_async_wait<0>();  // only empty groups can remain; leave none behind
-    __syncthreads();     // every warp is done with the ring: the scratch and the next prologue may overwrite it
+    // Without flow only empty groups can remain: leave none behind. With it
+    // the next slice's first sub-tiles stay in flight.
+    if (!flow) cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the ring: the scratch and the next prologue may overwrite it
     timeline_mark(DecodeTimelinePoint::SliceComputed);
     const SliceView next = has_next ? view_of(split + 1) : cur;
-    if (overlap && has_next) prologue(next, false);  // fills slots 0 .. kStages - 2, not the scratch
+    // Fills the next kStages - 1 ring stages (from `stage`, that of sub-tile
+    // n_iter), not the scratch's: refill_stage, that of the last sub-tile.
+    if (overlap && has_next && !flow) prologue(next, false, stage);
+    float* const mo = overlap ? reinterpret_cast<float*>(ring + refill_stage * Sh::kKeyWarps * 2 * Sh::kSubElems)
+                              : reinterpret_cast<float*>(smem_raw);  // [warps][hrows][kOStride]
+    float* const mm = mo + Sh::kMaxWarps / Sh::kMaxMTiles * mtiles * hrows * Sh::kOStride;  // [warps][hrows]
+    float* const ml = mm + Sh::kMaxWarps / Sh::kMaxMTiles * mtiles * hrows;                  // [warps][hrows]
 
     // Publish each warp's (m in base-2 units, l, O) per valid row.
 #pragma unroll
@@ -907,7 +935,8 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     }
     __syncthreads();  // every thread is done with the scratch: the ring refills over it
     timeline_mark(DecodeTimelinePoint::SliceStored);
-    if (!overlap && has_next) prologue(next, false);
+    if (!overlap && has_next) prologue(next, false, stage);
+    base = stage;
     cur = next;
   }  // slices
   if (cluster && used > 1) {

@@ -177,6 +177,11 @@ struct DecodeTuning {
   // false: after the merge, with those sub-tiles asked into L2 meanwhile.
   // The same bits.
   bool overlap_boundary = true;
+  // With overlap_boundary: the next slice's first sub-tiles are requested
+  // by the current slice's last iterations, in place of its empty ring
+  // refills, so the ring never drains at a slice boundary; false: after
+  // the ring drained (the rule before session 33). The same bits.
+  bool stream_across_slices = true;
   // The slices of a row as one thread-block cluster, on sm_90 where a row
   // has 2..8 slices (caches of 129..1024 positions), one head chunk covers
   // the GQA group (up to 32 q heads per kv head) and a block runs one slice

@@ -43,6 +43,8 @@
 #                                in decode_attention.md §4.9), two passes,
 #                                the second in reverse order; then
 #                                bench/decode_sweep_summary.py's table
+#                                (DECODE_SWEEP_VERSUS=drain adds the default
+#                                against that decode-exp variant)
 #   scripts/gpu_suite.sh ab      this tree against base/ (scripts/gpu_tree.sh
 #                                REV --base BASE, or gpu_tree.sh --working
 #                                --base BASE) and each alt/N (--alt REV):
@@ -491,7 +493,8 @@ if has_mode decodesweep; then
       done
       echo "pass $pass done ($(date +%T))"
     done
-    python3 bench/decode_sweep_summary.py "$OUT/decode_sweep.log" | tee "$OUT/decode_sweep.md"
+    python3 bench/decode_sweep_summary.py "$OUT/decode_sweep.log" ${DECODE_SWEEP_VERSUS:+--versus "$DECODE_SWEEP_VERSUS"} |
+      tee "$OUT/decode_sweep.md"
   } 2>&1 | tee -a "$LOG"
 fi
 

@@ -342,6 +342,13 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   variants.push_back({});
   variants.back().overlap_boundary = false;
   variants.back().slices_per_block = 3;
+  // The next slice's first sub-tiles requested only after the ring drained
+  // (the rule before stream_across_slices), at 2 and 16 slices per block.
+  for (int per_block : {2, 16}) {
+    variants.push_back({});
+    variants.back().stream_across_slices = false;
+    variants.back().slices_per_block = per_block;
+  }
   // The row's slices as one cluster, merged through distributed shared
   // memory (where a row has 2..8 slices and one head chunk; elsewhere the
   // launch merges as without it): by default, and with a block per slice.
