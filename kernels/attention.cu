@@ -610,11 +610,12 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
 
   // The block's slices one after another, each exactly as a block of its own
   // would run it (the same sub-tiles per key warp, the same merges), so the
-  // bits never depend on slices_per_block. At a boundary the next slice's
-  // first sub-tiles are requested before this one's warps merge (where the
+  // bits never depend on slices_per_block. The next slice's first
+  // sub-tiles are requested by this slice's last iterations, in place of
+  // their empty ring refills (DecodeTuning::stream_across_slices), or else
+  // after the ring drained and before this one's warps merge (where the
   // merge scratch fits beside them, DecodeTuning::overlap_boundary), else
-  // asked into L2 while the slice drains; either way the stream from DRAM
-  // does not pause.
+  // asked into L2 while the slice drains.
   struct SliceView {
     const T* k;  // [n_keys, HD] of this (sequence, kv head)
     const T* v;  // [n_keys, HD]
@@ -761,7 +762,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     const int n_iter = (cur.n_keys + Sh::kTileKeys - 1) / Sh::kTileKeys;
     // DecodeTuning::stream_across_slices: the iterations whose ring refill
     // would lie past this slice load the next slice's first kStages - 1
-    // sub-tiles instead (at the next ring positions), so the stream from
+    // sub-tiles instead (in the next ring stages), so the stream from
     // DRAM does not drain at the boundary; they stay in flight across the
     // merge (the scratch is the one stage they do not fill). Needs a slice
     // of at least kStages - 1 tiles (every slice but a row's last).
