@@ -666,10 +666,10 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   };
   // A slice's prologue: its first kStages - 1 sub-tiles of this warp (one
   // commit group each, always committed so the group count is fixed), in
-  // ring stages base, base + 1, ... (mod kStages). The block's first slice also loads
-  // Q, as the second group: the stream from DRAM starts before anything
-  // else of the set-up (at B = 1 the set-up is hundreds of instructions per
-  // warp at one warp per scheduler).
+  // ring stages base, base + 1, ... (mod kStages). The block's first slice
+  // also loads Q, as the second group: the stream from DRAM starts before
+  // anything else of the set-up (at B = 1 the set-up is hundreds of
+  // instructions per warp at one warp per scheduler).
   auto prologue = [&](const SliceView& sv, bool with_q, int base) {
     if (prefetch_l2 && chunk == 0 && tid == 0) {
       // A small grid (about one block per SM): request the whole slice from
@@ -705,7 +705,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   // (one m-tile: only the block's heads; two: all 16 rows per warp). Where
   // it fits in one ring stage (overlap): in the stage of the slice's last
   // sub-tile, the one stage that the next slice's first kStages - 1
-  // sub-tiles (at the next ring positions) do not fill, so those can be in
+  // sub-tiles (in the next ring stages) do not fill, so those can be in
   // flight across the merge; else over the drained ring.
   const int hrows = mtiles == 1 ? heads : 16;
   const int scratch_floats = Sh::kMaxWarps / Sh::kMaxMTiles * mtiles * hrows * (Sh::kOStride + 2);
@@ -765,7 +765,9 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     // sub-tiles instead (in the next ring stages), so the stream from
     // DRAM does not drain at the boundary; they stay in flight across the
     // merge (the scratch is the one stage they do not fill). Needs a slice
-    // of at least kStages - 1 tiles (every slice but a row's last).
+    // of at least kStages - 1 tiles of 64 keys: every slice with a next one
+    // at hd 128 and 256 (kStages 3); at hd 64 (kStages 4) slices of 256 keys
+    // and more, so not the 128-key slices of caches up to 4096 positions.
     const bool flow = overlap && has_next && a.decode_tuning.stream_across_slices && n_iter >= kStages - 1;
     // Without the early prologue: the iteration after which the ring has
     // nothing left to load asks L2 for the next slice's first sub-tiles.

@@ -180,7 +180,8 @@ struct DecodeTuning {
   // With overlap_boundary: the next slice's first sub-tiles are requested
   // by the current slice's last iterations, in place of their empty ring
   // refills, so the ring never drains at a slice boundary; false: after
-  // the ring drained (the rule before session 33). The same bits. H200
+  // the ring drained (the rule before session 33). At hd 64 it needs
+  // slices of 256 keys or more (kStages 4). The same bits. H200
   // (session 33, 22 points): up to 5 % faster where a launch is about one
   // wave of short slices (B = 24 L = 2k, B = 12 L = 4k, B = 8 L = 1k),
   // within +-1.3 % elsewhere; geometric mean 0.995 (docs/design/
