@@ -390,15 +390,13 @@ int main(int argc, char** argv) {
   // kernel (fused 0); with "decode-exp" the library's defaults against
   // DecodeTuning's slices per block, the combine kernel, the late
   // next-slice prologue, the ring drained at slice boundaries ("drain"),
-  // the cluster merge (one slice per block), V placed 36 KiB past an
+  // the cluster merge (one slice per block), and V placed 36 KiB past an
   // allocation start ("v+36k": K and V at different offsets from their
-  // 2 MiB-aligned bases), and the sets of K in one allocation and of V in
-  // another, as ferrum_bench lays them out ("parent").
+  // 2 MiB-aligned bases).
   struct Variant {
     const char* name;
     DecodeTuning tuning;
     std::size_t v_skew;
-    bool one_parent = false;  // K of every set in one allocation, V in another (ferrum_bench's layout)
   };
   std::vector<Variant> variants;
   {
@@ -431,7 +429,6 @@ int main(int argc, char** argv) {
       x.slices_per_block = 1;
       variants.push_back({"cluster", x, 0});
       variants.push_back({"v+36k", d, 36 * 1024});
-      variants.push_back({"parent", d, 0, true});
     } else {
       t.fused_merge = false;
       variants.push_back({"fused0", t, 0});
@@ -452,14 +449,6 @@ int main(int argc, char** argv) {
     std::vector<void*> k, v;
     random_kv_sets(kv_bytes, kMaxSkew, k, v);
     const int sets = static_cast<int>(k.size());
-    // ferrum_bench's layout (Bench::rotated): set s at s x kv_bytes of one
-    // allocation for K and one for V.
-    void* k_parent = nullptr;
-    void* v_parent = nullptr;
-    if (experiments) {
-      k_parent = device_random_f16(kv_bytes * static_cast<std::size_t>(sets), 300);
-      v_parent = device_random_f16(kv_bytes * static_cast<std::size_t>(sets), 400);
-    }
     const std::size_t q_bytes = static_cast<std::size_t>(sh.batch) * kHeads * kHd * 2;
     void* q = device_random_f16(q_bytes, 1);
     void* out = device_zeros(q_bytes);
@@ -473,13 +462,8 @@ int main(int argc, char** argv) {
       double us = 0.0;
       try {
         us = median_us(stream, e0, e1, reps, [&](int r) {
-          if (var.one_parent) {
-            a.k = static_cast<char*>(k_parent) + static_cast<std::size_t>(r % sets) * kv_bytes;
-            a.v = static_cast<char*>(v_parent) + static_cast<std::size_t>(r % sets) * kv_bytes;
-          } else {
-            a.k = k[r % sets];
-            a.v = static_cast<char*>(v[r % sets]) + var.v_skew;
-          }
+          a.k = k[r % sets];
+          a.v = static_cast<char*>(v[r % sets]) + var.v_skew;
           ferrum::kernels::launch_attention(a, stream);
         });
       } catch (const std::exception& e) {
@@ -498,8 +482,6 @@ int main(int argc, char** argv) {
       check(cudaFree(k[s]), "cudaFree");
       check(cudaFree(v[s]), "cudaFree");
     }
-    if (k_parent != nullptr) check(cudaFree(k_parent), "cudaFree");
-    if (v_parent != nullptr) check(cudaFree(v_parent), "cudaFree");
     check(cudaFree(q), "cudaFree");
     check(cudaFree(out), "cudaFree");
     check(cudaFree(partials), "cudaFree");
