@@ -79,6 +79,10 @@
 #                                cluster reduce's bits, argmax on every row
 #                                count), one shard each, 470 s (with the
 #                                build, one call)
+#   scripts/gpu_suite.sh raceknobs  racecheck over every CudaDecodeKnobs case,
+#                                one test per shard, RACEKNOBS_S (420) seconds
+#                                each (session 34: all 32 cases in 348 s at
+#                                most, run at once on 16 cores)
 # Modes combine with commas (gptq,bench). BENCH_FILTER=attention_,gemm passes
 # --filter to ferrum_bench and torch_reference.py. SKIP_GEMM_INTERLEAVED=1 and
 # SKIP_TORCH_GPTQ=1 leave out those two reference runs (to fit a call).
@@ -93,7 +97,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -305,6 +309,13 @@ if has_mode racelong; then
   {
     echo "== racecheck: the long tests, one shard each ($(date +%T))"
     SANITIZE_SHARDS=2 sanitize racecheck 470 "$RACELONG_TESTS" 3
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode raceknobs; then
+  {
+    echo "== racecheck: every decode knob case, one shard each ($(date +%T))"
+    SANITIZE_SHARDS=1000 sanitize racecheck "${RACEKNOBS_S:-420}" 'Cases/CudaDecodeKnobs.*' 1
   } 2>&1 | tee -a "$LOG"
 fi
 
