@@ -29,11 +29,25 @@ constexpr bool attention_head_dim_supported(std::size_t head_dim) {
 // draining and keep the merge small at large batch). It depends on the
 // capacity alone -- never on kv_len, the batch or the launch size -- so a
 // result is bitwise the same whatever the batch, and run to run.
-inline constexpr long long kAttnDecodeMinSliceKeys = 128;
-inline constexpr int kAttnDecodeMaxSplits = 32;   // capacity <= 128 * 32
-inline constexpr int kAttnDecodeLongSplits = 16;  // capacity > 128 * 32
+//
+// FERRUM_DECODE_SHORT_SLICE_KEYS (a CMake cache variable, experiments only:
+// 128 by default, 256 or 512) sets the slice size of caches up to 4096
+// positions, so that one call can measure the trade between a batch-1
+// decode's many short blocks and a large batch's fewer slice boundaries
+// (scripts/gpu_suite.sh slicegeom; docs/design/decode_attention.md §4.12).
+// Larger caches keep their slices (the doubling below starts from it and
+// reaches the same sizes).
+#ifndef FERRUM_DECODE_SHORT_SLICE_KEYS
+#define FERRUM_DECODE_SHORT_SLICE_KEYS 128
+#endif
+inline constexpr long long kAttnDecodeShortCache = 4096;  // capacities with the short slices
+inline constexpr long long kAttnDecodeMinSliceKeys = FERRUM_DECODE_SHORT_SLICE_KEYS;
+static_assert(kAttnDecodeMinSliceKeys == 128 || kAttnDecodeMinSliceKeys == 256 || kAttnDecodeMinSliceKeys == 512,
+              "FERRUM_DECODE_SHORT_SLICE_KEYS: 128, 256 or 512");
+inline constexpr int kAttnDecodeMaxSplits = 32;   // capacity <= 4096 at 128 keys per slice
+inline constexpr int kAttnDecodeLongSplits = 16;  // capacity > 4096
 constexpr long long attention_decode_slice_keys(long long kv_stride) {
-  if (kv_stride <= kAttnDecodeMinSliceKeys * kAttnDecodeMaxSplits) return kAttnDecodeMinSliceKeys;
+  if (kv_stride <= kAttnDecodeShortCache) return kAttnDecodeMinSliceKeys;
   long long keys = kAttnDecodeMinSliceKeys;
   while (keys * kAttnDecodeLongSplits < kv_stride) keys *= 2;
   return keys;

@@ -45,6 +45,16 @@
 #                                bench/decode_sweep_summary.py's table
 #                                (DECODE_SWEEP_VERSUS=drain adds the default
 #                                against that decode-exp variant)
+#   scripts/gpu_suite.sh slicegeom  the decode's slice size for caches up to
+#                                4096 positions (FERRUM_DECODE_SHORT_SLICE_KEYS):
+#                                ferrum_attention_tuning and ferrum_bench
+#                                built once per size of SLICE_GEOM (128 256
+#                                512; 128 is the main build), then decode-exp
+#                                at each B:L of SLICE_GEOM_POINTS, two passes
+#                                alternating the builds, with
+#                                decode_sweep_summary.py's table per size, and
+#                                the B = 1 decode benchmark (graph replay) per
+#                                size
 #   scripts/gpu_suite.sh ab      this tree against base/ (scripts/gpu_tree.sh
 #                                REV --base BASE, or gpu_tree.sh --working
 #                                --base BASE) and each alt/N (--alt REV):
@@ -97,7 +107,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -604,6 +614,42 @@ if has_mode decodetimeline; then
     for point in "1 1024" "1 4096" "16 8192" "64 1024"; do
       echo "== ferrum_attention_tuning timeline $point ($(date +%T))"
       timeout 60 "$TB/bench/ferrum_attention_tuning" timeline $point
+    done
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode slicegeom; then
+  {
+    echo "== decode slice size for short caches ($(date +%T))"
+    read -r -a geom_sizes <<< "${SLICE_GEOM:-128 256 512}"
+    geom_dir() { if [ "$1" = 128 ]; then echo "$B"; else echo "${B}-slices$1"; fi; }
+    [ -d .deps ] && DEPS="-DCMAKE_PREFIX_PATH=$PWD/.deps"
+    for size in "${geom_sizes[@]}"; do
+      [ "$size" = 128 ] && continue
+      ( cmake -S . -B "$(geom_dir "$size")" -G Ninja -DCMAKE_BUILD_TYPE=Release ${DEPS:-} -DFERRUM_BUILD_TESTS=OFF \
+          -DFERRUM_DECODE_SHORT_SLICE_KEYS="$size" >/dev/null &&
+        cmake --build "$(geom_dir "$size")" -j8 --target ferrum_attention_tuning ferrum_bench 2>&1 |
+          grep -E "error|FAILED" || echo "build $size ok" ) &
+    done
+    wait
+    GEOM_POINTS="${SLICE_GEOM_POINTS:-1:1024 1:2048 1:4096 4:1024 4:4096 8:1024 8:4096 16:1024 16:2048 16:4096 24:2048 32:1024 32:4096 48:1024 64:1024 64:2048 64:4096}"
+    read -r -a geom_points <<< "$GEOM_POINTS"
+    for size in "${geom_sizes[@]}"; do : > "$DETAIL/slicegeom_$size.log"; done
+    for pass in 1 2; do
+      for point in "${geom_points[@]}"; do
+        for size in "${geom_sizes[@]}"; do
+          echo "# pass $pass point $point" >> "$DETAIL/slicegeom_$size.log"
+          timeout 60 "$(geom_dir "$size")/bench/ferrum_attention_tuning" decode-exp "${point%%:*}" "${point##*:}" \
+            >> "$DETAIL/slicegeom_$size.log" 2>&1 || echo "# point $point exit $?" >> "$DETAIL/slicegeom_$size.log"
+        done
+      done
+      echo "pass $pass done ($(date +%T))"
+    done
+    for size in "${geom_sizes[@]}"; do
+      echo "== slices of $size keys up to 4096 positions: decode-exp (µs, mean of two passes)"
+      python3 bench/decode_sweep_summary.py "$DETAIL/slicegeom_$size.log"
+      echo "== slices of $size keys: ferrum_bench, B = 1"
+      timeout 120 "$(geom_dir "$size")/bench/ferrum_bench" --filter "attention_decode f16 B=1 " 2>&1 | grep -E "attention_decode|copy"
     done
   } 2>&1 | tee -a "$LOG"
 fi
