@@ -8,6 +8,9 @@ old rules were the default) and each explicit slices per
 block, with the slices per block each took, the fastest explicit choice, and
 the ratios of the two rules to each other and to the fastest; with
 --versus VARIANT also the default against that variant at every point.
+With --builds NAME=LOG ..., the default's µs (and its slices per block) of
+each build side by side per point instead (gpu_suite.sh slicegeom: one
+build per decode slice size).
 """
 import collections
 import math
@@ -79,8 +82,42 @@ def main(path, versus=None):
               f"best {min(ratios):.3f}, worst {max(ratios):.3f}")
 
 
+def builds(pairs):
+    """The default of each build's log, side by side per point."""
+    means, spbs, points = {}, {}, set()
+    names = []
+    for pair in pairs:
+        name, path = pair.split("=", 1)
+        names.append(name)
+        times = collections.defaultdict(list)
+        with open(path) as f:
+            for line in f:
+                m = LINE.match(line)
+                if m and m[3] == "default":
+                    times[(int(m[1]), int(m[2]))].append(float(m[4]))
+                    spbs[(name, int(m[1]), int(m[2]))] = int(m[5])
+        for p, t in times.items():
+            means[(name,) + p] = sum(t) / len(t)
+            points.add(p)
+    print("| B | L | " + " | ".join(names) + " | " + " | ".join(f"{n} / {names[0]}" for n in names[1:]) + " |")
+    print("|" + "---|" * (2 + 2 * len(names) - 1))
+    for b, l in sorted(points, key=lambda p: (p[1], p[0])):
+        cells, ratios = [], []
+        for n in names:
+            x = means.get((n, b, l))
+            cells.append(f"{x:.1f} ({spbs[(n, b, l)]})" if x is not None else "–")
+        base = means.get((names[0], b, l))
+        for n in names[1:]:
+            x = means.get((n, b, l))
+            ratios.append(f"{x / base:.3f}" if x is not None and base else "–")
+        print(f"| {b} | {l} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if args and args[0] == "--builds":
+        builds(args[1:])
+        sys.exit(0)
     versus = None
     if len(args) == 3 and args[1] == "--versus":
         versus = args[2]

@@ -128,6 +128,9 @@ export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1
 B="${BUILD_DIR:-build-gpu}"
 # ab: the build directory of base/ or alt/N (beside the main build).
 ab_build_dir() { echo "${B}-${1//\//}"; }
+# slicegeom: its slice sizes, and the build directory of each (128: the main build).
+SLICE_GEOM_SIZES="${SLICE_GEOM:-128 256 512}"
+geom_dir() { if [ "$1" = 128 ]; then echo "$B"; else echo "${B}-slices$1"; fi; }
 # racelong's tests, each too long for a shard of the other racecheck runs
 # (session 28: each filled a 230 or 140 s shard alone; session 29: clean
 # in 19 and 156 s): run only by racelong.
@@ -227,6 +230,17 @@ sanitize() {
             || echo "$tree build ok ($(cat "$tree/COMMIT" 2>/dev/null))" ) &
       done
     fi
+  fi
+  # slicegeom: the tuning tool and the benchmark at each other slice size,
+  # built beside the main build (4 of the 16 jobs each, shared).
+  if has_mode slicegeom; then
+    for size in $SLICE_GEOM_SIZES; do
+      [ "$size" = 128 ] && continue
+      ( cmake -S . -B "$(geom_dir "$size")" -G Ninja -DCMAKE_BUILD_TYPE=Release $DEPS -DFERRUM_BUILD_TESTS=OFF \
+          -DFERRUM_DECODE_SHORT_SLICE_KEYS="$size" >/dev/null &&
+        cmake --build "$(geom_dir "$size")" -j4 --target ferrum_attention_tuning ferrum_bench 2>&1 |
+          grep -E "error|FAILED" || echo "slices of $size: build ok" ) &
+    done
   fi
   # ab alone needs only its two targets (the whole tree, tests included,
   # costs about a minute more of the call).
@@ -621,17 +635,7 @@ fi
 if has_mode slicegeom; then
   {
     echo "== decode slice size for short caches ($(date +%T))"
-    read -r -a geom_sizes <<< "${SLICE_GEOM:-128 256 512}"
-    geom_dir() { if [ "$1" = 128 ]; then echo "$B"; else echo "${B}-slices$1"; fi; }
-    [ -d .deps ] && DEPS="-DCMAKE_PREFIX_PATH=$PWD/.deps"
-    for size in "${geom_sizes[@]}"; do
-      [ "$size" = 128 ] && continue
-      ( cmake -S . -B "$(geom_dir "$size")" -G Ninja -DCMAKE_BUILD_TYPE=Release ${DEPS:-} -DFERRUM_BUILD_TESTS=OFF \
-          -DFERRUM_DECODE_SHORT_SLICE_KEYS="$size" >/dev/null &&
-        cmake --build "$(geom_dir "$size")" -j8 --target ferrum_attention_tuning ferrum_bench 2>&1 |
-          grep -E "error|FAILED" || echo "build $size ok" ) &
-    done
-    wait
+    read -r -a geom_sizes <<< "$SLICE_GEOM_SIZES"
     GEOM_POINTS="${SLICE_GEOM_POINTS:-1:1024 1:2048 1:4096 4:1024 4:4096 8:1024 8:4096 16:1024 16:2048 16:4096 24:2048 32:1024 32:4096 48:1024 64:1024 64:2048 64:4096}"
     read -r -a geom_points <<< "$GEOM_POINTS"
     for size in "${geom_sizes[@]}"; do : > "$DETAIL/slicegeom_$size.log"; done
@@ -651,6 +655,10 @@ if has_mode slicegeom; then
       echo "== slices of $size keys: ferrum_bench, B = 1"
       timeout 120 "$(geom_dir "$size")/bench/ferrum_bench" --filter "attention_decode f16 B=1 " 2>&1 | grep -E "attention_decode|copy"
     done
+    echo "== the default launch at each slice size (µs, slices per block)"
+    geom_logs=()
+    for size in "${geom_sizes[@]}"; do geom_logs+=("$size=$DETAIL/slicegeom_$size.log"); done
+    python3 bench/decode_sweep_summary.py --builds "${geom_logs[@]}"
   } 2>&1 | tee -a "$LOG"
 fi
 
