@@ -21,10 +21,11 @@ LINE = re.compile(r"^(\d+)\s+(\d+)\s+(\S+)\s+([\d.]+)\s+\d+\s+spb (\d+)")
 EXPLICIT = ["spb1", "spb2", "spb4", "spb8", "spb16"]
 
 
-def main(path, versus=None):
+def read_log(path):
+    """A decode-exp log: per (B, L) the mean µs over passes of each variant,
+    each variant's slices per block, and each point's spread between passes."""
     times = collections.defaultdict(list)  # (B, L, variant) -> [µs]
     spb = {}
-    points = set()
     with open(path) as f:
         for line in f:
             m = LINE.match(line)
@@ -32,15 +33,32 @@ def main(path, versus=None):
                 key = (int(m[1]), int(m[2]), m[3])
                 times[key].append(float(m[4]))
                 spb[key] = int(m[5])
-                points.add(key[:2])
-    names = {k[2] for k in times}
+    means = collections.defaultdict(dict)  # (B, L) -> {variant: mean µs}
+    spread = collections.defaultdict(float)  # (B, L) -> largest (max - min) / min
+    for (b, l, v), t in times.items():
+        means[(b, l)][v] = sum(t) / len(t)
+        spread[(b, l)] = max(spread[(b, l)], (max(t) - min(t)) / min(t))
+    return means, spb, spread
+
+
+def by_cache_then_batch(points):
+    return sorted(points, key=lambda p: (p[1], p[0]))
+
+
+def geo(xs):
+    return math.exp(sum(map(math.log, xs)) / len(xs))
+
+
+def main(path, versus=None):
+    means, spb, spread = read_log(path)
+    names = {v for mean in means.values() for v in mean}
     other = next((n for n in ("oldrules", "slots90", "tailfree") if n in names), "oldrules")
     print(f"| B | L | default (spb) | {other} (spb) | " + " | ".join(EXPLICIT) +
           f" | fastest | default / {other} | default / fastest | {other} / fastest | pass spread |")
     print("|" + "---|" * (9 + len(EXPLICIT)))
     vs_other, vs_best = [], []
-    for b, l in sorted(points, key=lambda p: (p[1], p[0])):
-        mean = {v: sum(t) / len(t) for (pb, pl, v), t in times.items() if (pb, pl) == (b, l)}
+    for b, l in by_cache_then_batch(means):
+        mean = means[(b, l)]
         if "default" not in mean or other not in mean:
             continue
         d, o = mean["default"], mean[other]
@@ -50,15 +68,11 @@ def main(path, versus=None):
             continue
         best_name = min(ran, key=ran.get)
         best = ran[best_name]
-        spread = max((max(t) - min(t)) / min(t) for (pb, pl, _), t in times.items() if (pb, pl) == (b, l))
         vs_other.append(d / o)
         vs_best.append(d / best)
         cells = " | ".join(f"{mean[v]:.1f}" if v in mean else "–" for v in EXPLICIT)
         print(f"| {b} | {l} | {d:.1f} ({spb[(b, l, 'default')]}) | {o:.1f} ({spb[(b, l, other)]}) | {cells} | "
-              f"{best_name} | {d / o:.3f} | {d / best:.3f} | {o / best:.3f} | {100 * spread:.1f} % |")
-
-    def geo(xs):
-        return math.exp(sum(map(math.log, xs)) / len(xs))
+              f"{best_name} | {d / o:.3f} | {d / best:.3f} | {o / best:.3f} | {100 * spread[(b, l)]:.1f} % |")
     if vs_other:
         print(f"\ndefault / {other} over {len(vs_other)} points: geometric mean {geo(vs_other):.3f}, "
               f"best {min(vs_other):.3f}, worst {max(vs_other):.3f}; default / fastest: geometric mean "
@@ -70,8 +84,8 @@ def main(path, versus=None):
     print(f"\n| B | L | default (spb) | {versus} (spb) | default / {versus} |")
     print("|---|---|---|---|---|")
     ratios = []
-    for b, l in sorted(points, key=lambda p: (p[1], p[0])):
-        mean = {v: sum(t) / len(t) for (pb, pl, v), t in times.items() if (pb, pl) == (b, l)}
+    for b, l in by_cache_then_batch(means):
+        mean = means[(b, l)]
         if "default" not in mean or versus not in mean:
             continue
         d, x = mean["default"], mean[versus]
@@ -83,33 +97,18 @@ def main(path, versus=None):
 
 
 def builds(pairs):
-    """The default of each build's log, side by side per point."""
-    means, spbs, points = {}, {}, set()
-    names = []
-    for pair in pairs:
-        name, path = pair.split("=", 1)
-        names.append(name)
-        times = collections.defaultdict(list)
-        with open(path) as f:
-            for line in f:
-                m = LINE.match(line)
-                if m and m[3] == "default":
-                    times[(int(m[1]), int(m[2]))].append(float(m[4]))
-                    spbs[(name, int(m[1]), int(m[2]))] = int(m[5])
-        for p, t in times.items():
-            means[(name,) + p] = sum(t) / len(t)
-            points.add(p)
+    """The default of each build's log (NAME=LOG), side by side per point."""
+    logs = [(name, read_log(path)) for name, path in (pair.split("=", 1) for pair in pairs)]
+    names = [name for name, _ in logs]
+    points = {p for _, (means, _, _) in logs for p, mean in means.items() if "default" in mean}
     print("| B | L | " + " | ".join(names) + " | " + " | ".join(f"{n} / {names[0]}" for n in names[1:]) + " |")
     print("|" + "---|" * (2 + 2 * len(names) - 1))
-    for b, l in sorted(points, key=lambda p: (p[1], p[0])):
-        cells, ratios = [], []
-        for n in names:
-            x = means.get((n, b, l))
-            cells.append(f"{x:.1f} ({spbs[(n, b, l)]})" if x is not None else "–")
-        base = means.get((names[0], b, l))
-        for n in names[1:]:
-            x = means.get((n, b, l))
-            ratios.append(f"{x / base:.3f}" if x is not None and base else "–")
+    for b, l in by_cache_then_batch(points):
+        defaults = [means.get((b, l), {}).get("default") for _, (means, _, _) in logs]
+        cells = [f"{x:.1f} ({spb[(b, l, 'default')]})" if x is not None else "–"
+                 for x, (_, (_, spb, _)) in zip(defaults, logs)]
+        base = defaults[0]
+        ratios = [f"{x / base:.3f}" if x is not None and base else "–" for x in defaults[1:]]
         print(f"| {b} | {l} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
 
 

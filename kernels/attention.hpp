@@ -46,6 +46,9 @@ static_assert(kAttnDecodeMinSliceKeys == 128 || kAttnDecodeMinSliceKeys == 256 |
               "FERRUM_DECODE_SHORT_SLICE_KEYS: 128, 256 or 512");
 inline constexpr int kAttnDecodeMaxSplits = 32;   // capacity <= 4096 at 128 keys per slice
 inline constexpr int kAttnDecodeLongSplits = 16;  // capacity > 4096
+static_assert(kAttnDecodeShortCache / kAttnDecodeMinSliceKeys <= kAttnDecodeMaxSplits &&
+                  kAttnDecodeLongSplits <= kAttnDecodeMaxSplits,
+              "every capacity's slices fit the merge's kAttnDecodeMaxSplits");
 constexpr long long attention_decode_slice_keys(long long kv_stride) {
   if (kv_stride <= kAttnDecodeShortCache) return kAttnDecodeMinSliceKeys;
   long long keys = kAttnDecodeMinSliceKeys;
