@@ -425,6 +425,9 @@ int main(int argc, char** argv) {
       x.stream_across_slices = false;  // the next slice requested after the ring drained
       variants.push_back({"drain", x, 0});
       x = d;
+      x.slot_merge = false;  // the four-barrier merge at a slice's end (the rule before session 34)
+      variants.push_back({"stagemerge", x, 0});
+      x = d;
       x.cluster_merge = true;
       x.slices_per_block = 1;
       variants.push_back({"cluster", x, 0});

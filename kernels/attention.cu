@@ -250,6 +250,33 @@ __device__ void merge_slice_partials(const Partials& src, T* out, int h_begin, i
 constexpr int kDecodeArrivalSlots = 1 << 16;
 __device__ unsigned int g_decode_arrivals[kDecodeArrivalSlots];
 
+// The merge of one slice's key warps for one q head, shared by both forms
+// of the merge at a slice's end (DecodeTuning::slot_merge), so both give
+// the same bits. Weights f_w = 2^(m_w - max) over the warps' maxima in
+// base-2 units (0 for a warp that saw no key: its O is exactly 0) and the
+// slice's row sum; returns the max (the slice's lse is max + log2(sum)).
+template <int kKeyWarps>
+__device__ __forceinline__ float slice_warp_weights(const float (&m)[kKeyWarps], const float (&l)[kKeyWarps],
+                                                    float (&f)[kKeyWarps], float& sum) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kKeyWarps; ++w) mx = fmaxf(mx, m[w]);
+  sum = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kKeyWarps; ++w) {
+    f[w] = m[w] == -INFINITY ? 0.0f : exp2f(m[w] - mx);
+    sum += l[w] * f[w];
+  }
+  return mx;
+}
+// acc += f * x, 4 columns of one key warp's O (warps in order 0, 1, 2, ...).
+__device__ __forceinline__ void slice_warp_accumulate(float (&acc)[4], float f, const float4& x) {
+  acc[0] += x.x * f;
+  acc[1] += x.y * f;
+  acc[2] += x.z * f;
+  acc[3] += x.w * f;
+}
+
 template <class T, int HD>
 __global__ void __launch_bounds__(kWarps * 32) attention_rows_kernel(const AttentionArgs a, int splits,
                                                                       int slice_keys, int heads_per_block) {
@@ -666,11 +693,11 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   };
   // A slice's prologue: its first kStages - 1 sub-tiles of this warp (one
   // commit group each, always committed so the group count is fixed), in
-  // ring stages base, base + 1, ... (mod kStages). The block's first slice
+  // ring stages first_stage, first_stage + 1, ... (mod kStages). The block's first slice
   // also loads Q, as the second group: the stream from DRAM starts before
   // anything else of the set-up (at B = 1 the set-up is hundreds of
   // instructions per warp at one warp per scheduler).
-  auto prologue = [&](const SliceView& sv, bool with_q, int base) {
+  auto prologue = [&](const SliceView& sv, bool with_q, int first_stage) {
     if (prefetch_l2 && chunk == 0 && tid == 0) {
       // A small grid (about one block per SM): request the whole slice from
       // DRAM at once, so the cp.async stream is served from L2.
@@ -680,7 +707,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     }
 #pragma unroll
     for (int t = 0; t < kStages - 1; ++t) {
-      if (t < sv.n_sub) load_sub(sv, t, (base + t) % kStages);
+      if (t < sv.n_sub) load_sub(sv, t, (first_stage + t) % kStages);
       cp_async_commit();
       if (t == 0 && with_q) load_q();
     }
@@ -692,7 +719,10 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   };
   SliceView cur = view_of(split0);
   prologue(cur, true, 0);
-  int base = 0;  // ring stage of the current slice's sub-tile 0
+  // The ring stages carry across the block's slices: a slice's sub-tile 0
+  // takes the stage after its predecessor's last one.
+  int stage = 0;                   // of sub-tile t
+  int refill_stage = kStages - 1;  // of sub-tile t - 1, refilled at t
 
   // The slices that hold a valid key, this block's run of them, and the
   // blocks that hold one (the blocks that arrive).
@@ -711,6 +741,11 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   const int scratch_floats = Sh::kMaxWarps / Sh::kMaxMTiles * mtiles * hrows * (Sh::kOStride + 2);
   constexpr int kSlotFloats = Sh::kKeyWarps * 2 * Sh::kSubElems / 2;
   const bool overlap = !cluster && a.decode_tuning.overlap_boundary && scratch_floats <= kSlotFloats;
+  // DecodeTuning::slot_merge: with one m-tile, where the scratch fits a ring
+  // stage, each key warp's rows fit its own slot of that stage (the same
+  // bound), which only that warp read: it publishes there without waiting
+  // for the block.
+  const bool slot_merge = overlap && mtiles == 1 && a.decode_tuning.slot_merge;
 
   // ldmatrix row addresses. Chunk 2 * (4j + i) + c of a swizzled row lies
   // at offset[i] + j * 128 bytes (the swizzle only permutes the low 3 bits
@@ -772,8 +807,6 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     // Without the early prologue: the iteration after which the ring has
     // nothing left to load asks L2 for the next slice's first sub-tiles.
     const int next_prefetch_t = has_next && !overlap ? max(0, n_iter - (kStages - 1)) : -1;
-    int stage = base;                                     // of sub-tile t
-    int refill_stage = base == 0 ? kStages - 1 : base - 1;  // of sub-tile t - 1, refilled at t
     for (int t = 0; t < n_iter; ++t) {
       // Sub-tile t has landed for every thread sharing it, and all of them are
       // done with sub-tile t - 1, whose slot is refilled next.
@@ -783,6 +816,9 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       if (refill < cur.n_sub) {
         load_sub(cur, refill, refill_stage);
       } else if (flow && refill >= n_iter) {
+        // The next slice's view is rebuilt where it is used (a few integer
+        // ops): held across the loop it costs hd 256 a spill (ptxas, 255
+        // registers).
         const SliceView next = view_of(split + 1);
         if (refill - n_iter < next.n_sub) load_sub(next, refill - n_iter, refill_stage);
       }
@@ -847,6 +883,78 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
         mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
       }
     }
+    if (slot_merge) {
+      // Two block barriers per boundary, not four: each key warp publishes
+      // its (m, l, O) into its own slot of the stage of its last sub-tile
+      // (refill_stage), then every thread merges a head's 4 columns,
+      // computing that head's warp weights itself (no step of one thread per
+      // head between two barriers); the second barrier keeps the slots until
+      // the next slice's first refill takes that stage.
+      if (!flow) cp_async_wait<0>();
+      __syncwarp();  // the warp's lanes are done reading its slot
+      timeline_mark(DecodeTimelinePoint::SliceComputed);
+      const SliceView next = has_next ? view_of(split + 1) : cur;
+      if (has_next && !flow) prologue(next, false, stage);  // fills the other stages
+      auto warp_slot = [&](int w) {  // [heads][kOStride] O, then [heads] m, [heads] l
+        return reinterpret_cast<float*>(ring + (refill_stage * Sh::kKeyWarps + w) * 2 * Sh::kSubElems);
+      };
+      {
+        float* const so = warp_slot(kw);
+        float* const sm = so + heads * Sh::kOStride;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float l = l_run[r];
+          l += __shfl_xor_sync(0xffffffffu, l, 1);
+          l += __shfl_xor_sync(0xffffffffu, l, 2);
+          const int row = g + 8 * r;
+          if (row >= heads) continue;
+          if (tig == 0) {
+            sm[row] = m_run[r] == -INFINITY ? -INFINITY : m_run[r] * scale_log2;
+            sm[heads + row] = l;
+          }
+#pragma unroll
+          for (int dt = 0; dt < kDT; ++dt) {
+            *reinterpret_cast<float2*>(so + row * Sh::kOStride + dt * 8 + tig * 2) =
+                make_float2(o[dt][2 * r], o[dt][2 * r + 1]);
+          }
+        }
+      }
+      __syncthreads();  // every warp's rows are published
+      timeline_mark(DecodeTimelinePoint::WarpsPublished);
+      constexpr int kQuads = HD / 4;
+      for (int idx = tid; idx < heads * kQuads; idx += nthreads) {
+        const int h = idx / kQuads;
+        const int d = (idx % kQuads) * 4;
+        float mw[Sh::kKeyWarps], lw[Sh::kKeyWarps], f[Sh::kKeyWarps];
+#pragma unroll
+        for (int w = 0; w < Sh::kKeyWarps; ++w) {
+          const float* const sm = warp_slot(w) + heads * Sh::kOStride;
+          mw[w] = sm[h];
+          lw[w] = sm[heads + h];
+        }
+        float sum;  // > 0: key 0 of the slice is valid and belongs to key warp 0
+        const float mx = slice_warp_weights(mw, lw, f, sum);
+        if (d == 0 && !direct) a.partial_lse[(row0 + h) * splits + split] = mx + log2f(sum);
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int w = 0; w < Sh::kKeyWarps; ++w) {
+          slice_warp_accumulate(acc, f[w], *reinterpret_cast<const float4*>(warp_slot(w) + h * Sh::kOStride + d));
+        }
+        if (direct) {
+          vec_t<T, 4> out;
+#pragma unroll
+          for (int c = 0; c < 4; ++c) out.set(c, acc[c] / sum);
+          out.store(static_cast<T*>(a.out) + (row0 + h) * HD + d);
+        } else {
+          *reinterpret_cast<float4*>(a.partial_out + ((row0 + h) * splits + split) * HD + d) =
+              make_float4(acc[0] / sum, acc[1] / sum, acc[2] / sum, acc[3] / sum);
+        }
+      }
+      __syncthreads();  // every thread is done with the slots: the next slice's first refill takes that stage
+      timeline_mark(DecodeTimelinePoint::SliceStored);
+      cur = next;
+      continue;
+    }
     // Without flow only empty groups can remain: leave none behind. With it
     // the next slice's first sub-tiles stay in flight.
     if (!flow) cp_async_wait<0>();
@@ -891,17 +999,16 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     // a short decode: 1.4 us at B = 1, session 15.)
     for (int h = tid; h < heads; h += nthreads) {
       const int wrow = (h / 16) * Sh::kKeyWarps * hrows + h % 16;  // row of key warp 0 of h's m-tile
-      float mx = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < Sh::kKeyWarps; ++w) mx = fmaxf(mx, mm[wrow + w * hrows]);
-      float sum = 0.0f;
+      float mw[Sh::kKeyWarps], lw[Sh::kKeyWarps], f[Sh::kKeyWarps];
 #pragma unroll
       for (int w = 0; w < Sh::kKeyWarps; ++w) {
-        const float mw = mm[wrow + w * hrows];
-        const float f = mw == -INFINITY ? 0.0f : exp2f(mw - mx);
-        sum += ml[wrow + w * hrows] * f;
-        mm[wrow + w * hrows] = f;
+        mw[w] = mm[wrow + w * hrows];
+        lw[w] = ml[wrow + w * hrows];
       }
+      float sum;
+      const float mx = slice_warp_weights(mw, lw, f, sum);
+#pragma unroll
+      for (int w = 0; w < Sh::kKeyWarps; ++w) mm[wrow + w * hrows] = f[w];
       ml[wrow] = sum;  // key 0 of the slice is valid and belongs to key warp 0: sum > 0
       if (cluster) {
         cluster_lse[h] = mx + log2f(sum);
@@ -918,12 +1025,8 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int w = 0; w < Sh::kKeyWarps; ++w) {
-        const float f = mm[wrow + w * hrows];
-        const float4 x = *reinterpret_cast<const float4*>(mo + (wrow + w * hrows) * Sh::kOStride + d);
-        acc[0] += x.x * f;
-        acc[1] += x.y * f;
-        acc[2] += x.z * f;
-        acc[3] += x.w * f;
+        slice_warp_accumulate(acc, mm[wrow + w * hrows],
+                              *reinterpret_cast<const float4*>(mo + (wrow + w * hrows) * Sh::kOStride + d));
       }
       const float sum = ml[wrow];
       if (direct) {
@@ -939,7 +1042,6 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     __syncthreads();  // every thread is done with the scratch: the ring refills over it
     timeline_mark(DecodeTimelinePoint::SliceStored);
     if (!overlap && has_next) prologue(next, false, stage);
-    base = stage;
     cur = next;
   }  // slices
   if (cluster && used > 1) {

@@ -188,6 +188,13 @@ struct DecodeTuning {
   // With slices_per_block 0: default_slices_per_block's tail-free rules
   // (session 32); false: the rules before them.
   bool tail_free_slices = true;
+  // At a slice's end each key warp publishes its (m, l, O) into its own
+  // slot of the ring stage of its last sub-tile (which only it read), so
+  // the block merges with two barriers instead of four, every thread
+  // computing its head's warp weights itself: with one m-tile (up to 16 q
+  // heads per block) where overlap_boundary's scratch fits (up to 14 heads
+  // at hd 128). false: the four-barrier merge. The same bits.
+  bool slot_merge = true;
   // A block running several slices requests the next slice's first
   // sub-tiles before it merges its warps (the merge scratch then sits in the
   // ring stage of the slice's last sub-tile, the one those do not fill,

@@ -234,7 +234,11 @@ constexpr DecodeKnobCase kDecodeKnobCases[] = {
     {2, 900, 1024, 40, 1, 256, false, true}, {2, 900, 1024, 32, 1, 256, false, true},
     {1, 200, 256, 4, 1, 128},        {1, 3999, 4096, 8, 2, 128},
     {1, 1500, 2048, 32, 8, 128, false, true},
-    {16, 1500, 8192, 8, 8, 64}};
+    {16, 1500, 8192, 8, 8, 64},
+    // The largest head counts whose warps' merge rows fit a ring slot (13 at
+    // hd 64, 14 at 128, 15 at 256: DecodeTuning::slot_merge's bound).
+    {1, 3000, 4096, 13, 1, 64},      {2, 900, 1024, 28, 2, 128},
+    {2, 1000, 1024, 15, 1, 256}};
 
 // One test per (dtype, case), so that a sanitizer run shards them (the two
 // tests of 15 cases each did not finish under racecheck in 230 s).
@@ -347,6 +351,13 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   for (int per_block : {2, 16}) {
     variants.push_back({});
     variants.back().stream_across_slices = false;
+    variants.back().slices_per_block = per_block;
+  }
+  // The four-barrier merge at a slice's end (the rule before slot_merge),
+  // at 1, 2 and 16 slices per block.
+  for (int per_block : {1, 2, 16}) {
+    variants.push_back({});
+    variants.back().slot_merge = false;
     variants.back().slices_per_block = per_block;
   }
   // The row's slices as one cluster, merged through distributed shared
