@@ -3,8 +3,8 @@
 //
 // Decode (q_len == 1) is flash-decoding on tensor cores,
 // attention_decode_kernel. The key range is cut into slices whose size
-// depends on the cache capacity alone (attention_decode_slice_keys: 128
-// keys up to a 4k cache, then at most 16 slices), so a result never depends
+// depends on the cache capacity alone (attention_decode_slice_keys: at
+// most 16 slices, of 128 keys or more), so a result never depends
 // on kv_len, the batch or the launch size; one block owns a run of
 // consecutive slices of one (sequence, kv head) (DecodeTuning::
 // slices_per_block: one at batch 1, several for large batches), each run
@@ -802,7 +802,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     // merge (the scratch is the one stage they do not fill). Needs a slice
     // of at least kStages - 1 tiles of 64 keys: every slice with a next one
     // at hd 128 and 256 (kStages 3); at hd 64 (kStages 4) slices of 256 keys
-    // and more, so not the 128-key slices of caches up to 4096 positions.
+    // and more, so not the 128-key slices of caches up to 2048 positions.
     const bool flow = overlap && has_next && a.decode_tuning.stream_across_slices && n_iter >= kStages - 1;
     // Without the early prologue: the iteration after which the ring has
     // nothing left to load asks L2 for the next slice's first sub-tiles.

@@ -21,38 +21,34 @@ constexpr bool attention_head_dim_supported(std::size_t head_dim) {
 }
 
 // Decode (q_len == 1) cuts the key range into slices of
-// attention_decode_slice_keys(kv_stride) keys, one block each: 128 keys for
-// a cache capacity up to 4096 (up to 32 slices: many blocks for a short
-// cache, where latency rules), beyond that the smallest power of two that
-// cuts the capacity into at most 16 slices (128 blocks for a batch-1
-// decode of 8 kv heads on the H200's 132 SMs; long slices stream without
-// draining and keep the merge small at large batch). It depends on the
-// capacity alone -- never on kv_len, the batch or the launch size -- so a
-// result is bitwise the same whatever the batch, and run to run.
+// attention_decode_slice_keys(kv_stride) keys, one block each: the smallest
+// power-of-two multiple of 128 keys that cuts the cache capacity into at
+// most 16 slices (a capacity up to 2048: 128 keys; 4096: 256; 8192: 512;
+// 128k: 8192). Short caches get many blocks, where latency rules (128 for a
+// batch-1 decode of 8 kv heads on the H200's 132 SMs); long slices stream
+// without draining and keep the merge small at large batch. It depends on
+// the capacity alone -- never on kv_len, the batch or the launch size -- so
+// a result is bitwise the same whatever the batch, and run to run.
+// (Until session 35 caches up to 4096 positions kept 128-key slices, up to
+// 32; at 4096, 256-key slices measured level at B = 1 and 3-6 % faster at
+// B = 4..64: docs/design/decode_attention.md §4.13.)
 //
 // FERRUM_DECODE_SHORT_SLICE_KEYS (a CMake cache variable, experiments only:
-// 128 by default, 256 or 512) sets the slice size of caches up to 4096
-// positions, so that one call can measure the trade between a batch-1
-// decode's many short blocks and a large batch's fewer slice boundaries
-// (scripts/gpu_suite.sh slicegeom; docs/design/decode_attention.md §4.12).
-// Larger caches keep their slices (the doubling below starts from it and
-// reaches the same sizes).
+// 128 by default, 256 or 512) sets the smallest slice, so that one call can
+// measure the trade between a batch-1 decode's many short blocks and a large
+// batch's fewer slice boundaries (scripts/gpu_suite.sh slicegeom; docs/
+// design/decode_attention.md §4.12-4.13). Caches past 16 times it keep
+// their slices.
 #ifndef FERRUM_DECODE_SHORT_SLICE_KEYS
 #define FERRUM_DECODE_SHORT_SLICE_KEYS 128
 #endif
-inline constexpr long long kAttnDecodeShortCache = 4096;  // capacities with the short slices
 inline constexpr long long kAttnDecodeMinSliceKeys = FERRUM_DECODE_SHORT_SLICE_KEYS;
 static_assert(kAttnDecodeMinSliceKeys == 128 || kAttnDecodeMinSliceKeys == 256 || kAttnDecodeMinSliceKeys == 512,
               "FERRUM_DECODE_SHORT_SLICE_KEYS: 128, 256 or 512");
-inline constexpr int kAttnDecodeMaxSplits = 32;   // capacity <= 4096 at 128 keys per slice
-inline constexpr int kAttnDecodeLongSplits = 16;  // capacity > 4096
-static_assert(kAttnDecodeShortCache / kAttnDecodeMinSliceKeys <= kAttnDecodeMaxSplits &&
-                  kAttnDecodeLongSplits <= kAttnDecodeMaxSplits,
-              "every capacity's slices fit the merge's kAttnDecodeMaxSplits");
+inline constexpr int kAttnDecodeMaxSplits = 16;  // slices per row, at most (the merge's bound)
 constexpr long long attention_decode_slice_keys(long long kv_stride) {
-  if (kv_stride <= kAttnDecodeShortCache) return kAttnDecodeMinSliceKeys;
   long long keys = kAttnDecodeMinSliceKeys;
-  while (keys * kAttnDecodeLongSplits < kv_stride) keys *= 2;
+  while (keys * kAttnDecodeMaxSplits < kv_stride) keys *= 2;
   return keys;
 }
 constexpr int attention_decode_splits(long long kv_stride) {
@@ -83,12 +79,14 @@ constexpr int attention_decode_splits(long long kv_stride) {
 //     9 % off the fastest at B = 18 L = 8k. Run as the default on the 33
 //     (call 2): 10 % faster than the 90 % rule on the geometric mean, up to
 //     23 % (B = 18 L = 8k), at worst 1.1 % slower (B = 16 L = 128k).
-//   - 128-key slices (caches up to 4096 positions), any batch: 2048 keys
-//     (16 slices; the sweep ran no more). Fitted on 30 points B = 2..64, L =
-//     1k, 2k, 4k (call 3): within 2.2 % of the fastest (0.1 % on the
-//     geometric mean), never slower than the rule it replaced; 1024 keys was
-//     8 % off at B = 16 L = 4k. Run as the default (call 4): up to 9 %
-//     faster (B = 24 L = 2k, B = 48 L = 1k), within 2.7 % of the fastest.
+//   - slices under 512 keys (caches up to 4096 positions), any batch: 2048
+//     keys (16 slices of 128; the sweep ran no more). Fitted on 30 points
+//     B = 2..64, L = 1k, 2k, 4k of 128-key slices (call 3): within 2.2 % of
+//     the fastest (0.1 % on the geometric mean), never slower than the rule
+//     it replaced; 1024 keys was 8 % off at B = 16 L = 4k. Run as the
+//     default (call 4): up to 9 % faster (B = 24 L = 2k, B = 48 L = 1k),
+//     within 2.7 % of the fastest. With 256-key slices at 4096 (session 35,
+//     6 points B = 1..64): within 1.8 % of the fastest.
 inline constexpr long long kTailFreeBlockKeys = 4096;
 inline constexpr long long kTailFreeShortBlockKeys = 2048;
 constexpr int tail_free_slices_per_block(long long groups, int splits, long long slice_keys, long long slots,
@@ -119,9 +117,9 @@ constexpr int tail_free_slices_per_block(long long groups, int splits, long long
 // keys, `slots` block slots on `sms` SMs; kernels/attention.cu's plan calls
 // it, tests/cpu/test_decode_plan.cpp checks it. tail_free: the rules of
 // session 32 (DecodeTuning::tail_free_slices), else those before.
-//   - 128-key slices (caches up to 4096 positions), any batch: tail-free
-//     within kTailFreeShortBlockKeys when the slices are a power of two (8,
-//     16, 32: what the sweep measured); a count like 9 or 24 would leave the
+//   - slices under 512 keys (caches up to 4096 positions), any batch: tail-free
+//     within kTailFreeShortBlockKeys when the slices are a power of two (8
+//     and 16: what the sweeps measured); a count like 9 or 12 would leave the
 //     tail-free rule few or no divisors (9: only one slice per block, which
 //     lost 16-26 % at B = 32 and 64 in the sweep), so it keeps the older
 //     rule, not measured at such counts. Older rule:

@@ -45,8 +45,8 @@
 #                                bench/decode_sweep_summary.py's table
 #                                (DECODE_SWEEP_VERSUS=drain adds the default
 #                                against that decode-exp variant)
-#   scripts/gpu_suite.sh slicegeom  the decode's slice size for caches up to
-#                                4096 positions (FERRUM_DECODE_SHORT_SLICE_KEYS):
+#   scripts/gpu_suite.sh slicegeom  the decode's smallest slice (that of caches
+#                                up to 16x it; FERRUM_DECODE_SHORT_SLICE_KEYS):
 #                                ferrum_attention_tuning and ferrum_bench
 #                                built once per size of SLICE_GEOM (128 256
 #                                512; 128 is the main build), then decode-exp
@@ -650,7 +650,7 @@ if has_mode slicegeom; then
       echo "pass $pass done ($(date +%T))"
     done
     for size in "${geom_sizes[@]}"; do
-      echo "== slices of $size keys up to 4096 positions: decode-exp (µs, mean of two passes)"
+      echo "== smallest slices of $size keys: decode-exp (µs, mean of two passes)"
       python3 bench/decode_sweep_summary.py "$DETAIL/slicegeom_$size.log"
       echo "== slices of $size keys: ferrum_bench, B = 1"
       timeout 120 "$(geom_dir "$size")/bench/ferrum_bench" --filter "attention_decode f16 B=1 " 2>&1 | grep -E "attention_decode|copy"

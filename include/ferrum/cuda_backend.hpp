@@ -75,8 +75,7 @@ struct CudaBackendConfig {
   // Split-K scratch of decode attention, allocated once with the runtime
   // (ops never allocate). A decode call needs batch * num_heads *
   // splits * (head_dim + 1) floats, splits = attention_decode_splits(
-  // kv_seq_stride) of kernels/attention.hpp (at most 32 up to a capacity of
-  // 4096 positions, at most 16 beyond); more throws
+  // kv_seq_stride) of kernels/attention.hpp (at most 16); more throws
   // CapacityExceeded naming this field. Like the cuBLAS workspace, the first
   // CudaBackend on a device decides it.
   std::size_t attention_workspace_bytes = std::size_t{256} << 20;

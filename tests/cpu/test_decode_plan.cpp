@@ -60,12 +60,34 @@ TEST(DecodePlan, TailFreeRuleMatchesTheH200Sweep) {
   EXPECT_EQ(choice(8, 8192), 4);
 }
 
-// Short caches (128-key slices), session 32's second sweep (µs, mean of two
-// passes). "Old": the rule it replaced (up to 1024 keys per block while the
-// launch keeps half a block per slot).
+// The slice rule: the smallest power-of-two multiple of 128 keys that cuts
+// the capacity into at most 16 slices.
+TEST(DecodePlan, SlicesDependOnTheCapacityAlone) {
+  EXPECT_EQ(attention_decode_slice_keys(1), 128);
+  EXPECT_EQ(attention_decode_slice_keys(2048), 128);
+  EXPECT_EQ(attention_decode_slice_keys(2049), 256);
+  EXPECT_EQ(attention_decode_slice_keys(4096), 256);
+  EXPECT_EQ(attention_decode_slice_keys(4097), 512);
+  EXPECT_EQ(attention_decode_slice_keys(131072), 8192);
+  EXPECT_EQ(attention_decode_splits(4096), 16);
+  EXPECT_EQ(attention_decode_splits(2049), 9);
+  for (long long capacity = 1; capacity <= (1LL << 20); capacity = capacity * 3 / 2 + 1) {
+    const long long keys = attention_decode_slice_keys(capacity);
+    const int splits = attention_decode_splits(capacity);
+    EXPECT_GE(splits, 1) << "capacity " << capacity;
+    EXPECT_LE(splits, kernels::kAttnDecodeMaxSplits) << "capacity " << capacity;
+    EXPECT_EQ(keys & (keys - 1), 0) << "capacity " << capacity << ": a power of two";
+    EXPECT_TRUE(keys == kernels::kAttnDecodeMinSliceKeys || (keys / 2) * kernels::kAttnDecodeMaxSplits < capacity)
+        << "capacity " << capacity << ": the smallest slice that fits";
+  }
+}
+
+// Short caches (128-key slices: capacities up to 2048; at 4096 they were 32
+// slices of 128 keys until session 35), session 32's second sweep (µs, mean
+// of two passes). "Old": the rule it replaced (up to 1024 keys per block
+// while the launch keeps half a block per slot).
 TEST(DecodePlan, TailFreeRuleMatchesTheH200SweepOfShortCaches) {
   EXPECT_EQ(choice(1, 1024), 1);    // a block per slice at B = 1 (latency)
-  EXPECT_EQ(choice(1, 4096), 1);
   EXPECT_EQ(choice(2, 1024), 1);    // 9.6, the fastest, as the old rule
   EXPECT_EQ(choice(8, 1024), 2);    // 16.8, the fastest, as the old rule
   EXPECT_EQ(choice(16, 1024), 4);   // 26.1, the fastest, as the old rule (8: 128 blocks on 132 SMs)
@@ -76,10 +98,18 @@ TEST(DecodePlan, TailFreeRuleMatchesTheH200SweepOfShortCaches) {
   EXPECT_EQ(choice(32, 2048), 16);  // 78.1, the fastest; old: 8 (83.6)
   EXPECT_EQ(choice(48, 2048), 8);   // 122.3, the fastest, as the old rule (16: 384 blocks, last wave 120)
   EXPECT_EQ(choice(64, 2048), 16);  // 151.5, the fastest; old: 8 (159.1)
-  EXPECT_EQ(choice(12, 4096), 16);  // 70.3; 4: 69.1; old: 8 (74.8)
-  EXPECT_EQ(choice(16, 4096), 16);  // 78.7, the fastest; old: 8 (84.9)
-  EXPECT_EQ(choice(24, 4096), 8);   // 123.1, the fastest, as the old rule
-  EXPECT_EQ(choice(64, 4096), 16);  // 291.0, the fastest; old: 8 (293.7)
+}
+
+// A 4096-position cache: 16 slices of 256 keys, session 35's slicegeom
+// sweep of them (µs, mean of two passes; "128": the default launch of the
+// 32 slices of 128 keys before, in the same call).
+TEST(DecodePlan, TailFreeRuleMatchesTheH200SweepOf256KeySlices) {
+  EXPECT_EQ(choice(1, 4096), 1);   // 11.3, the fastest; 128: 11.5
+  EXPECT_EQ(choice(4, 4096), 2);   // 23.4, the fastest; 128: 25.0
+  EXPECT_EQ(choice(8, 4096), 4);   // 40.9, the fastest; 128: 42.8
+  EXPECT_EQ(choice(16, 4096), 8);  // 75.3, the fastest; 128: 77.5
+  EXPECT_EQ(choice(32, 4096), 8);  // 146.3; 16: 143.7; 128: 153.5
+  EXPECT_EQ(choice(64, 4096), 8);  // 278.9; 16: 275.4; 128: 289.2
 }
 
 // Capacities that are not a power-of-two count of slices (12288 positions:
@@ -107,7 +137,7 @@ TEST(DecodePlan, TailFreeRuleDividesTheSlices) {
 TEST(DecodePlan, ShortCachesOfOtherSliceCountsKeepTheOlderRule) {
   EXPECT_EQ(attention_decode_splits(1152), 9);
   EXPECT_EQ(choice(64, 1152), 8);  // 512 rows: 8 slices per block keep 1024 blocks, as the older rule
-  EXPECT_EQ(attention_decode_splits(3072), 24);
+  EXPECT_EQ(attention_decode_splits(3072), 12);  // of 256 keys
   for (long long batch : {1LL, 4LL, 16LL, 48LL, 64LL}) {
     EXPECT_EQ(choice(batch, 3072), choice(batch, 3072, true)) << "B = " << batch;
     EXPECT_EQ(choice(batch, 1152), choice(batch, 1152, true)) << "B = " << batch;
@@ -115,7 +145,7 @@ TEST(DecodePlan, ShortCachesOfOtherSliceCountsKeepTheOlderRule) {
   // The older rules where the sweeps measured them.
   EXPECT_EQ(choice(64, 1024, true), 8);
   EXPECT_EQ(choice(48, 1024, true), 8);
-  EXPECT_EQ(choice(16, 4096, true), 8);
+  EXPECT_EQ(choice(16, 2048, true), 8);  // session 35: 42.2 (the tail-free 8: 42.3)
   EXPECT_EQ(choice(10, 8192, true), 4);
   EXPECT_EQ(choice(18, 8192, true), 8);
   EXPECT_EQ(choice(64, 8192, true), 1);

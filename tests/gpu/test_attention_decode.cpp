@@ -12,7 +12,7 @@
 //   is fixed, so nothing depends on the batch).
 // - Determinism: a long decode (many slices) and a prefill, twice, bitwise.
 // - Slice edges: kv_lens 1, around multiples of the slice size (128 keys up
-//   to a 4k capacity, 512 at 5000), the capacity (not a multiple of the
+//   to a 2k capacity, 256 at 4k, 512 at 5000), the capacity (not a multiple of the
 //   slice), GQA groups that take two m-tiles and two head chunks: each
 //   matches the CPU, two runs are bitwise equal, and each sequence equals
 //   its own single decode. The fused merge's arrival counters must be back
@@ -178,7 +178,8 @@ TEST_P(CudaDecodeBatch, SliceEdgesMatchCpuAndRepeatBitwise) {
     std::size_t nh, nkv, hd, cap;
   };
   // Slice 128 (8 slices, the last partial), slice 512 (10 slices), GQA 32
-  // (two m-tiles), GQA 48 (two chunks, hd 64), hd 256 with GQA 1.
+  // (two m-tiles), GQA 48 (two chunks, hd 64; 12 slices of 256), hd 256
+  // with GQA 1.
   for (const Shape& sh : {Shape{32, 8, 128, 1000}, Shape{32, 8, 128, 5000}, Shape{64, 2, 128, 700},
                           Shape{48, 1, 64, 3000}, Shape{4, 4, 256, 300}}) {
     std::vector<std::size_t> lens;
@@ -211,7 +212,7 @@ INSTANTIATE_TEST_SUITE_P(DTypes, CudaDecodeBatch, ::testing::ValuesIn(kHalfDType
 // batches (kv_lens) whose default runs several slices per block; kv_len
 // from a device decode state (also with two m-tiles at hd 256, in one head
 // chunk and in two); two slices of one row (the smallest cluster); B = 1 at
-// 4k and 2k caches (32 and 16 slices of 128 keys); 128 rows of 512-key
+// 4k and 2k caches (16 slices of 256 and of 128 keys); 128 rows of 512-key
 // slices (several slices per block by default). Cache rows
 // at and past each sequence's kv_len hold NaN, so a path that lets one
 // into P V shows.

@@ -624,9 +624,9 @@ std::vector<FlashSpec> flash_specs() {
       }
     }
   }
-  // Decode across several slices of the CUDA kernel (128 keys each at these
-  // capacities), GQA 16
-  // (more q heads per kv head than one block takes), and head_dim 256.
+  // Decode across several slices of the CUDA kernel (128 keys at capacities
+  // 1000 and 1300, 256 at 2100 and 2400), GQA 16 (more q heads per kv head
+  // than one block takes), and head_dim 256.
   for (std::size_t kv : {std::size_t{1000}, std::size_t{2100}}) {
     AttnConfig cfg;
     cfg.num_heads = 32;
