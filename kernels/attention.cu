@@ -693,10 +693,10 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   };
   // A slice's prologue: its first kStages - 1 sub-tiles of this warp (one
   // commit group each, always committed so the group count is fixed), in
-  // ring stages first_stage, first_stage + 1, ... (mod kStages). The block's first slice
-  // also loads Q, as the second group: the stream from DRAM starts before
-  // anything else of the set-up (at B = 1 the set-up is hundreds of
-  // instructions per warp at one warp per scheduler).
+  // ring stages first_stage, first_stage + 1, ... (mod kStages). The
+  // block's first slice also loads Q, as the second group: the stream from
+  // DRAM starts before anything else of the set-up (at B = 1 the set-up is
+  // hundreds of instructions per warp at one warp per scheduler).
   auto prologue = [&](const SliceView& sv, bool with_q, int first_stage) {
     if (prefetch_l2 && chunk == 0 && tid == 0) {
       // A small grid (about one block per SM): request the whole slice from
