@@ -425,7 +425,7 @@ int main(int argc, char** argv) {
       x.stream_across_slices = false;  // the next slice requested after the ring drained
       variants.push_back({"drain", x, 0});
       x = d;
-      x.slot_merge = false;  // the four-barrier merge at a slice's end (the rule before session 34)
+      x.slot_merge = false;  // the four-barrier merge at a slice's end (the rule before session 35)
       variants.push_back({"stagemerge", x, 0});
       x = d;
       x.cluster_merge = true;

@@ -33,18 +33,18 @@ constexpr bool attention_head_dim_supported(std::size_t head_dim) {
 // 32; at 4096, 256-key slices measured level at B = 1 and 3-6 % faster at
 // B = 4..64: docs/design/decode_attention.md §4.13.)
 //
-// FERRUM_DECODE_SHORT_SLICE_KEYS (a CMake cache variable, experiments only:
+// FERRUM_DECODE_MIN_SLICE_KEYS (a CMake cache variable, experiments only:
 // 128 by default, 256 or 512) sets the smallest slice, so that one call can
 // measure the trade between a batch-1 decode's many short blocks and a large
 // batch's fewer slice boundaries (scripts/gpu_suite.sh slicegeom; docs/
 // design/decode_attention.md §4.12-4.13). Caches past 16 times it keep
 // their slices.
-#ifndef FERRUM_DECODE_SHORT_SLICE_KEYS
-#define FERRUM_DECODE_SHORT_SLICE_KEYS 128
+#ifndef FERRUM_DECODE_MIN_SLICE_KEYS
+#define FERRUM_DECODE_MIN_SLICE_KEYS 128
 #endif
-inline constexpr long long kAttnDecodeMinSliceKeys = FERRUM_DECODE_SHORT_SLICE_KEYS;
+inline constexpr long long kAttnDecodeMinSliceKeys = FERRUM_DECODE_MIN_SLICE_KEYS;
 static_assert(kAttnDecodeMinSliceKeys == 128 || kAttnDecodeMinSliceKeys == 256 || kAttnDecodeMinSliceKeys == 512,
-              "FERRUM_DECODE_SHORT_SLICE_KEYS: 128, 256 or 512");
+              "FERRUM_DECODE_MIN_SLICE_KEYS: 128, 256 or 512");
 inline constexpr int kAttnDecodeMaxSplits = 16;  // slices per row, at most (the merge's bound)
 constexpr long long attention_decode_slice_keys(long long kv_stride) {
   long long keys = kAttnDecodeMinSliceKeys;

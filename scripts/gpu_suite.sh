@@ -46,7 +46,7 @@
 #                                (DECODE_SWEEP_VERSUS=drain adds the default
 #                                against that decode-exp variant)
 #   scripts/gpu_suite.sh slicegeom  the decode's smallest slice (that of caches
-#                                up to 16x it; FERRUM_DECODE_SHORT_SLICE_KEYS):
+#                                up to 16x it; FERRUM_DECODE_MIN_SLICE_KEYS):
 #                                ferrum_attention_tuning and ferrum_bench
 #                                built once per size of SLICE_GEOM (128 256
 #                                512; 128 is the main build), then decode-exp
@@ -237,7 +237,7 @@ sanitize() {
     for size in $SLICE_GEOM_SIZES; do
       [ "$size" = 128 ] && continue
       ( cmake -S . -B "$(geom_dir "$size")" -G Ninja -DCMAKE_BUILD_TYPE=Release $DEPS -DFERRUM_BUILD_TESTS=OFF \
-          -DFERRUM_DECODE_SHORT_SLICE_KEYS="$size" >/dev/null &&
+          -DFERRUM_DECODE_MIN_SLICE_KEYS="$size" >/dev/null &&
         cmake --build "$(geom_dir "$size")" -j4 --target ferrum_attention_tuning ferrum_bench 2>&1 |
           grep -E "error|FAILED" || echo "slices of $size: build ok" ) &
     done
