@@ -89,7 +89,10 @@
 #                                cluster reduce's bits, argmax on every row
 #                                count), one shard each, 470 s (with the
 #                                build, one call)
-#   scripts/gpu_suite.sh raceknobs  racecheck over every CudaDecodeKnobs case,
+#   scripts/gpu_suite.sh raceknobs  racecheck over every CudaDecodeKnobs case
+#                                (or those RACEKNOBS_FILTER matches, e.g.
+#                                'Cases/CudaDecodeKnobs.*/f16_*': half, for a
+#                                call's limit),
 #                                one test per shard, RACEKNOBS_S (420) seconds
 #                                each (session 34: all 32 cases in 348 s at
 #                                most, run at once on 16 cores)
@@ -339,7 +342,7 @@ fi
 if has_mode raceknobs; then
   {
     echo "== racecheck: every decode knob case, one shard each ($(date +%T))"
-    SANITIZE_SHARDS=1000 sanitize racecheck "${RACEKNOBS_S:-420}" 'Cases/CudaDecodeKnobs.*' 1
+    SANITIZE_SHARDS=1000 sanitize racecheck "${RACEKNOBS_S:-420}" "${RACEKNOBS_FILTER:-Cases/CudaDecodeKnobs.*}" 1
   } 2>&1 | tee -a "$LOG"
 fi
 
