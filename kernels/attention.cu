@@ -746,6 +746,20 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   // bound), which only that warp read: it publishes there without waiting
   // for the block.
   const bool slot_merge = overlap && mtiles == 1 && a.decode_tuning.slot_merge;
+  // Head h's columns d .. d + 3 of a slice, normalized by its row sum: the
+  // row's output where this is its only valid slice (direct), else the
+  // slice's partial (in the cluster's shared memory, or the workspace).
+  auto store_slice_quad = [&](int h, int d, int split, const float (&acc)[4], float sum) {
+    if (direct) {
+      vec_t<T, 4> out;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) out.set(c, acc[c] / sum);
+      out.store(static_cast<T*>(a.out) + (row0 + h) * HD + d);
+    } else {
+      float* const po = cluster ? cluster_out + h * HD + d : a.partial_out + ((row0 + h) * splits + split) * HD + d;
+      *reinterpret_cast<float4*>(po) = make_float4(acc[0] / sum, acc[1] / sum, acc[2] / sum, acc[3] / sum);
+    }
+  };
 
   // ldmatrix row addresses. Chunk 2 * (4j + i) + c of a swizzled row lies
   // at offset[i] + j * 128 bytes (the swizzle only permutes the low 3 bits
@@ -883,6 +897,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
         mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
       }
     }
+    const SliceView next = has_next ? view_of(split + 1) : cur;
     if (slot_merge) {
       // Two block barriers per boundary, not four: each key warp publishes
       // its (m, l, O) into its own slot of the stage of its last sub-tile
@@ -893,7 +908,6 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       if (!flow) cp_async_wait<0>();
       __syncwarp();  // the warp's lanes are done reading its slot
       timeline_mark(DecodeTimelinePoint::SliceComputed);
-      const SliceView next = has_next ? view_of(split + 1) : cur;
       if (has_next && !flow) prologue(next, false, stage);  // fills the other stages
       auto warp_slot = [&](int w) {  // [heads][kOStride] O, then [heads] m, [heads] l
         return reinterpret_cast<float*>(ring + (refill_stage * Sh::kKeyWarps + w) * 2 * Sh::kSubElems);
@@ -940,15 +954,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
         for (int w = 0; w < Sh::kKeyWarps; ++w) {
           slice_warp_accumulate(acc, f[w], *reinterpret_cast<const float4*>(warp_slot(w) + h * Sh::kOStride + d));
         }
-        if (direct) {
-          vec_t<T, 4> out;
-#pragma unroll
-          for (int c = 0; c < 4; ++c) out.set(c, acc[c] / sum);
-          out.store(static_cast<T*>(a.out) + (row0 + h) * HD + d);
-        } else {
-          *reinterpret_cast<float4*>(a.partial_out + ((row0 + h) * splits + split) * HD + d) =
-              make_float4(acc[0] / sum, acc[1] / sum, acc[2] / sum, acc[3] / sum);
-        }
+        store_slice_quad(h, d, split, acc, sum);
       }
       __syncthreads();  // every thread is done with the slots: the next slice's first refill takes that stage
       timeline_mark(DecodeTimelinePoint::SliceStored);
@@ -960,7 +966,6 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     if (!flow) cp_async_wait<0>();
     __syncthreads();  // every warp is done with the ring: the scratch and the next prologue may overwrite it
     timeline_mark(DecodeTimelinePoint::SliceComputed);
-    const SliceView next = has_next ? view_of(split + 1) : cur;
     // Fills the next kStages - 1 ring stages (from `stage`, that of sub-tile
     // n_iter), not the scratch's: refill_stage, that of the last sub-tile.
     if (overlap && has_next && !flow) prologue(next, false, stage);
@@ -1028,16 +1033,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
         slice_warp_accumulate(acc, mm[wrow + w * hrows],
                               *reinterpret_cast<const float4*>(mo + (wrow + w * hrows) * Sh::kOStride + d));
       }
-      const float sum = ml[wrow];
-      if (direct) {
-        vec_t<T, 4> o;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) o.set(c, acc[c] / sum);
-        o.store(static_cast<T*>(a.out) + (row0 + h) * HD + d);
-      } else {
-        float* const po = cluster ? cluster_out + h * HD + d : a.partial_out + ((row0 + h) * splits + split) * HD + d;
-        *reinterpret_cast<float4*>(po) = make_float4(acc[0] / sum, acc[1] / sum, acc[2] / sum, acc[3] / sum);
-      }
+      store_slice_quad(h, d, split, acc, ml[wrow]);
     }
     __syncthreads();  // every thread is done with the scratch: the ring refills over it
     timeline_mark(DecodeTimelinePoint::SliceStored);
