@@ -23,6 +23,14 @@
 #   scripts/gpu_suite.sh trace   the llama3-8b decode step (GPTQ and f16, eager)
 #                                under bench/kernel_trace.cpp's CUPTI tracer: every
 #                                kernel's in-step time and overlap (needs .deps)
+#   scripts/gpu_suite.sh normprobe  why fused_add_rms_norm at [32768 x 4096]
+#                                runs ~7 % slower in bf16 than in f16 (their
+#                                kernels' PTX is the same but for the
+#                                conversions; torch compiled is level across
+#                                the dtypes): the two benches alternated three
+#                                times, then ncu on one launch of each (speed
+#                                of light, DRAM bytes read and written, the
+#                                SM and DRAM clocks)
 #   scripts/gpu_suite.sh gptqtimeline  bench/gptq_timeline.cpp (a second build
 #                                with -DFERRUM_GPTQ_TIMELINE=ON): the GPTQ
 #                                streaming kernel's per-CTA phases in the
@@ -110,7 +118,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -570,6 +578,26 @@ if has_mode profile; then
     timeout 150 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 6 $B/tests/ferrum_tests_gpu \
       --gtest_brief=1 --gtest_filter='Specs/CudaFlashDecodeRagged.*_case1:CudaGptq*' > "$OUT/racecheck_detail.txt" 2>&1
     echo "racecheck detail exit $?"
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode normprobe; then
+  {
+    echo "== fused_add_rms_norm [32768 x 4096], f16 against bf16 ($(date +%T))"
+    for pass in 1 2 3; do
+      for dt in f16 bf16; do
+        timeout 60 $B/bench/ferrum_bench --filter "fused_add_rms_norm $dt [32768 x 4096]" 2>&1 |
+          grep -E "^fused_add_rms_norm" | sed "s/^/pass $pass: /"
+      done
+    done
+    for dt in f16 bf16; do
+      timeout 120 ncu --clock-control none -k regex:norm_rows --launch-skip 6 --launch-count 1 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --metrics dram__bytes_read.sum,dram__bytes_write.sum,sm__cycles_elapsed.avg.per_second,dram__cycles_elapsed.avg.per_second \
+        $B/bench/ferrum_bench --reps 10 --filter "fused_add_rms_norm $dt [32768 x 4096]" > "$OUT/ncu_fused_add_$dt.txt" 2>&1
+      echo "ncu fused_add_rms_norm $dt exit $?"
+      grep -E "Duration|DRAM Throughput|dram__bytes|cycles_elapsed.avg.per_second|Memory Throughput" "$OUT/ncu_fused_add_$dt.txt"
+    done
   } 2>&1 | tee -a "$LOG"
 fi
 
