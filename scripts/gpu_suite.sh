@@ -228,29 +228,39 @@ sanitize() {
   DEPS=""
   [ -d .deps ] && DEPS="-DCMAKE_PREFIX_PATH=$PWD/.deps"
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release $DEPS >/dev/null
-  # ab: base's (and each alt's) two targets build beside the main build
-  # (6 of the 16 jobs, shared).
+  # A build beside the main one, in the background (JOBS of the 16 jobs,
+  # shared): SRC configured into DIR with CMAKE_ARGS, then TARGETS built;
+  # prints LABEL's result (a failed configure is reported as such).
+  side_build() {  # DIR SRC LABEL JOBS "CMAKE_ARGS" TARGET...
+    local dir=$1 src=$2 label=$3 jobs=$4 args=$5
+    shift 5
+    (
+      # shellcheck disable=SC2086  # DEPS and args are lists of arguments
+      if ! cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release $DEPS $args >/dev/null; then
+        echo "$label: configure failed"
+      else
+        cmake --build "$dir" -j"$jobs" --target "$@" 2>&1 | grep -E "error|FAILED" || echo "$label build ok"
+      fi
+    ) &
+  }
+  # ab: base's (and each alt's) two targets.
   if has_mode ab; then
     if [ ! -d base ]; then
       echo "ab: no base/ in this tree (scripts/gpu_tree.sh ... --base REV)"
     else
       for tree in base alt/*; do
         [ -d "$tree" ] || continue
-        cmake -S "$tree" -B "$(ab_build_dir "$tree")" -G Ninja -DCMAKE_BUILD_TYPE=Release $DEPS >/dev/null
-        ( cmake --build "$(ab_build_dir "$tree")" -j6 --target ferrum_engine ferrum_bench_gptq 2>&1 | grep -E "error|FAILED" \
-            || echo "$tree build ok ($(cat "$tree/COMMIT" 2>/dev/null))" ) &
+        side_build "$(ab_build_dir "$tree")" "$tree" "$tree ($(cat "$tree/COMMIT" 2>/dev/null))" 6 "" \
+          ferrum_engine ferrum_bench_gptq
       done
     fi
   fi
-  # slicegeom: the tuning tool and the benchmark at each other slice size,
-  # built beside the main build (4 of the 16 jobs each, shared).
+  # slicegeom: the tuning tool and the benchmark at each other slice size.
   if has_mode slicegeom; then
     for size in $SLICE_GEOM_SIZES; do
       [ "$size" = 128 ] && continue
-      ( cmake -S . -B "$(geom_dir "$size")" -G Ninja -DCMAKE_BUILD_TYPE=Release $DEPS -DFERRUM_BUILD_TESTS=OFF \
-          -DFERRUM_DECODE_MIN_SLICE_KEYS="$size" >/dev/null &&
-        cmake --build "$(geom_dir "$size")" -j4 --target ferrum_attention_tuning ferrum_bench 2>&1 |
-          grep -E "error|FAILED" || echo "slices of $size: build ok" ) &
+      side_build "$(geom_dir "$size")" . "slices of $size" 4 \
+        "-DFERRUM_BUILD_TESTS=OFF -DFERRUM_DECODE_MIN_SLICE_KEYS=$size" ferrum_attention_tuning ferrum_bench
     done
   fi
   # ab alone needs only its two targets (the whole tree, tests included,
