@@ -390,9 +390,10 @@ int main(int argc, char** argv) {
   // kernel (fused 0); with "decode-exp" the library's defaults against
   // DecodeTuning's slices per block, the combine kernel, the late
   // next-slice prologue, the ring drained at slice boundaries ("drain"),
-  // the cluster merge (one slice per block), and V placed 36 KiB past an
+  // the cluster merge (one slice per block), V placed 36 KiB past an
   // allocation start ("v+36k": K and V at different offsets from their
-  // 2 MiB-aligned bases).
+  // 2 MiB-aligned bases), and the partials kept in L2 and dropped once
+  // merged ("l2part").
   struct Variant {
     const char* name;
     DecodeTuning tuning;
@@ -432,6 +433,9 @@ int main(int argc, char** argv) {
       x.slices_per_block = 1;
       variants.push_back({"cluster", x, 0});
       variants.push_back({"v+36k", d, 36 * 1024});
+      x = d;
+      x.partials_in_l2 = true;  // the partials stored evict-last, dropped from L2 once merged
+      variants.push_back({"l2part", x, 0});
     } else {
       t.fused_merge = false;
       variants.push_back({"fused0", t, 0});

@@ -127,9 +127,18 @@ struct WorkspacePartials {
   const float* lse;  // [rows][splits]
   long long row0;    // the row of head 0
   int splits;
+  bool discard;      // DecodeTuning::partials_in_l2: drop the merged partials' L2 lines
   __device__ float lse_at(int h, int s) const { return __ldcg(lse + (row0 + h) * splits + s); }
   __device__ float4 quad_at(int h, int s, int d) const {
     return __ldcg(reinterpret_cast<const float4*>(out + ((row0 + h) * splits + s) * HD + d));
+  }
+  // After the merge (every thread of the block): heads h_begin .. h_end - 1
+  // are merged, and nothing reads their partials again.
+  __device__ void release(int h_begin, int h_end) const {
+    if (!discard) return;
+    __syncthreads();  // every thread's reads of them are done
+    discard_l2_lines(out + (row0 + h_begin) * splits * HD, out + (row0 + h_end) * splits * HD,
+                     static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
   }
 };
 
@@ -148,6 +157,7 @@ struct ClusterPartials {
   __device__ float lse_at(int, int) const { __trap(); return 0.0f; }      // never launched below sm_90
   __device__ float4 quad_at(int, int, int) const { __trap(); return {}; }
 #endif
+  __device__ void release(int, int) const {}  // shared memory: nothing to drop
 };
 
 // Merges the decode slice partials of heads h_begin .. h_end - 1 of one
@@ -236,7 +246,7 @@ __device__ void merge_slice_partials(const Partials& src, T* out, int h_begin, i
     float4 x[kMaxUsed];
     load_item(idx, x);
     finish_item(idx, x);
-  }
+  }  src.release(h_begin, h_end);
 }
 
 // Arrival counters of the fused decode merge, one per (sequence, kv head,
@@ -756,8 +766,23 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       for (int c = 0; c < 4; ++c) out.set(c, acc[c] / sum);
       out.store(static_cast<T*>(a.out) + (row0 + h) * HD + d);
     } else {
-      float* const po = cluster ? cluster_out + h * HD + d : a.partial_out + ((row0 + h) * splits + split) * HD + d;
-      *reinterpret_cast<float4*>(po) = make_float4(acc[0] / sum, acc[1] / sum, acc[2] / sum, acc[3] / sum);
+      const float4 quad = make_float4(acc[0] / sum, acc[1] / sum, acc[2] / sum, acc[3] / sum);
+      if (cluster) {
+        *reinterpret_cast<float4*>(cluster_out + h * HD + d) = quad;
+      } else if (HD <= 128 && a.decode_tuning.partials_in_l2) {  // at hd 256 the hint costs a spill
+        store_f4_l2_keep(a.partial_out + ((row0 + h) * splits + split) * HD + d, quad, true);
+      } else {
+        *reinterpret_cast<float4*>(a.partial_out + ((row0 + h) * splits + split) * HD + d) = quad;
+      }
+    }
+  };
+  // Head h's log-sum-exp of a slice (base 2), beside its partial (none where
+  // the slice is the row's only valid one).
+  auto store_slice_lse = [&](int h, int split, float lse) {
+    if (cluster) {
+      cluster_lse[h] = lse;
+    } else if (!direct) {
+      a.partial_lse[(row0 + h) * splits + split] = lse;
     }
   };
 
@@ -897,6 +922,29 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
         mma_16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
       }
     }
+    // Publishes this warp's (m in base-2 units, l, O) of each of its valid
+    // rows (below hrows: the block's heads with one m-tile) into a merge
+    // scratch: row r's O at o_rows + r * kOStride, its m at m_rows[r], its l
+    // at l_rows[r]. Both merges at a slice's end publish through it.
+    auto publish_warp_rows = [&](float* o_rows, float* m_rows, float* l_rows) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float l = l_run[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int row = g + 8 * r;
+        if (row >= hrows) continue;
+        if (tig == 0) {
+          m_rows[row] = m_run[r] == -INFINITY ? -INFINITY : m_run[r] * scale_log2;
+          l_rows[row] = l;
+        }
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          *reinterpret_cast<float2*>(o_rows + row * Sh::kOStride + dt * 8 + tig * 2) =
+              make_float2(o[dt][2 * r], o[dt][2 * r + 1]);
+        }
+      }
+    };
     const SliceView next = has_next ? view_of(split + 1) : cur;
     if (slot_merge) {
       // Two block barriers per boundary, not four: each key warp publishes
@@ -913,25 +961,8 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
         return reinterpret_cast<float*>(ring + (refill_stage * Sh::kKeyWarps + w) * 2 * Sh::kSubElems);
       };
       {
-        float* const so = warp_slot(kw);
-        float* const sm = so + heads * Sh::kOStride;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float l = l_run[r];
-          l += __shfl_xor_sync(0xffffffffu, l, 1);
-          l += __shfl_xor_sync(0xffffffffu, l, 2);
-          const int row = g + 8 * r;
-          if (row >= heads) continue;
-          if (tig == 0) {
-            sm[row] = m_run[r] == -INFINITY ? -INFINITY : m_run[r] * scale_log2;
-            sm[heads + row] = l;
-          }
-#pragma unroll
-          for (int dt = 0; dt < kDT; ++dt) {
-            *reinterpret_cast<float2*>(so + row * Sh::kOStride + dt * 8 + tig * 2) =
-                make_float2(o[dt][2 * r], o[dt][2 * r + 1]);
-          }
-        }
+        float* const so = warp_slot(kw);  // one m-tile: hrows == heads
+        publish_warp_rows(so, so + heads * Sh::kOStride, so + heads * Sh::kOStride + heads);
       }
       __syncthreads();  // every warp's rows are published
       timeline_mark(DecodeTimelinePoint::WarpsPublished);
@@ -948,7 +979,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
         }
         float sum;  // > 0: key 0 of the slice is valid and belongs to key warp 0
         const float mx = slice_warp_weights(mw, lw, f, sum);
-        if (d == 0 && !direct) a.partial_lse[(row0 + h) * splits + split] = mx + log2f(sum);
+        if (d == 0) store_slice_lse(h, split, mx + log2f(sum));
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int w = 0; w < Sh::kKeyWarps; ++w) {
@@ -974,24 +1005,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     float* const mm = mo + Sh::kMaxWarps / Sh::kMaxMTiles * mtiles * hrows * Sh::kOStride;  // [warps][hrows]
     float* const ml = mm + Sh::kMaxWarps / Sh::kMaxMTiles * mtiles * hrows;                  // [warps][hrows]
 
-    // Publish each warp's (m in base-2 units, l, O) per valid row.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float l = l_run[r];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      if (g + 8 * r >= hrows) continue;  // a row past the block's heads (one m-tile)
-      const int row = warp * hrows + g + 8 * r;
-      if (tig == 0) {
-        mm[row] = m_run[r] == -INFINITY ? -INFINITY : m_run[r] * scale_log2;
-        ml[row] = l;
-      }
-#pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) {
-        *reinterpret_cast<float2*>(mo + row * Sh::kOStride + dt * 8 + tig * 2) =
-            make_float2(o[dt][2 * r], o[dt][2 * r + 1]);
-      }
-    }
+    publish_warp_rows(mo + warp * hrows * Sh::kOStride, mm + warp * hrows, ml + warp * hrows);
     __syncthreads();
     timeline_mark(DecodeTimelinePoint::WarpsPublished);
 
@@ -1015,11 +1029,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
 #pragma unroll
       for (int w = 0; w < Sh::kKeyWarps; ++w) mm[wrow + w * hrows] = f[w];
       ml[wrow] = sum;  // key 0 of the slice is valid and belongs to key warp 0: sum > 0
-      if (cluster) {
-        cluster_lse[h] = mx + log2f(sum);
-      } else if (!direct) {
-        a.partial_lse[(row0 + h) * splits + split] = mx + log2f(sum);
-      }
+      store_slice_lse(h, split, mx + log2f(sum));
     }
     __syncthreads();
     constexpr int kQuads = HD / 4;
@@ -1068,7 +1078,8 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   if (arrivals == 1) {
     // The block holds every valid slice of the row: its own partials,
     // visible to it after the barrier above, merge here.
-    merge_slice_partials<T, HD>(WorkspacePartials<HD>{a.partial_out, a.partial_lse, row0, splits},
+    merge_slice_partials<T, HD>(WorkspacePartials<HD>{a.partial_out, a.partial_lse, row0, splits,
+                                                      a.decode_tuning.partials_in_l2},
                                 static_cast<T*>(a.out) + row0 * HD, 0, heads, splits, used,
                                 reinterpret_cast<float*>(smem_raw));
     return;
@@ -1094,7 +1105,8 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   timeline_mark(DecodeTimelinePoint::Arrived);
   if (*s_last == 0) return;
   __threadfence();
-  merge_slice_partials<T, HD>(WorkspacePartials<HD>{a.partial_out, a.partial_lse, row0, splits},
+  merge_slice_partials<T, HD>(WorkspacePartials<HD>{a.partial_out, a.partial_lse, row0, splits,
+                                                    a.decode_tuning.partials_in_l2},
                               static_cast<T*>(a.out) + row0 * HD, 0, heads, splits, used,
                               reinterpret_cast<float*>(smem_raw));
   __syncthreads();
@@ -1118,7 +1130,8 @@ __global__ void __launch_bounds__(kCombineThreads)
   const long long row = blockIdx.x;  // b * num_heads + head (q_len == 1)
   const long long limit = key_limit(a, static_cast<int>(row / a.num_heads), 0, false);
   const int used = static_cast<int>(min(static_cast<long long>(splits), (limit + slice_keys - 1) / slice_keys));
-  merge_slice_partials<T, HD>(WorkspacePartials<HD>{a.partial_out, a.partial_lse, row, splits},
+  merge_slice_partials<T, HD>(WorkspacePartials<HD>{a.partial_out, a.partial_lse, row, splits,
+                                                    a.decode_tuning.partials_in_l2},
                               static_cast<T*>(a.out) + row * HD, 0, 1, splits, used, smem);
 }
 

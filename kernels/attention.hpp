@@ -223,6 +223,16 @@ struct DecodeTuning {
   // wherever a launch has more than one wave (docs/design/
   // decode_attention.md §4.6).
   bool cluster_merge = false;
+  // The slices' partial outputs in the workspace are stored with an L2
+  // evict-last hint, and the block that merges a row's partials drops their
+  // L2 lines once read (discard.global.L2), so they are neither evicted by
+  // the K / V stream before the merge (and read back from DRAM) nor written
+  // back to DRAM after it: up to 2 x heads / slice_keys of the launch's DRAM
+  // bytes (~6 % at 128-key slices and 4 q heads per kv head, ~1.6 % at
+  // 512). The log-sum-exps stay plain (4 bytes per slice), and so do the
+  // partials at hd 256 (the hint's registers spill there). The same bits.
+  // An experiment, not yet measured (docs/design/decode_attention.md §4.14).
+  bool partials_in_l2 = false;
 };
 
 // Launch knobs of the wgmma prefill (kernels/attention_prefill_wgmma.cu);

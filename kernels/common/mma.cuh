@@ -60,6 +60,48 @@ __device__ __forceinline__ std::uint64_t evict_first_policy() {
 #endif
   return policy;
 }
+// A float4 store to global memory, with its L2 lines kept ahead of
+// streamed data (evict last) where keep is set, else as a plain store would
+// leave them: for scratch that the same launch reads back soon after while
+// larger streams pass through L2. One instruction either way (the policy's
+// fraction is 1 or 0), so a runtime switch costs no branch. Pair keep with
+// discard_l2_lines once the scratch is read, or its lines linger as evict
+// last. A plain store below sm_80.
+__device__ __forceinline__ void store_f4_l2_keep(float* dst, float4 v, bool keep) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  std::uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_last.L2::evict_unchanged.b64 %0, %1;"
+      : "=l"(policy)
+      : "f"(keep ? 1.0f : 0.0f));
+  asm volatile("st.global.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(dst), "f"(v.x), "f"(v.y),
+               "f"(v.z), "f"(v.w), "l"(policy)
+               : "memory");
+#else
+  (void)keep;
+  *reinterpret_cast<float4*>(dst) = v;
+#endif
+}
+// Drops the L2 lines that lie wholly inside [begin, end) without writing
+// them back to DRAM (discard.global.L2): their contents become undefined.
+// For dead scratch only; lines that straddle an end are kept, so bytes
+// outside the range never change. Thread i of n takes every n-th line. A
+// no-op below sm_80.
+__device__ __forceinline__ void discard_l2_lines(const void* begin, const void* end, int i, int n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr std::uintptr_t kLine = 128;
+  const std::uintptr_t first = (reinterpret_cast<std::uintptr_t>(begin) + kLine - 1) & ~(kLine - 1);
+  const std::uintptr_t last = reinterpret_cast<std::uintptr_t>(end) & ~(kLine - 1);
+  for (std::uintptr_t p = first + static_cast<std::uintptr_t>(i) * kLine; p < last;
+       p += static_cast<std::uintptr_t>(n) * kLine) {
+    asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(p) : "memory");
+  }
+#else
+  (void)begin;
+  (void)end;
+  (void)i;
+  (void)n;
+#endif
+}
 // Asks L2 to fetch [src, src + bytes) (sm_90; 16-byte aligned, bytes a
 // multiple of 16). Fire and forget: no completion to wait for. A no-op below
 // sm_90.

@@ -29,6 +29,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -274,7 +275,13 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
     std::memset(v.data() + from, 0xff, to - from);
   }
   const std::size_t ws = kernels::attention_workspace_floats(c.batch, c.heads, 1, c.head_dim, c.capacity);
-  const DeviceBytes dq_mem(q), dk_mem(k), dv_mem(v), dws_mem(std::max<std::size_t>(ws, 1) * sizeof(float));
+  // The workspace between two guards, 144 bytes into its allocation (16-byte
+  // aligned, not on a 128-byte L2 line): partials_in_l2 drops the merged
+  // partials' lines from L2 unwritten, and must never take a line that
+  // holds a byte outside the workspace.
+  constexpr std::size_t kGuardBytes = 144;
+  const std::size_t ws_bytes = std::max<std::size_t>(ws, 1) * sizeof(float);
+  const DeviceBytes dq_mem(q), dk_mem(k), dv_mem(v), dws_mem(ws_bytes + 2 * kGuardBytes);
   DeviceBytes dout_mem(q.size()), dflag_mem(sizeof(std::uint32_t));
   dflag_mem.fill(0);
   std::vector<std::uint8_t> lens_bytes(lens.size() * sizeof(std::int32_t));
@@ -285,7 +292,9 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   std::memcpy(state_bytes.data(), &host_state, sizeof host_state);
   const DeviceBytes dstate_mem(state_bytes);
   void *const dq = dq_mem.get(), *const dk = dk_mem.get(), *const dv = dv_mem.get(), *const dout = dout_mem.get();
-  void *const dws = dws_mem.get(), *const dflag = dflag_mem.get();
+  auto* const guard_before = static_cast<std::uint8_t*>(dws_mem.get());
+  auto* const guard_after = guard_before + kGuardBytes + ws_bytes;
+  void *const dws = guard_before + kGuardBytes, *const dflag = dflag_mem.get();
 
   auto args_for = [&](const kernels::DecodeTuning& tuning) {
     kernels::AttentionArgs a = attention_args(dt, dq, dk, dv, dout,
@@ -304,12 +313,21 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
     a.decode_tuning = tuning;
     return a;
   };
+  constexpr std::uint8_t kGuardByte = 0x5a;
   auto run_with = [&](const kernels::DecodeTuning& tuning) {
     EXPECT_EQ(cudaMemset(dout, kPoisonByte, q.size()), cudaSuccess);
+    // Written just before the launch, so that their lines are likely still
+    // dirty in L2 when it runs.
+    EXPECT_EQ(cudaMemset(guard_before, kGuardByte, kGuardBytes), cudaSuccess);
+    EXPECT_EQ(cudaMemset(guard_after, kGuardByte, kGuardBytes), cudaSuccess);
     kernels::launch_attention(args_for(tuning), nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<std::uint8_t> out(q.size());
+    std::vector<std::uint8_t> out(q.size()), guards(2 * kGuardBytes);
     EXPECT_EQ(cudaMemcpy(out.data(), dout, out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(guards.data(), guard_before, kGuardBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(guards.data() + kGuardBytes, guard_after, kGuardBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    const auto changed = std::count_if(guards.begin(), guards.end(), [&](std::uint8_t g) { return g != kGuardByte; });
+    EXPECT_EQ(changed, 0) << "guard bytes changed around the workspace (2 x " << kGuardBytes << ")";
     return out;
   };
   const std::vector<std::uint8_t> reference = run_with({});
@@ -369,6 +387,16 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   variants.push_back({});
   variants.back().cluster_merge = true;
   variants.back().slices_per_block = 1;
+  // The partials kept in L2 and dropped once merged: by default, merged by
+  // the combine kernel, and by a block holding the whole row.
+  variants.push_back({});
+  variants.back().partials_in_l2 = true;
+  variants.push_back({});
+  variants.back().partials_in_l2 = true;
+  variants.back().fused_merge = false;
+  variants.push_back({});
+  variants.back().partials_in_l2 = true;
+  variants.back().slices_per_block = 16;
   for (std::size_t i = 0; i < variants.size(); ++i) {
     EXPECT_TRUE(reference == run_with(variants[i])) << "variant " << i << " changed the output";
   }
