@@ -392,8 +392,9 @@ int main(int argc, char** argv) {
   // next-slice prologue, the ring drained at slice boundaries ("drain"),
   // the cluster merge (one slice per block), V placed 36 KiB past an
   // allocation start ("v+36k": K and V at different offsets from their
-  // 2 MiB-aligned bases), and the partials kept in L2 and dropped once
-  // merged ("l2part").
+  // 2 MiB-aligned bases), and the partials stored plainly, neither kept in
+  // L2 nor dropped from it once merged ("l2plain": DecodeTuning::
+  // partials_in_l2 off).
   struct Variant {
     const char* name;
     DecodeTuning tuning;
@@ -434,8 +435,8 @@ int main(int argc, char** argv) {
       variants.push_back({"cluster", x, 0});
       variants.push_back({"v+36k", d, 36 * 1024});
       x = d;
-      x.partials_in_l2 = true;  // the partials stored evict-last, dropped from L2 once merged
-      variants.push_back({"l2part", x, 0});
+      x.partials_in_l2 = false;
+      variants.push_back({"l2plain", x, 0});
     } else {
       t.fused_merge = false;
       variants.push_back({"fused0", t, 0});

@@ -231,8 +231,9 @@ struct DecodeTuning {
   // bytes (~6 % at 128-key slices and 4 q heads per kv head, ~1.6 % at
   // 512). The log-sum-exps stay plain (4 bytes per slice), and so do the
   // partials at hd 256 (the hint's registers spill there). The same bits.
-  // An experiment, not yet measured (docs/design/decode_attention.md §4.14).
-  bool partials_in_l2 = false;
+  // Session 37 on the H200: 2-6 % faster at B = 16 / 64 (L = 1k, 8k), level
+  // at B = 1 (docs/design/decode_attention.md §4.15).
+  bool partials_in_l2 = true;
 };
 
 // Launch knobs of the wgmma prefill (kernels/attention_prefill_wgmma.cu);

@@ -387,15 +387,16 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   variants.push_back({});
   variants.back().cluster_merge = true;
   variants.back().slices_per_block = 1;
-  // The partials kept in L2 and dropped once merged: by default, merged by
-  // the combine kernel, and by a block holding the whole row.
+  // The partials stored plainly and left in L2 (partials_in_l2 off; on by
+  // default): merged by the last block, by the combine kernel, and by a
+  // block holding the whole row.
   variants.push_back({});
-  variants.back().partials_in_l2 = true;
+  variants.back().partials_in_l2 = false;
   variants.push_back({});
-  variants.back().partials_in_l2 = true;
+  variants.back().partials_in_l2 = false;
   variants.back().fused_merge = false;
   variants.push_back({});
-  variants.back().partials_in_l2 = true;
+  variants.back().partials_in_l2 = false;
   variants.back().slices_per_block = 16;
   for (std::size_t i = 0; i < variants.size(); ++i) {
     EXPECT_TRUE(reference == run_with(variants[i])) << "variant " << i << " changed the output";
