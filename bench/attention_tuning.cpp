@@ -394,7 +394,7 @@ int main(int argc, char** argv) {
   // allocation start ("v+36k": K and V at different offsets from their
   // 2 MiB-aligned bases), and the partials stored plainly, neither kept in
   // L2 nor dropped from it once merged ("l2plain": DecodeTuning::
-  // partials_in_l2 off).
+  // partials_in_l2 off), or kept at every footprint ("l2all": its floor 0).
   struct Variant {
     const char* name;
     DecodeTuning tuning;
@@ -437,6 +437,9 @@ int main(int argc, char** argv) {
       x = d;
       x.partials_in_l2 = false;
       variants.push_back({"l2plain", x, 0});
+      x = d;
+      x.partials_in_l2_min_bytes = 0.0;
+      variants.push_back({"l2all", x, 0});
     } else {
       t.fused_merge = false;
       variants.push_back({"fused0", t, 0});

@@ -1247,6 +1247,13 @@ bool plan_decode_typed(const AttentionArgs& a, DecodeLaunchPlan& plan) {
   plan.prefetch_l2 = footprint <= a.decode_tuning.l2_prefetch_bytes;
   plan.fused = fused;
   plan.cluster = cluster;
+  // The partials kept in L2 pay only where the K / V stream would evict them
+  // before their merge (else the hint and the discard are pure cost: 1-2 %
+  // at B = 1 L = 1k / 4k).
+  const double l2_keep_floor = a.decode_tuning.partials_in_l2_min_bytes < 0.0
+                                   ? static_cast<double>(device_l2_bytes("flash_attention"))
+                                   : a.decode_tuning.partials_in_l2_min_bytes;
+  plan.partials_in_l2 = a.decode_tuning.partials_in_l2 && footprint > l2_keep_floor;
   return true;
 }
 
@@ -1254,12 +1261,15 @@ template <class T, int HD>
 bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   DecodeLaunchPlan p;
   if (!plan_decode_typed<T, HD>(a, p)) return false;
+  // The kernels read the knob from their arguments: the plan's verdict.
+  AttentionArgs ka = a;
+  ka.decode_tuning.partials_in_l2 = p.partials_in_l2;
   const dim3 grid(static_cast<unsigned>(p.grid_x), static_cast<unsigned>(p.grid_y));
   launch_pdl_clustered("flash_attention", dim3(p.cluster ? static_cast<unsigned>(p.splits) : 1u, 1, 1),
                        attention_decode_kernel<T, HD>, grid, static_cast<unsigned>(p.threads),
-                       DecodeShape<HD>::kSmemBytes, stream, a, p.splits, p.slice_keys, p.slices_per_block,
+                       DecodeShape<HD>::kSmemBytes, stream, ka, p.splits, p.slice_keys, p.slices_per_block,
                        p.head_chunks, p.prefetch_l2, p.fused, p.cluster, launch_switches().pdl_early_trigger);
-  if (!p.fused) launch_combine<T, HD>(a, p.splits, p.slice_keys, stream);
+  if (!p.fused) launch_combine<T, HD>(ka, p.splits, p.slice_keys, stream);
   check_launch("flash_attention");
   return true;
 }

@@ -231,9 +231,16 @@ struct DecodeTuning {
   // bytes (~6 % at 128-key slices and 4 q heads per kv head, ~1.6 % at
   // 512). The log-sum-exps stay plain (4 bytes per slice), and so do the
   // partials at hd 256 (the hint's registers spill there). The same bits.
-  // Session 37 on the H200: 2-6 % faster at B = 16 / 64 (L = 1k, 8k), level
-  // at B = 1 (docs/design/decode_attention.md §4.15).
+  // Session 37 on the H200: 2-6 % faster at B = 16 / 64 (L = 1k, 8k), 1-2 %
+  // slower at B = 1 L = 1k / 4k (docs/design/decode_attention.md §4.15),
+  // where the K / V stream never evicts the partials: hence the footprint
+  // rule below.
   bool partials_in_l2 = true;
+  // partials_in_l2 applies only to launches whose footprint (K + V bytes over
+  // batch x kv heads x capacity, as for l2_prefetch_bytes) exceeds this; a
+  // negative value stands for the device's L2 size (50 MiB on the H200).
+  // 0: every launch (the tests use it to reach the hint at small shapes).
+  double partials_in_l2_min_bytes = -1.0;
 };
 
 // Launch knobs of the wgmma prefill (kernels/attention_prefill_wgmma.cu);
@@ -313,6 +320,7 @@ struct DecodeLaunchPlan {
   bool prefetch_l2 = false;  // whole slices asked into L2 first
   bool fused = false;        // the kernel merges the slices (no combine kernel)
   bool cluster = false;      // DecodeTuning::cluster_merge taken
+  bool partials_in_l2 = false;  // DecodeTuning::partials_in_l2 taken (footprint past its floor)
 };
 std::optional<DecodeLaunchPlan> decode_launch_plan(const AttentionArgs& args);
 

@@ -27,6 +27,9 @@ bool device_is_sm90_or_later();
 // Multiprocessors of the current device, cached per device. Throws
 // ferrum::Error (ErrorCode::Cuda) naming `op` when the query fails.
 int device_sm_count(const char* op);
+// Bytes of L2 cache of the current device, cached per device; throws as
+// device_sm_count does.
+int device_l2_bytes(const char* op);
 // Whether the current device runs sm_90a code (compute capability exactly
 // 9.0: the arch-specific features such as wgmma), cached per device.
 bool device_is_sm90a();

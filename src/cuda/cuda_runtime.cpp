@@ -389,18 +389,29 @@ int current_device_cc() {
   return major * 10 + minor;
 }
 
+// Attribute kAttr of the current device, cached; throws ferrum::Error
+// (ErrorCode::Cuda) naming `op` and `what` when a query fails.
+template <cudaDeviceAttr kAttr>
+int current_device_attribute(const char* op, const char* what) {
+  int device = -1;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) throw_cuda_error(op, "cudaGetDevice", err);
+  int value = 0;
+  err = cached_device_attribute<kAttr>(device, &value);
+  if (err != cudaSuccess) throw_cuda_error(op, what, err);
+  return value;
+}
+
 }  // namespace
 
 bool device_is_sm90_or_later() { return current_device_cc() >= 90; }
 
 int device_sm_count(const char* op) {
-  int device = -1;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) throw_cuda_error(op, "cudaGetDevice", err);
-  int sms = 0;
-  err = cached_device_attribute<cudaDevAttrMultiProcessorCount>(device, &sms);
-  if (err != cudaSuccess) throw_cuda_error(op, "cudaDeviceGetAttribute (multiprocessors)", err);
-  return sms;
+  return current_device_attribute<cudaDevAttrMultiProcessorCount>(op, "cudaDeviceGetAttribute (multiprocessors)");
+}
+
+int device_l2_bytes(const char* op) {
+  return current_device_attribute<cudaDevAttrL2CacheSize>(op, "cudaDeviceGetAttribute (L2 cache size)");
 }
 
 bool device_is_sm90a() { return current_device_cc() == 90; }

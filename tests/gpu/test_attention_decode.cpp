@@ -387,17 +387,19 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   variants.push_back({});
   variants.back().cluster_merge = true;
   variants.back().slices_per_block = 1;
-  // The partials stored plainly and left in L2 (partials_in_l2 off; on by
-  // default): merged by the last block, by the combine kernel, and by a
-  // block holding the whole row.
+  // The partials kept in L2 and dropped once merged (partials_in_l2, on by
+  // default but only past the device's L2 in footprint, which no case here
+  // reaches: its floor at 0 takes it at every size): merged by the last
+  // block, by the combine kernel, and by a block holding the whole row; and
+  // the knob off.
+  for (const int merge : {0, 1, 2}) {
+    variants.push_back({});
+    variants.back().partials_in_l2_min_bytes = 0.0;
+    if (merge == 1) variants.back().fused_merge = false;
+    if (merge == 2) variants.back().slices_per_block = 16;
+  }
   variants.push_back({});
   variants.back().partials_in_l2 = false;
-  variants.push_back({});
-  variants.back().partials_in_l2 = false;
-  variants.back().fused_merge = false;
-  variants.push_back({});
-  variants.back().partials_in_l2 = false;
-  variants.back().slices_per_block = 16;
   for (std::size_t i = 0; i < variants.size(); ++i) {
     EXPECT_TRUE(reference == run_with(variants[i])) << "variant " << i << " changed the output";
   }
@@ -416,6 +418,19 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
     EXPECT_EQ(plan->slices_per_block, 1);
     EXPECT_TRUE(plan->fused);
   }
+  // The footprint rule of partials_in_l2: taken at every size with a floor
+  // of 0; by default past the device's L2 (K + V over batch x kv heads x
+  // capacity).
+  kernels::DecodeTuning keep_tuning;
+  keep_tuning.partials_in_l2_min_bytes = 0.0;
+  const std::optional<kernels::DecodeLaunchPlan> keep_plan = kernels::decode_launch_plan(args_for(keep_tuning));
+  const std::optional<kernels::DecodeLaunchPlan> default_plan = kernels::decode_launch_plan(args_for({}));
+  ASSERT_TRUE(keep_plan.has_value() && default_plan.has_value());
+  EXPECT_TRUE(keep_plan->partials_in_l2);
+  int l2_bytes = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0), cudaSuccess);
+  const double footprint = 4.0 * c.batch * c.kv_heads * static_cast<double>(c.capacity) * c.head_dim;
+  EXPECT_EQ(default_plan->partials_in_l2, footprint > l2_bytes) << "footprint " << footprint << " L2 " << l2_bytes;
   std::uint32_t flag = 1;
   EXPECT_EQ(cudaMemcpy(&flag, dflag, sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(flag, 0u);
