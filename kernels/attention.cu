@@ -167,7 +167,10 @@ struct ClusterPartials {
 // The arithmetic depends on the partials alone, so the same bits come out
 // whichever block, kernel or source runs it; used == 0 writes zeros. Every
 // thread of the block calls it (it holds __syncthreads); blockDim.x is a
-// multiple of 32; smem: (h_end - h_begin) * (splits + 1) floats.
+// multiple of 32; smem: (h_end - h_begin) * (splits + 1) floats. It ends
+// with src.release: workspace partials are dropped from L2 unwritten where
+// their discard is set (DecodeTuning::partials_in_l2), so nothing may read
+// them after it.
 //
 // It is latency, not bandwidth: at B = 1 one block per (sequence, kv head)
 // runs it alone after the decode. So every partial a thread reads is
@@ -246,7 +249,8 @@ __device__ void merge_slice_partials(const Partials& src, T* out, int h_begin, i
     float4 x[kMaxUsed];
     load_item(idx, x);
     finish_item(idx, x);
-  }  src.release(h_begin, h_end);
+  }
+  src.release(h_begin, h_end);
 }
 
 // Arrival counters of the fused decode merge, one per (sequence, kv head,
@@ -769,10 +773,13 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       const float4 quad = make_float4(acc[0] / sum, acc[1] / sum, acc[2] / sum, acc[3] / sum);
       if (cluster) {
         *reinterpret_cast<float4*>(cluster_out + h * HD + d) = quad;
-      } else if (HD <= 128 && a.decode_tuning.partials_in_l2) {  // at hd 256 the hint costs a spill
-        store_f4_l2_keep(a.partial_out + ((row0 + h) * splits + split) * HD + d, quad, true);
       } else {
-        *reinterpret_cast<float4*>(a.partial_out + ((row0 + h) * splits + split) * HD + d) = quad;
+        float* const partial = a.partial_out + ((row0 + h) * splits + split) * HD + d;
+        if (HD <= 128 && a.decode_tuning.partials_in_l2) {  // at hd 256 the hint costs a spill
+          store_f4_l2_keep(partial, quad);
+        } else {
+          *reinterpret_cast<float4*>(partial) = quad;
+        }
       }
     }
   };

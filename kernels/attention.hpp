@@ -229,8 +229,9 @@ struct DecodeTuning {
   // the K / V stream before the merge (and read back from DRAM) nor written
   // back to DRAM after it: up to 2 x heads / slice_keys of the launch's DRAM
   // bytes (~6 % at 128-key slices and 4 q heads per kv head, ~1.6 % at
-  // 512). The log-sum-exps stay plain (4 bytes per slice), and so do the
-  // partials at hd 256 (the hint's registers spill there). The same bits.
+  // 512). The log-sum-exps stay plain (4 bytes per slice); at hd 256 the
+  // partials are stored plainly too (the hint's registers spill there) but
+  // still discarded once merged. The same bits.
   // Session 37 on the H200: 2-6 % faster at B = 16 / 64 (L = 1k, 8k), 1-2 %
   // slower at B = 1 L = 1k / 4k (docs/design/decode_attention.md §4.15),
   // where the K / V stream never evicts the partials: hence the footprint
@@ -283,7 +284,10 @@ struct AttentionArgs {
   // valid key are written and read.
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
-  DecodeTuning decode_tuning;  // q_len == 1, tensor-core kernel only
+  // q_len == 1, tensor-core kernel only (but for partials_in_l2, which the
+  // CUDA-core fallback's combine kernel also reads: it discards the merged
+  // partials, stored plainly, at any footprint).
+  DecodeTuning decode_tuning;
   // q_len > 1: the wgmma kernel (kernels/attention_prefill_wgmma.cu) where
   // it applies, else the mma.sync kernel (CudaBackendConfig::prefill_kernel).
   bool prefill_wgmma = true;
@@ -320,7 +324,10 @@ struct DecodeLaunchPlan {
   bool prefetch_l2 = false;  // whole slices asked into L2 first
   bool fused = false;        // the kernel merges the slices (no combine kernel)
   bool cluster = false;      // DecodeTuning::cluster_merge taken
-  bool partials_in_l2 = false;  // DecodeTuning::partials_in_l2 taken (footprint past its floor)
+  // DecodeTuning::partials_in_l2 on and the footprint past its floor: the
+  // kernels receive it (it acts only where slices store workspace partials:
+  // not with one slice per row nor under the cluster merge).
+  bool partials_in_l2 = false;
 };
 std::optional<DecodeLaunchPlan> decode_launch_plan(const AttentionArgs& args);
 

@@ -60,24 +60,20 @@ __device__ __forceinline__ std::uint64_t evict_first_policy() {
 #endif
   return policy;
 }
-// A float4 store to global memory, with its L2 lines kept ahead of
-// streamed data (evict last) where keep is set, else as a plain store would
-// leave them: for scratch that the same launch reads back soon after while
-// larger streams pass through L2. One instruction either way (the policy's
-// fraction is 1 or 0), so a runtime switch costs no branch. Pair keep with
-// discard_l2_lines once the scratch is read, or its lines linger as evict
-// last. A plain store below sm_80.
-__device__ __forceinline__ void store_f4_l2_keep(float* dst, float4 v, bool keep) {
+// A float4 store to global memory with its L2 lines kept ahead of streamed
+// data (evict last): for scratch that the same launch reads back soon after
+// while larger streams pass through L2. Pair it with discard_l2_lines once
+// the scratch is read, or its lines linger as evict last. (The policy's
+// fraction must lie in (0, 1]: a plain store is the way to opt out.) A
+// plain store below sm_80.
+__device__ __forceinline__ void store_f4_l2_keep(float* dst, float4 v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   std::uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_last.L2::evict_unchanged.b64 %0, %1;"
-      : "=l"(policy)
-      : "f"(keep ? 1.0f : 0.0f));
+  asm("createpolicy.fractional.L2::evict_last.L2::evict_unchanged.b64 %0, %1;" : "=l"(policy) : "f"(1.0f));
   asm volatile("st.global.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(dst), "f"(v.x), "f"(v.y),
                "f"(v.z), "f"(v.w), "l"(policy)
                : "memory");
 #else
-  (void)keep;
   *reinterpret_cast<float4*>(dst) = v;
 #endif
 }
