@@ -313,20 +313,32 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
     a.decode_tuning = tuning;
     return a;
   };
-  constexpr std::uint8_t kGuardByte = 0x5a;
+  // Before each run the workspace holds NaN in DRAM (poisoned, then pushed
+  // out of L2 by writing twice L2's size elsewhere), so a partial or lse
+  // dropped from L2 before its merge read it (partials_in_l2's discard), or
+  // never written, reads back as NaN; and the guards take a new value each
+  // run, so a guard line dropped from L2 reads back the last run's.
+  int l2_bytes = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0), cudaSuccess);
+  const std::size_t flush_bytes = 2 * static_cast<std::size_t>(std::max(l2_bytes, 1 << 20));
+  DeviceBytes flush_mem(flush_bytes);
+  int run_index = 0;
   auto run_with = [&](const kernels::DecodeTuning& tuning) {
+    const auto guard_byte = static_cast<std::uint8_t>(0x40 + run_index++ % 64);
     EXPECT_EQ(cudaMemset(dout, kPoisonByte, q.size()), cudaSuccess);
+    EXPECT_EQ(cudaMemset(dws, 0xff, ws_bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemset(flush_mem.get(), 0, flush_bytes), cudaSuccess);
     // Written just before the launch, so that their lines are likely still
     // dirty in L2 when it runs.
-    EXPECT_EQ(cudaMemset(guard_before, kGuardByte, kGuardBytes), cudaSuccess);
-    EXPECT_EQ(cudaMemset(guard_after, kGuardByte, kGuardBytes), cudaSuccess);
+    EXPECT_EQ(cudaMemset(guard_before, guard_byte, kGuardBytes), cudaSuccess);
+    EXPECT_EQ(cudaMemset(guard_after, guard_byte, kGuardBytes), cudaSuccess);
     kernels::launch_attention(args_for(tuning), nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<std::uint8_t> out(q.size()), guards(2 * kGuardBytes);
     EXPECT_EQ(cudaMemcpy(out.data(), dout, out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(guards.data(), guard_before, kGuardBytes, cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(guards.data() + kGuardBytes, guard_after, kGuardBytes, cudaMemcpyDeviceToHost), cudaSuccess);
-    const auto changed = std::count_if(guards.begin(), guards.end(), [&](std::uint8_t g) { return g != kGuardByte; });
+    const auto changed = std::count_if(guards.begin(), guards.end(), [&](std::uint8_t g) { return g != guard_byte; });
     EXPECT_EQ(changed, 0) << "guard bytes changed around the workspace (2 x " << kGuardBytes << ")";
     return out;
   };
@@ -427,10 +439,16 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   const std::optional<kernels::DecodeLaunchPlan> default_plan = kernels::decode_launch_plan(args_for({}));
   ASSERT_TRUE(keep_plan.has_value() && default_plan.has_value());
   EXPECT_TRUE(keep_plan->partials_in_l2);
-  int l2_bytes = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0), cudaSuccess);
   const double footprint = 4.0 * c.batch * c.kv_heads * static_cast<double>(c.capacity) * c.head_dim;
   EXPECT_EQ(default_plan->partials_in_l2, footprint > l2_bytes) << "footprint " << footprint << " L2 " << l2_bytes;
+  // The floor's edge: taken just past it, not at it; never with the knob off.
+  keep_tuning.partials_in_l2_min_bytes = footprint - 1.0;
+  EXPECT_TRUE(kernels::decode_launch_plan(args_for(keep_tuning))->partials_in_l2);
+  keep_tuning.partials_in_l2_min_bytes = footprint;
+  EXPECT_FALSE(kernels::decode_launch_plan(args_for(keep_tuning))->partials_in_l2);
+  keep_tuning.partials_in_l2_min_bytes = 0.0;
+  keep_tuning.partials_in_l2 = false;
+  EXPECT_FALSE(kernels::decode_launch_plan(args_for(keep_tuning))->partials_in_l2);
   std::uint32_t flag = 1;
   EXPECT_EQ(cudaMemcpy(&flag, dflag, sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(flag, 0u);
