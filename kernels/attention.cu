@@ -128,6 +128,11 @@ struct WorkspacePartials {
   long long row0;    // the row of head 0
   int splits;
   bool discard;      // DecodeTuning::partials_in_l2: drop the merged partials' L2 lines
+  // The workspace partials of `a` from row row0 on (discard: the launch's
+  // partials_in_l2 verdict, which the launcher puts in a).
+  __device__ static WorkspacePartials of(const AttentionArgs& a, long long row0, int splits) {
+    return {a.partial_out, a.partial_lse, row0, splits, a.decode_tuning.partials_in_l2};
+  }
   __device__ float lse_at(int h, int s) const { return __ldcg(lse + (row0 + h) * splits + s); }
   __device__ float4 quad_at(int h, int s, int d) const {
     return __ldcg(reinterpret_cast<const float4*>(out + ((row0 + h) * splits + s) * HD + d));
@@ -1085,8 +1090,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   if (arrivals == 1) {
     // The block holds every valid slice of the row: its own partials,
     // visible to it after the barrier above, merge here.
-    merge_slice_partials<T, HD>(WorkspacePartials<HD>{a.partial_out, a.partial_lse, row0, splits,
-                                                      a.decode_tuning.partials_in_l2},
+    merge_slice_partials<T, HD>(WorkspacePartials<HD>::of(a, row0, splits),
                                 static_cast<T*>(a.out) + row0 * HD, 0, heads, splits, used,
                                 reinterpret_cast<float*>(smem_raw));
     return;
@@ -1112,8 +1116,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   timeline_mark(DecodeTimelinePoint::Arrived);
   if (*s_last == 0) return;
   __threadfence();
-  merge_slice_partials<T, HD>(WorkspacePartials<HD>{a.partial_out, a.partial_lse, row0, splits,
-                                                    a.decode_tuning.partials_in_l2},
+  merge_slice_partials<T, HD>(WorkspacePartials<HD>::of(a, row0, splits),
                               static_cast<T*>(a.out) + row0 * HD, 0, heads, splits, used,
                               reinterpret_cast<float*>(smem_raw));
   __syncthreads();
@@ -1137,8 +1140,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   const long long row = blockIdx.x;  // b * num_heads + head (q_len == 1)
   const long long limit = key_limit(a, static_cast<int>(row / a.num_heads), 0, false);
   const int used = static_cast<int>(min(static_cast<long long>(splits), (limit + slice_keys - 1) / slice_keys));
-  merge_slice_partials<T, HD>(WorkspacePartials<HD>{a.partial_out, a.partial_lse, row, splits,
-                                                    a.decode_tuning.partials_in_l2},
+  merge_slice_partials<T, HD>(WorkspacePartials<HD>::of(a, row, splits),
                               static_cast<T*>(a.out) + row * HD, 0, 1, splits, used, smem);
 }
 
@@ -1158,6 +1160,16 @@ int resident_blocks(int threads, int smem) {
   blocks = std::max(blocks, 1);
   if (slot != nullptr) slot->store(blocks, std::memory_order_relaxed);
   return blocks;
+}
+
+// The arguments the decode and combine kernels receive: DecodeTuning::
+// partials_in_l2 replaced by whether the launch takes it (the plan's
+// footprint rule; never for the CUDA-core fallback, whose partials are
+// stored plainly).
+AttentionArgs with_partials_in_l2(const AttentionArgs& a, bool taken) {
+  AttentionArgs k = a;
+  k.decode_tuning.partials_in_l2 = taken;
+  return k;
 }
 
 template <class T, int HD>
@@ -1268,9 +1280,7 @@ template <class T, int HD>
 bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   DecodeLaunchPlan p;
   if (!plan_decode_typed<T, HD>(a, p)) return false;
-  // The kernels read the knob from their arguments: the plan's verdict.
-  AttentionArgs ka = a;
-  ka.decode_tuning.partials_in_l2 = p.partials_in_l2;
+  const AttentionArgs ka = with_partials_in_l2(a, p.partials_in_l2);
   const dim3 grid(static_cast<unsigned>(p.grid_x), static_cast<unsigned>(p.grid_y));
   launch_pdl_clustered("flash_attention", dim3(p.cluster ? static_cast<unsigned>(p.splits) : 1u, 1, 1),
                        attention_decode_kernel<T, HD>, grid, static_cast<unsigned>(p.threads),
@@ -1364,7 +1374,7 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
     dispatch_int(AttentionHeadDims{}, a.head_dim, "flash_attention", "head_dim", [&](auto hd_c) {
       constexpr int HD = decltype(hd_c)::value;
       attention_rows_kernel<T, HD><<<grid, kWarps * 32, 0, stream>>>(a, splits, slice_keys, heads_per_block);
-      if (splits > 1) launch_combine<T, HD>(a, splits, slice_keys, stream);
+      if (splits > 1) launch_combine<T, HD>(with_partials_in_l2(a, false), splits, slice_keys, stream);
     });
   });
   check_launch("flash_attention");

@@ -284,10 +284,7 @@ struct AttentionArgs {
   // valid key are written and read.
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
-  // q_len == 1, tensor-core kernel only (but for partials_in_l2, which the
-  // CUDA-core fallback's combine kernel also reads: it discards the merged
-  // partials, stored plainly, at any footprint).
-  DecodeTuning decode_tuning;
+  DecodeTuning decode_tuning;  // q_len == 1, tensor-core kernel only
   // q_len > 1: the wgmma kernel (kernels/attention_prefill_wgmma.cu) where
   // it applies, else the mma.sync kernel (CudaBackendConfig::prefill_kernel).
   bool prefill_wgmma = true;
