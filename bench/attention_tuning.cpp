@@ -33,6 +33,7 @@
 #include <functional>
 #include <vector>
 
+#include "ferrum/cuda_backend.hpp"
 #include "kernels/attention.hpp"
 
 namespace {
@@ -376,6 +377,11 @@ int main(int argc, char** argv) {
     std::printf("no GPU: nothing to tune\n");
     return 0;
   }
+  // A backend with the default config, so that the launchers run under the
+  // library's launch switches (CudaBackendConfig: PDL with the early
+  // trigger), as in ferrum_bench and the engine. Until session 38 this tool
+  // launched without one: PDL without the early trigger.
+  const ferrum::CudaBackend backend;
   constexpr int kHeads = kDecodeHeads, kKvHeads = kDecodeKvHeads, kHd = kDecodeHeadDim;
   cudaStream_t stream;
   check(cudaStreamCreate(&stream), "cudaStreamCreate");
@@ -440,6 +446,9 @@ int main(int argc, char** argv) {
       x = d;
       x.partials_in_l2_min_bytes = 0.0;
       variants.push_back({"l2all", x, 0});
+      x = d;
+      x.sole_block_per_sm = false;  // one-wave launches at the kernel's own shared memory
+      variants.push_back({"shared", x, 0});
     } else {
       t.fused_merge = false;
       variants.push_back({"fused0", t, 0});
@@ -485,9 +494,9 @@ int main(int argc, char** argv) {
       a.k = k[0];
       a.v = v[0];
       const auto plan = ferrum::kernels::decode_launch_plan(a);
-      std::printf("%-5d %-7lld %-9s %10.2f %9.0f   spb %d%s%s\n", sh.batch, sh.kv, var.name, us, call_bytes / us / 1e3,
-                  plan ? plan->slices_per_block : 0, plan && plan->fused ? " fused" : "",
-                  plan && plan->cluster ? " cluster" : "");
+      std::printf("%-5d %-7lld %-9s %10.2f %9.0f   spb %d%s%s smem %d\n", sh.batch, sh.kv, var.name, us,
+                  call_bytes / us / 1e3, plan ? plan->slices_per_block : 0, plan && plan->fused ? " fused" : "",
+                  plan && plan->cluster ? " cluster" : "", plan ? plan->smem_bytes : 0);
     }
     for (int s = 0; s < sets; ++s) {
       check(cudaFree(k[s]), "cudaFree");

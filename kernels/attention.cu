@@ -1273,6 +1273,16 @@ bool plan_decode_typed(const AttentionArgs& a, DecodeLaunchPlan& plan) {
                                    ? static_cast<double>(device_l2_bytes("flash_attention"))
                                    : a.decode_tuning.partials_in_l2_min_bytes;
   plan.partials_in_l2 = a.decode_tuning.partials_in_l2 && footprint > l2_keep_floor;
+  plan.smem_bytes = smem;
+  if (a.decode_tuning.sole_block_per_sm && !cluster && plan.grid_x * plan.grid_y <= sms) {
+    // The kernel's shared-memory opt-in raised once per device to the size.
+    static std::atomic<unsigned long long> sole_prepared{0};
+    const int sole = device_sole_block_smem("flash_attention");
+    if (sole > smem &&
+        prepare_kernel(reinterpret_cast<const void*>(attention_decode_kernel<T, HD>), sole, sole_prepared)) {
+      plan.smem_bytes = sole;
+    }
+  }
   return true;
 }
 
@@ -1284,7 +1294,7 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.grid_x), static_cast<unsigned>(p.grid_y));
   launch_pdl_clustered("flash_attention", dim3(p.cluster ? static_cast<unsigned>(p.splits) : 1u, 1, 1),
                        attention_decode_kernel<T, HD>, grid, static_cast<unsigned>(p.threads),
-                       DecodeShape<HD>::kSmemBytes, stream, ka, p.splits, p.slice_keys, p.slices_per_block,
+                       static_cast<std::size_t>(p.smem_bytes), stream, ka, p.splits, p.slice_keys, p.slices_per_block,
                        p.head_chunks, p.prefetch_l2, p.fused, p.cluster, launch_switches().pdl_early_trigger);
   if (!p.fused) launch_combine<T, HD>(ka, p.splits, p.slice_keys, stream);
   check_launch("flash_attention");

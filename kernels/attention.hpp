@@ -242,6 +242,16 @@ struct DecodeTuning {
   // negative value stands for the device's L2 size (50 MiB on the H200).
   // 0: every launch (the tests use it to reach the hint at small shapes).
   double partials_in_l2_min_bytes = -1.0;
+  // A launch of no more blocks than SMs gives each block more than half an
+  // SM's shared memory, so no other block of this kernel shares an SM with
+  // it. Under PDL's early trigger the next launch's blocks are placed while
+  // this one's still run: a second decode of one wave (a graph of decode
+  // calls) otherwise lands two blocks on some SMs, which then stream at
+  // half the rate and hold the launch up. Not with cluster_merge. The same
+  // bits. Session 38 on the H200 (decode-exp, chains of decodes under the
+  // early trigger): B = 1 L = 4k 11.2 -> 10.9 us, 1-2 % at B = 1 / 2 up to
+  // 8k, level elsewhere (docs/design/decode_attention.md §4.16).
+  bool sole_block_per_sm = true;
 };
 
 // Launch knobs of the wgmma prefill (kernels/attention_prefill_wgmma.cu);
@@ -325,6 +335,7 @@ struct DecodeLaunchPlan {
   // kernels receive it (it acts only where slices store workspace partials:
   // not with one slice per row nor under the cluster merge).
   bool partials_in_l2 = false;
+  int smem_bytes = 0;  // the launch's dynamic shared memory (sole_block_per_sm raises it)
 };
 std::optional<DecodeLaunchPlan> decode_launch_plan(const AttentionArgs& args);
 

@@ -414,6 +414,16 @@ int device_l2_bytes(const char* op) {
   return current_device_attribute<cudaDevAttrL2CacheSize>(op, "cudaDeviceGetAttribute (L2 cache size)");
 }
 
+int device_sole_block_smem(const char* op) {
+  const int per_sm = current_device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(
+      op, "cudaDeviceGetAttribute (shared memory per SM)");
+  const int reserved = current_device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(
+      op, "cudaDeviceGetAttribute (reserved shared memory per block)");
+  // Two blocks need 2 x (bytes + reserved) <= per_sm; 128 past half of that
+  // keeps the second out.
+  return per_sm / 2 - reserved + 128;
+}
+
 bool device_is_sm90a() { return current_device_cc() == 90; }
 
 bool pdl_available() {

@@ -412,6 +412,9 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   }
   variants.push_back({});
   variants.back().partials_in_l2 = false;
+  // Blocks sharing SMs in one-wave launches (sole_block_per_sm off).
+  variants.push_back({});
+  variants.back().sole_block_per_sm = false;
   for (std::size_t i = 0; i < variants.size(); ++i) {
     EXPECT_TRUE(reference == run_with(variants[i])) << "variant " << i << " changed the output";
   }
@@ -449,6 +452,26 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   keep_tuning.partials_in_l2_min_bytes = 0.0;
   keep_tuning.partials_in_l2 = false;
   EXPECT_FALSE(kernels::decode_launch_plan(args_for(keep_tuning))->partials_in_l2);
+  // sole_block_per_sm: a launch of at most one block per SM asks for more
+  // than half an SM's shared memory (where the kernel's own is less), so no
+  // second block fits beside one; otherwise, or with the knob off, the
+  // kernel's own.
+  kernels::DecodeTuning shared_tuning;
+  shared_tuning.sole_block_per_sm = false;
+  const std::optional<kernels::DecodeLaunchPlan> shared_plan = kernels::decode_launch_plan(args_for(shared_tuning));
+  ASSERT_TRUE(shared_plan.has_value());
+  int sms = 0, smem_per_sm = 0, reserved = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, 0), cudaSuccess);
+  const long long blocks = default_plan->grid_x * default_plan->grid_y;
+  EXPECT_GT(shared_plan->smem_bytes, 0);
+  if (blocks <= sms && !default_plan->cluster) {
+    EXPECT_GT(2 * (default_plan->smem_bytes + reserved), smem_per_sm) << "blocks " << blocks;
+    EXPECT_GE(default_plan->smem_bytes, shared_plan->smem_bytes);
+  } else {
+    EXPECT_EQ(default_plan->smem_bytes, shared_plan->smem_bytes) << "blocks " << blocks;
+  }
   std::uint32_t flag = 1;
   EXPECT_EQ(cudaMemcpy(&flag, dflag, sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(flag, 0u);
