@@ -31,6 +31,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "ferrum/cuda_backend.hpp"
@@ -343,6 +344,22 @@ int run_timeline(int batch, long long kv, double ghz) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("no GPU: nothing to tune\n");
+    return 0;
+  }
+  // A backend with the default config, so that the launchers run under the
+  // library's launch switches (CudaBackendConfig: PDL with the early
+  // trigger), as in ferrum_bench and the engine. Until session 38 this tool
+  // launched without one: PDL without the early trigger.
+  std::optional<ferrum::CudaBackend> backend;
+  try {
+    backend.emplace();
+  } catch (const std::exception& e) {
+    std::printf("CudaBackend: %s\n", e.what());
+    return 1;
+  }
   const char* what = argc > 1 ? argv[1] : "all";
   if (argc >= 4 && argc <= 5 && std::strcmp(what, "timeline") == 0) {
     const int batch = std::atoi(argv[2]);
@@ -372,16 +389,6 @@ int main(int argc, char** argv) {
                 argv[0], argv[0]);
     return 2;
   }
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("no GPU: nothing to tune\n");
-    return 0;
-  }
-  // A backend with the default config, so that the launchers run under the
-  // library's launch switches (CudaBackendConfig: PDL with the early
-  // trigger), as in ferrum_bench and the engine. Until session 38 this tool
-  // launched without one: PDL without the early trigger.
-  const ferrum::CudaBackend backend;
   constexpr int kHeads = kDecodeHeads, kKvHeads = kDecodeKvHeads, kHd = kDecodeHeadDim;
   cudaStream_t stream;
   check(cudaStreamCreate(&stream), "cudaStreamCreate");

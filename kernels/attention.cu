@@ -1217,7 +1217,11 @@ bool decode_cluster_fits(int slices, unsigned threads) {
 template <class T, int HD>
 bool plan_decode_typed(const AttentionArgs& a, DecodeLaunchPlan& plan) {
   using Sh = DecodeShape<HD>;
-  if (!prepare_kernel<attention_decode_kernel<T, HD>>(Sh::kSmemBytes)) return false;
+  // One shared-memory opt-in per device, at the larger of the kernel's own
+  // size and the sole-block size (DecodeTuning::sole_block_per_sm): set at
+  // two sizes, racing threads could leave it below a launch's.
+  const int sole = device_sole_block_smem("flash_attention");
+  if (!prepare_kernel<attention_decode_kernel<T, HD>>(std::max(Sh::kSmemBytes, sole))) return false;
   const int splits = attention_decode_splits(a.kv_stride);
   const int slice_keys = static_cast<int>(attention_decode_slice_keys(a.kv_stride));
   const int group = a.num_heads / a.num_kv_heads;
@@ -1273,16 +1277,11 @@ bool plan_decode_typed(const AttentionArgs& a, DecodeLaunchPlan& plan) {
                                    ? static_cast<double>(device_l2_bytes("flash_attention"))
                                    : a.decode_tuning.partials_in_l2_min_bytes;
   plan.partials_in_l2 = a.decode_tuning.partials_in_l2 && footprint > l2_keep_floor;
-  plan.smem_bytes = smem;
-  if (a.decode_tuning.sole_block_per_sm && !cluster && plan.grid_x * plan.grid_y <= sms) {
-    // The kernel's shared-memory opt-in raised once per device to the size.
-    static std::atomic<unsigned long long> sole_prepared{0};
-    const int sole = device_sole_block_smem("flash_attention");
-    if (sole > smem &&
-        prepare_kernel(reinterpret_cast<const void*>(attention_decode_kernel<T, HD>), sole, sole_prepared)) {
-      plan.smem_bytes = sole;
-    }
-  }
+  // A one-wave launch (not a cluster launch) at the sole-block size, where
+  // that is more than the kernel's own: a later launch's early-placed blocks
+  // of that size then never share an SM with one of this launch's.
+  const bool sole_launch = a.decode_tuning.sole_block_per_sm && !cluster && plan.grid_x * plan.grid_y <= sms;
+  plan.smem_bytes = sole_launch && sole > smem ? sole : smem;
   return true;
 }
 

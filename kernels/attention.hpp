@@ -243,12 +243,12 @@ struct DecodeTuning {
   // 0: every launch (the tests use it to reach the hint at small shapes).
   double partials_in_l2_min_bytes = -1.0;
   // A launch of no more blocks than SMs gives each block more than half an
-  // SM's shared memory, so no other block of this kernel shares an SM with
-  // it. Under PDL's early trigger the next launch's blocks are placed while
+  // SM's shared memory, so no two blocks of such launches share an SM.
+  // Under PDL's early trigger the next launch's blocks are placed while
   // this one's still run: a second decode of one wave (a graph of decode
   // calls) otherwise lands two blocks on some SMs, which then stream at
-  // half the rate and hold the launch up. Not with cluster_merge. The same
-  // bits. Session 38 on the H200 (decode-exp, chains of decodes under the
+  // half the rate and hold the launch up. Not for launches that run as
+  // clusters (cluster_merge taken). The same bits. Session 38 on the H200 (decode-exp, chains of decodes under the
   // early trigger): B = 1 L = 4k 11.2 -> 10.9 us, 1-2 % at B = 1 / 2 up to
   // 8k, level elsewhere (docs/design/decode_attention.md §4.16).
   bool sole_block_per_sm = true;

@@ -30,10 +30,11 @@ int device_sm_count(const char* op);
 // Bytes of L2 cache of the current device, cached per device; throws as
 // device_sm_count does.
 int device_l2_bytes(const char* op);
-// The least dynamic shared memory at which a block holds an SM of the
-// current device alone (no second block fits beside it), from the
-// device's shared memory per SM and per-block reserve, cached per device;
-// throws as device_sm_count does.
+// A dynamic shared-memory size (up to 128 bytes past the least) of which
+// two blocks without static shared memory never fit on one SM of the
+// current device, from its shared memory per SM and per-block reserve; 0
+// where that passes the per-block opt-in. Cached per device; throws as
+// device_sm_count does.
 int device_sole_block_smem(const char* op);
 // Whether the current device runs sm_90a code (compute capability exactly
 // 9.0: the arch-specific features such as wgmma), cached per device.

@@ -419,9 +419,12 @@ int device_sole_block_smem(const char* op) {
       op, "cudaDeviceGetAttribute (shared memory per SM)");
   const int reserved = current_device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(
       op, "cudaDeviceGetAttribute (reserved shared memory per block)");
+  const int optin = current_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(
+      op, "cudaDeviceGetAttribute (shared memory per block, opt-in)");
   // Two blocks need 2 x (bytes + reserved) <= per_sm; 128 past half of that
   // keeps the second out.
-  return per_sm / 2 - reserved + 128;
+  const int sole = per_sm / 2 - reserved + 128;
+  return sole <= optin ? sole : 0;
 }
 
 bool device_is_sm90a() { return current_device_cc() == 90; }
