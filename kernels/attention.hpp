@@ -248,9 +248,10 @@ struct DecodeTuning {
   // this one's still run: a second decode of one wave (a graph of decode
   // calls) otherwise lands two blocks on some SMs, which then stream at
   // half the rate and hold the launch up. Not for launches that run as
-  // clusters (cluster_merge taken). The same bits. Session 38 on the H200 (decode-exp, chains of decodes under the
-  // early trigger): B = 1 L = 4k 11.2 -> 10.9 us, 1-2 % at B = 1 / 2 up to
-  // 8k, level elsewhere (docs/design/decode_attention.md §4.16).
+  // clusters (cluster_merge taken). The same bits. Session 38 on the H200
+  // (decode-exp, chains of decodes under the early trigger): B = 1 L = 4k
+  // 11.2 -> 10.9 us, 1-2 % at B = 1 / 2 up to 8k, level elsewhere
+  // (docs/design/decode_attention.md §4.16).
   bool sole_block_per_sm = true;
 };
 

@@ -389,17 +389,27 @@ int current_device_cc() {
   return major * 10 + minor;
 }
 
-// Attribute kAttr of the current device, cached; throws ferrum::Error
+// The current device; throws ferrum::Error (ErrorCode::Cuda) naming `op`.
+int current_device(const char* op) {
+  int device = -1;
+  const cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) throw_cuda_error(op, "cudaGetDevice", err);
+  return device;
+}
+
+// Attribute kAttr of `device`, cached; throws ferrum::Error
 // (ErrorCode::Cuda) naming `op` and `what` when a query fails.
 template <cudaDeviceAttr kAttr>
-int current_device_attribute(const char* op, const char* what) {
-  int device = -1;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) throw_cuda_error(op, "cudaGetDevice", err);
+int device_attribute(int device, const char* op, const char* what) {
   int value = 0;
-  err = cached_device_attribute<kAttr>(device, &value);
+  const cudaError_t err = cached_device_attribute<kAttr>(device, &value);
   if (err != cudaSuccess) throw_cuda_error(op, what, err);
   return value;
+}
+
+template <cudaDeviceAttr kAttr>
+int current_device_attribute(const char* op, const char* what) {
+  return device_attribute<kAttr>(current_device(op), op, what);
 }
 
 }  // namespace
@@ -415,12 +425,14 @@ int device_l2_bytes(const char* op) {
 }
 
 int device_sole_block_smem(const char* op) {
-  const int per_sm = current_device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(
-      op, "cudaDeviceGetAttribute (shared memory per SM)");
-  const int reserved = current_device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(
-      op, "cudaDeviceGetAttribute (reserved shared memory per block)");
-  const int optin = current_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(
-      op, "cudaDeviceGetAttribute (shared memory per block, opt-in)");
+  // Asked on every decode plan: one device lookup for the three.
+  const int device = current_device(op);
+  const int per_sm = device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(
+      device, op, "cudaDeviceGetAttribute (shared memory per SM)");
+  const int reserved = device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(
+      device, op, "cudaDeviceGetAttribute (reserved shared memory per block)");
+  const int optin = device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(
+      device, op, "cudaDeviceGetAttribute (shared memory per block, opt-in)");
   // Two blocks need 2 x (bytes + reserved) <= per_sm; 128 past half of that
   // keeps the second out.
   const int sole = per_sm / 2 - reserved + 128;
