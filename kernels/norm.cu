@@ -129,6 +129,21 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
       }
     }
   }
+  // bf16 -> fp32 is a shift, so the compiler kept fp32 copies of the row
+  // (and of a prefetched weight) live across the reduction: 46 registers
+  // against f16's 32 for fused_add_rms_norm at 2 vectors, fewer warps per SM,
+  // and spills at 4 vectors with the prefetch. Redo the shifts after it.
+  // (f16's conversions are not kept that way; its code is left as it was.)
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+#pragma unroll
+    for (int i = 0; i < NVEC; ++i) {
+      if (row_ok && lane + i * group < nvec) {  // the vectors that were loaded
+        data[i].keep_packed();
+        if constexpr (PREFETCH_W) w[i].keep_packed();
+        if constexpr (PREFETCH_W && K == NormKind::Layer) b[i].keep_packed();
+      }
+    }
+  }
   const float inv = rsqrtf(row_sum(sq, group) / static_cast<float>(dim) + eps);
 
   if (!row_ok) return;  // after the last block-wide reduction

@@ -24,6 +24,20 @@ struct alignas(sizeof(T) * N) vec_t {
   }
   __device__ __forceinline__ float f(int i) const { return to_float(v[i]); }
   __device__ __forceinline__ void set(int i, float x) { v[i] = from_float<T>(x); }
+  // An empty asm that claims to change the packed registers: fp32 copies the
+  // compiler made of the elements before this point cannot be reused after
+  // it, so they are not held live across (a reduction, say); they are
+  // converted again from the packed words, which take half the registers.
+  __device__ __forceinline__ void keep_packed() {
+    if constexpr (sizeof(vec_t) % 4 == 0) {
+      uint32_t* words = reinterpret_cast<uint32_t*>(v);
+#pragma unroll
+      for (int k = 0; k < static_cast<int>(sizeof(vec_t) / 4); ++k) asm volatile("" : "+r"(words[k]));
+    } else if constexpr (sizeof(vec_t) == 2) {
+      unsigned short* half_word = reinterpret_cast<unsigned short*>(v);
+      asm volatile("" : "+h"(*half_word));
+    }
+  }
 };
 
 // Elements per 16-byte access.
