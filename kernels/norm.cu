@@ -129,12 +129,17 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
       }
     }
   }
-  // bf16 -> fp32 is a shift, so the compiler kept fp32 copies of the row
-  // (and of a prefetched weight) live across the reduction: 46 registers
-  // against f16's 32 for fused_add_rms_norm at 2 vectors, fewer warps per SM,
-  // and spills at 4 vectors with the prefetch. Redo the shifts after it.
-  // (f16's conversions are not kept that way; its code is left as it was.)
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+  // The row (and a prefetched weight) kept packed across the reduction, the
+  // fp32 conversions redone after it (vec_t::keep_packed). bf16 -> fp32 is a
+  // shift, so the compiler held fp32 copies live instead: 46 registers
+  // against f16's 32 for fused_add_rms_norm at 2 vectors (fewer warps per
+  // SM: [32768 x 4096] 273.7 -> 265.8 us with this) and spills at 4 vectors
+  // with the prefetch. For f16 only the prefetching fused_add_rms_norm
+  // gains ([1..16 x 4096] under graph replay 2.62-2.74 -> 1.91-2.10 us);
+  // at [32768 x 4096] f16 went 259.7 -> 264.5 us, so it keeps the
+  // compiler's own schedule elsewhere (H200, session 39).
+  constexpr bool kKeepPacked = std::is_same_v<T, __nv_bfloat16> || (PREFETCH_W && K == NormKind::AddRms);
+  if constexpr (kKeepPacked) {
 #pragma unroll
     for (int i = 0; i < NVEC; ++i) {
       if (row_ok && lane + i * group < nvec) {  // the vectors that were loaded
