@@ -232,6 +232,10 @@ long long next_pow2(long long v) {
 // Through CudaBackend (ferrum_bench): layer f16 140.0 µs, rms bf16 133.1;
 // session 8 (per-vector weight loads, t4 for both): layer f16 134.5 µs
 // (93.8 % of copy), bf16 142.0 (88.9 %; was 181.6).
+// Session 39 (bf16 rows kept packed, 39-56 registers), the bf16 sweep again,
+// single launches: add_rms 32768 rows t2 270.1 | t4 268.1 | t8 266.7 µs,
+// 4096 rows t2 41.7 | t4 40.9 | t8 44.5; layer 32768 t4 144.6 | t8 140.1,
+// 4096 t4 28.5 | t8 30.9. No target wins at both sizes: left as they were.
 int tuned_vectors_per_thread(NormKind kind, DType dtype) {
   if (kind == NormKind::Layer) return 4;
   if (kind == NormKind::Rms) return dtype == DType::F16 ? 2 : 4;

@@ -28,12 +28,15 @@ struct alignas(sizeof(T) * N) vec_t {
   // compiler made of the elements before this point cannot be reused after
   // it, so they are not held live across (a reduction, say); they are
   // converted again from the packed words, which take half the registers.
+  // (A pointer cast, as load() and store() use: a memcpy round trip compiles
+  // to other PTX than the code measured on the H200.)
   __device__ __forceinline__ void keep_packed() {
+    static_assert(sizeof(vec_t) % 4 == 0 || sizeof(vec_t) == 2, "keep_packed: 2 bytes or whole 32-bit words");
     if constexpr (sizeof(vec_t) % 4 == 0) {
       uint32_t* words = reinterpret_cast<uint32_t*>(v);
 #pragma unroll
       for (int k = 0; k < static_cast<int>(sizeof(vec_t) / 4); ++k) asm volatile("" : "+r"(words[k]));
-    } else if constexpr (sizeof(vec_t) == 2) {
+    } else {
       unsigned short* half_word = reinterpret_cast<unsigned short*>(v);
       asm volatile("" : "+h"(*half_word));
     }
