@@ -72,7 +72,11 @@
 #                                alternated, with the greedy tokens' md5, and
 #                                ferrum_bench_gptq --kernel bulk m = 1 (or
 #                                AB_BENCH_MS, e.g. 1,16) on the decode shapes,
-#                                every build (needs .deps)
+#                                every build (needs .deps); AB_OPS_FILTER
+#                                adds ferrum_bench on those ops (its --filter),
+#                                AB_RUNS passes alternated, one table
+#                                (bench/ab_table.py, also $OUT/ab_ops.md);
+#                                AB_SKIP_GPTQ_BENCH=1 leaves out the GPTQ bench
 #   scripts/gpu_suite.sh rowsq   the llama3-8b GPTQ graph decode with and
 #                                without --gptq-row-sq-norms, alternated
 #                                AB_RUNS (2) times, tok/s and the tokens' md5;
@@ -251,7 +255,7 @@ sanitize() {
       for tree in base alt/*; do
         [ -d "$tree" ] || continue
         side_build "$(ab_build_dir "$tree")" "$tree" "$tree ($(cat "$tree/COMMIT" 2>/dev/null))" 6 "" \
-          ferrum_engine ferrum_bench_gptq
+          ferrum_engine ferrum_bench_gptq ${AB_OPS_FILTER:+ferrum_bench}
       done
     fi
   fi
@@ -266,7 +270,7 @@ sanitize() {
   # ab alone needs only its two targets (the whole tree, tests included,
   # costs about a minute more of the call).
   MAIN_TARGETS=()
-  [ "$MODE" = ab ] && MAIN_TARGETS=(--target ferrum_engine ferrum_bench_gptq)
+  [ "$MODE" = ab ] && MAIN_TARGETS=(--target ferrum_engine ferrum_bench_gptq ${AB_OPS_FILTER:+ferrum_bench})
   cmake --build $B -j$([ -d base ] && has_mode ab && echo 10 || echo 16) "${MAIN_TARGETS[@]}" 2>&1 \
     | grep -E "error|warning|FAILED" || echo "build ok"
   wait
@@ -749,11 +753,27 @@ if has_mode ab && [ -d base ]; then
         echo "-- ${AB_NAMES[$b]} run $i: exit $rc$(grep -E 'decode:' /tmp/ferrum_ab_engine.log | tr -s ' ') tokens $(grep -E 'generated:' /tmp/ferrum_ab_engine.log | md5sum | cut -c1-8)"
       done
     done
-    for b in "${!AB_BUILDS[@]}"; do
-      echo "-- ferrum_bench_gptq --kernel bulk, m = ${AB_BENCH_MS:-1}: ${AB_NAMES[$b]}"
-      timeout 90 "${AB_BUILDS[$b]}/bench/ferrum_bench_gptq" --kernel bulk --ms "${AB_BENCH_MS:-1}" \
-        --shapes 4096x6144,4096x4096,4096x28672,14336x4096,8192x8192,8192x28672 2>&1 | grep -vE "^#|^$"
-    done
+    # AB_OPS_FILTER: ferrum_bench on those ops, AB_RUNS passes alternating
+    # the builds, as one table (bench/ab_table.py).
+    if [ -n "${AB_OPS_FILTER:-}" ]; then
+      AB_TABLE_ARGS=()
+      for i in $(seq 1 "${AB_RUNS:-2}"); do
+        for b in "${!AB_BUILDS[@]}"; do
+          json="$DETAIL/ab_ops.$b.$i.json"
+          timeout 120 "${AB_BUILDS[$b]}/bench/ferrum_bench" --filter "$AB_OPS_FILTER" --json "$json" > /dev/null 2>&1
+          echo "-- ferrum_bench '$AB_OPS_FILTER', ${AB_NAMES[$b]} pass $i: exit $?"
+          AB_TABLE_ARGS+=("${AB_NAMES[$b]// /_}=$json")
+        done
+      done
+      python3 bench/ab_table.py "${AB_TABLE_ARGS[@]}" | tee "$OUT/ab_ops.md"
+    fi
+    if [ -z "${AB_SKIP_GPTQ_BENCH:-}" ]; then
+      for b in "${!AB_BUILDS[@]}"; do
+        echo "-- ferrum_bench_gptq --kernel bulk, m = ${AB_BENCH_MS:-1}: ${AB_NAMES[$b]}"
+        timeout 90 "${AB_BUILDS[$b]}/bench/ferrum_bench_gptq" --kernel bulk --ms "${AB_BENCH_MS:-1}" \
+          --shapes 4096x6144,4096x4096,4096x28672,14336x4096,8192x8192,8192x28672 2>&1 | grep -vE "^#|^$"
+      done
+    fi
   } 2>&1 | tee -a "$LOG"
 fi
 
