@@ -6,8 +6,9 @@ Usage:
 
 A NAME given more than once is one build run several times (alternated with the
 others). Rows pair on (op, dtype, shape, mode); each build's column lists its
-runs' median us, "/"-separated, and the last column is the first build's best
-run over the second's (< 1: the first build is faster).
+runs' median us, "/"-separated ("err": the case failed, "-": not run), and the
+last column is the first build's best run over the second's (< 1: the first
+build is faster). Prints a Markdown table.
 """
 
 import json
@@ -25,27 +26,33 @@ def main(argv):
         name, path = arg.split("=", 1)
         if name not in builds:
             builds.append(name)
-        with open(path) as f:
-            records = json.load(f)["records"]
+        try:
+            with open(path) as f:
+                records = json.load(f)["records"]
+        except (OSError, ValueError, KeyError) as e:
+            print(f"ab_table: {name}: {path} unreadable ({e}); left out", file=sys.stderr)
+            continue
         for r in records:
-            if r.get("us") is None:
-                continue
             key = (r["op"], r["dtype"], r["shape"], r["mode"])
             if key not in rows:
                 rows.append(key)
-            runs.setdefault((key, name), []).append(float(r["us"]))
+            cell = runs.setdefault((key, name), [])
+            if r.get("us") is not None:  # else the case failed: shown as "err"
+                cell.append(float(r["us"]))
     header = ["op", "dtype", "shape", "mode"] + builds
     if len(builds) >= 2:
         header.append(f"{builds[0]} / {builds[1]}")
-    print(" | ".join(header))
+    print("| " + " | ".join(header) + " |")
+    print("|" + " --- |" * len(header))
     for key in rows:
         cells = list(key)
         for name in builds:
-            cells.append(" / ".join(f"{us:.2f}" for us in runs.get((key, name), [])) or "-")
+            times = runs.get((key, name))
+            cells.append("-" if times is None else " / ".join(f"{us:.2f}" for us in times) or "err")
         if len(builds) >= 2:
             a, b = runs.get((key, builds[0])), runs.get((key, builds[1]))
             cells.append(f"{min(a) / min(b):.3f}" if a and b else "-")
-        print(" | ".join(cells))
+        print("| " + " | ".join(cells) + " |")
     return 0
 
 

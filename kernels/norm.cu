@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
   // against f16's 32 for fused_add_rms_norm at 2 vectors (fewer warps per
   // SM: [32768 x 4096] 273.7 -> 265.8 us with this) and spills at 4 vectors
   // with the prefetch. For f16 only the prefetching fused_add_rms_norm
-  // gains ([1..16 x 4096] under graph replay 2.62-2.74 -> 1.91-2.10 us);
+  // gains ([1..16 x 4096] under graph replay 2.61-2.74 -> 1.91-2.10 us);
   // at [32768 x 4096] f16 went 259.7 -> 264.5 us, so it keeps the
   // compiler's own schedule elsewhere (H200, session 39).
   constexpr bool kKeepPacked = std::is_same_v<T, __nv_bfloat16> || (PREFETCH_W && K == NormKind::AddRms);
@@ -234,8 +234,9 @@ long long next_pow2(long long v) {
 // (93.8 % of copy), bf16 142.0 (88.9 %; was 181.6).
 // Session 39 (bf16 rows kept packed, 39-56 registers), the bf16 sweep again,
 // single launches: add_rms 32768 rows t2 270.1 | t4 268.1 | t8 266.7 µs,
-// 4096 rows t2 41.7 | t4 40.9 | t8 44.5; layer 32768 t4 144.6 | t8 140.1,
-// 4096 t4 28.5 | t8 30.9. No target wins at both sizes: left as they were.
+// 4096 rows t2 41.7 | t4 40.9 | t8 44.5 (chained t2 36.00 | t4 36.04);
+// layer 32768 t4 144.6 | t8 140.1, 4096 t4 28.5 | t8 30.9. Within one run's
+// noise or split by size: left as they were.
 int tuned_vectors_per_thread(NormKind kind, DType dtype) {
   if (kind == NormKind::Layer) return 4;
   if (kind == NormKind::Rms) return dtype == DType::F16 ? 2 : 4;

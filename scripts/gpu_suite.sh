@@ -267,7 +267,7 @@ sanitize() {
         "-DFERRUM_BUILD_TESTS=OFF -DFERRUM_DECODE_MIN_SLICE_KEYS=$size" ferrum_attention_tuning ferrum_bench
     done
   fi
-  # ab alone needs only its two targets (the whole tree, tests included,
+  # ab alone needs only its targets (the whole tree, tests included,
   # costs about a minute more of the call).
   MAIN_TARGETS=()
   [ "$MODE" = ab ] && MAIN_TARGETS=(--target ferrum_engine ferrum_bench_gptq ${AB_OPS_FILTER:+ferrum_bench})
@@ -760,12 +760,17 @@ if has_mode ab && [ -d base ]; then
       for i in $(seq 1 "${AB_RUNS:-2}"); do
         for b in "${!AB_BUILDS[@]}"; do
           json="$DETAIL/ab_ops.$b.$i.json"
+          rm -f "$json"  # ferrum_bench writes it at its end: a run cut short leaves none
           timeout 120 "${AB_BUILDS[$b]}/bench/ferrum_bench" --filter "$AB_OPS_FILTER" --json "$json" > /dev/null 2>&1
           echo "-- ferrum_bench '$AB_OPS_FILTER', ${AB_NAMES[$b]} pass $i: exit $?"
-          AB_TABLE_ARGS+=("${AB_NAMES[$b]// /_}=$json")
+          [ -s "$json" ] && AB_TABLE_ARGS+=("${AB_NAMES[$b]// /_}=$json")
         done
       done
-      python3 bench/ab_table.py "${AB_TABLE_ARGS[@]}" | tee "$OUT/ab_ops.md"
+      if [ ${#AB_TABLE_ARGS[@]} -gt 0 ]; then
+        python3 bench/ab_table.py "${AB_TABLE_ARGS[@]}" | tee "$OUT/ab_ops.md"
+      else
+        echo "ab: no ferrum_bench run finished"
+      fi
     fi
     if [ -z "${AB_SKIP_GPTQ_BENCH:-}" ]; then
       for b in "${!AB_BUILDS[@]}"; do
