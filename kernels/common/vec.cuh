@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/dtype.cuh"
 
@@ -22,7 +23,17 @@ struct alignas(sizeof(T) * N) vec_t {
       load(p);
     }
   }
-  __device__ __forceinline__ float f(int i) const { return to_float(v[i]); }
+  __device__ __forceinline__ float f(int i) const {
+    if constexpr (std::is_same_v<T, __nv_bfloat16> && sizeof(vec_t) % 4 == 0) {
+      // bf16 -> fp32 from the packed word (a shift or a mask): through v[i]
+      // the compiler split every loaded word into two 16-bit registers at the
+      // load, so a vector took 8 registers instead of 4 until its use.
+      const uint32_t word = reinterpret_cast<const uint32_t*>(v)[i / 2];
+      return __uint_as_float((i & 1) ? (word & 0xffff0000u) : (word << 16));
+    } else {
+      return to_float(v[i]);
+    }
+  }
   __device__ __forceinline__ void set(int i, float x) { v[i] = from_float<T>(x); }
   // An empty asm that claims to change the packed registers: fp32 copies the
   // compiler made of the elements before this point cannot be reused after
