@@ -34,6 +34,11 @@ struct alignas(sizeof(T) * N) vec_t {
       return to_float(v[i]);
     }
   }
+  // The element converted through v[i], which for bf16 splits each word into
+  // 16-bit registers at the load (f's comment). Where the fp32 values are
+  // used on both sides of a reduction this measured faster than f: the bf16
+  // qk_norm_rope, 2-6 % (PERFORMANCE.md, session 40).
+  __device__ __forceinline__ float f_from_element(int i) const { return to_float(v[i]); }
   __device__ __forceinline__ void set(int i, float x) { v[i] = from_float<T>(x); }
   // An empty asm that claims to change the packed registers: fp32 copies the
   // compiler made of the elements before this point cannot be reused after
