@@ -4,6 +4,7 @@
 // allows it, with scalar code for the unaligned case and the tail.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/activation.cuh"
 #include "kernels/common/check.hpp"
@@ -32,9 +33,14 @@ struct Add {
 };
 
 // out[e] = op(a[e], b[b_index(e)]), b_index(e) = period ? e % period : e.
-// b may be null for unary ops. out may alias a.
-template <class T, int VW, class Op>
-__global__ void flat_map_kernel(const T* a, const T* __restrict__ b, T* out, long long n, long long period, Op op) {
+// b may be null for unary ops. out may alias a. FROM_WORD: f16 converted
+// from the packed word (vec_t::f_from_word), which the launcher picks for
+// small grids only (kSmallGridBlocks).
+template <class T, int VW, class Op, bool FROM_WORD>
+__global__ void flat_map_kernel(const T* a,             // [n]
+                                const T* __restrict__ b,  // [n], [period] (broadcast) or null
+                                T* out,                   // [n], may be a
+                                long long n, long long period, Op op) {
   pdl_begin();
   using V = vec_t<T, VW>;
   const long long nvec = n / VW;
@@ -55,7 +61,13 @@ __global__ void flat_map_kernel(const T* a, const T* __restrict__ b, T* out, lon
     if (vi < nvec) {
       V o;
 #pragma unroll
-      for (int j = 0; j < VW; ++j) o.set(j, op(va[it].f(j), b != nullptr ? vb[it].f(j) : 0.0f));
+      for (int j = 0; j < VW; ++j) {
+        if constexpr (FROM_WORD) {
+          o.set(j, op(va[it].f_from_word(j), b != nullptr ? vb[it].f_from_word(j) : 0.0f));
+        } else {
+          o.set(j, op(va[it].f(j), b != nullptr ? vb[it].f(j) : 0.0f));
+        }
+      }
       o.store(out + vi * VW);
     }
   }
@@ -71,6 +83,13 @@ __global__ void flat_map_kernel(const T* a, const T* __restrict__ b, T* out, lon
   }
 }
 
+// f16 grids up to this many blocks convert from the packed word: under graph
+// replay at [1..16 x 4096] (1-16 blocks) add_inplace took 1.32-1.56 us that
+// way against 1.76-2.00 and gelu 2 % less, while at [32768 x 4096] (32768
+// blocks) it cost add_inplace, add_bias and gelu 0.7-1.1 % (H200, session
+// 40). Sizes in between were not measured; one block per SM is the cut.
+constexpr long long kSmallGridBlocks = 132;
+
 template <class T, class Op>
 void launch_flat_map(const char* name, const T* a, const T* b, T* out, long long n, long long period, Op op,
                      cudaStream_t stream) {
@@ -81,10 +100,14 @@ void launch_flat_map(const char* name, const T* a, const T* b, T* out, long long
   long long blocks = (nvec + kThreads * kItems - 1) / (kThreads * kItems);
   if (blocks == 0) blocks = 1;  // the tail alone
   const dim3 grid(static_cast<unsigned>(blocks));
-  if (wide) {
-    launch_pdl(name, flat_map_kernel<T, kWide, Op>, grid, kThreads, 0, stream, a, b, out, n, period, op);
+  // bf16's f already converts from the word: one instance serves it.
+  constexpr bool kF16 = std::is_same_v<T, __half>;
+  if (wide && kF16 && blocks <= kSmallGridBlocks) {
+    launch_pdl(name, flat_map_kernel<T, kWide, Op, kF16>, grid, kThreads, 0, stream, a, b, out, n, period, op);
+  } else if (wide) {
+    launch_pdl(name, flat_map_kernel<T, kWide, Op, false>, grid, kThreads, 0, stream, a, b, out, n, period, op);
   } else {
-    launch_pdl(name, flat_map_kernel<T, 1, Op>, grid, kThreads, 0, stream, a, b, out, n, period, op);
+    launch_pdl(name, flat_map_kernel<T, 1, Op, false>, grid, kThreads, 0, stream, a, b, out, n, period, op);
   }
 }
 

@@ -23,22 +23,38 @@ struct alignas(sizeof(T) * N) vec_t {
       load(p);
     }
   }
+  // Element i as fp32. bf16 converts from the packed word (f_from_word):
+  // through v[i] the compiler split every loaded word into two 16-bit
+  // registers at the load, so a vector took 8 registers instead of 4 until
+  // its use (bf16 add_bias and fused_silu_mul_split [large] 11 % faster this
+  // way, PERFORMANCE.md session 40). f16 keeps v[i]: from the word it ran
+  // 0.7-2 % slower on the large norms and elementwise ops.
   __device__ __forceinline__ float f(int i) const {
     if constexpr (std::is_same_v<T, __nv_bfloat16> && sizeof(vec_t) % 4 == 0) {
-      // bf16 -> fp32 from the packed word (a shift or a mask): through v[i]
-      // the compiler split every loaded word into two 16-bit registers at the
-      // load, so a vector took 8 registers instead of 4 until its use.
+      return f_from_word(i);
+    } else {
+      return f_from_element(i);
+    }
+  }
+  // Element i converted through v[i]. Where the fp32 values are used on both
+  // sides of a reduction this measured faster than the word for bf16: the
+  // qk_norm_rope, 2-6 % (PERFORMANCE.md, session 40).
+  __device__ __forceinline__ float f_from_element(int i) const { return to_float(v[i]); }
+  // Element i converted from the 32-bit word holding it and its neighbour,
+  // which stays whole until here: bf16 a shift or a mask (the same bits as
+  // __bfloat162float but perhaps for a NaN's payload), f16 __low2float /
+  // __high2float (which split the word inside their own asm).
+  __device__ __forceinline__ float f_from_word(int i) const {
+    static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "f_from_word: 16-bit floats only");
+    static_assert(sizeof(vec_t) % 4 == 0, "f_from_word: whole 32-bit words only");
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       const uint32_t word = reinterpret_cast<const uint32_t*>(v)[i / 2];
       return __uint_as_float((i & 1) ? (word & 0xffff0000u) : (word << 16));
     } else {
-      return to_float(v[i]);
+      const __half2 pair = reinterpret_cast<const __half2*>(v)[i / 2];
+      return (i & 1) ? __high2float(pair) : __low2float(pair);
     }
   }
-  // The element converted through v[i], which for bf16 splits each word into
-  // 16-bit registers at the load (f's comment). Where the fp32 values are
-  // used on both sides of a reduction this measured faster than f: the bf16
-  // qk_norm_rope, 2-6 % (PERFORMANCE.md, session 40).
-  __device__ __forceinline__ float f_from_element(int i) const { return to_float(v[i]); }
   __device__ __forceinline__ void set(int i, float x) { v[i] = from_float<T>(x); }
   // An empty asm that claims to change the packed registers: fp32 copies the
   // compiler made of the elements before this point cannot be reused after
