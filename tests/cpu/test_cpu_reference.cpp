@@ -446,6 +446,37 @@ TEST_P(CpuSmallNorms, EpsMatters) {
 }
 INSTANTIATE_TEST_SUITE_P(DTypes, CpuSmallNorms, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
 
+// ── Non-finite inputs: NaN, +-Inf and overflowing sums through the adds ─────
+
+// Counts the NaN and infinite elements of `t`: the cases must produce both,
+// or the comparison proves nothing about them.
+void expect_nan_and_inf(const HostTensor& t) {
+  const auto nans = std::count_if(t.values.begin(), t.values.end(), [](float v) { return std::isnan(v); });
+  const auto infs = std::count_if(t.values.begin(), t.values.end(), [](float v) { return std::isinf(v); });
+  EXPECT_GT(nans, 0);
+  EXPECT_GT(infs, 0);
+}
+
+class CpuNonFinite : public CpuDTypeTest {};
+TEST_P(CpuNonFinite, AddsPropagateNanAndInf) {
+  FERRUM_SEEDED_RNG(rng);
+  for (std::size_t len : kNonFiniteAddLens) {
+    const AddInplaceCase c = make_non_finite_add_inplace_case(rng, dt(), len);
+    SCOPED_TRACE(describe(c));
+    const HostTensor want = ref_rounded_sum(c.residual, [&](std::size_t i) { return c.x.values[i]; });
+    expect_nan_and_inf(want);
+    EXPECT_TRUE(equal_or_both_nan(checked_run(cpu_, c, {}).at("residual").values, want.values));
+  }
+  for (const auto& [rows, cols] : kNonFiniteBiasShapes) {
+    const AddBiasCase c = make_non_finite_add_bias_case(rng, dt(), rows, cols);
+    SCOPED_TRACE(describe(c));
+    const HostTensor want = ref_rounded_sum(c.data, [&](std::size_t i) { return c.bias.values[i % c.cols]; });
+    expect_nan_and_inf(want);
+    EXPECT_TRUE(equal_or_both_nan(checked_run(cpu_, c, {}).at("data").values, want.values));
+  }
+}
+INSTANTIATE_TEST_SUITE_P(DTypes, CpuNonFinite, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
+
 // ── Ops with hand-picked size lists ──────────────────────────────────────────
 
 class CpuCaseOps : public CaseParamTest<::testing::TestWithParam<DTypeCaseParam>> {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -182,6 +183,35 @@ AddBiasCase make_add_bias_case(Rng& rng, DType dt, std::size_t rows, std::size_t
 
 AddInplaceCase make_add_inplace_case(Rng& rng, DType dt, std::size_t len) {
   return {len, random_uniform(rng, dt, len), random_uniform(rng, dt, len)};
+}
+
+namespace {
+
+// Writes NaN, +Inf, -Inf, +max and -max finite into t every `stride`
+// elements from `offset`, cycling through them (strides prime to 8 reach
+// every lane of a 16-byte vector).
+void sprinkle_non_finite(HostTensor& t, std::size_t offset, std::size_t stride) {
+  const float max_finite = t.dtype == DType::BF16 ? 3.38953139e38f : 65504.0f;
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), max_finite, -max_finite};
+  std::size_t k = 0;
+  for (std::size_t i = offset; i < t.size(); i += stride) t.values[i] = specials[k++ % std::size(specials)];
+}
+
+}  // namespace
+
+AddBiasCase make_non_finite_add_bias_case(Rng& rng, DType dt, std::size_t rows, std::size_t cols) {
+  AddBiasCase c = make_add_bias_case(rng, dt, rows, cols);
+  sprinkle_non_finite(c.data, 0, 7);
+  sprinkle_non_finite(c.bias, 2, 5);
+  return c;
+}
+
+AddInplaceCase make_non_finite_add_inplace_case(Rng& rng, DType dt, std::size_t len) {
+  AddInplaceCase c = make_add_inplace_case(rng, dt, len);
+  sprinkle_non_finite(c.residual, 0, 7);
+  sprinkle_non_finite(c.x, 1, 3);
+  return c;
 }
 
 GemmCase make_gemm_case(Rng& rng, DType dt, std::size_t m, std::size_t n, std::size_t k) {

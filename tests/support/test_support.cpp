@@ -250,6 +250,27 @@ namespace {
   return compare_close(got, ref.size(), [&](std::size_t i) { return static_cast<double>(ref[i]); }, dtype, scale);
 }
 
+::testing::AssertionResult equal_or_both_nan(std::span<const float> got, std::span<const float> want) {
+  if (got.size() != want.size()) {
+    return ::testing::AssertionFailure() << "size mismatch: got " << got.size() << " elements, expected "
+                                         << want.size();
+  }
+  std::size_t mismatches = 0;
+  std::ostringstream first;
+  first << std::setprecision(9);
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const bool same = std::isnan(want[i]) ? std::isnan(got[i]) : got[i] == want[i];
+    if (!same) {
+      ++mismatches;
+      if (mismatches <= 5) first << "\n    [" << i << "] got " << got[i] << " expected " << want[i];
+    }
+  }
+  if (mismatches == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << mismatches << " of " << got.size()
+                                       << " elements differ (values equal or both NaN required). First:"
+                                       << first.str();
+}
+
 ::testing::AssertionResult bitwise_equal(std::span<const std::uint8_t> got, std::span<const std::uint8_t> want,
                                          std::size_t elem_bytes) {
   if (got.size() != want.size()) {
