@@ -33,10 +33,11 @@ struct Add {
 };
 
 // out[e] = op(a[e], b[b_index(e)]), b_index(e) = period ? e % period : e.
-// b may be null for unary ops. out may alias a. FROM_WORD: f16 converted
+// b may be null for unary ops. out may alias a. F16_FROM_WORD: f16 converted
 // from the packed word (vec_t::f_from_word), which the launcher picks for
-// small grids only (kSmallGridBlocks).
-template <class T, int VW, class Op, bool FROM_WORD>
+// small grids only (kSmallGridBlocks); false: vec_t::f (for bf16 also from
+// the word).
+template <class T, int VW, class Op, bool F16_FROM_WORD>
 __global__ void flat_map_kernel(const T* a,             // [n]
                                 const T* __restrict__ b,  // [n], [period] (broadcast) or null
                                 T* out,                   // [n], may be a
@@ -62,7 +63,7 @@ __global__ void flat_map_kernel(const T* a,             // [n]
       V o;
 #pragma unroll
       for (int j = 0; j < VW; ++j) {
-        if constexpr (FROM_WORD) {
+        if constexpr (F16_FROM_WORD) {
           o.set(j, op(va[it].f_from_word(j), b != nullptr ? vb[it].f_from_word(j) : 0.0f));
         } else {
           o.set(j, op(va[it].f(j), b != nullptr ? vb[it].f(j) : 0.0f));
@@ -87,7 +88,8 @@ __global__ void flat_map_kernel(const T* a,             // [n]
 // replay at [1..16 x 4096] (1-16 blocks) add_inplace took 1.32-1.56 us that
 // way against 1.76-2.00 and gelu 2 % less, while at [32768 x 4096] (32768
 // blocks) it cost add_inplace, add_bias and gelu 0.7-1.1 % (H200, session
-// 40). Sizes in between were not measured; one block per SM is the cut.
+// 40). Sizes in between were not measured; the cut is the H200's SM count
+// (speed only: either instance is correct at any size).
 constexpr long long kSmallGridBlocks = 132;
 
 template <class T, class Op>
@@ -100,11 +102,13 @@ void launch_flat_map(const char* name, const T* a, const T* b, T* out, long long
   long long blocks = (nvec + kThreads * kItems - 1) / (kThreads * kItems);
   if (blocks == 0) blocks = 1;  // the tail alone
   const dim3 grid(static_cast<unsigned>(blocks));
-  // bf16's f already converts from the word: one instance serves it.
-  constexpr bool kF16 = std::is_same_v<T, __half>;
-  if (wide && kF16 && blocks <= kSmallGridBlocks) {
-    launch_pdl(name, flat_map_kernel<T, kWide, Op, kF16>, grid, kThreads, 0, stream, a, b, out, n, period, op);
-  } else if (wide) {
+  if constexpr (std::is_same_v<T, __half>) {  // bf16's f already converts from the word
+    if (wide && blocks <= kSmallGridBlocks) {
+      launch_pdl(name, flat_map_kernel<T, kWide, Op, true>, grid, kThreads, 0, stream, a, b, out, n, period, op);
+      return;
+    }
+  }
+  if (wide) {
     launch_pdl(name, flat_map_kernel<T, kWide, Op, false>, grid, kThreads, 0, stream, a, b, out, n, period, op);
   } else {
     launch_pdl(name, flat_map_kernel<T, 1, Op, false>, grid, kThreads, 0, stream, a, b, out, n, period, op);

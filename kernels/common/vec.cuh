@@ -36,14 +36,17 @@ struct alignas(sizeof(T) * N) vec_t {
       return f_from_element(i);
     }
   }
-  // Element i converted through v[i]. Where the fp32 values are used on both
-  // sides of a reduction this measured faster than the word for bf16: the
-  // qk_norm_rope, 2-6 % (PERFORMANCE.md, session 40).
+  // Element i converted through v[i]. For bf16 this measured faster than the
+  // word in qk_norm_rope, 2-6 % (PERFORMANCE.md, session 40); the norms,
+  // which also use their values on both sides of a reduction, gained from the
+  // word with keep_packed, so it is no general rule.
   __device__ __forceinline__ float f_from_element(int i) const { return to_float(v[i]); }
   // Element i converted from the 32-bit word holding it and its neighbour,
   // which stays whole until here: bf16 a shift or a mask (the same bits as
   // __bfloat162float but perhaps for a NaN's payload), f16 __low2float /
-  // __high2float (which split the word inside their own asm).
+  // __high2float (which split the word inside their own asm). The word is
+  // read through a pointer cast, as cuda_fp16's own __HALF2_TO_CUI does, over
+  // elements that may have been written one by one.
   __device__ __forceinline__ float f_from_word(int i) const {
     static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "f_from_word: 16-bit floats only");
     static_assert(sizeof(vec_t) % 4 == 0, "f_from_word: whole 32-bit words only");

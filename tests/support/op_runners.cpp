@@ -36,6 +36,8 @@ void expect_same_outputs(const OpResult& got, const OpResult& want, Match match,
                        std::find(exact_outputs.begin(), exact_outputs.end(), name) != exact_outputs.end();
     if (exact) {
       EXPECT_TRUE(bitwise_equal(out.bytes, ref.bytes, size_of(ref.dtype)));
+    } else if (match == Match::ExactOrNan) {
+      EXPECT_TRUE(equal_or_both_nan(out.values, ref.values));
     } else {
       EXPECT_TRUE(all_close(out.values, ref.values, ref.dtype, scale));
     }
@@ -187,15 +189,20 @@ AddInplaceCase make_add_inplace_case(Rng& rng, DType dt, std::size_t len) {
 
 namespace {
 
-// Writes NaN, +Inf, -Inf, +max and -max finite into t every `stride`
-// elements from `offset`, cycling through them (strides prime to 8 reach
-// every lane of a 16-byte vector).
+// NaN, +Inf, -Inf and +- the largest finite value of t's dtype.
+constexpr std::size_t kSpecials = 5;
+float special_value(DType dt, std::size_t k) {
+  const float max_finite = dt == DType::BF16 ? 0x1.fep127f : 0x1.ffcp15f;
+  const float specials[kSpecials] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                                     -std::numeric_limits<float>::infinity(), max_finite, -max_finite};
+  return specials[k % kSpecials];
+}
+
+// Writes the specials into t every `stride` elements from `offset`, cycling
+// through them (strides prime to 8 reach every lane of a 16-byte vector).
 void sprinkle_non_finite(HostTensor& t, std::size_t offset, std::size_t stride) {
-  const float max_finite = t.dtype == DType::BF16 ? 3.38953139e38f : 65504.0f;
-  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                            -std::numeric_limits<float>::infinity(), max_finite, -max_finite};
   std::size_t k = 0;
-  for (std::size_t i = offset; i < t.size(); i += stride) t.values[i] = specials[k++ % std::size(specials)];
+  for (std::size_t i = offset; i < t.size(); i += stride) t.values[i] = special_value(t.dtype, k++);
 }
 
 }  // namespace
@@ -211,6 +218,15 @@ AddInplaceCase make_non_finite_add_inplace_case(Rng& rng, DType dt, std::size_t 
   AddInplaceCase c = make_add_inplace_case(rng, dt, len);
   sprinkle_non_finite(c.residual, 0, 7);
   sprinkle_non_finite(c.x, 1, 3);
+  // Every pair of specials at 3 mod 11 (every lane over the run), then
+  // again in the tail (the last elements).
+  for (std::size_t p = 0; p < kSpecials * kSpecials; ++p) {
+    for (std::size_t i : {3 + 11 * p, len - 1 - p}) {
+      if (i >= len) continue;
+      c.residual.values[i] = special_value(dt, p / kSpecials);
+      c.x.values[i] = special_value(dt, p);
+    }
+  }
   return c;
 }
 

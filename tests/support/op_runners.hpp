@@ -52,9 +52,10 @@ struct OpResult {
 };
 
 // How an output must match its reference: bitwise (bit copies, and single
-// correctly rounded additions, which have exactly one right answer) or
-// all_close per tolerance.hpp.
-enum class Match { Exact, Close };
+// correctly rounded additions, which have exactly one right answer),
+// all_close per tolerance.hpp, or bitwise but for NaN, which may come out
+// with any payload (equal_or_both_nan: ops fed NaN).
+enum class Match { Exact, Close, ExactOrNan };
 
 // Compares every output of `got` with the same output of `want` (`match`
 // with `scale`; outputs named in `exact_outputs` bitwise regardless), and
@@ -162,15 +163,15 @@ GeluCase make_gelu_case(Rng& rng, DType dt, std::size_t len, GeluApproximation a
 AddBiasCase make_add_bias_case(Rng& rng, DType dt, std::size_t rows, std::size_t cols);
 AddInplaceCase make_add_inplace_case(Rng& rng, DType dt, std::size_t len);
 // The same with non-finite and overflowing elements among the random ones:
-// NaN, +Inf, -Inf and the dtype's largest finite value (so that sums overflow
-// to Inf and Inf + -Inf gives NaN), on both operands, spread so that every
-// 16-byte vector position and the tail see them.
+// NaN, +Inf, -Inf and +- the dtype's largest finite value on both operands,
+// every pair of them (so sums overflow to +-Inf and Inf + -Inf gives NaN),
+// spread so that every 16-byte vector position and the tail see them.
 AddBiasCase make_non_finite_add_bias_case(Rng& rng, DType dt, std::size_t rows, std::size_t cols);
 AddInplaceCase make_non_finite_add_inplace_case(Rng& rng, DType dt, std::size_t len);
 // Their sizes: f16 flat_map takes another kernel past 132 blocks of 4096
 // elements (kernels/elementwise.cu), so each list has a size on either side
 // (with a tail past the last 16-byte vector), and a bias row that is not a
-// whole number of vectors.
+// whole number of vectors (the 1-wide kernel).
 inline constexpr std::size_t kNonFiniteAddLens[] = {7 * 4096 + 3, 200 * 4096 + 5};
 inline constexpr std::pair<std::size_t, std::size_t> kNonFiniteBiasShapes[] = {{7, 4096}, {300, 4096}, {83, 769}};
 GemmCase make_gemm_case(Rng& rng, DType dt, std::size_t m, std::size_t n, std::size_t k);

@@ -259,7 +259,8 @@ namespace {
   std::ostringstream first;
   first << std::setprecision(9);
   for (std::size_t i = 0; i < got.size(); ++i) {
-    const bool same = std::isnan(want[i]) ? std::isnan(got[i]) : got[i] == want[i];
+    const bool same = std::isnan(want[i]) ? std::isnan(got[i])
+                                          : got[i] == want[i] && std::signbit(got[i]) == std::signbit(want[i]);
     if (!same) {
       ++mismatches;
       if (mismatches <= 5) first << "\n    [" << i << "] got " << got[i] << " expected " << want[i];
@@ -267,7 +268,7 @@ namespace {
   }
   if (mismatches == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << mismatches << " of " << got.size()
-                                       << " elements differ (values equal or both NaN required). First:"
+                                       << " elements differ (equal values with equal signs, or both NaN, required). First:"
                                        << first.str();
 }
 

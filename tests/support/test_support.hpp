@@ -165,9 +165,10 @@ class GuardedOutput {
                                      double scale = op_scale::kUnit);
 ::testing::AssertionResult all_close(std::span<const float> got, std::span<const float> ref, DType dtype,
                                      double scale = op_scale::kUnit);
-// Every element equal as a value (so +-Inf must match exactly), or NaN in
-// both: for outputs where NaN may come out with any payload (the GPU's
-// conversions give their own canonical NaN, the host's another).
+// Every element equal as a value with the same sign (+-0 and +-Inf
+// included), or NaN in both: for outputs where NaN may come out with any
+// payload (the GPU's conversions give their own canonical NaN, the host's
+// another).
 ::testing::AssertionResult equal_or_both_nan(std::span<const float> got, std::span<const float> want);
 // Byte-for-byte equality, reported per element of `elem_bytes`.
 ::testing::AssertionResult bitwise_equal(std::span<const std::uint8_t> got, std::span<const std::uint8_t> want,
