@@ -139,8 +139,7 @@ __device__ __forceinline__ float2 unpack2<__half>(std::uint32_t w) {
 }
 template <>
 __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(std::uint32_t w) {
-  // bf16 is the upper half of an fp32: exact.
-  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+  return make_float2(bf16_in_word_as_float(w, false), bf16_in_word_as_float(w, true));
 }
 
 template <class T>

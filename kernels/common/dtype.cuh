@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
 #include <type_traits>
 
 #include "ferrum/dtype.hpp"
@@ -21,6 +22,13 @@ template <>
 __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <>
 __device__ __forceinline__ float to_float<float>(float v) { return v; }
+
+// The bf16 in the high (else low) 16 bits of a 32-bit word as fp32: bf16 is
+// the upper half of an fp32, so a mask or a shift (exact; a NaN keeps its
+// bits).
+__device__ __forceinline__ float bf16_in_word_as_float(std::uint32_t word, bool high) {
+  return __uint_as_float(high ? (word & 0xffff0000u) : (word << 16));
+}
 
 template <class T>
 __device__ __forceinline__ T from_float(float v);

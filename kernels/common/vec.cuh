@@ -52,7 +52,7 @@ struct alignas(sizeof(T) * N) vec_t {
     static_assert(sizeof(vec_t) % 4 == 0, "f_from_word: whole 32-bit words only");
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       const uint32_t word = reinterpret_cast<const uint32_t*>(v)[i / 2];
-      return __uint_as_float((i & 1) ? (word & 0xffff0000u) : (word << 16));
+      return bf16_in_word_as_float(word, (i & 1) != 0);
     } else {
       const __half2 pair = reinterpret_cast<const __half2*>(v)[i / 2];
       return (i & 1) ? __high2float(pair) : __low2float(pair);
