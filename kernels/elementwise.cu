@@ -56,19 +56,20 @@ __global__ void flat_map_kernel(const T* a,             // [n]
       if (b != nullptr) vb[it].load(b + (period ? e % period : e));
     }
   }
+  const auto as_f32 = [](const V& x, int j) {
+    if constexpr (F16_FROM_WORD) {
+      return x.f_from_word(j);
+    } else {
+      return x.f(j);
+    }
+  };
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
     const long long vi = first + static_cast<long long>(it) * blockDim.x;
     if (vi < nvec) {
       V o;
 #pragma unroll
-      for (int j = 0; j < VW; ++j) {
-        if constexpr (F16_FROM_WORD) {
-          o.set(j, op(va[it].f_from_word(j), b != nullptr ? vb[it].f_from_word(j) : 0.0f));
-        } else {
-          o.set(j, op(va[it].f(j), b != nullptr ? vb[it].f(j) : 0.0f));
-        }
-      }
+      for (int j = 0; j < VW; ++j) o.set(j, op(as_f32(va[it], j), b != nullptr ? as_f32(vb[it], j) : 0.0f));
       o.store(out + vi * VW);
     }
   }
