@@ -2,25 +2,69 @@
 // the shapes the acceptance names, straight through the launcher. Used to
 // pick NormArgs' defaults; not part of the library.
 //
-// Each configuration is timed two ways (bench/tuning_timer.hpp), buffers
-// rotated through 1 GiB: one launch per event pair ("single"), and `chain`
-// back-to-back launches per event pair divided by `chain` ("chain"). Beside
-// them, the same bytes moved by cudaMemcpyAsync and by a plain 16-byte copy
-// kernel, timed the same ways: the ceiling at this size.
+// Each configuration is timed two ways, medians of 50 samples after warm-up,
+// buffers rotated through 1 GiB: one launch per event pair ("single"), and
+// `chain` back-to-back launches per event pair divided by `chain` ("chain",
+// what launches cost in a stream of them). Beside them, the same bytes moved
+// by cudaMemcpyAsync and by a plain 16-byte copy kernel, timed the same ways:
+// the ceiling at this size.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "bench/read_ceiling.cuh"
-#include "bench/tuning_timer.hpp"
 #include "kernels/norm.hpp"
 
-using ferrum::bench::check;
-using ferrum::bench::Times;
-using ferrum::bench::time_both;
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::printf("%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+struct Times {
+  double single_us = 0.0;
+  double chain_us = 0.0;
+};
+
+// Median time of launch(set) alone and per launch in chains of `chain`.
+Times time_both(int sets, int chain, cudaStream_t stream, const std::function<void(int)>& launch) {
+  constexpr int kSamples = 50;
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "cudaEventCreate");
+  check(cudaEventCreate(&e1), "cudaEventCreate");
+  int next = 0;
+  auto median_of = [&](int per_sample) {
+    for (int i = 0; i < 2 * sets; ++i) launch(next++ % sets);  // warm-up
+    std::vector<float> t;
+    for (int s = 0; s < kSamples; ++s) {
+      check(cudaEventRecord(e0, stream), "cudaEventRecord");
+      for (int c = 0; c < per_sample; ++c) launch(next++ % sets);
+      check(cudaEventRecord(e1, stream), "cudaEventRecord");
+      check(cudaEventSynchronize(e1), "cudaEventSynchronize");
+      float ms = 0.0f;
+      check(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+      t.push_back(ms * 1000.0f / static_cast<float>(per_sample));
+    }
+    std::sort(t.begin(), t.end());
+    return static_cast<double>(t[t.size() / 2]);
+  };
+  Times r;
+  r.single_us = median_of(1);
+  r.chain_us = median_of(chain);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return r;
+}
+
+}  // namespace
 
 // ferrum_norm_tuning [rms,add_rms,layer] [f16,bf16] [chain]: the kinds and
 // dtypes to sweep (default: rms,add_rms f16) and launches per chained sample

@@ -7,8 +7,6 @@
 // so every access is a 16-byte vector and a warp works on 32/G rows.
 // General path: one warp per row; lane l owns pair indices l, l+32, ...
 // (PAIRS per lane, head_dim/64 rounded up to 1, 2, 4 or 8).
-#include <algorithm>
-
 #include "kernels/common/check.hpp"
 #include "kernels/common/device_error.cuh"
 #include "kernels/common/dtype.cuh"
@@ -84,48 +82,31 @@ __global__ void qk_norm_rope_kernel(const T* __restrict__ input, const T* __rest
 }
 
 // One row by a group of `group` lanes (fast path): lane g owns the 8
-// elements [8 g, 8 g + 8) of each half. Three steps, so a thread can have
-// several rows' loads in flight before any row's math: the row's halves and
-// its cos / sin (rope_row_load), the norm weights (rope_weights_load), then
-// norm, rotation and stores (rope_row_finish).
-template <class T>
-struct RopeRowRegs {
-  vec_t<T, 8> lo, hi;
-  float4 c[2], s[2];
-};
-
-template <class T>
-__device__ __forceinline__ void rope_row_load_halves(RopeRowRegs<T>& r, const T* in, int g, int half) {
-  r.lo.load(in + g * 8);
-  r.hi.load(in + half + g * 8);
-}
-
-template <class T>
-__device__ __forceinline__ void rope_row_load_tables(RopeRowRegs<T>& r, const float* cos, const float* sin,
-                                                     long long pos, int g, int half) {
-  const float4* c_row = reinterpret_cast<const float4*>(cos + pos * half + g * 8);
-  const float4* s_row = reinterpret_cast<const float4*>(sin + pos * half + g * 8);
-  r.c[0] = c_row[0];
-  r.c[1] = c_row[1];
-  r.s[0] = s_row[0];
-  r.s[1] = s_row[1];
-}
-
-template <class T>
-__device__ __forceinline__ void rope_weights_load(vec_t<T, 8>& w_lo, vec_t<T, 8>& w_hi, const T* norm_w, int g,
-                                                  int half) {
-  w_lo.load(norm_w + g * 8);
-  w_hi.load(norm_w + half + g * 8);
-}
-
-// Every lane of the warp must call it (the norm's group sum shuffles); lanes
-// with active == false write nothing.
+// elements [8 g, 8 g + 8) of each half. Every lane of the warp must call it
+// (the norm's group sum shuffles); lanes with active == false read and write
+// nothing.
 template <class T, bool NORM>
-__device__ __forceinline__ void rope_row_finish(const RopeRowRegs<T>& r, const vec_t<T, 8>& w_lo,
-                                                const vec_t<T, 8>& w_hi, T* out, int g, int head_dim, int group,
-                                                float eps, bool active) {
+__device__ __forceinline__ void rope_row_vec(const T* in, const T* norm_w, const float* cos, const float* sin,
+                                             long long pos, T* out, int g, int head_dim, int group, float eps,
+                                             bool active) {
   using V = vec_t<T, 8>;
   const int half = head_dim / 2;
+  V lo, hi, w_lo, w_hi;
+  float4 c[2], s[2];
+  if (active) {
+    lo.load(in + g * 8);
+    hi.load(in + half + g * 8);
+    if constexpr (NORM) {
+      w_lo.load(norm_w + g * 8);
+      w_hi.load(norm_w + half + g * 8);
+    }
+    const float4* c_row = reinterpret_cast<const float4*>(cos + pos * half + g * 8);
+    const float4* s_row = reinterpret_cast<const float4*>(sin + pos * half + g * 8);
+    c[0] = c_row[0];
+    c[1] = c_row[1];
+    s[0] = s_row[0];
+    s[1] = s_row[1];
+  }
   // With the norm, bf16 through the element (f_from_element) measured faster
   // than from the word (vec_t's comment); the weights go the same way so the
   // PTX stays that of the build measured. Without the norm, f.
@@ -135,17 +116,17 @@ __device__ __forceinline__ void rope_row_finish(const RopeRowRegs<T>& r, const v
     float sq = 0.0f;
     if (active) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) sq += as_f32(r.lo, j) * as_f32(r.lo, j) + as_f32(r.hi, j) * as_f32(r.hi, j);
+      for (int j = 0; j < 8; ++j) sq += as_f32(lo, j) * as_f32(lo, j) + as_f32(hi, j) * as_f32(hi, j);
     }
     inv = rsqrtf(group_sum_in_warp(sq, group) / static_cast<float>(head_dim) + eps);  // all lanes take part
   }
   if (!active) return;
-  const float* cf = reinterpret_cast<const float*>(r.c);
-  const float* sf = reinterpret_cast<const float*>(r.s);
+  const float* cf = reinterpret_cast<const float*>(c);
+  const float* sf = reinterpret_cast<const float*>(s);
   V o_lo, o_hi;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    float x1 = as_f32(r.lo, j), x2 = as_f32(r.hi, j);
+    float x1 = as_f32(lo, j), x2 = as_f32(hi, j);
     if constexpr (NORM) {
       x1 = (x1 * inv) * as_f32(w_lo, j);
       x2 = (x2 * inv) * as_f32(w_hi, j);
@@ -157,100 +138,24 @@ __device__ __forceinline__ void rope_row_finish(const RopeRowRegs<T>& r, const v
   o_hi.store(out + half + g * 8);
 }
 
-// The three steps for one row (qkv_rope_append's rows).
 template <class T, bool NORM>
-__device__ __forceinline__ void rope_row_vec(const T* in, const T* norm_w, const float* cos, const float* sin,
-                                             long long pos, T* out, int g, int head_dim, int group, float eps,
-                                             bool active) {
-  const int half = head_dim / 2;
-  RopeRowRegs<T> r;
-  vec_t<T, 8> w_lo, w_hi;
-  if (active) {
-    rope_row_load_halves(r, in, g, half);
-    if constexpr (NORM) rope_weights_load(w_lo, w_hi, norm_w, g, half);
-    rope_row_load_tables(r, cos, sin, pos, g, half);
-  }
-  rope_row_finish<T, NORM>(r, w_lo, w_hi, out, g, head_dim, group, eps, active);
-}
-
-// Token and head of head row `row` (< tokens x heads) under
-// RopeVecShape::tile_tokens: tiles of tile_tokens tokens (the last one
-// perhaps fewer) x every head, head-major inside a tile.
-struct RopeRowPlace {
-  int t;
-  int h;
-};
-
-template <bool kTiled>
-__device__ __forceinline__ RopeRowPlace rope_row_place(long long row, int tokens, int heads, int tile_tokens) {
-  if constexpr (!kTiled) {  // tile_tokens == 1
-    const int t = static_cast<int>(row / heads);
-    return {t, static_cast<int>(row - static_cast<long long>(t) * heads)};
-  }
-  const long long tile_rows = static_cast<long long>(tile_tokens) * heads;
-  const long long tile = row / tile_rows;
-  const int first = static_cast<int>(tile * tile_tokens);
-  const int in_tile = min(tile_tokens, tokens - first);
-  const int within = static_cast<int>(row - tile * tile_rows);
-  return {first + within % in_tile, within / in_tile};
-}
-
-// R consecutive head rows per `group` lanes: row R * slot + k, k < R.
-// kTiled: tile_tokens > 1; the instance for 1 keeps the tile arithmetic (8
-// registers) out of token-major launches.
-template <class T, bool NORM, int R, bool kTiled>
-__global__ void qk_norm_rope_vec_kernel(const T* __restrict__ input,   // [tokens, heads, head_dim]
-                                        const T* __restrict__ norm_w,  // [head_dim]
+__global__ void qk_norm_rope_vec_kernel(const T* __restrict__ input, const T* __restrict__ norm_w,
                                         const float* __restrict__ cos, const float* __restrict__ sin,
-                                        T* __restrict__ output,  // [heads, tokens, head_dim]
-                                        int tokens, int heads, int head_dim, int group, int tile_tokens,
+                                        T* __restrict__ output, int tokens, int heads, int head_dim, int group,
                                         long long pos_offset, const DecodeState* state, long long max_pos, float eps,
                                         std::uint32_t* error_flag) {
   pdl_begin();
-  const long long slot = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / group;
+  const long long row = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / group;
   const int g = threadIdx.x % group;
-  const int half = head_dim / 2;
-  const long long rows = static_cast<long long>(tokens) * heads;
-  const long long base = state != nullptr ? state->pos : pos_offset;
-  // Row k of this thread: where it goes, and whether it is written (a
-  // position outside the tables is reported, once per row).
-  struct Row {
-    const T* in;
-    T* out;
-    long long pos;
-    bool active;
-  };
-  const auto row_at = [&](int k) {
-    const long long row = slot * R + k;
-    const bool row_ok = row < rows;
-    const RopeRowPlace at = row_ok ? rope_row_place<kTiled>(row, tokens, heads, tile_tokens) : RopeRowPlace{0, 0};
-    const long long pos = base + at.t;
-    const bool pos_ok = pos >= 0 && pos < max_pos;
-    if (row_ok && !pos_ok && g == 0) report_device_error(error_flag, kErrRopePositionOutOfRange);
-    return Row{input + row * head_dim, output + (static_cast<long long>(at.h) * tokens + at.t) * head_dim, pos,
-               row_ok && pos_ok};
-  };
-  if constexpr (R == 1) {
-    const Row row = row_at(0);
-    rope_row_vec<T, NORM>(row.in, norm_w, cos, sin, row.pos, row.out, g, head_dim, group, eps, row.active);
-  } else {
-    Row row[R];
-    RopeRowRegs<T> regs[R];
-#pragma unroll
-    for (int k = 0; k < R; ++k) {
-      row[k] = row_at(k);
-      if (row[k].active) {
-        rope_row_load_halves(regs[k], row[k].in, g, half);
-        rope_row_load_tables(regs[k], cos, sin, row[k].pos, g, half);
-      }
-    }
-    vec_t<T, 8> w_lo, w_hi;
-    if constexpr (NORM) rope_weights_load(w_lo, w_hi, norm_w, g, half);  // g * 8 < half: in bounds for every lane
-#pragma unroll
-    for (int k = 0; k < R; ++k) {
-      rope_row_finish<T, NORM>(regs[k], w_lo, w_hi, row[k].out, g, head_dim, group, eps, row[k].active);
-    }
-  }
+  const bool row_ok = row < static_cast<long long>(tokens) * heads;
+  const int t = row_ok ? static_cast<int>(row / heads) : 0;
+  const int h = row_ok ? static_cast<int>(row - static_cast<long long>(t) * heads) : 0;
+  const long long pos = (state != nullptr ? state->pos : pos_offset) + t;
+  const bool pos_ok = pos >= 0 && pos < max_pos;
+  if (row_ok && !pos_ok && g == 0) report_device_error(error_flag, kErrRopePositionOutOfRange);
+  rope_row_vec<T, NORM>(input + row * head_dim, norm_w, cos, sin, pos,
+                        output + (static_cast<long long>(h) * tokens + t) * head_dim, g, head_dim, group, eps,
+                        row_ok && pos_ok);
 }
 
 // ── qkv_rope_append ─────────────────────────────────────────────────────────
@@ -446,30 +351,17 @@ void launch_qk_norm_rope(const RopeArgs& a, cudaStream_t stream) {
                                        (a.norm_w == nullptr || aligned16(a.norm_w)));
   const int group = plan.group;
   if (plan.vec) {
-    const RopeVecShape& shape = a.vec_shape;
-    if (shape.tile_tokens < 1) throw_bad_dispatch("qk_norm_rope", "vec_shape.tile_tokens (>= 1)", shape.tile_tokens);
-    if (shape.block_threads < 32 || shape.block_threads > 1024 || shape.block_threads % 32 != 0) {
-      throw_bad_dispatch("qk_norm_rope", "vec_shape.block_threads (a multiple of 32, <= 1024)", shape.block_threads);
-    }
+    constexpr int kThreads = 128;
     const long long rows = static_cast<long long>(a.tokens) * a.heads;
-    const long long slots = (rows + shape.rows_per_thread - 1) / std::max(shape.rows_per_thread, 1);
+    const auto blocks = grid_blocks("qk_norm_rope", rows, group, kThreads);
     dispatch_half_dtype(a.dtype, "qk_norm_rope", [&](auto tag) {
       using T = typename decltype(tag)::type;
-      dispatch_int<1, 2>(shape.rows_per_thread, "qk_norm_rope", "vec_shape.rows_per_thread", [&](auto r_c) {
-        constexpr int R = decltype(r_c)::value;
-        const auto blocks = grid_blocks("qk_norm_rope", slots, group, shape.block_threads);
-        auto* in = static_cast<const T*>(a.input);
-        auto* w = static_cast<const T*>(a.norm_w);
-        auto* out = static_cast<T*>(a.output);
-        const bool tiled = shape.tile_tokens > 1;
-        auto* kernel = a.norm_w != nullptr ? (tiled ? qk_norm_rope_vec_kernel<T, true, R, true>
-                                                    : qk_norm_rope_vec_kernel<T, true, R, false>)
-                                           : (tiled ? qk_norm_rope_vec_kernel<T, false, R, true>
-                                                    : qk_norm_rope_vec_kernel<T, false, R, false>);
-        launch_pdl("qk_norm_rope", kernel, dim3(blocks), shape.block_threads, 0, stream, in, w, a.cos, a.sin, out,
-                   a.tokens, a.heads, a.head_dim, group, shape.tile_tokens, a.pos_offset, a.state, a.max_pos, a.eps,
-                   a.error_flag);
-      });
+      auto* in = static_cast<const T*>(a.input);
+      auto* w = static_cast<const T*>(a.norm_w);
+      auto* out = static_cast<T*>(a.output);
+      auto* kernel = a.norm_w != nullptr ? qk_norm_rope_vec_kernel<T, true> : qk_norm_rope_vec_kernel<T, false>;
+      launch_pdl("qk_norm_rope", kernel, dim3(blocks), kThreads, 0, stream, in, w, a.cos, a.sin, out, a.tokens, a.heads,
+                 a.head_dim, group, a.pos_offset, a.state, a.max_pos, a.eps, a.error_flag);
     });
     check_launch("qk_norm_rope");
     return;

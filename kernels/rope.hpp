@@ -18,21 +18,6 @@ constexpr bool rope_head_dim_supported(std::size_t head_dim) {
   return head_dim <= static_cast<std::size_t>(kRopeMaxHeadDim);
 }
 
-// How the 16-byte path (head_dim / 2 a power-of-two multiple of 8, aligned
-// buffers) lays head rows over threads; the warp path ignores it. The
-// defaults are what bench/rope_tuning.cpp measured best on the H200.
-struct RopeVecShape {
-  // Rows go in tiles of tile_tokens tokens x every head, head-major inside a
-  // tile: neighbouring rows are one head at consecutive tokens, so their
-  // stores to the head-major output form one contiguous run (1: token-major,
-  // a token's heads side by side, each store run one head row long).
-  int tile_tokens = 1;
-  // Rows per thread (1 or 2): every row's loads are issued before any
-  // row's math, so a thread has that many rows' bytes in flight.
-  int rows_per_thread = 1;
-  int block_threads = 128;  // a multiple of 32, at most 1024
-};
-
 struct RopeArgs {
   DType dtype = DType::F16;
   const void* input = nullptr;   // [tokens, heads, head_dim] token-major
@@ -48,10 +33,8 @@ struct RopeArgs {
   long long max_pos = 0;
   float eps = 0.0f;
   std::uint32_t* error_flag = nullptr;  // kErrRopePositionOutOfRange
-  RopeVecShape vec_shape{};
 };
 
-// Throws a named ferrum::Error for a vec_shape outside what RopeVecShape allows.
 void launch_qk_norm_rope(const RopeArgs& args, cudaStream_t stream);
 
 // qkv_rope_append in one launch: the rope rows of qk_norm_rope for q (to

@@ -18,9 +18,6 @@
 #                                weights, graph and eager (needs .deps)
 #   scripts/gpu_suite.sh tuning  ferrum_attention_tuning: the prefill and decode launch
 #                                knobs (DecodeTuning) A/B in one run
-#   scripts/gpu_suite.sh ropetuning  ferrum_rope_tuning: qk_norm_rope's
-#                                RopeVecShape sweep (each shape's output
-#                                checked bitwise against the default's)
 #   scripts/gpu_suite.sh profile ncu on GPTQ m=1, the wgmma GPTQ kernel at m=64 (source
 #                                view) and decode B=1, racecheck detail
 #   scripts/gpu_suite.sh trace   the llama3-8b decode step (GPTQ and f16, eager)
@@ -125,7 +122,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning ropetuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -558,15 +555,6 @@ if has_mode decodesweep; then
     done
     python3 bench/decode_sweep_summary.py "$OUT/decode_sweep.log" ${DECODE_SWEEP_VERSUS:+--versus "$DECODE_SWEEP_VERSUS"} |
       tee "$OUT/decode_sweep.md"
-  } 2>&1 | tee -a "$LOG"
-fi
-
-if has_mode ropetuning; then
-  {
-    echo "== qk_norm_rope launch shapes (ferrum_rope_tuning) ($(date +%T))"
-    timeout 300 $B/bench/ferrum_rope_tuning > "$OUT/rope_tuning.log" 2>&1
-    echo "ferrum_rope_tuning exit $?"
-    grep -E "mismatches|MISMATCH|copy" "$OUT/rope_tuning.log"
   } 2>&1 | tee -a "$LOG"
 fi
 
