@@ -7,9 +7,13 @@
 // so every access is a 16-byte vector and a warp works on 32/G rows.
 // General path: one warp per row; lane l owns pair indices l, l+32, ...
 // (PAIRS per lane, head_dim/64 rounded up to 1, 2, 4 or 8).
+#include <algorithm>
+#include <cstdint>
+
 #include "kernels/common/check.hpp"
 #include "kernels/common/device_error.cuh"
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/fast_divmod.cuh"
 #include "kernels/common/launch.cuh"
 #include "kernels/common/reduce.cuh"
 #include "kernels/common/vec.cuh"
@@ -138,22 +142,30 @@ __device__ __forceinline__ void rope_row_vec(const T* in, const T* norm_w, const
   o_hi.store(out + half + g * 8);
 }
 
+// Index math in 32 bits, with the divisions by heads through FastDivmod
+// (the launcher has checked tokens x heads <= kFastDivmodMax): a thread moves
+// only 32 bytes, and the two 64-bit divisions this kernel had were a large
+// share of its instructions.
 template <class T, bool NORM>
-__global__ void qk_norm_rope_vec_kernel(const T* __restrict__ input, const T* __restrict__ norm_w,
-                                        const float* __restrict__ cos, const float* __restrict__ sin,
-                                        T* __restrict__ output, int tokens, int heads, int head_dim, int group,
+__global__ void qk_norm_rope_vec_kernel(const T* __restrict__ input,   // [tokens, heads, head_dim]
+                                        const T* __restrict__ norm_w,  // [head_dim]
+                                        const float* __restrict__ cos,  // [max_pos, head_dim / 2]
+                                        const float* __restrict__ sin,  // [max_pos, head_dim / 2]
+                                        T* __restrict__ output,         // [heads, tokens, head_dim]
+                                        int tokens, FastDivmod heads, int head_dim, int group,
                                         long long pos_offset, const DecodeState* state, long long max_pos, float eps,
                                         std::uint32_t* error_flag) {
   pdl_begin();
-  const long long row = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / group;
-  const int g = threadIdx.x % group;
-  const bool row_ok = row < static_cast<long long>(tokens) * heads;
-  const int t = row_ok ? static_cast<int>(row / heads) : 0;
-  const int h = row_ok ? static_cast<int>(row - static_cast<long long>(t) * heads) : 0;
+  const unsigned group_log2 = __ffs(group) - 1;  // group: a power of two
+  const std::uint32_t row = blockIdx.x * (blockDim.x >> group_log2) + (threadIdx.x >> group_log2);
+  const int g = static_cast<int>(threadIdx.x & (group - 1));
+  const bool row_ok = row < static_cast<std::uint32_t>(tokens) * heads.divisor;
+  std::uint32_t t = 0, h = 0;
+  if (row_ok) heads.divmod(row, t, h);
   const long long pos = (state != nullptr ? state->pos : pos_offset) + t;
   const bool pos_ok = pos >= 0 && pos < max_pos;
   if (row_ok && !pos_ok && g == 0) report_device_error(error_flag, kErrRopePositionOutOfRange);
-  rope_row_vec<T, NORM>(input + row * head_dim, norm_w, cos, sin, pos,
+  rope_row_vec<T, NORM>(input + static_cast<long long>(row) * head_dim, norm_w, cos, sin, pos,
                         output + (static_cast<long long>(h) * tokens + t) * head_dim, g, head_dim, group, eps,
                         row_ok && pos_ok);
 }
@@ -173,21 +185,29 @@ struct FusedRow {
   bool valid = false;
 };
 
-__device__ __forceinline__ FusedRow fused_row(long long r, int tokens, int heads, int kv_heads) {
+// The divisors of fused_row, built by the launcher (which has checked
+// tokens x (heads + 2 kv_heads) <= kFastDivmodMax).
+struct FusedRowDivisors {
+  FastDivmod rope_heads;  // heads + kv_heads
+  FastDivmod kv_heads;
+};
+
+__device__ __forceinline__ FusedRow fused_row(std::uint32_t r, int tokens, const FusedRowDivisors& d) {
   FusedRow f;
-  const long long rope_rows = static_cast<long long>(tokens) * (heads + kv_heads);
-  const long long all_rows = rope_rows + static_cast<long long>(tokens) * kv_heads;
+  const std::uint32_t rope_rows = static_cast<std::uint32_t>(tokens) * d.rope_heads.divisor;
+  const std::uint32_t all_rows = rope_rows + static_cast<std::uint32_t>(tokens) * d.kv_heads.divisor;
   if (r >= all_rows) return f;
   f.valid = true;
   f.rope = r < rope_rows;
+  std::uint32_t t = 0, h = 0;
   if (f.rope) {
-    f.t = static_cast<int>(r / (heads + kv_heads));
-    f.h = static_cast<int>(r - static_cast<long long>(f.t) * (heads + kv_heads));
+    d.rope_heads.divmod(r, t, h);
   } else {
-    const long long v = r - rope_rows;
-    f.t = static_cast<int>(v / kv_heads);
-    f.h = heads + kv_heads + static_cast<int>(v - static_cast<long long>(f.t) * kv_heads);
+    d.kv_heads.divmod(r - rope_rows, t, h);
+    h += d.rope_heads.divisor;
   }
+  f.t = static_cast<int>(t);
+  f.h = static_cast<int>(h);
   return f;
 }
 
@@ -262,12 +282,13 @@ __device__ __forceinline__ bool fused_row_position(const QkvRopeAppendArgs& a, c
 }
 
 template <class T, bool NORM>
-__global__ void qkv_rope_append_vec_kernel(const QkvRopeAppendArgs a, int group) {
+__global__ void qkv_rope_append_vec_kernel(const QkvRopeAppendArgs a, FusedRowDivisors divisors, int group) {
   pdl_begin();
   const bool ragged_ok = a.positions == nullptr || ragged_positions_fit(a);  // grid-uniform branch
-  const long long r = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / group;
-  const int g = threadIdx.x % group;
-  const FusedRow f = fused_row(r, a.tokens, a.heads, a.kv_heads);
+  const unsigned group_log2 = __ffs(group) - 1;  // group: a power of two
+  const std::uint32_t r = blockIdx.x * (blockDim.x >> group_log2) + (threadIdx.x >> group_log2);
+  const int g = static_cast<int>(threadIdx.x & (group - 1));
+  const FusedRow f = fused_row(r, a.tokens, divisors);
   long long pos = 0;
   const bool writes = f.valid && fused_row_position(a, f, g == 0, ragged_ok, pos);
   const long long row_len = static_cast<long long>(a.heads + 2 * a.kv_heads) * a.head_dim;
@@ -288,12 +309,12 @@ __global__ void qkv_rope_append_vec_kernel(const QkvRopeAppendArgs a, int group)
 }
 
 template <class T, int PAIRS, bool NORM>
-__global__ void qkv_rope_append_kernel(const QkvRopeAppendArgs a) {
+__global__ void qkv_rope_append_kernel(const QkvRopeAppendArgs a, FusedRowDivisors divisors) {
   pdl_begin();
   const bool ragged_ok = a.positions == nullptr || ragged_positions_fit(a);  // grid-uniform branch, before any exit
-  const long long r = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const std::uint32_t r = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const FusedRow f = fused_row(r, a.tokens, a.heads, a.kv_heads);
+  const FusedRow f = fused_row(r, a.tokens, divisors);
   if (!f.valid) return;  // whole warps exit together
   long long pos = 0;
   if (!fused_row_position(a, f, lane == 0, ragged_ok, pos)) return;
@@ -353,14 +374,17 @@ void launch_qk_norm_rope(const RopeArgs& a, cudaStream_t stream) {
   if (plan.vec) {
     constexpr int kThreads = 128;
     const long long rows = static_cast<long long>(a.tokens) * a.heads;
+    if (a.heads < 1) throw_bad_dispatch("qk_norm_rope", "heads (>= 1)", a.heads);
+    if (rows > kFastDivmodMax) throw_size_limit("qk_norm_rope", "rows (tokens x heads)", rows, kFastDivmodMax);
     const auto blocks = grid_blocks("qk_norm_rope", rows, group, kThreads);
+    const FastDivmod heads(static_cast<std::uint32_t>(a.heads));
     dispatch_half_dtype(a.dtype, "qk_norm_rope", [&](auto tag) {
       using T = typename decltype(tag)::type;
       auto* in = static_cast<const T*>(a.input);
       auto* w = static_cast<const T*>(a.norm_w);
       auto* out = static_cast<T*>(a.output);
       auto* kernel = a.norm_w != nullptr ? qk_norm_rope_vec_kernel<T, true> : qk_norm_rope_vec_kernel<T, false>;
-      launch_pdl("qk_norm_rope", kernel, dim3(blocks), kThreads, 0, stream, in, w, a.cos, a.sin, out, a.tokens, a.heads,
+      launch_pdl("qk_norm_rope", kernel, dim3(blocks), kThreads, 0, stream, in, w, a.cos, a.sin, out, a.tokens, heads,
                  a.head_dim, group, a.pos_offset, a.state, a.max_pos, a.eps, a.error_flag);
     });
     check_launch("qk_norm_rope");
@@ -391,13 +415,21 @@ void launch_qkv_rope_append(const QkvRopeAppendArgs& a, cudaStream_t stream) {
                                        (!norm || all_aligned16(a.q_norm, a.k_norm)));
   const int group = plan.group;
   const long long rows = static_cast<long long>(a.tokens) * (a.heads + 2 * a.kv_heads);
+  if (a.heads < 1 || a.kv_heads < 1) {
+    throw_bad_dispatch("qkv_rope_append", "heads, kv_heads (>= 1)", std::min(a.heads, a.kv_heads));
+  }
+  if (rows > kFastDivmodMax) {
+    throw_size_limit("qkv_rope_append", "rows (tokens x (heads + 2 kv_heads))", rows, kFastDivmodMax);
+  }
+  const FusedRowDivisors divisors{FastDivmod(static_cast<std::uint32_t>(a.heads + a.kv_heads)),
+                                  FastDivmod(static_cast<std::uint32_t>(a.kv_heads))};
   if (plan.vec) {
     constexpr int kThreads = 128;
     const auto blocks = grid_blocks("qkv_rope_append", rows, group, kThreads);
     dispatch_half_dtype(a.dtype, "qkv_rope_append", [&](auto tag) {
       using T = typename decltype(tag)::type;
       auto* kernel = norm ? qkv_rope_append_vec_kernel<T, true> : qkv_rope_append_vec_kernel<T, false>;
-      launch_pdl("qkv_rope_append", kernel, dim3(blocks), kThreads, 0, stream, a, group);
+      launch_pdl("qkv_rope_append", kernel, dim3(blocks), kThreads, 0, stream, a, divisors, group);
     });
     check_launch("qkv_rope_append");
     return;
@@ -409,7 +441,7 @@ void launch_qkv_rope_append(const QkvRopeAppendArgs& a, cudaStream_t stream) {
     dispatch_int<1, 2, 4, 8>(pairs, "qkv_rope_append", "pairs per lane", [&](auto pairs_c) {
       constexpr int P = decltype(pairs_c)::value;
       auto* kernel = norm ? qkv_rope_append_kernel<T, P, true> : qkv_rope_append_kernel<T, P, false>;
-      launch_pdl("qkv_rope_append", kernel, dim3(blocks), 32 * kWarpsPerBlock, 0, stream, a);
+      launch_pdl("qkv_rope_append", kernel, dim3(blocks), 32 * kWarpsPerBlock, 0, stream, a, divisors);
     });
   });
   check_launch("qkv_rope_append");

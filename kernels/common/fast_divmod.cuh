@@ -1,0 +1,59 @@
+// Division by a divisor fixed at launch, for index math in memory-bound
+// kernels: n / d as one multiply-high, one add and one shift (Granlund and
+// Montgomery's round-up method) instead of a division routine. A thread of
+// qk_norm_rope moves 32 bytes; two 64-bit divisions (row, then token) were a
+// large share of its instructions.
+//
+// Exact for every numerator n in [0, 2^31) and divisor d in [1, 2^31):
+// with s = ceil(log2 d) and m = floor(2^32 (2^s - d) / d) + 1 (< 2^32),
+// n / d = (umulhi(n, m) + n) >> s, and umulhi(n, m) + n < 2^32. The launcher
+// builds it on the host (it checks its own sizes against kFastDivmodMax);
+// tests/cpu/test_fast_divmod.cpp proves the formula on the CPU.
+// Host-compilable: the device's __umulhi, on the host the same 64-bit product.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define FERRUM_FAST_DIVMOD_HD __host__ __device__ __forceinline__
+#else
+#define FERRUM_FAST_DIVMOD_HD inline
+#endif
+
+namespace ferrum::kernels {
+
+// The largest numerator and divisor FastDivmod takes: 2^31 - 1.
+inline constexpr std::uint32_t kFastDivmodMax = 0x7fffffffu;
+
+struct FastDivmod {
+  std::uint32_t divisor = 1;
+  std::uint32_t multiplier = 1;  // d = 1: s = 0, m = 1, (n * 1 >> 32) + n = n
+  std::uint32_t shift = 0;
+
+  FastDivmod() = default;
+  // d in [1, kFastDivmodMax]; the caller checks (a launcher throws its own named error).
+  explicit FastDivmod(std::uint32_t d) : divisor(d) {
+    while ((std::uint64_t{1} << shift) < d) ++shift;
+    multiplier =
+        static_cast<std::uint32_t>((((std::uint64_t{1} << shift) - d) << 32) / d + 1);
+  }
+
+  // n / divisor, for n in [0, kFastDivmodMax].
+  FERRUM_FAST_DIVMOD_HD std::uint32_t div(std::uint32_t n) const {
+#if defined(__CUDA_ARCH__)
+    const std::uint32_t hi = __umulhi(n, multiplier);
+#else
+    const auto hi = static_cast<std::uint32_t>((static_cast<std::uint64_t>(n) * multiplier) >> 32);
+#endif
+    return (hi + n) >> shift;
+  }
+  // n / divisor and n % divisor.
+  FERRUM_FAST_DIVMOD_HD void divmod(std::uint32_t n, std::uint32_t& quotient, std::uint32_t& remainder) const {
+    quotient = div(n);
+    remainder = n - quotient * divisor;
+  }
+};
+
+}  // namespace ferrum::kernels
+
+#undef FERRUM_FAST_DIVMOD_HD

@@ -1,0 +1,89 @@
+// FastDivmod (kernels/common/fast_divmod.cuh), the index division of the
+// RoPE kernels, proved on the CPU: the host path computes the same 32-bit
+// multiply-high as the device's __umulhi, so equality here is equality
+// there. Checked against the / and % of 64-bit integers: every numerator
+// for a few divisors; for thousands of divisors (all up to 4096, powers of
+// two and their neighbours, the largest, random) the numerators around
+// every multiple near the ends of the range and random ones.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kernels/common/fast_divmod.cuh"
+
+namespace ferrum::test {
+namespace {
+
+using kernels::FastDivmod;
+using kernels::kFastDivmodMax;
+
+// Checks n against d; false (with a gtest failure) on the first mismatch.
+bool agrees(const FastDivmod& f, std::uint32_t n) {
+  std::uint32_t q = 0, r = 0;
+  f.divmod(n, q, r);
+  const std::uint32_t want_q = n / f.divisor, want_r = n % f.divisor;
+  if (q == want_q && r == want_r && f.div(n) == want_q) return true;
+  ADD_FAILURE() << "n = " << n << ", d = " << f.divisor << ": got " << q << " r " << r << ", want " << want_q
+                << " r " << want_r;
+  return false;
+}
+
+std::vector<std::uint32_t> divisors_to_check(std::mt19937& rng) {
+  std::vector<std::uint32_t> d;
+  for (std::uint32_t v = 1; v <= 4096; ++v) d.push_back(v);
+  for (int b = 12; b <= 31; ++b) {
+    const std::uint32_t p = std::uint32_t{1} << b;
+    for (std::uint32_t v : {p - 1, p, p + 1}) {
+      if (v >= 1 && v <= kFastDivmodMax) d.push_back(v);
+    }
+  }
+  d.push_back(kFastDivmodMax);
+  std::uniform_int_distribution<std::uint32_t> any(1, kFastDivmodMax);
+  for (int i = 0; i < 2000; ++i) d.push_back(any(rng));
+  return d;
+}
+
+TEST(FastDivmod, EveryNumeratorOfSomeDivisors) {
+  // 7 (its multiplier rounds up by almost a whole unit) and 2^31 - 1, the
+  // largest: 2^31 numerators each, about 3.5 s apiece on the CI machine.
+  for (std::uint32_t d : {7u, kFastDivmodMax}) {
+    const FastDivmod f(d);
+    std::uint64_t bad = 0;
+    for (std::uint64_t n = 0; n <= kFastDivmodMax; ++n) {
+      const auto n32 = static_cast<std::uint32_t>(n);
+      if (f.div(n32) != n32 / d) ++bad;
+    }
+    EXPECT_EQ(bad, 0u) << "d = " << d;
+  }
+}
+
+TEST(FastDivmod, NumeratorsAroundMultiplesAndAtRandom) {
+  std::mt19937 rng(20261203u);
+  std::uniform_int_distribution<std::uint32_t> any(0, kFastDivmodMax);
+  for (std::uint32_t d : divisors_to_check(rng)) {
+    const FastDivmod f(d);
+    // The first multiples, the last ones below the limit, and random ones:
+    // each multiple minus one, itself, plus one.
+    const std::uint32_t last = kFastDivmodMax / d;
+    std::vector<std::uint64_t> multiples;
+    for (std::uint64_t k = 0; k < 64 && k <= last; ++k) multiples.push_back(k);
+    for (std::uint64_t k = 0; k < 64 && k <= last; ++k) multiples.push_back(last - k);
+    for (int i = 0; i < 64; ++i) multiples.push_back(any(rng) / d);
+    for (std::uint64_t k : multiples) {
+      for (std::int64_t off : {-1, 0, 1}) {
+        const std::int64_t n = static_cast<std::int64_t>(k * d) + off;
+        if (n < 0 || n > kFastDivmodMax) continue;
+        if (!agrees(f, static_cast<std::uint32_t>(n))) return;
+      }
+    }
+    for (int i = 0; i < 64; ++i) {
+      if (!agrees(f, any(rng))) return;
+    }
+    if (!agrees(f, kFastDivmodMax)) return;
+  }
+}
+
+}  // namespace
+}  // namespace ferrum::test
