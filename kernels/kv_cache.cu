@@ -1,5 +1,6 @@
 #include "kernels/common/check.hpp"
 #include "kernels/common/device_error.cuh"
+#include "kernels/common/fast_divmod.cuh"
 #include "kernels/common/row_copy.cuh"
 #include "kernels/kv_cache.hpp"
 
@@ -15,6 +16,7 @@ struct KvAppendRows {
   long long cache_len;
   const DecodeState* state;
   long long capacity, new_tokens, nkv, hd;
+  IndexDivider new_tokens_div;  // new_tokens, over r < nkv * new_tokens
   std::uint32_t* error_flag;
 
   // r enumerates [K | V] x [nkv] x [new_tokens].
@@ -27,7 +29,7 @@ struct KvAppendRows {
     const long long per_tensor = nkv * new_tokens;
     const bool is_v = r >= per_tensor;
     const long long rr = is_v ? r - per_tensor : r;
-    const long long h = rr / new_tokens;
+    const long long h = new_tokens_div.div(rr);
     const long long t = rr - h * new_tokens;
     const T* src = (is_v ? new_v : new_k) + rr * hd + c;
     T* dst = (is_v ? cache_v : cache_k) + (h * capacity + base + t) * hd + c;
@@ -44,7 +46,7 @@ void launch_kv_cache_append(DType dtype, void* cache_k, void* cache_v, const voi
     using T = typename decltype(tag)::type;
     const KvAppendRows<T> map{static_cast<T*>(cache_k), static_cast<T*>(cache_v), static_cast<const T*>(new_k),
                               static_cast<const T*>(new_v), cache_len, state, capacity, new_tokens, nkv, hd,
-                              error_flag};
+                              IndexDivider(new_tokens, nkv * new_tokens), error_flag};
     launch_copy_rows<T>("kv_cache_append_head_major", 2 * nkv * new_tokens, hd,
                         all_aligned16(cache_k, cache_v, new_k, new_v), map, stream);
   });

@@ -54,6 +54,28 @@ struct FastDivmod {
   }
 };
 
+// n / divisor for the 64-bit indices n in [0, limit) of one launch, where a
+// launch may be larger than FastDivmod's range: through FastDivmod when the
+// divisor and limit - 1 are within it (decided on the host, so the branch is
+// uniform across the launch), else the 64-bit division. Built by the
+// launcher; a divisor of 0 (an unused divisor, e.g. no broadcast period) is
+// allowed and must not be divided by.
+struct IndexDivider {
+  long long divisor = 1;
+  FastDivmod fast{};
+  bool fast_ok = false;
+
+  IndexDivider() = default;
+  IndexDivider(long long d, long long limit)
+      : divisor(d), fast_ok(d >= 1 && d <= kFastDivmodMax && limit >= 0 && limit - 1 <= kFastDivmodMax) {
+    if (fast_ok) fast = FastDivmod(static_cast<std::uint32_t>(d));
+  }
+
+  FERRUM_FAST_DIVMOD_HD long long div(long long n) const {
+    return fast_ok ? static_cast<long long>(fast.div(static_cast<std::uint32_t>(n))) : n / divisor;
+  }
+};
+
 }  // namespace ferrum::kernels
 
 #undef FERRUM_FAST_DIVMOD_HD

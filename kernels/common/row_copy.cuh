@@ -4,6 +4,7 @@
 // pointers: dst == nullptr skips it, src == nullptr writes zeros.
 #pragma once
 
+#include "kernels/common/fast_divmod.cuh"
 #include "kernels/common/launch.cuh"
 #include "kernels/common/vec.cuh"
 
@@ -18,12 +19,14 @@ struct RowPtrs {
 inline constexpr int kRowCopyThreads = 256;
 inline constexpr int kRowCopyItems = 2;
 
+// vec_per_row: row_len / VW, as a divider over the launch's vector indices
+// (a 64-bit division per vector was a large share of the instructions of a
+// copy that moves 16 bytes per vector).
 template <class T, int VW, class Map>
-__global__ void copy_rows_kernel(long long rows, long long row_len, Map map) {
+__global__ void copy_rows_kernel(long long rows, IndexDivider vec_per_row, Map map) {
   pdl_begin();
   using V = vec_t<T, VW>;
-  const long long vec_per_row = row_len / VW;
-  const long long total = rows * vec_per_row;
+  const long long total = rows * vec_per_row.divisor;
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x * kRowCopyItems + threadIdx.x;
   V data[kRowCopyItems];
   T* dst[kRowCopyItems];
@@ -32,8 +35,8 @@ __global__ void copy_rows_kernel(long long rows, long long row_len, Map map) {
     const long long vi = first + static_cast<long long>(it) * blockDim.x;
     dst[it] = nullptr;
     if (vi < total) {
-      const long long r = vi / vec_per_row;
-      const long long c = (vi - r * vec_per_row) * VW;
+      const long long r = vec_per_row.div(vi);
+      const long long c = (vi - r * vec_per_row.divisor) * VW;
       const RowPtrs<T> p = map(r, c);
       if (p.dst != nullptr) {
         dst[it] = p.dst;
@@ -63,10 +66,11 @@ void launch_copy_rows(const char* op, long long rows, long long row_len, bool wi
   const long long per_block = static_cast<long long>(kRowCopyThreads) * kRowCopyItems;
   const long long blocks = (rows * vec_per_row + per_block - 1) / per_block;
   const dim3 grid(static_cast<unsigned>(blocks));
+  const IndexDivider vec_div(vec_per_row, blocks * per_block);  // every vi the grid forms
   if (wide) {
-    launch_pdl(op, copy_rows_kernel<T, kWide, Map>, grid, kRowCopyThreads, 0, stream, rows, row_len, map);
+    launch_pdl(op, copy_rows_kernel<T, kWide, Map>, grid, kRowCopyThreads, 0, stream, rows, vec_div, map);
   } else {
-    launch_pdl(op, copy_rows_kernel<T, 1, Map>, grid, kRowCopyThreads, 0, stream, rows, row_len, map);
+    launch_pdl(op, copy_rows_kernel<T, 1, Map>, grid, kRowCopyThreads, 0, stream, rows, vec_div, map);
   }
 }
 

@@ -85,5 +85,27 @@ TEST(FastDivmod, NumeratorsAroundMultiplesAndAtRandom) {
   }
 }
 
+// IndexDivider takes FastDivmod only where the whole launch is in its
+// range, and divides the same either way.
+TEST(IndexDivider, PicksFastDivmodOnlyWithinItsRange) {
+  using kernels::IndexDivider;
+  EXPECT_TRUE(IndexDivider(512, 1 << 20).fast_ok);
+  EXPECT_TRUE(IndexDivider(512, static_cast<long long>(kFastDivmodMax) + 1).fast_ok);   // indices up to 2^31 - 1
+  EXPECT_FALSE(IndexDivider(512, static_cast<long long>(kFastDivmodMax) + 2).fast_ok);  // 2^31 itself: 64-bit
+  EXPECT_FALSE(IndexDivider(static_cast<long long>(kFastDivmodMax) + 1, 1 << 20).fast_ok);
+  EXPECT_FALSE(IndexDivider(0, 1 << 20).fast_ok);  // unused divisor (no broadcast period)
+  std::mt19937_64 rng(7u);
+  for (long long d : {1LL, 3LL, 16LL, 512LL, 4097LL, 1LL << 31, (1LL << 33) + 5}) {
+    for (long long limit : {1LL << 20, static_cast<long long>(kFastDivmodMax) + 1, 1LL << 40}) {
+      const IndexDivider div(d, limit);
+      std::uniform_int_distribution<long long> any(0, limit - 1);
+      for (int i = 0; i < 2000; ++i) {
+        const long long n = i < 3 ? (i == 0 ? 0 : i == 1 ? limit - 1 : limit / 2) : any(rng);
+        ASSERT_EQ(div.div(n), n / d) << "n = " << n << ", d = " << d << ", limit = " << limit;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ferrum::test
