@@ -9,7 +9,6 @@
 #include "kernels/common/activation.cuh"
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
-#include "kernels/common/fast_divmod.cuh"
 #include "kernels/common/launch.cuh"
 #include "kernels/common/vec.cuh"
 #include "kernels/elementwise.hpp"
@@ -33,9 +32,9 @@ struct Add {
   __device__ float operator()(float a, float b) const { return a + b; }
 };
 
-// out[e] = op(a[e], b[b_index(e)]), b_index(e) = period ? e % period : e
-// (period as a divider over e < n: a 64-bit remainder per vector was a large
-// share of add_bias's instructions).
+// out[e] = op(a[e], b[b_index(e)]), b_index(e) = period ? e % period : e.
+// The 64-bit remainder stays: through IndexDivider (fast_divmod.cuh) add_bias
+// [32768 x 4096] took 2.4 % longer in f16, 0.8 % in bf16 (H200, session 41).
 // b may be null for unary ops. out may alias a. F16_FROM_WORD: f16 converted
 // from the packed word (vec_t::f_from_word), which the launcher picks for
 // small grids only (kSmallGridBlocks); false: vec_t::f (for bf16 also from
@@ -44,11 +43,9 @@ template <class T, int VW, class Op, bool F16_FROM_WORD>
 __global__ void flat_map_kernel(const T* a,             // [n]
                                 const T* __restrict__ b,  // [n], [period] (broadcast) or null
                                 T* out,                   // [n], may be a
-                                long long n, IndexDivider period, Op op) {
+                                long long n, long long period, Op op) {
   pdl_begin();
   using V = vec_t<T, VW>;
-  // e % period (period.divisor > 0).
-  const auto b_index = [&](long long e) { return period.divisor != 0 ? e - period.div(e) * period.divisor : e; };
   const long long nvec = n / VW;
   const long long first = (static_cast<long long>(blockIdx.x) * blockDim.x * kItems) + threadIdx.x;
   V va[kItems], vb[kItems];
@@ -58,7 +55,7 @@ __global__ void flat_map_kernel(const T* a,             // [n]
     if (vi < nvec) {
       const long long e = vi * VW;
       va[it].load(a + e);
-      if (b != nullptr) vb[it].load(b + b_index(e));
+      if (b != nullptr) vb[it].load(b + (period ? e % period : e));
     }
   }
   const auto as_f32 = [](const V& x, int j) {
@@ -84,7 +81,7 @@ __global__ void flat_map_kernel(const T* a,             // [n]
     const long long gid = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (gid < tail) {
       const long long e = nvec * VW + gid;
-      const float bv = b != nullptr ? to_float(b[b_index(e)]) : 0.0f;
+      const float bv = b != nullptr ? to_float(b[period ? e % period : e]) : 0.0f;
       out[e] = from_float<T>(op(to_float(a[e]), bv));
     }
   }
@@ -108,17 +105,16 @@ void launch_flat_map(const char* name, const T* a, const T* b, T* out, long long
   long long blocks = (nvec + kThreads * kItems - 1) / (kThreads * kItems);
   if (blocks == 0) blocks = 1;  // the tail alone
   const dim3 grid(static_cast<unsigned>(blocks));
-  const IndexDivider period_div(period, n);  // e < n; period 0: never divided by
   if constexpr (std::is_same_v<T, __half>) {  // bf16's f already converts from the word
     if (wide && blocks <= kSmallGridBlocks) {
-      launch_pdl(name, flat_map_kernel<T, kWide, Op, true>, grid, kThreads, 0, stream, a, b, out, n, period_div, op);
+      launch_pdl(name, flat_map_kernel<T, kWide, Op, true>, grid, kThreads, 0, stream, a, b, out, n, period, op);
       return;
     }
   }
   if (wide) {
-    launch_pdl(name, flat_map_kernel<T, kWide, Op, false>, grid, kThreads, 0, stream, a, b, out, n, period_div, op);
+    launch_pdl(name, flat_map_kernel<T, kWide, Op, false>, grid, kThreads, 0, stream, a, b, out, n, period, op);
   } else {
-    launch_pdl(name, flat_map_kernel<T, 1, Op, false>, grid, kThreads, 0, stream, a, b, out, n, period_div, op);
+    launch_pdl(name, flat_map_kernel<T, 1, Op, false>, grid, kThreads, 0, stream, a, b, out, n, period, op);
   }
 }
 
@@ -137,9 +133,11 @@ struct GateUpVec;
 template <class T, int VW>
 struct GateUpVec<T, VW, GateUp::Split> {
   vec_t<T, VW> g, u;
-  __device__ __forceinline__ void load(const T* gate_up, long long vi, const IndexDivider& vec_per_row, long long im) {
-    const long long t = vec_per_row.div(vi);
-    const T* gate = gate_up + t * 2 * im + (vi - t * vec_per_row.divisor) * VW;
+  // The 64-bit division stays: through IndexDivider the f16 kernel took 3 %
+  // longer at [8192 x 14336] and 18 % at [1..16 x 14336] (H200, session 41).
+  __device__ __forceinline__ void load(const T* gate_up, long long vi, long long vec_per_row, long long im) {
+    const long long t = vi / vec_per_row;
+    const T* gate = gate_up + t * 2 * im + (vi - t * vec_per_row) * VW;
     g.load(gate);
     u.load(gate + im);
   }
@@ -149,7 +147,7 @@ struct GateUpVec<T, VW, GateUp::Split> {
 template <class T, int VW>
 struct GateUpVec<T, VW, GateUp::Pairs> {
   vec_t<T, 2 * VW> gu;  // VW = 1: two 2-byte loads (any alignment)
-  __device__ __forceinline__ void load(const T* gate_up, long long vi, const IndexDivider&, long long) {
+  __device__ __forceinline__ void load(const T* gate_up, long long vi, long long, long long) {
     if constexpr (VW == 1) {
       gu.v[0] = gate_up[2 * vi];
       gu.v[1] = gate_up[2 * vi + 1];
@@ -165,11 +163,10 @@ struct GateUpVec<T, VW, GateUp::Pairs> {
 template <class T, int VW, GateUp L>
 __global__ void silu_mul_kernel(const T* __restrict__ gate_up,  // Split: [tokens, 2*im]; Pairs: [tokens*im, 2]
                                 T* __restrict__ out,             // [tokens, im]
-                                long long tokens, long long im,
-                                IndexDivider vec_per_row,  // im / VW, over the vector indices
-                                PdlTrigger trigger) {
+                                long long tokens, long long im, PdlTrigger trigger) {
   pdl_begin_with_trigger(trigger);  // the A/B switches of launch.cuh
-  const long long total = tokens * vec_per_row.divisor;
+  const long long vec_per_row = im / VW;
+  const long long total = tokens * vec_per_row;
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x * kItems + threadIdx.x;
   GateUpVec<T, VW, L> in[kItems];
 #pragma unroll
@@ -198,13 +195,10 @@ void launch_silu_mul(const char* op, bool wide, const void* gate_up, void* out, 
   const dim3 grid(static_cast<unsigned>(blocks));
   const auto* in = static_cast<const T*>(gate_up);
   auto* o = static_cast<T*>(out);
-  const IndexDivider vec_per_row(im / vw, tokens * (im / vw));  // the kernel divides only vi < total
   if (wide) {
-    launch_pdl(op, silu_mul_kernel<T, kWide, L>, grid, kThreads, 0, stream, in, o, tokens, im, vec_per_row,
-               small_op_trigger());
+    launch_pdl(op, silu_mul_kernel<T, kWide, L>, grid, kThreads, 0, stream, in, o, tokens, im, small_op_trigger());
   } else {
-    launch_pdl(op, silu_mul_kernel<T, 1, L>, grid, kThreads, 0, stream, in, o, tokens, im, vec_per_row,
-               small_op_trigger());
+    launch_pdl(op, silu_mul_kernel<T, 1, L>, grid, kThreads, 0, stream, in, o, tokens, im, small_op_trigger());
   }
   check_launch(op);
 }
