@@ -35,6 +35,8 @@ struct RopeArgs {
   std::uint32_t* error_flag = nullptr;  // kErrRopePositionOutOfRange
 };
 
+// More than kFastDivmodMax (2^31 - 1) head rows (tokens x heads) on the
+// 16-byte path: a named Unsupported (its index math is 32-bit).
 void launch_qk_norm_rope(const RopeArgs& args, cudaStream_t stream);
 
 // qkv_rope_append in one launch: the rope rows of qk_norm_rope for q (to
@@ -72,6 +74,8 @@ struct QkvRopeAppendArgs {
   std::uint32_t* error_flag = nullptr;
 };
 
+// More than kFastDivmodMax (2^31 - 1) rows (tokens x (heads + 2 kv_heads)):
+// a named Unsupported (both paths' index math is 32-bit).
 void launch_qkv_rope_append(const QkvRopeAppendArgs& args, cudaStream_t stream);
 
 }  // namespace ferrum::kernels

@@ -1,18 +1,24 @@
 // Division by a divisor fixed at launch, for index math in memory-bound
 // kernels: n / d as one multiply-high, one add and one shift (Granlund and
-// Montgomery's round-up method) instead of a division routine. A thread of
-// qk_norm_rope moves 32 bytes; two 64-bit divisions (row, then token) were a
-// large share of its instructions.
+// Montgomery's round-up method) instead of a division routine, which costs a
+// thread that moves 16-32 bytes a large share of its instructions.
 //
-// Exact for every numerator n in [0, 2^31) and divisor d in [1, 2^31):
-// with s = ceil(log2 d) and m = floor(2^32 (2^s - d) / d) + 1 (< 2^32),
-// n / d = (umulhi(n, m) + n) >> s, and umulhi(n, m) + n < 2^32. The launcher
-// builds it on the host (it checks its own sizes against kFastDivmodMax);
-// tests/cpu/test_fast_divmod.cpp proves the formula on the CPU.
+// Exact for every numerator n in [0, 2^31) and divisor d in [1, 2^31), with
+// s = ceil(log2 d) and m = floor(2^32 (2^s - d) / d) + 1:
+// - m < 2^32, since 2^s - d < d;
+// - the effective multiplier m' = 2^32 + m = floor(2^(32+s) / d) + 1 has the
+//   error e = m' d - 2^(32+s) in [1, d] within [1, 2^s], so n e < 2^(32+s)
+//   and floor(n m' / 2^(32+s)) = floor(n / d) (for any n < 2^32);
+// - n m' / 2^(32+s) = (n m / 2^32 + n) / 2^s, and umulhi(n, m) + n < 2^32
+//   because umulhi(n, m) < n < 2^31.
+// The launcher builds it on the host (it checks its own sizes against
+// kFastDivmodMax); tests/cpu/test_fast_divmod.cpp checks it on the CPU.
 // Host-compilable: the device's __umulhi, on the host the same 64-bit product.
 #pragma once
 
 #include <cstdint>
+
+#include "kernels/common/check.hpp"
 
 #if defined(__CUDACC__)
 #define FERRUM_FAST_DIVMOD_HD __host__ __device__ __forceinline__
@@ -31,8 +37,10 @@ struct FastDivmod {
   std::uint32_t shift = 0;
 
   FastDivmod() = default;
-  // d in [1, kFastDivmodMax]; the caller checks (a launcher throws its own named error).
+  // d in [1, kFastDivmodMax] (launchers check their sizes and throw their own
+  // named errors first; outside it, an Internal ferrum::Error).
   explicit FastDivmod(std::uint32_t d) : divisor(d) {
+    if (d < 1 || d > kFastDivmodMax) throw_bad_dispatch("FastDivmod", "divisor (1 .. 2^31 - 1)", d);
     while ((std::uint64_t{1} << shift) < d) ++shift;
     multiplier =
         static_cast<std::uint32_t>((((std::uint64_t{1} << shift) - d) << 32) / d + 1);
@@ -58,8 +66,7 @@ struct FastDivmod {
 // launch may be larger than FastDivmod's range: through FastDivmod when the
 // divisor and limit - 1 are within it (decided on the host, so the branch is
 // uniform across the launch), else the 64-bit division. Built by the
-// launcher; a divisor of 0 (an unused divisor, e.g. no broadcast period) is
-// allowed and must not be divided by.
+// launcher, for a divisor of at least 1.
 struct IndexDivider {
   long long divisor = 1;
   FastDivmod fast{};

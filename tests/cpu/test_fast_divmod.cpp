@@ -1,17 +1,21 @@
-// FastDivmod (kernels/common/fast_divmod.cuh), the index division of the
-// RoPE kernels, proved on the CPU: the host path computes the same 32-bit
-// multiply-high as the device's __umulhi, so equality here is equality
-// there. Checked against the / and % of 64-bit integers: every numerator
-// for a few divisors; for thousands of divisors (all up to 4096, powers of
-// two and their neighbours, the largest, random) the numerators around
-// every multiple near the ends of the range and random ones.
+// FastDivmod and IndexDivider (kernels/common/fast_divmod.cuh), the index
+// division of the RoPE and row-copy kernels, checked on the CPU: the host path
+// computes the same 32-bit multiply-high as the device's __umulhi, so equality
+// here is equality there. Against the / and % of 64-bit integers: every
+// numerator for two divisors; for thousands of divisors (all up to 4096,
+// powers of two and their neighbours, the largest, random) the numerators
+// around multiples near both ends of the range and random ones. Also the
+// launchers' refusal of launches past its range.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <random>
 #include <vector>
 
+#include "ferrum/error.hpp"
 #include "kernels/common/fast_divmod.cuh"
+#include "kernels/rope.hpp"
+#include "support/test_support.hpp"
 
 namespace ferrum::test {
 namespace {
@@ -46,9 +50,10 @@ std::vector<std::uint32_t> divisors_to_check(std::mt19937& rng) {
 }
 
 TEST(FastDivmod, EveryNumeratorOfSomeDivisors) {
-  // 7 (its multiplier rounds up by almost a whole unit) and 2^31 - 1, the
-  // largest: 2^31 numerators each, about 3.5 s apiece on the CI machine.
-  for (std::uint32_t d : {7u, kFastDivmodMax}) {
+  // 15 and 65535 = 2^s - 1, where the rounding error e of the multiplier is
+  // largest against 2^s (1 - 2^-s); 2^31 numerators each, about 3.5 s apiece
+  // on the CI machine.
+  for (std::uint32_t d : {15u, 65535u}) {
     const FastDivmod f(d);
     std::uint64_t bad = 0;
     for (std::uint64_t n = 0; n <= kFastDivmodMax; ++n) {
@@ -93,7 +98,7 @@ TEST(IndexDivider, PicksFastDivmodOnlyWithinItsRange) {
   EXPECT_TRUE(IndexDivider(512, static_cast<long long>(kFastDivmodMax) + 1).fast_ok);   // indices up to 2^31 - 1
   EXPECT_FALSE(IndexDivider(512, static_cast<long long>(kFastDivmodMax) + 2).fast_ok);  // 2^31 itself: 64-bit
   EXPECT_FALSE(IndexDivider(static_cast<long long>(kFastDivmodMax) + 1, 1 << 20).fast_ok);
-  EXPECT_FALSE(IndexDivider(0, 1 << 20).fast_ok);  // unused divisor (no broadcast period)
+  EXPECT_FALSE(IndexDivider(0, 1 << 20).fast_ok);  // never divided by; not a FastDivmod either
   std::mt19937_64 rng(7u);
   for (long long d : {1LL, 3LL, 16LL, 512LL, 4097LL, 1LL << 31, (1LL << 33) + 5}) {
     for (long long limit : {1LL << 20, static_cast<long long>(kFastDivmodMax) + 1, 1LL << 40}) {
@@ -105,6 +110,34 @@ TEST(IndexDivider, PicksFastDivmodOnlyWithinItsRange) {
       }
     }
   }
+}
+
+TEST(FastDivmod, RefusesDivisorsOutsideItsRange) {
+  EXPECT_THROW(FastDivmod(0u), Error);
+  EXPECT_THROW(FastDivmod(kFastDivmodMax + 1u), Error);
+  EXPECT_NO_THROW(FastDivmod(kFastDivmodMax));
+}
+
+// The RoPE launchers refuse more head rows than FastDivmod takes, with a
+// named Unsupported, before touching the device (null pointers count as
+// aligned, so qk_norm_rope takes its 16-byte path).
+TEST(RopeLaunchers, RefuseRowsPastTheDividersRange) {
+  kernels::RopeArgs rope;
+  rope.tokens = 65536;
+  rope.heads = 32768;  // 2^31 rows
+  rope.head_dim = 128;
+  rope.max_pos = 65536;
+  expect_error(ErrorCode::Unsupported, "qk_norm_rope", [&] { kernels::launch_qk_norm_rope(rope, nullptr); },
+               "rows (tokens x heads)");
+  kernels::QkvRopeAppendArgs qkv;
+  qkv.tokens = 16384;
+  qkv.heads = 65536;
+  qkv.kv_heads = 32768;  // 16384 x (65536 + 65536) = 2^31 rows
+  qkv.head_dim = 128;
+  qkv.capacity = 16384;
+  qkv.max_pos = 16384;
+  expect_error(ErrorCode::Unsupported, "qkv_rope_append", [&] { kernels::launch_qkv_rope_append(qkv, nullptr); },
+               "rows (tokens x (heads + 2 kv_heads))");
 }
 
 }  // namespace
