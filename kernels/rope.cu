@@ -7,7 +7,6 @@
 // so every access is a 16-byte vector and a warp works on 32/G rows.
 // General path: one warp per row; lane l owns pair indices l, l+32, ...
 // (PAIRS per lane, head_dim/64 rounded up to 1, 2, 4 or 8).
-#include <algorithm>
 #include <cstdint>
 
 #include "kernels/common/check.hpp"
@@ -142,6 +141,20 @@ __device__ __forceinline__ void rope_row_vec(const T* in, const T* norm_w, const
   o_hi.store(out + half + g * 8);
 }
 
+// The head row of a 16-byte-path thread and its lane g within the row's
+// group of `group` lanes (a power of two), in 32 bits (the launchers keep
+// every row below 2^31).
+struct VecRowLane {
+  std::uint32_t row;
+  int g;
+};
+
+__device__ __forceinline__ VecRowLane vec_row_lane(int group) {
+  const unsigned group_log2 = __ffs(group) - 1;
+  return {blockIdx.x * (blockDim.x >> group_log2) + (threadIdx.x >> group_log2),
+          static_cast<int>(threadIdx.x & (group - 1))};
+}
+
 // Index math in 32 bits, the division by heads through FastDivmod (the
 // launcher has checked tokens x heads <= kFastDivmodMax): with 64-bit
 // divisions the f16 instance ran 576 SASS instructions, with these 416, and
@@ -156,9 +169,7 @@ __global__ void qk_norm_rope_vec_kernel(const T* __restrict__ input,   // [token
                                         long long pos_offset, const DecodeState* state, long long max_pos, float eps,
                                         std::uint32_t* error_flag) {
   pdl_begin();
-  const unsigned group_log2 = __ffs(group) - 1;  // group: a power of two
-  const std::uint32_t row = blockIdx.x * (blockDim.x >> group_log2) + (threadIdx.x >> group_log2);
-  const int g = static_cast<int>(threadIdx.x & (group - 1));
+  const auto [row, g] = vec_row_lane(group);
   const bool row_ok = row < static_cast<std::uint32_t>(tokens) * heads_div.divisor;
   std::uint32_t t = 0, h = 0;
   if (row_ok) heads_div.divmod(row, t, h);
@@ -285,9 +296,7 @@ template <class T, bool NORM>
 __global__ void qkv_rope_append_vec_kernel(const QkvRopeAppendArgs a, FusedRowDivisors divisors, int group) {
   pdl_begin();
   const bool ragged_ok = a.positions == nullptr || ragged_positions_fit(a);  // grid-uniform branch
-  const unsigned group_log2 = __ffs(group) - 1;  // group: a power of two
-  const std::uint32_t r = blockIdx.x * (blockDim.x >> group_log2) + (threadIdx.x >> group_log2);
-  const int g = static_cast<int>(threadIdx.x & (group - 1));
+  const auto [r, g] = vec_row_lane(group);
   const FusedRow f = fused_row(r, a.tokens, divisors);
   long long pos = 0;
   const bool writes = f.valid && fused_row_position(a, f, g == 0, ragged_ok, pos);
@@ -374,7 +383,6 @@ void launch_qk_norm_rope(const RopeArgs& a, cudaStream_t stream) {
   if (plan.vec) {
     constexpr int kThreads = 128;
     const long long rows = static_cast<long long>(a.tokens) * a.heads;
-    if (a.heads < 1) throw_bad_dispatch("qk_norm_rope", "heads (>= 1)", a.heads);
     if (rows > kFastDivmodMax) throw_size_limit("qk_norm_rope", "rows (tokens x heads)", rows, kFastDivmodMax);
     const auto blocks = grid_blocks("qk_norm_rope", rows, group, kThreads);
     const FastDivmod heads_div(static_cast<std::uint32_t>(a.heads));
@@ -415,9 +423,6 @@ void launch_qkv_rope_append(const QkvRopeAppendArgs& a, cudaStream_t stream) {
                                        (!norm || all_aligned16(a.q_norm, a.k_norm)));
   const int group = plan.group;
   const long long rows = static_cast<long long>(a.tokens) * (a.heads + 2 * a.kv_heads);
-  if (a.heads < 1 || a.kv_heads < 1) {
-    throw_bad_dispatch("qkv_rope_append", "heads, kv_heads (>= 1)", std::min(a.heads, a.kv_heads));
-  }
   if (rows > kFastDivmodMax) {
     throw_size_limit("qkv_rope_append", "rows (tokens x (heads + 2 kv_heads))", rows, kFastDivmodMax);
   }
