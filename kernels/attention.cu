@@ -91,6 +91,14 @@ __device__ __forceinline__ long long key_limit(const AttentionArgs& a, int b, in
   return limit < 0 ? 0 : limit;
 }
 
+// The slices of `slice_keys` keys (a power of two: attention_decode_slice_keys)
+// that hold one of `limit` valid keys, at most `splits`: a shift, not a
+// 64-bit division on every decode block's path.
+__device__ __forceinline__ int used_slices(long long limit, int splits, int slice_keys) {
+  const int shift = 31 - __clz(slice_keys);
+  return static_cast<int>(min(static_cast<long long>(splits), (limit + slice_keys - 1) >> shift));
+}
+
 // FERRUM_DECODE_TIMELINE (a CMake option, diagnostics only): thread 0 of
 // every block stores clock64() at each DecodeTimelinePoint of
 // attention_decode_kernel; decode_timeline_read returns them
@@ -307,15 +315,16 @@ __global__ void __launch_bounds__(kWarps * 32) attention_rows_kernel(const Atten
 
   // grid.x enumerates (batch * q_len) x splits (x is the only dimension
   // without a 65535 limit), grid.y kv heads x head chunks.
-  const int split = static_cast<int>(blockIdx.x % splits);
-  const long long query_row = blockIdx.x / splits;  // b * q_len + i
+  // 32-bit unsigned index math (grid.x < 2^31): a 64-bit division is a long SASS routine.
+  const int split = static_cast<int>(blockIdx.x % static_cast<unsigned>(splits));
+  const unsigned query_row = blockIdx.x / static_cast<unsigned>(splits);  // b * q_len + i
   const int group = a.num_heads / a.num_kv_heads;
   const int chunks = (group + heads_per_block - 1) / heads_per_block;
   const int kvh = blockIdx.y / chunks;
   const int head0 = kvh * group + (blockIdx.y % chunks) * heads_per_block;
   const int heads = min(heads_per_block, kvh * group + group - head0);
-  const int b = static_cast<int>(query_row / a.q_len);
-  const int i = static_cast<int>(query_row % a.q_len);
+  const int b = static_cast<int>(query_row / static_cast<unsigned>(a.q_len));
+  const int i = static_cast<int>(query_row % static_cast<unsigned>(a.q_len));
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
 
@@ -626,9 +635,10 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   // blockIdx.x = (b, run of slices_per_block slices, chunk), chunk fastest.
   const int chunk = static_cast<int>(blockIdx.x % static_cast<unsigned>(chunks));
   const int row_blocks = (splits + slices_per_block - 1) / slices_per_block;
-  const long long seq_block = blockIdx.x / static_cast<unsigned>(chunks);
-  const int split0 = static_cast<int>(seq_block % row_blocks) * slices_per_block;
-  const int b = static_cast<int>(seq_block / row_blocks);
+  // 32-bit unsigned: a 64-bit division here sat on every block's path to its first K / V load.
+  const unsigned seq_block = blockIdx.x / static_cast<unsigned>(chunks);
+  const int split0 = static_cast<int>(seq_block % static_cast<unsigned>(row_blocks)) * slices_per_block;
+  const int b = static_cast<int>(seq_block / static_cast<unsigned>(row_blocks));
   const int kvh = static_cast<int>(blockIdx.y);
   const int group = a.num_heads / a.num_kv_heads;
   const int head0 = kvh * group + chunk * 16 * mtiles;
@@ -745,7 +755,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
 
   // The slices that hold a valid key, this block's run of them, and the
   // blocks that hold one (the blocks that arrive).
-  const int used = static_cast<int>(min(static_cast<long long>(splits), (limit + slice_keys - 1) / slice_keys));
+  const int used = used_slices(limit, splits, slice_keys);
   const int split_end = min(split0 + slices_per_block, used);
   const int arrivals = (used + slices_per_block - 1) / slices_per_block;
   const bool direct = fused && used == 1;  // the row's only valid slice is its output
@@ -1138,8 +1148,8 @@ __global__ void __launch_bounds__(kCombineThreads)
     attention_combine_kernel(const AttentionArgs a, int splits, int slice_keys) {
   __shared__ float smem[kAttnDecodeMaxSplits + 1];
   const long long row = blockIdx.x;  // b * num_heads + head (q_len == 1)
-  const long long limit = key_limit(a, static_cast<int>(row / a.num_heads), 0, false);
-  const int used = static_cast<int>(min(static_cast<long long>(splits), (limit + slice_keys - 1) / slice_keys));
+  const long long limit = key_limit(a, static_cast<int>(blockIdx.x / static_cast<unsigned>(a.num_heads)), 0, false);
+  const int used = used_slices(limit, splits, slice_keys);
   merge_slice_partials<T, HD>(WorkspacePartials<HD>::of(a, row, splits),
                               static_cast<T*>(a.out) + row * HD, 0, 1, splits, used, smem);
 }

@@ -46,6 +46,8 @@ inline constexpr long long kAttnDecodeMinSliceKeys = FERRUM_DECODE_MIN_SLICE_KEY
 static_assert(kAttnDecodeMinSliceKeys == 128 || kAttnDecodeMinSliceKeys == 256 || kAttnDecodeMinSliceKeys == 512,
               "FERRUM_DECODE_MIN_SLICE_KEYS: 128, 256 or 512");
 inline constexpr int kAttnDecodeMaxSplits = 16;  // slices per row, at most (the merge's bound)
+// Always a power of two: the decode kernels count a row's used slices with a
+// shift (used_slices in attention.cu).
 constexpr long long attention_decode_slice_keys(long long kv_stride) {
   long long keys = kAttnDecodeMinSliceKeys;
   while (keys * kAttnDecodeMaxSplits < kv_stride) keys *= 2;
