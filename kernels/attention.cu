@@ -54,6 +54,7 @@
 #include "kernels/common/check.hpp"
 #include "kernels/common/device_error.cuh"
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/fast_divmod.cuh"
 #include "kernels/common/launch.cuh"
 #include "kernels/common/mma.cuh"
 #include "kernels/common/vec.cuh"
@@ -588,14 +589,24 @@ __device__ __forceinline__ void ring_barrier(int kw, int mtiles) {
   }
 }
 
+// How a decode block finds its (sequence, run of slices, head chunk) from
+// blockIdx.x, with the divisors fixed at launch: at B = 1 the block's set-up
+// is its latency, and four division routines ahead of its first K / V load
+// cost more than the multiply-highs.
+struct DecodeBlockMap {
+  FastDivmod chunks;      // head chunks per kv head
+  FastDivmod row_blocks;  // blocks per (sequence, kv head, chunk): ceil(splits / slices_per_block)
+  int group = 1;          // q heads per kv head
+};
+
 // grid.x = (batch * row_blocks) * chunks, row_blocks = ceil(splits /
 // slices_per_block) (chunk fastest, so the blocks of one run of slices that
 // split a large group run together and share K/V through L2),
 // grid.y = kv heads; blockDim = 128 * m-tiles.
 template <class T, int HD>
 __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
-    attention_decode_kernel(const AttentionArgs a, int splits, int slice_keys, int slices_per_block, int chunks,
-                            bool prefetch_l2, bool fused, bool cluster, bool trigger) {
+    attention_decode_kernel(const AttentionArgs a, const DecodeBlockMap map, int splits, int slice_keys,
+                            int slices_per_block, bool prefetch_l2, bool fused, bool cluster, bool trigger) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   timeline_mark(DecodeTimelinePoint::Entry);
   pdl_begin();  // launched with launch_pdl: nothing global is touched before this
@@ -633,14 +644,15 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   const int tig = lane % 4;
 
   // blockIdx.x = (b, run of slices_per_block slices, chunk), chunk fastest.
-  const int chunk = static_cast<int>(blockIdx.x % static_cast<unsigned>(chunks));
-  const int row_blocks = (splits + slices_per_block - 1) / slices_per_block;
-  // 32-bit unsigned: a 64-bit division here sat on every block's path to its first K / V load.
-  const unsigned seq_block = blockIdx.x / static_cast<unsigned>(chunks);
-  const int split0 = static_cast<int>(seq_block % static_cast<unsigned>(row_blocks)) * slices_per_block;
-  const int b = static_cast<int>(seq_block / static_cast<unsigned>(row_blocks));
+  const int chunks = static_cast<int>(map.chunks.divisor);
+  unsigned seq_block = 0, chunk_u = 0, b_u = 0, run = 0;
+  map.chunks.divmod(blockIdx.x, seq_block, chunk_u);
+  map.row_blocks.divmod(seq_block, b_u, run);
+  const int chunk = static_cast<int>(chunk_u);
+  const int split0 = static_cast<int>(run) * slices_per_block;
+  const int b = static_cast<int>(b_u);
   const int kvh = static_cast<int>(blockIdx.y);
-  const int group = a.num_heads / a.num_kv_heads;
+  const int group = map.group;
   const int head0 = kvh * group + chunk * 16 * mtiles;
   const int heads = min(16 * mtiles, kvh * group + group - head0);
   const long long row0 = static_cast<long long>(b) * a.num_heads + head0;  // q / out row of head0
@@ -1301,10 +1313,14 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   if (!plan_decode_typed<T, HD>(a, p)) return false;
   const AttentionArgs ka = with_partials_in_l2(a, p.partials_in_l2);
   const dim3 grid(static_cast<unsigned>(p.grid_x), static_cast<unsigned>(p.grid_y));
+  DecodeBlockMap map;
+  map.chunks = FastDivmod(static_cast<std::uint32_t>(p.head_chunks));
+  map.row_blocks = FastDivmod(static_cast<std::uint32_t>((p.splits + p.slices_per_block - 1) / p.slices_per_block));
+  map.group = a.num_heads / a.num_kv_heads;
   launch_pdl_clustered("flash_attention", dim3(p.cluster ? static_cast<unsigned>(p.splits) : 1u, 1, 1),
                        attention_decode_kernel<T, HD>, grid, static_cast<unsigned>(p.threads),
-                       static_cast<std::size_t>(p.smem_bytes), stream, ka, p.splits, p.slice_keys, p.slices_per_block,
-                       p.head_chunks, p.prefetch_l2, p.fused, p.cluster, launch_switches().pdl_early_trigger);
+                       static_cast<std::size_t>(p.smem_bytes), stream, ka, map, p.splits, p.slice_keys,
+                       p.slices_per_block, p.prefetch_l2, p.fused, p.cluster, launch_switches().pdl_early_trigger);
   if (!p.fused) launch_combine<T, HD>(ka, p.splits, p.slice_keys, stream);
   check_launch("flash_attention");
   return true;
