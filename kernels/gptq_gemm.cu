@@ -51,6 +51,7 @@
 #include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
+#include "kernels/common/fast_divmod.cuh"
 #include "kernels/common/launch.cuh"
 #include "kernels/common/mma.cuh"
 #include "kernels/gptq_int4.cuh"
@@ -591,9 +592,12 @@ enum class StreamSource { Registers, Bulk };
 struct StreamParams : GemmOperands {
   float* partials;  // [splits][n_pad / 64][m][64] f32 (splits > 1)
   int* counters;    // [n_pad / 64] ints, zero between launches
-  int k16_per_group;  // group_rows / 16: 1, 2, 4 or a multiple of 8 (gptq_repack.hpp)
+  // The divisions of the kernel's chunk math, fixed at launch (a division
+  // routine per chunk, and two 64-bit ones ahead of the first weight copy,
+  // cost a latency-bound m = 1 launch its set-up):
+  FastDivmod k16_per_group;  // group_rows / 16: 1, 2, 4 or a multiple of 8 (gptq_repack.hpp)
   int group_step_mask;  // min(k16_per_group, 8) - 1: a new group starts at k16 steps s & mask == 0
-  int splits;
+  FastDivmod splits;    // split s covers chunks [s * chunks / splits, (s + 1) * chunks / splits)
   int ring;  // bulk source: chunk slots per warp in shared memory (1 .. kGptqStreamMaxRing)
   int group_rows_per_chunk;  // bulk source: scale (zero) rows a chunk touches, max(1, 8 / k16_per_group)
   bool cluster_reduce;  // bulk source, 2 .. kGptqClusterMaxSplits splits launched as one cluster per column block
@@ -727,8 +731,10 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
   const int nb = static_cast<int>(blockIdx.x), split = static_cast<int>(blockIdx.y);
   const int nb_total = static_cast<int>(gridDim.x);
   const int chunks = p.k_pad / kGptqTileK;
-  const int c_begin = static_cast<int>(static_cast<long long>(split) * chunks / p.splits);
-  const int c_end = static_cast<int>(static_cast<long long>(split + 1) * chunks / p.splits);
+  const int splits = static_cast<int>(p.splits.divisor);
+  // splits * chunks <= 2^31 - 1 (the launcher checks it).
+  const int c_begin = static_cast<int>(p.splits.div(static_cast<std::uint32_t>(split * chunks)));
+  const int c_end = static_cast<int>(p.splits.div(static_cast<std::uint32_t>((split + 1) * chunks)));
   // This column block's weight stream: chunk c at wblock + c * kChunkWords; lane's 16 bytes of k16 step s at + s * 128 + lane * 4.
   const std::uint32_t* wblock = p.qweight + static_cast<std::size_t>(nb) * (p.k_pad / 16) * 128;
   const std::uint32_t* wlane = wblock + lane * 4;
@@ -795,7 +801,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
   auto process = [&](auto&& weight_word, auto&& act_frags, auto&& group_row, int c, const uint4& s_raw,
                      const uint2& z_raw) {
     set_group(s_raw, z_raw);
-    int g = (c * kChunkK16) / p.k16_per_group;  // groups of >= 128 rows start at chunks
+    int g = static_cast<int>(p.k16_per_group.div(static_cast<std::uint32_t>(c * kChunkK16)));  // groups of >= 128 rows start at chunks
 #pragma unroll
     for (int s = 0; s < kChunkK16; ++s) {
       if (s > 0 && (s & p.group_step_mask) == 0) {  // warp-uniform; groups of 16-64 rows only
@@ -898,7 +904,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
           copy_weights(dst, wblock + static_cast<std::size_t>(chunk) * kChunkWords, kChunkWords * 4u, &full[slot]);
         } else if (lane >= 16 && lane < 16 + p.group_rows_per_chunk) {
           const int i = lane - 16;
-          const std::size_t at = static_cast<std::size_t>(chunk * kChunkK16 / p.k16_per_group + i) * p.n_pad +
+          const std::size_t at = static_cast<std::size_t>(p.k16_per_group.div(static_cast<std::uint32_t>(chunk * kChunkK16)) + i) * p.n_pad +
                                  static_cast<std::size_t>(nb) * kGptqTileN;
           copy_weights(dst + stream_slot_scales_at(NT) + i * kScaleRowBytes, scales + at, kScaleRowBytes, &full[slot]);
           if constexpr (kZeros) {
@@ -1005,7 +1011,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     int c = c_begin + warp;
     if (c < c_end) {
       load_chunk(wa, c);
-      load_group_row(c * kChunkK16 / p.k16_per_group, sa, za);
+      load_group_row(static_cast<int>(p.k16_per_group.div(static_cast<std::uint32_t>(c * kChunkK16))), sa, za);
 #pragma unroll
       for (int i = 1; i <= kStreamL2Ahead; ++i) prefetch_chunk(c + i * kStreamWarps);
     }
@@ -1013,7 +1019,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
       const int c1 = c + kStreamWarps, c2 = c1 + kStreamWarps;
       if (c1 < c_end) {
         load_chunk(wb, c1);
-        load_group_row(c1 * kChunkK16 / p.k16_per_group, sb, zb);
+        load_group_row(static_cast<int>(p.k16_per_group.div(static_cast<std::uint32_t>(c1 * kChunkK16))), sb, zb);
       }
       prefetch_chunk(c + (kStreamL2Ahead + 1) * kStreamWarps);
       process([&](int s) { return wa[s]; }, [&](int s, std::uint32_t (&bf)[NT][2]) { act_global(c, s, bf); },
@@ -1021,7 +1027,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
       if (c1 >= c_end) break;
       if (c2 < c_end) {
         load_chunk(wa, c2);
-        load_group_row(c2 * kChunkK16 / p.k16_per_group, sa, za);
+        load_group_row(static_cast<int>(p.k16_per_group.div(static_cast<std::uint32_t>(c2 * kChunkK16))), sa, za);
       }
       prefetch_chunk(c1 + (kStreamL2Ahead + 1) * kStreamWarps);
       process([&](int s) { return wb[s]; }, [&](int s, std::uint32_t (&bf)[NT][2]) { act_global(c1, s, bf); },
@@ -1046,7 +1052,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     // first cluster barrier publishes the tiles; it traps below sm_90, where
     // neither clusters nor the bulk source run).
     if (p.cluster_reduce) {
-      cluster_sum_store<T, kStreamThreads, 1>(tile, kGptqTileN, p.splits, p.m, kGptqTileN, nb * kGptqTileN, p.n, out,
+      cluster_sum_store<T, kStreamThreads, 1>(tile, kGptqTileN, splits, p.m, kGptqTileN, nb * kGptqTileN, p.n, out,
                                               p.residual_out);
       timeline.mark(GptqTimelinePoint::Exit);
       return;
@@ -1072,7 +1078,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     timeline.mark(GptqTimelinePoint::Exit);
     return;
   }
-  if (p.splits == 1) {  // grid-uniform
+  if (splits == 1) {  // grid-uniform
     if (p.residual_out.residual != nullptr) {
       // A quad per thread (store_quad_out: the same out bits), every thread
       // of the CTA in every iteration.
@@ -1099,7 +1105,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     __stcg(split_part + idx, tile[idx]);
   }
   constexpr int kPer = (NT * 8 * (kGptqTileN / 4) + kStreamThreads - 1) / kStreamThreads;
-  splitk_finish_last<T, kStreamThreads, kPer>(p.partials, p.counters, nb, nb_total, p.splits, p.m, kGptqTileN,
+  splitk_finish_last<T, kStreamThreads, kPer>(p.partials, p.counters, nb, nb_total, splits, p.m, kGptqTileN,
                                               nb * kGptqTileN, p.n, out, p.residual_out);
   timeline.mark(GptqTimelinePoint::Exit);
 }
@@ -1161,11 +1167,16 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   static_cast<GemmOperands&>(p) = gemm_operands(args);
   p.partials = args.partials;
   p.counters = args.counters;
-  p.k16_per_group = args.w.group_rows / 16;
-  p.group_step_mask = std::min(p.k16_per_group, kChunkK16) - 1;
-  p.splits = splits;
+  const int k16_per_group = args.w.group_rows / 16;
+  const long long chunk_products = static_cast<long long>(splits) * (args.w.k_pad / kGptqTileK);
+  if (chunk_products > kFastDivmodMax) {
+    throw_size_limit(kOp, "splits x chunks (k_pad / 128)", chunk_products, kFastDivmodMax);
+  }
+  p.k16_per_group = FastDivmod(static_cast<std::uint32_t>(k16_per_group));
+  p.group_step_mask = std::min(k16_per_group, kChunkK16) - 1;
+  p.splits = FastDivmod(static_cast<std::uint32_t>(splits));
   p.ring = kBulk ? ring : 0;
-  p.group_rows_per_chunk = std::max(1, kChunkK16 / p.k16_per_group);
+  p.group_rows_per_chunk = std::max(1, kChunkK16 / k16_per_group);
   const dim3 grid(static_cast<unsigned>(args.w.n_pad / kGptqTileN), static_cast<unsigned>(splits));
   const std::size_t smem = kBulk ? static_cast<std::size_t>(stream_ring_bytes(NT, ring)) : 0;
   if constexpr (kBulk) {  // the shared-memory opt-in, once per device (cheap after the first call)
