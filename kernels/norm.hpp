@@ -40,7 +40,7 @@ struct NormLaunchPlan {
   bool wide = false;             // 16-byte vectors (dim % 8 == 0, every pointer aligned)
   bool row_loop = false;         // the row-loop kernel: a block per row, re-reading it
   bool prefetch_weight = false;  // at most a block per SM: the weight loaded with x
-  int group = 0;                 // threads per row
+  int group = 0;                 // threads per row, a power of two (the kernel shifts by it)
   int threads = 0;               // per block
   int blocks = 0;
   long long vectors_per_thread = 0;  // held in registers (past 8: row_loop)

@@ -54,6 +54,7 @@ TEST(NormPlan, EverySizeHasABoundedPlanThatCoversTheRow) {
             EXPECT_GE(p.threads, 32);
             EXPECT_LE(p.threads, 1024);
             EXPECT_GE(p.group, 1);
+            EXPECT_EQ(p.group & (p.group - 1), 0) << "a power of two: norm_rows_kernel shifts by it";
             EXPECT_EQ(p.threads % p.group, 0);
             const long long rows_per_block = p.threads / p.group;
             EXPECT_GE(static_cast<long long>(p.blocks) * rows_per_block, rows);
