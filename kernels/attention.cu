@@ -594,9 +594,9 @@ __device__ __forceinline__ void ring_barrier(int kw, int mtiles) {
 // is its latency, and four division routines ahead of its first K / V load
 // cost more than the multiply-highs.
 struct DecodeBlockMap {
-  FastDivmod chunks;      // head chunks per kv head
-  FastDivmod row_blocks;  // blocks per (sequence, kv head, chunk): ceil(splits / slices_per_block)
-  int group = 1;          // q heads per kv head
+  FastDivmod head_chunks;  // DecodeLaunchPlan::head_chunks
+  FastDivmod row_blocks;   // DecodeLaunchPlan::row_blocks
+  int group = 1;           // q heads per kv head
 };
 
 // grid.x = (batch * row_blocks) * chunks, row_blocks = ceil(splits /
@@ -644,9 +644,9 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   const int tig = lane % 4;
 
   // blockIdx.x = (b, run of slices_per_block slices, chunk), chunk fastest.
-  const int chunks = static_cast<int>(map.chunks.divisor);
+  const int chunks = static_cast<int>(map.head_chunks.divisor);
   unsigned seq_block = 0, chunk_u = 0, b_u = 0, run = 0;
-  map.chunks.divmod(blockIdx.x, seq_block, chunk_u);
+  map.head_chunks.divmod(blockIdx.x, seq_block, chunk_u);
   map.row_blocks.divmod(seq_block, b_u, run);
   const int chunk = static_cast<int>(chunk_u);
   const int split0 = static_cast<int>(run) * slices_per_block;
@@ -1286,6 +1286,7 @@ bool plan_decode_typed(const AttentionArgs& a, DecodeLaunchPlan& plan) {
   plan.slice_keys = slice_keys;
   plan.slices_per_block = per_block;
   plan.head_chunks = chunks;
+  plan.row_blocks = row_blocks;
   plan.grid_x = static_cast<long long>(a.batch) * row_blocks * chunks;
   plan.grid_y = a.num_kv_heads;
   plan.threads = static_cast<int>(threads);
@@ -1314,8 +1315,8 @@ bool launch_decode_typed(const AttentionArgs& a, cudaStream_t stream) {
   const AttentionArgs ka = with_partials_in_l2(a, p.partials_in_l2);
   const dim3 grid(static_cast<unsigned>(p.grid_x), static_cast<unsigned>(p.grid_y));
   DecodeBlockMap map;
-  map.chunks = FastDivmod(static_cast<std::uint32_t>(p.head_chunks));
-  map.row_blocks = FastDivmod(static_cast<std::uint32_t>((p.splits + p.slices_per_block - 1) / p.slices_per_block));
+  map.head_chunks = FastDivmod(static_cast<std::uint32_t>(p.head_chunks));
+  map.row_blocks = FastDivmod(static_cast<std::uint32_t>(p.row_blocks));
   map.group = a.num_heads / a.num_kv_heads;
   launch_pdl_clustered("flash_attention", dim3(p.cluster ? static_cast<unsigned>(p.splits) : 1u, 1, 1),
                        attention_decode_kernel<T, HD>, grid, static_cast<unsigned>(p.threads),

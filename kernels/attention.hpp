@@ -328,6 +328,7 @@ struct DecodeLaunchPlan {
   int slice_keys = 0;
   int slices_per_block = 0;  // consecutive slices per block
   int head_chunks = 0;       // blocks across one kv head's GQA group
+  int row_blocks = 0;        // blocks per (sequence, kv head, head chunk): ceil(splits / slices_per_block)
   long long grid_x = 0;      // batch * ceil(splits / slices_per_block) * head_chunks
   int grid_y = 0;            // kv heads
   int threads = 0;           // 128 per m-tile of 16 q heads

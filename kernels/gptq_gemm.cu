@@ -41,6 +41,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
@@ -554,6 +555,9 @@ constexpr int kChunkK16 = kGptqTileK / 16;  // k16 steps per chunk (8)
 constexpr int kChunkWords = kChunkK16 * 128;  // u32 of one column block's chunk (4 KiB)
 constexpr int kStreamL2Ahead = 2;           // chunks per warp requested into L2 beyond the register pair
 constexpr int kStreamMaxSplits = 16;
+// StreamParams::splits divides split * chunks (chunks = k_pad / 128, k_pad an int).
+static_assert(static_cast<long long>(kStreamMaxSplits) * (INT_MAX / kGptqTileK) <= kFastDivmodMax,
+              "the chunk range's numerators fit FastDivmod");
 // Bulk source: bytes from one activation row to the next in a ring slot
 // (256 + 16: rows 8 apart land 4 banks apart, so a B-fragment load is
 // conflict-free), and one slot: a chunk's weights and NT * 8 activation rows.
@@ -592,9 +596,10 @@ enum class StreamSource { Registers, Bulk };
 struct StreamParams : GemmOperands {
   float* partials;  // [splits][n_pad / 64][m][64] f32 (splits > 1)
   int* counters;    // [n_pad / 64] ints, zero between launches
-  // The divisions of the kernel's chunk math, fixed at launch (a division
-  // routine per chunk, and two 64-bit ones ahead of the first weight copy,
-  // cost a latency-bound m = 1 launch its set-up):
+  // The divisors of the kernel's chunk math, fixed at launch. As division
+  // routines they cost the long streams 1-2 % (one per chunk and refill);
+  // the two 64-bit ones ahead of the first weight copy measured nothing
+  // (session 42):
   FastDivmod k16_per_group;  // group_rows / 16: 1, 2, 4 or a multiple of 8 (gptq_repack.hpp)
   int group_step_mask;  // min(k16_per_group, 8) - 1: a new group starts at k16 steps s & mask == 0
   FastDivmod splits;    // split s covers chunks [s * chunks / splits, (s + 1) * chunks / splits)
@@ -732,7 +737,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
   const int nb_total = static_cast<int>(gridDim.x);
   const int chunks = p.k_pad / kGptqTileK;
   const int splits = static_cast<int>(p.splits.divisor);
-  // splits * chunks <= 2^31 - 1 (the launcher checks it).
+  // splits * chunks <= 2^31 - 1 (kStreamMaxSplits' static_assert; the launcher checks it too).
   const int c_begin = static_cast<int>(p.splits.div(static_cast<std::uint32_t>(split * chunks)));
   const int c_end = static_cast<int>(p.splits.div(static_cast<std::uint32_t>((split + 1) * chunks)));
   // This column block's weight stream: chunk c at wblock + c * kChunkWords; lane's 16 bytes of k16 step s at + s * 128 + lane * 4.
@@ -759,6 +764,8 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
 #pragma unroll
     for (int t = 0; t < 8; ++t) M::biases(p.zero_value, blo[t], bhi[t]);
   }
+  // The group of chunk c's first row.
+  auto first_group = [&](int c) { return p.k16_per_group.div(static_cast<std::uint32_t>(c * kChunkK16)); };
   // Scale (zero) row of group g, lane gid's 8 features.
   auto load_group_row = [&](int g, uint4& s_raw, uint2& z_raw) {
     const std::size_t at = static_cast<std::size_t>(g) * p.n_pad + sz_col;
@@ -801,7 +808,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
   auto process = [&](auto&& weight_word, auto&& act_frags, auto&& group_row, int c, const uint4& s_raw,
                      const uint2& z_raw) {
     set_group(s_raw, z_raw);
-    int g = static_cast<int>(p.k16_per_group.div(static_cast<std::uint32_t>(c * kChunkK16)));  // groups of >= 128 rows start at chunks
+    int g = static_cast<int>(first_group(c));  // groups of >= 128 rows start at chunks
 #pragma unroll
     for (int s = 0; s < kChunkK16; ++s) {
       if (s > 0 && (s & p.group_step_mask) == 0) {  // warp-uniform; groups of 16-64 rows only
@@ -904,7 +911,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
           copy_weights(dst, wblock + static_cast<std::size_t>(chunk) * kChunkWords, kChunkWords * 4u, &full[slot]);
         } else if (lane >= 16 && lane < 16 + p.group_rows_per_chunk) {
           const int i = lane - 16;
-          const std::size_t at = static_cast<std::size_t>(p.k16_per_group.div(static_cast<std::uint32_t>(chunk * kChunkK16)) + i) * p.n_pad +
+          const std::size_t at = static_cast<std::size_t>(first_group(chunk) + i) * p.n_pad +
                                  static_cast<std::size_t>(nb) * kGptqTileN;
           copy_weights(dst + stream_slot_scales_at(NT) + i * kScaleRowBytes, scales + at, kScaleRowBytes, &full[slot]);
           if constexpr (kZeros) {
@@ -1011,7 +1018,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
     int c = c_begin + warp;
     if (c < c_end) {
       load_chunk(wa, c);
-      load_group_row(static_cast<int>(p.k16_per_group.div(static_cast<std::uint32_t>(c * kChunkK16))), sa, za);
+      load_group_row(static_cast<int>(first_group(c)), sa, za);
 #pragma unroll
       for (int i = 1; i <= kStreamL2Ahead; ++i) prefetch_chunk(c + i * kStreamWarps);
     }
@@ -1019,7 +1026,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
       const int c1 = c + kStreamWarps, c2 = c1 + kStreamWarps;
       if (c1 < c_end) {
         load_chunk(wb, c1);
-        load_group_row(static_cast<int>(p.k16_per_group.div(static_cast<std::uint32_t>(c1 * kChunkK16))), sb, zb);
+        load_group_row(static_cast<int>(first_group(c1)), sb, zb);
       }
       prefetch_chunk(c + (kStreamL2Ahead + 1) * kStreamWarps);
       process([&](int s) { return wa[s]; }, [&](int s, std::uint32_t (&bf)[NT][2]) { act_global(c, s, bf); },
@@ -1027,7 +1034,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
       if (c1 >= c_end) break;
       if (c2 < c_end) {
         load_chunk(wa, c2);
-        load_group_row(static_cast<int>(p.k16_per_group.div(static_cast<std::uint32_t>(c2 * kChunkK16))), sa, za);
+        load_group_row(static_cast<int>(first_group(c2)), sa, za);
       }
       prefetch_chunk(c1 + (kStreamL2Ahead + 1) * kStreamWarps);
       process([&](int s) { return wb[s]; }, [&](int s, std::uint32_t (&bf)[NT][2]) { act_global(c1, s, bf); },
@@ -1168,6 +1175,7 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   p.partials = args.partials;
   p.counters = args.counters;
   const int k16_per_group = args.w.group_rows / 16;
+  // A backstop: splits <= kStreamMaxSplits makes this hold (its static_assert).
   const long long chunk_products = static_cast<long long>(splits) * (args.w.k_pad / kGptqTileK);
   if (chunk_products > kFastDivmodMax) {
     throw_size_limit(kOp, "splits x chunks (k_pad / 128)", chunk_products, kFastDivmodMax);

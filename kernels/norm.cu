@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
   // PREFETCH_W launches (at most a block per SM: latency-bound) find row
   // and lane by shift and mask (group is a power of two, norm_launch_plan),
   // not by division routines ahead of their first load: [1..16 x 4096]
-  // under graph replay 5-7 % faster. The large grids keep the divisions:
+  // under graph replay 3-7 % faster. The large grids keep the divisions:
   // with shifts the compiler's schedule of f16 fused_add_rms_norm
   // [32768 x 4096] came out 2.8 % slower (H200, session 42).
   const int group_log2 = __ffs(group) - 1;
