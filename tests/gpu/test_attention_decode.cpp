@@ -429,6 +429,9 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   const std::optional<kernels::DecodeLaunchPlan> plan = kernels::decode_launch_plan(args_for(cluster_tuning));
   ASSERT_TRUE(plan.has_value());
   EXPECT_EQ(plan->cluster, major >= 9 && splits >= 2 && splits <= 8 && one_chunk) << "splits " << splits;
+  // The grid the kernel's DecodeBlockMap decomposes: (sequence, run of slices, head chunk).
+  EXPECT_EQ(plan->row_blocks, (plan->splits + plan->slices_per_block - 1) / plan->slices_per_block);
+  EXPECT_EQ(plan->grid_x, static_cast<long long>(c.batch) * plan->row_blocks * plan->head_chunks);
   if (plan->cluster) {
     EXPECT_EQ(plan->slices_per_block, 1);
     EXPECT_TRUE(plan->fused);
