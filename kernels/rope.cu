@@ -141,20 +141,6 @@ __device__ __forceinline__ void rope_row_vec(const T* in, const T* norm_w, const
   o_hi.store(out + half + g * 8);
 }
 
-// The head row of a 16-byte-path thread and its lane g within the row's
-// group of `group` lanes (a power of two), in 32 bits (the launchers keep
-// every row below 2^31).
-struct VecRowLane {
-  std::uint32_t row;
-  int g;
-};
-
-__device__ __forceinline__ VecRowLane vec_row_lane(int group) {
-  const unsigned group_log2 = __ffs(group) - 1;
-  return {blockIdx.x * (blockDim.x >> group_log2) + (threadIdx.x >> group_log2),
-          static_cast<int>(threadIdx.x & (group - 1))};
-}
-
 // Index math in 32 bits, the division by heads through FastDivmod (the
 // launcher has checked tokens x heads <= kFastDivmodMax): with 64-bit
 // divisions the f16 instance ran 576 SASS instructions, with these 416, and
@@ -169,7 +155,7 @@ __global__ void qk_norm_rope_vec_kernel(const T* __restrict__ input,   // [token
                                         long long pos_offset, const DecodeState* state, long long max_pos, float eps,
                                         std::uint32_t* error_flag) {
   pdl_begin();
-  const auto [row, g] = vec_row_lane(group);
+  const auto [row, g] = group_row_lane(group);  // the launchers keep rows below 2^31
   const bool row_ok = row < static_cast<std::uint32_t>(tokens) * heads_div.divisor;
   std::uint32_t t = 0, h = 0;
   if (row_ok) heads_div.divmod(row, t, h);
@@ -296,7 +282,7 @@ template <class T, bool NORM>
 __global__ void qkv_rope_append_vec_kernel(const QkvRopeAppendArgs a, FusedRowDivisors divisors, int group) {
   pdl_begin();
   const bool ragged_ok = a.positions == nullptr || ragged_positions_fit(a);  // grid-uniform branch
-  const auto [r, g] = vec_row_lane(group);
+  const auto [r, g] = group_row_lane(group);
   const FusedRow f = fused_row(r, a.tokens, divisors);
   long long pos = 0;
   const bool writes = f.valid && fused_row_position(a, f, g == 0, ragged_ok, pos);
