@@ -15,22 +15,22 @@ struct KvAppendRows {
   const T* new_v;
   long long cache_len;
   const DecodeState* state;
-  long long capacity, new_tokens, nkv, hd;
-  IndexDivider new_tokens_div;  // new_tokens, over r < nkv * new_tokens
+  long long capacity, nkv, hd;
+  IndexDivider new_tokens;  // the rows appended per head, over r < nkv * new_tokens
   std::uint32_t* error_flag;
 
   // r enumerates [K | V] x [nkv] x [new_tokens].
   __device__ RowPtrs<T> operator()(long long r, long long c) const {
     const long long base = state != nullptr ? state->pos : cache_len;
-    if (base < 0 || base > capacity - new_tokens) {
+    if (base < 0 || base > capacity - new_tokens.divisor) {
       report_device_error(error_flag, kErrKvAppendOverCapacity);
       return {nullptr, nullptr};
     }
-    const long long per_tensor = nkv * new_tokens;
+    const long long per_tensor = nkv * new_tokens.divisor;
     const bool is_v = r >= per_tensor;
     const long long rr = is_v ? r - per_tensor : r;
-    const long long h = new_tokens_div.div(rr);
-    const long long t = rr - h * new_tokens;
+    const long long h = new_tokens.div(rr);
+    const long long t = rr - h * new_tokens.divisor;
     const T* src = (is_v ? new_v : new_k) + rr * hd + c;
     T* dst = (is_v ? cache_v : cache_k) + (h * capacity + base + t) * hd + c;
     return {src, dst};
@@ -45,7 +45,7 @@ void launch_kv_cache_append(DType dtype, void* cache_k, void* cache_v, const voi
   dispatch_half_dtype(dtype, "kv_cache_append_head_major", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const KvAppendRows<T> map{static_cast<T*>(cache_k), static_cast<T*>(cache_v), static_cast<const T*>(new_k),
-                              static_cast<const T*>(new_v), cache_len, state, capacity, new_tokens, nkv, hd,
+                              static_cast<const T*>(new_v), cache_len, state, capacity, nkv, hd,
                               IndexDivider(new_tokens, nkv * new_tokens), error_flag};
     launch_copy_rows<T>("kv_cache_append_head_major", 2 * nkv * new_tokens, hd,
                         all_aligned16(cache_k, cache_v, new_k, new_v), map, stream);

@@ -68,14 +68,11 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
   // not by division routines ahead of their first load: [1..16 x 4096]
   // under graph replay 3-7 % faster. The large grids keep the divisions:
   // with shifts the compiler's schedule of f16 fused_add_rms_norm
-  // [32768 x 4096] came out 2.8 % slower (H200, session 42). This is
-  // group_row_lane (reduce.cuh) in signed ints: that helper gives these
-  // instances different SASS, so the switch waits for a measured run.
-  const int group_log2 = __ffs(group) - 1;
-  const int rows_per_block = PREFETCH_W ? static_cast<int>(blockDim.x) >> group_log2 : blockDim.x / group;
-  const int row = PREFETCH_W ? static_cast<int>(blockIdx.x) * rows_per_block + (static_cast<int>(threadIdx.x) >> group_log2)
-                             : blockIdx.x * rows_per_block + threadIdx.x / group;
-  const int lane = PREFETCH_W ? static_cast<int>(threadIdx.x) & (group - 1) : threadIdx.x % group;
+  // [32768 x 4096] came out 2.8 % slower (H200, session 42).
+  const auto by_shift = group_row_lane(group);  // the launchers keep rows below 2^31
+  const int rows_per_block = blockDim.x / group;
+  const int row = PREFETCH_W ? static_cast<int>(by_shift.row) : blockIdx.x * rows_per_block + threadIdx.x / group;
+  const int lane = PREFETCH_W ? by_shift.g : threadIdx.x % group;
   const bool row_ok = row < rows;
   const int nvec = dim / VW;
   const long long base = static_cast<long long>(row) * dim;

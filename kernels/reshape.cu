@@ -28,12 +28,12 @@ template <class T>
 struct HeadToTokenRows {
   const T* src;  // [heads, tokens, dim]
   T* dst;        // [tokens, heads, dim]
-  long long tokens, heads, dim;
-  IndexDivider heads_div;  // heads, over r < tokens * heads
+  long long tokens, dim;
+  IndexDivider heads;  // over r < tokens * heads
 
   __device__ RowPtrs<T> operator()(long long r, long long c) const {  // r = t * heads + h
-    const long long t = heads_div.div(r);
-    const long long h = r - t * heads;
+    const long long t = heads.div(r);
+    const long long h = r - t * heads.divisor;
     return {src + (h * tokens + t) * dim + c, dst + r * dim + c};
   }
 };
@@ -57,7 +57,7 @@ void launch_transpose_head_to_token(DType dtype, const void* src, void* dst, lon
                                     long long dim, cudaStream_t stream) {
   dispatch_half_dtype(dtype, "transpose_head_to_token", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const HeadToTokenRows<T> map{static_cast<const T*>(src), static_cast<T*>(dst), tokens, heads, dim,
+    const HeadToTokenRows<T> map{static_cast<const T*>(src), static_cast<T*>(dst), tokens, dim,
                                  IndexDivider(heads, tokens * heads)};
     launch_copy_rows<T>("transpose_head_to_token", tokens * heads, dim, all_aligned16(src, dst), map, stream);
   });
