@@ -98,8 +98,9 @@ struct FusedParams : GemmOperands {
   float* partials;               // [splits][n_ctas][m][block_n] f32: the live rows only
   int* counters;                 // [n_ctas] ints, zero between launches
   int groups_per_stage;  // 128 / group_rows when group_rows <= 128, else 1
-  int stages_per_group;  // group_rows / 128 when group_rows >= 128, else 1
-  int splits;
+  // Launch-fixed divisors (no division routine per stage or at entry):
+  FastDivmod stages_per_group;  // group_rows / 128 when group_rows >= 128, else 1
+  FastDivmod splits;            // split s covers k tiles [s * k_tiles / splits, (s + 1) * k_tiles / splits)
 };
 
 template <int MT, int NB, bool kZeros, int kStagesN>
@@ -148,8 +149,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
   const bool warp_active = nbl < nb_live;
   const int k_tiles = p.k_pad / kGptqTileK;
   const int k16_total = p.k_pad / 16;
-  const int kt_begin = static_cast<int>(static_cast<long long>(split) * k_tiles / p.splits);
-  const int kt_end = static_cast<int>(static_cast<long long>(split + 1) * k_tiles / p.splits);
+  const int splits = static_cast<int>(p.splits.divisor);
+  // splits * k_tiles <= 2^31 - 1 (launch_fused checks it).
+  const int kt_begin = static_cast<int>(p.splits.div(static_cast<std::uint32_t>(split * k_tiles)));
+  const int kt_end = static_cast<int>(p.splits.div(static_cast<std::uint32_t>((split + 1) * k_tiles)));
   const int num_kt = kt_end - kt_begin;
   const int live_rows = min(p.m, Shape::kRows);
   const T* a = static_cast<const T*>(p.a);
@@ -192,7 +195,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
       }
     }
     // Scale (and zero) rows of the stage's groups (columns < n_pad: whole column blocks).
-    const int g0 = kt * p.groups_per_stage / p.stages_per_group;
+    const int g0 = static_cast<int>(p.stages_per_group.div(static_cast<std::uint32_t>(kt * p.groups_per_stage)));
     unsigned char* ss = as + Shape::kABytes;
 #pragma unroll
     for (int i = 0; i < (kMaxGroupsPerStage * (kBN / 8) + kThreads - 1) / kThreads; ++i) {
@@ -332,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
   }
 
   T* out = static_cast<T*>(p.out);
-  if (p.splits == 1) {
+  if (splits == 1) {
     if (kg == 0 && warp_active) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -377,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
     }
   }
   constexpr int kPer = (Shape::kRows * (kBN / 4) + kThreads - 1) / kThreads;
-  splitk_finish_last<T, kThreads, kPer>(p.partials, p.counters, cta_n, n_ctas, p.splits, live_rows, kBN,
+  splitk_finish_last<T, kThreads, kPer>(p.partials, p.counters, cta_n, n_ctas, splits, live_rows, kBN,
                                         nb_first * kGptqTileN, p.n, out);
 }
 
@@ -487,8 +490,12 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
   p.counters = args.counters;
   const int rows = args.w.group_rows;
   p.groups_per_stage = rows <= kGptqTileK ? kGptqTileK / rows : 1;
-  p.stages_per_group = rows >= kGptqTileK ? rows / kGptqTileK : 1;
-  p.splits = plan.splits;
+  const long long tile_products = static_cast<long long>(plan.splits) * (args.w.k_pad / kGptqTileK);
+  if (tile_products > kFastDivmodMax) {
+    throw_size_limit("gemm_gptq", "splits x k tiles (k_pad / 128)", tile_products, kFastDivmodMax);
+  }
+  p.stages_per_group = FastDivmod(static_cast<std::uint32_t>(rows >= kGptqTileK ? rows / kGptqTileK : 1));
+  p.splits = FastDivmod(static_cast<std::uint32_t>(plan.splits));
   const dim3 grid(static_cast<unsigned>(plan.n_ctas), static_cast<unsigned>(plan.splits));
   if (args.w.zeros != nullptr) {
     fused_kernel_ptr<T, Config, true>()<<<grid, kThreads, fused_smem_bytes<Config, true>(), stream>>>(p);
