@@ -490,6 +490,8 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
   p.counters = args.counters;
   const int rows = args.w.group_rows;
   p.groups_per_stage = rows <= kGptqTileK ? kGptqTileK / rows : 1;
+  // A backstop for FastDivmod's range: plans take at most 32 splits and k_pad
+  // is an int, so today the product stays below 2^29.
   const long long tile_products = static_cast<long long>(plan.splits) * (args.w.k_pad / kGptqTileK);
   if (tile_products > kFastDivmodMax) {
     throw_size_limit("gemm_gptq", "splits x k tiles (k_pad / 128)", tile_products, kFastDivmodMax);
