@@ -94,6 +94,31 @@ GemmOperands gemm_operands(const GptqGemmArgs& args) {
           args.w.zero_value};
 }
 
+// Split s of a launch's `splits` covers k tiles (128 rows: the fused kernel's
+// tiles, the streaming kernel's chunks) [s * tiles / splits, (s + 1) * tiles /
+// splits): quotients through a FastDivmod fixed at launch, not division
+// routines ahead of the first weight copy. Its numerators reach splits x
+// tiles, which must stay within FastDivmod's range.
+struct SplitRange {
+  int begin, end;
+};
+
+__device__ __forceinline__ SplitRange split_k_range(const FastDivmod& splits, int split, int tiles) {
+  return {static_cast<int>(splits.div(static_cast<std::uint32_t>(split * tiles))),
+          static_cast<int>(splits.div(static_cast<std::uint32_t>((split + 1) * tiles)))};
+}
+
+// The launchers' divisor for split_k_range. A backstop: the planners take at
+// most 32 splits and k_pad is an int, so splits x tiles stays below 2^29 today;
+// past FastDivmod's range a named size-limit error.
+FastDivmod split_range_divisor(const char* op, int splits, int k_pad) {
+  const long long products = static_cast<long long>(splits) * (k_pad / kGptqTileK);
+  if (products > kFastDivmodMax) {
+    throw_size_limit(op, "splits x k tiles (k_pad / 128)", products, kFastDivmodMax);
+  }
+  return FastDivmod(static_cast<std::uint32_t>(splits));
+}
+
 struct FusedParams : GemmOperands {
   float* partials;               // [splits][n_ctas][m][block_n] f32: the live rows only
   int* counters;                 // [n_ctas] ints, zero between launches
@@ -150,9 +175,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
   const int k_tiles = p.k_pad / kGptqTileK;
   const int k16_total = p.k_pad / 16;
   const int splits = static_cast<int>(p.splits.divisor);
-  // splits * k_tiles <= 2^31 - 1 (launch_fused checks it).
-  const int kt_begin = static_cast<int>(p.splits.div(static_cast<std::uint32_t>(split * k_tiles)));
-  const int kt_end = static_cast<int>(p.splits.div(static_cast<std::uint32_t>((split + 1) * k_tiles)));
+  const SplitRange k_range = split_k_range(p.splits, split, k_tiles);
+  const int kt_begin = k_range.begin, kt_end = k_range.end;
   const int num_kt = kt_end - kt_begin;
   const int live_rows = min(p.m, Shape::kRows);
   const T* a = static_cast<const T*>(p.a);
@@ -490,14 +514,8 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
   p.counters = args.counters;
   const int rows = args.w.group_rows;
   p.groups_per_stage = rows <= kGptqTileK ? kGptqTileK / rows : 1;
-  // A backstop for FastDivmod's range: plans take at most 32 splits and k_pad
-  // is an int, so today the product stays below 2^29.
-  const long long tile_products = static_cast<long long>(plan.splits) * (args.w.k_pad / kGptqTileK);
-  if (tile_products > kFastDivmodMax) {
-    throw_size_limit("gemm_gptq", "splits x k tiles (k_pad / 128)", tile_products, kFastDivmodMax);
-  }
   p.stages_per_group = FastDivmod(static_cast<std::uint32_t>(rows >= kGptqTileK ? rows / kGptqTileK : 1));
-  p.splits = FastDivmod(static_cast<std::uint32_t>(plan.splits));
+  p.splits = split_range_divisor("gemm_gptq", plan.splits, args.w.k_pad);
   const dim3 grid(static_cast<unsigned>(plan.n_ctas), static_cast<unsigned>(plan.splits));
   if (args.w.zeros != nullptr) {
     fused_kernel_ptr<T, Config, true>()<<<grid, kThreads, fused_smem_bytes<Config, true>(), stream>>>(p);
@@ -747,8 +765,8 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
   const int chunks = p.k_pad / kGptqTileK;
   const int splits = static_cast<int>(p.splits.divisor);
   // splits * chunks <= 2^31 - 1 (kStreamMaxSplits' static_assert; the launcher checks it too).
-  const int c_begin = static_cast<int>(p.splits.div(static_cast<std::uint32_t>(split * chunks)));
-  const int c_end = static_cast<int>(p.splits.div(static_cast<std::uint32_t>((split + 1) * chunks)));
+  const SplitRange chunk_range = split_k_range(p.splits, split, chunks);
+  const int c_begin = chunk_range.begin, c_end = chunk_range.end;
   // This column block's weight stream: chunk c at wblock + c * kChunkWords; lane's 16 bytes of k16 step s at + s * 128 + lane * 4.
   const std::uint32_t* wblock = p.qweight + static_cast<std::size_t>(nb) * (p.k_pad / 16) * 128;
   const std::uint32_t* wlane = wblock + lane * 4;
@@ -1184,14 +1202,9 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   p.partials = args.partials;
   p.counters = args.counters;
   const int k16_per_group = args.w.group_rows / 16;
-  // A backstop: splits <= kStreamMaxSplits makes this hold (its static_assert).
-  const long long chunk_products = static_cast<long long>(splits) * (args.w.k_pad / kGptqTileK);
-  if (chunk_products > kFastDivmodMax) {
-    throw_size_limit(kOp, "splits x chunks (k_pad / 128)", chunk_products, kFastDivmodMax);
-  }
   p.k16_per_group = FastDivmod(static_cast<std::uint32_t>(k16_per_group));
   p.group_step_mask = std::min(k16_per_group, kChunkK16) - 1;
-  p.splits = FastDivmod(static_cast<std::uint32_t>(splits));
+  p.splits = split_range_divisor(kOp, splits, args.w.k_pad);
   p.ring = kBulk ? ring : 0;
   p.group_rows_per_chunk = std::max(1, kChunkK16 / k16_per_group);
   const dim3 grid(static_cast<unsigned>(args.w.n_pad / kGptqTileN), static_cast<unsigned>(splits));
