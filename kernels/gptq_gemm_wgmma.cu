@@ -38,7 +38,11 @@
 //     each) used in turn: the next step's dequantization overlaps this
 //     step's wgmma, whose registers stay untouched until wgmma.wait_group
 //     says they are done. (Two steps per set and commit group measured no
-//     faster, session 17: 8192 x 28672, m = 17, 65.2 -> 64.7 us.)
+//     faster, session 17: 8192 x 28672, m = 17, 65.2 -> 64.7 us. Deeper
+//     than one group in flight during a dequantization -- three register
+//     sets with wait_group 2, or two or four commit groups per step -- ptxas
+//     serializes the wgmma (advisory C7513: non-wgmma instructions define
+//     wgmma inputs inside its pipeline stage): 20-25 % slower, session 44.)
 //   * f32 accumulators (4 x N / 2 per thread). The splits of a column group
 //     (at most kGptqClusterMaxSplits) run as one thread-block cluster: each
 //     leaves its [m][256] f32 partial in its shared memory and the cluster
@@ -188,16 +192,22 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel
   //   activations: rows act_row + 16 i (i < 4), 16-byte column piece act_c
   //   (the swizzle phase row & 7 is the same for every i);
   //   weights: pieces lane + 32 i of the warp's block;
-  //   scale rows: warp g < groups_per_stage takes the stage's group g, one
-  //   16-byte piece per lane (zero rows: lanes 0 .. 15).
+  //   scale rows: each warp copies its own 64 features' 128 bytes of each of
+  //   the stage's groups, lane = 8 g + piece (zero rows: 64 bytes, lane =
+  //   4 g + piece).
+  // So a warp's weights and scales (and zeros) are its own copies: the
+  // warp dequantizes a stage's first step after its own cp.async wait and a
+  // __syncwarp, before the block barrier that only the activations (read
+  // by wgmma) and the slot's reuse need.
   const int act_row = tid >> 3, act_c = tid & 7;
   const std::uint32_t act_dst = static_cast<std::uint32_t>(act_row * 128 + ((act_c ^ (act_row & 7)) << 4));
   const std::size_t act_step = static_cast<std::size_t>(16) * p.k;  // 16 rows further
   // Rows act_row + 16 i < m are copied: i < act_rows.
   const int act_rows = m > act_row ? (m - act_row + 15) / 16 : 0;
   const std::uint32_t w_dst = static_cast<std::uint32_t>(Slot::kWeightOffset + warp * kBlockStageBytes + lane * 16);
-  const bool scale_valid = col0 + lane * 8 < p.n_pad;
-  const bool zero_valid = lane < 16 && col0 + lane * 16 < p.n_pad;
+  const int feat0 = col0 + warp * kGptqTileN;  // the warp's first feature (its 64 are < n_pad where live)
+  const int scale_g = lane >> 3, scale_piece = lane & 7;
+  const int zero_g = lane >> 2, zero_piece = lane & 3;
   const int stages_per_group = p.group_rows >= kStageK ? p.group_rows / kStageK : 1;
   // Copy cursors, advanced one stage per load_stage call (stages are loaded
   // in order): the slot, the activation column, the weights, the scale row.
@@ -209,7 +219,7 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel
   int act_col = stage0 * kStageK + act_c * 8;
   const T* act_cur = a + static_cast<std::size_t>(act_row) * p.k + act_col;
   const std::uint32_t* w_cur = wblock + static_cast<std::size_t>(stage0) * (kStageK16 * 128) + lane * 4;
-  int scale_row = stage0 / stages_per_group * groups_per_stage + warp;  // this warp's group of the stage
+  int scale_row = stage0 / stages_per_group * groups_per_stage;  // the stage's first group
   int group_left = stages_per_group - stage0 % stages_per_group;       // stages until the next scale row
   auto load_stage = [&]() {
     if (fill_s < stages) {
@@ -222,16 +232,18 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel
 #pragma unroll
         for (int i = 0; i < kBlockStageBytes / 16 / 32; ++i) cp_async_16(fill_slot + w_dst + i * 512, w_cur + i * 128);
       }
-      if (warp < groups_per_stage) {
-        cp_async_16(fill_slot + Slot::kScaleOffset + warp * (kWgCols * 2) + lane * 16,
-                    scales + static_cast<std::size_t>(scale_row) * p.n_pad + (scale_valid ? col0 + lane * 8 : 0),
-                    scale_valid);
-        if constexpr (kZeros) {
-          if (lane < 16) {
-            cp_async_16(fill_slot + Slot::kZeroOffset + warp * kWgCols + lane * 16,
-                        p.zeros + static_cast<std::size_t>(scale_row) * p.n_pad + (zero_valid ? col0 + lane * 16 : 0),
-                        zero_valid);
-          }
+      if (scale_g < groups_per_stage) {
+        cp_async_16(fill_slot + Slot::kScaleOffset + scale_g * (kWgCols * 2) + warp * 128 + scale_piece * 16,
+                    scales + static_cast<std::size_t>(scale_row + scale_g) * p.n_pad +
+                        (live ? feat0 + scale_piece * 8 : 0),
+                    live);
+      }
+      if constexpr (kZeros) {
+        if (zero_g < groups_per_stage) {
+          cp_async_16(fill_slot + Slot::kZeroOffset + zero_g * kWgCols + warp * 64 + zero_piece * 16,
+                      p.zeros + static_cast<std::size_t>(scale_row + zero_g) * p.n_pad +
+                          (live ? feat0 + zero_piece * 16 : 0),
+                      live);
         }
       }
       act_col += kStageK;
@@ -279,15 +291,12 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel
 
   int slot_off = 0;  // the slot of stage s
   for (int s = 0; s < stages; ++s) {
-    // Stage s landed (this thread's copies), visible to wgmma (async proxy)
-    // and to every thread; every thread has waited for the wgmma of stage
-    // s - 2, so its slot is free for stage s + kRing - 2. (Two stages per
-    // barrier, refilled two at a time, measured no faster: session 19.)
+    // Stage s landed (this thread's copies); the warp's weights and scales
+    // are its own copies, visible to the whole warp after __syncwarp. The
+    // block barrier comes after step 0's dequantization (below), so that a
+    // warp dequantizes while the others arrive.
     cp_async_wait<kRing - 3>();
-    fence_proxy_async_shared();
-    __syncthreads();
-    load_stage();
-    if (s % kL2Batch == 0) prefetch_weights(s + kRing - 2 + kL2Ahead);
+    __syncwarp();
     const std::uint32_t act = smem_base + static_cast<std::uint32_t>(slot_off);
     // This lane's weights of step kk, read one step ahead of their use.
     auto weights_of = [&](int kk) {
@@ -324,12 +333,27 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel
         af[j][2] = b[1];
         af[j][3] = b[3];
       }
+      if (kk == 0) {
+        // Every thread's activation copies of stage s visible to wgmma
+        // (async proxy); every thread has waited for the wgmma of stage
+        // s - 2, so its slot is free for stage s + kRing - 2. (Two stages
+        // per barrier, refilled two at a time, measured no faster: session
+        // 19.)
+        fence_proxy_async_shared();
+        __syncthreads();
+      }
       // Step kk: 4 wgmma, one commit group.
       wgmma_fence();
       const std::uint64_t desc = wgmma_desc_sw128(act + kk * 32, 16, 1024);
 #pragma unroll
       for (int j = 0; j < 4; ++j) wgmma_rs<T, kN>(acc[j], af[j], desc);
       wgmma_commit();
+      if (kk == 0) {
+        // The stage's copies go out behind its first wgmma, not ahead of
+        // them: the tensor pipe restarts as soon as the barrier lets it.
+        load_stage();
+        if (s % kL2Batch == 0) prefetch_weights(s + kRing - 2 + kL2Ahead);
+      }
       // The previous step's wgmma are done: its A registers (the other set)
       // may be overwritten by the next dequantization.
       wgmma_wait<1>();
