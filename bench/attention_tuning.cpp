@@ -322,8 +322,15 @@ int run_timeline(int batch, long long kv, double ghz) {
     for (int point = 1; point < ferrum::kernels::kDecodeTimelinePoints; ++point) {
       std::vector<double> t;
       for (const auto& row : rows) {
-        const unsigned long long entry = row.points[0].clock, at = row.points[static_cast<std::size_t>(point)].clock;
-        if (entry != 0 && at > entry) t.push_back(static_cast<double>(at - entry) / (ghz * 1e3));
+        const auto& stamp = row.points[static_cast<std::size_t>(point)];
+        const unsigned long long entry = row.points[0].clock, at = stamp.clock;
+        // Only this launch's stamps: one older than the entry (by
+        // %globaltimer; clock64 is per SM) is an earlier launch's, from a
+        // point this launch's block did not reach (another block merged the
+        // row), and its clock64 may come from another SM.
+        if (entry != 0 && at > entry && stamp.ns >= row.points[0].ns) {
+          t.push_back(static_cast<double>(at - entry) / (ghz * 1e3));
+        }
       }
       if (t.empty()) continue;
       std::sort(t.begin(), t.end());

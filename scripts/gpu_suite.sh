@@ -43,6 +43,8 @@
 #                                launch's schedule (%globaltimer: waves, slots
 #                                kept busy, merge tail) at B = 1 L = 1k / 4k,
 #                                B = 16 L = 8k, B = 64 L = 1k
+#                                (DECODE_TIMELINE_POINTS='1:32768 1:131072'
+#                                replaces those B:L points)
 #   scripts/gpu_suite.sh decodesweep  ferrum_attention_tuning decode-exp
 #                                (the default, the rules before session 32,
 #                                every explicit slices per block) at each B:L
@@ -667,15 +669,17 @@ if has_mode decodetimeline; then
   # build with -DFERRUM_DECODE_TIMELINE=ON, only the library and
   # ferrum_attention_tuning): B = 1 at 1k and 4k (latency), B = 16 at 8k and
   # B = 64 at 1k (the points behind cuDNN: are the SMs' block slots kept
-  # full, and what do the waves and the merge tail cost?).
+  # full, and what do the waves and the merge tail cost?), or the B:L points
+  # of DECODE_TIMELINE_POINTS.
   {
     TB="${B}-dtimeline"
     echo "== decode timeline build ($(date +%T))"
     cmake -S . -B "$TB" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRUM_DECODE_TIMELINE=ON >/dev/null
     cmake --build "$TB" -j16 --target ferrum_attention_tuning 2>&1 | grep -E "error|FAILED" || echo "build ok"
-    for point in "1 1024" "1 4096" "16 8192" "64 1024"; do
-      echo "== ferrum_attention_tuning timeline $point ($(date +%T))"
-      timeout 60 "$TB/bench/ferrum_attention_tuning" timeline $point
+    read -r -a timeline_points <<< "${DECODE_TIMELINE_POINTS:-1:1024 1:4096 16:8192 64:1024}"
+    for point in "${timeline_points[@]}"; do
+      echo "== ferrum_attention_tuning timeline ${point%%:*} ${point##*:} ($(date +%T))"
+      timeout 60 "$TB/bench/ferrum_attention_tuning" timeline "${point%%:*}" "${point##*:}"
     done
   } 2>&1 | tee -a "$LOG"
 fi
