@@ -214,6 +214,23 @@ using ferrum::kernels::DecodeTimelineBlock;
 // start against each other (waves), how full the SMs' block slots are kept,
 // and how long the launch runs past its last block that does not merge a
 // row (the merge tail).
+// Whether `row`'s stamp at `point` is this launch's. Its block may enter
+// (Entry, before griddepcontrol.wait) while the previous launch still runs,
+// and that launch's block of the same index may stamp a point this block
+// never reaches (another block merged the row) after the entry; clock64 is
+// per SM, so such a stamp is meaningless here. KvLenKnown comes after the
+// wait, once the previous launch has completed: every later point of this
+// launch is stamped after it (by %globaltimer), and no point of an earlier
+// launch is. (A block that finds no valid key returns before KvLenKnown:
+// none of its later points count.)
+bool this_launch(const DecodeTimelineBlock& row, int point) {
+  constexpr int kKvLenKnown = static_cast<int>(ferrum::kernels::DecodeTimelinePoint::KvLenKnown);
+  const unsigned long long entry = row.points[0].ns, known = row.points[kKvLenKnown].ns;
+  const unsigned long long at = row.points[static_cast<std::size_t>(point)].ns;
+  if (entry == 0 || at < entry) return false;
+  return point <= kKvLenKnown || (known >= entry && at >= known);
+}
+
 void print_schedule(const std::vector<DecodeTimelineBlock>& rows) {
   struct Span {
     unsigned sm;
@@ -229,12 +246,14 @@ void print_schedule(const std::vector<DecodeTimelineBlock>& rows) {
   for (const DecodeTimelineBlock& row : rows) {
     const unsigned long long entry = row.points[0].ns;
     if (entry == 0) continue;
-    // Stamps older than the entry are an earlier launch's (a point this
-    // launch's block did not reach, e.g. another block merged the row).
+    // Only this launch's stamps (this_launch): the others are an earlier
+    // launch's, at points this launch's block did not reach.
     unsigned long long end = entry;
-    for (const auto& p : row.points) end = std::max(end, p.ns);
+    for (int point = 1; point < ferrum::kernels::kDecodeTimelinePoints; ++point) {
+      if (this_launch(row, point)) end = std::max(end, row.points[static_cast<std::size_t>(point)].ns);
+    }
     spans.push_back({row.sm, static_cast<double>(entry - t0) * 1e-3, static_cast<double>(end - t0) * 1e-3,
-                     row.points[kRowMerged].ns >= entry});
+                     this_launch(row, kRowMerged)});
   }
   double launch_end = 0.0, streaming_end = 0.0, busy = 0.0, last_start = 0.0;
   unsigned max_sm = 0;
@@ -324,13 +343,8 @@ int run_timeline(int batch, long long kv, double ghz) {
       for (const auto& row : rows) {
         const auto& stamp = row.points[static_cast<std::size_t>(point)];
         const unsigned long long entry = row.points[0].clock, at = stamp.clock;
-        // Only this launch's stamps: one older than the entry (by
-        // %globaltimer; clock64 is per SM) is an earlier launch's, from a
-        // point this launch's block did not reach (another block merged the
-        // row), and its clock64 may come from another SM.
-        if (entry != 0 && at > entry && stamp.ns >= row.points[0].ns) {
-          t.push_back(static_cast<double>(at - entry) / (ghz * 1e3));
-        }
+        if (entry == 0 || at <= entry || !this_launch(row, point)) continue;
+        t.push_back(static_cast<double>(at - entry) / (ghz * 1e3));
       }
       if (t.empty()) continue;
       std::sort(t.begin(), t.end());

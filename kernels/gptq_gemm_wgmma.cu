@@ -39,10 +39,11 @@
 //     step's wgmma, whose registers stay untouched until wgmma.wait_group
 //     says they are done. (Two steps per set and commit group measured no
 //     faster, session 17: 8192 x 28672, m = 17, 65.2 -> 64.7 us. Deeper
-//     than one group in flight during a dequantization -- three register
-//     sets with wait_group 2, or two or four commit groups per step -- ptxas
-//     serializes the wgmma (advisory C7513: non-wgmma instructions define
-//     wgmma inputs inside its pipeline stage): 20-25 % slower, session 44.)
+//     than one group in flight during a dequantization -- two or four
+//     commit groups per step, or three register sets with wait_group 2 --
+//     ptxas serializes the wgmma (advisory C7513: non-wgmma instructions
+//     define wgmma inputs inside its pipeline stage); the group variants
+//     measured 13-35 % slower, session 44.)
 //   * f32 accumulators (4 x N / 2 per thread). The splits of a column group
 //     (at most kGptqClusterMaxSplits) run as one thread-block cluster: each
 //     leaves its [m][256] f32 partial in its shared memory and the cluster

@@ -43,8 +43,9 @@
 #                                launch's schedule (%globaltimer: waves, slots
 #                                kept busy, merge tail) at B = 1 L = 1k / 4k,
 #                                B = 16 L = 8k, B = 64 L = 1k
-#                                (DECODE_TIMELINE_POINTS='1:32768 1:131072'
-#                                replaces those B:L points)
+#                                (DECODE_TIMELINE_POINTS, space-separated
+#                                B:L, e.g. '1:32768 1:131072', replaces
+#                                those points)
 #   scripts/gpu_suite.sh decodesweep  ferrum_attention_tuning decode-exp
 #                                (the default, the rules before session 32,
 #                                every explicit slices per block) at each B:L
