@@ -210,10 +210,6 @@ void random_kv_sets(std::size_t kv_bytes, std::size_t v_extra, std::vector<void*
 #if defined(FERRUM_DECODE_TIMELINE)
 using ferrum::kernels::DecodeTimelineBlock;
 
-// The launch's schedule from the blocks' %globaltimer stamps (ns): when they
-// start against each other (waves), how full the SMs' block slots are kept,
-// and how long the launch runs past its last block that does not merge a
-// row (the merge tail).
 // Whether `row`'s stamp at `point` is this launch's. Its block may enter
 // (Entry, before griddepcontrol.wait) while the previous launch still runs,
 // and that launch's block of the same index may stamp a point this block
@@ -231,6 +227,10 @@ bool this_launch(const DecodeTimelineBlock& row, int point) {
   return point <= kKvLenKnown || (known >= entry && at >= known);
 }
 
+// The launch's schedule from the blocks' %globaltimer stamps (ns): when they
+// start against each other (waves), how full the SMs' block slots are kept,
+// and how long the launch runs past its last block that does not merge a
+// row (the merge tail).
 void print_schedule(const std::vector<DecodeTimelineBlock>& rows) {
   struct Span {
     unsigned sm;
@@ -341,10 +341,9 @@ int run_timeline(int batch, long long kv, double ghz) {
     for (int point = 1; point < ferrum::kernels::kDecodeTimelinePoints; ++point) {
       std::vector<double> t;
       for (const auto& row : rows) {
-        const auto& stamp = row.points[static_cast<std::size_t>(point)];
-        const unsigned long long entry = row.points[0].clock, at = stamp.clock;
-        if (entry == 0 || at <= entry || !this_launch(row, point)) continue;
-        t.push_back(static_cast<double>(at - entry) / (ghz * 1e3));
+        if (!this_launch(row, point)) continue;
+        const unsigned long long entry = row.points[0].clock, at = row.points[static_cast<std::size_t>(point)].clock;
+        if (at > entry) t.push_back(static_cast<double>(at - entry) / (ghz * 1e3));
       }
       if (t.empty()) continue;
       std::sort(t.begin(), t.end());
