@@ -22,12 +22,13 @@
 //   * B = activations, N = 32 or 64 rows (rows >= m zero), K-major in
 //     shared memory with the 128-byte swizzle (kernels/common/wgmma.cuh).
 //   * A ring of kRing shared-memory slots, one 64-row-of-k stage each,
-//     filled by cp.async kRing - 2 stages ahead: the stage's activation rows
+//     filled by cp.async kRing - 1 stages ahead: the stage's activation rows
 //     (columns >= k zero-filled), the 4 column blocks' weights (2 KiB each,
 //     read back one 16-byte load per lane per k16 step) and the scale (and
 //     zero) rows of the stage's groups for the CTA's 256 features. A slot is
 //     refilled after the block barrier that follows the wgmma wait of the
-//     step that last read it. Each warp also asks L2 for its block's
+//     step that last read it: the second of a stage's two barriers (the
+//     first makes its activations visible to wgmma). Each warp also asks L2 for its block's
 //     weights kL2Ahead stages past the ring (bulk prefetch, kL2Batch stages
 //     per request), so the ring's copies mostly hit L2. (A first version
 //     loaded the weights into registers one stage ahead: latency-bound,
@@ -85,7 +86,8 @@ constexpr int kWgCols = kWgBlocks * kGptqTileN;     // 256 features per CTA
 constexpr int kStageK = 64;                         // k rows per ring stage: one 128-byte swizzle atom
 constexpr int kStageK16 = kStageK / 16;             // 4
 constexpr int kStageGroups = kStageK / 16;          // most scale rows a stage touches (groups of 16)
-constexpr int kRing = 5;                            // slots; kRing - 2 stages in flight
+constexpr int kRing = 5;                            // slots
+constexpr int kAhead = kRing - 1;                   // stages in flight: every slot but the one being read
 constexpr int kL2Ahead = 8;                         // stages of weights asked of L2 past the ring
 constexpr int kL2Batch = 4;                         // stages per L2 prefetch request
 constexpr int kBlockStageBytes = kStageK16 * 512;   // one column block's weights of a stage
@@ -262,7 +264,7 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel
   };
 
 #pragma unroll
-  for (int s = 0; s < kRing - 2; ++s) load_stage();
+  for (int s = 0; s < kAhead; ++s) load_stage();
   // L2 prefetch of the warp's weights: kL2Batch stages per request, the
   // first kL2Ahead stages past the ring now, then one batch every kL2Batch
   // stages. Every lane asks for the same bytes (one request per warp: the
@@ -275,7 +277,7 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel
     }
   };
 #pragma unroll
-  for (int s = kRing - 2; s < kRing - 2 + kL2Ahead; s += kL2Batch) prefetch_weights(s);
+  for (int s = kAhead; s < kAhead + kL2Ahead; s += kL2Batch) prefetch_weights(s);
 
   float acc[4][kAcc];
 #pragma unroll
@@ -296,7 +298,7 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel
     // are its own copies, visible to the whole warp after __syncwarp. The
     // block barrier comes after step 0's dequantization (below), so that a
     // warp dequantizes while the others arrive.
-    cp_async_wait<kRing - 3>();
+    cp_async_wait<kAhead - 1>();
     __syncwarp();
     const std::uint32_t act = smem_base + static_cast<std::uint32_t>(slot_off);
     // This lane's weights of step kk, read one step ahead of their use.
@@ -336,11 +338,15 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel
       }
       if (kk == 0) {
         // Every thread's activation copies of stage s visible to wgmma
-        // (async proxy); every thread has waited for the wgmma of stage
-        // s - 2, so its slot is free for stage s + kRing - 2. (Two stages
-        // per barrier, refilled two at a time, measured no faster: session
-        // 19.)
+        // (async proxy).
         fence_proxy_async_shared();
+        __syncthreads();
+      } else if (kk == 1) {
+        // Every thread has waited (at the end of step 0) for the last wgmma
+        // of stage s - 1, so its slot is free for stage s + kAhead: kRing - 1
+        // stages in flight, not kRing - 2 as with the one barrier above
+        // (the barrier of step 0 cannot free slot s - 1: stage s - 1's last
+        // group may still run then).
         __syncthreads();
       }
       // Step kk: 4 wgmma, one commit group.
@@ -349,11 +355,11 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel
 #pragma unroll
       for (int j = 0; j < 4; ++j) wgmma_rs<T, kN>(acc[j], af[j], desc);
       wgmma_commit();
-      if (kk == 0) {
-        // The stage's copies go out behind its first wgmma, not ahead of
+      if (kk == 1) {
+        // The stage's copies go out behind the step's wgmma, not ahead of
         // them: the tensor pipe restarts as soon as the barrier lets it.
         load_stage();
-        if (s % kL2Batch == 0) prefetch_weights(s + kRing - 2 + kL2Ahead);
+        if (s % kL2Batch == 0) prefetch_weights(s + kAhead + kL2Ahead);
       }
       // The previous step's wgmma are done: its A registers (the other set)
       // may be overwritten by the next dequantization.
