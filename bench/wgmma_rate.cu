@@ -1,0 +1,292 @@
+// How fast an SM issues wgmma.mma_async on its own, without the GPTQ
+// kernel's dequantization, copies or barriers around it: the question of
+// docs/design/gptq_small_m.md §13.12. The wgmma GPTQ kernel spends about 40
+// SM cycles per m64nNk16 beyond its tensor work, whatever its warpgroups per
+// SM; if register-sourced A alone costs that much, the kernel's operand
+// order is the limit, not its schedule.
+//
+//   ferrum_wgmma_rate [--steps N (a multiple of 4)] [--reps N]
+//
+// Each CTA is one warpgroup looping over k16 steps exactly as
+// gptq_wgmma_kernel does: per step one wgmma.fence, W wgmma into W
+// accumulator sets (A and B the same every step; the values are zeros, only
+// the timing counts), one commit group, then wgmma.wait_group 1. Variants:
+//   rs n32 / rs n64:  A from registers, B K-major in shared memory (the GPTQ
+//                     kernel's wgmma_rs_m64nNk16, 4 per step);
+//   ... +A writes:    the same with the A registers rewritten every step (as
+//                     a dequantization does: the fence then orders real
+//                     register writes);
+//   ss n64 / ss n128: A and B from shared memory (4 / 2 per step: the same
+//                     MACs per step as rs n64).
+// The launch puts 1, 2 or 3 CTAs on every SM (dynamic shared memory sized
+// so that no more fit) and reports, per SM, cycles per wgmma (clock64 from
+// its first CTA's loop start to its last one's end, over their wgmma; the
+// median over SMs) against the tensor work of one
+// instruction (M x N x K / 2048 MAC per cycle, the H100/H200 dense f16 rate).
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kernels/common/wgmma.cuh"
+#include "kernels/common/wgmma_ops.cuh"
+
+namespace {
+
+using namespace ferrum::kernels;
+
+enum class Op { RsN32, RsN64, SsN64, SsN128 };
+
+constexpr int kThreads = 128;
+
+template <Op kOp>
+struct OpShape;
+template <>
+struct OpShape<Op::RsN32> {
+  static constexpr int kN = 32, kPerStep = 4;
+};
+template <>
+struct OpShape<Op::RsN64> {
+  static constexpr int kN = 64, kPerStep = 4;
+};
+template <>
+struct OpShape<Op::SsN64> {
+  static constexpr int kN = 64, kPerStep = 4;
+};
+template <>
+struct OpShape<Op::SsN128> {
+  static constexpr int kN = 128, kPerStep = 2;
+};
+
+// stamps: [gridDim.x][3] the CTA's SM and its loop's first and last clock64
+// (one counter per SM, so the stamps of one SM's CTAs compare); sink: one
+// float per CTA, so that the accumulators are not dropped.
+template <Op kOp, bool kWriteA>
+__global__ void __launch_bounds__(kThreads, 1) wgmma_rate_kernel(int steps, long long* stamps, float* sink) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kN = OpShape<kOp>::kN, kPer = OpShape<kOp>::kPerStep, kAcc = kN / 2;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024u - (static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
+  // A tile [64 rows][64 k] and B tile [kN rows][64 k], 128-byte swizzled
+  // K-major blocks (8 KiB and kN x 128 B), zeros.
+  for (int i = threadIdx.x; i < (64 + kN) * 128 / 16; i += kThreads) {
+    reinterpret_cast<uint4*>(smem)[i] = make_uint4(0u, 0u, 0u, 0u);
+  }
+  __syncthreads();
+  const std::uint32_t a_smem = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+  const std::uint32_t b_smem = a_smem + 64 * 128;
+  float acc[kPer][kAcc];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[j][i] = 0.0f;
+  }
+  std::uint32_t af[2][kPer][4];
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) af[s][j][i] = 0u;
+    }
+  }
+  const long long t0 = clock64();
+  // Four k16 steps per trip (steps is a multiple of 4), so that the A set
+  // and the k offset are compile-time, as in the GPTQ kernel's unrolled
+  // stage.
+  for (int trip = 0; trip < steps / 4; ++trip) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      std::uint32_t(&a)[kPer][4] = af[kk & 1];
+      if constexpr (kWriteA) {
+        // One register write per fragment word (the value stays zero: trip
+        // >> 30 is 0), as a dequantization writes the set before its wgmma.
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[j][i] |= static_cast<std::uint32_t>(trip >> 30);
+        }
+      }
+      wgmma_fence();
+      const std::uint64_t desc_b = wgmma_desc_sw128(b_smem + kk * 32, 16, 1024);
+      if constexpr (kOp == Op::RsN32) {
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) wgmma_rs_m64n32k16<__half>(acc[j], a[j], desc_b, 1);
+      } else if constexpr (kOp == Op::RsN64) {
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) wgmma_rs_m64n64k16<__half>(acc[j], a[j], desc_b, 1);
+      } else if constexpr (kOp == Op::SsN64) {
+        const std::uint64_t desc_a = wgmma_desc_sw128(a_smem + kk * 32, 16, 1024);
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) wgmma_ss_m64n64k16<__half>(acc[j], desc_a, desc_b, 1);
+      } else {
+        const std::uint64_t desc_a = wgmma_desc_sw128(a_smem + kk * 32, 16, 1024);
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) wgmma_ss_m64n128k16<__half>(acc[j], desc_a, desc_b, 1);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();
+    }
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) wgmma_fence_operands(acc[j]);
+  const long long t1 = clock64();
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) sum += acc[j][i];
+  }
+  if (threadIdx.x == 0) {
+    unsigned sm = 0;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    stamps[3 * blockIdx.x] = sm;
+    stamps[3 * blockIdx.x + 1] = t0;
+    stamps[3 * blockIdx.x + 2] = t1;
+    sink[blockIdx.x] = sum;
+  }
+#else
+  (void)steps;
+  (void)stamps;
+  (void)sink;
+#endif
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+struct Result {
+  double cycles_per_wgmma;  // per SM: the span of its CTAs' loops / their wgmma (median over SMs)
+  double us;                // the launch, event-timed (median of reps)
+};
+
+template <Op kOp, bool kWriteA>
+Result run(int ctas_per_sm, int num_sms, int smem_per_sm, int steps, int reps) {
+  constexpr int kN = OpShape<kOp>::kN, kPer = OpShape<kOp>::kPerStep;
+  auto kernel = wgmma_rate_kernel<kOp, kWriteA>;
+  // Shared memory that lets exactly ctas_per_sm CTAs share an SM (1 KiB of
+  // each CTA's share is the runtime's reserve).
+  const int smem = std::max((64 + kN) * 128 + 1024, smem_per_sm / ctas_per_sm - 1024 - 16);
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
+  int fit = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, kThreads, smem), "occupancy");
+  if (fit != ctas_per_sm) return {-static_cast<double>(fit), 0.0};
+  const int grid = num_sms * ctas_per_sm;
+  long long* stamps = nullptr;
+  float* sink = nullptr;
+  check(cudaMalloc(&stamps, 3 * grid * sizeof(long long)), "cudaMalloc");
+  check(cudaMalloc(&sink, grid * sizeof(float)), "cudaMalloc");
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "event");
+  check(cudaEventCreate(&e1), "event");
+  kernel<<<grid, kThreads, smem>>>(steps, stamps, sink);  // warm-up
+  check(cudaGetLastError(), "launch");
+  std::vector<float> times;
+  std::vector<long long> st(3 * static_cast<std::size_t>(grid));
+  for (int r = 0; r < reps; ++r) {
+    check(cudaEventRecord(e0), "record");
+    kernel<<<grid, kThreads, smem>>>(steps, stamps, sink);
+    check(cudaGetLastError(), "launch");
+    check(cudaEventRecord(e1), "record");
+    check(cudaEventSynchronize(e1), "sync");
+    float ms = 0.0f;
+    check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+    times.push_back(ms * 1000.0f);
+  }
+  check(cudaMemcpy(st.data(), stamps, st.size() * sizeof(long long), cudaMemcpyDeviceToHost), "copy");
+  std::sort(times.begin(), times.end());
+  // Per SM (last launch): from its first CTA's loop start to its last one's
+  // end, over the wgmma its CTAs issued.
+  std::vector<long long> first(static_cast<std::size_t>(num_sms), -1), last(static_cast<std::size_t>(num_sms), -1);
+  std::vector<int> count(static_cast<std::size_t>(num_sms), 0);
+  for (int b = 0; b < grid; ++b) {
+    const auto sm = static_cast<std::size_t>(st[3 * b]);
+    if (sm >= first.size()) continue;
+    first[sm] = first[sm] < 0 ? st[3 * b + 1] : std::min(first[sm], st[3 * b + 1]);
+    last[sm] = std::max(last[sm], st[3 * b + 2]);
+    ++count[sm];
+  }
+  std::vector<double> per_sm;
+  for (std::size_t sm = 0; sm < first.size(); ++sm) {
+    if (count[sm] > 0) {
+      per_sm.push_back(static_cast<double>(last[sm] - first[sm]) / (static_cast<double>(count[sm]) * steps * kPer));
+    }
+  }
+  std::sort(per_sm.begin(), per_sm.end());
+  cudaFree(stamps);
+  cudaFree(sink);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return {per_sm[per_sm.size() / 2], times[times.size() / 2]};
+}
+
+template <Op kOp, bool kWriteA>
+void row(const char* name, int num_sms, int smem_per_sm, int steps, int reps) {
+  constexpr int kN = OpShape<kOp>::kN;
+  const double tensor = 64.0 * kN * 16 / 2048.0;
+  std::printf("%-14s %6.0f", name, tensor);
+  for (int cps = 1; cps <= 3; ++cps) {
+    const Result r = run<kOp, kWriteA>(cps, num_sms, smem_per_sm, steps, reps);
+    if (r.cycles_per_wgmma < 0) {
+      std::printf(" | %8s %8s", "n/a", "");
+    } else {
+      std::printf(" | %8.1f %7.0f%%", r.cycles_per_wgmma, 100.0 * tensor / r.cycles_per_wgmma);
+    }
+  }
+  std::printf("\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 8192, reps = 5;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if ((a == "--steps" || a == "--reps") && i + 1 < argc) {
+      const int v = std::atoi(argv[++i]);
+      if (v <= 0 || (a == "--steps" && v % 4 != 0)) {
+        std::fprintf(stderr, "%s takes a positive count (--steps: a multiple of 4)\n", a.c_str());
+        return 2;
+      }
+      (a == "--steps" ? steps : reps) = v;
+    } else {
+      std::fprintf(stderr, "usage: %s [--steps N] [--reps N]\n", argv[0]);
+      return 2;
+    }
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("ferrum_wgmma_rate: no CUDA device\n");
+    return 0;
+  }
+  int dev = 0;
+  cudaDeviceProp prop{};
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties");
+  if (prop.major != 9 || prop.minor != 0) {
+    std::printf("ferrum_wgmma_rate: needs a compute capability 9.0 device (sm_90a), found %d.%d\n", prop.major,
+                prop.minor);
+    return 0;
+  }
+  const int smem_per_sm = static_cast<int>(prop.sharedMemPerMultiprocessor);
+  std::printf("%s, %d SMs, %d steps per CTA; cycles per wgmma per SM (clock64 span, median SM) and the tensor share\n",
+              prop.name, prop.multiProcessorCount, steps);
+  std::printf("%-14s %6s | %17s | %17s | %17s\n", "variant", "tensor", "1 CTA / SM", "2 CTAs / SM", "3 CTAs / SM");
+  row<Op::RsN32, false>("rs n32", prop.multiProcessorCount, smem_per_sm, steps, reps);
+  row<Op::RsN32, true>("rs n32 +A", prop.multiProcessorCount, smem_per_sm, steps, reps);
+  row<Op::RsN64, false>("rs n64", prop.multiProcessorCount, smem_per_sm, steps, reps);
+  row<Op::RsN64, true>("rs n64 +A", prop.multiProcessorCount, smem_per_sm, steps, reps);
+  row<Op::SsN64, false>("ss n64", prop.multiProcessorCount, smem_per_sm, steps, reps);
+  row<Op::SsN128, false>("ss n128", prop.multiProcessorCount, smem_per_sm, steps, reps);
+  return 0;
+}
