@@ -155,6 +155,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_rate_kernel(int steps, long
   (void)steps;
   (void)stamps;
   (void)sink;
+  __trap();  // wgmma exists only in sm_90a code: a build without it reports the launch's error
 #endif
 }
 
@@ -168,19 +169,21 @@ void check(cudaError_t e, const char* what) {
 struct Result {
   double cycles_per_wgmma;  // per SM: the span of its CTAs' loops / their wgmma (median over SMs)
   double us;                // the launch, event-timed (median of reps)
+  int fit;                  // CTAs per SM the occupancy query allows (the row is measured only where = asked)
 };
 
 template <Op kOp, bool kWriteA>
-Result run(int ctas_per_sm, int num_sms, int smem_per_sm, int steps, int reps) {
+Result run(int ctas_per_sm, int num_sms, int smem_per_sm, int reserve, int max_smem, int steps, int reps) {
   constexpr int kN = OpShape<kOp>::kN, kPer = OpShape<kOp>::kPerStep;
   auto kernel = wgmma_rate_kernel<kOp, kWriteA>;
-  // Shared memory that lets exactly ctas_per_sm CTAs share an SM (1 KiB of
-  // each CTA's share is the runtime's reserve).
-  const int smem = std::max((64 + kN) * 128 + 1024, smem_per_sm / ctas_per_sm - 1024 - 16);
+  // Shared memory that lets exactly ctas_per_sm CTAs share an SM (each CTA's
+  // share less the runtime's per-block reserve and a 16-byte margin), at
+  // least the tiles and their alignment slack, at most what a block may ask.
+  const int smem = std::min(std::max((64 + kN) * 128 + 1024, smem_per_sm / ctas_per_sm - reserve - 16), max_smem);
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
   int fit = 0;
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, kThreads, smem), "occupancy");
-  if (fit != ctas_per_sm) return {-static_cast<double>(fit), 0.0};
+  if (fit != ctas_per_sm) return {0.0, 0.0, fit};
   const int grid = num_sms * ctas_per_sm;
   long long* stamps = nullptr;
   float* sink = nullptr;
@@ -222,25 +225,33 @@ Result run(int ctas_per_sm, int num_sms, int smem_per_sm, int steps, int reps) {
       per_sm.push_back(static_cast<double>(last[sm] - first[sm]) / (static_cast<double>(count[sm]) * steps * kPer));
     }
   }
+  if (per_sm.empty()) {
+    std::fprintf(stderr, "ferrum_wgmma_rate: no CTA reported a valid SM\n");
+    std::exit(1);
+  }
   std::sort(per_sm.begin(), per_sm.end());
   cudaFree(stamps);
   cudaFree(sink);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
-  return {per_sm[per_sm.size() / 2], times[times.size() / 2]};
+  return {per_sm[per_sm.size() / 2], times[times.size() / 2], fit};
 }
 
 template <Op kOp, bool kWriteA>
-void row(const char* name, int num_sms, int smem_per_sm, int steps, int reps) {
+void row(const char* name, const cudaDeviceProp& prop, int steps, int reps) {
   constexpr int kN = OpShape<kOp>::kN;
   const double tensor = 64.0 * kN * 16 / 2048.0;
   std::printf("%-14s %6.0f", name, tensor);
   for (int cps = 1; cps <= 3; ++cps) {
-    const Result r = run<kOp, kWriteA>(cps, num_sms, smem_per_sm, steps, reps);
-    if (r.cycles_per_wgmma < 0) {
-      std::printf(" | %8s %8s", "n/a", "");
+    const Result r = run<kOp, kWriteA>(cps, prop.multiProcessorCount, static_cast<int>(prop.sharedMemPerMultiprocessor),
+                                       static_cast<int>(prop.reservedSharedMemPerBlock),
+                                       static_cast<int>(prop.sharedMemPerBlockOptin), steps, reps);
+    if (r.fit != cps) {
+      // Fewer fit (this tool's registers: the variants without the A
+      // rewrite unroll four steps per trip).
+      std::printf(" | %8s %8d fit %8s", "-", r.fit, "");
     } else {
-      std::printf(" | %8.1f %7.0f%%", r.cycles_per_wgmma, 100.0 * tensor / r.cycles_per_wgmma);
+      std::printf(" | %8.1f %7.0f%% %6.1f us", r.cycles_per_wgmma, 100.0 * tensor / r.cycles_per_wgmma, r.us);
     }
   }
   std::printf("\n");
@@ -278,15 +289,15 @@ int main(int argc, char** argv) {
                 prop.minor);
     return 0;
   }
-  const int smem_per_sm = static_cast<int>(prop.sharedMemPerMultiprocessor);
   std::printf("%s, %d SMs, %d steps per CTA; cycles per wgmma per SM (clock64 span, median SM) and the tensor share\n",
               prop.name, prop.multiProcessorCount, steps);
-  std::printf("%-14s %6s | %17s | %17s | %17s\n", "variant", "tensor", "1 CTA / SM", "2 CTAs / SM", "3 CTAs / SM");
-  row<Op::RsN32, false>("rs n32", prop.multiProcessorCount, smem_per_sm, steps, reps);
-  row<Op::RsN32, true>("rs n32 +A", prop.multiProcessorCount, smem_per_sm, steps, reps);
-  row<Op::RsN64, false>("rs n64", prop.multiProcessorCount, smem_per_sm, steps, reps);
-  row<Op::RsN64, true>("rs n64 +A", prop.multiProcessorCount, smem_per_sm, steps, reps);
-  row<Op::SsN64, false>("ss n64", prop.multiProcessorCount, smem_per_sm, steps, reps);
-  row<Op::SsN128, false>("ss n128", prop.multiProcessorCount, smem_per_sm, steps, reps);
+  std::printf("%-14s %6s | %27s | %27s | %27s\n", "variant", "tensor", "1 CTA / SM (cycles, %, launch)",
+              "2 CTAs / SM", "3 CTAs / SM");
+  row<Op::RsN32, false>("rs n32", prop, steps, reps);
+  row<Op::RsN32, true>("rs n32 +A", prop, steps, reps);
+  row<Op::RsN64, false>("rs n64", prop, steps, reps);
+  row<Op::RsN64, true>("rs n64 +A", prop, steps, reps);
+  row<Op::SsN64, false>("ss n64", prop, steps, reps);
+  row<Op::SsN128, false>("ss n128", prop, steps, reps);
   return 0;
 }

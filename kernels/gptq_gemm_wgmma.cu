@@ -28,9 +28,10 @@
 //     zero) rows of the stage's groups for the CTA's 256 features. A slot is
 //     refilled after the block barrier that follows the wgmma wait of the
 //     step that last read it: the second of a stage's two barriers (the
-//     first makes its activations visible to wgmma). Each warp also asks L2 for its block's
-//     weights kL2Ahead stages past the ring (bulk prefetch, kL2Batch stages
-//     per request), so the ring's copies mostly hit L2. (A first version
+//     first makes its activations visible to wgmma). Each warp also asks
+//     L2 for its block's weights kL2Ahead stages past the ring (bulk
+//     prefetch, kL2Batch stages per request), so the ring's copies mostly
+//     hit L2. (A first version
 //     loaded the weights into registers one stage ahead: latency-bound,
 //     ~680 cycles per k16 step.)
 //   * Dequantization scale-before, as the fused kernel: (q - z) is exact and
@@ -88,6 +89,7 @@ constexpr int kStageK16 = kStageK / 16;             // 4
 constexpr int kStageGroups = kStageK / 16;          // most scale rows a stage touches (groups of 16)
 constexpr int kRing = 5;                            // slots
 constexpr int kAhead = kRing - 1;                   // stages in flight: every slot but the one being read
+static_assert(kStageK16 >= 2, "the slot of stage s - 1 is freed by a barrier at k16 step 1");
 constexpr int kL2Ahead = 8;                         // stages of weights asked of L2 past the ring
 constexpr int kL2Batch = 4;                         // stages per L2 prefetch request
 constexpr int kBlockStageBytes = kStageK16 * 512;   // one column block's weights of a stage
@@ -200,8 +202,8 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel
   //   4 g + piece).
   // So a warp's weights and scales (and zeros) are its own copies: the
   // warp dequantizes a stage's first step after its own cp.async wait and a
-  // __syncwarp, before the block barrier that only the activations (read
-  // by wgmma) and the slot's reuse need.
+  // __syncwarp, before the stage's first block barrier, which only the
+  // activations (read by wgmma) need; the slot's reuse waits for the second.
   const int act_row = tid >> 3, act_c = tid & 7;
   const std::uint32_t act_dst = static_cast<std::uint32_t>(act_row * 128 + ((act_c ^ (act_row & 7)) << 4));
   const std::size_t act_step = static_cast<std::size_t>(16) * p.k;  // 16 rows further
