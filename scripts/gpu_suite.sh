@@ -46,6 +46,12 @@
 #                                (DECODE_TIMELINE_POINTS, space-separated
 #                                B:L, e.g. '1:32768 1:131072', replaces
 #                                those points)
+#   scripts/gpu_suite.sh wgmmaablate  ferrum_wgmma_rate (wgmma alone), then the
+#                                wgmma GPTQ kernel with parts of its loop left
+#                                out (docs/design/patches/gptq_wgmma_ablation.patch,
+#                                one build per mask of WGMMA_ABLATE_MASKS,
+#                                default '2 4 8 16 32 62'; timing only)
+#                                against main, m = 16, 32, 64, two passes
 #   scripts/gpu_suite.sh decodesweep  ferrum_attention_tuning decode-exp
 #                                (the default, the rules before session 32,
 #                                every explicit slices per block) at each B:L
@@ -128,7 +134,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -273,10 +279,30 @@ sanitize() {
         "-DFERRUM_BUILD_TESTS=OFF -DFERRUM_DECODE_MIN_SLICE_KEYS=$size" ferrum_attention_tuning ferrum_bench
     done
   fi
-  # ab alone needs only its targets (the whole tree, tests included,
-  # costs about a minute more of the call).
+  # wgmmaablate: the tree with docs/design/patches/gptq_wgmma_ablation.patch
+  # applied, built once per mask of WGMMA_ABLATE_MASKS (timing only).
+  if has_mode wgmmaablate; then
+    ABLATE_SRC="${B}-ablate-src"
+    rm -rf "$ABLATE_SRC" && mkdir -p "$ABLATE_SRC"
+    tar -cf - --exclude='./build*' --exclude='./base' --exclude='./alt' --exclude='./out' . | tar -xf - -C "$ABLATE_SRC"
+    # (The ceiling keeps git from finding a repository around the copy, whose
+    # root would change what the patch's paths mean.)
+    (cd "$ABLATE_SRC" && GIT_CEILING_DIRECTORIES="$(dirname "$PWD")" \
+      git apply docs/design/patches/gptq_wgmma_ablation.patch)
+    if grep -q FERRUM_WGMMA_ABLATE "$ABLATE_SRC/kernels/gptq_gemm_wgmma.cu"; then
+      for mask in ${WGMMA_ABLATE_MASKS:-2 4 8 16 32 62}; do
+        side_build "${B}-ablate$mask" "$ABLATE_SRC" "ablation mask $mask" 3 \
+          "-DFERRUM_BUILD_TESTS=OFF -DCMAKE_CUDA_FLAGS=-DFERRUM_WGMMA_ABLATE=$mask" ferrum_bench_gptq
+      done
+    else
+      echo "wgmmaablate: the patch does not apply to this tree"
+    fi
+  fi
+  # ab (or wgmmaablate) alone needs only its targets (the whole tree, tests
+  # included, costs about a minute more of the call).
   MAIN_TARGETS=()
   [ "$MODE" = ab ] && MAIN_TARGETS=(--target ferrum_engine ferrum_bench_gptq ${AB_OPS_FILTER:+ferrum_bench})
+  [ "$MODE" = wgmmaablate ] && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate)
   cmake --build $B -j$([ -d base ] && has_mode ab && echo 10 || echo 16) "${MAIN_TARGETS[@]}" 2>&1 \
     | grep -E "error|warning|FAILED" || echo "build ok"
   wait
@@ -681,6 +707,31 @@ if has_mode decodetimeline; then
     for point in "${timeline_points[@]}"; do
       echo "== ferrum_attention_tuning timeline ${point%%:*} ${point##*:} ($(date +%T))"
       timeout 60 "$TB/bench/ferrum_attention_tuning" timeline "${point%%:*}" "${point##*:}"
+    done
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode wgmmaablate; then
+  # Which of the wgmma GPTQ kernel's loop work holds it at ~50 cycles per
+  # wgmma where wgmma alone takes 16-32 (docs/design/gptq_small_m.md
+  # §13.12): wgmma alone (ferrum_wgmma_rate), then the kernel with each
+  # ablation mask against main (mask 0), two passes, the second in reverse
+  # order. Timing only: the ablated builds' results are wrong.
+  {
+    echo "== wgmma alone ($(date +%T))"
+    timeout 60 $B/bench/ferrum_wgmma_rate --steps 32768
+    masks=(0 ${WGMMA_ABLATE_MASKS:-2 4 8 16 32 62})
+    for pass in 1 2; do
+      order=("${masks[@]}")
+      [ "$pass" = 2 ] && order=($(printf '%s\n' "${masks[@]}" | tac))
+      for mask in "${order[@]}"; do
+        dir="${B}-ablate$mask"
+        [ "$mask" = 0 ] && dir="$B"
+        [ -x "$dir/bench/ferrum_bench_gptq" ] || { echo "mask $mask: no build"; continue; }
+        timeout 90 "$dir/bench/ferrum_bench_gptq" --kernel wgmma --ms 16,32,64 \
+          --shapes "${WGMMA_ABLATE_SHAPES:-8192x28672,8192x8192,4096x28672}" 2>&1 \
+          | awk -v mask=$mask -v pass=$pass -F'|' '/^ *[0-9]+ /{split($1,a," "); split($2,b," "); printf "pass %s mask %2s %5s x %5s m %2s: %7s us %s\n", pass, mask, a[1], a[2], a[3], b[1], b[4]}'
+      done
     done
   } 2>&1 | tee -a "$LOG"
 fi
