@@ -52,6 +52,11 @@
 #                                one build per mask of WGMMA_ABLATE_MASKS,
 #                                default '2 4 8 16 32 62'; timing only)
 #                                against main, m = 16, 32, 64, two passes
+#   scripts/gpu_suite.sh wgmmasplits  the wgmma GPTQ kernel at every split count
+#                                (--splits 2..8) against its plan, m = 16, 32,
+#                                64, on shapes of 16, 24, 56 and 112 column
+#                                tiles (WGMMA_SPLIT_SHAPES): the data for a
+#                                split rule (gptq_small_m.md §13.12)
 #   scripts/gpu_suite.sh decodesweep  ferrum_attention_tuning decode-exp
 #                                (the default, the rules before session 32,
 #                                every explicit slices per block) at each B:L
@@ -134,7 +139,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -303,6 +308,7 @@ sanitize() {
   MAIN_TARGETS=()
   [ "$MODE" = ab ] && MAIN_TARGETS=(--target ferrum_engine ferrum_bench_gptq ${AB_OPS_FILTER:+ferrum_bench})
   [ "$MODE" = wgmmaablate ] && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate)
+  [ "$MODE" = wgmmasplits ] && MAIN_TARGETS=(--target ferrum_bench_gptq)
   cmake --build $B -j$([ -d base ] && has_mode ab && echo 10 || echo 16) "${MAIN_TARGETS[@]}" 2>&1 \
     | grep -E "error|warning|FAILED" || echo "build ok"
   wait
@@ -731,6 +737,22 @@ if has_mode wgmmaablate; then
         timeout 90 "$dir/bench/ferrum_bench_gptq" --kernel wgmma --ms 16,32,64 \
           --shapes "${WGMMA_ABLATE_SHAPES:-8192x28672,8192x8192,4096x28672}" 2>&1 \
           | awk -v mask=$mask -v pass=$pass -F'|' '/^ *[0-9]+ /{split($1,a," "); split($2,b," "); printf "pass %s mask %2s %5s x %5s m %2s: %7s us %s\n", pass, mask, a[1], a[2], a[3], b[1], b[4]}'
+      done
+    done
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode wgmmasplits; then
+  # The wgmma kernel's split count: at 16 column tiles six splits beat the
+  # plan's eight by 8-16 % (session 45). One line per shape, m and split
+  # count (0 = the plan), two passes.
+  {
+    echo "== wgmma split sweep ($(date +%T))"
+    for pass in 1 2; do
+      for s in 0 2 3 4 5 6 7 8; do
+        timeout 90 $B/bench/ferrum_bench_gptq --kernel wgmma --ms 16,32,64 --splits $s \
+          --shapes "${WGMMA_SPLIT_SHAPES:-4096x4096,14336x4096,4096x6144,4096x14336,8192x8192,4096x28672,8192x28672}" 2>&1 \
+          | awk -v s=$s -v pass=$pass -F'|' '/^ *[0-9]+ /{split($1,a," "); split($2,b," "); printf "pass %s splits %s %5s x %5s m %2s: %7s us %s\n", pass, s, a[1], a[2], a[3], b[1], b[4]}'
       done
     done
   } 2>&1 | tee -a "$LOG"
