@@ -52,8 +52,8 @@
 #                                one build per mask of WGMMA_ABLATE_MASKS,
 #                                default '2 4 8 16 32 62'; timing only)
 #                                against main, m = 16, 32, 64, two passes
-#   scripts/gpu_suite.sh wgmmasplits  the wgmma GPTQ kernel at every split count
-#                                (--splits 2..8) against its plan, m = 16, 32,
+#   scripts/gpu_suite.sh wgmmasplits  the wgmma GPTQ kernel at each split count
+#                                of WGMMA_SPLITS ('0 4 5 6 7 8'; 0 = the plan), m = 16, 32,
 #                                64, on shapes of 16, 24, 56 and 112 column
 #                                tiles (WGMMA_SPLIT_SHAPES): the data for a
 #                                split rule (gptq_small_m.md §13.12)
@@ -749,7 +749,7 @@ if has_mode wgmmasplits; then
   {
     echo "== wgmma split sweep ($(date +%T))"
     for pass in 1 2; do
-      for s in 0 2 3 4 5 6 7 8; do
+      for s in ${WGMMA_SPLITS:-0 4 5 6 7 8}; do
         timeout 90 $B/bench/ferrum_bench_gptq --kernel wgmma --ms 16,32,64 --splits $s \
           --shapes "${WGMMA_SPLIT_SHAPES:-4096x4096,14336x4096,4096x6144,4096x14336,8192x8192,4096x28672,8192x28672}" 2>&1 \
           | awk -v s=$s -v pass=$pass -F'|' '/^ *[0-9]+ /{split($1,a," "); split($2,b," "); printf "pass %s splits %s %5s x %5s m %2s: %7s us %s\n", pass, s, a[1], a[2], a[3], b[1], b[4]}'
