@@ -247,8 +247,8 @@ void row(const char* name, const cudaDeviceProp& prop, int steps, int reps) {
                                        static_cast<int>(prop.reservedSharedMemPerBlock),
                                        static_cast<int>(prop.sharedMemPerBlockOptin), steps, reps);
     if (r.fit != cps) {
-      // Fewer fit (this tool's registers: the variants without the A
-      // rewrite unroll four steps per trip).
+      // Fewer fit: this tool's registers (RS n32 170, RS n64 234 and 186
+      // with the rewrite; three CTAs need at most 168).
       std::printf(" | %8s %8d fit %8s", "-", r.fit, "");
     } else {
       std::printf(" | %8.1f %7.0f%% %6.1f us", r.cycles_per_wgmma, 100.0 * tensor / r.cycles_per_wgmma, r.us);
