@@ -1,9 +1,10 @@
 // How fast an SM issues wgmma.mma_async on its own, without the GPTQ
 // kernel's dequantization, copies or barriers around it: the question of
-// docs/design/gptq_small_m.md §13.12. The wgmma GPTQ kernel spends about 40
+// docs/design/gptq_small_m.md §13.12. The wgmma GPTQ kernel spends 33-40
 // SM cycles per m64nNk16 beyond its tensor work, whatever its warpgroups per
-// SM; if register-sourced A alone costs that much, the kernel's operand
-// order is the limit, not its schedule.
+// SM; if register-sourced A alone cost that much, the kernel's operand
+// order would be the limit, not its schedule. (Session 45: it does not;
+// wgmma alone runs at the tensor rate from two warpgroups per SM.)
 //
 //   ferrum_wgmma_rate [--steps N (a multiple of 4)] [--reps N]
 //
