@@ -45,24 +45,12 @@ enum class Op { RsN32, RsN64, SsN64, SsN128 };
 
 constexpr int kThreads = 128;
 
+// Each variant's N, and its wgmma per k16 step (the same MACs per step for
+// every N-64 and N-128 variant; N = 32 issues as many as N = 64).
 template <Op kOp>
-struct OpShape;
-template <>
-struct OpShape<Op::RsN32> {
-  static constexpr int kN = 32, kPerStep = 4;
-};
-template <>
-struct OpShape<Op::RsN64> {
-  static constexpr int kN = 64, kPerStep = 4;
-};
-template <>
-struct OpShape<Op::SsN64> {
-  static constexpr int kN = 64, kPerStep = 4;
-};
-template <>
-struct OpShape<Op::SsN128> {
-  static constexpr int kN = 128, kPerStep = 2;
-};
+constexpr int kOpN = kOp == Op::RsN32 ? 32 : kOp == Op::SsN128 ? 128 : 64;
+template <Op kOp>
+constexpr int kOpPerStep = kOp == Op::SsN128 ? 2 : 4;
 
 // stamps: [gridDim.x][3] the CTA's SM and its loop's first and last clock64
 // (one counter per SM, so the stamps of one SM's CTAs compare); sink: one
@@ -70,7 +58,7 @@ struct OpShape<Op::SsN128> {
 template <Op kOp, bool kWriteA>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_rate_kernel(int steps, long long* stamps, float* sink) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kN = OpShape<kOp>::kN, kPer = OpShape<kOp>::kPerStep, kAcc = kN / 2;
+  constexpr int kN = kOpN<kOp>, kPer = kOpPerStep<kOp>, kAcc = kN / 2;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
   // A tile [64 rows][64 k] and B tile [kN rows][64 k], 128-byte swizzled
@@ -175,7 +163,7 @@ struct Result {
 
 template <Op kOp, bool kWriteA>
 Result run(int ctas_per_sm, int num_sms, int smem_per_sm, int reserve, int max_smem, int steps, int reps) {
-  constexpr int kN = OpShape<kOp>::kN, kPer = OpShape<kOp>::kPerStep;
+  constexpr int kN = kOpN<kOp>, kPer = kOpPerStep<kOp>;
   auto kernel = wgmma_rate_kernel<kOp, kWriteA>;
   // Shared memory that lets exactly ctas_per_sm CTAs share an SM (each CTA's
   // share less the runtime's per-block reserve and a 16-byte margin), at
@@ -240,7 +228,7 @@ Result run(int ctas_per_sm, int num_sms, int smem_per_sm, int reserve, int max_s
 
 template <Op kOp, bool kWriteA>
 void row(const char* name, const cudaDeviceProp& prop, int steps, int reps) {
-  constexpr int kN = OpShape<kOp>::kN;
+  constexpr int kN = kOpN<kOp>;
   const double tensor = 64.0 * kN * 16 / 2048.0;
   std::printf("%-14s %6.0f", name, tensor);
   for (int cps = 1; cps <= 3; ++cps) {

@@ -31,9 +31,8 @@
 //     first makes its activations visible to wgmma). Each warp also asks
 //     L2 for its block's weights kL2Ahead stages past the ring (bulk
 //     prefetch, kL2Batch stages per request), so the ring's copies mostly
-//     hit L2. (A first version
-//     loaded the weights into registers one stage ahead: latency-bound,
-//     ~680 cycles per k16 step.)
+//     hit L2. (A first version loaded the weights into registers one stage
+//     ahead: latency-bound, ~680 cycles per k16 step.)
 //   * Dequantization scale-before, as the fused kernel: (q - z) is exact and
 //     one multiply by the scale rounds once, exactly as rounding the f32
 //     weight to the activation dtype. Two A register sets (one k16 step

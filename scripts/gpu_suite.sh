@@ -180,6 +180,14 @@ LOG="$OUT/suite.log"
 DETAIL="${DETAIL_DIR:-/tmp/ferrum_suite_detail}"
 mkdir -p "$DETAIL"
 keep_log() { cp "$1" "$OUT/" && echo "(kept $(basename "$1") in \$OUT)"; }
+# gptq_rows LABEL BINARY ARGS...: a ferrum_bench_gptq run (90 s at most),
+# each of its rows as one line "LABEL k x n m M: us plan" (wgmmaablate,
+# wgmmasplits).
+gptq_rows() {
+  local label=$1
+  shift
+  timeout 90 "$@" 2>&1 | awk -v label="$label" -F'|' '/^ *[0-9]+ /{split($1,a," "); split($2,b," "); printf "%s %5s x %5s m %2s: %7s us %s\n", label, a[1], a[2], a[3], b[1], b[4]}'
+}
 
 # sanitize TOOL SECONDS FILTER [TAIL]: compute-sanitizer TOOL over the GPU
 # test binary with a gtest filter, in SANITIZE_SHARDS (default 4) gtest
@@ -734,9 +742,8 @@ if has_mode wgmmaablate; then
         dir="${B}-ablate$mask"
         [ "$mask" = 0 ] && dir="$B"
         [ -x "$dir/bench/ferrum_bench_gptq" ] || { echo "mask $mask: no build"; continue; }
-        timeout 90 "$dir/bench/ferrum_bench_gptq" --kernel wgmma --ms 16,32,64 \
-          --shapes "${WGMMA_ABLATE_SHAPES:-8192x28672,8192x8192,4096x28672}" 2>&1 \
-          | awk -v mask=$mask -v pass=$pass -F'|' '/^ *[0-9]+ /{split($1,a," "); split($2,b," "); printf "pass %s mask %2s %5s x %5s m %2s: %7s us %s\n", pass, mask, a[1], a[2], a[3], b[1], b[4]}'
+        gptq_rows "pass $pass mask $mask" "$dir/bench/ferrum_bench_gptq" --kernel wgmma --ms 16,32,64 \
+          --shapes "${WGMMA_ABLATE_SHAPES:-8192x28672,8192x8192,4096x28672}"
       done
     done
   } 2>&1 | tee -a "$LOG"
@@ -750,9 +757,8 @@ if has_mode wgmmasplits; then
     echo "== wgmma split sweep ($(date +%T))"
     for pass in 1 2; do
       for s in ${WGMMA_SPLITS:-0 4 5 6 7 8}; do
-        timeout 90 $B/bench/ferrum_bench_gptq --kernel wgmma --ms 16,32,64 --splits $s \
-          --shapes "${WGMMA_SPLIT_SHAPES:-4096x4096,14336x4096,4096x6144,4096x14336,8192x8192,4096x28672,8192x28672}" 2>&1 \
-          | awk -v s=$s -v pass=$pass -F'|' '/^ *[0-9]+ /{split($1,a," "); split($2,b," "); printf "pass %s splits %s %5s x %5s m %2s: %7s us %s\n", pass, s, a[1], a[2], a[3], b[1], b[4]}'
+        gptq_rows "pass $pass splits $s" $B/bench/ferrum_bench_gptq --kernel wgmma --ms 16,32,64 --splits $s \
+          --shapes "${WGMMA_SPLIT_SHAPES:-4096x4096,14336x4096,4096x6144,4096x14336,8192x8192,4096x28672,8192x28672}"
       done
     done
   } 2>&1 | tee -a "$LOG"
