@@ -19,7 +19,10 @@
 //     + 15. So one k16 step is 4 wgmma m64nNk16 (j = 0 .. 3), the 64 A rows
 //     of wgmma j being features 16 j .. 16 j + 15 of each warp's block; each
 //     lane's 16-byte word group of the step is its 4 A fragments.
-//   * B = activations, N = 32 or 64 rows (rows >= m zero), K-major in
+//   * B = activations, N = 16, 32 or 64 rows (rows >= m zero; the least N
+//     that holds m: the A operand's dequantization costs the same per step
+//     whatever N, and at N = 16 its f16x2 arithmetic, which issues to the
+//     pipe the tensor cores sit on, is the larger part), K-major in
 //     shared memory with the 128-byte swizzle (kernels/common/wgmma.cuh).
 //   * A ring of kRing shared-memory slots, one 64-row-of-k stage each,
 //     filled by cp.async kRing - 1 stages ahead: the stage's activation rows
@@ -28,10 +31,10 @@
 //     zero) rows of the stage's groups for the CTA's 256 features. A slot is
 //     refilled after the block barrier that follows the wgmma wait of the
 //     step that last read it: the second of a stage's two barriers (the
-//     first makes its activations visible to wgmma). Each warp also asks
-//     L2 for its block's weights kL2Ahead stages past the ring (bulk
-//     prefetch, kL2Batch stages per request), so the ring's copies mostly
-//     hit L2. (A first version loaded the weights into registers one stage
+//     first makes its activations visible to wgmma). No L2 prefetch ahead
+//     of the ring: with 4 stages in flight it measured 1-9 % slower than
+//     none (session 46; a bulk prefetch of kL2Ahead = 8 stages per warp
+//     before). (A first version loaded the weights into registers one stage
 //     ahead: latency-bound, ~680 cycles per k16 step.)
 //   * Dequantization scale-before, as the fused kernel: (q - z) is exact and
 //     one multiply by the scale rounds once, exactly as rounding the f32
@@ -89,8 +92,6 @@ constexpr int kStageGroups = kStageK / 16;          // most scale rows a stage t
 constexpr int kRing = 5;                            // slots
 constexpr int kAhead = kRing - 1;                   // stages in flight: every slot but the one being read
 static_assert(kStageK16 >= 2, "the slot of stage s - 1 is freed by a barrier at k16 step 1");
-constexpr int kL2Ahead = 8;                         // stages of weights asked of L2 past the ring
-constexpr int kL2Batch = 4;                         // stages per L2 prefetch request
 constexpr int kBlockStageBytes = kStageK16 * 512;   // one column block's weights of a stage
 constexpr int kScaleBytes = kStageGroups * kWgCols * 2;
 constexpr int kZeroBytes = kStageGroups * kWgCols;
@@ -137,10 +138,12 @@ struct WgmmaParams {
 
 template <class T, int kN>
 __device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const std::uint32_t (&a)[4], std::uint64_t desc) {
-  if constexpr (kN == 32) {
+  if constexpr (kN == 16) {
+    wgmma_rs_m64n16k16<T>(d, a, desc, 1);
+  } else if constexpr (kN == 32) {
     wgmma_rs_m64n32k16<T>(d, a, desc, 1);
   } else {
-    static_assert(kN == 64, "N is 32 or 64");
+    static_assert(kN == 64, "N is 16, 32 or 64");
     wgmma_rs_m64n64k16<T>(d, a, desc, 1);
   }
 }
@@ -266,19 +269,6 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel
 
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) load_stage();
-  // L2 prefetch of the warp's weights: kL2Batch stages per request, the
-  // first kL2Ahead stages past the ring now, then one batch every kL2Batch
-  // stages. Every lane asks for the same bytes (one request per warp: the
-  // instruction takes a warp-uniform address).
-  auto prefetch_weights = [&](int first) {
-    const int count = min(kL2Batch, stages - first);
-    if (live && count > 0) {
-      prefetch_l2_bulk(wblock + static_cast<std::size_t>(stage0 + first) * (kStageK16 * 128),
-                       static_cast<std::uint32_t>(count * kBlockStageBytes));
-    }
-  };
-#pragma unroll
-  for (int s = kAhead; s < kAhead + kL2Ahead; s += kL2Batch) prefetch_weights(s);
 
   float acc[4][kAcc];
 #pragma unroll
@@ -360,7 +350,6 @@ __global__ void __launch_bounds__(kWgThreads, kMinBlocksPerSm) gptq_wgmma_kernel
         // The stage's copies go out behind the step's wgmma, not ahead of
         // them: the tensor pipe restarts as soon as the barrier lets it.
         load_stage();
-        if (s % kL2Batch == 0) prefetch_weights(s + kAhead + kL2Ahead);
       }
       // The previous step's wgmma are done: its A registers (the other set)
       // may be overwritten by the next dequantization.
@@ -416,9 +405,34 @@ auto wgmma_kernel_ptr() {
   return &gptq_wgmma_kernel<T, kN, kZeros>;
 }
 
+// One instance of the kernel, as a value (for_each_wgmma_instance).
 template <class T, int kN, bool kZeros>
-void opt_in_one() {
-  (void)opt_in_blocks_per_sm("gemm_gptq", wgmma_kernel_ptr<T, kN, kZeros>(), kWgThreads, WgmmaSlot<kN>::kSmemBytes);
+struct WgmmaInstance {
+  using type = T;
+  static constexpr int n = kN;
+  static constexpr bool zeros = kZeros;
+};
+
+template <class T>
+struct WgmmaDType {
+  using type = T;
+};
+
+// Calls f(WgmmaInstance<T, N, zeros>{}) for every instance compiled: the
+// one list of them.
+template <class F>
+void for_each_wgmma_instance(F&& f) {
+  auto per_type = [&](auto dtype) {
+    using T = typename decltype(dtype)::type;
+    f(WgmmaInstance<T, 16, false>{});
+    f(WgmmaInstance<T, 16, true>{});
+    f(WgmmaInstance<T, 32, false>{});
+    f(WgmmaInstance<T, 32, true>{});
+    f(WgmmaInstance<T, 64, false>{});
+    f(WgmmaInstance<T, 64, true>{});
+  };
+  per_type(WgmmaDType<__half>{});
+  per_type(WgmmaDType<__nv_bfloat16>{});
 }
 
 // Sets every instance's shared-memory limit, once (the occupancy that
@@ -426,14 +440,11 @@ void opt_in_one() {
 void wgmma_opt_in() {
   static std::once_flag once;
   std::call_once(once, [] {
-    opt_in_one<__half, 32, false>();
-    opt_in_one<__half, 32, true>();
-    opt_in_one<__half, 64, false>();
-    opt_in_one<__half, 64, true>();
-    opt_in_one<__nv_bfloat16, 32, false>();
-    opt_in_one<__nv_bfloat16, 32, true>();
-    opt_in_one<__nv_bfloat16, 64, false>();
-    opt_in_one<__nv_bfloat16, 64, true>();
+    for_each_wgmma_instance([](auto inst) {
+      using I = decltype(inst);
+      (void)opt_in_blocks_per_sm("gemm_gptq", wgmma_kernel_ptr<typename I::type, I::n, I::zeros>(), kWgThreads,
+                                 WgmmaSlot<I::n>::kSmemBytes);
+    });
   });
 }
 
@@ -459,14 +470,10 @@ const std::array<int, kMaxSplits + 1>& wgmma_resident_clusters() {
     wgmma_opt_in();
     std::array<int, kMaxSplits + 1> r;
     r.fill(std::numeric_limits<int>::max());
-    lower_resident_clusters<__half, 32, false>(r);
-    lower_resident_clusters<__half, 32, true>(r);
-    lower_resident_clusters<__half, 64, false>(r);
-    lower_resident_clusters<__half, 64, true>(r);
-    lower_resident_clusters<__nv_bfloat16, 32, false>(r);
-    lower_resident_clusters<__nv_bfloat16, 32, true>(r);
-    lower_resident_clusters<__nv_bfloat16, 64, false>(r);
-    lower_resident_clusters<__nv_bfloat16, 64, true>(r);
+    for_each_wgmma_instance([&r](auto inst) {
+      using I = decltype(inst);
+      lower_resident_clusters<typename I::type, I::n, I::zeros>(r);
+    });
     r[0] = 0;
     resident = r;
   });
@@ -585,7 +592,9 @@ bool launch_gptq_wgmma(const GptqGemmArgs& args, cudaStream_t stream) {
   const GptqPlan plan = gptq_wgmma_plan(args.w.k_pad, args.w.n_pad, args.num_sms, args.stream_splits);
   dispatch_half_dtype(args.dtype, "gemm_gptq", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (args.m <= 32) {
+    if (args.m <= 16) {
+      launch_typed<T, 16>(args, plan, stream);
+    } else if (args.m <= 32) {
       launch_typed<T, 32>(args, plan, stream);
     } else {
       launch_typed<T, 64>(args, plan, stream);

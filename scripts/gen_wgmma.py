@@ -15,7 +15,7 @@ Shapes: m64nNk16, f32 accumulate, f16 or bf16 inputs.
 import sys
 
 # (source, N) pairs emitted, in this order.
-VARIANTS = (("ss", 64), ("ss", 128), ("rs", 64), ("rs", 128), ("rs_k", 32), ("rs_k", 64))
+VARIANTS = (("ss", 64), ("ss", 128), ("rs", 64), ("rs", 128), ("rs_k", 16), ("rs_k", 32), ("rs_k", 64))
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 

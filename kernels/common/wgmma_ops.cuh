@@ -123,6 +123,32 @@ __device__ __forceinline__ void wgmma_rs_m64n128k16_tb(float (&d)[64], const std
   }
 }
 
+// D[64 x 16] (+)= A[64 x 16] * B[16 x 16]^T, A from registers, B K-major in shared memory.
+template <class T>
+__device__ __forceinline__ void wgmma_rs_m64n16k16(float (&d)[8], const std::uint32_t (&a)[4], std::uint64_t desc_b, int scale_d) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "setp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+        "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "setp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+        "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+  } else {
+    static_assert(sizeof(T) == 0, "wgmma takes f16 or bf16");
+  }
+}
+
 // D[64 x 32] (+)= A[64 x 16] * B[32 x 16]^T, A from registers, B K-major in shared memory.
 template <class T>
 __device__ __forceinline__ void wgmma_rs_m64n32k16(float (&d)[16], const std::uint32_t (&a)[4], std::uint64_t desc_b, int scale_d) {
