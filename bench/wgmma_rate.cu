@@ -36,39 +36,65 @@
 
 #include "kernels/common/wgmma.cuh"
 #include "kernels/common/wgmma_ops.cuh"
+#include "kernels/gptq_int4.cuh"
 
 namespace {
 
 using namespace ferrum::kernels;
 
-enum class Op { RsN32, RsN64, SsN64, SsN128 };
+enum class Op { RsN16, RsN32, RsN64, SsN64, SsN128 };
+// What each step does to the A set it is about to use (RS variants):
+// nothing; one register write per word; the GPTQ kernel's dequantization of
+// 4 words from registers (Int4Math<__half>, scale-before); the same with the
+// words read from shared memory one step ahead, as the kernel reads them.
+// Two more isolate what the dequantization costs the tensor pipe (on sm_90
+// f16x2 arithmetic issues to the pipe the tensor cores sit on): without the
+// scale multiply (4 of its 8 f16x2 operations per word), and the whole
+// dequantization in f32 (lop3 + f32 add and multiply, one f16x2 pack per
+// pair: the same bits, no f16x2 arithmetic).
+enum class Work { None, Or, Dequant, DequantLds, DequantUnscaled, DequantF32 };
 
 constexpr int kThreads = 128;
 
 // Each variant's N, and its wgmma per k16 step (the same MACs per step for
 // every N-64 and N-128 variant; N = 32 issues as many as N = 64).
 template <Op kOp>
-constexpr int kOpN = kOp == Op::RsN32 ? 32 : kOp == Op::SsN128 ? 128 : 64;
+constexpr int kOpN = kOp == Op::RsN16 ? 16 : kOp == Op::RsN32 ? 32 : kOp == Op::SsN128 ? 128 : 64;
 template <Op kOp>
 constexpr int kOpPerStep = kOp == Op::SsN128 ? 2 : 4;
 
 // stamps: [gridDim.x][3] the CTA's SM and its loop's first and last clock64
 // (one counter per SM, so the stamps of one SM's CTAs compare); sink: one
 // float per CTA, so that the accumulators are not dropped.
-template <Op kOp, bool kWriteA>
-__global__ void __launch_bounds__(kThreads, 1) wgmma_rate_kernel(int steps, long long* stamps, float* sink) {
+// Shared memory a CTA uses: the A tile, the B tile, and 4 warps' weights of
+// 4 k16 steps (2 KiB each, the GPTQ kernel's per-stage block), + alignment.
+template <Op kOp>
+constexpr int kSmemUsed = (64 + kOpN<kOp>) * 128 + 4 * 2048 + 1024;
+
+template <Op kOp, Work kWork>
+__global__ void __launch_bounds__(kThreads, 1) wgmma_rate_kernel(int steps, std::uint32_t scale_bits, long long* stamps,
+                                                                float* sink) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kN = kOpN<kOp>, kPer = kOpPerStep<kOp>, kAcc = kN / 2;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
   // A tile [64 rows][64 k] and B tile [kN rows][64 k], 128-byte swizzled
   // K-major blocks (8 KiB and kN x 128 B), zeros.
-  for (int i = threadIdx.x; i < (64 + kN) * 128 / 16; i += kThreads) {
+  for (int i = threadIdx.x; i < ((64 + kN) * 128 + 4 * 2048) / 16; i += kThreads) {
     reinterpret_cast<uint4*>(smem)[i] = make_uint4(0u, 0u, 0u, 0u);
   }
   __syncthreads();
   const std::uint32_t a_smem = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
   const std::uint32_t b_smem = a_smem + 64 * 128;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // This lane's weight words of step kk (zeros; the Dequant variant makes
+  // its own from the trip count so that nothing is hoisted).
+  const unsigned char* w_smem = smem + (64 + kN) * 128 + warp * 2048 + lane * 16;
+  std::uint32_t sc[8];
+#pragma unroll
+  for (int t = 0; t < 8; ++t) sc[t] = scale_bits;
+  std::uint32_t lo = 0, hi = 0;
+  gptq::Int4Math<__half>::biases(8, lo, hi);
   float acc[kPer][kAcc];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
@@ -88,11 +114,57 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_rate_kernel(int steps, long
   // Four k16 steps per trip (steps is a multiple of 4), so that the A set
   // and the k offset are compile-time, as in the GPTQ kernel's unrolled
   // stage.
+  uint4 w_next = make_uint4(0u, 0u, 0u, 0u);
+  if constexpr (kWork == Work::DequantLds) w_next = *reinterpret_cast<const uint4*>(w_smem);
   for (int trip = 0; trip < steps / 4; ++trip) {
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       std::uint32_t(&a)[kPer][4] = af[kk & 1];
-      if constexpr (kWriteA) {
+      if constexpr (kWork == Work::DequantUnscaled || kWork == Work::DequantF32) {
+        const auto v = static_cast<std::uint32_t>(trip * 4 + kk) ^ static_cast<std::uint32_t>(lane);
+        const std::uint32_t words[4] = {v, v * 3u, v * 5u, v * 7u};
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+          std::uint32_t b[4];
+          if constexpr (kWork == Work::DequantUnscaled) {
+            gptq::Int4Math<__half>::dequant_unscaled(words[j], lo, hi, lo, hi, b);
+          } else {
+            // Nibble 4 i + h of the word is b[i]'s half h (i = 0..3, h = 0
+            // low, 1 high): bits 4 i and 16 + 4 i.
+            const float scale = __half2float(__ushort_as_half(static_cast<unsigned short>(sc[2 * j] & 0xFFFFu)));
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const float q_lo = __uint_as_float(0x4B000000u | ((words[j] >> (4 * i)) & 0xFu)) - 8388616.0f;
+              const float q_hi = __uint_as_float(0x4B000000u | ((words[j] >> (16 + 4 * i)) & 0xFu)) - 8388616.0f;
+              const __half2 h = __floats2half2_rn(__fmul_rn(q_lo, scale), __fmul_rn(q_hi, scale));
+              b[i] = *reinterpret_cast<const std::uint32_t*>(&h);
+            }
+          }
+          a[j][0] = b[0];
+          a[j][1] = b[2];
+          a[j][2] = b[1];
+          a[j][3] = b[3];
+        }
+      } else if constexpr (kWork == Work::Dequant || kWork == Work::DequantLds) {
+        static_assert(kOp != Op::SsN64 && kOp != Op::SsN128, "dequantization feeds register A");
+        uint4 w = w_next;
+        if constexpr (kWork == Work::DequantLds) {
+          w_next = *reinterpret_cast<const uint4*>(w_smem + ((kk + 1) & 3) * 512);
+        } else {
+          const auto v = static_cast<std::uint32_t>(trip * 4 + kk) ^ static_cast<std::uint32_t>(lane);
+          w = make_uint4(v, v * 3u, v * 5u, v * 7u);
+        }
+        const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+          std::uint32_t b[4];
+          gptq::dequant_scaled<__half>(words[j], sc[2 * j], lo, hi, sc[2 * j + 1], lo, hi, b);
+          a[j][0] = b[0];
+          a[j][1] = b[2];
+          a[j][2] = b[1];
+          a[j][3] = b[3];
+        }
+      } else if constexpr (kWork == Work::Or) {
         // One register write per fragment word (the value stays zero: trip
         // >> 30 is 0), as a dequantization writes the set before its wgmma.
 #pragma unroll
@@ -103,7 +175,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_rate_kernel(int steps, long
       }
       wgmma_fence();
       const std::uint64_t desc_b = wgmma_desc_sw128(b_smem + kk * 32, 16, 1024);
-      if constexpr (kOp == Op::RsN32) {
+      if constexpr (kOp == Op::RsN16) {
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) wgmma_rs_m64n16k16<__half>(acc[j], a[j], desc_b, 1);
+      } else if constexpr (kOp == Op::RsN32) {
 #pragma unroll
         for (int j = 0; j < kPer; ++j) wgmma_rs_m64n32k16<__half>(acc[j], a[j], desc_b, 1);
       } else if constexpr (kOp == Op::RsN64) {
@@ -161,14 +236,14 @@ struct Result {
   int fit;                  // CTAs per SM the occupancy query allows (the row is measured only where = asked)
 };
 
-template <Op kOp, bool kWriteA>
+template <Op kOp, Work kWork>
 Result run(int ctas_per_sm, int num_sms, int smem_per_sm, int reserve, int max_smem, int steps, int reps) {
-  constexpr int kN = kOpN<kOp>, kPer = kOpPerStep<kOp>;
-  auto kernel = wgmma_rate_kernel<kOp, kWriteA>;
+  constexpr int kPer = kOpPerStep<kOp>;
+  auto kernel = wgmma_rate_kernel<kOp, kWork>;
   // Shared memory that lets exactly ctas_per_sm CTAs share an SM (each CTA's
   // share less the runtime's per-block reserve and a 16-byte margin), at
   // least the tiles and their alignment slack, at most what a block may ask.
-  const int smem = std::min(std::max((64 + kN) * 128 + 1024, smem_per_sm / ctas_per_sm - reserve - 16), max_smem);
+  const int smem = std::min(std::max(kSmemUsed<kOp>, smem_per_sm / ctas_per_sm - reserve - 16), max_smem);
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
   int fit = 0;
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, kThreads, smem), "occupancy");
@@ -181,13 +256,14 @@ Result run(int ctas_per_sm, int num_sms, int smem_per_sm, int reserve, int max_s
   cudaEvent_t e0, e1;
   check(cudaEventCreate(&e0), "event");
   check(cudaEventCreate(&e1), "event");
-  kernel<<<grid, kThreads, smem>>>(steps, stamps, sink);  // warm-up
+  constexpr std::uint32_t kOne = 0x3C003C00u;  // half2 (1, 1): finite dequantized values
+  kernel<<<grid, kThreads, smem>>>(steps, kOne, stamps, sink);  // warm-up
   check(cudaGetLastError(), "launch");
   std::vector<float> times;
   std::vector<long long> st(3 * static_cast<std::size_t>(grid));
   for (int r = 0; r < reps; ++r) {
     check(cudaEventRecord(e0), "record");
-    kernel<<<grid, kThreads, smem>>>(steps, stamps, sink);
+    kernel<<<grid, kThreads, smem>>>(steps, kOne, stamps, sink);
     check(cudaGetLastError(), "launch");
     check(cudaEventRecord(e1), "record");
     check(cudaEventSynchronize(e1), "sync");
@@ -226,13 +302,13 @@ Result run(int ctas_per_sm, int num_sms, int smem_per_sm, int reserve, int max_s
   return {per_sm[per_sm.size() / 2], times[times.size() / 2], fit};
 }
 
-template <Op kOp, bool kWriteA>
+template <Op kOp, Work kWork>
 void row(const char* name, const cudaDeviceProp& prop, int steps, int reps) {
   constexpr int kN = kOpN<kOp>;
   const double tensor = 64.0 * kN * 16 / 2048.0;
   std::printf("%-14s %6.0f", name, tensor);
   for (int cps = 1; cps <= 3; ++cps) {
-    const Result r = run<kOp, kWriteA>(cps, prop.multiProcessorCount, static_cast<int>(prop.sharedMemPerMultiprocessor),
+    const Result r = run<kOp, kWork>(cps, prop.multiProcessorCount, static_cast<int>(prop.sharedMemPerMultiprocessor),
                                        static_cast<int>(prop.reservedSharedMemPerBlock),
                                        static_cast<int>(prop.sharedMemPerBlockOptin), steps, reps);
     if (r.fit != cps) {
@@ -282,11 +358,22 @@ int main(int argc, char** argv) {
               prop.name, prop.multiProcessorCount, steps);
   std::printf("%-14s %6s | %27s | %27s | %27s\n", "variant", "tensor", "1 CTA / SM (cycles, %, launch)",
               "2 CTAs / SM", "3 CTAs / SM");
-  row<Op::RsN32, false>("rs n32", prop, steps, reps);
-  row<Op::RsN32, true>("rs n32 +A", prop, steps, reps);
-  row<Op::RsN64, false>("rs n64", prop, steps, reps);
-  row<Op::RsN64, true>("rs n64 +A", prop, steps, reps);
-  row<Op::SsN64, false>("ss n64", prop, steps, reps);
-  row<Op::SsN128, false>("ss n128", prop, steps, reps);
+  row<Op::RsN16, Work::None>("rs n16", prop, steps, reps);
+  row<Op::RsN16, Work::Dequant>("rs n16 +dq", prop, steps, reps);
+  row<Op::RsN16, Work::DequantLds>("rs n16 +dq+lds", prop, steps, reps);
+  row<Op::RsN32, Work::None>("rs n32", prop, steps, reps);
+  row<Op::RsN32, Work::Or>("rs n32 +A", prop, steps, reps);
+  row<Op::RsN32, Work::Dequant>("rs n32 +dq", prop, steps, reps);
+  row<Op::RsN32, Work::DequantLds>("rs n32 +dq+lds", prop, steps, reps);
+  row<Op::RsN32, Work::DequantUnscaled>("rs n32 +dq-s", prop, steps, reps);
+  row<Op::RsN32, Work::DequantF32>("rs n32 +dq32", prop, steps, reps);
+  row<Op::RsN64, Work::None>("rs n64", prop, steps, reps);
+  row<Op::RsN64, Work::Or>("rs n64 +A", prop, steps, reps);
+  row<Op::RsN64, Work::Dequant>("rs n64 +dq", prop, steps, reps);
+  row<Op::RsN64, Work::DequantLds>("rs n64 +dq+lds", prop, steps, reps);
+  row<Op::RsN64, Work::DequantUnscaled>("rs n64 +dq-s", prop, steps, reps);
+  row<Op::RsN64, Work::DequantF32>("rs n64 +dq32", prop, steps, reps);
+  row<Op::SsN64, Work::None>("ss n64", prop, steps, reps);
+  row<Op::SsN128, Work::None>("ss n128", prop, steps, reps);
   return 0;
 }

@@ -51,7 +51,8 @@
 #                                out (docs/design/patches/gptq_wgmma_ablation.patch,
 #                                one build per mask of WGMMA_ABLATE_MASKS,
 #                                default '2 4 8 16 32 62'; timing only)
-#                                against main, m = 16, 32, 64, two passes
+#                                against main, m = WGMMA_ABLATE_MS (16,32,64),
+#                                shapes WGMMA_ABLATE_SHAPES, two passes
 #   scripts/gpu_suite.sh wgmmasplits  the wgmma GPTQ kernel at each split count
 #                                of WGMMA_SPLITS ('0 4 5 6 7 8'; 0 = the plan), m = 16, 32,
 #                                64, on shapes of 16, 24, 56 and 112 column
@@ -151,6 +152,11 @@ has_mode() {
     return
   fi
   [[ ",$MODE," == *",$1,"* ]]
+}
+# modes_within LIST: every mode of MODE is one of LIST (space-separated).
+modes_within() {
+  local m
+  for m in ${MODE//,/ }; do [[ " $1 " == *" $m "* ]] || return 1; done
 }
 BF=()
 [ -n "${BENCH_FILTER:-}" ] && BF=(--filter "$BENCH_FILTER")
@@ -315,8 +321,7 @@ sanitize() {
   # included, costs about a minute more of the call).
   MAIN_TARGETS=()
   [ "$MODE" = ab ] && MAIN_TARGETS=(--target ferrum_engine ferrum_bench_gptq ${AB_OPS_FILTER:+ferrum_bench})
-  [ "$MODE" = wgmmaablate ] && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate)
-  [ "$MODE" = wgmmasplits ] && MAIN_TARGETS=(--target ferrum_bench_gptq)
+  modes_within "wgmmaablate wgmmasplits" && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate)
   cmake --build $B -j$([ -d base ] && has_mode ab && echo 10 || echo 16) "${MAIN_TARGETS[@]}" 2>&1 \
     | grep -E "error|warning|FAILED" || echo "build ok"
   wait
@@ -742,7 +747,7 @@ if has_mode wgmmaablate; then
         dir="${B}-ablate$mask"
         [ "$mask" = 0 ] && dir="$B"
         [ -x "$dir/bench/ferrum_bench_gptq" ] || { echo "mask $mask: no build"; continue; }
-        gptq_rows "pass $pass mask $mask" "$dir/bench/ferrum_bench_gptq" --kernel wgmma --ms 16,32,64 \
+        gptq_rows "pass $pass mask $mask" "$dir/bench/ferrum_bench_gptq" --kernel wgmma --ms "${WGMMA_ABLATE_MS:-16,32,64}" \
           --shapes "${WGMMA_ABLATE_SHAPES:-8192x28672,8192x8192,4096x28672}"
       done
     done
