@@ -17,7 +17,7 @@
 //                        loaded into registers (Stream) or brought into
 //                        shared-memory rings by bulk copies (StreamBulk).
 //                        With GptqGemmArgs::kernel = Wgmma (CudaBackend's
-//                        default for launches of 12 .. 64 rows where the
+//                        default for launches of 9 .. 64 rows where the
 //                        build has sm_90a code, the device is 9.0 and it
 //                        measured faster, gptq_wgmma_preferred): the
 //                        warpgroup-MMA kernel (kernels/gptq_gemm_wgmma.cu),
@@ -106,23 +106,24 @@ bool gptq_wgmma_supported();
 bool gptq_wgmma_applies(int group_rows);
 
 // Whether Auto takes the wgmma kernel (where it applies) for a launch of
-// `rows` rows on a k x n weight. Measured on the H200 (docs/PERFORMANCE.md,
-// session 19; f16, g128), against the streaming kernel up to 16 rows and
-// the fused kernel at 17 .. 32:
-//   * up to 11 rows never: the streaming kernel's time grows with m, the
-//     wgmma kernel's hardly (8192 x 28672, m = 9: 58.3 against 55.1 us;
-//     4096 x 28672, m = 10: 34.0 against 32.9; at m = 8 one n8 tile:
-//     4096 x 14336 21.2 against 19.8);
-//   * 12 .. 16 rows on weights of n >= 6144: 4096 x 14336, m = 16: 21.6
-//     against 24.2 us; 8192 x 28672: 58.3 against 61.9; m = 12 at least as
-//     fast on each (4096 x 28672: 33.7 against 36.2); on n = 4096 the
-//     streaming kernel stays faster (4096 x 4096: 14.0 against 12.9; 14336
-//     x 4096: 29.2 against 24.1);
-//   * 17 .. 32 rows except on weights with k >= 8192 and n <= 4096 (14336 x
-//     4096, m = 32: 30.1 against 29.4 us); 8192 x 8192: 25.8 against 30.8;
+// `rows` rows on a k x n weight. Measured on the H200 (f16, g128), against
+// the streaming kernel (bulk source) up to 16 rows and the fused kernel at
+// 17 .. 32:
+//   * up to 8 rows never (session 46, the wgmma kernel at N = 16): on
+//     8192 x 28672 the streaming kernel is faster to m = 8 (45.5 against
+//     48.1 us); where the wgmma kernel wins below 9 rows, it wins by at most
+//     10 % (4096 x 14336, m = 8: 17.6 against 19.5);
+//   * 9 .. 16 rows on weights of n >= 6144 (session 46: at m = 9 the
+//     streaming kernel takes a second n8 tile; wgmma over streaming 0.81 ..
+//     0.91 at m = 9 on all five such shapes, e.g. 8192 x 28672 48.2 against
+//     52.9 us); on n = 4096 the streaming kernel stays as fast or faster
+//     (14336 x 4096, m = 12: 22.2 against 24.5 us; 4096 x 4096 level);
+//   * 17 .. 32 rows except on weights with k >= 8192 and n <= 4096 (session
+//     19: 14336 x 4096, m = 32: 30.1 against 29.4 us); 8192 x 8192: 25.8
+//     against 30.8;
 //   * above 32 rows everywhere (8192 x 28672, m = 64: 76.5 against 124.6).
 inline bool gptq_wgmma_preferred(int rows, std::size_t k, std::size_t n) {
-  if (rows < 12) return false;
+  if (rows < 9) return false;
   if (rows <= kGptqStreamMaxM) return n >= 6144;
   if (rows <= 32) return !(k >= 8192 && n <= 4096);
   return true;

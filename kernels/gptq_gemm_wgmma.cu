@@ -1,5 +1,5 @@
 // GPTQ INT4 x f16/bf16 GEMM on Hopper warpgroup MMA (wgmma.mma_async,
-// sm_90a), for launches of up to 64 rows (Auto: from 12 rows where
+// sm_90a), for launches of up to 64 rows (Auto: from 9 rows where
 // gptq_wgmma_preferred): out[m, n] = a[m, k] · W[k, n].
 //
 // At m = 64 the op is no longer a weight stream but a matrix product

@@ -14,7 +14,7 @@
 //     act-order first gathers the activation columns into a workspace.
 //     Launches take the wgmma kernel where it applies (every launch under
 //     GptqKernel::Wgmma; under Auto those kernels::gptq_wgmma_preferred gives
-//     it: from 12 rows on wide weights, every launch above 32 rows), else the
+//     it: from 9 rows on wide weights, every launch above 32 rows), else the
 //     streaming kernel up to 16 rows (kernels::kGptqStreamMaxM) through
 //     shared-memory rings (Auto, StreamBulk) or registers (Stream), else the
 //     fused kernel, with the same split-K workspace and gather.

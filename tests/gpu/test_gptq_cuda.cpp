@@ -753,7 +753,7 @@ TEST_F(CudaGptqStream, FusedConfigStaysExactAtSmallM) {
 // Which kernel GptqKernel::Auto ran, seen through the bits: on random data
 // the streaming kernel (scale-after) and the fused kernel (scale-before)
 // round differently, so Auto must equal StreamBulk bitwise for m <= 16 on
-// this narrow weight (n < 6144; wider ones take wgmma from 12 rows) and
+// this narrow weight (n < 6144; wider ones take wgmma from 9 rows) and
 // Wgmma (where it runs, else Fused) for m = 17, and the two streaming-range
 // kernels must differ somewhere (else this test could not tell them apart).
 TEST_F(CudaGptqStream, AutoTakesTheBulkStreamingKernelUpToSixteenRows) {
@@ -1243,15 +1243,15 @@ TEST_F(CudaGptqWgmma, AutoKeepsTheFusedKernelAtThirtyTwoRowsOnLongNarrowWeights)
   expect_auto_takes_wgmma_from(cuda(), fused, wgmma(), c, {17, 32, 33}, 33, {DType::F16}, false, rng);
 }
 
-// On a weight of n >= 6144 Auto runs the streaming kernel up to 11 rows and
-// the wgmma kernel from 12 (gptq_wgmma_preferred).
-TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelFromTwelveRowsOnWideWeights) {
+// On a weight of n >= 6144 Auto runs the streaming kernel up to 8 rows and
+// the wgmma kernel from 9 (gptq_wgmma_preferred).
+TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelFromNineRowsOnWideWeights) {
   FERRUM_SEEDED_RNG(rng);
   CudaBackendConfig bulk_config;
   bulk_config.gptq_kernel = GptqKernel::StreamBulk;
   CudaBackend bulk(bulk_config);
   const WeightCase c{1024, 6144, 128, true, false, GptqZeroFormat::V1, false};
-  expect_auto_takes_wgmma_from(cuda(), bulk, wgmma(), c, {8, 11, 12, 16}, 12, {DType::F16, DType::BF16}, true, rng);
+  expect_auto_takes_wgmma_from(cuda(), bulk, wgmma(), c, {5, 8, 9, 12, 16}, 9, {DType::F16, DType::BF16}, true, rng);
 }
 
 // ── The row_sq ops: the residual add and the norm around the projections ────
