@@ -1,22 +1,29 @@
-// How fast an SM issues wgmma.mma_async on its own, without the GPTQ
-// kernel's dequantization, copies or barriers around it: the question of
-// docs/design/gptq_small_m.md §13.12. The wgmma GPTQ kernel spends 33-40
-// SM cycles per m64nNk16 beyond its tensor work, whatever its warpgroups per
-// SM; if register-sourced A alone cost that much, the kernel's operand
-// order would be the limit, not its schedule. (Session 45: it does not;
-// wgmma alone runs at the tensor rate from two warpgroups per SM.)
+// How fast an SM issues wgmma.mma_async on its own, and with the GPTQ
+// kernel's dequantization between (docs/design/gptq_small_m.md §13.12,
+// §13.13). Session 45: wgmma alone runs at the tensor rate from two
+// warpgroups per SM. Session 46: the dequantization's f16x2 arithmetic
+// issues to the pipe the tensor cores use, so it costs tensor time whatever
+// the warpgroups per SM.
 //
 //   ferrum_wgmma_rate [--steps N (a multiple of 4)] [--reps N]
 //
 // Each CTA is one warpgroup looping over k16 steps exactly as
 // gptq_wgmma_kernel does: per step one wgmma.fence, W wgmma into W
-// accumulator sets (A and B the same every step; the values are zeros, only
-// the timing counts), one commit group, then wgmma.wait_group 1. Variants:
-//   rs n32 / rs n64:  A from registers, B K-major in shared memory (the GPTQ
-//                     kernel's wgmma_rs_m64nNk16, 4 per step);
-//   ... +A writes:    the same with the A registers rewritten every step (as
-//                     a dequantization does: the fence then orders real
-//                     register writes);
+// accumulator sets (only the timing counts), one commit group, then
+// wgmma.wait_group 1. Variants:
+//   rs n16 / n32 / n64: A from registers, B K-major in shared memory (the
+//                     GPTQ kernel's wgmma_rs_m64nNk16, 4 per step);
+//   ... +A:           the A registers rewritten every step (one write per
+//                     word: the fence then orders real register writes);
+//   ... +dq:          the GPTQ kernel's dequantization of 4 words per step
+//                     into the A set (Int4Math<__half>, scale-before), the
+//                     words made from the step count;
+//   ... +dq+lds:      the same, the words read from shared memory one step
+//                     ahead, as the kernel reads them;
+//   ... +dq-s:        the dequantization without the scale multiply;
+//   ... +dq32:        the dequantization in f32 (the same bits for a uniform
+//                     scale, no f16x2 arithmetic) and one f16x2 pack per
+//                     pair;
 //   ss n64 / ss n128: A and B from shared memory (4 / 2 per step: the same
 //                     MACs per step as rs n64).
 // The launch puts 1, 2 or 3 CTAs on every SM (dynamic shared memory sized
@@ -51,13 +58,14 @@ enum class Op { RsN16, RsN32, RsN64, SsN64, SsN128 };
 // f16x2 arithmetic issues to the pipe the tensor cores sit on): without the
 // scale multiply (4 of its 8 f16x2 operations per word), and the whole
 // dequantization in f32 (lop3 + f32 add and multiply, one f16x2 pack per
-// pair: the same bits, no f16x2 arithmetic).
+// pair: the same bits as Int4Math's with one scale for all eight weights, as
+// here; no f16x2 arithmetic).
 enum class Work { None, Or, Dequant, DequantLds, DequantUnscaled, DequantF32 };
 
 constexpr int kThreads = 128;
 
 // Each variant's N, and its wgmma per k16 step (the same MACs per step for
-// every N-64 and N-128 variant; N = 32 issues as many as N = 64).
+// every N-64 and N-128 variant; N = 16 and N = 32 issue as many as N = 64).
 template <Op kOp>
 constexpr int kOpN = kOp == Op::RsN16 ? 16 : kOp == Op::RsN32 ? 32 : kOp == Op::SsN128 ? 128 : 64;
 template <Op kOp>
@@ -129,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_rate_kernel(int steps, std:
           if constexpr (kWork == Work::DequantUnscaled) {
             gptq::Int4Math<__half>::dequant_unscaled(words[j], lo, hi, lo, hi, b);
           } else {
-            // Nibble 4 i + h of the word is b[i]'s half h (i = 0..3, h = 0
+            // Nibble i + 4 h of the word is b[i]'s half h (i = 0..3, h = 0
             // low, 1 high): bits 4 i and 16 + 4 i.
             const float scale = __half2float(__ushort_as_half(static_cast<unsigned short>(sc[2 * j] & 0xFFFFu)));
 #pragma unroll
@@ -219,6 +227,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_rate_kernel(int steps, std:
   (void)steps;
   (void)stamps;
   (void)sink;
+  (void)scale_bits;
   __trap();  // wgmma exists only in sm_90a code: a build without it reports the launch's error
 #endif
 }

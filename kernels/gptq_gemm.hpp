@@ -108,16 +108,18 @@ bool gptq_wgmma_applies(int group_rows);
 // Whether Auto takes the wgmma kernel (where it applies) for a launch of
 // `rows` rows on a k x n weight. Measured on the H200 (f16, g128), against
 // the streaming kernel (bulk source) up to 16 rows and the fused kernel at
-// 17 .. 32:
-//   * up to 8 rows never (session 46, the wgmma kernel at N = 16): on
-//     8192 x 28672 the streaming kernel is faster to m = 8 (45.5 against
-//     48.1 us); where the wgmma kernel wins below 9 rows, it wins by at most
-//     10 % (4096 x 14336, m = 8: 17.6 against 19.5);
+// 17 .. 32; each pair below is wgmma against the other kernel:
+//   * up to 8 rows never (session 46, the wgmma kernel at N = 16): 8192 x
+//     28672, m = 8: 48.1 against 45.5 us; where the wgmma kernel wins below
+//     9 rows, by at most 10 % (4096 x 14336, m = 8: 17.6 against 19.5);
 //   * 9 .. 16 rows on weights of n >= 6144 (session 46: at m = 9 the
-//     streaming kernel takes a second n8 tile; wgmma over streaming 0.81 ..
-//     0.91 at m = 9 on all five such shapes, e.g. 8192 x 28672 48.2 against
-//     52.9 us); on n = 4096 the streaming kernel stays as fast or faster
-//     (14336 x 4096, m = 12: 22.2 against 24.5 us; 4096 x 4096 level);
+//     streaming kernel takes a second n8 tile; 0.81 .. 0.91 of its time at
+//     m = 9 on all five such shapes, e.g. 8192 x 28672 48.2 against 52.9
+//     us); on n = 4096 the streaming kernel stays as fast or faster (14336 x
+//     4096, m = 12: 24.5 against 22.2 us; 4096 x 4096 level). Without bulk
+//     copies (groups of 16 rows, or no sm_90) these launches would run the
+//     fused kernel instead, which was not measured against the wgmma kernel
+//     at 9 .. 16 rows;
 //   * 17 .. 32 rows except on weights with k >= 8192 and n <= 4096 (session
 //     19: 14336 x 4096, m = 32: 30.1 against 29.4 us); 8192 x 8192: 25.8
 //     against 30.8;

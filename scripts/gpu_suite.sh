@@ -50,7 +50,7 @@
 #                                wgmma GPTQ kernel with parts of its loop left
 #                                out (docs/design/patches/gptq_wgmma_ablation.patch,
 #                                one build per mask of WGMMA_ABLATE_MASKS,
-#                                default '2 4 8 16 32 62'; timing only)
+#                                default '2 4 8 32 46'; timing only)
 #                                against main, m = WGMMA_ABLATE_MS (16,32,64),
 #                                shapes WGMMA_ABLATE_SHAPES, two passes
 #   scripts/gpu_suite.sh wgmmasplits  the wgmma GPTQ kernel at each split count
@@ -309,7 +309,7 @@ sanitize() {
     (cd "$ABLATE_SRC" && GIT_CEILING_DIRECTORIES="$(dirname "$PWD")" \
       git apply docs/design/patches/gptq_wgmma_ablation.patch)
     if grep -q FERRUM_WGMMA_ABLATE "$ABLATE_SRC/kernels/gptq_gemm_wgmma.cu"; then
-      for mask in ${WGMMA_ABLATE_MASKS:-2 4 8 16 32 62}; do
+      for mask in ${WGMMA_ABLATE_MASKS:-2 4 8 32 46}; do
         side_build "${B}-ablate$mask" "$ABLATE_SRC" "ablation mask $mask" 3 \
           "-DFERRUM_BUILD_TESTS=OFF -DCMAKE_CUDA_FLAGS=-DFERRUM_WGMMA_ABLATE=$mask" ferrum_bench_gptq
       done
@@ -317,8 +317,9 @@ sanitize() {
       echo "wgmmaablate: the patch does not apply to this tree"
     fi
   fi
-  # ab (or wgmmaablate) alone needs only its targets (the whole tree, tests
-  # included, costs about a minute more of the call).
+  # ab alone, or wgmmaablate and wgmmasplits alone or together, need only
+  # their targets (the whole tree, tests included, costs about a minute
+  # more of the call).
   MAIN_TARGETS=()
   [ "$MODE" = ab ] && MAIN_TARGETS=(--target ferrum_engine ferrum_bench_gptq ${AB_OPS_FILTER:+ferrum_bench})
   modes_within "wgmmaablate wgmmasplits" && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate)
@@ -739,7 +740,7 @@ if has_mode wgmmaablate; then
   {
     echo "== wgmma alone ($(date +%T))"
     timeout 60 $B/bench/ferrum_wgmma_rate --steps 32768
-    masks=(0 ${WGMMA_ABLATE_MASKS:-2 4 8 16 32 62})
+    masks=(0 ${WGMMA_ABLATE_MASKS:-2 4 8 32 46})
     for pass in 1 2; do
       order=("${masks[@]}")
       [ "$pass" = 2 ] && order=($(printf '%s\n' "${masks[@]}" | tac))

@@ -33,7 +33,7 @@ struct CudaRuntime;
 enum class GptqKernel {
   // The library's choice: Wgmma where it runs and measured faster
   // (kernels::gptq_wgmma_preferred: above 32 rows; at 17..32 except on
-  // weights with k >= 8192 and n <= 4096; at 12..16 on weights with n >=
+  // weights with k >= 8192 and n <= 4096; at 9..16 on weights with n >=
   // 6144); else StreamBulk for m <= 16 (without bulk copies: Stream for
   // m <= 8, then Fused) and Fused above.
   Auto = 0,

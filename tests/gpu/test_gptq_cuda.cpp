@@ -1163,7 +1163,8 @@ TEST_F(CudaGptqWgmma, BackToBackLaunchesKeepTheirResults) {
 TEST_F(CudaGptqWgmma, ConfigSelectsTheKernel) { EXPECT_EQ(wgmma().gptq_kernel(), GptqKernel::Wgmma); }
 
 // The workspace reduction (gptq_cluster_reduce = false) gives the cluster
-// sum's bits on random data, at plans of 3, 2 and 8 splits on the H200
+// sum's bits on random data, at N = 16 (m = 9, 16), 32 and 64, at plans of
+// 3, 2 and 8 splits on the H200
 // (k = 1024 over 64 / 90 column groups; 8192 x 512 over 2; the H200 holds
 // 79 clusters of 3, 62 of 4, 132 of 2 and 30 of 8: gptq_wgmma_splits).
 TEST_F(CudaGptqWgmma, WorkspaceReductionGivesTheClusterSumsBits) {
@@ -1180,7 +1181,7 @@ TEST_F(CudaGptqWgmma, WorkspaceReductionGivesTheClusterSumsBits) {
     const Checkpoint ck = make_checkpoint(c, rng);
     std::unique_ptr<QuantWeight> w_cluster = wgmma().load_gptq(ck.tensors());
     std::unique_ptr<QuantWeight> w_workspace = workspace.load_gptq(ck.tensors());
-    for (std::size_t m : {20, 64}) {
+    for (std::size_t m : {9, 16, 20, 64}) {
       const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
       for (DType dt : kHalfDTypes) {
         SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
