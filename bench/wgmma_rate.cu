@@ -24,6 +24,11 @@
 //   ... +dq32:        the dequantization in f32 (the same bits for a uniform
 //                     scale, no f16x2 arithmetic) and one f16x2 pack per
 //                     pair;
+//   ... +lop3:        A straight from a shift and a lop3 per register, the
+//                     magic f16 (1024 + q): no f16x2 arithmetic (§13.13);
+//   ... +lop3 g:      the same with its per-group fold (n16, n32): a second
+//                     accumulator set per 128-row group, drained and folded
+//                     with 2 f32 FMA per accumulator every 8 steps;
 //   ss n64 / ss n128: A and B from shared memory (4 / 2 per step: the same
 //                     MACs per step as rs n64).
 // The launch puts 1, 2 or 3 CTAs on every SM (dynamic shared memory sized
@@ -60,7 +65,13 @@ enum class Op { RsN16, RsN32, RsN64, SsN64, SsN128 };
 // dequantization in f32 (lop3 + f32 add and multiply, one f16x2 pack per
 // pair: the same bits as Int4Math's with one scale for all eight weights, as
 // here; no f16x2 arithmetic).
-enum class Work { None, Or, Dequant, DequantLds, DequantUnscaled, DequantF32 };
+// The last two are docs/design/gptq_small_m.md §13.13's proposal: A straight
+// from lop3 as the magic f16 (1024 + q) (a shift and a lop3 per register, no
+// f16x2 arithmetic), and the same with its per-group fold: each 128-row
+// group (8 steps) accumulates into its own set (scale-d 0 on the group's
+// first wgmma), then waits for it and folds it into the main accumulators
+// with the scale and the offset's row-sum term (2 f32 FMA per accumulator).
+enum class Work { None, Or, Dequant, DequantLds, DequantUnscaled, DequantF32, Lop3, Lop3Fold };
 
 constexpr int kThreads = 128;
 
@@ -118,6 +129,14 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_rate_kernel(int steps, std:
       for (int i = 0; i < 4; ++i) af[s][j][i] = 0u;
     }
   }
+  // Lop3Fold's main accumulators, per-feature scales and per-row activation
+  // sums (values from the launch's scale, only the timing counts).
+  float main_acc[kPer][kWork == Work::Lop3Fold ? kAcc : 1] = {};
+  float fold_scale[8], row_sum[4];
+#pragma unroll
+  for (int t = 0; t < 8; ++t) fold_scale[t] = __uint_as_float(scale_bits) * static_cast<float>(t + 1);
+#pragma unroll
+  for (int t = 0; t < 4; ++t) row_sum[t] = static_cast<float>(lane + t);
   const long long t0 = clock64();
   // Four k16 steps per trip (steps is a multiple of 4), so that the A set
   // and the k offset are compile-time, as in the GPTQ kernel's unrolled
@@ -128,7 +147,19 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_rate_kernel(int steps, std:
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       std::uint32_t(&a)[kPer][4] = af[kk & 1];
-      if constexpr (kWork == Work::DequantUnscaled || kWork == Work::DequantF32) {
+      if constexpr (kWork == Work::Lop3 || kWork == Work::Lop3Fold) {
+        const auto v = static_cast<std::uint32_t>(trip * 4 + kk) ^ static_cast<std::uint32_t>(lane);
+        const std::uint32_t words[4] = {v, v * 3u, v * 5u, v * 7u};
+        constexpr std::uint32_t kMagic = 0x64006400u;  // half2 (1024, 1024)
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+          // b[i] = (1024 + q_i, 1024 + q_{i+4}): nibbles i and i + 4.
+          a[j][0] = gptq::and_or(words[j], 0x000F000Fu, kMagic);
+          a[j][1] = gptq::and_or(words[j] >> 8, 0x000F000Fu, kMagic);
+          a[j][2] = gptq::and_or(words[j] >> 4, 0x000F000Fu, kMagic);
+          a[j][3] = gptq::and_or(words[j] >> 12, 0x000F000Fu, kMagic);
+        }
+      } else if constexpr (kWork == Work::DequantUnscaled || kWork == Work::DequantF32) {
         const auto v = static_cast<std::uint32_t>(trip * 4 + kk) ^ static_cast<std::uint32_t>(lane);
         const std::uint32_t words[4] = {v, v * 3u, v * 5u, v * 7u};
 #pragma unroll
@@ -183,12 +214,14 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_rate_kernel(int steps, std:
       }
       wgmma_fence();
       const std::uint64_t desc_b = wgmma_desc_sw128(b_smem + kk * 32, 16, 1024);
+      // Lop3Fold: a group's first step overwrites its accumulators.
+      const int scale_d = kWork == Work::Lop3Fold && kk == 0 && (trip & 1) == 0 ? 0 : 1;
       if constexpr (kOp == Op::RsN16) {
 #pragma unroll
-        for (int j = 0; j < kPer; ++j) wgmma_rs_m64n16k16<__half>(acc[j], a[j], desc_b, 1);
+        for (int j = 0; j < kPer; ++j) wgmma_rs_m64n16k16<__half>(acc[j], a[j], desc_b, scale_d);
       } else if constexpr (kOp == Op::RsN32) {
 #pragma unroll
-        for (int j = 0; j < kPer; ++j) wgmma_rs_m64n32k16<__half>(acc[j], a[j], desc_b, 1);
+        for (int j = 0; j < kPer; ++j) wgmma_rs_m64n32k16<__half>(acc[j], a[j], desc_b, scale_d);
       } else if constexpr (kOp == Op::RsN64) {
 #pragma unroll
         for (int j = 0; j < kPer; ++j) wgmma_rs_m64n64k16<__half>(acc[j], a[j], desc_b, 1);
@@ -202,6 +235,22 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_rate_kernel(int steps, std:
         for (int j = 0; j < kPer; ++j) wgmma_ss_m64n128k16<__half>(acc[j], desc_a, desc_b, 1);
       }
       wgmma_commit();
+      if constexpr (kWork == Work::Lop3Fold) {
+        if (kk == 3 && (trip & 1) == 1) {
+          // The group's last step: its accumulators done, then folded.
+          wgmma_wait<0>();
+#pragma unroll
+          for (int j = 0; j < kPer; ++j) {
+            wgmma_fence_operands(acc[j]);
+#pragma unroll
+            for (int i = 0; i < kAcc; ++i) {
+              const float scale = fold_scale[(2 * j + ((i >> 1) & 1)) & 7];
+              main_acc[j][i] = fmaf(scale, acc[j][i], fmaf(-scale * 1032.0f, row_sum[i & 3], main_acc[j][i]));
+            }
+          }
+          continue;
+        }
+      }
       wgmma_wait<1>();
     }
   }
@@ -213,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_rate_kernel(int steps, std:
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
 #pragma unroll
-    for (int i = 0; i < kAcc; ++i) sum += acc[j][i];
+    for (int i = 0; i < kAcc; ++i) sum += acc[j][i] + main_acc[j][i];
   }
   if (threadIdx.x == 0) {
     unsigned sm = 0;
@@ -370,18 +419,23 @@ int main(int argc, char** argv) {
   row<Op::RsN16, Work::None>("rs n16", prop, steps, reps);
   row<Op::RsN16, Work::Dequant>("rs n16 +dq", prop, steps, reps);
   row<Op::RsN16, Work::DequantLds>("rs n16 +dq+lds", prop, steps, reps);
+  row<Op::RsN16, Work::Lop3>("rs n16 +lop3", prop, steps, reps);
+  row<Op::RsN16, Work::Lop3Fold>("rs n16 +lop3 g", prop, steps, reps);
   row<Op::RsN32, Work::None>("rs n32", prop, steps, reps);
   row<Op::RsN32, Work::Or>("rs n32 +A", prop, steps, reps);
   row<Op::RsN32, Work::Dequant>("rs n32 +dq", prop, steps, reps);
   row<Op::RsN32, Work::DequantLds>("rs n32 +dq+lds", prop, steps, reps);
   row<Op::RsN32, Work::DequantUnscaled>("rs n32 +dq-s", prop, steps, reps);
   row<Op::RsN32, Work::DequantF32>("rs n32 +dq32", prop, steps, reps);
+  row<Op::RsN32, Work::Lop3>("rs n32 +lop3", prop, steps, reps);
+  row<Op::RsN32, Work::Lop3Fold>("rs n32 +lop3 g", prop, steps, reps);
   row<Op::RsN64, Work::None>("rs n64", prop, steps, reps);
   row<Op::RsN64, Work::Or>("rs n64 +A", prop, steps, reps);
   row<Op::RsN64, Work::Dequant>("rs n64 +dq", prop, steps, reps);
   row<Op::RsN64, Work::DequantLds>("rs n64 +dq+lds", prop, steps, reps);
   row<Op::RsN64, Work::DequantUnscaled>("rs n64 +dq-s", prop, steps, reps);
   row<Op::RsN64, Work::DequantF32>("rs n64 +dq32", prop, steps, reps);
+  row<Op::RsN64, Work::Lop3>("rs n64 +lop3", prop, steps, reps);
   row<Op::SsN64, Work::None>("ss n64", prop, steps, reps);
   row<Op::SsN128, Work::None>("ss n128", prop, steps, reps);
   return 0;

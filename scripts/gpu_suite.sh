@@ -57,7 +57,9 @@
 #                                of WGMMA_SPLITS ('0 4 5 6 7 8'; 0 = the plan), m = 16, 32,
 #                                64, on shapes of 16, 24, 56 and 112 column
 #                                tiles (WGMMA_SPLIT_SHAPES): the data for a
-#                                split rule (gptq_small_m.md §13.12)
+#                                split rule (gptq_small_m.md §13.12), after
+#                                ferrum_cluster_placement (where clusters of
+#                                each split count land)
 #   scripts/gpu_suite.sh decodesweep  ferrum_attention_tuning decode-exp
 #                                (the default, the rules before session 32,
 #                                every explicit slices per block) at each B:L
@@ -322,7 +324,7 @@ sanitize() {
   # more of the call).
   MAIN_TARGETS=()
   [ "$MODE" = ab ] && MAIN_TARGETS=(--target ferrum_engine ferrum_bench_gptq ${AB_OPS_FILTER:+ferrum_bench})
-  modes_within "wgmmaablate wgmmasplits" && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate)
+  modes_within "wgmmaablate wgmmasplits" && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate ferrum_cluster_placement)
   cmake --build $B -j$([ -d base ] && has_mode ab && echo 10 || echo 16) "${MAIN_TARGETS[@]}" 2>&1 \
     | grep -E "error|warning|FAILED" || echo "build ok"
   wait
@@ -760,6 +762,10 @@ if has_mode wgmmasplits; then
   # plan's eight by 8-16 % (session 45). One line per shape, m and split
   # count (0 = the plan), two passes.
   {
+    # Where clusters of each split count land (SMs with 0, 1, 2 CTAs), at
+    # the column-tile counts of the sweep's shapes.
+    echo "== cluster placement ($(date +%T))"
+    timeout 60 $B/bench/ferrum_cluster_placement --n-ctas 14,16,24,56,112 --splits 2,4,5,6,7,8
     echo "== wgmma split sweep ($(date +%T))"
     for pass in 1 2; do
       for s in ${WGMMA_SPLITS:-0 4 5 6 7 8}; do
