@@ -53,6 +53,12 @@
 #                                default '2 4 8 32 46'; timing only)
 #                                against main, m = WGMMA_ABLATE_MS (16,32,64),
 #                                shapes WGMMA_ABLATE_SHAPES, two passes
+#   scripts/gpu_suite.sh wgmmafold  ferrum_wgmma_rate's lop3 rows, then the tree with
+#                                docs/design/patches/gptq_wgmma_lop3_fold.patch
+#                                applied: its *Gptq* GPU tests, memcheck and
+#                                racecheck over CudaGptqWgmma.*, and its wgmma
+#                                kernel against main at m = 9..32 on 7 shapes,
+#                                two passes (gptq_small_m.md §13.13)
 #   scripts/gpu_suite.sh wgmmasplits  the wgmma GPTQ kernel at each split count
 #                                of WGMMA_SPLITS ('0 4 5 6 7 8'; 0 = the plan), m = 16, 32,
 #                                64, on shapes of 16, 24, 56 and 112 column
@@ -142,7 +148,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -300,16 +306,20 @@ sanitize() {
         "-DFERRUM_BUILD_TESTS=OFF -DFERRUM_DECODE_MIN_SLICE_KEYS=$size" ferrum_attention_tuning ferrum_bench
     done
   fi
+  # patched_tree DIR PATCH: a copy of this tree in DIR with PATCH applied
+  # (fails if it does not apply).
+  patched_tree() {
+    rm -rf "$1" && mkdir -p "$1"
+    tar -cf - --exclude='./build*' --exclude='./base' --exclude='./alt' --exclude='./out' . | tar -xf - -C "$1"
+    # (The ceiling keeps git from finding a repository around the copy, whose
+    # root would change what the patch's paths mean.)
+    (cd "$1" && GIT_CEILING_DIRECTORIES="$(dirname "$PWD")" git apply "$2")
+  }
   # wgmmaablate: the tree with docs/design/patches/gptq_wgmma_ablation.patch
   # applied, built once per mask of WGMMA_ABLATE_MASKS (timing only).
   if has_mode wgmmaablate; then
     ABLATE_SRC="${B}-ablate-src"
-    rm -rf "$ABLATE_SRC" && mkdir -p "$ABLATE_SRC"
-    tar -cf - --exclude='./build*' --exclude='./base' --exclude='./alt' --exclude='./out' . | tar -xf - -C "$ABLATE_SRC"
-    # (The ceiling keeps git from finding a repository around the copy, whose
-    # root would change what the patch's paths mean.)
-    (cd "$ABLATE_SRC" && GIT_CEILING_DIRECTORIES="$(dirname "$PWD")" \
-      git apply docs/design/patches/gptq_wgmma_ablation.patch)
+    patched_tree "$ABLATE_SRC" docs/design/patches/gptq_wgmma_ablation.patch
     if grep -q FERRUM_WGMMA_ABLATE "$ABLATE_SRC/kernels/gptq_gemm_wgmma.cu"; then
       for mask in ${WGMMA_ABLATE_MASKS:-2 4 8 32 46}; do
         side_build "${B}-ablate$mask" "$ABLATE_SRC" "ablation mask $mask" 3 \
@@ -319,12 +329,22 @@ sanitize() {
       echo "wgmmaablate: the patch does not apply to this tree"
     fi
   fi
+  # wgmmafold: the tree with docs/design/patches/gptq_wgmma_lop3_fold.patch
+  # applied, its GPU tests and GPTQ bench (a kernel to test, not timing only).
+  if has_mode wgmmafold; then
+    FOLD_SRC="${B}-fold-src"
+    if patched_tree "$FOLD_SRC" docs/design/patches/gptq_wgmma_lop3_fold.patch; then
+      side_build "${B}-fold" "$FOLD_SRC" "fold" 8 "" ferrum_tests_gpu ferrum_bench_gptq
+    else
+      echo "wgmmafold: the patch does not apply to this tree"
+    fi
+  fi
   # ab alone, or wgmmaablate and wgmmasplits alone or together, need only
   # their targets (the whole tree, tests included, costs about a minute
   # more of the call).
   MAIN_TARGETS=()
   [ "$MODE" = ab ] && MAIN_TARGETS=(--target ferrum_engine ferrum_bench_gptq ${AB_OPS_FILTER:+ferrum_bench})
-  modes_within "wgmmaablate wgmmasplits" && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate ferrum_cluster_placement)
+  modes_within "wgmmaablate wgmmasplits wgmmafold" && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate ferrum_cluster_placement)
   cmake --build $B -j$([ -d base ] && has_mode ab && echo 10 || echo 16) "${MAIN_TARGETS[@]}" 2>&1 \
     | grep -E "error|warning|FAILED" || echo "build ok"
   wait
@@ -754,6 +774,53 @@ if has_mode wgmmaablate; then
           --shapes "${WGMMA_ABLATE_SHAPES:-8192x28672,8192x8192,4096x28672}"
       done
     done
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode wgmmafold; then
+  # The lop3 A with the per-block fold (gptq_small_m.md §13.13): the rate
+  # tool's core first, then the patched kernel's GPTQ GPU tests (6 shards),
+  # memcheck and racecheck over its wgmma tests, then the wgmma kernel
+  # forced, patched against main, two passes alternated.
+  {
+    echo "== wgmma rate, the lop3 rows ($(date +%T))"
+    timeout 90 $B/bench/ferrum_wgmma_rate --steps 32768 | grep -E "variant|n16|n32|n64 \+dq |n64 \+lop3"
+    FB="${B}-fold"
+    if [ -x "$FB/tests/ferrum_tests_gpu" ]; then
+      echo "== fold: *Gptq* GPU tests ($(date +%T))"
+      pids=()
+      for i in 0 1 2 3 4 5; do
+        GTEST_TOTAL_SHARDS=6 GTEST_SHARD_INDEX=$i timeout 240 "$FB/tests/ferrum_tests_gpu" --gtest_brief=1 \
+          --gtest_filter='*Gptq*' > "$DETAIL/fold_tests.$i.log" 2>&1 &
+        pids+=($!)
+      done
+      failed=0
+      for pid in "${pids[@]}"; do wait "$pid" || failed=$((failed + 1)); done
+      echo "fold test shards failed: $failed of 6"
+      grep -hE "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$DETAIL"/fold_tests.*.log | sort | uniq -c | head -30
+      [ "$failed" -eq 0 ] || cat "$DETAIL"/fold_tests.*.log > "$OUT/fold_tests.log"
+      echo "== fold: memcheck and racecheck over CudaGptqWgmma.* ($(date +%T))"
+      for tool in memcheck racecheck; do
+        for i in 0 1 2 3 4 5 6 7; do
+          GTEST_TOTAL_SHARDS=8 GTEST_SHARD_INDEX=$i timeout 150 compute-sanitizer --tool $tool \
+            "$FB/tests/ferrum_tests_gpu" --gtest_brief=1 --gtest_filter='CudaGptqWgmma.*' \
+            > "$DETAIL/fold_$tool.$i.log" 2>&1 &
+        done
+        wait
+        echo "$tool: $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$DETAIL"/fold_$tool.*.log | sort | uniq -c | tr -s ' ')"
+      done
+      echo "== fold against main, --kernel wgmma ($(date +%T))"
+      for pass in 1 2; do
+        for build in main fold; do
+          bin="$B/bench/ferrum_bench_gptq"
+          [ "$build" = fold ] && bin="$FB/bench/ferrum_bench_gptq"
+          gptq_rows "pass $pass $build" "$bin" --kernel wgmma --ms 9,12,16,24,32 \
+            --shapes "${WGMMA_SPLIT_SHAPES:-4096x4096,14336x4096,4096x6144,4096x14336,8192x8192,4096x28672,8192x28672}"
+        done
+      done
+    else
+      echo "wgmmafold: no patched build"
+    fi
   } 2>&1 | tee -a "$LOG"
 fi
 
