@@ -1108,14 +1108,16 @@ TEST_F(CudaGptqWgmma, ExactOnEveryStandardLayout) {
 // column groups (38400 columns: 150 CTAs of one split, summed through the
 // workspace), n = 8 (one live warp), splits that start inside a 128-row
 // group and cross into the next (k = 2304: 36 stages, 5 per split; the
-// kernel's scale-row cursor starts mid-group).
+// kernel's scale-row cursor starts mid-group), groups of 256 rows (4
+// stages per scale row) at N = 16 and 64.
 TEST_F(CudaGptqWgmma, ExactWithSplitsAndOddShapes) {
   FERRUM_SEEDED_RNG(rng);
   expect_exact_on(wgmma(), {2304, 264, 128, false, true, GptqZeroFormat::V1}, {13, 17, 64}, rng);
   expect_exact_on(wgmma(), {4000, 264, 32, false, true, GptqZeroFormat::V1}, {17, 33, 48, 64}, rng);
   expect_exact_on(wgmma(), {4096, 328, 128, true, false, GptqZeroFormat::V2}, {20, 64}, rng);
   expect_exact_on(wgmma(), {2048, 136, 16, false, false, GptqZeroFormat::V1}, {24, 64}, rng);
-  expect_exact_on(wgmma(), {4224, 200, -1, false, false, GptqZeroFormat::V2}, {40}, rng);
+  expect_exact_on(wgmma(), {4224, 200, -1, false, false, GptqZeroFormat::V2}, {13, 40}, rng);
+  expect_exact_on(wgmma(), {4096, 264, 256, false, true, GptqZeroFormat::V1}, {13, 40}, rng);
   expect_exact_on(wgmma(), {264, 200, -1, true, false, GptqZeroFormat::V1}, {3, 64}, rng);
   expect_exact_on(wgmma(), {1024, 38400, 128, true, false, GptqZeroFormat::V1}, {17, 64}, rng);
   expect_exact_on(wgmma(), {64, 8, 64, false, false, GptqZeroFormat::V2}, {33}, rng);
