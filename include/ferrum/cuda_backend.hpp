@@ -190,9 +190,10 @@ struct CudaBackendConfig {
   // wins 4-11 % on one-wave streaming launches (4096 x 4096, 4096 x 6144)
   // and lost ~20 % on larger ones (session 12), hence the CTA-per-SM gate;
   // the llama3-8b GPTQ engine decodes 3.5-4 % faster with it (session 13);
-  // the wgmma kernel at 8192 x 8192, m = 64, 85.8 -> 50.3 us (session 17).
-  // false: the workspace reduction everywhere (an A/B switch). Per backend
-  // object.
+  // the wgmma kernel at 8192 x 8192, m = 64, 85.8 -> 50.3 us (session 17),
+  // and 2-4x on 4096 x 4096 at 6 and 8 splits (m = 64, 8 splits: 65.1
+  // against 18.1 us; session 46). false: the workspace reduction everywhere
+  // (an A/B switch, slow on the wgmma kernel). Per backend object.
   bool gptq_cluster_reduce = true;
   // gemm_silu_mul_gptq computes silu·mul in the GPTQ streaming kernel's
   // epilogue where that kernel takes the launch with its bulk source, m <= 8
