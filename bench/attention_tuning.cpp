@@ -34,6 +34,7 @@
 #include <optional>
 #include <vector>
 
+#include "bench/cuda_check.hpp"
 #include "ferrum/cuda_backend.hpp"
 #include "kernels/attention.hpp"
 
@@ -41,13 +42,6 @@ namespace {
 
 using ferrum::kernels::AttentionArgs;
 using ferrum::kernels::DecodeTuning;
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::printf("%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
 
 void* device_zeros(std::size_t bytes) {
   void* p = nullptr;

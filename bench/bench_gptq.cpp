@@ -59,16 +59,13 @@
 #include "ferrum/half.hpp"
 #include "kernels/gptq_gemm.hpp"
 #include "quant/gptq_repack.hpp"
+#include "comma_items.hpp"
+#include "cuda_check.hpp"
 #include "read_ceiling.cuh"
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using ::check;  // the CUDA runtime's overload (cuda_check.hpp) beside cuBLAS's
 void check(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) {
     std::fprintf(stderr, "%s: cuBLAS status %d\n", what, static_cast<int>(s));
@@ -92,17 +89,6 @@ struct Options {
   std::vector<int> ms;          // --ms: the m values (empty: the default list)
   std::vector<std::pair<int, int>> shapes;  // --shapes: [k x n] (empty: the default list)
 };
-
-// The items of a comma-separated list ("1,4,16" -> {"1", "4", "16"}).
-std::vector<std::string> comma_items(const std::string& list) {
-  std::vector<std::string> items;
-  for (std::size_t at = 0; at < list.size();) {
-    const std::size_t comma = std::min(list.find(',', at), list.size());
-    items.push_back(list.substr(at, comma - at));
-    at = comma + 1;
-  }
-  return items;
-}
 
 struct XorShift {
   std::uint64_t s;
@@ -195,7 +181,7 @@ int main(int argc, char** argv) {
     } else if (a == "--no-cluster-reduce") {
       opt.cluster_reduce = false;
     } else if (a == "--ms") {
-      for (const std::string& item : comma_items(value())) opt.ms.push_back(std::atoi(item.c_str()));
+      opt.ms = comma_ints(value());
     } else if (a == "--shapes") {
       for (const std::string& shape : comma_items(value())) {
         const std::size_t x = shape.find('x');

@@ -21,6 +21,9 @@
 #include <string>
 #include <vector>
 
+#include "comma_items.hpp"
+#include "cuda_check.hpp"
+
 namespace {
 
 constexpr int kThreads = 128;
@@ -39,25 +42,6 @@ __global__ void __launch_bounds__(kThreads) placement_kernel(int* sm_of, long lo
   __syncthreads();
 }
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> out;
-  std::size_t pos = 0;
-  while (pos < s.size()) {
-    const std::size_t comma = s.find(',', pos);
-    out.push_back(std::atoi(s.substr(pos, comma - pos).c_str()));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -66,9 +50,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--n-ctas" && i + 1 < argc) {
-      n_ctas_list = parse_list(argv[++i]);
+      n_ctas_list = comma_ints(argv[++i]);
     } else if (a == "--splits" && i + 1 < argc) {
-      splits_list = parse_list(argv[++i]);
+      splits_list = comma_ints(argv[++i]);
     } else if (a == "--smem-kib" && i + 1 < argc) {
       smem_kib = std::atoi(argv[++i]);
     } else {
@@ -76,16 +60,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("ferrum_cluster_placement: no CUDA device\n");
-    return 0;
-  }
   cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  if (prop.major < 9) {
-    std::printf("ferrum_cluster_placement: thread-block clusters need compute capability 9.0, found %d.%d\n",
-                prop.major, prop.minor);
+  if (!hopper_device("ferrum_cluster_placement", "thread-block clusters of this shape need compute capability 9",
+                     false, prop)) {
     return 0;
   }
   const int smem = smem_kib * 1024;

@@ -17,17 +17,11 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda_check.hpp"
 #include "bench/read_ceiling.cuh"
 #include "kernels/norm.hpp"
 
 namespace {
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::printf("%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
 
 struct Times {
   double single_us = 0.0;

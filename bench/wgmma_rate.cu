@@ -46,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda_check.hpp"
 #include "kernels/common/wgmma.cuh"
 #include "kernels/common/wgmma_ops.cuh"
 #include "kernels/gptq_int4.cuh"
@@ -281,13 +282,6 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_rate_kernel(int steps, std:
 #endif
 }
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
 struct Result {
   double cycles_per_wgmma;  // per SM: the span of its CTAs' loops / their wgmma (median over SMs)
   double us;                // the launch, event-timed (median of reps)
@@ -398,20 +392,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("ferrum_wgmma_rate: no CUDA device\n");
-    return 0;
-  }
-  int dev = 0;
   cudaDeviceProp prop{};
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  check(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties");
-  if (prop.major != 9 || prop.minor != 0) {
-    std::printf("ferrum_wgmma_rate: needs a compute capability 9.0 device (sm_90a), found %d.%d\n", prop.major,
-                prop.minor);
-    return 0;
-  }
+  if (!hopper_device("ferrum_wgmma_rate", "needs a compute capability 9.0 device (sm_90a)", true, prop)) return 0;
   std::printf("%s, %d SMs, %d steps per CTA; cycles per wgmma per SM (clock64 span, median SM) and the tensor share\n",
               prop.name, prop.multiProcessorCount, steps);
   std::printf("%-14s %6s | %27s | %27s | %27s\n", "variant", "tensor", "1 CTA / SM (cycles, %, launch)",

@@ -34,8 +34,8 @@
 //     first makes its activations visible to wgmma). No L2 prefetch ahead
 //     of the ring: with 4 stages in flight it measured 0.6-9 % slower than
 //     none at 34 of 35 shapes and m (session 46; a bulk prefetch of 8
-//     stages per warp before). (A first version loaded the weights into registers one stage
-//     ahead: latency-bound, ~680 cycles per k16 step.)
+//     stages per warp before). (A first version loaded the weights into
+//     registers one stage ahead: latency-bound, ~680 cycles per k16 step.)
 //   * Dequantization scale-before, as the fused kernel: (q - z) is exact and
 //     one multiply by the scale rounds once, exactly as rounding the f32
 //     weight to the activation dtype. Two A register sets (one k16 step
@@ -413,11 +413,6 @@ struct WgmmaInstance {
   static constexpr bool zeros = kZeros;
 };
 
-template <class T>
-struct WgmmaDType {
-  using type = T;
-};
-
 // Calls f(WgmmaInstance<T, N, zeros>{}) for every instance compiled: the
 // one list of them.
 template <class F>
@@ -431,8 +426,8 @@ void for_each_wgmma_instance(F&& f) {
     f(WgmmaInstance<T, 64, false>{});
     f(WgmmaInstance<T, 64, true>{});
   };
-  per_type(WgmmaDType<__half>{});
-  per_type(WgmmaDType<__nv_bfloat16>{});
+  per_type(TypeTag<__half>{});
+  per_type(TypeTag<__nv_bfloat16>{});
 }
 
 // Sets every instance's shared-memory limit, once (the occupancy that

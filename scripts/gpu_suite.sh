@@ -203,10 +203,35 @@ gptq_rows() {
   timeout 90 "$@" 2>&1 | awk -v label="$label" -F'|' '/^ *[0-9]+ /{split($1,a," "); split($2,b," "); printf "%s %5s x %5s m %2s: %7s us %s\n", label, a[1], a[2], a[3], b[1], b[4]}'
 }
 
+# gtest_shards BINARY NAME SHARDS SECONDS [GTEST ARGS...]: a test binary in
+# SHARDS gtest shards side by side, each its own process (own stream, graph
+# slot and cuBLAS handle), line-buffered logs $DETAIL/NAME.N.log (so a
+# timeout still leaves them readable), all of them in $DETAIL/NAME.log and
+# kept in $OUT where a shard failed. Prints the failed shards, the passed
+# and skipped counts and the FAILED lines.
+gtest_shards() {
+  local bin=$1 name=$2 shards=$3 seconds=$4 i pid failed=0
+  shift 4
+  local pids=()
+  for i in $(seq 0 $((shards - 1))); do
+    NCCL_NVLS_ENABLE=0 GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$seconds" \
+      stdbuf -oL -eL "$bin" --gtest_brief=1 "$@" > "$DETAIL/$name.$i.log" 2>&1 &
+    pids+=($!)
+  done
+  # wait PID returns a child's status even when it exited before the wait.
+  for pid in "${pids[@]}"; do wait "$pid" || failed=$((failed + 1)); done
+  cat "$DETAIL/$name".[0-9]*.log > "$DETAIL/$name.log"
+  echo "$(basename "$bin") shards failed: $failed of $shards"
+  echo "passed: $(grep -hE '^\[  PASSED  \]' "$DETAIL/$name".[0-9]*.log | awk '{s += $4} END {print s + 0}')," \
+    "skipped: $(grep -hE '^\[  SKIPPED \] [0-9]+ test' "$DETAIL/$name".[0-9]*.log | awk '{s += $4} END {print s + 0}')"
+  grep -hE "^\[  FAILED  \]|Timeout|terminate" "$DETAIL/$name".[0-9]*.log | head -30
+  [ "$failed" -eq 0 ] || keep_log "$DETAIL/$name.log"
+}
+
 # sanitize TOOL SECONDS FILTER [TAIL]: compute-sanitizer TOOL over the GPU
-# test binary with a gtest filter, in SANITIZE_SHARDS (default 4) gtest
-# shards side by side (the sanitizers are CPU-heavy; the GPU is mostly
-# idle). Prints each shard's last TAIL lines, the error summaries, and one
+# test binary (SANITIZE_BIN, default this build's) with a gtest filter, in
+# SANITIZE_SHARDS (default 4) gtest shards side by side (the sanitizers
+# are CPU-heavy; the GPU is mostly idle). Prints each shard's last TAIL lines, the error summaries, and one
 # exit line: the worst shard's exit code (9: errors found, 124: timeout).
 # The full output goes to $DETAIL/TOOL.N.log (N counts the calls of this
 # run), and into $OUT when a shard failed.
@@ -233,7 +258,8 @@ sanitize() {
   local dir
   # No more shards than matching tests (an empty shard exits before its
   # first CUDA call, which compute-sanitizer reports as an error).
-  tests=$($B/tests/ferrum_tests_gpu --gtest_list_tests --gtest_filter="$3" | grep -c '^  ')
+  local bin="${SANITIZE_BIN:-$B/tests/ferrum_tests_gpu}"
+  tests=$("$bin" --gtest_list_tests --gtest_filter="$3" | grep -c '^  ')
   [ "$tests" -lt "$shards" ] && shards=$tests
   if [ "$shards" -lt 1 ]; then
     echo "$1: no test matches '$3'"
@@ -243,7 +269,7 @@ sanitize() {
   dir=$(mktemp -d)
   for i in $(seq 0 $((shards - 1))); do
     ( GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$2" compute-sanitizer --tool "$1" --error-exitcode 9 \
-        $B/tests/ferrum_tests_gpu --gtest_filter="$3" > "$dir/$i.log" 2>&1
+        "$bin" --gtest_filter="$3" > "$dir/$i.log" 2>&1
       echo $? > "$dir/$i.rc" ) &
   done
   wait
@@ -374,27 +400,11 @@ fi
 if has_mode quicktests; then
   # The GPU test binary in gtest shards run side by side (GPU_TEST_SHARDS,
   # default 6): most of its time is the CPU references of the large cases,
-  # and the machine has 16 cores. Each shard is its own process (own stream,
-  # graph slot and cuBLAS handle); logs are line-buffered so a timeout still
-  # leaves them readable.
+  # and the machine has 16 cores.
   {
     SHARDS="${GPU_TEST_SHARDS:-6}"
     echo "== GPU test binary, $SHARDS shards ($(date +%T))"
-    pids=()
-    for i in $(seq 0 $((SHARDS - 1))); do
-      NCCL_NVLS_ENABLE=0 GTEST_TOTAL_SHARDS=$SHARDS GTEST_SHARD_INDEX=$i timeout 300 \
-        stdbuf -oL -eL $B/tests/ferrum_tests_gpu --gtest_brief=1 > "$DETAIL/gputests.$i.log" 2>&1 &
-      pids+=($!)
-    done
-    # wait PID returns a child's status even when it exited before the wait.
-    FAILED_SHARDS=0
-    for pid in "${pids[@]}"; do wait "$pid" || FAILED_SHARDS=$((FAILED_SHARDS + 1)); done
-    cat "$DETAIL"/gputests.[0-9]*.log > "$DETAIL/gputests.log"
-    echo "ferrum_tests_gpu shards failed: $FAILED_SHARDS of $SHARDS"
-    echo "passed: $(grep -hE '^\[  PASSED  \]' "$DETAIL"/gputests.[0-9]*.log | awk '{s += $4} END {print s + 0}')," \
-      "skipped: $(grep -hE '^\[  SKIPPED \] [0-9]+ test' "$DETAIL"/gputests.[0-9]*.log | awk '{s += $4} END {print s + 0}')"
-    grep -hE "^\[  FAILED  \]|Timeout|terminate" "$DETAIL"/gputests.[0-9]*.log | head -30
-    [ "$FAILED_SHARDS" -eq 0 ] || keep_log "$DETAIL/gputests.log"
+    gtest_shards $B/tests/ferrum_tests_gpu gputests "$SHARDS" 300
     # The CPU binary's suites that run on every backend (AllBackends/...):
     # their CudaBackend instances (bad input, API, qkv_rope_append, ...).
     echo "== CPU test binary, CUDA instances ($(date +%T))"
@@ -788,27 +798,10 @@ if has_mode wgmmafold; then
     FB="${B}-fold"
     if [ -x "$FB/tests/ferrum_tests_gpu" ]; then
       echo "== fold: *Gptq* GPU tests ($(date +%T))"
-      pids=()
-      for i in 0 1 2 3 4 5; do
-        GTEST_TOTAL_SHARDS=6 GTEST_SHARD_INDEX=$i timeout 240 "$FB/tests/ferrum_tests_gpu" --gtest_brief=1 \
-          --gtest_filter='*Gptq*' > "$DETAIL/fold_tests.$i.log" 2>&1 &
-        pids+=($!)
-      done
-      failed=0
-      for pid in "${pids[@]}"; do wait "$pid" || failed=$((failed + 1)); done
-      echo "fold test shards failed: $failed of 6"
-      grep -hE "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$DETAIL"/fold_tests.*.log | sort | uniq -c | head -30
-      [ "$failed" -eq 0 ] || cat "$DETAIL"/fold_tests.*.log > "$OUT/fold_tests.log"
+      gtest_shards "$FB/tests/ferrum_tests_gpu" fold_tests 6 240 --gtest_filter='*Gptq*'
       echo "== fold: memcheck and racecheck over CudaGptqWgmma.* ($(date +%T))"
-      for tool in memcheck racecheck; do
-        for i in 0 1 2 3 4 5 6 7; do
-          GTEST_TOTAL_SHARDS=8 GTEST_SHARD_INDEX=$i timeout 150 compute-sanitizer --tool $tool \
-            "$FB/tests/ferrum_tests_gpu" --gtest_brief=1 --gtest_filter='CudaGptqWgmma.*' \
-            > "$DETAIL/fold_$tool.$i.log" 2>&1 &
-        done
-        wait
-        echo "$tool: $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$DETAIL"/fold_$tool.*.log | sort | uniq -c | tr -s ' ')"
-      done
+      SANITIZE_BIN="$FB/tests/ferrum_tests_gpu" SANITIZE_SHARDS=8 sanitize memcheck 150 'CudaGptqWgmma.*' 1
+      SANITIZE_BIN="$FB/tests/ferrum_tests_gpu" SANITIZE_SHARDS=8 sanitize racecheck 150 'CudaGptqWgmma.*' 1
       echo "== fold against main, --kernel wgmma ($(date +%T))"
       for pass in 1 2; do
         for build in main fold; do
