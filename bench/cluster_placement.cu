@@ -7,10 +7,13 @@
 //
 //   ferrum_cluster_placement [--n-ctas N,N,...] [--splits S,S,...] [--smem-kib K]
 //
-// Per (n_ctas, splits): the SMs that got 0, 1 and 2 CTAs, and how many
-// clusters put two of their own CTAs on one SM. If a launch of 16 clusters of
-// 8 doubles CTAs up on some SMs while 16 clusters of 6 do not, placement
-// explains why six splits beat eight there.
+// Per (n_ctas, splits): the SMs that got 0, 1 and 2 CTAs, how many clusters
+// put two of their own CTAs on one SM, and whether n_ctas clusters fit at one
+// CTA per SM by cudaOccupancyMaxActiveClusters (asked with all the shared
+// memory a CTA may opt into, as gptq_wgmma_splits' single_clusters are):
+// where the query says they fit, no SM may get two. (Session 47: 16 clusters
+// of 8 doubled CTAs up on 8 SMs, 16 of 6 on none, and six splits beat eight
+// there by 6-14 %.)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -72,8 +75,34 @@ int main(int argc, char** argv) {
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, placement_kernel, kThreads, smem), "occupancy");
   std::printf("%s, %d SMs, %d KiB of shared memory per CTA: %d CTAs per SM at most\n", prop.name,
               prop.multiProcessorCount, smem_kib, per_sm);
-  std::printf("%6s %6s %6s | %8s %8s %8s | %s\n", "n_ctas", "splits", "CTAs", "SMs x0", "SMs x1", "SMs x2+",
-              "clusters with 2 CTAs on one SM");
+  // The query at one CTA per SM, per cluster size.
+  int optin = 0;
+  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0), "smem opt-in limit");
+  std::map<int, int> single;
+  {
+    int max_splits = 1;
+    for (int s : splits_list) max_splits = std::max(max_splits, s);
+    check(cudaFuncSetAttribute(placement_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin), "smem opt-in");
+    std::printf("clusters at one CTA per SM (cudaOccupancyMaxActiveClusters, %d KiB):", optin / 1024);
+    for (int s = 1; s <= max_splits; ++s) {
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(1, static_cast<unsigned>(s), 1);
+      config.blockDim = dim3(kThreads, 1, 1);
+      config.dynamicSmemBytes = static_cast<std::size_t>(optin);
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = 1;
+      attr.val.clusterDim.y = static_cast<unsigned>(s);
+      attr.val.clusterDim.z = 1;
+      config.attrs = &attr;
+      config.numAttrs = 1;
+      check(cudaOccupancyMaxActiveClusters(&single[s], placement_kernel, &config), "cluster occupancy");
+      std::printf(" %d:%d", s, single[s]);
+    }
+    std::printf("\n");
+  }
+  std::printf("%6s %6s %6s | %8s %8s %8s | %-30s | %s\n", "n_ctas", "splits", "CTAs", "SMs x0", "SMs x1", "SMs x2+",
+              "clusters with 2 CTAs on one SM", "query: one per SM");
   int* sm_of = nullptr;
   const int max_grid = 4096;
   check(cudaMalloc(&sm_of, max_grid * sizeof(int)), "cudaMalloc");
@@ -115,7 +144,10 @@ int main(int argc, char** argv) {
         for (int y = 0; y < splits; ++y) sms.insert(host[static_cast<std::size_t>(y * n_ctas + x)]);
         if (static_cast<int>(sms.size()) < splits) ++doubled_clusters;
       }
-      std::printf("%6d %6d %6d | %8d %8d %8d | %d of %d\n", n_ctas, splits, ctas, x0, x1, x2, doubled_clusters, n_ctas);
+      const bool fits_single = n_ctas <= single[splits];
+      std::printf("%6d %6d %6d | %8d %8d %8d | %-30s | %s%s\n", n_ctas, splits, ctas, x0, x1, x2,
+                  (std::to_string(doubled_clusters) + " of " + std::to_string(n_ctas)).c_str(),
+                  fits_single ? "fits" : "no", fits_single && x2 > 0 ? "  MISMATCH: two CTAs on an SM" : "");
     }
   }
   cudaFree(sm_of);

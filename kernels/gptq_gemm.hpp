@@ -225,11 +225,16 @@ GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k, int k_pad, int 
 // makes the launch two waves of clusters: 8192 x 8192 (32 column groups) at
 // 8 splits took 47.4 us at m = 64 against 31.9 at 7, the most that fit on
 // the H200 (30 clusters of 8, 32 of 7; docs/PERFORMANCE.md, session 19).
+// Then fewer, down to 3/4 of that many, where their clusters fit with no two
+// CTAs on one SM (single_clusters[s]: how many clusters of s CTAs the device
+// holds at one CTA per SM): 16 column groups take 6 splits on the H200, not
+// 8 (two CTAs on 8 SMs finish last; 6-14 % faster, session 47).
 // Without the device's counts (no wgmma device), slots / s with two CTAs
-// per SM: then it is the most splits one wave of CTAs holds. The plan is the
-// same when the splits are summed through the workspace instead
-// (CudaBackendConfig::gptq_cluster_reduce off), so both give the same bits.
-int gptq_wgmma_splits(int n_ctas, int stages, const int* resident_clusters);
+// per SM and SMs / s with one: then it is the most splits one wave of CTAs
+// holds. The plan is the same when the splits are summed through the
+// workspace instead (CudaBackendConfig::gptq_cluster_reduce off), so both
+// give the same bits.
+int gptq_wgmma_splits(int n_ctas, int stages, const int* resident_clusters, const int* single_clusters);
 GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms, int splits_override = 0);
 // f32 partial sums any of the kernels may need for any m <= kGptqMaxM and
 // the plans' own splits (a benchmark that overrides splits sizes its own).

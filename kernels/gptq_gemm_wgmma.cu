@@ -475,6 +475,38 @@ const std::array<int, kMaxSplits + 1>& wgmma_resident_clusters() {
   return resident;
 }
 
+// Never launched: what cudaOccupancyMaxActiveClusters is asked about for
+// clusters at one CTA per SM (wgmma_single_clusters). How many clusters of s
+// CTAs fit with no two on one SM is the device's (its GPCs' SM counts), the
+// same for any 128-thread kernel that fills an SM's shared memory.
+__global__ void one_cta_per_sm_probe() {}
+
+// Clusters of s CTAs (dims 1 x s, index s = 1 .. kMaxSplits) the device
+// holds with no two CTAs on one SM: the probe asked with all the shared
+// memory one CTA may opt into. Asked once, on the device current at the
+// first call (a failed query throws and is asked again).
+const std::array<int, kMaxSplits + 1>& wgmma_single_clusters() {
+  static std::array<int, kMaxSplits + 1> single{};
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int device = 0, smem = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err == cudaSuccess) {
+      err = cudaFuncSetAttribute(one_cta_per_sm_probe, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    }
+    if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "the one-CTA-per-SM cluster query", err);
+    std::array<int, kMaxSplits + 1> r{};
+    for (int s = 1; s <= kMaxSplits; ++s) {
+      err = max_active_clusters(&r[s], one_cta_per_sm_probe, dim3(1, static_cast<unsigned>(s), 1), dim3(kWgThreads),
+                                static_cast<std::size_t>(smem));
+      if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveClusters", err);
+    }
+    single = r;
+  });
+  return single;
+}
+
 // Whether a cluster of `splits` CTAs of the instance can be resident at all
 // (cudaOccupancyMaxActiveClusters > 0); where not, the launch sums its
 // splits through the workspace instead: the same bits. Asked once per
@@ -544,14 +576,28 @@ bool gptq_wgmma_applies(int group_rows) {
          (group_rows >= kStageK ? group_rows % kStageK == 0 : kStageK % group_rows == 0);
 }
 
-int gptq_wgmma_splits(int n_ctas, int stages, const int* resident_clusters) {
+int gptq_wgmma_splits(int n_ctas, int stages, const int* resident_clusters, const int* single_clusters) {
   // The most splits whose clusters are all resident in one wave. Fewer cut
   // the f32 partials (256 x m floats per CTA) the cluster sums, but leave
   // SMs idle; more put part of the launch in a second wave of clusters.
+  int most = 1;
   for (int s = std::min(stages, kMaxSplits); s > 1; --s) {
-    if (n_ctas <= resident_clusters[s]) return s;
+    if (n_ctas <= resident_clusters[s]) {
+      most = s;
+      break;
+    }
   }
-  return 1;
+  // An SM that holds two CTAs of the launch finishes last, at ~1.4-1.5x one
+  // CTA's time; so fewer splits with no two CTAs on one SM win when they are
+  // more than 1 / 1.4 of the most. At 16 column groups on the H200, 16
+  // clusters of 8 put two CTAs on 8 SMs, 16 of 6 on none: 6 splits were
+  // 6-14 % faster than 8 at m = 16-64 (sessions 45-47; 7, doubling 6 SMs,
+  // the slowest). The margin (3/4): at 24 column groups 4 splits (no
+  // doubling) lose to 8 by 0-8 %.
+  for (int s = most; s > 1 && 4 * s >= 3 * most; --s) {
+    if (n_ctas <= single_clusters[s]) return s;
+  }
+  return most;
 }
 
 GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms, int splits_override) {
@@ -564,12 +610,16 @@ GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms, int splits_override)
   if (splits_override > 0) {
     plan.splits = std::min(splits_override, stages);
   } else if (gptq_wgmma_supported()) {
-    plan.splits = gptq_wgmma_splits(plan.n_ctas, stages, wgmma_resident_clusters().data());
+    plan.splits = gptq_wgmma_splits(plan.n_ctas, stages, wgmma_resident_clusters().data(),
+                                    wgmma_single_clusters().data());
   } else {
-    std::array<int, kMaxSplits + 1> resident{};
-    const int slots = std::max(num_sms, 1) * kMinBlocksPerSm;
-    for (int s = 1; s <= kMaxSplits; ++s) resident[s] = slots / s;
-    plan.splits = gptq_wgmma_splits(plan.n_ctas, stages, resident.data());
+    std::array<int, kMaxSplits + 1> resident{}, single{};
+    const int sms = std::max(num_sms, 1);
+    for (int s = 1; s <= kMaxSplits; ++s) {
+      resident[s] = sms * kMinBlocksPerSm / s;
+      single[s] = sms / s;
+    }
+    plan.splits = gptq_wgmma_splits(plan.n_ctas, stages, resident.data(), single.data());
   }
   // Splits that would own no stage are dropped (the stages per split are
   // rounded up).

@@ -98,20 +98,32 @@ TEST(GptqKernelChoice, WgmmaPlanFillsOneWaveWithNoEmptySplit) {
 
 // On a wgmma device the splits come from how many clusters of each size it
 // holds at once (cudaOccupancyMaxActiveClusters): the most whose clusters
-// all fit in one wave. The counts below are the H200's for this kernel
-// (session 19), where 8192 x 8192 at 8 splits (32 clusters of 8, 30
-// resident) measured 47.4 us at m = 64 against 31.9 at 7.
+// all fit in one wave, or down to 3/4 of that many where those fit with no
+// two CTAs on one SM. The counts below are the H200's: for this kernel at
+// two CTAs per SM (session 19, where 8192 x 8192 at 8 splits, 32 clusters of
+// 8 with 30 resident, measured 47.4 us at m = 64 against 31.9 at 7), and
+// at one CTA per SM (session 47, where 16 column groups at 6 splits beat 8
+// by 6-14 %).
 TEST(GptqKernelChoice, WgmmaSplitsAreTheMostWhoseClustersFitOneWave) {
   const int h200[kernels::kGptqClusterMaxSplits + 1] = {0, 264, 132, 79, 62, 47, 39, 32, 30};
+  const int h200_single[kernels::kGptqClusterMaxSplits + 1] = {0, 132, 66, 40, 32, 22, 16, 14, 14};
   struct Case {
     int n_ctas, stages, splits;
   };
-  for (const Case c : {Case{32, 128, 7}, Case{112, 128, 2}, Case{56, 64, 4}, Case{16, 224, 8}, Case{24, 64, 8},
-                       Case{16, 64, 8}, Case{40, 64, 5}, Case{132, 64, 2}, Case{133, 64, 1}, Case{300, 64, 1},
-                       Case{16, 3, 3}, Case{1, 1, 1}}) {
+  for (const Case c : {Case{32, 128, 7}, Case{112, 128, 2}, Case{56, 64, 4}, Case{16, 224, 6}, Case{24, 64, 8},
+                       Case{16, 64, 6}, Case{14, 64, 8}, Case{40, 64, 5}, Case{132, 64, 2}, Case{133, 64, 1},
+                       Case{300, 64, 1}, Case{16, 3, 3}, Case{1, 1, 1}}) {
     SCOPED_TRACE(testing::Message() << c.n_ctas << " column groups, " << c.stages << " stages");
-    EXPECT_EQ(kernels::gptq_wgmma_splits(c.n_ctas, c.stages, h200), c.splits);
+    EXPECT_EQ(kernels::gptq_wgmma_splits(c.n_ctas, c.stages, h200, h200_single), c.splits);
   }
+  // Fewer splits only down to 3/4 of the most, and only where they fit one
+  // CTA per SM: with every size fitting so, the most stays.
+  const int roomy[kernels::kGptqClusterMaxSplits + 1] = {0, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000};
+  EXPECT_EQ(kernels::gptq_wgmma_splits(16, 64, h200, roomy), 8);
+  const int only_four[kernels::kGptqClusterMaxSplits + 1] = {0, 1000, 1000, 1000, 1000, 0, 0, 0, 0};
+  EXPECT_EQ(kernels::gptq_wgmma_splits(16, 64, h200, only_four), 8);  // 4 < 3/4 of 8
+  const int only_six[kernels::kGptqClusterMaxSplits + 1] = {0, 1000, 1000, 1000, 1000, 1000, 1000, 0, 0};
+  EXPECT_EQ(kernels::gptq_wgmma_splits(16, 64, h200, only_six), 6);
 }
 
 // The cluster reduce (CudaBackendConfig::gptq_cluster_reduce) takes the
