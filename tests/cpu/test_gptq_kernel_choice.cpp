@@ -106,7 +106,7 @@ TEST(GptqKernelChoice, WgmmaPlanFillsOneWaveWithNoEmptySplit) {
 // by 6-14 %).
 TEST(GptqKernelChoice, WgmmaSplitsAreTheMostWhoseClustersFitOneWave) {
   const int h200[kernels::kGptqClusterMaxSplits + 1] = {0, 264, 132, 79, 62, 47, 39, 32, 30};
-  const int h200_single[kernels::kGptqClusterMaxSplits + 1] = {0, 132, 66, 40, 32, 22, 16, 14, 14};
+  const int h200_single[kernels::kGptqClusterMaxSplits + 1] = {0, 132, 66, 39, 30, 22, 17, 15, 15};
   struct Case {
     int n_ctas, stages, splits;
   };
