@@ -115,19 +115,27 @@ bool gptq_wgmma_applies(int group_rows);
 //   * 9 .. 16 rows on weights of n >= 6144 (session 46: at m = 9 the
 //     streaming kernel takes a second n8 tile; 0.81 .. 0.91 of its time at
 //     m = 9 on all five such shapes, e.g. 8192 x 28672 48.2 against 52.9
-//     us); on n = 4096 the streaming kernel stays as fast or faster (14336 x
-//     4096, m = 12: 24.5 against 22.2 us; 4096 x 4096 level). Without bulk
-//     copies (groups of 16 rows, or no sm_90) these launches would run the
-//     fused kernel instead, which was not measured against the wgmma kernel
-//     at 9 .. 16 rows;
-//   * 17 .. 32 rows except on weights with k >= 8192 and n <= 4096 (session
-//     19: 14336 x 4096, m = 32: 30.1 against 29.4 us); 8192 x 8192: 25.8
-//     against 30.8;
+//     us); on n = 4096 (16 column groups, 6 splits since session 47) where
+//     k <= 8192 (4096 x 4096, m = 9 .. 16: 11.4 .. 11.6 against 11.8 ..
+//     12.6; 8192 x 4096: 16.3 .. 16.4 against 16.4 .. 17.8), or at 16 rows
+//     (14336 x 4096: 23.4 against 24.1; at 9 .. 14 rows 23.2 against 21.0 ..
+//     22.8, the streaming kernel's). Narrower weights keep the streaming
+//     kernel (not measured against the wgmma kernel). Without bulk copies
+//     (groups of 16 rows, or no sm_90) these launches would run the fused
+//     kernel instead, which was not measured against the wgmma kernel at
+//     9 .. 16 rows;
+//   * 17 .. 32 rows on weights of n >= 4096 or k < 8192 (session 47, 6
+//     splits at n = 4096: 14336 x 4096, m = 17 .. 32: 24.7 .. 25.4 against
+//     28.2 .. 29.1; 8192 x 4096: 17.4 .. 17.9 against 20.8; 4096 x 4096:
+//     12.3 .. 12.7 against 15.7 .. 15.9; session 19: 8192 x 8192 25.8
+//     against 30.8). Long-k weights of n < 4096 keep the fused kernel
+//     (session 19's rule, from 14336 x 4096 at 8 splits: 30.1 against 29.4;
+//     not measured since);
 //   * above 32 rows everywhere (8192 x 28672, m = 64: 76.5 against 124.6).
 inline bool gptq_wgmma_preferred(int rows, std::size_t k, std::size_t n) {
   if (rows < 9) return false;
-  if (rows <= kGptqStreamMaxM) return n >= 6144;
-  if (rows <= 32) return !(k >= 8192 && n <= 4096);
+  if (rows <= kGptqStreamMaxM) return n >= 6144 || (n >= 4096 && (k <= 8192 || rows == kGptqStreamMaxM));
+  if (rows <= 32) return n >= 4096 || k < 8192;
   return true;
 }
 

@@ -15,7 +15,7 @@ namespace {
 using kernels::GptqKernelKind;
 using kernels::gptq_kernel_for;
 
-// On a narrow weight (n = 4096) Auto takes the bulk source up to 16 rows,
+// On a narrow weight (n = 2048) Auto takes the bulk source up to 16 rows,
 // then the wgmma kernel where it applies (sm_90a build, 9.0 device), else the
 // fused kernel.
 TEST(GptqKernelChoice, AutoTakesTheBulkSourceUpToSixteenRowsWhereBulkCopiesRun) {
@@ -23,7 +23,7 @@ TEST(GptqKernelChoice, AutoTakesTheBulkSourceUpToSixteenRowsWhereBulkCopiesRun) 
     const GptqKernelKind large = wgmma ? GptqKernelKind::Wgmma : GptqKernelKind::Fused;
     for (int rows = 1; rows <= kernels::kGptqMaxM; ++rows) {
       SCOPED_TRACE(rows);
-      EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::Fused, rows, 4096, 4096, true, wgmma),
+      EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::Fused, rows, 4096, 2048, true, wgmma),
                 rows <= kernels::kGptqStreamMaxM ? GptqKernelKind::StreamBulk : large);
     }
   }
@@ -45,7 +45,7 @@ TEST(GptqKernelChoice, AutoTakesTheWgmmaKernelFromNineRowsOnWideWeights) {
 
 // Without bulk copies (below sm_90, or groups of 16 rows) Auto keeps the
 // register source's range, then the fused kernel to 16 rows on a narrow
-// weight; the wgmma kernel takes only what gptq_wgmma_preferred gives it.
+// weight (n = 2048); the wgmma kernel takes only what gptq_wgmma_preferred gives it.
 TEST(GptqKernelChoice, AutoWithoutBulkCopiesTakesTheRegisterSourceUpToEightRows) {
   for (bool wgmma : {false, true}) {
     for (int rows = 1; rows <= kernels::kGptqMaxM; ++rows) {
@@ -54,7 +54,7 @@ TEST(GptqKernelChoice, AutoWithoutBulkCopiesTakesTheRegisterSourceUpToEightRows)
                                   : rows <= kernels::kGptqStreamMaxM ? GptqKernelKind::Fused
                                   : wgmma                            ? GptqKernelKind::Wgmma
                                                                      : GptqKernelKind::Fused;
-      EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::StreamBulk, rows, 4096, 4096, false, wgmma), want);
+      EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::StreamBulk, rows, 4096, 2048, false, wgmma), want);
       EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::StreamBulk, rows, 4096, 14336, false, wgmma),
                 wgmma && rows >= 9 ? GptqKernelKind::Wgmma : want);
     }
@@ -193,30 +193,40 @@ TEST(GptqKernelChoice, FusedKernelsUpToTheMeasuredCrossover) {
   }
 }
 
-// Where Auto prefers the wgmma kernel (sessions 19 and 46): never up to 8
-// rows; at 9 .. 16 rows on weights of n >= 6144; at 17 .. 32 except on
-// long-k weights of n <= 4096 (the measured exception 14336 x 4096); above 32
-// rows everywhere.
+// Where Auto prefers the wgmma kernel (sessions 19, 46 and 47): never up to
+// 8 rows; at 9 .. 16 rows on weights of n >= 6144, and of n >= 4096 where
+// k <= 8192 or at 16 rows (14336 x 4096 keeps the streaming kernel at 9 ..
+// 14); at 17 .. 32 except on long-k weights of n < 4096; above 32 rows
+// everywhere.
 TEST(GptqKernelChoice, WgmmaPreferredWhereItMeasuredFaster) {
   using kernels::gptq_wgmma_preferred;
-  const std::size_t shapes[][2] = {{8192, 28672}, {4096, 28672}, {4096, 14336}, {14336, 4096},
-                                   {8192, 8192},  {4096, 4096},  {4096, 6144}};
-  for (const auto& kn : shapes) {
-    const std::size_t k = kn[0], n = kn[1];
-    SCOPED_TRACE(testing::Message() << k << " x " << n);
-    for (int rows : {1, 4, 8}) EXPECT_FALSE(gptq_wgmma_preferred(rows, k, n));
-    for (int rows : {9, 12, 16}) EXPECT_EQ(gptq_wgmma_preferred(rows, k, n), n >= 6144);
-    for (int rows : {17, 32}) EXPECT_EQ(gptq_wgmma_preferred(rows, k, n), !(k == 14336 && n == 4096));
-    for (int rows : {33, 48, 64}) EXPECT_TRUE(gptq_wgmma_preferred(rows, k, n));
+  struct Shape {
+    std::size_t k, n;
+    bool from_nine;  // the wgmma kernel at 9 .. 16 rows
+  };
+  for (const Shape& s : {Shape{8192, 28672, true}, Shape{4096, 28672, true}, Shape{4096, 14336, true},
+                         Shape{14336, 4096, false}, Shape{8192, 8192, true}, Shape{4096, 4096, true},
+                         Shape{8192, 4096, true}, Shape{4096, 6144, true}, Shape{1024, 2048, false}}) {
+    SCOPED_TRACE(testing::Message() << s.k << " x " << s.n);
+    for (int rows : {1, 4, 8}) EXPECT_FALSE(gptq_wgmma_preferred(rows, s.k, s.n));
+    for (int rows : {9, 12, 15}) EXPECT_EQ(gptq_wgmma_preferred(rows, s.k, s.n), s.from_nine);
+    EXPECT_EQ(gptq_wgmma_preferred(16, s.k, s.n), s.n >= 4096);
+    for (int rows : {17, 32}) EXPECT_TRUE(gptq_wgmma_preferred(rows, s.k, s.n));
+    for (int rows : {33, 48, 64}) EXPECT_TRUE(gptq_wgmma_preferred(rows, s.k, s.n));
   }
   // The rule's edges.
-  EXPECT_FALSE(gptq_wgmma_preferred(9, 4096, 6136));
-  EXPECT_TRUE(gptq_wgmma_preferred(9, 4096, 6144));
+  EXPECT_FALSE(gptq_wgmma_preferred(9, 4096, 4088));
+  EXPECT_TRUE(gptq_wgmma_preferred(9, 8192, 4096));
+  EXPECT_FALSE(gptq_wgmma_preferred(9, 8200, 4096));
+  EXPECT_FALSE(gptq_wgmma_preferred(15, 14336, 4096));
+  EXPECT_TRUE(gptq_wgmma_preferred(16, 14336, 4096));
+  EXPECT_FALSE(gptq_wgmma_preferred(16, 14336, 4088));
+  EXPECT_TRUE(gptq_wgmma_preferred(9, 14336, 6144));
   EXPECT_FALSE(gptq_wgmma_preferred(8, 4096, 6144));
-  EXPECT_FALSE(gptq_wgmma_preferred(17, 8192, 4096));
-  EXPECT_TRUE(gptq_wgmma_preferred(17, 8192, 4104));
-  EXPECT_TRUE(gptq_wgmma_preferred(17, 8184, 4096));
-  EXPECT_TRUE(gptq_wgmma_preferred(33, 8192, 4096));
+  EXPECT_FALSE(gptq_wgmma_preferred(17, 8192, 4088));
+  EXPECT_TRUE(gptq_wgmma_preferred(17, 8192, 4096));
+  EXPECT_TRUE(gptq_wgmma_preferred(17, 8184, 512));
+  EXPECT_TRUE(gptq_wgmma_preferred(33, 8192, 512));
 }
 
 }  // namespace

@@ -1233,7 +1233,7 @@ void expect_auto_takes_wgmma_from(Backend& automatic, Backend& below, Backend& w
 }
 
 // Auto runs the fused kernel at 17 .. 32 rows on a weight with k >= 8192 and
-// n <= 4096 and the wgmma kernel at 33 rows (gptq_wgmma_preferred). The
+// n < 4096 and the wgmma kernel at 33 rows (gptq_wgmma_preferred). The
 // fused-only backend is not run at 33 rows: there its act-order rule takes
 // dequantize + cuBLAS, whose kernels racecheck flags on its own.
 TEST_F(CudaGptqWgmma, AutoKeepsTheFusedKernelAtThirtyTwoRowsOnLongNarrowWeights) {
@@ -1255,6 +1255,26 @@ TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelFromNineRowsOnWideWeights) {
   CudaBackend bulk(bulk_config);
   const WeightCase c{1024, 6144, 128, true, false, GptqZeroFormat::V1, false};
   expect_auto_takes_wgmma_from(cuda(), bulk, wgmma(), c, {5, 8, 9, 12, 16}, 9, {DType::F16, DType::BF16}, true, rng);
+}
+
+// On a weight of n = 4096 Auto takes the wgmma kernel from 9 rows where
+// k <= 8192, from 16 where k is longer, and at 17 .. 32 rows on either
+// (gptq_wgmma_preferred, session 47).
+TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelOnWeightsOfFourThousandColumns) {
+  FERRUM_SEEDED_RNG(rng);
+  CudaBackendConfig bulk_config;
+  bulk_config.gptq_kernel = GptqKernel::StreamBulk;
+  CudaBackend bulk(bulk_config);
+  {
+    SCOPED_TRACE("k = 1024");
+    const WeightCase c{1024, 4096, 128, true, false, GptqZeroFormat::V1, false};
+    expect_auto_takes_wgmma_from(cuda(), bulk, wgmma(), c, {5, 8, 9, 16, 17, 32}, 9, {DType::F16}, false, rng);
+  }
+  {
+    SCOPED_TRACE("k = 8320");
+    const WeightCase c{8320, 4096, 128, true, false, GptqZeroFormat::V1, false};
+    expect_auto_takes_wgmma_from(cuda(), bulk, wgmma(), c, {9, 15, 16, 17, 32}, 16, {DType::F16}, false, rng);
+  }
 }
 
 // ── The row_sq ops: the residual add and the norm around the projections ────
