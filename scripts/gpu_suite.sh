@@ -58,7 +58,8 @@
 #                                applied: its *Gptq* GPU tests, memcheck and
 #                                racecheck over CudaGptqWgmma.*, and its wgmma
 #                                kernel against main at m = 9..32 on 7 shapes,
-#                                two passes (gptq_small_m.md §13.13)
+#                                two passes (gptq_small_m.md §13.13; session
+#                                47: 6-35 % slower, §13.14)
 #   scripts/gpu_suite.sh wgmmasplits  the wgmma GPTQ kernel at each split count
 #                                of WGMMA_SPLITS ('0 4 5 6 7 8'; 0 = the plan), m = 16, 32,
 #                                64, on shapes of 16, 24, 56 and 112 column
@@ -818,9 +819,9 @@ if has_mode wgmmafold; then
 fi
 
 if has_mode wgmmasplits; then
-  # The wgmma kernel's split count: at 16 column tiles six splits beat the
-  # plan's eight by 8-16 % (session 45). One line per shape, m and split
-  # count (0 = the plan), two passes.
+  # The wgmma kernel's split count: at 16 column tiles six splits beat
+  # eight by 6-14 %, the plan's since session 47 (gptq_small_m.md §13.14).
+  # One line per shape, m and split count (0 = the plan), two passes.
   {
     # Where clusters of each split count land (SMs with 0, 1, 2 CTAs), at
     # the column-tile counts of the sweep's shapes.
