@@ -204,6 +204,15 @@ gptq_rows() {
   timeout 90 "$@" 2>&1 | awk -v label="$label" -F'|' '/^ *[0-9]+ /{split($1,a," "); split($2,b," "); printf "%s %5s x %5s m %2s: %7s us %s\n", label, a[1], a[2], a[3], b[1], b[4]}'
 }
 
+# tokens_md5 LOG: the md5 (8 hex digits) of an engine run's generated tokens,
+# one line per sequence ("generated:" alone, "generated[b]:" in a batch);
+# "none" where the log has no such line.
+tokens_md5() {
+  local lines
+  lines=$(grep -E '^ *generated(\[[0-9]+\])?:' "$1")
+  if [ -z "$lines" ]; then echo none; else echo "$lines" | md5sum | cut -c1-8; fi
+}
+
 # gtest_shards BINARY NAME SHARDS SECONDS [GTEST ARGS...]: a test binary in
 # SHARDS gtest shards side by side, each its own process (own stream, graph
 # slot and cuBLAS handle), line-buffered logs $DETAIL/NAME.N.log (so a
@@ -875,7 +884,7 @@ if has_mode rowsq; then
       for extra in "" "--gptq-row-sq-norms"; do
         timeout 120 $B/apps/engine/ferrum_engine $ROWSQ_FLAGS $extra > /tmp/ferrum_rowsq.log 2>&1
         rc=$?
-        echo "-- [${extra:-default}] run $i: exit $rc$(grep -E 'decode:' /tmp/ferrum_rowsq.log | tr -s ' ') tokens $(grep -E 'generated:' /tmp/ferrum_rowsq.log | md5sum | cut -c1-8)"
+        echo "-- [${extra:-default}] run $i: exit $rc$(grep -E 'decode:' /tmp/ferrum_rowsq.log | tr -s ' ') tokens $(tokens_md5 /tmp/ferrum_rowsq.log)"
         grep -E "error|Error" /tmp/ferrum_rowsq.log | head -3
       done
     done
@@ -910,7 +919,7 @@ if has_mode ab && [ -d base ]; then
       for b in "${!AB_BUILDS[@]}"; do
         timeout 120 "${AB_BUILDS[$b]}/apps/engine/ferrum_engine" $AB_ENGINE_FLAGS > /tmp/ferrum_ab_engine.log 2>&1
         rc=$?
-        echo "-- ${AB_NAMES[$b]} run $i: exit $rc$(grep -E 'decode:' /tmp/ferrum_ab_engine.log | tr -s ' ') tokens $(grep -E 'generated:' /tmp/ferrum_ab_engine.log | md5sum | cut -c1-8)"
+        echo "-- ${AB_NAMES[$b]} run $i: exit $rc$(grep -E 'decode:' /tmp/ferrum_ab_engine.log | tr -s ' ') tokens $(tokens_md5 /tmp/ferrum_ab_engine.log)"
       done
     done
     # AB_OPS_FILTER: ferrum_bench on those ops, AB_RUNS passes alternating
