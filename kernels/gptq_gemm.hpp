@@ -40,6 +40,9 @@ namespace ferrum::kernels {
 inline constexpr int kGptqMaxM = 64;     // rows of a per launch of the fused and wgmma kernels
 inline constexpr int kGptqTileK = 128;   // must equal detail::kGptqTileK
 inline constexpr int kGptqTileN = 64;    // must equal detail::kGptqTileN
+// Columns per CTA of the wgmma kernel (its plan's block_n: 4 column blocks of
+// kGptqTileN, one per warp).
+inline constexpr int kGptqWgmmaBlockN = 4 * kGptqTileN;
 inline constexpr int kGptqStreamMaxM = 16;  // rows the streaming kernel covers per launch
 
 // Which kernel launch_gptq_gemm runs. The streaming kinds apply to
@@ -115,27 +118,33 @@ bool gptq_wgmma_applies(int group_rows);
 //   * 9 .. 16 rows on weights of n >= 6144 (session 46: at m = 9 the
 //     streaming kernel takes a second n8 tile; 0.81 .. 0.91 of its time at
 //     m = 9 on all five such shapes, e.g. 8192 x 28672 48.2 against 52.9
-//     us); on n = 4096 (16 column groups, 6 splits since session 47) where
-//     k <= 8192 (4096 x 4096, m = 9 .. 16: 11.4 .. 11.6 against 11.8 ..
-//     12.6; 8192 x 4096: 16.3 .. 16.4 against 16.4 .. 17.8), or at 16 rows
-//     (14336 x 4096: 23.4 against 24.1; at 9 .. 14 rows 23.2 against 21.0 ..
-//     22.8, the streaming kernel's). Narrower weights keep the streaming
-//     kernel (not measured against the wgmma kernel). Without bulk copies
+//     us); on weights of 16 column groups (3841 <= n <= 4096; 6 splits
+//     since session 47, no two CTAs on an SM) where k <= 8192 (4096 x 4096,
+//     m = 9 .. 16: 11.4 .. 11.6 against 11.8 .. 12.6; 8192 x 4096: 16.3 ..
+//     16.4 against 16.4 .. 17.8), or at 16 rows (14336 x 4096: 23.4 against
+//     24.1; at 9 .. 14 rows 23.2 against 21.0 .. 22.8, the streaming
+//     kernel's). Other widths below 6144 keep the streaming kernel: not
+//     measured against the wgmma kernel (17 .. 23 column groups plan 8
+//     splits with two CTAs on some SMs on the H200). Without bulk copies
 //     (groups of 16 rows, or no sm_90) these launches would run the fused
 //     kernel instead, which was not measured against the wgmma kernel at
 //     9 .. 16 rows;
-//   * 17 .. 32 rows on weights of n >= 4096 or k < 8192 (session 47, 6
-//     splits at n = 4096: 14336 x 4096, m = 17 .. 32: 24.7 .. 25.4 against
-//     28.2 .. 29.1; 8192 x 4096: 17.4 .. 17.9 against 20.8; 4096 x 4096:
-//     12.3 .. 12.7 against 15.7 .. 15.9; session 19: 8192 x 8192 25.8
-//     against 30.8). Long-k weights of n < 4096 keep the fused kernel
-//     (session 19's rule, from 14336 x 4096 at 8 splits: 30.1 against 29.4;
-//     not measured since);
+//   * 17 .. 32 rows on weights of at least 16 column groups (n > 3840) or
+//     k < 8192 (session 47, 6 splits at n = 4096: 14336 x 4096, m = 17 ..
+//     32: 24.7 .. 25.4 against 28.2 .. 29.1; 8192 x 4096: 17.4 .. 17.9
+//     against 20.8; 4096 x 4096: 12.3 .. 12.7 against 15.7 .. 15.9; session
+//     19: 8192 x 8192 25.8 against 30.8). Long-k weights of fewer column
+//     groups keep the fused kernel (session 19's rule, from 14336 x 4096 at
+//     8 splits: 30.1 against 29.4; not measured since);
 //   * above 32 rows everywhere (8192 x 28672, m = 64: 76.5 against 124.6).
 inline bool gptq_wgmma_preferred(int rows, std::size_t k, std::size_t n) {
+  constexpr int kMeasuredFullRows = 16;  // the one row count measured on 14336 x 4096
+  const std::size_t column_groups = (n + kGptqWgmmaBlockN - 1) / kGptqWgmmaBlockN;
   if (rows < 9) return false;
-  if (rows <= kGptqStreamMaxM) return n >= 6144 || (n >= 4096 && (k <= 8192 || rows == kGptqStreamMaxM));
-  if (rows <= 32) return n >= 4096 || k < 8192;
+  if (rows <= kGptqStreamMaxM) {
+    return n >= 6144 || (column_groups == 16 && (k <= 8192 || rows == kMeasuredFullRows));
+  }
+  if (rows <= 32) return column_groups >= 16 || k < 8192;
   return true;
 }
 
@@ -238,10 +247,10 @@ GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k, int k_pad, int 
 // holds at one CTA per SM): 16 column groups take 6 splits on the H200, not
 // 8 (two CTAs on 8 SMs finish last; 6-14 % faster, session 47).
 // Without the device's counts (no wgmma device), slots / s with two CTAs
-// per SM and SMs / s with one: then it is the most splits one wave of CTAs
-// holds. The plan is the same when the splits are summed through the
-// workspace instead (CudaBackendConfig::gptq_cluster_reduce off), so both
-// give the same bits.
+// per SM and SMs / s with one (no GPC limits: e.g. 16 clusters of 8 fit
+// one CTA per SM on 132 SMs, where the H200 holds 15). The plan is the same
+// when the splits are summed through the workspace instead
+// (CudaBackendConfig::gptq_cluster_reduce off), so both give the same bits.
 int gptq_wgmma_splits(int n_ctas, int stages, const int* resident_clusters, const int* single_clusters);
 GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms, int splits_override = 0);
 // f32 partial sums any of the kernels may need for any m <= kGptqMaxM and

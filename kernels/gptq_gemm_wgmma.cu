@@ -86,6 +86,7 @@ using namespace gptq;
 constexpr int kWgThreads = 128;
 constexpr int kWgBlocks = 4;                        // 64-feature column blocks per CTA, one per warp
 constexpr int kWgCols = kWgBlocks * kGptqTileN;     // 256 features per CTA
+static_assert(kWgCols == kGptqWgmmaBlockN, "gptq_wgmma_preferred counts column groups of kGptqWgmmaBlockN");
 constexpr int kStageK = 64;                         // k rows per ring stage: one 128-byte swizzle atom
 constexpr int kStageK16 = kStageK / 16;             // 4
 constexpr int kStageGroups = kStageK / 16;          // most scale rows a stage touches (groups of 16)

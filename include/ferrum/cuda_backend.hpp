@@ -33,10 +33,10 @@ struct CudaRuntime;
 enum class GptqKernel {
   // The library's choice: Wgmma where it runs and measured faster
   // (kernels::gptq_wgmma_preferred: above 32 rows; at 17..32 except on
-  // weights with k >= 8192 and n < 4096; at 9..16 on weights with n >=
-  // 6144, and on n >= 4096 where k <= 8192 or at 16 rows); else StreamBulk
-  // for m <= 16 (without bulk copies: Stream for m <= 8, then Fused) and
-  // Fused above.
+  // weights with k >= 8192 and n <= 3840; at 9..16 on weights with n >=
+  // 6144, and on 3841 <= n <= 4096 where k <= 8192 or at 16 rows); else
+  // StreamBulk for m <= 16 (without bulk copies: Stream for m <= 8, then
+  // Fused) and Fused above.
   Auto = 0,
   Fused = 1,   // the fused kernel (shared-memory cp.async pipeline)
   Stream = 2,  // the register-streaming kernel for every m <= 16

@@ -3,7 +3,8 @@
 // and bench_gptq: pure host functions, so they are checked here
 // on every machine; the GPU tests check that CudaBackend follows it
 // (CudaGptqStream.AutoTakesTheBulkStreamingKernelUpToSixteenRows,
-// CudaGptqWgmma.AutoTakesTheWgmmaKernelFromNineRowsOnWideWeights and
+// CudaGptqWgmma.AutoTakesTheWgmmaKernelFromNineRowsOnWideWeights,
+// CudaGptqWgmma.AutoTakesTheWgmmaKernelOnWeightsOfFourThousandColumns and
 // CudaGptqWgmma.AutoKeepsTheFusedKernelAtThirtyTwoRowsOnLongNarrowWeights).
 #include <gtest/gtest.h>
 
@@ -76,8 +77,9 @@ TEST(GptqKernelChoice, ANamedKernelIsTakenAsIs) {
 
 // The wgmma kernel's plan: 256 columns per CTA, splits along k from one
 // wave of the device's slots, none of them empty; a pure function of the
-// sizes on a machine without the kernel (two CTAs per SM assumed), at most
-// kGptqClusterMaxSplits (a cluster sums them).
+// sizes on a machine without the kernel (two CTAs per SM assumed, and SMs /
+// s clusters of s at one CTA per SM), at most kGptqClusterMaxSplits (a
+// cluster sums them).
 TEST(GptqKernelChoice, WgmmaPlanFillsOneWaveWithNoEmptySplit) {
   struct Case {
     int k_pad, n_pad, n_ctas, splits;
@@ -104,7 +106,7 @@ TEST(GptqKernelChoice, WgmmaPlanFillsOneWaveWithNoEmptySplit) {
 // 8 with 30 resident, measured 47.4 us at m = 64 against 31.9 at 7), and
 // at one CTA per SM (session 47, where 16 column groups at 6 splits beat 8
 // by 6-14 %).
-TEST(GptqKernelChoice, WgmmaSplitsAreTheMostWhoseClustersFitOneWave) {
+TEST(GptqKernelChoice, WgmmaSplitsAreTheMostOfOneWaveOrFewerWhereTheyFitOneCtaPerSm) {
   const int h200[kernels::kGptqClusterMaxSplits + 1] = {0, 264, 132, 79, 62, 47, 39, 32, 30};
   const int h200_single[kernels::kGptqClusterMaxSplits + 1] = {0, 132, 66, 39, 30, 22, 17, 15, 15};
   struct Case {
@@ -194,10 +196,10 @@ TEST(GptqKernelChoice, FusedKernelsUpToTheMeasuredCrossover) {
 }
 
 // Where Auto prefers the wgmma kernel (sessions 19, 46 and 47): never up to
-// 8 rows; at 9 .. 16 rows on weights of n >= 6144, and of n >= 4096 where
-// k <= 8192 or at 16 rows (14336 x 4096 keeps the streaming kernel at 9 ..
-// 14); at 17 .. 32 except on long-k weights of n < 4096; above 32 rows
-// everywhere.
+// 8 rows; at 9 .. 16 rows on weights of n >= 6144, and of 16 column groups
+// (3841 <= n <= 4096) where k <= 8192 or at 16 rows (14336 x 4096 keeps the
+// streaming kernel at 9 .. 14); at 17 .. 32 except on long-k weights of
+// fewer column groups; above 32 rows everywhere.
 TEST(GptqKernelChoice, WgmmaPreferredWhereItMeasuredFaster) {
   using kernels::gptq_wgmma_preferred;
   struct Shape {
@@ -210,21 +212,28 @@ TEST(GptqKernelChoice, WgmmaPreferredWhereItMeasuredFaster) {
     SCOPED_TRACE(testing::Message() << s.k << " x " << s.n);
     for (int rows : {1, 4, 8}) EXPECT_FALSE(gptq_wgmma_preferred(rows, s.k, s.n));
     for (int rows : {9, 12, 15}) EXPECT_EQ(gptq_wgmma_preferred(rows, s.k, s.n), s.from_nine);
-    EXPECT_EQ(gptq_wgmma_preferred(16, s.k, s.n), s.n >= 4096);
+    EXPECT_EQ(gptq_wgmma_preferred(16, s.k, s.n), s.n == 4096 || s.n >= 6144);
     for (int rows : {17, 32}) EXPECT_TRUE(gptq_wgmma_preferred(rows, s.k, s.n));
     for (int rows : {33, 48, 64}) EXPECT_TRUE(gptq_wgmma_preferred(rows, s.k, s.n));
   }
-  // The rule's edges.
-  EXPECT_FALSE(gptq_wgmma_preferred(9, 4096, 4088));
+  // The rule's edges: 16 column groups are 3841 ..  4096 columns; 17 .. 23
+  // (not measured) keep the streaming kernel to 16 rows.
+  EXPECT_TRUE(gptq_wgmma_preferred(9, 4096, 4088));
+  EXPECT_TRUE(gptq_wgmma_preferred(9, 4096, 3841));
+  EXPECT_FALSE(gptq_wgmma_preferred(9, 4096, 3840));
+  EXPECT_FALSE(gptq_wgmma_preferred(9, 4096, 4104));
+  EXPECT_FALSE(gptq_wgmma_preferred(16, 4096, 5120));
+  EXPECT_TRUE(gptq_wgmma_preferred(17, 8192, 5120));
   EXPECT_TRUE(gptq_wgmma_preferred(9, 8192, 4096));
   EXPECT_FALSE(gptq_wgmma_preferred(9, 8200, 4096));
   EXPECT_FALSE(gptq_wgmma_preferred(15, 14336, 4096));
   EXPECT_TRUE(gptq_wgmma_preferred(16, 14336, 4096));
-  EXPECT_FALSE(gptq_wgmma_preferred(16, 14336, 4088));
+  EXPECT_TRUE(gptq_wgmma_preferred(16, 14336, 4088));
+  EXPECT_FALSE(gptq_wgmma_preferred(16, 14336, 3840));
   EXPECT_TRUE(gptq_wgmma_preferred(9, 14336, 6144));
   EXPECT_FALSE(gptq_wgmma_preferred(8, 4096, 6144));
-  EXPECT_FALSE(gptq_wgmma_preferred(17, 8192, 4088));
-  EXPECT_TRUE(gptq_wgmma_preferred(17, 8192, 4096));
+  EXPECT_FALSE(gptq_wgmma_preferred(17, 8192, 3840));
+  EXPECT_TRUE(gptq_wgmma_preferred(17, 8192, 3841));
   EXPECT_TRUE(gptq_wgmma_preferred(17, 8184, 512));
   EXPECT_TRUE(gptq_wgmma_preferred(33, 8192, 512));
 }

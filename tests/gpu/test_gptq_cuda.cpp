@@ -753,7 +753,8 @@ TEST_F(CudaGptqStream, FusedConfigStaysExactAtSmallM) {
 // Which kernel GptqKernel::Auto ran, seen through the bits: on random data
 // the streaming kernel (scale-after) and the fused kernel (scale-before)
 // round differently, so Auto must equal StreamBulk bitwise for m <= 16 on
-// this narrow weight (n < 6144; wider ones take wgmma from 9 rows) and
+// this narrow weight (n = 512; n >= 6144 and 16 column groups take wgmma
+// from 9 rows, gptq_wgmma_preferred) and
 // Wgmma (where it runs, else Fused) for m = 17, and the two streaming-range
 // kernels must differ somewhere (else this test could not tell them apart).
 TEST_F(CudaGptqStream, AutoTakesTheBulkStreamingKernelUpToSixteenRows) {
@@ -1233,7 +1234,7 @@ void expect_auto_takes_wgmma_from(Backend& automatic, Backend& below, Backend& w
 }
 
 // Auto runs the fused kernel at 17 .. 32 rows on a weight with k >= 8192 and
-// n < 4096 and the wgmma kernel at 33 rows (gptq_wgmma_preferred). The
+// fewer than 16 column groups (n <= 3840) and the wgmma kernel at 33 rows (gptq_wgmma_preferred). The
 // fused-only backend is not run at 33 rows: there its act-order rule takes
 // dequantize + cuBLAS, whose kernels racecheck flags on its own.
 TEST_F(CudaGptqWgmma, AutoKeepsTheFusedKernelAtThirtyTwoRowsOnLongNarrowWeights) {
@@ -1257,9 +1258,9 @@ TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelFromNineRowsOnWideWeights) {
   expect_auto_takes_wgmma_from(cuda(), bulk, wgmma(), c, {5, 8, 9, 12, 16}, 9, {DType::F16, DType::BF16}, true, rng);
 }
 
-// On a weight of n = 4096 Auto takes the wgmma kernel from 9 rows where
-// k <= 8192, from 16 where k is longer, and at 17 .. 32 rows on either
-// (gptq_wgmma_preferred, session 47).
+// On a weight of n = 4096 (16 column groups) Auto takes the wgmma kernel
+// from 9 rows where k <= 8192, from 16 where k is longer, and at 17 .. 32
+// rows on either (gptq_wgmma_preferred, session 47).
 TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelOnWeightsOfFourThousandColumns) {
   FERRUM_SEEDED_RNG(rng);
   CudaBackendConfig bulk_config;
