@@ -124,11 +124,11 @@ bool gptq_wgmma_applies(int group_rows);
 //     16.4 against 16.4 .. 17.8), or at 16 rows (14336 x 4096: 23.4 against
 //     24.1; at 9 .. 14 rows 23.2 against 21.0 .. 22.8, the streaming
 //     kernel's). Other widths below 6144 keep the streaming kernel: not
-//     measured against the wgmma kernel (17 .. 23 column groups plan 8
-//     splits with two CTAs on some SMs on the H200). Without bulk copies
-//     (groups of 16 rows, or no sm_90) these launches would run the fused
-//     kernel instead, which was not measured against the wgmma kernel at
-//     9 .. 16 rows;
+//     measured against the wgmma kernel (on the H200 17 column groups plan
+//     6 splits like 16, 18 .. 24 plan 8 with two CTAs on some SMs). Without
+//     bulk copies (groups of 16 rows, or no sm_90) these launches would run
+//     the fused kernel instead, which was not measured against the wgmma
+//     kernel at 9 .. 16 rows;
 //   * 17 .. 32 rows on weights of at least 16 column groups (n > 3840) or
 //     k < 8192 (session 47, 6 splits at n = 4096: 14336 x 4096, m = 17 ..
 //     32: 24.7 .. 25.4 against 28.2 .. 29.1; 8192 x 4096: 17.4 .. 17.9

@@ -216,12 +216,13 @@ TEST(GptqKernelChoice, WgmmaPreferredWhereItMeasuredFaster) {
     for (int rows : {17, 32}) EXPECT_TRUE(gptq_wgmma_preferred(rows, s.k, s.n));
     for (int rows : {33, 48, 64}) EXPECT_TRUE(gptq_wgmma_preferred(rows, s.k, s.n));
   }
-  // The rule's edges: 16 column groups are 3841 ..  4096 columns; 17 .. 23
-  // (not measured) keep the streaming kernel to 16 rows.
+  // The rule's edges: 16 column groups are 3841 .. 4096 columns; wider ones
+  // below 6144 (not measured) keep the streaming kernel to 16 rows.
   EXPECT_TRUE(gptq_wgmma_preferred(9, 4096, 4088));
   EXPECT_TRUE(gptq_wgmma_preferred(9, 4096, 3841));
   EXPECT_FALSE(gptq_wgmma_preferred(9, 4096, 3840));
-  EXPECT_FALSE(gptq_wgmma_preferred(9, 4096, 4104));
+  EXPECT_FALSE(gptq_wgmma_preferred(9, 4096, 4097));
+  EXPECT_FALSE(gptq_wgmma_preferred(9, 4096, 6143));
   EXPECT_FALSE(gptq_wgmma_preferred(16, 4096, 5120));
   EXPECT_TRUE(gptq_wgmma_preferred(17, 8192, 5120));
   EXPECT_TRUE(gptq_wgmma_preferred(9, 8192, 4096));

@@ -753,8 +753,8 @@ TEST_F(CudaGptqStream, FusedConfigStaysExactAtSmallM) {
 // Which kernel GptqKernel::Auto ran, seen through the bits: on random data
 // the streaming kernel (scale-after) and the fused kernel (scale-before)
 // round differently, so Auto must equal StreamBulk bitwise for m <= 16 on
-// this narrow weight (n = 512; n >= 6144 and 16 column groups take wgmma
-// from 9 rows, gptq_wgmma_preferred) and
+// this narrow weight (n = 512; n >= 6144, and 16 column groups where k <=
+// 8192, take wgmma from 9 rows, gptq_wgmma_preferred) and
 // Wgmma (where it runs, else Fused) for m = 17, and the two streaming-range
 // kernels must differ somewhere (else this test could not tell them apart).
 TEST_F(CudaGptqStream, AutoTakesTheBulkStreamingKernelUpToSixteenRows) {
