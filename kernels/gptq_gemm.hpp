@@ -30,6 +30,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <array>
 #include <cstdint>
 #include <iterator>
 
@@ -251,7 +252,10 @@ GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k, int k_pad, int 
 // one CTA per SM on 132 SMs, where the H200 holds 15). The plan is the same
 // when the splits are summed through the workspace instead
 // (CudaBackendConfig::gptq_cluster_reduce off), so both give the same bits.
-int gptq_wgmma_splits(int n_ctas, int stages, const int* resident_clusters, const int* single_clusters);
+// Clusters of s CTAs a device holds, per cluster size s = 1 .. kGptqClusterMaxSplits (index 0 unused).
+using GptqClusterCounts = std::array<int, kGptqClusterMaxSplits + 1>;
+int gptq_wgmma_splits(int n_ctas, int stages, const GptqClusterCounts& resident_clusters,
+                      const GptqClusterCounts& single_clusters);
 GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms, int splits_override = 0);
 // f32 partial sums any of the kernels may need for any m <= kGptqMaxM and
 // the plans' own splits (a benchmark that overrides splits sizes its own).
@@ -365,7 +369,6 @@ inline constexpr int kGptqTimelineCtas = 1024;
 }  // namespace ferrum::kernels
 
 #if defined(FERRUM_GPTQ_TIMELINE)
-#include <array>
 #include <vector>
 
 namespace ferrum::kernels {

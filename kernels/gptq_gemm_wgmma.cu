@@ -448,7 +448,7 @@ void wgmma_opt_in() {
 // holds at once, the least over every instance; asked once, on the device
 // current at the first call (a failed query throws and is asked again).
 template <class T, int kN, bool kZeros>
-void lower_resident_clusters(std::array<int, kMaxSplits + 1>& resident) {
+void lower_resident_clusters(GptqClusterCounts& resident) {
   for (int s = 1; s <= kMaxSplits; ++s) {
     int clusters = 0;
     const cudaError_t err = max_active_clusters(&clusters, wgmma_kernel_ptr<T, kN, kZeros>(),
@@ -459,12 +459,12 @@ void lower_resident_clusters(std::array<int, kMaxSplits + 1>& resident) {
   }
 }
 
-const std::array<int, kMaxSplits + 1>& wgmma_resident_clusters() {
-  static std::array<int, kMaxSplits + 1> resident{};
+const GptqClusterCounts& wgmma_resident_clusters() {
+  static GptqClusterCounts resident{};
   static std::once_flag once;
   std::call_once(once, [] {
     wgmma_opt_in();
-    std::array<int, kMaxSplits + 1> r;
+    GptqClusterCounts r;
     r.fill(std::numeric_limits<int>::max());
     for_each_wgmma_instance([&r](auto inst) {
       using I = decltype(inst);
@@ -486,8 +486,8 @@ __global__ void one_cta_per_sm_probe() {}
 // holds with no two CTAs on one SM: the probe asked with all the shared
 // memory one CTA may opt into. Asked once, on the device current at the
 // first call (a failed query throws and is asked again).
-const std::array<int, kMaxSplits + 1>& wgmma_single_clusters() {
-  static std::array<int, kMaxSplits + 1> single{};
+const GptqClusterCounts& wgmma_single_clusters() {
+  static GptqClusterCounts single{};
   static std::once_flag once;
   std::call_once(once, [] {
     int device = 0, smem = 0;
@@ -497,7 +497,7 @@ const std::array<int, kMaxSplits + 1>& wgmma_single_clusters() {
       err = cudaFuncSetAttribute(one_cta_per_sm_probe, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     }
     if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "the one-CTA-per-SM cluster query", err);
-    std::array<int, kMaxSplits + 1> r{};
+    GptqClusterCounts r{};
     for (int s = 1; s <= kMaxSplits; ++s) {
       err = max_active_clusters(&r[s], one_cta_per_sm_probe, dim3(1, static_cast<unsigned>(s), 1), dim3(kWgThreads),
                                 static_cast<std::size_t>(smem));
@@ -577,7 +577,8 @@ bool gptq_wgmma_applies(int group_rows) {
          (group_rows >= kStageK ? group_rows % kStageK == 0 : kStageK % group_rows == 0);
 }
 
-int gptq_wgmma_splits(int n_ctas, int stages, const int* resident_clusters, const int* single_clusters) {
+int gptq_wgmma_splits(int n_ctas, int stages, const GptqClusterCounts& resident_clusters,
+                      const GptqClusterCounts& single_clusters) {
   // The most splits whose clusters are all resident in one wave. Fewer cut
   // the f32 partials (256 x m floats per CTA) the cluster sums, but leave
   // SMs idle; more put part of the launch in a second wave of clusters.
@@ -611,16 +612,15 @@ GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms, int splits_override)
   if (splits_override > 0) {
     plan.splits = std::min(splits_override, stages);
   } else if (gptq_wgmma_supported()) {
-    plan.splits = gptq_wgmma_splits(plan.n_ctas, stages, wgmma_resident_clusters().data(),
-                                    wgmma_single_clusters().data());
+    plan.splits = gptq_wgmma_splits(plan.n_ctas, stages, wgmma_resident_clusters(), wgmma_single_clusters());
   } else {
-    std::array<int, kMaxSplits + 1> resident{}, single{};
+    GptqClusterCounts resident{}, single{};
     const int sms = std::max(num_sms, 1);
     for (int s = 1; s <= kMaxSplits; ++s) {
       resident[s] = sms * kMinBlocksPerSm / s;
       single[s] = sms / s;
     }
-    plan.splits = gptq_wgmma_splits(plan.n_ctas, stages, resident.data(), single.data());
+    plan.splits = gptq_wgmma_splits(plan.n_ctas, stages, resident, single);
   }
   // Splits that would own no stage are dropped (the stages per split are
   // rounded up).

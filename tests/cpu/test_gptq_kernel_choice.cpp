@@ -107,8 +107,8 @@ TEST(GptqKernelChoice, WgmmaPlanFillsOneWaveWithNoEmptySplit) {
 // at one CTA per SM (session 47, where 16 column groups at 6 splits beat 8
 // by 6-14 %).
 TEST(GptqKernelChoice, WgmmaSplitsAreTheMostOfOneWaveOrFewerWhereTheyFitOneCtaPerSm) {
-  const int h200[kernels::kGptqClusterMaxSplits + 1] = {0, 264, 132, 79, 62, 47, 39, 32, 30};
-  const int h200_single[kernels::kGptqClusterMaxSplits + 1] = {0, 132, 66, 39, 30, 22, 17, 15, 15};
+  const kernels::GptqClusterCounts h200 = {0, 264, 132, 79, 62, 47, 39, 32, 30};
+  const kernels::GptqClusterCounts h200_single = {0, 132, 66, 39, 30, 22, 17, 15, 15};
   struct Case {
     int n_ctas, stages, splits;
   };
@@ -120,11 +120,11 @@ TEST(GptqKernelChoice, WgmmaSplitsAreTheMostOfOneWaveOrFewerWhereTheyFitOneCtaPe
   }
   // Fewer splits only down to 3/4 of the most, and only where they fit one
   // CTA per SM: with every size fitting so, the most stays.
-  const int roomy[kernels::kGptqClusterMaxSplits + 1] = {0, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000};
+  const kernels::GptqClusterCounts roomy = {0, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000};
   EXPECT_EQ(kernels::gptq_wgmma_splits(16, 64, h200, roomy), 8);
-  const int only_four[kernels::kGptqClusterMaxSplits + 1] = {0, 1000, 1000, 1000, 1000, 0, 0, 0, 0};
+  const kernels::GptqClusterCounts only_four = {0, 1000, 1000, 1000, 1000, 0, 0, 0, 0};
   EXPECT_EQ(kernels::gptq_wgmma_splits(16, 64, h200, only_four), 8);  // 4 < 3/4 of 8
-  const int only_six[kernels::kGptqClusterMaxSplits + 1] = {0, 1000, 1000, 1000, 1000, 1000, 1000, 0, 0};
+  const kernels::GptqClusterCounts only_six = {0, 1000, 1000, 1000, 1000, 1000, 1000, 0, 0};
   EXPECT_EQ(kernels::gptq_wgmma_splits(16, 64, h200, only_six), 6);
 }
 
