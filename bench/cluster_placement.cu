@@ -45,6 +45,28 @@ __global__ void __launch_bounds__(kThreads) placement_kernel(int* sm_of, long lo
   __syncthreads();
 }
 
+// A launch of n_ctas x splits CTAs of kThreads threads in clusters of
+// 1 x splits (the GPTQ wgmma kernel's shape) with smem bytes of dynamic
+// shared memory: for cudaLaunchKernelEx and cudaOccupancyMaxActiveClusters.
+// config points at attr, hence no copies.
+struct ClusterLaunch {
+  cudaLaunchAttribute attr{};
+  cudaLaunchConfig_t config{};
+  ClusterLaunch(int n_ctas, int splits, int smem) {
+    config.gridDim = dim3(static_cast<unsigned>(n_ctas), static_cast<unsigned>(splits), 1);
+    config.blockDim = dim3(kThreads, 1, 1);
+    config.dynamicSmemBytes = static_cast<std::size_t>(smem);
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = static_cast<unsigned>(splits);
+    attr.val.clusterDim.z = 1;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -85,18 +107,8 @@ int main(int argc, char** argv) {
     check(cudaFuncSetAttribute(placement_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin), "smem opt-in");
     std::printf("clusters at one CTA per SM (cudaOccupancyMaxActiveClusters, %d KiB):", optin / 1024);
     for (int s = 1; s <= max_splits; ++s) {
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(1, static_cast<unsigned>(s), 1);
-      config.blockDim = dim3(kThreads, 1, 1);
-      config.dynamicSmemBytes = static_cast<std::size_t>(optin);
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = 1;
-      attr.val.clusterDim.y = static_cast<unsigned>(s);
-      attr.val.clusterDim.z = 1;
-      config.attrs = &attr;
-      config.numAttrs = 1;
-      check(cudaOccupancyMaxActiveClusters(&single[s], placement_kernel, &config), "cluster occupancy");
+      const ClusterLaunch one(1, s, optin);  // one cluster's worth of grid
+      check(cudaOccupancyMaxActiveClusters(&single[s], placement_kernel, &one.config), "cluster occupancy");
       std::printf(" %d:%d", s, single[s]);
     }
     std::printf("\n");
@@ -116,19 +128,9 @@ int main(int argc, char** argv) {
         std::printf("%6d %6d %6d | more than one wave\n", n_ctas, splits, ctas);
         continue;
       }
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(static_cast<unsigned>(n_ctas), static_cast<unsigned>(splits), 1);
-      config.blockDim = dim3(kThreads, 1, 1);
-      config.dynamicSmemBytes = static_cast<std::size_t>(smem);
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = 1;
-      attr.val.clusterDim.y = static_cast<unsigned>(splits);
-      attr.val.clusterDim.z = 1;
-      config.attrs = &attr;
-      config.numAttrs = 1;
+      const ClusterLaunch launch(n_ctas, splits, smem);
       check(cudaMemset(sm_of, 0xFF, max_grid * sizeof(int)), "cudaMemset");
-      check(cudaLaunchKernelEx(&config, placement_kernel, sm_of, spin), "cudaLaunchKernelEx");
+      check(cudaLaunchKernelEx(&launch.config, placement_kernel, sm_of, spin), "cudaLaunchKernelEx");
       check(cudaDeviceSynchronize(), "sync");
       std::vector<int> host(static_cast<std::size_t>(ctas));
       check(cudaMemcpy(host.data(), sm_of, host.size() * sizeof(int), cudaMemcpyDeviceToHost), "copy");

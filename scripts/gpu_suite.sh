@@ -520,8 +520,8 @@ if has_mode engine; then
           > /tmp/ferrum_engine_$run.log 2>&1
         grep -E "backend|model|loaded|decode:|prefill:|error" /tmp/ferrum_engine_$run.log
         if [ $run -gt 0 ]; then
-          first=$(grep generated: /tmp/ferrum_engine_0.log)
-          if [ -n "$first" ] && [ "$first" = "$(grep generated: /tmp/ferrum_engine_$run.log)" ]; then
+          first=$(tokens_md5 /tmp/ferrum_engine_0.log)
+          if [ "$first" != none ] && [ "$first" = "$(tokens_md5 /tmp/ferrum_engine_$run.log)" ]; then
             echo "   tokens equal to --graph"
           else
             echo "   TOKENS DIFFER from --graph (or a run produced none)"
@@ -578,8 +578,8 @@ if has_mode engine; then
       case "$mode" in
         *--gptq-ctas-per-sm*) ;;
         *--pipeline* | *--no-gptq-evict-first* | *--no-gptq-fuse-silu-mul* | *--no-gemm-early-weights* | *--no-pdl-chain-release*)
-          first=$(grep generated: /tmp/ferrum_gptq_graph.log)
-          if [ -n "$first" ] && [ "$first" = "$(grep generated: "$log")" ]; then
+          first=$(tokens_md5 /tmp/ferrum_gptq_graph.log)
+          if [ "$first" != none ] && [ "$first" = "$(tokens_md5 "$log")" ]; then
             echo "   tokens equal to --graph"
           else
             echo "   TOKENS DIFFER from --graph (or a run produced none)"
