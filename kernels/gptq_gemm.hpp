@@ -112,41 +112,46 @@ bool gptq_wgmma_applies(int group_rows);
 // Whether Auto takes the wgmma kernel (where it applies) for a launch of
 // `rows` rows on a k x n weight. Measured on the H200 (f16, g128), against
 // the streaming kernel (bulk source) up to 16 rows and the fused kernel at
-// 17 .. 32; each pair below is wgmma against the other kernel:
+// 17 .. 32; each figure is the wgmma kernel's time over the other kernel's
+// (docs/design/gptq_small_m.md section 13.15 has the tables):
 //   * up to 8 rows never (session 46, the wgmma kernel at N = 16): 8192 x
 //     28672, m = 8: 48.1 against 45.5 us; where the wgmma kernel wins below
 //     9 rows, by at most 10 % (4096 x 14336, m = 8: 17.6 against 19.5);
-//   * 9 .. 16 rows on weights of n >= 6144 (session 46: at m = 9 the
-//     streaming kernel takes a second n8 tile; 0.81 .. 0.91 of its time at
-//     m = 9 on all five such shapes, e.g. 8192 x 28672 48.2 against 52.9
-//     us); on weights of 16 column groups (3841 <= n <= 4096; 6 splits
-//     since session 47, no two CTAs on an SM) where k <= 8192 (4096 x 4096,
-//     m = 9 .. 16: 11.4 .. 11.6 against 11.8 .. 12.6; 8192 x 4096: 16.3 ..
-//     16.4 against 16.4 .. 17.8), or at 16 rows (14336 x 4096: 23.4 against
-//     24.1; at 9 .. 14 rows 23.2 against 21.0 .. 22.8, the streaming
-//     kernel's). Other widths below 6144 keep the streaming kernel: not
-//     measured against the wgmma kernel (on the H200 17 column groups plan
-//     6 splits like 16, 18 .. 24 plan 8 with two CTAs on some SMs). Without
-//     bulk copies (groups of 16 rows, or no sm_90) these launches would run
-//     the fused kernel instead, which was not measured against the wgmma
-//     kernel at 9 .. 16 rows;
-//   * 17 .. 32 rows on weights of at least 16 column groups (n > 3840) or
-//     k < 8192 (session 47, 6 splits at n = 4096: 14336 x 4096, m = 17 ..
-//     32: 24.7 .. 25.4 against 28.2 .. 29.1; 8192 x 4096: 17.4 .. 17.9
-//     against 20.8; 4096 x 4096: 12.3 .. 12.7 against 15.7 .. 15.9; session
-//     19: 8192 x 8192 25.8 against 30.8). Long-k weights of fewer column
-//     groups keep the fused kernel (session 19's rule, from 14336 x 4096 at
-//     8 splits: 30.1 against 29.4; not measured since);
+//   * 9 .. 16 rows by column groups (kGptqWgmmaBlockN columns each). Below
+//     16 groups the wgmma kernel's splits stop at the cluster limit (8), so
+//     it streams each column group from at most 8 CTAs while the streaming
+//     kernel spreads a narrow weight over every SM; deep narrow weights are
+//     the streaming kernel's (session 48):
+//       - 12 groups and more (n > 2816), except 16: 0.66 .. 0.98 on every
+//         weight measured (n = 3072 .. 3840 at k = 4096, 8192 and 14336;
+//         17, 20 and 24 groups; session 46's n >= 6144: 0.81 .. 0.91);
+//       - 16 groups (3841 <= n <= 4096, 6 splits, session 47) where k <=
+//         8192 or at 16 rows (14336 x 4096: 0.97 at 16 rows, 1.02 .. 1.09 at
+//         9 .. 14);
+//       - 8 .. 11 groups where k <= 4096 (0.92 .. 1.03 at k = 4096; at k =
+//         8192 and 14336 1.00 .. 1.14, the streaming kernel's);
+//       - 4 .. 7 groups where k <= 3072 (0.88 .. 0.99 at k = 2048 .. 3072;
+//         at k >= 4096 1.03 .. 1.34);
+//       - 1 .. 3 groups never (4096 x 512: 1.03 .. 1.06; not measured at
+//         k <= 3072).
+//     Without bulk copies (groups of 16 rows, or no sm_90) the streaming
+//     side would run the fused kernel, which was not measured against the
+//     wgmma kernel at 9 .. 16 rows;
+//   * 17 .. 32 rows everywhere (session 48: 0.55 .. 0.93 of the fused
+//     kernel's time on every weight measured, from 4096 x 256 and 8192 x 512
+//     to 28672 x 4096; session 19's exception for long narrow weights was
+//     made at 8 splits on 14336 x 4096 and no longer holds);
 //   * above 32 rows everywhere (8192 x 28672, m = 64: 76.5 against 124.6).
 inline bool gptq_wgmma_preferred(int rows, std::size_t k, std::size_t n) {
   constexpr int kMeasuredFullRows = 16;  // the one row count measured on 14336 x 4096
-  const std::size_t column_groups = (n + kGptqWgmmaBlockN - 1) / kGptqWgmmaBlockN;
   if (rows < 9) return false;
-  if (rows <= kGptqStreamMaxM) {
-    return n >= 6144 || (column_groups == 16 && (k <= 8192 || rows == kMeasuredFullRows));
-  }
-  if (rows <= 32) return column_groups >= 16 || k < 8192;
-  return true;
+  if (rows > kGptqStreamMaxM) return true;
+  const std::size_t column_groups = (n + kGptqWgmmaBlockN - 1) / kGptqWgmmaBlockN;
+  if (column_groups == 16) return k <= 8192 || rows == kMeasuredFullRows;
+  if (column_groups >= 12) return true;
+  if (column_groups >= 8) return k <= 4096;
+  if (column_groups >= 4) return k <= 3072;
+  return false;
 }
 
 // The kernel a launch of `rows` rows on a k x n weight asks for: `forced`

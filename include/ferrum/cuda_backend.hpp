@@ -32,9 +32,9 @@ struct CudaRuntime;
 // deterministic).
 enum class GptqKernel {
   // The library's choice: Wgmma where it runs and measured faster
-  // (kernels::gptq_wgmma_preferred: above 32 rows; at 17..32 except on
-  // weights with k >= 8192 and n <= 3840; at 9..16 on weights with n >=
-  // 6144, and on 3841 <= n <= 4096 where k <= 8192 or at 16 rows); else
+  // (kernels::gptq_wgmma_preferred: above 16 rows; at 9..16 by column
+  // groups of 256: 12 or more but 16, 16 where k <= 8192 or at 16 rows,
+  // 8..11 where k <= 4096, 4..7 where k <= 3072); else
   // StreamBulk for m <= 16 (without bulk copies: Stream for m <= 8, then
   // Fused) and Fused above.
   Auto = 0,

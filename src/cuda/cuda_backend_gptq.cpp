@@ -14,7 +14,8 @@
 //     act-order first gathers the activation columns into a workspace.
 //     Launches take the wgmma kernel where it applies (every launch under
 //     GptqKernel::Wgmma; under Auto those kernels::gptq_wgmma_preferred gives
-//     it: from 9 rows on wide weights, every launch above 32 rows), else the
+//     it: from 9 rows on most weights but deep narrow ones, every launch
+//     above 16 rows), else the
 //     streaming kernel up to 16 rows (kernels::kGptqStreamMaxM) through
 //     shared-memory rings (Auto, StreamBulk) or registers (Stream), else the
 //     fused kernel, with the same split-K workspace and gather.
@@ -255,7 +256,7 @@ GptqSwitches switches_of(const CudaBackend& be, int num_sms) {
 bool int4_kernels_run(const CudaGptqWeight& weight, const kernels::GptqDeviceWeight& view, std::size_t m,
                       const GptqSwitches& sw, bool& wgmma_applies) {
   // Every launch runs the wgmma kernel under Wgmma, and under Auto those
-  // gptq_wgmma_preferred gives it (every launch above 32 rows), where it
+  // gptq_wgmma_preferred gives it (every launch above 16 rows), where it
   // applies; the crossover to dequantize + cuBLAS was measured for each
   // kernel.
   wgmma_applies = weight.fused() && kernels::gptq_wgmma_applies(view.group_rows);

@@ -4,8 +4,9 @@
 // on every machine; the GPU tests check that CudaBackend follows it
 // (CudaGptqStream.AutoTakesTheBulkStreamingKernelUpToSixteenRows,
 // CudaGptqWgmma.AutoTakesTheWgmmaKernelFromNineRowsOnWideWeights,
-// CudaGptqWgmma.AutoTakesTheWgmmaKernelOnWeightsOfFourThousandColumns and
-// CudaGptqWgmma.AutoKeepsTheFusedKernelAtThirtyTwoRowsOnLongNarrowWeights).
+// CudaGptqWgmma.AutoTakesTheWgmmaKernelOnWeightsOfFourThousandColumns,
+// CudaGptqWgmma.AutoTakesTheWgmmaKernelFromSeventeenRowsOnDeepNarrowWeights and
+// CudaGptqWgmma.AutoTakesTheWgmmaKernelFromNineRowsOnShallowNarrowWeights).
 #include <gtest/gtest.h>
 
 #include "kernels/gptq_gemm.hpp"
@@ -16,7 +17,7 @@ namespace {
 using kernels::GptqKernelKind;
 using kernels::gptq_kernel_for;
 
-// On a narrow weight (n = 2048) Auto takes the bulk source up to 16 rows,
+// On a deep narrow weight (8192 x 2048) Auto takes the bulk source up to 16 rows,
 // then the wgmma kernel where it applies (sm_90a build, 9.0 device), else the
 // fused kernel.
 TEST(GptqKernelChoice, AutoTakesTheBulkSourceUpToSixteenRowsWhereBulkCopiesRun) {
@@ -24,7 +25,7 @@ TEST(GptqKernelChoice, AutoTakesTheBulkSourceUpToSixteenRowsWhereBulkCopiesRun) 
     const GptqKernelKind large = wgmma ? GptqKernelKind::Wgmma : GptqKernelKind::Fused;
     for (int rows = 1; rows <= kernels::kGptqMaxM; ++rows) {
       SCOPED_TRACE(rows);
-      EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::Fused, rows, 4096, 2048, true, wgmma),
+      EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::Fused, rows, 8192, 2048, true, wgmma),
                 rows <= kernels::kGptqStreamMaxM ? GptqKernelKind::StreamBulk : large);
     }
   }
@@ -46,7 +47,7 @@ TEST(GptqKernelChoice, AutoTakesTheWgmmaKernelFromNineRowsOnWideWeights) {
 
 // Without bulk copies (below sm_90, or groups of 16 rows) Auto keeps the
 // register source's range, then the fused kernel to 16 rows on a narrow
-// weight (n = 2048); the wgmma kernel takes only what gptq_wgmma_preferred gives it.
+// weight (8192 x 2048); the wgmma kernel takes only what gptq_wgmma_preferred gives it.
 TEST(GptqKernelChoice, AutoWithoutBulkCopiesTakesTheRegisterSourceUpToEightRows) {
   for (bool wgmma : {false, true}) {
     for (int rows = 1; rows <= kernels::kGptqMaxM; ++rows) {
@@ -55,7 +56,7 @@ TEST(GptqKernelChoice, AutoWithoutBulkCopiesTakesTheRegisterSourceUpToEightRows)
                                   : rows <= kernels::kGptqStreamMaxM ? GptqKernelKind::Fused
                                   : wgmma                            ? GptqKernelKind::Wgmma
                                                                      : GptqKernelKind::Fused;
-      EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::StreamBulk, rows, 4096, 2048, false, wgmma), want);
+      EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::StreamBulk, rows, 8192, 2048, false, wgmma), want);
       EXPECT_EQ(gptq_kernel_for(true, GptqKernelKind::StreamBulk, rows, 4096, 14336, false, wgmma),
                 wgmma && rows >= 9 ? GptqKernelKind::Wgmma : want);
     }
@@ -195,48 +196,52 @@ TEST(GptqKernelChoice, FusedKernelsUpToTheMeasuredCrossover) {
   }
 }
 
-// Where Auto prefers the wgmma kernel (sessions 19, 46 and 47): never up to
-// 8 rows; at 9 .. 16 rows on weights of n >= 6144, and of 16 column groups
-// (3841 <= n <= 4096) where k <= 8192 or at 16 rows (14336 x 4096 keeps the
-// streaming kernel at 9 .. 14); at 17 .. 32 except on long-k weights of
-// fewer column groups; above 32 rows everywhere.
+// Where Auto prefers the wgmma kernel (sessions 46, 47 and 48): never up to
+// 8 rows; at 9 .. 16 rows by column groups of kGptqWgmmaBlockN columns (12
+// and more except 16; 16 where k <= 8192 or at 16 rows; 8 .. 11 where k <=
+// 4096; 4 .. 7 where k <= 3072; never below 4); above 16 rows everywhere.
 TEST(GptqKernelChoice, WgmmaPreferredWhereItMeasuredFaster) {
   using kernels::gptq_wgmma_preferred;
   struct Shape {
     std::size_t k, n;
-    bool from_nine;  // the wgmma kernel at 9 .. 16 rows
+    bool from_nine;  // the wgmma kernel at 9 .. 15 rows
+    bool at_sixteen;
   };
-  for (const Shape& s : {Shape{8192, 28672, true}, Shape{4096, 28672, true}, Shape{4096, 14336, true},
-                         Shape{14336, 4096, false}, Shape{8192, 8192, true}, Shape{4096, 4096, true},
-                         Shape{8192, 4096, true}, Shape{4096, 6144, true}, Shape{1024, 2048, false}}) {
+  for (const Shape& s : {Shape{8192, 28672, true, true}, Shape{4096, 28672, true, true},
+                         Shape{4096, 14336, true, true}, Shape{14336, 4096, false, true},
+                         Shape{8192, 8192, true, true}, Shape{4096, 4096, true, true}, Shape{8192, 4096, true, true},
+                         Shape{4096, 6144, true, true}, Shape{14336, 3840, true, true}, Shape{14336, 4352, true, true},
+                         Shape{8192, 5120, true, true}, Shape{14336, 3072, true, true}, Shape{8192, 2816, false, false},
+                         Shape{4096, 2048, true, true}, Shape{8192, 2048, false, false}, Shape{3072, 1024, true, true},
+                         Shape{2048, 1024, true, true}, Shape{4096, 1024, false, false},
+                         Shape{14336, 1024, false, false}, Shape{1024, 512, false, false}}) {
     SCOPED_TRACE(testing::Message() << s.k << " x " << s.n);
     for (int rows : {1, 4, 8}) EXPECT_FALSE(gptq_wgmma_preferred(rows, s.k, s.n));
     for (int rows : {9, 12, 15}) EXPECT_EQ(gptq_wgmma_preferred(rows, s.k, s.n), s.from_nine);
-    EXPECT_EQ(gptq_wgmma_preferred(16, s.k, s.n), s.n == 4096 || s.n >= 6144);
-    for (int rows : {17, 32}) EXPECT_TRUE(gptq_wgmma_preferred(rows, s.k, s.n));
-    for (int rows : {33, 48, 64}) EXPECT_TRUE(gptq_wgmma_preferred(rows, s.k, s.n));
+    EXPECT_EQ(gptq_wgmma_preferred(16, s.k, s.n), s.at_sixteen);
+    for (int rows : {17, 32, 33, 48, 64}) EXPECT_TRUE(gptq_wgmma_preferred(rows, s.k, s.n));
   }
-  // The rule's edges: 16 column groups are 3841 .. 4096 columns; wider ones
-  // below 6144 (not measured) keep the streaming kernel to 16 rows.
-  EXPECT_TRUE(gptq_wgmma_preferred(9, 4096, 4088));
-  EXPECT_TRUE(gptq_wgmma_preferred(9, 4096, 3841));
-  EXPECT_FALSE(gptq_wgmma_preferred(9, 4096, 3840));
-  EXPECT_FALSE(gptq_wgmma_preferred(9, 4096, 4097));
-  EXPECT_FALSE(gptq_wgmma_preferred(9, 4096, 6143));
-  EXPECT_FALSE(gptq_wgmma_preferred(16, 4096, 5120));
-  EXPECT_TRUE(gptq_wgmma_preferred(17, 8192, 5120));
+  // The edges of the column groups (256 columns each) and of k.
+  EXPECT_TRUE(gptq_wgmma_preferred(9, 14336, 2817));   // 12 groups
+  EXPECT_FALSE(gptq_wgmma_preferred(9, 14336, 2816));  // 11
+  EXPECT_TRUE(gptq_wgmma_preferred(16, 14336, 3841));  // 16 groups: at 16 rows
+  EXPECT_FALSE(gptq_wgmma_preferred(15, 14336, 4096));
+  EXPECT_TRUE(gptq_wgmma_preferred(9, 14336, 4097));  // 17
+  EXPECT_FALSE(gptq_wgmma_preferred(9, 14336, 3841)) << "16 groups at k > 8192 below 16 rows";
   EXPECT_TRUE(gptq_wgmma_preferred(9, 8192, 4096));
   EXPECT_FALSE(gptq_wgmma_preferred(9, 8200, 4096));
-  EXPECT_FALSE(gptq_wgmma_preferred(15, 14336, 4096));
-  EXPECT_TRUE(gptq_wgmma_preferred(16, 14336, 4096));
-  EXPECT_TRUE(gptq_wgmma_preferred(16, 14336, 4088));
-  EXPECT_FALSE(gptq_wgmma_preferred(16, 14336, 3840));
-  EXPECT_TRUE(gptq_wgmma_preferred(9, 14336, 6144));
-  EXPECT_FALSE(gptq_wgmma_preferred(8, 4096, 6144));
-  EXPECT_FALSE(gptq_wgmma_preferred(17, 8192, 3840));
-  EXPECT_TRUE(gptq_wgmma_preferred(17, 8192, 3841));
-  EXPECT_TRUE(gptq_wgmma_preferred(17, 8184, 512));
-  EXPECT_TRUE(gptq_wgmma_preferred(33, 8192, 512));
+  EXPECT_TRUE(gptq_wgmma_preferred(16, 8200, 4096));
+  EXPECT_TRUE(gptq_wgmma_preferred(9, 4096, 1793));   // 8 groups
+  EXPECT_FALSE(gptq_wgmma_preferred(9, 4104, 1793));  // k past 4096
+  EXPECT_FALSE(gptq_wgmma_preferred(9, 4096, 1792));  // 7 groups
+  EXPECT_TRUE(gptq_wgmma_preferred(9, 3072, 1792));
+  EXPECT_TRUE(gptq_wgmma_preferred(9, 3072, 769));   // 4 groups
+  EXPECT_FALSE(gptq_wgmma_preferred(9, 3080, 769));  // k past 3072
+  EXPECT_FALSE(gptq_wgmma_preferred(9, 3072, 768));  // 3 groups
+  EXPECT_FALSE(gptq_wgmma_preferred(16, 1024, 256));
+  EXPECT_TRUE(gptq_wgmma_preferred(17, 1024, 256));
+  EXPECT_TRUE(gptq_wgmma_preferred(17, 65536, 64));
+  EXPECT_FALSE(gptq_wgmma_preferred(8, 4096, 28672));
 }
 
 }  // namespace

@@ -753,8 +753,8 @@ TEST_F(CudaGptqStream, FusedConfigStaysExactAtSmallM) {
 // Which kernel GptqKernel::Auto ran, seen through the bits: on random data
 // the streaming kernel (scale-after) and the fused kernel (scale-before)
 // round differently, so Auto must equal StreamBulk bitwise for m <= 16 on
-// this narrow weight (n = 512; n >= 6144, and 16 column groups where k <=
-// 8192, take wgmma from 9 rows, gptq_wgmma_preferred) and
+// this narrow weight (4096 x 512: 2 column groups, which keep the streaming
+// kernel to 16 rows, gptq_wgmma_preferred) and
 // Wgmma (where it runs, else Fused) for m = 17, and the two streaming-range
 // kernels must differ somewhere (else this test could not tell them apart).
 TEST_F(CudaGptqStream, AutoTakesTheBulkStreamingKernelUpToSixteenRows) {
@@ -1233,18 +1233,33 @@ void expect_auto_takes_wgmma_from(Backend& automatic, Backend& below, Backend& w
   }
 }
 
-// Auto runs the fused kernel at 17 .. 32 rows on a weight with k >= 8192 and
-// fewer than 16 column groups (n <= 3840) and the wgmma kernel at 33 rows (gptq_wgmma_preferred). The
-// fused-only backend is not run at 33 rows: there its act-order rule takes
-// dequantize + cuBLAS, whose kernels racecheck flags on its own.
-TEST_F(CudaGptqWgmma, AutoKeepsTheFusedKernelAtThirtyTwoRowsOnLongNarrowWeights) {
+// Auto runs the streaming kernel up to 16 rows on a deep narrow weight
+// (8192 x 512: 2 column groups) and the wgmma kernel from 17 rows on every
+// weight (gptq_wgmma_preferred, session 48: the fused kernel's exception for
+// such weights at 17 .. 32 rows measured 1.3x slower and was dropped).
+TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelFromSeventeenRowsOnDeepNarrowWeights) {
   FERRUM_SEEDED_RNG(rng);
-  CudaBackendConfig fused_config;
-  fused_config.gptq_kernel = GptqKernel::Fused;
-  CudaBackend fused(fused_config);
+  CudaBackendConfig bulk_config;
+  bulk_config.gptq_kernel = GptqKernel::StreamBulk;
+  CudaBackend bulk(bulk_config);
   const WeightCase c{8192, 512, 128, true, false, GptqZeroFormat::V1, false};
-  ASSERT_LE(33u, kernels::gptq_fused_max_m(c.k, c.n, c.act_order, true));  // both m on the INT4 path
-  expect_auto_takes_wgmma_from(cuda(), fused, wgmma(), c, {17, 32, 33}, 33, {DType::F16}, false, rng);
+  expect_auto_takes_wgmma_from(cuda(), bulk, wgmma(), c, {9, 16, 17, 32}, 17, {DType::F16}, false, rng);
+}
+
+// At 9 .. 16 rows Auto takes the wgmma kernel on narrower weights where k is
+// short (gptq_wgmma_preferred, session 48): 4 .. 7 column groups where k <=
+// 3072, 8 .. 11 where k <= 4096, and 12 or more (but 16) on any k.
+TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelFromNineRowsOnShallowNarrowWeights) {
+  FERRUM_SEEDED_RNG(rng);
+  CudaBackendConfig bulk_config;
+  bulk_config.gptq_kernel = GptqKernel::StreamBulk;
+  CudaBackend bulk(bulk_config);
+  for (const WeightCase& c : {WeightCase{2048, 1024, 128, true, false, GptqZeroFormat::V1, false},
+                              WeightCase{4096, 2048, 128, true, false, GptqZeroFormat::V1, false},
+                              WeightCase{8192, 3072, 128, true, false, GptqZeroFormat::V1, false}}) {
+    SCOPED_TRACE(describe(c));
+    expect_auto_takes_wgmma_from(cuda(), bulk, wgmma(), c, {5, 8, 9, 16}, 9, {DType::F16}, false, rng);
+  }
 }
 
 // On a weight of n >= 6144 Auto runs the streaming kernel up to 8 rows and
