@@ -203,7 +203,10 @@ __device__ __forceinline__ void store_quad_out(T* out /* [rows, n] */, int n, in
 // order 0, 1, ..., S-1 (fixed: bitwise reproducible), stores
 // out[r, col0 + c] (row stride n) for col0 + c < n, and resets the counter
 // for the next launch on the stream. Every thread of the CTA calls it.
-// Quads of 4 columns, kPer per thread, all in flight for one split at a time.
+// Quads of 4 columns, kPer per thread. Below 8 quads per thread the loads
+// of 8 / kPer splits go out together, then are added in split order: the
+// last arriver waits ceil(splits * kPer / 8) L2 round trips, not one per
+// split (the streaming kernel's tiles are one or two quads per thread).
 // res: store_quad_out's residual epilogue (cols a multiple of 16).
 template <class T, int kThreadsN, int kPer>
 __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [splits][tiles][rows][cols] f32
@@ -227,15 +230,48 @@ __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [s
   float4 sum[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) sum[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int s = 0; s < splits; ++s) {
-    const float* part = tile0 + static_cast<std::size_t>(s) * split_stride;
+  // Quad c is row c / quads_per_row, columns (c % quads_per_row) * 4 ..
+  // Columns >= n are skipped (a column block past n has no partial).
+  const auto live = [&](int i) {
+    const int c = tid + i * kThreadsN;
+    return c < quads && col0 + (c % quads_per_row) * 4 < n;
+  };
+  if constexpr (kPer >= 8) {
+    // Enough loads in flight per split (the wgmma kernel's 256-column
+    // tiles); the condition stays inside the split loop, where ptxas keeps
+    // the N = 64 instances under 255 registers.
+    for (int s = 0; s < splits; ++s) {
+      const float* part = tile0 + static_cast<std::size_t>(s) * split_stride;
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int c = tid + i * kThreadsN;
-      // Quad c is row c / quads_per_row, columns (c % quads_per_row) * 4 ..
-      // Columns >= n are skipped (a column block past n has no partial).
-      if (c < quads && col0 + (c % quads_per_row) * 4 < n) {
-        add_quad(sum[i], __ldcg(reinterpret_cast<const float4*>(part) + c));
+      for (int i = 0; i < kPer; ++i) {
+        const int c = tid + i * kThreadsN;
+        if (c < quads && col0 + (c % quads_per_row) * 4 < n) {
+          add_quad(sum[i], __ldcg(reinterpret_cast<const float4*>(part) + c));
+        }
+      }
+    }
+  } else {
+    constexpr int kBatch = 8 / kPer;
+    for (int s0 = 0; s0 < splits; s0 += kBatch) {
+      float4 v[kBatch][kPer];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+          if (s0 + b < splits && live(i)) {
+            const float* part = tile0 + static_cast<std::size_t>(s0 + b) * split_stride;
+            v[b][i] = __ldcg(reinterpret_cast<const float4*>(part) + tid + i * kThreadsN);
+          }
+        }
+      }
+      // Added in split order, and only the splits that exist (adding 0.0f
+      // would turn a -0.0f sum into +0.0f).
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+          if (s0 + b < splits && live(i)) add_quad(sum[i], v[b][i]);
+        }
       }
     }
   }
