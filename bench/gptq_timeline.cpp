@@ -13,8 +13,9 @@
 // (--ctas-per-sm N sets gptq_stream_ctas_per_sm); only that launch is
 // printed. Three weights are used in turn, so the launch read has its weight
 // out of L2 where a weight is over a third of L2 (two others read since).
-// Only streaming launches record stamps: from 9 rows on wide weights Auto
-// takes the wgmma kernel, and the tool then reports no launch.
+// Only streaming launches record stamps: from 9 rows on most weights Auto
+// takes the wgmma kernel (kernels::gptq_wgmma_preferred), and the tool then
+// reports no launch.
 //
 // --row-sq-norms decodes with DecoderOptions::gptq_row_sq_norms (the
 // residual adds in o's and down's final store, as ferrum_engine
@@ -246,7 +247,7 @@ std::vector<GptqTimelineLaunch> gemm_launches(const Options& opt) {
   for (const GptqTimelineLaunch& l : launches) newest = std::max(newest, l.sequence);
   std::erase_if(launches, [&](const GptqTimelineLaunch& l) { return l.sequence != newest; });
   if (newest < 0) {
-    std::printf("no streaming launch recorded (from 9 rows on wide weights Auto takes the wgmma kernel)\n");
+    std::printf("no streaming launch recorded (from 9 rows on most weights Auto takes the wgmma kernel)\n");
   }
   return launches;
 }

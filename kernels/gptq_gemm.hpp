@@ -122,22 +122,27 @@ bool gptq_wgmma_applies(int group_rows);
 //     it streams each column group from at most 8 CTAs while the streaming
 //     kernel spreads a narrow weight over every SM; deep narrow weights are
 //     the streaming kernel's (session 48):
-//       - 12 groups and more (n > 2816), except 16: 0.66 .. 0.98 on every
+//       - 12 groups and more (n > 2816), except 16: 0.64 .. 0.99 on every
 //         weight measured (n = 3072 .. 3840 at k = 4096, 8192 and 14336;
 //         17, 20 and 24 groups; session 46's n >= 6144: 0.81 .. 0.91);
 //       - 16 groups (3841 <= n <= 4096, 6 splits, session 47) where k <=
 //         8192 or at 16 rows (14336 x 4096: 0.97 at 16 rows, 1.02 .. 1.09 at
 //         9 .. 14);
 //       - 8 .. 11 groups where k <= 4096 (0.92 .. 1.03 at k = 4096; at k =
-//         8192 and 14336 1.00 .. 1.14, the streaming kernel's);
+//         8192 and 14336 0.94 .. 1.14: the streaming kernel's at 9 rows
+//         everywhere, the wgmma kernel's by 3 .. 7 % at 12 .. 16 rows on
+//         10 .. 11 groups at k = 14336, left to the streaming kernel);
 //       - 4 .. 7 groups where k <= 3072 (0.88 .. 0.99 at k = 2048 .. 3072;
 //         at k >= 4096 1.03 .. 1.34);
 //       - 1 .. 3 groups never (4096 x 512: 1.03 .. 1.06; not measured at
 //         k <= 3072).
+//     Cells between the measured ones (5 .. 7 groups at k <= 3072, 9 .. 11
+//     below k = 4096, k between the measured depths) follow the rule by
+//     interpolation.
 //     Without bulk copies (groups of 16 rows, or no sm_90) the streaming
 //     side would run the fused kernel, which was not measured against the
 //     wgmma kernel at 9 .. 16 rows;
-//   * 17 .. 32 rows everywhere (session 48: 0.55 .. 0.93 of the fused
+//   * 17 .. 32 rows everywhere (session 48: 0.55 .. 0.94 of the fused
 //     kernel's time on every weight measured, from 4096 x 256 and 8192 x 512
 //     to 28672 x 4096; session 19's exception for long narrow weights was
 //     made at 8 splits on 14336 x 4096 and no longer holds);

@@ -205,8 +205,10 @@ __device__ __forceinline__ void store_quad_out(T* out /* [rows, n] */, int n, in
 // for the next launch on the stream. Every thread of the CTA calls it.
 // Quads of 4 columns, kPer per thread. Below 8 quads per thread the loads
 // of 8 / kPer splits go out together, then are added in split order: the
-// last arriver waits ceil(splits * kPer / 8) L2 round trips, not one per
-// split (the streaming kernel's tiles are one or two quads per thread).
+// last arriver waits ceil(splits / (8 / kPer)) L2 round trips, not one per
+// split (the streaming kernel's tiles are one or two quads per thread, the
+// fused kernel's m <= 32 configurations two or four; only the streaming
+// kernel's were timed, session 48).
 // res: store_quad_out's residual epilogue (cols a multiple of 16).
 template <class T, int kThreadsN, int kPer>
 __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [splits][tiles][rows][cols] f32
@@ -251,6 +253,7 @@ __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [s
       }
     }
   } else {
+    static_assert(8 % kPer == 0, "whole splits per batch");
     constexpr int kBatch = 8 / kPer;
     for (int s0 = 0; s0 < splits; s0 += kBatch) {
       float4 v[kBatch][kPer];
@@ -264,8 +267,8 @@ __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [s
           }
         }
       }
-      // Added in split order, and only the splits that exist (adding 0.0f
-      // would turn a -0.0f sum into +0.0f).
+      // Added in split order, and only the splits that exist (a split
+      // past the last has no partial and was not loaded).
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
 #pragma unroll

@@ -232,6 +232,8 @@ TEST(GptqKernelChoice, WgmmaPreferredWhereItMeasuredFaster) {
   EXPECT_FALSE(gptq_wgmma_preferred(9, 8200, 4096));
   EXPECT_TRUE(gptq_wgmma_preferred(16, 8200, 4096));
   EXPECT_TRUE(gptq_wgmma_preferred(9, 4096, 1793));   // 8 groups
+  EXPECT_TRUE(gptq_wgmma_preferred(9, 4096, 2816));   // 11
+  EXPECT_FALSE(gptq_wgmma_preferred(9, 4104, 2816));
   EXPECT_FALSE(gptq_wgmma_preferred(9, 4104, 1793));  // k past 4096
   EXPECT_FALSE(gptq_wgmma_preferred(9, 4096, 1792));  // 7 groups
   EXPECT_TRUE(gptq_wgmma_preferred(9, 3072, 1792));
