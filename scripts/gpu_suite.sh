@@ -60,6 +60,12 @@
 #                                kernel against main at m = 9..32 on 7 shapes,
 #                                two passes (gptq_small_m.md §13.13; session
 #                                47: 6-35 % slower, §13.14)
+#   scripts/gpu_suite.sh wgmmaworkspace  the wgmma GPTQ kernel's workspace
+#                                reduction against its cluster reduction
+#                                (4096^2 and 8192^2, m = 9 and 64), then ncu
+#                                on one launch of each at 4096^2 m = 64 and
+#                                the workspace launch's stalls per SASS line
+#                                (gptq_small_m.md §13.15)
 #   scripts/gpu_suite.sh wgmmasplits  the wgmma GPTQ kernel at each split count
 #                                of WGMMA_SPLITS ('0 4 5 6 7 8'; 0 = the plan), m = 16, 32,
 #                                64, on shapes of 16, 24, 56 and 112 column
@@ -149,7 +155,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -375,12 +381,12 @@ sanitize() {
       echo "wgmmafold: the patch does not apply to this tree"
     fi
   fi
-  # ab alone, or wgmmaablate and wgmmasplits alone or together, need only
+  # ab alone, or wgmmaablate, wgmmasplits, wgmmafold and wgmmaworkspace alone or together, need only
   # their targets (the whole tree, tests included, costs about a minute
   # more of the call).
   MAIN_TARGETS=()
   [ "$MODE" = ab ] && MAIN_TARGETS=(--target ferrum_engine ferrum_bench_gptq ${AB_OPS_FILTER:+ferrum_bench})
-  modes_within "wgmmaablate wgmmasplits wgmmafold" && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate ferrum_cluster_placement)
+  modes_within "wgmmaablate wgmmasplits wgmmafold wgmmaworkspace" && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate ferrum_cluster_placement)
   cmake --build $B -j$([ -d base ] && has_mode ab && echo 10 || echo 16) "${MAIN_TARGETS[@]}" 2>&1 \
     | grep -E "error|warning|FAILED" || echo "build ok"
   wait
@@ -686,6 +692,30 @@ if has_mode profile; then
     timeout 150 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 6 $B/tests/ferrum_tests_gpu \
       --gtest_brief=1 --gtest_filter='Specs/CudaFlashDecodeRagged.*_case1:CudaGptq*' > "$OUT/racecheck_detail.txt" 2>&1
     echo "racecheck detail exit $?"
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode wgmmaworkspace; then
+  # Why the wgmma GPTQ kernel's workspace reduction costs so much more than
+  # its cluster reduction (docs/design/gptq_small_m.md §13.15: 4096^2 m = 64
+  # 55 against 16 us at 6 splits): both launches timed, then one launch of
+  # each under ncu (detailed set), and the workspace launch's stalls per SASS
+  # line as CSV.
+  {
+    echo "== wgmma workspace against cluster reduction ($(date +%T))"
+    WS=(--kernel wgmma --shapes 4096x4096,8192x8192 --ms 9,64 --iters 20)
+    $B/bench/ferrum_bench_gptq "${WS[@]}" 2>&1 | grep -v "^wrote"
+    $B/bench/ferrum_bench_gptq "${WS[@]}" --no-cluster-reduce 2>&1 | grep -v "^wrote"
+    NCU=(ncu --clock-control none --set detailed -k regex:gptq_wgmma --launch-skip 5 --launch-count 1)
+    ONE=(--kernel wgmma --shapes 4096x4096 --ms 64 --iters 5)
+    timeout 120 "${NCU[@]}" $B/bench/ferrum_bench_gptq "${ONE[@]}" > "$OUT/ncu_wgmma_cluster.txt" 2>&1
+    echo "ncu cluster exit $?"
+    timeout 120 "${NCU[@]}" $B/bench/ferrum_bench_gptq "${ONE[@]}" --no-cluster-reduce > "$OUT/ncu_wgmma_workspace.txt" 2>&1
+    echo "ncu workspace exit $?"
+    timeout 120 ncu --clock-control none -k regex:gptq_wgmma --launch-skip 5 --launch-count 1 --section SourceCounters \
+      --page source --print-source sass --csv $B/bench/ferrum_bench_gptq "${ONE[@]}" --no-cluster-reduce \
+      > "$OUT/ncu_wgmma_workspace_source.csv" 2>&1
+    echo "ncu workspace source exit $?"
   } 2>&1 | tee -a "$LOG"
 fi
 
