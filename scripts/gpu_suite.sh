@@ -61,11 +61,13 @@
 #                                two passes (gptq_small_m.md §13.13; session
 #                                47: 6-35 % slower, §13.14)
 #   scripts/gpu_suite.sh wgmmaworkspace  the wgmma GPTQ kernel's workspace
-#                                reduction against its cluster reduction
-#                                (4096^2 and 8192^2, m = 9 and 64), then ncu
-#                                on one launch of each at 4096^2 m = 64 and
-#                                the workspace launch's stalls per SASS line
-#                                (gptq_small_m.md §13.15)
+#                                reduction against its cluster reduction, on
+#                                main and with docs/design/patches/
+#                                gptq_finish_chunked.patch (its *Gptq* GPU
+#                                tests first), two passes; then ncu on one
+#                                launch of main's each way at 4096^2 m = 64
+#                                and the workspace launch's stalls per SASS
+#                                line (gptq_small_m.md §13.15)
 #   scripts/gpu_suite.sh wgmmasplits  the wgmma GPTQ kernel at each split count
 #                                of WGMMA_SPLITS ('0 4 5 6 7 8'; 0 = the plan), m = 16, 32,
 #                                64, on shapes of 16, 24, 56 and 112 column
@@ -369,6 +371,16 @@ sanitize() {
       done
     else
       echo "wgmmaablate: the patch does not apply to this tree"
+    fi
+  fi
+  # wgmmaworkspace: the tree with docs/design/patches/gptq_finish_chunked.patch
+  # applied, its GPU tests and GPTQ bench.
+  if has_mode wgmmaworkspace; then
+    CHUNKED_SRC="${B}-chunked-src"
+    if patched_tree "$CHUNKED_SRC" docs/design/patches/gptq_finish_chunked.patch; then
+      side_build "${B}-chunked" "$CHUNKED_SRC" "chunked finish" 8 "" ferrum_tests_gpu ferrum_bench_gptq
+    else
+      echo "wgmmaworkspace: the patch does not apply to this tree"
     fi
   fi
   # wgmmafold: the tree with docs/design/patches/gptq_wgmma_lop3_fold.patch
@@ -698,14 +710,35 @@ fi
 if has_mode wgmmaworkspace; then
   # Why the wgmma GPTQ kernel's workspace reduction costs so much more than
   # its cluster reduction (docs/design/gptq_small_m.md §13.15: 4096^2 m = 64
-  # 55 against 16 us at 6 splits): both launches timed, then one launch of
-  # each under ncu (detailed set), and the workspace launch's stalls per SASS
-  # line as CSV.
+  # 55 against 16 us at 6 splits), and whether the chunked finish
+  # (docs/design/patches/gptq_finish_chunked.patch: 4 quads at a time with 4
+  # splits' loads in flight) mends it: the patched tree's GPTQ GPU tests (the
+  # same bits as the cluster reduction), both reductions of both builds
+  # timed in two alternated passes, then ncu on one launch of main's each way
+  # and the workspace launch's stalls per SASS line as CSV.
   {
-    echo "== wgmma workspace against cluster reduction ($(date +%T))"
-    WS=(--kernel wgmma --shapes 4096x4096,8192x8192 --ms 9,64 --iters 20)
-    $B/bench/ferrum_bench_gptq "${WS[@]}" 2>&1 | grep -v "^wrote"
-    $B/bench/ferrum_bench_gptq "${WS[@]}" --no-cluster-reduce 2>&1 | grep -v "^wrote"
+    CB="${B}-chunked"
+    if [ -x "$CB/tests/ferrum_tests_gpu" ]; then
+      echo "== chunked finish: *Gptq* GPU tests ($(date +%T))"
+      gtest_shards "$CB/tests/ferrum_tests_gpu" chunked_tests 6 240 --gtest_filter='*Gptq*'
+    else
+      echo "wgmmaworkspace: no patched build"
+    fi
+    echo "== wgmma workspace against cluster reduction, main and chunked ($(date +%T))"
+    for pass in 1 2; do
+      for build in main chunked; do
+        bin="$B/bench/ferrum_bench_gptq"
+        [ "$build" = chunked ] && bin="$CB/bench/ferrum_bench_gptq"
+        [ -x "$bin" ] || continue
+        for reduce in cluster workspace; do
+          flag=""
+          [ "$reduce" = workspace ] && flag=--no-cluster-reduce
+          gptq_rows "pass $pass $build $reduce" "$bin" --kernel wgmma $flag --ms 9,16,32,64 \
+            --shapes 4096x4096,8192x8192,14336x4096,8192x28672
+        done
+        gptq_rows "pass $pass $build auto" "$bin" --kernel auto --ms 1,8,16,64 --shapes 4096x4096,14336x4096,8192x28672
+      done
+    done
     NCU=(ncu --clock-control none --set detailed -k regex:gptq_wgmma --launch-skip 5 --launch-count 1)
     ONE=(--kernel wgmma --shapes 4096x4096 --ms 64 --iters 5)
     timeout 120 "${NCU[@]}" $B/bench/ferrum_bench_gptq "${ONE[@]}" > "$OUT/ncu_wgmma_cluster.txt" 2>&1
