@@ -64,10 +64,12 @@
 #                                reduction against its cluster reduction, on
 #                                main and with docs/design/patches/
 #                                gptq_finish_chunked.patch (its *Gptq* GPU
-#                                tests first), two passes; then ncu on one
-#                                launch of main's each way at 4096^2 m = 64
-#                                and the workspace launch's stalls per SASS
-#                                line (gptq_small_m.md §13.15)
+#                                tests first), with Auto and the fused kernel
+#                                (m = 33, 64) as controls, two passes; then ncu
+#                                on one launch of main's each way at 4096^2
+#                                m = 64, the workspace launch's stalls per SASS
+#                                line, and the patched workspace launch
+#                                (gptq_small_m.md §13.15)
 #   scripts/gpu_suite.sh wgmmasplits  the wgmma GPTQ kernel at each split count
 #                                of WGMMA_SPLITS ('0 4 5 6 7 8'; 0 = the plan), m = 16, 32,
 #                                64, on shapes of 16, 24, 56 and 112 column
@@ -380,6 +382,7 @@ sanitize() {
     if patched_tree "$CHUNKED_SRC" docs/design/patches/gptq_finish_chunked.patch; then
       side_build "${B}-chunked" "$CHUNKED_SRC" "chunked finish" 8 "" ferrum_tests_gpu ferrum_bench_gptq
     else
+      rm -rf "${B}-chunked"  # no stale build from an earlier call stands in for it
       echo "wgmmaworkspace: the patch does not apply to this tree"
     fi
   fi
@@ -737,6 +740,8 @@ if has_mode wgmmaworkspace; then
             --shapes 4096x4096,8192x8192,14336x4096,8192x28672
         done
         gptq_rows "pass $pass $build auto" "$bin" --kernel auto --ms 1,8,16,64 --shapes 4096x4096,14336x4096,8192x28672
+        # The fused kernel's m <= 64 configuration takes the chunked finish too.
+        gptq_rows "pass $pass $build fused" "$bin" --kernel fused --ms 33,64 --shapes 4096x4096,8192x8192
       done
     done
     NCU=(ncu --clock-control none --set detailed -k regex:gptq_wgmma --launch-skip 5 --launch-count 1)
@@ -749,6 +754,11 @@ if has_mode wgmmaworkspace; then
       --page source --print-source sass --csv $B/bench/ferrum_bench_gptq "${ONE[@]}" --no-cluster-reduce \
       > "$OUT/ncu_wgmma_workspace_source.csv" 2>&1
     echo "ncu workspace source exit $?"
+    if [ -x "$CB/bench/ferrum_bench_gptq" ]; then
+      timeout 120 "${NCU[@]}" "$CB/bench/ferrum_bench_gptq" "${ONE[@]}" --no-cluster-reduce \
+        > "$OUT/ncu_wgmma_workspace_chunked.txt" 2>&1
+      echo "ncu workspace (chunked) exit $?"
+    fi
   } 2>&1 | tee -a "$LOG"
 fi
 
