@@ -240,8 +240,9 @@ __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [s
   };
   if constexpr (kPer >= 8) {
     // Enough loads in flight per split (the wgmma kernel's 256-column
-    // tiles); the condition stays inside the split loop, where ptxas keeps
-    // the N = 64 instances under 255 registers.
+    // tiles, and the fused kernel's m <= 64 configuration); the condition
+    // stays inside the split loop, where ptxas keeps the wgmma N = 64
+    // instances under 255 registers.
     for (int s = 0; s < splits; ++s) {
       const float* part = tile0 + static_cast<std::size_t>(s) * split_stride;
 #pragma unroll
