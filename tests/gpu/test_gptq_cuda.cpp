@@ -227,25 +227,34 @@ class CudaGptq : public CudaTest {
   }
   // A backend on the device whose fused kernels take every m up to 4096.
   CudaBackend& fused_everywhere() {
-    if (fused_everywhere_ == nullptr) {
-      CudaBackendConfig config;
-      config.gptq_fused_max_m = 4096;
-      fused_everywhere_ = std::make_unique<CudaBackend>(config);
-    }
-    return *fused_everywhere_;
+    CudaBackendConfig config;
+    config.gptq_fused_max_m = 4096;
+    return made_once(fused_everywhere_, config);
   }
   // The same with GptqKernel::Fused: the fused kernel for every launch.
   CudaBackend& fused_kernel_everywhere() {
-    if (fused_kernel_everywhere_ == nullptr) {
-      CudaBackendConfig config;
-      config.gptq_fused_max_m = 4096;
-      config.gptq_kernel = GptqKernel::Fused;
-      fused_kernel_everywhere_ = std::make_unique<CudaBackend>(config);
-    }
-    return *fused_kernel_everywhere_;
+    CudaBackendConfig config;
+    config.gptq_fused_max_m = 4096;
+    config.gptq_kernel = GptqKernel::Fused;
+    return made_once(fused_kernel_everywhere_, config);
+  }
+  // A backend forcing the streaming kernel's bulk source wherever it runs (up
+  // to 16 rows; the fused kernel above), the library's defaults otherwise.
+  CudaBackend& stream_bulk() {
+    CudaBackendConfig config;
+    config.gptq_kernel = GptqKernel::StreamBulk;
+    return made_once(stream_bulk_, config);
+  }
+
+ private:
+  // The backend in `slot`, made with `config` on first use and kept for the test.
+  static CudaBackend& made_once(std::unique_ptr<CudaBackend>& slot, const CudaBackendConfig& config) {
+    if (slot == nullptr) slot = std::make_unique<CudaBackend>(config);
+    return *slot;
   }
   std::unique_ptr<CudaBackend> fused_everywhere_;
   std::unique_ptr<CudaBackend> fused_kernel_everywhere_;
+  std::unique_ptr<CudaBackend> stream_bulk_;
 };
 
 constexpr std::initializer_list<std::size_t> kAllM = {1, 3, 16, 17, 33, 64, 65, 200, 300};
@@ -762,9 +771,7 @@ TEST_F(CudaGptqStream, AutoTakesTheBulkStreamingKernelUpToSixteenRows) {
   CudaBackendConfig fused_config;
   fused_config.gptq_kernel = GptqKernel::Fused;
   CudaBackend fused(fused_config);
-  CudaBackendConfig bulk_config;
-  bulk_config.gptq_kernel = GptqKernel::StreamBulk;
-  CudaBackend bulk(bulk_config);
+  Backend& bulk = stream_bulk();
   CudaBackendConfig large_config;
   large_config.gptq_kernel = kernels::gptq_wgmma_supported() ? GptqKernel::Wgmma : GptqKernel::Fused;
   CudaBackend large(large_config);
@@ -1241,11 +1248,8 @@ void expect_auto_takes_wgmma_from(Backend& automatic, Backend& below, Backend& w
 // must differ from the wgmma kernel's there.
 TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelFromSeventeenRowsOnDeepNarrowWeights) {
   FERRUM_SEEDED_RNG(rng);
-  CudaBackendConfig bulk_config;
-  bulk_config.gptq_kernel = GptqKernel::StreamBulk;
-  CudaBackend bulk(bulk_config);
   const WeightCase c{8192, 512, 128, true, false, GptqZeroFormat::V1, false};
-  expect_auto_takes_wgmma_from(cuda(), bulk, wgmma(), c, {9, 16, 17, 32}, 17, {DType::F16}, true, rng);
+  expect_auto_takes_wgmma_from(cuda(), stream_bulk(), wgmma(), c, {9, 16, 17, 32}, 17, {DType::F16}, true, rng);
 }
 
 // At 9 .. 16 rows Auto takes the wgmma kernel on narrower weights where k is
@@ -1253,14 +1257,11 @@ TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelFromSeventeenRowsOnDeepNarrowWeight
 // 3072, 8 .. 11 where k <= 4096, and 12 or more (but 16) on any k.
 TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelFromNineRowsOnShallowNarrowWeights) {
   FERRUM_SEEDED_RNG(rng);
-  CudaBackendConfig bulk_config;
-  bulk_config.gptq_kernel = GptqKernel::StreamBulk;
-  CudaBackend bulk(bulk_config);
   for (const WeightCase& c : {WeightCase{2048, 1024, 128, true, false, GptqZeroFormat::V1, false},
                               WeightCase{4096, 2048, 128, true, false, GptqZeroFormat::V1, false},
                               WeightCase{8192, 3072, 128, true, false, GptqZeroFormat::V1, false}}) {
     SCOPED_TRACE(describe(c));
-    expect_auto_takes_wgmma_from(cuda(), bulk, wgmma(), c, {5, 8, 9, 16}, 9, {DType::F16}, true, rng);
+    expect_auto_takes_wgmma_from(cuda(), stream_bulk(), wgmma(), c, {5, 8, 9, 16}, 9, {DType::F16}, true, rng);
   }
 }
 
@@ -1268,11 +1269,8 @@ TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelFromNineRowsOnShallowNarrowWeights)
 // the wgmma kernel from 9 (gptq_wgmma_preferred).
 TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelFromNineRowsOnWideWeights) {
   FERRUM_SEEDED_RNG(rng);
-  CudaBackendConfig bulk_config;
-  bulk_config.gptq_kernel = GptqKernel::StreamBulk;
-  CudaBackend bulk(bulk_config);
   const WeightCase c{1024, 6144, 128, true, false, GptqZeroFormat::V1, false};
-  expect_auto_takes_wgmma_from(cuda(), bulk, wgmma(), c, {5, 8, 9, 12, 16}, 9, {DType::F16, DType::BF16}, true, rng);
+  expect_auto_takes_wgmma_from(cuda(), stream_bulk(), wgmma(), c, {5, 8, 9, 12, 16}, 9, {DType::F16, DType::BF16}, true, rng);
 }
 
 // On a weight of n = 4096 (16 column groups) Auto takes the wgmma kernel
@@ -1280,18 +1278,15 @@ TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelFromNineRowsOnWideWeights) {
 // rows on either (gptq_wgmma_preferred, session 47).
 TEST_F(CudaGptqWgmma, AutoTakesTheWgmmaKernelOnWeightsOfFourThousandColumns) {
   FERRUM_SEEDED_RNG(rng);
-  CudaBackendConfig bulk_config;
-  bulk_config.gptq_kernel = GptqKernel::StreamBulk;
-  CudaBackend bulk(bulk_config);
   {
     SCOPED_TRACE("k = 1024");
     const WeightCase c{1024, 4096, 128, true, false, GptqZeroFormat::V1, false};
-    expect_auto_takes_wgmma_from(cuda(), bulk, wgmma(), c, {5, 8, 9, 16, 17, 32}, 9, {DType::F16}, false, rng);
+    expect_auto_takes_wgmma_from(cuda(), stream_bulk(), wgmma(), c, {5, 8, 9, 16, 17, 32}, 9, {DType::F16}, false, rng);
   }
   {
     SCOPED_TRACE("k = 8320");
     const WeightCase c{8320, 4096, 128, true, false, GptqZeroFormat::V1, false};
-    expect_auto_takes_wgmma_from(cuda(), bulk, wgmma(), c, {9, 15, 16, 17, 32}, 16, {DType::F16}, false, rng);
+    expect_auto_takes_wgmma_from(cuda(), stream_bulk(), wgmma(), c, {9, 15, 16, 17, 32}, 16, {DType::F16}, false, rng);
   }
 }
 
