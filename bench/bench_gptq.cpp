@@ -124,7 +124,7 @@ double time_median(int copies, int warmup, int iters, const std::function<void(i
     check(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]), "cudaEventElapsedTime");
     us[static_cast<std::size_t>(i)] = 1000.0 * ms;
   }
-  for (auto& e : ev) cudaEventDestroy(e);
+  for (auto& e : ev) check(cudaEventDestroy(e), "cudaEventDestroy");
   std::sort(us.begin(), us.end());
   return us[us.size() / 2];
 }
@@ -393,8 +393,8 @@ int main(int argc, char** argv) {
       ferrum::bench::launch_read_ceiling(ceiling_bufs[static_cast<std::size_t>(c)], ceiling_bytes, d_sink, num_sms,
                                          stream);
     }, stream);
-    for (void* p : ceiling_bufs) cudaFree(p);
-    cudaFree(d_sink);
+    for (void* p : ceiling_bufs) check(cudaFree(p), "cudaFree");
+    check(cudaFree(d_sink), "cudaFree");
 
     for (int m : ms) {
       // Ours: the fused kernel, kGptqMaxM rows per launch (as the backend runs it).
@@ -494,10 +494,10 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
 
-    for (void* p : owned) cudaFree(p);
-    for (void* p : w16) cudaFree(p);
+    for (void* p : owned) check(cudaFree(p), "cudaFree");
+    for (void* p : w16) check(cudaFree(p), "cudaFree");
     for (void* p : {static_cast<void*>(d_partials), static_cast<void*>(d_counters), d_a, d_gather, d_out, d_scratch}) {
-      if (p != nullptr) cudaFree(p);
+      if (p != nullptr) check(cudaFree(p), "cudaFree");
     }
   }
 
@@ -521,8 +521,8 @@ int main(int argc, char** argv) {
     out << "]}\n";
     std::printf("wrote %s\n", opt.json.c_str());
   }
-  cublasDestroy(cublas);
-  cudaFree(cublas_ws);
-  cudaStreamDestroy(stream);
+  check(cublasDestroy(cublas), "cublasDestroy");
+  check(cudaFree(cublas_ws), "cudaFree");
+  check(cudaStreamDestroy(stream), "cudaStreamDestroy");
   return 0;
 }

@@ -229,9 +229,9 @@ int main(int argc, char** argv) {
     std::printf("wrote %s\n", json_path.c_str());
   }
   for (Rank& r : ranks) {
-    cudaSetDevice(r.be->device());
-    cudaEventDestroy(r.start);
-    cudaEventDestroy(r.stop);
+    cuda_ok(cudaSetDevice(r.be->device()), "cudaSetDevice");
+    cuda_ok(cudaEventDestroy(r.start), "cudaEventDestroy");
+    cuda_ok(cudaEventDestroy(r.stop), "cudaEventDestroy");
   }
   return 0;
 }

@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_check.hpp"
 #include "ferrum/ferrum.hpp"
 
 namespace {
@@ -114,11 +115,11 @@ class Events {  // RAII event pairs
       FB_CUDA(cudaEventCreate(&stop_[i]));
     }
   }
-  ~Events() {
+  ~Events() {  // a destructor: warn, never throw
     for (auto e : start_)
-      if (e) cudaEventDestroy(e);
+      if (e) warn_if_failed(cudaEventDestroy(e), "cudaEventDestroy");
     for (auto e : stop_)
-      if (e) cudaEventDestroy(e);
+      if (e) warn_if_failed(cudaEventDestroy(e), "cudaEventDestroy");
   }
   Events(const Events&) = delete;
   Events& operator=(const Events&) = delete;
@@ -142,9 +143,9 @@ class Events {  // RAII event pairs
 class GraphExecs {  // RAII instantiated graphs
  public:
   GraphExecs() = default;
-  ~GraphExecs() {
+  ~GraphExecs() {  // a destructor: warn, never throw
     for (auto g : execs)
-      if (g) cudaGraphExecDestroy(g);
+      if (g) warn_if_failed(cudaGraphExecDestroy(g), "cudaGraphExecDestroy");
   }
   GraphExecs(const GraphExecs&) = delete;
   GraphExecs& operator=(const GraphExecs&) = delete;
@@ -325,10 +326,15 @@ class Bench {
       print_row(r);
       records_.push_back(std::move(r));
       // Drain whatever is queued so the next case starts clean; a sticky
-      // CUDA error will make every later case report it too.
+      // CUDA error will make every later case report it too. A failure here
+      // is printed, not hidden, and the run carries on.
       try {
         be_.synchronize();
+      } catch (const std::exception& sync_error) {  // ferrum::Error included
+        std::fprintf(stderr, "ferrum_bench: synchronize after %s %s failed: %s\n", spec.op.c_str(),
+                     spec.shape.c_str(), sync_error.what());
       } catch (...) {
+        std::fprintf(stderr, "ferrum_bench: synchronize after %s %s failed\n", spec.op.c_str(), spec.shape.c_str());
       }
       (void)cudaGetLastError();
     }
@@ -443,7 +449,8 @@ class Bench {
     if (cudaStreamIsCapturing(st_, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
       cudaGraph_t g = nullptr;
       (void)cudaStreamEndCapture(st_, &g);
-      if (g) cudaGraphDestroy(g);
+      // Runs while an exception is on its way out: warn rather than throw over it.
+      if (g) warn_if_failed(cudaGraphDestroy(g), "cudaGraphDestroy");
     }
     (void)cudaGetLastError();
   }
@@ -487,9 +494,10 @@ class Bench {
       FB_CUDA(cudaStreamEndCapture(st_, &graph));
       cudaGraphExec_t exec = nullptr;
       const cudaError_t err = cudaGraphInstantiateWithFlags(&exec, graph, 0);
-      cudaGraphDestroy(graph);
+      const cudaError_t destroyed = cudaGraphDestroy(graph);  // done with either way
       FB_CUDA(err);
-      ge.execs.push_back(exec);
+      ge.execs.push_back(exec);  // owned before a throw below
+      FB_CUDA(destroyed);
       FB_CUDA(cudaGraphUpload(exec, st_));
     }
     for (int w = 0; w < 2; ++w)

@@ -152,6 +152,6 @@ int main(int argc, char** argv) {
                   fits_single ? "fits" : "no", fits_single && x2 > 0 ? "  MISMATCH: two CTAs on an SM" : "");
     }
   }
-  cudaFree(sm_of);
+  check(cudaFree(sm_of), "cudaFree");
   return 0;
 }

@@ -1,6 +1,7 @@
 // What the standalone benchmark tools share around the CUDA runtime: a
-// failed call ends the tool with the call's name and the error, and a tool
-// that needs Hopper says so and exits cleanly where there is none.
+// failed call ends the tool with the call's name and the error (or, in
+// cleanup that must not throw or exit, says so on stderr), and a tool that
+// needs Hopper says so and exits cleanly where there is none.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -13,6 +14,12 @@ inline void check(cudaError_t e, const char* what) {
     std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
     std::exit(1);
   }
+}
+
+// For cleanup where ending the tool or throwing is wrong (destructors,
+// noexcept paths): one warning line on stderr, and carry on.
+inline void warn_if_failed(cudaError_t e, const char* what) noexcept {
+  if (e != cudaSuccess) std::fprintf(stderr, "warning: %s: %s\n", what, cudaGetErrorString(e));
 }
 
 // The current device's properties where it is compute capability 9.x (9.0

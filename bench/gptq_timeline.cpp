@@ -300,8 +300,15 @@ int run(const Options& opt) {
     return opt.gemm_k != 0 ? std::to_string(l.k) + "x" + std::to_string(l.n) : launch_name(l, config);
   };
 
+  // Every clock64 column divides by this: without it, say so rather than
+  // print 0 MHz and columns of inf.
   int clock_khz = 0;
-  (void)cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
+  const cudaError_t clock_err = cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
+  if (clock_err != cudaSuccess || clock_khz <= 0) {
+    std::fprintf(stderr, "ferrum_gptq_timeline: cudaDeviceGetAttribute(cudaDevAttrClockRate): %s\n",
+                 clock_err != cudaSuccess ? cudaGetErrorString(clock_err) : "no clock rate reported");
+    return 1;
+  }
   const double cycles_per_us = clock_khz / 1000.0;
   std::printf("clock64 columns at the peak SM clock, %.0f MHz (each launch prints the clock it measured)\n",
               cycles_per_us);

@@ -53,8 +53,8 @@ Times time_both(int sets, int chain, cudaStream_t stream, const std::function<vo
   Times r;
   r.single_us = median_of(1);
   r.chain_us = median_of(chain);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  check(cudaEventDestroy(e0), "cudaEventDestroy");
+  check(cudaEventDestroy(e1), "cudaEventDestroy");
   return r;
 }
 

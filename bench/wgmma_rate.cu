@@ -347,10 +347,10 @@ Result run(int ctas_per_sm, int num_sms, int smem_per_sm, int reserve, int max_s
     std::exit(1);
   }
   std::sort(per_sm.begin(), per_sm.end());
-  cudaFree(stamps);
-  cudaFree(sink);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  check(cudaFree(stamps), "cudaFree");
+  check(cudaFree(sink), "cudaFree");
+  check(cudaEventDestroy(e0), "cudaEventDestroy");
+  check(cudaEventDestroy(e1), "cudaEventDestroy");
   return {per_sm[per_sm.size() / 2], times[times.size() / 2], fit};
 }
 

@@ -1198,6 +1198,7 @@ template <class T, int HD>
 void launch_combine(const AttentionArgs& a, int splits, int slice_keys, cudaStream_t stream) {
   attention_combine_kernel<T, HD>
       <<<static_cast<unsigned>(a.batch * a.num_heads), kCombineThreads, 0, stream>>>(a, splits, slice_keys);
+  check_launch("flash_attention (combine)");
 }
 
 // Whether clusters of `slices` blocks of the decode kernel (`threads`
@@ -1243,7 +1244,7 @@ bool plan_decode_typed(const AttentionArgs& a, DecodeLaunchPlan& plan) {
   // size and the sole-block size (DecodeTuning::sole_block_per_sm): set at
   // two sizes, racing threads could leave it below a launch's.
   const int sole = device_sole_block_smem("flash_attention");
-  if (!prepare_kernel<attention_decode_kernel<T, HD>>(std::max(Sh::kSmemBytes, sole))) return false;
+  if (!prepare_kernel<attention_decode_kernel<T, HD>>("flash_attention", std::max(Sh::kSmemBytes, sole))) return false;
   const int splits = attention_decode_splits(a.kv_stride);
   const int slice_keys = static_cast<int>(attention_decode_slice_keys(a.kv_stride));
   const int group = a.num_heads / a.num_kv_heads;
@@ -1410,6 +1411,7 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
     dispatch_int(AttentionHeadDims{}, a.head_dim, "flash_attention", "head_dim", [&](auto hd_c) {
       constexpr int HD = decltype(hd_c)::value;
       attention_rows_kernel<T, HD><<<grid, kWarps * 32, 0, stream>>>(a, splits, slice_keys, heads_per_block);
+      check_launch("flash_attention");  // before the combine is queued behind a failed launch
       if (splits > 1) launch_combine<T, HD>(with_partials_in_l2(a, false), splits, slice_keys, stream);
     });
   });

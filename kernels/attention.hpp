@@ -286,17 +286,19 @@ struct AttentionArgs {
   long long kv_stride = 0;   // positions per kv head in k / v
   int kv_len = 0;            // valid keys (ignored when state is set)
   long long pos_offset = 0;  // position of query 0 (state: kv_len - 1)
-  const DecodeState* state = nullptr;  // q_len == 1: kv_len from the decode state
-  const int* kv_lens = nullptr;        // [batch] (q_len == 1): per-sequence kv_len; wins over state
-  std::uint32_t* error_flag = nullptr; // device error word (a device-side kv_len out of range)
+  const DecodeState* state = nullptr;  // [1] DecodeState in device memory (q_len == 1): kv_len read from it
+  const int* kv_lens = nullptr;        // [batch] i32 (q_len == 1): per-sequence kv_len; wins over state
+  std::uint32_t* error_flag = nullptr; // [1] u32 device error word (DeviceErrorBits), null: none; gets
+                                       // kErrAttnKvLenOutOfRange when a device-side kv_len (state or kv_lens)
+                                       // is outside [1, kv_stride] (that sequence's out: zeros)
   bool causal = true;
   float scale = 0.0f;  // softmax scale (already resolved: > 0)
   // Split-K scratch for decode (q_len == 1): [batch * num_heads][splits][head_dim]
   // partial outputs and [batch * num_heads][splits] log-sum-exps (base 2),
   // f32, splits = attention_decode_splits(kv_stride). Only slices holding a
   // valid key are written and read.
-  float* partial_out = nullptr;
-  float* partial_lse = nullptr;
+  float* partial_out = nullptr;  // [batch * num_heads][splits][head_dim] f32
+  float* partial_lse = nullptr;  // [batch * num_heads][splits] f32, base 2
   DecodeTuning decode_tuning;  // q_len == 1, tensor-core kernel only
   // q_len > 1: the wgmma kernel (kernels/attention_prefill_wgmma.cu) where
   // it applies, else the mma.sync kernel (CudaBackendConfig::prefill_kernel).
@@ -311,7 +313,7 @@ std::size_t attention_workspace_floats(int batch, int num_heads, int q_len, int 
 // Points a.partial_out and a.partial_lse into `workspace` (f32, `floats` of
 // them, at least attention_workspace_floats): the outputs first, then the
 // log-sum-exps. a.head_dim must be set.
-inline void set_decode_workspace(AttentionArgs& a, float* workspace, std::size_t floats) {
+inline void set_decode_workspace(AttentionArgs& a, float* workspace /*[floats] f32*/, std::size_t floats) {
   const std::size_t rows = floats / static_cast<std::size_t>(a.head_dim + 1);  // (sequence, head, slice) rows
   a.partial_out = workspace;
   a.partial_lse = workspace + rows * static_cast<std::size_t>(a.head_dim);

@@ -416,7 +416,7 @@ template <class T, int HD, int MT>
 bool launch_shape(const AttentionArgs& a, cudaStream_t stream) {
   using Sh = PrefillShape<HD, MT>;
   const auto kernel = attention_prefill_kernel<T, HD, MT>;
-  if (!prepare_kernel<attention_prefill_kernel<T, HD, MT>>(Sh::kSmemBytes)) return false;
+  if (!prepare_kernel<attention_prefill_kernel<T, HD, MT>>("flash_attention", Sh::kSmemBytes)) return false;
   const long long tiles = (static_cast<long long>(a.q_len) + Sh::kBr - 1) / Sh::kBr;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_heads), static_cast<unsigned>(a.batch));
   kernel<<<grid, Sh::kThreads, Sh::kSmemBytes, stream>>>(a);

@@ -382,7 +382,7 @@ template <class T, int HD, int WG, bool WS = false>
 bool launch_wgmma_shape(const AttentionArgs& a, const CUtensorMap& q_map, const CUtensorMap& k_map,
                         const CUtensorMap& v_map, cudaStream_t stream) {
   using Sh = WgmmaPrefillShape<HD, WG, WS>;
-  if (!prepare_kernel<attention_prefill_wgmma_kernel<T, HD, WG, WS>>(Sh::kSmemBytes)) return false;
+  if (!prepare_kernel<attention_prefill_wgmma_kernel<T, HD, WG, WS>>("flash_attention", Sh::kSmemBytes)) return false;
   const long long tiles = (static_cast<long long>(a.q_len) + Sh::kBr - 1) / Sh::kBr;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_heads), static_cast<unsigned>(a.batch));
   attention_prefill_wgmma_kernel<T, HD, WG, WS><<<grid, Sh::kThreads, Sh::kSmemBytes, stream>>>(a, q_map, k_map,

@@ -27,18 +27,21 @@ enum DeviceErrorBits : std::uint32_t {
 
 // Writes the decode state with one tiny kernel: the values travel as kernel
 // arguments, so there is no host buffer to race with and nothing pageable.
-void launch_set_decode_state(DecodeState* state, std::int32_t token, std::int32_t pos, std::int32_t kv_len,
-                             cudaStream_t stream);
+void launch_set_decode_state(DecodeState* state,  // [1] DecodeState in device memory: every field overwritten
+                             std::int32_t token, std::int32_t pos, std::int32_t kv_len, cudaStream_t stream);
 
 // The decode step on the device (Backend::advance_decode_state):
 // token_log[pos + 1] = *next_token, token = *next_token, pos += 1,
 // kv_len += 1; with pos + 1 outside [0, log_size) nothing changes and
 // kErrDecodeLogOverCapacity is set. Launched with PDL (it waits for the
 // argmax in front of it).
-void launch_advance_decode_state(DecodeState* state,
-                                 const std::int32_t* next_token,  // [1]
-                                 std::int32_t* token_log,         // [log_size]
-                                 long long log_size, std::uint32_t* error_flag, cudaStream_t stream);
+void launch_advance_decode_state(DecodeState* state,              // [1] DecodeState in device memory: read, advanced
+                                 const std::int32_t* next_token,  // [1] i32 token id (device): the one just chosen
+                                 std::int32_t* token_log,         // [log_size] i32 token ids: slot pos + 1 written
+                                 long long log_size,
+                                 std::uint32_t* error_flag,       // [1] u32 device error word (DeviceErrorBits; null:
+                                                                  // none): kErrDecodeLogOverCapacity stored into it
+                                 cudaStream_t stream);
 
 // Whether the current device can run this build's kernels: cudaSuccess, or
 // the runtime's answer for one of them (cudaFuncGetAttributes) -- e.g.

@@ -506,6 +506,18 @@ GptqPlan plan_for(int dtype_index, int config, int k_pad, int n_pad, int num_sms
   return plan;
 }
 
+// The instance's shared-memory opt-in on the current device (occupancy()
+// set it on the first device a process used; each device needs its own).
+template <class T, int Config, bool kZeros>
+void prepare_fused() {
+  using C = FusedConfigOf<Config>;
+  constexpr auto kernel = &gptq_fused_kernel<T, C::kMT, C::kNB, kZeros, C::kStages, C::kMinBlocks>;
+  if (!prepare_kernel<kernel>("gemm_gptq", fused_smem_bytes<Config, kZeros>())) {
+    throw_bad_dispatch("gemm_gptq", "fused kernel's shared-memory bytes (device opt-in shared memory)",
+                       fused_smem_bytes<Config, kZeros>());
+  }
+}
+
 template <class T, int Config>
 void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t stream) {
   FusedParams p{};
@@ -518,10 +530,13 @@ void launch_fused(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
   p.splits = split_range_divisor("gemm_gptq", plan.splits, args.w.k_pad);
   const dim3 grid(static_cast<unsigned>(plan.n_ctas), static_cast<unsigned>(plan.splits));
   if (args.w.zeros != nullptr) {
+    prepare_fused<T, Config, true>();
     fused_kernel_ptr<T, Config, true>()<<<grid, kThreads, fused_smem_bytes<Config, true>(), stream>>>(p);
   } else {
+    prepare_fused<T, Config, false>();
     fused_kernel_ptr<T, Config, false>()<<<grid, kThreads, fused_smem_bytes<Config, false>(), stream>>>(p);
   }
+  check_launch("gemm_gptq");
 }
 
 // ── Streaming kernel (m <= kGptqStreamMaxM) ─────────────────────────────────
@@ -1211,8 +1226,8 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   const std::size_t smem = kBulk ? static_cast<std::size_t>(stream_ring_bytes(NT, ring)) : 0;
   if constexpr (kBulk) {  // the shared-memory opt-in, once per device (cheap after the first call)
     const bool ok = args.w.zeros != nullptr
-                        ? prepare_kernel<&gptq_stream_kernel<T, NT, true, kSource, kSiluOut>>(stream_ring_bytes(NT, kGptqStreamMaxRing))
-                        : prepare_kernel<&gptq_stream_kernel<T, NT, false, kSource, kSiluOut>>(stream_ring_bytes(NT, kGptqStreamMaxRing));
+                        ? prepare_kernel<&gptq_stream_kernel<T, NT, true, kSource, kSiluOut>>(kOp, stream_ring_bytes(NT, kGptqStreamMaxRing))
+                        : prepare_kernel<&gptq_stream_kernel<T, NT, false, kSource, kSiluOut>>(kOp, stream_ring_bytes(NT, kGptqStreamMaxRing));
     if (!ok) {
       throw_bad_dispatch(kOp, "bulk rings' bytes (device opt-in shared memory)",
                          stream_ring_bytes(NT, kGptqStreamMaxRing));
@@ -1271,7 +1286,7 @@ void stream_blocks_of(StreamOccupancy& occ, int dtype_index) {
   if (!occ.bulk_supported) return;
   // A device with less opt-in shared memory than the deepest ring takes the
   // register source (and the bulk source is never planned).
-  if (!prepare_kernel<&gptq_stream_kernel<T, NT, kZeros, StreamSource::Bulk>>(stream_ring_bytes(NT, kGptqStreamMaxRing))) {
+  if (!prepare_kernel<&gptq_stream_kernel<T, NT, kZeros, StreamSource::Bulk>>("gemm_gptq", stream_ring_bytes(NT, kGptqStreamMaxRing))) {
     occ.bulk_supported = false;
     return;
   }
@@ -1402,17 +1417,14 @@ template <class T>
 void launch_stream(const GptqGemmArgs& args, cudaStream_t stream) {
   const StreamLaunch l = stream_launch_for(args);
   const int splits = l.plan.splits;
-  if (l.bulk) {
-    if (l.nt == 1) {
-      launch_stream_nt<T, 1, StreamSource::Bulk>(args, splits, l.ring, stream);
+  dispatch_int<1, 2>(l.nt, "gemm_gptq", "streaming kernel's activation tiles (NT)", [&](auto nt) {
+    constexpr int kNT = decltype(nt)::value;
+    if (l.bulk) {
+      launch_stream_nt<T, kNT, StreamSource::Bulk>(args, splits, l.ring, stream);
     } else {
-      launch_stream_nt<T, 2, StreamSource::Bulk>(args, splits, l.ring, stream);
+      launch_stream_nt<T, kNT, StreamSource::Registers>(args, splits, 0, stream);
     }
-  } else if (l.nt == 1) {
-    launch_stream_nt<T, 1, StreamSource::Registers>(args, splits, 0, stream);
-  } else {
-    launch_stream_nt<T, 2, StreamSource::Registers>(args, splits, 0, stream);
-  }
+  });
 }
 
 // The streaming kernel covers this launch (otherwise the fused kernel runs):
@@ -1645,19 +1657,9 @@ void launch_gptq_gemm(const GptqGemmArgs& args, cudaStream_t stream) {
   const GptqPlan plan = gptq_plan(args.dtype, args.m, args.w.k_pad, args.w.n_pad, args.num_sms);
   dispatch_half_dtype(args.dtype, "gemm_gptq", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    switch (plan.config) {
-      case 0:
-        launch_fused<T, 0>(args, plan, stream);
-        break;
-      case 1:
-        launch_fused<T, 1>(args, plan, stream);
-        break;
-      default:
-        launch_fused<T, 2>(args, plan, stream);
-        break;
-    }
+    dispatch_int<0, 1, 2>(plan.config, "gemm_gptq", "fused kernel configuration",
+                          [&](auto config) { launch_fused<T, decltype(config)::value>(args, plan, stream); });
   });
-  check_launch("gemm_gptq");
 }
 
 void launch_gptq_gather(DType dtype, const void* a, const std::int32_t* perm, void* a_perm, int m, int k,

@@ -341,15 +341,16 @@ inline constexpr int kGptqSiluMulMaxM = 8;
 bool launch_gptq_gemm_silu_mul(const GptqGemmArgs& args, cudaStream_t stream);
 
 // a_perm[i, j] = a[i, perm[j]] for i < m, j < k. a and a_perm: [m, k] row-major.
-void launch_gptq_gather(DType dtype, const void* a, const std::int32_t* perm /*[k]*/, void* a_perm, int m, int k,
-                        cudaStream_t stream);
+void launch_gptq_gather(DType dtype, const void* a /*[m, k] f16 / bf16*/,
+                        const std::int32_t* perm /*[k] i32: a's column for a_perm's column j*/,
+                        void* a_perm /*[m, k] f16 / bf16*/, int m, int k, cudaStream_t stream);
 
 // scratch[perm[j], c] = W[j, n0 + c] for j < k, c < min(cols, n - n0): the
 // dequantized weight in the checkpoint's row order, [k][cols] row-major
 // (16-byte aligned), dtype f16 or bf16 (scales must be of that dtype).
 // n0 and cols are multiples of 64.
-void launch_gptq_dequant(DType dtype, const GptqDeviceWeight& w, int n0, int cols, void* scratch,
-                         cudaStream_t stream);
+void launch_gptq_dequant(DType dtype, const GptqDeviceWeight& w, int n0, int cols,
+                         void* scratch /*[w.k, cols] dtype, row-major, 16-byte aligned*/, cudaStream_t stream);
 
 // FERRUM_GPTQ_TIMELINE (CMake option, diagnostics only): thread 0 of every
 // CTA of the streaming kernel (CTA = blockIdx.y * gridDim.x + blockIdx.x, the

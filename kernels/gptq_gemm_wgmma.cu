@@ -524,6 +524,12 @@ bool cluster_fits(int splits) {
 template <class T, int kN, bool kZeros>
 void launch_instance(WgmmaParams p, bool cluster_requested, dim3 grid, cudaStream_t stream) {
   auto kernel = wgmma_kernel_ptr<T, kN, kZeros>();
+  // The opt-in on the current device (wgmma_opt_in set it on the first
+  // device a process used, for the placement queries; each device needs its own).
+  if (!prepare_kernel<&gptq_wgmma_kernel<T, kN, kZeros>>("gemm_gptq", WgmmaSlot<kN>::kSmemBytes)) {
+    throw_bad_dispatch("gemm_gptq", "wgmma kernel's shared-memory bytes (device opt-in shared memory)",
+                       WgmmaSlot<kN>::kSmemBytes);
+  }
   p.cluster_reduce = cluster_requested && p.splits >= 2 && p.splits <= kGptqClusterMaxSplits &&
                      cluster_fits<T, kN, kZeros>(p.splits);
   const dim3 cluster(1, p.cluster_reduce ? static_cast<unsigned>(p.splits) : 1u, 1);

@@ -15,7 +15,10 @@ namespace ferrum::kernels {
 // capacity - new_tokens writes nothing and sets kErrKvAppendOverCapacity.
 void launch_kv_cache_append(DType dtype, void* cache_k /*[nkv, capacity, hd]*/, void* cache_v /*[nkv, capacity, hd]*/,
                             const void* new_k /*[nkv, new_tokens, hd]*/, const void* new_v /*[nkv, new_tokens, hd]*/,
-                            long long cache_len, const DecodeState* state, long long capacity, long long new_tokens,
-                            long long nkv, long long hd, std::uint32_t* error_flag, cudaStream_t stream);
+                            long long cache_len,
+                            const DecodeState* state /*[1] DecodeState in device memory (pos read); null: cache_len*/,
+                            long long capacity, long long new_tokens, long long nkv, long long hd,
+                            std::uint32_t* error_flag /*[1] u32 device error word (DeviceErrorBits); null: none*/,
+                            cudaStream_t stream);
 
 }  // namespace ferrum::kernels

@@ -344,6 +344,7 @@ void launch_norm(const NormArgs& args, cudaStream_t stream) {
       case NormKind::Rms: launch_typed<NormKind::Rms, T>(args, stream); break;
       case NormKind::AddRms: launch_typed<NormKind::AddRms, T>(args, stream); break;
       case NormKind::Layer: launch_typed<NormKind::Layer, T>(args, stream); break;
+      default: throw_bad_dispatch("norm", "kind", static_cast<int>(args.kind));
     }
   });
   check_launch(norm_op_name(args.kind));

@@ -339,7 +339,8 @@ struct RopeLaunchPlan {
 // size the backend accepts (rope_head_dim_supported).
 static_assert(kRopeMaxHeadDim == 2 * 32 * 8, "kRopeMaxHeadDim is what the warp path's largest dispatch covers");
 
-RopeLaunchPlan rope_launch_plan(int head_dim, bool pointers_aligned) {
+RopeLaunchPlan rope_launch_plan(const char* op, int head_dim, bool pointers_aligned) {
+  if (head_dim > kRopeMaxHeadDim) throw_size_limit(op, "head_dim", head_dim, kRopeMaxHeadDim);  // pairs per lane <= 8
   const int half = head_dim / 2;
   RopeLaunchPlan p;
   p.group = half / 8;
@@ -363,7 +364,7 @@ unsigned grid_blocks(const char* op, long long rows, int threads_per_row, int th
 
 void launch_qk_norm_rope(const RopeArgs& a, cudaStream_t stream) {
   const RopeLaunchPlan plan =
-      rope_launch_plan(a.head_dim, all_aligned16(a.input, a.output, a.cos, a.sin) &&
+      rope_launch_plan("qk_norm_rope", a.head_dim, all_aligned16(a.input, a.output, a.cos, a.sin) &&
                                        (a.norm_w == nullptr || aligned16(a.norm_w)));
   const int group = plan.group;
   if (plan.vec) {
@@ -403,39 +404,40 @@ void launch_qk_norm_rope(const RopeArgs& a, cudaStream_t stream) {
 }
 
 void launch_qkv_rope_append(const QkvRopeAppendArgs& a, cudaStream_t stream) {
+  const char* const op = a.positions != nullptr ? "qkv_rope_append_ragged" : "qkv_rope_append";  // as errors name it
   const bool norm = a.q_norm != nullptr;
   const RopeLaunchPlan plan =
-      rope_launch_plan(a.head_dim, all_aligned16(a.qkv, a.q_out, a.k_cache, a.v_cache, a.cos, a.sin) &&
+      rope_launch_plan(op, a.head_dim, all_aligned16(a.qkv, a.q_out, a.k_cache, a.v_cache, a.cos, a.sin) &&
                                        (!norm || all_aligned16(a.q_norm, a.k_norm)));
   const int group = plan.group;
   const long long rows = static_cast<long long>(a.tokens) * (a.heads + 2 * a.kv_heads);
   if (rows > kFastDivmodMax) {
-    throw_size_limit("qkv_rope_append", "rows (tokens x (heads + 2 kv_heads))", rows, kFastDivmodMax);
+    throw_size_limit(op, "rows (tokens x (heads + 2 kv_heads))", rows, kFastDivmodMax);
   }
   const FusedRowDivisors divisors{FastDivmod(static_cast<std::uint32_t>(a.heads + a.kv_heads)),
                                   FastDivmod(static_cast<std::uint32_t>(a.kv_heads))};
   if (plan.vec) {
     constexpr int kThreads = 128;
-    const auto blocks = grid_blocks("qkv_rope_append", rows, group, kThreads);
-    dispatch_half_dtype(a.dtype, "qkv_rope_append", [&](auto tag) {
+    const auto blocks = grid_blocks(op, rows, group, kThreads);
+    dispatch_half_dtype(a.dtype, op, [&](auto tag) {
       using T = typename decltype(tag)::type;
       auto* kernel = norm ? qkv_rope_append_vec_kernel<T, true> : qkv_rope_append_vec_kernel<T, false>;
-      launch_pdl("qkv_rope_append", kernel, dim3(blocks), kThreads, 0, stream, a, divisors, group);
+      launch_pdl(op, kernel, dim3(blocks), kThreads, 0, stream, a, divisors, group);
     });
-    check_launch("qkv_rope_append");
+    check_launch(op);
     return;
   }
   const int pairs = plan.pairs;
-  const auto blocks = grid_blocks("qkv_rope_append", rows, 32, 32 * kWarpsPerBlock);
-  dispatch_half_dtype(a.dtype, "qkv_rope_append", [&](auto tag) {
+  const auto blocks = grid_blocks(op, rows, 32, 32 * kWarpsPerBlock);
+  dispatch_half_dtype(a.dtype, op, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    dispatch_int<1, 2, 4, 8>(pairs, "qkv_rope_append", "pairs per lane", [&](auto pairs_c) {
+    dispatch_int<1, 2, 4, 8>(pairs, op, "pairs per lane", [&](auto pairs_c) {
       constexpr int P = decltype(pairs_c)::value;
       auto* kernel = norm ? qkv_rope_append_kernel<T, P, true> : qkv_rope_append_kernel<T, P, false>;
-      launch_pdl("qkv_rope_append", kernel, dim3(blocks), 32 * kWarpsPerBlock, 0, stream, a, divisors);
+      launch_pdl(op, kernel, dim3(blocks), 32 * kWarpsPerBlock, 0, stream, a, divisors);
     });
   });
-  check_launch("qkv_rope_append");
+  check_launch(op);
 }
 
 }  // namespace ferrum::kernels

@@ -29,10 +29,11 @@ struct RopeArgs {
   int heads = 0;
   int head_dim = 0;              // even, <= kRopeMaxHeadDim
   long long pos_offset = 0;      // position of token 0 (ignored when state is set)
-  const DecodeState* state = nullptr;  // non-null: position of token 0 is state->pos
+  const DecodeState* state = nullptr;  // [1] DecodeState in device memory; non-null: position of token 0 is state->pos
   long long max_pos = 0;
   float eps = 0.0f;
-  std::uint32_t* error_flag = nullptr;  // kErrRopePositionOutOfRange
+  std::uint32_t* error_flag = nullptr;  // [1] u32 device error word (DeviceErrorBits), null: none;
+                                        // gets kErrRopePositionOutOfRange (that row not written)
 };
 
 // More than kFastDivmodMax (2^31 - 1) head rows (tokens x heads) on the
@@ -58,7 +59,7 @@ struct QkvRopeAppendArgs {
   const float* sin = nullptr;    // [max_pos, head_dim / 2]
   void* q_out = nullptr;         // [heads, tokens, head_dim]; with positions [tokens = batch, heads, head_dim]
   void* k_cache = nullptr;       // [kv_heads, capacity, head_dim]; with positions [batch, kv_heads, capacity, head_dim]
-  void* v_cache = nullptr;       // as k_cache
+  void* v_cache = nullptr;       // [kv_heads, capacity, head_dim]; with positions [batch, kv_heads, capacity, head_dim]
   // Batch decode (qkv_rope_append_ragged): token t is sequence t, at
   // positions[t] in its own caches; wins over pos_offset and state.
   const int* positions = nullptr;  // [tokens] i32
@@ -68,10 +69,11 @@ struct QkvRopeAppendArgs {
   int head_dim = 0;              // even, <= kRopeMaxHeadDim
   long long capacity = 0;
   long long pos_offset = 0;
-  const DecodeState* state = nullptr;
+  const DecodeState* state = nullptr;  // [1] DecodeState in device memory; non-null: base = state->pos
   long long max_pos = 0;
   float eps = 0.0f;
-  std::uint32_t* error_flag = nullptr;
+  std::uint32_t* error_flag = nullptr;  // [1] u32 device error word (DeviceErrorBits), null: none; gets
+                                        // kErrRopePositionOutOfRange / kErrKvAppendOverCapacity (above)
 };
 
 // More than kFastDivmodMax (2^31 - 1) rows (tokens x (heads + 2 kv_heads)):

@@ -107,13 +107,13 @@ void launch_add_residual_row_sq(DType dtype, const void* out, void* residual, fl
   launch_row_sq<true>("gemm_gptq_add_residual", dtype, out, residual, row_sq, rows, cols, stream);
 }
 
-void launch_rms_norm_from_row_sq(DType dtype, const void* x, const float* row_sq, const void* norm_w, float eps,
-                                 void* normed, int rows, int cols, cudaStream_t stream) {
-  if (rows < 1) throw_bad_dispatch("rms_norm_gemm_gptq", "rows", rows);
-  if (cols < 1) throw_bad_dispatch("rms_norm_gemm_gptq", "cols", cols);
-  dispatch_half_dtype(dtype, "rms_norm_gemm_gptq", [&](auto tag) {
+void launch_rms_norm_from_row_sq(const char* op, DType dtype, const void* x, const float* row_sq, const void* norm_w,
+                                 float eps, void* normed, int rows, int cols, cudaStream_t stream) {
+  if (rows < 1) throw_bad_dispatch(op, "rows", rows);
+  if (cols < 1) throw_bad_dispatch(op, "cols", cols);
+  dispatch_half_dtype(dtype, op, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch_pdl("rms_norm_gemm_gptq", rms_norm_from_row_sq_kernel<T>, dim3(static_cast<unsigned>(rows)),
+    launch_pdl(op, rms_norm_from_row_sq_kernel<T>, dim3(static_cast<unsigned>(rows)),
                dim3(kNormThreads), 0, stream, static_cast<const T*>(x), row_sq, static_cast<const T*>(norm_w), eps,
                static_cast<T*>(normed), cols);
   });

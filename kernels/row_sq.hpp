@@ -19,13 +19,17 @@ namespace ferrum::kernels {
 inline constexpr int kRowSqMaxCols = 65535 * 512;
 
 // row_sq of x [rows, cols].
-void launch_row_sum_squares(DType dtype, const void* x /*[rows, cols]*/, float* row_sq, int rows, int cols,
+void launch_row_sum_squares(DType dtype, const void* x /*[rows, cols]*/,
+                            float* row_sq /*[rows, ceil(cols / 16)] f32, written*/, int rows, int cols,
                             cudaStream_t stream);
 // residual = T(residual + out) (out as stored), then row_sq of the new residual.
 void launch_add_residual_row_sq(DType dtype, const void* out /*[rows, cols]*/, void* residual /*[rows, cols]*/,
-                                float* row_sq, int rows, int cols, cudaStream_t stream);
-// normed = T((x * inv) * norm_w) with inv = rsqrt(sum of row_sq's row / cols + eps).
-void launch_rms_norm_from_row_sq(DType dtype, const void* x /*[rows, cols]*/, const float* row_sq,
+                                float* row_sq /*[rows, ceil(cols / 16)] f32, written*/, int rows, int cols,
+                                cudaStream_t stream);
+// normed = T((x * inv) * norm_w) with inv = rsqrt(sum of row_sq's row / cols + eps);
+// errors name `op` (the public op it serves).
+void launch_rms_norm_from_row_sq(const char* op, DType dtype, const void* x /*[rows, cols]*/,
+                                 const float* row_sq /*[rows, ceil(cols / 16)] f32: x's, as the launches above write*/,
                                  const void* norm_w /*[cols]*/, float eps, void* normed /*[rows, cols]*/, int rows,
                                  int cols, cudaStream_t stream);
 

@@ -169,6 +169,42 @@ bool copy_needed(const OpCheck& check, const Buffer& src, std::size_t src_offset
   return true;
 }
 
+// An operand of an op under the overlap rule: its name (as the op's messages
+// spell it), its buffer (null: an optional operand not passed, skipped) and
+// the elements [0, elems) the op touches.
+struct Extent {
+  Extent(std::string_view n, const Buffer& b, std::size_t e) noexcept : name(n), buffer(&b), elems(e) {}
+  Extent(std::string_view n, const Buffer* b, std::size_t e) noexcept : name(n), buffer(b), elems(e) {}
+  std::string_view name;
+  const Buffer* buffer;
+  std::size_t elems;
+};
+
+// `out` shares no byte with `other`.
+void check_apart(const OpCheck& check, const Extent& out, const Extent& other) {
+  if (out.buffer == nullptr || other.buffer == nullptr) return;
+  const ByteSpan o = byte_span(*out.buffer, 0, out.elems), x = byte_span(*other.buffer, 0, other.elems);
+  if (!o.overlaps(x)) return;
+  check.fail(ErrorCode::InvalidArgument,
+             "{}: '{}' [{:#x}, {:#x}) overlaps '{}' [{:#x}, {:#x}) in memory (views of one buffer); use separate "
+             "buffers",
+             check.op(), out.name, o.begin, o.end, other.name, x.begin, x.end);
+}
+
+// The overlap rule (backend.hpp, "Outputs and inputs"): every output shares
+// no byte with an input or with another output; inputs may share memory. A
+// kernel reads its inputs in every block while others store (and declares
+// them __restrict__), so an overlap would read half-written values. In the
+// outputs' order, each against the inputs, then against the outputs before
+// it; the message names the later output first.
+void check_outputs_apart(const OpCheck& check, std::initializer_list<Extent> outputs,
+                         std::initializer_list<Extent> inputs) {
+  for (auto o = outputs.begin(); o != outputs.end(); ++o) {
+    for (const Extent& in : inputs) check_apart(check, *o, in);
+    for (auto earlier = outputs.begin(); earlier != o; ++earlier) check_apart(check, *o, *earlier);
+  }
+}
+
 }  // namespace
 
 // ── Buffers ────────────────────────────────────────────────────────────────
@@ -187,6 +223,9 @@ void Backend::set_deallocator(void (*free)(void* ptr, int device) noexcept, int 
 Buffer Backend::alloc(DType dtype, std::size_t numel) {
   OpCheck check(*this, "alloc");
   refuse_during_capture(check);
+  if (size_of(dtype) == 0) {
+    check.fail(ErrorCode::InvalidArgument, "alloc: argument 'dtype' = {} is not a DType", static_cast<int>(dtype));
+  }
   if (numel == 0) check.fail(ErrorCode::InvalidArgument, "alloc: argument 'numel' = 0, must be at least 1");
   const std::size_t bytes = check.product({numel, size_of(dtype)});
   void* p = allocate_bytes(bytes);
@@ -368,6 +407,8 @@ void Backend::rms_norm(const Buffer& x, const Buffer& w, float eps, Buffer& out,
                        std::size_t dim) {
   OpCheck check(*this, "rms_norm");
   check_row_norm(check, x, {{"out", out}}, {{"w", w}}, eps, tokens, dim);
+  const std::size_t n = tokens * dim;
+  check_outputs_apart(check, {{"out", out, n}}, {{"x", x, n}, {"w", w, dim}});
   do_rms_norm(x, w, eps, out, tokens, dim);
 }
 
@@ -375,6 +416,8 @@ void Backend::fused_add_rms_norm(Buffer& residual, const Buffer& x, const Buffer
                                  Buffer& out, std::size_t tokens, std::size_t dim) {
   OpCheck check(*this, "fused_add_rms_norm");
   check_row_norm(check, x, {{"residual", residual}, {"out", out}}, {{"w", w}}, eps, tokens, dim);
+  const std::size_t n = tokens * dim;
+  check_outputs_apart(check, {{"residual", residual, n}, {"out", out, n}}, {{"x", x, n}, {"w", w, dim}});
   do_fused_add_rms_norm(residual, x, w, eps, out, tokens, dim);
 }
 
@@ -382,6 +425,8 @@ void Backend::layer_norm(const Buffer& x, const Buffer& gamma, const Buffer& bet
                          Buffer& out, std::size_t tokens, std::size_t dim) {
   OpCheck check(*this, "layer_norm");
   check_row_norm(check, x, {{"out", out}}, {{"gamma", gamma}, {"beta", beta}}, eps, tokens, dim);
+  const std::size_t n = tokens * dim;
+  check_outputs_apart(check, {{"out", out, n}}, {{"x", x, n}, {"gamma", gamma, dim}, {"beta", beta, dim}});
   do_layer_norm(x, gamma, beta, eps, out, tokens, dim);
 }
 
@@ -400,6 +445,7 @@ void Backend::gelu(const Buffer& x, Buffer& out, std::size_t len, GeluApproximat
     check.fail(ErrorCode::InvalidArgument, "gelu: argument 'approx' = {} is not a GeluApproximation",
          static_cast<int>(approx));
   }
+  check_outputs_apart(check, {{"out", out, len}}, {{"x", x, len}});
   do_gelu(x, out, len, approx);
 }
 
@@ -413,6 +459,7 @@ void Backend::add_bias(Buffer& data, const Buffer& bias, std::size_t rows, std::
   check.same_dtype("bias", bias, "data", data);
   check.holds("data", data, check.product({rows, cols}), "[rows, cols]");
   check.holds("bias", bias, cols, "[cols]");
+  check_outputs_apart(check, {{"data", data, rows * cols}}, {{"bias", bias, cols}});
   do_add_bias(data, bias, rows, cols);
 }
 
@@ -425,6 +472,7 @@ void Backend::add_inplace(Buffer& residual, const Buffer& x, std::size_t len) {
   check.same_dtype("x", x, "residual", residual);
   check.holds("residual", residual, len, "[len]");
   check.holds("x", x, len, "[len]");
+  check_outputs_apart(check, {{"residual", residual, len}}, {{"x", x, len}});
   do_add_inplace(residual, x, len);
 }
 
@@ -438,6 +486,7 @@ void Backend::argmax(const Buffer& x, Buffer& out, std::size_t rows, std::size_t
   check.dtype("out", out, DType::I32);
   check.holds("x", x, check.product({rows, cols}), "[rows, cols]");
   check.holds("out", out, rows, "[rows]");
+  check_outputs_apart(check, {{"out", out, rows}}, {{"x", x, rows * cols}});
   do_argmax(x, out, rows, cols);
 }
 
@@ -458,6 +507,7 @@ void Backend::gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m,
   check.holds("a", a, check.product({m, k}), "[m, k]");
   check.holds("b", b, check.product({n, k}), "[n, k]");
   check.holds("out", out, check.product({m, n}), "[m, n]");
+  check_outputs_apart(check, {{"out", out, m * n}}, {{"a", a, m * k}, {"b", b, n * k}});
   do_gemm(a, b, out, m, n, k);
 }
 
@@ -480,6 +530,8 @@ void Backend::gemm_silu_mul(const Buffer& a, const Buffer& w, Buffer& gate_up, B
   check.holds("w", w, check.product({2, im, k}), "[2*im, k]");
   check.holds("gate_up", gate_up, check.product({m, 2, im}), "[m, 2*im]");
   check.holds("act", act, check.product({m, im}), "[m, im]");
+  check_outputs_apart(check, {{"gate_up", gate_up, m * 2 * im}, {"act", act, m * im}},
+                      {{"a", a, m * k}, {"w", w, 2 * im * k}});
   do_gemm_silu_mul(a, w, gate_up, act, m, im, k);
 }
 
@@ -503,6 +555,8 @@ void Backend::embedding_lookup(const Buffer& table, const Buffer& ids, Buffer& o
     check.dtype("ids", ids, DType::I32);
     check.holds("ids", ids, tokens, "[tokens]");
   }
+  check_outputs_apart(check, {{"out", out, tokens * dim}},
+                      {{"table", table, vocab * dim}, {"ids", use_state ? nullptr : &ids, tokens}});
   do_embedding_lookup(table, ids, out, tokens, dim, vocab, use_state);
 }
 
@@ -525,6 +579,8 @@ void Backend::split_qkv(const Buffer& qkv, Buffer& q, Buffer& k, Buffer& v, std:
   check.holds("q", q, check.product({tokens, q_dim}), "[tokens, q_dim]");
   check.holds("k", k, check.product({tokens, kv_dim}), "[tokens, kv_dim]");
   check.holds("v", v, check.product({tokens, kv_dim}), "[tokens, kv_dim]");
+  check_outputs_apart(check, {{"q", q, tokens * q_dim}, {"k", k, tokens * kv_dim}, {"v", v, tokens * kv_dim}},
+                      {{"qkv", qkv, tokens * row}});
   do_split_qkv(qkv, q, k, v, tokens, q_dim, kv_dim);
 }
 
@@ -538,6 +594,7 @@ void Backend::fused_silu_mul_split(const Buffer& gate_up, Buffer& out, std::size
   check.same_dtype("out", out, "gate_up", gate_up);
   check.holds("gate_up", gate_up, check.product({tokens, 2, im}), "[tokens, 2*im]");
   check.holds("out", out, check.product({tokens, im}), "[tokens, im]");
+  check_outputs_apart(check, {{"out", out, tokens * im}}, {{"gate_up", gate_up, tokens * 2 * im}});
   do_fused_silu_mul_split(gate_up, out, tokens, im);
 }
 
@@ -607,6 +664,12 @@ void Backend::qk_norm_rope(const Buffer& input, const Buffer* norm_w, const Buff
   const bool use_state = device_state_mode() && tokens == 1;
   check_rope(check, "", "input", input, {{"norm_w", norm_w}}, cos, sin, tokens, head_dim, pos_offset, max_pos, eps, mode,
              use_state);
+  const std::size_t table = max_pos * (head_dim / 2);
+  check_outputs_apart(check, {{"output", output, n}},
+                      {{"input", input, n},
+                       {"norm_w", mode == RopeMode::NormAndRope ? norm_w : nullptr, head_dim},
+                       {"cos", cos, table},
+                       {"sin", sin, table}});
   do_qk_norm_rope(input, norm_w, cos, sin, output, tokens, heads, head_dim, pos_offset, max_pos, eps, mode,
                   use_state);
 }
@@ -639,6 +702,8 @@ void Backend::kv_cache_append_head_major(Buffer& cache_k, Buffer& cache_v, std::
          "kv_cache_append_head_major: cache_len {} + new_tokens {} exceeds capacity {}", cache_len,
          new_tokens, capacity);
   }
+  check_outputs_apart(check, {{"cache_k", cache_k, cache_n}, {"cache_v", cache_v, cache_n}},
+                      {{"new_k", new_k, new_n}, {"new_v", new_v, new_n}});
   do_kv_cache_append_head_major(cache_k, cache_v, cache_len, capacity, new_k, new_v, new_tokens, nkv, hd,
                                 use_state);
 }
@@ -647,12 +712,15 @@ namespace {
 
 // What qkv_rope_append and its ragged form share: the geometry, the buffers
 // and their dtype, q_out and qkv for `tokens` rows, caches for `sequences`
-// sequences, the rope tables, and the host-known positions [pos_offset,
-// pos_offset + tokens) inside the tables unless `positions_on_device`.
+// sequences, the rope tables, the host-known positions [pos_offset,
+// pos_offset + tokens) inside the tables unless `positions_on_device`, the
+// ragged form's `positions` ([tokens] i32; null for the other form), and
+// the overlap rule.
 void check_qkv_rope_append(const OpCheck& check, const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm,
                            const Buffer& cos, const Buffer& sin, const Buffer& q_out, const Buffer& k_cache,
-                           const Buffer& v_cache, std::size_t tokens, std::size_t sequences, std::size_t pos_offset,
-                           bool positions_on_device, const QkvRopeAppendConfig& cfg, std::string_view tokens_name,
+                           const Buffer& v_cache, const Buffer* positions, std::size_t tokens, std::size_t sequences,
+                           std::size_t pos_offset, bool positions_on_device, const QkvRopeAppendConfig& cfg,
+                           std::string_view tokens_name,
                            std::string_view qkv_layout, std::string_view q_layout, std::string_view cache_layout) {
   check.size(tokens_name, tokens);
   check.size("cfg.heads", cfg.heads);
@@ -678,6 +746,23 @@ void check_qkv_rope_append(const OpCheck& check, const Buffer& qkv, const Buffer
   check.holds("v_cache", v_cache, cache_n, cache_layout);
   check_rope(check, "cfg.", "qkv", qkv, {{"q_norm", q_norm}, {"k_norm", k_norm}}, cos, sin, tokens, cfg.head_dim,
              pos_offset, cfg.max_pos, cfg.eps, cfg.mode, positions_on_device);
+  if (positions != nullptr) {
+    check.buffer("positions", *positions);
+    check.dtype("positions", *positions, DType::I32);
+    check.holds("positions", *positions, tokens, "[batch]");
+  }
+  const bool norms = cfg.mode == RopeMode::NormAndRope;
+  const std::size_t table = cfg.max_pos * (cfg.head_dim / 2);
+  check_outputs_apart(check,
+                      {{"q_out", q_out, cfg.heads * tokens * cfg.head_dim},
+                       {"k_cache", k_cache, cache_n},
+                       {"v_cache", v_cache, cache_n}},
+                      {{"qkv", qkv, tokens * row},
+                       {"q_norm", norms ? q_norm : nullptr, cfg.head_dim},
+                       {"k_norm", norms ? k_norm : nullptr, cfg.head_dim},
+                       {"cos", cos, table},
+                       {"sin", sin, table},
+                       {"positions", positions, tokens}});
 }
 
 }  // namespace
@@ -687,8 +772,8 @@ void Backend::qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, const Buf
                               std::size_t pos_offset, const QkvRopeAppendConfig& cfg) {
   OpCheck check(*this, "qkv_rope_append");
   const bool use_state = device_state_mode() && tokens == 1;
-  check_qkv_rope_append(check, qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, tokens, 1, pos_offset,
-                        use_state, cfg, "tokens", "[tokens, (heads + 2 kv_heads) * head_dim]", "[heads, tokens, head_dim]", "[kv_heads, capacity, head_dim]");
+  check_qkv_rope_append(check, qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, /*positions=*/nullptr, tokens,
+                        1, pos_offset, use_state, cfg, "tokens", "[tokens, (heads + 2 kv_heads) * head_dim]", "[heads, tokens, head_dim]", "[kv_heads, capacity, head_dim]");
   if (tokens > cfg.capacity || (!use_state && pos_offset > cfg.capacity - tokens)) {
     check.fail(ErrorCode::CapacityExceeded, "qkv_rope_append: positions [{}, {}) run past cfg.capacity = {}",
                pos_offset, pos_offset + tokens, cfg.capacity);
@@ -700,13 +785,10 @@ void Backend::qkv_rope_append_ragged(const Buffer& qkv, const Buffer* q_norm, co
                                      const Buffer& sin, Buffer& q_out, Buffer& k_cache, Buffer& v_cache,
                                      const Buffer& positions, std::size_t batch, const QkvRopeAppendConfig& cfg) {
   OpCheck check(*this, "qkv_rope_append_ragged");
-  check_qkv_rope_append(check, qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, batch, batch,
+  check_qkv_rope_append(check, qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, &positions, batch, batch,
                         /*pos_offset (unused)=*/0, /*positions_on_device=*/true, cfg, "batch", "[batch, (heads + 2 kv_heads) * head_dim]",
                         "[batch, heads, head_dim]",
                         "[batch, kv_heads, capacity, head_dim]");
-  check.buffer("positions", positions);
-  check.dtype("positions", positions, DType::I32);
-  check.holds("positions", positions, batch, "[batch]");
   do_qkv_rope_append_ragged(qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, positions, batch, cfg);
 }
 
@@ -730,6 +812,7 @@ void Backend::transpose_head_to_token(const Buffer& src, Buffer& dst, std::size_
   const std::size_t n = check.product({tokens, heads, dim});
   check.holds("src", src, n, "[heads, tokens, dim]");
   check.holds("dst", dst, n, "[tokens, heads, dim]");
+  check_outputs_apart(check, {{"dst", dst, n}}, {{"src", src, n}});
   do_transpose_head_to_token(src, dst, tokens, heads, dim);
 }
 
@@ -795,6 +878,7 @@ void Backend::flash_attention(const Buffer& q, const Buffer& k, const Buffer& v,
   check.holds("k", k, kvn, "[batch, num_kv_heads, kv_seq_stride, head_dim]");
   check.holds("v", v, kvn, "[batch, num_kv_heads, kv_seq_stride, head_dim]");
   check.holds("out", out, qn, "[batch, num_heads, q_len, head_dim]");
+  check_outputs_apart(check, {{"out", out, qn}}, {{"q", q, qn}, {"k", k, kvn}, {"v", v, kvn}});
   do_flash_attention(q, k, v, out, batch, q_len, kv_len, pos_offset, cfg, use_state);
 }
 
@@ -822,6 +906,7 @@ void Backend::flash_decode_ragged(const Buffer& q, const Buffer& k, const Buffer
   check.holds("v", v, kvn, "[batch, num_kv_heads, kv_seq_stride, head_dim]");
   check.holds("out", out, qn, "[batch, num_heads, head_dim]");
   check.holds("kv_lens", kv_lens, batch, "[batch]");
+  check_outputs_apart(check, {{"out", out, qn}}, {{"q", q, qn}, {"k", k, kvn}, {"v", v, kvn}, {"kv_lens", kv_lens, batch}});
   do_flash_decode_ragged(q, k, v, out, kv_lens, batch, cfg);
 }
 
@@ -839,20 +924,28 @@ void Backend::mla_attention(const Buffer& q, const Buffer& kv_latent, Buffer& ou
   check.size("kv_len", kv_len);
   check.size("cfg.num_heads", cfg.num_heads);
   check.size("cfg.kv_lora_rank", cfg.kv_lora_rank);
+  check.size("cfg.qk_nope_head_dim", cfg.qk_nope_head_dim);
+  check.size("cfg.qk_rope_head_dim", cfg.qk_rope_head_dim);
   check.size("cfg.v_head_dim", cfg.v_head_dim);
+  // Both below 2^31 (above): the sum cannot wrap.
+  const std::size_t latent = cfg.kv_lora_rank + cfg.qk_rope_head_dim;
+  check.size("cfg.kv_lora_rank + cfg.qk_rope_head_dim", latent);
+  if (!(cfg.scale >= 0.0f) || !std::isfinite(cfg.scale)) {
+    check.fail(ErrorCode::InvalidArgument, "mla_attention: cfg.scale = {} must be finite and >= 0", cfg.scale);
+  }
   check.buffer("q", q);
   check.buffer("kv_latent", kv_latent);
   check.buffer("out", out);
   check.activation("q", q);
   check.same_dtype("kv_latent", kv_latent, "q", q);
   check.same_dtype("out", out, "q", q);
-  const std::size_t latent = cfg.kv_lora_rank + cfg.qk_rope_head_dim;
-  check.holds("q", q, check.product({batch, cfg.num_heads, q_len, latent}),
-              "[batch, num_heads, q_len, kv_lora_rank + rope_dim]");
-  check.holds("kv_latent", kv_latent, check.product({batch, kv_len, latent}),
-              "[batch, kv_len, kv_lora_rank + rope_dim]");
-  check.holds("out", out, check.product({batch, cfg.num_heads, q_len, cfg.v_head_dim}),
-              "[batch, num_heads, q_len, v_head_dim]");
+  const std::size_t qn = check.product({batch, cfg.num_heads, q_len, latent});
+  const std::size_t kvn = check.product({batch, kv_len, latent});
+  const std::size_t outn = check.product({batch, cfg.num_heads, q_len, cfg.v_head_dim});
+  check.holds("q", q, qn, "[batch, num_heads, q_len, kv_lora_rank + rope_dim]");
+  check.holds("kv_latent", kv_latent, kvn, "[batch, kv_len, kv_lora_rank + rope_dim]");
+  check.holds("out", out, outn, "[batch, num_heads, q_len, v_head_dim]");
+  check_outputs_apart(check, {{"out", out, outn}}, {{"q", q, qn}, {"kv_latent", kv_latent, kvn}});
   do_mla_attention(q, kv_latent, out, batch, q_len, kv_len, cfg);
 }
 
@@ -887,7 +980,11 @@ void check_quant_gemm(OpCheck& check, const Backend& self, const Buffer& a, cons
                       const Buffer& out, std::size_t m, std::string_view out_name = "out",
                       std::string_view a_name = "a") {
   check.size("m", m);
-  if (w.backend() != &self) check.fail(ErrorCode::WrongBackend, "{}: argument 'w' belongs to another backend", check.op());
+  const Backend* owner = w.backend();  // read once: null from its backend's destruction on
+  if (owner != &self) {
+    check.fail(ErrorCode::WrongBackend, "{}: argument 'w' belongs to another backend ({})", check.op(),
+               owner == nullptr ? std::string("one since destroyed") : owner->name());
+  }
   check.buffer(a_name, a);
   check.buffer(out_name, out);
   check.activation(a_name, a);
@@ -896,12 +993,30 @@ void check_quant_gemm(OpCheck& check, const Backend& self, const Buffer& a, cons
   check.holds(out_name, out, check.product({m, w.n()}), "[m, n]");
 }
 
+std::string_view quant_kind_name(QuantKind kind) noexcept {
+  switch (kind) {
+    case QuantKind::Gptq: return "Gptq";
+    case QuantKind::Awq: return "Awq";
+    case QuantKind::Fp8: return "Fp8";
+  }
+  return "not a QuantKind";
+}
+
+// The weight of an op that takes GPTQ weights only.
+void check_gptq_weight(const OpCheck& check, const QuantWeight& w) {
+  if (w.kind() != QuantKind::Gptq) {
+    check.fail(ErrorCode::InvalidArgument, "{}: argument 'w' has quant kind {} ({}), expected a GPTQ weight",
+               check.op(), quant_kind_name(w.kind()), static_cast<int>(w.kind()));
+  }
+}
+
 }  // namespace
 
 void Backend::gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) {
   OpCheck check(*this, "gemm_gptq");
   check_quant_gemm(check, *this, a, w, out, m);
-  if (w.kind() != QuantKind::Gptq) check.fail(ErrorCode::InvalidArgument, "gemm_gptq: argument 'w' is not a GPTQ weight");
+  check_gptq_weight(check, w);
+  check_outputs_apart(check, {{"out", out, m * w.n()}}, {{"a", a, m * w.k()}});
   do_gemm_gptq(a, w, out, m, "gemm_gptq");
 }
 
@@ -914,13 +1029,12 @@ void Backend::gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& 
                                  std::size_t m) {
   OpCheck check(*this, "gemm_silu_mul_gptq");
   check_quant_gemm(check, *this, a, w, gate_up, m, "gate_up");
-  if (w.kind() != QuantKind::Gptq) {
-    check.fail(ErrorCode::InvalidArgument, "gemm_silu_mul_gptq: argument 'w' is not a GPTQ weight");
-  }
+  check_gptq_weight(check, w);
   // w.n() is even: load_gptq takes multiples of 8 only.
   check.buffer("act", act);
   check.same_dtype("act", act, "a", a);
   check.holds("act", act, check.product({m, w.n() / 2}), "[m, im]");
+  check_outputs_apart(check, {{"gate_up", gate_up, m * w.n()}, {"act", act, m * (w.n() / 2)}}, {{"a", a, m * w.k()}});
   do_gemm_silu_mul_gptq(a, w, gate_up, act, m);
 }
 
@@ -933,46 +1047,11 @@ void Backend::do_gemm_silu_mul_gptq(const Buffer&, const QuantWeight&, Buffer&, 
 
 namespace {
 
-// The first `elems` elements of two buffers share no byte.
-void check_disjoint(const OpCheck& check, std::string_view a_name, const Buffer& a, std::size_t a_elems,
-                    std::string_view b_name, const Buffer& b, std::size_t b_elems) {
-  if (byte_span(a, 0, a_elems).overlaps(byte_span(b, 0, b_elems))) {
-    check.fail(ErrorCode::InvalidArgument, "{}: '{}' overlaps '{}' in memory (views of one buffer)", check.op(),
-               a_name, b_name);
-  }
-}
-
 // row_sq for rows x cols: f32, [rows, row_sq_groups(cols)].
 void check_row_sq(const OpCheck& check, const Buffer& row_sq, std::size_t rows, std::size_t cols) {
   check.buffer("row_sq", row_sq);
   check.dtype("row_sq", row_sq, DType::F32);
   check.holds("row_sq", row_sq, check.product({rows, row_sq_groups(cols)}), "[rows, ceil(cols / 16)]");
-}
-
-// The GPTQ weight of one of the row_sq ops.
-void check_gptq_weight(const OpCheck& check, const QuantWeight& w) {
-  if (w.kind() != QuantKind::Gptq) check.fail(ErrorCode::InvalidArgument, "{}: argument 'w' is not a GPTQ weight", check.op());
-}
-
-// An operand of the row_sq ops: its name, buffer and elements.
-struct Extent {
-  std::string_view name;
-  const Buffer& buffer;
-  std::size_t elems;
-};
-
-// Every output overlaps no input and no other output (a fusing backend reads
-// its inputs in every CTA while others store); inputs may share memory. In
-// the outputs' order, each against the inputs, then against the outputs
-// before it; the message names the later output first.
-void check_outputs_apart(const OpCheck& check, std::initializer_list<Extent> outputs,
-                         std::initializer_list<Extent> inputs) {
-  for (auto o = outputs.begin(); o != outputs.end(); ++o) {
-    for (const Extent& in : inputs) check_disjoint(check, o->name, o->buffer, o->elems, in.name, in.buffer, in.elems);
-    for (auto earlier = outputs.begin(); earlier != o; ++earlier) {
-      check_disjoint(check, o->name, o->buffer, o->elems, earlier->name, earlier->buffer, earlier->elems);
-    }
-  }
 }
 
 // The norm half of rms_norm_gemm_gptq and its SiLU·mul form: x [m, k],
@@ -1074,6 +1153,7 @@ void Backend::do_rms_norm_gemm_silu_mul_gptq(const Buffer&, const Buffer&, const
 void Backend::gemm_quant(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) {
   OpCheck check(*this, "gemm_quant");
   check_quant_gemm(check, *this, a, w, out, m);
+  check_outputs_apart(check, {{"out", out, m * w.n()}}, {{"a", a, m * w.k()}});
   switch (w.kind()) {
     case QuantKind::Gptq:
       if (!supports(Op::GemmGptq)) {

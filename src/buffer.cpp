@@ -59,7 +59,7 @@ void Buffer::release() noexcept {
 }
 
 Backend* Buffer::backend() const noexcept {
-  return owner_ != nullptr && owner_->alive.load(std::memory_order_acquire) ? owner_->backend : nullptr;
+  return owner_ != nullptr ? owner_->live() : nullptr;
 }
 
 Buffer Buffer::view(std::size_t offset, std::size_t count) const {
@@ -75,6 +75,9 @@ Buffer Buffer::view(std::size_t offset, std::size_t count) const {
 
 Buffer Buffer::wrap(Backend& backend, void* ptr, DType dtype, std::size_t numel) {
   if (ptr == nullptr) detail::fail(ErrorCode::NullBuffer, "Buffer::wrap: argument 'ptr' is null");
+  if (size_of(dtype) == 0) {
+    detail::fail(ErrorCode::InvalidArgument, "Buffer::wrap: argument 'dtype' = {} is not a DType", static_cast<int>(dtype));
+  }
   if (reinterpret_cast<std::uintptr_t>(ptr) % size_of(dtype) != 0) {
     detail::fail(ErrorCode::Misaligned,
                  "Buffer::wrap: argument 'ptr' = {} is not aligned to the {}-byte {} element", ptr,

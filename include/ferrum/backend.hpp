@@ -19,6 +19,14 @@
 //   linear weight            [n, k]   (out = a · weightᵀ)
 // Buffers may be larger than an op needs (scratch sized for the maximum);
 // the op touches exactly the elements its sizes name.
+//
+// Outputs and inputs: views of one allocation may share bytes, and an op
+// refuses (InvalidArgument, naming both arguments and their byte ranges) an
+// output whose elements share a byte with another output's or an input's;
+// no op runs in place on an input (the kernels take their inputs as
+// __restrict__). copy_slice and the collectives state their own rules;
+// advance_decode_state's next_token may lie inside token_log. An "in/out"
+// argument counts as an output.
 #pragma once
 
 #include <atomic>
@@ -154,6 +162,8 @@ class QuantWeight {
   virtual QuantKind kind() const noexcept = 0;
   virtual std::size_t k() const noexcept = 0;
   virtual std::size_t n() const noexcept = 0;
+  // The backend whose load made it; null once that backend is destroyed
+  // (detail::BackendRef), so that no op takes it any more.
   virtual const Backend* backend() const noexcept = 0;
 };
 
@@ -169,6 +179,21 @@ struct BufferOwner {
   // (set by the backend's constructor; null: nothing to free).
   void (*free)(void* ptr, int device) noexcept = nullptr;
   int device = -1;
+  // The backend while it lives; null from ~Backend on.
+  Backend* live() const noexcept { return alive.load(std::memory_order_acquire) ? backend : nullptr; }
+};
+
+// What an object made by a backend (a QuantWeight) keeps of it: the backend
+// while it lives, null once it is destroyed, so that a later backend at the
+// same address does not pass for it in the ops' ownership checks.
+class BackendRef {
+ public:
+  BackendRef() noexcept = default;
+  explicit BackendRef(std::shared_ptr<BufferOwner> owner) noexcept : owner_(std::move(owner)) {}
+  Backend* get() const noexcept { return owner_ != nullptr ? owner_->live() : nullptr; }
+
+ private:
+  std::shared_ptr<BufferOwner> owner_;
 };
 }  // namespace detail
 
@@ -300,8 +325,8 @@ class Backend {
   // the two for m <= 2 where gemm would take the skinny kernel (a and w
   // 16-byte aligned, k % 8 == 0, CudaBackendConfig::gemm_skinny_max_m
   // allowing it): the silu·mul runs in its epilogue, and gate_up is neither
-  // written nor read. gate_up must not overlap a, w or act (not checked, as
-  // for every op's outputs).
+  // written nor read. gate_up and act overlap neither a nor w (the overlap
+  // rule at the top of this file).
   void gemm_silu_mul(const Buffer& a /*[m, k]*/, const Buffer& w /*[2*im, k], (gate, up) rows interleaved*/,
                      Buffer& gate_up /*[m, 2*im], workspace*/, Buffer& act /*[m, im]*/, std::size_t m,
                      std::size_t im, std::size_t k);
@@ -425,7 +450,7 @@ class Backend {
   // default) fuses the two where the streaming GPTQ kernel takes the launch
   // with its bulk source, m <= 8 and one split (llama-style decode shapes):
   // silu·mul in its epilogue, gate_up neither written nor read. a and
-  // gate_up 16-byte aligned on CudaBackend. gate_up must not overlap a or act.
+  // gate_up 16-byte aligned on CudaBackend. gate_up and act must not overlap a.
   void gemm_silu_mul_gptq(const Buffer& a /*[m, k]*/, const QuantWeight& w /*[k, 2*im], (gate, up) columns*/,
                           Buffer& gate_up /*[m, 2*im], workspace*/, Buffer& act /*[m, im]*/, std::size_t m);
   // The residual add and the RMSNorm around GPTQ projections, in a form a
@@ -513,6 +538,8 @@ class Backend {
   Buffer make_buffer(void* data, DType dtype, std::size_t numel, bool owning) {
     return Buffer(owner_, data, dtype, numel, owning ? data : nullptr);
   }
+  // For the QuantWeights a backend makes (QuantWeight::backend()).
+  detail::BackendRef backend_ref() const noexcept { return detail::BackendRef(owner_); }
 
   virtual void do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host,
                               std::size_t bytes) = 0;

@@ -114,14 +114,21 @@ __device__ __forceinline__ void pdl_begin_with_trigger(PdlTrigger trigger) {
 // other sm_90 path): a build without sm_90 (e.g. CMAKE_CUDA_ARCHITECTURES=80,
 // run on an H200 through the PTX JIT) holds only the trapping stubs. Asked
 // once per kernel signature: the answer is a property of the build (its
-// architecture list), the same for every kernel of it.
+// architecture list), the same for every kernel of it. A failed query (no
+// device, say) answers no for this call only: it is not remembered, and its
+// error is not left behind for the next launch check to report under
+// another op's name.
 template <class Kernel>
 bool has_sm90_code(Kernel kernel) {
   static std::atomic<int> known{0};  // 0 not asked yet, 1 no, 2 yes
   int state = known.load(std::memory_order_relaxed);
   if (state == 0) {
     cudaFuncAttributes attr{};
-    state = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.ptxVersion >= 90 ? 2 : 1;
+    if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    state = attr.ptxVersion >= 90 ? 2 : 1;
     known.store(state, std::memory_order_relaxed);
   }
   return state == 2;

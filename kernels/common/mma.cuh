@@ -247,32 +247,35 @@ __device__ __forceinline__ int swz(int row, int chunk) {
 // ── Host side ────────────────────────────────────────────────────────────────
 
 // Makes `kernel` launchable with `smem_bytes` of dynamic shared memory on
-// the current device, once per device (`prepared`: bit d set once device d
-// is done; idempotent, so a race is harmless). False when the device cannot
-// run it (below sm_80, or less opt-in shared memory than the kernel needs).
-inline bool prepare_kernel(const void* kernel, int smem_bytes, std::atomic<unsigned long long>& prepared) {
+// the current device, once per device: the opt-in is the device's (a
+// process driving several GPUs sets it on each), `prepared` has bit d set
+// once device d is done (idempotent, so a race is harmless). False when the
+// device cannot run it (below sm_80, or less opt-in shared memory than the
+// kernel needs). A failed query throws naming `op`.
+inline bool prepare_kernel(const char* op, const void* kernel, int smem_bytes,
+                           std::atomic<unsigned long long>& prepared) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) throw_cuda_error("flash_attention", "cudaGetDevice", err);
+  if (err != cudaSuccess) throw_cuda_error(op, "cudaGetDevice", err);
   const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0ull;
   if (bit != 0 && (prepared.load(std::memory_order_acquire) & bit) != 0) return true;
   int major = 0;
   int optin = 0;
   err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  if (err != cudaSuccess) throw_cuda_error("flash_attention", "cudaDeviceGetAttribute", err);
+  if (err != cudaSuccess) throw_cuda_error(op, "cudaDeviceGetAttribute", err);
   if (major < 8 || optin < smem_bytes) return false;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  if (err != cudaSuccess) throw_cuda_error("flash_attention", "cudaFuncSetAttribute (dynamic shared memory)", err);
+  if (err != cudaSuccess) throw_cuda_error(op, "cudaFuncSetAttribute (dynamic shared memory)", err);
   prepared.fetch_or(bit, std::memory_order_acq_rel);
   return true;
 }
 
 // The same, remembering per kernel (one set of device bits per Kernel).
 template <auto Kernel>
-bool prepare_kernel(int smem_bytes) {
+bool prepare_kernel(const char* op, int smem_bytes) {
   static std::atomic<unsigned long long> prepared{0};
-  return prepare_kernel(reinterpret_cast<const void*>(Kernel), smem_bytes, prepared);
+  return prepare_kernel(op, reinterpret_cast<const void*>(Kernel), smem_bytes, prepared);
 }
 
 }  // namespace ferrum::kernels

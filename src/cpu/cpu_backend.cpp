@@ -589,16 +589,16 @@ namespace {
 
 class CpuGptqWeight final : public QuantWeight {
  public:
-  CpuGptqWeight(const Backend* owner, std::size_t k, std::size_t n, std::vector<float> w_t)
-      : owner_(owner), k_(k), n_(n), w_t_(std::move(w_t)) {}
+  CpuGptqWeight(detail::BackendRef owner, std::size_t k, std::size_t n, std::vector<float> w_t)
+      : owner_(std::move(owner)), k_(k), n_(n), w_t_(std::move(w_t)) {}
   QuantKind kind() const noexcept override { return QuantKind::Gptq; }
   std::size_t k() const noexcept override { return k_; }
   std::size_t n() const noexcept override { return n_; }
-  const Backend* backend() const noexcept override { return owner_; }
+  const Backend* backend() const noexcept override { return owner_.get(); }
   const std::vector<float>& transposed() const noexcept { return w_t_; }  // [n, k]
 
  private:
-  const Backend* owner_;
+  detail::BackendRef owner_;
   std::size_t k_, n_;
   std::vector<float> w_t_;
 };
@@ -607,7 +607,7 @@ class CpuGptqWeight final : public QuantWeight {
 
 std::unique_ptr<QuantWeight> CpuBackend::do_load_gptq(const GptqHostTensors& tensors) {
   const detail::GptqUnpacked w = detail::unpack_gptq(tensors, "load_gptq", num_threads_);
-  return std::make_unique<CpuGptqWeight>(this, w.k, w.n, detail::dequantize_gptq_transposed(w));
+  return std::make_unique<CpuGptqWeight>(backend_ref(), w.k, w.n, detail::dequantize_gptq_transposed(w));
 }
 
 namespace {

@@ -183,7 +183,10 @@ CudaBackend::~CudaBackend() = default;
 
 std::string CudaBackend::name() const {
   cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, device_) != cudaSuccess) return fmt::format("cuda:{}", device_);
+  if (cudaGetDeviceProperties(&prop, device_) != cudaSuccess) {
+    (void)cudaGetLastError();  // a name without the model, not an error for the next op to report
+    return fmt::format("cuda:{}", device_);
+  }
   return fmt::format("cuda:{} ({})", device_, prop.name);
 }
 
@@ -470,8 +473,10 @@ void CudaBackend::do_reset_graph() {
   // The held graph's collectives are its communicator's (perhaps not this
   // backend's): a replay stuck on a peer is that one's to time out.
   wait_stream("reset_graph", rt_->graph_communicator != nullptr ? rt_->graph_communicator.get() : comm_.get());
-  if (rt_->graph_exec != nullptr) cudaGraphExecDestroy(rt_->graph_exec);
-  if (rt_->graph != nullptr) cudaGraphDestroy(rt_->graph);
+  // The stream drained above, so these free only host-side objects; a
+  // failure leaks them and must not be reported by the next op as its own.
+  if (rt_->graph_exec != nullptr && cudaGraphExecDestroy(rt_->graph_exec) != cudaSuccess) (void)cudaGetLastError();
+  if (rt_->graph != nullptr && cudaGraphDestroy(rt_->graph) != cudaSuccess) (void)cudaGetLastError();
   rt_->graph_exec = nullptr;
   rt_->graph = nullptr;
   rt_->graph_id = 0;

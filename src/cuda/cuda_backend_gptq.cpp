@@ -147,7 +147,8 @@ std::shared_ptr<GptqWorkspace> acquire_workspace(int device, const WorkspaceNeed
 
 class CudaGptqWeight final : public QuantWeight {
  public:
-  CudaGptqWeight(const Backend* owner, const detail::GptqRepacked& r) : owner_(owner), k_(r.k), n_(r.n) {
+  CudaGptqWeight(detail::BackendRef owner, const detail::GptqRepacked& r)
+      : owner_(std::move(owner)), k_(r.k), n_(r.n) {
     view_.zero_value = r.zero_value;
     view_.k = static_cast<int>(r.k);
     view_.n = static_cast<int>(r.n);
@@ -159,7 +160,7 @@ class CudaGptqWeight final : public QuantWeight {
   QuantKind kind() const noexcept override { return QuantKind::Gptq; }
   std::size_t k() const noexcept override { return k_; }
   std::size_t n() const noexcept override { return n_; }
-  const Backend* backend() const noexcept override { return owner_; }
+  const Backend* backend() const noexcept override { return owner_.get(); }
 
   bool fused() const noexcept { return view_.group_rows > 0; }
   bool act_order() const noexcept { return act_order_; }
@@ -209,7 +210,7 @@ class CudaGptqWeight final : public QuantWeight {
   }
 
  private:
-  const Backend* owner_;
+  detail::BackendRef owner_;
   std::size_t k_, n_;
   bool act_order_ = false;
   std::size_t scratch_cols_ = 0;
@@ -225,15 +226,19 @@ namespace {
 // The launcher's kernel kind for a named (non-Auto) GptqKernel.
 kernels::GptqKernelKind forced_kernel_kind(GptqKernel kernel) {
   switch (kernel) {
+    case GptqKernel::Fused:
+      return kernels::GptqKernelKind::Fused;
     case GptqKernel::Stream:
       return kernels::GptqKernelKind::Stream;
     case GptqKernel::StreamBulk:
       return kernels::GptqKernelKind::StreamBulk;
     case GptqKernel::Wgmma:
       return kernels::GptqKernelKind::Wgmma;
-    default:
-      return kernels::GptqKernelKind::Fused;
+    case GptqKernel::Auto:
+      break;  // the launch rule's, not a forced kind
   }
+  detail::fail(ErrorCode::InvalidArgument, "gemm_gptq: gptq_kernel = {} is not a forced kernel kind",
+               static_cast<int>(kernel));
 }
 
 // The backend's GPTQ switches, as gemm_gptq reads them.
@@ -284,7 +289,9 @@ kernels::GptqGemmArgs int4_args(DType dtype, const kernels::GptqDeviceWeight& vi
   // Auto: the wgmma kernel where it applies and measured faster (gptq_wgmma_preferred), else
   // the streaming kernel (bulk source) up to kGptqStreamAutoMaxM rows; where this weight cannot
   // take the bulk source, the register source's range; the fused kernel above.
-  args.kernel = kernels::gptq_kernel_for(sw.kernel == GptqKernel::Auto, forced_kernel_kind(sw.kernel), rows,
+  const bool automatic = sw.kernel == GptqKernel::Auto;
+  const kernels::GptqKernelKind forced = automatic ? kernels::GptqKernelKind::Fused /*unread*/ : forced_kernel_kind(sw.kernel);
+  args.kernel = kernels::gptq_kernel_for(automatic, forced, rows,
                                          static_cast<std::size_t>(view.k), static_cast<std::size_t>(view.n),
                                          kernels::gptq_bulk_source_applies(view.group_rows), wgmma_applies);
   args.stream_ring = sw.stream_ring;
@@ -345,7 +352,7 @@ GptqKernel CudaBackend::checked_gptq_kernel(GptqKernel requested) {
 std::unique_ptr<QuantWeight> CudaBackend::do_load_gptq(const GptqHostTensors& tensors) {
   detail::activate_device(device_);
   const detail::GptqRepacked repacked = detail::repack_gptq(tensors, "load_gptq");
-  auto weight = std::make_unique<CudaGptqWeight>(this, repacked);
+  auto weight = std::make_unique<CudaGptqWeight>(backend_ref(), repacked);
   weight->upload(*this, device_, repacked, rt_->num_sms);
   // The uploads read pageable host memory that goes away with `repacked`.
   check_cuda(cudaStreamSynchronize(rt_->stream), "load_gptq", "cudaStreamSynchronize");
@@ -488,7 +495,7 @@ const CudaGptqWeight& norm_from_row_sq(detail::CudaRuntime& rt, int device, cons
   const CudaGptqWeight& weight =
       checked_gptq_operands(rt, op, w, {{"x", &x}, {"norm_w", &norm_w}, {"normed", &normed}, gemm_out});
   detail::activate_device(device);
-  kernels::launch_rms_norm_from_row_sq(x.dtype(), ptr(x), ptr<float>(row_sq), ptr(norm_w), eps, ptr(normed),
+  kernels::launch_rms_norm_from_row_sq(op, x.dtype(), ptr(x), ptr<float>(row_sq), ptr(norm_w), eps, ptr(normed),
                                        static_cast<int>(m), static_cast<int>(w.k()), rt.stream);
   return weight;
 }

@@ -11,6 +11,16 @@ namespace ferrum::detail {
 namespace {
 
 constexpr int kMaxDevices = 64;
+
+// The current device into *device; false when the query fails, its error
+// cleared (the callers treat that as "no device", and the error must not
+// stay behind for the next op's launch check to report under its name).
+bool query_current_device(int* device) noexcept {
+  if (cudaGetDevice(device) == cudaSuccess) return true;
+  (void)cudaGetLastError();
+  return false;
+}
+
 std::mutex g_runtimes_mutex;
 // Held through a whole cuda_runtime() call, so runtimes are made one at a
 // time: a second caller for the same device waits, then finds the first's
@@ -29,7 +39,7 @@ std::array<std::atomic<int>, kMaxDevices> g_launch_state{};
 
 int launch_state_of_current_device() {
   int device = -1;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
+  if (!query_current_device(&device) || device < 0 || device >= kMaxDevices) return 0;
   return g_launch_state[device].load(std::memory_order_relaxed);
 }
 
@@ -41,19 +51,19 @@ CudaRuntime* runtime_of(int device) noexcept {
 
 CudaRuntime* runtime_of_current_device() noexcept {
   int device = -1;
-  if (cudaGetDevice(&device) != cudaSuccess) return nullptr;
+  if (!query_current_device(&device)) return nullptr;
   return runtime_of(device);
 }
 
 // cudaFree on `device`, the caller's current device restored.
 void free_now(void* ptr, int device) noexcept {
   int current = -1;
-  cudaGetDevice(&current);
-  if (current != device) cudaSetDevice(device);
-  // A failed free must not stay behind as the thread's last error, to be
-  // reported by the next op's launch check under that op's name.
+  if (!query_current_device(&current)) current = -1;
+  // A failed call here must not stay behind as the thread's last error, to
+  // be reported by the next op's launch check under that op's name.
+  if (current != device && cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
   if (cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();
-  if (current != device && current >= 0) cudaSetDevice(current);
+  if (current != device && current >= 0 && cudaSetDevice(current) != cudaSuccess) (void)cudaGetLastError();
 }
 
 void free_all(std::vector<void*>& ptrs, int device) noexcept {
@@ -381,9 +391,10 @@ cudaError_t cached_device_attribute(int device, int* value) {
 // device, or the query failed).
 int current_device_cc() {
   int device = -1, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device, &major) != cudaSuccess ||
+  if (!detail::query_current_device(&device)) return 0;
+  if (cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device, &major) != cudaSuccess ||
       cached_device_attribute<cudaDevAttrComputeCapabilityMinor>(device, &minor) != cudaSuccess) {
+    (void)cudaGetLastError();  // answered "no device", not raised
     return 0;
   }
   return major * 10 + minor;
@@ -443,7 +454,7 @@ bool device_is_sm90a() { return current_device_cc() == 90; }
 
 bool pdl_available() {
   int device = -1;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= detail::kMaxDevices) return false;
+  if (!detail::query_current_device(&device) || device < 0 || device >= detail::kMaxDevices) return false;
   // The device's CudaBackend runtime decides (its config).
   const int configured = detail::g_launch_state[device].load(std::memory_order_relaxed);
   if (configured != 0) return (configured & detail::kLaunchPdl) != 0;

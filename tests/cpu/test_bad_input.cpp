@@ -7,15 +7,20 @@
 //   null buffer -> NullBuffer, buffer of another backend instance ->
 //   WrongBackend, one element too few -> ShapeMismatch, wrong dtype ->
 //   DTypeMismatch, size 0 or > INT32_MAX -> InvalidArgument.
-// The op-specific cases cover eps / scale / enum domains, capacities, GQA
-// grouping, causal reach, size-product overflow, misalignment (Buffer::wrap)
-// and the host-side buffer API.
+// The overlap rule walks the same table: every output against every other
+// buffer of its call. The op-specific cases cover eps / scale / enum
+// domains, capacities, GQA grouping, causal reach, size-product overflow,
+// misalignment (Buffer::wrap), weights of a destroyed backend and the
+// host-side buffer API.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "support/op_registry.hpp"
@@ -134,6 +139,14 @@ TEST_P(BadInput, SizePast32Bits) {
                         [&](OpArgs& a) { a.sizes[s.name] = kHuge; });
     }
   }
+}
+
+// Sizes each within 32 bits whose derived kernel dimension is not.
+TEST_P(BadInput, DerivedSizePast32Bits) {
+  expect_call_error(Op::GemmSiluMul, ErrorCode::InvalidArgument, "'2 * im'",
+                    [](OpArgs& a) { a.sizes["im"] = kHuge / 2; });  // 2 * im = 2^31
+  expect_call_error(Op::QkvRopeAppend, ErrorCode::InvalidArgument, "'cfg.heads + 2 * cfg.kv_heads'",
+                    [](OpArgs& a) { a.sizes["cfg.heads"] = kHuge - 2; });  // + 2 * 1 = 2^31
 }
 
 // ── Scalars: eps, scale, enums ───────────────────────────────────────────────
@@ -312,6 +325,50 @@ TEST_P(BadInput, FlashAttentionDomain) {
   });
 }
 
+// Device-state decode reads kv_len on the device: without kv_seq_stride the
+// host kv_len would be baked into a captured graph.
+TEST_P(BadInput, FlashAttentionDeviceStateNeedsAStride) {
+  backend().set_device_state_mode(true);
+  expect_call_error(Op::FlashAttention, ErrorCode::InvalidArgument, "cfg.kv_seq_stride", [](OpArgs& a) {
+    a.sizes["q_len"] = 1;
+    a.pos_offset = 2;
+  });
+  backend().set_device_state_mode(false);
+}
+
+// mla_attention (no backend implements it yet) checks its geometry all the
+// same: each head size within 32 bits, their sum too, and the scale.
+TEST_P(BadInput, MlaAttentionDomain) {
+  const OpSpec& spec = op_spec(Op::MlaAttention);
+  OpArgs a = make_args(backend(), spec);
+  auto call = [&](const MlaConfig& cfg) {
+    backend().mla_attention(a.buf("q"), a.buf("kv_latent"), a.buf("out"), a.size("batch"), a.size("q_len"),
+                            a.size("kv_len"), cfg);
+  };
+  MlaConfig valid;
+  valid.num_heads = a.size("cfg.num_heads");
+  valid.kv_lora_rank = a.size("cfg.kv_lora_rank");
+  valid.qk_nope_head_dim = 8;
+  valid.qk_rope_head_dim = 4;  // the registry's latent: kv_lora_rank + 4
+  valid.v_head_dim = a.size("cfg.v_head_dim");
+  for (const auto& [name, field, value] :
+       {std::tuple{"cfg.qk_rope_head_dim", &MlaConfig::qk_rope_head_dim, std::size_t{0}},
+        std::tuple{"cfg.qk_rope_head_dim", &MlaConfig::qk_rope_head_dim, std::numeric_limits<std::size_t>::max() - 3},
+        std::tuple{"cfg.qk_nope_head_dim", &MlaConfig::qk_nope_head_dim, std::size_t{0}},
+        std::tuple{"cfg.kv_lora_rank + cfg.qk_rope_head_dim", &MlaConfig::qk_rope_head_dim, kHuge - 5}}) {
+    SCOPED_TRACE(cat(name, " = ", value));
+    MlaConfig cfg = valid;
+    cfg.*field = value;
+    expect_error(ErrorCode::InvalidArgument, "mla_attention", [&] { call(cfg); }, name);
+  }
+  for (float scale : {kNaN, -1.0f, kInf}) {
+    SCOPED_TRACE(cat("scale=", scale));
+    MlaConfig cfg = valid;
+    cfg.scale = scale;
+    expect_error(ErrorCode::InvalidArgument, "mla_attention", [&] { call(cfg); }, "cfg.scale");
+  }
+}
+
 TEST_P(BadInput, FlashAttentionLegalVariantsPassValidation) {
   // Non-causal with pos_offset past kv_len, and kv_seq_stride > kv_len, are
   // legal: the call reaches the backend (which may not implement it yet).
@@ -337,13 +394,20 @@ TEST_P(BadInput, FlashAttentionLegalVariantsPassValidation) {
 
 // ── Quantized GEMM ───────────────────────────────────────────────────────────
 
+constexpr Op kQuantOps[] = {Op::GemmGptq,           Op::GemmSiluMulGptq, Op::GemmQuant, Op::GemmGptqAddResidual,
+                             Op::RmsNormGemmGptq, Op::RmsNormGemmSiluMulGptq};
+
 TEST_P(BadInput, QuantWeightChecks) {
-  expect_call_error(Op::GemmGptq, ErrorCode::WrongBackend, "'w'", [&](OpArgs& a) {
-    a.weight = std::make_unique<FakeQuantWeight>(&other(), QuantKind::Gptq, a.weight->k(), a.weight->n());
-  });
-  for (Op op : {Op::GemmGptq, Op::GemmGptqAddResidual, Op::RmsNormGemmGptq, Op::RmsNormGemmSiluMulGptq}) {
+  for (Op op : kQuantOps) {
     SCOPED_TRACE(to_string(op));
-    expect_call_error(op, ErrorCode::InvalidArgument, "'w'", [&](OpArgs& a) {
+    expect_call_error(op, ErrorCode::WrongBackend, "'w'", [&](OpArgs& a) {
+      a.weight = std::make_unique<FakeQuantWeight>(&other(), QuantKind::Gptq, a.weight->k(), a.weight->n());
+    });
+  }
+  for (Op op : {Op::GemmGptq, Op::GemmSiluMulGptq, Op::GemmGptqAddResidual, Op::RmsNormGemmGptq,
+                Op::RmsNormGemmSiluMulGptq}) {
+    SCOPED_TRACE(to_string(op));
+    expect_call_error(op, ErrorCode::InvalidArgument, "quant kind Awq", [&](OpArgs& a) {
       a.weight = std::make_unique<FakeQuantWeight>(&backend(), QuantKind::Awq, a.weight->k(), a.weight->n());
     });
   }
@@ -357,8 +421,7 @@ TEST_P(BadInput, QuantWeightChecks) {
   expect_error(ErrorCode::InvalidArgument, "load_gptq", [&] { (void)backend().load_gptq(empty); });
   // A weight that claims this backend but was not made by its load_gptq,
   // refused under the name of the op called.
-  for (Op op : {Op::GemmGptq, Op::GemmSiluMulGptq, Op::GemmQuant, Op::GemmGptqAddResidual, Op::RmsNormGemmGptq,
-                Op::RmsNormGemmSiluMulGptq}) {
+  for (Op op : kQuantOps) {
     if (!backend().supports(op)) continue;
     expect_call_error(op, ErrorCode::InvalidArgument, "'w'", [&](OpArgs& a) {
       a.weight = std::make_unique<FakeQuantWeight>(&backend(), QuantKind::Gptq, a.weight->k(), a.weight->n());
@@ -366,37 +429,58 @@ TEST_P(BadInput, QuantWeightChecks) {
   }
 }
 
-// The row_sq ops refuse outputs that share memory with an input or another
-// output (a fusing backend reads its inputs in every CTA while others store).
-TEST_P(BadInput, RowSqOpsRefuseOverlaps) {
-  struct Case {
-    Op op;
-    std::string first, second;  // as the message names them
-    std::function<void(OpArgs&)> mutate;
-  };
-  const std::vector<Case> cases = {
-      {Op::GemmGptqAddResidual, "out", "a", [](OpArgs& a) { a.buffers["out"] = a.buf("a").view(0, 16); }},
-      {Op::GemmGptqAddResidual, "residual", "a", [](OpArgs& a) { a.buffers["residual"] = a.buf("a").view(0, 16); }},
-      {Op::GemmGptqAddResidual, "residual", "out", [](OpArgs& a) { a.buffers["residual"] = a.buf("out").view(0, 16); }},
-      {Op::GemmGptqAddResidual, "row_sq", "out",
-       [this](OpArgs& a) { a.buffers["row_sq"] = Buffer::wrap(backend(), a.buf("out").data(), DType::F32, 2); }},
-      {Op::RmsNormGemmGptq, "normed", "x", [](OpArgs& a) { a.buffers["normed"] = a.buf("x").view(0, 32); }},
-      {Op::RmsNormGemmGptq, "out", "x", [](OpArgs& a) { a.buffers["out"] = a.buf("x").view(0, 16); }},
-      {Op::RmsNormGemmGptq, "out", "normed", [](OpArgs& a) { a.buffers["out"] = a.buf("normed").view(0, 16); }},
-      {Op::RmsNormGemmGptq, "normed", "norm_w", [](OpArgs& a) { a.buffers["norm_w"] = a.buf("normed").view(0, 16); }},
-      {Op::RmsNormGemmSiluMulGptq, "act", "x", [](OpArgs& a) { a.buffers["act"] = a.buf("x").view(0, 8); }},
-      {Op::RmsNormGemmSiluMulGptq, "gate_up", "normed",
-       [](OpArgs& a) { a.buffers["gate_up"] = a.buf("normed").view(0, 16); }},
-      {Op::RmsNormGemmSiluMulGptq, "act", "gate_up", [](OpArgs& a) { a.buffers["act"] = a.buf("gate_up").view(0, 8); }},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(cat(to_string(c.op), ": '", c.first, "' on '", c.second, "'"));
-    const OpSpec& spec = op_spec(c.op);
-    OpArgs a = make_args(backend(), spec);
-    c.mutate(a);
-    expect_error(ErrorCode::InvalidArgument, spec.name, [&] { spec.call(backend(), a); }, cat("'", c.first, "'"));
-    expect_error(ErrorCode::InvalidArgument, spec.name, [&] { spec.call(backend(), a); }, cat("'", c.second, "'"));
+// A weight whose backend was destroyed reports none, and every quantized op
+// refuses it (a later backend at the same address must not pass for it).
+TEST_P(BadInput, WeightOfADestroyedBackendIsRefused) {
+  for (Op op : kQuantOps) {
+    SCOPED_TRACE(to_string(op));
+    std::unique_ptr<Backend> gone = make_backend(GetParam());
+    OpArgs from_gone = make_args(*gone, op_spec(op));
+    std::unique_ptr<QuantWeight> w = std::move(from_gone.weight);
+    const bool real = gone->supports(Op::LoadGptq);
+    from_gone = OpArgs{};  // its buffers freed while their backend lives
+    gone.reset();
+    if (real) {
+      EXPECT_EQ(w->backend(), nullptr);
+    } else {
+      w = std::make_unique<FakeQuantWeight>(nullptr, QuantKind::Gptq, w->k(), w->n());
+    }
+    expect_call_error(op, ErrorCode::WrongBackend, "since destroyed", [&](OpArgs& a) { a.weight = std::move(w); });
   }
+}
+
+// ── The overlap rule (backend.hpp, "Outputs and inputs") ────────────────────
+
+// For every op and every written buffer O (output or in/out) against every
+// other buffer B of the call: both placed at the start of one fresh
+// allocation, as views of their own dtype and length; then B at the start
+// and O one element further (a partial overlap). The op refuses both
+// (InvalidArgument naming O and B): no op runs in place.
+TEST_P(BadInput, OutputsOverlappingInputsAreRefused) {
+  std::size_t pairs = 0;
+  for (const OpSpec& spec : op_specs()) {
+    if (spec.own_overlap_rule) continue;
+    for (const BufferArg& o : spec.buffers) {
+      if (!o.written()) continue;
+      for (const BufferArg& b : spec.buffers) {
+        if (&b == &o) continue;
+        ++pairs;
+        const std::size_t o_bytes = o.numel * size_of(o.dtype), b_bytes = b.numel * size_of(b.dtype);
+        const std::size_t shift = size_of(o.dtype);
+        Buffer base = zeros(backend(), DType::U8, std::max(o_bytes, b_bytes) + shift);
+        auto* bytes = static_cast<std::uint8_t*>(base.data());
+        OpArgs a = make_args(backend(), spec);
+        a.buffers[b.name] = Buffer::wrap(backend(), bytes, b.dtype, b.numel);
+        for (std::size_t offset : {std::size_t{0}, shift}) {
+          SCOPED_TRACE(cat(spec.name, ": '", o.name, "' on '", b.name, "' at byte ", offset));
+          a.buffers[o.name] = Buffer::wrap(backend(), bytes + offset, o.dtype, o.numel);
+          expect_error(ErrorCode::InvalidArgument, spec.name, [&] { spec.call(backend(), a); }, cat("'", o.name, "'"));
+          expect_error(ErrorCode::InvalidArgument, spec.name, [&] { spec.call(backend(), a); }, cat("'", b.name, "'"));
+        }
+      }
+    }
+  }
+  EXPECT_GE(pairs, 100u) << "the op table lost its outputs";
 }
 
 // ── Misalignment: Buffer::wrap refuses pointers off the element grid ─────────
@@ -427,6 +511,14 @@ TEST_P(BadInput, MisalignedWrap) {
 
 TEST_P(BadInput, AllocSizes) {
   expect_error(ErrorCode::InvalidArgument, "alloc", [&] { (void)backend().alloc(DType::F16, 0); }, "'numel'");
+  // A value outside the DType enum (its element size would be 0).
+  const auto bad = static_cast<DType>(9);
+  expect_error(ErrorCode::InvalidArgument, "alloc", [&] { (void)backend().alloc(bad, 4); }, "'dtype'");
+  const std::vector<float> four(4, 1.0f);
+  expect_error(ErrorCode::InvalidArgument, "alloc", [&] { (void)backend().upload(four, bad); }, "'dtype'");
+  Buffer base = zeros(backend(), DType::U8, 16);
+  expect_error(ErrorCode::InvalidArgument, "Buffer::wrap", [&] { (void)Buffer::wrap(backend(), base.data(), bad, 4); },
+               "'dtype'");
   // An element count whose byte size overflows 64 bits.
   expect_error(ErrorCode::InvalidArgument, "alloc",
                [&] { (void)backend().alloc(DType::F32, std::numeric_limits<std::size_t>::max() / 2); }, "overflow");

@@ -13,6 +13,19 @@ constexpr DType kBad = DType::I32;  // not an activation dtype
 
 // A buffer argument that must hold exactly `numel` elements of f16.
 BufferArg act(std::string name, std::size_t numel) { return {std::move(name), kH, numel, numel - 1, kBad}; }
+// `b` as an op's output, or as a buffer it reads and writes.
+BufferArg output(BufferArg b) {
+  b.role = Role::Output;
+  return b;
+}
+BufferArg inout(BufferArg b) {
+  b.role = Role::InOut;
+  return b;
+}
+BufferArg input(BufferArg b) {
+  b.role = Role::Input;
+  return b;
+}
 
 // Small valid sizes, distinct so a mix-up shows.
 constexpr std::size_t kTokens = 3, kDim = 8, kVocab = 5;
@@ -46,9 +59,9 @@ std::vector<BufferArg> qkv_rope_buffers(std::size_t rows, std::size_t seqs) {
           act("k_norm", kHeadDim),
           {"cos", DType::F32, table, table - 1, kH},
           {"sin", DType::F32, table, table - 1, kH},
-          act("q_out", kHeads * rows * kHeadDim),
-          act("k_cache", cache),
-          act("v_cache", cache)};
+          output(act("q_out", kHeads * rows * kHeadDim)),
+          inout(act("k_cache", cache)),
+          inout(act("v_cache", cache))};
 }
 std::vector<SizeArg> qkv_rope_sizes(const char* count_name, std::size_t count) {
   return {{count_name, count},        {"cfg.heads", kHeads},       {"cfg.kv_heads", kQkvKv},
@@ -57,49 +70,54 @@ std::vector<SizeArg> qkv_rope_sizes(const char* count_name, std::size_t count) {
 
 std::vector<OpSpec> build_specs() {
   std::vector<OpSpec> s;
-  s.push_back({Op::CopySlice, "copy_slice", {act("src", 6), act("dst", 6)}, {{"len", 6}},
-               [](Backend& be, OpArgs& a) { be.copy_slice(a.buf("src"), 0, a.buf("dst"), 0, a.size("len")); }});
-  s.push_back({Op::RmsNorm, "rms_norm", {act("x", kTokens * kDim), act("w", kDim), act("out", kTokens * kDim)},
+  s.push_back({Op::CopySlice, "copy_slice", {act("src", 6), output(act("dst", 6))}, {{"len", 6}},
+               [](Backend& be, OpArgs& a) { be.copy_slice(a.buf("src"), 0, a.buf("dst"), 0, a.size("len")); },
+               /*own_overlap_rule=*/true});
+  s.push_back({Op::RmsNorm, "rms_norm", {act("x", kTokens * kDim), act("w", kDim), output(act("out", kTokens * kDim))},
                {{"tokens", kTokens}, {"dim", kDim}}, [](Backend& be, OpArgs& a) {
                  be.rms_norm(a.buf("x"), a.buf("w"), a.eps, a.buf("out"), a.size("tokens"), a.size("dim"));
                }});
   s.push_back({Op::FusedAddRmsNorm, "fused_add_rms_norm",
-               {act("residual", kTokens * kDim), act("x", kTokens * kDim), act("w", kDim),
-                act("out", kTokens * kDim)},
+               {inout(act("residual", kTokens * kDim)), act("x", kTokens * kDim), act("w", kDim),
+                output(act("out", kTokens * kDim))},
                {{"tokens", kTokens}, {"dim", kDim}}, [](Backend& be, OpArgs& a) {
                  be.fused_add_rms_norm(a.buf("residual"), a.buf("x"), a.buf("w"), a.eps, a.buf("out"),
                                        a.size("tokens"), a.size("dim"));
                }});
   s.push_back({Op::LayerNorm, "layer_norm",
-               {act("x", kTokens * kDim), act("gamma", kDim), act("beta", kDim), act("out", kTokens * kDim)},
+               {act("x", kTokens * kDim), act("gamma", kDim), act("beta", kDim), output(act("out", kTokens * kDim))},
                {{"tokens", kTokens}, {"dim", kDim}}, [](Backend& be, OpArgs& a) {
                  be.layer_norm(a.buf("x"), a.buf("gamma"), a.buf("beta"), a.eps, a.buf("out"), a.size("tokens"),
                                a.size("dim"));
                }});
-  s.push_back({Op::Gelu, "gelu", {act("x", 10), act("out", 10)}, {{"len", 10}},
+  s.push_back({Op::Gelu, "gelu", {act("x", 10), output(act("out", 10))}, {{"len", 10}},
                [](Backend& be, OpArgs& a) { be.gelu(a.buf("x"), a.buf("out"), a.size("len"), a.approx); }});
-  s.push_back({Op::AddBias, "add_bias", {act("data", kTokens * kDim), act("bias", kDim)},
+  s.push_back({Op::AddBias, "add_bias", {inout(act("data", kTokens * kDim)), act("bias", kDim)},
                {{"rows", kTokens}, {"cols", kDim}},
                [](Backend& be, OpArgs& a) { be.add_bias(a.buf("data"), a.buf("bias"), a.size("rows"), a.size("cols")); }});
-  s.push_back({Op::AddInplace, "add_inplace", {act("residual", 10), act("x", 10)}, {{"len", 10}},
+  s.push_back({Op::AddInplace, "add_inplace", {inout(act("residual", 10)), act("x", 10)}, {{"len", 10}},
                [](Backend& be, OpArgs& a) { be.add_inplace(a.buf("residual"), a.buf("x"), a.size("len")); }});
-  s.push_back({Op::Argmax, "argmax", {act("x", kTokens * kVocab), {"out", DType::I32, kTokens, kTokens - 1, kH}},
+  s.push_back({Op::Argmax, "argmax", {act("x", kTokens * kVocab), output({"out", DType::I32, kTokens, kTokens - 1, kH})},
                {{"rows", kTokens}, {"cols", kVocab}},
                [](Backend& be, OpArgs& a) { be.argmax(a.buf("x"), a.buf("out"), a.size("rows"), a.size("cols")); }});
   // From position 0, so that the valid call's write (token_log[1]) is in
   // range whatever an earlier test left in the decode state.
   s.push_back({Op::AdvanceDecodeState, "advance_decode_state",
-               {{"next_token", DType::I32, 1, 0, DType::F32}, {"token_log", DType::I32, kTokens, 1, DType::F32}}, {},
+               {{"next_token", DType::I32, 1, 0, DType::F32},
+                inout({"token_log", DType::I32, kTokens, 1, DType::F32})},
+               {},
                [](Backend& be, OpArgs& a) {
                  be.set_decode_state(0, 0);
                  be.advance_decode_state(a.buf("next_token"), a.buf("token_log"));
-               }});
-  s.push_back({Op::Gemm, "gemm", {act("a", kM * kK), act("b", kN * kK), act("out", kM * kN)},
+               },
+               /*own_overlap_rule=*/true});
+  s.push_back({Op::Gemm, "gemm", {act("a", kM * kK), act("b", kN * kK), output(act("out", kM * kN))},
                {{"m", kM}, {"n", kN}, {"k", kK}}, [](Backend& be, OpArgs& a) {
                  be.gemm(a.buf("a"), a.buf("b"), a.buf("out"), a.size("m"), a.size("n"), a.size("k"));
                }});
   s.push_back({Op::GemmSiluMul, "gemm_silu_mul",
-               {act("a", kM * kK), act("w", 2 * kN * kK), act("gate_up", kM * 2 * kN), act("act", kM * kN)},
+               {act("a", kM * kK), act("w", 2 * kN * kK), output(act("gate_up", kM * 2 * kN)),
+                output(act("act", kM * kN))},
                {{"m", kM}, {"im", kN}, {"k", kK}}, [](Backend& be, OpArgs& a) {
                  be.gemm_silu_mul(a.buf("a"), a.buf("w"), a.buf("gate_up"), a.buf("act"), a.size("m"), a.size("im"),
                                   a.size("k"));
@@ -107,20 +125,21 @@ std::vector<OpSpec> build_specs() {
   s.push_back({Op::EmbeddingLookup, "embedding_lookup",
                {{"table", kH, kVocab * kDim, kDim - 1, kBad},
                 {"ids", DType::I32, kTokens, kTokens - 1, DType::F32},
-                act("out", kTokens * kDim)},
+                output(act("out", kTokens * kDim))},
                {{"tokens", kTokens}, {"dim", kDim}, {"vocab", kVocab}}, [](Backend& be, OpArgs& a) {
                  be.embedding_lookup(a.buf("table"), a.buf("ids"), a.buf("out"), a.size("tokens"), a.size("dim"),
                                      a.size("vocab"));
                }});
   s.push_back({Op::SplitQkv, "split_qkv",
-               {act("qkv", kTokens * (kQDim + 2 * kKvDim)), act("q", kTokens * kQDim), act("k", kTokens * kKvDim),
-                act("v", kTokens * kKvDim)},
+               {act("qkv", kTokens * (kQDim + 2 * kKvDim)), output(act("q", kTokens * kQDim)),
+                output(act("k", kTokens * kKvDim)), output(act("v", kTokens * kKvDim))},
                {{"tokens", kTokens}, {"q_dim", kQDim}, {"kv_dim", kKvDim}}, [](Backend& be, OpArgs& a) {
                  be.split_qkv(a.buf("qkv"), a.buf("q"), a.buf("k"), a.buf("v"), a.size("tokens"), a.size("q_dim"),
                               a.size("kv_dim"));
                }});
   s.push_back({Op::FusedSiluMulSplit, "fused_silu_mul_split",
-               {act("gate_up", kTokens * 2 * kDim), act("out", kTokens * kDim)}, {{"tokens", kTokens}, {"im", kDim}},
+               {act("gate_up", kTokens * 2 * kDim), output(act("out", kTokens * kDim))},
+               {{"tokens", kTokens}, {"im", kDim}},
                [](Backend& be, OpArgs& a) {
                  be.fused_silu_mul_split(a.buf("gate_up"), a.buf("out"), a.size("tokens"), a.size("im"));
                }});
@@ -128,7 +147,7 @@ std::vector<OpSpec> build_specs() {
   s.push_back({Op::QkNormRope, "qk_norm_rope",
                {act("input", kTokens * kHeads * kHeadDim), act("norm_w", kHeadDim),
                 {"cos", DType::F32, table, table - 1, kH}, {"sin", DType::F32, table, table - 1, kH},
-                act("output", kTokens * kHeads * kHeadDim)},
+                output(act("output", kTokens * kHeads * kHeadDim))},
                {{"tokens", kTokens}, {"heads", kHeads}, {"head_dim", kHeadDim}, {"max_pos", kMaxPos}},
                [](Backend& be, OpArgs& a) {
                  be.qk_norm_rope(a.buf("input"), a.null_norm_w ? nullptr : &a.buf("norm_w"), a.buf("cos"),
@@ -136,7 +155,7 @@ std::vector<OpSpec> build_specs() {
                                  a.size("head_dim"), a.pos_offset, a.size("max_pos"), a.eps, a.mode);
                }});
   s.push_back({Op::KvCacheAppendHeadMajor, "kv_cache_append_head_major",
-               {act("cache_k", kNkv * kCapacity * kHd), act("cache_v", kNkv * kCapacity * kHd),
+               {inout(act("cache_k", kNkv * kCapacity * kHd)), inout(act("cache_v", kNkv * kCapacity * kHd)),
                 act("new_k", kNkv * kNewTokens * kHd), act("new_v", kNkv * kNewTokens * kHd)},
                {{"capacity", kCapacity}, {"new_tokens", kNewTokens}, {"nkv", kNkv}, {"hd", kHd}},
                [](Backend& be, OpArgs& a) {
@@ -164,13 +183,13 @@ std::vector<OpSpec> build_specs() {
                  }});
   }
   s.push_back({Op::TransposeHeadToToken, "transpose_head_to_token",
-               {act("src", kTokens * kHeads * kHeadDim), act("dst", kTokens * kHeads * kHeadDim)},
+               {act("src", kTokens * kHeads * kHeadDim), output(act("dst", kTokens * kHeads * kHeadDim))},
                {{"tokens", kTokens}, {"heads", kHeads}, {"dim", kHeadDim}}, [](Backend& be, OpArgs& a) {
                  be.transpose_head_to_token(a.buf("src"), a.buf("dst"), a.size("tokens"), a.size("heads"),
                                             a.size("dim"));
                }});
   const std::size_t qn = kBatch * kNumHeads * kQLen * kAttnHd, kvn = kBatch * kNumKvHeads * kKvLen * kAttnHd;
-  s.push_back({Op::FlashAttention, "flash_attention", {act("q", qn), act("k", kvn), act("v", kvn), act("out", qn)},
+  s.push_back({Op::FlashAttention, "flash_attention", {act("q", qn), act("k", kvn), act("v", kvn), output(act("out", qn))},
                {{"batch", kBatch},
                 {"q_len", kQLen},
                 {"kv_len", kKvLen},
@@ -189,7 +208,7 @@ std::vector<OpSpec> build_specs() {
     constexpr std::size_t kRaggedBatch = 2, kCap = 5;
     const std::size_t rq = kRaggedBatch * kNumHeads * kAttnHd, rkv = kRaggedBatch * kNumKvHeads * kCap * kAttnHd;
     s.push_back({Op::FlashDecodeRagged, "flash_decode_ragged",
-                 {act("q", rq), act("k", rkv), act("v", rkv), act("out", rq),
+                 {act("q", rq), act("k", rkv), act("v", rkv), output(act("out", rq)),
                   {"kv_lens", DType::I32, kRaggedBatch, kRaggedBatch - 1, DType::F32}},
                  {{"batch", kRaggedBatch},
                   {"cfg.num_heads", kNumHeads},
@@ -207,7 +226,7 @@ std::vector<OpSpec> build_specs() {
   const std::size_t latent = kLoraRank + kRopeDim;
   s.push_back({Op::MlaAttention, "mla_attention",
                {act("q", kBatch * kNumHeads * kQLen * latent), act("kv_latent", kBatch * kKvLen * latent),
-                act("out", kBatch * kNumHeads * kQLen * kVHeadDim)},
+                output(act("out", kBatch * kNumHeads * kQLen * kVHeadDim))},
                {{"batch", kBatch},
                 {"q_len", kQLen},
                 {"kv_len", kKvLen},
@@ -224,54 +243,58 @@ std::vector<OpSpec> build_specs() {
                  be.mla_attention(a.buf("q"), a.buf("kv_latent"), a.buf("out"), a.size("batch"), a.size("q_len"),
                                   a.size("kv_len"), cfg);
                }});
-  s.push_back({Op::GemmGptq, "gemm_gptq", {act("a", kM * kK), act("out", kM * kN)}, {{"m", kM}},
+  s.push_back({Op::GemmGptq, "gemm_gptq", {act("a", kM * kK), output(act("out", kM * kN))}, {{"m", kM}},
                [](Backend& be, OpArgs& a) { be.gemm_gptq(a.buf("a"), *a.weight, a.buf("out"), a.size("m")); }});
   s.push_back({Op::GemmSiluMulGptq, "gemm_silu_mul_gptq",
-               {act("a", kM * kK), act("gate_up", kM * kN), act("act", kM * kN / 2)}, {{"m", kM}},
+               {act("a", kM * kK), output(act("gate_up", kM * kN)), output(act("act", kM * kN / 2))}, {{"m", kM}},
                [](Backend& be, OpArgs& a) {
                  be.gemm_silu_mul_gptq(a.buf("a"), *a.weight, a.buf("gate_up"), a.buf("act"), a.size("m"));
                }});
   // The row_sq ops: f32 [rows, ceil(cols / 16)] beside the activations.
   auto row_sq = [](std::size_t rows, std::size_t cols) {
     const std::size_t numel = rows * row_sq_groups(cols);
-    return BufferArg{"row_sq", DType::F32, numel, numel - 1, kH};
+    return BufferArg{"row_sq", DType::F32, numel, numel - 1, kH, Role::Output};
   };
   s.push_back({Op::RowSumSquares, "row_sum_squares", {act("x", kTokens * kDim), row_sq(kTokens, kDim)},
                {{"rows", kTokens}, {"cols", kDim}}, [](Backend& be, OpArgs& a) {
                  be.row_sum_squares(a.buf("x"), a.buf("row_sq"), a.size("rows"), a.size("cols"));
                }});
   s.push_back({Op::GemmGptqAddResidual, "gemm_gptq_add_residual",
-               {act("a", kM * kK), act("out", kM * kN), act("residual", kM * kN), row_sq(kM, kN)}, {{"m", kM}},
+               {act("a", kM * kK), output(act("out", kM * kN)), inout(act("residual", kM * kN)), row_sq(kM, kN)},
+               {{"m", kM}},
                [](Backend& be, OpArgs& a) {
                  be.gemm_gptq_add_residual(a.buf("a"), *a.weight, a.buf("out"), a.buf("residual"), a.buf("row_sq"),
                                            a.size("m"));
                }});
   s.push_back({Op::RmsNormGemmGptq, "rms_norm_gemm_gptq",
-               {act("x", kM * kK), row_sq(kM, kK), act("norm_w", kK), act("normed", kM * kK), act("out", kM * kN)},
+               {act("x", kM * kK), input(row_sq(kM, kK)), act("norm_w", kK), output(act("normed", kM * kK)),
+                output(act("out", kM * kN))},
                {{"m", kM}}, [](Backend& be, OpArgs& a) {
                  be.rms_norm_gemm_gptq(a.buf("x"), a.buf("row_sq"), a.buf("norm_w"), a.eps, *a.weight,
                                        a.buf("normed"), a.buf("out"), a.size("m"));
                }});
   s.push_back({Op::RmsNormGemmSiluMulGptq, "rms_norm_gemm_silu_mul_gptq",
-               {act("x", kM * kK), row_sq(kM, kK), act("norm_w", kK), act("normed", kM * kK),
-                act("gate_up", kM * kN), act("act", kM * kN / 2)},
+               {act("x", kM * kK), input(row_sq(kM, kK)), act("norm_w", kK), output(act("normed", kM * kK)),
+                output(act("gate_up", kM * kN)), output(act("act", kM * kN / 2))},
                {{"m", kM}}, [](Backend& be, OpArgs& a) {
                  be.rms_norm_gemm_silu_mul_gptq(a.buf("x"), a.buf("row_sq"), a.buf("norm_w"), a.eps, *a.weight,
                                                 a.buf("normed"), a.buf("gate_up"), a.buf("act"), a.size("m"));
                }});
-  s.push_back({Op::GemmQuant, "gemm_quant", {act("a", kM * kK), act("out", kM * kN)}, {{"m", kM}},
+  s.push_back({Op::GemmQuant, "gemm_quant", {act("a", kM * kK), output(act("out", kM * kN))}, {{"m", kM}},
                [](Backend& be, OpArgs& a) { be.gemm_quant(a.buf("a"), *a.weight, a.buf("out"), a.size("m")); }});
   // Collectives take f32 as well: use it, so the activation-only ops are not the only dtype path.
-  s.push_back({Op::AllReduce, "all_reduce", {{"buf", DType::F32, 10, 9, kBad}}, {{"len", 10}},
-               [](Backend& be, OpArgs& a) { be.all_reduce(a.buf("buf"), a.size("len"), a.reduce); }});
-  s.push_back({Op::AllGather, "all_gather", {act("local", 10), act("global", 10)}, {{"local_len", 10}},
-               [](Backend& be, OpArgs& a) { be.all_gather(a.buf("local"), a.buf("global"), a.size("local_len")); }});
-  s.push_back({Op::Broadcast, "broadcast", {act("buf", 10)}, {{"len", 10}},
-               [](Backend& be, OpArgs& a) { be.broadcast(a.buf("buf"), a.size("len"), a.src_rank); }});
-  s.push_back({Op::ReduceScatter, "reduce_scatter", {act("input", 10), act("output", 10)}, {{"len", 10}},
+  s.push_back({Op::AllReduce, "all_reduce", {inout({"buf", DType::F32, 10, 9, kBad})}, {{"len", 10}},
+               [](Backend& be, OpArgs& a) { be.all_reduce(a.buf("buf"), a.size("len"), a.reduce); }, /*own_overlap_rule=*/true});
+  s.push_back({Op::AllGather, "all_gather", {act("local", 10), output(act("global", 10))}, {{"local_len", 10}},
+               [](Backend& be, OpArgs& a) { be.all_gather(a.buf("local"), a.buf("global"), a.size("local_len")); },
+               /*own_overlap_rule=*/true});
+  s.push_back({Op::Broadcast, "broadcast", {inout(act("buf", 10))}, {{"len", 10}},
+               [](Backend& be, OpArgs& a) { be.broadcast(a.buf("buf"), a.size("len"), a.src_rank); }, /*own_overlap_rule=*/true});
+  s.push_back({Op::ReduceScatter, "reduce_scatter", {act("input", 10), output(act("output", 10))}, {{"len", 10}},
                [](Backend& be, OpArgs& a) {
                  be.reduce_scatter(a.buf("input"), a.buf("output"), a.size("len"), a.reduce);
-               }});
+               },
+               /*own_overlap_rule=*/true});
   return s;
 }
 

@@ -19,12 +19,18 @@
 
 namespace ferrum::test {
 
+// What an op does with a buffer, for the overlap rule (backend.hpp, "Outputs
+// and inputs"): an InOut buffer counts as an output.
+enum class Role { Input, Output, InOut };
+
 struct BufferArg {
   std::string name;
   DType dtype;
   std::size_t numel;       // what a valid call passes (exactly what the op needs)
   std::size_t too_small;   // an element count the op must refuse with ShapeMismatch
   DType wrong_dtype;       // a dtype the op must refuse with DTypeMismatch
+  Role role = Role::Input;
+  bool written() const { return role != Role::Input; }
 };
 
 struct SizeArg {
@@ -86,6 +92,9 @@ struct OpSpec {
   std::vector<BufferArg> buffers;
   std::vector<SizeArg> sizes;  // each validated as >= 1 and <= INT32_MAX
   std::function<void(Backend&, OpArgs&)> call;
+  // Whether the op states an overlap rule of its own (copy_slice, the
+  // collectives, advance_decode_state) instead of backend.hpp's.
+  bool own_overlap_rule = false;
 };
 
 // Every buffer-taking op of the interface (all of Op except LoadGptq,

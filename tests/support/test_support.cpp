@@ -6,6 +6,7 @@
 #include <cstring>
 #include <iomanip>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 
 namespace ferrum::test {
@@ -14,10 +15,20 @@ namespace ferrum::test {
 
 namespace {
 
+// FERRUM_TEST_SEED (documented in test_support.hpp and the README) is an
+// override read here once per process, not at every Rng construction.
+const std::optional<std::uint64_t>& seed_override() {
+  static const std::optional<std::uint64_t> seed = []() -> std::optional<std::uint64_t> {
+    if (const char* env = std::getenv("FERRUM_TEST_SEED"); env != nullptr && *env != '\0') {
+      return std::strtoull(env, nullptr, 0);
+    }
+    return std::nullopt;
+  }();
+  return seed;
+}
+
 std::uint64_t fresh_seed() {
-  if (const char* env = std::getenv("FERRUM_TEST_SEED"); env != nullptr && *env != '\0') {
-    return std::strtoull(env, nullptr, 0);
-  }
+  if (const std::optional<std::uint64_t>& seed = seed_override()) return *seed;
   std::random_device device;
   return (static_cast<std::uint64_t>(device()) << 32) ^ device();
 }

@@ -43,7 +43,8 @@ std::string cat(const Args&... args) {
 // ── Seeded randomness ────────────────────────────────────────────────────────
 
 // Every test draws FRESH inputs: the seed comes from std::random_device, or
-// from the environment variable FERRUM_TEST_SEED to reproduce a failure.
+// from the environment variable FERRUM_TEST_SEED to reproduce a failure
+// (read once per process; every default-constructed Rng then takes it).
 // Use FERRUM_SEEDED_RNG so the seed is printed with every failure.
 class Rng {
  public:
