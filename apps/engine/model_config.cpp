@@ -277,7 +277,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   Json config;
   try {
     config = Json::parse(json_text);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse_error, and out_of_range for a number past a double
     fail(ErrorCode::InvalidArgument, source, ": not valid JSON (", e.what(), ")");
   }
   if (!config.is_object()) fail(ErrorCode::InvalidArgument, source, ": must be a JSON object");
@@ -330,7 +330,7 @@ GptqConfig parse_gptq_config(const std::string& json_text, const std::string& so
   Json q;
   try {
     q = Json::parse(json_text);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse_error, and out_of_range for a number past a double
     fail(ErrorCode::InvalidArgument, source, ": not valid JSON (", e.what(), ")");
   }
   // AutoGPTQ's quantize_config.json has no quant_method: it is GPTQ by being there.

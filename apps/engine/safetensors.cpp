@@ -215,7 +215,7 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   Json json;
   try {
     json = Json::parse(header, note_repeats);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse_error, and out_of_range for a number past a double
     fail(ErrorCode::InvalidArgument, where(path), ": the header is not valid JSON (", e.what(), ")");
   }
   if (!json.is_object()) fail(ErrorCode::InvalidArgument, where(path), ": the header must be a JSON object");

@@ -80,6 +80,15 @@ TEST(Safetensors, MalformedJson) {
   EXPECT_ENGINE_ERROR(SafetensorsFile::open(path), ErrorCode::InvalidArgument, "t.safetensors", "not valid JSON");
 }
 
+// A number past a double in the header (data_offsets) is the JSON reader's
+// out-of-range error, named like any malformed header.
+TEST(Safetensors, NumberPastADouble) {
+  const auto path = scratch_dir() / "t.safetensors";
+  write_raw_safetensors(path, R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4e999]}})",
+                        std::vector<std::uint8_t>(4));
+  EXPECT_ENGINE_ERROR(SafetensorsFile::open(path), ErrorCode::InvalidArgument, "t.safetensors", "not valid JSON");
+}
+
 TEST(Safetensors, HeaderNotAnObject) {
   const auto path = scratch_dir() / "t.safetensors";
   write_raw_safetensors(path, "[1, 2]", {});
