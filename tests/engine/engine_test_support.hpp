@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -133,6 +134,26 @@ class DequantizedSource final : public TensorSource {
 
 // Expects `statement` to throw ferrum::Error with `code` and a message
 // containing every one of `needles`.
+// Random edits of `bytes` for the parsers' fuzz tests: 1..4 of overwriting a
+// byte (with JSON punctuation, digits and letters, or any value), inserting
+// one, deleting one, or cutting the rest off.
+template <class Bytes>
+void mutate_for_fuzz(Bytes& bytes, std::mt19937_64& rng) {
+  static constexpr char kAlphabet[] = "{}[]\":,0123456789-+.eE nulltruefalseF16BF32I64\\";
+  const auto pick = [&] { return kAlphabet[rng() % (sizeof(kAlphabet) - 1)]; };
+  const int edits = 1 + static_cast<int>(rng() % 4);
+  for (int e = 0; e < edits && !bytes.empty(); ++e) {
+    const std::size_t pos = rng() % bytes.size();
+    switch (rng() % 5) {
+      case 0: bytes[pos] = static_cast<char>(rng()); break;
+      case 1: bytes[pos] = pick(); break;
+      case 2: bytes.insert(bytes.begin() + static_cast<std::ptrdiff_t>(pos), pick()); break;
+      case 3: bytes.erase(bytes.begin() + static_cast<std::ptrdiff_t>(pos)); break;
+      default: bytes.resize(pos); break;
+    }
+  }
+}
+
 #define EXPECT_ENGINE_ERROR(statement, expected_code, ...)                                          \
   do {                                                                                              \
     try {                                                                                           \

@@ -1,6 +1,7 @@
 // config.json parsing and presets.
 #include <cstdint>
 #include <fstream>
+#include <random>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -198,6 +199,36 @@ TEST(ModelConfig, TinyPresetsRoundTripThroughConfigJson) {
     expect_same(parse_model_config(testing::config_json(preset), name), preset);
   }
   EXPECT_ENGINE_ERROR(preset_config("gpt2"), ErrorCode::InvalidArgument, "gpt2", "tiny-llama");
+}
+
+// Qwen3's config with a GPTQ quantization_config, edited at random 3000
+// times: each parses (as a model config and as a GPTQ config) or throws
+// ferrum::Error; nothing else escapes.
+TEST(ModelConfig, RandomlyEditedTextsParseOrThrowNamedErrors) {
+  nlohmann::json j = nlohmann::json::parse(kQwen3Config);
+  j["quantization_config"] = {{"bits", 4}, {"group_size", 128}, {"desc_act", false}, {"sym", true},
+                              {"quant_method", "gptq"}};
+  const std::string valid = j.dump();
+  const std::uint64_t seed = std::random_device{}();
+  std::mt19937_64 rng(seed);
+  for (int round = 0; round < 3000; ++round) {
+    std::string text = valid;
+    testing::mutate_for_fuzz(text, rng);
+    for (int parser = 0; parser < 2; ++parser) {
+      try {
+        if (parser == 0) {
+          (void)parse_model_config(text, "c");
+        } else {
+          (void)parse_gptq_config(text, "q");
+        }
+      } catch (const Error&) {
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "seed " << seed << ", round " << round << ", " << (parser == 0 ? "model" : "GPTQ")
+                      << " config: " << e.what() << "\n" << text;
+        return;
+      }
+    }
+  }
 }
 
 }  // namespace
