@@ -507,6 +507,28 @@ TEST_F(CudaGptq, WeightsOfDifferentSizesCoexist) {
   EXPECT_TRUE(same_floats(run_gemm(cuda(), *gs, a, DType::BF16, 3), run_gemm(cpu(), *ps, a, DType::BF16, 3)));
 }
 
+// The kernels' shared-memory opt-in is per device (the fused and wgmma
+// kernels made it on the first device only before 31253b3, so their
+// launches on a second device failed). Each kernel runs on device 0 first,
+// then must be exact on device 1 too. Needs two GPUs (the NCCL machine).
+TEST_F(CudaGptq, EveryKernelRunsOnASecondDevice) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two GPUs";
+  FERRUM_SEEDED_RNG(rng);
+  const WeightCase c{1024, 512, 128, false, true, GptqZeroFormat::V1};
+  std::vector<GptqKernel> kinds = {GptqKernel::Fused, GptqKernel::StreamBulk};
+  if (kernels::gptq_wgmma_supported()) kinds.push_back(GptqKernel::Wgmma);
+  for (GptqKernel kind : kinds) {
+    SCOPED_TRACE(cat("gptq_kernel ", static_cast<int>(kind)));
+    CudaBackendConfig config;
+    config.gptq_kernel = kind;
+    config.gptq_fused_max_m = 4096;
+    CudaBackend first(config);
+    config.device = 1;
+    CudaBackend second(config);
+    expect_exact_on({&first, &second}, c, {1, 17, 64}, rng);
+  }
+}
+
 TEST_F(CudaGptq, BadInput) {
   FERRUM_SEEDED_RNG(rng);
   const WeightCase c{128, 64, 32, false, false, GptqZeroFormat::V1};
