@@ -18,13 +18,20 @@ inline constexpr std::size_t kMaxChars = 160;  // roughly: one item may end past
 inline constexpr int kMaxDepth = 3;
 inline constexpr std::size_t kMaxItems = 8;
 
+// A string as JSON, cut to kMaxChars bytes. The cut backs up to the start
+// of a UTF-8 sequence: dump() throws on a string ending inside one (a
+// foreign exception out of an error message), and the replace handler is a
+// second guard.
 inline void quote_string(const std::string& text, std::string& out) {
+  constexpr auto kReplace = nlohmann::json::error_handler_t::replace;
   if (text.size() <= kMaxChars) {
-    out += nlohmann::json(text).dump();
-  } else {
-    out += nlohmann::json(text.substr(0, kMaxChars)).dump();
-    out += "...";
+    out += nlohmann::json(text).dump(-1, ' ', false, kReplace);
+    return;
   }
+  std::size_t cut = kMaxChars;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // a continuation byte
+  out += nlohmann::json(text.substr(0, cut)).dump(-1, ' ', false, kReplace);
+  out += "...";
 }
 
 inline void describe_into(const nlohmann::json& value, int depth, std::string& out) {

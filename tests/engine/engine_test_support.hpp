@@ -132,8 +132,6 @@ class DequantizedSource final : public TensorSource {
   std::vector<ProjectionShape> shapes_;
 };
 
-// Expects `statement` to throw ferrum::Error with `code` and a message
-// containing every one of `needles`.
 // Random edits of `bytes` for the parsers' fuzz tests: 1..4 of overwriting a
 // byte (with JSON punctuation, digits and letters, or any value), inserting
 // one, deleting one, or cutting the rest off.
@@ -154,6 +152,8 @@ void mutate_for_fuzz(Bytes& bytes, std::mt19937_64& rng) {
   }
 }
 
+// Expects `statement` to throw ferrum::Error with `code` and a message
+// containing every one of `needles`.
 #define EXPECT_ENGINE_ERROR(statement, expected_code, ...)                                          \
   do {                                                                                              \
     try {                                                                                           \

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine_test_support.hpp"
+#include "support/test_support.hpp"
 #include "model_config.hpp"
 
 namespace ferrum::engine {
@@ -184,6 +185,11 @@ TEST(ModelConfig, HostileValues) {
   EXPECT_ENGINE_ERROR(parse_model_config(huge, "c"), ErrorCode::InvalidArgument, "not valid JSON", "1e999");
   EXPECT_ENGINE_ERROR(parse_gptq_config(R"({"quant_method": "gptq", "bits": 4e999})", "q"), ErrorCode::InvalidArgument,
                       "not valid JSON", "4e999");
+  // A long string quoted in a message is cut at 160 bytes, never inside a
+  // UTF-8 sequence (dump() threw type_error 316 on the half character).
+  const std::string long_act = std::string(159, 'a') + "\xC3\xA9" + std::string(40, 'b');
+  EXPECT_ENGINE_ERROR(parse_model_config(with("hidden_act", long_act), "c"), ErrorCode::Unsupported, "hidden_act",
+                      std::string(159, 'a') + "\"...");
 }
 
 TEST(ModelConfig, LoadFromFile) {
@@ -209,8 +215,8 @@ TEST(ModelConfig, RandomlyEditedTextsParseOrThrowNamedErrors) {
   j["quantization_config"] = {{"bits", 4}, {"group_size", 128}, {"desc_act", false}, {"sym", true},
                               {"quant_method", "gptq"}};
   const std::string valid = j.dump();
-  const std::uint64_t seed = std::random_device{}();
-  std::mt19937_64 rng(seed);
+  FERRUM_SEEDED_RNG(seeded);  // FERRUM_TEST_SEED replays a failure
+  std::mt19937_64& rng = seeded.engine();
   for (int round = 0; round < 3000; ++round) {
     std::string text = valid;
     testing::mutate_for_fuzz(text, rng);
@@ -223,7 +229,7 @@ TEST(ModelConfig, RandomlyEditedTextsParseOrThrowNamedErrors) {
         }
       } catch (const Error&) {
       } catch (const std::exception& e) {
-        ADD_FAILURE() << "seed " << seed << ", round " << round << ", " << (parser == 0 ? "model" : "GPTQ")
+        ADD_FAILURE() << seeded.describe() << ", round " << round << ", " << (parser == 0 ? "model" : "GPTQ")
                       << " config: " << e.what() << "\n" << text;
         return;
       }

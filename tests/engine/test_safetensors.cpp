@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "engine_test_support.hpp"
+#include "support/test_support.hpp"
 #include "safetensors.hpp"
 #include "tensor_source.hpp"
 
@@ -264,8 +265,8 @@ TEST(Safetensors, RandomlyEditedFilesOpenOrThrowNamedErrors) {
                     {{"format", "pt"}});
   std::ifstream in(path, std::ios::binary);
   const std::vector<char> valid((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::uint64_t seed = std::random_device{}();
-  std::mt19937_64 rng(seed);
+  FERRUM_SEEDED_RNG(seeded);  // FERRUM_TEST_SEED replays a failure
+  std::mt19937_64& rng = seeded.engine();
   for (int round = 0; round < 2000; ++round) {
     std::vector<char> bytes = valid;
     mutate_for_fuzz(bytes, rng);
@@ -285,7 +286,7 @@ TEST(Safetensors, RandomlyEditedFilesOpenOrThrowNamedErrors) {
       }
     } catch (const Error&) {
     } catch (const std::exception& e) {
-      ADD_FAILURE() << "seed " << seed << ", round " << round << ": " << e.what();
+      ADD_FAILURE() << seeded.describe() << ", round " << round << ": " << e.what();
       return;
     }
   }

@@ -510,23 +510,28 @@ TEST_F(CudaGptq, WeightsOfDifferentSizesCoexist) {
 // The kernels' shared-memory opt-in is per device (the fused and wgmma
 // kernels made it on the first device only before 31253b3, so their
 // launches on a second device failed). Each kernel runs on device 0 first,
-// then must be exact on device 1 too. Needs two GPUs (the NCCL machine).
+// then must be exact on device 1 too: the fused kernel in its three
+// configurations (m = 1, 17, 64), the bulk streaming kernel at its two
+// tiles (m = 1, 16), the wgmma kernel at N = 16, 32, 64. Needs two GPUs
+// (the NCCL machine).
 TEST_F(CudaGptq, EveryKernelRunsOnASecondDevice) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs two GPUs";
   FERRUM_SEEDED_RNG(rng);
   const WeightCase c{1024, 512, 128, false, true, GptqZeroFormat::V1};
-  std::vector<GptqKernel> kinds = {GptqKernel::Fused, GptqKernel::StreamBulk};
-  if (kernels::gptq_wgmma_supported()) kinds.push_back(GptqKernel::Wgmma);
-  for (GptqKernel kind : kinds) {
-    SCOPED_TRACE(cat("gptq_kernel ", static_cast<int>(kind)));
+  auto on_both_devices = [&](GptqKernel kernel, std::initializer_list<std::size_t> ms) {
+    SCOPED_TRACE(cat("gptq_kernel ", static_cast<int>(kernel)));
     CudaBackendConfig config;
-    config.gptq_kernel = kind;
+    config.gptq_kernel = kernel;
     config.gptq_fused_max_m = 4096;
     CudaBackend first(config);
     config.device = 1;
     CudaBackend second(config);
-    expect_exact_on({&first, &second}, c, {1, 17, 64}, rng);
-  }
+    expect_exact_on({&first, &second}, c, ms, rng);
+  };
+  on_both_devices(GptqKernel::Fused, {1, 17, 64});
+  on_both_devices(GptqKernel::StreamBulk, {1, 16});
+  if (kernels::gptq_wgmma_supported()) on_both_devices(GptqKernel::Wgmma, {1, 17, 64});
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);  // the next test starts where the others do
 }
 
 TEST_F(CudaGptq, BadInput) {
