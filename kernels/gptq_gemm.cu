@@ -512,10 +512,8 @@ template <class T, int Config, bool kZeros>
 void prepare_fused() {
   using C = FusedConfigOf<Config>;
   constexpr auto kernel = &gptq_fused_kernel<T, C::kMT, C::kNB, kZeros, C::kStages, C::kMinBlocks>;
-  if (!prepare_kernel<kernel>("gemm_gptq", fused_smem_bytes<Config, kZeros>())) {
-    throw_bad_dispatch("gemm_gptq", "fused kernel's shared-memory bytes (device opt-in shared memory)",
-                       fused_smem_bytes<Config, kZeros>());
-  }
+  require_prepared<kernel>("gemm_gptq", "fused kernel's shared-memory bytes (device opt-in shared memory)",
+                           fused_smem_bytes<Config, kZeros>());
 }
 
 template <class T, int Config>
@@ -1225,12 +1223,11 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   const dim3 grid(static_cast<unsigned>(args.w.n_pad / kGptqTileN), static_cast<unsigned>(splits));
   const std::size_t smem = kBulk ? static_cast<std::size_t>(stream_ring_bytes(NT, ring)) : 0;
   if constexpr (kBulk) {  // the shared-memory opt-in, once per device (cheap after the first call)
-    const bool ok = args.w.zeros != nullptr
-                        ? prepare_kernel<&gptq_stream_kernel<T, NT, true, kSource, kSiluOut>>(kOp, stream_ring_bytes(NT, kGptqStreamMaxRing))
-                        : prepare_kernel<&gptq_stream_kernel<T, NT, false, kSource, kSiluOut>>(kOp, stream_ring_bytes(NT, kGptqStreamMaxRing));
-    if (!ok) {
-      throw_bad_dispatch(kOp, "bulk rings' bytes (device opt-in shared memory)",
-                         stream_ring_bytes(NT, kGptqStreamMaxRing));
+    constexpr const char* kWhat = "bulk rings' bytes (device opt-in shared memory)";
+    if (args.w.zeros != nullptr) {
+      require_prepared<&gptq_stream_kernel<T, NT, true, kSource, kSiluOut>>(kOp, kWhat, stream_ring_bytes(NT, kGptqStreamMaxRing));
+    } else {
+      require_prepared<&gptq_stream_kernel<T, NT, false, kSource, kSiluOut>>(kOp, kWhat, stream_ring_bytes(NT, kGptqStreamMaxRing));
     }
   }
   p.cluster_reduce =

@@ -526,10 +526,8 @@ void launch_instance(WgmmaParams p, bool cluster_requested, dim3 grid, cudaStrea
   auto kernel = wgmma_kernel_ptr<T, kN, kZeros>();
   // The opt-in on the current device (wgmma_opt_in set it on the first
   // device a process used, for the placement queries; each device needs its own).
-  if (!prepare_kernel<&gptq_wgmma_kernel<T, kN, kZeros>>("gemm_gptq", WgmmaSlot<kN>::kSmemBytes)) {
-    throw_bad_dispatch("gemm_gptq", "wgmma kernel's shared-memory bytes (device opt-in shared memory)",
-                       WgmmaSlot<kN>::kSmemBytes);
-  }
+  require_prepared<&gptq_wgmma_kernel<T, kN, kZeros>>(
+      "gemm_gptq", "wgmma kernel's shared-memory bytes (device opt-in shared memory)", WgmmaSlot<kN>::kSmemBytes);
   p.cluster_reduce = cluster_requested && p.splits >= 2 && p.splits <= kGptqClusterMaxSplits &&
                      cluster_fits<T, kN, kZeros>(p.splits);
   const dim3 cluster(1, p.cluster_reduce ? static_cast<unsigned>(p.splits) : 1u, 1);
@@ -558,7 +556,6 @@ void launch_typed(const GptqGemmArgs& args, const GptqPlan& plan, cudaStream_t s
   const int stages = args.w.k_pad / kStageK;
   p.stages_per_split = (stages + plan.splits - 1) / plan.splits;
   const dim3 grid(static_cast<unsigned>(plan.n_ctas), static_cast<unsigned>(plan.splits));
-  wgmma_opt_in();
   if (args.w.zeros != nullptr) {
     launch_instance<T, kN, true>(p, args.cluster_reduce, grid, stream);
   } else {

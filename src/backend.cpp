@@ -831,10 +831,7 @@ void check_attention_common(const OpCheck& check, const AttnConfig& cfg, const B
     check.fail(ErrorCode::InvalidArgument, "{}: cfg.num_heads = {} is not a multiple of cfg.num_kv_heads = {} (GQA group)",
                check.op(), cfg.num_heads, cfg.num_kv_heads);
   }
-  if (!(cfg.scale >= 0.0f) || !std::isfinite(cfg.scale)) {
-    check.fail(ErrorCode::InvalidArgument, "{}: cfg.scale = {} must be finite and >= 0 (0 means 1/sqrt(head_dim))",
-               check.op(), cfg.scale);
-  }
+  check.scale("cfg.scale", cfg.scale, "1/sqrt(head_dim)");
   check.buffer("q", q);
   check.buffer("k", k);
   check.buffer("v", v);
@@ -930,9 +927,7 @@ void Backend::mla_attention(const Buffer& q, const Buffer& kv_latent, Buffer& ou
   // Both below 2^31 (above): the sum cannot wrap.
   const std::size_t latent = cfg.kv_lora_rank + cfg.qk_rope_head_dim;
   check.size("cfg.kv_lora_rank + cfg.qk_rope_head_dim", latent);
-  if (!(cfg.scale >= 0.0f) || !std::isfinite(cfg.scale)) {
-    check.fail(ErrorCode::InvalidArgument, "mla_attention: cfg.scale = {} must be finite and >= 0", cfg.scale);
-  }
+  check.scale("cfg.scale", cfg.scale, "the backend's default");
   check.buffer("q", q);
   check.buffer("kv_latent", kv_latent);
   check.buffer("out", out);
@@ -976,15 +971,11 @@ namespace {
 // The checks gemm_gptq and gemm_quant share (each reports under its own name).
 // out_name / a_name: how the op names its [m, n] result ("out"; gemm_silu_mul_gptq's "gate_up") and its
 // [m, k] operand ("a"; the rms_norm forms' "normed").
-void check_quant_gemm(OpCheck& check, const Backend& self, const Buffer& a, const QuantWeight& w,
+void check_quant_gemm(OpCheck& check, const Buffer& a, const QuantWeight& w,
                       const Buffer& out, std::size_t m, std::string_view out_name = "out",
                       std::string_view a_name = "a") {
   check.size("m", m);
-  const Backend* owner = w.backend();  // read once: null from its backend's destruction on
-  if (owner != &self) {
-    check.fail(ErrorCode::WrongBackend, "{}: argument 'w' belongs to another backend ({})", check.op(),
-               owner == nullptr ? std::string("one since destroyed") : owner->name());
-  }
+  check.owned("w", w.backend());
   check.buffer(a_name, a);
   check.buffer(out_name, out);
   check.activation(a_name, a);
@@ -1014,7 +1005,7 @@ void check_gptq_weight(const OpCheck& check, const QuantWeight& w) {
 
 void Backend::gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) {
   OpCheck check(*this, "gemm_gptq");
-  check_quant_gemm(check, *this, a, w, out, m);
+  check_quant_gemm(check, a, w, out, m);
   check_gptq_weight(check, w);
   check_outputs_apart(check, {{"out", out, m * w.n()}}, {{"a", a, m * w.k()}});
   do_gemm_gptq(a, w, out, m, "gemm_gptq");
@@ -1028,7 +1019,7 @@ void Backend::do_gemm_gptq(const Buffer&, const QuantWeight&, Buffer&, std::size
 void Backend::gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& gate_up, Buffer& act,
                                  std::size_t m) {
   OpCheck check(*this, "gemm_silu_mul_gptq");
-  check_quant_gemm(check, *this, a, w, gate_up, m, "gate_up");
+  check_quant_gemm(check, a, w, gate_up, m, "gate_up");
   check_gptq_weight(check, w);
   // w.n() is even: load_gptq takes multiples of 8 only.
   check.buffer("act", act);
@@ -1088,7 +1079,7 @@ void Backend::row_sum_squares(const Buffer& x, Buffer& row_sq, std::size_t rows,
 void Backend::gemm_gptq_add_residual(const Buffer& a, const QuantWeight& w, Buffer& out, Buffer& residual,
                                      Buffer& row_sq, std::size_t m) {
   OpCheck check(*this, "gemm_gptq_add_residual");
-  check_quant_gemm(check, *this, a, w, out, m);
+  check_quant_gemm(check, a, w, out, m);
   check_gptq_weight(check, w);
   check.buffer("residual", residual);
   check.same_dtype("residual", residual, "a", a);
@@ -1104,7 +1095,7 @@ void Backend::gemm_gptq_add_residual(const Buffer& a, const QuantWeight& w, Buff
 void Backend::rms_norm_gemm_gptq(const Buffer& x, const Buffer& row_sq, const Buffer& norm_w, float eps,
                                  const QuantWeight& w, Buffer& normed, Buffer& out, std::size_t m) {
   OpCheck check(*this, "rms_norm_gemm_gptq");
-  check_quant_gemm(check, *this, normed, w, out, m, "out", "normed");
+  check_quant_gemm(check, normed, w, out, m, "out", "normed");
   check_gptq_weight(check, w);
   check_norm_in(check, x, row_sq, norm_w, eps, w, normed, m);
   check_outputs_apart(check, {{"normed", normed, m * w.k()}, {"out", out, m * w.n()}},
@@ -1116,7 +1107,7 @@ void Backend::rms_norm_gemm_silu_mul_gptq(const Buffer& x, const Buffer& row_sq,
                                           const QuantWeight& w, Buffer& normed, Buffer& gate_up, Buffer& act,
                                           std::size_t m) {
   OpCheck check(*this, "rms_norm_gemm_silu_mul_gptq");
-  check_quant_gemm(check, *this, normed, w, gate_up, m, "gate_up", "normed");
+  check_quant_gemm(check, normed, w, gate_up, m, "gate_up", "normed");
   check_gptq_weight(check, w);
   check_norm_in(check, x, row_sq, norm_w, eps, w, normed, m);
   check.buffer("act", act);
@@ -1152,7 +1143,7 @@ void Backend::do_rms_norm_gemm_silu_mul_gptq(const Buffer&, const Buffer&, const
 
 void Backend::gemm_quant(const Buffer& a, const QuantWeight& w, Buffer& out, std::size_t m) {
   OpCheck check(*this, "gemm_quant");
-  check_quant_gemm(check, *this, a, w, out, m);
+  check_quant_gemm(check, a, w, out, m);
   check_outputs_apart(check, {{"out", out, m * w.n()}}, {{"a", a, m * w.k()}});
   switch (w.kind()) {
     case QuantKind::Gptq:
@@ -1163,9 +1154,8 @@ void Backend::gemm_quant(const Buffer& a, const QuantWeight& w, Buffer& out, std
       do_gemm_gptq(a, w, out, m, "gemm_quant");
       return;
     case QuantKind::Awq:
-      check.fail(ErrorCode::Unsupported, "gemm_quant: quant kind Awq is not supported");
     case QuantKind::Fp8:
-      check.fail(ErrorCode::Unsupported, "gemm_quant: quant kind Fp8 is not supported");
+      check.fail(ErrorCode::Unsupported, "gemm_quant: quant kind {} is not supported", quant_kind_name(w.kind()));
   }
   check.fail(ErrorCode::InvalidArgument, "gemm_quant: argument 'w' has unknown quant kind {}", static_cast<int>(w.kind()));
 }

@@ -278,4 +278,11 @@ bool prepare_kernel(const char* op, int smem_bytes) {
   return prepare_kernel(op, reinterpret_cast<const void*>(Kernel), smem_bytes, prepared);
 }
 
+// prepare_kernel for a launch that has no fallback: a device that cannot
+// run Kernel is a dispatch bug, named with `what` and the bytes asked for.
+template <auto Kernel>
+void require_prepared(const char* op, const char* what, int smem_bytes) {
+  if (!prepare_kernel<Kernel>(op, smem_bytes)) throw_bad_dispatch(op, what, smem_bytes);
+}
+
 }  // namespace ferrum::kernels

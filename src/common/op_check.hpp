@@ -35,14 +35,20 @@ class OpCheck {
   // Not null, owned by this backend, element-aligned.
   void buffer(std::string_view arg, const Buffer& b) const {
     if (b.is_null()) fail(ErrorCode::NullBuffer, "{}: argument '{}' is a null buffer", op_, arg);
-    if (b.backend() != &backend_) {
-      fail(ErrorCode::WrongBackend, "{}: argument '{}' belongs to another backend ({})", op_, arg,
-           b.backend() == nullptr ? std::string("one since destroyed") : b.backend()->name());
-    }
+    owned(arg, b.backend());
     const auto addr = reinterpret_cast<std::uintptr_t>(b.data());
     if (addr % size_of(b.dtype()) != 0) {
       fail(ErrorCode::Misaligned, "{}: argument '{}' at {:#x} is not aligned to its {}-byte {} elements",
            op_, arg, addr, size_of(b.dtype()), to_string(b.dtype()));
+    }
+  }
+
+  // `owner` (what a Buffer or QuantWeight reports: null once its backend is
+  // destroyed) is this backend.
+  void owned(std::string_view arg, const Backend* owner) const {
+    if (owner != &backend_) {
+      fail(ErrorCode::WrongBackend, "{}: argument '{}' belongs to another backend ({})", op_, arg,
+           owner == nullptr ? std::string("one since destroyed") : owner->name());
     }
   }
 
@@ -92,6 +98,13 @@ class OpCheck {
     if (v > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
       fail(ErrorCode::InvalidArgument, "{}: argument '{}' = {} exceeds the 32-bit limit {}", op_, arg,
            v, std::numeric_limits<std::int32_t>::max());
+    }
+  }
+
+  // A softmax scale: finite and >= 0 (`zero_means`: what 0 selects).
+  void scale(std::string_view arg, float v, std::string_view zero_means) const {
+    if (!(v >= 0.0f) || !std::isfinite(v)) {
+      fail(ErrorCode::InvalidArgument, "{}: {} = {} must be finite and >= 0 (0 means {})", op_, arg, v, zero_means);
     }
   }
 
