@@ -169,7 +169,7 @@ void tune_prefill(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1) {
 constexpr int kDecodeHeads = 32, kDecodeKvHeads = 8, kDecodeHeadDim = 128;
 
 // Their arguments (the cache full); k and v are set per launch.
-AttentionArgs decode_args(int batch, long long kv, const void* q, void* out, std::uint32_t* error_flag,
+AttentionArgs decode_args(int batch, long long kv, const void* q, void* out, ferrum::kernels::DeviceErrorLog* error_log,
                           float* partials, std::size_t ws_floats) {
   AttentionArgs a;
   a.dtype = ferrum::DType::F16;
@@ -183,7 +183,7 @@ AttentionArgs decode_args(int batch, long long kv, const void* q, void* out, std
   a.kv_stride = kv;
   a.kv_len = static_cast<int>(kv);
   a.pos_offset = kv - 1;
-  a.error_flag = error_flag;
+  a.error_log = error_log;
   a.scale = 1.0f / std::sqrt(static_cast<float>(kDecodeHeadDim));
   ferrum::kernels::set_decode_workspace(a, partials, ws_floats);
   return a;
@@ -306,13 +306,14 @@ int run_timeline(int batch, long long kv, double ghz) {
   constexpr int kHeads = kDecodeHeads, kKvHeads = kDecodeKvHeads, kHd = kDecodeHeadDim;
   cudaStream_t stream;
   check(cudaStreamCreate(&stream), "cudaStreamCreate");
-  auto* error_flag = static_cast<std::uint32_t*>(device_zeros(sizeof(std::uint32_t)));
+  using ferrum::kernels::DeviceErrorLog;
+  auto* error_log = static_cast<DeviceErrorLog*>(device_zeros(sizeof(DeviceErrorLog)));
   std::vector<void*> k, v;
   random_kv_sets(static_cast<std::size_t>(batch) * kKvHeads * kv * kHd * 2, 0, k, v);
   const int sets = static_cast<int>(k.size());
   const std::size_t q_bytes = static_cast<std::size_t>(batch) * kHeads * kHd * 2;
   const std::size_t ws = ferrum::kernels::attention_workspace_floats(batch, kHeads, 1, kHd, kv);
-  AttentionArgs a = decode_args(batch, kv, device_random_f16(q_bytes, 1), device_zeros(q_bytes), error_flag,
+  AttentionArgs a = decode_args(batch, kv, device_random_f16(q_bytes, 1), device_zeros(q_bytes), error_log,
                                 static_cast<float*>(device_zeros(std::max<std::size_t>(ws, 1) * 4)), ws);
   int r = 0;
   auto launch = [&] {
@@ -411,7 +412,8 @@ int main(int argc, char** argv) {
   check(cudaEventCreate(&e1), "cudaEventCreate");
   if (std::strcmp(what, "decode") != 0) tune_prefill(stream, e0, e1);
   if (std::strcmp(what, "prefill") == 0) return 0;
-  auto* error_flag = static_cast<std::uint32_t*>(device_zeros(sizeof(std::uint32_t)));
+  using ferrum::kernels::DeviceErrorLog;
+  auto* error_log = static_cast<DeviceErrorLog*>(device_zeros(sizeof(DeviceErrorLog)));
 
   // Decode variants: the merge in the kernel (fused 1) or as a second
   // kernel (fused 0); with "decode-exp" the library's defaults against
@@ -497,7 +499,7 @@ int main(int argc, char** argv) {
     auto* partials = static_cast<float*>(device_zeros(std::max<std::size_t>(ws, 1) * sizeof(float)));
 
     for (const Variant& var : variants) {
-      AttentionArgs a = decode_args(sh.batch, sh.kv, q, out, error_flag, partials, ws);
+      AttentionArgs a = decode_args(sh.batch, sh.kv, q, out, error_log, partials, ws);
       a.decode_tuning = var.tuning;
       const int reps = std::max(1, static_cast<int>(200e-6 * 4e12 / std::max(call_bytes, 4e6)));
       double us = 0.0;

@@ -81,7 +81,7 @@ __device__ __forceinline__ long long key_limit(const AttentionArgs& a, int b, in
   if (a.kv_lens != nullptr || a.state != nullptr) {
     const long long kv_len = a.kv_lens != nullptr ? a.kv_lens[b] : a.state->kv_len;
     if (kv_len < 1 || kv_len > a.kv_stride) {
-      if (report) report_device_error(a.error_flag, kErrAttnKvLenOutOfRange);
+      if (report) report_device_error(a.error_log, kErrAttnKvLen, kv_len, a.kv_stride);
       return 0;
     }
     return kv_len;  // the one query is the newest position: it sees every key

@@ -288,8 +288,8 @@ struct AttentionArgs {
   long long pos_offset = 0;  // position of query 0 (state: kv_len - 1)
   const DecodeState* state = nullptr;  // [1] DecodeState in device memory (q_len == 1): kv_len read from it
   const int* kv_lens = nullptr;        // [batch] i32 (q_len == 1): per-sequence kv_len; wins over state
-  std::uint32_t* error_flag = nullptr; // [1] u32 device error word (DeviceErrorBits), null: none; gets
-                                       // kErrAttnKvLenOutOfRange when a device-side kv_len (state or kv_lens)
+  DeviceErrorLog* error_log = nullptr; // [1] DeviceErrorLog (host-mapped), null: none; gets
+                                       // kErrAttnKvLen when a device-side kv_len (state or kv_lens)
                                        // is outside [1, kv_stride] (that sequence's out: zeros)
   bool causal = true;
   float scale = 0.0f;  // softmax scale (already resolved: > 0)

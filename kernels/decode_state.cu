@@ -15,12 +15,12 @@ __global__ void set_decode_state_kernel(DecodeState* state, std::int32_t token, 
 
 __global__ void advance_decode_state_kernel(DecodeState* state, const std::int32_t* next_token,  // [1]
                                             std::int32_t* token_log,                              // [log_size]
-                                            long long log_size, std::uint32_t* error_flag) {
+                                            long long log_size, DeviceErrorLog* error_log) {
   pdl_begin();
   const std::int32_t pos = state->pos;
   const long long at = static_cast<long long>(pos) + 1;
   if (at < 0 || at >= log_size) {
-    report_device_error(error_flag, kErrDecodeLogOverCapacity);
+    report_device_error(error_log, kErrDecodeLogPosition, at, log_size);
     return;
   }
   const std::int32_t token = *next_token;
@@ -33,9 +33,9 @@ __global__ void advance_decode_state_kernel(DecodeState* state, const std::int32
 }  // namespace
 
 void launch_advance_decode_state(DecodeState* state, const std::int32_t* next_token, std::int32_t* token_log,
-                                 long long log_size, std::uint32_t* error_flag, cudaStream_t stream) {
+                                 long long log_size, DeviceErrorLog* error_log, cudaStream_t stream) {
   launch_pdl("advance_decode_state", advance_decode_state_kernel, dim3(1), dim3(1), 0, stream, state, next_token,
-             token_log, log_size, error_flag);
+             token_log, log_size, error_log);
   check_launch("advance_decode_state");
 }
 

@@ -17,13 +17,15 @@ struct KvAppendRows {
   const DecodeState* state;
   long long capacity, nkv, hd;
   IndexDivider new_tokens;  // the rows appended per head, over r < nkv * new_tokens
-  std::uint32_t* error_flag;
+  DeviceErrorLog* error_log;
 
   // r enumerates [K | V] x [nkv] x [new_tokens].
   __device__ RowPtrs<T> operator()(long long r, long long c) const {
     const long long base = state != nullptr ? state->pos : cache_len;
     if (base < 0 || base > capacity - new_tokens.divisor) {
-      report_device_error(error_flag, kErrKvAppendOverCapacity);
+      // The first row outside the cache: base itself, or the last one written.
+      report_device_error(error_log, kErrKvAppendPosition, base < 0 ? base : base + new_tokens.divisor - 1,
+                          capacity);
       return {nullptr, nullptr};
     }
     const long long per_tensor = nkv * new_tokens.divisor;
@@ -41,12 +43,12 @@ struct KvAppendRows {
 
 void launch_kv_cache_append(DType dtype, void* cache_k, void* cache_v, const void* new_k, const void* new_v,
                             long long cache_len, const DecodeState* state, long long capacity, long long new_tokens,
-                            long long nkv, long long hd, std::uint32_t* error_flag, cudaStream_t stream) {
+                            long long nkv, long long hd, DeviceErrorLog* error_log, cudaStream_t stream) {
   dispatch_half_dtype(dtype, "kv_cache_append_head_major", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const KvAppendRows<T> map{static_cast<T*>(cache_k), static_cast<T*>(cache_v), static_cast<const T*>(new_k),
                               static_cast<const T*>(new_v), cache_len, state, capacity, nkv, hd,
-                              IndexDivider(new_tokens, nkv * new_tokens), error_flag};
+                              IndexDivider(new_tokens, nkv * new_tokens), error_log};
     launch_copy_rows<T>("kv_cache_append_head_major", 2 * nkv * new_tokens, hd,
                         all_aligned16(cache_k, cache_v, new_k, new_v), map, stream);
   });

@@ -67,7 +67,7 @@ __global__ void qk_norm_rope_kernel(const T* __restrict__ input, const T* __rest
                                     const float* __restrict__ cos, const float* __restrict__ sin,
                                     T* __restrict__ output, int tokens, int heads, int head_dim,
                                     long long pos_offset, const DecodeState* state, long long max_pos, float eps,
-                                    std::uint32_t* error_flag) {
+                                    DeviceErrorLog* error_log) {
   pdl_begin();
   const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -77,7 +77,7 @@ __global__ void qk_norm_rope_kernel(const T* __restrict__ input, const T* __rest
   const int half = head_dim / 2;
   const long long pos = (state != nullptr ? state->pos : pos_offset) + t;
   if (pos < 0 || pos >= max_pos) {
-    if (lane == 0) report_device_error(error_flag, kErrRopePositionOutOfRange);
+    if (lane == 0) report_device_error(error_log, kErrRopePosition, pos, max_pos);
     return;
   }
   rope_row_warp<T, PAIRS, NORM>(input + row * head_dim, norm_w, cos + pos * half, sin + pos * half,
@@ -153,7 +153,7 @@ __global__ void qk_norm_rope_vec_kernel(const T* __restrict__ input,   // [token
                                         T* __restrict__ output,         // [heads, tokens, head_dim]
                                         int tokens, FastDivmod heads_div, int head_dim, int group,
                                         long long pos_offset, const DecodeState* state, long long max_pos, float eps,
-                                        std::uint32_t* error_flag) {
+                                        DeviceErrorLog* error_log) {
   pdl_begin();
   const auto [row, g] = group_row_lane(group);  // the launchers keep rows below 2^31
   const bool row_ok = row < static_cast<std::uint32_t>(tokens) * heads_div.divisor;
@@ -161,7 +161,7 @@ __global__ void qk_norm_rope_vec_kernel(const T* __restrict__ input,   // [token
   if (row_ok) heads_div.divmod(row, t, h);
   const long long pos = (state != nullptr ? state->pos : pos_offset) + t;
   const bool pos_ok = pos >= 0 && pos < max_pos;
-  if (row_ok && !pos_ok && g == 0) report_device_error(error_flag, kErrRopePositionOutOfRange);
+  if (row_ok && !pos_ok && g == 0) report_device_error(error_log, kErrRopePosition, pos, max_pos);
   rope_row_vec<T, NORM>(input + static_cast<long long>(row) * head_dim, norm_w, cos, sin, pos,
                         output + (static_cast<long long>(h) * tokens + t) * head_dim, g, head_dim, group, eps,
                         row_ok && pos_ok);
@@ -226,16 +226,18 @@ __device__ __forceinline__ T* fused_destination(const QkvRopeAppendArgs& a, cons
 }
 
 // Checks positions [first, first + count) against the rope table and the
-// caches, reporting through lane_leader; false if any is outside.
+// caches, reporting through lane_leader a position outside (first when it
+// is negative, else the run's last); false if any is outside.
 __device__ __forceinline__ bool fused_run_fits(const QkvRopeAppendArgs& a, long long first, long long count,
                                                bool lane_leader) {
   bool ok = true;
+  const long long last = first + count - 1;
   if (first < 0 || first > a.max_pos - count) {
-    if (lane_leader) report_device_error(a.error_flag, kErrRopePositionOutOfRange);
+    if (lane_leader) report_device_error(a.error_log, kErrRopePosition, first < 0 ? first : last, a.max_pos);
     ok = false;
   }
   if (first < 0 || first > a.capacity - count) {
-    if (lane_leader) report_device_error(a.error_flag, kErrKvAppendOverCapacity);
+    if (lane_leader) report_device_error(a.error_log, kErrKvAppendPosition, first < 0 ? first : last, a.capacity);
     ok = false;
   }
   return ok;
@@ -243,22 +245,20 @@ __device__ __forceinline__ bool fused_run_fits(const QkvRopeAppendArgs& a, long 
 
 // Ragged: whether every positions[t] lies inside the tables and the caches.
 // Each block checks them once (a strided share per thread, ORed by a
-// barrier; thread 0 reports), so the cost does not grow with batch x rows.
-// Every thread of the block must call it, before any may exit.
+// barrier), so the cost does not grow with batch x rows; block 0's threads
+// report the positions they found outside. Every thread of the block must
+// call it, before any may exit.
 __device__ __forceinline__ bool ragged_positions_fit(const QkvRopeAppendArgs& a) {
-  bool rope_bad = false, cache_bad = false;
+  bool bad = false;
   for (int t = static_cast<int>(threadIdx.x); t < a.tokens; t += static_cast<int>(blockDim.x)) {
     const long long p = a.positions[t];
-    rope_bad = rope_bad || p < 0 || p >= a.max_pos;
-    cache_bad = cache_bad || p < 0 || p >= a.capacity;
+    const bool rope_bad = p < 0 || p >= a.max_pos;
+    const bool cache_bad = p < 0 || p >= a.capacity;
+    if (blockIdx.x == 0 && rope_bad) report_device_error(a.error_log, kErrRopePosition, p, a.max_pos);
+    if (blockIdx.x == 0 && cache_bad) report_device_error(a.error_log, kErrKvAppendPosition, p, a.capacity);
+    bad = bad || rope_bad || cache_bad;
   }
-  rope_bad = __syncthreads_or(rope_bad) != 0;
-  cache_bad = __syncthreads_or(cache_bad) != 0;
-  if (threadIdx.x == 0) {
-    if (rope_bad) report_device_error(a.error_flag, kErrRopePositionOutOfRange);
-    if (cache_bad) report_device_error(a.error_flag, kErrKvAppendOverCapacity);
-  }
-  return !rope_bad && !cache_bad;
+  return __syncthreads_or(bad) == 0;
 }
 
 // The position of row f, and whether the op may write at all: one run
@@ -380,7 +380,7 @@ void launch_qk_norm_rope(const RopeArgs& a, cudaStream_t stream) {
       auto* out = static_cast<T*>(a.output);
       auto* kernel = a.norm_w != nullptr ? qk_norm_rope_vec_kernel<T, true> : qk_norm_rope_vec_kernel<T, false>;
       launch_pdl("qk_norm_rope", kernel, dim3(blocks), kThreads, 0, stream, in, w, a.cos, a.sin, out, a.tokens, heads_div,
-                 a.head_dim, group, a.pos_offset, a.state, a.max_pos, a.eps, a.error_flag);
+                 a.head_dim, group, a.pos_offset, a.state, a.max_pos, a.eps, a.error_log);
     });
     check_launch("qk_norm_rope");
     return;
@@ -397,7 +397,7 @@ void launch_qk_norm_rope(const RopeArgs& a, cudaStream_t stream) {
       auto* out = static_cast<T*>(a.output);
       auto* kernel = a.norm_w != nullptr ? qk_norm_rope_kernel<T, P, true> : qk_norm_rope_kernel<T, P, false>;
       launch_pdl("qk_norm_rope", kernel, dim3(blocks), 32 * kWarpsPerBlock, 0, stream, in, w, a.cos, a.sin, out,
-                 a.tokens, a.heads, a.head_dim, a.pos_offset, a.state, a.max_pos, a.eps, a.error_flag);
+                 a.tokens, a.heads, a.head_dim, a.pos_offset, a.state, a.max_pos, a.eps, a.error_log);
     });
   });
   check_launch("qk_norm_rope");

@@ -32,8 +32,8 @@ struct RopeArgs {
   const DecodeState* state = nullptr;  // [1] DecodeState in device memory; non-null: position of token 0 is state->pos
   long long max_pos = 0;
   float eps = 0.0f;
-  std::uint32_t* error_flag = nullptr;  // [1] u32 device error word (DeviceErrorBits), null: none;
-                                        // gets kErrRopePositionOutOfRange (that row not written)
+  DeviceErrorLog* error_log = nullptr;  // [1] DeviceErrorLog (host-mapped), null: none; a position outside
+                                        // [0, max_pos) is reported as kErrRopePosition (that row not written)
 };
 
 // More than kFastDivmodMax (2^31 - 1) head rows (tokens x heads) on the
@@ -45,10 +45,10 @@ void launch_qk_norm_rope(const RopeArgs& args, cudaStream_t stream);
 // pos = base + t with base = state->pos when state is non-null, else
 // pos_offset; with positions (qkv_rope_append_ragged), token t is sequence
 // t at pos = positions[t] in its own caches. A position past the tables
-// (base + tokens > max_pos, or a positions[t] outside [0, max_pos)) sets
-// kErrRopePositionOutOfRange, one past the caches (base > capacity - tokens,
-// or a positions[t] outside [0, capacity)) kErrKvAppendOverCapacity; either
-// way no row is written (q_out and every cache unchanged, as CpuBackend
+// (base + tokens > max_pos, or a positions[t] outside [0, max_pos)) reports
+// kErrRopePosition, one past the caches (base > capacity - tokens, or a
+// positions[t] outside [0, capacity)) kErrKvAppendPosition; either way no
+// row is written (q_out and every cache unchanged, as CpuBackend
 // refuses the whole op).
 struct QkvRopeAppendArgs {
   DType dtype = DType::F16;
@@ -72,8 +72,8 @@ struct QkvRopeAppendArgs {
   const DecodeState* state = nullptr;  // [1] DecodeState in device memory; non-null: base = state->pos
   long long max_pos = 0;
   float eps = 0.0f;
-  std::uint32_t* error_flag = nullptr;  // [1] u32 device error word (DeviceErrorBits), null: none; gets
-                                        // kErrRopePositionOutOfRange / kErrKvAppendOverCapacity (above)
+  DeviceErrorLog* error_log = nullptr;  // [1] DeviceErrorLog (host-mapped), null: none; gets
+                                        // kErrRopePosition / kErrKvAppendPosition (above)
 };
 
 // More than kFastDivmodMax (2^31 - 1) rows (tokens x (heads + 2 kv_heads)):

@@ -242,7 +242,7 @@ class Backend {
                   std::size_t len);
 
   // ── Decode state (one captured graph serves every decode step) ───────
-  // On CudaBackend the decode state, the device error word and the graph
+  // On CudaBackend the decode state, the device error log and the graph
   // slot belong to the device, not to the object: every CudaBackend on one
   // device shares them (a captured graph points at them), so
   // set_decode_state, advance_decode_state, synchronize's DeviceCheck and

@@ -19,6 +19,7 @@
 #include "common/fail.hpp"
 #include "cuda/buffer_ptr.hpp"
 #include "cuda/cuda_runtime.hpp"
+#include "cuda/device_errors.hpp"
 #include "cuda/nccl_check.hpp"
 #include "kernels/common/check.hpp"
 #include "kernels/argmax.hpp"
@@ -39,28 +40,6 @@ using detail::check_cuda;
 using detail::ptr;
 
 namespace {
-
-std::string describe_device_errors(std::uint32_t bits) {
-  std::string what;
-  auto add = [&](std::uint32_t bit, const char* text) {
-    if ((bits & bit) == 0) return;
-    if (!what.empty()) what += "; ";
-    what += text;
-  };
-  add(kernels::kErrEmbeddingIdOutOfRange, "embedding_lookup: a token id was outside [0, vocab) (zero row written)");
-  add(kernels::kErrRopePositionOutOfRange,
-      "qk_norm_rope / qkv_rope_append(_ragged): a position was past the cos/sin tables (row not written)");
-  add(kernels::kErrKvAppendOverCapacity,
-      "kv_cache_append_head_major / qkv_rope_append(_ragged): the decode-state position (+ new tokens) or a "
-      "positions[b] was outside the capacity (nothing written to the caches)");
-  add(kernels::kErrAttnKvLenOutOfRange,
-      "flash_attention / flash_decode_ragged: a device-side kv_len (decode state or kv_lens) was outside "
-      "[1, kv_seq_stride] (zeros written)");
-  add(kernels::kErrDecodeLogOverCapacity,
-      "advance_decode_state: the decode-state position + 1 was outside token_log (state and log unchanged)");
-  if (what.empty()) what = fmt::format("unknown device error bits {:#x}", bits);
-  return what;
-}
 
 // The driver's cuMemGetAddressRange, or null where the driver lacks it.
 using GetAddressRangeFn = CUresult (*)(CUdeviceptr* base, std::size_t* size, CUdeviceptr ptr);
@@ -235,11 +214,9 @@ void CudaBackend::synchronize() {
   }
   detail::activate_device(device_);
   wait_stream("synchronize");
-  const std::uint32_t bits = *reinterpret_cast<volatile std::uint32_t*>(rt_->error_host);
-  if (bits != 0) {
-    *reinterpret_cast<volatile std::uint32_t*>(rt_->error_host) = 0;
-    detail::fail(ErrorCode::DeviceCheck, "synchronize: a kernel found a bad device-side value: {}",
-                 describe_device_errors(bits));
+  const std::string found = detail::take_device_errors(*rt_->error_host);
+  if (!found.empty()) {
+    detail::fail(ErrorCode::DeviceCheck, "synchronize: a kernel found a bad device-side value: {}", found);
   }
 }
 
@@ -607,7 +584,7 @@ void CudaBackend::do_qk_norm_rope(const Buffer& input, const Buffer* norm_w, con
   a.state = use_decode_state ? rt_->decode_state : nullptr;
   a.max_pos = static_cast<long long>(max_pos);
   a.eps = eps;
-  a.error_flag = rt_->error_device;
+  a.error_log = rt_->error_device;
   kernels::launch_qk_norm_rope(a, rt_->stream);
 }
 
@@ -618,7 +595,7 @@ namespace {
 kernels::QkvRopeAppendArgs qkv_rope_append_args(const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm,
                                                 const Buffer& cos, const Buffer& sin, Buffer& q_out, Buffer& k_cache,
                                                 Buffer& v_cache, std::size_t tokens, const QkvRopeAppendConfig& cfg,
-                                                std::uint32_t* error_flag) {
+                                                kernels::DeviceErrorLog* error_log) {
   const bool norm = cfg.mode == RopeMode::NormAndRope;
   kernels::QkvRopeAppendArgs a;
   a.dtype = qkv.dtype();
@@ -637,7 +614,7 @@ kernels::QkvRopeAppendArgs qkv_rope_append_args(const Buffer& qkv, const Buffer*
   a.capacity = static_cast<long long>(cfg.capacity);
   a.max_pos = static_cast<long long>(cfg.max_pos);
   a.eps = cfg.eps;
-  a.error_flag = error_flag;
+  a.error_log = error_log;
   return a;
 }
 

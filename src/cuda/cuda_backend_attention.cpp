@@ -113,7 +113,7 @@ void CudaBackend::do_flash_attention(const Buffer& q, const Buffer& k, const Buf
   a.prefill_wgmma = prefill_kernel_ == PrefillKernel::Auto;
   if (use_decode_state) {
     a.state = rt_->decode_state;
-    a.error_flag = rt_->error_device;
+    a.error_log = rt_->error_device;
   }
   kernels::launch_attention(a, rt_->stream);
 }
@@ -131,7 +131,7 @@ void CudaBackend::do_flash_decode_ragged(const Buffer& q, const Buffer& k, const
   kernels::AttentionArgs a = attention_args(q, k, v, out, batch, 1, cfg, stride, rt_->attention_workspace, need);
   a.kv_len = 0;  // per sequence, from kv_lens on the device
   a.kv_lens = ptr<int>(kv_lens);
-  a.error_flag = rt_->error_device;
+  a.error_log = rt_->error_device;
   kernels::launch_attention(a, rt_->stream);
 }
 

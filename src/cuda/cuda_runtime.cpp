@@ -139,11 +139,12 @@ CudaRuntime* create_runtime_steps(CudaRuntime* rt, const CudaBackendConfig& conf
   check_cuda(cudaMemcpy(rt->decode_state, &initial, sizeof initial, cudaMemcpyHostToDevice), op,
              "cudaMemcpy(decode state)");
 
-  check_cuda(cudaHostAlloc(reinterpret_cast<void**>(&rt->error_host), sizeof(std::uint32_t), cudaHostAllocMapped), op,
-             "cudaHostAlloc(error word)");
-  *rt->error_host = 0;
+  check_cuda(cudaHostAlloc(reinterpret_cast<void**>(&rt->error_host), sizeof(kernels::DeviceErrorLog),
+                           cudaHostAllocMapped),
+             op, "cudaHostAlloc(device error log)");
+  *rt->error_host = kernels::DeviceErrorLog{};
   check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&rt->error_device), rt->error_host, 0), op,
-             "cudaHostGetDevicePointer(error word)");
+             "cudaHostGetDevicePointer(device error log)");
   // The copies above (alpha/beta, the decode state) went through the legacy
   // stream from pageable memory: cudaMemcpy may return before their DMA
   // lands, and the runtime's non-blocking stream does not wait for that

@@ -27,8 +27,8 @@ struct CudaRuntime {
   float* attention_workspace = nullptr;  // decode split-K partials
   std::size_t attention_workspace_bytes = 0;
   kernels::DecodeState* decode_state = nullptr;  // device
-  std::uint32_t* error_host = nullptr;    // host-mapped error word (kernels::DeviceErrorBits)
-  std::uint32_t* error_device = nullptr;  // the same word as the device sees it
+  kernels::DeviceErrorLog* error_host = nullptr;    // host-mapped device error log
+  kernels::DeviceErrorLog* error_device = nullptr;  // the same log as the device sees it
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t graph_exec = nullptr;
   std::uint64_t graph_id = 0;     // Backend::held_graph(): 0 while graph_exec is null

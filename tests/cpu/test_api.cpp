@@ -397,7 +397,8 @@ TEST_P(ApiOnBackend, AdvanceDecodeStateStepsTheState) {
     expect_error(ErrorCode::CapacityExceeded, "advance_decode_state", [&] { advance_with(1); }, "token_log");
   } else {
     advance_with(1);
-    expect_error(ErrorCode::DeviceCheck, "advance_decode_state", [&] { be.synchronize(); });
+    expect_error(ErrorCode::DeviceCheck, "advance_decode_state", [&] { be.synchronize(); },
+                 cat("token_log slot ", kLog, " (the decode-state position + 1) outside [0, ", kLog, ")"));
   }
   EXPECT_EQ(be.download(log), want);
 }

@@ -282,7 +282,7 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   constexpr std::size_t kGuardBytes = 144;
   const std::size_t ws_bytes = std::max<std::size_t>(ws, 1) * sizeof(float);
   const DeviceBytes dq_mem(q), dk_mem(k), dv_mem(v), dws_mem(ws_bytes + 2 * kGuardBytes);
-  DeviceBytes dout_mem(q.size()), dflag_mem(sizeof(std::uint32_t));
+  DeviceBytes dout_mem(q.size()), dflag_mem(sizeof(kernels::DeviceErrorLog));
   dflag_mem.fill(0);
   std::vector<std::uint8_t> lens_bytes(lens.size() * sizeof(std::int32_t));
   std::memcpy(lens_bytes.data(), lens.data(), lens_bytes.size());
@@ -308,7 +308,7 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
                                                .pos_offset = c.kv_len - 1});
     if (c.ragged) a.kv_lens = static_cast<const int*>(dlens_mem.get());
     if (c.state) a.state = static_cast<const kernels::DecodeState*>(dstate_mem.get());
-    a.error_flag = static_cast<std::uint32_t*>(dflag);
+    a.error_log = static_cast<kernels::DeviceErrorLog*>(dflag);
     kernels::set_decode_workspace(a, static_cast<float*>(dws), ws);
     a.decode_tuning = tuning;
     return a;
@@ -483,9 +483,9 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   } else {
     EXPECT_EQ(default_plan->smem_bytes, shared_plan->smem_bytes) << "blocks " << blocks;
   }
-  std::uint32_t flag = 1;
-  EXPECT_EQ(cudaMemcpy(&flag, dflag, sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
-  EXPECT_EQ(flag, 0u);
+  kernels::DeviceErrorLog log{};
+  EXPECT_EQ(cudaMemcpy(&log, dflag, sizeof log, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (std::uint64_t slot : log.slots) EXPECT_EQ(slot, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaDecodeKnobs,
@@ -509,7 +509,8 @@ TEST_F(CudaDecodeCheck, KvLensOutOfRangeIsADeviceCheck) {
     DeviceTensor q(be, c.q), k(be, c.k), v(be, c.v), lens(be, c.kv_lens);
     GuardedOutput out(be, DType::F16, c.q.size());
     be.flash_decode_ragged(q.view(), k.view(), v.view(), out.view(), lens.view(), 2, cfg);
-    expect_error(ErrorCode::DeviceCheck, "flash_decode_ragged", [&] { be.synchronize(); });
+    expect_error(ErrorCode::DeviceCheck, "flash_decode_ragged", [&] { be.synchronize(); },
+                 cat("device-side kv_len ", bad, " (decode state or kv_lens) outside [1, kv_seq_stride = 700]"));
     // The bad sequence gets zeros; the good one is computed.
     const std::vector<float> got = out.values();
     const std::size_t row = cfg.num_heads * cfg.head_dim;

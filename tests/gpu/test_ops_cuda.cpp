@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/norm.hpp"
@@ -292,6 +294,34 @@ INSTANTIATE_TEST_SUITE_P(DTypes, CudaDeviceState, ::testing::ValuesIn(kHalfDType
 
 class CudaDeviceCheck : public CudaTest {
  protected:
+  // synchronize() throws DeviceCheck naming each of `clauses` (the op, the
+  // offending value and the limit it broke, in the log's words) and no
+  // other kind.
+  void expect_device_check(const std::vector<std::string>& clauses) {
+    try {
+      cuda().synchronize();
+      ADD_FAILURE() << "synchronize() threw nothing; expected DeviceCheck";
+    } catch (const Error& e) {
+      const std::string_view msg = e.what();
+      EXPECT_EQ(e.code(), ErrorCode::DeviceCheck) << msg;
+      for (const std::string& clause : clauses) {
+        EXPECT_NE(msg.find(clause), std::string_view::npos) << "missing \"" << clause << "\" in: " << msg;
+      }
+      std::size_t kinds = 1;
+      for (std::size_t at = msg.find("; "); at != std::string_view::npos; at = msg.find("; ", at + 2)) ++kinds;
+      EXPECT_EQ(kinds, clauses.size()) << msg;
+    }
+  }
+
+  static std::string rope_clause(long long pos, std::size_t max_pos) {
+    return cat("qk_norm_rope / qkv_rope_append(_ragged): position ", pos, " outside the cos/sin tables' [0, max_pos = ",
+               max_pos, ")");
+  }
+  static std::string cache_clause(long long row, std::size_t capacity) {
+    return cat("kv_cache_append_head_major / qkv_rope_append(_ragged): cache row ", row, " outside [0, capacity = ",
+               capacity, ")");
+  }
+
   // After a reported DeviceCheck: the error is not reported twice and ops
   // still give the CPU's results.
   void expect_backend_still_works(Rng& rng) {
@@ -334,7 +364,11 @@ class CudaDeviceCheck : public CudaTest {
         EXPECT_NO_THROW(cuda().qkv_rope_append(qkv.view(), nullptr, nullptr, cos.view(), sin.view(), q_out.view(),
                                                k_cache.view(), v_cache.view(), 1, 0, cfg));
       }
-      expect_error(ErrorCode::DeviceCheck, "qkv_rope_append", [&] { cuda().synchronize(); });
+      const long long pos = static_cast<std::int32_t>(step);  // positions and the decode state hold i32
+      std::vector<std::string> clauses;
+      if (pos < 0 || pos >= static_cast<long long>(max_pos)) clauses.push_back(rope_clause(pos, max_pos));
+      if (pos < 0 || pos >= static_cast<long long>(capacity)) clauses.push_back(cache_clause(pos, capacity));
+      expect_device_check(clauses);
       EXPECT_TRUE(k_cache.check_guard());
       EXPECT_TRUE(v_cache.check_guard());
       EXPECT_TRUE(q_out.check_guard());
@@ -359,7 +393,9 @@ TEST_F(CudaDeviceCheck, OutOfRangeDecodeStateToken) {
       EXPECT_NO_THROW(cuda().embedding_lookup(table.view(), Buffer{}, out.view(), 1, 64, kEmbeddingVocab))
           << "the bad id is a device-side value: reported at synchronize(), not at the call";
     }
-    expect_error(ErrorCode::DeviceCheck, "embedding_lookup", [&] { cuda().synchronize(); });
+    // The log's value field is 32 bits wide: at its top it says so.
+    expect_device_check({cat("embedding_lookup: token id ", bad, bad == 0x7fffffffu ? " or more" : "",
+                             " outside [0, vocab = ", kEmbeddingVocab, ")")});
     EXPECT_TRUE(out.check_guard());
     expect_backend_still_works(rng);
   }
@@ -374,7 +410,8 @@ TEST_F(CudaDeviceCheck, OutOfRangeIdInBuffer) {
     const DeviceTensor table(cuda(), c.table), ids(cuda(), c.ids);
     GuardedOutput out(cuda(), DType::BF16, 7 * 64);
     EXPECT_NO_THROW(cuda().embedding_lookup(table.view(), ids.view(), out.view(), 7, 64, kEmbeddingVocab));
-    expect_error(ErrorCode::DeviceCheck, "embedding_lookup", [&] { cuda().synchronize(); });
+    expect_device_check(
+        {cat("embedding_lookup: token id ", static_cast<int>(bad), " outside [0, vocab = ", kEmbeddingVocab, ")")});
     EXPECT_TRUE(out.check_guard());
     expect_backend_still_works(rng);
   }
@@ -392,7 +429,7 @@ TEST_F(CudaDeviceCheck, DecodeStatePositionPastRopeTable) {
     EXPECT_NO_THROW(cuda().qk_norm_rope(input.view(), &norm_w.view(), cos.view(), sin.view(), out.view(), 1, 8, 128,
                                         0, c.tables.max_pos, c.eps, c.mode));
   }
-  expect_error(ErrorCode::DeviceCheck, "qk_norm_rope", [&] { cuda().synchronize(); });
+  expect_device_check({rope_clause(static_cast<long long>(c.tables.max_pos), c.tables.max_pos)});
   EXPECT_TRUE(out.check_guard());
   expect_backend_still_works(rng);
 }
@@ -425,7 +462,7 @@ TEST_F(CudaDeviceCheck, DecodeStatePositionPastKvCapacity) {
       EXPECT_NO_THROW(
           cuda().kv_cache_append_head_major(cache_k.view(), cache_v.view(), 0, 64, new_k.view(), new_v.view(), 1, 4, 128));
     }
-    expect_error(ErrorCode::DeviceCheck, "kv_cache_append_head_major", [&] { cuda().synchronize(); });
+    expect_device_check({cache_clause(step, 64)});
     // Nothing written: not past the capacity (guards) and not inside the cache.
     EXPECT_TRUE(cache_k.check_guard());
     EXPECT_TRUE(cache_v.check_guard());
