@@ -57,6 +57,7 @@
 #include "kernels/common/fast_divmod.cuh"
 #include "kernels/common/launch.cuh"
 #include "kernels/common/mma.cuh"
+#include "kernels/common/per_device.hpp"
 #include "kernels/common/vec.cuh"
 
 namespace ferrum::kernels {
@@ -1170,17 +1171,14 @@ __global__ void __launch_bounds__(kCombineThreads)
 // `smem` bytes, asked once per device and block size.
 template <auto Kernel>
 int resident_blocks(int threads, int smem) {
-  static std::atomic<int> cache[64][2] = {};
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) throw_cuda_error("flash_attention", "cudaGetDevice", err);
-  std::atomic<int>* const slot = dev >= 0 && dev < 64 ? &cache[dev][threads > 128 ? 1 : 0] : nullptr;
-  int blocks = slot != nullptr ? slot->load(std::memory_order_relaxed) : 0;
+  static std::atomic<int> cache[kMaxDevices][2] = {};  // 0: not asked yet
+  std::atomic<int>& slot = cache[current_device_index("flash_attention")][threads > 128 ? 1 : 0];
+  int blocks = slot.load(std::memory_order_relaxed);
   if (blocks > 0) return blocks;
-  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads, smem);
+  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads, smem);
   if (err != cudaSuccess) throw_cuda_error("flash_attention", "cudaOccupancyMaxActiveBlocksPerMultiprocessor", err);
   blocks = std::max(blocks, 1);
-  if (slot != nullptr) slot->store(blocks, std::memory_order_relaxed);
+  slot.store(blocks, std::memory_order_relaxed);
   return blocks;
 }
 
@@ -1211,9 +1209,9 @@ void launch_combine(const AttentionArgs& a, int splits, int slice_keys, cudaStre
 template <class T, int HD>
 bool decode_cluster_fits(int slices, unsigned threads) {
   if (slices < 2 || slices > kDecodeMaxClusterSlices) return false;
-  static std::atomic<unsigned char> known[64][kDecodeMaxClusterSlices + 1][2];  // 0 unknown, 1 no, 2 yes
+  static std::atomic<unsigned char> known[kMaxDevices][kDecodeMaxClusterSlices + 1][2];  // 0 unknown, 1 no, 2 yes
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
     (void)cudaGetLastError();
     return false;
   }

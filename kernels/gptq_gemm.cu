@@ -55,6 +55,7 @@
 #include "kernels/common/fast_divmod.cuh"
 #include "kernels/common/launch.cuh"
 #include "kernels/common/mma.cuh"
+#include "kernels/common/per_device.hpp"
 #include "kernels/gptq_int4.cuh"
 
 namespace ferrum::kernels {
@@ -449,7 +450,8 @@ void prepare_one(int& blocks_per_sm) {
 }
 
 // Blocks per SM of each (dtype, config), the zero-array variant (the plan
-// must not depend on it). Sets the shared-memory limits of every instance once.
+// must not depend on it). Made once per device, which sets the
+// shared-memory limits of every instance there.
 struct Occupancy {
   int blocks[2][kNumConfigs] = {};
 };
@@ -466,13 +468,13 @@ void prepare_dtype(int (&blocks)[kNumConfigs]) {
 }
 
 const Occupancy& occupancy() {
-  static Occupancy occ;
-  static std::once_flag once;
-  std::call_once(once, [] {
+  static PerDevice<Occupancy> per_device;
+  return per_device.current("gemm_gptq", [](int) {
+    Occupancy occ;
     prepare_dtype<__half>(occ.blocks[0]);
     prepare_dtype<__nv_bfloat16>(occ.blocks[1]);
+    return occ;
   });
-  return occ;
 }
 
 constexpr int config_nb(int config) {
@@ -507,7 +509,7 @@ GptqPlan plan_for(int dtype_index, int config, int k_pad, int n_pad, int num_sms
 }
 
 // The instance's shared-memory opt-in on the current device (occupancy()
-// set it on the first device a process used; each device needs its own).
+// sets it too, but a launch does not depend on a plan having been made there).
 template <class T, int Config, bool kZeros>
 void prepare_fused() {
   using C = FusedConfigOf<Config>;
@@ -1195,13 +1197,14 @@ constexpr int stream_ring_bytes(int nt, int ring) { return kStreamWarps * ring *
 // done) with `smem` bytes each can be resident at all
 // (cudaOccupancyMaxActiveClusters > 0). Where not (a GPU partition too
 // small for one), the launch takes the workspace reduction instead of
-// failing: the same bits. Asked once per instance, cluster size and ring,
-// on the device current at the first call (as stream_occupancy); a failed
-// query throws and is asked again next time.
+// failing: the same bits. Asked once per device, instance, cluster size
+// and ring; a failed query throws and is asked again next time.
 template <class T, int NT, bool kZeros, StreamSource kSource, bool kSiluOut = false>
 bool stream_cluster_fits(int splits, int ring, std::size_t smem) {
-  static std::atomic<unsigned char> known[kGptqClusterMaxSplits + 1][kGptqStreamMaxRing + 1];  // 0 unknown, 1 no, 2 yes
-  return cluster_fits_once(known[splits][ring], "gemm_gptq", stream_kernel_ptr<T, NT, kZeros, kSource, kSiluOut>(),
+  // 0 unknown, 1 no, 2 yes
+  static std::atomic<unsigned char> known[kMaxDevices][kGptqClusterMaxSplits + 1][kGptqStreamMaxRing + 1];
+  return cluster_fits_once(known[current_device_index("gemm_gptq")][splits][ring], "gemm_gptq",
+                           stream_kernel_ptr<T, NT, kZeros, kSource, kSiluOut>(),
                            dim3(1, static_cast<unsigned>(splits), 1), dim3(kStreamThreads), smem);
 }
 
@@ -1256,8 +1259,7 @@ void launch_stream_nt(const GptqGemmArgs& args, int splits, int ring, cudaStream
   }
 }
 
-// CTAs per SM of each streaming kernel instance, queried once, on the device
-// current at the first call (a process assumed to drive GPUs of one kind):
+// CTAs per SM of each streaming kernel instance, queried once per device:
 // registers[dtype][zeros][NT - 1] for the register source,
 // bulk[dtype][zeros][NT - 1][ring - 1] for the bulk source (whose shared
 // memory grows with the ring).
@@ -1301,15 +1303,15 @@ void stream_blocks_of_dtype(StreamOccupancy& occ, int dtype_index) {
 }
 
 const StreamOccupancy& stream_occupancy() {
-  static StreamOccupancy occ;
-  static std::once_flag once;
-  std::call_once(once, [] {
+  static PerDevice<StreamOccupancy> per_device;
+  return per_device.current("gemm_gptq", [](int) {
+    StreamOccupancy occ;
     occ.bulk_supported =
         device_is_sm90_or_later() && has_sm90_code(&gptq_stream_kernel<__half, 1, false, StreamSource::Bulk>);
     stream_blocks_of_dtype<__half>(occ, 0);
     stream_blocks_of_dtype<__nv_bfloat16>(occ, 1);
+    return occ;
   });
-  return occ;
 }
 
 int stream_nt(int m) { return m <= 8 ? 1 : 2; }

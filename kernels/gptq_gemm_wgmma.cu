@@ -63,16 +63,16 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstdint>
 #include <limits>
-#include <mutex>
+#include <type_traits>
 
 #include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/check.hpp"
 #include "kernels/common/dtype.cuh"
 #include "kernels/common/launch.cuh"
 #include "kernels/common/mma.cuh"
+#include "kernels/common/per_device.hpp"
 #include "kernels/common/wgmma.cuh"
 #include "kernels/common/wgmma_ops.cuh"
 #include "kernels/gptq_int4.cuh"
@@ -406,12 +406,17 @@ auto wgmma_kernel_ptr() {
   return &gptq_wgmma_kernel<T, kN, kZeros>;
 }
 
-// One instance of the kernel, as a value (for_each_wgmma_instance).
+// One instance of the kernel, as a value (for_each_wgmma_instance); `index`
+// numbers the instances 0 .. kNumWgmmaInstances - 1.
+constexpr int kNumWgmmaInstances = 12;
 template <class T, int kN, bool kZeros>
 struct WgmmaInstance {
   using type = T;
   static constexpr int n = kN;
   static constexpr bool zeros = kZeros;
+  static constexpr int index =
+      (std::is_same_v<T, __nv_bfloat16> ? 6 : 0) + (kN == 16 ? 0 : (kN == 32 ? 2 : 4)) + (kZeros ? 1 : 0);
+  static_assert(index < kNumWgmmaInstances);
 };
 
 // Calls f(WgmmaInstance<T, N, zeros>{}) for every instance compiled: the
@@ -431,105 +436,84 @@ void for_each_wgmma_instance(F&& f) {
   per_type(TypeTag<__nv_bfloat16>{});
 }
 
-// Sets every instance's shared-memory limit, once (the occupancy that
-// matters, clusters resident at once, is wgmma_resident_clusters').
-void wgmma_opt_in() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    for_each_wgmma_instance([](auto inst) {
-      using I = decltype(inst);
-      (void)opt_in_blocks_per_sm("gemm_gptq", wgmma_kernel_ptr<typename I::type, I::n, I::zeros>(), kWgThreads,
-                                 WgmmaSlot<I::n>::kSmemBytes);
-    });
-  });
-}
-
-// Clusters of s CTAs (dims 1 x s, index s = 1 .. kMaxSplits) the device
-// holds at once, the least over every instance; asked once, on the device
-// current at the first call (a failed query throws and is asked again).
-template <class T, int kN, bool kZeros>
-void lower_resident_clusters(GptqClusterCounts& resident) {
-  for (int s = 1; s <= kMaxSplits; ++s) {
-    int clusters = 0;
-    const cudaError_t err = max_active_clusters(&clusters, wgmma_kernel_ptr<T, kN, kZeros>(),
-                                                dim3(1, static_cast<unsigned>(s), 1), dim3(kWgThreads),
-                                                WgmmaSlot<kN>::kSmemBytes);
-    if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveClusters", err);
-    resident[s] = std::min(resident[s], clusters);
-  }
-}
-
-const GptqClusterCounts& wgmma_resident_clusters() {
-  static GptqClusterCounts resident{};
-  static std::once_flag once;
-  std::call_once(once, [] {
-    wgmma_opt_in();
-    GptqClusterCounts r;
-    r.fill(std::numeric_limits<int>::max());
-    for_each_wgmma_instance([&r](auto inst) {
-      using I = decltype(inst);
-      lower_resident_clusters<typename I::type, I::n, I::zeros>(r);
-    });
-    r[0] = 0;
-    resident = r;
-  });
-  return resident;
-}
-
 // Never launched: what cudaOccupancyMaxActiveClusters is asked about for
-// clusters at one CTA per SM (wgmma_single_clusters). How many clusters of s
+// clusters at one CTA per SM (WgmmaPlacement::single). How many clusters of s
 // CTAs fit with no two on one SM is the device's (its GPCs' SM counts), the
 // same for any 128-thread kernel that fills an SM's shared memory.
 __global__ void one_cta_per_sm_probe() {}
 
-// Clusters of s CTAs (dims 1 x s, index s = 1 .. kMaxSplits) the device
-// holds with no two CTAs on one SM: the probe asked with all the shared
-// memory one CTA may opt into. Asked once, on the device current at the
-// first call (a failed query throws and is asked again).
-const GptqClusterCounts& wgmma_single_clusters() {
-  static GptqClusterCounts single{};
-  static std::once_flag once;
-  std::call_once(once, [] {
-    int device = 0, smem = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    if (err == cudaSuccess) {
-      err = cudaFuncSetAttribute(one_cta_per_sm_probe, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    }
-    if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "the one-CTA-per-SM cluster query", err);
-    GptqClusterCounts r{};
-    for (int s = 1; s <= kMaxSplits; ++s) {
-      err = max_active_clusters(&r[s], one_cta_per_sm_probe, dim3(1, static_cast<unsigned>(s), 1), dim3(kWgThreads),
-                                static_cast<std::size_t>(smem));
-      if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveClusters", err);
-    }
-    single = r;
-  });
-  return single;
+// Where a device puts the kernel's clusters of s CTAs (dims 1 x s, index
+// s = 1 .. kMaxSplits; index 0 unused), made once per device:
+//   * instance[i][s]: clusters of instance i resident at once (0: a cluster
+//     of s cannot be resident at all, and the launch sums its splits through
+//     the workspace instead: the same bits);
+//   * resident[s]: the least of those over every instance (the split rule
+//     must not depend on the instance);
+//   * single[s]: clusters the device holds with no two CTAs on one SM (the
+//     probe asked with all the shared memory one CTA may opt into).
+// Making it sets every instance's shared-memory limit on the device, which
+// the cluster queries need.
+struct WgmmaPlacement {
+  std::array<GptqClusterCounts, kNumWgmmaInstances> instance{};
+  GptqClusterCounts resident{};
+  GptqClusterCounts single{};
+};
+
+template <class T, int kN, bool kZeros>
+GptqClusterCounts instance_clusters() {
+  (void)opt_in_blocks_per_sm("gemm_gptq", wgmma_kernel_ptr<T, kN, kZeros>(), kWgThreads, WgmmaSlot<kN>::kSmemBytes);
+  GptqClusterCounts counts{};
+  for (int s = 1; s <= kMaxSplits; ++s) {
+    const cudaError_t err = max_active_clusters(&counts[s], wgmma_kernel_ptr<T, kN, kZeros>(),
+                                                dim3(1, static_cast<unsigned>(s), 1), dim3(kWgThreads),
+                                                WgmmaSlot<kN>::kSmemBytes);
+    if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveClusters", err);
+  }
+  return counts;
 }
 
-// Whether a cluster of `splits` CTAs of the instance can be resident at all
-// (cudaOccupancyMaxActiveClusters > 0); where not, the launch sums its
-// splits through the workspace instead: the same bits. Asked once per
-// instance and cluster size, on the device current at the first call; a
-// failed query throws and is asked again next time.
-template <class T, int kN, bool kZeros>
-bool cluster_fits(int splits) {
-  static std::atomic<unsigned char> known[kMaxSplits + 1];  // 0 unknown, 1 no, 2 yes
-  wgmma_opt_in();
-  return cluster_fits_once(known[splits], "gemm_gptq", wgmma_kernel_ptr<T, kN, kZeros>(),
-                           dim3(1, static_cast<unsigned>(splits), 1), dim3(kWgThreads), WgmmaSlot<kN>::kSmemBytes);
+GptqClusterCounts single_cta_clusters(int device) {
+  int smem = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(one_cta_per_sm_probe, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  }
+  if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "the one-CTA-per-SM cluster query", err);
+  GptqClusterCounts counts{};
+  for (int s = 1; s <= kMaxSplits; ++s) {
+    err = max_active_clusters(&counts[s], one_cta_per_sm_probe, dim3(1, static_cast<unsigned>(s), 1),
+                              dim3(kWgThreads), static_cast<std::size_t>(smem));
+    if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveClusters", err);
+  }
+  return counts;
+}
+
+// The current device's placement (a failed query throws and is asked
+// again next time).
+const WgmmaPlacement& wgmma_placement() {
+  static PerDevice<WgmmaPlacement> per_device;
+  return per_device.current("gemm_gptq", [](int device) {
+    WgmmaPlacement p;
+    p.resident.fill(std::numeric_limits<int>::max());
+    for_each_wgmma_instance([&p](auto inst) {
+      using I = decltype(inst);
+      p.instance[I::index] = instance_clusters<typename I::type, I::n, I::zeros>();
+      for (int s = 1; s <= kMaxSplits; ++s) p.resident[s] = std::min(p.resident[s], p.instance[I::index][s]);
+    });
+    p.resident[0] = 0;
+    p.single = single_cta_clusters(device);
+    return p;
+  });
 }
 
 template <class T, int kN, bool kZeros>
 void launch_instance(WgmmaParams p, bool cluster_requested, dim3 grid, cudaStream_t stream) {
   auto kernel = wgmma_kernel_ptr<T, kN, kZeros>();
-  // The opt-in on the current device (wgmma_opt_in set it on the first
-  // device a process used, for the placement queries; each device needs its own).
-  require_prepared<&gptq_wgmma_kernel<T, kN, kZeros>>(
-      "gemm_gptq", "wgmma kernel's shared-memory bytes (device opt-in shared memory)", WgmmaSlot<kN>::kSmemBytes);
+  // The current device's placement: making it set the instance's
+  // shared-memory opt-in there.
+  const WgmmaPlacement& placement = wgmma_placement();
   p.cluster_reduce = cluster_requested && p.splits >= 2 && p.splits <= kGptqClusterMaxSplits &&
-                     cluster_fits<T, kN, kZeros>(p.splits);
+                     placement.instance[WgmmaInstance<T, kN, kZeros>::index][p.splits] > 0;
   const dim3 cluster(1, p.cluster_reduce ? static_cast<unsigned>(p.splits) : 1u, 1);
   launch_pdl_clustered("gemm_gptq (wgmma)", cluster, kernel, grid, dim3(kWgThreads), WgmmaSlot<kN>::kSmemBytes,
                        stream, p);
@@ -615,7 +599,8 @@ GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms, int splits_override)
   if (splits_override > 0) {
     plan.splits = std::min(splits_override, stages);
   } else if (gptq_wgmma_supported()) {
-    plan.splits = gptq_wgmma_splits(plan.n_ctas, stages, wgmma_resident_clusters(), wgmma_single_clusters());
+    const WgmmaPlacement& placement = wgmma_placement();
+    plan.splits = gptq_wgmma_splits(plan.n_ctas, stages, placement.resident, placement.single);
   } else {
     GptqClusterCounts resident{}, single{};
     const int sms = std::max(num_sms, 1);

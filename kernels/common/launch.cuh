@@ -209,7 +209,7 @@ int opt_in_blocks_per_sm(const char* op, void (*kernel)(Params...), int threads,
 // Whether a cluster of `cluster` blocks of `kernel` (its shared-memory
 // opt-in done) can be resident at all (max_active_clusters > 0), asked once
 // and remembered in `state` (0 not asked, 1 no, 2 yes; the caller keeps one
-// per kernel instance and launch shape). A failed query throws naming `op`
+// per device, kernel instance and launch shape). A failed query throws naming `op`
 // and is asked again next time (a failed query is not an answer).
 template <class... Params>
 bool cluster_fits_once(std::atomic<unsigned char>& state, const char* op, void (*kernel)(Params...), dim3 cluster,

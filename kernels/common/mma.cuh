@@ -16,12 +16,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
 #include "kernels/common/check.hpp"
+#include "kernels/common/per_device.hpp"
 
 namespace ferrum::kernels {
 
@@ -247,35 +247,30 @@ __device__ __forceinline__ int swz(int row, int chunk) {
 // ── Host side ────────────────────────────────────────────────────────────────
 
 // Makes `kernel` launchable with `smem_bytes` of dynamic shared memory on
-// the current device, once per device: the opt-in is the device's (a
-// process driving several GPUs sets it on each), `prepared` has bit d set
-// once device d is done (idempotent, so a race is harmless). False when the
-// device cannot run it (below sm_80, or less opt-in shared memory than the
-// kernel needs). A failed query throws naming `op`.
-inline bool prepare_kernel(const char* op, const void* kernel, int smem_bytes,
-                           std::atomic<unsigned long long>& prepared) {
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) throw_cuda_error(op, "cudaGetDevice", err);
-  const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0ull;
-  if (bit != 0 && (prepared.load(std::memory_order_acquire) & bit) != 0) return true;
+// `device` (the current one). False when the device cannot run it (below
+// sm_80, or less opt-in shared memory than the kernel needs). A failed query
+// throws naming `op`.
+inline bool opt_in_dynamic_smem(const char* op, const void* kernel, int smem_bytes, int device) {
   int major = 0;
   int optin = 0;
-  err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (err != cudaSuccess) throw_cuda_error(op, "cudaDeviceGetAttribute", err);
   if (major < 8 || optin < smem_bytes) return false;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) throw_cuda_error(op, "cudaFuncSetAttribute (dynamic shared memory)", err);
-  prepared.fetch_or(bit, std::memory_order_acq_rel);
   return true;
 }
 
-// The same, remembering per kernel (one set of device bits per Kernel).
+// opt_in_dynamic_smem for Kernel on the current device, once per device (the
+// opt-in is the device's: a process driving several GPUs sets it on each).
+// Each Kernel is always asked with the same bytes on one device.
 template <auto Kernel>
 bool prepare_kernel(const char* op, int smem_bytes) {
-  static std::atomic<unsigned long long> prepared{0};
-  return prepare_kernel(op, reinterpret_cast<const void*>(Kernel), smem_bytes, prepared);
+  static PerDevice<bool> prepared;
+  return prepared.current(op, [&](int device) {
+    return opt_in_dynamic_smem(op, reinterpret_cast<const void*>(Kernel), smem_bytes, device);
+  });
 }
 
 // prepare_kernel for a launch that has no fallback: a device that cannot

@@ -6,11 +6,12 @@
 
 #include "common/fail.hpp"
 #include "kernels/common/check.hpp"
+#include "kernels/common/per_device.hpp"
 
 namespace ferrum::detail {
 namespace {
 
-constexpr int kMaxDevices = 64;
+using kernels::kMaxDevices;
 
 // The current device into *device; false when the query fails, its error
 // cleared (the callers treat that as "no device", and the error must not
@@ -374,8 +375,8 @@ namespace {
 // a race only repeats the query).
 template <cudaDeviceAttr kAttr>
 cudaError_t cached_device_attribute(int device, int* value) {
-  static std::array<std::atomic<int>, detail::kMaxDevices> known{};  // value + 1; 0: not asked yet
-  const bool cacheable = device >= 0 && device < detail::kMaxDevices;
+  static std::array<std::atomic<int>, kMaxDevices> known{};  // value + 1; 0: not asked yet
+  const bool cacheable = device >= 0 && device < kMaxDevices;
   if (cacheable) {
     const int k = known[device].load(std::memory_order_relaxed);
     if (k > 0) {
@@ -401,14 +402,6 @@ int current_device_cc() {
   return major * 10 + minor;
 }
 
-// The current device; throws ferrum::Error (ErrorCode::Cuda) naming `op`.
-int current_device(const char* op) {
-  int device = -1;
-  const cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) throw_cuda_error(op, "cudaGetDevice", err);
-  return device;
-}
-
 // Attribute kAttr of `device`, cached; throws ferrum::Error
 // (ErrorCode::Cuda) naming `op` and `what` when a query fails.
 template <cudaDeviceAttr kAttr>
@@ -421,10 +414,22 @@ int device_attribute(int device, const char* op, const char* what) {
 
 template <cudaDeviceAttr kAttr>
 int current_device_attribute(const char* op, const char* what) {
-  return device_attribute<kAttr>(current_device(op), op, what);
+  return device_attribute<kAttr>(current_device_index(op), op, what);
 }
 
 }  // namespace
+
+int current_device_index(const char* op) {
+  int device = -1;
+  const cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) throw_cuda_error(op, "cudaGetDevice", err);
+  if (device < 0 || device >= kMaxDevices) {
+    detail::abandon_capture_on_current_device();
+    detail::fail(ErrorCode::Unsupported, "{}: the current device {} is past the {} devices this library keeps state for",
+                 op, device, kMaxDevices);
+  }
+  return device;
+}
 
 bool device_is_sm90_or_later() { return current_device_cc() >= 90; }
 
@@ -438,7 +443,7 @@ int device_l2_bytes(const char* op) {
 
 int device_sole_block_smem(const char* op) {
   // Asked on every decode plan: one device lookup for the three.
-  const int device = current_device(op);
+  const int device = current_device_index(op);
   const int per_sm = device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(
       device, op, "cudaDeviceGetAttribute (shared memory per SM)");
   const int reserved = device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(
@@ -455,7 +460,7 @@ bool device_is_sm90a() { return current_device_cc() == 90; }
 
 bool pdl_available() {
   int device = -1;
-  if (!detail::query_current_device(&device) || device < 0 || device >= detail::kMaxDevices) return false;
+  if (!detail::query_current_device(&device) || device < 0 || device >= kMaxDevices) return false;
   // The device's CudaBackend runtime decides (its config).
   const int configured = detail::g_launch_state[device].load(std::memory_order_relaxed);
   if (configured != 0) return (configured & detail::kLaunchPdl) != 0;

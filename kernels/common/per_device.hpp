@@ -1,0 +1,63 @@
+// What the launchers remember about a device: occupancy and cluster
+// placement answers, shared-memory opt-ins. They are the device's, not the
+// process's: one process may drive GPUs of different kinds, or MIG slices of
+// different sizes, and a kernel's shared-memory opt-in is set per device.
+// Host code only.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <mutex>
+
+#include "kernels/common/check.hpp"
+
+namespace ferrum::kernels {
+
+// The devices a process may use through this library (CudaBackend refuses a
+// larger index; a launcher used without a backend gets current_device_index's
+// named error).
+inline constexpr int kMaxDevices = 64;
+
+// The current device's index, in [0, kMaxDevices). A failed query throws
+// ferrum::Error (ErrorCode::Cuda) naming `op`, an index past kMaxDevices
+// ErrorCode::Unsupported.
+int current_device_index(const char* op);
+
+// One T per device, made on the device's first use by make(device) (with
+// that device current) and kept for the life of the process. A make() that
+// throws leaves the device's value unmade, so the next use asks again (a
+// failed query is not an answer). Reading a made value takes one atomic
+// load; making one holds a lock, so make() runs once per device even when
+// threads race.
+template <class T>
+class PerDevice {
+ public:
+  template <class Make>
+  const T& at(int device, Make&& make) {
+    Slot& slot = slots_[static_cast<std::size_t>(device)];
+    if (!slot.made.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!slot.made.load(std::memory_order_relaxed)) {
+        slot.value = make(device);
+        slot.made.store(true, std::memory_order_release);
+      }
+    }
+    return slot.value;
+  }
+
+  // at() for the current device; `op` names the failed device query.
+  template <class Make>
+  const T& current(const char* op, Make&& make) {
+    return at(current_device_index(op), static_cast<Make&&>(make));
+  }
+
+ private:
+  struct Slot {
+    std::atomic<bool> made{false};
+    T value{};
+  };
+  std::array<Slot, kMaxDevices> slots_{};
+  std::mutex mutex_;
+};
+
+}  // namespace ferrum::kernels
