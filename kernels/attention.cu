@@ -1204,8 +1204,9 @@ void launch_combine(const AttentionArgs& a, int splits, int slice_keys, cudaStre
 // (cudaOccupancyMaxActiveClusters > 0) on the current device, which must be
 // sm_90+ and run a build holding the kernel's sm_90 code. Where not, the
 // launch merges as without DecodeTuning::cluster_merge: the same bits.
-// Asked once per device, cluster size and block size; a failed query is no
-// answer (not cached) and the launch takes the other merge.
+// Asked once per device, cluster size and block size; a failed query (the
+// current device's included: this never throws) is no answer, not cached,
+// and the launch takes the other merge.
 template <class T, int HD>
 bool decode_cluster_fits(int slices, unsigned threads) {
   if (slices < 2 || slices > kDecodeMaxClusterSlices) return false;

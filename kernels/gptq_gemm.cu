@@ -1316,13 +1316,18 @@ const StreamOccupancy& stream_occupancy() {
 
 int stream_nt(int m) { return m <= 8 ? 1 : 2; }
 
+// gptq_bulk_source_applies on the device whose occupancy `occ` is.
+bool bulk_source_applies(const StreamOccupancy& occ, int group_rows) {
+  return occ.bulk_supported && group_rows >= kGptqBulkMinGroupRows;
+}
+
 // Whether a streaming launch of `kind` on a weight of k rows in groups of
 // group_rows takes the bulk source: bulk copies on the device, activation
 // rows copied in 16-byte units (k % 8 == 0: always true of a repacked
 // checkpoint; a hand-built weight may differ), and groups whose scale rows
 // fit a slot (kGptqBulkMinGroupRows). Otherwise the register source runs.
-bool stream_uses_bulk(GptqKernelKind kind, int k, int group_rows) {
-  return kind == GptqKernelKind::StreamBulk && k % 8 == 0 && gptq_bulk_source_applies(group_rows);
+bool stream_uses_bulk(const StreamOccupancy& occ, GptqKernelKind kind, int k, int group_rows) {
+  return kind == GptqKernelKind::StreamBulk && k % 8 == 0 && bulk_source_applies(occ, group_rows);
 }
 
 // CTAs per SM (16 warps) a default ring keeps where a single slot has that
@@ -1337,9 +1342,9 @@ constexpr int kStreamRingMinCtasPerSm = 4;
 // The ring slots per warp of a bulk launch: `requested` when it names one,
 // else the most slots that keep kStreamRingMinCtasPerSm CTAs per SM (or, on
 // a device where one slot keeps fewer, the CTAs per SM of one slot).
-int stream_ring_for(int dtype_index, bool zeros, int nt, int requested) {
+int stream_ring_for(const StreamOccupancy& occ, int dtype_index, bool zeros, int nt, int requested) {
   if (requested > 0) return requested;
-  const int(&per_ring)[kGptqStreamMaxRing] = stream_occupancy().bulk[dtype_index][zeros ? 1 : 0][nt - 1];
+  const int(&per_ring)[kGptqStreamMaxRing] = occ.bulk[dtype_index][zeros ? 1 : 0][nt - 1];
   const int keep = std::min(per_ring[0], kStreamRingMinCtasPerSm);
   int ring = 1;
   while (ring < kGptqStreamMaxRing && per_ring[ring] >= keep) ++ring;
@@ -1353,7 +1358,8 @@ int stream_ring_for(int dtype_index, bool zeros, int nt, int requested) {
 // waves x chunks model picked 4 splits at 8192 x 28672 and measured 61.9 us
 // at m = 1 where one split, 1.13 waves, measured 49.9 us.)
 // ctas_per_sm > 0 caps the slots at that many per SM (GptqGemmArgs::stream_ctas_per_sm).
-GptqPlan stream_plan_for(int dtype_index, bool zeros, int nt, bool bulk, int ring, int k_pad, int n_pad,
+GptqPlan stream_plan_for(const StreamOccupancy& occ, int dtype_index, bool zeros, int nt, bool bulk, int ring,
+                         int k_pad, int n_pad,
                          int num_sms, int ctas_per_sm) {
   GptqPlan plan;
   plan.config = -1;
@@ -1361,7 +1367,6 @@ GptqPlan stream_plan_for(int dtype_index, bool zeros, int nt, bool bulk, int rin
   plan.block_n = kGptqTileN;
   plan.n_ctas = n_pad / kGptqTileN;
   const int chunks = k_pad / kGptqTileK;
-  const StreamOccupancy& occ = stream_occupancy();
   const int z = zeros ? 1 : 0;
   const int resident = bulk ? occ.bulk[dtype_index][z][nt - 1][ring - 1] : occ.registers[dtype_index][z][nt - 1];
   // Fewer slots give fewer splits (the nearest CTA count moves down), so the
@@ -1397,9 +1402,10 @@ StreamLaunch stream_launch_for(DType dtype, bool zeros, int m, int k, int k_pad,
   const int dtype_index = dtype == DType::BF16 ? 1 : 0;
   StreamLaunch l{};
   l.nt = stream_nt(m);
-  l.bulk = stream_uses_bulk(kind, k, group_rows);
-  l.ring = l.bulk ? stream_ring_for(dtype_index, zeros, l.nt, ring) : 0;
-  l.plan = stream_plan_for(dtype_index, zeros, l.nt, l.bulk, l.ring, k_pad, n_pad, num_sms, ctas_per_sm);
+  const StreamOccupancy& occ = stream_occupancy();  // the current device's, asked once per launch
+  l.bulk = stream_uses_bulk(occ, kind, k, group_rows);
+  l.ring = l.bulk ? stream_ring_for(occ, dtype_index, zeros, l.nt, ring) : 0;
+  l.plan = stream_plan_for(occ, dtype_index, zeros, l.nt, l.bulk, l.ring, k_pad, n_pad, num_sms, ctas_per_sm);
   return l;
 }
 
@@ -1555,6 +1561,7 @@ std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms) {
     const GptqPlan plan = gptq_wgmma_plan(k_pad, n_pad, num_sms);
     most = static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile;
   }
+  const StreamOccupancy& occ = stream_occupancy();
   for (int d = 0; d < 2; ++d) {
     for (int c = 0; c < kNumConfigs; ++c) {
       const GptqPlan plan = plan_for(d, c, k_pad, n_pad, num_sms);
@@ -1565,8 +1572,8 @@ std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms) {
     for (int nt = 1; nt <= 2; ++nt) {
       for (bool zeros : {false, true}) {
         // ring 0: the register source; 1 ..: the bulk source's ring sizes.
-        for (int ring = 0; ring <= (stream_occupancy().bulk_supported ? kGptqStreamMaxRing : 0); ++ring) {
-          const GptqPlan plan = stream_plan_for(d, zeros, nt, ring > 0, ring, k_pad, n_pad, num_sms, 0);
+        for (int ring = 0; ring <= (occ.bulk_supported ? kGptqStreamMaxRing : 0); ++ring) {
+          const GptqPlan plan = stream_plan_for(occ, d, zeros, nt, ring > 0, ring, k_pad, n_pad, num_sms, 0);
           if (plan.splits > 1) {
             most = std::max(most, static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile);
           }
@@ -1589,9 +1596,7 @@ bool gptq_cluster_reduces(bool requested, int splits, long long ctas, int num_sm
          ctas <= static_cast<long long>(kGptqClusterMaxCtasPerSm) * num_sms;
 }
 
-bool gptq_bulk_source_applies(int group_rows) {
-  return stream_occupancy().bulk_supported && group_rows >= kGptqBulkMinGroupRows;
-}
+bool gptq_bulk_source_applies(int group_rows) { return bulk_source_applies(stream_occupancy(), group_rows); }
 
 GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k, int k_pad, int n_pad, int group_rows, int num_sms,
                           GptqKernelKind kind, int ring, int ctas_per_sm) {

@@ -411,6 +411,7 @@ auto wgmma_kernel_ptr() {
 constexpr int kNumWgmmaInstances = 12;
 template <class T, int kN, bool kZeros>
 struct WgmmaInstance {
+  static_assert(kN == 16 || kN == 32 || kN == 64, "index below numbers N = 16, 32, 64 only");
   using type = T;
   static constexpr int n = kN;
   static constexpr bool zeros = kZeros;
@@ -459,17 +460,24 @@ struct WgmmaPlacement {
   GptqClusterCounts single{};
 };
 
-template <class T, int kN, bool kZeros>
-GptqClusterCounts instance_clusters() {
-  (void)opt_in_blocks_per_sm("gemm_gptq", wgmma_kernel_ptr<T, kN, kZeros>(), kWgThreads, WgmmaSlot<kN>::kSmemBytes);
+// Clusters of s CTAs of `kernel` (kWgThreads threads, `smem` bytes, its
+// shared-memory opt-in done) the current device holds at once, s = 1 ..
+// kMaxSplits.
+template <class... Params>
+GptqClusterCounts cluster_counts(void (*kernel)(Params...), std::size_t smem) {
   GptqClusterCounts counts{};
   for (int s = 1; s <= kMaxSplits; ++s) {
-    const cudaError_t err = max_active_clusters(&counts[s], wgmma_kernel_ptr<T, kN, kZeros>(),
-                                                dim3(1, static_cast<unsigned>(s), 1), dim3(kWgThreads),
-                                                WgmmaSlot<kN>::kSmemBytes);
+    const cudaError_t err =
+        max_active_clusters(&counts[s], kernel, dim3(1, static_cast<unsigned>(s), 1), dim3(kWgThreads), smem);
     if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveClusters", err);
   }
   return counts;
+}
+
+template <class T, int kN, bool kZeros>
+GptqClusterCounts instance_clusters() {
+  (void)opt_in_blocks_per_sm("gemm_gptq", wgmma_kernel_ptr<T, kN, kZeros>(), kWgThreads, WgmmaSlot<kN>::kSmemBytes);
+  return cluster_counts(wgmma_kernel_ptr<T, kN, kZeros>(), WgmmaSlot<kN>::kSmemBytes);
 }
 
 GptqClusterCounts single_cta_clusters(int device) {
@@ -479,17 +487,13 @@ GptqClusterCounts single_cta_clusters(int device) {
     err = cudaFuncSetAttribute(one_cta_per_sm_probe, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   }
   if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "the one-CTA-per-SM cluster query", err);
-  GptqClusterCounts counts{};
-  for (int s = 1; s <= kMaxSplits; ++s) {
-    err = max_active_clusters(&counts[s], one_cta_per_sm_probe, dim3(1, static_cast<unsigned>(s), 1),
-                              dim3(kWgThreads), static_cast<std::size_t>(smem));
-    if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaOccupancyMaxActiveClusters", err);
-  }
-  return counts;
+  return cluster_counts(one_cta_per_sm_probe, static_cast<std::size_t>(smem));
 }
 
 // The current device's placement (a failed query throws and is asked
-// again next time).
+// again next time). Every launch reads it, also one whose split count the
+// caller forced: made on a device's first launch (12 x 8 + 8 queries), it
+// is what sets the instances' shared-memory opt-in there.
 const WgmmaPlacement& wgmma_placement() {
   static PerDevice<WgmmaPlacement> per_device;
   return per_device.current("gemm_gptq", [](int device) {

@@ -23,7 +23,7 @@ struct KvAppendRows {
   __device__ RowPtrs<T> operator()(long long r, long long c) const {
     const long long base = state != nullptr ? state->pos : cache_len;
     if (base < 0 || base > capacity - new_tokens.divisor) {
-      // The first row outside the cache: base itself, or the last one written.
+      // A row outside the cache: base when it is negative, else the run's last.
       report_device_error(error_log, kErrKvAppendPosition, base < 0 ? base : base + new_tokens.divisor - 1,
                           capacity);
       return {nullptr, nullptr};

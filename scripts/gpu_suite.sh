@@ -1029,7 +1029,7 @@ if has_mode nccl; then
   export NCCL_NVLS_ENABLE=0
   {
     echo "== NCCL tests and the other two-GPU tests ($(date +%T))"
-    timeout 300 $B/tests/ferrum_tests_gpu --gtest_brief=1 --gtest_filter='*Nccl*:*SecondDevice*' 2>&1 | tail -20
+    timeout 300 $B/tests/ferrum_tests_gpu --gtest_brief=1 --gtest_filter='*Nccl*:*SecondDevice*:*PerDeviceTables*' 2>&1 | tail -20
     echo "nccl tests exit ${PIPESTATUS[0]}"
     timeout 240 compute-sanitizer --tool memcheck --print-limit 2000 --target-processes all $B/tests/ferrum_tests_gpu \
       --gtest_brief=1 --gtest_filter='*Nccl*' > "$OUT/nccl_memcheck.log" 2>&1

@@ -70,6 +70,7 @@
 #include <utility>
 
 #include "kernels/common/check.hpp"
+#include "kernels/common/per_device.hpp"
 
 namespace ferrum::kernels {
 
@@ -113,15 +114,21 @@ __device__ __forceinline__ void pdl_begin_with_trigger(PdlTrigger trigger) {
 // Whether a kernel's code was compiled for sm_90+ (its cluster, bulk-copy or
 // other sm_90 path): a build without sm_90 (e.g. CMAKE_CUDA_ARCHITECTURES=80,
 // run on an H200 through the PTX JIT) holds only the trapping stubs. Asked
-// once per kernel signature: the answer is a property of the build (its
-// architecture list), the same for every kernel of it. A failed query (no
+// once per kernel signature and device: the answer is the image the device
+// loads from the build's architecture list (a build for 80 and 90a gives an
+// A100 and an H200 of one process different ones). A failed query (no
 // device, say) answers no for this call only: it is not remembered, and its
 // error is not left behind for the next launch check to report under
 // another op's name.
 template <class Kernel>
 bool has_sm90_code(Kernel kernel) {
-  static std::atomic<int> known{0};  // 0 not asked yet, 1 no, 2 yes
-  int state = known.load(std::memory_order_relaxed);
+  static std::atomic<int> known[kMaxDevices] = {};  // 0 not asked yet, 1 no, 2 yes
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  int state = known[device].load(std::memory_order_relaxed);
   if (state == 0) {
     cudaFuncAttributes attr{};
     if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
@@ -129,7 +136,7 @@ bool has_sm90_code(Kernel kernel) {
       return false;
     }
     state = attr.ptxVersion >= 90 ? 2 : 1;
-    known.store(state, std::memory_order_relaxed);
+    known[device].store(state, std::memory_order_relaxed);
   }
   return state == 2;
 }

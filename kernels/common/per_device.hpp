@@ -7,9 +7,10 @@
 
 #include <array>
 #include <atomic>
+#include <cstddef>
 #include <mutex>
 
-#include "kernels/common/check.hpp"
+#include "kernels/common/check.hpp"  // throw_bad_dispatch
 
 namespace ferrum::kernels {
 
@@ -32,8 +33,11 @@ int current_device_index(const char* op);
 template <class T>
 class PerDevice {
  public:
+  // `device` in [0, kMaxDevices) (current() guarantees it; otherwise a
+  // named Internal error).
   template <class Make>
   const T& at(int device, Make&& make) {
+    if (device < 0 || device >= kMaxDevices) throw_bad_dispatch("PerDevice", "device", device);
     Slot& slot = slots_[static_cast<std::size_t>(device)];
     if (!slot.made.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(mutex_);

@@ -398,7 +398,8 @@ TEST_P(ApiOnBackend, AdvanceDecodeStateStepsTheState) {
   } else {
     advance_with(1);
     expect_error(ErrorCode::DeviceCheck, "advance_decode_state", [&] { be.synchronize(); },
-                 cat("token_log slot ", kLog, " (the decode-state position + 1) outside [0, ", kLog, ")"));
+                 cat("token_log slot ", kLog, " (the decode-state position + 1) outside [0, token_log size = ", kLog,
+                     ")"));
   }
   EXPECT_EQ(be.download(log), want);
 }

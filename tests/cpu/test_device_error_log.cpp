@@ -75,10 +75,12 @@ TEST(DeviceErrorLog, EachKindNamesItsOpValueAndLimit) {
        "flash_attention / flash_decode_ragged: device-side kv_len 0 (decode state or kv_lens) outside "
        "[1, kv_seq_stride = 700]"},
       {kernels::kErrDecodeLogPosition, 16, 16,
-       "advance_decode_state: token_log slot 16 (the decode-state position + 1) outside [0, 16)"},
+       "advance_decode_state: token_log slot 16 (the decode-state position + 1) outside [0, token_log size = 16)"},
       // Saturated: the value lay past the field, and the clause says so.
       {kernels::kErrEmbeddingId, 1ll << 40, 1001, "token id 2147483647 or more outside [0, vocab = 1001)"},
       {kernels::kErrRopePosition, -(1ll << 40), 64, "position -2147483648 or less outside"},
+      {kernels::kErrDecodeLogPosition, -3, 1ll << 40, "slot -3 (the decode-state position + 1) outside [0, token_log "
+                                                      "size = 2147483647 or more)"},
   };
   for (const Want& w : wants) {
     SCOPED_TRACE(w.clause);

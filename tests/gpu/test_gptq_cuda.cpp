@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "ferrum/cuda_backend.hpp"
+#include "kernels/common/per_device.hpp"
 #include "kernels/gptq_gemm.hpp"
 #include "support/test_support.hpp"
 
@@ -514,6 +515,27 @@ TEST_F(CudaGptq, WeightsOfDifferentSizesCoexist) {
 // configurations (m = 1, 17, 64), the bulk streaming kernel at its two
 // tiles (m = 1, 16), the wgmma kernel at N = 16, 32, 64. Needs two GPUs
 // (the NCCL machine).
+// What the launchers remember per device (kernels/common/per_device.hpp)
+// is keyed by the device current at the call: two identical GPUs give the
+// same answers, so the kernels' exactness above cannot show a table read
+// for the wrong device; this does.
+TEST_F(CudaGptq, PerDeviceTablesFollowTheCurrentDevice) {
+  const int devices = cuda_device_count();
+  kernels::PerDevice<int> table;
+  int makes = 0;
+  auto make = [&](int device) {
+    ++makes;
+    return 1000 + device;
+  };
+  for (int d = 0; d < std::min(devices, 2); ++d) {
+    ASSERT_EQ(cudaSetDevice(d), cudaSuccess);
+    EXPECT_EQ(table.current("test", make), 1000 + d);
+    EXPECT_EQ(table.current("test", make), 1000 + d);
+  }
+  EXPECT_EQ(makes, std::min(devices, 2));
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+}
+
 TEST_F(CudaGptq, EveryKernelRunsOnASecondDevice) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs two GPUs";
   FERRUM_SEEDED_RNG(rng);
