@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <initializer_list>
+#include <string>
 #include <string_view>
 #include <limits>
 #include <utility>
@@ -61,6 +62,14 @@ std::string_view to_string(Op op) noexcept {
 }
 
 namespace {
+
+// "[begin, end)" for `count` elements from `begin`, as the messages write a
+// range; where the end would pass 2^64, "[begin, begin + count)" (the sum
+// would wrap and name a value nobody passed).
+std::string range_text(std::size_t begin, std::size_t count) {
+  if (count > std::numeric_limits<std::size_t>::max() - begin) return fmt::format("[{}, {} + {})", begin, begin, count);
+  return fmt::format("[{}, {})", begin, begin + count);
+}
 
 void refuse_during_capture(const OpCheck& check) {
   if (check.backend().is_capturing()) {
@@ -162,9 +171,9 @@ bool copy_needed(const OpCheck& check, const Buffer& src, std::size_t src_offset
   if (s.begin == d.begin) return false;
   if (s.overlaps(d)) {
     check.fail(ErrorCode::InvalidArgument,
-               "{}: '{}' [{}, {}) overlaps '{}' [{}, {}) in memory (views of one buffer) without being the same "
+               "{}: '{}' {} overlaps '{}' {} in memory (views of one buffer) without being the same "
                "range; copy through a second buffer",
-               check.op(), dst_name, dst_offset, dst_offset + len, src_name, src_offset, src_offset + len);
+               check.op(), dst_name, range_text(dst_offset, len), src_name, range_text(src_offset, len));
   }
   return true;
 }
@@ -299,12 +308,12 @@ void Backend::copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst,
   check.same_dtype("dst", dst, "src", src);
   check.size("len", len);
   if (src_offset > src.numel() || len > src.numel() - src_offset) {
-    check.fail(ErrorCode::ShapeMismatch, "copy_slice: source range [{}, {}) runs past 'src' ({} elements)",
-         src_offset, src_offset + len, src.numel());
+    check.fail(ErrorCode::ShapeMismatch, "copy_slice: source range {} runs past 'src' ({} elements)",
+               range_text(src_offset, len), src.numel());
   }
   if (dst_offset > dst.numel() || len > dst.numel() - dst_offset) {
-    check.fail(ErrorCode::ShapeMismatch, "copy_slice: destination range [{}, {}) runs past 'dst' ({} elements)",
-         dst_offset, dst_offset + len, dst.numel());
+    check.fail(ErrorCode::ShapeMismatch, "copy_slice: destination range {} runs past 'dst' ({} elements)",
+               range_text(dst_offset, len), dst.numel());
   }
   if (copy_needed(check, src, src_offset, "src", dst, dst_offset, "dst", len)) {
     do_copy_slice(src, src_offset, dst, dst_offset, len);
@@ -639,8 +648,8 @@ void check_rope(const OpCheck& check, std::string_view cfg, std::string_view act
   check.holds("cos", cos, table, "[max_pos, head_dim/2]");
   check.holds("sin", sin, table, "[max_pos, head_dim/2]");
   if (!use_state && (pos_offset > max_pos || tokens > max_pos - pos_offset)) {
-    check.fail(ErrorCode::CapacityExceeded, "{}: positions [{}, {}) run past the {} positions of the cos/sin tables",
-               check.op(), pos_offset, pos_offset + tokens, max_pos);
+    check.fail(ErrorCode::CapacityExceeded, "{}: positions {} run past the {} positions of the cos/sin tables",
+               check.op(), range_text(pos_offset, tokens), max_pos);
   }
 }
 
@@ -775,8 +784,8 @@ void Backend::qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, const Buf
   check_qkv_rope_append(check, qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, /*positions=*/nullptr, tokens,
                         1, pos_offset, use_state, cfg, "tokens", "[tokens, (heads + 2 kv_heads) * head_dim]", "[heads, tokens, head_dim]", "[kv_heads, capacity, head_dim]");
   if (tokens > cfg.capacity || (!use_state && pos_offset > cfg.capacity - tokens)) {
-    check.fail(ErrorCode::CapacityExceeded, "qkv_rope_append: positions [{}, {}) run past cfg.capacity = {}",
-               pos_offset, pos_offset + tokens, cfg.capacity);
+    check.fail(ErrorCode::CapacityExceeded, "qkv_rope_append: positions {} run past cfg.capacity = {}",
+               range_text(pos_offset, tokens), cfg.capacity);
   }
   do_qkv_rope_append(qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, tokens, pos_offset, cfg, use_state);
 }
@@ -866,8 +875,8 @@ void Backend::flash_attention(const Buffer& q, const Buffer& k, const Buffer& v,
   }
   if (cfg.causal && !use_state && (pos_offset > kv_len || q_len > kv_len - pos_offset)) {
     check.fail(ErrorCode::InvalidArgument,
-         "flash_attention: causal queries at positions [{}, {}) need keys past kv_len = {}", pos_offset,
-         pos_offset + q_len, kv_len);
+               "flash_attention: causal queries at positions {} need keys past kv_len = {}",
+               range_text(pos_offset, q_len), kv_len);
   }
   const std::size_t qn = check.product({batch, cfg.num_heads, q_len, cfg.head_dim});
   const std::size_t kvn = check.product({batch, cfg.num_kv_heads, stride, cfg.head_dim});

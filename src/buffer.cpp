@@ -66,8 +66,9 @@ Buffer Buffer::view(std::size_t offset, std::size_t count) const {
   if (data_ == nullptr) detail::fail(ErrorCode::NullBuffer, "Buffer::view: the buffer is null");
   if (offset > numel_ || count > numel_ - offset) {
     detail::fail(ErrorCode::ShapeMismatch,
-                 "Buffer::view: window [{}, {}) runs past the buffer's {} elements", offset,
-                 offset + count, numel_);
+                 "Buffer::view: a window of argument 'count' = {} elements at argument 'offset' = {} runs past the "
+                 "buffer's {} elements",
+                 count, offset, numel_);
   }
   auto* base = static_cast<std::uint8_t*>(data_) + offset * size_of(dtype_);
   return Buffer(owner_, base, dtype_, count, /*alloc=*/nullptr);

@@ -560,6 +560,10 @@ TEST_P(BadInput, CopySliceRanges) {
   expect_error(ErrorCode::ShapeMismatch, "copy_slice", [&] { backend().copy_slice(src, 7, dst, 0, 1); }, "'src'");
   expect_error(ErrorCode::ShapeMismatch, "copy_slice",
                [&] { backend().copy_slice(src, 0, dst, std::numeric_limits<std::size_t>::max(), 1); }, "'dst'");
+  // A range whose end would pass 2^64 is written as offset + len, not as the wrapped sum.
+  expect_error(ErrorCode::ShapeMismatch, "copy_slice",
+               [&] { backend().copy_slice(src, std::numeric_limits<std::size_t>::max(), dst, 0, 2); },
+               "range [18446744073709551615, 18446744073709551615 + 2) runs past 'src'");
 }
 
 // Views of one buffer: ranges that share bytes without being the same are

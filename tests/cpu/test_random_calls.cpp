@@ -33,7 +33,7 @@ namespace ferrum::test {
 namespace {
 
 constexpr std::size_t kGuardElems = 32;
-constexpr int kCalls = 4000;
+constexpr int kCalls = 20000;
 
 // One written buffer's guard: the allocation, where the guard starts, and
 // the bytes it must still hold.

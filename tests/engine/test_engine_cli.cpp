@@ -17,18 +17,25 @@
 
 #include "decoder.hpp"
 #include "engine_test_support.hpp"
+#include "support/test_support.hpp"
 #include "weights.hpp"
 
 namespace ferrum::engine {
 namespace {
 
+using ::ferrum::test::cat;
+
 const std::vector<std::int32_t> kPrompt = {1, 17, 42, 3};
 constexpr std::size_t kSteps = 6;
 constexpr std::uint64_t kSeed = 77;
 
-// Runs ferrum_engine with `args` (stdout and stderr to `log`); returns its exit status.
-int run_engine(const std::string& args, const std::filesystem::path& log) {
-  const std::string command = std::string("\"") + FERRUM_ENGINE_PATH + "\" " + args + " > \"" + log.string() + "\" 2>&1";
+// Runs ferrum_engine with `args` (stdout and stderr to `log`); returns its
+// exit status (-1: ended by a signal). With `timeout_s`, killed past that
+// many seconds (status 124).
+int run_engine(const std::string& args, const std::filesystem::path& log, int timeout_s = 0) {
+  const std::string prefix = timeout_s > 0 ? "timeout -s KILL " + std::to_string(timeout_s) + " " : "";
+  const std::string command =
+      prefix + "\"" + FERRUM_ENGINE_PATH + "\" " + args + " > \"" + log.string() + "\" 2>&1";
   const int status = std::system(command.c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
@@ -514,6 +521,84 @@ TEST(EngineCli, PipelineGivesTheStepByStepTokens) {
                        log),
             1);
   EXPECT_NE(read_text(log).find("cannot --dump-logits"), std::string::npos) << read_text(log);
+}
+
+// Random command lines: flags of the program's own set in random order and
+// number, each with a value drawn from the right kind and from the wrong
+// ones (negative, past 64 bits, empty, malformed prompt lists, names that
+// are not presets, paths that do not exist, the real tiny checkpoint). The
+// tiny presets only, so that a valid line runs in well under a second. Every
+// run must end by itself with 0 (it ran), 1 (an error it named: a line
+// starting "ferrum_engine: ") or 2 (a usage error, with the usage text); a
+// crash, a signal or a hang (killed after 60 s) fails, with the line.
+TEST(EngineCli, RandomCommandLinesRunOrFailWithAMessage) {
+  FERRUM_SEEDED_RNG(rng);  // FERRUM_TEST_SEED replays a failure
+  const std::filesystem::path dir = testing::scratch_dir();
+  const std::filesystem::path log = dir / "engine.log";
+  const std::filesystem::path model = dir / "model";
+  const ModelConfig config = preset_config("tiny-llama");
+  testing::write_checkpoint(model, config, RandomTensorSource(config, kSeed), SafetensorsDType::F16, 1);
+  auto pick = [&](std::initializer_list<const char*> menu) {
+    return std::string(menu.begin()[rng.below(static_cast<std::uint32_t>(menu.size()))]);
+  };
+  auto count = [&] { return pick({"0", "1", "2", "3", "7", "128", "129", "-1", "+3", "1e3", "0x10", "", "abc",
+                                  "18446744073709551615", "18446744073709551616", "4294967297"}); };
+  auto prompt = [&] {
+    if (rng.below(3) == 0) {  // random characters of the list's alphabet
+      std::string s;
+      const std::uint32_t n = rng.below(12);
+      for (std::uint32_t i = 0; i < n; ++i) s += "0123456789,; -+x"[rng.below(16)];
+      return s;
+    }
+    return pick({"1,2,3", "1", "", ",", ";", "1,,2", "1;;2", "1,2;3", "5,256", "-1", "99999999999", "1;2;3;4",
+                 " 1, 2", "1,2,"});
+  };
+  int ran = 0, named = 0, usage = 0;
+  for (int line = 0; line < 40; ++line) {
+    std::string args;
+    const std::uint32_t source = rng.below(8);
+    if (source < 5) args += " --random " + pick({"tiny-llama", "tiny-qwen3", "tiny-llama", "nope", ""});
+    if (source == 5 || source == 6) args += " --model \"" + (rng.below(4) == 0 ? (dir / "none").string() : model.string()) + "\"";
+    // source 7: neither (a usage error), unless a flag below names one
+    const std::uint32_t flags = rng.below(6);
+    for (std::uint32_t f = 0; f < flags; ++f) {
+      switch (rng.below(14)) {
+        case 0: args += " --steps \"" + count() + "\""; break;
+        case 1: args += " --batch \"" + count() + "\""; break;
+        case 2: args += " --seed \"" + count() + "\""; break;
+        case 3: args += " --prompt-tokens \"" + prompt() + "\""; break;
+        case 4: args += " --dtype " + pick({"f16", "bf16", "f32", "\"\""}); break;
+        case 5: args += " --quant " + pick({"gptq", "awq"}); break;
+        case 6: args += " " + pick({"--eager", "--graph", "--pipeline", "--cpu"}); break;
+        case 7: args += " --gptq-kernel " + pick({"auto", "fused", "stream", "bulk", "wgmma", "x"}); break;
+        case 8: args += " --skinny-max-m \"" + count() + "\""; break;
+        case 9: args += " --gptq-ctas-per-sm \"" + count() + "\""; break;
+        case 10: args += " --dump-logits \"" + pick({"", "/nonexistent/dir/x.bin"}) + "\""; break;
+        case 11: args += " " + pick({"--no-pdl", "--pdl-chain-release", "--gemm-prefetch", "--gptq-row-sq-norms"}); break;
+        case 12: args += " " + pick({"--steps", "--bogus", "--model"}); break;  // a flag missing its value / unknown
+        default: args += " --dump-logits \"" + (dir / "out.bin").string() + "\""; break;
+      }
+    }
+    if (rng.below(2) == 0) args += " --cpu";  // the CPU backend, also on a GPU machine (faster to start)
+    SCOPED_TRACE(cat("ferrum_engine", args));
+    const int status = run_engine("--steps 2" + args, log, 60);  // a later --steps wins
+    const std::string out = read_text(log);
+    if (status == 0) {
+      ++ran;
+    } else if (status == 1) {
+      ++named;
+      EXPECT_NE(out.find("ferrum_engine: "), std::string::npos) << out;
+    } else if (status == 2) {
+      ++usage;
+      EXPECT_NE(out.find("usage: ferrum_engine"), std::string::npos) << out;
+    } else {
+      ADD_FAILURE() << "exit status " << status << " (-1 or 128 + N: signal N; 124 or 137: killed after 60 s):\n" << out;
+      break;
+    }
+  }
+  EXPECT_GT(ran, 0);
+  EXPECT_GT(named, 0);
+  EXPECT_GT(usage, 0);
 }
 
 TEST(EngineCli, QuantFlagErrors) {
