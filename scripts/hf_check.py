@@ -69,7 +69,35 @@ MODELS = {
     # Qwen3-0.6B), Qwen3's rope_theta 1e6.
     "qwen3": dict(_SHARED_SHAPE, arch="Qwen3ForCausalLM", head_dim=128, rope_theta=1000000.0,
                   tie_word_embeddings=True),
+    # Llama 3.1 / 3.2's RoPE scaling (rope_type llama3) with its pretraining
+    # context cut to 32 positions, so that the 48 positions of a run cross all
+    # three bands (head_dim 64, theta 1e4: pair 0 kept, pairs 1..5 blended, the
+    # rest divided by the factor).
+    "llama31": dict(_SHARED_SHAPE, arch="LlamaForCausalLM", head_dim=64, rope_theta=10000.0,
+                    tie_word_embeddings=False,
+                    rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                      original_max_position_embeddings=32)),
 }
+
+# The RoPE scaling fields the engine reads, per rope_type (model_config.cpp).
+ROPE_SCALING_FIELDS = {
+    "default": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+
+
+def rope_scaling_view(rope):
+    """A rope_scaling / rope_parameters dict as the engine reads it: (rope_type,
+    its fields as floats), or raises with the reason it refuses."""
+    if not isinstance(rope, dict):
+        raise ValueError(f"rope settings {rope!r}: the engine takes an object")
+    rtype = rope.get("rope_type", rope.get("type"))
+    if "rope_type" in rope and "type" in rope and rope["rope_type"] != rope["type"]:
+        raise ValueError(f"rope settings {rope!r}: rope_type and type disagree")
+    if rtype not in ROPE_SCALING_FIELDS:
+        raise ValueError(f"rope settings {rope!r}: the engine computes rope_type default, linear or llama3")
+    return (rtype,) + tuple(float(rope[k]) for k in ROPE_SCALING_FIELDS[rtype])
 
 SAFETENSORS_DTYPE = {"float16": "F16", "bfloat16": "BF16"}
 
@@ -128,13 +156,15 @@ def engine_view_of_config(config):
     archs = config.get("architectures")
     if not (isinstance(archs, list) and len(archs) == 1 and archs[0] in ("LlamaForCausalLM", "Qwen3ForCausalLM")):
         raise ValueError(f"architectures {archs!r}: the engine takes [LlamaForCausalLM] or [Qwen3ForCausalLM]")
+    rope_view = None
     for key in ("rope_scaling", "rope_parameters"):
         rope = config.get(key)
         if rope is None:
             continue
-        rtype = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
-        if rtype != "default":
-            raise ValueError(f"{key} {rope!r}: the engine refuses it (plain RoPE only)")
+        view_of_key = rope_scaling_view(rope)
+        if rope_view is not None and rope_view != view_of_key:
+            raise ValueError(f"rope_scaling {rope_view} and rope_parameters {view_of_key} disagree")
+        rope_view = view_of_key
     for key in ("attention_bias", "mlp_bias"):
         if config.get(key):
             raise ValueError(f"{key} = true: the engine refuses it")
@@ -164,6 +194,7 @@ def engine_view_of_config(config):
                     else 10000.0),
         tie_word_embeddings=bool(config.get("tie_word_embeddings") or False),
         dtype=dtype,
+        rope_scaling=rope_view or ("default",),
     )
     return view
 
@@ -290,34 +321,39 @@ def first_divergence(engine_tokens, hf_tokens, engine_rows, hf_rows, fp32_rows):
 
 
 def hf_rope(config):
+    """(rope_type, rope_theta, the engine's view of the scaling) of what transformers runs."""
     rp = getattr(config, "rope_parameters", None)
     if isinstance(rp, dict) and rp:
-        return rp.get("rope_type", rp.get("type", "default")), float(rp["rope_theta"])
+        return rp.get("rope_type", rp.get("type", "default")), float(rp["rope_theta"]), rope_scaling_view(rp)
     rs = getattr(config, "rope_scaling", None)
-    return (rs.get("rope_type", rs.get("type")) if rs else "default"), float(config.rope_theta)
+    return ((rs.get("rope_type", rs.get("type")) if rs else "default"), float(config.rope_theta),
+            rope_scaling_view(rs) if rs else ("default",))
 
 
 def build_hf_model(name, spec, seed, init, model_dir):
     import torch
     import transformers
 
-    cls_config = getattr(transformers, "LlamaConfig" if name == "llama" else "Qwen3Config")
+    llama = spec["arch"] == "LlamaForCausalLM"
+    cls_config = getattr(transformers, "LlamaConfig" if llama else "Qwen3Config")
     cls_model = getattr(transformers, spec["arch"])
-    kwargs = {k: v for k, v in spec.items() if k not in ("arch", "rope_theta")}
+    kwargs = {k: v for k, v in spec.items() if k not in ("arch", "rope_theta", "rope_scaling")}
     kwargs.update(hidden_act="silu", attention_bias=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    if name == "llama":
+    if llama:
         kwargs["mlp_bias"] = False
     else:
         kwargs["use_sliding_window"] = False
+    scaling = spec.get("rope_scaling") or {"rope_type": "default"}
     # transformers >= 4.57 / 5 keep RoPE settings in rope_parameters; older ones in rope_theta / rope_scaling.
     if isinstance(getattr(cls_config(), "rope_parameters", None), dict):
-        kwargs["rope_parameters"] = {"rope_type": "default", "rope_theta": spec["rope_theta"]}
+        kwargs["rope_parameters"] = dict(scaling, rope_theta=spec["rope_theta"])
     else:
         kwargs["rope_theta"] = spec["rope_theta"]
-        kwargs["rope_scaling"] = None
+        kwargs["rope_scaling"] = spec.get("rope_scaling")
     config = cls_config(**kwargs)
-    if hf_rope(config) != ("default", spec["rope_theta"]):
-        raise RuntimeError(f"{name}: transformers config has RoPE {hf_rope(config)}, wanted default / {spec['rope_theta']}")
+    wanted = (scaling["rope_type"], spec["rope_theta"], rope_scaling_view(scaling))
+    if hf_rope(config) != wanted:
+        raise RuntimeError(f"{name}: transformers config has RoPE {hf_rope(config)}, wanted {wanted}")
 
     torch.manual_seed(seed)
     model = cls_model(config)  # fp32, on the CPU, transformers' own init
@@ -348,12 +384,13 @@ def build_hf_model(name, spec, seed, init, model_dir):
         model.save_pretrained(model_dir)
     # What transformers runs, in the keys of engine_view_of_config().
     cfg = model.config
-    rope_type, theta = hf_rope(cfg)
-    if rope_type != "default":
-        raise RuntimeError(f"{name}: rope_type {rope_type}")
+    rope_type, theta, rope_view = hf_rope(cfg)
+    if rope_type != scaling["rope_type"]:
+        raise RuntimeError(f"{name}: rope_type {rope_type}, wanted {scaling['rope_type']}")
     facts = {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                           "num_attention_heads", "num_key_value_heads", "max_position_embeddings")}
-    facts.update(arch=spec["arch"], rope_theta=theta, dtype="float16", rms_norm_eps=float(cfg.rms_norm_eps),
+    facts.update(arch=spec["arch"], rope_theta=theta, rope_scaling=rope_view, dtype="float16",
+                 rms_norm_eps=float(cfg.rms_norm_eps),
                  head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
                  tie_word_embeddings=bool(cfg.tie_word_embeddings))
     if facts["head_dim"] != spec["head_dim"] or facts["rope_theta"] != spec["rope_theta"]:
@@ -490,8 +527,9 @@ def print_summary(report, args):
         print(f"\n[{name}] {res['config']['arch']}: hidden {res['config']['hidden_size']}, "
               f"{res['config']['num_hidden_layers']} layers, heads {res['config']['num_attention_heads']}/"
               f"{res['config']['num_key_value_heads']}, head_dim {res['config']['head_dim']}, vocab "
-              f"{res['config']['vocab_size']}, rope_theta {res['config']['rope_theta']:g}, tied "
-              f"{res['config']['tie_word_embeddings']}; checkpoint {res['checkpoint']}")
+              f"{res['config']['vocab_size']}, rope_theta {res['config']['rope_theta']:g}"
+              f"{', rope scaling ' + str(res['config']['rope_scaling']) if res['config'].get('rope_scaling') else ''}"
+              f", tied {res['config']['tie_word_embeddings']}; checkpoint {res['checkpoint']}")
         if "rope_theta_added_to_config_json" in res:
             print(f"  (--write-rope-theta: added rope_theta = {res['rope_theta_added_to_config_json']:g} to config.json)")
         for p in res["checkpoint_check"]["problems"]:
@@ -526,7 +564,8 @@ def parse_args(argv=None):
     p.add_argument("--engine", default="build-gpu/apps/engine/ferrum_engine", help="path to ferrum_engine")
     p.add_argument("--workdir", default="/tmp/ferrum_hf_check", help="checkpoints, dumps and engine logs go here")
     p.add_argument("--json", help="write the figures here")
-    p.add_argument("--models", default="llama,qwen3", help="comma-separated: llama, qwen3")
+    p.add_argument("--models", default="llama,qwen3,llama31",
+                   help="comma-separated: llama, qwen3, llama31 (Llama 3.1's RoPE scaling)")
     p.add_argument("--modes", default="graph,eager", help="comma-separated engine modes: graph, eager, cpu")
     p.add_argument("--steps", type=int, default=32, help="greedy tokens to generate (default 32)")
     p.add_argument("--prompt-tokens", default=DEFAULT_PROMPT, help="comma-separated prompt token ids")
@@ -544,7 +583,7 @@ def parse_args(argv=None):
     args.modes = [m for m in args.modes.split(",") if m]
     for m in args.models:
         if m not in MODELS:
-            p.error(f"--models: unknown model {m!r} (llama, qwen3)")
+            p.error(f"--models: unknown model {m!r} (llama, qwen3, llama31)")
     for m in args.modes:
         if m not in ("graph", "eager", "cpu"):
             p.error(f"--modes: unknown mode {m!r} (graph, eager, cpu)")

@@ -568,12 +568,14 @@ int run(const Options& opt) {
     quant = concat(", gptq int4 group ", c.gptq->group_size, c.gptq->desc_act ? " act-order" : "",
                    c.gptq->zero_format == GptqZeroFormat::V2 ? " v2" : "", weights.has_gptq() ? "" : " (no GPTQ tensors)");
   }
-  std::printf("  model: %s (%s), %zu layers, hidden %zu, heads %zu/%zu, head_dim %zu, intermediate %zu, vocab %zu, %s%s%s\n",
+  const std::string rope =
+      c.rope_scaling.type == RopeScaling::Type::None ? "" : ", rope scaling " + to_string(c.rope_scaling);
+  std::printf("  model: %s (%s), %zu layers, hidden %zu, heads %zu/%zu, head_dim %zu, intermediate %zu, vocab %zu, %s%s%s%s\n",
               opt.model_dir.empty() ? ("random " + opt.random_preset).c_str() : opt.model_dir.c_str(),
               to_string(c.architecture).c_str(), c.num_hidden_layers, c.hidden_size, c.num_attention_heads,
               c.num_key_value_heads, c.head_dim, c.intermediate_size, c.vocab_size,
               std::string(ferrum::to_string(c.dtype)).c_str(), quant.c_str(),
-              c.tie_word_embeddings ? ", tied embeddings" : "");
+              c.tie_word_embeddings ? ", tied embeddings" : "", rope.c_str());
   std::printf("  loaded in %.2f s\n", seconds_since(load_start));
 
   Decoder decoder(*backend, weights, total, longest, mode, batch, {.gptq_row_sq_norms = opt.gptq_row_sq_norms});

@@ -73,22 +73,6 @@ DType parse_torch_dtype(const Json& config, const std::string& source) {
 // Features of the HF configs that this engine does not implement: refuse
 // them rather than run a different model.
 void refuse_unsupported(const Json& config, const std::string& source) {
-  // transformers >= 5 writes "rope_parameters" (and may keep "rope_scaling")
-  // with rope_type "default" for plain RoPE; any other type is refused.
-  // Both of its type keys are checked: transformers reads "rope_type" first
-  // and "type" (the older name) only without it.
-  for (const char* key : {"rope_scaling", "rope_parameters"}) {
-    if (!config.contains(key) || config[key].is_null()) continue;
-    const Json& rope = config[key];
-    bool plain = rope.is_object() && (rope.contains("rope_type") || rope.contains("type"));
-    for (const char* type_key : {"rope_type", "type"}) {
-      if (plain && rope.contains(type_key) && rope[type_key] != "default") plain = false;
-    }
-    if (!plain) {
-      fail(ErrorCode::Unsupported, source, ": \"", key, "\" ", describe_json(rope),
-           " is not supported yet (plain RoPE only)");
-    }
-  }
   // Attention over a sliding window or RoPE over part of each head: another
   // model than the one the engine runs.
   if (bool_field(config, "use_sliding_window", false, source)) {
@@ -115,6 +99,69 @@ void refuse_unsupported(const Json& config, const std::string& source) {
     fail(ErrorCode::Unsupported, source, ": \"hidden_act\" ", describe_json(config["hidden_act"]),
          " is not supported (silu)");
   }
+}
+
+// One "rope_scaling" / "rope_parameters" object (`key` names it). Its type
+// is "rope_type", or "type" (the older name) without it; where both are
+// given they must agree, since transformers versions differ in which one
+// they read.
+RopeScaling parse_rope_object(const Json& rope, const char* key, const std::string& source) {
+  if (!rope.is_object()) {
+    fail(ErrorCode::InvalidArgument, source, ": \"", key, "\" must be an object, got ", describe_json(rope));
+  }
+  if (!rope.contains("rope_type") && !rope.contains("type")) {
+    fail(ErrorCode::Unsupported, source, ": \"", key, "\" ", describe_json(rope),
+         " names no rope_type (default, linear or llama3)");
+  }
+  if (rope.contains("rope_type") && rope.contains("type") && rope["rope_type"] != rope["type"]) {
+    fail(ErrorCode::InvalidArgument, source, ": \"", key, ".rope_type\" ", describe_json(rope["rope_type"]), " and \"",
+         key, ".type\" ", describe_json(rope["type"]), " disagree");
+  }
+  const Json& type = rope.contains("rope_type") ? rope["rope_type"] : rope["type"];
+  auto field = [&](const char* name) {
+    const std::string where = std::string(key) + "." + name;
+    if (!rope.contains(name) || rope[name].is_null()) {
+      fail(ErrorCode::InvalidArgument, source, ": required field \"", where, "\" is missing (rope_type ",
+           describe_json(type), ")");
+    }
+    return number_field(rope[name], where.c_str(), source);
+  };
+  RopeScaling scaling;
+  if (type == "default") return scaling;
+  if (type == "linear") {
+    scaling.type = RopeScaling::Type::Linear;
+    scaling.factor = field("factor");
+    return scaling;
+  }
+  if (type == "llama3") {
+    scaling.type = RopeScaling::Type::Llama3;
+    scaling.factor = field("factor");
+    scaling.low_freq_factor = field("low_freq_factor");
+    scaling.high_freq_factor = field("high_freq_factor");
+    scaling.original_max_position_embeddings = field("original_max_position_embeddings");
+    return scaling;
+  }
+  fail(ErrorCode::Unsupported, source, ": \"", key, "\" ", describe_json(rope),
+       " is not supported (rope_type default, linear or llama3)");
+}
+
+// The RoPE scaling of a config: transformers >= 5 writes "rope_parameters"
+// (and may keep "rope_scaling"), older ones "rope_scaling"; where both are
+// given they must say the same.
+RopeScaling parse_rope_scaling(const Json& config, const std::string& source) {
+  std::optional<RopeScaling> chosen;
+  const char* chosen_key = nullptr;
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (!config.contains(key) || config[key].is_null()) continue;
+    const RopeScaling scaling = parse_rope_object(config[key], key, source);
+    if (chosen && !(*chosen == scaling)) {
+      fail(ErrorCode::InvalidArgument, source, ": \"", chosen_key, "\" (", to_string(*chosen), ") and \"", key, "\" (",
+           to_string(scaling), ") disagree");
+    }
+    chosen = scaling;
+    chosen_key = key;
+  }
+  return chosen.value_or(RopeScaling{});
 }
 
 std::string read_text_file(const std::filesystem::path& path, const char* what) {
@@ -221,6 +268,17 @@ GptqConfig parse_gptq_object(const Json& q, const std::string& where) {
 
 std::string to_string(Architecture arch) { return arch == Architecture::Llama ? "llama" : "qwen3"; }
 
+std::string to_string(const RopeScaling& s) {
+  switch (s.type) {
+    case RopeScaling::Type::None: return "none";
+    case RopeScaling::Type::Linear: return concat("linear (factor ", s.factor, ")");
+    case RopeScaling::Type::Llama3:
+      return concat("llama3 (factor ", s.factor, ", low_freq_factor ", s.low_freq_factor, ", high_freq_factor ",
+                    s.high_freq_factor, ", original_max_position_embeddings ", s.original_max_position_embeddings, ")");
+  }
+  return "unknown";
+}
+
 void ModelConfig::validate(const std::string& source) const {
   const std::pair<const char*, std::size_t> sizes[] = {
       {"hidden_size", hidden_size},
@@ -246,7 +304,28 @@ void ModelConfig::validate(const std::string& source) const {
   }
   if (head_dim % 2 != 0) fail(ErrorCode::InvalidArgument, source, ": head_dim = ", head_dim, " must be even (RoPE)");
   if (!(rms_norm_eps > 0.0)) fail(ErrorCode::InvalidArgument, source, ": rms_norm_eps = ", rms_norm_eps, " must be > 0");
-  if (!(rope_theta > 0.0)) fail(ErrorCode::InvalidArgument, source, ": rope_theta = ", rope_theta, " must be > 0");
+  if (!(rope_theta > 0.0) || !std::isfinite(rope_theta)) {
+    fail(ErrorCode::InvalidArgument, source, ": rope_theta = ", rope_theta, " must be a positive number");
+  }
+  if (rope_scaling.type != RopeScaling::Type::None) {
+    auto positive = [&](const char* name, double value) {
+      if (!(value > 0.0) || !std::isfinite(value)) {
+        fail(ErrorCode::InvalidArgument, source, ": RoPE scaling ", to_string(rope_scaling), ": ", name, " = ", value,
+             " must be a positive number");
+      }
+    };
+    positive("factor", rope_scaling.factor);
+    if (rope_scaling.type == RopeScaling::Type::Llama3) {
+      positive("low_freq_factor", rope_scaling.low_freq_factor);
+      positive("high_freq_factor", rope_scaling.high_freq_factor);
+      positive("original_max_position_embeddings", rope_scaling.original_max_position_embeddings);
+      // The smooth band divides by their difference (transformers only warns).
+      if (!(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor)) {
+        fail(ErrorCode::InvalidArgument, source, ": RoPE scaling ", to_string(rope_scaling),
+             ": high_freq_factor must be larger than low_freq_factor");
+      }
+    }
+  }
   if (!is_half_precision(dtype)) {
     fail(ErrorCode::DTypeMismatch, source, ": dtype ", ferrum::to_string(dtype), " is not f16 or bf16");
   }
@@ -285,6 +364,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   ModelConfig cfg;
   cfg.architecture = parse_architecture(config, source);
   refuse_unsupported(config, source);
+  cfg.rope_scaling = parse_rope_scaling(config, source);
   auto size_of_key = [&](const char* key) { return size_field(required(config, key, source), key, source); };
   cfg.hidden_size = size_of_key("hidden_size");
   cfg.intermediate_size = size_of_key("intermediate_size");
@@ -369,13 +449,13 @@ std::vector<std::string> preset_names() { return {"llama3-8b", "qwen3-0.6b", "ti
 ModelConfig preset_config(const std::string& name) {
   ModelConfig cfg;
   if (name == "llama3-8b") {
-    cfg = {Architecture::Llama, 4096, 14336, 32, 32, 8, 128, 128256, 1e-5, 500000.0, 8192, false, DType::BF16, std::nullopt};
+    cfg = {Architecture::Llama, 4096, 14336, 32, 32, 8, 128, 128256, 1e-5, 500000.0, 8192, false, DType::BF16, std::nullopt, RopeScaling{}};
   } else if (name == "qwen3-0.6b") {
-    cfg = {Architecture::Qwen3, 1024, 3072, 28, 16, 8, 128, 151936, 1e-6, 1000000.0, 40960, true, DType::BF16, std::nullopt};
+    cfg = {Architecture::Qwen3, 1024, 3072, 28, 16, 8, 128, 151936, 1e-6, 1000000.0, 40960, true, DType::BF16, std::nullopt, RopeScaling{}};
   } else if (name == "tiny-llama") {
-    cfg = {Architecture::Llama, 64, 128, 2, 4, 2, 16, 256, 1e-5, 10000.0, 128, false, DType::F16, std::nullopt};
+    cfg = {Architecture::Llama, 64, 128, 2, 4, 2, 16, 256, 1e-5, 10000.0, 128, false, DType::F16, std::nullopt, RopeScaling{}};
   } else if (name == "tiny-qwen3") {
-    cfg = {Architecture::Qwen3, 64, 128, 2, 4, 2, 16, 256, 1e-6, 1000000.0, 128, true, DType::F16, std::nullopt};
+    cfg = {Architecture::Qwen3, 64, 128, 2, 4, 2, 16, 256, 1e-6, 1000000.0, 128, true, DType::F16, std::nullopt, RopeScaling{}};
   } else {
     std::string known;
     for (const std::string& preset : preset_names()) known += " " + preset;

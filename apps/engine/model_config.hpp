@@ -34,6 +34,23 @@ struct GptqConfig {
   }
 };
 
+// How RoPE's frequencies are scaled for a longer context: a Hugging Face
+// "rope_scaling" / "rope_parameters" of rope_type "linear" or "llama3"
+// (Llama 3.1 and 3.2); rope_inverse_frequencies (weights.hpp) applies it.
+// Other rope types are refused when the config is parsed.
+struct RopeScaling {
+  enum class Type { None, Linear, Llama3 };
+  Type type = Type::None;
+  double factor = 1.0;                            // linear, llama3: how far the context is stretched
+  double low_freq_factor = 0.0;                   // llama3
+  double high_freq_factor = 0.0;                  // llama3
+  double original_max_position_embeddings = 0.0;  // llama3: the pretraining context
+  bool operator==(const RopeScaling&) const = default;
+};
+
+// "none", "linear (factor 4)", "llama3 (factor 8, low_freq_factor 1, ...)".
+std::string to_string(const RopeScaling& scaling);
+
 struct ModelConfig {
   Architecture architecture = Architecture::Llama;
   std::size_t hidden_size = 0;
@@ -49,6 +66,7 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   DType dtype = DType::BF16;  // from torch_dtype: f16 or bf16
   std::optional<GptqConfig> gptq;  // from quantization_config; none: dense projections
+  RopeScaling rope_scaling;        // from rope_scaling / rope_parameters; none: plain RoPE
 
   std::size_t q_dim() const noexcept { return num_attention_heads * head_dim; }
   std::size_t kv_dim() const noexcept { return num_key_value_heads * head_dim; }
@@ -59,12 +77,16 @@ struct ModelConfig {
   static constexpr std::size_t kMaxConfigSize = std::size_t{1} << 24;
   // Throws InvalidArgument naming the field when sizes are zero, past
   // kMaxConfigSize or disagree
-  // (heads % kv_heads, odd head_dim, dtype not f16/bf16, a GPTQ group size
-  // that does not divide a projection's k, ...).
+  // (heads % kv_heads, odd head_dim, dtype not f16/bf16, a RoPE scaling
+  // factor that is not a positive number, a GPTQ group size that does not
+  // divide a projection's k, ...).
   void validate(const std::string& source) const;
 };
 
 // Parses the text of a config.json; `source` names it in error messages.
+// RoPE: "rope_theta" (transformers 4) or "rope_parameters.rope_theta" (5);
+// "rope_scaling" and "rope_parameters" of rope_type default, linear or
+// llama3 (when both are given they must agree), any other type Unsupported.
 // A "quantization_config" must be GPTQ (quant_method "gptq", bits 4,
 // checkpoint_format / format "gptq" or "gptq_v2", lm_head not quantized):
 // anything else is Unsupported, a malformed field InvalidArgument, each

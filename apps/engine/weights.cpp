@@ -354,13 +354,40 @@ class WeightLoader {
 
 }  // namespace
 
+std::vector<double> rope_inverse_frequencies(const ModelConfig& config) {
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  const RopeScaling& s = config.rope_scaling;
+  std::vector<double> inv(config.head_dim / 2);
+  for (std::size_t i = 0; i < inv.size(); ++i) {
+    const double f = std::pow(config.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(config.head_dim));
+    switch (s.type) {
+      case RopeScaling::Type::None: inv[i] = f; break;
+      case RopeScaling::Type::Linear: inv[i] = f / s.factor; break;
+      case RopeScaling::Type::Llama3: {
+        const double wavelength = kTwoPi / f;
+        if (wavelength < s.original_max_position_embeddings / s.high_freq_factor) {
+          inv[i] = f;
+        } else if (wavelength > s.original_max_position_embeddings / s.low_freq_factor) {
+          inv[i] = f / s.factor;
+        } else {
+          const double smooth = (s.original_max_position_embeddings / wavelength - s.low_freq_factor) /
+                                (s.high_freq_factor - s.low_freq_factor);
+          inv[i] = (1.0 - smooth) * f / s.factor + smooth * f;
+        }
+        break;
+      }
+    }
+  }
+  return inv;
+}
+
 void make_rope_tables(const ModelConfig& config, std::size_t rows, std::vector<float>& cos, std::vector<float>& sin) {
   const std::size_t half = config.head_dim / 2;
   cos.assign(rows * half, 0.0f);
   sin.assign(rows * half, 0.0f);
+  const std::vector<double> inv_freqs = rope_inverse_frequencies(config);
   for (std::size_t i = 0; i < half; ++i) {
-    const double inv_freq =
-        std::pow(config.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(config.head_dim));
+    const double inv_freq = inv_freqs[i];
     for (std::size_t pos = 0; pos < rows; ++pos) {
       const double angle = static_cast<double>(pos) * inv_freq;
       cos[pos * half + i] = static_cast<float>(std::cos(angle));

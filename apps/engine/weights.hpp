@@ -84,8 +84,18 @@ struct ModelWeights {
   bool has_gptq() const noexcept;
 };
 
+// RoPE's inverse frequency of each pair i < head_dim / 2, in fp64:
+// theta^(-2i / head_dim), scaled as config.rope_scaling says (transformers'
+// rope types of the same names): linear divides each by the factor; llama3
+// keeps the pairs whose wavelength 2 pi / f is under original / high_freq_factor,
+// divides those over original / low_freq_factor by the factor, and
+// interpolates between the two with s = (original / wavelength -
+// low_freq_factor) / (high_freq_factor - low_freq_factor):
+// (1 - s) f / factor + s f.
+std::vector<double> rope_inverse_frequencies(const ModelConfig& config);
+
 // Host RoPE tables [rows, hd / 2] in the NeoX / HF rotate_half convention:
-// inv_freq[i] = theta^(-2i / hd), angle = pos * inv_freq[i] (computed in fp64).
+// angle = pos * rope_inverse_frequencies(config)[i] (computed in fp64).
 void make_rope_tables(const ModelConfig& config, std::size_t rows, std::vector<float>& cos,
                       std::vector<float>& sin);
 

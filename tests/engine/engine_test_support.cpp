@@ -77,7 +77,17 @@ std::string config_json(const ModelConfig& c) {
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["torch_dtype"] = c.dtype == DType::F16 ? "float16" : "bfloat16";
   j["hidden_act"] = "silu";
-  j["rope_scaling"] = nullptr;
+  switch (c.rope_scaling.type) {
+    case RopeScaling::Type::None: j["rope_scaling"] = nullptr; break;
+    case RopeScaling::Type::Linear: j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}}; break;
+    case RopeScaling::Type::Llama3:
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", c.rope_scaling.factor},
+                           {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                           {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                           {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+      break;
+  }
   if (c.gptq) {
     j["quantization_config"] = {{"quant_method", "gptq"},
                                 {"bits", c.gptq->bits},

@@ -34,13 +34,31 @@ Vec matvec(const Vec& w, const Vec& x, std::size_t n) {
   return y;
 }
 
+// Pair i's inverse frequency as transformers' modeling_rope_utils computes
+// it for rope_type default, linear and llama3, written in its form (the
+// llama3 bands as its two torch.where, not as the engine's branches).
+double inverse_frequency(const ModelConfig& c, std::size_t i) {
+  const double base = std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(c.head_dim));
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type == RopeScaling::Type::Linear) return base / s.factor;
+  if (s.type != RopeScaling::Type::Llama3) return base;
+  const double low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+  const double high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+  const double wavelen = 2.0 * M_PI / base;
+  const double inv_freq_llama = wavelen > low_freq_wavelen ? base / s.factor : base;
+  const double smooth_factor =
+      (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  const double smoothed = (1.0 - smooth_factor) * inv_freq_llama / s.factor + smooth_factor * inv_freq_llama;
+  const bool is_medium_freq = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+  return is_medium_freq ? smoothed : inv_freq_llama;
+}
+
 // HF apply_rotary_pos_emb with rotate_half: x·cos + rotate_half(x)·sin,
 // rotate_half(x) = [-x2, x1], cos/sin repeated over both halves.
-void rope(double* x, std::size_t hd, std::size_t pos, double theta) {
-  const std::size_t half = hd / 2;
+void rope(double* x, const ModelConfig& c, std::size_t pos) {
+  const std::size_t half = c.head_dim / 2;
   for (std::size_t i = 0; i < half; ++i) {
-    const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
-    const double angle = static_cast<double>(pos) * inv_freq;
+    const double angle = static_cast<double>(pos) * inverse_frequency(c, i);
     const double c = std::cos(angle), s = std::sin(angle);
     const double x1 = x[i], x2 = x[i + half];
     x[i] = x1 * c - x2 * s;
@@ -95,7 +113,7 @@ std::vector<std::vector<double>> NaiveDecoder::forward(const std::vector<std::in
                                       c_.rms_norm_eps);
           std::copy(normed.begin(), normed.end(), q[t].begin() + head * hd);
         }
-        rope(q[t].data() + head * hd, hd, t, c_.rope_theta);
+        rope(q[t].data() + head * hd, c_, t);
       }
       for (std::size_t head = 0; head < kv; ++head) {
         if (c_.has_qk_norm()) {
@@ -103,7 +121,7 @@ std::vector<std::vector<double>> NaiveDecoder::forward(const std::vector<std::in
                                       c_.rms_norm_eps);
           std::copy(normed.begin(), normed.end(), k[t].begin() + head * hd);
         }
-        rope(k[t].data() + head * hd, hd, t, c_.rope_theta);
+        rope(k[t].data() + head * hd, c_, t);
       }
     }
     const double scale = 1.0 / std::sqrt(static_cast<double>(hd));

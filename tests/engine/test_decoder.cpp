@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <set>
 
@@ -201,6 +202,44 @@ TEST(Decoder, Bf16ModelMatchesFp64ReferenceLoosely) {
   const std::vector<double> ref = testing::NaiveDecoder(config, source).forward(kPrompt).back();
   // bf16 has 8 significant bits (relative 2^-8): 8× the f16 tolerance.
   EXPECT_LE(max_diff(decoder.prefill(kPrompt), ref), 8 * kLogitTolerance * std::max(1.0, max_abs(ref)));
+}
+
+// RoPE scaled as Llama 3.1 / 3.2 (llama3) and by a linear factor: the
+// engine's tables against the fp64 model's own transcription of
+// transformers' formulas. The llama3 settings put tiny-llama's pairs in all
+// three bands (pair 0's wavelength 6.3 under 32 / 4, pair 1's 19.9 between,
+// the rest over 32), and the logits must move away from plain RoPE's, or
+// the scaling was not applied.
+TEST(Decoder, ScaledRopeMatchesFp64Reference) {
+  const ModelConfig plain = preset_config("tiny-llama");
+  const RandomTensorSource source(plain, 31);
+  const std::vector<double> plain_ref = testing::NaiveDecoder(plain, source).forward(kPrompt).back();
+  RopeScaling llama3;
+  llama3.type = RopeScaling::Type::Llama3;
+  llama3.factor = 4.0;
+  llama3.low_freq_factor = 1.0;
+  llama3.high_freq_factor = 4.0;
+  llama3.original_max_position_embeddings = 32.0;
+  RopeScaling linear;
+  linear.type = RopeScaling::Type::Linear;
+  linear.factor = 2.0;
+  for (const RopeScaling& scaling : {llama3, linear}) {
+    SCOPED_TRACE(to_string(scaling));
+    ModelConfig config = plain;
+    config.rope_scaling = scaling;
+    CpuBackend be;
+    const ModelWeights weights = load_weights(be, config, source);
+    Decoder decoder(be, weights, 16, kPrompt.size());
+    const std::vector<float> logits = decoder.prefill(kPrompt);
+    const std::vector<double> ref = testing::NaiveDecoder(config, source).forward(kPrompt).back();
+    const double tol = kLogitTolerance * std::max(1.0, max_abs(ref));
+    EXPECT_LE(max_diff(logits, ref), tol) << "max |ref| = " << max_abs(ref);
+    EXPECT_GT(max_diff(logits, plain_ref), 3 * tol) << "the scaling changed nothing";
+    // A checkpoint carries it: config.json's rope_scaling reads back the same.
+    const std::filesystem::path dir = testing::scratch_dir() / "scaled";
+    testing::write_checkpoint(dir, config, source, SafetensorsDType::F16, 1);
+    EXPECT_EQ(load_checkpoint_config(dir).rope_scaling, scaling);
+  }
 }
 
 TEST(Decoder, RefusesBadArguments) {

@@ -93,6 +93,75 @@ TEST(ModelConfig, RopeParametersOfTransformers5) {
   EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::Unsupported, "rope_parameters");
 }
 
+// Llama 3.1 / 3.2's RoPE scaling (rope_type llama3) as transformers 4
+// writes it, and as transformers 5 does (in rope_parameters, beside
+// rope_theta); linear scaling; what is refused.
+TEST(ModelConfig, RopeScaling) {
+  const nlohmann::json llama31_scaling = {{"factor", 8.0},
+                                          {"low_freq_factor", 1.0},
+                                          {"high_freq_factor", 4.0},
+                                          {"original_max_position_embeddings", 8192},
+                                          {"rope_type", "llama3"}};
+  nlohmann::json j = nlohmann::json::parse(kLlamaConfig);
+  j["max_position_embeddings"] = 131072;
+  j["rope_scaling"] = llama31_scaling;
+  const ModelConfig c = parse_model_config(j.dump(), "llama 3.1");
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::Llama3);
+  EXPECT_EQ(c.rope_scaling.factor, 8.0);
+  EXPECT_EQ(c.rope_scaling.low_freq_factor, 1.0);
+  EXPECT_EQ(c.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192.0);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
+  // transformers 5: rope_parameters holds the type, its fields and rope_theta.
+  nlohmann::json j5 = j;
+  j5.erase("rope_theta");
+  j5.erase("rope_scaling");
+  j5["rope_parameters"] = llama31_scaling;
+  j5["rope_parameters"]["rope_theta"] = 500000.0;
+  const ModelConfig c5 = parse_model_config(j5.dump(), "llama 3.1, transformers 5");
+  EXPECT_EQ(c5.rope_scaling, c.rope_scaling);
+  EXPECT_DOUBLE_EQ(c5.rope_theta, 500000.0);
+  // Both keys, saying the same: taken; saying different things: refused.
+  j5["rope_scaling"] = llama31_scaling;
+  EXPECT_EQ(parse_model_config(j5.dump(), "both").rope_scaling, c.rope_scaling);
+  j5["rope_scaling"]["factor"] = 32.0;
+  EXPECT_ENGINE_ERROR(parse_model_config(j5.dump(), "c"), ErrorCode::InvalidArgument, "disagree", "factor 32");
+  // The older key "type" for "rope_type".
+  nlohmann::json old = j;
+  old["rope_scaling"].erase("rope_type");
+  old["rope_scaling"]["type"] = "llama3";
+  EXPECT_EQ(parse_model_config(old.dump(), "type").rope_scaling, c.rope_scaling);
+  // Linear.
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  EXPECT_EQ(parse_model_config(j.dump(), "linear").rope_scaling.type, RopeScaling::Type::Linear);
+  EXPECT_EQ(parse_model_config(j.dump(), "linear").rope_scaling.factor, 2.0);
+  // Each llama3 field is required and must be a positive number; the band
+  // edges must be ordered.
+  for (const char* field : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+    SCOPED_TRACE(field);
+    j["rope_scaling"] = llama31_scaling;
+    j["rope_scaling"].erase(field);
+    EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument,
+                        std::string("rope_scaling.") + field, "missing");
+    j["rope_scaling"][field] = -1.0;
+    EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument,
+                        std::string("rope_scaling.") + field, "positive");
+    j["rope_scaling"][field] = "8";
+    EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument,
+                        std::string("rope_scaling.") + field);
+  }
+  j["rope_scaling"] = llama31_scaling;
+  j["rope_scaling"]["high_freq_factor"] = 1.0;
+  EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument, "high_freq_factor must be larger");
+  // Types the engine does not compute.
+  for (const char* type : {"yarn", "dynamic", "longrope", "ntk"}) {
+    j["rope_scaling"] = {{"rope_type", type}, {"factor", 4.0}};
+    EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::Unsupported, "rope_scaling", type);
+  }
+  j["rope_scaling"] = "llama3";
+  EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument, "rope_scaling", "object");
+}
+
 TEST(ModelConfig, NewerDTypeKey) {
   nlohmann::json j = nlohmann::json::parse(kQwen3Config);
   j.erase("torch_dtype");
@@ -128,8 +197,10 @@ TEST(ModelConfig, BadValues) {
   EXPECT_ENGINE_ERROR(parse_model_config(with("torch_dtype", "float32"), "c"), ErrorCode::DTypeMismatch, "float32");
   EXPECT_ENGINE_ERROR(parse_model_config(with("architectures", {"MistralForCausalLM"}), "c"), ErrorCode::Unsupported,
                       "MistralForCausalLM");
-  EXPECT_ENGINE_ERROR(parse_model_config(with("rope_scaling", {{"rope_type", "llama3"}}), "c"), ErrorCode::Unsupported,
+  EXPECT_ENGINE_ERROR(parse_model_config(with("rope_scaling", {{"rope_type", "yarn"}}), "c"), ErrorCode::Unsupported,
                       "rope_scaling");
+  EXPECT_ENGINE_ERROR(parse_model_config(with("rope_scaling", {{"rope_type", "llama3"}}), "c"),
+                      ErrorCode::InvalidArgument, "rope_scaling.factor");
   EXPECT_ENGINE_ERROR(parse_model_config(with("attention_bias", true), "c"), ErrorCode::Unsupported, "attention_bias");
   EXPECT_ENGINE_ERROR(parse_model_config("{not json", "c"), ErrorCode::InvalidArgument, "not valid JSON");
 }
@@ -153,12 +224,12 @@ TEST(ModelConfig, HostileValues) {
   std::string text = with("architectures", "@nested@");
   text.replace(text.find("\"@nested@\""), 10, std::string(kDepth, '[') + std::string(kDepth, ']'));
   EXPECT_ENGINE_ERROR(parse_model_config(text, "c"), ErrorCode::InvalidArgument, "architectures", "[[[[...]]]]");
-  // rope_type and type disagreeing: transformers takes rope_type, so
-  // neither order may pass as plain RoPE.
+  // rope_type and type disagreeing: transformers versions differ in which
+  // they read, so neither order may pass.
   EXPECT_ENGINE_ERROR(parse_model_config(with("rope_scaling", {{"rope_type", "llama3"}, {"type", "default"}}), "c"),
-                      ErrorCode::Unsupported, "rope_scaling");
+                      ErrorCode::InvalidArgument, "rope_scaling.rope_type", "disagree");
   EXPECT_ENGINE_ERROR(parse_model_config(with("rope_scaling", {{"type", "llama3"}, {"rope_type", "default"}}), "c"),
-                      ErrorCode::Unsupported, "rope_scaling");
+                      ErrorCode::InvalidArgument, "rope_scaling.rope_type", "disagree");
   EXPECT_ENGINE_ERROR(parse_model_config(with("rope_scaling", {{"factor", 8.0}}), "c"), ErrorCode::Unsupported,
                       "rope_scaling");
   // Attention the engine does not run.

@@ -139,6 +139,60 @@ TEST(Weights, RopeTablesFollowRotateHalfConvention) {
   }
 }
 
+// Llama 3.1 8B's RoPE (theta 500000, head_dim 128, llama3: factor 8,
+// low_freq_factor 1, high_freq_factor 4, original context 8192), checked
+// against the definition band by band: pairs whose wavelength 2 pi / f is
+// under 8192 / 4 keep f, those over 8192 / 1 take f / 8, those between lie
+// strictly between, fall with i, and meet the outer bands at their edges.
+TEST(Weights, Llama3RopeScalingKeepsScalesAndBlendsItsBands) {
+  ModelConfig c = preset_config("llama3-8b");
+  c.rope_theta = 500000.0;
+  c.rope_scaling.type = RopeScaling::Type::Llama3;
+  c.rope_scaling.factor = 8.0;
+  c.rope_scaling.low_freq_factor = 1.0;
+  c.rope_scaling.high_freq_factor = 4.0;
+  c.rope_scaling.original_max_position_embeddings = 8192.0;
+  ModelConfig unscaled = c;
+  unscaled.rope_scaling = RopeScaling{};
+  const std::vector<double> f = rope_inverse_frequencies(unscaled), g = rope_inverse_frequencies(c);
+  ASSERT_EQ(g.size(), 64u);
+  int kept = 0, divided = 0, blended = 0;
+  double previous_ratio = 1.0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_DOUBLE_EQ(f[i], std::pow(500000.0, -static_cast<double>(2 * i) / 128.0));
+    const double wavelength = 2.0 * M_PI / f[i];
+    const double ratio = g[i] / f[i];
+    if (wavelength < 2048.0) {
+      EXPECT_EQ(g[i], f[i]);
+      ++kept;
+    } else if (wavelength > 8192.0) {
+      EXPECT_DOUBLE_EQ(g[i], f[i] / 8.0);
+      ++divided;
+    } else {
+      EXPECT_GT(ratio, 1.0 / 8.0);
+      EXPECT_LT(ratio, 1.0);
+      EXPECT_LT(ratio, previous_ratio) << "the blend falls towards the stretched band";
+      // The blend's weight on f: 8192 / wavelength - 1, over 4 - 1.
+      EXPECT_NEAR(ratio, (1.0 - (8192.0 / wavelength - 1.0) / 3.0) / 8.0 + (8192.0 / wavelength - 1.0) / 3.0, 1e-12);
+      ++blended;
+    }
+    previous_ratio = ratio;
+  }
+  // Llama 3.1 8B: pairs 0..28 kept, 29..34 blended, 35..63 stretched.
+  EXPECT_EQ(kept, 29);
+  EXPECT_EQ(blended, 6);
+  EXPECT_EQ(divided, 29);
+  // Linear scaling divides every pair by the factor.
+  c.rope_scaling = RopeScaling{.type = RopeScaling::Type::Linear, .factor = 4.0};
+  const std::vector<double> linear = rope_inverse_frequencies(c);
+  for (std::size_t i = 0; i < linear.size(); ++i) EXPECT_DOUBLE_EQ(linear[i], f[i] / 4.0) << i;
+  // The tables take the scaled frequencies.
+  std::vector<float> cos, sin;
+  make_rope_tables(c, 3, cos, sin);
+  EXPECT_FLOAT_EQ(cos[2 * 64 + 5], static_cast<float>(std::cos(2.0 * f[5] / 4.0)));
+}
+
 TEST(Weights, Bf16CheckpointConvertsToF16Config) {
   const ModelConfig config = preset_config("tiny-llama");  // f16
   const RandomTensorSource src(config, 3);
