@@ -17,8 +17,10 @@
 //                    prompt's first len - (b mod len) tokens, so the lengths differ.
 //                    Each step runs all sequences as the rows of one forward
 //                    pass (qkv_rope_append_ragged, flash_decode_ragged)
-//   --dtype D        f16 or bf16: the activation/weight dtype of a --random
-//                    preset (default: the preset's, bf16 as the checkpoints ship)
+//   --dtype D        f16 or bf16: the activation/weight dtype (default: a
+//                    --random preset's, bf16 as the checkpoints ship; a
+//                    checkpoint's torch_dtype). A checkpoint's weights are
+//                    converted at load; a float32 checkpoint needs it
 //   --quant gptq     a --random preset with seeded random GPTQ INT4 projections
 //                    (group 128, symmetric, no act-order; embeddings, norms and
 //                    lm_head dense), e.g. to time gemm_gptq decoding
@@ -163,7 +165,7 @@ struct Options {
   bool graph = false;
   std::uint64_t seed = 1234;
   std::string dump_logits;  // empty: no dump
-  std::string dtype;        // --random only; empty: the preset's dtype
+  std::string dtype;        // empty: the preset's dtype, or the checkpoint's torch_dtype
   std::string quant;        // --random only; empty: dense, "gptq"
 };
 
@@ -365,9 +367,7 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
     exit_code = 2;
     return false;
   }
-  if (!opt.dtype.empty() && opt.random_preset.empty()) {
-    fail(ErrorCode::InvalidArgument, "--dtype applies to --random presets; a checkpoint keeps its torch_dtype");
-  }
+
   if (!opt.quant.empty() && opt.random_preset.empty()) {
     fail(ErrorCode::InvalidArgument,
          "--quant applies to --random presets; a checkpoint's config.json says how it is quantized");
@@ -528,7 +528,10 @@ int run(const Options& opt) {
   // The config first: whether the backend needs the GPTQ ops depends on it,
   // and the lengths and token ids are checked against it before anything
   // loads.
-  const ModelConfig config = opt.model_dir.empty() ? random_config(opt) : load_checkpoint_config(opt.model_dir);
+  const std::optional<DType> run_dtype =
+      opt.dtype.empty() ? std::nullopt : std::optional<DType>(opt.dtype == "f16" ? DType::F16 : DType::BF16);
+  const ModelConfig config =
+      opt.model_dir.empty() ? random_config(opt) : load_checkpoint_config(opt.model_dir, run_dtype);
   const std::size_t batch = opt.prompts.size();
   std::size_t longest = 0, prompt_tokens = 0;
   for (const auto& p : opt.prompts) {

@@ -57,17 +57,26 @@ Architecture parse_architecture(const Json& config, const std::string& source) {
        "\" is not supported (LlamaForCausalLM or Qwen3ForCausalLM)");
 }
 
-DType parse_torch_dtype(const Json& config, const std::string& source) {
+// The dtype the model runs in: the checkpoint's torch_dtype, or `run_dtype`
+// where the caller gives one (the weights are converted at load). A float32
+// checkpoint needs one: the backends run half-precision activations only.
+DType parse_torch_dtype(const Json& config, const std::string& source, std::optional<DType> run_dtype) {
   // Newer transformers write "dtype"; older ones "torch_dtype".
   const char* key = config.contains("torch_dtype") ? "torch_dtype" : "dtype";
   if (!config.contains(key) || config[key].is_null()) {
     fail(ErrorCode::InvalidArgument, source, ": required field \"torch_dtype\" (or \"dtype\") is missing");
   }
   const Json& value = config[key];
+  const bool half = value == "float16" || value == "bfloat16";
+  if (run_dtype && (half || value == "float32")) return *run_dtype;
   if (value == "float16") return DType::F16;
   if (value == "bfloat16") return DType::BF16;
+  if (value == "float32") {
+    fail(ErrorCode::DTypeMismatch, source, ": \"", key, "\" is \"float32\"; the engine runs float16 or bfloat16 "
+         "activations: name one to convert the weights to at load (ferrum_engine --dtype f16 or bf16)");
+  }
   fail(ErrorCode::DTypeMismatch, source, ": \"", key, "\" is ", describe_json(value),
-       "; the engine runs float16 or bfloat16 activations");
+       "; the engine runs float16 or bfloat16 activations (float32 checkpoints converted at load)");
 }
 
 // Features of the HF configs that this engine does not implement: refuse
@@ -352,7 +361,8 @@ void ModelConfig::validate(const std::string& source) const {
   }
 }
 
-ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source,
+                               std::optional<DType> run_dtype) {
   Json config;
   try {
     config = Json::parse(json_text);
@@ -398,7 +408,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     cfg.head_dim = cfg.hidden_size / cfg.num_attention_heads;
   }
   cfg.tie_word_embeddings = bool_field(config, "tie_word_embeddings", false, source);
-  cfg.dtype = parse_torch_dtype(config, source);
+  cfg.dtype = parse_torch_dtype(config, source, run_dtype);
   if (config.contains("quantization_config") && !config["quantization_config"].is_null()) {
     cfg.gptq = parse_gptq_object(config["quantization_config"], source);
   }
@@ -418,12 +428,13 @@ GptqConfig parse_gptq_config(const std::string& json_text, const std::string& so
   return parse_gptq_object(q, source);
 }
 
-ModelConfig load_model_config(const std::filesystem::path& config_json) {
-  return parse_model_config(read_text_file(config_json, "config"), concat("config '", config_json.string(), "'"));
+ModelConfig load_model_config(const std::filesystem::path& config_json, std::optional<DType> run_dtype) {
+  return parse_model_config(read_text_file(config_json, "config"), concat("config '", config_json.string(), "'"),
+                            run_dtype);
 }
 
-ModelConfig load_checkpoint_config(const std::filesystem::path& dir) {
-  ModelConfig cfg = load_model_config(dir / "config.json");
+ModelConfig load_checkpoint_config(const std::filesystem::path& dir, std::optional<DType> run_dtype) {
+  ModelConfig cfg = load_model_config(dir / "config.json", run_dtype);
   const std::filesystem::path quantize_config = dir / "quantize_config.json";
   std::error_code ec;
   if (!cfg.gptq && std::filesystem::is_regular_file(quantize_config, ec)) {

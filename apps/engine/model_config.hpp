@@ -90,15 +90,19 @@ struct ModelConfig {
 // A "quantization_config" must be GPTQ (quant_method "gptq", bits 4,
 // checkpoint_format / format "gptq" or "gptq_v2", lm_head not quantized):
 // anything else is Unsupported, a malformed field InvalidArgument, each
-// message naming the field and its value.
-ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
-ModelConfig load_model_config(const std::filesystem::path& config_json);
+// message naming the field and its value. The model runs in its
+// torch_dtype (float16 or bfloat16), or in `run_dtype` (F16 or BF16) where
+// given, which also takes float32 checkpoints (their weights converted at
+// load, as any tensor dtype is).
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source,
+                               std::optional<DType> run_dtype = std::nullopt);
+ModelConfig load_model_config(const std::filesystem::path& config_json, std::optional<DType> run_dtype = std::nullopt);
 // The text of a "quantization_config" object alone (as in AutoGPTQ's
 // quantize_config.json); `source` names it in error messages.
 GptqConfig parse_gptq_config(const std::string& json_text, const std::string& source);
 // dir/config.json; when it has no "quantization_config" and the directory
 // holds a quantize_config.json (older AutoGPTQ exports), that one is used.
-ModelConfig load_checkpoint_config(const std::filesystem::path& dir);
+ModelConfig load_checkpoint_config(const std::filesystem::path& dir, std::optional<DType> run_dtype = std::nullopt);
 
 // The GPTQ settings of a random --quant gptq model: group 128, symmetric,
 // v1 zeros, no act-order; a smaller group (64, 32, 16, 8) when 128 does not

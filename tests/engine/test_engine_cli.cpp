@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "decoder.hpp"
 #include "engine_test_support.hpp"
@@ -446,6 +447,33 @@ TEST(EngineCli, DtypeOverridesTheRandomPresetsDtype) {
   }
   EXPECT_EQ(run_engine("--random tiny-llama --cpu --steps 2 --dtype f32", log), 1);
   EXPECT_NE(read_text(log).find("--dtype takes f16 or bf16, got 'f32'"), std::string::npos) << read_text(log);
+}
+
+// A float32 checkpoint (config and tensors) runs with --dtype, its weights
+// converted at load: the same logits, bit for bit, as the in-process
+// decoder on the f16 config over the same source; without --dtype it is a
+// named error that says what to pass.
+TEST(EngineCli, DtypeConvertsAFloat32Checkpoint) {
+  const std::filesystem::path dir = testing::scratch_dir();
+  const std::filesystem::path log = dir / "engine.log";
+  const ModelConfig config = preset_config("tiny-llama");  // f16
+  const RandomTensorSource source(config, kSeed);
+  const std::filesystem::path model = dir / "f32-model";
+  testing::write_checkpoint(model, config, source, SafetensorsDType::F32, 1);
+  {  // config.json as an fp32 export writes it
+    nlohmann::json j = nlohmann::json::parse(read_text(model / "config.json"));
+    j["torch_dtype"] = "float32";
+    std::ofstream(model / "config.json") << j.dump(2);
+  }
+  const std::string base = "--model \"" + model.string() + "\" --cpu --steps 4 --prompt-tokens 1,17,42,3";
+  EXPECT_EQ(run_engine(base, log), 1);
+  EXPECT_NE(read_text(log).find("--dtype f16 or bf16"), std::string::npos) << read_text(log);
+  const std::filesystem::path dump = dir / "rows.bin";
+  ASSERT_EQ(run_engine(base + " --dtype f16 --dump-logits \"" + dump.string() + "\"", log), 0) << read_text(log);
+  EXPECT_NE(read_text(log).find(", f16"), std::string::npos) << read_text(log);
+  CpuBackend be;
+  const ModelWeights weights = load_weights(be, config, source);
+  expect_rows_match_decoder(be, weights, read_floats(dump), generated_tokens(read_text(log)));
 }
 
 TEST(EngineCli, RandomGptqPresetMatchesInProcessDecoder) {

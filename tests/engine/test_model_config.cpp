@@ -162,6 +162,22 @@ TEST(ModelConfig, RopeScaling) {
   EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument, "rope_scaling", "object");
 }
 
+// The dtype the model runs in: the checkpoint's torch_dtype, or the one the
+// caller names (the weights converted at load); float32 needs one.
+TEST(ModelConfig, RunDTypeOverridesTorchDType) {
+  nlohmann::json j = nlohmann::json::parse(kQwen3Config);  // bfloat16
+  EXPECT_EQ(parse_model_config(j.dump(), "c").dtype, DType::BF16);
+  EXPECT_EQ(parse_model_config(j.dump(), "c", DType::F16).dtype, DType::F16);
+  j["torch_dtype"] = "float32";
+  EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::DTypeMismatch, "float32", "--dtype f16 or bf16");
+  EXPECT_EQ(parse_model_config(j.dump(), "c", DType::BF16).dtype, DType::BF16);
+  EXPECT_EQ(parse_model_config(j.dump(), "c", DType::F16).dtype, DType::F16);
+  // Only the half dtypes run, whatever is asked.
+  EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c", DType::F32), ErrorCode::DTypeMismatch, "not f16 or bf16");
+  j["torch_dtype"] = "float64";
+  EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c", DType::F16), ErrorCode::DTypeMismatch, "float64");
+}
+
 TEST(ModelConfig, NewerDTypeKey) {
   nlohmann::json j = nlohmann::json::parse(kQwen3Config);
   j.erase("torch_dtype");
