@@ -1211,11 +1211,8 @@ template <class T, int HD>
 bool decode_cluster_fits(int slices, unsigned threads) {
   if (slices < 2 || slices > kDecodeMaxClusterSlices) return false;
   static std::atomic<unsigned char> known[kMaxDevices][kDecodeMaxClusterSlices + 1][2];  // 0 unknown, 1 no, 2 yes
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
-    (void)cudaGetLastError();
-    return false;
-  }
+  const int dev = try_current_device_index();
+  if (dev < 0) return false;
   std::atomic<unsigned char>& state = known[dev][slices][threads > 128 ? 1 : 0];
   unsigned char v = state.load(std::memory_order_relaxed);
   if (v == 0) {

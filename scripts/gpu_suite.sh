@@ -123,9 +123,10 @@
 #   scripts/gpu_suite.sh verify  a kernel change's verification in about 2.5
 #                                minutes: quicktests (the GPU binary in 8
 #                                shards, the CPU binary's CUDA instances), the
-#                                engine tests, memcheck over the GPTQ tests,
-#                                the randomized op calls and the device
-#                                checks in 10 shards (VERIFY_MEMCHECK='filter' replaces
+#                                engine tests, memcheck over the GPTQ and the
+#                                device-check tests in 10 shards and over the
+#                                CPU binary's randomized op calls on CUDA
+#                                (VERIFY_MEMCHECK='filter' replaces the first
 #                                that filter: add the changed kernels' tests,
 #                                e.g. '*Gptq*:*Decode*:Sweep/CudaRowOps.*Norm*:
 #                                DTypes/CudaSmallNorms.*'); VERIFY_RACECHECK='filter' adds
@@ -453,8 +454,11 @@ if has_mode verify; then
   {
     echo "== verify: engine tests ($(date +%T))"
     run_engine_tests
-    echo "== verify: memcheck over '${VERIFY_MEMCHECK:-*Gptq*:*RandomCalls*:*DeviceCheck*}' ($(date +%T))"
-    SANITIZE_SHARDS=10 sanitize memcheck 200 "${VERIFY_MEMCHECK:-*Gptq*:*RandomCalls*:*DeviceCheck*}" 1
+    echo "== verify: memcheck over '${VERIFY_MEMCHECK:-*Gptq*:*DeviceCheck*}' ($(date +%T))"
+    SANITIZE_SHARDS=10 sanitize memcheck 200 "${VERIFY_MEMCHECK:-*Gptq*:*DeviceCheck*}" 1
+    # The randomized op calls live in the CPU test binary (their CUDA instance).
+    echo "== verify: memcheck over RandomCalls on CUDA ($(date +%T))"
+    SANITIZE_BIN=$B/tests/ferrum_tests_cpu SANITIZE_SHARDS=1 sanitize memcheck 240 '*RandomCalls*/Cuda' 3
     if [ -n "${VERIFY_RACECHECK:-}" ]; then
       echo "== verify: racecheck over '$VERIFY_RACECHECK' ($(date +%T))"
       SANITIZE_SHARDS=16 sanitize racecheck "${VERIFY_RACECHECK_S:-300}" "$VERIFY_RACECHECK" 1

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """ferrum_engine against Hugging Face transformers on the same weights (issue 6).
 
-For a Llama-style and a Qwen3-style tiny model this script
+For a Llama-style and a Qwen3-style tiny model, and a Llama with Llama 3.1's
+RoPE scaling, this script
 
   1. builds the model with transformers' own class (LlamaForCausalLM /
      Qwen3ForCausalLM) from a seeded random init, casts it to float16 and
@@ -213,9 +214,8 @@ def check_checkpoint(model_dir, hf_facts):
         if key in view and view[key] != hf_value:
             where = ""
             if key == "rope_theta" and "rope_theta" not in config:
-                where = (f" (config.json has no top-level rope_theta, the engine defaults to 10000; transformers "
-                         f"wrote rope_parameters = {config.get('rope_parameters')!r}, which model_config.cpp does "
-                         f"not read)")
+                where = (f" (config.json has no top-level rope_theta; transformers wrote rope_parameters = "
+                         f"{config.get('rope_parameters')!r})")
             problems.append(f"config.json: the engine reads {key} = {view[key]!r}, transformers runs {hf_value!r}{where}")
     expected = expected_tensors(view)
     saved = read_safetensors_headers(model_dir)

@@ -165,7 +165,7 @@ struct Options {
   bool graph = false;
   std::uint64_t seed = 1234;
   std::string dump_logits;  // empty: no dump
-  std::string dtype;        // empty: the preset's dtype, or the checkpoint's torch_dtype
+  std::optional<DType> dtype;  // --dtype; unset: the preset's dtype, or the checkpoint's torch_dtype
   std::string quant;        // --random only; empty: dense, "gptq"
 };
 
@@ -285,9 +285,13 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.dump_logits = value();
       if (opt.dump_logits.empty()) fail(ErrorCode::InvalidArgument, "--dump-logits needs a file name");
     } else if (arg == "--dtype") {
-      opt.dtype = value();
-      if (opt.dtype != "f16" && opt.dtype != "bf16") {
-        fail(ErrorCode::InvalidArgument, "--dtype takes f16 or bf16, got '", opt.dtype, "'");
+      const std::string dtype = value();
+      if (dtype == "f16") {
+        opt.dtype = DType::F16;
+      } else if (dtype == "bf16") {
+        opt.dtype = DType::BF16;
+      } else {
+        fail(ErrorCode::InvalidArgument, "--dtype takes f16 or bf16, got '", dtype, "'");
       }
     } else if (arg == "--quant") {
       opt.quant = value();
@@ -460,7 +464,7 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
 
 ModelConfig random_config(const Options& opt) {
   ModelConfig cfg = preset_config(opt.random_preset);
-  if (!opt.dtype.empty()) cfg.dtype = opt.dtype == "f16" ? DType::F16 : DType::BF16;
+  if (opt.dtype) cfg.dtype = *opt.dtype;
   if (opt.quant == "gptq") cfg.gptq = random_gptq_config(cfg);
   return cfg;
 }
@@ -528,10 +532,8 @@ int run(const Options& opt) {
   // The config first: whether the backend needs the GPTQ ops depends on it,
   // and the lengths and token ids are checked against it before anything
   // loads.
-  const std::optional<DType> run_dtype =
-      opt.dtype.empty() ? std::nullopt : std::optional<DType>(opt.dtype == "f16" ? DType::F16 : DType::BF16);
   const ModelConfig config =
-      opt.model_dir.empty() ? random_config(opt) : load_checkpoint_config(opt.model_dir, run_dtype);
+      opt.model_dir.empty() ? random_config(opt) : load_checkpoint_config(opt.model_dir, opt.dtype);
   const std::size_t batch = opt.prompts.size();
   std::size_t longest = 0, prompt_tokens = 0;
   for (const auto& p : opt.prompts) {

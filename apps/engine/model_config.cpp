@@ -1,5 +1,6 @@
 #include "model_config.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <fstream>
@@ -136,22 +137,33 @@ RopeScaling parse_rope_object(const Json& rope, const char* key, const std::stri
     return number_field(rope[name], where.c_str(), source);
   };
   RopeScaling scaling;
-  if (type == "default") return scaling;
-  if (type == "linear") {
+  std::vector<std::string> fields;  // the type's own keys
+  if (type == "default") {
+  } else if (type == "linear") {
     scaling.type = RopeScaling::Type::Linear;
+    fields = {"factor"};
     scaling.factor = field("factor");
-    return scaling;
-  }
-  if (type == "llama3") {
+  } else if (type == "llama3") {
     scaling.type = RopeScaling::Type::Llama3;
+    fields = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
     scaling.factor = field("factor");
     scaling.low_freq_factor = field("low_freq_factor");
     scaling.high_freq_factor = field("high_freq_factor");
     scaling.original_max_position_embeddings = field("original_max_position_embeddings");
-    return scaling;
+  } else {
+    fail(ErrorCode::Unsupported, source, ": \"", key, "\" ", describe_json(rope),
+         " is not supported (rope_type default, linear or llama3)");
   }
-  fail(ErrorCode::Unsupported, source, ": \"", key, "\" ", describe_json(rope),
-       " is not supported (rope_type default, linear or llama3)");
+  // Any other key could change the model (transformers 5 reads e.g.
+  // partial_rotary_factor from here): refused unless it is a no-op.
+  for (const auto& [name, value] : rope.items()) {
+    if (name == "rope_type" || name == "type" || name == "rope_theta") continue;
+    if (std::find(fields.begin(), fields.end(), name) != fields.end()) continue;
+    if (name == "partial_rotary_factor" && value == 1.0) continue;
+    fail(ErrorCode::Unsupported, source, ": \"", key, ".", name, "\" ", describe_json(value),
+         " is not supported (rope_type ", describe_json(type), " takes no such field here)");
+  }
+  return scaling;
 }
 
 // The RoPE scaling of a config: transformers >= 5 writes "rope_parameters"
@@ -389,12 +401,20 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
                                 : cfg.num_attention_heads;
   // Top-level rope_theta (transformers 4), else rope_parameters.rope_theta
   // (transformers 5), else HF's default.
+  // Both given: they must agree.
   cfg.rope_theta = 10000.0;
-  if (config.contains("rope_theta") && !config["rope_theta"].is_null()) {
-    cfg.rope_theta = number_field(config["rope_theta"], "rope_theta", source);
-  } else if (config.contains("rope_parameters") && config["rope_parameters"].is_object() &&
-             config["rope_parameters"].contains("rope_theta")) {
+  const bool nested_theta = config.contains("rope_parameters") && config["rope_parameters"].is_object() &&
+                            config["rope_parameters"].contains("rope_theta");
+  if (nested_theta) {
     cfg.rope_theta = number_field(config["rope_parameters"]["rope_theta"], "rope_parameters.rope_theta", source);
+  }
+  if (config.contains("rope_theta") && !config["rope_theta"].is_null()) {
+    const double top = number_field(config["rope_theta"], "rope_theta", source);
+    if (nested_theta && top != cfg.rope_theta) {
+      fail(ErrorCode::InvalidArgument, source, ": \"rope_theta\" = ", top, " and \"rope_parameters.rope_theta\" = ",
+           cfg.rope_theta, " disagree");
+    }
+    cfg.rope_theta = top;
   }
   if (config.contains("head_dim") && !config["head_dim"].is_null()) {
     cfg.head_dim = size_field(config["head_dim"], "head_dim", source);

@@ -1,9 +1,11 @@
 #include "tensor_source.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstring>
 #include <cmath>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -91,9 +93,27 @@ std::size_t numel_of(const std::vector<std::size_t>& shape) {
 void TensorSource::read_half_into(const std::string& name, DType dtype, std::span<std::uint16_t> out) const {
   const std::vector<float> values = read_f32(name);
   check_half_request(*this, name, dtype, values.size(), out.size());
+  // A finite value past the half type's range would become infinity (f16
+  // tops out at 65504): refused, naming the first such element.
+  constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
+  std::atomic<std::size_t> first_overflow{kNone};
+  const std::uint16_t inf_bits = dtype == DType::F16 ? 0x7c00 : 0x7f80;
   parallel_fill(values.size(), [&](std::size_t begin, std::size_t end) {
-    for (std::size_t i = begin; i < end; ++i) out[i] = encode_half(dtype, values[i]);
+    for (std::size_t i = begin; i < end; ++i) {
+      out[i] = encode_half(dtype, values[i]);
+      if ((out[i] & 0x7fff) == inf_bits && std::isfinite(values[i])) {
+        std::size_t seen = first_overflow.load(std::memory_order_relaxed);
+        while (i < seen && !first_overflow.compare_exchange_weak(seen, i, std::memory_order_relaxed)) {
+        }
+        break;  // this share's first (the load fails, so the rest need not be written)
+      }
+    }
   });
+  const std::size_t at = first_overflow.load();
+  if (at != kNone) {
+    fail(ErrorCode::DTypeMismatch, describe(name), ": tensor '", name, "' element ", at, " = ", values[at],
+         " is past ", to_string(dtype), "'s range (it would load as infinity)");
+  }
 }
 
 std::vector<std::uint16_t> TensorSource::read_half(const std::string& name, DType dtype) const {

@@ -123,11 +123,8 @@ __device__ __forceinline__ void pdl_begin_with_trigger(PdlTrigger trigger) {
 template <class Kernel>
 bool has_sm90_code(Kernel kernel) {
   static std::atomic<int> known[kMaxDevices] = {};  // 0 not asked yet, 1 no, 2 yes
-  int device = -1;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) {
-    (void)cudaGetLastError();
-    return false;
-  }
+  const int device = try_current_device_index();
+  if (device < 0) return false;
   int state = known[device].load(std::memory_order_relaxed);
   if (state == 0) {
     cudaFuncAttributes attr{};

@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <mutex>
 
+#include <cuda_runtime_api.h>
+
 #include "kernels/common/check.hpp"  // throw_bad_dispatch
 
 namespace ferrum::kernels {
@@ -23,6 +25,18 @@ inline constexpr int kMaxDevices = 64;
 // ferrum::Error (ErrorCode::Cuda) naming `op`, an index past kMaxDevices
 // ErrorCode::Unsupported.
 int current_device_index(const char* op);
+
+// The same for callers whose answer without a device is "no": -1 where the
+// query fails (its error cleared, so the next launch check does not report
+// it under another op's name) or the index is past kMaxDevices.
+inline int try_current_device_index() noexcept {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return device >= 0 && device < kMaxDevices ? device : -1;
+}
 
 // One T per device, made on the device's first use by make(device) (with
 // that device current) and kept for the life of the process. A make() that

@@ -39,8 +39,8 @@ constexpr int kConfigured = 1, kLaunchPdl = 2, kLaunchTrigger = 4, kLaunchGemmPr
 std::array<std::atomic<int>, kMaxDevices> g_launch_state{};
 
 int launch_state_of_current_device() {
-  int device = -1;
-  if (!query_current_device(&device) || device < 0 || device >= kMaxDevices) return 0;
+  const int device = kernels::try_current_device_index();
+  if (device < 0) return 0;
   return g_launch_state[device].load(std::memory_order_relaxed);
 }
 
@@ -459,8 +459,8 @@ int device_sole_block_smem(const char* op) {
 bool device_is_sm90a() { return current_device_cc() == 90; }
 
 bool pdl_available() {
-  int device = -1;
-  if (!detail::query_current_device(&device) || device < 0 || device >= kMaxDevices) return false;
+  const int device = try_current_device_index();
+  if (device < 0) return false;
   // The device's CudaBackend runtime decides (its config).
   const int configured = detail::g_launch_state[device].load(std::memory_order_relaxed);
   if (configured != 0) return (configured & detail::kLaunchPdl) != 0;

@@ -61,11 +61,13 @@ std::string describe_device_errors(const kernels::DeviceErrorLog& log) {
 }
 
 std::string take_device_errors(kernels::DeviceErrorLog& log) {
-  // Exchanged, not read then cleared: a kernel of another thread's backend
-  // on this device (they share the log) may store between the two.
+  // A reported slot is exchanged, not read then cleared: a kernel of another
+  // thread's backend on this device (they share the log) may store between
+  // the two. An empty one is only read (every synchronize() passes here).
   kernels::DeviceErrorLog read{};
   for (int k = 0; k < kernels::kNumDeviceErrorKinds; ++k) {
-    read.slots[k] = std::atomic_ref<std::uint64_t>(log.slots[k]).exchange(0, std::memory_order_acq_rel);
+    std::atomic_ref<std::uint64_t> slot(log.slots[k]);
+    if (slot.load(std::memory_order_acquire) != 0) read.slots[k] = slot.exchange(0, std::memory_order_acq_rel);
   }
   return describe_device_errors(read);
 }

@@ -59,10 +59,10 @@ void rope(double* x, const ModelConfig& c, std::size_t pos) {
   const std::size_t half = c.head_dim / 2;
   for (std::size_t i = 0; i < half; ++i) {
     const double angle = static_cast<double>(pos) * inverse_frequency(c, i);
-    const double c = std::cos(angle), s = std::sin(angle);
+    const double cos_a = std::cos(angle), sin_a = std::sin(angle);
     const double x1 = x[i], x2 = x[i + half];
-    x[i] = x1 * c - x2 * s;
-    x[i + half] = x2 * c + x1 * s;
+    x[i] = x1 * cos_a - x2 * sin_a;
+    x[i + half] = x2 * cos_a + x1 * sin_a;
   }
 }
 

@@ -160,6 +160,23 @@ TEST(ModelConfig, RopeScaling) {
   }
   j["rope_scaling"] = "llama3";
   EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument, "rope_scaling", "object");
+  // A field the type does not take could change the model (transformers 5
+  // reads partial_rotary_factor from rope_parameters): refused, unless a no-op.
+  j["rope_scaling"] = llama31_scaling;
+  j["rope_scaling"]["partial_rotary_factor"] = 0.5;
+  EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::Unsupported, "rope_scaling.partial_rotary_factor");
+  j["rope_scaling"]["partial_rotary_factor"] = 1.0;
+  EXPECT_NO_THROW(parse_model_config(j.dump(), "c"));
+  j["rope_scaling"] = {{"rope_type", "default"}, {"mrope_section", {16, 24, 24}}};
+  EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::Unsupported, "rope_scaling.mrope_section");
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"low_freq_factor", 1.0}};
+  EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::Unsupported, "rope_scaling.low_freq_factor");
+  // A top-level rope_theta and rope_parameters' must agree.
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+  EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument, "rope_theta", "disagree");
+  j["rope_parameters"]["rope_theta"] = 500000.0;
+  EXPECT_DOUBLE_EQ(parse_model_config(j.dump(), "c").rope_theta, 500000.0);
 }
 
 // The dtype the model runs in: the checkpoint's torch_dtype, or the one the

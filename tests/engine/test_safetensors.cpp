@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <random>
 
 #include <gtest/gtest.h>
@@ -48,6 +49,26 @@ TEST(Safetensors, HeaderIsPaddedToEightBytes) {
   unsigned char len[8];
   in.read(reinterpret_cast<char*>(len), 8);
   EXPECT_EQ(len[0] % 8, 0);
+}
+
+// Converting at load (a float32 or bfloat16 checkpoint run as f16): a value
+// past f16's range is a named error, not a silent infinity; one inside it,
+// and an infinity the file itself holds, load.
+TEST(Safetensors, ConversionPastTheHalfRangeIsRefused) {
+  const auto dir = scratch_dir();
+  const float inf = std::numeric_limits<float>::infinity();
+  write_safetensors(dir / "model.safetensors",
+                    {make_write_tensor("big", SafetensorsDType::F32, {4}, {1.0f, -65504.0f, 70000.0f, 2.0f}),
+                     make_write_tensor("fits", SafetensorsDType::F32, {3}, {65504.0f, -inf, 0.5f}),
+                     make_write_tensor("wide", SafetensorsDType::BF16, {2}, {1.0f, 3.0e38f})});
+  const CheckpointDirectory files(dir);
+  EXPECT_ENGINE_ERROR((void)files.read_half("big", DType::F16), ErrorCode::DTypeMismatch, "'big' element 2 = 70000",
+                      "f16");
+  EXPECT_NO_THROW((void)files.read_half("big", DType::BF16));
+  const std::vector<std::uint16_t> fits = files.read_half("fits", DType::F16);
+  EXPECT_EQ(fits[0], 0x7bffu);  // 65504
+  EXPECT_EQ(fits[1], 0xfc00u);  // the file's -inf, kept
+  EXPECT_ENGINE_ERROR((void)files.read_half("wide", DType::F16), ErrorCode::DTypeMismatch, "'wide' element 1");
 }
 
 TEST(Safetensors, EmptyAndScalarTensors) {
