@@ -405,7 +405,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gptq_fused_kernel(const 
     }
   }
   constexpr int kPer = (Shape::kRows * (kBN / 4) + kThreads - 1) / kThreads;
-  splitk_finish_last<T, kThreads, kPer>(p.partials, p.counters, cta_n, n_ctas, splits, live_rows, kBN,
+  splitk_finish_last<T, kThreads, kPer, /*kChunked=*/true>(p.partials, p.counters, cta_n, n_ctas, splits, live_rows, kBN,
                                         nb_first * kGptqTileN, p.n, out);
 }
 

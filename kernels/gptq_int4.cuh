@@ -208,9 +208,16 @@ __device__ __forceinline__ void store_quad_out(T* out /* [rows, n] */, int n, in
 // last arriver waits ceil(splits / (8 / kPer)) L2 round trips, not one per
 // split (the streaming kernel's tiles are one or two quads per thread, the
 // fused kernel's m <= 32 configurations two or four; only the streaming
-// kernel's were timed, session 48).
+// kernel's were timed, session 48). kChunked (from 8 quads per thread; the
+// fused kernel's m <= 64 configuration takes it): the quads go in chunks of
+// 4, each with 4 splits' loads in flight and stored before the next chunk,
+// ceil(splits / 4) round trips per chunk. Session 50: the fused kernel at
+// m = 33 / 64 0.63-0.90 of the per-split loop's time, and the wgmma
+// kernel's workspace path 0.58-0.85; but in the wgmma kernel, one instance
+// for both reductions, it slowed the cluster path Auto runs by 2-7 %, so
+// the wgmma kernel keeps the per-split loop.
 // res: store_quad_out's residual epilogue (cols a multiple of 16).
-template <class T, int kThreadsN, int kPer>
+template <class T, int kThreadsN, int kPer, bool kChunked = false>
 __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [splits][tiles][rows][cols] f32
                                                    int* counters,          // [tiles], zero between launches
                                                    int tile, int tiles, int splits, int rows, int cols, int col0,
@@ -229,63 +236,101 @@ __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [s
   const std::size_t tile_floats = static_cast<std::size_t>(rows) * cols;
   const float* tile0 = partials + static_cast<std::size_t>(tile) * tile_floats;
   const std::size_t split_stride = static_cast<std::size_t>(tiles) * tile_floats;
-  float4 sum[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) sum[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  static_assert(kThreadsN % 32 == 0, "whole warps: a 16-column group's quads in 4 lanes of one warp");
   // Quad c is row c / quads_per_row, columns (c % quads_per_row) * 4 ..
   // Columns >= n are skipped (a column block past n has no partial).
   const auto live = [&](int i) {
     const int c = tid + i * kThreadsN;
     return c < quads && col0 + (c % quads_per_row) * 4 < n;
   };
-  if constexpr (kPer >= 8) {
-    // Enough loads in flight per split (the wgmma kernel's 256-column
-    // tiles, and the fused kernel's m <= 64 configuration); the condition
-    // stays inside the split loop, where ptxas keeps the wgmma N = 64
-    // instances under 255 registers.
-    for (int s = 0; s < splits; ++s) {
-      const float* part = tile0 + static_cast<std::size_t>(s) * split_stride;
+  if constexpr (kChunked && kPer >= 8) {
+    constexpr int kChunk = 4, kSplitBatch = 4;
+    static_assert(kPer % kChunk == 0, "whole chunks");
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        const int c = tid + i * kThreadsN;
-        if (c < quads && col0 + (c % quads_per_row) * 4 < n) {
-          add_quad(sum[i], __ldcg(reinterpret_cast<const float4*>(part) + c));
+    for (int i0 = 0; i0 < kPer; i0 += kChunk) {
+      float4 sum[kChunk];
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) sum[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int s0 = 0; s0 < splits; s0 += kSplitBatch) {
+        float4 v[kSplitBatch][kChunk];
+#pragma unroll
+        for (int b = 0; b < kSplitBatch; ++b) {
+#pragma unroll
+          for (int j = 0; j < kChunk; ++j) {
+            if (s0 + b < splits && live(i0 + j)) {
+              const float* part = tile0 + static_cast<std::size_t>(s0 + b) * split_stride;
+              v[b][j] = __ldcg(reinterpret_cast<const float4*>(part) + tid + (i0 + j) * kThreadsN);
+            }
+          }
         }
-      }
-    }
-  } else {
-    static_assert(8 % kPer == 0, "whole splits per batch");
-    constexpr int kBatch = 8 / kPer;
-    for (int s0 = 0; s0 < splits; s0 += kBatch) {
-      float4 v[kBatch][kPer];
+        // Added in split order, and only the splits that exist.
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
+        for (int b = 0; b < kSplitBatch; ++b) {
 #pragma unroll
-        for (int i = 0; i < kPer; ++i) {
-          if (s0 + b < splits && live(i)) {
-            const float* part = tile0 + static_cast<std::size_t>(s0 + b) * split_stride;
-            v[b][i] = __ldcg(reinterpret_cast<const float4*>(part) + tid + i * kThreadsN);
+          for (int j = 0; j < kChunk; ++j) {
+            if (s0 + b < splits && live(i0 + j)) add_quad(sum[j], v[b][j]);
           }
         }
       }
-      // Added in split order, and only the splits that exist (a split
-      // past the last has no partial and was not loaded).
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
+      for (int j = 0; j < kChunk; ++j) {
+        const int c = tid + (i0 + j) * kThreadsN;
+        const int row = c / quads_per_row, col = col0 + (c % quads_per_row) * 4;
+        store_quad_out(out, n, row, col, sum[j], c < quads && col < n, res);  // n % 8 == 0: all in or all out
+      }
+    }
+  } else {
+    float4 sum[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) sum[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if constexpr (kPer >= 8) {
+      // Enough loads in flight per split (the wgmma kernel's 256-column
+      // tiles, and the fused kernel's m <= 64 configuration); the condition
+      // stays inside the split loop, where ptxas keeps the wgmma N = 64
+      // instances under 255 registers.
+      for (int s = 0; s < splits; ++s) {
+        const float* part = tile0 + static_cast<std::size_t>(s) * split_stride;
 #pragma unroll
         for (int i = 0; i < kPer; ++i) {
-          if (s0 + b < splits && live(i)) add_quad(sum[i], v[b][i]);
+          const int c = tid + i * kThreadsN;
+          if (c < quads && col0 + (c % quads_per_row) * 4 < n) {
+            add_quad(sum[i], __ldcg(reinterpret_cast<const float4*>(part) + c));
+          }
+        }
+      }
+    } else {
+      static_assert(8 % kPer == 0, "whole splits per batch");
+      constexpr int kBatch = 8 / kPer;
+      for (int s0 = 0; s0 < splits; s0 += kBatch) {
+        float4 v[kBatch][kPer];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+#pragma unroll
+          for (int i = 0; i < kPer; ++i) {
+            if (s0 + b < splits && live(i)) {
+              const float* part = tile0 + static_cast<std::size_t>(s0 + b) * split_stride;
+              v[b][i] = __ldcg(reinterpret_cast<const float4*>(part) + tid + i * kThreadsN);
+            }
+          }
+        }
+        // Added in split order, and only the splits that exist (a split
+        // past the last has no partial and was not loaded).
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+#pragma unroll
+          for (int i = 0; i < kPer; ++i) {
+            if (s0 + b < splits && live(i)) add_quad(sum[i], v[b][i]);
+          }
         }
       }
     }
-  }
-  static_assert(kThreadsN % 32 == 0, "whole warps: a 16-column group's quads in 4 lanes of one warp");
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int c = tid + i * kThreadsN;
-    const int row = c / quads_per_row, col = col0 + (c % quads_per_row) * 4;
-    // n is a multiple of 8: a quad is all in or all out.
-    store_quad_out(out, n, row, col, sum[i], c < quads && col < n, res);
+    for (int i = 0; i < kPer; ++i) {
+      const int c = tid + i * kThreadsN;
+      const int row = c / quads_per_row, col = col0 + (c % quads_per_row) * 4;
+      // n is a multiple of 8: a quad is all in or all out.
+      store_quad_out(out, n, row, col, sum[i], c < quads && col < n, res);
+    }
   }
   if (tid == 0) counters[tile] = 0;
 }
