@@ -69,7 +69,9 @@
 #                                on one launch of main's each way at 4096^2
 #                                m = 64, the workspace launch's stalls per SASS
 #                                line, and the patched workspace launch
-#                                (gptq_small_m.md §13.15)
+#                                (gptq_small_m.md §13.15; ran in session 50;
+#                                the patch applies up to 524ca82, not after
+#                                43d4ed9, which took its fused-kernel half)
 #   scripts/gpu_suite.sh wgmmasplits  the wgmma GPTQ kernel at each split count
 #                                of WGMMA_SPLITS ('0 4 5 6 7 8'; 0 = the plan), m = 16, 32,
 #                                64, on shapes of 16, 24, 56 and 112 column
