@@ -72,6 +72,15 @@
 #                                (gptq_small_m.md §13.15; ran in session 50;
 #                                the patch applies up to 524ca82, not after
 #                                43d4ed9, which took its fused-kernel half)
+#   scripts/gpu_suite.sh gptqpatch  the tree with GPTQ_PATCH (a patch under
+#                                docs/design/patches/, default
+#                                splitk_finish_merge.patch) applied: its *Gptq*
+#                                GPU tests (6 shards) and memcheck over
+#                                CudaGptq* (4 shards), then its GPTQ kernels
+#                                against main's, two alternated passes: bulk
+#                                m = 1 / 8, stream m = 1, fused m = 17 / 33 /
+#                                64, auto m = 1 / 8 / 16 / 64 (a kernel change
+#                                to test and time before it lands)
 #   scripts/gpu_suite.sh wgmmasplits  the wgmma GPTQ kernel at each split count
 #                                of WGMMA_SPLITS ('0 4 5 6 7 8'; 0 = the plan), m = 16, 32,
 #                                64, on shapes of 16, 24, 56 and 112 column
@@ -163,7 +172,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -390,6 +399,16 @@ sanitize() {
       echo "wgmmaworkspace: the patch does not apply to this tree"
     fi
   fi
+  # gptqpatch: the tree with GPTQ_PATCH applied, its GPU tests and GPTQ bench.
+  if has_mode gptqpatch; then
+    PATCHED_SRC="${B}-patched-src"
+    if patched_tree "$PATCHED_SRC" "${GPTQ_PATCH:-docs/design/patches/splitk_finish_merge.patch}"; then
+      side_build "${B}-patched" "$PATCHED_SRC" "patched" 8 "" ferrum_tests_gpu ferrum_bench_gptq
+    else
+      rm -rf "${B}-patched"  # no stale build from an earlier call stands in for it
+      echo "gptqpatch: ${GPTQ_PATCH:-splitk_finish_merge.patch} does not apply to this tree"
+    fi
+  fi
   # wgmmafold: the tree with docs/design/patches/gptq_wgmma_lop3_fold.patch
   # applied, its GPU tests and GPTQ bench (a kernel to test, not timing only).
   if has_mode wgmmafold; then
@@ -405,7 +424,7 @@ sanitize() {
   # more of the call).
   MAIN_TARGETS=()
   [ "$MODE" = ab ] && MAIN_TARGETS=(--target ferrum_engine ferrum_bench_gptq ${AB_OPS_FILTER:+ferrum_bench})
-  modes_within "wgmmaablate wgmmasplits wgmmafold wgmmaworkspace" && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate ferrum_cluster_placement)
+  modes_within "wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch" && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate ferrum_cluster_placement)
   cmake --build $B -j$([ -d base ] && has_mode ab && echo 10 || echo 16) "${MAIN_TARGETS[@]}" 2>&1 \
     | grep -E "error|warning|FAILED" || echo "build ok"
   wait
@@ -714,6 +733,36 @@ if has_mode profile; then
     timeout 150 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 6 $B/tests/ferrum_tests_gpu \
       --gtest_brief=1 --gtest_filter='Specs/CudaFlashDecodeRagged.*_case1:CudaGptq*' > "$OUT/racecheck_detail.txt" 2>&1
     echo "racecheck detail exit $?"
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode gptqpatch; then
+  # A GPTQ kernel patch before it lands: the patched build's tests (the same
+  # bits as main's, which its tests compare against the CPU), memcheck over
+  # them, then both builds' kernels alternated, two passes.
+  {
+    PB="${B}-patched"
+    if [ -x "$PB/tests/ferrum_tests_gpu" ]; then
+      echo "== patched ($(basename "${GPTQ_PATCH:-splitk_finish_merge.patch}")): *Gptq* GPU tests ($(date +%T))"
+      gtest_shards "$PB/tests/ferrum_tests_gpu" patched_tests 6 240 --gtest_filter='*Gptq*'
+      echo "== patched: memcheck over CudaGptq* ($(date +%T))"
+      SANITIZE_SHARDS=8 SANITIZE_BIN="$PB/tests/ferrum_tests_gpu" sanitize memcheck 240 'CudaGptq*' 3
+    else
+      echo "gptqpatch: no patched build"
+    fi
+    echo "== GPTQ kernels, main against patched ($(date +%T))"
+    for pass in 1 2; do
+      for build in main patched; do
+        bin="$B/bench/ferrum_bench_gptq"
+        [ "$build" = patched ] && bin="$PB/bench/ferrum_bench_gptq"
+        [ -x "$bin" ] || continue
+        gptq_rows "pass $pass $build bulk" "$bin" --kernel bulk --ms 1,8 \
+          --shapes 4096x4096,14336x1024,8192x3840,14336x4096,8192x8192,8192x28672
+        gptq_rows "pass $pass $build stream" "$bin" --kernel stream --ms 1 --shapes 4096x4096,14336x4096,8192x28672
+        gptq_rows "pass $pass $build fused" "$bin" --kernel fused --ms 17,33,64 --shapes 4096x4096,8192x8192,14336x4096
+        gptq_rows "pass $pass $build auto" "$bin" --kernel auto --ms 1,8,16,64 --shapes 4096x4096,14336x4096,8192x28672
+      done
+    done
   } 2>&1 | tee -a "$LOG"
 fi
 
