@@ -243,9 +243,10 @@ __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [s
     const int c = tid + i * kThreadsN;
     return c < quads && col0 + (c % quads_per_row) * 4 < n;
   };
-  if constexpr (kChunked && kPer >= 8) {
-    constexpr int kChunk = 4, kSplitBatch = 4;
-    static_assert(kPer % kChunk == 0, "whole chunks");
+  if constexpr (kChunked || kPer < 8) {
+    // Below 8 quads per thread one chunk of all kPer, 8 / kPer splits a batch.
+    constexpr int kChunk = kPer < 8 ? kPer : 4, kSplitBatch = kPer < 8 ? 8 / kPer : 4;
+    static_assert(kPer % kChunk == 0 && (kPer >= 8 || 8 % kPer == 0), "whole chunks, whole splits per batch");
 #pragma unroll
     for (int i0 = 0; i0 < kPer; i0 += kChunk) {
       float4 sum[kChunk];
@@ -283,44 +284,16 @@ __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [s
     float4 sum[kPer];
 #pragma unroll
     for (int i = 0; i < kPer; ++i) sum[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if constexpr (kPer >= 8) {
-      // Enough loads in flight per split (the wgmma kernel's 256-column
-      // tiles, and the fused kernel's m <= 64 configuration); the condition
-      // stays inside the split loop, where ptxas keeps the wgmma N = 64
-      // instances under 255 registers.
-      for (int s = 0; s < splits; ++s) {
-        const float* part = tile0 + static_cast<std::size_t>(s) * split_stride;
+    // Enough loads in flight per split (the wgmma kernel's 256-column
+    // tiles); the condition stays inside the split loop, where ptxas keeps
+    // the wgmma N = 64 instances under 255 registers.
+    for (int s = 0; s < splits; ++s) {
+      const float* part = tile0 + static_cast<std::size_t>(s) * split_stride;
 #pragma unroll
-        for (int i = 0; i < kPer; ++i) {
-          const int c = tid + i * kThreadsN;
-          if (c < quads && col0 + (c % quads_per_row) * 4 < n) {
-            add_quad(sum[i], __ldcg(reinterpret_cast<const float4*>(part) + c));
-          }
-        }
-      }
-    } else {
-      static_assert(8 % kPer == 0, "whole splits per batch");
-      constexpr int kBatch = 8 / kPer;
-      for (int s0 = 0; s0 < splits; s0 += kBatch) {
-        float4 v[kBatch][kPer];
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-#pragma unroll
-          for (int i = 0; i < kPer; ++i) {
-            if (s0 + b < splits && live(i)) {
-              const float* part = tile0 + static_cast<std::size_t>(s0 + b) * split_stride;
-              v[b][i] = __ldcg(reinterpret_cast<const float4*>(part) + tid + i * kThreadsN);
-            }
-          }
-        }
-        // Added in split order, and only the splits that exist (a split
-        // past the last has no partial and was not loaded).
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-#pragma unroll
-          for (int i = 0; i < kPer; ++i) {
-            if (s0 + b < splits && live(i)) add_quad(sum[i], v[b][i]);
-          }
+      for (int i = 0; i < kPer; ++i) {
+        const int c = tid + i * kThreadsN;
+        if (c < quads && col0 + (c % quads_per_row) * 4 < n) {
+          add_quad(sum[i], __ldcg(reinterpret_cast<const float4*>(part) + c));
         }
       }
     }

@@ -72,15 +72,15 @@
 #                                (gptq_small_m.md §13.15; ran in session 50;
 #                                the patch applies up to 524ca82, not after
 #                                43d4ed9, which took its fused-kernel half)
-#   scripts/gpu_suite.sh gptqpatch  the tree with GPTQ_PATCH (a patch under
-#                                docs/design/patches/, default
-#                                splitk_finish_merge.patch) applied: its *Gptq*
+#   scripts/gpu_suite.sh gptqpatch  the tree with GPTQ_PATCH (a patch's path in
+#                                the tree; required) applied: its *Gptq*
 #                                GPU tests (6 shards) and memcheck over
 #                                CudaGptq* (4 shards), then its GPTQ kernels
 #                                against main's, two alternated passes: bulk
 #                                m = 1 / 8, stream m = 1, fused m = 17 / 33 /
 #                                64, auto m = 1 / 8 / 16 / 64 (a kernel change
-#                                to test and time before it lands)
+#                                to test and time before it lands; session
+#                                51 landed splitk_finish_merge.patch this way)
 #   scripts/gpu_suite.sh wgmmasplits  the wgmma GPTQ kernel at each split count
 #                                of WGMMA_SPLITS ('0 4 5 6 7 8'; 0 = the plan), m = 16, 32,
 #                                64, on shapes of 16, 24, 56 and 112 column
@@ -402,11 +402,14 @@ sanitize() {
   # gptqpatch: the tree with GPTQ_PATCH applied, its GPU tests and GPTQ bench.
   if has_mode gptqpatch; then
     PATCHED_SRC="${B}-patched-src"
-    if patched_tree "$PATCHED_SRC" "${GPTQ_PATCH:-docs/design/patches/splitk_finish_merge.patch}"; then
+    if [ -z "${GPTQ_PATCH:-}" ]; then
+      rm -rf "${B}-patched"
+      echo "gptqpatch: set GPTQ_PATCH to the patch's path in the tree"
+    elif patched_tree "$PATCHED_SRC" "$GPTQ_PATCH"; then
       side_build "${B}-patched" "$PATCHED_SRC" "patched" 8 "" ferrum_tests_gpu ferrum_bench_gptq
     else
       rm -rf "${B}-patched"  # no stale build from an earlier call stands in for it
-      echo "gptqpatch: ${GPTQ_PATCH:-splitk_finish_merge.patch} does not apply to this tree"
+      echo "gptqpatch: $GPTQ_PATCH does not apply to this tree"
     fi
   fi
   # wgmmafold: the tree with docs/design/patches/gptq_wgmma_lop3_fold.patch
@@ -743,7 +746,7 @@ if has_mode gptqpatch; then
   {
     PB="${B}-patched"
     if [ -x "$PB/tests/ferrum_tests_gpu" ]; then
-      echo "== patched ($(basename "${GPTQ_PATCH:-splitk_finish_merge.patch}")): *Gptq* GPU tests ($(date +%T))"
+      echo "== patched ($(basename "$GPTQ_PATCH")): *Gptq* GPU tests ($(date +%T))"
       gtest_shards "$PB/tests/ferrum_tests_gpu" patched_tests 6 240 --gtest_filter='*Gptq*'
       echo "== patched: memcheck over CudaGptq* ($(date +%T))"
       SANITIZE_SHARDS=8 SANITIZE_BIN="$PB/tests/ferrum_tests_gpu" sanitize memcheck 240 'CudaGptq*' 3
