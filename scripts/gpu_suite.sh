@@ -22,7 +22,9 @@
 #                                view) and decode B=1, racecheck detail
 #   scripts/gpu_suite.sh trace   the llama3-8b decode step (GPTQ and f16, eager)
 #                                under bench/kernel_trace.cpp's CUPTI tracer: every
-#                                kernel's in-step time and overlap (needs .deps)
+#                                kernel's in-step time and overlap (needs .deps);
+#                                TRACE_RUNS='qwen3-0.6b:f16 llama3-8b:gptq' picks
+#                                other model:quant pairs (quant gptq or f16)
 #   scripts/gpu_suite.sh normprobe  why fused_add_rms_norm at [32768 x 4096]
 #                                runs ~7 % slower in bf16 than in f16 (their
 #                                kernels' PTX is the same but for the
@@ -427,6 +429,7 @@ sanitize() {
   # more of the call).
   MAIN_TARGETS=()
   [ "$MODE" = ab ] && MAIN_TARGETS=(--target ferrum_engine ferrum_bench_gptq ${AB_OPS_FILTER:+ferrum_bench})
+  [ "$MODE" = trace ] && MAIN_TARGETS=(--target ferrum_engine ferrum_kernel_trace)
   modes_within "wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch" && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate ferrum_cluster_placement)
   cmake --build $B -j$([ -d base ] && has_mode ab && echo 10 || echo 16) "${MAIN_TARGETS[@]}" 2>&1 \
     | grep -E "error|warning|FAILED" || echo "build ok"
@@ -847,13 +850,17 @@ if has_mode trace; then
   # ~25 % (bench/kernel_trace.cpp). The summary is per kernel and grid:
   # its time on the GPU and how far it pushed the step's end.
   {
-    for quant in "--quant gptq" ""; do
-      name=$([ -n "$quant" ] && echo gptq || echo f16)
-      echo "== kernel trace: llama3-8b $name, eager ($(date +%T))"
-      rm -f "$OUT/trace_$name.csv"  # a run that dies writes none: never summarise an old one
-      timeout 240 env LD_PRELOAD=$B/bench/libferrum_kernel_trace.so FERRUM_KERNEL_TRACE="$OUT/trace_$name.csv" \
-        $B/apps/engine/ferrum_engine --random llama3-8b $quant --dtype f16 --eager --steps 16 2>&1 | grep -E "decode:|trace"
-      python3 bench/kernel_trace_summary.py "$OUT/trace_$name.csv" --steps 8
+    # TRACE_RUNS: space-separated model:quant pairs (quant gptq or f16).
+    for run in ${TRACE_RUNS:-llama3-8b:gptq llama3-8b:f16}; do
+      model=${run%%:*}
+      name=${run##*:}
+      quant=$([ "$name" = gptq ] && echo "--quant gptq" || true)
+      csv="$OUT/trace_${model}_$name.csv"
+      echo "== kernel trace: $model $name, eager ($(date +%T))"
+      rm -f "$csv"  # a run that dies writes none: never summarise an old one
+      timeout 240 env LD_PRELOAD=$B/bench/libferrum_kernel_trace.so FERRUM_KERNEL_TRACE="$csv" \
+        $B/apps/engine/ferrum_engine --random "$model" $quant --dtype f16 --eager --steps 16 2>&1 | grep -E "decode:|trace"
+      python3 bench/kernel_trace_summary.py "$csv" --steps 8
     done
   } 2>&1 | tee -a "$LOG"
 fi
