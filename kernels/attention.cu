@@ -45,9 +45,9 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cfloat>
 #include <cstdint>
+#include <optional>
 
 #include "kernels/attention.hpp"
 #include "kernels/attention_prefill.hpp"
@@ -1171,15 +1171,14 @@ __global__ void __launch_bounds__(kCombineThreads)
 // `smem` bytes, asked once per device and block size.
 template <auto Kernel>
 int resident_blocks(int threads, int smem) {
-  static std::atomic<int> cache[kMaxDevices][2] = {};  // 0: not asked yet
-  std::atomic<int>& slot = cache[current_device_index("flash_attention")][threads > 128 ? 1 : 0];
-  int blocks = slot.load(std::memory_order_relaxed);
-  if (blocks > 0) return blocks;
-  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads, smem);
-  if (err != cudaSuccess) throw_cuda_error("flash_attention", "cudaOccupancyMaxActiveBlocksPerMultiprocessor", err);
-  blocks = std::max(blocks, 1);
-  slot.store(blocks, std::memory_order_relaxed);
-  return blocks;
+  static PerDeviceAnswers<int, 2> known;
+  const int device = current_device_index("flash_attention");
+  return *known.get(device, threads > 128 ? 1 : 0, [&]() -> std::optional<int> {
+    int blocks = 0;
+    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads, smem);
+    if (err != cudaSuccess) throw_cuda_error("flash_attention", "cudaOccupancyMaxActiveBlocksPerMultiprocessor", err);
+    return std::max(blocks, 1);
+  });
 }
 
 // The arguments the decode and combine kernels receive: DecodeTuning::
@@ -1210,25 +1209,22 @@ void launch_combine(const AttentionArgs& a, int splits, int slice_keys, cudaStre
 template <class T, int HD>
 bool decode_cluster_fits(int slices, unsigned threads) {
   if (slices < 2 || slices > kDecodeMaxClusterSlices) return false;
-  static std::atomic<unsigned char> known[kMaxDevices][kDecodeMaxClusterSlices + 1][2];  // 0 unknown, 1 no, 2 yes
+  static PerDeviceAnswers<bool, (kDecodeMaxClusterSlices + 1) * 2> known;
   const int dev = try_current_device_index();
   if (dev < 0) return false;
-  std::atomic<unsigned char>& state = known[dev][slices][threads > 128 ? 1 : 0];
-  unsigned char v = state.load(std::memory_order_relaxed);
-  if (v == 0) {
-    if (!device_is_sm90_or_later() || !has_sm90_code(attention_decode_kernel<T, HD>)) {
-      v = 1;
-    } else {
-      int clusters = 0;
-      if (max_active_clusters(&clusters, attention_decode_kernel<T, HD>, dim3(static_cast<unsigned>(slices), 1, 1),
-                              dim3(threads), DecodeShape<HD>::kSmemBytes) != cudaSuccess) {
-        return false;  // no answer: not cached
-      }
-      v = clusters > 0 ? 2 : 1;
-    }
-    state.store(v, std::memory_order_relaxed);
-  }
-  return v == 2;
+  return known
+      .get(dev, slices * 2 + (threads > 128 ? 1 : 0),
+           [&]() -> std::optional<bool> {
+             if (!device_is_sm90_or_later() || !has_sm90_code(attention_decode_kernel<T, HD>)) return false;
+             int clusters = 0;
+             if (max_active_clusters(&clusters, attention_decode_kernel<T, HD>,
+                                     dim3(static_cast<unsigned>(slices), 1, 1), dim3(threads),
+                                     DecodeShape<HD>::kSmemBytes) != cudaSuccess) {
+               return std::nullopt;  // no answer: not remembered
+             }
+             return clusters > 0;
+           })
+      .value_or(false);
 }
 
 // How launch_decode_typed runs a decode (DecodeLaunchPlan); false where the

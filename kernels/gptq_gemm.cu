@@ -40,11 +40,11 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -1201,11 +1201,14 @@ constexpr int stream_ring_bytes(int nt, int ring) { return kStreamWarps * ring *
 // and ring; a failed query throws and is asked again next time.
 template <class T, int NT, bool kZeros, StreamSource kSource, bool kSiluOut = false>
 bool stream_cluster_fits(int splits, int ring, std::size_t smem) {
-  // 0 unknown, 1 no, 2 yes
-  static std::atomic<unsigned char> known[kMaxDevices][kGptqClusterMaxSplits + 1][kGptqStreamMaxRing + 1];
-  return cluster_fits_once(known[current_device_index("gemm_gptq")][splits][ring], "gemm_gptq",
-                           stream_kernel_ptr<T, NT, kZeros, kSource, kSiluOut>(),
-                           dim3(1, static_cast<unsigned>(splits), 1), dim3(kStreamThreads), smem);
+  static PerDeviceAnswers<bool, (kGptqClusterMaxSplits + 1) * (kGptqStreamMaxRing + 1)> known;
+  if (splits < 0 || splits > kGptqClusterMaxSplits) throw_bad_dispatch("gemm_gptq", "cluster splits", splits);
+  if (ring < 0 || ring > kGptqStreamMaxRing) throw_bad_dispatch("gemm_gptq", "ring", ring);
+  const int device = current_device_index("gemm_gptq");
+  return *known.get(device, splits * (kGptqStreamMaxRing + 1) + ring, [&]() -> std::optional<bool> {
+    return cluster_resident("gemm_gptq", stream_kernel_ptr<T, NT, kZeros, kSource, kSiluOut>(),
+                            dim3(1, static_cast<unsigned>(splits), 1), dim3(kStreamThreads), smem);
+  });
 }
 
 template <class T, int NT, StreamSource kSource, bool kSiluOut = false>

@@ -65,8 +65,8 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstddef>
+#include <optional>
 #include <utility>
 
 #include "kernels/common/check.hpp"
@@ -122,20 +122,20 @@ __device__ __forceinline__ void pdl_begin_with_trigger(PdlTrigger trigger) {
 // another op's name.
 template <class Kernel>
 bool has_sm90_code(Kernel kernel) {
-  static std::atomic<int> known[kMaxDevices] = {};  // 0 not asked yet, 1 no, 2 yes
+  static PerDeviceAnswers<bool, 1> known;
   const int device = try_current_device_index();
   if (device < 0) return false;
-  int state = known[device].load(std::memory_order_relaxed);
-  if (state == 0) {
-    cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    state = attr.ptxVersion >= 90 ? 2 : 1;
-    known[device].store(state, std::memory_order_relaxed);
-  }
-  return state == 2;
+  return known
+      .get(device, 0,
+           [&]() -> std::optional<bool> {
+             cudaFuncAttributes attr{};
+             if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+               (void)cudaGetLastError();
+               return std::nullopt;
+             }
+             return attr.ptxVersion >= 90;
+           })
+      .value_or(false);
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute where
@@ -211,22 +211,15 @@ int opt_in_blocks_per_sm(const char* op, void (*kernel)(Params...), int threads,
 }
 
 // Whether a cluster of `cluster` blocks of `kernel` (its shared-memory
-// opt-in done) can be resident at all (max_active_clusters > 0), asked once
-// and remembered in `state` (0 not asked, 1 no, 2 yes; the caller keeps one
-// per device, kernel instance and launch shape). A failed query throws naming `op`
-// and is asked again next time (a failed query is not an answer).
+// opt-in done) can be resident at all (max_active_clusters > 0). A failed
+// query throws naming `op`. (Callers remember the answer per device and
+// launch shape in a PerDeviceAnswers<bool, ...>.)
 template <class... Params>
-bool cluster_fits_once(std::atomic<unsigned char>& state, const char* op, void (*kernel)(Params...), dim3 cluster,
-                       dim3 block, std::size_t smem) {
-  unsigned char v = state.load(std::memory_order_relaxed);
-  if (v == 0) {
-    int clusters = 0;
-    const cudaError_t err = max_active_clusters(&clusters, kernel, cluster, block, smem);
-    if (err != cudaSuccess) throw_cuda_error(op, "cudaOccupancyMaxActiveClusters", err);
-    v = clusters > 0 ? 2 : 1;
-    state.store(v, std::memory_order_relaxed);
-  }
-  return v == 2;
+bool cluster_resident(const char* op, void (*kernel)(Params...), dim3 cluster, dim3 block, std::size_t smem) {
+  int clusters = 0;
+  const cudaError_t err = max_active_clusters(&clusters, kernel, cluster, block, smem);
+  if (err != cudaSuccess) throw_cuda_error(op, "cudaOccupancyMaxActiveClusters", err);
+  return clusters > 0;
 }
 
 template <class... Params, class... Args>

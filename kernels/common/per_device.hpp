@@ -8,7 +8,11 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 #include <mutex>
+#include <optional>
+#include <type_traits>
 
 #include <cuda_runtime_api.h>
 
@@ -76,6 +80,45 @@ class PerDevice {
   };
   std::array<Slot, kMaxDevices> slots_{};
   std::mutex mutex_;
+};
+
+// A small answer per device and key (a yes / no, a block count), asked one
+// key at a time: get(device, key, ask) calls ask() the first time, and
+// ask() returns the answer or std::nullopt where its query failed. A failed
+// query is not remembered, so the next get() asks again. Reading a known
+// answer takes one atomic load and no lock: threads racing on a key's
+// first get() may each ask, and store the same answer. (PerDevice makes a
+// whole value on a device's first use; this is for launch shapes that are
+// asked about as they come.) Answer: bool, or an int >= 0 below INT_MAX.
+template <class Answer, int kKeys>
+class PerDeviceAnswers {
+  static_assert(std::is_same_v<Answer, bool> || std::is_same_v<Answer, int>, "a yes / no or a count");
+  static_assert(kKeys >= 1, "at least one key");
+
+ public:
+  template <class Ask>
+  std::optional<Answer> get(int device, int key, Ask&& ask) {
+    if (device < 0 || device >= kMaxDevices) throw_bad_dispatch("PerDeviceAnswers", "device", device);
+    if (key < 0 || key >= kKeys) throw_bad_dispatch("PerDeviceAnswers", "key", key);
+    std::atomic<Stored>& slot = slots_[static_cast<std::size_t>(device)][static_cast<std::size_t>(key)];
+    const Stored known = slot.load(std::memory_order_relaxed);
+    if (known != 0) return static_cast<Answer>(known - 1);
+    const std::optional<Answer> answer = ask();
+    if (answer) {
+      if constexpr (std::is_same_v<Answer, int>) {
+        if (*answer < 0 || *answer == std::numeric_limits<int>::max()) {
+          throw_bad_dispatch("PerDeviceAnswers", "answer", *answer);
+        }
+      }
+      slot.store(static_cast<Stored>(*answer + 1), std::memory_order_relaxed);
+    }
+    return answer;
+  }
+
+ private:
+  // The answer + 1; 0: not asked yet (or no answer so far).
+  using Stored = std::conditional_t<std::is_same_v<Answer, bool>, std::uint8_t, int>;
+  std::array<std::array<std::atomic<Stored>, kKeys>, kMaxDevices> slots_{};
 };
 
 }  // namespace ferrum::kernels

@@ -2,7 +2,9 @@
 
 #include <array>
 #include <atomic>
+#include <limits>
 #include <mutex>
+#include <optional>
 
 #include "common/fail.hpp"
 #include "kernels/common/check.hpp"
@@ -375,17 +377,15 @@ namespace {
 // a race only repeats the query).
 template <cudaDeviceAttr kAttr>
 cudaError_t cached_device_attribute(int device, int* value) {
-  static std::array<std::atomic<int>, kMaxDevices> known{};  // value + 1; 0: not asked yet
-  const bool cacheable = device >= 0 && device < kMaxDevices;
-  if (cacheable) {
-    const int k = known[device].load(std::memory_order_relaxed);
-    if (k > 0) {
-      *value = k - 1;
-      return cudaSuccess;
-    }
-  }
-  const cudaError_t err = cudaDeviceGetAttribute(value, kAttr, device);
-  if (err == cudaSuccess && cacheable && *value >= 0) known[device].store(*value + 1, std::memory_order_relaxed);
+  static PerDeviceAnswers<int, 1> known;
+  if (device < 0 || device >= kMaxDevices) return cudaDeviceGetAttribute(value, kAttr, device);
+  cudaError_t err = cudaSuccess;
+  const std::optional<int> answer = known.get(device, 0, [&]() -> std::optional<int> {
+    err = cudaDeviceGetAttribute(value, kAttr, device);
+    if (err != cudaSuccess || *value < 0 || *value == std::numeric_limits<int>::max()) return std::nullopt;
+    return *value;
+  });
+  if (answer) *value = *answer;
   return err;
 }
 
