@@ -77,7 +77,7 @@
 #   scripts/gpu_suite.sh gptqpatch  the tree with GPTQ_PATCH (a patch's path in
 #                                the tree; required) applied: its *Gptq*
 #                                GPU tests (6 shards) and memcheck over
-#                                CudaGptq* (4 shards), then its GPTQ kernels
+#                                CudaGptq* (8 shards), then its GPTQ kernels
 #                                against main's, two alternated passes: bulk
 #                                m = 1 / 8, stream m = 1, fused m = 17 / 33 /
 #                                64, auto m = 1 / 8 / 16 / 64 (a kernel change
@@ -408,6 +408,7 @@ sanitize() {
       rm -rf "${B}-patched"
       echo "gptqpatch: set GPTQ_PATCH to the patch's path in the tree"
     elif patched_tree "$PATCHED_SRC" "$GPTQ_PATCH"; then
+      rm -rf "${B}-patched"  # a failed build leaves no earlier call's binaries to stand in for it
       side_build "${B}-patched" "$PATCHED_SRC" "patched" 8 "" ferrum_tests_gpu ferrum_bench_gptq
     else
       rm -rf "${B}-patched"  # no stale build from an earlier call stands in for it
@@ -854,6 +855,10 @@ if has_mode trace; then
     for run in ${TRACE_RUNS:-llama3-8b:gptq llama3-8b:f16}; do
       model=${run%%:*}
       name=${run##*:}
+      case "$run:$name" in
+        *:*:gptq | *:*:f16) ;;
+        *) echo "trace: '$run' is not model:gptq or model:f16"; continue ;;
+      esac
       quant=$([ "$name" = gptq ] && echo "--quant gptq" || true)
       csv="$OUT/trace_${model}_$name.csv"
       echo "== kernel trace: $model $name, eager ($(date +%T))"

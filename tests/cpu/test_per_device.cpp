@@ -10,7 +10,9 @@
 #include <atomic>
 #include <chrono>
 #include <optional>
+#include <limits>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -134,6 +136,8 @@ TEST(PerDeviceAnswers, OutOfRangeIndicesAndAnswersAreRefusedByName) {
   expect_refused([&] { counts.get(0, 2, one); }, "key");
   expect_refused([&] { counts.get(0, -1, one); }, "key");
   expect_refused([&] { counts.get(0, 0, []() -> std::optional<int> { return -3; }); }, "answer");
+  expect_refused([&] { counts.get(0, 1, [] { return std::optional<int>(std::numeric_limits<int>::max()); }); },
+                 "answer");  // its + 1 would overflow the stored form
   EXPECT_EQ(counts.get(0, 0, one), std::optional<int>(1)) << "a refused answer is not remembered";
 }
 
