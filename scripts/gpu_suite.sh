@@ -83,6 +83,13 @@
 #                                64, auto m = 1 / 8 / 16 / 64 (a kernel change
 #                                to test and time before it lands; session
 #                                51 landed splitk_finish_merge.patch this way)
+#   scripts/gpu_suite.sh engineswitches  ferrum_engine's launch switches A/B
+#                                on one model (SWITCH_MODEL, default
+#                                qwen3-0.6b; SWITCH_QUANT=gptq for its GPTQ
+#                                form), graph, each switch set in turn,
+#                                SWITCH_ROUNDS (3) rounds, with eager in each
+#                                round (the graph / eager ratio of issue 6);
+#                                tokens compared with the default's
 #   scripts/gpu_suite.sh wgmmasplits  the wgmma GPTQ kernel at each split count
 #                                of WGMMA_SPLITS ('0 4 5 6 7 8'; 0 = the plan), m = 16, 32,
 #                                64, on shapes of 16, 24, 56 and 112 column
@@ -174,7 +181,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch engineswitches)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -431,6 +438,7 @@ sanitize() {
   MAIN_TARGETS=()
   [ "$MODE" = ab ] && MAIN_TARGETS=(--target ferrum_engine ferrum_bench_gptq ${AB_OPS_FILTER:+ferrum_bench})
   [ "$MODE" = trace ] && MAIN_TARGETS=(--target ferrum_engine ferrum_kernel_trace)
+  modes_within "trace engineswitches" && [ "$MODE" != trace ] && MAIN_TARGETS=(--target ferrum_engine ferrum_kernel_trace)
   modes_within "wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch" && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate ferrum_cluster_placement)
   cmake --build $B -j$([ -d base ] && has_mode ab && echo 10 || echo 16) "${MAIN_TARGETS[@]}" 2>&1 \
     | grep -E "error|warning|FAILED" || echo "build ok"
@@ -740,6 +748,30 @@ if has_mode profile; then
     timeout 150 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 6 $B/tests/ferrum_tests_gpu \
       --gtest_brief=1 --gtest_filter='Specs/CudaFlashDecodeRagged.*_case1:CudaGptq*' > "$OUT/racecheck_detail.txt" 2>&1
     echo "racecheck detail exit $?"
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode engineswitches; then
+  # The engine's launch switches on a model whose step is short (where the
+  # launches and their overlap are a large share of it), graph, alternated
+  # within each round so that drift hits every set alike; eager beside them.
+  {
+    model="${SWITCH_MODEL:-qwen3-0.6b}"
+    quant=$([ "${SWITCH_QUANT:-}" = gptq ] && echo "--quant gptq" || true)
+    echo "== engine switches: $model ${quant:-f16}, graph, ${SWITCH_ROUNDS:-3} rounds ($(date +%T))"
+    sets=("--graph" "--graph --gemm-prefetch" "--graph --pdl-chain-release" "--graph --no-pdl-chain-release"
+      "--graph --no-pdl-trigger" "--graph --no-gemm-early-weights" "--graph --no-pdl" "--eager")
+    for round in $(seq 1 "${SWITCH_ROUNDS:-3}"); do
+      for set in "${sets[@]}"; do
+        log="$DETAIL/switches_${round}_${set//[ -]/}.log"
+        # shellcheck disable=SC2086  # quant and set are lists of arguments
+        timeout 60 $B/apps/engine/ferrum_engine --random "$model" $quant --dtype f16 --steps 256 $set > "$log" 2>&1
+        rate=$(grep -oE '\([0-9.]+ tokens/s\)' "$log" | tr -d '()')
+        [ "$set" = --graph ] && first="$(tokens_md5 "$log")"
+        same=$([ "$(tokens_md5 "$log")" = "${first:-x}" ] && echo "tokens equal" || echo "TOKENS DIFFER")
+        printf 'round %s %-32s %s  %s\n' "$round" "$set" "${rate:-no rate (see $log)}" "$same"
+      done
+    done
   } 2>&1 | tee -a "$LOG"
 fi
 
