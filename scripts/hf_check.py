@@ -78,6 +78,20 @@ MODELS = {
                     tie_word_embeddings=False,
                     rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                       original_max_position_embeddings=32)),
+    # YaRN as Qwen3's long-context configs write it (factor and the original
+    # context only; beta 32 / 1, attention factor 0.1 ln 4 + 1 resolved),
+    # with the original context cut to 64 positions (head_dim 128, theta 1e6:
+    # pair 0 kept, 1..10 ramped, the rest divided by the factor).
+    "qwen3yarn": dict(_SHARED_SHAPE, arch="Qwen3ForCausalLM", head_dim=128, rope_theta=1000000.0,
+                      tie_word_embeddings=True,
+                      rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64)),
+    # YaRN with every field the engine reads given: DeepSeek's mscale pair,
+    # other betas, the correction range left unrounded.
+    "llamayarn": dict(_SHARED_SHAPE, arch="LlamaForCausalLM", head_dim=64, rope_theta=10000.0,
+                      tie_word_embeddings=False,
+                      rope_scaling=dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=32,
+                                        beta_fast=16.0, beta_slow=2.0, mscale=1.0, mscale_all_dim=0.5,
+                                        truncate=False)),
 }
 
 # The RoPE scaling fields the engine reads, per rope_type (model_config.cpp).
@@ -88,6 +102,24 @@ ROPE_SCALING_FIELDS = {
 }
 
 
+def yarn_view(rope):
+    """yarn's fields resolved as the engine (and transformers) resolve them:
+    (factor, original context, beta_fast, beta_slow, attention_factor, truncate)."""
+    factor = float(rope["factor"])
+
+    def get_mscale(scale, mscale=1.0):
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    attention = rope.get("attention_factor")
+    if attention is None:
+        mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
+        attention = (get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) if mscale and mscale_all_dim
+                     else get_mscale(factor))
+    truncate = rope.get("truncate")
+    return (factor, float(rope["original_max_position_embeddings"]), float(rope.get("beta_fast") or 32),
+            float(rope.get("beta_slow") or 1), round(float(attention), 12), True if truncate is None else bool(truncate))
+
+
 def rope_scaling_view(rope):
     """A rope_scaling / rope_parameters dict as the engine reads it: (rope_type,
     its fields as floats), or raises with the reason it refuses."""
@@ -96,8 +128,10 @@ def rope_scaling_view(rope):
     rtype = rope.get("rope_type", rope.get("type"))
     if "rope_type" in rope and "type" in rope and rope["rope_type"] != rope["type"]:
         raise ValueError(f"rope settings {rope!r}: rope_type and type disagree")
+    if rtype == "yarn":
+        return (rtype,) + yarn_view(rope)
     if rtype not in ROPE_SCALING_FIELDS:
-        raise ValueError(f"rope settings {rope!r}: the engine computes rope_type default, linear or llama3")
+        raise ValueError(f"rope settings {rope!r}: the engine computes rope_type default, linear, llama3 or yarn")
     return (rtype,) + tuple(float(rope[k]) for k in ROPE_SCALING_FIELDS[rtype])
 
 SAFETENSORS_DTYPE = {"float16": "F16", "bfloat16": "BF16"}
@@ -564,8 +598,9 @@ def parse_args(argv=None):
     p.add_argument("--engine", default="build-gpu/apps/engine/ferrum_engine", help="path to ferrum_engine")
     p.add_argument("--workdir", default="/tmp/ferrum_hf_check", help="checkpoints, dumps and engine logs go here")
     p.add_argument("--json", help="write the figures here")
-    p.add_argument("--models", default="llama,qwen3,llama31",
-                   help="comma-separated: llama, qwen3, llama31 (Llama 3.1's RoPE scaling)")
+    p.add_argument("--models", default="llama,qwen3,llama31,qwen3yarn,llamayarn",
+                   help="comma-separated: llama, qwen3, llama31 (Llama 3.1's RoPE scaling), qwen3yarn and "
+                        "llamayarn (YaRN)")
     p.add_argument("--modes", default="graph,eager", help="comma-separated engine modes: graph, eager, cpu")
     p.add_argument("--steps", type=int, default=32, help="greedy tokens to generate (default 32)")
     p.add_argument("--prompt-tokens", default=DEFAULT_PROMPT, help="comma-separated prompt token ids")

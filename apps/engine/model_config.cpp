@@ -4,6 +4,7 @@
 #include <climits>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -121,7 +122,7 @@ RopeScaling parse_rope_object(const Json& rope, const char* key, const std::stri
   }
   if (!rope.contains("rope_type") && !rope.contains("type")) {
     fail(ErrorCode::Unsupported, source, ": \"", key, "\" ", describe_json(rope),
-         " names no rope_type (default, linear or llama3)");
+         " names no rope_type (default, linear, llama3 or yarn)");
   }
   if (rope.contains("rope_type") && rope.contains("type") && rope["rope_type"] != rope["type"]) {
     fail(ErrorCode::InvalidArgument, source, ": \"", key, ".rope_type\" ", describe_json(rope["rope_type"]), " and \"",
@@ -150,9 +151,44 @@ RopeScaling parse_rope_object(const Json& rope, const char* key, const std::stri
     scaling.low_freq_factor = field("low_freq_factor");
     scaling.high_freq_factor = field("high_freq_factor");
     scaling.original_max_position_embeddings = field("original_max_position_embeddings");
+  } else if (type == "yarn") {
+    scaling.type = RopeScaling::Type::Yarn;
+    fields = {"factor",         "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+              "mscale_all_dim", "attention_factor",                 "truncate"};
+    scaling.factor = field("factor");
+    scaling.original_max_position_embeddings = field("original_max_position_embeddings");
+    // transformers reads these with `or` / truthiness: null and 0 take the default.
+    auto optional = [&](const char* name) -> std::optional<double> {
+      if (!rope.contains(name) || rope[name].is_null() || (rope[name].is_number() && rope[name] == 0)) {
+        return std::nullopt;
+      }
+      return field(name);
+    };
+    scaling.beta_fast = optional("beta_fast").value_or(32.0);
+    scaling.beta_slow = optional("beta_slow").value_or(1.0);
+    // 0.1 * mscale * ln(scale) + 1 past scale 1, as transformers' get_mscale.
+    auto get_mscale = [](double scale, double mscale) {
+      return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+    };
+    if (rope.contains("attention_factor") && !rope["attention_factor"].is_null()) {
+      scaling.attention_factor = field("attention_factor");
+    } else {
+      const std::optional<double> mscale = optional("mscale");
+      const std::optional<double> mscale_all_dim = optional("mscale_all_dim");
+      scaling.attention_factor = mscale && mscale_all_dim ? get_mscale(scaling.factor, *mscale) /
+                                                                 get_mscale(scaling.factor, *mscale_all_dim)
+                                                           : get_mscale(scaling.factor, 1.0);
+    }
+    if (rope.contains("truncate") && !rope["truncate"].is_null()) {
+      if (!rope["truncate"].is_boolean()) {
+        fail(ErrorCode::InvalidArgument, source, ": \"", key, ".truncate\" must be true or false, got ",
+             describe_json(rope["truncate"]));
+      }
+      scaling.truncate = rope["truncate"].get<bool>();
+    }
   } else {
     fail(ErrorCode::Unsupported, source, ": \"", key, "\" ", describe_json(rope),
-         " is not supported (rope_type default, linear or llama3)");
+         " is not supported (rope_type default, linear, llama3 or yarn)");
   }
   // Any other key could change the model (transformers 5 reads e.g.
   // partial_rotary_factor from here): refused unless it is a no-op.
@@ -296,6 +332,10 @@ std::string to_string(const RopeScaling& s) {
     case RopeScaling::Type::Llama3:
       return concat("llama3 (factor ", s.factor, ", low_freq_factor ", s.low_freq_factor, ", high_freq_factor ",
                     s.high_freq_factor, ", original_max_position_embeddings ", s.original_max_position_embeddings, ")");
+    case RopeScaling::Type::Yarn:
+      return concat("yarn (factor ", s.factor, ", original_max_position_embeddings ",
+                    s.original_max_position_embeddings, ", beta_fast ", s.beta_fast, ", beta_slow ", s.beta_slow,
+                    ", attention_factor ", s.attention_factor, ", truncate ", s.truncate ? "true" : "false", ")");
   }
   return "unknown";
 }
@@ -345,6 +385,12 @@ void ModelConfig::validate(const std::string& source) const {
         fail(ErrorCode::InvalidArgument, source, ": RoPE scaling ", to_string(rope_scaling),
              ": high_freq_factor must be larger than low_freq_factor");
       }
+    }
+    if (rope_scaling.type == RopeScaling::Type::Yarn) {
+      positive("original_max_position_embeddings", rope_scaling.original_max_position_embeddings);
+      positive("beta_fast", rope_scaling.beta_fast);
+      positive("beta_slow", rope_scaling.beta_slow);
+      positive("attention_factor", rope_scaling.attention_factor);
     }
   }
   if (!is_half_precision(dtype)) {

@@ -35,20 +35,29 @@ struct GptqConfig {
 };
 
 // How RoPE's frequencies are scaled for a longer context: a Hugging Face
-// "rope_scaling" / "rope_parameters" of rope_type "linear" or "llama3"
-// (Llama 3.1 and 3.2); rope_inverse_frequencies (weights.hpp) applies it.
+// "rope_scaling" / "rope_parameters" of rope_type "linear", "llama3" (Llama
+// 3.1 and 3.2) or "yarn" (Qwen3's long-context configs, among others);
+// rope_inverse_frequencies and rope_attention_factor (weights.hpp) apply it.
 // Other rope types are refused when the config is parsed.
 struct RopeScaling {
-  enum class Type { None, Linear, Llama3 };
+  enum class Type { None, Linear, Llama3, Yarn };
   Type type = Type::None;
-  double factor = 1.0;                            // linear, llama3: how far the context is stretched
+  double factor = 1.0;                            // linear, llama3, yarn: how far the context is stretched
   double low_freq_factor = 0.0;                   // llama3
   double high_freq_factor = 0.0;                  // llama3
-  double original_max_position_embeddings = 0.0;  // llama3: the pretraining context
+  double original_max_position_embeddings = 0.0;  // llama3, yarn: the pretraining context
+  // yarn, as transformers resolves them when the config leaves them out (or
+  // gives 0 / null): beta_fast 32, beta_slow 1; attention_factor from mscale
+  // and mscale_all_dim, else 0.1 ln(factor) + 1; truncate true.
+  double beta_fast = 0.0;         // yarn: rotations at which a pair starts to be interpolated
+  double beta_slow = 0.0;         // yarn: rotations at which it is interpolated wholly
+  double attention_factor = 1.0;  // yarn: cos and sin are scaled by it
+  bool truncate = true;           // yarn: the correction range rounded outward to whole pairs
   bool operator==(const RopeScaling&) const = default;
 };
 
-// "none", "linear (factor 4)", "llama3 (factor 8, low_freq_factor 1, ...)".
+// "none", "linear (factor 4)", "llama3 (factor 8, low_freq_factor 1, ...)",
+// "yarn (factor 4, original_max_position_embeddings 32768, ...)".
 std::string to_string(const RopeScaling& scaling);
 
 struct ModelConfig {

@@ -376,9 +376,35 @@ std::vector<double> rope_inverse_frequencies(const ModelConfig& config) {
         }
         break;
       }
+      case RopeScaling::Type::Yarn: {
+        // Pairs that turn fewer than beta_slow times over the pretraining
+        // context are interpolated (f / factor), more than beta_fast times
+        // kept (f), and a linear ramp over the pair index blends between.
+        const double dim = static_cast<double>(config.head_dim);
+        auto correction_pair = [&](double rotations) {
+          return dim * std::log(s.original_max_position_embeddings / (rotations * kTwoPi)) /
+                 (2.0 * std::log(config.rope_theta));
+        };
+        double low = correction_pair(s.beta_fast);
+        double high = correction_pair(s.beta_slow);
+        if (s.truncate) {
+          low = std::floor(low);
+          high = std::ceil(high);
+        }
+        low = std::max(low, 0.0);
+        high = std::min(high, dim - 1.0);
+        if (low == high) high += 0.001;  // as transformers: no division by zero
+        const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+        inv[i] = f / s.factor * ramp + f * (1.0 - ramp);
+        break;
+      }
     }
   }
   return inv;
+}
+
+double rope_attention_factor(const ModelConfig& config) {
+  return config.rope_scaling.type == RopeScaling::Type::Yarn ? config.rope_scaling.attention_factor : 1.0;
 }
 
 void make_rope_tables(const ModelConfig& config, std::size_t rows, std::vector<float>& cos, std::vector<float>& sin) {
@@ -386,12 +412,13 @@ void make_rope_tables(const ModelConfig& config, std::size_t rows, std::vector<f
   cos.assign(rows * half, 0.0f);
   sin.assign(rows * half, 0.0f);
   const std::vector<double> inv_freqs = rope_inverse_frequencies(config);
+  const double scale = rope_attention_factor(config);
   for (std::size_t i = 0; i < half; ++i) {
     const double inv_freq = inv_freqs[i];
     for (std::size_t pos = 0; pos < rows; ++pos) {
       const double angle = static_cast<double>(pos) * inv_freq;
-      cos[pos * half + i] = static_cast<float>(std::cos(angle));
-      sin[pos * half + i] = static_cast<float>(std::sin(angle));
+      cos[pos * half + i] = static_cast<float>(scale * std::cos(angle));
+      sin[pos * half + i] = static_cast<float>(scale * std::sin(angle));
     }
   }
 }

@@ -91,11 +91,21 @@ struct ModelWeights {
 // divides those over original / low_freq_factor by the factor, and
 // interpolates between the two with s = (original / wavelength -
 // low_freq_factor) / (high_freq_factor - low_freq_factor):
-// (1 - s) f / factor + s f.
+// (1 - s) f / factor + s f; yarn finds the pairs low and high that turn
+// beta_fast and beta_slow times over the original context (pair index
+// head_dim ln(original / (2 pi rotations)) / (2 ln theta), rounded outward
+// under truncate, kept in [0, head_dim - 1]) and blends with the ramp
+// r = clamp((i - low) / (high - low), 0, 1): r f / factor + (1 - r) f.
 std::vector<double> rope_inverse_frequencies(const ModelConfig& config);
 
+// The factor cos and sin are scaled by: yarn's attention_factor, else 1
+// (transformers multiplies its rotary embedding's cos and sin by it, so q
+// and k each carry it).
+double rope_attention_factor(const ModelConfig& config);
+
 // Host RoPE tables [rows, hd / 2] in the NeoX / HF rotate_half convention:
-// angle = pos * rope_inverse_frequencies(config)[i] (computed in fp64).
+// angle = pos * rope_inverse_frequencies(config)[i] (computed in fp64),
+// cos and sin times rope_attention_factor(config).
 void make_rope_tables(const ModelConfig& config, std::size_t rows, std::vector<float>& cos,
                       std::vector<float>& sin);
 

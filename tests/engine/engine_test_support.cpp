@@ -87,6 +87,15 @@ std::string config_json(const ModelConfig& c) {
                            {"high_freq_factor", c.rope_scaling.high_freq_factor},
                            {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
       break;
+    case RopeScaling::Type::Yarn:
+      j["rope_scaling"] = {{"rope_type", "yarn"},
+                           {"factor", c.rope_scaling.factor},
+                           {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings},
+                           {"beta_fast", c.rope_scaling.beta_fast},
+                           {"beta_slow", c.rope_scaling.beta_slow},
+                           {"attention_factor", c.rope_scaling.attention_factor},
+                           {"truncate", c.rope_scaling.truncate}};
+      break;
   }
   if (c.gptq) {
     j["quantization_config"] = {{"quant_method", "gptq"},

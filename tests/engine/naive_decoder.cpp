@@ -1,5 +1,6 @@
 #include "naive_decoder.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "checkpoint_layout.hpp"
@@ -34,13 +35,43 @@ Vec matvec(const Vec& w, const Vec& x, std::size_t n) {
   return y;
 }
 
+// Pair i's inverse frequency under yarn, in the form of transformers'
+// _compute_yarn_parameters (find_correction_range, linear_ramp_factor and
+// the extrapolation factor 1 - ramp), not the engine's.
+double yarn_inverse_frequency(const ModelConfig& c, std::size_t i) {
+  const RopeScaling& s = c.rope_scaling;
+  const double dim = static_cast<double>(c.head_dim);
+  const double base = c.rope_theta;
+  auto find_correction_dim = [&](double num_rotations) {
+    return (dim * std::log(s.original_max_position_embeddings / (num_rotations * 2.0 * M_PI))) / (2.0 * std::log(base));
+  };
+  double low = find_correction_dim(s.beta_fast);
+  double high = find_correction_dim(s.beta_slow);
+  if (s.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1.0);
+  if (low == high) high += 0.001;
+  const double linear_func = (static_cast<double>(i) - low) / (high - low);
+  const double ramp_func = std::min(std::max(linear_func, 0.0), 1.0);
+  const double pos_freq = std::pow(base, 2.0 * static_cast<double>(i) / dim);
+  const double inv_freq_extrapolation = 1.0 / pos_freq;
+  const double inv_freq_interpolation = 1.0 / (s.factor * pos_freq);
+  const double inv_freq_extrapolation_factor = 1.0 - ramp_func;
+  return inv_freq_interpolation * (1.0 - inv_freq_extrapolation_factor) +
+         inv_freq_extrapolation * inv_freq_extrapolation_factor;
+}
+
 // Pair i's inverse frequency as transformers' modeling_rope_utils computes
-// it for rope_type default, linear and llama3, written in its form (the
-// llama3 bands as its two torch.where, not as the engine's branches).
+// it for rope_type default, linear, llama3 and yarn, written in its form
+// (the llama3 bands as its two torch.where, not as the engine's branches).
 double inverse_frequency(const ModelConfig& c, std::size_t i) {
   const double base = std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(c.head_dim));
   const RopeScaling& s = c.rope_scaling;
   if (s.type == RopeScaling::Type::Linear) return base / s.factor;
+  if (s.type == RopeScaling::Type::Yarn) return yarn_inverse_frequency(c, i);
   if (s.type != RopeScaling::Type::Llama3) return base;
   const double low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
   const double high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
@@ -54,12 +85,16 @@ double inverse_frequency(const ModelConfig& c, std::size_t i) {
 }
 
 // HF apply_rotary_pos_emb with rotate_half: x·cos + rotate_half(x)·sin,
-// rotate_half(x) = [-x2, x1], cos/sin repeated over both halves.
+// rotate_half(x) = [-x2, x1], cos/sin repeated over both halves and, as the
+// rotary embedding's forward does, times its attention_scaling (yarn's
+// attention_factor, else 1).
 void rope(double* x, const ModelConfig& c, std::size_t pos) {
   const std::size_t half = c.head_dim / 2;
+  const double attention_scaling =
+      c.rope_scaling.type == RopeScaling::Type::Yarn ? c.rope_scaling.attention_factor : 1.0;
   for (std::size_t i = 0; i < half; ++i) {
     const double angle = static_cast<double>(pos) * inverse_frequency(c, i);
-    const double cos_a = std::cos(angle), sin_a = std::sin(angle);
+    const double cos_a = std::cos(angle) * attention_scaling, sin_a = std::sin(angle) * attention_scaling;
     const double x1 = x[i], x2 = x[i + half];
     x[i] = x1 * cos_a - x2 * sin_a;
     x[i + half] = x2 * cos_a + x1 * sin_a;

@@ -204,8 +204,8 @@ TEST(Decoder, Bf16ModelMatchesFp64ReferenceLoosely) {
   EXPECT_LE(max_diff(decoder.prefill(kPrompt), ref), 8 * kLogitTolerance * std::max(1.0, max_abs(ref)));
 }
 
-// RoPE scaled as Llama 3.1 / 3.2 (llama3) and by a linear factor: the
-// engine's tables against the fp64 model's own transcription of
+// RoPE scaled as Llama 3.1 / 3.2 (llama3), by a linear factor and by yarn:
+// the engine's tables against the fp64 model's own transcription of
 // transformers' formulas. The llama3 settings put tiny-llama's pairs in all
 // three bands (pair 0's wavelength 6.3 under 32 / 4, pair 1's 19.9 between,
 // the rest over 32), and the logits must move away from plain RoPE's, or
@@ -223,7 +223,22 @@ TEST(Decoder, ScaledRopeMatchesFp64Reference) {
   RopeScaling linear;
   linear.type = RopeScaling::Type::Linear;
   linear.factor = 2.0;
-  for (const RopeScaling& scaling : {llama3, linear}) {
+  // yarn over tiny-llama's 8 pairs (theta 10^4, original context 32): the
+  // correction range [0, 2] keeps pair 0, blends pair 1 and interpolates
+  // the rest; without truncate the range is [0, 1.41]. The attention
+  // factor scales every q and k.
+  RopeScaling yarn;
+  yarn.type = RopeScaling::Type::Yarn;
+  yarn.factor = 4.0;
+  yarn.original_max_position_embeddings = 32.0;
+  yarn.beta_fast = 32.0;
+  yarn.beta_slow = 1.0;
+  yarn.attention_factor = 0.1 * std::log(4.0) + 1.0;
+  RopeScaling yarn_untruncated = yarn;
+  yarn_untruncated.truncate = false;
+  yarn_untruncated.beta_fast = 8.0;
+  yarn_untruncated.attention_factor = 1.25;
+  for (const RopeScaling& scaling : {llama3, linear, yarn, yarn_untruncated}) {
     SCOPED_TRACE(to_string(scaling));
     ModelConfig config = plain;
     config.rope_scaling = scaling;

@@ -1,4 +1,5 @@
 // config.json parsing and presets.
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <random>
@@ -88,7 +89,7 @@ TEST(ModelConfig, RopeParametersOfTransformers5) {
   j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
   j["rope_scaling"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
   EXPECT_DOUBLE_EQ(parse_model_config(j.dump(), "cfg").rope_theta, 1000000.0);
-  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1000000.0}, {"factor", 4.0}};
+  j["rope_parameters"] = {{"rope_type", "longrope"}, {"rope_theta", 1000000.0}, {"factor", 4.0}};
   j.erase("rope_scaling");
   EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::Unsupported, "rope_parameters");
 }
@@ -154,7 +155,7 @@ TEST(ModelConfig, RopeScaling) {
   j["rope_scaling"]["high_freq_factor"] = 1.0;
   EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument, "high_freq_factor must be larger");
   // Types the engine does not compute.
-  for (const char* type : {"yarn", "dynamic", "longrope", "ntk"}) {
+  for (const char* type : {"dynamic", "longrope", "ntk"}) {
     j["rope_scaling"] = {{"rope_type", type}, {"factor", 4.0}};
     EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::Unsupported, "rope_scaling", type);
   }
@@ -177,6 +178,79 @@ TEST(ModelConfig, RopeScaling) {
   EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument, "rope_theta", "disagree");
   j["rope_parameters"]["rope_theta"] = 500000.0;
   EXPECT_DOUBLE_EQ(parse_model_config(j.dump(), "c").rope_theta, 500000.0);
+}
+
+// YaRN as Qwen3's long-context configs write it (factor and the original
+// context only) and with every field given, resolved as transformers
+// resolves them; what is refused.
+TEST(ModelConfig, YarnRopeScaling) {
+  const nlohmann::json qwen3_yarn = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
+  nlohmann::json j = nlohmann::json::parse(kQwen3Config);
+  j["max_position_embeddings"] = 131072;
+  j["rope_scaling"] = qwen3_yarn;
+  const RopeScaling s = parse_model_config(j.dump(), "qwen3 yarn").rope_scaling;
+  EXPECT_EQ(s.type, RopeScaling::Type::Yarn);
+  EXPECT_EQ(s.factor, 4.0);
+  EXPECT_EQ(s.original_max_position_embeddings, 32768.0);
+  EXPECT_EQ(s.beta_fast, 32.0);
+  EXPECT_EQ(s.beta_slow, 1.0);
+  EXPECT_DOUBLE_EQ(s.attention_factor, 0.1 * std::log(4.0) + 1.0);  // transformers' get_mscale(factor)
+  EXPECT_TRUE(s.truncate);
+  // transformers 5's rope_parameters, and the same in both keys.
+  nlohmann::json j5 = j;
+  j5.erase("rope_theta");
+  j5.erase("rope_scaling");
+  j5["rope_parameters"] = qwen3_yarn;
+  j5["rope_parameters"]["rope_theta"] = 1000000.0;
+  EXPECT_EQ(parse_model_config(j5.dump(), "transformers 5").rope_scaling, s);
+  // null and 0 take transformers' defaults (it reads them with `or`).
+  j["rope_scaling"]["beta_fast"] = 0;
+  j["rope_scaling"]["beta_slow"] = nullptr;
+  j["rope_scaling"]["attention_factor"] = nullptr;
+  EXPECT_EQ(parse_model_config(j.dump(), "defaults").rope_scaling, s);
+  // Every field given.
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 8.0},   {"original_max_position_embeddings", 4096},
+                       {"beta_fast", 16.0},   {"beta_slow", 2.0}, {"attention_factor", 1.5},
+                       {"truncate", false}};
+  const RopeScaling all = parse_model_config(j.dump(), "all").rope_scaling;
+  EXPECT_EQ(all.factor, 8.0);
+  EXPECT_EQ(all.original_max_position_embeddings, 4096.0);
+  EXPECT_EQ(all.beta_fast, 16.0);
+  EXPECT_EQ(all.beta_slow, 2.0);
+  EXPECT_EQ(all.attention_factor, 1.5);
+  EXPECT_FALSE(all.truncate);
+  // mscale and mscale_all_dim (DeepSeek's form): their get_mscale ratio.
+  j["rope_scaling"] = qwen3_yarn;
+  j["rope_scaling"]["mscale"] = 1.0;
+  j["rope_scaling"]["mscale_all_dim"] = 0.5;
+  EXPECT_DOUBLE_EQ(parse_model_config(j.dump(), "mscale").rope_scaling.attention_factor,
+                   (0.1 * std::log(4.0) + 1.0) / (0.05 * std::log(4.0) + 1.0));
+  // mscale alone: transformers ignores it (it needs both).
+  j["rope_scaling"].erase("mscale_all_dim");
+  EXPECT_DOUBLE_EQ(parse_model_config(j.dump(), "mscale alone").rope_scaling.attention_factor,
+                   0.1 * std::log(4.0) + 1.0);
+  // Required fields, positive numbers, a boolean truncate, no other keys.
+  for (const char* field : {"factor", "original_max_position_embeddings"}) {
+    SCOPED_TRACE(field);
+    j["rope_scaling"] = qwen3_yarn;
+    j["rope_scaling"].erase(field);
+    EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument,
+                        std::string("rope_scaling.") + field, "missing");
+  }
+  for (const char* field : {"factor", "beta_fast", "beta_slow", "attention_factor", "mscale"}) {
+    SCOPED_TRACE(field);
+    j["rope_scaling"] = qwen3_yarn;
+    j["rope_scaling"][field] = -2.0;
+    EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument,
+                        std::string("rope_scaling.") + field, "positive");
+  }
+  j["rope_scaling"] = qwen3_yarn;
+  j["rope_scaling"]["truncate"] = "yes";
+  EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument, "rope_scaling.truncate",
+                      "true or false");
+  j["rope_scaling"] = qwen3_yarn;
+  j["rope_scaling"]["low_freq_factor"] = 1.0;
+  EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::Unsupported, "rope_scaling.low_freq_factor");
 }
 
 // The dtype the model runs in: the checkpoint's torch_dtype, or the one the
@@ -230,8 +304,10 @@ TEST(ModelConfig, BadValues) {
   EXPECT_ENGINE_ERROR(parse_model_config(with("torch_dtype", "float32"), "c"), ErrorCode::DTypeMismatch, "float32");
   EXPECT_ENGINE_ERROR(parse_model_config(with("architectures", {"MistralForCausalLM"}), "c"), ErrorCode::Unsupported,
                       "MistralForCausalLM");
-  EXPECT_ENGINE_ERROR(parse_model_config(with("rope_scaling", {{"rope_type", "yarn"}}), "c"), ErrorCode::Unsupported,
-                      "rope_scaling");
+  EXPECT_ENGINE_ERROR(parse_model_config(with("rope_scaling", {{"rope_type", "dynamic"}}), "c"),
+                      ErrorCode::Unsupported, "rope_scaling");
+  EXPECT_ENGINE_ERROR(parse_model_config(with("rope_scaling", {{"rope_type", "yarn"}}), "c"),
+                      ErrorCode::InvalidArgument, "rope_scaling.factor");
   EXPECT_ENGINE_ERROR(parse_model_config(with("rope_scaling", {{"rope_type", "llama3"}}), "c"),
                       ErrorCode::InvalidArgument, "rope_scaling.factor");
   EXPECT_ENGINE_ERROR(parse_model_config(with("attention_bias", true), "c"), ErrorCode::Unsupported, "attention_bias");

@@ -193,6 +193,51 @@ TEST(Weights, Llama3RopeScalingKeepsScalesAndBlendsItsBands) {
   EXPECT_FLOAT_EQ(cos[2 * 64 + 5], static_cast<float>(std::cos(2.0 * f[5] / 4.0)));
 }
 
+// YaRN as Qwen3's long-context configs set it (factor 4 over 32768, beta 32 /
+// 1, theta 10^6, head_dim 128): pairs 0..23 turn more than 32 times over the
+// original context (pair index 23.6, floored) and are kept, pairs from 40
+// (39.65, ceiled) on are divided by the factor, and 24..39 ramp linearly
+// between; the tables carry the attention factor.
+TEST(Weights, YarnRopeScalingKeepsRampsAndDividesItsPairs) {
+  ModelConfig c = preset_config("qwen3-0.6b");
+  c.rope_scaling.type = RopeScaling::Type::Yarn;
+  c.rope_scaling.factor = 4.0;
+  c.rope_scaling.original_max_position_embeddings = 32768.0;
+  c.rope_scaling.beta_fast = 32.0;
+  c.rope_scaling.beta_slow = 1.0;
+  c.rope_scaling.attention_factor = 1.25;
+  ModelConfig unscaled = c;
+  unscaled.rope_scaling = RopeScaling{};
+  const std::vector<double> f = rope_inverse_frequencies(unscaled), g = rope_inverse_frequencies(c);
+  ASSERT_EQ(g.size(), 64u);
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    SCOPED_TRACE(i);
+    if (i <= 23) {
+      EXPECT_EQ(g[i], f[i]);
+    } else if (i >= 40) {
+      EXPECT_DOUBLE_EQ(g[i], f[i] / 4.0);
+    } else {
+      const double ramp = (static_cast<double>(i) - 23.0) / 17.0;
+      EXPECT_NEAR(g[i] / f[i], ramp / 4.0 + (1.0 - ramp), 1e-12);
+    }
+  }
+  // Without truncate the range is [23.60, 39.65]: pair 23 is kept, 24 ramps.
+  c.rope_scaling.truncate = false;
+  const std::vector<double> u = rope_inverse_frequencies(c);
+  EXPECT_EQ(u[23], f[23]);
+  EXPECT_LT(u[24], f[24]);
+  EXPECT_GT(u[24], g[24]) << "the unrounded ramp starts later: less of pair 24 is divided";
+  EXPECT_NEAR(u[24] / f[24], 1.0 - 0.75 * (24.0 - 23.5959476083381) / (39.6508807104171 - 23.5959476083381), 1e-9);
+  EXPECT_DOUBLE_EQ(u[40], f[40] / 4.0);
+  // The tables: cos and sin of the scaled angle, times the attention factor.
+  std::vector<float> cos, sin;
+  make_rope_tables(c, 3, cos, sin);
+  EXPECT_FLOAT_EQ(cos[2 * 64 + 30], static_cast<float>(1.25 * std::cos(2.0 * u[30])));
+  EXPECT_FLOAT_EQ(sin[2 * 64 + 30], static_cast<float>(1.25 * std::sin(2.0 * u[30])));
+  EXPECT_FLOAT_EQ(cos[0], 1.25f);
+  EXPECT_EQ(rope_attention_factor(unscaled), 1.0);
+}
+
 TEST(Weights, Bf16CheckpointConvertsToF16Config) {
   const ModelConfig config = preset_config("tiny-llama");  // f16
   const RandomTensorSource src(config, 3);
