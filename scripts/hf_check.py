@@ -86,11 +86,12 @@ MODELS = {
                       tie_word_embeddings=True,
                       rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64)),
     # YaRN with every field the engine reads given: DeepSeek's mscale pair,
-    # other betas, the correction range left unrounded.
+    # betas 4 / 0.5 and the correction range left unrounded ([0.84, 8.06]:
+    # both betas bite).
     "llamayarn": dict(_SHARED_SHAPE, arch="LlamaForCausalLM", head_dim=64, rope_theta=10000.0,
                       tie_word_embeddings=False,
                       rope_scaling=dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=32,
-                                        beta_fast=16.0, beta_slow=2.0, mscale=1.0, mscale_all_dim=0.5,
+                                        beta_fast=4.0, beta_slow=0.5, mscale=1.0, mscale_all_dim=0.5,
                                         truncate=False)),
 }
 
@@ -115,9 +116,9 @@ def yarn_view(rope):
         mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
         attention = (get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) if mscale and mscale_all_dim
                      else get_mscale(factor))
-    truncate = rope.get("truncate")
+    truncate = rope.get("truncate", True)  # transformers: an explicit null is falsy
     return (factor, float(rope["original_max_position_embeddings"]), float(rope.get("beta_fast") or 32),
-            float(rope.get("beta_slow") or 1), round(float(attention), 12), True if truncate is None else bool(truncate))
+            float(rope.get("beta_slow") or 1), round(float(attention), 12), bool(truncate))
 
 
 def rope_scaling_view(rope):

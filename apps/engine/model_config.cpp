@@ -156,6 +156,11 @@ RopeScaling parse_rope_object(const Json& rope, const char* key, const std::stri
     fields = {"factor",         "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
               "mscale_all_dim", "attention_factor",                 "truncate"};
     scaling.factor = field("factor");
+    if (!rope.contains("original_max_position_embeddings") || rope["original_max_position_embeddings"].is_null()) {
+      fail(ErrorCode::InvalidArgument, source, ": required field \"", key,
+           ".original_max_position_embeddings\" is missing (rope_type \"yarn\"; transformers would take the "
+           "top-level original_max_position_embeddings or max_position_embeddings: write the pretraining context)");
+    }
     scaling.original_max_position_embeddings = field("original_max_position_embeddings");
     // transformers reads these with `or` / truthiness: null and 0 take the default.
     auto optional = [&](const char* name) -> std::optional<double> {
@@ -179,7 +184,9 @@ RopeScaling parse_rope_object(const Json& rope, const char* key, const std::stri
                                                                  get_mscale(scaling.factor, *mscale_all_dim)
                                                            : get_mscale(scaling.factor, 1.0);
     }
-    if (rope.contains("truncate") && !rope["truncate"].is_null()) {
+    if (rope.contains("truncate") && rope["truncate"].is_null()) {
+      scaling.truncate = false;  // transformers: get("truncate", True) is None, which is falsy
+    } else if (rope.contains("truncate")) {
       if (!rope["truncate"].is_boolean()) {
         fail(ErrorCode::InvalidArgument, source, ": \"", key, ".truncate\" must be true or false, got ",
              describe_json(rope["truncate"]));
@@ -217,6 +224,19 @@ RopeScaling parse_rope_scaling(const Json& config, const std::string& source) {
     }
     chosen = scaling;
     chosen_key = key;
+  }
+  // transformers 5 copies a top-level original_max_position_embeddings over
+  // the rope object's (llama3, yarn): where the two differ it would run
+  // another model than the object says, so they must agree.
+  if (chosen && (chosen->type == RopeScaling::Type::Llama3 || chosen->type == RopeScaling::Type::Yarn) &&
+      config.contains("original_max_position_embeddings") && !config["original_max_position_embeddings"].is_null()) {
+    const double top =
+        number_field(config["original_max_position_embeddings"], "original_max_position_embeddings", source);
+    if (top != chosen->original_max_position_embeddings) {
+      fail(ErrorCode::InvalidArgument, source, ": \"original_max_position_embeddings\" ", top, " and \"",
+           chosen_key, ".original_max_position_embeddings\" ", chosen->original_max_position_embeddings,
+           " disagree");
+    }
   }
   return chosen.value_or(RopeScaling{});
 }

@@ -46,9 +46,11 @@ struct RopeScaling {
   double low_freq_factor = 0.0;                   // llama3
   double high_freq_factor = 0.0;                  // llama3
   double original_max_position_embeddings = 0.0;  // llama3, yarn: the pretraining context
-  // yarn, as transformers resolves them when the config leaves them out (or
-  // gives 0 / null): beta_fast 32, beta_slow 1; attention_factor from mscale
-  // and mscale_all_dim, else 0.1 ln(factor) + 1; truncate true.
+  // yarn, as transformers resolves them: beta_fast 32 and beta_slow 1 where
+  // left out, null or 0; attention_factor where left out or null from mscale
+  // and mscale_all_dim (both given and nonzero), else 0.1 ln(factor) + 1;
+  // truncate true where left out, false where null (transformers reads
+  // get("truncate", True), and null is falsy).
   double beta_fast = 0.0;         // yarn: rotations at which a pair starts to be interpolated
   double beta_slow = 0.0;         // yarn: rotations at which it is interpolated wholly
   double attention_factor = 1.0;  // yarn: cos and sin are scaled by it

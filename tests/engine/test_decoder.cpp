@@ -225,8 +225,8 @@ TEST(Decoder, ScaledRopeMatchesFp64Reference) {
   linear.factor = 2.0;
   // yarn over tiny-llama's 8 pairs (theta 10^4, original context 32): the
   // correction range [0, 2] keeps pair 0, blends pair 1 and interpolates
-  // the rest; without truncate the range is [0, 1.41]. The attention
-  // factor scales every q and k.
+  // the rest; without truncate and with beta 2 / 0.25 the range is [0.81,
+  // 2.62], so both betas bite. The attention factor scales every q and k.
   RopeScaling yarn;
   yarn.type = RopeScaling::Type::Yarn;
   yarn.factor = 4.0;
@@ -236,7 +236,8 @@ TEST(Decoder, ScaledRopeMatchesFp64Reference) {
   yarn.attention_factor = 0.1 * std::log(4.0) + 1.0;
   RopeScaling yarn_untruncated = yarn;
   yarn_untruncated.truncate = false;
-  yarn_untruncated.beta_fast = 8.0;
+  yarn_untruncated.beta_fast = 2.0;
+  yarn_untruncated.beta_slow = 0.25;
   yarn_untruncated.attention_factor = 1.25;
   for (const RopeScaling& scaling : {llama3, linear, yarn, yarn_untruncated}) {
     SCOPED_TRACE(to_string(scaling));

@@ -219,6 +219,17 @@ TEST(ModelConfig, YarnRopeScaling) {
   EXPECT_EQ(all.beta_slow, 2.0);
   EXPECT_EQ(all.attention_factor, 1.5);
   EXPECT_FALSE(all.truncate);
+  // An explicit null truncate is falsy to transformers: not rounded.
+  j["rope_scaling"]["truncate"] = nullptr;
+  EXPECT_FALSE(parse_model_config(j.dump(), "null truncate").rope_scaling.truncate);
+  // A top-level original_max_position_embeddings (transformers 5 copies it
+  // over the rope object's) must agree with the object.
+  j["original_max_position_embeddings"] = 4096;
+  EXPECT_NO_THROW(parse_model_config(j.dump(), "same"));
+  j["original_max_position_embeddings"] = 8192;
+  EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument, "original_max_position_embeddings",
+                      "8192", "4096", "disagree");
+  j.erase("original_max_position_embeddings");
   // mscale and mscale_all_dim (DeepSeek's form): their get_mscale ratio.
   j["rope_scaling"] = qwen3_yarn;
   j["rope_scaling"]["mscale"] = 1.0;
@@ -237,6 +248,8 @@ TEST(ModelConfig, YarnRopeScaling) {
     EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument,
                         std::string("rope_scaling.") + field, "missing");
   }
+  // mscale is refused when negative even alone, where transformers ignores
+  // it (deliberately: a negative scale is no config anyone means).
   for (const char* field : {"factor", "beta_fast", "beta_slow", "attention_factor", "mscale"}) {
     SCOPED_TRACE(field);
     j["rope_scaling"] = qwen3_yarn;
