@@ -670,6 +670,7 @@ fi
 if has_mode hf; then
   {
     echo "== engine vs transformers (scripts/hf_check.py) ($(date +%T))"
+    # HF_CHECK_S: its limit in seconds (360: five models, graph and eager each).
     timeout "${HF_CHECK_S:-360}" python3 scripts/hf_check.py --engine $B/apps/engine/ferrum_engine --workdir /tmp/ferrum_hf_check \
       --json "$OUT/hf_check.json" > "$OUT/hf_check.log" 2>&1
     echo "hf_check exit $?"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """ferrum_engine against Hugging Face transformers on the same weights (issue 6).
 
-For a Llama-style and a Qwen3-style tiny model, and a Llama with Llama 3.1's
-RoPE scaling, this script
+For a Llama-style and a Qwen3-style tiny model, a Llama with Llama 3.1's
+RoPE scaling, and a Qwen3 and a Llama with YaRN, this script
 
   1. builds the model with transformers' own class (LlamaForCausalLM /
      Qwen3ForCausalLM) from a seeded random init, casts it to float16 and
@@ -117,6 +117,8 @@ def yarn_view(rope):
         attention = (get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) if mscale and mscale_all_dim
                      else get_mscale(factor))
     truncate = rope.get("truncate", True)  # transformers: an explicit null is falsy
+    if truncate is not None and not isinstance(truncate, bool):
+        raise ValueError(f"rope settings {rope!r}: truncate must be true or false")
     return (factor, float(rope["original_max_position_embeddings"]), float(rope.get("beta_fast") or 32),
             float(rope.get("beta_slow") or 1), round(float(attention), 12), bool(truncate))
 
@@ -201,6 +203,13 @@ def engine_view_of_config(config):
         if rope_view is not None and rope_view != view_of_key:
             raise ValueError(f"rope_scaling {rope_view} and rope_parameters {view_of_key} disagree")
         rope_view = view_of_key
+    # model_config.cpp: a top-level original_max_position_embeddings (which
+    # transformers 5 copies over the rope object's) must agree with it.
+    top = config.get("original_max_position_embeddings")
+    if rope_view is not None and rope_view[0] in ("llama3", "yarn") and top is not None:
+        inside = rope_view[4] if rope_view[0] == "llama3" else rope_view[2]
+        if float(top) != inside:
+            raise ValueError(f"original_max_position_embeddings {top} and the rope object's {inside} disagree")
     for key in ("attention_bias", "mlp_bias"):
         if config.get(key):
             raise ValueError(f"{key} = true: the engine refuses it")

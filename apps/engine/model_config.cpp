@@ -227,14 +227,16 @@ RopeScaling parse_rope_scaling(const Json& config, const std::string& source) {
   }
   // transformers 5 copies a top-level original_max_position_embeddings over
   // the rope object's (llama3, yarn): where the two differ it would run
-  // another model than the object says, so they must agree.
+  // another model than the object says, so they must agree. (A null one is
+  // taken as absent, as transformers 4 does; transformers 5 fails to load it.)
   if (chosen && (chosen->type == RopeScaling::Type::Llama3 || chosen->type == RopeScaling::Type::Yarn) &&
       config.contains("original_max_position_embeddings") && !config["original_max_position_embeddings"].is_null()) {
     const double top =
         number_field(config["original_max_position_embeddings"], "original_max_position_embeddings", source);
     if (top != chosen->original_max_position_embeddings) {
-      fail(ErrorCode::InvalidArgument, source, ": \"original_max_position_embeddings\" ", top, " and \"",
-           chosen_key, ".original_max_position_embeddings\" ", chosen->original_max_position_embeddings,
+      fail(ErrorCode::InvalidArgument, source, ": \"original_max_position_embeddings\" ",
+           describe_json(config["original_max_position_embeddings"]), " and \"", chosen_key,
+           ".original_max_position_embeddings\" ", describe_json(config[chosen_key]["original_max_position_embeddings"]),
            " disagree");
     }
   }

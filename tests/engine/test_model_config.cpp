@@ -230,6 +230,18 @@ TEST(ModelConfig, YarnRopeScaling) {
   EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument, "original_max_position_embeddings",
                       "8192", "4096", "disagree");
   j.erase("original_max_position_embeddings");
+  // The same through rope_parameters, and for llama3; a bad top-level value is refused by name.
+  nlohmann::json l = nlohmann::json::parse(kLlamaConfig);
+  l["rope_parameters"] = {{"rope_type", "llama3"},  {"factor", 8.0},
+                          {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                          {"original_max_position_embeddings", 8192}, {"rope_theta", 500000.0}};
+  l["original_max_position_embeddings"] = 1048576;
+  EXPECT_ENGINE_ERROR(parse_model_config(l.dump(), "c"), ErrorCode::InvalidArgument, "1048576", "8192", "disagree");
+  l["original_max_position_embeddings"] = -1;
+  EXPECT_ENGINE_ERROR(parse_model_config(l.dump(), "c"), ErrorCode::InvalidArgument, "original_max_position_embeddings",
+                      "positive");
+  l["original_max_position_embeddings"] = 8192;
+  EXPECT_NO_THROW(parse_model_config(l.dump(), "same"));
   // mscale and mscale_all_dim (DeepSeek's form): their get_mscale ratio.
   j["rope_scaling"] = qwen3_yarn;
   j["rope_scaling"]["mscale"] = 1.0;
