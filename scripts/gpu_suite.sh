@@ -64,16 +64,17 @@
 #                                47: 6-35 % slower, §13.14)
 #   scripts/gpu_suite.sh wgmmaworkspace  the wgmma GPTQ kernel's workspace
 #                                reduction against its cluster reduction, on
-#                                main and with docs/design/patches/
-#                                gptq_finish_chunked.patch (its *Gptq* GPU
-#                                tests first), with Auto and the fused kernel
-#                                (m = 33, 64) as controls, two passes; then ncu
-#                                on one launch of main's each way at 4096^2
-#                                m = 64, the workspace launch's stalls per SASS
-#                                line, and the patched workspace launch
-#                                (gptq_small_m.md §13.15; ran in session 50;
-#                                the patch applies up to 524ca82, not after
-#                                43d4ed9, which took its fused-kernel half)
+#                                main (and on gptqpatch's patched build, with
+#                                that mode and GPTQ_PATCH, which also tests
+#                                it), with Auto and the fused kernel (m = 33,
+#                                64) as controls, two passes; then ncu on one
+#                                launch of main's each way at 4096^2 m = 64,
+#                                the workspace launch's stalls per SASS line,
+#                                and the patched workspace launch
+#                                (gptq_small_m.md §13.15; ran in session 50
+#                                with gptq_finish_chunked.patch, which applies
+#                                up to 524ca82, not after 43d4ed9, which took
+#                                its fused-kernel half)
 #   scripts/gpu_suite.sh gptqpatch  the tree with GPTQ_PATCH (a patch's path in
 #                                the tree; required) applied: its *Gptq*
 #                                GPU tests (6 shards) and memcheck over
@@ -397,28 +398,16 @@ sanitize() {
       echo "wgmmaablate: the patch does not apply to this tree"
     fi
   fi
-  # wgmmaworkspace: the tree with docs/design/patches/gptq_finish_chunked.patch
-  # applied, its GPU tests and GPTQ bench.
-  if has_mode wgmmaworkspace; then
-    CHUNKED_SRC="${B}-chunked-src"
-    if patched_tree "$CHUNKED_SRC" docs/design/patches/gptq_finish_chunked.patch; then
-      side_build "${B}-chunked" "$CHUNKED_SRC" "chunked finish" 8 "" ferrum_tests_gpu ferrum_bench_gptq
-    else
-      rm -rf "${B}-chunked"  # no stale build from an earlier call stands in for it
-      echo "wgmmaworkspace: the patch does not apply to this tree"
-    fi
-  fi
-  # gptqpatch: the tree with GPTQ_PATCH applied, its GPU tests and GPTQ bench.
+  # gptqpatch: the tree with GPTQ_PATCH applied, its GPU tests and GPTQ
+  # bench (wgmmaworkspace times it too). No earlier call's binaries stand in
+  # for a build that is not made or fails.
+  rm -rf "${B}-patched"
   if has_mode gptqpatch; then
-    PATCHED_SRC="${B}-patched-src"
     if [ -z "${GPTQ_PATCH:-}" ]; then
-      rm -rf "${B}-patched"
       echo "gptqpatch: set GPTQ_PATCH to the patch's path in the tree"
-    elif patched_tree "$PATCHED_SRC" "$GPTQ_PATCH"; then
-      rm -rf "${B}-patched"  # a failed build leaves no earlier call's binaries to stand in for it
-      side_build "${B}-patched" "$PATCHED_SRC" "patched" 8 "" ferrum_tests_gpu ferrum_bench_gptq
+    elif patched_tree "${B}-patched-src" "$GPTQ_PATCH"; then
+      side_build "${B}-patched" "${B}-patched-src" "patched" 8 "" ferrum_tests_gpu ferrum_bench_gptq
     else
-      rm -rf "${B}-patched"  # no stale build from an earlier call stands in for it
       echo "gptqpatch: $GPTQ_PATCH does not apply to this tree"
     fi
   fi
@@ -809,25 +798,19 @@ fi
 if has_mode wgmmaworkspace; then
   # Why the wgmma GPTQ kernel's workspace reduction costs so much more than
   # its cluster reduction (docs/design/gptq_small_m.md §13.15: 4096^2 m = 64
-  # 55 against 16 us at 6 splits), and whether the chunked finish
-  # (docs/design/patches/gptq_finish_chunked.patch: 4 quads at a time with 4
-  # splits' loads in flight) mends it: the patched tree's GPTQ GPU tests (the
-  # same bits as the cluster reduction), both reductions of both builds
-  # timed in two alternated passes, then ncu on one launch of main's each way
-  # and the workspace launch's stalls per SASS line as CSV.
+  # 55 against 16 us at 6 splits), and whether a patch (session 50: the
+  # chunked finish, 4 quads at a time with 4 splits' loads in flight) mends
+  # it: both reductions of main and of gptqpatch's patched build (tested by
+  # that mode) timed in two alternated passes, then ncu on one launch of
+  # main's each way and the workspace launch's stalls per SASS line as CSV.
   {
-    CB="${B}-chunked"
-    if [ -x "$CB/tests/ferrum_tests_gpu" ]; then
-      echo "== chunked finish: *Gptq* GPU tests ($(date +%T))"
-      gtest_shards "$CB/tests/ferrum_tests_gpu" chunked_tests 6 240 --gtest_filter='*Gptq*'
-    else
-      echo "wgmmaworkspace: no patched build"
-    fi
-    echo "== wgmma workspace against cluster reduction, main and chunked ($(date +%T))"
+    CB="${B}-patched"
+    [ -x "$CB/bench/ferrum_bench_gptq" ] || echo "wgmmaworkspace: no patched build (gptqpatch with GPTQ_PATCH makes one)"
+    echo "== wgmma workspace against cluster reduction, main and patched ($(date +%T))"
     for pass in 1 2; do
-      for build in main chunked; do
+      for build in main patched; do
         bin="$B/bench/ferrum_bench_gptq"
-        [ "$build" = chunked ] && bin="$CB/bench/ferrum_bench_gptq"
+        [ "$build" = patched ] && bin="$CB/bench/ferrum_bench_gptq"
         [ -x "$bin" ] || continue
         for reduce in cluster workspace; do
           flag=""
@@ -836,7 +819,7 @@ if has_mode wgmmaworkspace; then
             --shapes 4096x4096,8192x8192,14336x4096,8192x28672
         done
         gptq_rows "pass $pass $build auto" "$bin" --kernel auto --ms 1,8,16,64 --shapes 4096x4096,14336x4096,8192x28672
-        # The fused kernel's m <= 64 configuration takes the chunked finish too.
+        # The fused kernel's m <= 64 configuration shares the split-K finish.
         gptq_rows "pass $pass $build fused" "$bin" --kernel fused --ms 33,64 --shapes 4096x4096,8192x8192
       done
     done
@@ -852,8 +835,8 @@ if has_mode wgmmaworkspace; then
     echo "ncu workspace source exit $?"
     if [ -x "$CB/bench/ferrum_bench_gptq" ]; then
       timeout 120 "${NCU[@]}" "$CB/bench/ferrum_bench_gptq" "${ONE[@]}" --no-cluster-reduce \
-        > "$OUT/ncu_wgmma_workspace_chunked.txt" 2>&1
-      echo "ncu workspace (chunked) exit $?"
+        > "$OUT/ncu_wgmma_workspace_patched.txt" 2>&1
+      echo "ncu workspace (patched) exit $?"
     fi
   } 2>&1 | tee -a "$LOG"
 fi

@@ -214,31 +214,29 @@ TEST(Decoder, ScaledRopeMatchesFp64Reference) {
   const ModelConfig plain = preset_config("tiny-llama");
   const RandomTensorSource source(plain, 31);
   const std::vector<double> plain_ref = testing::NaiveDecoder(plain, source).forward(kPrompt).back();
-  RopeScaling llama3;
-  llama3.type = RopeScaling::Type::Llama3;
-  llama3.factor = 4.0;
-  llama3.low_freq_factor = 1.0;
-  llama3.high_freq_factor = 4.0;
-  llama3.original_max_position_embeddings = 32.0;
-  RopeScaling linear;
-  linear.type = RopeScaling::Type::Linear;
-  linear.factor = 2.0;
+  const RopeScaling llama3{.type = RopeScaling::Type::Llama3,
+                           .factor = 4.0,
+                           .low_freq_factor = 1.0,
+                           .high_freq_factor = 4.0,
+                           .original_max_position_embeddings = 32.0};
+  const RopeScaling linear{.type = RopeScaling::Type::Linear, .factor = 2.0};
   // yarn over tiny-llama's 8 pairs (theta 10^4, original context 32): the
   // correction range [0, 2] keeps pair 0, blends pair 1 and interpolates
   // the rest; without truncate and with beta 2 / 0.25 the range is [0.81,
   // 2.62], so both betas bite. The attention factor scales every q and k.
-  RopeScaling yarn;
-  yarn.type = RopeScaling::Type::Yarn;
-  yarn.factor = 4.0;
-  yarn.original_max_position_embeddings = 32.0;
-  yarn.beta_fast = 32.0;
-  yarn.beta_slow = 1.0;
-  yarn.attention_factor = 0.1 * std::log(4.0) + 1.0;
-  RopeScaling yarn_untruncated = yarn;
-  yarn_untruncated.truncate = false;
-  yarn_untruncated.beta_fast = 2.0;
-  yarn_untruncated.beta_slow = 0.25;
-  yarn_untruncated.attention_factor = 1.25;
+  const RopeScaling yarn{.type = RopeScaling::Type::Yarn,
+                         .factor = 4.0,
+                         .original_max_position_embeddings = 32.0,
+                         .beta_fast = 32.0,
+                         .beta_slow = 1.0,
+                         .attention_factor = 0.1 * std::log(4.0) + 1.0};
+  const RopeScaling yarn_untruncated{.type = RopeScaling::Type::Yarn,
+                                     .factor = 4.0,
+                                     .original_max_position_embeddings = 32.0,
+                                     .beta_fast = 2.0,
+                                     .beta_slow = 0.25,
+                                     .attention_factor = 1.25,
+                                     .truncate = false};
   for (const RopeScaling& scaling : {llama3, linear, yarn, yarn_untruncated}) {
     SCOPED_TRACE(to_string(scaling));
     ModelConfig config = plain;

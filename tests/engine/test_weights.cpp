@@ -200,12 +200,12 @@ TEST(Weights, Llama3RopeScalingKeepsScalesAndBlendsItsBands) {
 // between; the tables carry the attention factor.
 TEST(Weights, YarnRopeScalingKeepsRampsAndDividesItsPairs) {
   ModelConfig c = preset_config("qwen3-0.6b");
-  c.rope_scaling.type = RopeScaling::Type::Yarn;
-  c.rope_scaling.factor = 4.0;
-  c.rope_scaling.original_max_position_embeddings = 32768.0;
-  c.rope_scaling.beta_fast = 32.0;
-  c.rope_scaling.beta_slow = 1.0;
-  c.rope_scaling.attention_factor = 1.25;
+  c.rope_scaling = RopeScaling{.type = RopeScaling::Type::Yarn,
+                               .factor = 4.0,
+                               .original_max_position_embeddings = 32768.0,
+                               .beta_fast = 32.0,
+                               .beta_slow = 1.0,
+                               .attention_factor = 1.25};
   ModelConfig unscaled = c;
   unscaled.rope_scaling = RopeScaling{};
   const std::vector<double> f = rope_inverse_frequencies(unscaled), g = rope_inverse_frequencies(c);
