@@ -185,7 +185,7 @@ void launch_typed(const void* x, std::int32_t* out, long long rows, long long co
     launch_pdl_clustered("argmax", dim3(static_cast<unsigned>(blocks_per_row), 1, 1), kernel, grid, kThreads, 0,
                          stream, xt, out, rows, static_cast<int>(cols));
   };
-  if (device_is_sm90_or_later() && has_sm90_code(argmax_kernel<T, kWide, true>)) {
+  if (device_is_sm90_or_later() && has_sm90_code<argmax_kernel<T, kWide, true>>()) {
     wide ? go(argmax_kernel<T, kWide, true>, kCluster) : go(argmax_kernel<T, 1, true>, kCluster);
   } else {
     wide ? go(argmax_kernel<T, kWide, false>, 1) : go(argmax_kernel<T, 1, false>, 1);

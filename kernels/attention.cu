@@ -1168,14 +1168,16 @@ __global__ void __launch_bounds__(kCombineThreads)
 }
 
 // Blocks of Kernel resident per SM at `threads` threads (128 or 256) and
-// `smem` bytes, asked once per device and block size.
-template <auto Kernel>
-int resident_blocks(int threads, int smem) {
+// kSmemBytes of dynamic shared memory, asked once per device and block size
+// (the kernel and its shared memory are template arguments: each pair keeps
+// answers of its own).
+template <auto Kernel, int kSmemBytes>
+int resident_blocks(int threads) {
   static PerDeviceAnswers<int, 2> known;
   const int device = current_device_index("flash_attention");
   return *known.get(device, threads > 128 ? 1 : 0, [&]() -> std::optional<int> {
     int blocks = 0;
-    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads, smem);
+    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads, kSmemBytes);
     if (err != cudaSuccess) throw_cuda_error("flash_attention", "cudaOccupancyMaxActiveBlocksPerMultiprocessor", err);
     return std::max(blocks, 1);
   });
@@ -1215,7 +1217,7 @@ bool decode_cluster_fits(int slices, unsigned threads) {
   return known
       .get(dev, slices * 2 + (threads > 128 ? 1 : 0),
            [&]() -> std::optional<bool> {
-             if (!device_is_sm90_or_later() || !has_sm90_code(attention_decode_kernel<T, HD>)) return false;
+             if (!device_is_sm90_or_later() || !has_sm90_code<attention_decode_kernel<T, HD>>()) return false;
              int clusters = 0;
              if (max_active_clusters(&clusters, attention_decode_kernel<T, HD>,
                                      dim3(static_cast<unsigned>(slices), 1, 1), dim3(threads),
@@ -1254,7 +1256,7 @@ bool plan_decode_typed(const AttentionArgs& a, DecodeLaunchPlan& plan) {
   const long long sms = device_sm_count("flash_attention");
   if (per_block <= 0) {
     const long long slots =
-        static_cast<long long>(resident_blocks<attention_decode_kernel<T, HD>>(static_cast<int>(threads), smem)) * sms;
+        static_cast<long long>(resident_blocks<attention_decode_kernel<T, HD>, Sh::kSmemBytes>(static_cast<int>(threads))) * sms;
     per_block = default_slices_per_block(groups, splits, slice_keys, slots, sms, a.decode_tuning.tail_free_slices);
   }
   per_block = std::min(per_block, splits);

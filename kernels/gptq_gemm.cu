@@ -1310,7 +1310,7 @@ const StreamOccupancy& stream_occupancy() {
   return per_device.current("gemm_gptq", [](int) {
     StreamOccupancy occ;
     occ.bulk_supported =
-        device_is_sm90_or_later() && has_sm90_code(&gptq_stream_kernel<__half, 1, false, StreamSource::Bulk>);
+        device_is_sm90_or_later() && has_sm90_code<&gptq_stream_kernel<__half, 1, false, StreamSource::Bulk>>();
     stream_blocks_of_dtype<__half>(occ, 0);
     stream_blocks_of_dtype<__nv_bfloat16>(occ, 1);
     return occ;

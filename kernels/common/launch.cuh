@@ -114,14 +114,15 @@ __device__ __forceinline__ void pdl_begin_with_trigger(PdlTrigger trigger) {
 // Whether a kernel's code was compiled for sm_90+ (its cluster, bulk-copy or
 // other sm_90 path): a build without sm_90 (e.g. CMAKE_CUDA_ARCHITECTURES=80,
 // run on an H200 through the PTX JIT) holds only the trapping stubs. Asked
-// once per kernel signature and device: the answer is the image the device
+// once per kernel (a template argument, so two kernels of one signature keep
+// answers of their own) and device: the answer is the image the device
 // loads from the build's architecture list (a build for 80 and 90a gives an
 // A100 and an H200 of one process different ones). A failed query (no
 // device, say) answers no for this call only: it is not remembered, and its
 // error is not left behind for the next launch check to report under
 // another op's name.
-template <class Kernel>
-bool has_sm90_code(Kernel kernel) {
+template <auto Kernel>
+bool has_sm90_code() {
   static PerDeviceAnswers<bool, 1> known;
   const int device = try_current_device_index();
   if (device < 0) return false;
@@ -129,7 +130,7 @@ bool has_sm90_code(Kernel kernel) {
       .get(device, 0,
            [&]() -> std::optional<bool> {
              cudaFuncAttributes attr{};
-             if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+             if (cudaFuncGetAttributes(&attr, Kernel) != cudaSuccess) {
                (void)cudaGetLastError();
                return std::nullopt;
              }
