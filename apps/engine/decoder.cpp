@@ -102,9 +102,9 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
     fail(ErrorCode::Unsupported, "Decoder: the ", backend.name(), " backend does not run ", op_names(refusing),
          " on heads of head_dim = ", cfg_.head_dim);
   }
-  if (kv_capacity == 0 || kv_capacity > cfg_.max_position_embeddings) {
-    fail(ErrorCode::InvalidArgument, "Decoder: kv_capacity = ", kv_capacity, " must be in [1, ",
-         cfg_.max_position_embeddings, "] (max_position_embeddings)");
+  if (kv_capacity == 0 || kv_capacity > w_.rope_positions) {
+    fail(ErrorCode::InvalidArgument, "Decoder: kv_capacity = ", kv_capacity, " must be in [1, ", w_.rope_positions,
+         "] (the RoPE tables' positions, LoadOptions::rope_positions or max_position_embeddings)");
   }
   if (max_prefill_tokens == 0 || max_prefill_tokens > kv_capacity) {
     fail(ErrorCode::InvalidArgument, "Decoder: max_prefill_tokens = ", max_prefill_tokens, " must be in [1, ",
@@ -413,7 +413,7 @@ void Decoder::enqueue_attention(std::size_t l, const Pass& pass) {
   const std::size_t kv = cfg_.num_key_value_heads;
   const std::size_t hd = cfg_.head_dim;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  const std::size_t max_pos = cfg_.max_position_embeddings;
+  const std::size_t max_pos = w_.rope_positions;
 
   const RopeMode mode = cfg_.has_qk_norm() ? RopeMode::NormAndRope : RopeMode::RopeOnly;
   const Buffer* q_norm = cfg_.has_qk_norm() ? &lw.q_norm : nullptr;

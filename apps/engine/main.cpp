@@ -565,8 +565,11 @@ int run(const Options& opt) {
               opt.pipeline ? ", pipelined" : "");
 
   const auto load_start = Clock::now();
-  ModelWeights weights = opt.model_dir.empty() ? random_weights(*backend, config, opt.seed)
-                                               : load_weights(*backend, config, CheckpointDirectory(opt.model_dir));
+  // RoPE tables for the positions this run reaches, not the config's whole context.
+  const LoadOptions load{.rope_positions = total};
+  ModelWeights weights = opt.model_dir.empty()
+                             ? random_weights(*backend, config, opt.seed, load)
+                             : load_weights(*backend, config, CheckpointDirectory(opt.model_dir), load);
   const ModelConfig& c = weights.config;
   std::string quant;
   if (c.gptq) {

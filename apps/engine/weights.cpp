@@ -469,6 +469,10 @@ bool ModelWeights::has_gptq() const noexcept {
 ModelWeights load_weights(Backend& backend, const ModelConfig& config, const TensorSource& source,
                           const LoadOptions& options) {
   config.validate("load_weights: config");
+  if (options.rope_positions > config.max_position_embeddings) {
+    fail(ErrorCode::InvalidArgument, "load_weights: LoadOptions::rope_positions = ", options.rope_positions,
+         " exceeds max_position_embeddings = ", config.max_position_embeddings);
+  }
   // More layers in the checkpoint than the config runs (a config cut to
   // fewer num_hidden_layers, or the wrong config.json): another model, so
   // refused rather than decoded with the first layers only.
@@ -485,8 +489,9 @@ ModelWeights load_weights(Backend& backend, const ModelConfig& config, const Ten
   for (std::size_t i = 0; i < config.num_hidden_layers; ++i) w.layers.push_back(loader.layer(i));
   w.final_norm = loader.upload("model.norm.weight");
   if (!config.tie_word_embeddings) w.lm_head = loader.upload("lm_head.weight");
+  w.rope_positions = options.rope_positions != 0 ? options.rope_positions : config.max_position_embeddings;
   std::vector<float> cos, sin;
-  make_rope_tables(config, config.max_position_embeddings, cos, sin);
+  make_rope_tables(config, w.rope_positions, cos, sin);
   w.rope_cos = backend.upload(cos, DType::F32);
   w.rope_sin = backend.upload(sin, DType::F32);
   return w;
@@ -498,9 +503,10 @@ ModelWeights load_checkpoint(Backend& backend, const std::filesystem::path& dir,
   return load_weights(backend, config, source, options);
 }
 
-ModelWeights random_weights(Backend& backend, const ModelConfig& config, std::uint64_t seed) {
+ModelWeights random_weights(Backend& backend, const ModelConfig& config, std::uint64_t seed,
+                            const LoadOptions& options) {
   const RandomTensorSource source(config, seed);
-  return load_weights(backend, config, source);
+  return load_weights(backend, config, source, options);
 }
 
 }  // namespace ferrum::engine

@@ -21,6 +21,12 @@ struct LoadOptions {
   // F16 / BF16 / F32 tensors are converted (via f32) to the config dtype.
   // Off: a tensor whose dtype differs from the config's is DTypeMismatch.
   bool allow_dtype_conversion = true;
+  // Rows of the RoPE tables (positions 0 .. rope_positions - 1); 0 means
+  // max_position_embeddings. An engine that knows its longest sequence
+  // (prompt + generated tokens) passes it: a long-context config (131072
+  // positions) would otherwise cost 64 MiB of tables at head_dim 128 and
+  // their host computation at every load. At most max_position_embeddings.
+  std::size_t rope_positions = 0;
 };
 
 // One linear layer, out[m, n] = x[m, k] · Wᵀ, on the backend: dense (gemm
@@ -74,8 +80,9 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   Buffer final_norm;  // [hidden]
   Buffer lm_head;     // [vocab, hidden]; null when tie_word_embeddings
-  Buffer rope_cos;    // [max_position_embeddings, hd / 2] f32
-  Buffer rope_sin;    // [max_position_embeddings, hd / 2] f32
+  Buffer rope_cos;    // [rope_positions, hd / 2] f32
+  Buffer rope_sin;    // [rope_positions, hd / 2] f32
+  std::size_t rope_positions = 0;  // the tables' rows: the positions a decoder may reach
 
   const Buffer& output_projection() const noexcept {  // [vocab, hidden]
     return config.tie_word_embeddings ? embed_tokens : lm_head;
@@ -132,6 +139,7 @@ ModelWeights load_weights(Backend& backend, const ModelConfig& config, const Ten
 // see load_checkpoint_config) and one or more *.safetensors.
 ModelWeights load_checkpoint(Backend& backend, const std::filesystem::path& dir, const LoadOptions& options = {});
 // Seeded random weights (RandomTensorSource); GPTQ projections when config.gptq is set.
-ModelWeights random_weights(Backend& backend, const ModelConfig& config, std::uint64_t seed);
+ModelWeights random_weights(Backend& backend, const ModelConfig& config, std::uint64_t seed,
+                            const LoadOptions& options = {});
 
 }  // namespace ferrum::engine

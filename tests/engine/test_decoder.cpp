@@ -40,8 +40,10 @@ std::vector<std::int32_t> expect_pipelined_equals_decode_next(Decoder& one_by_on
   return want;
 }
 
+constexpr std::uint64_t kModelSeed = 2024;  // Model's weights unless a test names another seed
+
 struct Model {
-  explicit Model(const std::string& preset, std::uint64_t seed = 2024)
+  explicit Model(const std::string& preset, std::uint64_t seed = kModelSeed)
       : config(preset_config(preset)), source(config, seed), weights(random_weights(be, config, seed)),
         reference(config, source) {}
   CpuBackend be;
@@ -254,6 +256,34 @@ TEST(Decoder, ScaledRopeMatchesFp64Reference) {
     testing::write_checkpoint(dir, config, source, SafetensorsDType::F16, 1);
     EXPECT_EQ(load_checkpoint_config(dir).rope_scaling, scaling);
   }
+}
+
+// Tables cut to the positions a run reaches (LoadOptions::rope_positions,
+// as the engine loads them) decode the same bits as the full tables, up to
+// their last row: eager steps (positions from the host) and pipelined
+// device-state steps (positions from the decode state); a kv_capacity past
+// them is refused by name.
+TEST(Decoder, CutRopeTablesDecodeTheSameBits) {
+  Model m("tiny-qwen3");
+  const std::size_t capacity = kPrompt.size() + 6;
+  const ModelWeights cut = random_weights(m.be, m.config, kModelSeed, {.rope_positions = capacity});
+  Decoder full_tables(m.be, m.weights, capacity, kPrompt.size());
+  Decoder cut_tables(m.be, cut, capacity, kPrompt.size());
+  EXPECT_EQ(cut_tables.prefill(kPrompt), full_tables.prefill(kPrompt));
+  std::int32_t token = 3;
+  while (cut_tables.position() < capacity) {
+    EXPECT_EQ(cut_tables.decode(token), full_tables.decode(token)) << "position " << cut_tables.position();
+    token = (token * 7 + 1) % static_cast<std::int32_t>(m.config.vocab_size);
+  }
+  Decoder full_pipelined(m.be, m.weights, capacity, kPrompt.size(), DecodeMode::DeviceState);
+  Decoder cut_pipelined(m.be, cut, capacity, kPrompt.size(), DecodeMode::DeviceState);
+  const std::int32_t first = cut_pipelined.prefill_next(kPrompt);
+  EXPECT_EQ(full_pipelined.prefill_next(kPrompt), first);
+  const std::size_t steps = capacity - kPrompt.size();  // the last one at position capacity - 1
+  EXPECT_EQ(cut_pipelined.decode_pipelined(first, steps), full_pipelined.decode_pipelined(first, steps));
+  EXPECT_EQ(cut_pipelined.position(), capacity);
+  EXPECT_ENGINE_ERROR(Decoder(m.be, cut, capacity + 1, 1), ErrorCode::InvalidArgument, "kv_capacity",
+                      std::to_string(capacity + 1), "rope_positions");
 }
 
 TEST(Decoder, RefusesBadArguments) {

@@ -1,4 +1,5 @@
 // Loading a tiny checkpoint directory: fused layouts, tables, and every error.
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 
@@ -137,6 +138,31 @@ TEST(Weights, RopeTablesFollowRotateHalfConvention) {
       EXPECT_NEAR(sin[pos * half + i], std::sin(angle), 1e-6);
     }
   }
+}
+
+// LoadOptions::rope_positions: tables of that many rows, each row the
+// full-length table's (same bits); zero means max_position_embeddings; past
+// max_position_embeddings refused by name.
+TEST(Weights, RopePositionsCutTheTablesToTheirFirstRows) {
+  const ModelConfig c = preset_config("tiny-qwen3");
+  CpuBackend be;
+  const std::size_t half = c.head_dim / 2;
+  const ModelWeights full = random_weights(be, c, 1);
+  EXPECT_EQ(full.rope_positions, c.max_position_embeddings);
+  const std::size_t rows = 37;
+  const ModelWeights cut = random_weights(be, c, 1, {.rope_positions = rows});
+  EXPECT_EQ(cut.rope_positions, rows);
+  ASSERT_EQ(cut.rope_cos.numel(), rows * half);
+  ASSERT_EQ(cut.rope_sin.numel(), rows * half);
+  const std::vector<float> full_cos = be.download(full.rope_cos), full_sin = be.download(full.rope_sin);
+  const std::vector<float> cut_cos = be.download(cut.rope_cos), cut_sin = be.download(cut.rope_sin);
+  EXPECT_TRUE(std::equal(cut_cos.begin(), cut_cos.end(), full_cos.begin()));
+  EXPECT_TRUE(std::equal(cut_sin.begin(), cut_sin.end(), full_sin.begin()));
+  EXPECT_EQ(random_weights(be, c, 1, {.rope_positions = c.max_position_embeddings}).rope_cos.numel(),
+            c.max_position_embeddings * half);
+  EXPECT_ENGINE_ERROR(random_weights(be, c, 1, {.rope_positions = c.max_position_embeddings + 1}),
+                      ErrorCode::InvalidArgument, "rope_positions", std::to_string(c.max_position_embeddings + 1),
+                      "max_position_embeddings");
 }
 
 // Llama 3.1 8B's RoPE (theta 500000, head_dim 128, llama3: factor 8,
