@@ -663,7 +663,7 @@ if has_mode hf; then
     timeout "${HF_CHECK_S:-360}" python3 scripts/hf_check.py --engine $B/apps/engine/ferrum_engine --workdir /tmp/ferrum_hf_check \
       --json "$OUT/hf_check.json" > "$OUT/hf_check.log" 2>&1
     echo "hf_check exit $?"
-    grep -E "PASS|FAIL|OVERALL|PROBLEM" "$OUT/hf_check.log" | head -30
+    grep -E "PASS|FAIL|SKIPPED|OVERALL|PROBLEM" "$OUT/hf_check.log" | head -30
   } 2>&1 | tee -a "$LOG"
 fi
 

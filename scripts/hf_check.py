@@ -24,6 +24,8 @@ RoPE scaling, and a Qwen3 and a Llama with YaRN, this script
      steps (at a divergence it reports the top-2 logit gaps).
 
 Prints PASS / FAIL per model and mode and overall; --json writes the figures.
+A YaRN model whose fields the installed transformers does not read is
+SKIPPED and says why (the rest still decide the verdict; all skipped fails).
 Exit status: 0 all pass, 1 a check failed, 2 the script could not run.
 
   python3 scripts/hf_check.py --engine build-gpu/apps/engine/ferrum_engine \\
@@ -466,6 +468,34 @@ def hf_decode(model, prompt, steps, forced=None):
 # ── Driver ────────────────────────────────────────────────────────────────
 
 
+def unmet_requirement(spec):
+    """Why the installed transformers cannot be this model's reference, or
+    None. transformers' YaRN learned its fields over several releases (the
+    mscale pair, then truncate); a release whose _compute_yarn_parameters
+    does not read a field the spec sets would silently compute another
+    RoPE, so the model is skipped and says why."""
+    rope = spec.get("rope_scaling") or {}
+    if rope.get("rope_type") != "yarn":
+        return None
+    import transformers
+
+    try:
+        from transformers import modeling_rope_utils
+    except ImportError:
+        return f"transformers {transformers.__version__} has no modeling_rope_utils"
+    compute = getattr(modeling_rope_utils, "_compute_yarn_parameters", None)
+    if compute is None:
+        return f"transformers {transformers.__version__} has no _compute_yarn_parameters"
+    source = inspect.getsource(compute)
+    # A field counts as read where the function names it as a key ("truncate"
+    # or 'truncate'), not where a comment or another name holds the word.
+    unread = [k for k in rope if k not in ("rope_type", "factor")
+              and not re.search(rf"[\"']{re.escape(k)}[\"']", source)]
+    if unread:
+        return f"transformers {transformers.__version__}'s YaRN does not read {', '.join(unread)}"
+    return None
+
+
 def check_model(name, args, prompt):
     import copy
 
@@ -600,7 +630,10 @@ def print_summary(report, args):
             if key.endswith("_max_abs_diff"):
                 print(f"  {key.replace('_', ' ')}: {value:.4g}")
         print(f"  {name}: {'PASS' if res['pass'] else 'FAIL'}")
-    print(f"\nOVERALL: {'PASS' if report['pass'] else 'FAIL'}")
+    for name, why in report.get("skipped", {}).items():
+        print(f"\n[{name}] SKIPPED: {why}")
+    print(f"\nOVERALL: {'PASS' if report['pass'] else 'FAIL'}"
+          f"{' (skipped: ' + ', '.join(report['skipped']) + ')' if report.get('skipped') else ''}")
 
 
 def parse_args(argv=None):
@@ -628,7 +661,7 @@ def parse_args(argv=None):
     args.modes = [m for m in args.modes.split(",") if m]
     for m in args.models:
         if m not in MODELS:
-            p.error(f"--models: unknown model {m!r} (llama, qwen3, llama31)")
+            p.error(f"--models: unknown model {m!r} ({', '.join(MODELS)})")
     for m in args.modes:
         if m not in ("graph", "eager", "cpu"):
             p.error(f"--modes: unknown mode {m!r} (graph, eager, cpu)")
@@ -669,9 +702,15 @@ def main(argv=None):
         engine=args.engine, prompt=args.prompt, steps=args.steps, seed=args.seed, init=args.init,
         tolerance=dict(rule="per position: max|engine - hf16| <= tol * max(1, max|hf16|)", tol=args.tol),
         models={})
+    report["skipped"] = {}
     for name in args.models:
+        why = unmet_requirement(MODELS[name])
+        if why is not None:
+            report["skipped"][name] = why
+            continue
         report["models"][name] = check_model(name, args, args.prompt)
-    report["pass"] = all(res["pass"] for res in report["models"].values())
+    # A skipped model is no pass: with every model skipped the run fails.
+    report["pass"] = bool(report["models"]) and all(res["pass"] for res in report["models"].values())
     print_summary(report, args)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
