@@ -655,7 +655,7 @@ def parse_args(argv=None):
     p.add_argument("--allow-cpu", action="store_true", help="accept an engine run that fell back to the CPU backend")
     p.add_argument("--write-rope-theta", action="store_true",
                    help="add a top-level rope_theta to config.json when transformers wrote only rope_parameters "
-                        "(a workaround while model_config.cpp does not read rope_parameters)")
+                        "(model_config.cpp reads either and requires the two to agree: this checks both together)")
     args = p.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     args.modes = [m for m in args.modes.split(",") if m]
