@@ -196,6 +196,20 @@ __device__ __forceinline__ void store_quad_out(T* out /* [rows, n] */, int n, in
   }
 }
 
+// splitk_finish_last's stores: the sums of this thread's quads c = tid +
+// (i0 + j) * kThreadsN, j < kCount, to out (row stride n). n is a multiple
+// of 8, so a quad is all in or all out.
+template <int kThreadsN, class T, int kCount>
+__device__ __forceinline__ void store_quad_sums(T* out, int n, int tid, int i0, int quads, int quads_per_row,
+                                                int col0, const float4 (&sum)[kCount], const GptqResidualOut& res) {
+#pragma unroll
+  for (int j = 0; j < kCount; ++j) {
+    const int c = tid + (i0 + j) * kThreadsN;
+    const int row = c / quads_per_row, col = col0 + (c % quads_per_row) * 4;
+    store_quad_out(out, n, row, col, sum[j], c < quads && col < n, res);
+  }
+}
+
 // The last arriver (every INT4 kernel): every CTA of output tile `tile` has
 // stored its f32 partial, rows x cols row-major, at partials + (split *
 // tiles + tile) * rows * cols. The CTA
@@ -273,12 +287,7 @@ __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [s
           }
         }
       }
-#pragma unroll
-      for (int j = 0; j < kChunk; ++j) {
-        const int c = tid + (i0 + j) * kThreadsN;
-        const int row = c / quads_per_row, col = col0 + (c % quads_per_row) * 4;
-        store_quad_out(out, n, row, col, sum[j], c < quads && col < n, res);  // n % 8 == 0: all in or all out
-      }
+      store_quad_sums<kThreadsN>(out, n, tid, i0, quads, quads_per_row, col0, sum, res);
     }
   } else {
     float4 sum[kPer];
@@ -297,13 +306,7 @@ __device__ __forceinline__ void splitk_finish_last(const float* partials,  // [s
         }
       }
     }
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int c = tid + i * kThreadsN;
-      const int row = c / quads_per_row, col = col0 + (c % quads_per_row) * 4;
-      // n is a multiple of 8: a quad is all in or all out.
-      store_quad_out(out, n, row, col, sum[i], c < quads && col < n, res);
-    }
+    store_quad_sums<kThreadsN>(out, n, tid, 0, quads, quads_per_row, col0, sum, res);
   }
   if (tid == 0) counters[tile] = 0;
 }
