@@ -1255,8 +1255,8 @@ bool plan_decode_typed(const AttentionArgs& a, DecodeLaunchPlan& plan) {
   if (per_block <= 0 && cluster_shape) per_block = 1;
   const long long sms = device_sm_count("flash_attention");
   if (per_block <= 0) {
-    const long long slots =
-        static_cast<long long>(resident_blocks<attention_decode_kernel<T, HD>, Sh::kSmemBytes>(static_cast<int>(threads))) * sms;
+    const int resident = resident_blocks<attention_decode_kernel<T, HD>, Sh::kSmemBytes>(static_cast<int>(threads));
+    const long long slots = static_cast<long long>(resident) * sms;
     per_block = default_slices_per_block(groups, splits, slice_keys, slots, sms, a.decode_tuning.tail_free_slices);
   }
   per_block = std::min(per_block, splits);

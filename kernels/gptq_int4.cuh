@@ -198,7 +198,8 @@ __device__ __forceinline__ void store_quad_out(T* out /* [rows, n] */, int n, in
 
 // splitk_finish_last's stores: the sums of this thread's quads c = tid +
 // (i0 + j) * kThreadsN, j < kCount, to out (row stride n). n is a multiple
-// of 8, so a quad is all in or all out.
+// of 8, so a quad is all in or all out. Every lane of the warp calls it
+// (store_quad_out's residual epilogue shuffles).
 template <int kThreadsN, class T, int kCount>
 __device__ __forceinline__ void store_quad_sums(T* out, int n, int tid, int i0, int quads, int quads_per_row,
                                                 int col0, const float4 (&sum)[kCount], const GptqResidualOut& res) {

@@ -486,7 +486,10 @@ def unmet_requirement(spec):
     compute = getattr(modeling_rope_utils, "_compute_yarn_parameters", None)
     if compute is None:
         return f"transformers {transformers.__version__} has no _compute_yarn_parameters"
-    source = inspect.getsource(compute)
+    try:
+        source = inspect.getsource(compute)
+    except (OSError, TypeError):
+        return f"transformers {transformers.__version__}: cannot read _compute_yarn_parameters' source"
     # A field counts as read where the function names it as a key ("truncate"
     # or 'truncate'), not where a comment or another name holds the word.
     unread = [k for k in rope if k not in ("rope_type", "factor")

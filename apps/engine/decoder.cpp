@@ -102,6 +102,13 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
     fail(ErrorCode::Unsupported, "Decoder: the ", backend.name(), " backend does not run ", op_names(refusing),
          " on heads of head_dim = ", cfg_.head_dim);
   }
+  // The tables as load_weights made them: rope_positions rows of hd / 2.
+  if (w_.rope_cos.numel() != w_.rope_positions * (cfg_.head_dim / 2) ||
+      w_.rope_sin.numel() != w_.rope_cos.numel()) {
+    fail(ErrorCode::InvalidArgument, "Decoder: the RoPE tables hold ", w_.rope_cos.numel(), " and ",
+         w_.rope_sin.numel(), " values, not rope_positions (", w_.rope_positions, ") x head_dim / 2 (",
+         cfg_.head_dim / 2, ")");
+  }
   if (kv_capacity == 0 || kv_capacity > w_.rope_positions) {
     fail(ErrorCode::InvalidArgument, "Decoder: kv_capacity = ", kv_capacity, " must be in [1, ", w_.rope_positions,
          "] (the RoPE tables' positions, LoadOptions::rope_positions or max_position_embeddings)");
