@@ -102,15 +102,8 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
     fail(ErrorCode::Unsupported, "Decoder: the ", backend.name(), " backend does not run ", op_names(refusing),
          " on heads of head_dim = ", cfg_.head_dim);
   }
-  // The tables as load_weights made them: rope_positions rows of hd / 2.
-  if (w_.rope_cos.numel() != w_.rope_positions * (cfg_.head_dim / 2) ||
-      w_.rope_sin.numel() != w_.rope_cos.numel()) {
-    fail(ErrorCode::InvalidArgument, "Decoder: the RoPE tables hold ", w_.rope_cos.numel(), " and ",
-         w_.rope_sin.numel(), " values, not rope_positions (", w_.rope_positions, ") x head_dim / 2 (",
-         cfg_.head_dim / 2, ")");
-  }
-  if (kv_capacity == 0 || kv_capacity > w_.rope_positions) {
-    fail(ErrorCode::InvalidArgument, "Decoder: kv_capacity = ", kv_capacity, " must be in [1, ", w_.rope_positions,
+  if (kv_capacity == 0 || kv_capacity > w_.rope_positions()) {
+    fail(ErrorCode::InvalidArgument, "Decoder: kv_capacity = ", kv_capacity, " must be in [1, ", w_.rope_positions(),
          "] (the RoPE tables' positions, LoadOptions::rope_positions or max_position_embeddings)");
   }
   if (max_prefill_tokens == 0 || max_prefill_tokens > kv_capacity) {
@@ -420,7 +413,7 @@ void Decoder::enqueue_attention(std::size_t l, const Pass& pass) {
   const std::size_t kv = cfg_.num_key_value_heads;
   const std::size_t hd = cfg_.head_dim;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  const std::size_t max_pos = w_.rope_positions;
+  const std::size_t max_pos = w_.rope_positions();
 
   const RopeMode mode = cfg_.has_qk_norm() ? RopeMode::NormAndRope : RopeMode::RopeOnly;
   const Buffer* q_norm = cfg_.has_qk_norm() ? &lw.q_norm : nullptr;

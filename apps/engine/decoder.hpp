@@ -79,7 +79,7 @@ std::string op_names(const std::vector<Op>& ops);
 
 class Decoder {
  public:
-  // kv_capacity: most positions a sequence may reach (<= weights.rope_positions,
+  // kv_capacity: most positions a sequence may reach (<= weights.rope_positions(),
   // which is at most max_position_embeddings).
   // max_prefill_tokens: most tokens one prefill call may take.
   // sequences: how many sequences the decoder holds (each its own KV caches

@@ -357,6 +357,27 @@ class WeightLoader {
 std::vector<double> rope_inverse_frequencies(const ModelConfig& config) {
   constexpr double kTwoPi = 6.283185307179586476925286766559;
   const RopeScaling& s = config.rope_scaling;
+  // yarn: pairs that turn fewer than beta_slow times over the pretraining
+  // context are interpolated (f / factor), more than beta_fast times kept
+  // (f), and a linear ramp over the pair index [low, high] blends between.
+  // The range depends on the config only: found once, not per pair.
+  const double dim = static_cast<double>(config.head_dim);
+  auto correction_pair = [&](double rotations) {
+    return dim * std::log(s.original_max_position_embeddings / (rotations * kTwoPi)) /
+           (2.0 * std::log(config.rope_theta));
+  };
+  double low = 0.0, high = 0.0;
+  if (s.type == RopeScaling::Type::Yarn) {
+    low = correction_pair(s.beta_fast);
+    high = correction_pair(s.beta_slow);
+    if (s.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, dim - 1.0);
+    if (low == high) high += 0.001;  // as transformers: no division by zero
+  }
   std::vector<double> inv(config.head_dim / 2);
   for (std::size_t i = 0; i < inv.size(); ++i) {
     const double f = std::pow(config.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(config.head_dim));
@@ -377,23 +398,6 @@ std::vector<double> rope_inverse_frequencies(const ModelConfig& config) {
         break;
       }
       case RopeScaling::Type::Yarn: {
-        // Pairs that turn fewer than beta_slow times over the pretraining
-        // context are interpolated (f / factor), more than beta_fast times
-        // kept (f), and a linear ramp over the pair index blends between.
-        const double dim = static_cast<double>(config.head_dim);
-        auto correction_pair = [&](double rotations) {
-          return dim * std::log(s.original_max_position_embeddings / (rotations * kTwoPi)) /
-                 (2.0 * std::log(config.rope_theta));
-        };
-        double low = correction_pair(s.beta_fast);
-        double high = correction_pair(s.beta_slow);
-        if (s.truncate) {
-          low = std::floor(low);
-          high = std::ceil(high);
-        }
-        low = std::max(low, 0.0);
-        high = std::min(high, dim - 1.0);
-        if (low == high) high += 0.001;  // as transformers: no division by zero
         const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
         inv[i] = f / s.factor * ramp + f * (1.0 - ramp);
         break;
@@ -489,9 +493,9 @@ ModelWeights load_weights(Backend& backend, const ModelConfig& config, const Ten
   for (std::size_t i = 0; i < config.num_hidden_layers; ++i) w.layers.push_back(loader.layer(i));
   w.final_norm = loader.upload("model.norm.weight");
   if (!config.tie_word_embeddings) w.lm_head = loader.upload("lm_head.weight");
-  w.rope_positions = options.rope_positions != 0 ? options.rope_positions : config.max_position_embeddings;
   std::vector<float> cos, sin;
-  make_rope_tables(config, w.rope_positions, cos, sin);
+  make_rope_tables(config, options.rope_positions != 0 ? options.rope_positions : config.max_position_embeddings, cos,
+                   sin);
   w.rope_cos = backend.upload(cos, DType::F32);
   w.rope_sin = backend.upload(sin, DType::F32);
   return w;

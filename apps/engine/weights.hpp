@@ -80,9 +80,13 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   Buffer final_norm;  // [hidden]
   Buffer lm_head;     // [vocab, hidden]; null when tie_word_embeddings
-  Buffer rope_cos;    // [rope_positions, hd / 2] f32
-  Buffer rope_sin;    // [rope_positions, hd / 2] f32
-  std::size_t rope_positions = 0;  // the tables' rows: the positions a decoder may reach
+  Buffer rope_cos;    // [rope_positions(), hd / 2] f32
+  Buffer rope_sin;    // [rope_positions(), hd / 2] f32
+
+  // The RoPE tables' rows: the positions a decoder may reach.
+  std::size_t rope_positions() const noexcept {
+    return config.head_dim < 2 ? 0 : rope_cos.numel() / (config.head_dim / 2);
+  }
 
   const Buffer& output_projection() const noexcept {  // [vocab, hidden]
     return config.tie_word_embeddings ? embed_tokens : lm_head;

@@ -148,10 +148,10 @@ TEST(Weights, RopePositionsCutTheTablesToTheirFirstRows) {
   CpuBackend be;
   const std::size_t half = c.head_dim / 2;
   const ModelWeights full = random_weights(be, c, 1);
-  EXPECT_EQ(full.rope_positions, c.max_position_embeddings);
+  EXPECT_EQ(full.rope_positions(), c.max_position_embeddings);
   const std::size_t rows = 37;
   const ModelWeights cut = random_weights(be, c, 1, {.rope_positions = rows});
-  EXPECT_EQ(cut.rope_positions, rows);
+  EXPECT_EQ(cut.rope_positions(), rows);
   ASSERT_EQ(cut.rope_cos.numel(), rows * half);
   ASSERT_EQ(cut.rope_sin.numel(), rows * half);
   const std::vector<float> full_cos = be.download(full.rope_cos), full_sin = be.download(full.rope_sin);
