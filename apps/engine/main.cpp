@@ -138,6 +138,8 @@ using Clock = std::chrono::steady_clock;
 // The streaming GPTQ kernel's CTAs per SM for a GPTQ model decoding one
 // sequence from a graph (see choose_backend): 2 measured slower, 4 no better (session 24).
 constexpr int kEngineGptqCtasPerSm = 3;
+// The most sequences one run decodes (--batch, or prompts given).
+constexpr std::size_t kMaxSequences = 1024;
 
 struct Options {
   std::string model_dir;
@@ -276,7 +278,9 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.prompts = parse_prompts(value());
     } else if (arg == "--batch") {
       opt.batch = parse_count(arg, value());
-      if (opt.batch == 0 || opt.batch > 1024) fail(ErrorCode::InvalidArgument, "--batch takes 1..1024, got ", opt.batch);
+      if (opt.batch == 0 || opt.batch > kMaxSequences) {
+        fail(ErrorCode::InvalidArgument, "--batch takes 1..", kMaxSequences, ", got ", opt.batch);
+      }
     } else if (arg == "--steps") {
       opt.steps = parse_count(arg, value());
     } else if (arg == "--seed") {
@@ -375,6 +379,10 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
   if (!opt.quant.empty() && opt.random_preset.empty()) {
     fail(ErrorCode::InvalidArgument,
          "--quant applies to --random presets; a checkpoint's config.json says how it is quantized");
+  }
+  if (opt.prompts.size() > kMaxSequences) {
+    fail(ErrorCode::InvalidArgument, "--prompt-tokens gives ", opt.prompts.size(), " prompts, past the ", kMaxSequences,
+         " sequences of a batch");
   }
   if (opt.batch == 0) opt.batch = opt.prompts.size();
   if (opt.pipeline && (opt.batch > 1 || opt.prompts.size() > 1)) {

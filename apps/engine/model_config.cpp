@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -243,7 +245,26 @@ RopeScaling parse_rope_scaling(const Json& config, const std::string& source) {
   return chosen.value_or(RopeScaling{});
 }
 
+// A config file of the checkpoint: a regular file (a FIFO would block the
+// read, /dev/zero never end it) of at most kMaxConfigBytes, read whole.
+constexpr std::uintmax_t kMaxConfigBytes = std::uintmax_t{16} << 20;
+
 std::string read_text_file(const std::filesystem::path& path, const char* what) {
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::status(path, ec);
+  if (status.type() == std::filesystem::file_type::not_found) {
+    fail(ErrorCode::InvalidArgument, what, " '", path.string(), "': cannot open it for reading (no such file)");
+  }
+  if (!std::filesystem::is_regular_file(status)) {
+    fail(ErrorCode::InvalidArgument, what, " '", path.string(), "': not a regular file",
+         ec ? concat(" (", ec.message(), ")") : std::string());
+  }
+  const std::uintmax_t bytes = std::filesystem::file_size(path, ec);
+  if (ec) fail(ErrorCode::InvalidArgument, what, " '", path.string(), "': cannot find its size (", ec.message(), ")");
+  if (bytes > kMaxConfigBytes) {
+    fail(ErrorCode::InvalidArgument, what, " '", path.string(), "': ", bytes, " bytes is past the ", kMaxConfigBytes,
+         "-byte limit of a config file");
+  }
   std::ifstream in(path);
   if (!in) fail(ErrorCode::InvalidArgument, what, " '", path.string(), "': cannot open it for reading");
   std::ostringstream text;
@@ -372,9 +393,9 @@ void ModelConfig::validate(const std::string& source) const {
       {"head_dim", head_dim},
       {"vocab_size", vocab_size},
       {"max_position_embeddings", max_position_embeddings}};
-  // The cap keeps every product of two or three of them (the projections'
-  // and embeddings' element counts, the RoPE tables) inside size_t; no real
-  // model comes near it.
+  // The cap keeps every product of two of them (the projections' and
+  // embeddings' element counts, the RoPE tables) far inside size_t (2^48);
+  // no real model comes near it.
   for (const auto& [name, value] : sizes) {
     if (value == 0) fail(ErrorCode::InvalidArgument, source, ": ", name, " must be positive");
     if (value > kMaxConfigSize) {
@@ -413,6 +434,12 @@ void ModelConfig::validate(const std::string& source) const {
       positive("beta_fast", rope_scaling.beta_fast);
       positive("beta_slow", rope_scaling.beta_slow);
       positive("attention_factor", rope_scaling.attention_factor);
+      // Its correction range divides by log(rope_theta) (transformers
+      // raises ZeroDivisionError at 1; below 1 the range turns over).
+      if (!(rope_theta > 1.0)) {
+        fail(ErrorCode::InvalidArgument, source, ": RoPE scaling ", to_string(rope_scaling), ": rope_theta = ",
+             rope_theta, " must be larger than 1 (yarn divides by its logarithm)");
+      }
     }
   }
   if (!is_half_precision(dtype)) {

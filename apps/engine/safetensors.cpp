@@ -20,6 +20,9 @@ using Json = nlohmann::json;
 
 // The reference implementation refuses headers above 100 MB.
 constexpr std::uint64_t kMaxHeaderBytes = std::uint64_t{100} << 20;
+// The most items an array of the header may hold (shape's rank; data_offsets
+// has 2).
+constexpr std::size_t kMaxHeaderArrayItems = 64;
 
 struct DTypeName {
   SafetensorsDType dtype;
@@ -168,14 +171,19 @@ std::string shape_to_string(const std::vector<std::size_t>& shape) {
 }
 
 SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ErrorCode::InvalidArgument, where(path), ": cannot open it for reading");
-  // A directory or a FIFO opens as a stream but has no size to seek to.
+  // Before opening it: a directory opens as a stream with no size to seek
+  // to, and opening a FIFO blocks until a writer comes.
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
+  const std::filesystem::file_status status = std::filesystem::status(path, ec);
+  if (status.type() == std::filesystem::file_type::not_found) {
+    fail(ErrorCode::InvalidArgument, where(path), ": cannot open it for reading (no such file)");
+  }
+  if (!std::filesystem::is_regular_file(status)) {
     fail(ErrorCode::InvalidArgument, where(path), ": not a regular file",
          ec ? concat(" (", ec.message(), ")") : std::string());
   }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(ErrorCode::InvalidArgument, where(path), ": cannot open it for reading");
   in.seekg(0, std::ios::end);
   const std::streamoff end = in.tellg();
   in.seekg(0);
@@ -201,26 +209,58 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   in.read(header.data(), static_cast<std::streamsize>(header_bytes));
   if (!in) fail(ErrorCode::InvalidArgument, where(path), ": reading the ", header_bytes, "-byte header failed");
 
-  // A name given twice: nlohmann keeps the last entry silently (an F32
-  // tensor could become I32), so the parse notes the first repeated key.
-  std::unordered_set<std::string> names;
-  std::string repeated;
-  auto note_repeats = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    if (event == Json::parse_event_t::key && depth == 1 && repeated.empty() &&
-        !names.insert(parsed.get<std::string>()).second) {
-      repeated = parsed.get<std::string>();
+  // A key given twice: nlohmann keeps the last one silently (an F32 tensor
+  // could become I32, or an entry's "dtype" another dtype), so the parse
+  // notes the first repeated tensor name and the first repeated field of an
+  // entry. And it stops at the first container a header cannot hold (an
+  // object below an entry, an array outside one, an array longer than any
+  // shape), before a nested or flat run of them fills memory: the header
+  // is the root object (depth 0), its entries (objects at depth 1) and their
+  // shape and data_offsets (arrays at depth 2 of numbers at depth 3).
+  std::unordered_set<std::string> names, fields;
+  std::string repeated, repeated_field, entry_name;
+  std::size_t array_items = 0;
+  auto at = [&] { return entry_name.empty() ? where(path) : where(path, entry_name); };
+  auto check_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    using Event = Json::parse_event_t;
+    if (event == Event::key && depth == 1) {
+      entry_name = parsed.get<std::string>();
+      if (repeated.empty() && !names.insert(entry_name).second) repeated = entry_name;
+    } else if (event == Event::object_start && depth == 1) {
+      fields.clear();
+    } else if (event == Event::key && depth == 2) {
+      if (repeated_field.empty() && !fields.insert(parsed.get<std::string>()).second) {
+        repeated_field = concat("'", entry_name, "' field \"", parsed.get<std::string>(), "\"");
+      }
+    } else if (event == Event::array_start && depth == 0) {
+      fail(ErrorCode::InvalidArgument, where(path), ": the header must be a JSON object, not an array");
+    } else if (event == Event::object_start && depth > 1) {
+      fail(ErrorCode::InvalidArgument, at(), ": the header nests an object at depth ", depth,
+           " (an entry holds strings and arrays of numbers)");
+    } else if (event == Event::array_start) {
+      if (depth != 2) {
+        fail(ErrorCode::InvalidArgument, at(), ": the header holds an array at depth ", depth,
+             " (only an entry's fields are arrays)");
+      }
+      array_items = 0;
+    } else if (event == Event::value && depth == 3 && ++array_items > kMaxHeaderArrayItems) {
+      fail(ErrorCode::InvalidArgument, at(), ": an array of the header runs past ", kMaxHeaderArrayItems,
+           " items (no shape has that many dimensions)");
     }
     return true;
   };
   Json json;
   try {
-    json = Json::parse(header, note_repeats);
+    json = Json::parse(header, check_event);
   } catch (const Json::exception& e) {  // parse_error, and out_of_range for a number past a double
     fail(ErrorCode::InvalidArgument, where(path), ": the header is not valid JSON (", e.what(), ")");
   }
   if (!json.is_object()) fail(ErrorCode::InvalidArgument, where(path), ": the header must be a JSON object");
   if (!repeated.empty()) {
     fail(ErrorCode::InvalidArgument, where(path, repeated), ": the header names it more than once");
+  }
+  if (!repeated_field.empty()) {
+    fail(ErrorCode::InvalidArgument, where(path), ": the header gives ", repeated_field, " more than once");
   }
 
   SafetensorsFile file;

@@ -209,6 +209,11 @@ class WeightLoader {
     p.scales = read_checked_scales(source_, tensors[2]);
     if (source_.contains(tensors[3].name)) {
       p.g_idx = read_checked_i32(source_, tensors[3]);
+    } else if (config_.gptq->desc_act) {
+      // Act-order: the rows' groups are a permutation only g_idx records;
+      // row / group_size in its place would pair rows with the wrong scales.
+      fail(ErrorCode::InvalidArgument, source_.describe(qweight), ": tensor '", tensors[3].name,
+           "' is missing, and the config's quantization has desc_act = true (act-order needs each row's group)");
     } else {
       const std::size_t group = config_.gptq->group_size < 0 ? p.k : static_cast<std::size_t>(config_.gptq->group_size);
       p.g_idx.resize(p.k);
@@ -417,6 +422,15 @@ void make_rope_tables(const ModelConfig& config, std::size_t rows, std::vector<f
   sin.assign(rows * half, 0.0f);
   const std::vector<double> inv_freqs = rope_inverse_frequencies(config);
   const double scale = rope_attention_factor(config);
+  // validate() refuses the configs known to break the formulas; a NaN or
+  // infinite frequency here would still decode garbage silently.
+  for (std::size_t i = 0; i < half; ++i) {
+    if (!std::isfinite(inv_freqs[i]) || !std::isfinite(scale)) {
+      fail(ErrorCode::InvalidArgument, "make_rope_tables: RoPE ", to_string(config.rope_scaling),
+           " with rope_theta = ", config.rope_theta, " gives inverse frequency ", inv_freqs[i], " for pair ", i,
+           " and attention factor ", scale, ": not finite");
+    }
+  }
   for (std::size_t i = 0; i < half; ++i) {
     const double inv_freq = inv_freqs[i];
     for (std::size_t pos = 0; pos < rows; ++pos) {
@@ -485,6 +499,13 @@ ModelWeights load_weights(Backend& backend, const ModelConfig& config, const Ten
     fail(ErrorCode::ShapeMismatch, "load_weights: tensor '", next_layer, "' (", source.describe(next_layer),
          ") exists, but the config has num_hidden_layers = ", config.num_hidden_layers, " (layers 0..",
          config.num_hidden_layers - 1, ")");
+  }
+  // And fewer (a config with more num_hidden_layers than the checkpoint):
+  // refused here, before the loader tables every layer's tensors.
+  const std::string last_layer = layer_tensor_name(config.num_hidden_layers - 1, "input_layernorm.weight");
+  if (!source.contains(last_layer)) {
+    fail(ErrorCode::ShapeMismatch, "load_weights: the config has num_hidden_layers = ", config.num_hidden_layers,
+         ", but the checkpoint has no tensor '", last_layer, "' (", source.describe(last_layer), ")");
   }
   const WeightLoader loader(backend, config, source, options);
   ModelWeights w;

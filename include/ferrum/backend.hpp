@@ -530,7 +530,8 @@ class Backend {
   virtual void* allocate_bytes(std::size_t bytes) = 0;
   // Buffer::wrap: throws ferrum::Error (naming Buffer::wrap and 'ptr') when
   // this backend's ops cannot touch `bytes` bytes at `ptr`. Default: any
-  // memory (CpuBackend: host memory).
+  // memory. CpuBackend refuses CUDA device memory (on a machine with a GPU
+  // it asks CUDA, which starts the CUDA runtime if nothing had).
   virtual void check_wrapped(const void* ptr, std::size_t bytes) const {
     (void)ptr;
     (void)bytes;

@@ -50,7 +50,7 @@ class Buffer {
   // Throws Misaligned if `ptr` is not aligned to the element size,
   // InvalidArgument for numel 0, a byte count past size_t, or memory the
   // backend's ops cannot reach (CudaBackend: pageable host memory, another
-  // device's memory). CudaBackend also refuses device memory whose
+  // device's memory; CpuBackend: CUDA device memory). CudaBackend also refuses device memory whose
   // allocation (as the driver reports it for cudaMalloc / cuMemAlloc) ends
   // before ptr + numel elements; elsewhere the extent is the caller's promise.
   static Buffer wrap(Backend& backend, void* ptr, DType dtype, std::size_t numel);

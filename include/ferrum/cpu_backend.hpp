@@ -32,6 +32,8 @@ class CpuBackend final : public Backend {
 
  protected:
   void* allocate_bytes(std::size_t bytes) override;
+  // Refuses CUDA device memory (asking CUDA where a GPU is present).
+  void check_wrapped(const void* ptr, std::size_t bytes) const override;
   void do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host,
                       std::size_t bytes) override;
   void do_read_bytes(const Buffer& src, std::size_t src_byte_offset, void* host,

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/device_memory.hpp"
 #include "common/fail.hpp"
 #include "common/parallel.hpp"
 #include "ferrum/half.hpp"
@@ -307,6 +308,19 @@ void CpuBackend::parallel_for(std::size_t n, F&& body) {
 
 // ── Memory ───────────────────────────────────────────────────────────────────
 
+// The host dereferences a wrapped pointer: device memory (which it cannot)
+// is refused, named with its device; anything else is the caller's host
+// memory.
+void CpuBackend::check_wrapped(const void* ptr, std::size_t bytes) const {
+  const int device = detail::device_owning_memory(ptr);
+  if (device >= 0) {
+    fail(ErrorCode::InvalidArgument,
+         "Buffer::wrap: argument 'ptr' = {} ({} bytes) is memory of CUDA device {}, which CpuBackend's ops (run on "
+         "the host) cannot read; wrap it with a CudaBackend on that device",
+         ptr, bytes, device);
+  }
+}
+
 void* CpuBackend::allocate_bytes(std::size_t bytes) {
   // std::aligned_alloc wants a size that is a multiple of the alignment.
   if (bytes > SIZE_MAX - (kHostAlignment - 1)) {
@@ -347,7 +361,7 @@ void CpuBackend::do_set_decode_state(std::int32_t token, std::int32_t pos, std::
 
 void CpuBackend::do_advance_decode_state(const Buffer& next_token, Buffer& token_log) {
   const std::int64_t at = static_cast<std::int64_t>(state_pos_) + 1;
-  if (at >= static_cast<std::int64_t>(token_log.numel())) {
+  if (at < 0 || at >= static_cast<std::int64_t>(token_log.numel())) {
     fail(ErrorCode::CapacityExceeded,
          "advance_decode_state: decode-state position {} + 1 is outside token_log (numel = {})", state_pos_,
          token_log.numel());

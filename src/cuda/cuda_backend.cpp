@@ -16,6 +16,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/device_memory.hpp"
 #include "common/fail.hpp"
 #include "cuda/buffer_ptr.hpp"
 #include "cuda/cuda_runtime.hpp"
@@ -57,6 +58,16 @@ int cuda_device_count() noexcept {
     return 0;
   }
   return count;
+}
+
+int detail::device_owning_memory(const void* ptr) noexcept {
+  if (ptr == nullptr || cuda_device_count() == 0) return -1;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    (void)cudaGetLastError();  // answered, not sticky
+    return -1;
+  }
+  return attr.type == cudaMemoryTypeDevice ? attr.device : -1;
 }
 
 namespace {

@@ -404,6 +404,40 @@ TEST_P(ApiOnBackend, AdvanceDecodeStateStepsTheState) {
   EXPECT_EQ(be.download(log), want);
 }
 
+// A token log longer than int32 positions can index: refused before the
+// state moves (a position could wrap while the log still had room). The
+// wrapped buffer's extent is never touched: the check comes first.
+TEST(BufferApi, AdvanceDecodeStateRefusesALogPastInt32Positions) {
+  CpuBackend cpu;
+  std::vector<std::int32_t> slots(8, -1);
+  const std::size_t too_long = static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()) + 1;
+  Buffer log = Buffer::wrap(cpu, slots.data(), DType::I32, too_long);
+  Buffer next = cpu.upload(std::vector<float>{3.0f}, DType::I32);
+  cpu.set_decode_state(5, 0);
+  expect_error(ErrorCode::InvalidArgument, "advance_decode_state", [&] { cpu.advance_decode_state(next, log); },
+               cat("'token_log' holds ", too_long, " positions"));
+  EXPECT_EQ(slots, std::vector<std::int32_t>(8, -1));
+  Buffer fits = Buffer::wrap(cpu, slots.data(), DType::I32, slots.size());
+  cpu.advance_decode_state(next, fits);
+  EXPECT_EQ(slots[1], 3) << "the state did not move on the refusal";
+}
+
+// write_bytes / read_bytes with a host range inside the buffer's own bytes
+// (memcpy is undefined on overlap): refused, naming both ranges; a host
+// range beside them is taken.
+TEST(BufferApi, HostRangesOverlappingTheBufferAreRefused) {
+  CpuBackend cpu;
+  Buffer b = cpu.upload(std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}, DType::F32);
+  auto* bytes = static_cast<std::uint8_t*>(b.data());
+  expect_error(ErrorCode::InvalidArgument, "write_bytes", [&] { cpu.write_bytes(b, bytes + 4, 8, 0); },
+               "overlaps 'dst'");
+  expect_error(ErrorCode::InvalidArgument, "read_bytes", [&] { cpu.read_bytes(b, bytes + 12, 8, 8); },
+               "overlaps 'src'");
+  EXPECT_EQ(cpu.download(b), (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}));
+  cpu.read_bytes(b, bytes + 16, 16, 0);  // [0, 16) into [16, 32): apart
+  EXPECT_EQ(cpu.download(b), (std::vector<float>{1, 2, 3, 4, 1, 2, 3, 4}));
+}
+
 // ── World size 1 collectives ─────────────────────────────────────────────────
 
 TEST_P(ApiOnBackend, WorldSizeOneCollectives) {

@@ -163,6 +163,13 @@ TEST(EngineCli, CountsLengthsAndIdsAreCheckedFirst) {
   EXPECT_EQ(run_engine("--random tiny-llama --cpu --steps 2 --prompt-tokens 5,256", log), 1);
   EXPECT_NE(read_text(log).find("token id 256 is past the vocabulary"), std::string::npos) << read_text(log);
 
+  // More prompts than a batch holds (--batch caps at 1024): refused before the load.
+  std::string prompts = "1";
+  for (int i = 0; i < 1024; ++i) prompts += ";1";
+  EXPECT_EQ(run_engine("--random tiny-llama --cpu --steps 2 --prompt-tokens \"" + prompts + "\"", log), 1);
+  EXPECT_NE(read_text(log).find("gives 1025 prompts, past the 1024"), std::string::npos) << read_text(log);
+  EXPECT_EQ(read_text(log).find("loaded in"), std::string::npos) << "loaded before failing: " << read_text(log);
+
   ASSERT_EQ(run_engine("--random tiny-llama --cpu --steps 128", log), 0) << read_text(log);
   EXPECT_EQ(generated_tokens(read_text(log)).size(), 128u);
   EXPECT_EQ(run_engine("--random tiny-llama --cpu --steps 129", log), 1);

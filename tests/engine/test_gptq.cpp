@@ -448,6 +448,16 @@ std::filesystem::path gptq_checkpoint_with(const ModelConfig& config, const std:
   return gptq_checkpoint_with(config, testing::config_json(config), name, replacement, extra);
 }
 
+// desc_act = true without a g_idx tensor: refused, naming it (row / group
+// in its place would pair permuted rows with the wrong scales and zeros).
+TEST(GptqCheckpoint, ActOrderNeedsGIdx) {
+  const ModelConfig config = gptq_config("tiny-llama", 32, GptqZeroFormat::V1, true);
+  const std::string name = "model.layers.1.mlp.down_proj.g_idx";
+  CpuBackend be;
+  EXPECT_ENGINE_ERROR(load_checkpoint(be, gptq_checkpoint_with(config, name, nullptr)), ErrorCode::InvalidArgument,
+                      name, "missing", "desc_act = true");
+}
+
 TEST(GptqCheckpoint, QweightMustBeI32) {
   const ModelConfig config = gptq_config("tiny-llama");
   const std::string name = "model.layers.1.self_attn.o_proj.qweight";

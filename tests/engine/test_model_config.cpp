@@ -1,14 +1,17 @@
 // config.json parsing and presets.
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
 
+#include "engine_error.hpp"
 #include "engine_test_support.hpp"
 #include "support/test_support.hpp"
 #include "model_config.hpp"
@@ -276,6 +279,16 @@ TEST(ModelConfig, YarnRopeScaling) {
   j["rope_scaling"] = qwen3_yarn;
   j["rope_scaling"]["low_freq_factor"] = 1.0;
   EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::Unsupported, "rope_scaling.low_freq_factor");
+  // yarn's correction range divides by log(rope_theta): 1 (a division by
+  // zero, NaN tables) and below (the range turned over) are refused.
+  j["rope_scaling"] = qwen3_yarn;
+  for (const double theta : {1.0, 0.5}) {
+    j["rope_theta"] = theta;
+    EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument,
+                        concat("rope_theta = ", theta), "must be larger than 1");
+  }
+  j["rope_theta"] = 1.5;
+  EXPECT_NO_THROW(parse_model_config(j.dump(), "just above 1"));
 }
 
 // The dtype the model runs in: the checkpoint's torch_dtype, or the one the
@@ -402,6 +415,25 @@ TEST(ModelConfig, LoadFromFile) {
   std::ofstream(dir / "config.json") << kQwen3Config;
   expect_same(load_model_config(dir / "config.json"), preset_config("qwen3-0.6b"));
   EXPECT_ENGINE_ERROR(load_model_config(dir / "absent.json"), ErrorCode::InvalidArgument, "absent.json");
+}
+
+// Only a regular file of at most 16 MiB is read: a FIFO would block the
+// read (no writer ever comes) and /dev/zero never end it.
+TEST(ModelConfig, LoadsOnlyABoundedRegularFile) {
+  const auto dir = testing::scratch_dir();
+  EXPECT_ENGINE_ERROR(load_model_config(dir), ErrorCode::InvalidArgument, "not a regular file");
+  const auto fifo = dir / "fifo.json";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_ENGINE_ERROR(load_model_config(fifo), ErrorCode::InvalidArgument, "fifo.json", "not a regular file");
+  if (std::filesystem::exists("/dev/zero")) {
+    EXPECT_ENGINE_ERROR(load_model_config("/dev/zero"), ErrorCode::InvalidArgument, "not a regular file");
+  }
+  const auto big = dir / "big.json";
+  {
+    std::ofstream out(big);
+    out << kQwen3Config << std::string((std::size_t{16} << 20) + 1, ' ');  // valid JSON, one byte too long
+  }
+  EXPECT_ENGINE_ERROR(load_model_config(big), ErrorCode::InvalidArgument, "big.json", "-byte limit");
 }
 
 TEST(ModelConfig, TinyPresetsRoundTripThroughConfigJson) {

@@ -395,6 +395,24 @@ TEST(Weights, CheckpointHasMoreLayersThanTheConfig) {
                       concat("num_hidden_layers = ", config.num_hidden_layers));
 }
 
+// And fewer: refused, naming the last layer's tensor, before the loader
+// tables every layer's tensors (a config claiming 2^24 layers beside a small
+// checkpoint used to build tens of GB of names first).
+TEST(Weights, CheckpointHasFewerLayersThanTheConfig) {
+  ModelConfig config = preset_config("tiny-llama");
+  const RandomTensorSource src(config, 5);
+  const auto dir = testing::scratch_dir() / "ckpt";
+  write_checkpoint(dir, config, src, SafetensorsDType::F16, 1);
+  for (const std::size_t layers : {config.num_hidden_layers + 1, std::size_t{1} << 24}) {
+    config.num_hidden_layers = layers;
+    std::ofstream(dir / "config.json") << testing::config_json(config);
+    CpuBackend be;
+    EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::ShapeMismatch,
+                        concat("num_hidden_layers = ", layers),
+                        concat("no tensor '", layer_tensor_name(layers - 1, "input_layernorm.weight"), "'"));
+  }
+}
+
 TEST(Weights, DirectoryWithoutSafetensors) {
   const auto dir = testing::scratch_dir();
   std::ofstream(dir / "config.json") << testing::config_json(preset_config("tiny-llama"));

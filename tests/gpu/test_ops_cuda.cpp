@@ -503,6 +503,29 @@ TEST_F(CudaWrap, RefusesMemoryItsKernelsCannotReach) {
   EXPECT_EQ(cudaFree(managed), cudaSuccess);
 }
 
+// And on CpuBackend, whose ops run on the host: device memory is refused,
+// naming its device (before, the first op dereferenced it and crashed);
+// pinned and managed memory, which the host reads, are taken.
+TEST_F(CudaWrap, CpuBackendRefusesDeviceMemory) {
+  CpuBackend cpu;
+  void *device = nullptr, *pinned = nullptr, *managed = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, 128), cudaSuccess);
+  ASSERT_EQ(cudaMallocHost(&pinned, 128), cudaSuccess);
+  ASSERT_EQ(cudaMallocManaged(&managed, 128), cudaSuccess);
+  int current = -1;
+  ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+  expect_error(ErrorCode::InvalidArgument, "Buffer::wrap", [&] { (void)Buffer::wrap(cpu, device, DType::F16, 64); },
+               cat("memory of CUDA device ", current));
+  for (void* ptr : {pinned, managed}) {
+    Buffer w = Buffer::wrap(cpu, ptr, DType::F16, 64);
+    cpu.write(w, std::vector<float>(64, 2.0f));
+    EXPECT_EQ(cpu.download(w), std::vector<float>(64, 2.0f));
+  }
+  EXPECT_EQ(cudaFree(device), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+  EXPECT_EQ(cudaFree(managed), cudaSuccess);
+}
+
 // Sizes the public checks take but a CUDA kernel's grid or indices cannot:
 // a named Unsupported before any launch, a capture in progress ended with
 // the stream usable; never a hang (the norm plan looped forever near 2^31
