@@ -454,6 +454,51 @@ TEST_F(CudaPrefillWgmma, BothBlockShapesGiveTheSameBits) {
   }
 }
 
+// Rows the kernels cannot move as 16-byte vectors: each of q, k, v and out
+// 2 bytes off (element-aligned, so Buffer::wrap takes it), at prefill, at
+// decode and in the ragged decode, refused as Misaligned naming it; the
+// backend works afterwards.
+class CudaAttentionAlignment : public CudaTest {};
+TEST_F(CudaAttentionAlignment, MisalignedRowsAreRefused) {
+  Backend& be = cuda();
+  constexpr std::size_t kHd = 64, kKeys = 8, kQLen = 4, kHeads = 2;
+  AttnConfig cfg;
+  cfg.num_heads = kHeads;
+  cfg.num_kv_heads = 1;
+  cfg.head_dim = kHd;
+  const std::size_t q_elems = kHeads * kQLen * kHd, kv_elems = kKeys * kHd;
+  auto padded = [&](std::size_t n) { return be.upload(std::vector<float>(n + 8, 0.25f), DType::F16); };
+  Buffer q = padded(q_elems), k = padded(kv_elems), v = padded(kv_elems), out = padded(q_elems);
+  auto off = [&](Buffer& b, std::size_t n) {
+    return Buffer::wrap(be, static_cast<std::uint8_t*>(b.data()) + 2, DType::F16, n);
+  };
+  Buffer q_off = off(q, q_elems), k_off = off(k, kv_elems), v_off = off(v, kv_elems), out_off = off(out, q_elems);
+  const Buffer kv_lens = be.upload(std::vector<float>{static_cast<float>(kKeys)}, DType::I32);
+  struct Operands {
+    const char* name;
+    const Buffer *q, *k, *v;
+    Buffer* out;
+  };
+  for (const Operands& o : {Operands{"'q'", &q_off, &k, &v, &out}, Operands{"'k'", &q, &k_off, &v, &out},
+                            Operands{"'v'", &q, &k, &v_off, &out}, Operands{"'out'", &q, &k, &v, &out_off}}) {
+    SCOPED_TRACE(o.name);
+    for (const std::size_t q_len : {kQLen, std::size_t{1}}) {
+      SCOPED_TRACE(cat("q_len ", q_len));
+      cfg.kv_seq_stride = 0;
+      expect_error(ErrorCode::Misaligned, "flash_attention",
+                   [&] { be.flash_attention(*o.q, *o.k, *o.v, *o.out, 1, q_len, kKeys, kKeys - q_len, cfg); },
+                   o.name);
+    }
+    cfg.kv_seq_stride = kKeys;
+    expect_error(ErrorCode::Misaligned, "flash_decode_ragged",
+                 [&] { be.flash_decode_ragged(*o.q, *o.k, *o.v, *o.out, kv_lens, 1, cfg); }, o.name);
+  }
+  cfg.kv_seq_stride = 0;
+  be.flash_attention(q, k, v, out, 1, kQLen, kKeys, kKeys - kQLen, cfg);
+  const std::vector<float> got = be.download(out, q_elems);
+  EXPECT_EQ(got, std::vector<float>(q_elems, 0.25f)) << "equal values: every output is v's 0.25";
+}
+
 TEST_F(CudaPrefillWgmma, ConfigOutsideTheEnumIsRefused) {
   for (int bad : {-1, 2, 7}) {
     CudaBackendConfig config;

@@ -571,6 +571,21 @@ TEST_F(CudaGptq, BadInput) {
   expect_error(ErrorCode::Misaligned, "gemm_gptq", [&] { cuda().gemm_gptq(a_off, *w, out, 2); }, "'a'");
   Buffer out_off = Buffer::wrap(cuda(), static_cast<std::uint8_t*>(out.data()) + 8, DType::F16, 2 * c.n);
   expect_error(ErrorCode::Misaligned, "gemm_gptq", [&] { cuda().gemm_gptq(a, *w, out_off, 2); }, "'out'");
+  // The residual and norm forms' row operands likewise (the kernels move
+  // rows as 16-byte vectors).
+  Buffer residual = cuda().upload(std::vector<float>(2 * c.n + 8, 0.0f), DType::F16);
+  Buffer residual_off = Buffer::wrap(cuda(), static_cast<std::uint8_t*>(residual.data()) + 4, DType::F16, 2 * c.n);
+  Buffer row_sq_n = cuda().alloc(DType::F32, 2 * ((c.n + 15) / 16));
+  expect_error(ErrorCode::Misaligned, "gemm_gptq_add_residual",
+               [&] { cuda().gemm_gptq_add_residual(a, *w, out, residual_off, row_sq_n, 2); }, "'residual'");
+  Buffer row_sq_k = cuda().upload(std::vector<float>(2 * ((c.k + 15) / 16), 1.0f), DType::F32);
+  Buffer norm_w = cuda().upload(std::vector<float>(c.k, 1.0f), DType::F16);
+  Buffer normed = cuda().upload(std::vector<float>(2 * c.k + 8, 0.0f), DType::F16);
+  Buffer normed_off = Buffer::wrap(cuda(), static_cast<std::uint8_t*>(normed.data()) + 2, DType::F16, 2 * c.k);
+  expect_error(ErrorCode::Misaligned, "rms_norm_gemm_gptq",
+               [&] { cuda().rms_norm_gemm_gptq(a, row_sq_k, norm_w, 1e-6f, *w, normed_off, out, 2); }, "'normed'");
+  expect_error(ErrorCode::Misaligned, "rms_norm_gemm_gptq",
+               [&] { cuda().rms_norm_gemm_gptq(a, row_sq_k, norm_w, 1e-6f, *w, normed, out_off, 2); }, "'out'");
   // f32 activations; mixed dtypes; too few elements; m = 0.
   Buffer a32 = cuda().upload(std::vector<float>(2 * c.k, 0.0f), DType::F32);
   expect_error(ErrorCode::DTypeMismatch, "gemm_gptq", [&] { cuda().gemm_gptq(a32, *w, out, 2); }, "'a'");
