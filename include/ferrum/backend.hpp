@@ -7,8 +7,11 @@
 // CudaBackend share one set of checks and can never disagree on what is legal,
 // except where a CUDA kernel has a limit of its own, which CudaBackend checks
 // and names too (supports / supports_head_dim say which ops and head dims it
-// runs): attention and gemm_gptq need 16-byte-aligned buffers (Misaligned),
-// attention head_dim 64 / 128 / 256 and at most 65535 heads (Unsupported).
+// runs): attention and the GPTQ ops need 16-byte-aligned buffers
+// (Misaligned; the GPTQ ops' row operands: a, out, residual, x, norm_w,
+// normed, gate_up), attention head_dim 64 / 128 / 256 and at most 65535
+// heads (Unsupported), and the norms' and row_sum_squares' row lengths
+// have kernel limits (kernels::kNormMaxDim, kRowSqMaxCols; Unsupported).
 //
 // Layout conventions (row-major everywhere):
 //   token-major activations  [tokens, dim]
@@ -149,6 +152,8 @@ struct GptqHostTensors {
   int group_size = 128;  // -1: one group over all of k
   std::size_t k = 0;
   std::size_t n = 0;
+  // Informational (the checkpoint's "sym"): every kernel and the CPU
+  // reference read the zeros from qzeros, whatever it says.
   bool symmetric = true;
   GptqZeroFormat zero_format = GptqZeroFormat::V1;
 };
