@@ -178,23 +178,25 @@ bool copy_needed(const OpCheck& check, const Buffer& src, std::size_t src_offset
   return true;
 }
 
-// write_bytes / read_bytes: the host range must not share bytes with the
-// buffer's range (a host buffer, or host memory a buffer wraps): memcpy and
-// cudaMemcpy are undefined on overlapping ranges. Addresses of device memory
-// never fall in a host range (unified addressing), so this never refuses a
-// plain host-device copy.
-void check_host_apart(const OpCheck& check, std::string_view host_name, const void* host, std::string_view buf_name,
-                      const Buffer& buf, std::size_t byte_offset, std::size_t bytes) {
+// write_bytes / read_bytes, as copy_needed: the host range and the
+// buffer's (host memory, or host memory a buffer wraps) may be the same
+// (nothing to do) but must not otherwise share bytes, since memcpy and
+// cudaMemcpy are undefined on overlap. Device addresses never fall in a
+// host range (unified addressing), so a host-device copy is never refused.
+// Returns whether there is anything to copy.
+bool host_copy_needed(const OpCheck& check, const void* host, std::string_view buf_name, const Buffer& buf,
+                      std::size_t byte_offset, std::size_t bytes) {
   const auto h = reinterpret_cast<std::uintptr_t>(host);
-  const ByteSpan host_span{h, h + bytes};
   const auto b = reinterpret_cast<std::uintptr_t>(buf.data()) + byte_offset;
-  const ByteSpan buf_span{b, b + bytes};
-  if (bytes > 0 && host_span.overlaps(buf_span)) {
+  if (bytes == 0 || h == b) return false;
+  const ByteSpan host_span{h, h + bytes}, buf_span{b, b + bytes};
+  if (host_span.overlaps(buf_span)) {
     check.fail(ErrorCode::InvalidArgument,
-               "{}: argument '{}' [{:#x}, {:#x}) overlaps '{}' [{:#x}, {:#x}) in memory; copy through a separate "
-               "host buffer",
-               check.op(), host_name, host_span.begin, host_span.end, buf_name, buf_span.begin, buf_span.end);
+               "{}: argument 'host' [{:#x}, {:#x}) overlaps '{}' [{:#x}, {:#x}) in memory without being the same "
+               "range; copy through a separate host buffer",
+               check.op(), host_span.begin, host_span.end, buf_name, buf_span.begin, buf_span.end);
   }
+  return true;
 }
 
 // An operand of an op under the overlap rule: its name (as the op's messages
@@ -289,8 +291,7 @@ void Backend::write_bytes(Buffer& dst, const void* host, std::size_t bytes, std:
     check.fail(ErrorCode::ShapeMismatch, "write_bytes: {} bytes at byte offset {} run past 'dst' ({} bytes)",
          bytes, dst_byte_offset, dst.nbytes());
   }
-  check_host_apart(check, "host", host, "dst", dst, dst_byte_offset, bytes);
-  if (bytes > 0) do_write_bytes(dst, dst_byte_offset, host, bytes);
+  if (host_copy_needed(check, host, "dst", dst, dst_byte_offset, bytes)) do_write_bytes(dst, dst_byte_offset, host, bytes);
 }
 
 std::vector<float> Backend::download(const Buffer& src, std::size_t count) {
@@ -317,8 +318,7 @@ void Backend::read_bytes(const Buffer& src, void* host, std::size_t bytes, std::
     check.fail(ErrorCode::ShapeMismatch, "read_bytes: {} bytes at byte offset {} run past 'src' ({} bytes)",
          bytes, src_byte_offset, src.nbytes());
   }
-  check_host_apart(check, "host", host, "src", src, src_byte_offset, bytes);
-  if (bytes > 0) do_read_bytes(src, src_byte_offset, host, bytes);
+  if (host_copy_needed(check, host, "src", src, src_byte_offset, bytes)) do_read_bytes(src, src_byte_offset, host, bytes);
 }
 
 void Backend::copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
@@ -366,7 +366,8 @@ void Backend::advance_decode_state(const Buffer& next_token, Buffer& token_log) 
   constexpr auto kMaxLog = static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max());
   if (token_log.numel() > kMaxLog) {
     check.fail(ErrorCode::InvalidArgument,
-               "advance_decode_state: argument 'token_log' holds {} positions, past the int32 positions' {}",
+               "advance_decode_state: argument 'token_log' holds {} positions, past INT32_MAX = {} (positions "
+               "are int32)",
                token_log.numel(), kMaxLog);
   }
   do_advance_decode_state(next_token, token_log);

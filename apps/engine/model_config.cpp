@@ -5,12 +5,11 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint_file.hpp"
 #include "engine_error.hpp"
 #include "json_text.hpp"
 
@@ -247,29 +246,10 @@ RopeScaling parse_rope_scaling(const Json& config, const std::string& source) {
 
 // A config file of the checkpoint: a regular file (a FIFO would block the
 // read, /dev/zero never end it) of at most kMaxConfigBytes, read whole.
-constexpr std::uintmax_t kMaxConfigBytes = std::uintmax_t{16} << 20;
+constexpr std::uint64_t kMaxConfigBytes = std::uint64_t{16} << 20;
 
 std::string read_text_file(const std::filesystem::path& path, const char* what) {
-  std::error_code ec;
-  const std::filesystem::file_status status = std::filesystem::status(path, ec);
-  if (status.type() == std::filesystem::file_type::not_found) {
-    fail(ErrorCode::InvalidArgument, what, " '", path.string(), "': cannot open it for reading (no such file)");
-  }
-  if (!std::filesystem::is_regular_file(status)) {
-    fail(ErrorCode::InvalidArgument, what, " '", path.string(), "': not a regular file",
-         ec ? concat(" (", ec.message(), ")") : std::string());
-  }
-  const std::uintmax_t bytes = std::filesystem::file_size(path, ec);
-  if (ec) fail(ErrorCode::InvalidArgument, what, " '", path.string(), "': cannot find its size (", ec.message(), ")");
-  if (bytes > kMaxConfigBytes) {
-    fail(ErrorCode::InvalidArgument, what, " '", path.string(), "': ", bytes, " bytes is past the ", kMaxConfigBytes,
-         "-byte limit of a config file");
-  }
-  std::ifstream in(path);
-  if (!in) fail(ErrorCode::InvalidArgument, what, " '", path.string(), "': cannot open it for reading");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return read_regular_file(path, concat(what, " '", path.string(), "'"), kMaxConfigBytes);
 }
 
 // An integer field of quantization_config (JSON integers only: 4, not 4.0).
@@ -551,8 +531,11 @@ ModelConfig load_model_config(const std::filesystem::path& config_json, std::opt
 ModelConfig load_checkpoint_config(const std::filesystem::path& dir, std::optional<DType> run_dtype) {
   ModelConfig cfg = load_model_config(dir / "config.json", run_dtype);
   const std::filesystem::path quantize_config = dir / "quantize_config.json";
+  // Read wherever the name exists in any form: a FIFO, a dangling link or
+  // an unreadable file there is an error named as such, not skipped.
   std::error_code ec;
-  if (!cfg.gptq && std::filesystem::is_regular_file(quantize_config, ec)) {
+  const auto kind = std::filesystem::symlink_status(quantize_config, ec).type();
+  if (!cfg.gptq && kind != std::filesystem::file_type::not_found) {
     const std::string source = concat("quantize config '", quantize_config.string(), "'");
     cfg.gptq = parse_gptq_config(read_text_file(quantize_config, "quantize config"), source);
     cfg.validate(source);

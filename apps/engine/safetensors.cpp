@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint_file.hpp"
 #include "engine_error.hpp"
 #include "json_text.hpp"
 
@@ -171,17 +172,9 @@ std::string shape_to_string(const std::vector<std::size_t>& shape) {
 }
 
 SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
-  // Before opening it: a directory opens as a stream with no size to seek
-  // to, and opening a FIFO blocks until a writer comes.
-  std::error_code ec;
-  const std::filesystem::file_status status = std::filesystem::status(path, ec);
-  if (status.type() == std::filesystem::file_type::not_found) {
-    fail(ErrorCode::InvalidArgument, where(path), ": cannot open it for reading (no such file)");
-  }
-  if (!std::filesystem::is_regular_file(status)) {
-    fail(ErrorCode::InvalidArgument, where(path), ": not a regular file",
-         ec ? concat(" (", ec.message(), ")") : std::string());
-  }
+  // Before opening it as a stream: a directory opens as one with no size to
+  // seek to, and opening a FIFO blocks until a writer comes.
+  check_regular_file(path, where(path));
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(ErrorCode::InvalidArgument, where(path), ": cannot open it for reading");
   in.seekg(0, std::ios::end);
@@ -218,7 +211,7 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   // is the root object (depth 0), its entries (objects at depth 1) and their
   // shape and data_offsets (arrays at depth 2 of numbers at depth 3).
   std::unordered_set<std::string> names, fields;
-  std::string repeated, repeated_field, entry_name;
+  std::string repeated, repeated_field, entry_name, field_name;
   std::size_t array_items = 0;
   auto at = [&] { return entry_name.empty() ? where(path) : where(path, entry_name); };
   auto check_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
@@ -229,8 +222,11 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
     } else if (event == Event::object_start && depth == 1) {
       fields.clear();
     } else if (event == Event::key && depth == 2) {
-      if (repeated_field.empty() && !fields.insert(parsed.get<std::string>()).second) {
-        repeated_field = concat("'", entry_name, "' field \"", parsed.get<std::string>(), "\"");
+      field_name = parsed.get<std::string>();
+      // (__metadata__ is free text: a repeated key there, as in the
+      // reference reader, keeps its last value.)
+      if (repeated_field.empty() && entry_name != "__metadata__" && !fields.insert(field_name).second) {
+        repeated_field = concat("'", entry_name, "' field \"", field_name, "\"");
       }
     } else if (event == Event::array_start && depth == 0) {
       fail(ErrorCode::InvalidArgument, where(path), ": the header must be a JSON object, not an array");
@@ -244,7 +240,7 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
       }
       array_items = 0;
     } else if (event == Event::value && depth == 3 && ++array_items > kMaxHeaderArrayItems) {
-      fail(ErrorCode::InvalidArgument, at(), ": an array of the header runs past ", kMaxHeaderArrayItems,
+      fail(ErrorCode::InvalidArgument, at(), ": its \"", field_name, "\" runs past ", kMaxHeaderArrayItems,
            " items (no shape has that many dimensions)");
     }
     return true;

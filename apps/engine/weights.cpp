@@ -423,13 +423,15 @@ void make_rope_tables(const ModelConfig& config, std::size_t rows, std::vector<f
   const std::vector<double> inv_freqs = rope_inverse_frequencies(config);
   const double scale = rope_attention_factor(config);
   // validate() refuses the configs known to break the formulas; a NaN or
-  // infinite frequency here would still decode garbage silently.
+  // infinite value here (a config not validated) would decode garbage
+  // silently.
+  auto refuse = [&](const char* what, double value) {
+    fail(ErrorCode::InvalidArgument, "make_rope_tables: RoPE ", to_string(config.rope_scaling), " with rope_theta = ",
+         config.rope_theta, " gives ", what, " = ", value, ": not finite");
+  };
+  if (!std::isfinite(scale)) refuse("attention factor", scale);
   for (std::size_t i = 0; i < half; ++i) {
-    if (!std::isfinite(inv_freqs[i]) || !std::isfinite(scale)) {
-      fail(ErrorCode::InvalidArgument, "make_rope_tables: RoPE ", to_string(config.rope_scaling),
-           " with rope_theta = ", config.rope_theta, " gives inverse frequency ", inv_freqs[i], " for pair ", i,
-           " and attention factor ", scale, ": not finite");
-    }
+    if (!std::isfinite(inv_freqs[i])) refuse(concat("pair ", i, "'s inverse frequency").c_str(), inv_freqs[i]);
   }
   for (std::size_t i = 0; i < half; ++i) {
     const double inv_freq = inv_freqs[i];

@@ -233,7 +233,9 @@ class Backend {
   Buffer upload(std::span<const float> host, DType dtype);
   // Writes host f32 values (converted) into dst starting at element offset.
   void write(Buffer& dst, std::span<const float> host, std::size_t dst_offset = 0);
-  // Writes raw bytes (already in dst's element format).
+  // Writes raw bytes (already in dst's element format). The host range
+  // and dst's may be the same (nothing to do) but must not otherwise share
+  // bytes (InvalidArgument), as for copy_slice; so for read_bytes.
   void write_bytes(Buffer& dst, const void* host, std::size_t bytes, std::size_t dst_byte_offset = 0);
   // Reads `count` elements as f32 (synchronizes).
   std::vector<float> download(const Buffer& src, std::size_t count);
@@ -535,8 +537,8 @@ class Backend {
   virtual void* allocate_bytes(std::size_t bytes) = 0;
   // Buffer::wrap: throws ferrum::Error (naming Buffer::wrap and 'ptr') when
   // this backend's ops cannot touch `bytes` bytes at `ptr`. Default: any
-  // memory. CpuBackend refuses CUDA device memory (on a machine with a GPU
-  // it asks CUDA, which starts the CUDA runtime if nothing had).
+  // memory. CpuBackend refuses CUDA device memory (asking the CUDA driver,
+  // which creates no context for it).
   virtual void check_wrapped(const void* ptr, std::size_t bytes) const {
     (void)ptr;
     (void)bytes;

@@ -6,9 +6,11 @@ namespace ferrum::detail {
 
 // The device whose memory `ptr` is (cudaMalloc-style device memory, which
 // the host cannot dereference), or -1: host, pinned or managed memory, an
-// address CUDA does not know, or no CUDA driver or device at all (then CUDA
-// is not asked). On a machine with a GPU the question starts the CUDA
-// runtime if nothing has yet.
+// address the driver does not know, no context in the process (so no
+// device memory either), or no CUDA driver or device at all. Asks the
+// driver only: it creates no context and leaves the runtime's last error
+// alone (the first call looks up the device count, initializing the
+// driver where one is installed).
 int device_owning_memory(const void* ptr) noexcept;
 
 }  // namespace ferrum::detail

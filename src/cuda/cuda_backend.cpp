@@ -60,14 +60,79 @@ int cuda_device_count() noexcept {
   return count;
 }
 
+namespace {
+
+// The driver calls device_owning_memory makes: none creates a context or
+// touches the runtime's last-error state (cuPointerGetAttribute answers
+// under unified addressing without a current context).
+struct PointerQuery {
+  using CtxGetCurrentFn = CUresult (*)(CUcontext*);
+  using DeviceGetFn = CUresult (*)(CUdevice*, int);
+  using PrimaryCtxGetStateFn = CUresult (*)(CUdevice, unsigned*, int*);
+  using PointerGetAttributeFn = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
+  int devices = 0;
+  CtxGetCurrentFn ctx_get_current = nullptr;
+  DeviceGetFn device_get = nullptr;
+  PrimaryCtxGetStateFn primary_ctx_get_state = nullptr;
+  PointerGetAttributeFn pointer_get_attribute = nullptr;
+
+  bool usable() const noexcept {
+    return devices > 0 && ctx_get_current && device_get && primary_ctx_get_state && pointer_get_attribute;
+  }
+  // Device memory needs a context: one current on this thread, or a
+  // device's primary context (the runtime's) active.
+  bool any_context() const noexcept {
+    CUcontext current = nullptr;
+    if (ctx_get_current(&current) == CUDA_SUCCESS && current != nullptr) return true;
+    for (int d = 0; d < devices; ++d) {
+      CUdevice device = 0;
+      unsigned flags = 0;
+      int active = 0;
+      if (device_get(&device, d) == CUDA_SUCCESS && primary_ctx_get_state(device, &flags, &active) == CUDA_SUCCESS &&
+          active != 0) {
+        return true;
+      }
+    }
+    return false;
+  }
+};
+
+// Looked up once: the device count (which initializes the driver, not a
+// context) and the entry points.
+const PointerQuery& pointer_query() {
+  static const PointerQuery query = [] {
+    PointerQuery q;
+    q.devices = cuda_device_count();
+    if (q.devices == 0) return q;
+    q.ctx_get_current = reinterpret_cast<PointerQuery::CtxGetCurrentFn>(kernels::driver_entry_point("cuCtxGetCurrent"));
+    q.device_get = reinterpret_cast<PointerQuery::DeviceGetFn>(kernels::driver_entry_point("cuDeviceGet"));
+    q.primary_ctx_get_state =
+        reinterpret_cast<PointerQuery::PrimaryCtxGetStateFn>(kernels::driver_entry_point("cuDevicePrimaryCtxGetState"));
+    q.pointer_get_attribute =
+        reinterpret_cast<PointerQuery::PointerGetAttributeFn>(kernels::driver_entry_point("cuPointerGetAttribute"));
+    return q;
+  }();
+  return query;
+}
+
+}  // namespace
+
 int detail::device_owning_memory(const void* ptr) noexcept {
-  if (ptr == nullptr || cuda_device_count() == 0) return -1;
-  cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
-    (void)cudaGetLastError();  // answered, not sticky
+  const PointerQuery& q = pointer_query();
+  if (ptr == nullptr || !q.usable() || !q.any_context()) return -1;
+  const auto address = reinterpret_cast<CUdeviceptr>(ptr);
+  unsigned managed = 0;  // managed memory reports its device, but the host reads it
+  if (q.pointer_get_attribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, address) != CUDA_SUCCESS || managed != 0) {
     return -1;
   }
-  return attr.type == cudaMemoryTypeDevice ? attr.device : -1;
+  CUmemorytype type{};
+  if (q.pointer_get_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, address) != CUDA_SUCCESS ||
+      type != CU_MEMORYTYPE_DEVICE) {
+    return -1;
+  }
+  int ordinal = -1;
+  if (q.pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address) != CUDA_SUCCESS) return -1;
+  return ordinal;
 }
 
 namespace {

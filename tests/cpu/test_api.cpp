@@ -415,7 +415,7 @@ TEST(BufferApi, AdvanceDecodeStateRefusesALogPastInt32Positions) {
   Buffer next = cpu.upload(std::vector<float>{3.0f}, DType::I32);
   cpu.set_decode_state(5, 0);
   expect_error(ErrorCode::InvalidArgument, "advance_decode_state", [&] { cpu.advance_decode_state(next, log); },
-               cat("'token_log' holds ", too_long, " positions"));
+               cat("'token_log' holds ", too_long, " positions, past INT32_MAX"));
   EXPECT_EQ(slots, std::vector<std::int32_t>(8, -1));
   Buffer fits = Buffer::wrap(cpu, slots.data(), DType::I32, slots.size());
   cpu.advance_decode_state(next, fits);
@@ -423,8 +423,8 @@ TEST(BufferApi, AdvanceDecodeStateRefusesALogPastInt32Positions) {
 }
 
 // write_bytes / read_bytes with a host range inside the buffer's own bytes
-// (memcpy is undefined on overlap): refused, naming both ranges; a host
-// range beside them is taken.
+// (memcpy is undefined on overlap): refused, naming both ranges; the same
+// range (nothing to do), zero bytes and a host range beside them are taken.
 TEST(BufferApi, HostRangesOverlappingTheBufferAreRefused) {
   CpuBackend cpu;
   Buffer b = cpu.upload(std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}, DType::F32);
@@ -433,6 +433,9 @@ TEST(BufferApi, HostRangesOverlappingTheBufferAreRefused) {
                "overlaps 'dst'");
   expect_error(ErrorCode::InvalidArgument, "read_bytes", [&] { cpu.read_bytes(b, bytes + 12, 8, 8); },
                "overlaps 'src'");
+  EXPECT_EQ(cpu.download(b), (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}));
+  cpu.write_bytes(b, bytes + 8, 8, 8);  // the same range
+  cpu.read_bytes(b, bytes + 4, 0, 0);   // nothing
   EXPECT_EQ(cpu.download(b), (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}));
   cpu.read_bytes(b, bytes + 16, 16, 0);  // [0, 16) into [16, 32): apart
   EXPECT_EQ(cpu.download(b), (std::vector<float>{1, 2, 3, 4, 1, 2, 3, 4}));

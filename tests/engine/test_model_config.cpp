@@ -1,6 +1,8 @@
 // config.json parsing and presets.
 #include <cmath>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -421,10 +423,7 @@ TEST(ModelConfig, LoadFromFile) {
 // read (no writer ever comes) and /dev/zero never end it.
 TEST(ModelConfig, LoadsOnlyABoundedRegularFile) {
   const auto dir = testing::scratch_dir();
-  EXPECT_ENGINE_ERROR(load_model_config(dir), ErrorCode::InvalidArgument, "not a regular file");
-  const auto fifo = dir / "fifo.json";
-  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
-  EXPECT_ENGINE_ERROR(load_model_config(fifo), ErrorCode::InvalidArgument, "fifo.json", "not a regular file");
+  EXPECT_ENGINE_ERROR(load_model_config(dir), ErrorCode::InvalidArgument, "not a regular file", "a directory");
   if (std::filesystem::exists("/dev/zero")) {
     EXPECT_ENGINE_ERROR(load_model_config("/dev/zero"), ErrorCode::InvalidArgument, "not a regular file");
   }
@@ -434,6 +433,20 @@ TEST(ModelConfig, LoadsOnlyABoundedRegularFile) {
     out << kQwen3Config << std::string((std::size_t{16} << 20) + 1, ' ');  // valid JSON, one byte too long
   }
   EXPECT_ENGINE_ERROR(load_model_config(big), ErrorCode::InvalidArgument, "big.json", "-byte limit");
+  // A dangling link names its missing file.
+  const auto dangling = dir / "dangling.json";
+  std::filesystem::create_symlink(dir / "gone.json", dangling);
+  EXPECT_ENGINE_ERROR(load_model_config(dangling), ErrorCode::InvalidArgument, "dangling.json", "no such file");
+  // A quantize_config.json that is no regular file is an error, not skipped.
+  const auto ckpt = dir / "ckpt";
+  std::filesystem::create_directories(ckpt / "quantize_config.json");
+  std::ofstream(ckpt / "config.json") << kQwen3Config;
+  EXPECT_ENGINE_ERROR(load_checkpoint_config(ckpt), ErrorCode::InvalidArgument, "quantize_config.json",
+                      "not a regular file");
+  const auto fifo = dir / "fifo.json";
+  if (mkfifo(fifo.c_str(), 0600) != 0) GTEST_SKIP() << "no FIFO on this filesystem: " << std::strerror(errno);
+  EXPECT_ENGINE_ERROR(load_model_config(fifo), ErrorCode::InvalidArgument, "fifo.json", "not a regular file",
+                      "a FIFO");
 }
 
 TEST(ModelConfig, TinyPresetsRoundTripThroughConfigJson) {

@@ -262,6 +262,11 @@ TEST(Weights, YarnRopeScalingKeepsRampsAndDividesItsPairs) {
   EXPECT_FLOAT_EQ(sin[2 * 64 + 30], static_cast<float>(1.25 * std::sin(2.0 * u[30])));
   EXPECT_FLOAT_EQ(cos[0], 1.25f);
   EXPECT_EQ(rope_attention_factor(unscaled), 1.0);
+  // A config validate() would refuse (rope_theta 1: the range divides by
+  // log 1): the tables refuse it too, rather than fill with NaN.
+  c.rope_theta = 1.0;
+  EXPECT_ENGINE_ERROR(make_rope_tables(c, 3, cos, sin), ErrorCode::InvalidArgument, "make_rope_tables",
+                      "inverse frequency", "not finite");
 }
 
 TEST(Weights, Bf16CheckpointConvertsToF16Config) {
