@@ -300,6 +300,8 @@ void SafetensorsFile::read_bytes_into(const std::string& name, std::span<std::ui
     fail(ErrorCode::InvalidArgument, where(path_, name), ": destination holds ", out.size(), " bytes, the tensor ",
          tensor.nbytes());
   }
+  // Reopened by name: checked again (a FIFO put in its place would block).
+  check_regular_file(path_, where(path_, name));
   std::ifstream in(path_, std::ios::binary);
   if (!in) fail(ErrorCode::InvalidArgument, where(path_, name), ": cannot reopen the file for reading");
   in.seekg(static_cast<std::streamoff>(data_start_ + tensor.begin));
