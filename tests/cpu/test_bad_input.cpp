@@ -325,6 +325,22 @@ TEST_P(BadInput, FlashAttentionDomain) {
   });
 }
 
+// flash_decode_ragged shares flash_attention's geometry checks: each reached
+// through this op too (the GQA group, the scale), and its own (the stride it
+// requires, zero sequences).
+TEST_P(BadInput, FlashDecodeRaggedDomain) {
+  const Op op = Op::FlashDecodeRagged;
+  expect_call_error(op, ErrorCode::InvalidArgument, "cfg.num_kv_heads",
+                    [](OpArgs& a) { a.sizes["cfg.num_kv_heads"] = 3; });  // 4 heads are not groups of 3
+  for (float scale : {kNaN, -0.5f, kInf}) {
+    SCOPED_TRACE(cat("scale=", scale));
+    expect_call_error(op, ErrorCode::InvalidArgument, "cfg.scale", [&](OpArgs& a) { a.scale = scale; });
+  }
+  expect_call_error(op, ErrorCode::InvalidArgument, "cfg.kv_seq_stride",
+                    [](OpArgs& a) { a.sizes["cfg.kv_seq_stride"] = 0; });
+  expect_call_error(op, ErrorCode::InvalidArgument, "'batch'", [](OpArgs& a) { a.sizes["batch"] = 0; });
+}
+
 // Device-state decode reads kv_len on the device: without kv_seq_stride the
 // host kv_len would be baked into a captured graph.
 TEST_P(BadInput, FlashAttentionDeviceStateNeedsAStride) {
