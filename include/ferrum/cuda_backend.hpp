@@ -261,7 +261,9 @@ class CudaBackend final : public Backend {
   // the caller opens on it directly (cudaStreamBeginCapture) is not the
   // graph slot's: memory the library frees meanwhile is not kept for it
   // (graph_retained_allocations), so such a graph must not outlive the
-  // Buffers it captured; begin_graph_capture does keep them.
+  // Buffers it captured; begin_graph_capture does keep them. While it is
+  // open, is_capturing() is true and the setup ops refuse as during the
+  // slot's own capture; end_graph_capture leaves it to the caller.
   cudaStream_t stream() const noexcept;
   // CudaBackendConfig::gptq_kernel of this backend.
   GptqKernel gptq_kernel() const noexcept { return gptq_kernel_; }
@@ -367,6 +369,10 @@ class CudaBackend final : public Backend {
   void wait_stream(const char* op, Communicator* comm);
   // Throws Unsupported naming op and arg when head_dim exceeds the RoPE kernels' limit.
   void check_rope_head_dim(const char* op, const char* arg, std::size_t head_dim);
+  // A collective while capturing: records comm_ as the capture's
+  // communicator, or ends the capture (GraphCapture) when another one's
+  // collectives are already in it.
+  void note_captured_collective(const char* op);
 
   int device_;
   detail::CudaRuntime* rt_;  // process-global, never freed (see above)

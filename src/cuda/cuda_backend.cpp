@@ -277,7 +277,18 @@ std::size_t CudaBackend::world_size() const noexcept {
 
 std::size_t CudaBackend::rank() const noexcept { return comm_ != nullptr ? static_cast<std::size_t>(comm_->rank()) : 0; }
 
-bool CudaBackend::is_capturing() const noexcept { return rt_->capturing; }
+// The graph slot's capture, or one the caller opened on stream() directly
+// (interop): setup ops that synchronize or copy from pageable memory are
+// refused during either.
+bool CudaBackend::is_capturing() const noexcept {
+  if (rt_->capturing) return true;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(rt_->stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();  // answered, not sticky
+    return false;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
 
 std::uint64_t CudaBackend::held_graph() const noexcept { return rt_->graph_exec != nullptr ? rt_->graph_id : 0; }
 
@@ -454,13 +465,23 @@ void CudaBackend::do_begin_graph_capture() {
   // cudaMalloc by the engine's allocator) without breaking our capture.
   check_cuda(cudaStreamBeginCapture(rt_->stream, cudaStreamCaptureModeRelaxed), "begin_graph_capture",
              "cudaStreamBeginCapture");
+  rt_->capture_communicator.reset();
   rt_->capturing = true;
   detail::capture_opened(*rt_);
 }
 
 void CudaBackend::do_end_graph_capture() {
+  if (!rt_->capturing) {  // the stream's capture is the caller's own (is_capturing)
+    detail::fail(ErrorCode::GraphCapture,
+                 "end_graph_capture: the capture on this device's stream was opened by the caller "
+                 "(cudaStreamBeginCapture), not by begin_graph_capture; end it with cudaStreamEndCapture");
+  }
   detail::activate_device(device_);
   rt_->capturing = false;
+  // The communicator whose collectives the graph holds (any backend of the
+  // device may have recorded them), else this backend's (as the wait in
+  // reset_graph uses it).
+  std::shared_ptr<Communicator> recorded = std::move(rt_->capture_communicator);
   // However this ends, memory freed during the capture is retired for the
   // graph now held (the new one, or the previous one when this one fails),
   // or freed when none is.
@@ -501,12 +522,19 @@ void CudaBackend::do_end_graph_capture() {
   rt_->graph = graph;
   rt_->graph_exec = exec;
   rt_->graph_id = ++rt_->graph_serial;
-  rt_->graph_communicator = comm_;
+  rt_->graph_communicator = recorded != nullptr ? std::move(recorded) : comm_;
   close.kept = true;
 }
 
 bool CudaBackend::do_replay_last_graph() {
   if (rt_->graph_exec == nullptr) return false;
+  // Its collectives would run on freed NCCL state, or wait forever.
+  if (const Communicator* c = rt_->graph_communicator.get(); c != nullptr && c->aborted()) {
+    detail::fail(ErrorCode::Nccl,
+                 "replay_last_graph: the held graph's collectives run on a communicator (rank {} of {}) that was "
+                 "aborted; reset_graph() and capture again with a new communicator",
+                 c->rank(), c->world_size());
+  }
   detail::activate_device(device_);
   check_cuda(cudaGraphLaunch(rt_->graph_exec, rt_->stream), "replay_last_graph", "cudaGraphLaunch");
   return true;
@@ -745,26 +773,49 @@ void CudaBackend::do_transpose_head_to_token(const Buffer& src, Buffer& dst, std
 // one, each op is one NCCL call on the device's stream: no host sync, no
 // allocation, so they can be captured into a graph like any kernel.
 
+// A capture records one communicator's collectives (the graph keeps that
+// one alive): the first collective of a capture names it, and one of
+// another communicator (another backend on this device) ends the capture
+// with GraphCapture.
+void CudaBackend::note_captured_collective(const char* op) {
+  if (!rt_->capturing) return;
+  if (rt_->capture_communicator == nullptr) {
+    rt_->capture_communicator = comm_;
+  } else if (rt_->capture_communicator != comm_) {
+    const Communicator& held = *rt_->capture_communicator;
+    const int rank = held.rank(), world = held.world_size();
+    abandon_capture();
+    detail::fail(ErrorCode::GraphCapture,
+                 "{}: the capture in progress already holds collectives of another communicator (rank {} of {}), "
+                 "not this backend's (rank {} of {}); one graph holds one communicator's collectives",
+                 op, rank, world, comm_->rank(), comm_->world_size());
+  }
+}
+
 void CudaBackend::do_all_reduce(Buffer& buf, std::size_t len, ReduceOp op) {
   if (comm_ == nullptr) return Backend::do_all_reduce(buf, len, op);
+  note_captured_collective("all_reduce");
   detail::activate_device(device_);
   detail::nccl_all_reduce(*comm_, ptr(buf), len, buf.dtype(), op, rt_->stream);
 }
 
 void CudaBackend::do_all_gather(const Buffer& local, Buffer& global, std::size_t local_len) {
   if (comm_ == nullptr) return Backend::do_all_gather(local, global, local_len);
+  note_captured_collective("all_gather");
   detail::activate_device(device_);
   detail::nccl_all_gather(*comm_, ptr(local), ptr(global), local_len, local.dtype(), rt_->stream);
 }
 
 void CudaBackend::do_broadcast(Buffer& buf, std::size_t len, std::size_t src_rank) {
   if (comm_ == nullptr) return Backend::do_broadcast(buf, len, src_rank);
+  note_captured_collective("broadcast");
   detail::activate_device(device_);
   detail::nccl_broadcast(*comm_, ptr(buf), len, buf.dtype(), static_cast<int>(src_rank), rt_->stream);
 }
 
 void CudaBackend::do_reduce_scatter(const Buffer& input, Buffer& output, std::size_t len, ReduceOp op) {
   if (comm_ == nullptr) return Backend::do_reduce_scatter(input, output, len, op);
+  note_captured_collective("reduce_scatter");
   detail::activate_device(device_);
   detail::nccl_reduce_scatter(*comm_, ptr(input), ptr(output), len, input.dtype(), op, rt_->stream);
 }

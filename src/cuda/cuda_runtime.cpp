@@ -257,6 +257,7 @@ void activate_device(int device) {
 void abandon_capture(CudaRuntime& rt) noexcept {
   if (!rt.capturing) return;
   rt.capturing = false;
+  rt.capture_communicator.reset();
   cudaGraph_t partial = nullptr;
   // Fails with cudaErrorStreamCaptureInvalidated when an illegal call broke
   // the capture; either way the stream leaves capture mode.

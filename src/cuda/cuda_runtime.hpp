@@ -37,6 +37,9 @@ struct CudaRuntime {
   // collectives are nodes of the graph, so it lives as long as the graph
   // (the backend may go first). Null with none held or at world size 1.
   std::shared_ptr<Communicator> graph_communicator;
+  // The communicator whose collectives the capture in progress recorded:
+  // one per capture (the graph keeps that one alive), null before the first.
+  std::shared_ptr<Communicator> capture_communicator;
   bool capturing = false;
   bool pdl_capable = false;  // sm_90+: programmatic dependent launch exists
   bool pdl = false;          // ... and config.programmatic_dependent_launch asked for it

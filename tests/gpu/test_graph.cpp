@@ -306,6 +306,40 @@ TEST_F(CudaGraphErrors, CallsNotAllowedDuringCapture) {
   expect_backend_usable(rng);
 }
 
+// A capture the caller opens on stream() directly (interop): is_capturing()
+// says so, ops record into it, the setup ops refuse as during the slot's
+// own capture (before, write_bytes recorded a pageable copy, then
+// synchronized a capturing stream), end_graph_capture refuses to take it,
+// and it stays the caller's to end.
+TEST_F(CudaGraphErrors, CallersOwnCaptureOnTheStream) {
+  FERRUM_SEEDED_RNG(rng);
+  cuda().reset_graph();
+  auto& be = dynamic_cast<CudaBackend&>(cuda());
+  Buffer a = be.upload(std::vector<float>(64, 1.0f), DType::F16);
+  Buffer b = be.upload(std::vector<float>(64, 2.0f), DType::F16);
+  std::vector<std::uint8_t> host(128);
+  ASSERT_EQ(cudaStreamBeginCapture(be.stream(), cudaStreamCaptureModeRelaxed), cudaSuccess);
+  EXPECT_TRUE(be.is_capturing());
+  be.add_inplace(a, b, 64);
+  expect_error(ErrorCode::GraphCapture, "write_bytes", [&] { be.write_bytes(a, host.data(), 8); });
+  expect_error(ErrorCode::GraphCapture, "download", [&] { (void)be.download(a); });
+  expect_error(ErrorCode::GraphCapture, "begin_graph_capture", [&] { be.begin_graph_capture(); });
+  expect_error(ErrorCode::GraphCapture, "end_graph_capture", [&] { be.end_graph_capture(); }, "cudaStreamEndCapture");
+  EXPECT_TRUE(be.is_capturing()) << "the caller's capture stays open";
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(be.stream(), &graph), cudaSuccess);
+  EXPECT_FALSE(be.is_capturing());
+  EXPECT_EQ(be.held_graph(), 0u) << "the caller's graph is not the slot's";
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, be.stream()), cudaSuccess);
+  be.synchronize();
+  EXPECT_EQ(be.download(a), std::vector<float>(64, 3.0f)) << "the recorded op ran once, at the launch";
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  expect_backend_usable(rng);
+}
+
 TEST_F(CudaGraphErrors, FailedCaptureKeepsNoStaleGraph) {
   // A graph held from an earlier capture, then a capture that fails: replay
   // must not run the half-recorded one. (Whether the earlier graph survives

@@ -373,6 +373,31 @@ TEST_F(NcclTest, HeldGraphKeepsItsCommunicator) {
   }
 }
 
+// A held graph whose communicator was aborted (a timeout, an asynchronous
+// error, or abort()): its replay throws Nccl at once instead of launching
+// collectives on freed NCCL state; reset_graph() still drops it.
+TEST_F(NcclTest, ReplayOfAnAbortedCommunicatorsGraphThrows) {
+  constexpr std::size_t len = 1024;
+  TwoRanks ranks;
+  std::array<Buffer, 2> acc;
+  expect_no_failures(on_both_ranks(ranks, [&](std::size_t r, CudaBackend& be, std::vector<std::string>&) {
+    acc[r] = be.upload(std::vector<float>(len, 1.0f), DType::F32);
+    be.all_reduce(acc[r], len, ReduceOp::Sum);  // NCCL connects before the capture
+    be.synchronize();
+    be.begin_graph_capture();
+    be.all_reduce(acc[r], len, ReduceOp::Sum);
+    be.end_graph_capture();
+  }));
+  for (std::size_t r = 0; r < 2; ++r) {
+    SCOPED_TRACE(cat("rank ", r));
+    CudaBackend& be = ranks.be(r);
+    be.communicator()->abort();
+    expect_error(ErrorCode::Nccl, "replay_last_graph", [&] { (void)be.replay_last_graph(); }, "aborted");
+    be.reset_graph();
+    EXPECT_EQ(be.held_graph(), 0u);
+  }
+}
+
 // ── (5) a peer that never comes ──────────────────────────────────────────────
 
 TEST_F(NcclTest, TimeoutAbortsTheCommunicator) {
