@@ -1,6 +1,9 @@
-// Opening a checkpoint's files by name: only regular files, checked on the
-// descriptor that is read (a name can be swapped between a check and an
-// open), and never blocking (opening a FIFO for reading waits for a writer).
+// Opening a checkpoint's files by name: only regular files, and never
+// blocking (opening a FIFO for reading waits for a writer). read_regular_file
+// checks the descriptor it reads (a name can be swapped between a check and
+// an open); check_regular_file checks a name that its caller then reopens
+// (the safetensors reader's streams), which narrows that window but does
+// not close it.
 #pragma once
 
 #include <cstdint>

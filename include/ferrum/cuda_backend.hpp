@@ -262,8 +262,10 @@ class CudaBackend final : public Backend {
   // graph slot's: memory the library frees meanwhile is not kept for it
   // (graph_retained_allocations), so such a graph must not outlive the
   // Buffers it captured; begin_graph_capture does keep them. While it is
-  // open, is_capturing() is true and the setup ops refuse as during the
-  // slot's own capture; end_graph_capture leaves it to the caller.
+  // open, is_capturing() is true, and synchronize, the setup ops,
+  // begin_graph_capture, replay_last_graph and reset_graph refuse
+  // (GraphCapture) as during the slot's own capture, leaving it open;
+  // end_graph_capture leaves it to the caller too.
   cudaStream_t stream() const noexcept;
   // CudaBackendConfig::gptq_kernel of this backend.
   GptqKernel gptq_kernel() const noexcept { return gptq_kernel_; }

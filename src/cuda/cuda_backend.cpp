@@ -64,7 +64,8 @@ namespace {
 
 // The driver calls device_owning_memory makes: none creates a context or
 // touches the runtime's last-error state (cuPointerGetAttribute answers
-// under unified addressing without a current context).
+// under unified addressing without a current context). Looking them up
+// once goes through the runtime (see device_memory.hpp).
 struct PointerQuery {
   using CtxGetCurrentFn = CUresult (*)(CUcontext*);
   using DeviceGetFn = CUresult (*)(CUdevice*, int);
@@ -299,6 +300,10 @@ void CudaBackend::synchronize() {
     detail::abandon_capture(*rt_);
     detail::fail(ErrorCode::GraphCapture, "synchronize: not allowed while a graph is being captured");
   }
+  if (is_capturing()) {  // the caller's own capture on stream(): left open, theirs to end
+    detail::fail(ErrorCode::GraphCapture,
+                 "synchronize: not allowed while a graph is being captured (the caller's capture on stream())");
+  }
   detail::activate_device(device_);
   wait_stream("synchronize");
   const std::string found = detail::take_device_errors(*rt_->error_host);
@@ -522,6 +527,7 @@ void CudaBackend::do_end_graph_capture() {
   rt_->graph = graph;
   rt_->graph_exec = exec;
   rt_->graph_id = ++rt_->graph_serial;
+  rt_->graph_collectives = recorded != nullptr;
   rt_->graph_communicator = recorded != nullptr ? std::move(recorded) : comm_;
   close.kept = true;
 }
@@ -529,7 +535,7 @@ void CudaBackend::do_end_graph_capture() {
 bool CudaBackend::do_replay_last_graph() {
   if (rt_->graph_exec == nullptr) return false;
   // Its collectives would run on freed NCCL state, or wait forever.
-  if (const Communicator* c = rt_->graph_communicator.get(); c != nullptr && c->aborted()) {
+  if (const Communicator* c = rt_->graph_communicator.get(); rt_->graph_collectives && c != nullptr && c->aborted()) {
     detail::fail(ErrorCode::Nccl,
                  "replay_last_graph: the held graph's collectives run on a communicator (rank {} of {}) that was "
                  "aborted; reset_graph() and capture again with a new communicator",
@@ -563,6 +569,7 @@ void CudaBackend::do_reset_graph() {
   rt_->graph_id = 0;
   detail::graph_dropped(*rt_);  // the stream drained above: no replay still runs
   rt_->graph_communicator.reset();  // after the graph: it may be the last owner
+  rt_->graph_collectives = false;
 }
 
 std::size_t CudaBackend::graph_retained_allocations() const noexcept { return detail::retired_allocations(*rt_); }

@@ -33,10 +33,12 @@ struct CudaRuntime {
   cudaGraphExec_t graph_exec = nullptr;
   std::uint64_t graph_id = 0;     // Backend::held_graph(): 0 while graph_exec is null
   std::uint64_t graph_serial = 0;  // ids drawn so far
-  // The communicator of the backend that captured the held graph: its
-  // collectives are nodes of the graph, so it lives as long as the graph
-  // (the backend may go first). Null with none held or at world size 1.
+  // The communicator whose collectives the held graph holds (it lives as
+  // long as the graph: the backend may go first), else the capturing
+  // backend's (for reset_graph's bounded wait). Null with no graph held or
+  // neither. graph_collectives: the graph holds collectives at all.
   std::shared_ptr<Communicator> graph_communicator;
+  bool graph_collectives = false;
   // The communicator whose collectives the capture in progress recorded:
   // one per capture (the graph keeps that one alive), null before the first.
   std::shared_ptr<Communicator> capture_communicator;

@@ -324,6 +324,7 @@ TEST_F(CudaGraphErrors, CallersOwnCaptureOnTheStream) {
   expect_error(ErrorCode::GraphCapture, "write_bytes", [&] { be.write_bytes(a, host.data(), 8); });
   expect_error(ErrorCode::GraphCapture, "download", [&] { (void)be.download(a); });
   expect_error(ErrorCode::GraphCapture, "begin_graph_capture", [&] { be.begin_graph_capture(); });
+  expect_error(ErrorCode::GraphCapture, "synchronize", [&] { be.synchronize(); });
   expect_error(ErrorCode::GraphCapture, "end_graph_capture", [&] { be.end_graph_capture(); }, "cudaStreamEndCapture");
   EXPECT_TRUE(be.is_capturing()) << "the caller's capture stays open";
   cudaGraph_t graph = nullptr;

@@ -395,6 +395,15 @@ TEST_F(NcclTest, ReplayOfAnAbortedCommunicatorsGraphThrows) {
     expect_error(ErrorCode::Nccl, "replay_last_graph", [&] { (void)be.replay_last_graph(); }, "aborted");
     be.reset_graph();
     EXPECT_EQ(be.held_graph(), 0u);
+    // A graph of local ops only still replays on that backend.
+    Buffer one = be.upload(std::vector<float>(len, 1.0f), DType::F32);
+    Buffer local = be.upload(std::vector<float>(len, 0.0f), DType::F32);
+    be.begin_graph_capture();
+    be.add_inplace(local, one, len);
+    be.end_graph_capture();
+    EXPECT_TRUE(be.replay_last_graph());
+    EXPECT_EQ(be.download(local), std::vector<float>(len, 1.0f));
+    be.reset_graph();
   }
 }
 
