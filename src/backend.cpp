@@ -153,10 +153,17 @@ struct ByteSpan {
   std::uintptr_t begin, end;
   bool overlaps(const ByteSpan& o) const noexcept { return begin < o.end && o.begin < end; }
 };
+// Two copies' ranges of one length: the same range is nothing to copy
+// (every copy's rule; a partial overlap is refused by the caller).
+bool same_range(const ByteSpan& a, const ByteSpan& b) noexcept { return a.begin == b.begin; }
+// Bytes [byte_offset, byte_offset + bytes) of a buffer.
+ByteSpan bytes_of(const Buffer& b, std::size_t byte_offset, std::size_t bytes) {
+  const auto begin = reinterpret_cast<std::uintptr_t>(b.data()) + byte_offset;
+  return {begin, begin + bytes};
+}
 ByteSpan byte_span(const Buffer& b, std::size_t offset, std::size_t elems) {
   const std::size_t elem = size_of(b.dtype());
-  const auto begin = reinterpret_cast<std::uintptr_t>(b.data()) + offset * elem;
-  return {begin, begin + elems * elem};
+  return bytes_of(b, offset * elem, elems * elem);
 }
 
 // How src[src_offset .. +len) and dst[dst_offset .. +len) (one dtype) lie
@@ -168,7 +175,7 @@ ByteSpan byte_span(const Buffer& b, std::size_t offset, std::size_t elems) {
 bool copy_needed(const OpCheck& check, const Buffer& src, std::size_t src_offset, std::string_view src_name,
                  const Buffer& dst, std::size_t dst_offset, std::string_view dst_name, std::size_t len) {
   const ByteSpan s = byte_span(src, src_offset, len), d = byte_span(dst, dst_offset, len);
-  if (s.begin == d.begin) return false;
+  if (same_range(s, d)) return false;
   if (s.overlaps(d)) {
     check.fail(ErrorCode::InvalidArgument,
                "{}: '{}' {} overlaps '{}' {} in memory (views of one buffer) without being the same "
@@ -186,10 +193,10 @@ bool copy_needed(const OpCheck& check, const Buffer& src, std::size_t src_offset
 // Returns whether there is anything to copy.
 bool host_copy_needed(const OpCheck& check, const void* host, std::string_view buf_name, const Buffer& buf,
                       std::size_t byte_offset, std::size_t bytes) {
+  if (bytes == 0) return false;
   const auto h = reinterpret_cast<std::uintptr_t>(host);
-  const auto b = reinterpret_cast<std::uintptr_t>(buf.data()) + byte_offset;
-  if (bytes == 0 || h == b) return false;
-  const ByteSpan host_span{h, h + bytes}, buf_span{b, b + bytes};
+  const ByteSpan host_span{h, h + bytes}, buf_span = bytes_of(buf, byte_offset, bytes);
+  if (same_range(host_span, buf_span)) return false;
   if (host_span.overlaps(buf_span)) {
     check.fail(ErrorCode::InvalidArgument,
                "{}: argument 'host' [{:#x}, {:#x}) overlaps '{}' [{:#x}, {:#x}) in memory without being the same "
