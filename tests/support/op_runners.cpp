@@ -108,7 +108,11 @@ class OpRun {
         scope.emplace(be_, true);
         be_.set_decode_state(o_.decode->token, o_.decode->step);
       }
-      op();
+      if (o_.graph) {
+        record_and_replay(op);
+      } else {
+        op();
+      }
     }
     be_.synchronize();
     OpResult result;
@@ -129,6 +133,29 @@ class OpRun {
   }
 
  private:
+  // Records `op` in a graph, checks that recording wrote nothing, replays the
+  // graph once and drops it. A failed check throws (the run has no result).
+  template <class F>
+  void record_and_replay(F& op) {
+    std::vector<std::vector<std::uint8_t>> before;
+    for (auto& [name, g] : outputs_) before.push_back(g->bytes());
+    be_.begin_graph_capture();
+    try {
+      op();
+    } catch (...) {
+      if (be_.is_capturing()) be_.end_graph_capture();
+      throw;
+    }
+    be_.end_graph_capture();
+    for (std::size_t i = 0; i < outputs_.size(); ++i) {
+      if (outputs_[i].second->bytes() != before[i]) {
+        throw std::runtime_error(cat("graph run: recording the op wrote output '", outputs_[i].first, "'"));
+      }
+    }
+    if (!be_.replay_last_graph()) throw std::runtime_error("graph run: replay_last_graph() found no graph");
+    be_.reset_graph();
+  }
+
   Backend& be_;
   RunOptions o_;
   std::vector<std::unique_ptr<DeviceTensor>> inputs_;
@@ -397,6 +424,7 @@ std::string describe(const RaggedDecodeCase& c) {
 std::string describe(const RunOptions& o) {
   std::string s = cat("lead=", o.lead);
   if (o.decode) s += cat(" device-state token=", o.decode->token, " step=", o.decode->step);
+  if (o.graph) s += " graph";
   return s;
 }
 

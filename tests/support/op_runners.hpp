@@ -8,6 +8,11 @@
 // synchronizes, and returns every output (decoded and raw) together with the
 // result of every guard check.
 //
+// Graph variant: RunOptions::graph records the op in a CUDA graph instead of
+// running it, checks that recording ran nothing (every output still holds
+// its poison or initial contents), replays the graph once and drops it; the
+// result must be the eager run's, bitwise.
+//
 // Device-state variants: RunOptions::decode puts the backend in device-state
 // mode and sets the decode state (token, step) before the op. The case's
 // host arguments are still passed (tests make them decoys); the effective_*
@@ -35,6 +40,7 @@ struct DecodeStep {
 struct RunOptions {
   std::size_t lead = 0;  // every input and output view starts this many elements into its buffer
   std::optional<DecodeStep> decode;
+  bool graph = false;  // capture the op, then replay it (the backend must support GraphCapture)
 };
 
 struct Output {
