@@ -33,8 +33,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -543,6 +545,40 @@ TEST_F(CudaDecodeCheck, GridLimitsAreNamedErrors) {
                  [&] { be.flash_attention(q, k, v, out, kPast, 2, 2, 0, cfg); }, "batch = 65536");
   }
   be.synchronize();  // nothing was launched: the backend is fine
+}
+
+// A decode call whose split-K scratch outgrows the preallocated workspace
+// (CudaBackendConfig::attention_workspace_bytes, 256 MiB by default) is a
+// named CapacityExceeded, in flash_attention and flash_decode_ragged, eagerly
+// and during a capture (which it ends, keeping no graph); the backend works
+// afterwards. Many heads make the scratch large with small buffers: 2
+// sequences x 16384 heads x 16 slices x (256 + 1) floats is 539 MB, with one
+// kv head of a 8192-position cache.
+TEST_F(CudaDecodeCheck, SplitScratchPastTheWorkspaceIsCapacityExceeded) {
+  Backend& be = cuda();
+  constexpr std::size_t kBatch = 2, kHeads = 16384, kHd = 256, kStride = 8192;
+  const std::size_t need_bytes = kBatch * kHeads * kernels::attention_decode_splits(kStride) * (kHd + 1) * 4;
+  ASSERT_GT(need_bytes, CudaBackendConfig{}.attention_workspace_bytes) << "the test must outgrow the default";
+  const AttnConfig cfg = attn_config(kHeads, 1, kHd, kStride);
+  Buffer q = be.alloc(DType::F16, kBatch * kHeads * kHd), out = be.alloc(DType::F16, kBatch * kHeads * kHd);
+  Buffer k = be.alloc(DType::F16, kBatch * kStride * kHd), v = be.alloc(DType::F16, kBatch * kStride * kHd);
+  const Buffer kv_lens = be.upload(std::vector<float>{1.0f, static_cast<float>(kStride)}, DType::I32);
+  const std::string named = cat("decode split-K scratch needs ", need_bytes,
+                                " bytes, more than CudaBackendConfig::attention_workspace_bytes");
+  for (const bool capture : {false, true}) {
+    SCOPED_TRACE(capture ? "during a capture" : "eager");
+    auto refused = [&](const char* op, const std::function<void()>& call) {
+      if (capture) be.begin_graph_capture();
+      expect_error(ErrorCode::CapacityExceeded, op, call, named);
+      EXPECT_FALSE(be.is_capturing()) << op << ": the refusal must end the capture";
+      EXPECT_FALSE(be.replay_last_graph()) << op << ": no graph may be kept";
+    };
+    refused("flash_attention", [&] { be.flash_attention(q, k, v, out, kBatch, 1, kStride, kStride - 1, cfg); });
+    refused("flash_decode_ragged", [&] { be.flash_decode_ragged(q, k, v, out, kv_lens, kBatch, cfg); });
+  }
+  be.synchronize();  // nothing was launched
+  FERRUM_SEEDED_RNG(rng);
+  EXPECT_TRUE(run(be, make_ragged_decode_case(rng, DType::F16, attn_config(8, 2, 128, 700), {5, 700})).guards_ok());
 }
 
 }  // namespace
