@@ -269,6 +269,18 @@ Buffer Backend::alloc(DType dtype, std::size_t numel) {
   return make_buffer(p, dtype, numel, /*owning=*/true);
 }
 
+Buffer Backend::alloc_host(DType dtype, std::size_t numel) {
+  OpCheck check(*this, "alloc_host");
+  refuse_during_capture(check);
+  if (size_of(dtype) == 0) {
+    check.fail(ErrorCode::InvalidArgument, "alloc_host: argument 'dtype' = {} is not a DType", static_cast<int>(dtype));
+  }
+  if (numel == 0) check.fail(ErrorCode::InvalidArgument, "alloc_host: argument 'numel' = 0, must be at least 1");
+  const std::size_t bytes = check.product({numel, size_of(dtype)});
+  void* p = allocate_host_bytes(bytes);
+  return make_buffer(p, dtype, numel, /*owning=*/true);
+}
+
 Buffer Backend::upload(std::span<const float> host, DType dtype) {
   Buffer b = alloc(dtype, host.size());
   write(b, host, 0);

@@ -127,6 +127,8 @@ Decoder::Decoder(Backend& backend, const ModelWeights& weights, std::size_t kv_c
     v_cache_.push_back(be_.alloc(dt, sequences * cfg_.num_key_value_heads * capacity_ * cfg_.head_dim));
   }
   ids_ = be_.alloc(DType::I32, t);  // a batch step reads batch_ids_
+  ids_host_ = be_.alloc_host(DType::I32, t);
+  batch_host_ = be_.alloc_host(DType::I32, 3 * sequences);
   batch_state_ = be_.alloc(DType::I32, 3 * sequences);
   batch_ids_ = batch_state_.view(0, sequences);
   seq_positions_ = batch_state_.view(sequences, sequences);
@@ -238,10 +240,19 @@ std::vector<std::int32_t> Decoder::decode_batch_next(std::span<const std::int32_
   return read_next_tokens(tokens.size());
 }
 
+void Decoder::wait_for_host_inputs() {
+  if (!host_inputs_queued_) return;
+  be_.synchronize();
+  host_inputs_queued_ = false;
+}
+
 void Decoder::run_prefill(std::size_t seq, std::span<const std::int32_t> tokens) {
   check_tokens(seq, tokens);
   be_.set_device_state_mode(false);
-  be_.write_bytes(ids_, tokens.data(), tokens.size_bytes());
+  wait_for_host_inputs();
+  std::copy(tokens.begin(), tokens.end(), static_cast<std::int32_t*>(ids_host_.data()));
+  be_.copy_slice(ids_host_, 0, ids_, 0, tokens.size());
+  host_inputs_queued_ = true;
   enqueue_forward({.rows = tokens.size(), .pos_offset = positions_[seq], .seq = seq});
   positions_[seq] += tokens.size();
   last_rows_ = 1;
@@ -356,19 +367,19 @@ void Decoder::run_decode_batch(std::span<const std::int32_t> tokens) {
          tokens.size());
   }
   require_fused_qkv();
-  // [ids | positions | kv lengths], one write: the step reads them from
-  // batch_state_ (the decode state holds one sequence's), so one captured
-  // graph serves every step.
-  std::vector<std::int32_t>& state = batch_host_state_;
-  state.resize(3 * n);
+  for (std::size_t s = 0; s < n; ++s) check_tokens(s, tokens.subspan(s, 1));
+  // [ids | positions | kv lengths] in host memory the step copies from
+  // (enqueue_forward): the step reads them from batch_state_ (the decode
+  // state holds one sequence's), so one captured graph serves every step.
+  wait_for_host_inputs();
+  auto* state = static_cast<std::int32_t*>(batch_host_.data());
   for (std::size_t s = 0; s < n; ++s) {
-    check_tokens(s, tokens.subspan(s, 1));
     state[s] = tokens[s];
     state[n + s] = static_cast<std::int32_t>(positions_[s]);
     state[2 * n + s] = state[n + s] + 1;
   }
   be_.set_device_state_mode(false);
-  be_.write_bytes(batch_state_, state.data(), state.size() * sizeof(std::int32_t));
+  host_inputs_queued_ = true;
   run_step(Captured::Batch, {.rows = n, .ragged = true});
   for (std::size_t& p : positions_) p += 1;
   last_rows_ = n;
@@ -378,6 +389,7 @@ void Decoder::enqueue_forward(const Pass& pass) {
   const std::size_t rows = pass.rows;
   const std::size_t hidden = cfg_.hidden_size;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  if (pass.ragged) be_.copy_slice(batch_host_, 0, batch_state_, 0, batch_state_.numel());  // run_decode_batch's inputs
   be_.embedding_lookup(w_.embed_tokens, pass.ragged ? batch_ids_ : ids_, residual_, rows, hidden, cfg_.vocab_size);
   if (row_sq_norms_) {
     // The norms ride on the projections (DecoderOptions::gptq_row_sq_norms):
@@ -524,11 +536,16 @@ void Decoder::project(const Projection& p, const Buffer& x, Buffer& out, std::si
   }
 }
 
-std::vector<float> Decoder::logits() { return be_.download(logits_, last_rows_ * cfg_.vocab_size); }
+std::vector<float> Decoder::logits() {
+  std::vector<float> values = be_.download(logits_, last_rows_ * cfg_.vocab_size);
+  host_inputs_queued_ = false;  // the read waited for the stream
+  return values;
+}
 
 std::vector<std::int32_t> Decoder::read_next_tokens(std::size_t count) {
   std::vector<std::int32_t> tokens(count);
   be_.read_bytes(next_token_, tokens.data(), count * sizeof(std::int32_t));
+  host_inputs_queued_ = false;  // the read waited for the stream
   return tokens;
 }
 

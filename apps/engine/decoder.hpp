@@ -189,6 +189,9 @@ class Decoder {
   AttnConfig attn_config() const;
   std::vector<std::int32_t> read_next_tokens(std::size_t count);
   void run_prefill(std::size_t seq, std::span<const std::int32_t> tokens);
+  // Waits for the stream if queued work may still read the host input
+  // buffers (ids_host_, batch_host_), so the host may write them.
+  void wait_for_host_inputs();
   void run_decode(std::int32_t token);
   void run_decode_batch(std::span<const std::int32_t> tokens);
 
@@ -202,7 +205,10 @@ class Decoder {
   bool unfused_qkv_ = false;            // q, k, v projected apart (no batch step)
   bool row_sq_norms_ = false;           // DecoderOptions::gptq_row_sq_norms
   std::size_t last_rows_ = 1;           // rows of logits_ the last step wrote
-  std::vector<std::int32_t> batch_host_state_;  // a batch step's [3, sequences] host copy, reused
+  // Whether queued work may still read ids_host_ / batch_host_ (a step was
+  // enqueued and no blocking read has followed it): the next step waits for
+  // the stream before the host writes them again.
+  bool host_inputs_queued_ = false;
   Captured captured_ = Captured::None;
   std::uint64_t captured_graph_ = 0;  // Backend::held_graph() right after the capture of captured_
 
@@ -211,8 +217,13 @@ class Decoder {
   std::vector<Buffer> v_cache_;
   // Scratch sized for R = max(max_tokens_, sequences) rows.
   Buffer ids_;          // [max_tokens_] i32 (prefill and single-sequence steps)
-  // A batch step's inputs, written in one go: [3, sequences] i32 =
-  // batch_ids_ (each sequence's token) | seq_positions_ | kv_lens_ (positions + 1).
+  Buffer ids_host_;     // [max_tokens_] i32, Backend::alloc_host: the host writes a prefill's ids here
+  // A batch step's inputs: [3, sequences] i32 = batch_ids_ (each sequence's
+  // token) | seq_positions_ | kv_lens_ (positions + 1). The host writes them
+  // into batch_host_ (Backend::alloc_host), and the step's first op copies
+  // them to batch_state_, in the captured graph too: each replay reads what
+  // the host wrote before it, with no copy from pageable memory.
+  Buffer batch_host_;
   Buffer batch_state_;
   Buffer batch_ids_;
   Buffer seq_positions_;

@@ -227,6 +227,19 @@ class Backend {
 
   // ── Buffers (setup-time: these may allocate and synchronize) ──────────
   Buffer alloc(DType dtype, std::size_t numel);
+  // Host memory this backend's copies and ops reach, for the values an
+  // engine changes every step (token ids, positions, lengths): page-locked
+  // on CudaBackend (cudaHostAlloc, portable; freed with the Buffer),
+  // ordinary memory on CpuBackend. The host reads and writes it through
+  // data() directly, with no call in between. It is a Buffer like any
+  // other: copy_slice from it into a device buffer is asynchronous and
+  // capture-safe, and a captured copy reads the host bytes at each replay,
+  // so one graph picks up what the host wrote before that replay. The host
+  // must not write it while queued work may still read it (write it after
+  // synchronize() or a blocking read such as download or read_bytes).
+  // Ops read it too, over the bus on CudaBackend: copy it to the device
+  // first where it is read more than once.
+  Buffer alloc_host(DType dtype, std::size_t numel);
   // Allocates and fills from host f32, converting (round to nearest even;
   // i32/u8 take the value truncated toward zero, and refuse values that do
   // not fit).
@@ -535,6 +548,8 @@ class Backend {
   // Memory hooks used by Buffer.
   friend class Buffer;
   virtual void* allocate_bytes(std::size_t bytes) = 0;
+  // alloc_host's memory, freed by the same deallocator as allocate_bytes'.
+  virtual void* allocate_host_bytes(std::size_t bytes) = 0;
   // Buffer::wrap: throws ferrum::Error (naming Buffer::wrap and 'ptr') when
   // this backend's ops cannot touch `bytes` bytes at `ptr`. Default: any
   // memory. CpuBackend refuses CUDA device memory (asking the CUDA driver,

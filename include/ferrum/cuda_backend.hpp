@@ -287,6 +287,7 @@ class CudaBackend final : public Backend {
  protected:
   void abandon_capture() noexcept override;
   void* allocate_bytes(std::size_t bytes) override;
+  void* allocate_host_bytes(std::size_t bytes) override;  // cudaHostAlloc, portable
   // Device memory of this backend's device, or pinned / managed host memory
   // (reachable from kernels); pageable host memory and another device's
   // memory are refused.

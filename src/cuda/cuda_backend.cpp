@@ -375,6 +375,20 @@ void* CudaBackend::allocate_bytes(std::size_t bytes) {
   return p;
 }
 
+void* CudaBackend::allocate_host_bytes(std::size_t bytes) {
+  detail::activate_device(device_);
+  void* p = nullptr;
+  // Portable: every device's context may copy from it (a tensor-parallel
+  // engine's backends share one process).
+  const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    detail::fail(ErrorCode::OutOfMemory, "alloc_host: cudaHostAlloc of {} bytes failed: {}", bytes,
+                 cudaGetErrorString(err));
+  }
+  return p;
+}
+
 void CudaBackend::check_wrapped(const void* ptr, std::size_t bytes) const {
   detail::activate_device(device_);  // devicePointer below is as this device sees it
   cudaPointerAttributes attr{};

@@ -58,14 +58,18 @@ CudaRuntime* runtime_of_current_device() noexcept {
   return runtime_of(device);
 }
 
-// cudaFree on `device`, the caller's current device restored.
+// cudaFree on `device` (cudaFreeHost for alloc_host's page-locked memory),
+// the caller's current device restored.
 void free_now(void* ptr, int device) noexcept {
   int current = -1;
   if (!query_current_device(&current)) current = -1;
   // A failed call here must not stay behind as the thread's last error, to
   // be reported by the next op's launch check under that op's name.
   if (current != device && cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
-  if (cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();
+  cudaPointerAttributes attr{};
+  const bool host = cudaPointerGetAttributes(&attr, ptr) == cudaSuccess && attr.type == cudaMemoryTypeHost;
+  (void)cudaGetLastError();
+  if ((host ? cudaFreeHost(ptr) : cudaFree(ptr)) != cudaSuccess) (void)cudaGetLastError();
   if (current != device && current >= 0 && cudaSetDevice(current) != cudaSuccess) (void)cudaGetLastError();
 }
 

@@ -544,6 +544,51 @@ TEST_P(ApiOnBackend, UploadConvertsLikeTheDocumentation) {
             (std::vector<float>{0.0f, 1.0f, 254.0f, 255.0f}));
 }
 
+// alloc_host: the host writes and reads it through data(); copy_slice moves
+// it to and from the backend's memory; ops take it like any Buffer; it
+// belongs to its backend (another backend's ops refuse it).
+TEST_P(ApiOnBackend, HostBufferIsWrittenDirectlyAndCopied) {
+  FERRUM_SEEDED_RNG(rng);
+  constexpr std::size_t kN = 1001;
+  Buffer host = backend().alloc_host(DType::I32, kN);
+  ASSERT_EQ(host.numel(), kN);
+  ASSERT_EQ(host.dtype(), DType::I32);
+  ASSERT_EQ(reinterpret_cast<std::uintptr_t>(host.data()) % 16, 0u) << "16-byte aligned, like alloc";
+  auto* values = static_cast<std::int32_t*>(host.data());
+  std::vector<float> want(kN);
+  for (std::size_t i = 0; i < kN; ++i) {
+    values[i] = static_cast<std::int32_t>(rng.below(1u << 24)) - (1 << 23);  // exact as f32 (download)
+    want[i] = static_cast<float>(values[i]);
+  }
+  Buffer device = zeros(backend(), DType::I32, kN);
+  backend().copy_slice(host, 0, device, 0, kN);
+  EXPECT_EQ(backend().download(device), want);
+  EXPECT_EQ(backend().download(host), want) << "download reads it like any Buffer";
+  // Back into the host buffer (at an offset), read straight from memory
+  // after a synchronize.
+  backend().write(device, std::vector<float>{-5.0f, 6.0f, 7.0f}, 0);
+  backend().copy_slice(device, 0, host, 10, 3);
+  backend().synchronize();
+  EXPECT_EQ(values[9], static_cast<std::int32_t>(want[9]));
+  EXPECT_EQ(values[10], -5);
+  EXPECT_EQ(values[11], 6);
+  EXPECT_EQ(values[12], 7);
+  // An op reads and writes it: embedding_lookup with its ids in host memory.
+  Buffer ids = backend().alloc_host(DType::I32, 2);
+  static_cast<std::int32_t*>(ids.data())[0] = 2;
+  static_cast<std::int32_t*>(ids.data())[1] = 0;
+  std::vector<float> table_values(3 * 8);  // [3, 8]: row r holds 8r .. 8r + 7
+  for (std::size_t i = 0; i < table_values.size(); ++i) table_values[i] = static_cast<float>(i);
+  const Buffer table = backend().upload(table_values, DType::F16);
+  Buffer rows = backend().alloc_host(DType::F16, 16);
+  backend().embedding_lookup(table, ids, rows, 2, 8, 3);
+  std::vector<float> want_rows(table_values.begin() + 16, table_values.end());
+  want_rows.insert(want_rows.end(), table_values.begin(), table_values.begin() + 8);
+  EXPECT_EQ(backend().download(rows), want_rows);
+  // Another backend's host buffer is not this one's.
+  expect_error(ErrorCode::WrongBackend, "copy_slice", [&] { other().copy_slice(host, 0, device, 0, 1); }, "'src'");
+}
+
 FERRUM_INSTANTIATE_ON_ALL_BACKENDS(ApiOnBackend);
 
 }  // namespace

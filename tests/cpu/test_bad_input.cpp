@@ -538,6 +538,12 @@ TEST_P(BadInput, AllocSizes) {
   // An element count whose byte size overflows 64 bits.
   expect_error(ErrorCode::InvalidArgument, "alloc",
                [&] { (void)backend().alloc(DType::F32, std::numeric_limits<std::size_t>::max() / 2); }, "overflow");
+  // The same rules for host memory.
+  expect_error(ErrorCode::InvalidArgument, "alloc_host", [&] { (void)backend().alloc_host(DType::I32, 0); }, "'numel'");
+  expect_error(ErrorCode::InvalidArgument, "alloc_host", [&] { (void)backend().alloc_host(bad, 4); }, "'dtype'");
+  expect_error(ErrorCode::InvalidArgument, "alloc_host",
+               [&] { (void)backend().alloc_host(DType::F32, std::numeric_limits<std::size_t>::max() / 2); },
+               "overflow");
 }
 
 TEST_P(BadInput, WriteAndReadBounds) {

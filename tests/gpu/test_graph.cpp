@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <vector>
@@ -473,6 +474,43 @@ TEST_F(CudaGraphMemory, BufferFreedDuringTheCaptureStaysValidForReplay) {
   EXPECT_EQ(cuda().download(acc), std::vector<float>(kLen, 2.0f));
   cuda().reset_graph();
   EXPECT_EQ(retained(), 0u);
+}
+
+// alloc_host's page-locked memory in a graph: a captured copy from it reads
+// what the host wrote before each replay (the per-step inputs an engine
+// writes between replays); freed while the graph is held, it is retired
+// like device memory and freed (cudaFreeHost) when the graph goes.
+TEST_F(CudaGraphMemory, CapturedCopyFromHostMemoryReadsItAtEachReplay) {
+  constexpr std::size_t kIds = 37;
+  std::optional<Buffer> host = cuda().alloc_host(DType::I32, kIds);
+  Buffer device = cuda().upload(std::vector<float>(kIds, -1.0f), DType::I32);
+  auto* ids = static_cast<std::int32_t*>(host->data());
+  for (std::size_t i = 0; i < kIds; ++i) ids[i] = 1000;
+  cuda().begin_graph_capture();
+  cuda().copy_slice(*host, 0, device, 0, kIds);
+  cuda().end_graph_capture();
+  EXPECT_EQ(cuda().download(device), std::vector<float>(kIds, -1.0f)) << "capture ran the copy";
+  for (std::int32_t step = 0; step < 5; ++step) {
+    std::vector<float> want(kIds);
+    for (std::size_t i = 0; i < kIds; ++i) {
+      ids[i] = step * 100 + static_cast<std::int32_t>(i);  // the stream is idle: download synchronized
+      want[i] = static_cast<float>(ids[i]);
+    }
+    ASSERT_TRUE(cuda().replay_last_graph());
+    EXPECT_EQ(cuda().download(device), want) << "step " << step;
+  }
+  const void* const host_memory = host->data();
+  host.reset();
+  EXPECT_EQ(retained(), 1u) << "the graph's copy still points at the host memory";
+  for (int i = 0; i < 4; ++i) {
+    Buffer decoy = cuda().alloc_host(DType::I32, kIds);
+    EXPECT_NE(decoy.data(), host_memory) << "a new host allocation reused memory a held graph points at";
+  }
+  ASSERT_TRUE(cuda().replay_last_graph());
+  cuda().synchronize();
+  cuda().reset_graph();
+  EXPECT_EQ(retained(), 0u) << "dropping the graph frees what it kept";
+  EXPECT_NO_THROW(cuda().synchronize());
 }
 
 // Views keep no memory of their own: only the allocation is retired, once.
