@@ -292,6 +292,8 @@ TEST_F(CudaGraphErrors, CallsNotAllowedDuringCapture) {
   std::vector<std::uint8_t> host(128);
   expect_refused_during_capture(ErrorCode::GraphCapture, "synchronize", [&] { cuda().synchronize(); });
   expect_refused_during_capture(ErrorCode::GraphCapture, "alloc", [&] { (void)cuda().alloc(DType::F16, 8); });
+  expect_refused_during_capture(ErrorCode::GraphCapture, "alloc_host",
+                                [&] { (void)cuda().alloc_host(DType::I32, 8); });
   expect_refused_during_capture(ErrorCode::GraphCapture, "write",
                                 [&] { cuda().write(buf, std::vector<float>(4, 1.0f)); });
   expect_refused_during_capture(ErrorCode::GraphCapture, "write_bytes",
