@@ -167,8 +167,9 @@ class Decoder {
   void check_tokens(std::size_t seq, std::span<const std::int32_t> tokens) const;
   // Throws Unsupported when q / k / v are projected apart (no batch step).
   void require_fused_qkv() const;
-  // Enqueues the whole forward pass; no allocation, no host transfer (so it
-  // can be captured).
+  // Enqueues the whole forward pass; no allocation and no copy from pageable
+  // memory, so it can be captured (a batch pass starts with a copy from the
+  // page-locked batch_host_).
   void enqueue_forward(const Pass& pass);
   void enqueue_attention(std::size_t layer, const Pass& pass);
   void enqueue_mlp(std::size_t layer, std::size_t tokens);

@@ -235,10 +235,13 @@ class Backend {
   // other: copy_slice from it into a device buffer is asynchronous and
   // capture-safe, and a captured copy reads the host bytes at each replay,
   // so one graph picks up what the host wrote before that replay. The host
-  // must not write it while queued work may still read it (write it after
-  // synchronize() or a blocking read such as download or read_bytes).
-  // Ops read it too, over the bus on CudaBackend: copy it to the device
-  // first where it is read more than once.
+  // must not write it while queued work may still read it, nor read it
+  // while queued work may still write it (a copy_slice into it): do either
+  // after synchronize() or a blocking read such as download or read_bytes.
+  // It is meant for copy_slice, download and read_bytes. Ops whose kernels
+  // read plain pointers take it too (over the bus on CudaBackend), but not
+  // every op can: the attention kernels and the collectives need device
+  // memory. Copy it to the device first.
   Buffer alloc_host(DType dtype, std::size_t numel);
   // Allocates and fills from host f32, converting (round to nearest even;
   // i32/u8 take the value truncated toward zero, and refuse values that do

@@ -1,5 +1,6 @@
 // Buffer: a typed span of memory that one Backend owns (device memory for
-// CudaBackend, host memory for CpuBackend). RAII, move-only.
+// CudaBackend, host memory for CpuBackend; Backend::alloc_host gives
+// page-locked host memory on CudaBackend). RAII, move-only.
 #pragma once
 
 #include <cstddef>

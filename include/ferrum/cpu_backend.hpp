@@ -32,7 +32,7 @@ class CpuBackend final : public Backend {
 
  protected:
   void* allocate_bytes(std::size_t bytes) override;
-  void* allocate_host_bytes(std::size_t bytes) override { return allocate_bytes(bytes); }  // the same memory
+  void* allocate_host_bytes(std::size_t bytes) override;  // the same memory as allocate_bytes
   // Refuses CUDA device memory (asking CUDA where a GPU is present).
   void check_wrapped(const void* ptr, std::size_t bytes) const override;
   void do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host,

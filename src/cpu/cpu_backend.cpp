@@ -321,18 +321,25 @@ void CpuBackend::check_wrapped(const void* ptr, std::size_t bytes) const {
   }
 }
 
-void* CpuBackend::allocate_bytes(std::size_t bytes) {
+namespace {
+// kHostAlignment-aligned host memory; `op` names the caller in errors.
+void* aligned_host_bytes(std::size_t bytes, const char* op) {
   // std::aligned_alloc wants a size that is a multiple of the alignment.
   if (bytes > SIZE_MAX - (kHostAlignment - 1)) {
-    fail(ErrorCode::OutOfMemory, "alloc: {} bytes is more than host memory can hold", bytes);
+    fail(ErrorCode::OutOfMemory, "{}: {} bytes is more than host memory can hold", op, bytes);
   }
   const std::size_t rounded = std::max(kHostAlignment, (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment);
   void* p = std::aligned_alloc(kHostAlignment, rounded);
   if (p == nullptr) {
-    fail(ErrorCode::OutOfMemory, "alloc: could not allocate {} bytes of host memory", rounded);
+    fail(ErrorCode::OutOfMemory, "{}: could not allocate {} bytes of host memory", op, rounded);
   }
   return p;
 }
+}  // namespace
+
+void* CpuBackend::allocate_bytes(std::size_t bytes) { return aligned_host_bytes(bytes, "alloc"); }
+
+void* CpuBackend::allocate_host_bytes(std::size_t bytes) { return aligned_host_bytes(bytes, "alloc_host"); }
 
 void CpuBackend::do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host,
                                 std::size_t bytes) {

@@ -66,9 +66,16 @@ void free_now(void* ptr, int device) noexcept {
   // A failed call here must not stay behind as the thread's last error, to
   // be reported by the next op's launch check under that op's name.
   if (current != device && cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
+  // Which allocator made it, asked of the driver (frees are setup-time):
+  // alloc_host's page-locked memory reads as host memory, cudaMalloc's as
+  // device memory.
   cudaPointerAttributes attr{};
-  const bool host = cudaPointerGetAttributes(&attr, ptr) == cudaSuccess && attr.type == cudaMemoryTypeHost;
-  (void)cudaGetLastError();
+  bool host = false;
+  if (cudaPointerGetAttributes(&attr, ptr) == cudaSuccess) {
+    host = attr.type == cudaMemoryTypeHost;
+  } else {
+    (void)cudaGetLastError();
+  }
   if ((host ? cudaFreeHost(ptr) : cudaFree(ptr)) != cudaSuccess) (void)cudaGetLastError();
   if (current != device && current >= 0 && cudaSetDevice(current) != cudaSuccess) (void)cudaGetLastError();
 }

@@ -512,6 +512,9 @@ TEST_F(CudaGraphMemory, CapturedCopyFromHostMemoryReadsItAtEachReplay) {
   cuda().synchronize();
   cuda().reset_graph();
   EXPECT_EQ(retained(), 0u) << "dropping the graph frees what it kept";
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, host_memory), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeUnregistered) << "the page-locked memory was not freed (cudaFreeHost)";
   EXPECT_NO_THROW(cuda().synchronize());
 }
 

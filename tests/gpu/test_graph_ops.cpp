@@ -173,19 +173,37 @@ TEST_P(CudaGraphEveryOp, ReplayWritesWhatTheEagerCallWrites) {
       cuda().write(buf, random_normal(rng, b.dtype, buf.numel()).values);
     }
   }
+  // advance_decode_state reads and moves the decode state: each run starts
+  // from the same one, set outside the capture (set_decode_state is refused
+  // during one, so the registry's call, which sets it first, is not used),
+  // with a next token whose write into token_log shows.
+  const bool advance = s.op == Op::AdvanceDecodeState;
+  auto call = [&] {
+    if (advance) {
+      cuda().advance_decode_state(a.buf("next_token"), a.buf("token_log"));
+    } else {
+      s.call(cuda(), a);
+    }
+  };
+  if (advance) {
+    const std::int32_t seven = 7;
+    cuda().write_bytes(a.buf("next_token"), &seven, sizeof(seven));
+  }
   const std::vector<std::vector<std::uint8_t>> initial = read_all(cuda(), s, a);
 
-  // advance_decode_state reads and moves the decode state: each run starts
-  // from the same one.
   cuda().set_decode_state(1, 0);
-  s.call(cuda(), a);
+  call();
   cuda().synchronize();
   const std::vector<std::vector<std::uint8_t>> eager = read_all(cuda(), s, a);
+  // (all_reduce and broadcast on a world of one change nothing, by contract.)
+  if (s.op != Op::AllReduce && s.op != Op::Broadcast) {
+    EXPECT_NE(eager, initial) << "the eager call wrote nothing: the comparison below would prove nothing";
+  }
 
   write_all(cuda(), s, a, initial);
   cuda().set_decode_state(1, 0);
   cuda().begin_graph_capture();
-  s.call(cuda(), a);
+  call();
   cuda().end_graph_capture();
   EXPECT_EQ(read_all(cuda(), s, a), initial) << "recording ran the op";
   ASSERT_TRUE(cuda().replay_last_graph());

@@ -143,7 +143,15 @@ class OpRun {
     try {
       op();
     } catch (...) {
-      if (be_.is_capturing()) be_.end_graph_capture();
+      // An op's own refusal has ended the capture; anything else leaves it
+      // open: end it and drop whatever it recorded, keeping the first error.
+      if (be_.is_capturing()) {
+        try {
+          be_.end_graph_capture();
+          be_.reset_graph();
+        } catch (...) {
+        }
+      }
       throw;
     }
     be_.end_graph_capture();
