@@ -257,28 +257,22 @@ void Backend::set_deallocator(void (*free)(void* ptr, int device) noexcept, int 
   owner_->device = device;
 }
 
-Buffer Backend::alloc(DType dtype, std::size_t numel) {
-  OpCheck check(*this, "alloc");
+Buffer Backend::checked_alloc(const char* op, DType dtype, std::size_t numel, bool host) {
+  OpCheck check(*this, op);
   refuse_during_capture(check);
   if (size_of(dtype) == 0) {
-    check.fail(ErrorCode::InvalidArgument, "alloc: argument 'dtype' = {} is not a DType", static_cast<int>(dtype));
+    check.fail(ErrorCode::InvalidArgument, "{}: argument 'dtype' = {} is not a DType", op, static_cast<int>(dtype));
   }
-  if (numel == 0) check.fail(ErrorCode::InvalidArgument, "alloc: argument 'numel' = 0, must be at least 1");
+  if (numel == 0) check.fail(ErrorCode::InvalidArgument, "{}: argument 'numel' = 0, must be at least 1", op);
   const std::size_t bytes = check.product({numel, size_of(dtype)});
-  void* p = allocate_bytes(bytes);
+  void* p = host ? allocate_host_bytes(bytes) : allocate_bytes(bytes);
   return make_buffer(p, dtype, numel, /*owning=*/true);
 }
 
+Buffer Backend::alloc(DType dtype, std::size_t numel) { return checked_alloc("alloc", dtype, numel, false); }
+
 Buffer Backend::alloc_host(DType dtype, std::size_t numel) {
-  OpCheck check(*this, "alloc_host");
-  refuse_during_capture(check);
-  if (size_of(dtype) == 0) {
-    check.fail(ErrorCode::InvalidArgument, "alloc_host: argument 'dtype' = {} is not a DType", static_cast<int>(dtype));
-  }
-  if (numel == 0) check.fail(ErrorCode::InvalidArgument, "alloc_host: argument 'numel' = 0, must be at least 1");
-  const std::size_t bytes = check.product({numel, size_of(dtype)});
-  void* p = allocate_host_bytes(bytes);
-  return make_buffer(p, dtype, numel, /*owning=*/true);
+  return checked_alloc("alloc_host", dtype, numel, true);
 }
 
 Buffer Backend::upload(std::span<const float> host, DType dtype) {

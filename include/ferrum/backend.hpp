@@ -656,6 +656,10 @@ class Backend {
   virtual void do_reduce_scatter(const Buffer& input, Buffer& output, std::size_t len, ReduceOp op);
 
  private:
+  // alloc and alloc_host: one set of checks, then device (host = false) or
+  // host memory.
+  Buffer checked_alloc(const char* op, DType dtype, std::size_t numel, bool host);
+
   bool device_state_mode_ = false;
   std::shared_ptr<detail::BufferOwner> owner_;  // every Buffer of this backend holds it too
 };
