@@ -3,11 +3,16 @@
 #
 # FERRUM_INSTALL_TEST_MODE:
 #   build_tree (default): installs the already-built tree FERRUM_BUILD_DIR.
-#   shared: configures FERRUM_SOURCE_DIR as a shared, library-only build of
-#     its own, with FERRUM_INNER_CACHE (an initial cache file: the outer
-#     build's toolchain and the dependencies it found, tests/CMakeLists.txt),
-#     builds that with FERRUM_BUILD_JOBS jobs, installs it, and checks with
-#     FERRUM_NM that the library exports nothing of fmt's.
+#   shared: adds FERRUM_SOURCE_DIR to tests/install/superbuild (a parent
+#     project, as an engine vendoring the source tree would: add_subdirectory
+#     or FetchContent) as a shared library, with FERRUM_INNER_CACHE (an
+#     initial cache file: the outer build's toolchain and the dependencies it
+#     found, tests/CMakeLists.txt). A configure without a build type first
+#     checks that ferrum leaves the parent's alone, and one for compute
+#     capability 7.5 that it refuses by name. Then builds the superbuild
+#     with FERRUM_BUILD_JOBS jobs, runs its in-tree consumer, installs it
+#     (ferrum's install rules, through the parent), and checks with FERRUM_NM
+#     that the library exports nothing of fmt's.
 if(NOT DEFINED FERRUM_INSTALL_TEST_MODE)
   set(FERRUM_INSTALL_TEST_MODE build_tree)
 endif()
@@ -19,12 +24,25 @@ function(ferrum_run what)
   endif()
 endfunction()
 
+# Runs a command that must fail, with `needle` in its output.
+function(ferrum_run_expect_failure what needle)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(rc EQUAL 0)
+    message(FATAL_ERROR "${what} succeeded; it must fail")
+  endif()
+  string(REGEX REPLACE "[ \t\r\n]+" " " flat "${out}")  # CMake wraps its messages
+  string(FIND "${flat}" "${needle}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "${what} failed without naming '${needle}':\n${out}")
+  endif()
+endfunction()
+
 file(REMOVE_RECURSE ${WORK_DIR})
 
 if(FERRUM_INSTALL_TEST_MODE STREQUAL "build_tree")
   set(ferrum_lib_build ${FERRUM_BUILD_DIR})
 elseif(FERRUM_INSTALL_TEST_MODE STREQUAL "shared")
-  set(ferrum_lib_build ${WORK_DIR}/lib-build)
+  set(ferrum_lib_build ${WORK_DIR}/superbuild)
   if(NOT FERRUM_BUILD_JOBS)
     set(FERRUM_BUILD_JOBS 1)
   endif()
@@ -32,13 +50,29 @@ elseif(FERRUM_INSTALL_TEST_MODE STREQUAL "shared")
   if(FERRUM_INNER_CACHE)  # run by hand without it: this build finds its own
     set(ferrum_inner_cache_args -C ${FERRUM_INNER_CACHE})
   endif()
-  ferrum_run("configuring the shared library"
-    ${CMAKE_COMMAND} -S ${FERRUM_SOURCE_DIR} -B ${ferrum_lib_build} -G ${CMAKE_GENERATOR}
+  get_filename_component(ferrum_superbuild_dir ${CONSUMER_SOURCE_DIR}/../superbuild ABSOLUTE)
+  ferrum_run("configuring the superbuild without a build type (ferrum must not set the parent's)"
+    ${CMAKE_COMMAND} -S ${ferrum_superbuild_dir} -B ${WORK_DIR}/superbuild-check -G ${CMAKE_GENERATOR}
     ${ferrum_inner_cache_args}
-    -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON
-    -DFERRUM_BUILD_TESTS=OFF -DFERRUM_BUILD_BENCHMARKS=OFF -DFERRUM_BUILD_APPS=OFF)
-  ferrum_run("building the shared library"
+    -DFERRUM_SOURCE_DIR=${FERRUM_SOURCE_DIR} -DSUPERBUILD_CONFIGURE_ONLY=ON)
+  ferrum_run_expect_failure("configuring the superbuild for compute capability 7.5"
+    "CMAKE_CUDA_ARCHITECTURES is '75'"
+    ${CMAKE_COMMAND} -S ${ferrum_superbuild_dir} -B ${WORK_DIR}/superbuild-sm75 -G ${CMAKE_GENERATOR}
+    ${ferrum_inner_cache_args}
+    -DFERRUM_SOURCE_DIR=${FERRUM_SOURCE_DIR} -DSUPERBUILD_CONFIGURE_ONLY=ON -DCMAKE_CUDA_ARCHITECTURES=75)
+  ferrum_run("configuring the superbuild (ferrum as a shared subproject)"
+    ${CMAKE_COMMAND} -S ${ferrum_superbuild_dir} -B ${ferrum_lib_build} -G ${CMAKE_GENERATOR}
+    ${ferrum_inner_cache_args}
+    -DFERRUM_SOURCE_DIR=${FERRUM_SOURCE_DIR} -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON)
+  ferrum_run("building the superbuild"
     ${CMAKE_COMMAND} --build ${ferrum_lib_build} --config Release --parallel ${FERRUM_BUILD_JOBS})
+  file(GLOB_RECURSE ferrum_in_tree_consumer
+       ${ferrum_lib_build}/ferrum_consumer_in_tree ${ferrum_lib_build}/ferrum_consumer_in_tree.exe)
+  list(LENGTH ferrum_in_tree_consumer ferrum_in_tree_count)
+  if(NOT ferrum_in_tree_count EQUAL 1)
+    message(FATAL_ERROR "expected one ferrum_consumer_in_tree under ${ferrum_lib_build}, found: ${ferrum_in_tree_consumer}")
+  endif()
+  ferrum_run("the superbuild's consumer (ferrum::kernels in the build tree)" ${ferrum_in_tree_consumer})
   set(ferrum_install_config --config Release)  # for a multi-config generator
 else()
   message(FATAL_ERROR "FERRUM_INSTALL_TEST_MODE is '${FERRUM_INSTALL_TEST_MODE}': build_tree or shared")
