@@ -37,6 +37,17 @@ function(ferrum_run_expect_failure what needle)
   endif()
 endfunction()
 
+# The one program `name` built under `dir` (a multi-config generator puts it
+# in a configuration's folder).
+function(ferrum_find_program out dir name)
+  file(GLOB_RECURSE found ${dir}/${name} ${dir}/${name}.exe)
+  list(LENGTH found count)
+  if(NOT count EQUAL 1)
+    message(FATAL_ERROR "expected one ${name} under ${dir}, found: ${found}")
+  endif()
+  set(${out} ${found} PARENT_SCOPE)
+endfunction()
+
 file(REMOVE_RECURSE ${WORK_DIR})
 
 if(FERRUM_INSTALL_TEST_MODE STREQUAL "build_tree")
@@ -51,9 +62,11 @@ elseif(FERRUM_INSTALL_TEST_MODE STREQUAL "shared")
     set(ferrum_inner_cache_args -C ${FERRUM_INNER_CACHE})
   endif()
   get_filename_component(ferrum_superbuild_dir ${CONSUMER_SOURCE_DIR}/../superbuild ABSOLUTE)
+  # CMake (3.22+) takes a CMAKE_BUILD_TYPE from the environment as the default.
+  unset(ENV{CMAKE_BUILD_TYPE})
   ferrum_run("configuring the superbuild without a build type (ferrum must not set the parent's)"
     ${CMAKE_COMMAND} -S ${ferrum_superbuild_dir} -B ${WORK_DIR}/superbuild-check -G ${CMAKE_GENERATOR}
-    ${ferrum_inner_cache_args}
+    ${ferrum_inner_cache_args} -UCMAKE_BUILD_TYPE
     -DFERRUM_SOURCE_DIR=${FERRUM_SOURCE_DIR} -DSUPERBUILD_CONFIGURE_ONLY=ON)
   ferrum_run_expect_failure("configuring the superbuild for compute capability 7.5"
     "CMAKE_CUDA_ARCHITECTURES is '75'"
@@ -66,12 +79,7 @@ elseif(FERRUM_INSTALL_TEST_MODE STREQUAL "shared")
     -DFERRUM_SOURCE_DIR=${FERRUM_SOURCE_DIR} -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON)
   ferrum_run("building the superbuild"
     ${CMAKE_COMMAND} --build ${ferrum_lib_build} --config Release --parallel ${FERRUM_BUILD_JOBS})
-  file(GLOB_RECURSE ferrum_in_tree_consumer
-       ${ferrum_lib_build}/ferrum_consumer_in_tree ${ferrum_lib_build}/ferrum_consumer_in_tree.exe)
-  list(LENGTH ferrum_in_tree_consumer ferrum_in_tree_count)
-  if(NOT ferrum_in_tree_count EQUAL 1)
-    message(FATAL_ERROR "expected one ferrum_consumer_in_tree under ${ferrum_lib_build}, found: ${ferrum_in_tree_consumer}")
-  endif()
+  ferrum_find_program(ferrum_in_tree_consumer ${ferrum_lib_build} ferrum_consumer_in_tree)
   ferrum_run("the superbuild's consumer (ferrum::kernels in the build tree)" ${ferrum_in_tree_consumer})
   set(ferrum_install_config --config Release)  # for a multi-config generator
 else()
@@ -126,5 +134,6 @@ endif()
 ferrum_run("configuring the consumer"
   ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build -G ${CMAKE_GENERATOR}
   -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
-ferrum_run("building the consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
-ferrum_run("the consumer" ${WORK_DIR}/build/ferrum_consumer)
+ferrum_run("building the consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/build --config Release)
+ferrum_find_program(ferrum_consumer ${WORK_DIR}/build ferrum_consumer)
+ferrum_run("the consumer" ${ferrum_consumer})
