@@ -30,6 +30,14 @@
 // __restrict__). copy_slice and the collectives state their own rules;
 // advance_decode_state's next_token may lie inside token_log. An "in/out"
 // argument counts as an output.
+//
+// Threads: a backend is driven by one thread at a time; nothing in it locks
+// against a second caller. The CudaBackends of one device share that
+// device's stream, cuBLAS handle, workspaces, decode state and graph slot,
+// so together they count as one backend for this rule; backends on
+// different devices may run in different threads at once (one thread per
+// GPU, as tensor parallelism does). Every CudaBackend op makes the backend's
+// device current on the calling thread and leaves it so.
 #pragma once
 
 #include <atomic>
