@@ -1,6 +1,7 @@
 // ferrum_demo: runs one transformer layer's op sequence the way an engine
-// calls it (embedding -> rms_norm -> qkv gemm -> split -> q/k norm + RoPE ->
-// KV append -> gate/up gemm -> SiLU·mul -> down gemm -> residual add) on
+// calls it (embedding, then per layer fused add + rms_norm -> qkv gemm ->
+// split -> q/k norm + RoPE -> v transpose -> KV append -> rms_norm -> gate/up
+// gemm -> SiLU·mul -> down gemm, then one residual add; no attention) on
 // random weights, on the CUDA backend when a GPU is present and on the CPU
 // backend otherwise, and reports what it did. With a GPU it also runs the
 // CPU backend on the same inputs and reports the largest difference.
@@ -184,8 +185,9 @@ int main(int argc, char** argv) {
     std::printf("ferrum_demo: backend %s\n", backend->name().c_str());
     std::printf("  model: dim %zu, heads %zu/%zu (q/kv), head_dim %zu, intermediate %zu, vocab %zu, f16\n",
                 shape.dim, shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate, shape.vocab);
-    std::printf("  running %zu layer(s) over %zu token(s): embedding, rms_norm, qkv gemm, split_qkv,\n"
-                "  q/k norm + RoPE, KV append, fused add + rms_norm, gate/up gemm, SiLU*mul, down gemm, residual add\n",
+    std::printf("  running %zu layer(s) over %zu token(s): embedding; per layer fused add + rms_norm, qkv gemm,\n"
+                "  split_qkv, q/k norm + RoPE, v transpose, KV append, rms_norm, gate/up gemm, SiLU*mul, down gemm;\n"
+                "  then residual add\n",
                 layers, tokens);
     const LayerRun run = run_layers(*backend, shape, weights, tokens, layers, 99);
     double sum = 0.0, sum_sq = 0.0;

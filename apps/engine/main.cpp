@@ -5,6 +5,7 @@
 //                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--[no-]pdl-chain-release] [--gemm-prefetch]
 //                      [--no-gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]
 //                      [--skinny-max-m N] [--gptq-fused-max-m N] [--gptq-ctas-per-sm N] [--pipeline]
+//                      [--gptq-row-sq-norms] [--no-gptq-fuse-residual-add]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
 //                    runs its projections with gemm_gptq
@@ -217,6 +218,7 @@ void usage(std::FILE* out) {
                "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--[no-]pdl-chain-release] [--gemm-prefetch]\n"
                "                     [--no-gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]\n"
                "                     [--skinny-max-m N] [--gptq-fused-max-m N] [--gptq-ctas-per-sm N] [--pipeline]\n"
+               "                     [--gptq-row-sq-norms] [--no-gptq-fuse-residual-add]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
   std::fprintf(out, "\n");
