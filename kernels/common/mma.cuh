@@ -43,13 +43,6 @@ __device__ __forceinline__ void cp_async_16(std::uint32_t dst, const void* src, 
 __device__ __forceinline__ void cp_async_16(std::uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
-// The same as the valid form, with a 256-byte L2 fetch granularity hint
-// (rows streamed whole).
-__device__ __forceinline__ void cp_async_16_l2_256(std::uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
-               : "memory");
-}
 // L2 policy for a weight stream (read once, larger than L2): evict first,
 // so that it does not push out what the small ops between the GEMMs reuse.
 // sm_80 and later; 0 (no policy) below.
