@@ -17,9 +17,17 @@
 //   fork  rotated, the branch launches an empty kernel (the fork's own cost)
 //   hint  rotated, the branch asks L2 for the weight (cp.async.bulk.prefetch.L2)
 //   load  rotated, the branch reads the weight (ld.global.cg, results dropped)
+//   load4 the same, four reads of each line from CTAs spread over the grid
+//   self  rotated, the branch runs the same skinny GEMM on the weight (the
+//         same grid: its lines land where the main GEMM's CTAs read them,
+//         if placement repeats)
+//   coldF, hotF  cold and hot with a 128 MiB read on the main stream before
+//         each window (L2 emptied): separates L2 lines from what else a
+//         repeated weight keeps warm
 // Figures: median µs per repetition over `reps` replays (CUDA events), and
 // "gemm_us" = that minus the window alone (the same graph without the gemm
-// and without the branch).
+// and without the branch; for coldF / hotF with the flush). What it showed
+// (H100, session 56): docs/design/engine_decode.md.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -32,6 +40,7 @@
 
 #include <ferrum/ferrum.hpp>
 
+#include "kernels/gemm_skinny.hpp"
 #include "l2_residency.cuh"
 
 namespace {
@@ -52,7 +61,7 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-enum class Mode { Cold, Hot, Fork, Hint, Load };
+enum class Mode { Cold, Hot, Fork, Hint, Load, Load4, Self };
 const char* mode_name(Mode m) {
   switch (m) {
     case Mode::Cold: return "cold";
@@ -60,6 +69,8 @@ const char* mode_name(Mode m) {
     case Mode::Fork: return "fork";
     case Mode::Hint: return "hint";
     case Mode::Load: return "load";
+    case Mode::Load4: return "load4";
+    case Mode::Self: return "self";
   }
   return "?";
 }
@@ -75,14 +86,19 @@ struct Rig {
   std::vector<cudaEvent_t> forks;
   cudaEvent_t join = nullptr;
   std::uint32_t* sink = nullptr;
+  Buffer self_out;  // the self branch's output, [n]
+  Buffer flush;     // read to empty L2 (flush modes)
+  int num_sms = 0;
 };
 
 // Median µs per repetition of the captured sequence.
+// flush: each repetition starts with a read of rig.flush (2.5x L2) on the
+// main stream, so no line of the previous repetitions is left in L2.
 double time_sequence(Rig& rig, Mode mode, bool with_gemm, std::size_t sets, int reps, std::size_t window,
-                     const std::vector<Buffer>& weights, const Buffer& x, const Buffer& norm_w, Buffer& normed,
-                     Buffer& out, const Shape& sh) {
+                     bool flush, const std::vector<Buffer>& weights, const Buffer& x, const Buffer& norm_w,
+                     Buffer& normed, Buffer& out, const Shape& sh) {
   CudaBackend& be = rig.be;
-  const bool branch = with_gemm && (mode == Mode::Fork || mode == Mode::Hint || mode == Mode::Load);
+  const bool branch = with_gemm && (mode != Mode::Cold && mode != Mode::Hot);
   be.begin_graph_capture();
   for (std::size_t s = 0; s < sets; ++s) {
     const Buffer& w = weights[mode == Mode::Hot ? 0 : s % weights.size()];
@@ -91,11 +107,26 @@ double time_sequence(Rig& rig, Mode mode, bool with_gemm, std::size_t sets, int 
       check(cudaStreamWaitEvent(rig.side, rig.forks[s], 0), "fork wait");
       const std::size_t bytes = w.nbytes();
       using ferrum::bench::L2Branch;
-      ferrum::bench::launch_l2_branch(mode == Mode::Fork ? L2Branch::Empty
+      if (mode == Mode::Self) {
+        if (!ferrum::kernels::launch_gemm_skinny(DType::F16, x.data(), w.data(), rig.self_out.data(), 1,
+                                                 static_cast<long long>(sh.n), static_cast<long long>(sh.k), rig.num_sms,
+                                                 rig.side)) {
+          std::fprintf(stderr, "self: the skinny GEMM does not apply to %s\n", sh.name);
+          std::exit(1);
+        }
+      } else {
+        ferrum::bench::launch_l2_branch(mode == Mode::Fork   ? L2Branch::Empty
                                       : mode == Mode::Hint ? L2Branch::Hint
-                                                           : L2Branch::Load,
+                                      : mode == Mode::Load ? L2Branch::Load
+                                                           : L2Branch::Load4,
                                       w.data(), bytes, rig.sink, rig.side);
+      }
       check(cudaGetLastError(), "branch launch");
+    }
+    if (flush) {
+      ferrum::bench::launch_l2_branch(ferrum::bench::L2Branch::Load, rig.flush.data(), rig.flush.nbytes(), rig.sink,
+                                      be.stream());
+      check(cudaGetLastError(), "flush launch");
     }
     for (std::size_t i = 0; i < window; ++i) be.rms_norm(x, norm_w, 1e-5f, normed, 1, sh.k);
     if (with_gemm) be.gemm(x, w, out, 1, sh.n, sh.k);
@@ -131,7 +162,7 @@ double time_sequence(Rig& rig, Mode mode, bool with_gemm, std::size_t sets, int 
 
 int main(int argc, char** argv) {
   int reps = 21;
-  std::vector<std::size_t> windows = {0, 3};
+  std::vector<std::size_t> windows = {0, 3, 6};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
       reps = std::max(1, std::atoi(argv[++i]));
@@ -148,6 +179,10 @@ int main(int argc, char** argv) {
     check(cudaStreamCreateWithFlags(&rig.side, cudaStreamNonBlocking), "cudaStreamCreate");
     check(cudaEventCreateWithFlags(&rig.join, cudaEventDisableTiming), "cudaEventCreate");
     check(cudaMalloc(reinterpret_cast<void**>(&rig.sink), sizeof(std::uint32_t)), "cudaMalloc");
+    check(cudaDeviceGetAttribute(&rig.num_sms, cudaDevAttrMultiProcessorCount, be.device()), "SM count");
+    rig.self_out = be.alloc(DType::F16, 8192);
+    rig.flush = be.alloc(DType::F16, std::size_t{64} << 20);  // 128 MiB
+    ferrum::bench::launch_fill_f16(rig.flush.data(), rig.flush.numel(), be.stream());
     // qwen3-0.6b's projections (hidden 1024), then two of llama3-8b's.
     const Shape shapes[] = {{"qwen3-0.6b q|k|v [4096 x 1024]", 4096, 1024},
                             {"qwen3-0.6b o [1024 x 2048]", 1024, 2048},
@@ -178,13 +213,25 @@ int main(int argc, char** argv) {
       }
       for (std::size_t window : windows) {
         const double window_us = window == 0 ? 0.0
-                                             : time_sequence(rig, Mode::Cold, false, sets, reps, window, weights, xk,
-                                                             norm_w, normed, out, sh);
-        for (Mode mode : {Mode::Cold, Mode::Hot, Mode::Fork, Mode::Hint, Mode::Load}) {
+                                             : time_sequence(rig, Mode::Cold, false, sets, reps, window, false,
+                                                             weights, xk, norm_w, normed, out, sh);
+        for (Mode mode : {Mode::Cold, Mode::Hot, Mode::Fork, Mode::Hint, Mode::Load, Mode::Load4, Mode::Self}) {
           const double set_us =
-              time_sequence(rig, mode, true, sets, reps, window, weights, xk, norm_w, normed, out, sh);
+              time_sequence(rig, mode, true, sets, reps, window, false, weights, xk, norm_w, normed, out, sh);
           std::printf("%-34s %6zu %5s %9.1f %9.2f %9.2f %9.2f\n", sh.name, window, mode_name(mode),
                       static_cast<double>(bytes) / 1e6, set_us, window_us, set_us - window_us);
+          std::fflush(stdout);
+        }
+        // Cold and hot again with L2 emptied before each window: if hot
+        // stays fast, what it keeps is not L2 lines (translations, say).
+        const double flush_window_us =
+            time_sequence(rig, Mode::Cold, false, sets, reps, window, true, weights, xk, norm_w, normed, out, sh);
+        for (Mode mode : {Mode::Cold, Mode::Hot}) {
+          const double set_us =
+              time_sequence(rig, mode, true, sets, reps, window, true, weights, xk, norm_w, normed, out, sh);
+          std::printf("%-34s %6zu %5s %9.1f %9.2f %9.2f %9.2f\n", sh.name, window,
+                      mode == Mode::Cold ? "coldF" : "hotF", static_cast<double>(bytes) / 1e6, set_us, flush_window_us,
+                      set_us - flush_window_us);
           std::fflush(stdout);
         }
       }

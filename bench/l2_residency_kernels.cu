@@ -16,19 +16,22 @@ __global__ void fill_f16_kernel(std::uint16_t* p, std::size_t n) {
   }
 }
 
-// The hint: one thread per piece, 32 CTAs are plenty. The reads: 128 CTAs
-// with 8 loads in flight per thread (4 MiB in flight) read at a few TB/s.
-constexpr int kHintCtas = 32;
-constexpr int kLoadCtas = 128;
-constexpr int kPrefetchThreads = 256;
-constexpr std::uint32_t kHintBytes = 16384;
+// The hint: one thread per 4 KiB piece, consecutive pieces on different
+// CTAs (so every SM's copy unit takes a share: session 56's first run put
+// all of a weight's 16 KiB pieces on two CTAs and read at 0.44 TB/s). The
+// reads: 2 CTAs per SM with 8 loads in flight per thread.
+constexpr int kHintCtas = 132;
+constexpr int kHintThreads = 32;
+constexpr std::uint32_t kHintBytes = 4096;
+constexpr int kLoadCtas = 264;
+constexpr int kLoadThreads = 256;
 
 __global__ void empty_kernel() {}
 
-// One thread per 16 KiB piece: the bulk L2 prefetch hint.
+// The bulk L2 prefetch hint, a piece per thread.
 __global__ void prefetch_hint_kernel(const unsigned char* src, std::size_t bytes) {
   const std::size_t pieces = (bytes + kHintBytes - 1) / kHintBytes;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < pieces;
+  for (std::size_t i = threadIdx.x * static_cast<std::size_t>(gridDim.x) + blockIdx.x; i < pieces;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const std::size_t at = i * kHintBytes;
     kernels::prefetch_l2_bulk(src + at, static_cast<std::uint32_t>(bytes - at < kHintBytes ? bytes - at : kHintBytes));
@@ -37,25 +40,31 @@ __global__ void prefetch_hint_kernel(const unsigned char* src, std::size_t bytes
 
 // Real reads through L2 (8 in flight per thread), folded into a word that is
 // stored only if it equals a key (harmless if it ever does): the loads stay.
-__global__ void prefetch_load_kernel(const uint4* src, std::size_t vecs, std::uint32_t* sink) {
+// `passes` reads of the whole weight, pass t with the CTAs' ranges rotated by
+// t / passes of the grid, so that each line is read from `passes` CTAs that
+// are likely on different SMs (an L2 partition caches lines for the SMs
+// wired to it: H100 whitepaper).
+__global__ void prefetch_load_kernel(const uint4* src, std::size_t vecs, int passes, std::uint32_t* sink) {
   std::uint32_t acc = 0;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t base = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; base < vecs;
-       base += stride * 8) {
-    uint4 v[8];
+  for (int t = 0; t < passes; ++t) {
+    const std::size_t block = (blockIdx.x + static_cast<std::size_t>(t) * gridDim.x / passes) % gridDim.x;
+    for (std::size_t base = block * blockDim.x + threadIdx.x; base < vecs; base += stride * 8) {
+      uint4 v[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const std::size_t at = base + i * stride;
-      if (at < vecs) {
-        asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v[i].x), "=r"(v[i].y), "=r"(v[i].z), "=r"(v[i].w)
-                     : "l"(src + at));
-      } else {
-        v[i] = make_uint4(0u, 0u, 0u, 0u);
+      for (int i = 0; i < 8; ++i) {
+        const std::size_t at = base + i * stride;
+        if (at < vecs) {
+          asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(v[i].x), "=r"(v[i].y), "=r"(v[i].z), "=r"(v[i].w)
+                       : "l"(src + at));
+        } else {
+          v[i] = make_uint4(0u, 0u, 0u, 0u);
+        }
       }
-    }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+      for (int i = 0; i < 8; ++i) acc ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+    }
   }
   if (acc == 0x9E3779B9u) sink[0] = acc;
 }
@@ -72,12 +81,13 @@ void launch_l2_branch(L2Branch what, const void* weight, std::size_t bytes, std:
       empty_kernel<<<1, 32, 0, stream>>>();
       break;
     case L2Branch::Hint:
-      prefetch_hint_kernel<<<kHintCtas, kPrefetchThreads, 0, stream>>>(static_cast<const unsigned char*>(weight),
+      prefetch_hint_kernel<<<kHintCtas, kHintThreads, 0, stream>>>(static_cast<const unsigned char*>(weight),
                                                                            bytes);
       break;
     case L2Branch::Load:
-      prefetch_load_kernel<<<kLoadCtas, kPrefetchThreads, 0, stream>>>(static_cast<const uint4*>(weight), bytes / 16,
-                                                                           sink);
+    case L2Branch::Load4:
+      prefetch_load_kernel<<<kLoadCtas, kLoadThreads, 0, stream>>>(static_cast<const uint4*>(weight), bytes / 16,
+                                                                   what == L2Branch::Load ? 1 : 4, sink);
       break;
   }
 }
