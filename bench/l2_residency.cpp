@@ -1,6 +1,6 @@
 // L2 residency probe: how much faster is a decode GEMM (m = 1, the skinny
-// path) whose weight sits in L2, and does a prefetch on a graph branch, run
-// while a window of small ops runs on the main stream, put it there?
+// path) whose weight sits in L2, and does staging the weight there first
+// give that speed?
 //
 //   ferrum_bench_l2_residency [--reps N] [--window W]
 //
@@ -8,26 +8,34 @@
 // the step is bound by bandwidth, and saw no GEMM get faster. A small model's
 // step (qwen3-0.6b: 26 µs per layer against 7.5 µs of weight bytes) is bound
 // by latency instead, with DRAM idle most of the time: a next-layer prefetch
-// could only pay there. This measures the premise first. Per weight shape
-// [n x k] (f16), one graph holds `sets` repetitions of
-//     [fork: prefetch(weight_s) on a side stream]  W x rms_norm  gemm(x, weight_s)
-// with the side stream joined once at the end. Modes:
-//   cold  weights rotated through >= 512 MB (each is cold in L2 when used)
-//   hot   the same weight every repetition (in L2 after the first)
-//   fork  rotated, the branch launches an empty kernel (the fork's own cost)
-//   hint  rotated, the branch asks L2 for the weight (cp.async.bulk.prefetch.L2)
-//   load  rotated, the branch reads the weight (ld.global.cg, results dropped)
-//   load4 the same, four reads of each line from CTAs spread over the grid
-//   self  rotated, the branch runs the same skinny GEMM on the weight (the
-//         same grid: its lines land where the main GEMM's CTAs read them,
-//         if placement repeats)
-//   coldF, hotF  cold and hot with a 128 MiB read on the main stream before
-//         each window (L2 emptied): separates L2 lines from what else a
-//         repeated weight keeps warm
+// could only pay there. Per weight shape [n x k] (f16), one graph holds `sets`
+// repetitions of
+//     [stage(weight_s)]  W x rms_norm  gemm(x, weight_s)
+// with the weights rotated through >= 512 MiB (each is cold in L2 when its
+// repetition starts) unless the mode says otherwise. Modes:
+//   cold   no stage
+//   hot    the same weight every repetition (the previous repetition's GEMM
+//          read it)
+//   coldF, hotF  the same with a 128 MiB read before each window (L2 emptied,
+//          and the translations of ~64 more pages loaded)
+//   On a graph branch forked before the window (one side stream, joined once
+//   at the end; the branch runs beside the window and may still run, or not
+//   have started, when the GEMM does):
+//   fork   an empty kernel (the fork's own cost)
+//   hint   cp.async.bulk.prefetch.L2 of the weight, one CTA per SM
+//   load   the weight read once (ld.global.cg, 2 CTAs per SM, results dropped)
+//   load4  each line read from four CTAs on different SMs
+//   self   the same skinny GEMM on the weight (same grid)
+//   In series, on the main stream before the window (complete when the
+//   window starts, nothing beside the GEMM):
+//   loadS  the weight read once, as load
+//   selfS  the same skinny GEMM on the weight
 // Figures: median µs per repetition over `reps` replays (CUDA events), and
-// "gemm_us" = that minus the window alone (the same graph without the gemm
-// and without the branch; for coldF / hotF with the flush). What it showed
-// (H100, session 56): docs/design/engine_decode.md.
+// "gemm_us" = that minus a baseline without the GEMM: the window alone for
+// cold, hot and the branch modes (so theirs is the GEMM's time net of the
+// branch's cost), the flush and the window for coldF / hotF, the stage and the
+// window for the serial modes. What it showed: docs/design/engine_decode.md
+// (session 56).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -35,11 +43,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <vector>
 
 #include <ferrum/ferrum.hpp>
 
+#include "bench/cuda_check.hpp"
+#include "bench/read_ceiling.cuh"
 #include "kernels/gemm_skinny.hpp"
 #include "l2_residency.cuh"
 
@@ -48,84 +57,93 @@ namespace {
 using ferrum::Buffer;
 using ferrum::CudaBackend;
 using ferrum::DType;
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using ferrum::bench::L2Stage;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 
-enum class Mode { Cold, Hot, Fork, Hint, Load, Load4, Self };
+enum class Mode { Cold, Hot, ColdFlush, HotFlush, Fork, Hint, Load, Load4, Self, LoadSerial, SelfSerial };
 const char* mode_name(Mode m) {
   switch (m) {
     case Mode::Cold: return "cold";
     case Mode::Hot: return "hot";
+    case Mode::ColdFlush: return "coldF";
+    case Mode::HotFlush: return "hotF";
     case Mode::Fork: return "fork";
     case Mode::Hint: return "hint";
     case Mode::Load: return "load";
     case Mode::Load4: return "load4";
     case Mode::Self: return "self";
+    case Mode::LoadSerial: return "loadS";
+    case Mode::SelfSerial: return "selfS";
   }
   return "?";
 }
+bool on_branch(Mode m) {
+  return m == Mode::Fork || m == Mode::Hint || m == Mode::Load || m == Mode::Load4 || m == Mode::Self;
+}
+bool in_series(Mode m) { return m == Mode::LoadSerial || m == Mode::SelfSerial; }
+bool hot_weight(Mode m) { return m == Mode::Hot || m == Mode::HotFlush; }
+bool flushes(Mode m) { return m == Mode::ColdFlush || m == Mode::HotFlush; }
 
 struct Shape {
   const char* name;
   std::size_t n, k;
 };
 
+constexpr std::size_t kMaxN = 8192, kMaxK = 4096;  // the largest shape's (x, the self GEMM's output)
+
 struct Rig {
   CudaBackend& be;
-  cudaStream_t side = nullptr;
-  std::vector<cudaEvent_t> forks;
-  cudaEvent_t join = nullptr;
-  std::uint32_t* sink = nullptr;
-  Buffer self_out;  // the self branch's output, [n]
-  Buffer flush;     // read to empty L2 (flush modes)
   int num_sms = 0;
+  cudaStream_t side = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  std::uint32_t* sink = nullptr;  // [read_ceiling_blocks(num_sms)] words
+  Buffer self_out;                // [kMaxN], the self GEMMs' output
+  Buffer flush;                   // read to empty L2 (flush modes)
 };
 
-// Median µs per repetition of the captured sequence.
-// flush: each repetition starts with a read of rig.flush (2.5x L2) on the
-// main stream, so no line of the previous repetitions is left in L2.
+// The stage of `mode` on `stream` (a branch or the main stream).
+void stage(Rig& rig, Mode mode, const Buffer& x, const Buffer& w, const Shape& sh, cudaStream_t stream) {
+  if (mode == Mode::Self || mode == Mode::SelfSerial) {
+    if (!ferrum::kernels::launch_gemm_skinny(DType::F16, x.data(), w.data(), rig.self_out.data(), 1,
+                                             static_cast<long long>(sh.n), static_cast<long long>(sh.k), rig.num_sms,
+                                             stream)) {
+      std::fprintf(stderr, "self: the skinny GEMM does not apply to %s\n", sh.name);
+      std::exit(1);
+    }
+  } else {
+    const L2Stage what = mode == Mode::Fork                                   ? L2Stage::Empty
+                         : mode == Mode::Hint                                 ? L2Stage::Hint
+                         : mode == Mode::Load || mode == Mode::LoadSerial     ? L2Stage::Load
+                                                                              : L2Stage::Load4;
+    ferrum::bench::launch_l2_stage(what, w.data(), w.nbytes(), rig.sink, rig.num_sms, stream);
+  }
+  check(cudaGetLastError(), "stage launch");
+}
+
+// Median µs per repetition of the captured sequence (with_gemm false: the
+// baseline, see the header; a branch mode's baseline is the window alone).
 double time_sequence(Rig& rig, Mode mode, bool with_gemm, std::size_t sets, int reps, std::size_t window,
-                     bool flush, const std::vector<Buffer>& weights, const Buffer& x, const Buffer& norm_w,
-                     Buffer& normed, Buffer& out, const Shape& sh) {
+                     const std::vector<Buffer>& weights, const Buffer& x, const Buffer& norm_w, Buffer& normed,
+                     Buffer& out, const Shape& sh) {
   CudaBackend& be = rig.be;
-  const bool branch = with_gemm && (mode != Mode::Cold && mode != Mode::Hot);
+  const bool branch = with_gemm && on_branch(mode);
   be.begin_graph_capture();
   for (std::size_t s = 0; s < sets; ++s) {
-    const Buffer& w = weights[mode == Mode::Hot ? 0 : s % weights.size()];
+    const Buffer& w = weights[hot_weight(mode) ? 0 : s % weights.size()];
     if (branch) {
-      check(cudaEventRecord(rig.forks[s], be.stream()), "fork record");
-      check(cudaStreamWaitEvent(rig.side, rig.forks[s], 0), "fork wait");
-      const std::size_t bytes = w.nbytes();
-      using ferrum::bench::L2Branch;
-      if (mode == Mode::Self) {
-        if (!ferrum::kernels::launch_gemm_skinny(DType::F16, x.data(), w.data(), rig.self_out.data(), 1,
-                                                 static_cast<long long>(sh.n), static_cast<long long>(sh.k), rig.num_sms,
-                                                 rig.side)) {
-          std::fprintf(stderr, "self: the skinny GEMM does not apply to %s\n", sh.name);
-          std::exit(1);
-        }
-      } else {
-        ferrum::bench::launch_l2_branch(mode == Mode::Fork   ? L2Branch::Empty
-                                      : mode == Mode::Hint ? L2Branch::Hint
-                                      : mode == Mode::Load ? L2Branch::Load
-                                                           : L2Branch::Load4,
-                                      w.data(), bytes, rig.sink, rig.side);
-      }
-      check(cudaGetLastError(), "branch launch");
+      // Re-recording one event is legal in capture: each wait takes the
+      // record before it.
+      check(cudaEventRecord(rig.fork, be.stream()), "fork record");
+      check(cudaStreamWaitEvent(rig.side, rig.fork, 0), "fork wait");
+      stage(rig, mode, x, w, sh, rig.side);
     }
-    if (flush) {
-      ferrum::bench::launch_l2_branch(ferrum::bench::L2Branch::Load, rig.flush.data(), rig.flush.nbytes(), rig.sink,
-                                      be.stream());
+    if (in_series(mode)) stage(rig, mode, x, w, sh, be.stream());
+    if (flushes(mode)) {
+      ferrum::bench::launch_read_ceiling(rig.flush.data(), rig.flush.nbytes(), rig.sink, rig.num_sms, be.stream());
       check(cudaGetLastError(), "flush launch");
     }
     for (std::size_t i = 0; i < window; ++i) be.rms_norm(x, norm_w, 1e-5f, normed, 1, sh.k);
@@ -139,12 +157,18 @@ double time_sequence(Rig& rig, Mode mode, bool with_gemm, std::size_t sets, int 
   cudaEvent_t start = nullptr, stop = nullptr;
   check(cudaEventCreate(&start), "cudaEventCreate");
   check(cudaEventCreate(&stop), "cudaEventCreate");
-  for (int i = 0; i < 3; ++i) be.replay_last_graph();
+  auto replay = [&] {
+    if (!be.replay_last_graph()) {
+      std::fprintf(stderr, "no graph to replay\n");
+      std::exit(1);
+    }
+  };
+  for (int i = 0; i < 3; ++i) replay();
   be.synchronize();
   std::vector<double> us;
   for (int r = 0; r < reps; ++r) {
     check(cudaEventRecord(start, be.stream()), "cudaEventRecord");
-    be.replay_last_graph();
+    replay();
     check(cudaEventRecord(stop, be.stream()), "cudaEventRecord");
     check(cudaEventSynchronize(stop), "cudaEventSynchronize");
     float ms = 0.0f;
@@ -153,8 +177,8 @@ double time_sequence(Rig& rig, Mode mode, bool with_gemm, std::size_t sets, int 
   }
   be.synchronize();
   be.reset_graph();
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  warn_if_failed(cudaEventDestroy(start), "cudaEventDestroy");
+  warn_if_failed(cudaEventDestroy(stop), "cudaEventDestroy");
   return median(us);
 }
 
@@ -173,16 +197,22 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  cudaDeviceProp prop{};
+  if (!hopper_device("ferrum_bench_l2_residency", "needs sm_90 (the bulk prefetch hint)", false, prop)) return 0;
   try {
     CudaBackend be;
     Rig rig{be};
+    rig.num_sms = prop.multiProcessorCount;
     check(cudaStreamCreateWithFlags(&rig.side, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaEventCreateWithFlags(&rig.fork, cudaEventDisableTiming), "cudaEventCreate");
     check(cudaEventCreateWithFlags(&rig.join, cudaEventDisableTiming), "cudaEventCreate");
-    check(cudaMalloc(reinterpret_cast<void**>(&rig.sink), sizeof(std::uint32_t)), "cudaMalloc");
-    check(cudaDeviceGetAttribute(&rig.num_sms, cudaDevAttrMultiProcessorCount, be.device()), "SM count");
-    rig.self_out = be.alloc(DType::F16, 8192);
+    check(cudaMalloc(reinterpret_cast<void**>(&rig.sink),
+                     sizeof(std::uint32_t) * static_cast<std::size_t>(ferrum::bench::read_ceiling_blocks(rig.num_sms))),
+          "cudaMalloc");
+    rig.self_out = be.alloc(DType::F16, kMaxN);
     rig.flush = be.alloc(DType::F16, std::size_t{64} << 20);  // 128 MiB
     ferrum::bench::launch_fill_f16(rig.flush.data(), rig.flush.numel(), be.stream());
+    check(cudaGetLastError(), "fill");
     // qwen3-0.6b's projections (hidden 1024), then two of llama3-8b's.
     const Shape shapes[] = {{"qwen3-0.6b q|k|v [4096 x 1024]", 4096, 1024},
                             {"qwen3-0.6b o [1024 x 2048]", 1024, 2048},
@@ -190,9 +220,13 @@ int main(int argc, char** argv) {
                             {"qwen3-0.6b down [1024 x 3072]", 1024, 3072},
                             {"llama3-8b o [4096 x 4096]", 4096, 4096},
                             {"llama3-8b q|k|v [6144 x 4096]", 6144, 4096}};
-    const Buffer x = be.upload(std::vector<float>(4096, 0.01f), DType::F16);
-    std::printf("%-34s %6s %5s %9s %9s %9s %9s\n", "shape", "window", "mode", "MB", "set_us", "window_us", "gemm_us");
+    const Buffer x = be.upload(std::vector<float>(kMaxK, 0.01f), DType::F16);
+    std::printf("%-34s %6s %5s %9s %9s %9s %9s\n", "shape", "window", "mode", "MB", "set_us", "base_us", "gemm_us");
     for (const Shape& sh : shapes) {
+      if (sh.n > kMaxN || sh.k > kMaxK) {
+        std::fprintf(stderr, "%s is past the rig's %zu x %zu\n", sh.name, kMaxN, kMaxK);
+        return 1;
+      }
       const std::size_t numel = sh.n * sh.k, bytes = numel * 2;
       const std::size_t copies = std::max<std::size_t>(4, ((std::size_t{512} << 20) + bytes - 1) / bytes);
       std::vector<Buffer> weights;
@@ -207,35 +241,26 @@ int main(int argc, char** argv) {
       Buffer normed = be.alloc(DType::F16, sh.k);
       Buffer out = be.alloc(DType::F16, sh.n);
       const std::size_t sets = copies * 2;
-      rig.forks.resize(sets);
-      for (auto& e : rig.forks) {
-        if (e == nullptr) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
-      }
       for (std::size_t window : windows) {
-        const double window_us = window == 0 ? 0.0
-                                             : time_sequence(rig, Mode::Cold, false, sets, reps, window, false,
-                                                             weights, xk, norm_w, normed, out, sh);
-        for (Mode mode : {Mode::Cold, Mode::Hot, Mode::Fork, Mode::Hint, Mode::Load, Mode::Load4, Mode::Self}) {
-          const double set_us =
-              time_sequence(rig, mode, true, sets, reps, window, false, weights, xk, norm_w, normed, out, sh);
+        auto timed = [&](Mode mode, bool with_gemm) {
+          return time_sequence(rig, mode, with_gemm, sets, reps, window, weights, xk, norm_w, normed, out, sh);
+        };
+        const double window_us = window == 0 ? 0.0 : timed(Mode::Cold, false);
+        const double flush_window_us = timed(Mode::ColdFlush, false);
+        for (Mode mode : {Mode::Cold, Mode::Hot, Mode::ColdFlush, Mode::HotFlush, Mode::Fork, Mode::Hint, Mode::Load,
+                          Mode::Load4, Mode::Self, Mode::LoadSerial, Mode::SelfSerial}) {
+          const double base_us = flushes(mode) ? flush_window_us : in_series(mode) ? timed(mode, false) : window_us;
+          const double set_us = timed(mode, true);
           std::printf("%-34s %6zu %5s %9.1f %9.2f %9.2f %9.2f\n", sh.name, window, mode_name(mode),
-                      static_cast<double>(bytes) / 1e6, set_us, window_us, set_us - window_us);
-          std::fflush(stdout);
-        }
-        // Cold and hot again with L2 emptied before each window: if hot
-        // stays fast, what it keeps is not L2 lines (translations, say).
-        const double flush_window_us =
-            time_sequence(rig, Mode::Cold, false, sets, reps, window, true, weights, xk, norm_w, normed, out, sh);
-        for (Mode mode : {Mode::Cold, Mode::Hot}) {
-          const double set_us =
-              time_sequence(rig, mode, true, sets, reps, window, true, weights, xk, norm_w, normed, out, sh);
-          std::printf("%-34s %6zu %5s %9.1f %9.2f %9.2f %9.2f\n", sh.name, window,
-                      mode == Mode::Cold ? "coldF" : "hotF", static_cast<double>(bytes) / 1e6, set_us, flush_window_us,
-                      set_us - flush_window_us);
+                      static_cast<double>(bytes) / 1e6, set_us, base_us, set_us - base_us);
           std::fflush(stdout);
         }
       }
     }
+    warn_if_failed(cudaStreamDestroy(rig.side), "cudaStreamDestroy");
+    warn_if_failed(cudaEventDestroy(rig.fork), "cudaEventDestroy");
+    warn_if_failed(cudaEventDestroy(rig.join), "cudaEventDestroy");
+    warn_if_failed(cudaFree(rig.sink), "cudaFree");
   } catch (const ferrum::Error& e) {
     std::fprintf(stderr, "ferrum_bench_l2_residency: %s\n", e.what());
     return 1;

@@ -11,11 +11,13 @@ namespace ferrum::bench {
 // Small finite f16 values over numel elements of p.
 void launch_fill_f16(void* p, std::size_t numel, cudaStream_t stream);
 
-// What the graph branch does with a weight: nothing (an empty kernel, the
-// fork's own cost), the bulk L2 prefetch hint over its bytes, or real reads
-// through L2 whose results are dropped (sink: one word, written never), once
-// or four times from CTAs spread over the grid.
-enum class L2Branch { Empty, Hint, Load, Load4 };
-void launch_l2_branch(L2Branch what, const void* weight, std::size_t bytes, std::uint32_t* sink, cudaStream_t stream);
+// What a staging kernel does with a weight's bytes: nothing (an empty kernel:
+// a fork's own cost), the bulk L2 prefetch hint, or real reads through L2
+// whose results are dropped (`sink`: one word, stored only if the reads'
+// XOR equals a key), once or from four CTAs per line spread over the grid.
+// Grids are sized from num_sms.
+enum class L2Stage { Empty, Hint, Load, Load4 };
+void launch_l2_stage(L2Stage what, const void* weight, std::size_t bytes, std::uint32_t* sink, int num_sms,
+                     cudaStream_t stream);
 
 }  // namespace ferrum::bench

@@ -1,5 +1,5 @@
 // Kernels of ferrum_bench_l2_residency (bench/l2_residency.cpp): a weight
-// filler and the three branch kernels.
+// filler and the staging kernels.
 #include "l2_residency.cuh"
 
 #include "kernels/common/mma.cuh"  // prefetch_l2_bulk
@@ -16,19 +16,17 @@ __global__ void fill_f16_kernel(std::uint16_t* p, std::size_t n) {
   }
 }
 
-// The hint: one thread per 4 KiB piece, consecutive pieces on different
-// CTAs (so every SM's copy unit takes a share: session 56's first run put
-// all of a weight's 16 KiB pieces on two CTAs and read at 0.44 TB/s). The
-// reads: 2 CTAs per SM with 8 loads in flight per thread.
-constexpr int kHintCtas = 132;
+// The hint: a 4 KiB piece per thread, consecutive pieces on different CTAs
+// (one CTA per SM), so every SM's copy unit takes a share (session 56's first
+// form gave a 8 MB weight's 16 KiB pieces to two CTAs: 0.44 TB/s). The
+// reads: 2 CTAs per SM, 8 loads in flight per thread.
 constexpr int kHintThreads = 32;
 constexpr std::uint32_t kHintBytes = 4096;
-constexpr int kLoadCtas = 264;
+constexpr int kLoadCtasPerSm = 2;
 constexpr int kLoadThreads = 256;
 
 __global__ void empty_kernel() {}
 
-// The bulk L2 prefetch hint, a piece per thread.
 __global__ void prefetch_hint_kernel(const unsigned char* src, std::size_t bytes) {
   const std::size_t pieces = (bytes + kHintBytes - 1) / kHintBytes;
   for (std::size_t i = threadIdx.x * static_cast<std::size_t>(gridDim.x) + blockIdx.x; i < pieces;
@@ -38,17 +36,17 @@ __global__ void prefetch_hint_kernel(const unsigned char* src, std::size_t bytes
   }
 }
 
-// Real reads through L2 (8 in flight per thread), folded into a word that is
-// stored only if it equals a key (harmless if it ever does): the loads stay.
-// `passes` reads of the whole weight, pass t with the CTAs' ranges rotated by
-// t / passes of the grid, so that each line is read from `passes` CTAs that
-// are likely on different SMs (an L2 partition caches lines for the SMs
-// wired to it: H100 whitepaper).
+// `passes` reads of the whole weight; pass t rotates the CTAs' ranges by
+// t / passes of the grid plus t CTAs (the odd shift keeps a line's readers
+// off one SM where the grid is a multiple of the SM count), so each line is
+// read from `passes` CTAs on different SMs: an L2 partition caches lines for
+// the SMs wired to it (A100 / H100 whitepapers).
 __global__ void prefetch_load_kernel(const uint4* src, std::size_t vecs, int passes, std::uint32_t* sink) {
   std::uint32_t acc = 0;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (int t = 0; t < passes; ++t) {
-    const std::size_t block = (blockIdx.x + static_cast<std::size_t>(t) * gridDim.x / passes) % gridDim.x;
+    const std::size_t shift = static_cast<std::size_t>(t) * gridDim.x / passes + t;
+    const std::size_t block = (blockIdx.x + shift) % gridDim.x;
     for (std::size_t base = block * blockDim.x + threadIdx.x; base < vecs; base += stride * 8) {
       uint4 v[8];
 #pragma unroll
@@ -75,19 +73,19 @@ void launch_fill_f16(void* p, std::size_t numel, cudaStream_t stream) {
   fill_f16_kernel<<<264, 256, 0, stream>>>(static_cast<std::uint16_t*>(p), numel);
 }
 
-void launch_l2_branch(L2Branch what, const void* weight, std::size_t bytes, std::uint32_t* sink, cudaStream_t stream) {
+void launch_l2_stage(L2Stage what, const void* weight, std::size_t bytes, std::uint32_t* sink, int num_sms,
+                     cudaStream_t stream) {
   switch (what) {
-    case L2Branch::Empty:
+    case L2Stage::Empty:
       empty_kernel<<<1, 32, 0, stream>>>();
       break;
-    case L2Branch::Hint:
-      prefetch_hint_kernel<<<kHintCtas, kHintThreads, 0, stream>>>(static_cast<const unsigned char*>(weight),
-                                                                           bytes);
+    case L2Stage::Hint:
+      prefetch_hint_kernel<<<num_sms, kHintThreads, 0, stream>>>(static_cast<const unsigned char*>(weight), bytes);
       break;
-    case L2Branch::Load:
-    case L2Branch::Load4:
-      prefetch_load_kernel<<<kLoadCtas, kLoadThreads, 0, stream>>>(static_cast<const uint4*>(weight), bytes / 16,
-                                                                   what == L2Branch::Load ? 1 : 4, sink);
+    case L2Stage::Load:
+    case L2Stage::Load4:
+      prefetch_load_kernel<<<num_sms * kLoadCtasPerSm, kLoadThreads, 0, stream>>>(
+          static_cast<const uint4*>(weight), bytes / 16, what == L2Stage::Load ? 1 : 4, sink);
       break;
   }
 }
