@@ -18,7 +18,7 @@ __global__ void fill_f16_kernel(std::uint16_t* p, std::size_t n) {
 
 // The hint: a 4 KiB piece per thread, consecutive pieces on different CTAs
 // (one CTA per SM), so every SM's copy unit takes a share (session 56's first
-// form gave a 8 MB weight's 16 KiB pieces to two CTAs: 0.44 TB/s). The
+// form gave an 8 MB weight's 16 KiB pieces to two CTAs: 0.44 TB/s). The
 // reads: 2 CTAs per SM, 8 loads in flight per thread.
 constexpr int kHintThreads = 32;
 constexpr std::uint32_t kHintBytes = 4096;
@@ -39,8 +39,9 @@ __global__ void prefetch_hint_kernel(const unsigned char* src, std::size_t bytes
 // `passes` reads of the whole weight; pass t rotates the CTAs' ranges by
 // t / passes of the grid plus t CTAs (the odd shift keeps a line's readers
 // off one SM where the grid is a multiple of the SM count), so each line is
-// read from `passes` CTAs on different SMs: an L2 partition caches lines for
-// the SMs wired to it (A100 / H100 whitepapers).
+// read from `passes` CTAs on different SMs. Written to test whether an L2
+// partition serves its lines only to the SMs wired to it; the serial rows
+// (loadS: one pass, hot speed) say it does not.
 __global__ void prefetch_load_kernel(const uint4* src, std::size_t vecs, int passes, std::uint32_t* sink) {
   std::uint32_t acc = 0;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
