@@ -12,8 +12,9 @@
 // FERRUM_KERNEL_TRACE names the CSV written at exit (default
 // kernel_trace.csv); it is read once, when the library loads. Columns: start
 // and end in ns, graph id and node id (0 outside graphs), correlation id, grid,
-// block, cluster, dynamic shared memory, kernel name as CUPTI gives it (C++
-// names mangled; the summary demangles them with c++filt). A process killed
+// block, cluster, dynamic shared memory, stream id (a graph's branches run on
+// streams of their own), kernel name as CUPTI gives it (C++ names mangled; the
+// summary demangles them with c++filt). A process killed
 // before it exits normally writes nothing.
 //
 // CONCURRENT_KERNEL records do not serialise kernels (the KERNEL kind would).
@@ -39,6 +40,7 @@ struct KernelRecord {
   std::int32_t grid[3], block[3];
   std::uint32_t cluster[3];
   std::int32_t dynamic_smem;
+  std::uint32_t stream_id;
   std::string name;
 };
 
@@ -83,6 +85,7 @@ void CUPTIAPI buffer_completed(CUcontext, std::uint32_t, std::uint8_t* buffer, s
                                       {k->blockX, k->blockY, k->blockZ},
                                       {k->clusterX, k->clusterY, k->clusterZ},
                                       k->dynamicSharedMemory,
+                                      k->streamId,
                                       k->name ? k->name : "?"});
   }
   std::size_t dropped = 0;
@@ -100,16 +103,16 @@ void write_csv() {
     std::fprintf(stderr, "ferrum_kernel_trace: cannot write %s\n", g_path->c_str());
     return;
   }
-  std::fprintf(f, "start_ns,end_ns,graph_id,graph_node_id,correlation_id,grid,block,cluster,dyn_smem,name\n");
+  std::fprintf(f, "start_ns,end_ns,graph_id,graph_node_id,correlation_id,grid,block,cluster,dyn_smem,stream_id,name\n");
   for (const KernelRecord& r : *g_records) {
     std::string name = r.name;
     for (char& c : name)
       if (c == '"') c = '\'';
-    std::fprintf(f, "%llu,%llu,%u,%llu,%u,%dx%dx%d,%dx%dx%d,%ux%ux%u,%d,\"%s\"\n",
+    std::fprintf(f, "%llu,%llu,%u,%llu,%u,%dx%dx%d,%dx%dx%d,%ux%ux%u,%d,%u,\"%s\"\n",
                  static_cast<unsigned long long>(r.start), static_cast<unsigned long long>(r.end), r.graph_id,
                  static_cast<unsigned long long>(r.graph_node_id), r.correlation_id, r.grid[0], r.grid[1], r.grid[2],
                  r.block[0], r.block[1], r.block[2], r.cluster[0], r.cluster[1], r.cluster[2], r.dynamic_smem,
-                 name.c_str());
+                 r.stream_id, name.c_str());
   }
   std::fclose(f);
   std::fprintf(stderr, "ferrum_kernel_trace: %zu kernels -> %s", g_records->size(), g_path->c_str());

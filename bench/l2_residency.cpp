@@ -2,8 +2,11 @@
 // path) whose weight sits in L2, and does staging the weight there first
 // give that speed?
 //
-//   ferrum_bench_l2_residency [--reps N] [--window W]
+//   ferrum_bench_l2_residency [--reps N] [--window W] [--only SUBSTR] [--modes a,b,...]
 //
+// --only keeps the shapes whose name contains SUBSTR, --modes the named modes
+// (a traced run stays small: bench/l2_residency_trace.py reads the CUPTI
+// trace of one, `scripts/gpu_suite.sh l2probe`).
 // Session 6 measured the bulk L2 prefetch hint in the llama3-8b step, where
 // the step is bound by bandwidth, and saw no GEMM get faster. A small model's
 // step (qwen3-0.6b: 26 µs per layer against 7.5 µs of weight bytes) is bound
@@ -43,10 +46,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <string>
 #include <vector>
 
 #include <ferrum/ferrum.hpp>
 
+#include "bench/comma_items.hpp"
 #include "bench/cuda_check.hpp"
 #include "bench/read_ceiling.cuh"
 #include "kernels/gemm_skinny.hpp"
@@ -184,16 +190,34 @@ double time_sequence(Rig& rig, Mode mode, bool with_gemm, std::size_t sets, int 
 
 }  // namespace
 
+constexpr Mode kModes[] = {Mode::Cold, Mode::Hot,  Mode::ColdFlush, Mode::HotFlush,   Mode::Fork,      Mode::Hint,
+                           Mode::Load, Mode::Load4, Mode::Self,      Mode::LoadSerial, Mode::SelfSerial};
+
 int main(int argc, char** argv) {
   int reps = 21;
   std::vector<std::size_t> windows = {0, 3, 6};
+  std::string only;
+  std::vector<Mode> modes(std::begin(kModes), std::end(kModes));
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
       reps = std::max(1, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--window") == 0 && i + 1 < argc) {
       windows = {static_cast<std::size_t>(std::max(0, std::atoi(argv[++i])))};
+    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+      only = argv[++i];
+    } else if (std::strcmp(argv[i], "--modes") == 0 && i + 1 < argc) {
+      modes.clear();
+      for (const std::string& name : comma_items(argv[++i])) {
+        const auto* found = std::find_if(std::begin(kModes), std::end(kModes),
+                                         [&](Mode m) { return name == mode_name(m); });
+        if (found == std::end(kModes)) {
+          std::fprintf(stderr, "--modes: no mode '%s'\n", name.c_str());
+          return 2;
+        }
+        modes.push_back(*found);
+      }
     } else {
-      std::fprintf(stderr, "usage: ferrum_bench_l2_residency [--reps N] [--window W]\n");
+      std::fprintf(stderr, "usage: ferrum_bench_l2_residency [--reps N] [--window W] [--only SUBSTR] [--modes a,b,...]\n");
       return 2;
     }
   }
@@ -223,6 +247,7 @@ int main(int argc, char** argv) {
     const Buffer x = be.upload(std::vector<float>(kMaxK, 0.01f), DType::F16);
     std::printf("%-34s %6s %5s %9s %9s %9s %9s\n", "shape", "window", "mode", "MB", "set_us", "base_us", "gemm_us");
     for (const Shape& sh : shapes) {
+      if (!only.empty() && std::string(sh.name).find(only) == std::string::npos) continue;
       if (sh.n > kMaxN || sh.k > kMaxK) {
         std::fprintf(stderr, "%s is past the rig's %zu x %zu\n", sh.name, kMaxN, kMaxK);
         return 1;
@@ -246,9 +271,9 @@ int main(int argc, char** argv) {
           return time_sequence(rig, mode, with_gemm, sets, reps, window, weights, xk, norm_w, normed, out, sh);
         };
         const double window_us = window == 0 ? 0.0 : timed(Mode::Cold, false);
-        const double flush_window_us = timed(Mode::ColdFlush, false);
-        for (Mode mode : {Mode::Cold, Mode::Hot, Mode::ColdFlush, Mode::HotFlush, Mode::Fork, Mode::Hint, Mode::Load,
-                          Mode::Load4, Mode::Self, Mode::LoadSerial, Mode::SelfSerial}) {
+        const bool any_flush = std::any_of(modes.begin(), modes.end(), flushes);
+        const double flush_window_us = any_flush ? timed(Mode::ColdFlush, false) : 0.0;
+        for (Mode mode : modes) {
           const double base_us = flushes(mode) ? flush_window_us : in_series(mode) ? timed(mode, false) : window_us;
           const double set_us = timed(mode, true);
           std::printf("%-34s %6zu %5s %9.1f %9.2f %9.2f %9.2f\n", sh.name, window, mode_name(mode),

@@ -168,6 +168,15 @@
 #                                one test per shard, RACEKNOBS_S (420) seconds
 #                                each (session 34: all 32 cases in 348 s at
 #                                most, run at once on 16 cores)
+#   scripts/gpu_suite.sh l2probe  ferrum_bench_l2_residency --window 6 (a decode
+#                                GEMM with its weight in L2 or cold, staged
+#                                there on a graph branch or in series:
+#                                docs/design/engine_decode.md, session 56),
+#                                then one shape (L2PROBE_ONLY, default
+#                                qwen3-0.6b's o) under the CUPTI tracer with
+#                                the modes of L2PROBE_MODES, and
+#                                bench/l2_residency_trace.py's table: when
+#                                each stage ran against its GEMM
 # Modes combine with commas (gptq,bench). BENCH_FILTER=attention_,gemm passes
 # --filter to ferrum_bench and torch_reference.py. SKIP_GEMM_INTERLEAVED=1 and
 # SKIP_TORCH_GPTQ=1 leave out those two reference runs (to fit a call).
@@ -427,6 +436,7 @@ sanitize() {
   MAIN_TARGETS=()
   [ "$MODE" = ab ] && MAIN_TARGETS=(--target ferrum_engine ferrum_bench_gptq ${AB_OPS_FILTER:+ferrum_bench})
   [ "$MODE" = trace ] && MAIN_TARGETS=(--target ferrum_engine ferrum_kernel_trace)
+  [ "$MODE" = l2probe ] && MAIN_TARGETS=(--target ferrum_bench_l2_residency ferrum_kernel_trace)
   modes_within "trace engineswitches" && [ "$MODE" != trace ] && MAIN_TARGETS=(--target ferrum_engine ferrum_kernel_trace)
   modes_within "wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch" && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate ferrum_cluster_placement)
   cmake --build $B -j$([ -d base ] && has_mode ab && echo 10 || echo 16) "${MAIN_TARGETS[@]}" 2>&1 \
@@ -883,6 +893,21 @@ if has_mode trace; then
         $B/apps/engine/ferrum_engine --random "$model" $quant --dtype f16 --eager --steps 16 2>&1 | grep -E "decode:|trace"
       python3 bench/kernel_trace_summary.py "$csv" --steps 8
     done
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode l2probe; then
+  {
+    echo "== L2 residency probe ($(date +%T))"
+    timeout 240 $B/bench/ferrum_bench_l2_residency --reps 11 --window 6 2>&1 | tee "$OUT/l2_residency.txt"
+    echo "== the same, one shape under the CUPTI tracer ($(date +%T))"
+    csv="$OUT/l2_residency_trace.csv"
+    rm -f "$csv"  # a run that dies writes none: never summarise an old one
+    timeout 120 env LD_PRELOAD=$B/bench/libferrum_kernel_trace.so FERRUM_KERNEL_TRACE="$csv" \
+      $B/bench/ferrum_bench_l2_residency --reps 3 --window 6 --only "${L2PROBE_ONLY:-qwen3-0.6b o}" \
+      --modes "${L2PROBE_MODES:-cold,hint,load,self,loadS}" 2>&1 | tail -n 8
+    [ -s "$csv" ] && python3 bench/l2_residency_trace.py "$csv" | tee "$OUT/l2_residency_trace.txt"
+    gzip -f "$csv"
   } 2>&1 | tee -a "$LOG"
 fi
 
