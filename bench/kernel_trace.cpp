@@ -12,9 +12,10 @@
 // FERRUM_KERNEL_TRACE names the CSV written at exit (default
 // kernel_trace.csv); it is read once, when the library loads. Columns: start
 // and end in ns, graph id and node id (0 outside graphs), correlation id, grid,
-// block, cluster, dynamic shared memory, stream id (a graph's branches run on
-// streams of their own), kernel name as CUPTI gives it (C++ names mangled; the
-// summary demangles them with c++filt). A process killed
+// block, cluster, dynamic shared memory, stream id (whether a graph's branches
+// show as streams of their own is not checked yet), kernel name as CUPTI
+// gives it (C++ names mangled; the summaries demangle them with c++filt). A
+// process killed
 // before it exits normally writes nothing.
 //
 // CONCURRENT_KERNEL records do not serialise kernels (the KERNEL kind would).

@@ -214,7 +214,15 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "--modes: no mode '%s'\n", name.c_str());
           return 2;
         }
+        if (std::find(modes.begin(), modes.end(), *found) != modes.end()) {
+          std::fprintf(stderr, "--modes: '%s' twice\n", name.c_str());
+          return 2;
+        }
         modes.push_back(*found);
+      }
+      if (modes.empty()) {
+        std::fprintf(stderr, "--modes: no mode named\n");
+        return 2;
       }
     } else {
       std::fprintf(stderr, "usage: ferrum_bench_l2_residency [--reps N] [--window W] [--only SUBSTR] [--modes a,b,...]\n");
@@ -270,7 +278,9 @@ int main(int argc, char** argv) {
         auto timed = [&](Mode mode, bool with_gemm) {
           return time_sequence(rig, mode, with_gemm, sets, reps, window, weights, xk, norm_w, normed, out, sh);
         };
-        const double window_us = window == 0 ? 0.0 : timed(Mode::Cold, false);
+        const bool any_window_base =
+            std::any_of(modes.begin(), modes.end(), [](Mode m) { return !flushes(m) && !in_series(m); });
+        const double window_us = window == 0 || !any_window_base ? 0.0 : timed(Mode::Cold, false);
         const bool any_flush = std::any_of(modes.begin(), modes.end(), flushes);
         const double flush_window_us = any_flush ? timed(Mode::ColdFlush, false) : 0.0;
         for (Mode mode : modes) {

@@ -191,7 +191,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch engineswitches)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch engineswitches l2probe)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -902,12 +902,15 @@ if has_mode l2probe; then
     timeout 240 $B/bench/ferrum_bench_l2_residency --reps 11 --window 6 2>&1 | tee "$OUT/l2_residency.txt"
     echo "== the same, one shape under the CUPTI tracer ($(date +%T))"
     csv="$OUT/l2_residency_trace.csv"
-    rm -f "$csv"  # a run that dies writes none: never summarise an old one
+    modes="${L2PROBE_MODES:-cold,hint,load,self,loadS}"
+    rm -f "$csv" "$csv.gz"  # a run that dies writes none: never summarise an old one
     timeout 120 env LD_PRELOAD=$B/bench/libferrum_kernel_trace.so FERRUM_KERNEL_TRACE="$csv" \
       $B/bench/ferrum_bench_l2_residency --reps 3 --window 6 --only "${L2PROBE_ONLY:-qwen3-0.6b o}" \
-      --modes "${L2PROBE_MODES:-cold,hint,load,self,loadS}" 2>&1 | tail -n 8
-    [ -s "$csv" ] && python3 bench/l2_residency_trace.py "$csv" | tee "$OUT/l2_residency_trace.txt"
-    gzip -f "$csv"
+      --modes "$modes" 2>&1 | tail -n 8
+    if [ -s "$csv" ]; then
+      python3 bench/l2_residency_trace.py "$csv" --modes "$modes" --window 6 | tee "$OUT/l2_residency_trace.txt"
+      gzip -f "$csv"
+    fi
   } 2>&1 | tee -a "$LOG"
 fi
 
