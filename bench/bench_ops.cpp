@@ -23,10 +23,11 @@
 //
 // Usage: ferrum_bench [--json PATH] [--quick] [--filter SUBSTR[,SUBSTR...]]
 //                     [--reps N] [--chain N] [--graph-api]
-//                     [--prefill-kernel auto|mma_sync]
+//                     [--prefill-kernel auto|mma_sync] [--pause-ms N]
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -40,6 +41,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda_check.hpp"
@@ -174,6 +176,11 @@ struct Options {
   // amortized, each kernel's own ramp-up and tail still counted). The
   // same-size copy is chained the same way.
   int chain = 1;
+  // Idle time before each case (the device synchronized first): whether a
+  // case runs slower after a long heavy one because of the device's clocks
+  // or temperature rather than the kernel (session 56: the B = 64 decode
+  // after B = 16 L = 128k).
+  int pause_ms = 0;
   ferrum::PrefillKernel prefill_kernel = ferrum::PrefillKernel::Auto;
 };
 
@@ -319,6 +326,10 @@ class Bench {
     if (!want(spec)) return;
     std::fflush(stdout);
     try {
+      if (opt_.pause_ms > 0) {
+        be_.synchronize();
+        std::this_thread::sleep_for(std::chrono::milliseconds(opt_.pause_ms));
+      }
       body();
     } catch (const std::exception& e) {
       Record r = base_record(spec, 0);
@@ -930,7 +941,7 @@ void write_json(const std::string& path, const Bench& b, const std::string& devi
 void usage(const char* argv0) {
   std::printf(
       "usage: %s [--json PATH] [--quick] [--filter SUBSTR[,SUBSTR...]] [--reps N] [--chain N] [--graph-api]\n"
-      "          [--prefill-kernel auto|mma_sync]\n"
+      "          [--prefill-kernel auto|mma_sync] [--pause-ms N]\n"
       "  --json PATH   write results as JSON\n"
       "  --quick       fewer repetitions\n"
       "  --filter S    run only cases whose \"op dtype shape mode\" contains S (comma: any of)\n"
@@ -939,7 +950,8 @@ void usage(const char* argv0) {
       "  --graph-api   time tiny ops through Backend::begin_graph_capture (one graph,\n"
       "                L2-warm) instead of raw stream capture over L2-cold sets\n"
       "  --prefill-kernel K  CudaBackendConfig::prefill_kernel: auto (default: wgmma\n"
-      "                on sm_90a) or mma_sync\n",
+      "                on sm_90a) or mma_sync\n"
+      "  --pause-ms N  idle N ms before each case (the device synchronized first)\n",
       argv0);
 }
 
@@ -968,6 +980,9 @@ Options parse_args(int argc, char** argv) {
     } else if (a == "--chain") {
       o.chain = std::stoi(value());
       if (o.chain <= 0) throw std::runtime_error("--chain must be positive");
+    } else if (a == "--pause-ms") {
+      o.pause_ms = std::stoi(value());
+      if (o.pause_ms < 0) throw std::runtime_error("--pause-ms must not be negative");
     } else if (a == "--prefill-kernel") {
       const std::string k = value();
       if (k == "auto") {

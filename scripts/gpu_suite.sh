@@ -177,6 +177,15 @@
 #                                the modes of L2PROBE_MODES, and
 #                                bench/l2_residency_trace.py's table: when
 #                                each stage ran against its GEMM
+#   scripts/gpu_suite.sh decodeorder  the B = 64 L = 8k decode after B = 16
+#                                L = 128k in one ferrum_bench process, without
+#                                and with --pause-ms 3000 before each case,
+#                                then alone, with nvidia-smi logging the SM
+#                                and memory clocks, power and temperatures
+#                                every 100 ms ($OUT/decodeorder_smi.csv):
+#                                whether the slowdown session 56 found after
+#                                that case is the device's clocks or the
+#                                kernel's state
 # Modes combine with commas (gptq,bench). BENCH_FILTER=attention_,gemm passes
 # --filter to ferrum_bench and torch_reference.py. SKIP_GEMM_INTERLEAVED=1 and
 # SKIP_TORCH_GPTQ=1 leave out those two reference runs (to fit a call).
@@ -191,7 +200,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch engineswitches l2probe)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch engineswitches l2probe decodeorder)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -437,6 +446,7 @@ sanitize() {
   [ "$MODE" = ab ] && MAIN_TARGETS=(--target ferrum_engine ferrum_bench_gptq ${AB_OPS_FILTER:+ferrum_bench})
   [ "$MODE" = trace ] && MAIN_TARGETS=(--target ferrum_engine ferrum_kernel_trace)
   [ "$MODE" = l2probe ] && MAIN_TARGETS=(--target ferrum_bench_l2_residency ferrum_kernel_trace)
+  [ "$MODE" = decodeorder ] && MAIN_TARGETS=(--target ferrum_bench)
   modes_within "trace engineswitches" && [ "$MODE" != trace ] && MAIN_TARGETS=(--target ferrum_engine ferrum_kernel_trace)
   modes_within "wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch" && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate ferrum_cluster_placement)
   cmake --build $B -j$([ -d base ] && has_mode ab && echo 10 || echo 16) "${MAIN_TARGETS[@]}" 2>&1 \
@@ -893,6 +903,23 @@ if has_mode trace; then
         $B/apps/engine/ferrum_engine --random "$model" $quant --dtype f16 --eager --steps 16 2>&1 | grep -E "decode:|trace"
       python3 bench/kernel_trace_summary.py "$csv" --steps 8
     done
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode decodeorder; then
+  {
+    echo "== the B = 64 decode after B = 16 L = 128k ($(date +%T))"
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,temperature.memory \
+      --format=csv -lms 100 > "$OUT/decodeorder_smi.csv" 2>&1 &
+    smi_pid=$!
+    for pause in 0 3000; do
+      echo "-- B = 16 L = 128k, then B = 64 L = 8k; --pause-ms $pause ($(date +%T))"
+      timeout 150 $B/bench/ferrum_bench --pause-ms $pause --filter "B=16 L=131072,B=64 L=8192" 2>&1 \
+        | grep -E "^attention_decode|ERROR"
+    done
+    echo "-- B = 64 L = 8k alone ($(date +%T))"
+    timeout 90 $B/bench/ferrum_bench --filter "B=64 L=8192" 2>&1 | grep -E "^attention_decode|ERROR"
+    kill "$smi_pid" 2>/dev/null
   } 2>&1 | tee -a "$LOG"
 fi
 
