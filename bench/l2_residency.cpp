@@ -26,12 +26,14 @@
 //   have started, when the GEMM does):
 //   fork   an empty kernel (the fork's own cost)
 //   hint   cp.async.bulk.prefetch.L2 of the weight, one CTA per SM
+//   lines  prefetch.global.L2 of each 128-byte line (2 CTAs per SM)
 //   load   the weight read once (ld.global.cg, 2 CTAs per SM, results dropped)
 //   load4  each line read from four CTAs on different SMs
 //   self   the same skinny GEMM on the weight (same grid)
 //   In series, on the main stream before the window (complete when the
 //   window starts, nothing beside the GEMM):
 //   loadS  the weight read once, as load
+//   linesS the line prefetch, as lines
 //   selfS  the same skinny GEMM on the weight
 // Figures: median µs per repetition over `reps` replays (CUDA events), and
 // "gemm_us" = that minus a baseline without the GEMM: the window alone for
@@ -70,7 +72,7 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-enum class Mode { Cold, Hot, ColdFlush, HotFlush, Fork, Hint, Load, Load4, Self, LoadSerial, SelfSerial };
+enum class Mode { Cold, Hot, ColdFlush, HotFlush, Fork, Hint, Lines, Load, Load4, Self, LoadSerial, LinesSerial, SelfSerial };
 const char* mode_name(Mode m) {
   switch (m) {
     case Mode::Cold: return "cold";
@@ -79,18 +81,21 @@ const char* mode_name(Mode m) {
     case Mode::HotFlush: return "hotF";
     case Mode::Fork: return "fork";
     case Mode::Hint: return "hint";
+    case Mode::Lines: return "lines";
     case Mode::Load: return "load";
     case Mode::Load4: return "load4";
     case Mode::Self: return "self";
     case Mode::LoadSerial: return "loadS";
+    case Mode::LinesSerial: return "linesS";
     case Mode::SelfSerial: return "selfS";
   }
   return "?";
 }
 bool on_branch(Mode m) {
-  return m == Mode::Fork || m == Mode::Hint || m == Mode::Load || m == Mode::Load4 || m == Mode::Self;
+  return m == Mode::Fork || m == Mode::Hint || m == Mode::Lines || m == Mode::Load || m == Mode::Load4 ||
+         m == Mode::Self;
 }
-bool in_series(Mode m) { return m == Mode::LoadSerial || m == Mode::SelfSerial; }
+bool in_series(Mode m) { return m == Mode::LoadSerial || m == Mode::LinesSerial || m == Mode::SelfSerial; }
 bool hot_weight(Mode m) { return m == Mode::Hot || m == Mode::HotFlush; }
 bool flushes(Mode m) { return m == Mode::ColdFlush || m == Mode::HotFlush; }
 
@@ -121,10 +126,11 @@ void stage(Rig& rig, Mode mode, const Buffer& x, const Buffer& w, const Shape& s
       std::exit(1);
     }
   } else {
-    const L2Stage what = mode == Mode::Fork                                   ? L2Stage::Empty
-                         : mode == Mode::Hint                                 ? L2Stage::Hint
-                         : mode == Mode::Load || mode == Mode::LoadSerial     ? L2Stage::Load
-                                                                              : L2Stage::Load4;
+    const L2Stage what = mode == Mode::Fork                                 ? L2Stage::Empty
+                         : mode == Mode::Hint                               ? L2Stage::Hint
+                         : mode == Mode::Lines || mode == Mode::LinesSerial ? L2Stage::Lines
+                         : mode == Mode::Load || mode == Mode::LoadSerial   ? L2Stage::Load
+                                                                            : L2Stage::Load4;
     ferrum::bench::launch_l2_stage(what, w.data(), w.nbytes(), rig.sink, rig.num_sms, stream);
   }
   check(cudaGetLastError(), "stage launch");
@@ -190,8 +196,9 @@ double time_sequence(Rig& rig, Mode mode, bool with_gemm, std::size_t sets, int 
 
 }  // namespace
 
-constexpr Mode kModes[] = {Mode::Cold, Mode::Hot,  Mode::ColdFlush, Mode::HotFlush,   Mode::Fork,      Mode::Hint,
-                           Mode::Load, Mode::Load4, Mode::Self,      Mode::LoadSerial, Mode::SelfSerial};
+constexpr Mode kModes[] = {Mode::Cold,  Mode::Hot,  Mode::ColdFlush,  Mode::HotFlush,    Mode::Fork,
+                           Mode::Hint,  Mode::Lines, Mode::Load,      Mode::Load4,       Mode::Self,
+                           Mode::LoadSerial, Mode::LinesSerial, Mode::SelfSerial};
 
 int main(int argc, char** argv) {
   int reps = 21;

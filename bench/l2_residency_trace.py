@@ -36,8 +36,8 @@ import sys
 
 from kernel_trace_summary import demangle, short
 
-STAGED = {"fork", "hint", "load", "load4", "self", "loadS", "selfS"}
-SERIAL = {"loadS", "selfS"}
+STAGED = {"fork", "hint", "lines", "load", "load4", "self", "loadS", "linesS", "selfS"}
+SERIAL = {"loadS", "linesS", "selfS"}
 FLUSH = {"coldF", "hotF"}
 
 

@@ -929,7 +929,7 @@ if has_mode l2probe; then
     timeout 240 $B/bench/ferrum_bench_l2_residency --reps 11 --window 6 2>&1 | tee "$OUT/l2_residency.txt"
     echo "== the same, one shape under the CUPTI tracer ($(date +%T))"
     csv="$OUT/l2_residency_trace.csv"
-    modes="${L2PROBE_MODES:-cold,hint,load,self,loadS}"
+    modes="${L2PROBE_MODES:-cold,hint,lines,load,self,loadS}"
     rm -f "$csv" "$csv.gz"  # a run that dies writes none: never summarise an old one
     timeout 120 env LD_PRELOAD=$B/bench/libferrum_kernel_trace.so FERRUM_KERNEL_TRACE="$csv" \
       $B/bench/ferrum_bench_l2_residency --reps 3 --window 6 --only "${L2PROBE_ONLY:-qwen3-0.6b o}" \
