@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "cuda_check.hpp"
+#include "median.hpp"
 #include "ferrum/ferrum.hpp"
 
 namespace {
@@ -82,13 +83,6 @@ std::string dt_name(DType dt) { return std::string(ferrum::to_string(dt)); }
 double dbl(std::size_t x) { return static_cast<double>(x); }
 
 // ── Small helpers ──────────────────────────────────────────────────────────
-
-double median(std::vector<double> v) {
-  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
 

@@ -56,6 +56,7 @@
 
 #include "decoder.hpp"
 #include "kernels/gptq_gemm.hpp"
+#include "median.hpp"
 #include "model_config.hpp"
 #include "weights.hpp"
 
@@ -168,12 +169,6 @@ Options parse(int argc, char** argv) {
   if (opt.gemm_k != 0 && !opt.decode_only.empty()) usage_error(opt.decode_only + " is an option of the decode step, not of --gemm");
   if (opt.gemm_k == 0 && opt.m_set) usage_error("--m needs --gemm");
   return opt;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // The launch by its weight shape in a Llama step.

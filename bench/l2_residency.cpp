@@ -56,6 +56,7 @@
 
 #include "bench/comma_items.hpp"
 #include "bench/cuda_check.hpp"
+#include "bench/median.hpp"
 #include "bench/read_ceiling.cuh"
 #include "kernels/gemm_skinny.hpp"
 #include "l2_residency.cuh"
@@ -66,11 +67,6 @@ using ferrum::Buffer;
 using ferrum::CudaBackend;
 using ferrum::DType;
 using ferrum::bench::L2Stage;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 enum class Mode { Cold, Hot, ColdFlush, HotFlush, Fork, Hint, Lines, Load, Load4, Self, LoadSerial, LinesSerial, SelfSerial };
 const char* mode_name(Mode m) {
