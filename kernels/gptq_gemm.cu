@@ -443,38 +443,53 @@ constexpr int fused_smem_bytes() {
   return FusedShape<C::kMT, C::kNB, kZeros, C::kStages>::kSmemBytes;
 }
 
+// A configuration that needs more shared memory than the device lets one
+// block have (`smem_optin`; config 2 on an A100: 180 / 190 of 163 KiB) is
+// not made there: 0 blocks (gptq_fused_max_rows keeps launches off it).
 template <class T, int Config, bool kZeros>
-void prepare_one(int& blocks_per_sm) {
+void prepare_one(int& blocks_per_sm, int smem_optin) {
+  if (fused_smem_bytes<Config, kZeros>() > smem_optin) {
+    blocks_per_sm = 0;
+    return;
+  }
   blocks_per_sm = opt_in_blocks_per_sm("gemm_gptq", fused_kernel_ptr<T, Config, kZeros>(), kThreads,
                                        fused_smem_bytes<Config, kZeros>());
 }
 
 // Blocks per SM of each (dtype, config), the zero-array variant (the plan
-// must not depend on it). Made once per device, which sets the
-// shared-memory limits of every instance there.
+// must not depend on it; it needs the most shared memory, so where it fits
+// both do). Made once per device, which sets the shared-memory limits of
+// every instance there.
 struct Occupancy {
   int blocks[2][kNumConfigs] = {};
 };
 
 template <class T>
-void prepare_dtype(int (&blocks)[kNumConfigs]) {
+void prepare_dtype(int (&blocks)[kNumConfigs], int smem_optin) {
   int unused = 0;
-  prepare_one<T, 0, false>(unused);
-  prepare_one<T, 0, true>(blocks[0]);
-  prepare_one<T, 1, false>(unused);
-  prepare_one<T, 1, true>(blocks[1]);
-  prepare_one<T, 2, false>(unused);
-  prepare_one<T, 2, true>(blocks[2]);
+  prepare_one<T, 0, false>(unused, smem_optin);
+  prepare_one<T, 0, true>(blocks[0], smem_optin);
+  prepare_one<T, 1, false>(unused, smem_optin);
+  prepare_one<T, 1, true>(blocks[1], smem_optin);
+  prepare_one<T, 2, false>(unused, smem_optin);
+  prepare_one<T, 2, true>(blocks[2], smem_optin);
 }
 
 const Occupancy& occupancy() {
   static PerDevice<Occupancy> per_device;
-  return per_device.current("gemm_gptq", [](int) {
+  return per_device.current("gemm_gptq", [](int device) {
+    int smem_optin = 0;
+    const cudaError_t err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err != cudaSuccess) throw_cuda_error("gemm_gptq", "cudaDeviceGetAttribute", err);
     Occupancy occ;
-    prepare_dtype<__half>(occ.blocks[0]);
-    prepare_dtype<__nv_bfloat16>(occ.blocks[1]);
+    prepare_dtype<__half>(occ.blocks[0], smem_optin);
+    prepare_dtype<__nv_bfloat16>(occ.blocks[1], smem_optin);
     return occ;
   });
+}
+
+bool config_available(const Occupancy& occ, int config) {
+  return occ.blocks[0][config] > 0 && occ.blocks[1][config] > 0;
 }
 
 constexpr int config_nb(int config) {
@@ -491,7 +506,11 @@ GptqPlan plan_for(int dtype_index, int config, int k_pad, int n_pad, int num_sms
   plan.block_n = config_nb(config) * kGptqTileN;
   plan.n_ctas = (n_pad + plan.block_n - 1) / plan.block_n;
   const int k_tiles = k_pad / kGptqTileK;
-  const long long slots = static_cast<long long>(std::max(num_sms, 1)) * occupancy().blocks[dtype_index][config];
+  const int blocks = occupancy().blocks[dtype_index][config];
+  if (blocks < 1) {
+    throw_bad_dispatch("gemm_gptq", "fused kernel configuration (more shared memory than the device has)", config);
+  }
+  const long long slots = static_cast<long long>(std::max(num_sms, 1)) * blocks;
   // Time model: waves x (k tiles per CTA + a fixed cost of ~2 tiles for the
   // pipeline fill and the epilogue). Fewest splits among the best.
   constexpr int kFixedTiles = 2;
@@ -1565,8 +1584,10 @@ std::size_t gptq_partials_floats(int k_pad, int n_pad, int num_sms) {
     most = static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile;
   }
   const StreamOccupancy& occ = stream_occupancy();
+  const Occupancy& fused = occupancy();
   for (int d = 0; d < 2; ++d) {
     for (int c = 0; c < kNumConfigs; ++c) {
+      if (!config_available(fused, c)) continue;  // never launched on this device
       const GptqPlan plan = plan_for(d, c, k_pad, n_pad, num_sms);
       if (plan.splits > 1) {
         most = std::max(most, static_cast<std::size_t>(plan.splits) * plan.n_ctas * plan.block_n * plan.m_tile);
@@ -1593,6 +1614,13 @@ std::size_t gptq_counter_ints(int n_pad) {
 }
 
 bool gptq_bulk_copy_supported() { return stream_occupancy().bulk_supported; }
+
+int gptq_fused_max_rows() {
+  const Occupancy& occ = occupancy();
+  int rows = 0;
+  for (int c = 0; c < kNumConfigs && config_available(occ, c); ++c) rows = config_mt(c) * 16;
+  return rows;
+}
 
 bool gptq_cluster_reduces(bool requested, int splits, long long ctas, int num_sms) {
   return requested && splits >= 2 && splits <= kGptqClusterMaxSplits &&

@@ -101,6 +101,11 @@ inline constexpr int kGptqBulkMinGroupRows = 32;
 // (GptqDeviceWeight::group_rows) take the bulk source on the current device.
 bool gptq_bulk_source_applies(int group_rows);
 
+// The most rows one fused-kernel launch takes on the current device:
+// kGptqMaxM where its shared memory holds every configuration (sm_90), 32 on
+// an A100 (163 KiB per block: the 64-row configuration needs 180 / 190).
+int gptq_fused_max_rows();
+
 // Whether this build has the wgmma kernel's sm_90a code and the current
 // device runs it (compute capability 9.0).
 bool gptq_wgmma_supported();

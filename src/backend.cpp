@@ -266,7 +266,7 @@ Buffer Backend::checked_alloc(const char* op, DType dtype, std::size_t numel, bo
   if (numel == 0) check.fail(ErrorCode::InvalidArgument, "{}: argument 'numel' = 0, must be at least 1", op);
   const std::size_t bytes = check.product({numel, size_of(dtype)});
   void* p = host ? allocate_host_bytes(bytes) : allocate_bytes(bytes);
-  return make_buffer(p, dtype, numel, /*owning=*/true);
+  return make_buffer(p, dtype, numel, /*host_memory=*/host);
 }
 
 Buffer Backend::alloc(DType dtype, std::size_t numel) { return checked_alloc("alloc", dtype, numel, false); }
@@ -691,8 +691,10 @@ void check_rope(const OpCheck& check, std::string_view cfg, std::string_view act
   check.holds("cos", cos, table, "[max_pos, head_dim/2]");
   check.holds("sin", sin, table, "[max_pos, head_dim/2]");
   if (!use_state && (pos_offset > max_pos || tokens > max_pos - pos_offset)) {
-    check.fail(ErrorCode::CapacityExceeded, "{}: positions {} run past the {} positions of the cos/sin tables",
-               check.op(), range_text(pos_offset, tokens), max_pos);
+    check.fail(ErrorCode::CapacityExceeded,
+               "{}: positions {} (argument 'pos_offset' = {}, 'tokens' = {}) run past the max_pos = {} positions of "
+               "the cos/sin tables",
+               check.op(), range_text(pos_offset, tokens), pos_offset, tokens, max_pos);
   }
 }
 
@@ -751,8 +753,8 @@ void Backend::kv_cache_append_head_major(Buffer& cache_k, Buffer& cache_v, std::
   const bool use_state = device_state_mode_ && new_tokens == 1;
   if (new_tokens > capacity || (!use_state && cache_len > capacity - new_tokens)) {
     check.fail(ErrorCode::CapacityExceeded,
-         "kv_cache_append_head_major: cache_len {} + new_tokens {} exceeds capacity {}", cache_len,
-         new_tokens, capacity);
+               "kv_cache_append_head_major: argument 'cache_len' = {} + 'new_tokens' = {} exceeds 'capacity' = {}",
+               cache_len, new_tokens, capacity);
   }
   check_outputs_apart(check, {{"cache_k", cache_k, cache_n}, {"cache_v", cache_v, cache_n}},
                       {{"new_k", new_k, new_n}, {"new_v", new_v, new_n}});
@@ -918,8 +920,9 @@ void Backend::flash_attention(const Buffer& q, const Buffer& k, const Buffer& v,
   }
   if (cfg.causal && !use_state && (pos_offset > kv_len || q_len > kv_len - pos_offset)) {
     check.fail(ErrorCode::InvalidArgument,
-               "flash_attention: causal queries at positions {} need keys past kv_len = {}",
-               range_text(pos_offset, q_len), kv_len);
+               "flash_attention: causal queries at positions {} (argument 'pos_offset' = {}, 'q_len' = {}) need keys "
+               "past 'kv_len' = {}",
+               range_text(pos_offset, q_len), pos_offset, q_len, kv_len);
   }
   const std::size_t qn = check.product({batch, cfg.num_heads, q_len, cfg.head_dim});
   const std::size_t kvn = check.product({batch, cfg.num_kv_heads, stride, cfg.head_dim});

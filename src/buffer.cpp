@@ -9,9 +9,15 @@
 
 namespace ferrum {
 
-Buffer::Buffer(std::shared_ptr<detail::BufferOwner> owner, void* data, DType dtype, std::size_t numel,
-               void* alloc) noexcept
-    : owner_(std::move(owner)), data_(data), numel_(numel), dtype_(dtype), alloc_(alloc) {}
+Buffer::Buffer(std::shared_ptr<detail::BufferOwner> owner, void* data, DType dtype, std::size_t numel, void* alloc,
+               bool host_memory) noexcept
+    : owner_(std::move(owner)),
+      data_(data),
+      numel_(numel),
+      dtype_(dtype),
+      host_memory_(host_memory),
+      alloc_(alloc),
+      alloc_bytes_(alloc != nullptr ? numel * size_of(dtype) : 0) {}
 
 Buffer::~Buffer() { release(); }
 
@@ -20,29 +26,37 @@ Buffer::Buffer(Buffer&& other) noexcept
       data_(std::exchange(other.data_, nullptr)),
       numel_(std::exchange(other.numel_, 0)),
       dtype_(other.dtype_),
-      alloc_(std::exchange(other.alloc_, nullptr)) {}
+      host_memory_(std::exchange(other.host_memory_, false)),
+      alloc_(std::exchange(other.alloc_, nullptr)),
+      alloc_bytes_(std::exchange(other.alloc_bytes_, 0)) {}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this == &other) return *this;
-  // What this Buffer held: an allocation it frees, and the bytes of it that
-  // it spanned.
+  // What this Buffer held: an allocation it frees, and that allocation's
+  // whole extent (not the window it spans now, which x = x.view(...) may
+  // have narrowed).
   std::shared_ptr<detail::BufferOwner> old_owner = std::move(owner_);
   void* const old_alloc = std::exchange(alloc_, nullptr);
-  const auto* const old_begin = static_cast<const std::uint8_t*>(data_);
-  const auto* const old_end = old_begin == nullptr ? nullptr : old_begin + nbytes();
+  const std::size_t old_alloc_bytes = std::exchange(alloc_bytes_, 0);
   owner_ = std::move(other.owner_);
   data_ = std::exchange(other.data_, nullptr);
   numel_ = std::exchange(other.numel_, 0);
   dtype_ = other.dtype_;
+  host_memory_ = std::exchange(other.host_memory_, false);
   alloc_ = std::exchange(other.alloc_, nullptr);
+  alloc_bytes_ = std::exchange(other.alloc_bytes_, 0);
   if (old_alloc != nullptr) {
-    // x = x.view(...): the view keeps the allocation it lies in, rather
-    // than pointing into memory freed under it.
+    // x = x.view(...), or any view of the allocation x holds: the view
+    // keeps the allocation it lies in, rather than pointing into memory
+    // freed under it.
+    const auto* const old_begin = static_cast<const std::uint8_t*>(old_alloc);
+    const auto* const old_end = old_begin + old_alloc_bytes;
     const auto* const begin = static_cast<const std::uint8_t*>(data_);
     const bool inside = alloc_ == nullptr && owner_ == old_owner && begin != nullptr && begin >= old_begin &&
                         begin + nbytes() <= old_end;
     if (inside) {
       alloc_ = old_alloc;
+      alloc_bytes_ = old_alloc_bytes;
     } else if (old_owner != nullptr && old_owner->free != nullptr) {
       old_owner->free(old_alloc, old_owner->device);
     }
@@ -56,6 +70,8 @@ void Buffer::release() noexcept {
   data_ = nullptr;
   numel_ = 0;
   alloc_ = nullptr;
+  alloc_bytes_ = 0;
+  host_memory_ = false;
 }
 
 Backend* Buffer::backend() const noexcept {
@@ -71,7 +87,7 @@ Buffer Buffer::view(std::size_t offset, std::size_t count) const {
                  count, offset, numel_);
   }
   auto* base = static_cast<std::uint8_t*>(data_) + offset * size_of(dtype_);
-  return Buffer(owner_, base, dtype_, count, /*alloc=*/nullptr);
+  return Buffer(owner_, base, dtype_, count, /*alloc=*/nullptr, host_memory_);
 }
 
 Buffer Buffer::wrap(Backend& backend, void* ptr, DType dtype, std::size_t numel) {
@@ -89,8 +105,8 @@ Buffer Buffer::wrap(Backend& backend, void* ptr, DType dtype, std::size_t numel)
     detail::fail(ErrorCode::InvalidArgument, "Buffer::wrap: argument 'numel' = {} {} elements overflow a byte count",
                  numel, to_string(dtype));
   }
-  backend.check_wrapped(ptr, numel * size_of(dtype));
-  return Buffer(backend.owner_, ptr, dtype, numel, /*alloc=*/nullptr);
+  const bool host_memory = backend.check_wrapped(ptr, numel * size_of(dtype));
+  return Buffer(backend.owner_, ptr, dtype, numel, /*alloc=*/nullptr, host_memory);
 }
 
 }  // namespace ferrum

@@ -248,8 +248,9 @@ class Backend {
   // after synchronize() or a blocking read such as download or read_bytes.
   // It is meant for copy_slice, download and read_bytes. Ops whose kernels
   // read plain pointers take it too (over the bus on CudaBackend), but not
-  // every op can: the attention kernels and the collectives need device
-  // memory. Copy it to the device first.
+  // every op can: CudaBackend's attention ops and collectives need device
+  // memory and refuse it (InvalidArgument; Buffer::host_memory says which
+  // Buffers are). Copy it to the device first.
   Buffer alloc_host(DType dtype, std::size_t numel);
   // Allocates and fills from host f32, converting (round to nearest even;
   // i32/u8 take the value truncated toward zero, and refuse values that do
@@ -562,15 +563,19 @@ class Backend {
   // alloc_host's memory, freed by the same deallocator as allocate_bytes'.
   virtual void* allocate_host_bytes(std::size_t bytes) = 0;
   // Buffer::wrap: throws ferrum::Error (naming Buffer::wrap and 'ptr') when
-  // this backend's ops cannot touch `bytes` bytes at `ptr`. Default: any
-  // memory. CpuBackend refuses CUDA device memory (asking the CUDA driver,
-  // which creates no context for it).
-  virtual void check_wrapped(const void* ptr, std::size_t bytes) const {
+  // this backend's ops cannot touch `bytes` bytes at `ptr`; else returns
+  // whether it is host memory rather than the backend's own (Buffer::
+  // host_memory). Default: any memory, the backend's own. CpuBackend refuses
+  // CUDA device memory (asking the CUDA driver, which creates no context for
+  // it); CudaBackend answers true for page-locked host memory.
+  virtual bool check_wrapped(const void* ptr, std::size_t bytes) const {
     (void)ptr;
     (void)bytes;
+    return false;
   }
-  Buffer make_buffer(void* data, DType dtype, std::size_t numel, bool owning) {
-    return Buffer(owner_, data, dtype, numel, owning ? data : nullptr);
+  // An allocation of this backend's, which the Buffer frees.
+  Buffer make_buffer(void* data, DType dtype, std::size_t numel, bool host_memory) {
+    return Buffer(owner_, data, dtype, numel, /*alloc=*/data, host_memory);
   }
   // For the QuantWeights a backend makes (QuantWeight::backend()).
   detail::BackendRef backend_ref() const noexcept { return detail::BackendRef(owner_); }

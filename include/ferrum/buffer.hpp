@@ -36,6 +36,11 @@ class Buffer {
   // Whether destroying it frees memory (an allocation, not a view or a wrap).
   bool owns_memory() const noexcept { return alloc_ != nullptr; }
   bool is_null() const noexcept { return data_ == nullptr; }
+  // Whether it is host memory rather than the backend's own: alloc_host's
+  // (on either backend), or a pointer that CudaBackend's Buffer::wrap found
+  // to be page-locked host memory; views inherit it. The ops that need
+  // device memory (CudaBackend's attention and collectives) refuse it.
+  bool host_memory() const noexcept { return host_memory_; }
 
   // A non-owning window of `count` elements starting at element `offset`.
   // The parent must outlive the view, except that assigning a view over its
@@ -58,15 +63,21 @@ class Buffer {
 
  private:
   friend class Backend;
-  Buffer(std::shared_ptr<detail::BufferOwner> owner, void* data, DType dtype, std::size_t numel,
-         void* alloc) noexcept;
+  // `alloc`: the allocation the new Buffer frees, which starts at `data` and
+  // spans its numel elements; null for a view or a wrap.
+  Buffer(std::shared_ptr<detail::BufferOwner> owner, void* data, DType dtype, std::size_t numel, void* alloc,
+         bool host_memory) noexcept;
   void release() noexcept;
 
   std::shared_ptr<detail::BufferOwner> owner_;  // shared with the backend, outlives it
   void* data_ = nullptr;
   std::size_t numel_ = 0;
   DType dtype_ = DType::F16;
+  bool host_memory_ = false;
   void* alloc_ = nullptr;  // the allocation this Buffer frees (at or before data_); null: none
+  // The allocation's whole extent in bytes, which x = x.view(...) keeps
+  // while the window (data_, numel_) narrows; 0 with no allocation.
+  std::size_t alloc_bytes_ = 0;
 };
 
 }  // namespace ferrum

@@ -34,7 +34,7 @@ class CpuBackend final : public Backend {
   void* allocate_bytes(std::size_t bytes) override;
   void* allocate_host_bytes(std::size_t bytes) override;  // the same memory as allocate_bytes
   // Refuses CUDA device memory (asking CUDA where a GPU is present).
-  void check_wrapped(const void* ptr, std::size_t bytes) const override;
+  bool check_wrapped(const void* ptr, std::size_t bytes) const override;
   void do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host,
                       std::size_t bytes) override;
   void do_read_bytes(const Buffer& src, std::size_t src_byte_offset, void* host,

@@ -10,8 +10,10 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "ferrum/backend.hpp"
 #include "ferrum/communicator.hpp"
@@ -291,7 +293,7 @@ class CudaBackend final : public Backend {
   // Device memory of this backend's device, or pinned / managed host memory
   // (reachable from kernels); pageable host memory and another device's
   // memory are refused.
-  void check_wrapped(const void* ptr, std::size_t bytes) const override;
+  bool check_wrapped(const void* ptr, std::size_t bytes) const override;
   void do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host,
                       std::size_t bytes) override;
   void do_read_bytes(const Buffer& src, std::size_t src_byte_offset, void* host,
@@ -372,10 +374,11 @@ class CudaBackend final : public Backend {
   void wait_stream(const char* op, Communicator* comm);
   // Throws Unsupported naming op and arg when head_dim exceeds the RoPE kernels' limit.
   void check_rope_head_dim(const char* op, const char* arg, std::size_t head_dim);
-  // A collective while capturing: records comm_ as the capture's
-  // communicator, or ends the capture (GraphCapture) when another one's
-  // collectives are already in it.
-  void note_captured_collective(const char* op);
+  // Before a collective through comm_: refuses host memory among `buffers`
+  // (InvalidArgument: NCCL reads device memory); while capturing, records
+  // comm_ as the capture's communicator, or ends the capture (GraphCapture)
+  // when another one's collectives are already in it.
+  void check_collective(const char* op, std::initializer_list<std::pair<const char*, const Buffer*>> buffers);
 
   int device_;
   detail::CudaRuntime* rt_;  // process-global, never freed (see above)

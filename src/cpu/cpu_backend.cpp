@@ -310,8 +310,8 @@ void CpuBackend::parallel_for(std::size_t n, F&& body) {
 
 // The host dereferences a wrapped pointer: device memory (which it cannot)
 // is refused, named with its device; anything else is the caller's host
-// memory.
-void CpuBackend::check_wrapped(const void* ptr, std::size_t bytes) const {
+// memory, this backend's own kind (not Buffer::host_memory).
+bool CpuBackend::check_wrapped(const void* ptr, std::size_t bytes) const {
   const int device = detail::device_owning_memory(ptr);
   if (device >= 0) {
     fail(ErrorCode::InvalidArgument,
@@ -319,6 +319,7 @@ void CpuBackend::check_wrapped(const void* ptr, std::size_t bytes) const {
          "the host) cannot read; wrap it with a CudaBackend on that device",
          ptr, bytes, device);
   }
+  return false;
 }
 
 namespace {

@@ -247,6 +247,8 @@ std::string CudaBackend::name() const {
 }
 
 bool CudaBackend::supports(Op op) const noexcept {
+  // A value outside the enum is no op (CpuBackend answers the same).
+  if (static_cast<int>(op) < 0 || static_cast<int>(op) >= kNumOps) return false;
   switch (op) {
     case Op::MlaAttention:
       return false;
@@ -389,7 +391,7 @@ void* CudaBackend::allocate_host_bytes(std::size_t bytes) {
   return p;
 }
 
-void CudaBackend::check_wrapped(const void* ptr, std::size_t bytes) const {
+bool CudaBackend::check_wrapped(const void* ptr, std::size_t bytes) const {
   detail::activate_device(device_);  // devicePointer below is as this device sees it
   cudaPointerAttributes attr{};
   const cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
@@ -421,7 +423,7 @@ void CudaBackend::check_wrapped(const void* ptr, std::size_t bytes) const {
         }
         (void)cudaGetLastError();
       }
-      return;
+      return false;
     case cudaMemoryTypeHost:     // pinned (mapped under unified addressing)
     case cudaMemoryTypeManaged:  // migrates on access
       if (attr.devicePointer != ptr) {
@@ -430,7 +432,9 @@ void CudaBackend::check_wrapped(const void* ptr, std::size_t bytes) const {
                      "the same address (pinned without cudaHostAllocPortable / mapped?)",
                      ptr, device_, attr.devicePointer);
       }
-      return;
+      // Pinned memory is host memory (read over the bus); managed memory
+      // is the device's while a kernel touches it.
+      return attr.type == cudaMemoryTypeHost;
     default:
       detail::fail(ErrorCode::InvalidArgument,
                    "Buffer::wrap: argument 'ptr' = {} is pageable host memory, which CudaBackend's kernels cannot "
@@ -798,7 +802,12 @@ void CudaBackend::do_transpose_head_to_token(const Buffer& src, Buffer& dst, std
 // one alive): the first collective of a capture names it, and one of
 // another communicator (another backend on this device) ends the capture
 // with GraphCapture.
-void CudaBackend::note_captured_collective(const char* op) {
+void CudaBackend::check_collective(const char* op,
+                                   std::initializer_list<std::pair<const char*, const Buffer*>> buffers) {
+  if (std::string host = detail::host_memory_argument(buffers); !host.empty()) {
+    abandon_capture();
+    detail::fail(ErrorCode::InvalidArgument, "{}: {}", op, host);
+  }
   if (!rt_->capturing) return;
   if (rt_->capture_communicator == nullptr) {
     rt_->capture_communicator = comm_;
@@ -815,28 +824,28 @@ void CudaBackend::note_captured_collective(const char* op) {
 
 void CudaBackend::do_all_reduce(Buffer& buf, std::size_t len, ReduceOp op) {
   if (comm_ == nullptr) return Backend::do_all_reduce(buf, len, op);
-  note_captured_collective("all_reduce");
+  check_collective("all_reduce", {{"buf", &buf}});
   detail::activate_device(device_);
   detail::nccl_all_reduce(*comm_, ptr(buf), len, buf.dtype(), op, rt_->stream);
 }
 
 void CudaBackend::do_all_gather(const Buffer& local, Buffer& global, std::size_t local_len) {
   if (comm_ == nullptr) return Backend::do_all_gather(local, global, local_len);
-  note_captured_collective("all_gather");
+  check_collective("all_gather", {{"local", &local}, {"global", &global}});
   detail::activate_device(device_);
   detail::nccl_all_gather(*comm_, ptr(local), ptr(global), local_len, local.dtype(), rt_->stream);
 }
 
 void CudaBackend::do_broadcast(Buffer& buf, std::size_t len, std::size_t src_rank) {
   if (comm_ == nullptr) return Backend::do_broadcast(buf, len, src_rank);
-  note_captured_collective("broadcast");
+  check_collective("broadcast", {{"buf", &buf}});
   detail::activate_device(device_);
   detail::nccl_broadcast(*comm_, ptr(buf), len, buf.dtype(), static_cast<int>(src_rank), rt_->stream);
 }
 
 void CudaBackend::do_reduce_scatter(const Buffer& input, Buffer& output, std::size_t len, ReduceOp op) {
   if (comm_ == nullptr) return Backend::do_reduce_scatter(input, output, len, op);
-  note_captured_collective("reduce_scatter");
+  check_collective("reduce_scatter", {{"input", &input}, {"output", &output}});
   detail::activate_device(device_);
   detail::nccl_reduce_scatter(*comm_, ptr(input), ptr(output), len, input.dtype(), op, rt_->stream);
 }

@@ -31,8 +31,16 @@ struct Problem {
 };
 std::optional<Problem> cuda_attention_problem(const AttnConfig& cfg,
                                               std::initializer_list<std::pair<const char*, const Buffer*>> buffers,
-                                              std::size_t batch, std::size_t q_len, long long stride,
-                                              std::size_t workspace_bytes, std::size_t* need) {
+                                              const Buffer* kv_lens, std::size_t batch, std::size_t q_len,
+                                              long long stride, std::size_t workspace_bytes, std::size_t* need) {
+  if (std::string host = detail::host_memory_argument(buffers); !host.empty()) {
+    return Problem{ErrorCode::InvalidArgument, std::move(host)};
+  }
+  if (kv_lens != nullptr) {
+    if (std::string host = detail::host_memory_argument({{"kv_lens", kv_lens}}); !host.empty()) {
+      return Problem{ErrorCode::InvalidArgument, std::move(host)};
+    }
+  }
   if (!kernels::attention_head_dim_supported(cfg.head_dim)) {
     return Problem{ErrorCode::Unsupported,
                    fmt::format("cfg.head_dim = {} is not one of the CUDA kernel's 64, 128, 256", cfg.head_dim)};
@@ -100,8 +108,8 @@ void CudaBackend::do_flash_attention(const Buffer& q, const Buffer& k, const Buf
                                      const AttnConfig& cfg, bool use_decode_state) {
   const auto stride = static_cast<long long>(cfg.kv_seq_stride > 0 ? cfg.kv_seq_stride : kv_len);
   std::size_t need = 0;
-  if (auto problem = cuda_attention_problem(cfg, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}}, batch, q_len,
-                                            stride, rt_->attention_workspace_bytes, &need)) {
+  if (auto problem = cuda_attention_problem(cfg, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}}, nullptr, batch,
+                                            q_len, stride, rt_->attention_workspace_bytes, &need)) {
     abandon_capture();
     detail::fail(problem->code, "flash_attention: {}", problem->message);
   }
@@ -122,8 +130,8 @@ void CudaBackend::do_flash_decode_ragged(const Buffer& q, const Buffer& k, const
                                          const Buffer& kv_lens, std::size_t batch, const AttnConfig& cfg) {
   const auto stride = static_cast<long long>(cfg.kv_seq_stride);
   std::size_t need = 0;
-  if (auto problem = cuda_attention_problem(cfg, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}}, batch, 1, stride,
-                                            rt_->attention_workspace_bytes, &need)) {
+  if (auto problem = cuda_attention_problem(cfg, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}}, &kv_lens, batch,
+                                            1, stride, rt_->attention_workspace_bytes, &need)) {
     abandon_capture();
     detail::fail(problem->code, "flash_decode_ragged: {}", problem->message);
   }

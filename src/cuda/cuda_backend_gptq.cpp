@@ -266,9 +266,16 @@ bool int4_kernels_run(const CudaGptqWeight& weight, const kernels::GptqDeviceWei
   // kernel.
   wgmma_applies = weight.fused() && kernels::gptq_wgmma_applies(view.group_rows);
   const bool wgmma_runs = wgmma_applies && (sw.kernel == GptqKernel::Auto || sw.kernel == GptqKernel::Wgmma);
-  const std::size_t fused_max_m = sw.fused_max_m >= 0
-                                      ? static_cast<std::size_t>(sw.fused_max_m)
-                                      : kernels::gptq_fused_max_m(weight.k(), weight.n(), weight.act_order(), wgmma_runs);
+  std::size_t fused_max_m = sw.fused_max_m >= 0
+                                ? static_cast<std::size_t>(sw.fused_max_m)
+                                : kernels::gptq_fused_max_m(weight.k(), weight.n(), weight.act_order(), wgmma_runs);
+  // Launches of kGptqMaxM rows need the fused kernel's 64-row configuration
+  // where wgmma does not run them; a device without the shared memory for it
+  // (an A100) dequantizes + cuBLAS above the rows it does take.
+  if (!wgmma_runs && weight.fused()) {
+    const auto fused_rows = static_cast<std::size_t>(kernels::gptq_fused_max_rows());
+    if (fused_rows < static_cast<std::size_t>(kernels::kGptqMaxM)) fused_max_m = std::min(fused_max_m, fused_rows);
+  }
   return weight.fused() && m <= fused_max_m;
 }
 

@@ -120,6 +120,45 @@ TEST(BufferApi, AViewAssignedOverItsParentKeepsTheMemory) {
   EXPECT_EQ(cpu.download(x), (std::vector<float>{7, 8}));
 }
 
+// A Buffer narrowed by x = x.view(...) still holds the whole allocation: a
+// later view of it outside the narrowed window, assigned over it, keeps the
+// memory too (before, the window was the test, and that assignment freed
+// the allocation under the view: a use after free).
+TEST(BufferApi, AViewOfTheAllocationOutsideTheNarrowedWindowKeepsTheMemory) {
+  CpuBackend cpu;
+  Buffer kv = cpu.upload(std::vector<float>{1, 2, 3, 4, 5, 6}, DType::F32);
+  Buffer k = kv.view(0, 3), v = kv.view(3, 3);
+  kv = std::move(k);
+  ASSERT_TRUE(kv.owns_memory());
+  kv = std::move(v);  // outside [0, 3), inside the allocation
+  EXPECT_TRUE(kv.owns_memory());
+  EXPECT_EQ(cpu.download(kv), (std::vector<float>{4, 5, 6}));
+  cpu.write(kv, std::vector<float>{7, 8, 9}, 0);
+  EXPECT_EQ(cpu.download(kv), (std::vector<float>{7, 8, 9}));
+  // Moved on: the allocation goes with the Buffer it was handed to.
+  Buffer moved = std::move(kv);
+  EXPECT_TRUE(moved.owns_memory());
+  EXPECT_FALSE(kv.owns_memory());
+  EXPECT_EQ(cpu.download(moved), (std::vector<float>{7, 8, 9}));
+}
+
+// host_memory(): alloc_host's Buffers and their views, not alloc's; a move
+// carries it.
+TEST(BufferApi, HostMemoryFollowsTheAllocation) {
+  CpuBackend cpu;
+  Buffer host = cpu.alloc_host(DType::F32, 4);
+  Buffer own = cpu.alloc(DType::F32, 4);
+  EXPECT_TRUE(host.host_memory());
+  EXPECT_TRUE(host.view(1, 2).host_memory());
+  EXPECT_FALSE(own.host_memory());
+  EXPECT_FALSE(own.view(1, 2).host_memory());
+  own = std::move(host);
+  EXPECT_TRUE(own.host_memory());
+  EXPECT_FALSE(Buffer().host_memory());
+  float local[4] = {};
+  EXPECT_FALSE(Buffer::wrap(cpu, local, DType::F32, 4).host_memory()) << "CpuBackend's own kind of memory";
+}
+
 // A Buffer may outlive its backend: it reports no backend, no op takes it
 // (WrongBackend, not a call into the destroyed backend), and destroying it
 // still frees its memory (before, it called the destroyed backend).
@@ -245,53 +284,90 @@ TEST_P(ApiOnBackend, SupportsMatchesBehaviour) {
 }
 
 // supports_head_dim() agrees with behaviour: the five attention and RoPE ops
-// run at every head size it says yes to and throw Unsupported at the others
-// (CpuBackend: every size; CudaBackend: attention 64 / 128 / 256, RoPE up to
-// 512); every other op answers supports(op) at any size.
+// run at every head size it says yes to, giving CpuBackend's values (random
+// inputs: a kernel instance that indexes wrongly shows), and throw
+// Unsupported at the others (CpuBackend: every size; CudaBackend: attention
+// 64 / 128 / 256, RoPE up to 512); every other op answers supports(op) at any
+// size.
 TEST_P(ApiOnBackend, SupportsHeadDimMatchesBehaviour) {
+  FERRUM_SEEDED_RNG(rng);
   Backend& be = backend();
-  auto expect_runs_as_said = [&](Op op, std::size_t hd, const std::function<void()>& call) {
+  CpuBackend cpu;  // the oracle (the Cpu instance compares CpuBackend with itself)
+  using Outputs = std::vector<std::vector<float>>;
+  // run_on(b): the op on backend b from the host inputs, its outputs downloaded.
+  auto expect_runs_as_said = [&](Op op, std::size_t hd, const std::function<Outputs(Backend&)>& run_on) {
     SCOPED_TRACE(cat(to_string(op), " head_dim=", hd));
     if (be.supports_head_dim(op, hd)) {
-      EXPECT_NO_THROW({
-        call();
-        be.synchronize();
-      });
+      Outputs got;
+      EXPECT_NO_THROW(got = run_on(be));
+      const Outputs want = run_on(cpu);
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        // Attention is a convex combination of v, RoPE rows are O(1): op_scale::kUnit.
+        EXPECT_TRUE(all_close(got[i], want[i], DType::F16)) << "output " << i;
+      }
     } else {
-      expect_error(ErrorCode::Unsupported, to_string(op), call, "head_dim");
+      expect_error(ErrorCode::Unsupported, to_string(op), [&] { run_on(be); }, "head_dim");
     }
   };
+  auto up = [](Backend& b, const HostTensor& t) { return b.upload(t.values, t.dtype); };
   for (std::size_t hd : {8, 16, 48, 64, 96, 128, 256, 384, 512, 640}) {
     const std::size_t heads = 2, kv_heads = 1, kv_len = 3, max_pos = 4;
-    auto zeros_of = [&](std::size_t n, DType dt) { return be.upload(std::vector<float>(n, 0.0f), dt); };
-    const Buffer q = zeros_of(heads * hd, DType::F16);
-    const Buffer k = zeros_of(kv_heads * kv_len * hd, DType::F16);
-    const Buffer v = zeros_of(kv_heads * kv_len * hd, DType::F16);
-    Buffer out = zeros_of(heads * hd, DType::F16);
+    const std::size_t q_size = heads * hd, cache_size = kv_heads * kv_len * hd;
+    const HostTensor q = random_normal(rng, DType::F16, q_size);
+    const HostTensor k = random_normal(rng, DType::F16, cache_size);
+    const HostTensor v = random_normal(rng, DType::F16, cache_size);
+    // Random tables, not rotations: every pair's partner and table entry shows.
+    const HostTensor cos = random_uniform(rng, DType::F32, max_pos * hd / 2);
+    const HostTensor sin = random_uniform(rng, DType::F32, max_pos * hd / 2);
+    const HostTensor norm_w = random_uniform(rng, DType::F16, hd, 0.5f, 1.5f);
+    const HostTensor qkv = random_normal(rng, DType::F16, (heads + 2 * kv_heads) * hd);
+
     const AttnConfig cfg{.num_heads = heads, .num_kv_heads = kv_heads, .head_dim = hd, .causal = true};
-    expect_runs_as_said(Op::FlashAttention, hd, [&] { be.flash_attention(q, k, v, out, 1, 1, kv_len, kv_len - 1, cfg); });
-    const Buffer cos = zeros_of(max_pos * hd / 2, DType::F32);
-    const Buffer sin = zeros_of(max_pos * hd / 2, DType::F32);
-    Buffer roped = zeros_of(heads * hd, DType::F16);
-    expect_runs_as_said(Op::QkNormRope, hd, [&] {
-      be.qk_norm_rope(q, nullptr, cos, sin, roped, 1, heads, hd, 0, max_pos, 1e-6f, RopeMode::RopeOnly);
+    expect_runs_as_said(Op::FlashAttention, hd, [&](Backend& b) {
+      const Buffer bq = up(b, q), bk = up(b, k), bv = up(b, v);
+      Buffer out = b.alloc(DType::F16, q_size);
+      b.flash_attention(bq, bk, bv, out, 1, 1, kv_len, kv_len - 1, cfg);
+      b.synchronize();
+      return Outputs{b.download(out)};
+    });
+    expect_runs_as_said(Op::QkNormRope, hd, [&](Backend& b) {
+      const Buffer bq = up(b, q), w = up(b, norm_w), bcos = up(b, cos), bsin = up(b, sin);
+      Buffer out = b.alloc(DType::F16, q_size);
+      b.qk_norm_rope(bq, &w, bcos, bsin, out, 1, heads, hd, 2, max_pos, 1e-6f, RopeMode::NormAndRope);
+      b.synchronize();
+      return Outputs{b.download(out)};
     });
     // One sequence of the ragged forms (batch 1, cache capacity kv_len).
-    const Buffer kv_lens = be.upload(std::vector<float>{static_cast<float>(kv_len)}, DType::I32);
     const AttnConfig ragged{.num_heads = heads, .num_kv_heads = kv_heads, .head_dim = hd, .kv_seq_stride = kv_len};
-    expect_runs_as_said(Op::FlashDecodeRagged, hd, [&] { be.flash_decode_ragged(q, k, v, out, kv_lens, 1, ragged); });
-    const QkvRopeAppendConfig append{
-        .heads = heads, .kv_heads = kv_heads, .head_dim = hd, .capacity = kv_len, .max_pos = max_pos};
-    const Buffer qkv = zeros_of((heads + 2 * kv_heads) * hd, DType::F16);
-    Buffer k_cache = zeros_of(kv_heads * kv_len * hd, DType::F16);
-    Buffer v_cache = zeros_of(kv_heads * kv_len * hd, DType::F16);
-    expect_runs_as_said(Op::QkvRopeAppend, hd, [&] {
-      be.qkv_rope_append(qkv, nullptr, nullptr, cos, sin, roped, k_cache, v_cache, 1, 0, append);
+    expect_runs_as_said(Op::FlashDecodeRagged, hd, [&](Backend& b) {
+      const Buffer bq = up(b, q), bk = up(b, k), bv = up(b, v);
+      const Buffer kv_lens = b.upload(std::vector<float>{static_cast<float>(kv_len)}, DType::I32);
+      Buffer out = b.alloc(DType::F16, q_size);
+      b.flash_decode_ragged(bq, bk, bv, out, kv_lens, 1, ragged);
+      b.synchronize();
+      return Outputs{b.download(out)};
     });
-    const Buffer positions = be.upload(std::vector<float>{1.0f}, DType::I32);
-    expect_runs_as_said(Op::QkvRopeAppendRagged, hd, [&] {
-      be.qkv_rope_append_ragged(qkv, nullptr, nullptr, cos, sin, roped, k_cache, v_cache, positions, 1, append);
-    });
+    // The appends: q_out and both caches (initially k and v: the rows the
+    // append must keep), at position 1 / 2 of the 3.
+    auto run_append = [&](Backend& b, bool ragged_form) {
+      const Buffer bqkv = up(b, qkv), w = up(b, norm_w), bcos = up(b, cos), bsin = up(b, sin);
+      Buffer q_out = b.alloc(DType::F16, q_size), k_cache = up(b, k), v_cache = up(b, v);
+      if (ragged_form) {
+        const QkvRopeAppendConfig append{.heads = heads, .kv_heads = kv_heads, .head_dim = hd, .capacity = kv_len,
+                                         .max_pos = max_pos, .mode = RopeMode::NormAndRope};
+        const Buffer positions = b.upload(std::vector<float>{2.0f}, DType::I32);
+        b.qkv_rope_append_ragged(bqkv, &w, &w, bcos, bsin, q_out, k_cache, v_cache, positions, 1, append);
+      } else {
+        const QkvRopeAppendConfig append{
+            .heads = heads, .kv_heads = kv_heads, .head_dim = hd, .capacity = kv_len, .max_pos = max_pos};
+        b.qkv_rope_append(bqkv, nullptr, nullptr, bcos, bsin, q_out, k_cache, v_cache, 1, 1, append);
+      }
+      b.synchronize();
+      return Outputs{b.download(q_out), b.download(k_cache), b.download(v_cache)};
+    };
+    expect_runs_as_said(Op::QkvRopeAppend, hd, [&](Backend& b) { return run_append(b, false); });
+    expect_runs_as_said(Op::QkvRopeAppendRagged, hd, [&](Backend& b) { return run_append(b, true); });
   }
   const std::set<Op> head_dim_ops = {Op::FlashAttention, Op::FlashDecodeRagged, Op::QkNormRope, Op::QkvRopeAppend,
                                      Op::QkvRopeAppendRagged};
@@ -302,6 +378,16 @@ TEST_P(ApiOnBackend, SupportsHeadDimMatchesBehaviour) {
     } else if (!be.supports(op)) {
       EXPECT_FALSE(be.supports_head_dim(op, 128)) << to_string(op);
     }
+  }
+}
+
+// A value outside the Op enum is no op on either backend (CudaBackend once
+// answered true through its switch's default).
+TEST_P(ApiOnBackend, ValuesOutsideTheOpEnumAreNotSupported) {
+  for (const int o : {-1, kNumOps, kNumOps + 3}) {
+    const Op op = static_cast<Op>(o);
+    EXPECT_FALSE(backend().supports(op)) << o;
+    EXPECT_FALSE(backend().supports_head_dim(op, 128)) << o;
   }
 }
 

@@ -115,7 +115,8 @@ TEST_P(BadInput, MixedHalfDTypes) {
     for (const BufferArg& b : spec.buffers) {
       if (b.dtype != DType::F16 || half_buffers < 2) continue;
       SCOPED_TRACE(cat(spec.name, " '", b.name, "' as bf16"));
-      expect_call_error(spec.op, ErrorCode::DTypeMismatch, "",
+      // The mismatch involves the one bf16 argument, so the message names it.
+      expect_call_error(spec.op, ErrorCode::DTypeMismatch, cat("'", b.name, "'"),
                         [&](OpArgs& a) { a.buffers[b.name] = zeros(backend(), DType::BF16, b.numel); });
     }
   }
@@ -212,10 +213,12 @@ TEST_P(BadInput, QkNormRopeDomain) {
 
 TEST_P(BadInput, QkNormRopePositionsPastTable) {
   // The table has 6 positions; 3 tokens fit at offsets 0..3.
-  expect_call_error(Op::QkNormRope, ErrorCode::CapacityExceeded, "qk_norm_rope", [](OpArgs& a) { a.pos_offset = 4; });
-  expect_call_error(Op::QkNormRope, ErrorCode::CapacityExceeded, "qk_norm_rope",
+  expect_call_error(Op::QkNormRope, ErrorCode::CapacityExceeded, "'pos_offset' = 4, 'tokens' = 3",
+                    [](OpArgs& a) { a.pos_offset = 4; });
+  expect_call_error(Op::QkNormRope, ErrorCode::CapacityExceeded,
+                    cat("'pos_offset' = ", std::numeric_limits<std::size_t>::max() - 1),
                     [](OpArgs& a) { a.pos_offset = std::numeric_limits<std::size_t>::max() - 1; });
-  expect_call_error(Op::QkNormRope, ErrorCode::CapacityExceeded, "qk_norm_rope", [&](OpArgs& a) {
+  expect_call_error(Op::QkNormRope, ErrorCode::CapacityExceeded, "'tokens' = 7", [&](OpArgs& a) {
     a.sizes["tokens"] = 7;  // more tokens than the table has positions (buffers sized to match)
     a.buffers["input"] = zeros(backend(), DType::F16, 7 * 2 * 8);
     a.buffers["output"] = zeros(backend(), DType::F16, 7 * 2 * 8);
@@ -230,11 +233,12 @@ TEST_P(BadInput, QkNormRopePositionsPastTable) {
 
 TEST_P(BadInput, KvAppendPastCapacity) {
   // Capacity 5, 2 new tokens: cache_len 0..3 fit.
-  expect_call_error(Op::KvCacheAppendHeadMajor, ErrorCode::CapacityExceeded, "kv_cache_append_head_major",
-                    [](OpArgs& a) { a.cache_len = 4; });
-  expect_call_error(Op::KvCacheAppendHeadMajor, ErrorCode::CapacityExceeded, "kv_cache_append_head_major",
+  expect_call_error(Op::KvCacheAppendHeadMajor, ErrorCode::CapacityExceeded,
+                    "'cache_len' = 4 + 'new_tokens' = 2 exceeds 'capacity' = 5", [](OpArgs& a) { a.cache_len = 4; });
+  expect_call_error(Op::KvCacheAppendHeadMajor, ErrorCode::CapacityExceeded,
+                    cat("'cache_len' = ", std::numeric_limits<std::size_t>::max()),
                     [](OpArgs& a) { a.cache_len = std::numeric_limits<std::size_t>::max(); });
-  expect_call_error(Op::KvCacheAppendHeadMajor, ErrorCode::CapacityExceeded, "kv_cache_append_head_major",
+  expect_call_error(Op::KvCacheAppendHeadMajor, ErrorCode::CapacityExceeded, "'new_tokens' = 6",
                     [&](OpArgs& a) {
                       a.sizes["new_tokens"] = 6;  // more than the whole capacity
                       a.buffers["new_k"] = zeros(backend(), DType::F16, 2 * 6 * 4);
@@ -315,7 +319,7 @@ TEST_P(BadInput, FlashAttentionDomain) {
                       [&](OpArgs& a) { a.scale = scale; });
   }
   // Causal queries at positions [2, 4) need keys up to 3, but kv_len is 3.
-  expect_call_error(Op::FlashAttention, ErrorCode::InvalidArgument, "flash_attention",
+  expect_call_error(Op::FlashAttention, ErrorCode::InvalidArgument, "'pos_offset' = 2, 'q_len' = 2",
                     [](OpArgs& a) { a.pos_offset = 2; });
   // Size products that overflow 64 bits, each size within 32 bits.
   expect_call_error(Op::FlashAttention, ErrorCode::InvalidArgument, "overflow", [](OpArgs& a) {

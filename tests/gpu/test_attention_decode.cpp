@@ -581,5 +581,54 @@ TEST_F(CudaDecodeCheck, SplitScratchPastTheWorkspaceIsCapacityExceeded) {
   EXPECT_TRUE(run(be, make_ragged_decode_case(rng, DType::F16, attn_config(8, 2, 128, 700), {5, 700})).guards_ok());
 }
 
+// The attention kernels read device memory (cp.async, bulk and tensor-map
+// copies): host memory (alloc_host, or wrapped page-locked memory) in any
+// operand, kv_lens included, is a named InvalidArgument, eagerly and during
+// a capture (which it ends); nothing is launched.
+TEST_F(CudaDecodeCheck, HostMemoryOperandsAreRefusedByName) {
+  Backend& be = cuda();
+  constexpr std::size_t kHeads = 8, kKvHeads = 2, kHd = 64, kStride = 16;
+  const AttnConfig cfg = attn_config(kHeads, kKvHeads, kHd, kStride);
+  const std::size_t q_n = 2 * kHeads * kHd, kv_n = 2 * kKvHeads * kStride * kHd;
+  Buffer q = be.alloc(DType::F16, q_n), out = be.alloc(DType::F16, q_n);
+  Buffer k = be.alloc(DType::F16, kv_n), v = be.alloc(DType::F16, kv_n);
+  const Buffer kv_lens = be.upload(std::vector<float>{3.0f, 16.0f}, DType::I32);
+  Buffer host_q = be.alloc_host(DType::F16, q_n), host_v = be.alloc_host(DType::F16, kv_n);
+  Buffer host_out = be.alloc_host(DType::F16, q_n), host_lens = be.alloc_host(DType::I32, 2);
+  static_cast<std::int32_t*>(host_lens.data())[0] = 3;
+  static_cast<std::int32_t*>(host_lens.data())[1] = 16;
+  ASSERT_TRUE(host_q.host_memory());
+  ASSERT_FALSE(q.host_memory());
+  // Page-locked memory the engine allocated itself, wrapped.
+  void* pinned = nullptr;
+  ASSERT_EQ(cudaHostAlloc(&pinned, kv_n * 2, cudaHostAllocPortable), cudaSuccess);
+  {
+    Buffer wrapped_k = Buffer::wrap(be, pinned, DType::F16, kv_n);
+    EXPECT_TRUE(wrapped_k.host_memory());
+    EXPECT_FALSE(Buffer::wrap(be, k.data(), DType::F16, kv_n).host_memory());
+    for (const bool capture : {false, true}) {
+      SCOPED_TRACE(capture ? "during a capture" : "eager");
+      auto refused = [&](const char* op, const char* arg, const std::function<void()>& call) {
+        SCOPED_TRACE(arg);
+        if (capture) be.begin_graph_capture();
+        expect_error(ErrorCode::InvalidArgument, op, call, cat("argument '", arg, "'"));
+        EXPECT_FALSE(be.is_capturing()) << op << ": the refusal must end the capture";
+        EXPECT_FALSE(be.replay_last_graph()) << op << ": no graph may be kept";
+      };
+      // Decode (q_len 1) and prefill (q_len 2: wgmma's tensor maps on sm_90a).
+      refused("flash_attention", "q", [&] { be.flash_attention(host_q, k, v, out, 2, 1, 16, 15, cfg); });
+      refused("flash_attention", "k", [&] { be.flash_attention(q, wrapped_k, v, out, 2, 1, 16, 15, cfg); });
+      refused("flash_attention", "v", [&] { be.flash_attention(q, k, host_v, out, 1, 2, 16, 14, cfg); });
+      refused("flash_attention", "out", [&] { be.flash_attention(q, k, v, host_out, 1, 2, 16, 14, cfg); });
+      refused("flash_decode_ragged", "q", [&] { be.flash_decode_ragged(host_q, k, v, out, kv_lens, 2, cfg); });
+      refused("flash_decode_ragged", "kv_lens", [&] { be.flash_decode_ragged(q, k, v, out, host_lens, 2, cfg); });
+    }
+  }
+  be.synchronize();  // nothing was launched
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+  FERRUM_SEEDED_RNG(rng);
+  EXPECT_TRUE(run(be, make_ragged_decode_case(rng, DType::F16, attn_config(8, 2, 128, 700), {5, 700})).guards_ok());
+}
+
 }  // namespace
 }  // namespace ferrum::test

@@ -123,7 +123,7 @@ std::vector<OpSpec> build_specs() {
                                   a.size("k"));
                }});
   s.push_back({Op::EmbeddingLookup, "embedding_lookup",
-               {{"table", kH, kVocab * kDim, kDim - 1, kBad},
+               {{"table", kH, kVocab * kDim, kVocab * kDim - 1, kBad},
                 {"ids", DType::I32, kTokens, kTokens - 1, DType::F32},
                 output(act("out", kTokens * kDim))},
                {{"tokens", kTokens}, {"dim", kDim}, {"vocab", kVocab}}, [](Backend& be, OpArgs& a) {
