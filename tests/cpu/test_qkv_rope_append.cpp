@@ -3,10 +3,11 @@
 // (v) → kv_cache_append_head_major. q_out and both caches must be bitwise
 // equal (the same arithmetic row for row), including the cache rows the
 // append must not touch (poisoned first). Runs on CpuBackend in CI and on
-// CudaBackend where a GPU is present (skipped otherwise): head_dim 128 and
-// 64 take the CUDA vector path, head_dim 6 and misaligned views the general
-// path; RopeOnly and NormAndRope; 1, 3 and 17 tokens at an offset;
-// and a device-state step (tokens = 1, the position from the decode state).
+// CudaBackend where a GPU is present (skipped otherwise): head_dim 64, 128,
+// 256 and 512 take the CUDA vector path, head_dim 6 and misaligned views the
+// general path; RopeOnly and NormAndRope; 1, 2, 3 and 17 tokens at an
+// offset; and a device-state step (tokens = 1, the position from the decode
+// state).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -110,6 +111,15 @@ TEST_P(QkvRopeAppend, BitwiseEqualsTheOpsItReplaces) {
       {17, 4, 1, 64, 11, RopeMode::RopeOnly, 0},
       {3, 2, 1, 6, 2, RopeMode::NormAndRope, 0},     // head_dim 6: the general path
       {3, 4, 2, 128, 1, RopeMode::NormAndRope, 1},   // misaligned qkv: the general path
+      // The largest head sizes: CUDA's vector path with 16 / 32 lanes per row
+      // (two rows / one row per warp) and its general path with 4 / 8 pairs
+      // per lane.
+      {3, 8, 2, 256, 9, RopeMode::NormAndRope, 0},
+      {2, 4, 4, 256, 38, RopeMode::RopeOnly, 0},
+      {3, 4, 2, 256, 20, RopeMode::RopeOnly, 1},
+      {2, 4, 2, 512, 3, RopeMode::RopeOnly, 0},
+      {1, 8, 2, 512, 39, RopeMode::NormAndRope, 0},
+      {3, 2, 1, 512, 14, RopeMode::NormAndRope, 1},
   };
   for (DType dt : kHalfDTypes) {
     for (const Case& c : cases) run(c, dt, rng, /*device_state=*/false);
@@ -173,6 +183,13 @@ TEST_P(QkvRopeAppendRagged, BitwiseEqualsOneAppendPerSequence) {
     run(4, 1, 64, RopeMode::RopeOnly, 0, {3, 3, 12}, dt, rng);              // two sequences at one position
     run(2, 1, 6, RopeMode::NormAndRope, 0, {1, 30, 2, 9, 0}, dt, rng);      // head_dim 6: the general path
     run(4, 2, 128, RopeMode::NormAndRope, 1, {20, 4, 11}, dt, rng);         // misaligned: the general path
+    // The largest head sizes, as in BitwiseEqualsTheOpsItReplaces.
+    run(8, 2, 256, RopeMode::NormAndRope, 0, {5, 0, 39}, dt, rng);
+    run(4, 4, 256, RopeMode::RopeOnly, 0, {12, 30}, dt, rng);
+    run(4, 1, 256, RopeMode::RopeOnly, 1, {3, 38, 3}, dt, rng);
+    run(4, 2, 512, RopeMode::RopeOnly, 0, {39, 1, 22}, dt, rng);
+    run(2, 1, 512, RopeMode::NormAndRope, 0, {7, 7}, dt, rng);
+    run(2, 2, 512, RopeMode::NormAndRope, 1, {0, 33}, dt, rng);
   }
 }
 
@@ -220,7 +237,9 @@ void expect_positions_refused(bool ragged, std::size_t capacity, std::size_t tab
   for (std::int32_t bad : {static_cast<std::int32_t>(table_rows), static_cast<std::int32_t>(capacity), 1000, -1}) {
     if (bad < 0 && !ragged) continue;
     SCOPED_TRACE(cat("position ", bad));
-    expect_error(ErrorCode::CapacityExceeded, ragged ? "positions[1]" : "decode-state position", [&] { step_at(bad); });
+    // The op, and the argument with the value it was given.
+    expect_error(ErrorCode::CapacityExceeded, ragged ? "qkv_rope_append_ragged" : "qkv_rope_append",
+                 [&] { step_at(bad); }, cat(ragged ? "positions[1]" : "decode-state position", " = ", bad));
     EXPECT_EQ(cpu.download(q_out, q_len), q_before);
     EXPECT_EQ(cpu.download(k_cache, cache_len), k_before);
     EXPECT_EQ(cpu.download(v_cache, cache_len), v_before);

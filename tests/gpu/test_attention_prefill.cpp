@@ -16,7 +16,8 @@
 //     4 * SMs. Both must give the same bits.
 // CudaPrefillWgmma.RunsWhereItShould checks that the wgmma kernel is what
 // Auto runs where it should (else the sweep would test the mma.sync kernel
-// twice).
+// twice), and MmaSyncBackendRunsTheOtherKernel that the mma_sync backend
+// then does not run it (else the sweep would test wgmma twice).
 //
 // Sweep (small grids: mostly the 64-row shapes): q_len {2, 7, 17, 64, 127, 129,
 // 257, 1000} (below, at and across the 64- and 128-row query tiles and the
@@ -31,8 +32,9 @@
 //
 // LargeGrid: batch 8 x 64 heads, so even at 2 query tiles the grid has 1024
 // blocks of 128 rows: the mma.sync kernel's 128-row shape on any device up
-// to 256 SMs. q_len leaves the last block partly or almost wholly empty
-// (129: one row).
+// to 256 SMs (head_dim 64 / 128; one causal head_dim 256 row with a custom
+// scale on its 64-row shape). q_len leaves the last block partly or almost
+// wholly empty (129: one row).
 //
 // Cache rows past kv_len hold NaN (make_flash_case), so a read past kv_len
 // shows up as NaN. Plus determinism (repeated runs are bitwise equal) and
@@ -95,7 +97,9 @@ std::vector<PrefillSpec> prefill_specs() {
         cfg.num_kv_heads = nkv;
         cfg.head_dim = kHeadDims[hi];
         cfg.causal = ci == 0;
-        cfg.scale = specs.size() % 4 == 3 ? 0.3f : 0.0f;  // 0: 1/sqrt(head_dim)
+        // Chosen per (q_len, head_dim), so it comes with both causal values:
+        // every head_dim meets a custom scale at two q_lens, causal and not.
+        cfg.scale = (qi * std::size(kHeadDims) + hi) % 4 == 3 ? 0.3f : 0.0f;  // 0: 1/sqrt(head_dim)
         std::size_t pos = 0, kv_len = q_len;
         switch (place) {
           case Placement::FromEmpty:
@@ -164,19 +168,21 @@ std::vector<PrefillSpec> large_grid_specs() {
   struct Row {
     std::size_t hd, nkv;
     bool causal;
+    float scale;  // 0: 1/sqrt(head_dim)
     std::size_t q_len;
     Placement place;
     std::size_t cached;
   };
   constexpr Row kRows[] = {
-      {128, 8, true, 129, Placement::FromEmpty, 0},    // last block: 1 row
-      {128, 16, true, 300, Placement::Chunk, 77},      // last block: 44 rows (warps 2, 3 idle)
-      {128, 64, true, 200, Placement::Inside, 500},    // a prefix of a longer cache
-      {128, 8, false, 257, Placement::Chunk, 64},      // chunk on a tile boundary
-      {128, 16, false, 180, Placement::Inside, 91},
-      {64, 64, true, 250, Placement::Chunk, 129},
-      {64, 8, false, 129, Placement::FromEmpty, 0},
-      {64, 16, true, 300, Placement::Inside, 37},
+      {128, 8, true, 0.0f, 129, Placement::FromEmpty, 0},    // last block: 1 row
+      {128, 16, true, 0.0f, 300, Placement::Chunk, 77},      // last block: 44 rows (warps 2, 3 idle)
+      {128, 64, true, 0.3f, 200, Placement::Inside, 500},    // a prefix of a longer cache
+      {128, 8, false, 0.0f, 257, Placement::Chunk, 64},      // chunk on a tile boundary
+      {128, 16, false, 0.0f, 180, Placement::Inside, 91},
+      {64, 64, true, 0.3f, 250, Placement::Chunk, 129},
+      {64, 8, false, 0.0f, 129, Placement::FromEmpty, 0},
+      {64, 16, true, 0.0f, 300, Placement::Inside, 37},
+      {256, 16, true, 0.3f, 150, Placement::Chunk, 77},      // head_dim 256: the mma.sync kernel's only (64-row) shape
   };
   std::vector<PrefillSpec> specs;
   for (const Row& r : kRows) {
@@ -185,7 +191,7 @@ std::vector<PrefillSpec> large_grid_specs() {
     cfg.num_kv_heads = r.nkv;
     cfg.head_dim = r.hd;
     cfg.causal = r.causal;
-    cfg.scale = specs.size() % 3 == 2 ? 0.3f : 0.0f;  // 0: 1/sqrt(head_dim)
+    cfg.scale = r.scale;
     std::size_t pos = 0, kv_len = r.q_len;
     switch (r.place) {
       case Placement::FromEmpty:
@@ -393,6 +399,37 @@ TEST_F(CudaPrefillWgmma, RunsWhereItShould) {
       ASSERT_EQ(got[i], 0u) << "byte " << i << ", producer warp " << producer_warp;
     }
   }
+}
+
+// Where Auto runs the wgmma kernel, the sweep's "mma_sync" backend must run
+// the other kernel: were PrefillKernel::MmaSync lost on the way to the
+// launch, both backends would run wgmma, every prefill test would still
+// pass and the mma.sync kernel at head_dim 64 / 128 would go untested. The
+// kernels sum their k16 steps in different orders, so on random data some
+// element of the sweep's head_dim 64 / 128 cases differs (stops at the
+// first).
+TEST_F(CudaPrefillWgmma, MmaSyncBackendRunsTheOtherKernel) {
+  cuda();  // device 0 current
+  if (const std::string why = why_not_here(); !why.empty()) GTEST_SKIP() << why;
+  ASSERT_TRUE(cuda().supports(Op::FlashAttention));
+  FERRUM_SEEDED_RNG(rng);
+  const std::unique_ptr<Backend> mma_sync = make_mma_sync_backend();
+  bool differs = false;
+  for (DType dt : kHalfDTypes) {
+    for (const PrefillSpec& s : prefill_specs()) {
+      if (differs) break;
+      if (s.cfg.head_dim == 256) continue;  // mma.sync on both
+      const FlashCase c = make_flash_case(rng, dt, s.batch, s.q_len, s.kv_len, s.pos_offset, s.cfg);
+      SCOPED_TRACE(describe(c));
+      const OpResult wgmma = run(cuda(), c);
+      const OpResult mma = run(*mma_sync, c);
+      ASSERT_TRUE(wgmma.guards_ok());
+      ASSERT_TRUE(mma.guards_ok());
+      if (!bitwise_equal(wgmma.at("out").bytes, mma.at("out").bytes, size_of(dt))) differs = true;
+    }
+  }
+  EXPECT_TRUE(differs) << "the auto and mma_sync backends gave the same bits on every head_dim 64 / 128 case: "
+                          "the mma_sync backend seems to run the wgmma kernel too";
 }
 
 // Straight through the launcher: blocks of one and of two warpgroups, the

@@ -131,7 +131,8 @@ TEST_P(CudaSmallNorms, EpsMatters) {
     expect_cuda_matches_cpu(cuda(), cpu(), make_layer_norm_case(rng, dt, tokens, dim, kSmallAmplitude, kSmallEps),
                             Match::Close, kAlignedAndNot);
   }
-  for (std::size_t hd : {64, 128, 256}) {
+  // Each group size of the 16-byte path sums the norm its own way.
+  for (std::size_t hd : {16, 64, 128, 256, 512}) {
     expect_cuda_matches_cpu(cuda(), cpu(),
                             make_qk_norm_rope_case(rng, dt, 7, 7, hd, 3, RopeMode::NormAndRope, kRopeTheta10k, 0,
                                                    kSmallAmplitude, kSmallEps),

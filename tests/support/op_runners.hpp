@@ -287,7 +287,8 @@ struct RopeSpec {
   RopeMode mode;
   double theta;
 };
-// tokens {1, 7, 83, 4096} x head_dim {64, 128, 256} x both modes, both thetas.
+// tokens {1, 7, 83, 4096} x head_dim {16, 64, 128, 256, 512} x both modes,
+// both thetas (head_dim 512 not at 4096 tokens).
 std::vector<RopeSpec> rope_specs();
 
 struct KvAppendSpec {
@@ -300,7 +301,9 @@ struct FlashSpec {
   AttnConfig cfg;
 };
 // kv_len {1, 7, 129} x GQA ratio {1, 4, 8} x causal / not x {decode query,
-// full prefill, queries at pos_offset > 0}, kv_seq_stride > kv_len in most.
+// full prefill, queries at pos_offset > 0}, kv_seq_stride > kv_len in most;
+// head_dim 64 / 128 and the default / a custom scale vary independently of
+// causal.
 std::vector<FlashSpec> flash_specs();
 
 // Ragged decode batches: kv lengths 1, 7, 129, 1000 and across several
