@@ -29,6 +29,42 @@ double max_diff(const std::vector<float>& a, const std::vector<double>& b) {
   return m;
 }
 
+double logit_bound(const std::vector<double>& want, std::size_t i, DType dtype) {
+  const test::Tolerance tol = test::engine_logit_tolerance(dtype);
+  return tol.atol * test::op_scale::logits(want) + tol.rtol * std::fabs(want[i]);
+}
+
+LogitCheck check_logits(const std::vector<float>& got, const std::vector<double>& want, DType dtype) {
+  EXPECT_EQ(got.size(), want.size());
+  const test::Tolerance tol = test::engine_logit_tolerance(dtype);
+  const double scale = test::op_scale::logits(want);
+  LogitCheck check;
+  for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    const double diff = std::fabs(static_cast<double>(got[i]) - want[i]);
+    const double ratio = std::isnan(diff) ? INFINITY : diff / (tol.atol * scale + tol.rtol * std::fabs(want[i]));
+    if (!(ratio <= 1.0)) ++check.outside;
+    if (!(ratio <= check.worst)) {
+      check.worst = ratio;
+      check.worst_index = i;
+    }
+  }
+  return check;
+}
+
+LogitCheck expect_logits_near(const std::vector<float>& got, const std::vector<double>& want, DType dtype,
+                              const std::string& where) {
+  const LogitCheck check = check_logits(got, want, dtype);
+  if (check.outside > 0) {
+    const std::size_t i = check.worst_index;
+    ADD_FAILURE() << where << ": " << check.outside << " of " << want.size() << " logits outside the "
+                  << ferrum::to_string(dtype) << " engine tolerance; worst at index " << i << ": got " << got[i]
+                  << ", want " << want[i] << ", |diff| " << std::fabs(static_cast<double>(got[i]) - want[i])
+                  << " > bound " << logit_bound(want, i, dtype) << " (rms of want " << test::op_scale::logits(want)
+                  << ")";
+  }
+  return check;
+}
+
 std::filesystem::path scratch_dir() {
   const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
   const std::filesystem::path dir =

@@ -14,6 +14,8 @@
 
 #include <ferrum/ferrum.hpp>
 
+#include "support/tolerance.hpp"
+
 #include "model_config.hpp"
 #include "safetensors.hpp"
 #include "tensor_source.hpp"
@@ -21,12 +23,23 @@
 
 namespace ferrum::engine::testing {
 
-// f16 activations, 2 layers, logits of O(1): each op rounds to f16 (relative
-// 2^-11), so the engine's logits sit within a few 1e-3 of the fp64 model.
-// Tolerance: |engine - reference| <= 0.02 · max(1, max |reference|). GPTQ
-// models use the same bound: the reference runs on the exactly dequantized
-// weights, so quantization adds no error of its own to the comparison.
-inline constexpr double kLogitTolerance = 0.02;
+// Logits against the fp64 model: every element within
+// test::engine_logit_tolerance(dtype) (tests/support/tolerance.hpp, where
+// its size is measured and argued) at scale test::op_scale::logits(want).
+// GPTQ models use the same entry: the reference runs on the exactly
+// dequantized weights, so quantization adds no error of its own.
+struct LogitCheck {
+  double worst = 0.0;         // max over elements of |got - want| / bound (<= 1 passes)
+  std::size_t worst_index = 0;
+  std::size_t outside = 0;    // elements over their bound (or NaN)
+};
+// Element i's bound: atol · rms(want) + rtol · |want[i]|.
+double logit_bound(const std::vector<double>& want, std::size_t i, DType dtype);
+LogitCheck check_logits(const std::vector<float>& got, const std::vector<double>& want, DType dtype);
+// check_logits, adding a failure that names `where` (a position or step),
+// the worst element (index, got, want, bound) and how many are outside.
+LogitCheck expect_logits_near(const std::vector<float>& got, const std::vector<double>& want, DType dtype,
+                              const std::string& where);
 
 double max_abs(const std::vector<double>& v);
 double max_diff(const std::vector<float>& a, const std::vector<double>& b);
