@@ -7,9 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <random>
 #include <memory>
+#include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ferrum/cpu_backend.hpp"
@@ -42,7 +43,7 @@ std::vector<GptqGemmCase> cases() {
 }
 
 // Random q in [0, 15], zeros in [1, 15] (legal in V1 and V2), scales 2^-e.
-detail::GptqUnpacked random_weight(const GptqGemmCase& c, std::mt19937& rng) {
+detail::GptqUnpacked random_weight(const GptqGemmCase& c, test::Rng& rng) {
   detail::GptqUnpacked w;
   w.k = c.k;
   w.n = c.n;
@@ -51,26 +52,25 @@ detail::GptqUnpacked random_weight(const GptqGemmCase& c, std::mt19937& rng) {
   w.groups = c.k / group_rows;
   std::uniform_int_distribution<int> q(0, 15), zero(1, 15), exp(3, 8);
   w.q.resize(c.k * c.n);
-  for (auto& v : w.q) v = static_cast<std::uint8_t>(q(rng));
+  for (auto& v : w.q) v = static_cast<std::uint8_t>(q(rng.engine()));
   w.zero.resize(w.groups * c.n);
-  for (auto& v : w.zero) v = static_cast<std::uint8_t>(zero(rng));
+  for (auto& v : w.zero) v = static_cast<std::uint8_t>(zero(rng.engine()));
   w.scale.resize(w.groups * c.n);
-  for (auto& v : w.scale) v = std::ldexp(1.0f, -exp(rng));
+  for (auto& v : w.scale) v = std::ldexp(1.0f, -exp(rng.engine()));
   w.g_idx.resize(c.k);
   for (std::size_t r = 0; r < c.k; ++r) w.g_idx[r] = static_cast<std::int32_t>(r / group_rows);
-  if (c.act_order) std::shuffle(w.g_idx.begin(), w.g_idx.end(), rng);  // desc_act: groups in any row order
+  if (c.act_order) std::shuffle(w.g_idx.begin(), w.g_idx.end(), rng.engine());  // desc_act: groups in any row order
   return w;
 }
 
 TEST(CpuGptq, GemmIsExactOnIntegerActivations) {
-  const unsigned seed = std::random_device{}();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  std::mt19937 rng(seed);
+  FERRUM_SEEDED_RNG(rng);
   CpuBackend cpu;
   for (const GptqGemmCase& c : cases()) {
-    SCOPED_TRACE(::testing::Message() << "m " << c.m << " k " << c.k << " n " << c.n << " group " << c.group_size
-                                      << (c.act_order ? " act-order" : "")
-                                      << (c.format == GptqZeroFormat::V1 ? " v1" : " v2"));
+    const std::string case_name = test::cat("m ", c.m, " k ", c.k, " n ", c.n, " group ", c.group_size,
+                                            c.act_order ? " act-order" : "",
+                                            c.format == GptqZeroFormat::V1 ? " v1" : " v2");
+    SCOPED_TRACE(case_name);
     const detail::GptqUnpacked w = random_weight(c, rng);
     const detail::GptqPacked packed = detail::pack_gptq(w, c.format);
     std::unique_ptr<QuantWeight> loaded = cpu.load_gptq(packed.host_tensors());
@@ -79,7 +79,7 @@ TEST(CpuGptq, GemmIsExactOnIntegerActivations) {
 
     std::uniform_int_distribution<int> act(-4, 4);
     std::vector<float> a(c.m * c.k);
-    for (auto& v : a) v = static_cast<float>(act(rng));
+    for (auto& v : a) v = static_cast<float>(act(rng.engine()));
     // Exact reference from the unpacked values: sum_k a[i][r] (q - zero) scale.
     std::vector<double> ref(c.m * c.n, 0.0);
     for (std::size_t i = 0; i < c.m; ++i) {
@@ -94,13 +94,15 @@ TEST(CpuGptq, GemmIsExactOnIntegerActivations) {
     for (DType dt : {DType::F16, DType::BF16}) {
       Buffer a_buf = cpu.upload(a, dt);
       for (bool via_quant : {false, true}) {
-        Buffer out = cpu.upload(std::vector<float>(c.m * c.n, NAN), dt);  // poisoned
+        const char* op = via_quant ? "gemm_quant" : "gemm_gptq";
+        test::GuardedOutput out(cpu, dt, c.m * c.n);  // poisoned
         if (via_quant) {
-          cpu.gemm_quant(a_buf, *loaded, out, c.m);
+          cpu.gemm_quant(a_buf, *loaded, out.view(), c.m);
         } else {
-          cpu.gemm_gptq(a_buf, *loaded, out, c.m);
+          cpu.gemm_gptq(a_buf, *loaded, out.view(), c.m);
         }
-        const std::vector<float> got = cpu.download(out);
+        EXPECT_TRUE(out.check_guard(op, "out", test::cat(case_name, " ", to_string(dt))));
+        const std::vector<float> got = out.values();
         std::size_t mismatches = 0;
         for (std::size_t e = 0; e < ref.size(); ++e) {
           const float exact = static_cast<float>(ref[e]);  // exact: a short sum of dyadic terms
@@ -109,7 +111,7 @@ TEST(CpuGptq, GemmIsExactOnIntegerActivations) {
             if (mismatches++ < 3) ADD_FAILURE() << "element " << e << ": got " << got[e] << ", want " << want;
           }
         }
-        EXPECT_EQ(mismatches, 0u) << (via_quant ? "gemm_quant" : "gemm_gptq") << " " << to_string(dt);
+        EXPECT_EQ(mismatches, 0u) << op << " " << to_string(dt);
       }
     }
   }
@@ -121,7 +123,7 @@ TEST(CpuGptq, GemmIsExactOnIntegerActivations) {
 // the same rounded values), bit for bit; gate_up is gemm_gptq's. Over
 // m = 1 .. 5, groups of 32 / 128 / the whole k, v1 and v2 zeros.
 TEST(CpuGptq, GemmSiluMulIsGemmThenPairs) {
-  std::mt19937 rng(12);
+  FERRUM_SEEDED_RNG(rng);
   CpuBackend cpu;
   for (const GptqGemmCase& c : {GptqGemmCase{1, 256, 72, 32, false, GptqZeroFormat::V1},
                                 GptqGemmCase{1, 256, 72, 128, true, GptqZeroFormat::V2},
@@ -131,10 +133,11 @@ TEST(CpuGptq, GemmSiluMulIsGemmThenPairs) {
     for (std::size_t m = 1; m <= 5; ++m) {
       std::uniform_real_distribution<float> value(-1.0f, 1.0f);
       std::vector<float> a(m * c.k);
-      for (auto& v : a) v = value(rng);
+      for (auto& v : a) v = value(rng.engine());
       for (DType dt : {DType::F16, DType::BF16}) {
-        SCOPED_TRACE(::testing::Message() << "k " << c.k << " group " << c.group_size << " m " << m << " "
-                                          << to_string(dt));
+        const std::string where = test::cat("m ", m, " k ", c.k, " n ", c.n, " group ", c.group_size, " ",
+                                            to_string(dt));
+        SCOPED_TRACE(where);
         const Buffer a_buf = cpu.upload(a, dt);
         Buffer gate_up_ref = cpu.alloc(dt, m * c.n);
         cpu.gemm_gptq(a_buf, *w, gate_up_ref, m);
@@ -148,11 +151,12 @@ TEST(CpuGptq, GemmSiluMulIsGemmThenPairs) {
         }
         Buffer act_ref = cpu.alloc(dt, m * im);
         cpu.fused_silu_mul_split(cpu.upload(halves, dt), act_ref, m, im);
-        Buffer gate_up = cpu.upload(std::vector<float>(m * c.n, NAN), dt);
-        Buffer act = cpu.upload(std::vector<float>(m * im, NAN), dt);
-        cpu.gemm_silu_mul_gptq(a_buf, *w, gate_up, act, m);
-        EXPECT_EQ(cpu.download(act), cpu.download(act_ref));
-        EXPECT_EQ(cpu.download(gate_up), pairs);
+        test::GuardedOutput gate_up(cpu, dt, m * c.n), act(cpu, dt, m * im);  // poisoned
+        cpu.gemm_silu_mul_gptq(a_buf, *w, gate_up.view(), act.view(), m);
+        EXPECT_TRUE(gate_up.check_guard("gemm_silu_mul_gptq", "gate_up", where));
+        EXPECT_TRUE(act.check_guard("gemm_silu_mul_gptq", "act", where));
+        EXPECT_EQ(act.values(), cpu.download(act_ref));
+        EXPECT_EQ(gate_up.values(), pairs);
       }
     }
   }
@@ -174,19 +178,21 @@ std::vector<float> row_sq_reference(const std::vector<float>& x, std::size_t row
 }
 
 TEST(CpuGptq, RowSumSquaresSumsEachSixteenColumns) {
-  std::mt19937 rng(21);
+  FERRUM_SEEDED_RNG(rng);
   CpuBackend cpu;
   std::normal_distribution<float> value(0.0f, 2.0f);
   for (std::size_t cols : {std::size_t{8}, std::size_t{769}, std::size_t{4096}}) {
     for (std::size_t rows : {std::size_t{1}, std::size_t{7}}) {
       for (DType dt : {DType::F16, DType::BF16}) {
-        SCOPED_TRACE(::testing::Message() << rows << " x " << cols << " " << to_string(dt));
+        const std::string where = test::cat(rows, " x ", cols, " ", to_string(dt));
+        SCOPED_TRACE(where);
         std::vector<float> x(rows * cols);
-        for (auto& v : x) v = value(rng);
+        for (auto& v : x) v = value(rng.engine());
         const Buffer x_buf = cpu.upload(x, dt);
-        Buffer row_sq = cpu.upload(std::vector<float>(rows * row_sq_groups(cols), NAN), DType::F32);
-        cpu.row_sum_squares(x_buf, row_sq, rows, cols);
-        EXPECT_EQ(cpu.download(row_sq), row_sq_reference(cpu.download(x_buf), rows, cols));
+        test::GuardedOutput row_sq(cpu, DType::F32, rows * row_sq_groups(cols));  // poisoned
+        cpu.row_sum_squares(x_buf, row_sq.view(), rows, cols);
+        EXPECT_TRUE(row_sq.check_guard("row_sum_squares", "row_sq", where));
+        EXPECT_EQ(row_sq.values(), row_sq_reference(cpu.download(x_buf), rows, cols));
       }
     }
   }
@@ -196,7 +202,7 @@ TEST(CpuGptq, RowSumSquaresSumsEachSixteenColumns) {
 // and row_sq of the result (its out is a workspace); rms_norm_gemm_gptq (and its SiLU·mul form) =
 // rms_norm from that row_sq, then the GEMM on the normalized rows.
 TEST(CpuGptq, RowSqOpsAreTheirCompositions) {
-  std::mt19937 rng(22);
+  FERRUM_SEEDED_RNG(rng);
   CpuBackend cpu;
   const float eps = 1e-5f;
   for (const GptqGemmCase& c : {GptqGemmCase{1, 256, 72, 128, false, GptqZeroFormat::V1},
@@ -211,46 +217,55 @@ TEST(CpuGptq, RowSqOpsAreTheirCompositions) {
     const std::size_t m = c.m, k = c.k, n = c.n;
     std::normal_distribution<float> value(0.0f, 1.0f);
     std::vector<float> a(m * k), residual(m * n), norm_w(n);
-    for (auto& v : a) v = value(rng);
-    for (auto& v : residual) v = value(rng);
-    for (auto& v : norm_w) v = 1.0f + 0.1f * value(rng);
+    for (auto& v : a) v = value(rng.engine());
+    for (auto& v : residual) v = value(rng.engine());
+    for (auto& v : norm_w) v = 1.0f + 0.1f * value(rng.engine());
     for (DType dt : {DType::F16, DType::BF16}) {
-      SCOPED_TRACE(::testing::Message() << "m " << m << " k " << k << " n " << n << " " << to_string(dt));
+      const std::string where = test::cat("m ", m, " k ", k, " n ", n, " ", to_string(dt));
+      SCOPED_TRACE(where);
       const Buffer a_buf = cpu.upload(a, dt), norm_buf = cpu.upload(norm_w, dt);
       // The compositions.
       Buffer out_ref = cpu.alloc(dt, m * n), residual_ref = cpu.upload(residual, dt), normed_ref = cpu.alloc(dt, m * n);
       cpu.gemm_gptq(a_buf, *w_out, out_ref, m);
       cpu.fused_add_rms_norm(residual_ref, out_ref, norm_buf, eps, normed_ref, m, n);
-      // The ops, on poisoned outputs.
-      Buffer out = cpu.upload(std::vector<float>(m * n, NAN), dt), residual_buf = cpu.upload(residual, dt);
-      Buffer row_sq = cpu.upload(std::vector<float>(m * row_sq_groups(n), NAN), DType::F32);
-      cpu.gemm_gptq_add_residual(a_buf, *w_out, out, residual_buf, row_sq, m);  // out: a workspace
-      EXPECT_EQ(cpu.download(residual_buf), cpu.download(residual_ref));
-      EXPECT_EQ(cpu.download(row_sq), row_sq_reference(cpu.download(residual_ref), m, n));
+      // The ops, on poisoned, guarded outputs (residual: in and out).
+      test::GuardedOutput out(cpu, dt, m * n), residual_buf(cpu, test::make_tensor(dt, residual));
+      test::GuardedOutput row_sq(cpu, DType::F32, m * row_sq_groups(n));
+      cpu.gemm_gptq_add_residual(a_buf, *w_out, out.view(), residual_buf.view(), row_sq.view(), m);  // out: a workspace
+      EXPECT_TRUE(out.check_guard("gemm_gptq_add_residual", "out", where));
+      EXPECT_TRUE(residual_buf.check_guard("gemm_gptq_add_residual", "residual", where));
+      EXPECT_TRUE(row_sq.check_guard("gemm_gptq_add_residual", "row_sq", where));
+      EXPECT_EQ(residual_buf.values(), cpu.download(residual_ref));
+      EXPECT_EQ(row_sq.values(), row_sq_reference(cpu.download(residual_ref), m, n));
 
-      Buffer normed = cpu.upload(std::vector<float>(m * n, NAN), dt), y = cpu.upload(std::vector<float>(m * n, NAN), dt);
-      cpu.rms_norm_gemm_gptq(residual_buf, row_sq, norm_buf, eps, *w_in, normed, y, m);
+      test::GuardedOutput normed(cpu, dt, m * n), y(cpu, dt, m * n);
+      cpu.rms_norm_gemm_gptq(residual_buf.view(), row_sq.view(), norm_buf, eps, *w_in, normed.view(), y.view(), m);
+      EXPECT_TRUE(normed.check_guard("rms_norm_gemm_gptq", "normed", where));
+      EXPECT_TRUE(y.check_guard("rms_norm_gemm_gptq", "out", where));
       // The norm from row_sq differs from rms_norm's only in the f32 group sums.
-      const std::vector<float> normed_f = cpu.download(normed);
+      const std::vector<float> normed_f = normed.values();
       EXPECT_TRUE(test::all_close(normed_f, cpu.download(normed_ref), dt));
       Buffer y_ref = cpu.alloc(dt, m * n);
-      cpu.gemm_gptq(normed, *w_in, y_ref, m);
-      EXPECT_EQ(cpu.download(y), cpu.download(y_ref));
+      cpu.gemm_gptq(normed.view(), *w_in, y_ref, m);
+      EXPECT_EQ(y.values(), cpu.download(y_ref));
 
-      Buffer gate_up = cpu.alloc(dt, m * n), act = cpu.upload(std::vector<float>(m * n / 2, NAN), dt);
-      Buffer normed2 = cpu.alloc(dt, m * n);
-      cpu.rms_norm_gemm_silu_mul_gptq(residual_buf, row_sq, norm_buf, eps, *w_in, normed2, gate_up, act, m);
+      test::GuardedOutput normed2(cpu, dt, m * n), gate_up(cpu, dt, m * n), act(cpu, dt, m * n / 2);
+      cpu.rms_norm_gemm_silu_mul_gptq(residual_buf.view(), row_sq.view(), norm_buf, eps, *w_in, normed2.view(),
+                                      gate_up.view(), act.view(), m);
+      EXPECT_TRUE(normed2.check_guard("rms_norm_gemm_silu_mul_gptq", "normed", where));
+      EXPECT_TRUE(gate_up.check_guard("rms_norm_gemm_silu_mul_gptq", "gate_up", where));
+      EXPECT_TRUE(act.check_guard("rms_norm_gemm_silu_mul_gptq", "act", where));
       Buffer gate_up_ref = cpu.alloc(dt, m * n), act_ref = cpu.alloc(dt, m * n / 2);
-      cpu.gemm_silu_mul_gptq(normed, *w_in, gate_up_ref, act_ref, m);
-      EXPECT_EQ(cpu.download(normed2), normed_f);
-      EXPECT_EQ(cpu.download(act), cpu.download(act_ref));
+      cpu.gemm_silu_mul_gptq(normed.view(), *w_in, gate_up_ref, act_ref, m);
+      EXPECT_EQ(normed2.values(), normed_f);
+      EXPECT_EQ(act.values(), cpu.download(act_ref));
     }
   }
 }
 
 TEST(CpuGptq, WeightFromAnotherBackendIsRefused) {
   CpuBackend a, b;
-  std::mt19937 rng(7);
+  FERRUM_SEEDED_RNG(rng);
   const GptqGemmCase c{2, 64, 16, 32, false, GptqZeroFormat::V1};
   const detail::GptqPacked packed = detail::pack_gptq(random_weight(c, rng), c.format);
   std::unique_ptr<QuantWeight> w = a.load_gptq(packed.host_tensors());

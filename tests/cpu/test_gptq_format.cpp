@@ -33,6 +33,7 @@
 #include "ferrum/backend.hpp"
 #include "ferrum/error.hpp"
 #include "quant/gptq_format.hpp"
+#include "support/test_support.hpp"
 
 namespace ferrum::test {
 namespace {
@@ -57,19 +58,17 @@ int nibble_by_division(std::int32_t word, std::size_t slot) {
   return static_cast<int>(u % 16);
 }
 
-std::int32_t random_word(std::mt19937& rng) {
-  return static_cast<std::int32_t>(std::uniform_int_distribution<std::uint32_t>()(rng));
-}
+std::int32_t random_word(Rng& rng) { return static_cast<std::int32_t>(rng.bits32()); }
 
 // Act-order g_idx as GPTQ's desc_act writes it: every group gets exactly
 // group_size rows, in a random row order (differs from k / group_size).
-std::vector<std::int32_t> act_order_g_idx(std::size_t k, int group_size, std::mt19937& rng) {
+std::vector<std::int32_t> act_order_g_idx(std::size_t k, int group_size, Rng& rng) {
   std::vector<std::int32_t> g(k);
   for (std::size_t row = 0; row < k; ++row) g[row] = default_group(row, group_size);
   if (groups_of(k, group_size) < 2) return g;  // one group: no order to permute
   const std::vector<std::int32_t> plain = g;
   do {
-    std::shuffle(g.begin(), g.end(), rng);
+    std::shuffle(g.begin(), g.end(), rng.engine());
   } while (g == plain);
   return g;
 }
@@ -79,7 +78,7 @@ enum class Zeros { Symmetric, Asymmetric };
 // A random weight in unpacked form (perm / act_order left for unpack to derive).
 // Asymmetric zeros cover the whole range `format` can hold, both ends included.
 GptqUnpacked random_unpacked(std::size_t k, std::size_t n, int group_size, Zeros zeros, GptqZeroFormat format,
-                             bool act_order, std::mt19937& rng, bool pow2_scales = false) {
+                             bool act_order, Rng& rng, bool pow2_scales = false) {
   GptqUnpacked w;
   w.k = k;
   w.n = n;
@@ -87,7 +86,7 @@ GptqUnpacked random_unpacked(std::size_t k, std::size_t n, int group_size, Zeros
   w.groups = groups_of(k, group_size);
   std::uniform_int_distribution<int> q_dist(0, 15);
   w.q.resize(k * n);
-  for (auto& v : w.q) v = static_cast<std::uint8_t>(q_dist(rng));
+  for (auto& v : w.q) v = static_cast<std::uint8_t>(q_dist(rng.engine()));
 
   const int zlo = format == GptqZeroFormat::V1 ? 1 : 0;
   std::uniform_int_distribution<int> z_dist(zlo, zlo + 15);
@@ -96,7 +95,7 @@ GptqUnpacked random_unpacked(std::size_t k, std::size_t n, int group_size, Zeros
     if (zeros == Zeros::Symmetric) {
       w.zero[i] = 8;
     } else {
-      w.zero[i] = static_cast<std::uint8_t>(i == 0 ? zlo : i == 1 ? zlo + 15 : z_dist(rng));
+      w.zero[i] = static_cast<std::uint8_t>(i == 0 ? zlo : i == 1 ? zlo + 15 : z_dist(rng.engine()));
     }
   }
 
@@ -106,9 +105,9 @@ GptqUnpacked random_unpacked(std::size_t k, std::size_t n, int group_size, Zeros
   std::bernoulli_distribution sign(0.25);
   for (auto& s : w.scale) {
     if (pow2_scales) {
-      s = std::ldexp(sign(rng) ? -1.0f : 1.0f, -e_dist(rng));
+      s = std::ldexp(sign(rng.engine()) ? -1.0f : 1.0f, -e_dist(rng.engine()));
     } else {
-      s = s_dist(rng);
+      s = s_dist(rng.engine());
     }
   }
   if (act_order) {
@@ -175,7 +174,7 @@ const Shape kShapes[] = {
 
 // A packed checkpoint of shape s with random words (every nibble and zero
 // value occurs), random scales in [-1, 1] and act-order g_idx.
-GptqPacked random_packed(const Shape& s, GptqZeroFormat f, std::mt19937& rng) {
+GptqPacked random_packed(const Shape& s, GptqZeroFormat f, Rng& rng) {
   const std::size_t groups = groups_of(s.k, s.group_size);
   GptqPacked p;
   p.k = s.k;
@@ -187,7 +186,7 @@ GptqPacked random_packed(const Shape& s, GptqZeroFormat f, std::mt19937& rng) {
   p.scales.resize(groups * s.n);
   for (auto& v : p.qweight) v = random_word(rng);
   for (auto& v : p.qzeros) v = random_word(rng);
-  for (auto& v : p.scales) v = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+  for (auto& v : p.scales) v = rng.uniform(-1.0f, 1.0f);
   p.g_idx = act_order_g_idx(s.k, s.group_size, rng);
   return p;
 }
@@ -260,7 +259,7 @@ TEST(GptqFormat, HandWrittenCheckpointUnpacksAndDequantizes) {
 }
 
 TEST(GptqFormat, SymmetricZerosAreStoredAsSevenInV1AndEightInV2) {
-  std::mt19937 rng(7);
+  FERRUM_SEEDED_RNG(rng);
   const GptqUnpacked w = random_unpacked(64, 16, 32, Zeros::Symmetric, GptqZeroFormat::V2, false, rng);
   const GptqPacked v1 = detail::pack_gptq(w, GptqZeroFormat::V1);
   const GptqPacked v2 = detail::pack_gptq(w, GptqZeroFormat::V2);
@@ -274,7 +273,7 @@ TEST(GptqFormat, SymmetricZerosAreStoredAsSevenInV1AndEightInV2) {
 
 TEST(GptqFormat, V1StoredFifteenIsZeroSixteen) {
   // All-ones qzeros words (-1) mean zero 16 in V1; V2 can't hold it.
-  std::mt19937 rng(8);
+  FERRUM_SEEDED_RNG(rng);
   GptqPacked p = detail::pack_gptq(random_unpacked(32, 16, 32, Zeros::Symmetric, GptqZeroFormat::V1, false, rng),
                                    GptqZeroFormat::V1);
   std::fill(p.qzeros.begin(), p.qzeros.end(), -1);
@@ -288,7 +287,7 @@ TEST(GptqFormat, V1StoredFifteenIsZeroSixteen) {
 // ── Round trips ──────────────────────────────────────────────────────────────
 
 TEST(GptqFormat, PackUnpackRoundTripIsExact) {
-  std::mt19937 rng(20240611);
+  FERRUM_SEEDED_RNG(rng);
   int cases = 0;
   for (const Shape& s : kShapes) {
     for (GptqZeroFormat f : {GptqZeroFormat::V1, GptqZeroFormat::V2}) {
@@ -337,7 +336,7 @@ TEST(GptqFormat, PackUnpackRoundTripIsExact) {
 }
 
 TEST(GptqFormat, RandomPackedWordsSurviveUnpackPackBitExactly) {
-  std::mt19937 rng(99);
+  FERRUM_SEEDED_RNG(rng);
   for (const Shape& s : kShapes) {
     for (GptqZeroFormat f : {GptqZeroFormat::V1, GptqZeroFormat::V2}) {
       SCOPED_TRACE(testing::Message() << "k=" << s.k << " n=" << s.n << " group_size=" << s.group_size << " "
@@ -355,7 +354,7 @@ TEST(GptqFormat, RandomPackedWordsSurviveUnpackPackBitExactly) {
 // The unpacking splits rows over host threads (CpuBackendConfig::num_threads
 // for CpuBackend); the result must not depend on how many.
 TEST(GptqFormat, UnpackIsTheSameOnAnyNumberOfThreads) {
-  std::mt19937 rng(7);
+  FERRUM_SEEDED_RNG(rng);
   const GptqPacked p = random_packed({4096, 24, 128}, GptqZeroFormat::V1, rng);
   const detail::GptqUnpacked one = detail::unpack_gptq(p.host_tensors(), "unpack_gptq", 1);
   for (unsigned threads : {0u, 2u, 3u, 7u}) {
@@ -371,7 +370,7 @@ TEST(GptqFormat, UnpackIsTheSameOnAnyNumberOfThreads) {
 // ── Dequantization against the packed words ────────────────────────────────
 
 TEST(GptqFormat, DequantizeMatchesFormulaOnPackedWords) {
-  std::mt19937 rng(1234);
+  FERRUM_SEEDED_RNG(rng);
   for (const Shape& s : kShapes) {
     for (GptqZeroFormat f : {GptqZeroFormat::V1, GptqZeroFormat::V2}) {
       for (int g_idx_kind = 0; g_idx_kind < 3; ++g_idx_kind) {  // 0: empty, 1: act-order, 2: random groups
@@ -386,12 +385,12 @@ TEST(GptqFormat, DequantizeMatchesFormulaOnPackedWords) {
         std::vector<std::int32_t> g_idx;
         for (auto& v : qweight) v = random_word(rng);
         for (auto& v : qzeros) v = random_word(rng);
-        for (auto& v : scales) v = std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng);
+        for (auto& v : scales) v = rng.uniform(-2.0f, 2.0f);
         if (g_idx_kind == 1) g_idx = act_order_g_idx(k, s.group_size, rng);
         if (g_idx_kind == 2) {
           g_idx.resize(k);
           std::uniform_int_distribution<std::int32_t> d(0, static_cast<std::int32_t>(groups) - 1);
-          for (auto& g : g_idx) g = d(rng);
+          for (auto& g : g_idx) g = d(rng.engine());
         }
         GptqHostTensors t;
         t.qweight = qweight;
@@ -444,7 +443,7 @@ std::vector<double> product(const std::vector<float>& a, const std::vector<float
 }
 
 TEST(GptqFormat, ActOrderPermutationAndGatherKeepTheProductExactly) {
-  std::mt19937 rng(555);
+  FERRUM_SEEDED_RNG(rng);
   const Shape shapes[] = {{256, 24, 32}, {256, 72, 64}, {4096, 8, 128}, {96, 16, 32}, {512, 40, 128}};
   for (const Shape& s : shapes) {
     for (bool uniform_groups : {true, false}) {
@@ -457,14 +456,14 @@ TEST(GptqFormat, ActOrderPermutationAndGatherKeepTheProductExactly) {
                                         /*pow2_scales=*/true);
       if (!uniform_groups) {  // groups of unequal sizes, still every group in range
         std::uniform_int_distribution<std::int32_t> d(0, static_cast<std::int32_t>(w0.groups) - 1);
-        for (auto& g : w0.g_idx) g = d(rng);
+        for (auto& g : w0.g_idx) g = d(rng.engine());
       }
       const GptqUnpacked w = detail::unpack_gptq(detail::pack_gptq(w0, GptqZeroFormat::V2).host_tensors());
       ASSERT_TRUE(w.act_order);
 
       std::vector<float> a(m * k);
       std::uniform_int_distribution<int> ad(-8, 8);
-      for (auto& v : a) v = static_cast<float>(ad(rng));
+      for (auto& v : a) v = static_cast<float>(ad(rng.engine()));
 
       const std::vector<double> want = product(a, detail::dequantize_gptq(w), m, k, n);
 
@@ -505,7 +504,7 @@ TEST(GptqFormat, ActOrderPermutationAndGatherKeepTheProductExactly) {
 }
 
 TEST(GptqFormat, PermuteWithoutActOrderChangesNothing) {
-  std::mt19937 rng(3);
+  FERRUM_SEEDED_RNG(rng);
   const GptqUnpacked w = detail::unpack_gptq(
       detail::pack_gptq(random_unpacked(256, 16, 64, Zeros::Asymmetric, GptqZeroFormat::V1, false, rng),
                         GptqZeroFormat::V1)
@@ -543,12 +542,13 @@ TEST(GptqFormat, GatherColumnsKnownValuesAndBadPerm) {
 // ── Bad input ────────────────────────────────────────────────────────────────
 
 // A valid checkpoint to break one rule at a time: k = 256, n = 16,
-// group_size = 64 (4 groups), act-order g_idx, V1.
+// group_size = 64 (4 groups), act-order g_idx, V1. Drawn from rng_, whose
+// seed every test traces (a SCOPED_TRACE in SetUp ends with SetUp).
 class GptqBadInput : public testing::Test {
  protected:
   void SetUp() override {
-    std::mt19937 rng(42);
-    packed_ = detail::pack_gptq(random_unpacked(256, 16, 64, Zeros::Asymmetric, GptqZeroFormat::V1, true, rng),
+    SCOPED_TRACE(rng_.describe());
+    packed_ = detail::pack_gptq(random_unpacked(256, 16, 64, Zeros::Asymmetric, GptqZeroFormat::V1, true, rng_),
                                 GptqZeroFormat::V1);
     ASSERT_NO_THROW(detail::validate_gptq(valid(), "load_gptq"));
   }
@@ -562,10 +562,12 @@ class GptqBadInput : public testing::Test {
         code, "unpack_gptq", [&] { detail::unpack_gptq(t); }, parts);
   }
 
+  Rng rng_;
   GptqPacked packed_;
 };
 
 TEST_F(GptqBadInput, BitsOtherThanFourAreUnsupported) {
+  SCOPED_TRACE(rng_.describe());
   for (int bits : {3, 2, 8, 0, -4}) {
     SCOPED_TRACE(bits);
     GptqHostTensors t = valid();
@@ -576,12 +578,14 @@ TEST_F(GptqBadInput, BitsOtherThanFourAreUnsupported) {
 }
 
 TEST_F(GptqBadInput, ZeroFormatOutsideTheEnum) {
+  SCOPED_TRACE(rng_.describe());
   GptqHostTensors t = valid();
   t.zero_format = static_cast<GptqZeroFormat>(7);
   expect_invalid(t, ErrorCode::InvalidArgument, {"'zero_format' = 7", "V1 (0) nor V2 (1)"});
 }
 
 TEST_F(GptqBadInput, ZeroOrHugeSizes) {
+  SCOPED_TRACE(rng_.describe());
   GptqHostTensors t = valid();
   t.k = 0;
   expect_invalid(t, ErrorCode::InvalidArgument, {"'k' = 0", "at least 1"});
@@ -597,6 +601,7 @@ TEST_F(GptqBadInput, ZeroOrHugeSizes) {
 }
 
 TEST_F(GptqBadInput, KAndNMustBeMultiplesOfEight) {
+  SCOPED_TRACE(rng_.describe());
   GptqHostTensors t = valid();
   t.k = 100;
   expect_invalid(t, ErrorCode::InvalidArgument, {"'k' = 100 is not a multiple of 8", "qweight packs 8 rows per int32"});
@@ -607,6 +612,7 @@ TEST_F(GptqBadInput, KAndNMustBeMultiplesOfEight) {
 }
 
 TEST_F(GptqBadInput, GroupSizeDomainAndDivisibility) {
+  SCOPED_TRACE(rng_.describe());
   GptqHostTensors t = valid();
   t.group_size = 96;  // a multiple of 8 that does not divide k = 256
   expect_invalid(t, ErrorCode::ShapeMismatch, {"'k' = 256 is not a multiple of group_size = 96"});
@@ -623,6 +629,7 @@ TEST_F(GptqBadInput, GroupSizeDomainAndDivisibility) {
 }
 
 TEST_F(GptqBadInput, ArraySizesMustBeExact) {
+  SCOPED_TRACE(rng_.describe());
   const GptqHostTensors base = valid();
   std::vector<std::int32_t> longer_words(base.qweight.begin(), base.qweight.end());
   longer_words.push_back(0);
@@ -657,6 +664,7 @@ TEST_F(GptqBadInput, ArraySizesMustBeExact) {
 }
 
 TEST_F(GptqBadInput, GIdxEntriesMustNameAGroup) {
+  SCOPED_TRACE(rng_.describe());
   const GptqHostTensors base = valid();
   std::vector<std::int32_t> g(base.g_idx.begin(), base.g_idx.end());
   GptqHostTensors t = base;
@@ -668,9 +676,8 @@ TEST_F(GptqBadInput, GIdxEntriesMustNameAGroup) {
   expect_invalid(t, ErrorCode::InvalidArgument, {"'g_idx' entry 200 = -1", "[0, groups = 4)"});
 
   // group_size = -1: one group, so every entry must be 0.
-  std::mt19937 rng(5);
-  const GptqPacked one = detail::pack_gptq(random_unpacked(64, 8, -1, Zeros::Symmetric, GptqZeroFormat::V2, false, rng),
-                                           GptqZeroFormat::V2);
+  const GptqPacked one = detail::pack_gptq(
+      random_unpacked(64, 8, -1, Zeros::Symmetric, GptqZeroFormat::V2, false, rng_), GptqZeroFormat::V2);
   std::vector<std::int32_t> g1(64, 0);
   g1[63] = 1;
   GptqHostTensors t1 = one.host_tensors();
@@ -679,6 +686,7 @@ TEST_F(GptqBadInput, GIdxEntriesMustNameAGroup) {
 }
 
 TEST_F(GptqBadInput, ScalesMustBeFinite) {
+  SCOPED_TRACE(rng_.describe());
   const GptqHostTensors base = valid();
   std::vector<float> s(base.scales.begin(), base.scales.end());
   GptqHostTensors t = base;
@@ -696,17 +704,17 @@ TEST_F(GptqBadInput, ScalesMustBeFinite) {
 }
 
 TEST_F(GptqBadInput, EmptyGIdxAndGroupSizeMinusOneAreValid) {
+  SCOPED_TRACE(rng_.describe());
   GptqHostTensors t = valid();
   t.g_idx = {};
   EXPECT_NO_THROW(detail::validate_gptq(t, "load_gptq"));
-  std::mt19937 rng(6);
   const GptqPacked one = detail::pack_gptq(
-      random_unpacked(4096, 8, -1, Zeros::Asymmetric, GptqZeroFormat::V1, false, rng), GptqZeroFormat::V1);
+      random_unpacked(4096, 8, -1, Zeros::Asymmetric, GptqZeroFormat::V1, false, rng_), GptqZeroFormat::V1);
   EXPECT_NO_THROW(detail::validate_gptq(one.host_tensors(), "load_gptq"));
 }
 
 TEST(GptqFormat, PackRefusesWhatTheFormatCannotHold) {
-  std::mt19937 rng(11);
+  FERRUM_SEEDED_RNG(rng);
   GptqUnpacked w = random_unpacked(64, 16, 32, Zeros::Symmetric, GptqZeroFormat::V2, false, rng);
 
   GptqUnpacked z16 = w;
@@ -748,7 +756,7 @@ TEST(GptqFormat, PackRefusesWhatTheFormatCannotHold) {
 }
 
 TEST(GptqFormat, UnpackedConsumersCheckTheirInput) {
-  std::mt19937 rng(12);
+  FERRUM_SEEDED_RNG(rng);
   GptqUnpacked w = detail::unpack_gptq(
       detail::pack_gptq(random_unpacked(64, 16, 32, Zeros::Asymmetric, GptqZeroFormat::V2, true, rng),
                         GptqZeroFormat::V2)

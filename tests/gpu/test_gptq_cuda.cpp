@@ -16,6 +16,8 @@
 // general layouts (group size 8, uneven act-order groups); f16 and bf16.
 // Also: bitwise determinism run to run on random (non-exact) data, graph
 // capture and replay, workspaces shared across weights, and bad input.
+// Every output a test reads back is poisoned (or holds a known value) and
+// followed by a sentinel guard checked after each call (GuardedOutput).
 // The streaming kernel forced for every m <= 16 (CudaBackendConfig::gptq_kernel
 // = Stream) gets the same exact checks at m in {1, 2, 7, 8, 9, 15, 16} (its
 // NT = 1 / 2 switch at 8 / 9) and its fallback to the fused kernel above 16;
@@ -33,6 +35,8 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ferrum/cuda_backend.hpp"
@@ -161,17 +165,22 @@ std::vector<float> integer_activations(Rng& rng, std::size_t count) {
   return a;
 }
 
-// out of gemm_gptq (or gemm_quant) on `be`, downloaded.
+// out of gemm_gptq (or gemm_quant) on `be`, downloaded. out is poisoned and
+// guarded: the weight's columns are padded to a multiple of 64, so a store
+// bounded by the padded width instead of n would land past out's end, where
+// no value read back shows it.
 std::vector<float> run_gemm(Backend& be, const QuantWeight& w, const std::vector<float>& a, DType dtype, std::size_t m,
                             bool via_quant = false) {
   Buffer a_buf = be.upload(a, dtype);
-  Buffer out = be.upload(std::vector<float>(m * w.n(), NAN), dtype);  // poisoned
+  GuardedOutput out(be, dtype, m * w.n());
   if (via_quant) {
-    be.gemm_quant(a_buf, w, out, m);
+    be.gemm_quant(a_buf, w, out.view(), m);
   } else {
-    be.gemm_gptq(a_buf, w, out, m);
+    be.gemm_gptq(a_buf, w, out.view(), m);
   }
-  return be.download(out);
+  EXPECT_TRUE(out.check_guard(via_quant ? "gemm_quant" : "gemm_gptq", "out",
+                           cat("m=", m, " k=", w.k(), " n=", w.n(), " ", to_string(dtype))));
+  return out.values();
 }
 
 ::testing::AssertionResult same_floats(const std::vector<float>& got, const std::vector<float>& want) {
@@ -345,18 +354,20 @@ TEST_F(CudaGptq, WeightDestroyedUnderAHeldGraphStaysValidForReplay) {
     SCOPED_TRACE(cat("m=", m));
     std::unique_ptr<QuantWeight> w = cuda().load_gptq(ck.tensors());
     Buffer a = cuda().upload(integer_activations(rng, m * c.k), DType::F16);
-    Buffer out = cuda().upload(std::vector<float>(m * c.n, NAN), DType::F16);
-    cuda().gemm_gptq(a, *w, out, m);
-    const std::vector<float> eager = cuda().download(out);
-    cuda().write(out, std::vector<float>(m * c.n, NAN));
+    GuardedOutput out(cuda(), DType::F16, m * c.n);
+    cuda().gemm_gptq(a, *w, out.view(), m);
+    const std::vector<float> eager = out.values();
+    EXPECT_TRUE(out.check_guard("gemm_gptq", "out", cat("m=", m, " eager")));
+    out.poison();
     cuda().begin_graph_capture();
-    cuda().gemm_gptq(a, *w, out, m);
+    cuda().gemm_gptq(a, *w, out.view(), m);
     cuda().end_graph_capture();
     w.reset();
     EXPECT_GT(gpu.graph_retained_allocations(), 0u) << "the weight's memory must outlive the graph";
     ASSERT_TRUE(cuda().replay_last_graph());
     cuda().synchronize();
-    EXPECT_TRUE(same_floats(cuda().download(out), eager));
+    EXPECT_TRUE(same_floats(out.values(), eager));
+    EXPECT_TRUE(out.check_guard("gemm_gptq", "out", cat("m=", m, " replayed")));
     gpu.reset_graph();
     EXPECT_EQ(gpu.graph_retained_allocations(), 0u);
   }
@@ -373,7 +384,9 @@ TEST_F(CudaGptq, GemmQuantRoutesToGptq) {
 }
 
 // Random scales and activations: not exact, so check closeness to the CPU
-// (one rounding of each weight to the dtype) and bitwise equality of `runs`
+// within the table's k-term GEMM tolerance (the GPU rounds each scale, and
+// scaling before the MMA each weight, to the dtype; these errors have random
+// signs, so their sum grows like sqrt(k)) and bitwise equality of `runs`
 // runs on `gpu` (the split-K reduction has a fixed order).
 void expect_deterministic_and_close(Backend& gpu, Backend& cpu, const std::vector<std::size_t>& ms, int runs,
                                     Rng& rng) {
@@ -391,18 +404,7 @@ void expect_deterministic_and_close(Backend& gpu, Backend& cpu, const std::vecto
         for (int run = 2; run <= runs; ++run) {
           EXPECT_TRUE(same_floats(run_gemm(gpu, *on_gpu, a, dt, m), first)) << "run " << run << " differs";
         }
-        const std::vector<float> want = run_gemm(cpu, *on_cpu, a, dt, m);
-        // Bound: the weight rounded to the dtype (2^-8 relative for bf16,
-        // 2^-11 for f16) plus the output rounding; |a| <= 1, |w| <= 16 * 0.02.
-        const double eps = dt == DType::BF16 ? 1.0 / 256 : 1.0 / 2048;
-        const double bound = eps * (static_cast<double>(c.k) * 0.32 + 8.0);
-        std::size_t bad = 0;
-        for (std::size_t i = 0; i < want.size(); ++i) {
-          if (!(std::fabs(static_cast<double>(first[i]) - want[i]) <= bound)) {
-            if (bad++ < 3) ADD_FAILURE() << "element " << i << ": got " << first[i] << " want " << want[i];
-          }
-        }
-        EXPECT_EQ(bad, 0u);
+        EXPECT_TRUE(all_close(first, run_gemm(cpu, *on_cpu, a, dt, m), dt, op_scale::gemm(c.k)));
       }
     }
   }
@@ -447,19 +449,20 @@ TEST_F(CudaGptq, DefaultFollowsTheMeasuredCrossover) {
 }
 
 // One gemm_gptq (f16) captured in a graph and replayed twice into a
-// NaN-poisoned output: each replay gives `want`.
+// NaN-poisoned, guarded output: each replay gives `want`.
 void expect_graph_replays(Backend& be, const QuantWeight& w, const std::vector<float>& a, std::size_t m,
                           const std::vector<float>& want) {
   Buffer a_buf = be.upload(a, DType::F16);
-  Buffer out = be.upload(std::vector<float>(want.size(), NAN), DType::F16);
+  GuardedOutput out(be, DType::F16, want.size());
   be.begin_graph_capture();
-  be.gemm_gptq(a_buf, w, out, m);
+  be.gemm_gptq(a_buf, w, out.view(), m);
   be.end_graph_capture();
-  ASSERT_TRUE(be.replay_last_graph());
-  EXPECT_TRUE(same_floats(be.download(out), want));
-  be.write(out, std::vector<float>(want.size(), NAN));
-  ASSERT_TRUE(be.replay_last_graph());
-  EXPECT_TRUE(same_floats(be.download(out), want));
+  for (int replay = 0; replay < 2; ++replay) {
+    if (replay > 0) out.poison();
+    ASSERT_TRUE(be.replay_last_graph());
+    EXPECT_TRUE(same_floats(out.values(), want)) << "replay " << replay;
+    EXPECT_TRUE(out.check_guard("gemm_gptq", "out", cat("m=", m, " k=", w.k(), " n=", w.n(), " replay ", replay)));
+  }
   be.reset_graph();
 }
 
@@ -667,25 +670,30 @@ TEST_F(CudaGptqSiluMul, EpilogueEqualsGemmThenPairs) {
       const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
       for (DType dt : kHalfDTypes) {
         SCOPED_TRACE(cat("m=", m, " ", to_string(dt)));
+        // Every output poisoned and guarded (n = 400 pads to 448: a pair
+        // store bounded by the padded width would land past act's end).
+        const std::string where = cat("m=", m, " k=", c.k, " n=", c.n, " ", to_string(dt));
+        const HostTensor gate_up_poison = make_tensor(dt, std::vector<float>(m * c.n, kPoison));
         Buffer a_ref = unfused_->upload(a, dt);
-        Buffer gate_up_ref = unfused_->upload(std::vector<float>(m * c.n, kPoison), dt);
-        Buffer act_ref = unfused_->upload(std::vector<float>(m * im, NAN), dt);
-        unfused_->gemm_silu_mul_gptq(a_ref, *w_unfused, gate_up_ref, act_ref, m);
-        const std::vector<float> want_act = unfused_->download(act_ref);
-        const std::vector<float> want_gate_up = unfused_->download(gate_up_ref);
+        GuardedOutput gate_up_ref(*unfused_, gate_up_poison), act_ref(*unfused_, dt, m * im);
+        unfused_->gemm_silu_mul_gptq(a_ref, *w_unfused, gate_up_ref.view(), act_ref.view(), m);
+        EXPECT_TRUE(gate_up_ref.check_guard("gemm_silu_mul_gptq (switch off)", "gate_up", where));
+        EXPECT_TRUE(act_ref.check_guard("gemm_silu_mul_gptq (switch off)", "act", where));
+        const std::vector<float> want_act = act_ref.values();
+        const std::vector<float> want_gate_up = gate_up_ref.values();
         // The unfused path is gemm_gptq into gate_up: the same bits.
-        Buffer out_gemm = unfused_->upload(std::vector<float>(m * c.n, NAN), dt);
-        unfused_->gemm_gptq(a_ref, *w_unfused, out_gemm, m);
-        EXPECT_TRUE(same_floats(want_gate_up, unfused_->download(out_gemm))) << "switch off: gate_up is gemm_gptq's";
+        EXPECT_TRUE(same_floats(want_gate_up, run_gemm(*unfused_, *w_unfused, a, dt, m)))
+            << "switch off: gate_up is gemm_gptq's";
 
         Buffer a_dev = cuda().upload(a, dt);
-        Buffer gate_up = cuda().upload(std::vector<float>(m * c.n, kPoison), dt);
-        Buffer act = cuda().upload(std::vector<float>(m * im, NAN), dt);
-        cuda().gemm_silu_mul_gptq(a_dev, *w_fusing, gate_up, act, m);
-        EXPECT_TRUE(same_floats(cuda().download(act), want_act)) << "act";
+        GuardedOutput gate_up(cuda(), gate_up_poison), act(cuda(), dt, m * im);
+        cuda().gemm_silu_mul_gptq(a_dev, *w_fusing, gate_up.view(), act.view(), m);
+        EXPECT_TRUE(gate_up.check_guard("gemm_silu_mul_gptq", "gate_up", where));
+        EXPECT_TRUE(act.check_guard("gemm_silu_mul_gptq", "act", where));
+        EXPECT_TRUE(same_floats(act.values(), want_act)) << "act";
         const bool fused = epilogue_runs(c, m, dt);
         fused_runs += fused ? 1 : 0;
-        EXPECT_TRUE(same_floats(cuda().download(gate_up), fused ? std::vector<float>(m * c.n, kPoison) : want_gate_up))
+        EXPECT_TRUE(same_floats(gate_up.values(), fused ? gate_up_poison.values : want_gate_up))
             << (fused ? "the epilogue must not write gate_up" : "the unfused path writes gate_up");
       }
     }
@@ -1121,20 +1129,25 @@ TEST_F(CudaGptqStreamBulk, BackToBackLaunchesSeeEachOthersWrites) {
       const std::vector<float> mid = run_gemm(*bulk, *w1, a, DType::F16, m);
       const std::vector<float> want = run_gemm(*bulk, *w2, mid, DType::F16, m);
       Buffer a_buf = bulk->upload(a, DType::F16);
-      Buffer mid_buf = bulk->upload(std::vector<float>(m * c1.n, NAN), DType::F16);
-      Buffer out = bulk->upload(std::vector<float>(m * c2.n, NAN), DType::F16);
-      bulk->gemm_gptq(a_buf, *w1, mid_buf, m);
-      bulk->gemm_gptq(mid_buf, *w2, out, m);
-      EXPECT_TRUE(same_floats(bulk->download(out), want)) << "eager chain";
-      bulk->write(mid_buf, std::vector<float>(m * c1.n, NAN));
-      bulk->write(out, std::vector<float>(m * c2.n, NAN));
+      GuardedOutput mid_buf(*bulk, DType::F16, m * c1.n), out(*bulk, DType::F16, m * c2.n);
+      auto expect_guards = [&](const char* when) {
+        EXPECT_TRUE(mid_buf.check_guard("gemm_gptq", "out", cat("first of the chain, m=", m, " ", when)));
+        EXPECT_TRUE(out.check_guard("gemm_gptq", "out", cat("second of the chain, m=", m, " ", when)));
+      };
+      bulk->gemm_gptq(a_buf, *w1, mid_buf.view(), m);
+      bulk->gemm_gptq(mid_buf.view(), *w2, out.view(), m);
+      EXPECT_TRUE(same_floats(out.values(), want)) << "eager chain";
+      expect_guards("eager");
+      mid_buf.poison();
+      out.poison();
       bulk->begin_graph_capture();
-      bulk->gemm_gptq(a_buf, *w1, mid_buf, m);
-      bulk->gemm_gptq(mid_buf, *w2, out, m);
+      bulk->gemm_gptq(a_buf, *w1, mid_buf.view(), m);
+      bulk->gemm_gptq(mid_buf.view(), *w2, out.view(), m);
       bulk->end_graph_capture();
       for (int replay = 0; replay < 3; ++replay) {
         ASSERT_TRUE(bulk->replay_last_graph());
-        EXPECT_TRUE(same_floats(bulk->download(out), want)) << "graph replay " << replay;
+        EXPECT_TRUE(same_floats(out.values(), want)) << "graph replay " << replay;
+        expect_guards(cat("graph replay ", replay).c_str());
       }
       bulk->reset_graph();
     }
@@ -1224,15 +1237,18 @@ TEST_F(CudaGptqWgmma, BackToBackLaunchesKeepTheirResults) {
     inputs.push_back(uniform_values(rng, m * c.k, -1.0f, 1.0f));
     want.push_back(run_gemm(wgmma(), *w, inputs.back(), DType::BF16, m));
   }
-  std::vector<Buffer> a, out;
+  std::vector<Buffer> a;
+  std::vector<std::unique_ptr<GuardedOutput>> out;
   for (int i = 0; i < 4; ++i) {
     a.push_back(wgmma().upload(inputs[static_cast<std::size_t>(i)], DType::BF16));
-    out.push_back(wgmma().upload(std::vector<float>(m * c.n, NAN), DType::BF16));
+    out.push_back(std::make_unique<GuardedOutput>(wgmma(), DType::BF16, m * c.n));
   }
-  for (int i = 0; i < 4; ++i) wgmma().gemm_gptq(a[static_cast<std::size_t>(i)], *w, out[static_cast<std::size_t>(i)], m);
+  for (std::size_t i = 0; i < 4; ++i) wgmma().gemm_gptq(a[i], *w, out[i]->view(), m);
   for (int i = 0; i < 4; ++i) {
     SCOPED_TRACE(cat("launch ", i));
-    EXPECT_TRUE(same_floats(wgmma().download(out[static_cast<std::size_t>(i)]), want[static_cast<std::size_t>(i)]));
+    const GuardedOutput& o = *out[static_cast<std::size_t>(i)];
+    EXPECT_TRUE(same_floats(o.values(), want[static_cast<std::size_t>(i)]));
+    EXPECT_TRUE(o.check_guard("gemm_gptq", "out", cat("back-to-back launch ", i, ", m=", m)));
   }
 }
 
@@ -1421,6 +1437,7 @@ TEST_F(CudaGptqRowSq, FusedEqualsComposedAndMatchesCpu) {
     SCOPED_TRACE(cat(describe(pair.out), " then ", describe(pair.in)));
     const Checkpoint ck_out = make_checkpoint(pair.out, rng), ck_in = make_checkpoint(pair.in, rng);
     Backend* const backends[] = {&cuda(), composed_.get(), &cpu()};
+    const char* const backend_names[] = {"default", "gptq_fuse_residual_add off", "CPU"};
     std::unique_ptr<QuantWeight> w_out[3], w_in[3];
     for (int b = 0; b < 3; ++b) {
       w_out[b] = backends[b]->load_gptq(ck_out.tensors());
@@ -1438,32 +1455,44 @@ TEST_F(CudaGptqRowSq, FusedEqualsComposedAndMatchesCpu) {
         } got[3];
         for (int b = 0; b < 3; ++b) {
           Backend& be = *backends[b];
-          Buffer a_buf = be.upload(a, dt), norm_buf = be.upload(norm_w, dt), res = be.upload(residual, dt);
-          Buffer out = be.upload(std::vector<float>(m * n, NAN), dt);
-          Buffer row_sq = be.upload(std::vector<float>(m * row_sq_groups(n), NAN), DType::F32);
-          be.gemm_gptq_add_residual(a_buf, *w_out[b], out, res, row_sq, m);
-          got[b].residual = be.download(res);
-          got[b].row_sq = be.download(row_sq);
+          // Every output poisoned and guarded: n = 392 has a half row_sq
+          // group and pads to 448 columns, so a store bounded by the padded
+          // width would land past an output's end, where no value read back
+          // shows it.
+          const std::string where = cat("m=", m, " ", to_string(dt), " on the ", backend_names[b], " backend");
+          using Named = std::pair<const GuardedOutput*, const char*>;
+          auto expect_guards = [&](const char* op, std::initializer_list<Named> outputs) {
+            for (const auto& [output, name] : outputs) EXPECT_TRUE(output->check_guard(op, name, where));
+          };
+          Buffer a_buf = be.upload(a, dt), norm_buf = be.upload(norm_w, dt);
+          GuardedOutput out(be, dt, m * n), res(be, make_tensor(dt, residual)),
+              row_sq(be, DType::F32, m * row_sq_groups(n));
+          be.gemm_gptq_add_residual(a_buf, *w_out[b], out.view(), res.view(), row_sq.view(), m);
+          expect_guards("gemm_gptq_add_residual", {{&out, "out"}, {&res, "residual"}, {&row_sq, "row_sq"}});
+          got[b].residual = res.values();
+          got[b].row_sq = row_sq.values();
           // The CPU's consumers read the default backend's residual and
           // row_sq: a reference for the same input (its own residual differs
           // within the producer's tolerance, and SiLU·mul multiplies a gate's
           // difference by the up value).
           if (b == 2) {
-            res = be.upload(got[0].residual, dt);
-            row_sq = be.upload(got[0].row_sq, DType::F32);
+            be.write(res.view(), got[0].residual);
+            be.write(row_sq.view(), got[0].row_sq);
           }
-          Buffer normed = be.upload(std::vector<float>(m * n, kPoison), dt);
-          Buffer y = be.upload(std::vector<float>(m * n2, NAN), dt);
-          be.rms_norm_gemm_gptq(res, row_sq, norm_buf, kEps, *w_in[b], normed, y, m);
-          Buffer normed2 = be.upload(std::vector<float>(m * n, kPoison), dt);
-          Buffer gate_up = be.upload(std::vector<float>(m * n2, kPoison), dt);
-          Buffer act = be.upload(std::vector<float>(m * n2 / 2, NAN), dt);
-          be.rms_norm_gemm_silu_mul_gptq(res, row_sq, norm_buf, kEps, *w_in[b], normed2, gate_up, act, m);
-          got[b].out = be.download(out);
-          got[b].normed = be.download(normed);
-          got[b].y = be.download(y);
-          got[b].act = be.download(act);
-          got[b].normed2 = be.download(normed2);
+          GuardedOutput normed(be, make_tensor(dt, std::vector<float>(m * n, kPoison))), y(be, dt, m * n2);
+          be.rms_norm_gemm_gptq(res.view(), row_sq.view(), norm_buf, kEps, *w_in[b], normed.view(), y.view(), m);
+          expect_guards("rms_norm_gemm_gptq", {{&normed, "normed"}, {&y, "out"}});
+          GuardedOutput normed2(be, make_tensor(dt, std::vector<float>(m * n, kPoison)));
+          GuardedOutput gate_up(be, make_tensor(dt, std::vector<float>(m * n2, kPoison))), act(be, dt, m * n2 / 2);
+          be.rms_norm_gemm_silu_mul_gptq(res.view(), row_sq.view(), norm_buf, kEps, *w_in[b], normed2.view(),
+                                         gate_up.view(), act.view(), m);
+          expect_guards("rms_norm_gemm_silu_mul_gptq",
+                        {{&normed2, "normed"}, {&gate_up, "gate_up"}, {&act, "act"}});
+          got[b].out = out.values();
+          got[b].normed = normed.values();
+          got[b].y = y.values();
+          got[b].act = act.values();
+          got[b].normed2 = normed2.values();
         }
         // Fused (or not) against composed: bitwise (out is a workspace).
         EXPECT_TRUE(same_floats(got[0].residual, got[1].residual)) << "residual";
@@ -1506,15 +1535,11 @@ TEST_F(CudaGptqRowSq, RowSumSquaresMatchesCpu) {
         Backend* const backends[] = {&cuda(), &cpu()};
         for (int b = 0; b < 2; ++b) {
           Buffer x_buf = backends[b]->upload(x, dt);
-          Buffer row_sq = backends[b]->upload(std::vector<float>(rows * row_sq_groups(cols) + 4, NAN), DType::F32);
-          Buffer view = row_sq.view(0, rows * row_sq_groups(cols));
-          backends[b]->row_sum_squares(x_buf, view, rows, cols);
-          got[b] = backends[b]->download(row_sq);
+          GuardedOutput row_sq(*backends[b], DType::F32, rows * row_sq_groups(cols));
+          backends[b]->row_sum_squares(x_buf, row_sq.view(), rows, cols);
+          EXPECT_TRUE(row_sq.check_guard("row_sum_squares", "row_sq", b == 0 ? "CUDA" : "CPU"));
+          got[b] = row_sq.values();
         }
-        const std::size_t used = rows * row_sq_groups(cols);
-        for (std::size_t i = used; i < used + 4; ++i) EXPECT_TRUE(std::isnan(got[0][i])) << "guard " << i;
-        got[0].resize(used);
-        got[1].resize(used);
         EXPECT_TRUE(all_close(got[0], got[1], DType::F32));
       }
     }

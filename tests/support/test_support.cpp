@@ -171,6 +171,13 @@ void GuardedOutput::fill(const std::vector<std::uint8_t>& view_bytes) {
   backend_->write_bytes(storage_, all.data(), all.size());
 }
 
+::testing::AssertionResult GuardedOutput::check_guard(std::string_view op, std::string_view output,
+                                                      std::string_view where) const {
+  ::testing::AssertionResult intact = check_guard();
+  if (intact) return intact;
+  return ::testing::AssertionFailure() << op << " wrote past '" << output << "' (" << where << "): " << intact.message();
+}
+
 ::testing::AssertionResult GuardedOutput::check_guard() const {
   const std::size_t es = size_of(dtype_);
   auto check_region = [&](std::size_t first, std::size_t count, const char* where) -> std::string {

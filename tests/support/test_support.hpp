@@ -143,6 +143,8 @@ class GuardedOutput {
   // Refills the view with poison and the lead/guard with the sentinel.
   void poison();
   ::testing::AssertionResult check_guard() const;
+  // check_guard(), its failure saying "<op> wrote past '<output>' (<where>)".
+  ::testing::AssertionResult check_guard(std::string_view op, std::string_view output, std::string_view where) const;
   std::vector<float> values() const;          // the view, decoded
   std::vector<std::uint8_t> bytes() const;    // the view, raw
 
