@@ -363,6 +363,77 @@ std::string to_string(const RopeScaling& s) {
   return "unknown";
 }
 
+std::vector<double> rope_inverse_frequencies(const ModelConfig& config) {
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  const RopeScaling& s = config.rope_scaling;
+  // yarn: pairs that turn fewer than beta_slow times over the pretraining
+  // context are interpolated (f / factor), more than beta_fast times kept
+  // (f), and a linear ramp over the pair index [low, high] blends between.
+  // The range depends on the config only: found once, not per pair.
+  const double dim = static_cast<double>(config.head_dim);
+  auto correction_pair = [&](double rotations) {
+    return dim * std::log(s.original_max_position_embeddings / (rotations * kTwoPi)) /
+           (2.0 * std::log(config.rope_theta));
+  };
+  double low = 0.0, high = 0.0;
+  if (s.type == RopeScaling::Type::Yarn) {
+    low = correction_pair(s.beta_fast);
+    high = correction_pair(s.beta_slow);
+    if (s.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, dim - 1.0);
+    if (low == high) high += 0.001;  // as transformers: no division by zero
+  }
+  std::vector<double> inv(config.head_dim / 2);
+  for (std::size_t i = 0; i < inv.size(); ++i) {
+    const double f = std::pow(config.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(config.head_dim));
+    switch (s.type) {
+      case RopeScaling::Type::None: inv[i] = f; break;
+      case RopeScaling::Type::Linear: inv[i] = f / s.factor; break;
+      case RopeScaling::Type::Llama3: {
+        const double wavelength = kTwoPi / f;
+        if (wavelength < s.original_max_position_embeddings / s.high_freq_factor) {
+          inv[i] = f;
+        } else if (wavelength > s.original_max_position_embeddings / s.low_freq_factor) {
+          inv[i] = f / s.factor;
+        } else {
+          const double smooth = (s.original_max_position_embeddings / wavelength - s.low_freq_factor) /
+                                (s.high_freq_factor - s.low_freq_factor);
+          inv[i] = (1.0 - smooth) * f / s.factor + smooth * f;
+        }
+        break;
+      }
+      case RopeScaling::Type::Yarn: {
+        const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+        inv[i] = f / s.factor * ramp + f * (1.0 - ramp);
+        break;
+      }
+    }
+  }
+  return inv;
+}
+
+double rope_attention_factor(const ModelConfig& config) {
+  return config.rope_scaling.type == RopeScaling::Type::Yarn ? config.rope_scaling.attention_factor : 1.0;
+}
+
+std::vector<double> checked_rope_inverse_frequencies(const ModelConfig& config, const std::string& context) {
+  std::vector<double> inv_freqs = rope_inverse_frequencies(config);
+  auto refuse = [&](const std::string& what, double value) {
+    fail(ErrorCode::InvalidArgument, context, ": RoPE ", to_string(config.rope_scaling), " with rope_theta = ",
+         config.rope_theta, " gives ", what, " = ", value, ": not finite");
+  };
+  const double scale = rope_attention_factor(config);
+  if (!std::isfinite(scale)) refuse("attention factor", scale);
+  for (std::size_t i = 0; i < inv_freqs.size(); ++i) {
+    if (!std::isfinite(inv_freqs[i])) refuse(concat("pair ", i, "'s inverse frequency"), inv_freqs[i]);
+  }
+  return inv_freqs;
+}
+
 void ModelConfig::validate(const std::string& source) const {
   const std::pair<const char*, std::size_t> sizes[] = {
       {"hidden_size", hidden_size},
@@ -422,6 +493,10 @@ void ModelConfig::validate(const std::string& source) const {
       }
     }
   }
+  // Each factor above can be in range and the frequencies still overflow
+  // (a yarn factor or beta of 5e-324): found here, not by make_rope_tables
+  // after every weight has loaded. head_dim / 2 values: cheap.
+  (void)checked_rope_inverse_frequencies(*this, source);
   if (!is_half_precision(dtype)) {
     fail(ErrorCode::DTypeMismatch, source, ": dtype ", ferrum::to_string(dtype), " is not f16 or bf16");
   }

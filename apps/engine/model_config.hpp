@@ -37,7 +37,7 @@ struct GptqConfig {
 // How RoPE's frequencies are scaled for a longer context: a Hugging Face
 // "rope_scaling" / "rope_parameters" of rope_type "linear", "llama3" (Llama
 // 3.1 and 3.2) or "yarn" (Qwen3's long-context configs, among others);
-// rope_inverse_frequencies and rope_attention_factor (weights.hpp) apply it.
+// rope_inverse_frequencies and rope_attention_factor (below) apply it.
 // Other rope types are refused when the config is parsed.
 struct RopeScaling {
   enum class Type { None, Linear, Llama3, Yarn };
@@ -89,10 +89,36 @@ struct ModelConfig {
   // Throws InvalidArgument naming the field when sizes are zero, past
   // kMaxConfigSize or disagree
   // (heads % kv_heads, odd head_dim, dtype not f16/bf16, a RoPE scaling
-  // factor that is not a positive number, a GPTQ group size that does not
-  // divide a projection's k, ...).
+  // factor that is not a positive number, RoPE settings whose frequencies
+  // are not finite, a GPTQ group size that does not divide a projection's
+  // k, ...).
   void validate(const std::string& source) const;
 };
+
+// RoPE's inverse frequency of each pair i < head_dim / 2, in fp64:
+// theta^(-2i / head_dim), scaled as config.rope_scaling says (transformers'
+// rope types of the same names): linear divides each by the factor; llama3
+// keeps the pairs whose wavelength 2 pi / f is under original / high_freq_factor,
+// divides those over original / low_freq_factor by the factor, and
+// interpolates between the two with s = (original / wavelength -
+// low_freq_factor) / (high_freq_factor - low_freq_factor):
+// (1 - s) f / factor + s f; yarn finds the pairs low and high that turn
+// beta_fast and beta_slow times over the original context (pair index
+// head_dim ln(original / (2 pi rotations)) / (2 ln theta), rounded outward
+// under truncate, kept in [0, head_dim - 1]) and blends with the ramp
+// r = clamp((i - low) / (high - low), 0, 1): r f / factor + (1 - r) f.
+std::vector<double> rope_inverse_frequencies(const ModelConfig& config);
+
+// The factor cos and sin are scaled by: yarn's attention_factor, else 1
+// (transformers multiplies its rotary embedding's cos and sin by it, so q
+// and k each carry it).
+double rope_attention_factor(const ModelConfig& config);
+
+// rope_inverse_frequencies, after checking that they and
+// rope_attention_factor are finite (InvalidArgument naming `context`
+// otherwise): factors validate() takes one by one can still overflow
+// together (a yarn factor of 5e-324 divides a frequency to infinity).
+std::vector<double> checked_rope_inverse_frequencies(const ModelConfig& config, const std::string& context);
 
 // Parses the text of a config.json; `source` names it in error messages.
 // RoPE: "rope_theta" (transformers 4) or "rope_parameters.rope_theta" (5);

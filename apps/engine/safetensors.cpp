@@ -135,6 +135,107 @@ void check_layout(const std::filesystem::path& path, const std::map<std::string,
   }
 }
 
+// The header's structural checks, made on the parse's events in O(1)
+// each; the DOM is built afterwards by a plain parse. (nlohmann's callback
+// parser, which made them before, rescans the parent object at every
+// object's end: O(N^2) in the entries, minutes for a 5 MB header and hours
+// for one at the 100 MB limit.)
+//
+// A key given twice: nlohmann keeps the last one silently (an F32 tensor
+// could become I32, or an entry's "dtype" another dtype), so the guard
+// notes the first repeated tensor name and the first repeated field of an
+// entry. And it stops at the first container a header cannot hold (an
+// object below an entry, an array outside one, an array longer than any
+// shape), before a nested or flat run of them fills memory: the header is
+// the root object (depth 0), its entries (objects at depth 1) and their
+// shape and data_offsets (arrays at depth 2 of numbers at depth 3). Depth
+// is the number of containers open around the event.
+class HeaderGuard final : public nlohmann::json_sax<Json> {
+ public:
+  explicit HeaderGuard(const std::filesystem::path& path) : path_(path) {}
+
+  bool null() override { return value(); }
+  bool boolean(bool) override { return value(); }
+  bool number_integer(Json::number_integer_t) override { return value(); }
+  bool number_unsigned(Json::number_unsigned_t) override { return value(); }
+  bool number_float(Json::number_float_t, const Json::string_t&) override { return value(); }
+  bool string(Json::string_t&) override { return value(); }
+  bool binary(Json::binary_t&) override { return value(); }
+
+  bool start_object(std::size_t) override {
+    if (depth_ == 1) {
+      fields_.clear();
+    } else if (depth_ > 1) {
+      fail(ErrorCode::InvalidArgument, at(), ": the header nests an object at depth ", depth_,
+           " (an entry holds strings and arrays of numbers)");
+    }
+    ++depth_;
+    return true;
+  }
+  bool key(Json::string_t& name) override {
+    if (depth_ == 1) {
+      entry_name_ = name;
+      if (repeated_.empty() && !names_.insert(entry_name_).second) repeated_ = entry_name_;
+    } else if (depth_ == 2) {
+      field_name_ = name;
+      // (__metadata__ is free text: a repeated key there, as in the
+      // reference reader, keeps its last value.)
+      if (repeated_field_.empty() && entry_name_ != "__metadata__" && !fields_.insert(field_name_).second) {
+        repeated_field_ = concat("'", entry_name_, "' field \"", field_name_, "\"");
+      }
+    }
+    return true;
+  }
+  bool end_object() override {
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    if (depth_ == 0) fail(ErrorCode::InvalidArgument, where(path_), ": the header must be a JSON object, not an array");
+    if (depth_ != 2) {
+      fail(ErrorCode::InvalidArgument, at(), ": the header holds an array at depth ", depth_,
+           " (only an entry's fields are arrays)");
+    }
+    array_items_ = 0;
+    ++depth_;
+    return true;
+  }
+  bool end_array() override {
+    --depth_;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    fail(ErrorCode::InvalidArgument, where(path_), ": the header is not valid JSON (", e.what(), ")");
+  }
+
+  // After a complete parse: a tensor name or an entry's field given twice.
+  void check_repeats() const {
+    if (!repeated_.empty()) {
+      fail(ErrorCode::InvalidArgument, where(path_, repeated_), ": the header names it more than once");
+    }
+    if (!repeated_field_.empty()) {
+      fail(ErrorCode::InvalidArgument, where(path_), ": the header gives ", repeated_field_, " more than once");
+    }
+  }
+
+ private:
+  std::string at() const { return entry_name_.empty() ? where(path_) : where(path_, entry_name_); }
+
+  bool value() {
+    if (depth_ == 3 && ++array_items_ > kMaxHeaderArrayItems) {
+      fail(ErrorCode::InvalidArgument, at(), ": its \"", field_name_, "\" runs past ", kMaxHeaderArrayItems,
+           " items (no shape has that many dimensions)");
+    }
+    return true;
+  }
+
+  const std::filesystem::path& path_;
+  std::size_t depth_ = 0;
+  std::unordered_set<std::string> names_, fields_;
+  std::string repeated_, repeated_field_, entry_name_, field_name_;
+  std::size_t array_items_ = 0;
+};
+
 }  // namespace
 
 std::size_t element_size(SafetensorsDType dtype) noexcept {
@@ -202,62 +303,26 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   in.read(header.data(), static_cast<std::streamsize>(header_bytes));
   if (!in) fail(ErrorCode::InvalidArgument, where(path), ": reading the ", header_bytes, "-byte header failed");
 
-  // A key given twice: nlohmann keeps the last one silently (an F32 tensor
-  // could become I32, or an entry's "dtype" another dtype), so the parse
-  // notes the first repeated tensor name and the first repeated field of an
-  // entry. And it stops at the first container a header cannot hold (an
-  // object below an entry, an array outside one, an array longer than any
-  // shape), before a nested or flat run of them fills memory: the header
-  // is the root object (depth 0), its entries (objects at depth 1) and their
-  // shape and data_offsets (arrays at depth 2 of numbers at depth 3).
-  std::unordered_set<std::string> names, fields;
-  std::string repeated, repeated_field, entry_name, field_name;
-  std::size_t array_items = 0;
-  auto at = [&] { return entry_name.empty() ? where(path) : where(path, entry_name); };
-  auto check_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    using Event = Json::parse_event_t;
-    if (event == Event::key && depth == 1) {
-      entry_name = parsed.get<std::string>();
-      if (repeated.empty() && !names.insert(entry_name).second) repeated = entry_name;
-    } else if (event == Event::object_start && depth == 1) {
-      fields.clear();
-    } else if (event == Event::key && depth == 2) {
-      field_name = parsed.get<std::string>();
-      // (__metadata__ is free text: a repeated key there, as in the
-      // reference reader, keeps its last value.)
-      if (repeated_field.empty() && entry_name != "__metadata__" && !fields.insert(field_name).second) {
-        repeated_field = concat("'", entry_name, "' field \"", field_name, "\"");
-      }
-    } else if (event == Event::array_start && depth == 0) {
-      fail(ErrorCode::InvalidArgument, where(path), ": the header must be a JSON object, not an array");
-    } else if (event == Event::object_start && depth > 1) {
-      fail(ErrorCode::InvalidArgument, at(), ": the header nests an object at depth ", depth,
-           " (an entry holds strings and arrays of numbers)");
-    } else if (event == Event::array_start) {
-      if (depth != 2) {
-        fail(ErrorCode::InvalidArgument, at(), ": the header holds an array at depth ", depth,
-             " (only an entry's fields are arrays)");
-      }
-      array_items = 0;
-    } else if (event == Event::value && depth == 3 && ++array_items > kMaxHeaderArrayItems) {
-      fail(ErrorCode::InvalidArgument, at(), ": its \"", field_name, "\" runs past ", kMaxHeaderArrayItems,
-           " items (no shape has that many dimensions)");
-    }
-    return true;
-  };
+  // nlohmann's lexer takes a NUL byte for the end of the input, so
+  // `{...}\0anything` would parse; the reference reader refuses any byte
+  // after the JSON but its whitespace (the format pads with spaces), and
+  // a NUL inside a JSON string is invalid anyway.
+  if (const std::size_t nul = header.find('\0'); nul != std::string::npos) {
+    fail(ErrorCode::InvalidArgument, where(path), ": the header holds a NUL byte at offset ", nul,
+         " (only spaces may pad the JSON)");
+  }
+  HeaderGuard guard(path);
   Json json;
   try {
-    json = Json::parse(header, check_event);
+    // The guard's pass first: it stops at the first container a header
+    // cannot hold, before the DOM parse would build it.
+    Json::sax_parse(header, &guard);
+    guard.check_repeats();
+    json = Json::parse(header);
   } catch (const Json::exception& e) {  // parse_error, and out_of_range for a number past a double
     fail(ErrorCode::InvalidArgument, where(path), ": the header is not valid JSON (", e.what(), ")");
   }
   if (!json.is_object()) fail(ErrorCode::InvalidArgument, where(path), ": the header must be a JSON object");
-  if (!repeated.empty()) {
-    fail(ErrorCode::InvalidArgument, where(path, repeated), ": the header names it more than once");
-  }
-  if (!repeated_field.empty()) {
-    fail(ErrorCode::InvalidArgument, where(path), ": the header gives ", repeated_field, " more than once");
-  }
 
   SafetensorsFile file;
   file.path_ = path;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <span>
 
 #include "engine_error.hpp"
@@ -82,28 +83,50 @@ TensorMeta checked_meta(const TensorSource& source, const ExpectedTensor& expect
   return meta;
 }
 
-std::vector<std::int32_t> read_checked_i32(const TensorSource& source, const ExpectedTensor& expected) {
+void check_i32_tensor(const TensorSource& source, const ExpectedTensor& expected) {
   const TensorMeta meta = checked_meta(source, expected);
   if (meta.dtype != SafetensorsDType::I32) {
     fail(ErrorCode::DTypeMismatch, source.describe(expected.name), ": tensor '", expected.name, "' has dtype ",
          to_string(meta.dtype), "; GPTQ stores it as I32");
   }
-  return source.read_i32(expected.name);
 }
 
 // GPTQ scales keep their own precision (F16 in every export): load_gptq takes floats.
-std::vector<float> read_checked_scales(const TensorSource& source, const ExpectedTensor& expected) {
+void check_scales_tensor(const TensorSource& source, const ExpectedTensor& expected) {
   const TensorMeta meta = checked_meta(source, expected);
   if (!is_float_dtype(meta.dtype)) {
     fail(ErrorCode::DTypeMismatch, source.describe(expected.name), ": tensor '", expected.name, "' has dtype ",
          to_string(meta.dtype), "; expected F16, BF16 or F32 scales");
   }
-  return source.read_f32(expected.name);
+}
+
+// The dtype rules of read_checked / read_checked_half; returns nothing, throws.
+void check_float_tensor(const TensorSource& source, const ExpectedTensor& expected, DType config_dtype,
+                        const LoadOptions& options) {
+  const TensorMeta meta = checked_meta(source, expected);
+  if (!is_float_dtype(meta.dtype)) {
+    fail(ErrorCode::DTypeMismatch, source.describe(expected.name), ": tensor '", expected.name, "' has dtype ",
+         to_string(meta.dtype), "; expected F16 or BF16 (F32 is converted)");
+  }
+  if (!options.allow_dtype_conversion && meta.dtype != safetensors_dtype_of(config_dtype)) {
+    fail(ErrorCode::DTypeMismatch, source.describe(expected.name), ": tensor '", expected.name, "' has dtype ",
+         to_string(meta.dtype), " but the config's dtype is ", to_string(safetensors_dtype_of(config_dtype)),
+         " (dtype conversion is off)");
+  }
+}
+
+// e's message without the "ferrum [Code] " that Error puts in front, to
+// rethrow it with more context.
+std::string message_of(const Error& e) {
+  const std::string what = e.what();
+  const std::string prefix = concat("ferrum [", to_string(e.code()), "] ");
+  return what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what;
 }
 
 // One projection as read from the source, before it goes to the backend.
 struct HostProjection {
-  std::string base;  // "model.layers.0.self_attn.q_proj"
+  std::string base;  // "model.layers.0.self_attn.q_proj"; of joined parts, the first part's
+  std::string joined_from;  // joined parts: which, and how (for messages); empty otherwise
   std::size_t n = 0, k = 0;
   bool quantized = false;
   std::string dense;                  // the [n, k] tensor's name (dense projections; read at upload)
@@ -117,14 +140,58 @@ class WeightLoader {
  public:
   WeightLoader(Backend& backend, const ModelConfig& config, const TensorSource& source, const LoadOptions& options)
       : backend_(backend), config_(config), source_(source), options_(options) {
-    for (ExpectedTensor& t : expected_tensors(config)) expected_.emplace(t.name, std::move(t));
+    // The tensors outside the layers by name, a layer's by suffix: the
+    // config's with one layer, so that nothing here grows with
+    // num_hidden_layers (2^24 of them passed validate(), and a table of
+    // every layer's tensors took tens of GB before any was looked at).
+    ModelConfig one_layer = config;
+    one_layer.num_hidden_layers = 1;
+    const std::string layer_prefix = layer_tensor_name(0, "");
+    for (ExpectedTensor& t : expected_tensors(one_layer)) {
+      if (t.name.rfind(layer_prefix, 0) == 0) {
+        std::string suffix = t.name.substr(layer_prefix.size());
+        layer_order_.push_back(suffix);
+        layer_expected_.emplace(std::move(suffix), std::move(t));
+      } else {
+        (layer_order_.empty() ? outer_before_ : outer_after_).push_back(t.name);
+        expected_.emplace(t.name, std::move(t));
+      }
+    }
     for (ProjectionShape& p : projection_shapes(config)) projections_.emplace(p.suffix, std::move(p));
   }
 
   ExpectedTensor expected_of(const std::string& name) const {
     const auto it = expected_.find(name);
-    return it != expected_.end() ? it->second : dense_projection_tensor(name);
+    if (it != expected_.end()) return it->second;
+    if (std::optional<ExpectedTensor> t = expected_of_layer_tensor(name)) return *std::move(t);
+    return dense_projection_tensor(name);
   }
+
+  // Every tensor the load reads, checked for presence, dtype and shape from the
+  // headers alone, in load order (expected_tensors): so a wrong or missing
+  // tensor anywhere is named before the first allocation. Otherwise a
+  // config.json whose sizes disagree with the checkpoint allocated (and
+  // zero-filled host scratch) at the config's sizes first, GBs for a wrong
+  // vocab x hidden, and a missing lm_head.weight came out only after every
+  // layer had loaded. One layer at a time: nothing is kept.
+  void check_all() const {
+    // The list is expected_tensors' (the one every load reads by), so a
+    // tensor added to the model is checked here without a second list.
+    for (const std::string& name : outer_before_) check_float(expected_.at(name));
+    for (std::size_t i = 0; i < config_.num_hidden_layers; ++i) {
+      const ProjectionShape* last = nullptr;
+      for (const std::string& suffix : layer_order_) {
+        if (const ProjectionShape* p = projection_of(suffix)) {
+          if (p != last) plan_projection(i, p->suffix);  // its tensors come together
+          last = p;
+        } else {
+          check_float(expected_of(layer_tensor_name(i, suffix)));
+        }
+      }
+    }
+    for (const std::string& name : outer_after_) check_float(expected_.at(name));
+  }
+
   // Float tensor `name` (checked) into dst from element `offset` on, as
   // config-dtype bits through one reused host buffer: no f32 round trip and
   // no fresh allocation per tensor (on a 16 GB model the page faults of
@@ -172,7 +239,35 @@ class WeightLoader {
   }
 
  private:
-  // "model.layers.0.mlp.up_proj.weight" of a GPTQ config (not in expected_):
+  void check_float(const ExpectedTensor& expected) const {
+    check_float_tensor(source_, expected, config_.dtype, options_);
+  }
+
+  // The projection a layer tensor's suffix belongs to ("mlp.up_proj.qweight":
+  // mlp.up_proj), or null for a norm.
+  const ProjectionShape* projection_of(const std::string& suffix) const {
+    for (const auto& [name, p] : projections_) {
+      if (suffix.size() > name.size() && suffix.compare(0, name.size(), name) == 0 && suffix[name.size()] == '.') {
+        return &p;
+      }
+    }
+    return nullptr;
+  }
+
+  // "model.layers.{i}.{suffix}" with a suffix of layer_expected_.
+  std::optional<ExpectedTensor> expected_of_layer_tensor(const std::string& name) const {
+    const std::string prefix = "model.layers.";
+    if (name.rfind(prefix, 0) != 0) return std::nullopt;
+    const std::size_t dot = name.find('.', prefix.size());
+    if (dot == std::string::npos) return std::nullopt;
+    const auto it = layer_expected_.find(name.substr(dot + 1));
+    if (it == layer_expected_.end()) return std::nullopt;
+    ExpectedTensor t = it->second;
+    t.name = name;
+    return t;
+  }
+
+  // "model.layers.0.mlp.up_proj.weight" of a GPTQ config (not in layer_expected_):
   // its shape from the projection table.
   ExpectedTensor dense_projection_tensor(const std::string& name) const {
     for (const auto& [suffix, p] : projections_) {
@@ -184,18 +279,20 @@ class WeightLoader {
     fail(ErrorCode::InvalidArgument, "load_weights: no tensor '", name, "' in this model");
   }
 
-  HostProjection read_projection(std::size_t layer, const std::string& suffix) const {
+  // Projection `suffix` of layer `layer`: dense or GPTQ, each of its tensors
+  // (and a bias) checked for presence, dtype and shape; no values read.
+  HostProjection plan_projection(std::size_t layer, const std::string& suffix) const {
     const ProjectionShape& shape = projections_.at(suffix);
     HostProjection p;
     p.base = layer_tensor_name(layer, suffix);
     p.n = shape.n;
     p.k = shape.k;
-    check_bias(p);
+    if (source_.contains(bias_of(p).name)) check_float(bias_of(p));
     const std::string qweight = p.base + ".qweight";
     const bool has_qweight = source_.contains(qweight);
     if (!has_qweight && (!config_.gptq || source_.contains(p.base + ".weight"))) {
       p.dense = p.base + ".weight";
-      checked_meta(source_, expected_of(p.dense));  // presence and shape now, the values at upload
+      check_float(expected_of(p.dense));  // the values at upload
       return p;
     }
     if (!config_.gptq) {
@@ -204,17 +301,33 @@ class WeightLoader {
     }
     const std::vector<ExpectedTensor> tensors = gptq_tensors(p.base, p.n, p.k, *config_.gptq);
     p.quantized = true;
-    p.qweight = read_checked_i32(source_, tensors[0]);
-    p.qzeros = read_checked_i32(source_, tensors[1]);
-    p.scales = read_checked_scales(source_, tensors[2]);
+    check_i32_tensor(source_, tensors[0]);
+    check_i32_tensor(source_, tensors[1]);
+    check_scales_tensor(source_, tensors[2]);
     if (source_.contains(tensors[3].name)) {
-      p.g_idx = read_checked_i32(source_, tensors[3]);
+      check_i32_tensor(source_, tensors[3]);
     } else if (config_.gptq->desc_act) {
       // Act-order: the rows' groups are a permutation only g_idx records;
       // row / group_size in its place would pair rows with the wrong scales.
       fail(ErrorCode::InvalidArgument, source_.describe(qweight), ": tensor '", tensors[3].name,
            "' is missing, and the config's quantization has desc_act = true (act-order needs each row's group)");
-    } else {
+    }
+    return p;
+  }
+
+  // plan_projection, then the bias's and the GPTQ tensors' values (a dense
+  // weight's are read at upload).
+  HostProjection read_projection(std::size_t layer, const std::string& suffix) const {
+    HostProjection p = plan_projection(layer, suffix);
+    check_bias(p);
+    if (!p.quantized) return p;
+    const std::vector<ExpectedTensor> tensors = gptq_tensors(p.base, p.n, p.k, *config_.gptq);
+    p.qweight = source_.read_i32(tensors[0].name);
+    p.qzeros = source_.read_i32(tensors[1].name);
+    p.scales = source_.read_f32(tensors[2].name);
+    if (source_.contains(tensors[3].name)) {
+      p.g_idx = source_.read_i32(tensors[3].name);
+    } else {  // (not act-order: plan_projection refused that)
       const std::size_t group = config_.gptq->group_size < 0 ? p.k : static_cast<std::size_t>(config_.gptq->group_size);
       p.g_idx.resize(p.k);
       for (std::size_t r = 0; r < p.k; ++r) p.g_idx[r] = static_cast<std::int32_t>(r / group);
@@ -222,8 +335,10 @@ class WeightLoader {
     return p;
   }
 
+  static ExpectedTensor bias_of(const HostProjection& p) { return {p.base + ".bias", {p.n}}; }
+
   void check_bias(const HostProjection& p) const {
-    const ExpectedTensor bias{p.base + ".bias", {p.n}};
+    const ExpectedTensor bias = bias_of(p);
     if (!source_.contains(bias.name)) return;
     for (float b : read_checked(source_, bias, config_.dtype, options_)) {
       if (b != 0.0f) {
@@ -253,7 +368,14 @@ class WeightLoader {
     t.n = p.n;
     t.symmetric = config_.gptq->sym;
     t.zero_format = config_.gptq->zero_format;
-    out.gptq = backend_.load_gptq(t);
+    try {
+      out.gptq = backend_.load_gptq(t);
+    } catch (const Error& e) {
+      // load_gptq checks the values (g_idx in range, finite scales) but can
+      // name only its argument: say which tensors, and where they live.
+      const std::string what = p.joined_from.empty() ? concat("'", p.base, "'") : p.joined_from;
+      fail(e.code(), source_.describe(p.base + ".qweight"), ": GPTQ projection ", what, ": ", message_of(e));
+    }
     return out;
   }
 
@@ -265,6 +387,8 @@ class WeightLoader {
     if (gate.quantized && up.quantized && gate.g_idx == up.g_idx) {
       HostProjection joined;
       joined.base = gate.base;
+      joined.joined_from = concat("'", gate.base, "' and '", up.base,
+                                  "' (columns interleaved: column 2j is gate's j, 2j + 1 up's j)");
       joined.n = 2 * gate.n;
       joined.k = gate.k;
       joined.quantized = true;
@@ -325,6 +449,9 @@ class WeightLoader {
     }
     HostProjection joined;
     joined.base = parts.front().base;
+    joined.joined_from = "'" + parts.front().base + "'";
+    for (std::size_t i = 1; i < parts.size(); ++i) joined.joined_from += concat(", '", parts[i].base, "'");
+    joined.joined_from += " (columns side by side, in that order)";
     joined.k = parts.front().k;
     joined.quantized = true;
     std::vector<const std::vector<float>*> scales;
@@ -349,7 +476,10 @@ class WeightLoader {
   const ModelConfig& config_;
   const TensorSource& source_;
   const LoadOptions& options_;
-  std::map<std::string, ExpectedTensor> expected_;
+  std::map<std::string, ExpectedTensor> expected_;        // outside the layers, by name
+  std::map<std::string, ExpectedTensor> layer_expected_;  // a layer's, by suffix ("input_layernorm.weight")
+  std::vector<std::string> layer_order_;                  // those suffixes in load order
+  std::vector<std::string> outer_before_, outer_after_;   // the tensors outside the layers, in load order
   std::map<std::string, ProjectionShape> projections_;  // by suffix
   mutable std::vector<std::uint16_t> scratch_;          // write_tensor's host buffer, grown to the largest tensor
   // fuse_gate_up's joined rows, reused across layers: 2 * im * hidden halves
@@ -359,80 +489,14 @@ class WeightLoader {
 
 }  // namespace
 
-std::vector<double> rope_inverse_frequencies(const ModelConfig& config) {
-  constexpr double kTwoPi = 6.283185307179586476925286766559;
-  const RopeScaling& s = config.rope_scaling;
-  // yarn: pairs that turn fewer than beta_slow times over the pretraining
-  // context are interpolated (f / factor), more than beta_fast times kept
-  // (f), and a linear ramp over the pair index [low, high] blends between.
-  // The range depends on the config only: found once, not per pair.
-  const double dim = static_cast<double>(config.head_dim);
-  auto correction_pair = [&](double rotations) {
-    return dim * std::log(s.original_max_position_embeddings / (rotations * kTwoPi)) /
-           (2.0 * std::log(config.rope_theta));
-  };
-  double low = 0.0, high = 0.0;
-  if (s.type == RopeScaling::Type::Yarn) {
-    low = correction_pair(s.beta_fast);
-    high = correction_pair(s.beta_slow);
-    if (s.truncate) {
-      low = std::floor(low);
-      high = std::ceil(high);
-    }
-    low = std::max(low, 0.0);
-    high = std::min(high, dim - 1.0);
-    if (low == high) high += 0.001;  // as transformers: no division by zero
-  }
-  std::vector<double> inv(config.head_dim / 2);
-  for (std::size_t i = 0; i < inv.size(); ++i) {
-    const double f = std::pow(config.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(config.head_dim));
-    switch (s.type) {
-      case RopeScaling::Type::None: inv[i] = f; break;
-      case RopeScaling::Type::Linear: inv[i] = f / s.factor; break;
-      case RopeScaling::Type::Llama3: {
-        const double wavelength = kTwoPi / f;
-        if (wavelength < s.original_max_position_embeddings / s.high_freq_factor) {
-          inv[i] = f;
-        } else if (wavelength > s.original_max_position_embeddings / s.low_freq_factor) {
-          inv[i] = f / s.factor;
-        } else {
-          const double smooth = (s.original_max_position_embeddings / wavelength - s.low_freq_factor) /
-                                (s.high_freq_factor - s.low_freq_factor);
-          inv[i] = (1.0 - smooth) * f / s.factor + smooth * f;
-        }
-        break;
-      }
-      case RopeScaling::Type::Yarn: {
-        const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
-        inv[i] = f / s.factor * ramp + f * (1.0 - ramp);
-        break;
-      }
-    }
-  }
-  return inv;
-}
-
-double rope_attention_factor(const ModelConfig& config) {
-  return config.rope_scaling.type == RopeScaling::Type::Yarn ? config.rope_scaling.attention_factor : 1.0;
-}
-
 void make_rope_tables(const ModelConfig& config, std::size_t rows, std::vector<float>& cos, std::vector<float>& sin) {
   const std::size_t half = config.head_dim / 2;
   cos.assign(rows * half, 0.0f);
   sin.assign(rows * half, 0.0f);
-  const std::vector<double> inv_freqs = rope_inverse_frequencies(config);
+  // validate() refuses these configs; checked again for one not validated,
+  // whose NaN or infinite values would decode garbage silently.
+  const std::vector<double> inv_freqs = checked_rope_inverse_frequencies(config, "make_rope_tables");
   const double scale = rope_attention_factor(config);
-  // validate() refuses the configs known to break the formulas; a NaN or
-  // infinite value here (a config not validated) would decode garbage
-  // silently.
-  auto refuse = [&](const char* what, double value) {
-    fail(ErrorCode::InvalidArgument, "make_rope_tables: RoPE ", to_string(config.rope_scaling), " with rope_theta = ",
-         config.rope_theta, " gives ", what, " = ", value, ": not finite");
-  };
-  if (!std::isfinite(scale)) refuse("attention factor", scale);
-  for (std::size_t i = 0; i < half; ++i) {
-    if (!std::isfinite(inv_freqs[i])) refuse(concat("pair ", i, "'s inverse frequency").c_str(), inv_freqs[i]);
-  }
   for (std::size_t i = 0; i < half; ++i) {
     const double inv_freq = inv_freqs[i];
     for (std::size_t pos = 0; pos < rows; ++pos) {
@@ -442,25 +506,6 @@ void make_rope_tables(const ModelConfig& config, std::size_t rows, std::vector<f
     }
   }
 }
-
-namespace {
-
-// The dtype rules of read_checked / read_checked_half; returns nothing, throws.
-void check_float_tensor(const TensorSource& source, const ExpectedTensor& expected, DType config_dtype,
-                        const LoadOptions& options) {
-  const TensorMeta meta = checked_meta(source, expected);
-  if (!is_float_dtype(meta.dtype)) {
-    fail(ErrorCode::DTypeMismatch, source.describe(expected.name), ": tensor '", expected.name, "' has dtype ",
-         to_string(meta.dtype), "; expected F16 or BF16 (F32 is converted)");
-  }
-  if (!options.allow_dtype_conversion && meta.dtype != safetensors_dtype_of(config_dtype)) {
-    fail(ErrorCode::DTypeMismatch, source.describe(expected.name), ": tensor '", expected.name, "' has dtype ",
-         to_string(meta.dtype), " but the config's dtype is ", to_string(safetensors_dtype_of(config_dtype)),
-         " (dtype conversion is off)");
-  }
-}
-
-}  // namespace
 
 std::vector<float> read_checked(const TensorSource& source, const ExpectedTensor& expected, DType config_dtype,
                                 const LoadOptions& options) {
@@ -503,13 +548,14 @@ ModelWeights load_weights(Backend& backend, const ModelConfig& config, const Ten
          config.num_hidden_layers - 1, ")");
   }
   // And fewer (a config with more num_hidden_layers than the checkpoint):
-  // refused here, before the loader tables every layer's tensors.
+  // named as such here, rather than as whichever tensor check_all misses first.
   const std::string last_layer = layer_tensor_name(config.num_hidden_layers - 1, "input_layernorm.weight");
   if (!source.contains(last_layer)) {
     fail(ErrorCode::ShapeMismatch, "load_weights: the config has num_hidden_layers = ", config.num_hidden_layers,
          ", but the checkpoint has no tensor '", last_layer, "' (", source.describe(last_layer), ")");
   }
   const WeightLoader loader(backend, config, source, options);
+  loader.check_all();
   ModelWeights w;
   w.config = config;
   w.embed_tokens = loader.upload("model.embed_tokens.weight");

@@ -95,28 +95,10 @@ struct ModelWeights {
   bool has_gptq() const noexcept;
 };
 
-// RoPE's inverse frequency of each pair i < head_dim / 2, in fp64:
-// theta^(-2i / head_dim), scaled as config.rope_scaling says (transformers'
-// rope types of the same names): linear divides each by the factor; llama3
-// keeps the pairs whose wavelength 2 pi / f is under original / high_freq_factor,
-// divides those over original / low_freq_factor by the factor, and
-// interpolates between the two with s = (original / wavelength -
-// low_freq_factor) / (high_freq_factor - low_freq_factor):
-// (1 - s) f / factor + s f; yarn finds the pairs low and high that turn
-// beta_fast and beta_slow times over the original context (pair index
-// head_dim ln(original / (2 pi rotations)) / (2 ln theta), rounded outward
-// under truncate, kept in [0, head_dim - 1]) and blends with the ramp
-// r = clamp((i - low) / (high - low), 0, 1): r f / factor + (1 - r) f.
-std::vector<double> rope_inverse_frequencies(const ModelConfig& config);
-
-// The factor cos and sin are scaled by: yarn's attention_factor, else 1
-// (transformers multiplies its rotary embedding's cos and sin by it, so q
-// and k each carry it).
-double rope_attention_factor(const ModelConfig& config);
-
 // Host RoPE tables [rows, hd / 2] in the NeoX / HF rotate_half convention:
 // angle = pos * rope_inverse_frequencies(config)[i] (computed in fp64),
-// cos and sin times rope_attention_factor(config).
+// cos and sin times rope_attention_factor(config) (model_config.hpp);
+// InvalidArgument where those are not finite (a config not validated).
 void make_rope_tables(const ModelConfig& config, std::size_t rows, std::vector<float>& cos,
                       std::vector<float>& sin);
 

@@ -293,6 +293,38 @@ TEST(ModelConfig, YarnRopeScaling) {
   EXPECT_NO_THROW(parse_model_config(j.dump(), "just above 1"));
 }
 
+// RoPE settings validate() takes field by field can still overflow
+// together: a yarn factor or beta of 5e-324, a llama3 factor of 5e-324
+// give NaN or infinite frequencies. Refused when the config is parsed, not
+// by make_rope_tables after every weight has loaded.
+TEST(ModelConfig, RopeSettingsWithNonFiniteFrequenciesAreRefused) {
+  nlohmann::json j = nlohmann::json::parse(kQwen3Config);
+  const nlohmann::json yarn = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
+  for (const char* field : {"factor", "beta_fast"}) {
+    SCOPED_TRACE(field);
+    j["rope_scaling"] = yarn;
+    j["rope_scaling"][field] = 5e-324;
+    if (std::string(field) == "beta_fast") j["rope_scaling"]["beta_slow"] = 5e-324;
+    EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument, "c: RoPE yarn",
+                        "inverse frequency", "not finite");
+  }
+  nlohmann::json l = nlohmann::json::parse(kLlamaConfig);
+  l["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 5e-324},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
+  EXPECT_ENGINE_ERROR(parse_model_config(l.dump(), "c"), ErrorCode::InvalidArgument, "c: RoPE llama3",
+                      "inverse frequency = inf", "not finite");
+  // A theta so small its powers overflow, with no scaling at all.
+  l["rope_scaling"] = nullptr;
+  l["rope_theta"] = 5e-324;
+  EXPECT_ENGINE_ERROR(parse_model_config(l.dump(), "c"), ErrorCode::InvalidArgument, "c: RoPE none",
+                      "inverse frequency = inf");
+  l["rope_theta"] = 500000.0;
+  EXPECT_NO_THROW(parse_model_config(l.dump(), "c"));
+}
+
 // The dtype the model runs in: the checkpoint's torch_dtype, or the one the
 // caller names (the weights converted at load); float32 needs one.
 TEST(ModelConfig, RunDTypeOverridesTorchDType) {

@@ -1,7 +1,13 @@
 // Loading a tiny checkpoint directory: fused layouts, tables, and every error.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <limits>
+
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -415,6 +421,129 @@ TEST(Weights, CheckpointHasFewerLayersThanTheConfig) {
     EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::ShapeMismatch,
                         concat("num_hidden_layers = ", layers),
                         concat("no tensor '", layer_tensor_name(layers - 1, "input_layernorm.weight"), "'"));
+  }
+}
+
+// Loads `dir` in a forked child whose address space may grow by 4 GiB at
+// most, and prints what the load threw (or "loaded") to stderr, for
+// EXPECT_EXIT to match: a load that takes memory by the config's claims
+// rather than the checkpoint's shows as std::bad_alloc or ferrum's
+// OutOfMemory instead of the expected error, not as a machine out of memory.
+void load_in_bounded_memory(const std::filesystem::path& dir) {
+  std::size_t pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;  // the address space now, in pages
+  const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (rlim_t{4} << 30);
+  const rlimit bound{limit, limit};
+  if (setrlimit(RLIMIT_AS, &bound) != 0) std::fprintf(stderr, "setrlimit failed\n");
+  try {
+    CpuBackend be(CpuBackendConfig{.num_threads = 1});
+    (void)load_checkpoint(be, dir);
+    std::fprintf(stderr, "loaded\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+  }
+  std::fflush(stderr);
+  std::_Exit(0);
+}
+
+// A config claiming 2^24 layers beside a checkpoint that holds two and the
+// last one's input_layernorm (so the layer-count checks pass): the first
+// missing tensor is named at once. The loader used to table every layer's
+// tensors first: tens of GB, then std::bad_alloc or the OOM killer.
+TEST(Weights, LayerCountPastTheCheckpointNamesTheFirstMissingTensorInBoundedMemory) {
+  ModelConfig config = preset_config("tiny-llama");
+  const RandomTensorSource src(config, 5);
+  const auto dir = testing::scratch_dir() / "ckpt";
+  write_checkpoint(dir, config, src, SafetensorsDType::F16, 1);
+  config.num_hidden_layers = ModelConfig::kMaxConfigSize;
+  const std::string last = layer_tensor_name(config.num_hidden_layers - 1, "input_layernorm.weight");
+  write_safetensors(dir / "last.safetensors",
+                    {make_write_tensor(last, SafetensorsDType::F16, {64}, std::vector<float>(64, 1.0f))});
+  std::ofstream(dir / "config.json") << testing::config_json(config);
+  EXPECT_EXIT(load_in_bounded_memory(dir), ::testing::ExitedWithCode(0),
+              "\\[InvalidArgument\\].*missing tensor 'model\\.layers\\.2\\.input_layernorm\\.weight'");
+}
+
+// A config.json whose vocab_size x hidden_size (2^21 x 2048: 8 GiB as f16)
+// disagrees with the checkpoint's embeddings: the shape mismatch, before
+// anything is allocated at the config's size (the load used to allocate
+// the buffer and zero-fill as much host scratch first, or at the size
+// limits fail with a misleading out-of-memory).
+TEST(Weights, ConfigSizesPastTheCheckpointAreNamedBeforeAnyAllocation) {
+  ModelConfig config = preset_config("tiny-llama");
+  const RandomTensorSource src(config, 5);
+  const auto dir = testing::scratch_dir() / "ckpt";
+  write_checkpoint(dir, config, src, SafetensorsDType::F16, 1);
+  config.vocab_size = std::size_t{1} << 21;
+  config.hidden_size = 2048;
+  std::ofstream(dir / "config.json") << testing::config_json(config);
+  EXPECT_EXIT(load_in_bounded_memory(dir), ::testing::ExitedWithCode(0),
+              "\\[ShapeMismatch\\].*'model\\.embed_tokens\\.weight' has shape \\[256, 64\\] but the config needs "
+              "\\[2097152, 2048\\]");
+}
+
+// Every tensor's presence, dtype and shape is checked, from the headers,
+// before any value is read or uploaded: a missing lm_head.weight is named
+// even where layer 0 holds a bad value (it used to come out only after
+// every layer had loaded, minutes on a large model).
+TEST(Weights, HeadersAreCheckedBeforeAnyValue) {
+  const ModelConfig config = preset_config("tiny-llama");
+  const auto dir = checkpoint_with(config, "lm_head.weight", nullptr);
+  std::vector<float> bias(64, 0.0f);
+  bias[1] = 0.5f;  // a nonzero bias: Unsupported, found when its values are read
+  write_safetensors(dir / "bias.safetensors",
+                    {make_write_tensor("model.layers.0.self_attn.q_proj.bias", SafetensorsDType::F16, {64}, bias)});
+  CpuBackend be;
+  EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::InvalidArgument, "missing tensor 'lm_head.weight'");
+  std::filesystem::remove(dir / "bias.safetensors");
+  write_safetensors(dir / "bias.safetensors",
+                    {make_write_tensor("model.layers.1.self_attn.q_proj.bias", SafetensorsDType::F16, {32},
+                                       std::vector<float>(32))});  // and a bias's shape is a header check
+  EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::ShapeMismatch, "model.layers.1.self_attn.q_proj.bias",
+                      "[32]", "[64]");
+}
+
+// The values load_gptq refuses (a g_idx past the groups, a scale that is
+// not finite) name the projection's tensors and their file, and for a
+// fused projection its parts and their layout (load_gptq itself can name
+// only its argument).
+TEST(Weights, GptqValueErrorsNameTheTensorsAndTheFile) {
+  ModelConfig config = preset_config("tiny-llama");
+  config.gptq = GptqConfig{};
+  config.gptq->group_size = 32;
+  config.validate("test config");
+  const testing::GptqTestSource source(config, 3);
+  const std::string g_idx = "model.layers.1.self_attn.o_proj.g_idx";
+  const std::string scales = "model.layers.0.mlp.up_proj.scales";
+  for (const std::string& broken : {g_idx, scales}) {
+    SCOPED_TRACE(broken);
+    const auto dir = testing::scratch_dir() / "ckpt";
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "config.json") << testing::config_json(config);
+    std::vector<SafetensorsWriteTensor> tensors;
+    for (const ExpectedTensor& t : expected_tensors(config)) {
+      if (t.name == broken && broken == g_idx) {
+        std::vector<std::int32_t> values = source.read_i32(t.name);
+        values[5] = 7;  // o_proj's k = 64 in groups of 32: groups 0 and 1 only
+        tensors.push_back(make_write_tensor(t.name, t.shape, values));
+      } else if (t.name == broken) {
+        std::vector<float> values = source.read_f32(t.name);
+        values[3] = std::numeric_limits<float>::infinity();
+        tensors.push_back(make_write_tensor(t.name, SafetensorsDType::F16, t.shape, values));
+      } else {
+        tensors.push_back(testing::write_tensor_from(source, t, SafetensorsDType::F16));
+      }
+    }
+    write_safetensors(dir / "model.safetensors", tensors);
+    CpuBackend be;
+    if (broken == g_idx) {
+      EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::InvalidArgument, "model.safetensors",
+                          "GPTQ projection 'model.layers.1.self_attn.o_proj':", "load_gptq", "'g_idx' entry 5 = 7");
+    } else {
+      EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::InvalidArgument, "model.safetensors",
+                          "'model.layers.0.mlp.gate_proj' and 'model.layers.0.mlp.up_proj' (columns interleaved",
+                          "load_gptq", "'scales'", "not finite");
+    }
   }
 }
 
