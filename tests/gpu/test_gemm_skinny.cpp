@@ -9,6 +9,8 @@
 //   n = 4099 and 8200 (grids of about two blocks per SM: one- and two-tile
 //   tensor-core blocks), f16 and bf16.
 // - Deterministic: two runs of the same call are bitwise identical.
+// - TheSwitchReachesTheLaunch: gemm_skinny_max_m = 16 and 0 give different
+//   bits (else every test here could be running cuBLAS).
 // - FallsBack: views one element into their buffers (not 16-byte aligned)
 //   and k % 8 != 0 must take cuBLAS and still be right.
 // - GemmSkinnyApplicable (host only, runs without a GPU): the predicate the
@@ -112,6 +114,27 @@ TEST_P(CudaGemmSkinny, Deterministic) {
     EXPECT_TRUE(second.guards_ok());
     EXPECT_TRUE(bitwise_equal(second.at("out").bytes, first.at("out").bytes, size_of(dt())));
   }
+}
+
+// The switch reaches the launch: gemm_skinny_max_m = 16 (the skinny kernel)
+// and 0 (cuBLAS only) must differ in some output bit on random data, or the
+// tests above would be testing whichever kernel the default picks. (Sums in
+// another order differ in the last fp32 bits, so an output rounds
+// differently with probability ~2^-9 in bf16, more in f16: at n = 16384 a
+// run with no such element does not happen.)
+TEST_P(CudaGemmSkinny, TheSwitchReachesTheLaunch) {
+  FERRUM_SEEDED_RNG(rng);
+  CudaBackendConfig config;
+  config.gemm_skinny_max_m = 0;
+  CudaBackend cublas_only(config);
+  const GemmCase c = make_gemm_case(rng, dt(), m(), 16384, kLargeNK);
+  SCOPED_TRACE(describe(c));
+  const OpResult skinny_out = run(skinny(), c);
+  const OpResult cublas_out = run(cublas_only, c);
+  ASSERT_TRUE(skinny_out.guards_ok());
+  ASSERT_TRUE(cublas_out.guards_ok());
+  EXPECT_FALSE(bitwise_equal(skinny_out.at("out").bytes, cublas_out.at("out").bytes, size_of(dt())))
+      << "gemm_skinny_max_m = 16 and 0 gave the same bits: the setting did not choose the kernel";
 }
 
 TEST_P(CudaGemmSkinny, FallsBack) {

@@ -479,6 +479,19 @@ void expect_graph_replays_like_cpu(Backend& be, Backend& cpu, const WeightCase& 
 
 // gemm_gptq is capture-safe: recorded in a graph (fused path with act-order
 // gather and split-K, and the cuBLAS path), replay gives the eager result.
+// The fused kernel's 64-row configuration needs 180 / 190 KiB of shared
+// memory: where a block may have that (sm_90: 227 KiB) launches take
+// kGptqMaxM rows; below it (an A100's 163 KiB) 32, and gemm_gptq
+// dequantizes + cuBLAS above them instead of failing at load.
+TEST_F(CudaGptq, FusedRowsPerLaunchFollowTheDevicesSharedMemory) {
+  (void)cuda();  // its device current
+  int device = -1, optin = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), cudaSuccess);
+  constexpr int kConfig2ZerosBytes = 194560;  // FusedShape<4, 4, true, 5>::kSmemBytes
+  EXPECT_EQ(kernels::gptq_fused_max_rows(), optin >= kConfig2ZerosBytes ? kernels::kGptqMaxM : 32) << optin;
+}
+
 TEST_F(CudaGptq, GraphCaptureAndReplay) {
   FERRUM_SEEDED_RNG(rng);
   const WeightCase c{2048, 256, 128, false, true, GptqZeroFormat::V1};
