@@ -77,7 +77,12 @@ class Communicator {
 
   // Aborts the communicator (ncclCommAbort): kernels waiting on peers return,
   // the NCCL resources are freed and every later collective throws
-  // ErrorCode::Nccl. Idempotent.
+  // ErrorCode::Nccl. Idempotent. NCCL's abort waits until every CUDA graph
+  // holding this communicator's collectives is destroyed: reset_graph() on
+  // the backends holding one first (or let collective_timeout abort it,
+  // which destroys the waiting backend's graph first), or this never
+  // returns. With create_all's communicators, the last of the group to be
+  // aborted waits for the graphs of the whole group.
   void abort() noexcept;
   bool aborted() const noexcept;
   // Why it was aborted ("" while it is not).

@@ -92,10 +92,12 @@ struct CudaBackendConfig {
   // and never if the graph is still held at exit. Reset the graph before
   // building new communicators for the same devices.
   std::shared_ptr<Communicator> communicator;
-  // With a communicator, synchronize() (and the blocking reads / writes)
-  // wait at most this long for the stream; past it, or on an asynchronous
-  // NCCL error (a peer gone), the communicator is aborted and they throw
-  // ErrorCode::Nccl. Must be positive.
+  // With a communicator, synchronize() (and the blocking reads / writes,
+  // reset_graph) wait at most this long for the stream; past it, or on an
+  // asynchronous NCCL error (a peer gone), the communicator is aborted and
+  // they throw ErrorCode::Nccl. A held graph with its collectives is
+  // destroyed first (NCCL's abort waits for it): held_graph() is then 0.
+  // Must be positive.
   std::chrono::milliseconds collective_timeout{60000};
   // gemm with m <= gemm_skinny_max_m (0..kGemmSkinnyMaxM) takes the skinny decode kernel
   // (kernels/gemm_skinny.cu) where it applies; larger m, and 0, use cuBLAS.
@@ -372,6 +374,10 @@ class CudaBackend final : public Backend {
   // and that communicator's asynchronous error.
   void wait_stream(const char* op) { wait_stream(op, comm_.get()); }
   void wait_stream(const char* op, Communicator* comm);
+  // Aborts comm (a peer gone, or past collective_timeout), destroying first
+  // the held graph if its collectives are comm's: NCCL's abort waits for
+  // such graphs, so it would never return while this thread held one.
+  void abort_communicator(Communicator& comm, const std::string& reason);
   // Throws Unsupported naming op and arg when head_dim exceeds the RoPE kernels' limit.
   void check_rope_head_dim(const char* op, const char* arg, std::size_t head_dim);
   // Before a collective through comm_: refuses host memory among `buffers`

@@ -200,7 +200,7 @@ void nccl_reduce_scatter(Communicator& comm, const void* input, void* output, st
              "reduce_scatter", "ncclReduceScatter");
 }
 
-std::string nccl_take_async_error(Communicator& comm) {
+std::string nccl_async_error(Communicator& comm) {
   Impl& im = CommunicatorAccess::impl(comm);
   std::lock_guard<std::mutex> lock(im.mutex);
   if (im.aborted.load(std::memory_order_acquire) || im.comm == nullptr) return {};
@@ -209,10 +209,8 @@ std::string nccl_take_async_error(Communicator& comm) {
   if (query != ncclSuccess) async = query;
   if (async == ncclSuccess || async == ncclInProgress) return {};
   const char* last = ncclGetLastError(im.comm);
-  std::string what = fmt::format("{} (ncclResult {}){}{}", ncclGetErrorString(async), static_cast<int>(async),
-                                 (last != nullptr && *last != '\0') ? "; NCCL says: " : "", last != nullptr ? last : "");
-  abort_locked(im, "asynchronous NCCL error: " + what);
-  return what;
+  return fmt::format("{} (ncclResult {}){}{}", ncclGetErrorString(async), static_cast<int>(async),
+                     (last != nullptr && *last != '\0') ? "; NCCL says: " : "", last != nullptr ? last : "");
 }
 
 void nccl_abort(Communicator& comm, const std::string& reason) noexcept {
@@ -233,7 +231,7 @@ void nccl_broadcast(Communicator&, void*, std::size_t, DType, int, cudaStream_t)
 void nccl_reduce_scatter(Communicator&, const void*, void*, std::size_t, DType, ReduceOp, cudaStream_t) {
   fail_without_nccl("reduce_scatter");
 }
-std::string nccl_take_async_error(Communicator&) { return {}; }
+std::string nccl_async_error(Communicator&) { return {}; }
 void nccl_abort(Communicator& comm, const std::string& reason) noexcept {
   Impl& im = CommunicatorAccess::impl(comm);
   std::lock_guard<std::mutex> lock(im.mutex);

@@ -331,8 +331,9 @@ void CudaBackend::wait_stream(const char* op, Communicator* comm) {
     const cudaError_t q = cudaStreamQuery(rt_->stream);
     if (q == cudaSuccess) return;
     if (q != cudaErrorNotReady) check_cuda(q, op, "cudaStreamQuery");
-    const std::string async = detail::nccl_take_async_error(*comm);
+    const std::string async = detail::nccl_async_error(*comm);
     if (!async.empty()) {
+      abort_communicator(*comm, "asynchronous NCCL error: " + async);
       detail::fail(ErrorCode::Nccl,
                    "{}: NCCL reported an asynchronous error on rank {} of {} (device {}): {}; the communicator was "
                    "aborted (a peer may be gone)",
@@ -347,8 +348,8 @@ void CudaBackend::wait_stream(const char* op, Communicator* comm) {
                      op, device_, collective_timeout_.count(), comm->rank(), comm->world_size(),
                      comm->abort_reason());
       }
-      detail::nccl_abort(*comm, fmt::format("{} timed out after collective_timeout = {} ms", op,
-                                             collective_timeout_.count()));
+      abort_communicator(*comm, fmt::format("{} timed out after collective_timeout = {} ms", op,
+                                            collective_timeout_.count()));
       detail::fail(ErrorCode::Nccl,
                    "{}: timeout: the stream of device {} did not finish within collective_timeout = {} ms (a "
                    "collective waits for a peer that is gone or never issued it); the communicator (rank {} of {}) "
@@ -361,6 +362,28 @@ void CudaBackend::wait_stream(const char* op, Communicator* comm) {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
   }
+}
+
+// NCCL's abort waits until every graph holding the communicator's
+// collectives is destroyed (their plans are the graph's), so the slot's
+// graph goes first: an exec still in flight is freed when it completes,
+// which the abort lets its collectives do. What it may point at stays
+// retired until reset_graph (or the next end_graph_capture) has drained the
+// stream. Only this device's slot: another device's graph holding a
+// communicator of the same create_all group is its backend's to reset.
+void CudaBackend::abort_communicator(Communicator& comm, const std::string& reason) {
+  const std::shared_ptr<Communicator> keep = rt_->graph_communicator;  // comm may be the graph's last owner
+  if (rt_->graph_collectives && rt_->graph_communicator.get() == &comm) {
+    if (rt_->graph_exec != nullptr && cudaGraphExecDestroy(rt_->graph_exec) != cudaSuccess) (void)cudaGetLastError();
+    if (rt_->graph != nullptr && cudaGraphDestroy(rt_->graph) != cudaSuccess) (void)cudaGetLastError();
+    rt_->graph_exec = nullptr;
+    rt_->graph = nullptr;
+    rt_->graph_id = 0;
+    rt_->graph_collectives = false;
+    rt_->graph_communicator.reset();
+    rt_->graph_in_flight = true;  // retired memory waits for a drained stream
+  }
+  detail::nccl_abort(comm, reason);
 }
 
 // ── Memory ─────────────────────────────────────────────────────────────────
@@ -566,15 +589,23 @@ bool CudaBackend::do_replay_last_graph() {
 
 void CudaBackend::do_reset_graph() {
   if (rt_->graph_exec == nullptr && rt_->graph == nullptr) {
+    if (rt_->graph_in_flight) {
+      // abort_communicator destroyed a graph that may still have been
+      // running: free what it may read only once the stream has drained
+      // (its collectives return, their communicator being aborted).
+      detail::activate_device(device_);
+      wait_stream("reset_graph", nullptr);
+      rt_->graph_in_flight = false;
+    }
     detail::graph_dropped(*rt_);
     return;
   }
   detail::activate_device(device_);
   // A replay may still be running; let it finish before freeing the graph.
   // A replayed collective may wait on a peer that is gone: the same bounded
-  // wait as synchronize() (on timeout the communicator is aborted, its
-  // kernels return, and this throws Nccl with the graph still held; a later
-  // reset_graph() then frees it).
+  // wait as synchronize() (on timeout the graph is destroyed, the
+  // communicator aborted, its kernels return, and this throws Nccl; a later
+  // reset_graph() frees what the graph pointed at, once the stream drained).
   // The held graph's collectives are its communicator's (perhaps not this
   // backend's): a replay stuck on a peer is that one's to time out.
   wait_stream("reset_graph", rt_->graph_communicator != nullptr ? rt_->graph_communicator.get() : comm_.get());

@@ -39,6 +39,10 @@ struct CudaRuntime {
   // neither. graph_collectives: the graph holds collectives at all.
   std::shared_ptr<Communicator> graph_communicator;
   bool graph_collectives = false;
+  // The held graph was destroyed to abort its communicator, perhaps while a
+  // replay ran (CudaBackend::abort_communicator): until a drained stream,
+  // the memory retired for it stays retired.
+  bool graph_in_flight = false;
   // The communicator whose collectives the capture in progress recorded:
   // one per capture (the graph keeps that one alive), null before the first.
   std::shared_ptr<Communicator> capture_communicator;

@@ -30,9 +30,11 @@ void nccl_broadcast(Communicator& comm, void* buf, std::size_t len, DType dtype,
 void nccl_reduce_scatter(Communicator& comm, const void* input, void* output, std::size_t len, DType dtype,
                          ReduceOp op, cudaStream_t stream);
 
-// ncclCommGetAsyncError. "" while healthy (or already aborted); otherwise the
-// communicator has just been aborted and the result describes the error.
-std::string nccl_take_async_error(Communicator& comm);
+// ncclCommGetAsyncError. "" while healthy (or already aborted); otherwise
+// the error's description. It does not abort: the caller does, after
+// destroying any graph that holds the communicator's collectives (NCCL's
+// abort waits for those graphs to go).
+std::string nccl_async_error(Communicator& comm);
 
 // Aborts the communicator with `reason` (kept for later errors). Idempotent.
 void nccl_abort(Communicator& comm, const std::string& reason) noexcept;

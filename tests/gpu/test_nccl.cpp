@@ -373,12 +373,15 @@ TEST_F(NcclTest, HeldGraphKeepsItsCommunicator) {
   }
 }
 
-// A held graph whose communicator was aborted (a timeout, an asynchronous
-// error, or abort()): its replay throws Nccl at once instead of launching
-// collectives on freed NCCL state; reset_graph() still drops it.
-TEST_F(NcclTest, ReplayOfAnAbortedCommunicatorsGraphThrows) {
+// A replayed collective whose peer never comes: synchronize() times out,
+// destroys the held graph first (NCCL's abort waits until every graph
+// holding the communicator's collectives is gone, so aborting with the graph
+// held never returned) and aborts the communicator; the backend works on.
+// Rank 1 resets its own graph before its communicator, the group's last, is
+// aborted (Communicator::abort's rule).
+TEST_F(NcclTest, AReplayPastTheTimeoutDropsTheGraphAndAborts) {
   constexpr std::size_t len = 1024;
-  TwoRanks ranks;
+  TwoRanks ranks(std::chrono::milliseconds(2000));
   std::array<Buffer, 2> acc;
   expect_no_failures(on_both_ranks(ranks, [&](std::size_t r, CudaBackend& be, std::vector<std::string>&) {
     acc[r] = be.upload(std::vector<float>(len, 1.0f), DType::F32);
@@ -388,23 +391,29 @@ TEST_F(NcclTest, ReplayOfAnAbortedCommunicatorsGraphThrows) {
     be.all_reduce(acc[r], len, ReduceOp::Sum);
     be.end_graph_capture();
   }));
-  for (std::size_t r = 0; r < 2; ++r) {
-    SCOPED_TRACE(cat("rank ", r));
-    CudaBackend& be = ranks.be(r);
-    be.communicator()->abort();
-    expect_error(ErrorCode::Nccl, "replay_last_graph", [&] { (void)be.replay_last_graph(); }, "aborted");
-    be.reset_graph();
-    EXPECT_EQ(be.held_graph(), 0u);
-    // A graph of local ops only still replays on that backend.
-    Buffer one = be.upload(std::vector<float>(len, 1.0f), DType::F32);
-    Buffer local = be.upload(std::vector<float>(len, 0.0f), DType::F32);
-    be.begin_graph_capture();
-    be.add_inplace(local, one, len);
-    be.end_graph_capture();
-    EXPECT_TRUE(be.replay_last_graph());
-    EXPECT_EQ(be.download(local), std::vector<float>(len, 1.0f));
-    be.reset_graph();
-  }
+  CudaBackend& be = ranks.be(0);
+  ASSERT_NE(be.held_graph(), 0u);
+  ASSERT_TRUE(be.replay_last_graph());  // rank 1 never replays its half
+  const auto start = std::chrono::steady_clock::now();
+  expect_error(ErrorCode::Nccl, "synchronize", [&] { be.synchronize(); }, "timeout");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  EXPECT_TRUE(ranks.comms[0]->aborted());
+  EXPECT_EQ(be.held_graph(), 0u) << "the graph goes before the abort";
+  EXPECT_FALSE(be.replay_last_graph());
+  EXPECT_NO_THROW(be.reset_graph());  // drains the stream, frees what the graph pointed at
+  EXPECT_EQ(be.graph_retained_allocations(), 0u);
+  // A graph of local ops captures and replays on that backend.
+  Buffer one = be.upload(std::vector<float>(len, 1.0f), DType::F32);
+  Buffer local = be.upload(std::vector<float>(len, 0.0f), DType::F32);
+  be.begin_graph_capture();
+  be.add_inplace(local, one, len);
+  be.end_graph_capture();
+  EXPECT_TRUE(be.replay_last_graph());
+  EXPECT_EQ(be.download(local), std::vector<float>(len, 1.0f));
+  be.reset_graph();
+  ranks.be(1).reset_graph();
+  ranks.comms[1]->abort();
+  EXPECT_TRUE(ranks.comms[1]->aborted());
 }
 
 // NCCL reads device memory: host memory (alloc_host) in any collective's
