@@ -372,8 +372,9 @@ class CudaBackend final : public Backend {
   // Waits for the stream; with a communicator (this backend's, or for
   // reset_graph the held graph's), polls it under the collective timeout
   // and that communicator's asynchronous error.
-  void wait_stream(const char* op) { wait_stream(op, comm_.get()); }
-  void wait_stream(const char* op, Communicator* comm);
+  // (Owning: an abort may drop the graph's reference, perhaps the last.)
+  void wait_stream(const char* op) { wait_stream(op, comm_); }
+  void wait_stream(const char* op, std::shared_ptr<Communicator> comm);
   // Aborts comm (a peer gone, or past collective_timeout), destroying first
   // the held graph if its collectives are comm's: NCCL's abort waits for
   // such graphs, so it would never return while this thread held one.

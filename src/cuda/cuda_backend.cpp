@@ -319,7 +319,7 @@ void CudaBackend::synchronize() {
 // round checks the communicator's asynchronous error, and past
 // collective_timeout the communicator is aborted (its kernels then return).
 // Either way the error is ErrorCode::Nccl and the communicator stays aborted.
-void CudaBackend::wait_stream(const char* op, Communicator* comm) {
+void CudaBackend::wait_stream(const char* op, std::shared_ptr<Communicator> comm) {
   if (comm == nullptr) {
     check_cuda(cudaStreamSynchronize(rt_->stream), op, "cudaStreamSynchronize");
     return;
@@ -368,11 +368,10 @@ void CudaBackend::wait_stream(const char* op, Communicator* comm) {
 // collectives is destroyed (their plans are the graph's), so the slot's
 // graph goes first: an exec still in flight is freed when it completes,
 // which the abort lets its collectives do. What it may point at stays
-// retired until reset_graph (or the next end_graph_capture) has drained the
-// stream. Only this device's slot: another device's graph holding a
+// retired until the stream has drained (here, within collective_timeout,
+// else at reset_graph or the next end_graph_capture). Only this device's slot: another device's graph holding a
 // communicator of the same create_all group is its backend's to reset.
 void CudaBackend::abort_communicator(Communicator& comm, const std::string& reason) {
-  const std::shared_ptr<Communicator> keep = rt_->graph_communicator;  // comm may be the graph's last owner
   if (rt_->graph_collectives && rt_->graph_communicator.get() == &comm) {
     if (rt_->graph_exec != nullptr && cudaGraphExecDestroy(rt_->graph_exec) != cudaSuccess) (void)cudaGetLastError();
     if (rt_->graph != nullptr && cudaGraphDestroy(rt_->graph) != cudaSuccess) (void)cudaGetLastError();
@@ -384,6 +383,21 @@ void CudaBackend::abort_communicator(Communicator& comm, const std::string& reas
     rt_->graph_in_flight = true;  // retired memory waits for a drained stream
   }
   detail::nccl_abort(comm, reason);
+  if (!rt_->graph_in_flight) return;
+  // The aborted collectives return: once the stream drains (within the
+  // timeout; else reset_graph waits for it), the retired memory goes now,
+  // not at a reset_graph that held_graph() = 0 gives no reason to call.
+  const auto deadline = std::chrono::steady_clock::now() + collective_timeout_;
+  cudaError_t q = cudaErrorNotReady;
+  while ((q = cudaStreamQuery(rt_->stream)) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  if (q == cudaSuccess) {
+    rt_->graph_in_flight = false;
+    detail::graph_dropped(*rt_);
+  } else if (q != cudaErrorNotReady) {
+    (void)cudaGetLastError();  // the caller's Nccl error says what happened; reset_graph reports this
+  }
 }
 
 // ── Memory ─────────────────────────────────────────────────────────────────
@@ -594,7 +608,7 @@ void CudaBackend::do_reset_graph() {
       // running: free what it may read only once the stream has drained
       // (its collectives return, their communicator being aborted).
       detail::activate_device(device_);
-      wait_stream("reset_graph", nullptr);
+      wait_stream("reset_graph", /*comm=*/nullptr);
       rt_->graph_in_flight = false;
     }
     detail::graph_dropped(*rt_);
@@ -608,7 +622,7 @@ void CudaBackend::do_reset_graph() {
   // reset_graph() frees what the graph pointed at, once the stream drained).
   // The held graph's collectives are its communicator's (perhaps not this
   // backend's): a replay stuck on a peer is that one's to time out.
-  wait_stream("reset_graph", rt_->graph_communicator != nullptr ? rt_->graph_communicator.get() : comm_.get());
+  wait_stream("reset_graph", rt_->graph_communicator != nullptr ? rt_->graph_communicator : comm_);
   // The stream drained above, so these free only host-side objects; a
   // failure leaks them and must not be reported by the next op as its own.
   if (rt_->graph_exec != nullptr && cudaGraphExecDestroy(rt_->graph_exec) != cudaSuccess) (void)cudaGetLastError();
