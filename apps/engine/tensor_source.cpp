@@ -9,8 +9,12 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "checkpoint_file.hpp"
 #include "checkpoint_layout.hpp"
 #include "engine_error.hpp"
+#include "json_text.hpp"
 
 namespace ferrum::engine {
 
@@ -124,6 +128,54 @@ std::vector<std::uint16_t> TensorSource::read_half(const std::string& name, DTyp
 
 // ── CheckpointDirectory ───────────────────────────────────────────────────
 
+namespace {
+
+// The shard index Hugging Face writes beside sharded checkpoints; its
+// weight_map names each tensor's file. Bounded like config.json.
+constexpr const char* kShardIndex = "model.safetensors.index.json";
+constexpr std::uint64_t kMaxShardIndexBytes = std::uint64_t{64} << 20;
+
+// Every tensor the index names lies in the file it names: a shard missing
+// from the directory is named as such (else the first tensor the load needs
+// from it would be "missing"), and a tensor found in another file than the
+// index says is refused (a mixed-up or stale checkpoint).
+void check_shard_index(const std::filesystem::path& dir, const std::filesystem::path& index_path,
+                       const std::map<std::string, std::size_t>& owner,
+                       const std::vector<SafetensorsFile>& files) {
+  const std::string where = concat("checkpoint '", dir.string(), "': ", kShardIndex);
+  const auto quoted = [](const std::string& text) { return describe_json(nlohmann::json(text)); };
+  nlohmann::json index;
+  try {
+    index = nlohmann::json::parse(read_regular_file(index_path, where, kMaxShardIndexBytes));
+  } catch (const nlohmann::json::exception& e) {
+    fail(ErrorCode::InvalidArgument, where, " is not valid JSON (", e.what(), ")");
+  }
+  const auto map = index.is_object() ? index.find("weight_map") : index.end();
+  if (!index.is_object() || map == index.end() || !map->is_object()) {
+    fail(ErrorCode::InvalidArgument, where, " has no \"weight_map\" object (", describe_json(index), ")");
+  }
+  for (const auto& [name, shard] : map->items()) {
+    if (!shard.is_string()) {
+      fail(ErrorCode::InvalidArgument, where, ": weight_map[", quoted(name), "] is ",
+           describe_json(shard), ", not a file name");
+    }
+    const std::string file = shard.get<std::string>();
+    const auto in = owner.find(name);
+    if (in != owner.end() && files[in->second].path().filename().string() == file) continue;
+    const bool listed = std::any_of(files.begin(), files.end(),
+                                    [&](const SafetensorsFile& f) { return f.path().filename().string() == file; });
+    if (!listed) {
+      fail(ErrorCode::InvalidArgument, where, " puts tensor ", quoted(name), " in ", quoted(file),
+           ", which is not a *.safetensors file of the directory (a missing shard?)");
+    }
+    fail(ErrorCode::InvalidArgument, where, " puts tensor ", quoted(name), " in ", quoted(file),
+         in == owner.end() ? std::string(", which does not hold it")
+                           : concat(", but it is in '", files[in->second].path().filename().string(), "'"));
+  }
+}
+
+}  // namespace
+
 CheckpointDirectory::CheckpointDirectory(const std::filesystem::path& dir) : dir_(dir) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) {
@@ -159,6 +211,8 @@ CheckpointDirectory::CheckpointDirectory(const std::filesystem::path& dir) : dir
       }
     }
   }
+  const std::filesystem::path index = dir / kShardIndex;
+  if (std::filesystem::exists(index, ec)) check_shard_index(dir, index, owner_, files_);
 }
 
 const SafetensorsFile& CheckpointDirectory::file_of(const std::string& name) const {

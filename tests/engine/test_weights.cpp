@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <string>
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -388,6 +390,54 @@ TEST(Weights, DuplicateTensorAcrossShards) {
                     {make_write_tensor("model.norm.weight", SafetensorsDType::F16, {64}, std::vector<float>(64, 1.0f))});
   CpuBackend be;
   EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::InvalidArgument, "model.norm.weight", "extra.safetensors");
+}
+
+// model.safetensors.index.json, where present, must agree with the files: a
+// shard it names but the directory lacks is named as missing (not as the
+// first tensor the load needs from it), and a tensor in another file than
+// the index says is refused; an index that agrees loads.
+TEST(Weights, ShardIndexMustAgreeWithTheFiles) {
+  const ModelConfig config = preset_config("tiny-llama");
+  const RandomTensorSource src(config, 5);
+  const auto dir = testing::scratch_dir() / "ckpt";
+  write_checkpoint(dir, config, src, SafetensorsDType::F16, 2);
+  const std::string first = "model-00001-of-00002.safetensors", second = "model-00002-of-00002.safetensors";
+  std::map<std::string, std::string> weight_map;
+  {
+    const CheckpointDirectory files(dir);
+    for (const SafetensorsFile& f : files.files()) {
+      for (const auto& [name, info] : f.tensors()) weight_map[name] = f.path().filename().string();
+    }
+  }
+  ASSERT_EQ(weight_map.at("model.embed_tokens.weight"), first);
+  auto write_index = [&](const std::map<std::string, std::string>& map) {
+    std::string json = "{\"metadata\": {\"total_size\": 1}, \"weight_map\": {";
+    for (auto it = map.begin(); it != map.end(); ++it) {
+      json += (it == map.begin() ? "\"" : ", \"") + it->first + "\": \"" + it->second + "\"";
+    }
+    std::ofstream(dir / "model.safetensors.index.json") << json << "}}";
+  };
+  CpuBackend be;
+  write_index(weight_map);
+  EXPECT_NO_THROW(load_checkpoint(be, dir));
+  // A tensor the index puts in the other shard.
+  std::map<std::string, std::string> swapped = weight_map;
+  swapped["model.embed_tokens.weight"] = second;
+  write_index(swapped);
+  EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::InvalidArgument, "model.safetensors.index.json",
+                      "\"model.embed_tokens.weight\"", second, "but it is in '" + first + "'");
+  // A shard the index names that is not there.
+  std::map<std::string, std::string> gone = weight_map;
+  gone["model.norm.weight"] = "model-00003-of-00003.safetensors";
+  write_index(gone);
+  EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::InvalidArgument, "model-00003-of-00003.safetensors",
+                      "a missing shard");
+  // Not JSON, or no weight_map.
+  std::ofstream(dir / "model.safetensors.index.json") << "{\"weight_map\": ";
+  EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::InvalidArgument, "model.safetensors.index.json",
+                      "not valid JSON");
+  std::ofstream(dir / "model.safetensors.index.json") << "{\"metadata\": {}}";
+  EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::InvalidArgument, "no \"weight_map\" object");
 }
 
 // A checkpoint with a layer past the config's num_hidden_layers: refused,
