@@ -12,12 +12,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 
 #include "kernels/argmax.hpp"
 #include "kernels/common/check.hpp"
 #include "kernels/common/cluster.cuh"
 #include "kernels/common/dtype.cuh"
 #include "kernels/common/launch.cuh"
+#include "kernels/common/per_device.hpp"
 #include "kernels/common/vec.cuh"
 
 namespace ferrum::kernels {
@@ -172,9 +174,23 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 }
 static_assert(kWarps <= 32 && kCluster <= 32, "the block and cluster steps reduce one candidate per lane of one warp");
 
+// Whether one cluster of kCluster blocks of `Kernel` can be resident at all:
+// not on a GPU partition (MIG, an MPS SM limit) with fewer than kCluster
+// free SMs of one GPC, where a clustered launch fails. There the launch
+// takes one block per row instead (the same result: the winner is unique).
+// Asked once per kernel and device; a failed query throws naming argmax.
+template <auto Kernel>
+bool argmax_cluster_fits() {
+  static PerDeviceAnswers<bool, 1> known;
+  const int device = current_device_index("argmax");
+  return *known.get(device, 0, [&]() -> std::optional<bool> {
+    return cluster_resident("argmax", Kernel, dim3(kCluster, 1, 1), dim3(kThreads), 0);
+  });
+}
+
 template <class T>
 void launch_typed(const void* x, std::int32_t* out, long long rows, long long cols, long long max_row_groups,
-                  cudaStream_t stream) {
+                  ArgmaxGrouping grouping, cudaStream_t stream) {
   constexpr int kWide = kVec16<T>;
   const auto* xt = static_cast<const T*>(x);
   // Every row starts 16-byte aligned when the base is and cols is a
@@ -185,7 +201,9 @@ void launch_typed(const void* x, std::int32_t* out, long long rows, long long co
     launch_pdl_clustered("argmax", dim3(static_cast<unsigned>(blocks_per_row), 1, 1), kernel, grid, kThreads, 0,
                          stream, xt, out, rows, static_cast<int>(cols));
   };
-  if (device_is_sm90_or_later() && has_sm90_code<argmax_kernel<T, kWide, true>>()) {
+  if (grouping == ArgmaxGrouping::ClusterWhereResident && device_is_sm90_or_later() &&
+      has_sm90_code<argmax_kernel<T, kWide, true>>() &&
+      (wide ? argmax_cluster_fits<argmax_kernel<T, kWide, true>>() : argmax_cluster_fits<argmax_kernel<T, 1, true>>())) {
     wide ? go(argmax_kernel<T, kWide, true>, kCluster) : go(argmax_kernel<T, 1, true>, kCluster);
   } else {
     wide ? go(argmax_kernel<T, kWide, false>, 1) : go(argmax_kernel<T, 1, false>, 1);
@@ -196,18 +214,18 @@ void launch_typed(const void* x, std::int32_t* out, long long rows, long long co
 
 void launch_argmax(DType dtype, const void* x, std::int32_t* out, long long rows, long long cols,
                    cudaStream_t stream) {
-  launch_argmax(dtype, x, out, rows, cols, kArgmaxMaxRowGroups, stream);
+  launch_argmax(dtype, x, out, rows, cols, kArgmaxMaxRowGroups, ArgmaxGrouping::ClusterWhereResident, stream);
 }
 
 void launch_argmax(DType dtype, const void* x, std::int32_t* out, long long rows, long long cols,
-                   long long max_row_groups, cudaStream_t stream) {
+                   long long max_row_groups, ArgmaxGrouping grouping, cudaStream_t stream) {
   if (max_row_groups < 1 || max_row_groups > kArgmaxMaxRowGroups) {
     throw_bad_dispatch("argmax", "max_row_groups (1 .. kArgmaxMaxRowGroups)", max_row_groups);
   }
   switch (dtype) {
-    case DType::F16: launch_typed<__half>(x, out, rows, cols, max_row_groups, stream); break;
-    case DType::BF16: launch_typed<__nv_bfloat16>(x, out, rows, cols, max_row_groups, stream); break;
-    case DType::F32: launch_typed<float>(x, out, rows, cols, max_row_groups, stream); break;
+    case DType::F16: launch_typed<__half>(x, out, rows, cols, max_row_groups, grouping, stream); break;
+    case DType::BF16: launch_typed<__nv_bfloat16>(x, out, rows, cols, max_row_groups, grouping, stream); break;
+    case DType::F32: launch_typed<float>(x, out, rows, cols, max_row_groups, grouping, stream); break;
     default: throw_bad_dispatch("argmax", "dtype (expected f16, bf16 or f32)", static_cast<long long>(dtype));
   }
   check_launch("argmax");

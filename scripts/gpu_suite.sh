@@ -235,7 +235,7 @@ geom_dir() { if [ "$1" = 128 ]; then echo "$B"; else echo "${B}-slices$1"; fi; }
 RACELONG_TESTS='CudaGptqStreamBulk.ClusterReduceGivesTheWorkspaceReductionsBits:CudaArgmax.MatchesCpuOnEveryRowCount'
 # Never under racecheck: six launches of 65536 clusters did not finish in
 # 470 s (session 29). Its row loop is race-checked through
-# CudaArgmax.RowLoopWithFewClusters (the launcher capped at 1-8 clusters),
+# CudaArgmax.RowLoopWithFewGroupsEitherGrouping (the launcher capped at 1-8 row groups),
 # which the CudaArgmax.* filters take.
 RACECHECK_NEVER='CudaArgmax.ManyRowsPerCluster'
 LOG="$OUT/suite.log"

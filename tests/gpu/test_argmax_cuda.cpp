@@ -1,5 +1,5 @@
 // CudaBackend::argmax (kernels/argmax.cu: a row split over a cluster of 8
-// blocks) against CpuBackend, index for index, into poisoned, guarded
+// blocks where one can be resident) against CpuBackend, index for index, into poisoned, guarded
 // outputs; its values are also checked on every backend by
 // tests/cpu/test_argmax.cpp (the Cuda instance runs where a GPU is visible).
 //
@@ -12,8 +12,10 @@
 //   +inf) at the last column of one block's segment and the first of the
 //   next: the smaller index wins.
 // - ManyRowsPerCluster: more rows than the grid has clusters.
-// - RowLoopWithFewClusters: the same row loop through the launcher with
-//   its grid capped at 1, 3 and 8 row groups (small enough for racecheck).
+// - RowLoopWithFewGroupsEitherGrouping: the same row loop through the
+//   launcher with its grid capped at 1, 3 and 8 row groups (small enough for
+//   racecheck), clustered and one block per row (the path of older devices
+//   and of GPU partitions too small for a cluster of 8).
 // - GraphReplayReadsTheCurrentInput: captured once, replayed after the input
 //   changed ([1 x 4096] and a decode batch [16 x 151936]).
 #include <gtest/gtest.h>
@@ -109,29 +111,40 @@ TEST_F(CudaArgmax, ManyRowsPerCluster) {
 
 // kernels::launch_argmax with its grid capped at max_row_groups: every group
 // walks its rows in turn (37 rows: groups take 37, 12-13 or 4-5 rows), the
-// loop ManyRowsPerCluster reaches only past 65536 rows. Scalar (7), one
-// vector (8) and eight-segment (4104) rows, into a guarded output.
-TEST_F(CudaArgmax, RowLoopWithFewClusters) {
+// loop ManyRowsPerCluster reaches only past 65536 rows. Both groupings: the
+// cluster the H200 runs, and the one block per row that older devices and
+// GPU partitions too small for a cluster run. Scalar (7), one vector (8) and
+// eight-segment (4104) rows, and 40000- and 40003-column rows (several batches of
+// loads per thread with one block per row), into a guarded output.
+TEST_F(CudaArgmax, RowLoopWithFewGroupsEitherGrouping) {
   FERRUM_SEEDED_RNG(rng);
   constexpr std::size_t kRows = 37;
   auto& be = static_cast<CudaBackend&>(cuda());
-  for (DType dt : kArgmaxDTypes) {
-    for (std::size_t cols : {7u, 8u, 4104u}) {
-      for (long long groups : {1LL, 3LL, 8LL}) {
-        SCOPED_TRACE(cat(to_string(dt), " cols=", cols, " groups=", groups));
-        const HostTensor x = argmax_input(rng, dt, kRows, cols);
-        const std::vector<std::int32_t> got = run_argmax_with(be, x, kRows, 0, [&](const Buffer& xb, Buffer& out) {
-          kernels::launch_argmax(dt, xb.data(), static_cast<std::int32_t*>(out.data()), static_cast<long long>(kRows),
-                                 static_cast<long long>(cols), groups, be.stream());
-        });
-        EXPECT_EQ(got, argmax_reference(x, kRows, cols));
+  using kernels::ArgmaxGrouping;
+  for (ArgmaxGrouping grouping : {ArgmaxGrouping::ClusterWhereResident, ArgmaxGrouping::OneBlockPerRow}) {
+    for (DType dt : kArgmaxDTypes) {
+      for (std::size_t cols : {7u, 8u, 4104u, 40000u, 40003u}) {
+        for (long long groups : {1LL, 3LL, 8LL}) {
+          SCOPED_TRACE(cat(to_string(dt), " cols=", cols, " groups=", groups, " one block per row=",
+                           grouping == ArgmaxGrouping::OneBlockPerRow));
+          const HostTensor x = argmax_input(rng, dt, kRows, cols);
+          const std::vector<std::int32_t> got = run_argmax_with(be, x, kRows, 0, [&](const Buffer& xb, Buffer& out) {
+            kernels::launch_argmax(dt, xb.data(), static_cast<std::int32_t*>(out.data()),
+                                   static_cast<long long>(kRows), static_cast<long long>(cols), groups, grouping,
+                                   be.stream());
+          });
+          EXPECT_EQ(got, argmax_reference(x, kRows, cols));
+        }
       }
     }
   }
   // A cap outside 1 .. kArgmaxMaxRowGroups is refused as a launcher misuse, naming it.
   for (long long groups : {0LL, kernels::kArgmaxMaxRowGroups + 1}) {
     expect_error(ErrorCode::Internal, "argmax",
-                 [&] { kernels::launch_argmax(DType::F32, nullptr, nullptr, 1, 1, groups, be.stream()); },
+                 [&] {
+                   kernels::launch_argmax(DType::F32, nullptr, nullptr, 1, 1, groups,
+                                          kernels::ArgmaxGrouping::ClusterWhereResident, be.stream());
+                 },
                  "max_row_groups");
   }
 }
