@@ -421,10 +421,18 @@ std::vector<std::string> kernels_launched_by_flash_attention(Backend& be, DType 
     ADD_FAILURE() << "cudaStreamBeginCapture failed";
     return names;
   }
-  be.flash_attention(q, k, v, out, kBatch, kLen, kLen, 0, cfg);
+  std::string thrown;
+  try {
+    be.flash_attention(q, k, v, out, kBatch, kLen, kLen, 0, cfg);
+  } catch (const Error& e) {
+    thrown = e.what();  // the capture is the caller's: ended below either way
+  }
   cudaGraph_t graph = nullptr;
-  if (cudaStreamEndCapture(cuda_be.stream(), &graph) != cudaSuccess || graph == nullptr) {
-    ADD_FAILURE() << "cudaStreamEndCapture failed";
+  const cudaError_t ended = cudaStreamEndCapture(cuda_be.stream(), &graph);
+  if (!thrown.empty() || ended != cudaSuccess || graph == nullptr) {
+    if (graph != nullptr) EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+    (void)cudaGetLastError();
+    ADD_FAILURE() << "flash_attention under capture: " << (thrown.empty() ? "cudaStreamEndCapture failed" : thrown);
     return names;
   }
   std::size_t count = 0;
