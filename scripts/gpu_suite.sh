@@ -448,6 +448,16 @@ sanitize() {
   [ "$MODE" = l2probe ] && MAIN_TARGETS=(--target ferrum_bench_l2_residency ferrum_kernel_trace)
   [ "$MODE" = decodeorder ] && MAIN_TARGETS=(--target ferrum_bench)
   modes_within "trace engineswitches" && [ "$MODE" != trace ] && MAIN_TARGETS=(--target ferrum_engine ferrum_kernel_trace)
+  # Tests and the engine only (no benchmark): the test binaries, the NCCL
+  # worker the 2-GPU tests spawn, and the engine (session 58: the test
+  # targets alone built in 43 s; every device second counts when starts fail).
+  # (The engine's targets exist only where the configure found nlohmann-json.)
+  if modes_within "verify quicktests engine hf"; then
+    MAIN_TARGETS=(--target ferrum_tests_gpu ferrum_tests_cpu ferrum_nccl_worker)
+    for t in ferrum_tests_engine ferrum_engine; do
+      ninja -C "$B" -t query "$t" > /dev/null 2>&1 && MAIN_TARGETS+=("$t")
+    done
+  fi
   modes_within "wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch" && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate ferrum_cluster_placement)
   cmake --build $B -j$([ -d base ] && has_mode ab && echo 10 || echo 16) "${MAIN_TARGETS[@]}" 2>&1 \
     | grep -E "error|warning|FAILED" || echo "build ok"
