@@ -61,6 +61,7 @@
 #include "kernels/attention.hpp"
 #include "kernels/attention_prefill.hpp"
 #include "support/attention_args.hpp"
+#include "support/captured_launches.hpp"
 #include "support/device_bytes.hpp"
 #include "support/op_runners.hpp"
 #include "support/test_support.hpp"
@@ -402,10 +403,9 @@ TEST_F(CudaPrefillWgmma, RunsWhereItShould) {
   }
 }
 
-// The names of the kernels one flash_attention call launches, recorded by a
-// capture the test opens on the backend's stream (the op records into it).
-std::vector<std::string> kernels_launched_by_flash_attention(Backend& be, DType dt, std::size_t head_dim) {
-  auto& cuda_be = dynamic_cast<CudaBackend&>(be);
+// The kernels one prefill flash_attention call ([1 x 4 heads x 256] over
+// 256 keys, GQA 2, causal) launches on `be`.
+std::vector<CapturedLaunch> prefill_launches(Backend& be, DType dt, std::size_t head_dim) {
   AttnConfig cfg;
   cfg.num_heads = 4;
   cfg.num_kv_heads = 2;
@@ -415,41 +415,8 @@ std::vector<std::string> kernels_launched_by_flash_attention(Backend& be, DType 
   Buffer k = be.alloc(dt, kBatch * cfg.num_kv_heads * kLen * head_dim);
   Buffer v = be.alloc(dt, kBatch * cfg.num_kv_heads * kLen * head_dim);
   Buffer out = be.alloc(dt, kBatch * cfg.num_heads * kLen * head_dim);
-  be.synchronize();
-  std::vector<std::string> names;
-  if (cudaStreamBeginCapture(cuda_be.stream(), cudaStreamCaptureModeRelaxed) != cudaSuccess) {
-    ADD_FAILURE() << "cudaStreamBeginCapture failed";
-    return names;
-  }
-  std::string thrown;
-  try {
-    be.flash_attention(q, k, v, out, kBatch, kLen, kLen, 0, cfg);
-  } catch (const Error& e) {
-    thrown = e.what();  // the capture is the caller's: ended below either way
-  }
-  cudaGraph_t graph = nullptr;
-  const cudaError_t ended = cudaStreamEndCapture(cuda_be.stream(), &graph);
-  if (!thrown.empty() || ended != cudaSuccess || graph == nullptr) {
-    if (graph != nullptr) EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
-    (void)cudaGetLastError();
-    ADD_FAILURE() << "flash_attention under capture: " << (thrown.empty() ? "cudaStreamEndCapture failed" : thrown);
-    return names;
-  }
-  std::size_t count = 0;
-  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &count), cudaSuccess);
-  std::vector<cudaGraphNode_t> nodes(count);
-  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &count), cudaSuccess);
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type{};
-    if (cudaGraphNodeGetType(node, &type) != cudaSuccess || type != cudaGraphNodeTypeKernel) continue;
-    cudaKernelNodeParams params{};
-    EXPECT_EQ(cudaGraphKernelNodeGetParams(node, &params), cudaSuccess);
-    const char* name = nullptr;
-    EXPECT_EQ(cudaFuncGetName(&name, params.func), cudaSuccess);
-    names.emplace_back(name != nullptr ? name : "?");
-  }
-  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
-  return names;
+  return captured_launches(dynamic_cast<CudaBackend&>(be),
+                           [&] { be.flash_attention(q, k, v, out, kBatch, kLen, kLen, 0, cfg); });
 }
 
 // Where Auto runs the wgmma kernel, a backend built with
@@ -463,23 +430,14 @@ TEST_F(CudaPrefillWgmma, MmaSyncBackendRunsTheOtherKernel) {
   cuda();  // device 0 current
   if (const std::string why = why_not_here(); !why.empty()) GTEST_SKIP() << why;
   const std::unique_ptr<Backend> mma_sync = make_mma_sync_backend();
-  auto has = [](const std::vector<std::string>& names, const std::string& part) {
-    return std::any_of(names.begin(), names.end(),
-                       [&](const std::string& n) { return n.find(part) != std::string::npos; });
-  };
-  auto join = [](const std::vector<std::string>& names, const char* sep) {
-    std::string all;
-    for (const std::string& n : names) all += (all.empty() ? "" : sep) + n;
-    return all;
-  };
   for (DType dt : kHalfDTypes) {
     for (std::size_t head_dim : {64u, 128u}) {
       SCOPED_TRACE(cat(to_string(dt), " head_dim=", head_dim));
-      const std::vector<std::string> by_auto = kernels_launched_by_flash_attention(cuda(), dt, head_dim);
-      const std::vector<std::string> by_mma_sync = kernels_launched_by_flash_attention(*mma_sync, dt, head_dim);
-      EXPECT_TRUE(has(by_auto, "attention_prefill_wgmma_kernel")) << "auto launched: " << join(by_auto, ", ");
-      EXPECT_TRUE(has(by_mma_sync, "attention_prefill")) << "mma_sync launched: " << join(by_mma_sync, ", ");
-      EXPECT_FALSE(has(by_mma_sync, "wgmma")) << "mma_sync launched: " << join(by_mma_sync, ", ");
+      const std::vector<CapturedLaunch> by_auto = prefill_launches(cuda(), dt, head_dim);
+      const std::vector<CapturedLaunch> by_mma_sync = prefill_launches(*mma_sync, dt, head_dim);
+      EXPECT_TRUE(launched(by_auto, "attention_prefill_wgmma_kernel")) << "auto: " << describe_launches(by_auto);
+      EXPECT_TRUE(launched(by_mma_sync, "attention_prefill")) << "mma_sync: " << describe_launches(by_mma_sync);
+      EXPECT_FALSE(launched(by_mma_sync, "wgmma")) << "mma_sync: " << describe_launches(by_mma_sync);
     }
   }
 }

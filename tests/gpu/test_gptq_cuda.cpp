@@ -42,6 +42,7 @@
 #include "ferrum/cuda_backend.hpp"
 #include "kernels/common/per_device.hpp"
 #include "kernels/gptq_gemm.hpp"
+#include "support/captured_launches.hpp"
 #include "support/test_support.hpp"
 
 namespace ferrum::test {
@@ -181,6 +182,13 @@ std::vector<float> run_gemm(Backend& be, const QuantWeight& w, const std::vector
   EXPECT_TRUE(out.check_guard(via_quant ? "gemm_quant" : "gemm_gptq", "out",
                            cat("m=", m, " k=", w.k(), " n=", w.n(), " ", to_string(dtype))));
   return out.values();
+}
+
+// The kernels one gemm_gptq call (zero activations, m rows) launches on `be`.
+std::vector<CapturedLaunch> gptq_launches(Backend& be, const QuantWeight& w, DType dtype, std::size_t m) {
+  Buffer a_buf = be.upload(std::vector<float>(m * w.k(), 0.0f), dtype);
+  Buffer out = be.alloc(dtype, m * w.n());
+  return captured_launches(dynamic_cast<CudaBackend&>(be), [&] { be.gemm_gptq(a_buf, w, out, m); });
 }
 
 ::testing::AssertionResult same_floats(const std::vector<float>& got, const std::vector<float>& want) {
@@ -1016,6 +1024,16 @@ TEST_F(CudaGptqStreamBulk, ClusterReduceGivesTheWorkspaceReductionsBits) {
         // CTAs per SM): else both runs would take the workspace.
         ASSERT_TRUE(kernels::gptq_cluster_reduces(true, splits, static_cast<long long>(n_pad / kernels::kGptqTileN) * splits,
                                                   device0_sms()));
+        // ... and at the launch: the cluster backend's kernel goes out in
+        // clusters, the workspace backend's never (else the two bit-equal
+        // results below would compare a path with itself).
+        const std::vector<CapturedLaunch> clustered = gptq_launches(*cluster, *w_cluster, dt, m);
+        const std::vector<CapturedLaunch> unclustered = gptq_launches(*workspace, *w_workspace, dt, m);
+        EXPECT_TRUE(std::any_of(clustered.begin(), clustered.end(), [](const CapturedLaunch& l) { return l.cluster > 1; }))
+            << "cluster reduce launched: " << describe_launches(clustered);
+        EXPECT_TRUE(
+            std::none_of(unclustered.begin(), unclustered.end(), [](const CapturedLaunch& l) { return l.cluster > 1; }))
+            << "workspace reduce launched: " << describe_launches(unclustered);
         EXPECT_TRUE(
             same_floats(run_gemm(*cluster, *w_cluster, a, dt, m), run_gemm(*workspace, *w_workspace, a, dt, m)));
       }

@@ -1,0 +1,93 @@
+// Which kernels an op launches, read from a graph the test captures on the
+// backend's stream (a caller's own capture: the ops record into it, and
+// nothing runs). For tests whose premise is the launch itself: a switch
+// that picks a kernel, or a cluster shape, where two paths give the same
+// bits and the outputs cannot tell them apart. A failed CUDA call is a test
+// failure; an op that throws still ends the capture.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "ferrum/cuda_backend.hpp"
+#include "ferrum/error.hpp"
+
+namespace ferrum::test {
+
+struct CapturedLaunch {
+  std::string name;      // the kernel's (mangled) name; "?" where it could not be read
+  unsigned cluster = 1;  // blocks per cluster (x * y * z; 1: not clustered)
+};
+
+// The kernel nodes `op` records on be.stream(), in the graph's node order.
+template <class Op>
+std::vector<CapturedLaunch> captured_launches(CudaBackend& be, Op&& op) {
+  std::vector<CapturedLaunch> launches;
+  be.synchronize();  // setup work (uploads, fills) is done before the capture
+  if (cudaStreamBeginCapture(be.stream(), cudaStreamCaptureModeRelaxed) != cudaSuccess) {
+    ADD_FAILURE() << "cudaStreamBeginCapture failed";
+    return launches;
+  }
+  std::string thrown;
+  try {
+    op();
+  } catch (const Error& e) {
+    thrown = e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(be.stream(), &graph);
+  if (!thrown.empty() || ended != cudaSuccess || graph == nullptr) {
+    if (graph != nullptr) EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+    (void)cudaGetLastError();
+    ADD_FAILURE() << "the op under capture: " << (thrown.empty() ? "cudaStreamEndCapture failed" : thrown);
+    return launches;
+  }
+  std::size_t count = 0;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &count), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(count);
+  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &count), cudaSuccess);
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    if (cudaGraphNodeGetType(node, &type) != cudaSuccess || type != cudaGraphNodeTypeKernel) continue;
+    CapturedLaunch launch{"?", 1};
+    cudaKernelNodeParams params{};
+    const char* name = nullptr;
+    if (cudaGraphKernelNodeGetParams(node, &params) == cudaSuccess &&
+        cudaFuncGetName(&name, params.func) == cudaSuccess && name != nullptr) {
+      launch.name = name;
+    }
+    cudaLaunchAttributeValue value{};
+    if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &value) == cudaSuccess) {
+      launch.cluster = std::max(1u, value.clusterDim.x) * std::max(1u, value.clusterDim.y) *
+                       std::max(1u, value.clusterDim.z);
+    }
+    (void)cudaGetLastError();  // a node whose name or attribute could not be read leaves no error behind
+    launches.push_back(std::move(launch));
+  }
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  return launches;
+}
+
+// Whether some launch's name contains `part`.
+inline bool launched(const std::vector<CapturedLaunch>& launches, const std::string& part) {
+  return std::any_of(launches.begin(), launches.end(),
+                     [&](const CapturedLaunch& l) { return l.name.find(part) != std::string::npos; });
+}
+
+// The launches for a failure message: "name [cluster N], ...".
+inline std::string describe_launches(const std::vector<CapturedLaunch>& launches) {
+  std::string all;
+  for (const CapturedLaunch& l : launches) {
+    if (!all.empty()) all += ", ";
+    all += l.name;
+    if (l.cluster > 1) all += " [cluster " + std::to_string(l.cluster) + "]";
+  }
+  return all.empty() ? "(no kernel)" : all;
+}
+
+}  // namespace ferrum::test
