@@ -188,6 +188,22 @@ bool argmax_cluster_fits() {
   });
 }
 
+// One launch of argmax_kernel<T, kVec>: a cluster of kCluster blocks per row
+// where the grouping asks for it and the device can run one (sm_90 code in
+// the build, a cluster resident), else one block per row.
+template <class T, int kVec>
+void launch_grouped(const T* x, std::int32_t* out, long long rows, long long cols, long long max_row_groups,
+                    ArgmaxGrouping grouping, cudaStream_t stream) {
+  constexpr auto kClustered = argmax_kernel<T, kVec, true>;
+  const bool clustered = grouping == ArgmaxGrouping::ClusterWhereResident && device_is_sm90_or_later() &&
+                         has_sm90_code<kClustered>() && argmax_cluster_fits<kClustered>();
+  const int blocks_per_row = clustered ? kCluster : 1;
+  const dim3 grid(static_cast<unsigned>(std::min(rows, max_row_groups) * blocks_per_row));
+  launch_pdl_clustered("argmax", dim3(static_cast<unsigned>(blocks_per_row), 1, 1),
+                       clustered ? kClustered : argmax_kernel<T, kVec, false>, grid, kThreads, 0, stream, x, out,
+                       rows, static_cast<int>(cols));
+}
+
 template <class T>
 void launch_typed(const void* x, std::int32_t* out, long long rows, long long cols, long long max_row_groups,
                   ArgmaxGrouping grouping, cudaStream_t stream) {
@@ -195,18 +211,10 @@ void launch_typed(const void* x, std::int32_t* out, long long rows, long long co
   const auto* xt = static_cast<const T*>(x);
   // Every row starts 16-byte aligned when the base is and cols is a
   // multiple of the vector, or when there is one row.
-  const bool wide = aligned16(x) && (cols % kWide == 0 || rows == 1);
-  auto go = [&](auto kernel, int blocks_per_row) {
-    const dim3 grid(static_cast<unsigned>(std::min(rows, max_row_groups) * blocks_per_row));
-    launch_pdl_clustered("argmax", dim3(static_cast<unsigned>(blocks_per_row), 1, 1), kernel, grid, kThreads, 0,
-                         stream, xt, out, rows, static_cast<int>(cols));
-  };
-  if (grouping == ArgmaxGrouping::ClusterWhereResident && device_is_sm90_or_later() &&
-      has_sm90_code<argmax_kernel<T, kWide, true>>() &&
-      (wide ? argmax_cluster_fits<argmax_kernel<T, kWide, true>>() : argmax_cluster_fits<argmax_kernel<T, 1, true>>())) {
-    wide ? go(argmax_kernel<T, kWide, true>, kCluster) : go(argmax_kernel<T, 1, true>, kCluster);
+  if (aligned16(x) && (cols % kWide == 0 || rows == 1)) {
+    launch_grouped<T, kWide>(xt, out, rows, cols, max_row_groups, grouping, stream);
   } else {
-    wide ? go(argmax_kernel<T, kWide, false>, 1) : go(argmax_kernel<T, 1, false>, 1);
+    launch_grouped<T, 1>(xt, out, rows, cols, max_row_groups, grouping, stream);
   }
 }
 

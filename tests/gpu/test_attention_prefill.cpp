@@ -45,7 +45,6 @@
 // Skipped (GTEST_SKIP) when no CUDA device is visible.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
