@@ -186,6 +186,12 @@
 #                                whether the slowdown session 56 found after
 #                                that case is the device's clocks or the
 #                                kernel's state
+#   scripts/gpu_suite.sh enginebrief  the engine tests, then the llama3-8b
+#                                engine once each: f16 graph and eager, GPTQ
+#                                graph and eager, and qwen3-0.6b f16 graph and
+#                                eager (the bars of issue 6 only, for a call
+#                                short of device time: engine's whole sweep
+#                                runs about 25 engines)
 # Modes combine with commas (gptq,bench). BENCH_FILTER=attention_,gemm passes
 # --filter to ferrum_bench and torch_reference.py. SKIP_GEMM_INTERLEAVED=1 and
 # SKIP_TORCH_GPTQ=1 leave out those two reference runs (to fit a call).
@@ -200,7 +206,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch engineswitches l2probe decodeorder)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch engineswitches l2probe decodeorder enginebrief)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -452,7 +458,7 @@ sanitize() {
   # worker the 2-GPU tests spawn, and the engine (session 58: the test
   # targets alone built in 43 s; every device second counts when starts fail).
   # (The engine's targets exist only where the configure found nlohmann-json.)
-  if modes_within "verify quicktests engine hf"; then
+  if modes_within "verify quicktests engine enginebrief hf"; then
     MAIN_TARGETS=(--target ferrum_tests_gpu ferrum_tests_cpu ferrum_nccl_worker)
     for t in ferrum_tests_engine ferrum_engine; do
       ninja -C "$B" -t query "$t" > /dev/null 2>&1 && MAIN_TARGETS+=("$t")
@@ -683,6 +689,24 @@ if has_mode engine; then
     else
       echo "nsys not found: no per-kernel engine profile"
     fi
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode enginebrief; then
+  {
+    echo "== engine, brief: one run per bar of issue 6 ($(date +%T))"
+    if has_mode verify || has_mode engine; then
+      echo "engine tests: run above"
+    else
+      run_engine_tests
+    fi
+    for run in "llama3-8b --dtype f16 --graph" "llama3-8b --dtype f16 --eager" \
+               "llama3-8b --quant gptq --dtype f16 --graph" "llama3-8b --quant gptq --dtype f16 --eager" \
+               "qwen3-0.6b --dtype f16 --graph" "qwen3-0.6b --dtype f16 --eager"; do
+      echo "-- $run"
+      # shellcheck disable=SC2086 # the run's words are the engine's arguments
+      timeout 150 $B/apps/engine/ferrum_engine --random $run --steps 128 2>&1 | grep -E "backend|loaded|decode:|bound:|error"
+    done
   } 2>&1 | tee -a "$LOG"
 fi
 
