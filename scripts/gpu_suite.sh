@@ -946,7 +946,8 @@ if has_mode decodeorder; then
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,temperature.memory \
       --format=csv -lms 100 > "$OUT/decodeorder_smi.csv" 2>&1 &
     smi_pid=$!
-    for pause in 0 3000; do
+    # DECODEORDER_PAUSES: the idle times tried before each case (ms).
+    for pause in ${DECODEORDER_PAUSES:-0 3000}; do
       echo "-- B = 16 L = 128k, then B = 64 L = 8k; --pause-ms $pause ($(date +%T))"
       timeout 150 $B/bench/ferrum_bench --pause-ms $pause --filter "B=16 L=131072,B=64 L=8192" 2>&1 \
         | grep -E "^attention_decode|ERROR"
