@@ -170,11 +170,17 @@ struct Options {
   // amortized, each kernel's own ramp-up and tail still counted). The
   // same-size copy is chained the same way.
   int chain = 1;
-  // Idle time before each case (the device synchronized first): whether a
-  // case runs slower after a long heavy one because of the device's clocks
-  // or temperature rather than the kernel (session 56: the B = 64 decode
-  // after B = 16 L = 128k).
-  int pause_ms = 0;
+  // Idle time before each case (the device synchronized first). A case
+  // that starts within ~5 ms of one that freed tens of GB runs slow for
+  // tens of ms (session 59, H100: B = 64 L = 8k decode right after
+  // B = 16 L = 128k, which frees 2 x 17 GB of K / V: 811 us, 16 % slow,
+  // after 0, 1 or 5 ms idle; 701 us, as alone, after 20 ms or more; SM
+  // clock 1980 MHz throughout, 430 W at most, memory at 66 C at most;
+  // a B = 16 L = 32k predecessor, 2 x 4 GB, none). The reading: the
+  // driver zeroing the freed memory in the background, which takes
+  // bandwidth from whatever runs. 50 ms lets a case measure as it would
+  // alone; --pause-ms 0 shows the effect.
+  int pause_ms = 50;
   ferrum::PrefillKernel prefill_kernel = ferrum::PrefillKernel::Auto;
 };
 
@@ -945,7 +951,9 @@ void usage(const char* argv0) {
       "                L2-warm) instead of raw stream capture over L2-cold sets\n"
       "  --prefill-kernel K  CudaBackendConfig::prefill_kernel: auto (default: wgmma\n"
       "                on sm_90a) or mma_sync\n"
-      "  --pause-ms N  idle N ms before each case (the device synchronized first)\n",
+      "  --pause-ms N  idle N ms before each case, the device synchronized first\n"
+      "                (default 50: a case right after one that freed tens of GB\n"
+      "                otherwise shares the memory with the driver zeroing it)\n",
       argv0);
 }
 

@@ -178,14 +178,14 @@
 #                                bench/l2_residency_trace.py's table: when
 #                                each stage ran against its GEMM
 #   scripts/gpu_suite.sh decodeorder  the B = 64 L = 8k decode after B = 16
-#                                L = 128k in one ferrum_bench process, without
-#                                and with --pause-ms 3000 before each case,
-#                                then alone, with nvidia-smi logging the SM
+#                                L = 128k in one ferrum_bench process, with
+#                                each --pause-ms of DECODEORDER_PAUSES (ms,
+#                                default '0 3000') before each case, then
+#                                alone, with nvidia-smi logging the SM
 #                                and memory clocks, power and temperatures
-#                                every 100 ms ($OUT/decodeorder_smi.csv):
-#                                whether the slowdown session 56 found after
-#                                that case is the device's clocks or the
-#                                kernel's state
+#                                every 100 ms ($OUT/decodeorder_smi.csv)
+#                                (session 59: 16 % slow after 0-5 ms, as
+#                                alone after 20 ms or more; clocks steady)
 #   scripts/gpu_suite.sh enginebrief  the engine tests, then the llama3-8b
 #                                engine once each: f16 graph and eager, GPTQ
 #                                graph and eager, and qwen3-0.6b f16 graph and
