@@ -1120,9 +1120,24 @@ TEST_F(CudaGptqStreamBulk, EveryRingSizeGivesTheRegisterSourcesBits) {
       const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
       for (DType dt : kHalfDTypes) runs.push_back({m, dt, a, run_gemm(stream(), *w_registers, a, dt, m)});
     }
+    std::size_t one_slot_bytes = 0;
     for (int ring = 1; ring <= kernels::kGptqStreamMaxRing; ++ring) {
       auto bulk = bulk_backend(ring);
       std::unique_ptr<QuantWeight> w_bulk = bulk->load_gptq(ck.tensors());
+      if (kernels::gptq_bulk_copy_supported()) {
+        // The premise at the launch: each ring size is the one launched
+        // (else equal bits could compare one ring with itself). The bulk
+        // source's dynamic shared memory is `ring` chunk slots per warp.
+        const std::vector<CapturedLaunch> launches = gptq_launches(*bulk, *w_bulk, DType::F16, 1);
+        const std::size_t bytes = max_shared_bytes(launches);
+        if (ring == 1) {
+          one_slot_bytes = bytes;
+          EXPECT_GT(bytes, 0u) << describe_launches(launches);
+        } else {
+          EXPECT_EQ(bytes, static_cast<std::size_t>(ring) * one_slot_bytes)
+              << "ring " << ring << ": " << describe_launches(launches);
+        }
+      }
       for (const Run& r : runs) {
         SCOPED_TRACE(cat("m=", r.m, " ", to_string(r.dt), " ring=", ring));
         EXPECT_TRUE(same_floats(run_gemm(*bulk, *w_bulk, r.a, r.dt, r.m), r.want));

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,7 @@ namespace ferrum::test {
 struct CapturedLaunch {
   std::string name;      // the kernel's (mangled) name; "?" where it could not be read
   unsigned cluster = 1;  // blocks per cluster (x * y * z; 1: not clustered)
+  std::size_t shared_bytes = 0;  // dynamic shared memory per block
 };
 
 // The kernel nodes `op` records on be.stream(), in the graph's node order.
@@ -58,9 +60,9 @@ std::vector<CapturedLaunch> captured_launches(CudaBackend& be, Op&& op) {
     CapturedLaunch launch{"?", 1};
     cudaKernelNodeParams params{};
     const char* name = nullptr;
-    if (cudaGraphKernelNodeGetParams(node, &params) == cudaSuccess &&
-        cudaFuncGetName(&name, params.func) == cudaSuccess && name != nullptr) {
-      launch.name = name;
+    if (cudaGraphKernelNodeGetParams(node, &params) == cudaSuccess) {
+      launch.shared_bytes = params.sharedMemBytes;
+      if (cudaFuncGetName(&name, params.func) == cudaSuccess && name != nullptr) launch.name = name;
     }
     cudaLaunchAttributeValue value{};
     if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &value) == cudaSuccess) {
@@ -80,13 +82,21 @@ inline bool launched(const std::vector<CapturedLaunch>& launches, const std::str
                      [&](const CapturedLaunch& l) { return l.name.find(part) != std::string::npos; });
 }
 
-// The launches for a failure message: "name [cluster N], ...".
+// The most dynamic shared memory any of the launches asks for.
+inline std::size_t max_shared_bytes(const std::vector<CapturedLaunch>& launches) {
+  std::size_t most = 0;
+  for (const CapturedLaunch& l : launches) most = std::max(most, l.shared_bytes);
+  return most;
+}
+
+// The launches for a failure message: "name [cluster N] [smem B], ...".
 inline std::string describe_launches(const std::vector<CapturedLaunch>& launches) {
   std::string all;
   for (const CapturedLaunch& l : launches) {
     if (!all.empty()) all += ", ";
     all += l.name;
     if (l.cluster > 1) all += " [cluster " + std::to_string(l.cluster) + "]";
+    if (l.shared_bytes > 0) all += " [smem " + std::to_string(l.shared_bytes) + "]";
   }
   return all.empty() ? "(no kernel)" : all;
 }
