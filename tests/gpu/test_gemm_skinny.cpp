@@ -9,8 +9,9 @@
 //   n = 4099 and 8200 (grids of about two blocks per SM: one- and two-tile
 //   tensor-core blocks), f16 and bf16.
 // - Deterministic: two runs of the same call are bitwise identical.
-// - TheSwitchReachesTheLaunch: gemm_skinny_max_m = 16 and 0 give different
-//   bits (else every test here could be running cuBLAS).
+// - TheSwitchReachesTheLaunch: gemm_skinny_max_m = 16 launches the skinny
+//   kernel and 0 never (else every test here could be running cuBLAS), read
+//   from a captured graph's kernel names.
 // - FallsBack: views one element into their buffers (not 16-byte aligned)
 //   and k % 8 != 0 must take cuBLAS and still be right.
 // - GemmSkinnyApplicable (host only, runs without a GPU): the predicate the
@@ -35,6 +36,7 @@
 
 #include "kernels/elementwise.hpp"   // launch_silu_mul_pairs: the unfused second step, for the bitwise check
 #include "kernels/gemm_skinny.hpp"  // the dispatch predicate (header needs only ferrum/ and cudart)
+#include "support/captured_launches.hpp"
 #include "support/half_reference.hpp"
 #include "support/op_runners.hpp"
 #include "support/test_support.hpp"
@@ -116,29 +118,29 @@ TEST_P(CudaGemmSkinny, Deterministic) {
   }
 }
 
-// The switch reaches the launch: gemm_skinny_max_m = 16 (the skinny kernel)
-// and 0 (cuBLAS only) must differ in some output bit on random data, or the
-// tests above would be testing whichever kernel the default picks. Sums in
-// another order differ in their last fp32 bits, so an output rounds
-// differently now and then (per element perhaps 2^-12 in bf16, more in
-// f16): fresh cases of 16384 outputs until one differs, 8 at most.
+// The switch reaches the launch: with gemm_skinny_max_m = 16 the call
+// launches the skinny kernel, with 0 (cuBLAS only) never, or the tests above
+// would be testing whichever kernel the default picks. Read from the kernel
+// names of a graph captured on each backend's stream (the outputs cannot
+// tell: the two may round alike).
 TEST_P(CudaGemmSkinny, TheSwitchReachesTheLaunch) {
-  FERRUM_SEEDED_RNG(rng);
   CudaBackendConfig config;
   config.gemm_skinny_max_m = 0;
   CudaBackend cublas_only(config);
-  bool differs = false;
-  for (int attempt = 0; attempt < 8 && !differs; ++attempt) {
-    const GemmCase c = make_gemm_case(rng, dt(), m(), 16384, kLargeNK);
-    SCOPED_TRACE(describe(c));
-    const OpResult skinny_out = run(skinny(), c);
-    const OpResult cublas_out = run(cublas_only, c);
-    ASSERT_TRUE(skinny_out.guards_ok());
-    ASSERT_TRUE(cublas_out.guards_ok());
-    differs = !bitwise_equal(skinny_out.at("out").bytes, cublas_out.at("out").bytes, size_of(dt()));
+  constexpr std::size_t n = 16384, k = kLargeNK;
+  for (CudaBackend* be : {&skinny(), &cublas_only}) {
+    const Buffer a = be->alloc(dt(), m() * k);
+    const Buffer b = be->alloc(dt(), n * k);
+    Buffer out = be->alloc(dt(), m() * n);
+    be->gemm(a, b, out, m(), n, k);  // first-call setup (module loading, cuBLAS's) outside the capture
+    const std::vector<CapturedLaunch> launches = captured_launches(*be, [&] { be->gemm(a, b, out, m(), n, k); });
+    if (be == &skinny()) {
+      EXPECT_TRUE(launched(launches, "gemm_skinny_")) << "gemm_skinny_max_m = 16 launched: " << describe_launches(launches);
+    } else {
+      EXPECT_FALSE(launched(launches, "gemm_skinny_")) << "gemm_skinny_max_m = 0 launched: " << describe_launches(launches);
+      EXPECT_FALSE(launches.empty()) << "gemm_skinny_max_m = 0 launched no kernel";
+    }
   }
-  EXPECT_TRUE(differs) << "gemm_skinny_max_m = 16 and 0 gave the same bits on 8 random cases: the setting did not "
-                          "choose the kernel";
 }
 
 TEST_P(CudaGemmSkinny, FallsBack) {
