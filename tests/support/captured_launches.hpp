@@ -28,10 +28,18 @@ struct CapturedLaunch {
 };
 
 // The kernel nodes `op` records on be.stream(), in the graph's node order.
+// `op` runs once uncaptured first: first-call setup (module loading,
+// cuBLAS's own) then never happens inside the capture.
 template <class Op>
 std::vector<CapturedLaunch> captured_launches(CudaBackend& be, Op&& op) {
   std::vector<CapturedLaunch> launches;
-  be.synchronize();  // setup work (uploads, fills) is done before the capture
+  try {
+    op();
+    be.synchronize();  // setup work (uploads, fills) and the uncaptured run are done before the capture
+  } catch (const Error& e) {
+    ADD_FAILURE() << "the op, uncaptured: " << e.what();
+    return launches;
+  }
   if (cudaStreamBeginCapture(be.stream(), cudaStreamCaptureModeRelaxed) != cudaSuccess) {
     ADD_FAILURE() << "cudaStreamBeginCapture failed";
     return launches;
@@ -80,6 +88,11 @@ std::vector<CapturedLaunch> captured_launches(CudaBackend& be, Op&& op) {
 inline bool launched(const std::vector<CapturedLaunch>& launches, const std::string& part) {
   return std::any_of(launches.begin(), launches.end(),
                      [&](const CapturedLaunch& l) { return l.name.find(part) != std::string::npos; });
+}
+
+// Whether some launch goes out in clusters of more than one block.
+inline bool any_clustered(const std::vector<CapturedLaunch>& launches) {
+  return std::any_of(launches.begin(), launches.end(), [](const CapturedLaunch& l) { return l.cluster > 1; });
 }
 
 // The most dynamic shared memory any of the launches asks for.
