@@ -404,14 +404,7 @@ void CudaBackend::abort_communicator(Communicator& comm, const std::string& reas
 
 void* CudaBackend::allocate_bytes(std::size_t bytes) {
   detail::activate_device(device_);
-  void* p = nullptr;
-  const cudaError_t err = cudaMalloc(&p, bytes);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    detail::fail(ErrorCode::OutOfMemory, "alloc: cudaMalloc of {} bytes on device {} failed: {}", bytes, device_,
-                 cudaGetErrorString(err));
-  }
-  return p;
+  return detail::device_malloc(bytes, device_, "alloc", nullptr);
 }
 
 void* CudaBackend::allocate_host_bytes(std::size_t bytes) {

@@ -100,14 +100,7 @@ bool covers(const GptqWorkspace& ws, const WorkspaceNeeds& need) {
 
 void* device_alloc(std::size_t bytes, int device) {
   if (bytes == 0) return nullptr;
-  void* p = nullptr;
-  const cudaError_t err = cudaMalloc(&p, bytes);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    detail::fail(ErrorCode::OutOfMemory, "load_gptq: cudaMalloc of {} bytes of GPTQ workspace on device {} failed: {}",
-                 bytes, device, cudaGetErrorString(err));
-  }
-  return p;
+  return detail::device_malloc(bytes, device, "load_gptq", "GPTQ workspace");
 }
 
 // The current workspace of `device` if it covers `need`, else a new one

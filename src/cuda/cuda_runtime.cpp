@@ -5,6 +5,7 @@
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <string>
 
 #include "common/fail.hpp"
 #include "kernels/common/check.hpp"
@@ -345,6 +346,20 @@ std::size_t retired_allocations(CudaRuntime& rt) noexcept {
 
 void abandon_capture_on_current_device() noexcept {
   if (CudaRuntime* rt = runtime_of_current_device()) abandon_capture(*rt);
+}
+
+void* device_malloc(std::size_t bytes, int device, const char* op, const char* what) {
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  if (err == cudaSuccess) return p;
+  (void)cudaGetLastError();
+  std::size_t free_bytes = 0, total_bytes = 0;
+  const bool known = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
+  if (!known) (void)cudaGetLastError();
+  fail(ErrorCode::OutOfMemory, "{}: cudaMalloc of {} bytes{}{} on device {} failed: {}{}", op, bytes,
+       what != nullptr ? " of " : "", what != nullptr ? what : "", device, cudaGetErrorString(err),
+       known ? fmt::format(" ({} of the device's {} bytes free)", free_bytes, total_bytes)
+             : std::string(" (free memory unknown: cudaMemGetInfo failed too)"));
 }
 
 void check_cuda(cudaError_t err, const char* op, const char* what) {

@@ -92,6 +92,13 @@ void abandon_capture(CudaRuntime& rt) noexcept;
 // The same for the runtime of the current device, if it has one (NCCL errors).
 void abandon_capture_on_current_device() noexcept;
 
+// cudaMalloc of `bytes` on the current device (`device`, for the message).
+// A failure throws ErrorCode::OutOfMemory naming `op`, what the memory is
+// for (`what`, e.g. "GPTQ workspace"; null: nothing), the size, the device
+// and its free / total memory at that moment, so a reader can tell a full
+// device from a request larger than the whole device.
+void* device_malloc(std::size_t bytes, int device, const char* op, const char* what);
+
 // Throw ferrum::Error for a failed CUDA / cuBLAS call, abandoning any
 // capture on the current device first.
 void check_cuda(cudaError_t err, const char* op, const char* what);

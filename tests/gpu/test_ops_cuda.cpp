@@ -527,6 +527,29 @@ TEST_F(CudaWrap, CpuBackendRefusesDeviceMemory) {
   EXPECT_EQ(cudaFree(managed), cudaSuccess);
 }
 
+// A request larger than the whole device: OutOfMemory naming the op, the
+// size and the device's free and total memory (so a reader tells a full
+// device from an impossible request), and the backend goes on working.
+class CudaAlloc : public CudaTest {};
+TEST_F(CudaAlloc, OutOfMemoryNamesTheSizeAndTheDevicesMemory) {
+  Backend& be = cuda();
+  std::size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  const std::size_t bytes = 2 * total_bytes;
+  expect_error(ErrorCode::OutOfMemory, "alloc", [&] { (void)be.alloc(DType::U8, bytes); },
+               cat("cudaMalloc of ", bytes, " bytes"));
+  try {
+    (void)be.alloc(DType::U8, bytes);
+    ADD_FAILURE() << "alloc of " << bytes << " bytes did not throw";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(cat("of the device's ", total_bytes, " bytes free")), std::string::npos) << what;
+  }
+  Buffer ones = be.upload(std::vector<float>(64, 1.0f), DType::F16), sums = be.alloc(DType::F32, 4);
+  be.row_sum_squares(ones, sums, 1, 64);
+  EXPECT_EQ(be.download(sums), std::vector<float>(4, 16.0f));
+}
+
 // Sizes the public checks take but a CUDA kernel's grid or indices cannot:
 // a named Unsupported before any launch, a capture in progress ended with
 // the stream usable; never a hang (the norm plan looped forever near 2^31
