@@ -248,9 +248,9 @@ class Backend {
   // after synchronize() or a blocking read such as download or read_bytes.
   // It is meant for copy_slice, download and read_bytes. Ops whose kernels
   // read plain pointers take it too (over the bus on CudaBackend), but not
-  // every op can: CudaBackend's attention ops and collectives need device
-  // memory and refuse it (InvalidArgument; Buffer::host_memory says which
-  // Buffers are). Copy it to the device first.
+  // every op can: CudaBackend's attention ops, GPTQ GEMMs and collectives
+  // need device memory and refuse it (InvalidArgument; Buffer::host_memory
+  // says which Buffers are). Copy it to the device first.
   Buffer alloc_host(DType dtype, std::size_t numel);
   // Allocates and fills from host f32, converting (round to nearest even;
   // i32/u8 take the value truncated toward zero, and refuse values that do

@@ -39,7 +39,8 @@ class Buffer {
   // Whether it is host memory rather than the backend's own: alloc_host's
   // (on either backend), or a pointer that CudaBackend's Buffer::wrap found
   // to be page-locked host memory; views inherit it. The ops that need
-  // device memory (CudaBackend's attention and collectives) refuse it.
+  // device memory (CudaBackend's attention, GPTQ GEMMs and collectives)
+  // refuse it.
   bool host_memory() const noexcept { return host_memory_; }
 
   // A non-owning window of `count` elements starting at element `offset`.

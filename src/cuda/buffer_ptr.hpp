@@ -36,9 +36,10 @@ inline std::string misaligned_16(std::initializer_list<NamedBuffer> buffers) {
   return {};
 }
 
-// The attention kernels and the collectives read device memory (bulk and
-// tensor-map copies, NCCL): the InvalidArgument message for the first of
-// `buffers` that is host memory (Buffer::host_memory), or "" when none is.
+// The attention kernels, the GPTQ GEMMs and the collectives read device
+// memory (bulk and tensor-map copies, NCCL): the InvalidArgument message for
+// the first of `buffers` that is host memory (Buffer::host_memory), or ""
+// when none is.
 inline std::string host_memory_argument(std::initializer_list<NamedBuffer> buffers) {
   for (const auto& [name, b] : buffers) {
     if (b->host_memory()) {

@@ -314,9 +314,12 @@ bool int4_launch_taken(cudaStream_t stream, const GptqSwitches& sw, const CudaGp
   return launch(args, stream);
 }
 
-// The checks both GPTQ GEMM ops make first, naming `op`: w made by a
+// The checks every GPTQ GEMM op makes first, naming `op`: w made by a
 // CudaBackend's load_gptq, the named row operands 16-byte aligned (the
-// kernels move rows as 16-byte vectors; k and n are multiples of 8). A
+// kernels move rows as 16-byte vectors; k and n are multiples of 8) and in
+// device memory (the streaming kernel bulk-copies its activation rows, which
+// host memory cannot serve; the rule is the same for every operand and every
+// kernel, so a call's validity does not hang on which kernel m picks). A
 // capture in progress is ended before the throw.
 const CudaGptqWeight& checked_gptq_operands(detail::CudaRuntime& rt, const char* op, const QuantWeight& w,
                                             std::initializer_list<detail::NamedBuffer> rows) {
@@ -328,6 +331,10 @@ const CudaGptqWeight& checked_gptq_operands(detail::CudaRuntime& rt, const char*
   if (const std::string misaligned = detail::misaligned_16(rows); !misaligned.empty()) {
     detail::abandon_capture(rt);
     detail::fail(ErrorCode::Misaligned, "{}: {}", op, misaligned);
+  }
+  if (const std::string host = detail::host_memory_argument(rows); !host.empty()) {
+    detail::abandon_capture(rt);
+    detail::fail(ErrorCode::InvalidArgument, "{}: {}", op, host);
   }
   return *weight;
 }

@@ -610,6 +610,24 @@ TEST_F(CudaGptq, BadInput) {
                [&] { cuda().rms_norm_gemm_gptq(a, row_sq_k, norm_w, 1e-6f, *w, normed_off, out, 2); }, "'normed'");
   expect_error(ErrorCode::Misaligned, "rms_norm_gemm_gptq",
                [&] { cuda().rms_norm_gemm_gptq(a, row_sq_k, norm_w, 1e-6f, *w, normed, out_off, 2); }, "'out'");
+  // Host memory (alloc_host): the streaming kernel bulk-copies its
+  // activation rows, so every row operand of every form must be device
+  // memory, named, also inside a capture (which the refusal ends).
+  Buffer host_a = cuda().alloc_host(DType::F16, 2 * c.k + 8), host_out = cuda().alloc_host(DType::F16, 2 * c.n + 8);
+  Buffer host_residual = cuda().alloc_host(DType::F16, 2 * c.n + 8);
+  for (const bool capture : {false, true}) {
+    SCOPED_TRACE(capture ? "during a capture" : "eager");
+    auto refused = [&](const char* op, const char* arg, const std::function<void()>& call) {
+      SCOPED_TRACE(arg);
+      if (capture) cuda().begin_graph_capture();
+      expect_error(ErrorCode::InvalidArgument, op, call, cat("argument '", arg, "'"));
+      EXPECT_FALSE(cuda().is_capturing()) << op << ": the refusal must end the capture";
+    };
+    refused("gemm_gptq", "a", [&] { cuda().gemm_gptq(host_a, *w, out, 2); });
+    refused("gemm_gptq", "out", [&] { cuda().gemm_gptq(a, *w, host_out, 2); });
+    refused("gemm_gptq_add_residual", "residual",
+            [&] { cuda().gemm_gptq_add_residual(a, *w, out, host_residual, row_sq_n, 2); });
+  }
   // f32 activations; mixed dtypes; too few elements; m = 0.
   Buffer a32 = cuda().upload(std::vector<float>(2 * c.k, 0.0f), DType::F32);
   expect_error(ErrorCode::DTypeMismatch, "gemm_gptq", [&] { cuda().gemm_gptq(a32, *w, out, 2); }, "'a'");
