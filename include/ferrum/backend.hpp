@@ -680,7 +680,10 @@ class Backend {
 // CUDA devices visible to this process; 0 when there is no driver or GPU.
 int cuda_device_count() noexcept;
 
-// CudaBackend on device 0 when a GPU is present, else CpuBackend.
+// CudaBackend on device 0 when a GPU is present that this build's kernels
+// run on, else CpuBackend (no GPU, or CudaBackend's constructor refusing
+// device 0 as Unsupported: construct CudaBackend directly to see why).
+// Other errors of CudaBackend's constructor (the driver, memory) throw.
 std::unique_ptr<Backend> make_default_backend();
 
 }  // namespace ferrum

@@ -409,7 +409,20 @@ TEST(CpuSupports, ExactlyTheDocumentedSet) {
 TEST(DefaultBackend, FollowsDeviceCount) {
   const std::unique_ptr<Backend> be = make_default_backend();
   ASSERT_NE(be, nullptr);
-  EXPECT_EQ(be->kind(), cuda_device_count() > 0 ? BackendKind::Cuda : BackendKind::Cpu);
+  if (cuda_device_count() == 0) {
+    EXPECT_EQ(be->kind(), BackendKind::Cpu);
+    return;
+  }
+  // A GPU: CUDA, unless this build's kernels cannot run on it (CudaBackend's
+  // constructor says Unsupported), where the CPU serves.
+  bool runs_here = true;
+  try {
+    CudaBackend probe;
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::Unsupported) throw;
+    runs_here = false;
+  }
+  EXPECT_EQ(be->kind(), runs_here ? BackendKind::Cuda : BackendKind::Cpu);
 }
 
 TEST(CpuDeterminism, ResultsDoNotDependOnThreadCount) {
