@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 #include <limits>
+#include <new>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -69,6 +71,20 @@ namespace {
 std::string range_text(std::size_t begin, std::size_t count) {
   if (count > std::numeric_limits<std::size_t>::max() - begin) return fmt::format("[{}, {} + {})", begin, begin, count);
   return fmt::format("[{}, {})", begin, begin + count);
+}
+
+// `n` value-initialized elements of host staging for `op` (write, download):
+// host memory running out is OutOfMemory naming the op and the size, not a
+// std::bad_alloc past the API.
+template <class T>
+std::vector<T> host_staging(const char* op, std::size_t n) {
+  try {
+    return std::vector<T>(n);
+  } catch (const std::bad_alloc&) {
+  } catch (const std::length_error&) {
+  }
+  detail::fail(ErrorCode::OutOfMemory, "{}: host staging of {} elements of {} bytes could not be allocated", op, n,
+               sizeof(T));
 }
 
 void refuse_during_capture(const OpCheck& check) {
@@ -290,7 +306,7 @@ void Backend::write(Buffer& dst, std::span<const float> host, std::size_t dst_of
          host.size(), dst_offset, dst.numel());
   }
   if (host.empty()) return;
-  std::vector<std::uint8_t> staged(host.size() * size_of(dst.dtype()));
+  std::vector<std::uint8_t> staged = host_staging<std::uint8_t>("write", host.size() * size_of(dst.dtype()));
   encode_from_f32(dst.dtype(), host, staged.data());
   do_write_bytes(dst, dst_offset * size_of(dst.dtype()), staged.data(), staged.size());
 }
@@ -315,9 +331,9 @@ std::vector<float> Backend::download(const Buffer& src, std::size_t count) {
     check.fail(ErrorCode::ShapeMismatch, "download: argument 'count' = {} exceeds the buffer's {} elements",
          count, src.numel());
   }
-  std::vector<std::uint8_t> raw(count * size_of(src.dtype()));
+  std::vector<std::uint8_t> raw = host_staging<std::uint8_t>("download", count * size_of(src.dtype()));
   if (count > 0) do_read_bytes(src, 0, raw.data(), raw.size());
-  std::vector<float> out(count);
+  std::vector<float> out = host_staging<float>("download", count);
   decode_to_f32(src.dtype(), raw.data(), count, out.data());
   return out;
 }

@@ -131,7 +131,10 @@ struct AttnConfig {
   std::size_t num_heads = 0;
   std::size_t num_kv_heads = 0;  // num_heads % num_kv_heads == 0 (GQA group)
   std::size_t head_dim = 0;
-  bool causal = true;  // mask is bottom-right aligned: query i sits at pos_offset + i
+  // Causal: query i sees keys 0 .. pos_offset + i, pos_offset as passed
+  // (never inferred): the usual bottom-right mask when pos_offset =
+  // kv_len - q_len, e.g. kv_len - 1 for a decode step.
+  bool causal = true;
   float scale = 0.0f;  // softmax scale; 0 means 1/sqrt(head_dim)
   std::size_t kv_seq_stride = 0;  // positions per kv head in k/v; 0 means kv_len
 };
@@ -441,7 +444,8 @@ class Backend {
   // softmax(q kᵀ · scale + mask) v, per (batch, head); q head h reads kv head
   // h / (num_heads / num_kv_heads). Keys 0 .. kv_len-1 are valid. In
   // device-state mode with q_len == 1, kv_len is the decode state's and
-  // cfg.kv_seq_stride must be set (the cache capacity). CudaBackend: q, k, v
+  // cfg.kv_seq_stride must be set (the cache capacity); the host kv_len is
+  // then not used but still checked (1 .. kv_seq_stride). CudaBackend: q, k, v
   // and out 16-byte aligned; head_dim 64, 128 or 256; at most 65535 heads,
   // and at most 65535 sequences when q_len > 1.
   void flash_attention(const Buffer& q /*[batch, num_heads, q_len, head_dim]*/,

@@ -1,4 +1,5 @@
-// ferrum::Error: the one exception type every public op throws.
+// ferrum::Error: the one exception type every public op throws (host memory
+// running out inside CpuBackend's ops may still surface as std::bad_alloc).
 #pragma once
 
 #include <stdexcept>

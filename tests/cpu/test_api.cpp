@@ -6,7 +6,12 @@
 // GPU is present.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -423,6 +428,35 @@ TEST(DefaultBackend, FollowsDeviceCount) {
     runs_here = false;
   }
   EXPECT_EQ(be->kind(), runs_here ? BackendKind::Cuda : BackendKind::Cpu);
+}
+
+// Host staging that cannot be had is OutOfMemory naming the op, not a
+// std::bad_alloc past the API: a forked child whose address space may grow
+// by 160 MiB downloads 32 Mi f16 values (64 MiB of raw staging, then 128 MiB
+// of floats, which no longer fit).
+void download_in_bounded_memory() {
+  CpuBackend be(CpuBackendConfig{.num_threads = 1});
+  Buffer b = be.alloc(DType::F16, std::size_t{32} << 20);
+  std::size_t pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;
+  const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (rlim_t{160} << 20);
+  const rlimit bound{limit, limit};
+  if (setrlimit(RLIMIT_AS, &bound) != 0) std::fprintf(stderr, "setrlimit failed\n");
+  try {
+    (void)be.download(b);
+    std::fprintf(stderr, "downloaded\n");
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "not a ferrum::Error: %s\n", e.what());
+  }
+  std::fflush(stderr);
+  std::_Exit(0);
+}
+
+TEST(HostStaging, OutOfHostMemoryIsAnError) {
+  EXPECT_EXIT(download_in_bounded_memory(), ::testing::ExitedWithCode(0),
+              "\\[OutOfMemory\\] download: host staging of 33554432 elements of 4 bytes");
 }
 
 TEST(CpuDeterminism, ResultsDoNotDependOnThreadCount) {
