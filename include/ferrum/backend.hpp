@@ -304,6 +304,10 @@ class Backend {
   bool device_state_mode() const noexcept { return device_state_mode_; }
 
   // ── Graph capture ──────────────────────────────────────────────────────
+  // On a backend without Op::GraphCapture (CpuBackend) begin_graph_capture
+  // throws Unsupported; the other three act as with no graph held:
+  // end_graph_capture throws GraphCapture (no capture in progress),
+  // replay_last_graph returns false and reset_graph does nothing.
   void begin_graph_capture();
   void end_graph_capture();     // instantiates and uploads; replaces any previous graph
   bool replay_last_graph();     // false when no graph is held
