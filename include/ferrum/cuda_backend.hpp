@@ -382,10 +382,11 @@ class CudaBackend final : public Backend {
   void abort_communicator(Communicator& comm, const std::string& reason);
   // Throws Unsupported naming op and arg when head_dim exceeds the RoPE kernels' limit.
   void check_rope_head_dim(const char* op, const char* arg, std::size_t head_dim);
-  // Before a collective through comm_: refuses host memory among `buffers`
-  // (InvalidArgument: NCCL reads device memory); while capturing, records
-  // comm_ as the capture's communicator, or ends the capture (GraphCapture)
-  // when another one's collectives are already in it.
+  // Before a collective, with or without comm_: refuses host memory among
+  // `buffers` (InvalidArgument: NCCL reads device memory, and a call valid
+  // at world size 1 must stay valid at more); with comm_, while capturing,
+  // records comm_ as the capture's communicator, or ends the capture
+  // (GraphCapture) when another one's collectives are already in it.
   void check_collective(const char* op, std::initializer_list<std::pair<const char*, const Buffer*>> buffers);
 
   int device_;
