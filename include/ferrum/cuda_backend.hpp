@@ -77,11 +77,12 @@ struct CudaBackendConfig {
   // CudaBackend on a device decides it; later ones must agree.
   std::size_t cublas_workspace_bytes = std::size_t{32} << 20;
   // Split-K scratch of decode attention, allocated once with the runtime
-  // (ops never allocate). A decode call needs batch * num_heads *
-  // splits * (head_dim + 1) floats, splits = attention_decode_splits(
-  // kv_seq_stride) of kernels/attention.hpp (at most 16); more throws
-  // CapacityExceeded naming this field. Like the cuBLAS workspace, the first
-  // CudaBackend on a device decides it.
+  // (ops never allocate). A decode call needs batch * num_heads * splits *
+  // (head_dim + 1) floats, splits (at most 16) from the cache capacity:
+  // attention_decode_workspace_bytes below gives the bytes for an engine's
+  // largest batch and capacity; a call needing more throws
+  // CapacityExceeded naming this field. Like the cuBLAS workspace, the
+  // first CudaBackend on a device decides it.
   std::size_t attention_workspace_bytes = std::size_t{256} << 20;
   // Tensor parallelism: the collectives run over this communicator, and
   // world_size() / rank() come from it. Its device must be `device`. Null:
@@ -229,6 +230,16 @@ struct CudaBackendConfig {
   // value outside the enum throws InvalidArgument naming this field.
   PrefillKernel prefill_kernel = PrefillKernel::Auto;
 };
+
+// The bytes of CudaBackendConfig::attention_workspace_bytes that a decode
+// (flash_attention with q_len 1, or flash_decode_ragged) of `batch`
+// sequences of `num_heads` q heads of `head_dim` over caches of
+// `kv_seq_stride` positions needs (the split count follows the capacity
+// alone, so this is the need of every kv_len up to it). Throws
+// InvalidArgument for a zero argument or one past what the kernels index
+// (2^31 - 1), and for a product past 2^64.
+std::size_t attention_decode_workspace_bytes(std::size_t batch, std::size_t num_heads, std::size_t head_dim,
+                                             std::size_t kv_seq_stride);
 
 class CudaBackend final : public Backend {
  public:

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -91,6 +92,29 @@ kernels::AttentionArgs attention_args(const Buffer& q, const Buffer& k, const Bu
 }
 
 }  // namespace
+
+std::size_t attention_decode_workspace_bytes(std::size_t batch, std::size_t num_heads, std::size_t head_dim,
+                                             std::size_t kv_seq_stride) {
+  constexpr auto kMost = static_cast<std::size_t>(std::numeric_limits<int>::max());
+  for (const auto& [name, value] : {std::pair<const char*, std::size_t>{"batch", batch}, {"num_heads", num_heads},
+                                    {"head_dim", head_dim}, {"kv_seq_stride", kv_seq_stride}}) {
+    if (value == 0 || value > kMost) {
+      detail::fail(ErrorCode::InvalidArgument,
+                   "attention_decode_workspace_bytes: argument '{}' = {} is outside [1, {}]", name, value, kMost);
+    }
+  }
+  const auto splits = static_cast<std::size_t>(kernels::attention_decode_splits(static_cast<long long>(kv_seq_stride)));
+  std::size_t bytes = sizeof(float);
+  for (const std::size_t factor : {batch, num_heads, splits, head_dim + 1}) {
+    if (__builtin_mul_overflow(bytes, factor, &bytes)) {
+      detail::fail(ErrorCode::InvalidArgument,
+                   "attention_decode_workspace_bytes: batch = {} x num_heads = {} x {} splits x (head_dim = {} + 1) "
+                   "floats pass 2^64 bytes",
+                   batch, num_heads, splits, head_dim);
+    }
+  }
+  return bytes;
+}
 
 PrefillKernel CudaBackend::checked_prefill_kernel(PrefillKernel requested) {
   switch (requested) {

@@ -6,7 +6,12 @@
 // same bits.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
+
+#include "ferrum/cuda_backend.hpp"
 #include "kernels/attention.hpp"
+#include "support/test_support.hpp"
 
 namespace ferrum::test {
 namespace {
@@ -166,6 +171,33 @@ TEST(DecodePlan, TailFreeRuleStaysInRange) {
   }
   EXPECT_EQ(tail_free_slices_per_block(0, 16, 512, 264, 132, kTailFreeBlockKeys), 1);
   EXPECT_EQ(tail_free_slices_per_block(8, 16, 512, 0, 132, kTailFreeBlockKeys), 1);
+}
+
+// attention_decode_workspace_bytes, the public size of the decode's split-K
+// scratch (CudaBackendConfig::attention_workspace_bytes): the floats the
+// launcher asks for (kernels::attention_workspace_floats) times 4, for
+// caches of one slice, of the 16-slice bound and between; bad sizes named.
+TEST(DecodePlan, WorkspaceBytesArePublicAndMatchTheLauncher) {
+  struct Case {
+    std::size_t batch, heads, head_dim, capacity, splits;
+  };
+  for (const Case c : {Case{1, 8, 64, 100, 1}, Case{1, 32, 128, 32768, 16}, Case{64, 32, 128, 1024, 8},
+                       Case{3, 40, 256, 131072, 16}, Case{16, 32, 128, 3000, 12}}) {
+    SCOPED_TRACE(cat("B ", c.batch, " heads ", c.heads, " hd ", c.head_dim, " capacity ", c.capacity));
+    EXPECT_EQ(attention_decode_splits(static_cast<long long>(c.capacity)), static_cast<int>(c.splits));
+    const std::size_t bytes = attention_decode_workspace_bytes(c.batch, c.heads, c.head_dim, c.capacity);
+    EXPECT_EQ(bytes, 4 * c.batch * c.heads * c.splits * (c.head_dim + 1));
+    EXPECT_EQ(bytes, 4 * kernels::attention_workspace_floats(static_cast<int>(c.batch), static_cast<int>(c.heads), 1,
+                                                              static_cast<int>(c.head_dim),
+                                                              static_cast<long long>(c.capacity)));
+  }
+  expect_error(ErrorCode::InvalidArgument, "attention_decode_workspace_bytes",
+               [] { (void)attention_decode_workspace_bytes(0, 32, 128, 1024); }, "'batch' = 0");
+  expect_error(ErrorCode::InvalidArgument, "attention_decode_workspace_bytes",
+               [] { (void)attention_decode_workspace_bytes(1, 32, std::size_t{1} << 31, 1024); }, "'head_dim'");
+  constexpr auto kIntMax = static_cast<std::size_t>(std::numeric_limits<int>::max());
+  expect_error(ErrorCode::InvalidArgument, "attention_decode_workspace_bytes",
+               [] { (void)attention_decode_workspace_bytes(kIntMax, kIntMax, kIntMax, 1 << 20); }, "2^64");
 }
 
 }  // namespace
