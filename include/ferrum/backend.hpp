@@ -11,7 +11,9 @@
 // (Misaligned; the GPTQ ops' row operands: a, out, residual, x, norm_w,
 // normed, gate_up), attention head_dim 64 / 128 / 256 and at most 65535
 // heads (Unsupported), and the norms' and row_sum_squares' row lengths
-// have kernel limits (kernels::kNormMaxDim, kRowSqMaxCols; Unsupported).
+// have kernel limits (2^30 columns for the norms, 65535 x 512 for
+// row_sum_squares; Unsupported), and attention, the GPTQ ops and the
+// collectives refuse host memory (InvalidArgument; see alloc_host).
 //
 // Layout conventions (row-major everywhere):
 //   token-major activations  [tokens, dim]
