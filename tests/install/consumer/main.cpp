@@ -1,6 +1,7 @@
 // Uses the installed library through its public headers only.
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <vector>
 
 #include <ferrum/ferrum.hpp>
@@ -26,6 +27,17 @@ int main() {
   } catch (const ferrum::Error& e) {
     if (e.code() != ferrum::ErrorCode::ShapeMismatch) return 1;
   }
-  std::printf("consumer: ok (%s, %d CUDA device(s))\n", cpu.name().c_str(), ferrum::cuda_device_count());
+  // The CUDA half links too (CudaBackend through make_default_backend, which
+  // gives a CpuBackend on a machine without a GPU, and a size helper of the
+  // CUDA backend's public API): a static package's link line must bring
+  // cuBLAS and the rest.
+  const std::unique_ptr<ferrum::Backend> be = ferrum::make_default_backend();
+  if (be == nullptr) return 1;
+  if (ferrum::attention_decode_workspace_bytes(1, 32, 128, 32768) != 4u * 32u * 16u * 129u) {
+    std::printf("consumer: attention_decode_workspace_bytes disagrees\n");
+    return 1;
+  }
+  std::printf("consumer: ok (%s; default backend %s; %d CUDA device(s))\n", cpu.name().c_str(), be->name().c_str(),
+              ferrum::cuda_device_count());
   return 0;
 }
