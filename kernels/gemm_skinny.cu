@@ -106,8 +106,10 @@ template <class T>
 __device__ __noinline__ void prefetch_first_round(const T* b, int row0, int rows, int n, int k, int first_bytes) {
   const int r = static_cast<int>(threadIdx.x);
   if (r < rows && row0 + r < n) {  // callers skip the call when first_bytes is 0
-    const int row_bytes = k * static_cast<int>(sizeof(T));
-    prefetch_l2_bulk(b + static_cast<long long>(row0 + r) * k, static_cast<std::uint32_t>(min(row_bytes, first_bytes)));
+    // 64-bit: k * sizeof(T) passes INT_MAX from k = 2^30 (the kernel takes k < 2^31).
+    const long long row_bytes = static_cast<long long>(k) * static_cast<long long>(sizeof(T));
+    prefetch_l2_bulk(b + static_cast<long long>(row0 + r) * k,
+                     static_cast<std::uint32_t>(min(row_bytes, static_cast<long long>(first_bytes))));
   }
 }
 

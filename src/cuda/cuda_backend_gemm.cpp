@@ -23,8 +23,11 @@ void CudaBackend::do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::si
   // cuBLAS (the table and the per-shape rule are in kernels/gemm_skinny.hpp;
   // CudaBackendConfig::gemm_skinny_max_m overrides). It declines (returns false,
   // launches nothing) for unaligned a / b or k % 8 != 0, and cuBLAS runs
-  // instead. Both paths are launch-only: capture-safe.
-  if (kernels::gemm_skinny_wanted(gemm_skinny_max_m_, a.dtype(), static_cast<long long>(m), static_cast<long long>(n),
+  // instead; likewise for host-memory weights (alloc_host, or wrapped
+  // page-locked memory), which its optional bulk L2 prefetch
+  // (gemm_prefetch_before_wait) must not be pointed at. Both paths are
+  // launch-only: capture-safe.
+  if (!b.host_memory() && kernels::gemm_skinny_wanted(gemm_skinny_max_m_, a.dtype(), static_cast<long long>(m), static_cast<long long>(n),
                                   static_cast<long long>(k)) &&
       kernels::launch_gemm_skinny(a.dtype(), ptr(a), ptr(b), ptr(out), static_cast<long long>(m),
                                   static_cast<long long>(n), static_cast<long long>(k), rt_->num_sms, rt_->stream)) {
@@ -47,7 +50,7 @@ void CudaBackend::do_gemm_silu_mul(const Buffer& a, const Buffer& w, Buffer& gat
                                    std::size_t im, std::size_t k) {
   detail::activate_device(device_);
   const auto mm = static_cast<long long>(m), ii = static_cast<long long>(im), kk = static_cast<long long>(k);
-  if (kernels::gemm_skinny_wanted(gemm_skinny_max_m_, a.dtype(), mm, 2 * ii, kk) &&
+  if (!w.host_memory() && kernels::gemm_skinny_wanted(gemm_skinny_max_m_, a.dtype(), mm, 2 * ii, kk) &&
       kernels::launch_gemm_skinny_silu_mul(a.dtype(), ptr(a), ptr(w), ptr(act), mm, ii, kk, rt_->num_sms,
                                            rt_->stream)) {
     return;
