@@ -14,6 +14,8 @@
 #                                bench/gptq_torch.py
 #   scripts/gpu_suite.sh quicktests  the GPU test binary directly (faster than
 #                                ctest); race: racecheck over attention and GPTQ
+#                                in 8 shards (the decode knob cases are
+#                                raceknobs'; session 60, H100: 96 tests, ~4 min)
 #   scripts/gpu_suite.sh engine  ferrum_engine on llama3-8b-shaped random
 #                                weights, graph and eager (needs .deps)
 #   scripts/gpu_suite.sh tuning  ferrum_attention_tuning: the prefill and decode launch
