@@ -306,8 +306,10 @@ struct AttentionArgs {
   PrefillTuning prefill_tuning;  // q_len > 1, wgmma kernel only
 };
 
-// Floats of split-K scratch a decode call needs (0 for prefill): at most
-// batch * num_heads * 32 * (head_dim + 1).
+// Floats of split-K scratch a decode call needs (0 for prefill): batch *
+// num_heads * attention_decode_splits(kv_stride) * (head_dim + 1), at most
+// kAttnDecodeMaxSplits (16) splits (the public attention_decode_workspace_bytes
+// is this times 4).
 std::size_t attention_workspace_floats(int batch, int num_heads, int q_len, int head_dim, long long kv_stride);
 
 // Points a.partial_out and a.partial_lse into `workspace` (f32, `floats` of

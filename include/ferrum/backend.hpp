@@ -134,8 +134,9 @@ struct AttnConfig {
   std::size_t num_kv_heads = 0;  // num_heads % num_kv_heads == 0 (GQA group)
   std::size_t head_dim = 0;
   // Causal: query i sees keys 0 .. pos_offset + i, pos_offset as passed
-  // (never inferred): the usual bottom-right mask when pos_offset =
-  // kv_len - q_len, e.g. kv_len - 1 for a decode step.
+  // (never inferred from kv_len): the usual bottom-right mask when
+  // pos_offset = kv_len - q_len, e.g. kv_len - 1 for a decode step. In
+  // device-state decode (q_len 1) the state's kv_len - 1 stands in for it.
   bool causal = true;
   float scale = 0.0f;  // softmax scale; 0 means 1/sqrt(head_dim)
   std::size_t kv_seq_stride = 0;  // positions per kv head in k/v; 0 means kv_len

@@ -106,12 +106,13 @@ std::size_t attention_decode_workspace_bytes(std::size_t batch, std::size_t num_
   const auto splits = static_cast<std::size_t>(kernels::attention_decode_splits(static_cast<long long>(kv_seq_stride)));
   std::size_t bytes = sizeof(float);
   for (const std::size_t factor : {batch, num_heads, splits, head_dim + 1}) {
-    if (__builtin_mul_overflow(bytes, factor, &bytes)) {
+    if (bytes > std::numeric_limits<std::size_t>::max() / factor) {
       detail::fail(ErrorCode::InvalidArgument,
                    "attention_decode_workspace_bytes: batch = {} x num_heads = {} x {} splits x (head_dim = {} + 1) "
                    "floats pass 2^64 bytes",
                    batch, num_heads, splits, head_dim);
     }
+    bytes *= factor;
   }
   return bytes;
 }

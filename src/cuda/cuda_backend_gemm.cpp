@@ -27,7 +27,8 @@ void CudaBackend::do_gemm(const Buffer& a, const Buffer& b, Buffer& out, std::si
   // page-locked memory), which its optional bulk L2 prefetch
   // (gemm_prefetch_before_wait) must not be pointed at. Both paths are
   // launch-only: capture-safe.
-  if (!b.host_memory() && kernels::gemm_skinny_wanted(gemm_skinny_max_m_, a.dtype(), static_cast<long long>(m), static_cast<long long>(n),
+  if (!b.host_memory() &&
+      kernels::gemm_skinny_wanted(gemm_skinny_max_m_, a.dtype(), static_cast<long long>(m), static_cast<long long>(n),
                                   static_cast<long long>(k)) &&
       kernels::launch_gemm_skinny(a.dtype(), ptr(a), ptr(b), ptr(out), static_cast<long long>(m),
                                   static_cast<long long>(n), static_cast<long long>(k), rt_->num_sms, rt_->stream)) {

@@ -315,14 +315,16 @@ bool int4_launch_taken(cudaStream_t stream, const GptqSwitches& sw, const CudaGp
 }
 
 // The checks every GPTQ GEMM op makes first, naming `op`: w made by a
-// CudaBackend's load_gptq, the named row operands 16-byte aligned (the
-// kernels move rows as 16-byte vectors; k and n are multiples of 8) and in
-// device memory (the streaming kernel bulk-copies its activation rows, which
-// host memory cannot serve; the rule is the same for every operand and every
-// kernel, so a call's validity does not hang on which kernel m picks). A
-// capture in progress is ended before the throw.
+// CudaBackend's load_gptq, the row operands `rows` 16-byte aligned (the
+// kernels move rows as 16-byte vectors; k and n are multiples of 8), and
+// `rows` and the op's other operands `others` (act, row_sq: element-wise
+// access, any alignment) in device memory: the streaming kernel bulk-copies
+// its activation rows, which host memory cannot serve, and one rule for
+// every operand and kernel keeps a call's validity from hanging on which
+// kernel m picks. A capture in progress is ended before the throw.
 const CudaGptqWeight& checked_gptq_operands(detail::CudaRuntime& rt, const char* op, const QuantWeight& w,
-                                            std::initializer_list<detail::NamedBuffer> rows) {
+                                            std::initializer_list<detail::NamedBuffer> rows,
+                                            std::initializer_list<detail::NamedBuffer> others = {}) {
   const auto* weight = dynamic_cast<const CudaGptqWeight*>(&w);
   if (weight == nullptr) {
     detail::abandon_capture(rt);
@@ -332,9 +334,11 @@ const CudaGptqWeight& checked_gptq_operands(detail::CudaRuntime& rt, const char*
     detail::abandon_capture(rt);
     detail::fail(ErrorCode::Misaligned, "{}: {}", op, misaligned);
   }
-  if (const std::string host = detail::host_memory_argument(rows); !host.empty()) {
-    detail::abandon_capture(rt);
-    detail::fail(ErrorCode::InvalidArgument, "{}: {}", op, host);
+  for (const std::initializer_list<detail::NamedBuffer> operands : {rows, others}) {
+    if (const std::string host = detail::host_memory_argument(operands); !host.empty()) {
+      detail::abandon_capture(rt);
+      detail::fail(ErrorCode::InvalidArgument, "{}: {}", op, host);
+    }
   }
   return *weight;
 }
@@ -445,7 +449,7 @@ void run_gemm_silu_mul_gptq(detail::CudaRuntime& rt, const GptqSwitches& sw, con
 void CudaBackend::do_gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& gate_up, Buffer& act,
                                         std::size_t m) {
   const CudaGptqWeight& weight =
-      checked_gptq_operands(*rt_, "gemm_silu_mul_gptq", w, {{"a", &a}, {"gate_up", &gate_up}});
+      checked_gptq_operands(*rt_, "gemm_silu_mul_gptq", w, {{"a", &a}, {"gate_up", &gate_up}}, {{"act", &act}});
   detail::activate_device(device_);  // the plan's queries ask the current device
   run_gemm_silu_mul_gptq(*rt_, switches_of(*this, rt_->num_sms), weight, gptq_fuse_silu_mul_, a, gate_up, act, m,
                          "gemm_silu_mul_gptq");
@@ -467,7 +471,7 @@ void CudaBackend::do_gemm_gptq_add_residual(const Buffer& a, const QuantWeight& 
                                            Buffer& row_sq, std::size_t m) {
   const char* const op = "gemm_gptq_add_residual";
   const CudaGptqWeight& weight =
-      checked_gptq_operands(*rt_, op, w, {{"a", &a}, {"out", &out}, {"residual", &residual}});
+      checked_gptq_operands(*rt_, op, w, {{"a", &a}, {"out", &out}, {"residual", &residual}}, {{"row_sq", &row_sq}});
   // Before any launch: where the streaming kernel does not take it, the
   // add-and-sum kernel after the GEMM would refuse it, the GEMM already run.
   if (w.n() > static_cast<std::size_t>(kernels::kRowSqMaxCols)) {
@@ -494,13 +498,15 @@ void CudaBackend::do_gemm_gptq_add_residual(const Buffer& a, const QuantWeight& 
 namespace {
 
 // The first half of rms_norm_gemm_gptq and its SiLU·mul form: w and the
-// row operands checked (gemm_out: the GEMM's output, named as the op names
-// it), then normed = rms_norm(x) with the sums of squares from row_sq.
+// operands checked (gemm_out: the GEMM's output, named as the op names it;
+// others: row_sq, and act in the SiLU·mul form), then normed = rms_norm(x)
+// with the sums of squares from row_sq.
 const CudaGptqWeight& norm_from_row_sq(detail::CudaRuntime& rt, int device, const char* op, const Buffer& x,
                                        const Buffer& row_sq, const Buffer& norm_w, float eps, const QuantWeight& w,
-                                       Buffer& normed, detail::NamedBuffer gemm_out, std::size_t m) {
+                                       Buffer& normed, detail::NamedBuffer gemm_out,
+                                       std::initializer_list<detail::NamedBuffer> others, std::size_t m) {
   const CudaGptqWeight& weight =
-      checked_gptq_operands(rt, op, w, {{"x", &x}, {"norm_w", &norm_w}, {"normed", &normed}, gemm_out});
+      checked_gptq_operands(rt, op, w, {{"x", &x}, {"norm_w", &norm_w}, {"normed", &normed}, gemm_out}, others);
   detail::activate_device(device);
   kernels::launch_rms_norm_from_row_sq(op, x.dtype(), ptr(x), ptr<float>(row_sq), ptr(norm_w), eps, ptr(normed),
                                        static_cast<int>(m), static_cast<int>(w.k()), rt.stream);
@@ -513,7 +519,8 @@ const CudaGptqWeight& norm_from_row_sq(detail::CudaRuntime& rt, int device, cons
 void CudaBackend::do_rms_norm_gemm_gptq(const Buffer& x, const Buffer& row_sq, const Buffer& norm_w, float eps,
                                        const QuantWeight& w, Buffer& normed, Buffer& out, std::size_t m) {
   const char* const op = "rms_norm_gemm_gptq";
-  const CudaGptqWeight& weight = norm_from_row_sq(*rt_, device_, op, x, row_sq, norm_w, eps, w, normed, {"out", &out}, m);
+  const CudaGptqWeight& weight =
+      norm_from_row_sq(*rt_, device_, op, x, row_sq, norm_w, eps, w, normed, {"out", &out}, {{"row_sq", &row_sq}}, m);
   run_gemm_gptq(*rt_, switches_of(*this, rt_->num_sms), weight, normed, out, m, op);
 }
 
@@ -524,7 +531,8 @@ void CudaBackend::do_rms_norm_gemm_silu_mul_gptq(const Buffer& x, const Buffer& 
                                                 Buffer& act, std::size_t m) {
   const char* const op = "rms_norm_gemm_silu_mul_gptq";
   const CudaGptqWeight& weight =
-      norm_from_row_sq(*rt_, device_, op, x, row_sq, norm_w, eps, w, normed, {"gate_up", &gate_up}, m);
+      norm_from_row_sq(*rt_, device_, op, x, row_sq, norm_w, eps, w, normed, {"gate_up", &gate_up},
+                       {{"row_sq", &row_sq}, {"act", &act}}, m);
   run_gemm_silu_mul_gptq(*rt_, switches_of(*this, rt_->num_sms), weight, gptq_fuse_silu_mul_, normed, gate_up, act,
                          m, op);
 }

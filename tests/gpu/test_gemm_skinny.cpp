@@ -142,38 +142,38 @@ TEST_P(CudaGemmSkinny, TheSwitchReachesTheLaunch) {
   }
 }
 
-// Host-memory weights (alloc_host) never take the skinny kernel, whose
-// optional bulk L2 prefetch (gemm_prefetch_before_wait, on here) must not be
-// pointed at them: cuBLAS reads them over the bus, the same bits as from
-// device memory.
+// Host-memory weights (alloc_host) never take the skinny kernel (its
+// optional bulk L2 prefetch, gemm_prefetch_before_wait, must not be pointed
+// at them; that switch is per device, so it stays off here): the same call
+// on device weights launches it (the control), on page-locked ones cuBLAS
+// runs, with the bits of a cuBLAS-only backend's call on device weights.
 TEST_P(CudaGemmSkinny, HostMemoryWeightsRunOnCublas) {
-  CudaBackendConfig config;
-  config.gemm_skinny_max_m = kernels::kSkinnyMaxM;
-  config.gemm_prefetch_before_wait = true;
-  CudaBackend prefetching(config);
   constexpr std::size_t n = 1001, k = 4096;
   FERRUM_SEEDED_RNG(rng);
   const std::vector<float> a_host = uniform_values(rng, m() * k), b_host = uniform_values(rng, n * k);
-  const Buffer a = prefetching.upload(a_host, dt());
-  const Buffer b_device = prefetching.upload(b_host, dt());
-  Buffer b_pinned = prefetching.alloc_host(dt(), n * k);
-  prefetching.copy_slice(b_device, 0, b_pinned, 0, n * k);
-  prefetching.synchronize();
-  Buffer out = prefetching.alloc(dt(), m() * n), expected = prefetching.alloc(dt(), m() * n);
-  const std::vector<CapturedLaunch> launches =
-      captured_launches(prefetching, [&] { prefetching.gemm(a, b_pinned, out, m(), n, k); });
-  EXPECT_FALSE(launched(launches, "gemm_skinny_")) << describe_launches(launches);
-  prefetching.gemm(a, b_pinned, out, m(), n, k);
-  CudaBackendConfig cublas_config;
-  cublas_config.gemm_skinny_max_m = 0;
-  CudaBackend cublas_only(cublas_config);
-  cublas_only.gemm(a, b_device, expected, m(), n, k);
-  auto raw = [](Backend& be, const Buffer& buf) {
+  CudaBackend& be = skinny();
+  const Buffer a = be.upload(a_host, dt()), b_device = be.upload(b_host, dt());
+  Buffer b_pinned = be.alloc_host(dt(), n * k);
+  be.copy_slice(b_device, 0, b_pinned, 0, n * k);
+  Buffer out = be.alloc(dt(), m() * n);
+  const std::vector<CapturedLaunch> on_device = captured_launches(be, [&] { be.gemm(a, b_device, out, m(), n, k); });
+  EXPECT_TRUE(launched(on_device, "gemm_skinny_")) << describe_launches(on_device);
+  const std::vector<CapturedLaunch> on_host = captured_launches(be, [&] { be.gemm(a, b_pinned, out, m(), n, k); });
+  EXPECT_FALSE(launched(on_host, "gemm_skinny_")) << describe_launches(on_host);
+  EXPECT_FALSE(on_host.empty()) << "no kernel launched for host-memory weights";
+  be.gemm(a, b_pinned, out, m(), n, k);
+  CudaBackendConfig config;
+  config.gemm_skinny_max_m = 0;
+  CudaBackend cublas_only(config);
+  const Buffer a2 = cublas_only.upload(a_host, dt()), b2 = cublas_only.upload(b_host, dt());
+  Buffer expected = cublas_only.alloc(dt(), m() * n);
+  cublas_only.gemm(a2, b2, expected, m(), n, k);
+  auto raw = [](Backend& owner, const Buffer& buf) {
     std::vector<std::uint8_t> bytes(buf.nbytes());
-    be.read_bytes(buf, bytes.data(), bytes.size());
+    owner.read_bytes(buf, bytes.data(), bytes.size());
     return bytes;
   };
-  EXPECT_TRUE(bitwise_equal(raw(prefetching, out), raw(cublas_only, expected), size_of(dt())));
+  EXPECT_TRUE(bitwise_equal(raw(be, out), raw(cublas_only, expected), size_of(dt())));
 }
 
 TEST_P(CudaGemmSkinny, FallsBack) {

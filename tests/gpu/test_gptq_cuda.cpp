@@ -611,10 +611,12 @@ TEST_F(CudaGptq, BadInput) {
   expect_error(ErrorCode::Misaligned, "rms_norm_gemm_gptq",
                [&] { cuda().rms_norm_gemm_gptq(a, row_sq_k, norm_w, 1e-6f, *w, normed, out_off, 2); }, "'out'");
   // Host memory (alloc_host): the streaming kernel bulk-copies its
-  // activation rows, so every row operand of every form must be device
-  // memory, named, also inside a capture (which the refusal ends).
+  // activation rows, and one rule holds for every operand of every form:
+  // device memory, named, also inside a capture (which the refusal ends).
   Buffer host_a = cuda().alloc_host(DType::F16, 2 * c.k + 8), host_out = cuda().alloc_host(DType::F16, 2 * c.n + 8);
   Buffer host_residual = cuda().alloc_host(DType::F16, 2 * c.n + 8);
+  Buffer gate_up = cuda().alloc(DType::F16, 2 * c.n), host_act = cuda().alloc_host(DType::F16, c.n);
+  Buffer host_row_sq_k = cuda().alloc_host(DType::F32, 2 * ((c.k + 15) / 16));
   for (const bool capture : {false, true}) {
     SCOPED_TRACE(capture ? "during a capture" : "eager");
     auto refused = [&](const char* op, const char* arg, const std::function<void()>& call) {
@@ -627,6 +629,11 @@ TEST_F(CudaGptq, BadInput) {
     refused("gemm_gptq", "out", [&] { cuda().gemm_gptq(a, *w, host_out, 2); });
     refused("gemm_gptq_add_residual", "residual",
             [&] { cuda().gemm_gptq_add_residual(a, *w, out, host_residual, row_sq_n, 2); });
+    refused("gemm_silu_mul_gptq", "act", [&] { cuda().gemm_silu_mul_gptq(a, *w, gate_up, host_act, 2); });
+    refused("rms_norm_gemm_gptq", "x",
+            [&] { cuda().rms_norm_gemm_gptq(host_a, row_sq_k, norm_w, 1e-6f, *w, normed, out, 2); });
+    refused("rms_norm_gemm_gptq", "row_sq",
+            [&] { cuda().rms_norm_gemm_gptq(a, host_row_sq_k, norm_w, 1e-6f, *w, normed, out, 2); });
   }
   // f32 activations; mixed dtypes; too few elements; m = 0.
   Buffer a32 = cuda().upload(std::vector<float>(2 * c.k, 0.0f), DType::F32);
