@@ -6,14 +6,10 @@
 // GPU is present.
 #include <gtest/gtest.h>
 
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <set>
 #include <string>
@@ -438,11 +434,7 @@ TEST(DefaultBackend, FollowsDeviceCount) {
 void download_in_bounded_memory() {
   CpuBackend be(CpuBackendConfig{.num_threads = 1});
   Buffer b = be.alloc(DType::F16, std::size_t{32} << 20);
-  std::size_t pages = 0;
-  std::ifstream("/proc/self/statm") >> pages;
-  const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (rlim_t{160} << 20);
-  const rlimit bound{limit, limit};
-  if (setrlimit(RLIMIT_AS, &bound) != 0) std::fprintf(stderr, "setrlimit failed\n");
+  bound_address_space_growth(std::size_t{160} << 20);
   try {
     (void)be.download(b);
     std::fprintf(stderr, "downloaded\n");

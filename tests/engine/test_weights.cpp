@@ -8,9 +8,6 @@
 #include <map>
 #include <string>
 
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
 
 #include <ferrum/half.hpp>
@@ -18,6 +15,7 @@
 #include "checkpoint_layout.hpp"
 #include "engine_error.hpp"
 #include "engine_test_support.hpp"
+#include "support/test_support.hpp"
 #include "weights.hpp"
 
 namespace ferrum::engine {
@@ -480,11 +478,7 @@ TEST(Weights, CheckpointHasFewerLayersThanTheConfig) {
 // rather than the checkpoint's shows as std::bad_alloc or ferrum's
 // OutOfMemory instead of the expected error, not as a machine out of memory.
 void load_in_bounded_memory(const std::filesystem::path& dir) {
-  std::size_t pages = 0;
-  std::ifstream("/proc/self/statm") >> pages;  // the address space now, in pages
-  const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (rlim_t{4} << 30);
-  const rlimit bound{limit, limit};
-  if (setrlimit(RLIMIT_AS, &bound) != 0) std::fprintf(stderr, "setrlimit failed\n");
+  test::bound_address_space_growth(std::size_t{4} << 30);
   try {
     CpuBackend be(CpuBackendConfig{.num_threads = 1});
     (void)load_checkpoint(be, dir);

@@ -422,25 +422,8 @@ TEST_F(NcclTest, AReplayPastTheTimeoutDropsTheGraphAndAborts) {
 TEST_F(NcclTest, HostMemoryIsRefusedBeforeNccl) {
   constexpr std::size_t len = 256;
   TwoRanks ranks;
-  CudaBackend& be = ranks.be(0);
-  Buffer dev = be.upload(std::vector<float>(2 * len, 1.0f), DType::F32);
-  Buffer dev_half = be.upload(std::vector<float>(len, 1.0f), DType::F32);
-  Buffer host = be.alloc_host(DType::F32, 2 * len), host_half = be.alloc_host(DType::F32, len);
-  expect_error(ErrorCode::InvalidArgument, "all_reduce", [&] { be.all_reduce(host, len, ReduceOp::Sum); },
-               "argument 'buf'");
-  expect_error(ErrorCode::InvalidArgument, "all_gather", [&] { be.all_gather(host_half, dev, len); },
-               "argument 'local'");
-  expect_error(ErrorCode::InvalidArgument, "all_gather", [&] { be.all_gather(dev_half, host, len); },
-               "argument 'global'");
-  expect_error(ErrorCode::InvalidArgument, "broadcast", [&] { be.broadcast(host, len, 0); }, "argument 'buf'");
-  expect_error(ErrorCode::InvalidArgument, "reduce_scatter",
-               [&] { be.reduce_scatter(host, dev_half, len, ReduceOp::Sum); }, "argument 'input'");
-  expect_error(ErrorCode::InvalidArgument, "reduce_scatter",
-               [&] { be.reduce_scatter(dev, host_half, len, ReduceOp::Sum); }, "argument 'output'");
-  be.begin_graph_capture();
-  expect_error(ErrorCode::InvalidArgument, "all_reduce", [&] { be.all_reduce(host, len, ReduceOp::Sum); },
-               "argument 'buf'");
-  EXPECT_FALSE(be.is_capturing()) << "the refusal must end the capture";
+  ASSERT_EQ(ranks.be(0).world_size(), 2u);
+  expect_collectives_refuse_host_memory(ranks.be(0), len);
   std::array<Buffer, 2> acc;
   expect_no_failures(on_both_ranks(ranks, [&](std::size_t r, CudaBackend& rank_be, std::vector<std::string>& failures) {
     acc[r] = rank_be.upload(std::vector<float>(len, static_cast<float>(r + 1)), DType::F32);

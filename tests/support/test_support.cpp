@@ -1,9 +1,14 @@
 #include "support/test_support.hpp"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iomanip>
 #include <limits>
 #include <optional>
@@ -348,6 +353,38 @@ void expect_error(ErrorCode code, std::string_view op, const std::function<void(
                   std::source_location where) {
   const ::testing::AssertionResult result = throws_error(code, op, fn, arg);
   if (!result) ADD_FAILURE_AT(where.file_name(), static_cast<int>(where.line())) << result.message();
+}
+
+void expect_collectives_refuse_host_memory(Backend& be, std::size_t len, std::source_location where) {
+  const std::size_t world = be.world_size();
+  Buffer dev = be.upload(std::vector<float>(world * len, 1.0f), DType::F32);
+  Buffer dev_part = be.upload(std::vector<float>(len, 1.0f), DType::F32);
+  Buffer host = be.alloc_host(DType::F32, world * len), host_part = be.alloc_host(DType::F32, len);
+  auto refused = [&](const char* op, const char* arg, const std::function<void()>& call) {
+    expect_error(ErrorCode::InvalidArgument, op, call, cat("argument '", arg, "'"), where);
+  };
+  refused("all_reduce", "buf", [&] { be.all_reduce(host, len, ReduceOp::Sum); });
+  refused("all_gather", "local", [&] { be.all_gather(host_part, dev, len); });
+  refused("all_gather", "global", [&] { be.all_gather(dev_part, host, len); });
+  refused("broadcast", "buf", [&] { be.broadcast(host, len, 0); });
+  refused("reduce_scatter", "input", [&] { be.reduce_scatter(host, dev_part, len, ReduceOp::Sum); });
+  refused("reduce_scatter", "output", [&] { be.reduce_scatter(dev, host_part, len, ReduceOp::Sum); });
+  be.begin_graph_capture();
+  refused("all_reduce", "buf", [&] { be.all_reduce(host, len, ReduceOp::Sum); });
+  if (be.is_capturing()) {
+    ADD_FAILURE_AT(where.file_name(), static_cast<int>(where.line())) << "the refusal must end the capture";
+    be.end_graph_capture();
+    be.reset_graph();
+  }
+}
+
+void bound_address_space_growth(std::size_t growth) {
+  std::size_t pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;  // the address space now, in pages
+  const rlim_t limit =
+      static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + static_cast<rlim_t>(growth);
+  const rlimit bound{limit, limit};
+  if (setrlimit(RLIMIT_AS, &bound) != 0) std::fprintf(stderr, "setrlimit failed\n");
 }
 
 // ── Backends and fixtures ────────────────────────────────────────────────────

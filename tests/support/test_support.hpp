@@ -187,6 +187,18 @@ class GuardedOutput {
 void expect_error(ErrorCode code, std::string_view op, const std::function<void()>& fn, std::string_view arg = {},
                   std::source_location where = std::source_location::current());
 
+// CudaBackend's collectives read device memory: host memory (alloc_host) in
+// any collective's buffer is a named InvalidArgument before anything is
+// issued, at be.world_size() whatever it is, also inside a capture (which
+// the refusal ends). Buffers of `len` elements per rank, f32.
+void expect_collectives_refuse_host_memory(Backend& be, std::size_t len,
+                                           std::source_location where = std::source_location::current());
+
+// For a forked child (EXPECT_EXIT) that must meet host memory running out:
+// caps its address space at what it maps now plus `growth` bytes
+// (RLIMIT_AS), writing "setrlimit failed" to stderr where it cannot.
+void bound_address_space_growth(std::size_t growth);
+
 // ── Backends and fixtures ────────────────────────────────────────────────────
 
 bool have_cuda();
