@@ -19,7 +19,10 @@
 //
 // Method: CUDA events around R back-to-back launches (R so that a sample is
 // >= ~200 us), inputs rotated over sets >= 256 MiB together (past the 50 MB
-// L2), median of 15 samples; decode counts K+V bytes, prefill causal FLOPs
+// L2), median of 15 samples; each decode variant also one launch per event
+// pair, median of 31 ("call": what ferrum_bench measures, with no PDL
+// overlap to hide a launch's ramp and tail; session 60 on the H100: B = 64
+// L = 1k 98.9 back to back, 112.1 per call); decode counts K+V bytes, prefill causal FLOPs
 // (4 * heads * S^2 * hd / 2).
 #include <cuda_runtime.h>
 
@@ -104,6 +107,35 @@ double median_us(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1, int reps,
   }
   std::sort(samples.begin(), samples.end());
   return samples[samples.size() / 2];
+}
+
+// The median of `samples` launches timed one by one, an event pair around
+// each (as ferrum_bench times a case): what a lone call costs, its ramp and
+// its last wave's tail included, where median_us's back-to-back launches let
+// PDL overlap one launch's tail with the next one's start.
+double median_call_us(cudaStream_t stream, int samples, const std::function<void(int)>& launch) {
+  std::vector<cudaEvent_t> start(static_cast<std::size_t>(samples)), stop(start.size());
+  for (std::size_t i = 0; i < start.size(); ++i) {
+    check(cudaEventCreate(&start[i]), "cudaEventCreate");
+    check(cudaEventCreate(&stop[i]), "cudaEventCreate");
+  }
+  launch(0);  // warm
+  for (int i = 0; i < samples; ++i) {
+    check(cudaEventRecord(start[static_cast<std::size_t>(i)], stream), "cudaEventRecord");
+    launch(i + 1);
+    check(cudaEventRecord(stop[static_cast<std::size_t>(i)], stream), "cudaEventRecord");
+  }
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  std::vector<float> us(start.size());
+  for (std::size_t i = 0; i < start.size(); ++i) {
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start[i], stop[i]), "cudaEventElapsedTime");
+    us[i] = ms * 1000.0f;
+    check(cudaEventDestroy(start[i]), "cudaEventDestroy");
+    check(cudaEventDestroy(stop[i]), "cudaEventDestroy");
+  }
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
 }
 
 // Causal prefill, batch 1, 32 heads, hd 128: the mma.sync kernel and the
@@ -477,7 +509,9 @@ int main(int argc, char** argv) {
       variants.push_back({"fused0", t, 0});
     }
   }
-  std::printf("%-5s %-7s %-9s %10s %9s   %s\n", "B", "L", "variant", "median_us", "GB/s", "launch");
+  // median_us: launches back to back (PDL overlaps them); call: one by one
+  // (median_call_us), as ferrum_bench times the decode cases.
+  std::printf("%-5s %-7s %-9s %10s %9s   %s\n", "B", "L", "variant", "median_us", "GB/s", "launch, call_us");
   std::vector<Shape> shapes = {{1, 1024},   {1, 4096},  {1, 8192},   {1, 32768}, {1, 131072}, {16, 1024},
                                {16, 8192},  {16, 32768}, {64, 1024}, {64, 8192}, {64, 32768}};
   if (experiments) {
@@ -502,13 +536,15 @@ int main(int argc, char** argv) {
       AttentionArgs a = decode_args(sh.batch, sh.kv, q, out, error_log, partials, ws);
       a.decode_tuning = var.tuning;
       const int reps = std::max(1, static_cast<int>(200e-6 * 4e12 / std::max(call_bytes, 4e6)));
-      double us = 0.0;
+      double us = 0.0, call_us = 0.0;
       try {
-        us = median_us(stream, e0, e1, reps, [&](int r) {
+        const auto launch = [&](int r) {
           a.k = k[r % sets];
           a.v = static_cast<char*>(v[r % sets]) + var.v_skew;
           ferrum::kernels::launch_attention(a, stream);
-        });
+        };
+        us = median_us(stream, e0, e1, reps, launch);
+        call_us = median_call_us(stream, 31, launch);
       } catch (const std::exception& e) {
         std::printf("%-5d %-7lld %-9s  failed: %s\n", sh.batch, sh.kv, var.name, e.what());
         continue;
@@ -517,9 +553,9 @@ int main(int argc, char** argv) {
       a.k = k[0];
       a.v = v[0];
       const auto plan = ferrum::kernels::decode_launch_plan(a);
-      std::printf("%-5d %-7lld %-9s %10.2f %9.0f   spb %d%s%s smem %d\n", sh.batch, sh.kv, var.name, us,
+      std::printf("%-5d %-7lld %-9s %10.2f %9.0f   spb %d%s%s smem %d   call %.2f\n", sh.batch, sh.kv, var.name, us,
                   call_bytes / us / 1e3, plan ? plan->slices_per_block : 0, plan && plan->fused ? " fused" : "",
-                  plan && plan->cluster ? " cluster" : "", plan ? plan->smem_bytes : 0);
+                  plan && plan->cluster ? " cluster" : "", plan ? plan->smem_bytes : 0, call_us);
     }
     for (int s = 0; s < sets; ++s) {
       check(cudaFree(k[s]), "cudaFree");
