@@ -188,6 +188,16 @@
 #                                every 100 ms ($OUT/decodeorder_smi.csv)
 #                                (session 59: 16 % slow after 0-5 ms, as
 #                                alone after 20 ms or more; clocks steady)
+#   scripts/gpu_suite.sh decodeablate  the tree with docs/design/patches/
+#                                decode_warp_slices.patch (one warp per slice,
+#                                decode_attention.md §4.20): its decode knob
+#                                and batch tests, then decode-exp's warp-slice
+#                                and block-merge rows (back to back and per
+#                                call) at DECODE_ABLATE_POINTS (B:L, default
+#                                '64:1024 16:1024 16:8192'), plain and with
+#                                the partial stores (mask 1), the row merge
+#                                (2) or both (3) left out (DECODE_ABLATE_MASKS;
+#                                timing only), two passes
 #   scripts/gpu_suite.sh enginebrief  the engine tests, then the llama3-8b
 #                                engine once each: f16 graph and eager, GPTQ
 #                                graph and eager, and qwen3-0.6b f16 graph and
@@ -208,7 +218,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch engineswitches l2probe decodeorder enginebrief)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch engineswitches l2probe decodeorder enginebrief decodeablate)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -222,6 +232,13 @@ has_mode() {
   [[ ",$MODE," == *",$1,"* ]]
 }
 # modes_within LIST: every mode of MODE is one of LIST (space-separated).
+# The builds of an ablation pass, one per line: as given, the second pass in
+# reverse (so that neither end of a pass always runs first).
+pass_order() {  # PASS BUILD...
+  local pass=$1
+  shift
+  if [ "$pass" = 2 ]; then printf '%s\n' "$@" | tac; else printf '%s\n' "$@"; fi
+}
 modes_within() {
   local m
   for m in ${MODE//,/ }; do [[ " $1 " == *" $m "* ]] || return 1; done
@@ -424,6 +441,20 @@ sanitize() {
       echo "wgmmaablate: the patch does not apply to this tree"
     fi
   fi
+  # decodeablate: the tree with docs/design/patches/decode_warp_slices.patch
+  # applied, built as it is (tests too) and once per ablation mask.
+  if has_mode decodeablate; then
+    DA_SRC="${B}-decodeablate-src"
+    if patched_tree "$DA_SRC" docs/design/patches/decode_warp_slices.patch; then
+      side_build "${B}-warp0" "$DA_SRC" "warp slices" 6 "" ferrum_attention_tuning ferrum_tests_gpu
+      for mask in ${DECODE_ABLATE_MASKS:-1 2 3}; do
+        side_build "${B}-warp$mask" "$DA_SRC" "warp slices, ablation mask $mask" 3 \
+          "-DFERRUM_BUILD_TESTS=OFF -DCMAKE_CUDA_FLAGS=-DFERRUM_DECODE_ABLATE=$mask" ferrum_attention_tuning
+      done
+    else
+      echo "decodeablate: the patch does not apply to this tree"
+    fi
+  fi
   # gptqpatch: the tree with GPTQ_PATCH applied, its GPU tests and GPTQ
   # bench (wgmmaworkspace times it too). No earlier call's binaries stand in
   # for a build that is not made or fails.
@@ -467,6 +498,7 @@ sanitize() {
     done
   fi
   modes_within "wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch" && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate ferrum_cluster_placement)
+  [ "$MODE" = decodeablate ] && MAIN_TARGETS=(--target ferrum_attention_tuning)
   cmake --build $B -j$([ -d base ] && has_mode ab && echo 10 || echo 16) "${MAIN_TARGETS[@]}" 2>&1 \
     | grep -E "error|warning|FAILED" || echo "build ok"
   wait
@@ -1037,16 +1069,45 @@ if has_mode wgmmaablate; then
   {
     echo "== wgmma alone ($(date +%T))"
     timeout 60 $B/bench/ferrum_wgmma_rate --steps 32768
-    masks=(0 ${WGMMA_ABLATE_MASKS:-2 4 8 32 46})
+    read -ra masks <<< "0 ${WGMMA_ABLATE_MASKS:-2 4 8 32 46}"
     for pass in 1 2; do
-      order=("${masks[@]}")
-      [ "$pass" = 2 ] && order=($(printf '%s\n' "${masks[@]}" | tac))
+      mapfile -t order < <(pass_order "$pass" "${masks[@]}")
       for mask in "${order[@]}"; do
         dir="${B}-ablate$mask"
         [ "$mask" = 0 ] && dir="$B"
         [ -x "$dir/bench/ferrum_bench_gptq" ] || { echo "mask $mask: no build"; continue; }
         gptq_rows "pass $pass mask $mask" "$dir/bench/ferrum_bench_gptq" --kernel wgmma --ms "${WGMMA_ABLATE_MS:-16,32,64}" \
           --shapes "${WGMMA_ABLATE_SHAPES:-8192x28672,8192x8192,4096x28672}"
+      done
+    done
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode decodeablate; then
+  # One warp per slice (decode_attention.md §4.20): its bits against the
+  # block-merge kernel (the knob tests compare them), then where the slice
+  # boundaries' cost lies: decode-exp's rows of both kernels in the plain
+  # patched build and with the partial stores (mask 1), the row merge (2) or
+  # both (3) left out, two passes, the second in reverse order.
+  {
+    echo "== warp slices: the decode knob and batch tests ($(date +%T))"
+    if [ -x "${B}-warp0/tests/ferrum_tests_gpu" ]; then
+      timeout 150 "${B}-warp0/tests/ferrum_tests_gpu" --gtest_filter='*DecodeKnobs*:*DecodeBatch*' 2>&1 \
+        | grep -E "FAILED|PASSED|changed" | head -20
+    else
+      echo "no patched test build"
+    fi
+    read -ra masks <<< "0 ${DECODE_ABLATE_MASKS:-1 2 3}"
+    for pass in 1 2; do
+      mapfile -t order < <(pass_order "$pass" "${masks[@]}")
+      for mask in "${order[@]}"; do
+        bin="${B}-warp$mask/bench/ferrum_attention_tuning"
+        [ -x "$bin" ] || { echo "mask $mask: no build"; continue; }
+        for point in ${DECODE_ABLATE_POINTS:-64:1024 16:1024 16:8192}; do
+          echo "-- pass $pass mask $mask B:L $point"
+          timeout 60 "$bin" decode-exp "${point%%:*}" "${point##*:}" 2>&1 \
+            | grep -E "^[0-9]+ +[0-9]+ +(default|warpoff|warp|warpspb4|warpspb8) "
+        done
       done
     done
   } 2>&1 | tee -a "$LOG"
