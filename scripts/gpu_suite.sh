@@ -231,7 +231,6 @@ has_mode() {
   fi
   [[ ",$MODE," == *",$1,"* ]]
 }
-# modes_within LIST: every mode of MODE is one of LIST (space-separated).
 # The builds of an ablation pass, one per line: as given, the second pass in
 # reverse (so that neither end of a pass always runs first).
 pass_order() {  # PASS BUILD...
@@ -239,6 +238,7 @@ pass_order() {  # PASS BUILD...
   shift
   if [ "$pass" = 2 ]; then printf '%s\n' "$@" | tac; else printf '%s\n' "$@"; fi
 }
+# modes_within LIST: every mode of MODE is one of LIST (space-separated).
 modes_within() {
   local m
   for m in ${MODE//,/ }; do [[ " $1 " == *" $m "* ]] || return 1; done
