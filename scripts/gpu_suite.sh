@@ -1106,7 +1106,7 @@ if has_mode decodeablate; then
         for point in ${DECODE_ABLATE_POINTS:-64:1024 16:1024 16:8192}; do
           echo "-- pass $pass mask $mask B:L $point"
           timeout 60 "$bin" decode-exp "${point%%:*}" "${point##*:}" 2>&1 \
-            | grep -E "^[0-9]+ +[0-9]+ +(default|warpoff|warpglob|warp|warpspb4|warpspb8) "
+            | grep -E "^[0-9]+ +[0-9]+ +(default|warpauto|warpglob|warp|warpspb4|warpspb8) "
         done
       done
     done
