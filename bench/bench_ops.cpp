@@ -303,8 +303,12 @@ class Bench {
 
   // Copy of bytes/2 (so bytes are moved, read + write), rotated past L2 and
   // timed like the cases; cached by size.
+  // The bytes each way of the copy "at the size" of a case moving `bytes`.
+  static std::size_t copy_same_half(double bytes) {
+    return std::min(static_cast<std::size_t>(bytes / 2.0), kCopySameMaxHalf) & ~std::size_t{255};
+  }
   double copy_gbps_for(double bytes) {
-    const auto half = std::min(static_cast<std::size_t>(bytes / 2.0), kCopySameMaxHalf) & ~std::size_t{255};
+    const std::size_t half = copy_same_half(bytes);
     if (half == 0) return std::numeric_limits<double>::quiet_NaN();
     auto it = copy_same_.find(half);
     if (it != copy_same_.end()) return it->second;
@@ -374,7 +378,7 @@ class Bench {
           r.copy_same_gbps = copy_gbps_for(spec.bytes);
           char buf[96];
           std::snprintf(buf, sizeof buf, "copy at this size%s %.0f GB/s",
-                        spec.bytes / 2.0 > static_cast<double>(kCopySameMaxHalf) ? " (4 GiB each way)" : "",
+                        copy_same_half(spec.bytes) == kCopySameMaxHalf ? " (4 GiB each way)" : "",
                         r.copy_same_gbps);
           copy_note = buf;
         } catch (const std::exception& e) {

@@ -133,23 +133,24 @@ CudaRuntime* create_runtime_steps(CudaRuntime* rt, const CudaBackendConfig& conf
   check_cublas(cublasCreate(&rt->cublas), op, "cublasCreate");
   check_cublas(cublasSetStream(rt->cublas, rt->stream), op, "cublasSetStream");
   rt->cublas_workspace_bytes = config.cublas_workspace_bytes;
-  check_cuda(cudaMalloc(&rt->cublas_workspace, rt->cublas_workspace_bytes), op, "cudaMalloc(cuBLAS workspace)");
+  // Device memory through device_malloc, as alloc's: a failure names the free memory.
+  rt->cublas_workspace = device_malloc(rt->cublas_workspace_bytes, config.device, op, "cuBLAS workspace");
   check_cublas(cublasSetWorkspace(rt->cublas, rt->cublas_workspace, rt->cublas_workspace_bytes), op,
                "cublasSetWorkspace");
   // Device-resident alpha/beta: a captured gemm must not hold a host pointer.
   check_cublas(cublasSetPointerMode(rt->cublas, CUBLAS_POINTER_MODE_DEVICE), op, "cublasSetPointerMode");
   const float one_zero[2] = {1.0f, 0.0f};
-  float* one_zero_dev = nullptr;
-  check_cuda(cudaMalloc(reinterpret_cast<void**>(&one_zero_dev), sizeof one_zero), op, "cudaMalloc(alpha/beta)");
+  auto* const one_zero_dev = static_cast<float*>(device_malloc(sizeof one_zero, config.device, op, "alpha/beta"));
   rt->one_zero = one_zero_dev;
   check_cuda(cudaMemcpy(one_zero_dev, one_zero, sizeof one_zero, cudaMemcpyHostToDevice), op, "cudaMemcpy(alpha/beta)");
 
   rt->attention_workspace_bytes = config.attention_workspace_bytes;
   if (rt->attention_workspace_bytes > 0) {
-    check_cuda(cudaMalloc(reinterpret_cast<void**>(&rt->attention_workspace), rt->attention_workspace_bytes), op,
-               "cudaMalloc(attention workspace)");
+    rt->attention_workspace =
+        static_cast<float*>(device_malloc(rt->attention_workspace_bytes, config.device, op, "attention workspace"));
   }
-  check_cuda(cudaMalloc(reinterpret_cast<void**>(&rt->decode_state), sizeof(kernels::DecodeState)), op, "cudaMalloc(decode state)");
+  rt->decode_state =
+      static_cast<kernels::DecodeState*>(device_malloc(sizeof(kernels::DecodeState), config.device, op, "decode state"));
   const kernels::DecodeState initial{0, 0, 1};
   check_cuda(cudaMemcpy(rt->decode_state, &initial, sizeof initial, cudaMemcpyHostToDevice), op,
              "cudaMemcpy(decode state)");
