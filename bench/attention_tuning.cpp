@@ -455,11 +455,14 @@ int main(int argc, char** argv) {
   // allocation start ("v+36k": K and V at different offsets from their
   // 2 MiB-aligned bases), and the partials stored plainly, neither kept in
   // L2 nor dropped from it once merged ("l2plain": DecodeTuning::
-  // partials_in_l2 off), or kept at every footprint ("l2all": its floor 0).
+  // partials_in_l2 off), or kept at every footprint ("l2all": its floor 0),
+  // and K's sets in one allocation and V's in another ("packed": as
+  // ferrum_bench lays them out, not one allocation per set).
   struct Variant {
     const char* name;
     DecodeTuning tuning;
     std::size_t v_skew;
+    bool packed = false;
   };
   std::vector<Variant> variants;
   {
@@ -504,6 +507,7 @@ int main(int argc, char** argv) {
       x = d;
       x.sole_block_per_sm = false;  // one-wave launches at the kernel's own shared memory
       variants.push_back({"shared", x, 0});
+      variants.push_back({"packed", d, 0, true});
     } else {
       t.fused_merge = false;
       variants.push_back({"fused0", t, 0});
@@ -529,6 +533,13 @@ int main(int argc, char** argv) {
     const std::size_t q_bytes = static_cast<std::size_t>(sh.batch) * kHeads * kHd * 2;
     void* q = device_random_f16(q_bytes, 1);
     void* out = device_zeros(q_bytes);
+    // The packed layout: set s of K at k_packed + s * kv_bytes, of V likewise.
+    char* k_packed = nullptr;
+    char* v_packed = nullptr;
+    if (experiments) {
+      k_packed = static_cast<char*>(device_random_f16(kv_bytes * static_cast<std::size_t>(sets), 300));
+      v_packed = static_cast<char*>(device_random_f16(kv_bytes * static_cast<std::size_t>(sets), 400));
+    }
     const std::size_t ws = ferrum::kernels::attention_workspace_floats(sh.batch, kHeads, 1, kHd, sh.kv);
     auto* partials = static_cast<float*>(device_zeros(std::max<std::size_t>(ws, 1) * sizeof(float)));
 
@@ -539,8 +550,9 @@ int main(int argc, char** argv) {
       double us = 0.0, call_us = 0.0;
       try {
         const auto launch = [&](int r) {
-          a.k = k[r % sets];
-          a.v = static_cast<char*>(v[r % sets]) + var.v_skew;
+          const auto set = static_cast<std::size_t>(r % sets);
+          a.k = var.packed ? k_packed + set * kv_bytes : k[set];
+          a.v = (var.packed ? v_packed + set * kv_bytes : static_cast<char*>(v[set])) + var.v_skew;
           ferrum::kernels::launch_attention(a, stream);
         };
         us = median_us(stream, e0, e1, reps, launch);
@@ -564,6 +576,8 @@ int main(int argc, char** argv) {
     check(cudaFree(q), "cudaFree");
     check(cudaFree(out), "cudaFree");
     check(cudaFree(partials), "cudaFree");
+    if (k_packed != nullptr) check(cudaFree(k_packed), "cudaFree");
+    if (v_packed != nullptr) check(cudaFree(v_packed), "cudaFree");
   }
   return 0;
 }

@@ -198,6 +198,13 @@
 #                                the partial stores (mask 1), the row merge
 #                                (2) or both (3) left out (DECODE_ABLATE_MASKS;
 #                                timing only), two passes
+#   scripts/gpu_suite.sh decodegap  one decode point (DECODEGAP_POINT, B:L,
+#                                default 64:1024) in ferrum_bench alone and
+#                                in decode-exp (its default and its packed
+#                                K / V layout, the bench's), then ncu's
+#                                duration of one launch of each: where the
+#                                bench's per-call figure parts from the
+#                                tool's (session 62: 111 against 98 us)
 #   scripts/gpu_suite.sh enginebrief  the engine tests, then the llama3-8b
 #                                engine once each: f16 graph and eager, GPTQ
 #                                graph and eager, and qwen3-0.6b f16 graph and
@@ -218,7 +225,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch engineswitches l2probe decodeorder enginebrief decodeablate)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch engineswitches l2probe decodeorder enginebrief decodeablate decodegap)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -486,6 +493,7 @@ sanitize() {
   [ "$MODE" = trace ] && MAIN_TARGETS=(--target ferrum_engine ferrum_kernel_trace)
   [ "$MODE" = l2probe ] && MAIN_TARGETS=(--target ferrum_bench_l2_residency ferrum_kernel_trace)
   [ "$MODE" = decodeorder ] && MAIN_TARGETS=(--target ferrum_bench)
+  [ "$MODE" = decodegap ] && MAIN_TARGETS=(--target ferrum_bench ferrum_attention_tuning)
   modes_within "trace engineswitches" && [ "$MODE" != trace ] && MAIN_TARGETS=(--target ferrum_engine ferrum_kernel_trace)
   # Tests and the engine only (no benchmark): the test binaries, the NCCL
   # worker the 2-GPU tests spawn, and the engine (session 58: the test
@@ -992,6 +1000,29 @@ if has_mode decodeorder; then
     echo "-- B = 64 L = 8k alone ($(date +%T))"
     timeout 90 $B/bench/ferrum_bench --filter "B=64 L=8192" 2>&1 | grep -E "^attention_decode|ERROR"
     kill "$smi_pid" 2>/dev/null
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode decodegap; then
+  {
+    point="${DECODEGAP_POINT:-64:1024}"
+    gb="${point%%:*}" gl="${point##*:}"
+    echo "== decode B = $gb L = $gl: ferrum_bench against decode-exp ($(date +%T))"
+    for pass in 1 2; do
+      echo "-- ferrum_bench alone, pass $pass"
+      timeout 60 $B/bench/ferrum_bench --filter "attention_decode f16 B=$gb L=$gl " 2>&1 | grep -E "^attention_decode|ERROR"
+      echo "-- decode-exp, pass $pass"
+      timeout 60 $B/bench/ferrum_attention_tuning decode-exp "$gb" "$gl" 2>&1 | grep -E "^ *B |default|packed|v\+36k|failed"
+    done
+    # One launch of each under ncu (serialized: no launch overlaps another).
+    NCU=(ncu --clock-control none -k regex:attention_decode --launch-skip 8 --launch-count 1
+         --section LaunchStats --section SpeedOfLight --section Occupancy)
+    echo "-- ncu: ferrum_bench's launch"
+    timeout 90 "${NCU[@]}" $B/bench/ferrum_bench --reps 20 --filter "attention_decode f16 B=$gb L=$gl " 2>&1 |
+      grep -E "Duration|Grid Size|Block Size|Registers|Shared Memory Config|Dynamic Shared|DRAM Throughput|Memory Throughput|Elapsed Cycles|SM Frequency|DRAM Frequency|Achieved Occupancy|==PROF==|ERROR"
+    echo "-- ncu: decode-exp's default launch"
+    timeout 90 "${NCU[@]}" $B/bench/ferrum_attention_tuning decode-exp "$gb" "$gl" 2>&1 |
+      grep -E "Duration|Grid Size|Block Size|Registers|Shared Memory Config|Dynamic Shared|DRAM Throughput|Memory Throughput|Elapsed Cycles|SM Frequency|DRAM Frequency|Achieved Occupancy|==PROF==|ERROR"
   } 2>&1 | tee -a "$LOG"
 fi
 
