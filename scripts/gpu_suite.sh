@@ -179,8 +179,11 @@
 #                                the modes of L2PROBE_MODES, and
 #                                bench/l2_residency_trace.py's table: when
 #                                each stage ran against its GEMM
-#   scripts/gpu_suite.sh decodeorder  the B = 64 L = 8k decode after B = 16
-#                                L = 128k in one ferrum_bench process, with
+#   scripts/gpu_suite.sh decodeorder  the B = 64 L = 8k decode
+#                                (DECODEORDER_CASE, a --filter) after B = 16
+#                                L = 128k (DECODEORDER_BEFORE, filters with
+#                                ';' between them, each a run of its own)
+#                                in one ferrum_bench process, with
 #                                each --pause-ms of DECODEORDER_PAUSES (ms,
 #                                default '0 3000') before each case, then
 #                                alone, with nvidia-smi logging the SM
@@ -494,6 +497,7 @@ sanitize() {
   [ "$MODE" = l2probe ] && MAIN_TARGETS=(--target ferrum_bench_l2_residency ferrum_kernel_trace)
   [ "$MODE" = decodeorder ] && MAIN_TARGETS=(--target ferrum_bench)
   [ "$MODE" = decodegap ] && MAIN_TARGETS=(--target ferrum_bench ferrum_attention_tuning)
+  modes_within "decodeorder decodegap" && [[ "$MODE" == *,* ]] && MAIN_TARGETS=(--target ferrum_bench ferrum_attention_tuning)
   modes_within "trace engineswitches" && [ "$MODE" != trace ] && MAIN_TARGETS=(--target ferrum_engine ferrum_kernel_trace)
   # Tests and the engine only (no benchmark): the test binaries, the NCCL
   # worker the 2-GPU tests spawn, and the engine (session 58: the test
@@ -987,18 +991,24 @@ fi
 
 if has_mode decodeorder; then
   {
-    echo "== the B = 64 decode after B = 16 L = 128k ($(date +%T))"
+    # DECODEORDER_CASE: the case timed; DECODEORDER_BEFORE: the cases run
+    # before it in one process (';' between them); DECODEORDER_PAUSES: the
+    # idle times tried before each case (ms).
+    case_filter="${DECODEORDER_CASE:-B=64 L=8192}"
+    echo "== the decode $case_filter after other cases ($(date +%T))"
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,temperature.memory \
       --format=csv -lms 100 > "$OUT/decodeorder_smi.csv" 2>&1 &
     smi_pid=$!
-    # DECODEORDER_PAUSES: the idle times tried before each case (ms).
-    for pause in ${DECODEORDER_PAUSES:-0 3000}; do
-      echo "-- B = 16 L = 128k, then B = 64 L = 8k; --pause-ms $pause ($(date +%T))"
-      timeout 150 $B/bench/ferrum_bench --pause-ms $pause --filter "B=16 L=131072,B=64 L=8192" 2>&1 \
-        | grep -E "^attention_decode|ERROR"
+    IFS=';' read -r -a befores <<< "${DECODEORDER_BEFORE:-B=16 L=131072}"
+    for before in "${befores[@]}"; do
+      for pause in ${DECODEORDER_PAUSES:-0 3000}; do
+        echo "-- $before, then $case_filter; --pause-ms $pause ($(date +%T))"
+        timeout 150 $B/bench/ferrum_bench --pause-ms $pause --filter "$before,$case_filter" 2>&1 \
+          | grep -E "^attention_decode|ERROR"
+      done
     done
-    echo "-- B = 64 L = 8k alone ($(date +%T))"
-    timeout 90 $B/bench/ferrum_bench --filter "B=64 L=8192" 2>&1 | grep -E "^attention_decode|ERROR"
+    echo "-- $case_filter alone ($(date +%T))"
+    timeout 90 $B/bench/ferrum_bench --filter "$case_filter" 2>&1 | grep -E "^attention_decode|ERROR"
     kill "$smi_pid" 2>/dev/null
   } 2>&1 | tee -a "$LOG"
 fi
