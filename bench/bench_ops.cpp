@@ -23,7 +23,7 @@
 //
 // Usage: ferrum_bench [--json PATH] [--quick] [--filter SUBSTR[,SUBSTR...]]
 //                     [--reps N] [--chain N] [--graph-api]
-//                     [--prefill-kernel auto|mma_sync] [--pause-ms N]
+//                     [--prefill-kernel auto|mma_sync] [--pause-ms N] [--settle-gbps R]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -187,6 +187,13 @@ struct Options {
   // bandwidth from whatever runs. 50 ms lets a case measure as it would
   // alone; --pause-ms 0 shows the effect.
   int pause_ms = 50;
+  // More idle after a case that allocated much: its bytes / settle_gbps
+  // (0: none). Session 62, H100: B = 64 L = 1k after B = 16 L = 128k
+  // (which allocated 43 GB: K, V and its copy reference) ran 114.6 us
+  // after 0 or 50 ms idle, 99.9 after 3 s, 100.0 alone; the copy reference
+  // timed right after it read 2495 GB/s against 2881. 50 GB/s waits 0.86 s
+  // there and ~10 ms after a case of 0.5 GB.
+  double settle_gbps = 50.0;
   ferrum::PrefillKernel prefill_kernel = ferrum::PrefillKernel::Auto;
 };
 
@@ -266,10 +273,18 @@ class Bench {
     }
   }
 
+  // Every allocation of a case goes through here: its bytes set the idle
+  // before the next case (Options::settle_gbps).
+  Buffer alloc(DType dt, std::size_t n) {
+    Buffer b = be_.alloc(dt, n);
+    case_bytes_ += n * ferrum::size_of(dt);
+    return b;
+  }
+
   Rotated rotated(DType dt, std::size_t per_set, std::size_t sets, bool random = true) {
     Rotated r;
     const std::size_t stride = round_up(per_set, kAlignElems);
-    r.parent = be_.alloc(dt, stride * sets);
+    r.parent = alloc(dt, stride * sets);
     if (random) fill(r.parent);
     r.v.reserve(sets);
     for (std::size_t i = 0; i < sets; ++i) r.v.push_back(r.parent.view(i * stride, per_set));
@@ -277,7 +292,7 @@ class Bench {
   }
 
   Buffer random_buffer(DType dt, std::size_t n) {
-    Buffer b = be_.alloc(dt, n);
+    Buffer b = alloc(dt, n);
     fill(b);
     return b;
   }
@@ -313,8 +328,8 @@ class Bench {
     auto it = copy_same_.find(half);
     if (it != copy_same_.end()) return it->second;
     const auto sets = std::max<std::size_t>(2, static_cast<std::size_t>(std::ceil(kRotateBytes / (2.0 * static_cast<double>(half)))));
-    Buffer src = be_.alloc(DType::U8, half * sets);
-    Buffer dst = be_.alloc(DType::U8, half * sets);
+    Buffer src = alloc(DType::U8, half * sets);
+    Buffer dst = alloc(DType::U8, half * sets);
     FB_CUDA(cudaMemsetAsync(src.data(), 0x5a, half * sets, st_));
     auto* s8 = static_cast<unsigned char*>(src.data());
     auto* d8 = static_cast<unsigned char*>(dst.data());
@@ -336,12 +351,18 @@ class Bench {
     if (!want(spec)) return;
     std::fflush(stdout);
     try {
-      if (opt_.pause_ms > 0) {
+      const double settle_ms =
+          opt_.settle_gbps > 0.0 ? static_cast<double>(prev_case_bytes_) / (opt_.settle_gbps * 1e6) : 0.0;
+      const auto idle = std::chrono::microseconds(static_cast<long long>((opt_.pause_ms + settle_ms) * 1e3));
+      if (idle.count() > 0) {
         be_.synchronize();
-        std::this_thread::sleep_for(std::chrono::milliseconds(opt_.pause_ms));
+        std::this_thread::sleep_for(idle);
       }
+      case_bytes_ = 0;
       body();
+      prev_case_bytes_ = case_bytes_;
     } catch (const std::exception& e) {
+      prev_case_bytes_ = case_bytes_;
       Record r = base_record(spec, 0);
       r.error = e.what();
       print_row(r);
@@ -592,6 +613,8 @@ class Bench {
   double copy_gbps_ = 0.0;
   double copy_us_ = 0.0;
   std::map<std::size_t, double> copy_same_;
+  std::size_t case_bytes_ = 0;       // allocated by the case running
+  std::size_t prev_case_bytes_ = 0;  // allocated by the case before it
   std::vector<Record> records_;
   std::map<DType, Buffer> pools_;
   Rng fill_rng_{0xC0FFEEull};
@@ -961,7 +984,7 @@ void write_json(const std::string& path, const Bench& b, const std::string& devi
 void usage(const char* argv0) {
   std::printf(
       "usage: %s [--json PATH] [--quick] [--filter SUBSTR[,SUBSTR...]] [--reps N] [--chain N] [--graph-api]\n"
-      "          [--prefill-kernel auto|mma_sync] [--pause-ms N]\n"
+      "          [--prefill-kernel auto|mma_sync] [--pause-ms N] [--settle-gbps R]\n"
       "  --json PATH   write results as JSON\n"
       "  --quick       fewer repetitions\n"
       "  --filter S    run only cases whose \"op dtype shape mode\" contains S (comma: any of)\n"
@@ -973,7 +996,9 @@ void usage(const char* argv0) {
       "                on sm_90a) or mma_sync\n"
       "  --pause-ms N  idle N ms before each case, the device synchronized first\n"
       "                (default 50: a case right after one that freed tens of GB\n"
-      "                otherwise shares the memory with the driver zeroing it)\n",
+      "                otherwise shares the memory with the driver zeroing it)\n"
+      "  --settle-gbps R  idle longer after a case that allocated much: its bytes / R\n"
+      "                (default 50 GB/s: 0.86 s after 43 GB; 0: none)\n",
       argv0);
 }
 
@@ -1005,6 +1030,9 @@ Options parse_args(int argc, char** argv) {
     } else if (a == "--pause-ms") {
       o.pause_ms = std::stoi(value());
       if (o.pause_ms < 0) throw std::runtime_error("--pause-ms must not be negative");
+    } else if (a == "--settle-gbps") {
+      o.settle_gbps = std::stod(value());
+      if (!(o.settle_gbps >= 0.0)) throw std::runtime_error("--settle-gbps must not be negative");
     } else if (a == "--prefill-kernel") {
       const std::string k = value();
       if (k == "auto") {

@@ -185,7 +185,8 @@
 #                                ';' between them, each a run of its own)
 #                                in one ferrum_bench process, with
 #                                each --pause-ms of DECODEORDER_PAUSES (ms,
-#                                default '0 3000') before each case, then
+#                                default '0 3000', --settle-gbps 0) before
+#                                each case, and the bench's default idle, then
 #                                alone, with nvidia-smi logging the SM
 #                                and memory clocks, power and temperatures
 #                                every 100 ms ($OUT/decodeorder_smi.csv)
@@ -1002,10 +1003,12 @@ if has_mode decodeorder; then
     IFS=';' read -r -a befores <<< "${DECODEORDER_BEFORE:-B=16 L=131072}"
     for before in "${befores[@]}"; do
       for pause in ${DECODEORDER_PAUSES:-0 3000}; do
-        echo "-- $before, then $case_filter; --pause-ms $pause ($(date +%T))"
-        timeout 150 $B/bench/ferrum_bench --pause-ms $pause --filter "$before,$case_filter" 2>&1 \
+        echo "-- $before, then $case_filter; --pause-ms $pause --settle-gbps 0 ($(date +%T))"
+        timeout 150 $B/bench/ferrum_bench --pause-ms $pause --settle-gbps 0 --filter "$before,$case_filter" 2>&1 \
           | grep -E "^attention_decode|ERROR"
       done
+      echo "-- $before, then $case_filter; the bench's default idle ($(date +%T))"
+      timeout 150 $B/bench/ferrum_bench --filter "$before,$case_filter" 2>&1 | grep -E "^attention_decode|ERROR"
     done
     echo "-- $case_filter alone ($(date +%T))"
     timeout 90 $B/bench/ferrum_bench --filter "$case_filter" 2>&1 | grep -E "^attention_decode|ERROR"
