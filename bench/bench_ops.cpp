@@ -184,8 +184,8 @@ struct Options {
   // clock 1980 MHz throughout, 430 W at most, memory at 66 C at most;
   // a B = 16 L = 32k predecessor, 2 x 4 GB, none). The reading: the
   // driver zeroing the freed memory in the background, which takes
-  // bandwidth from whatever runs. 50 ms lets a case measure as it would
-  // alone; --pause-ms 0 shows the effect.
+  // bandwidth from whatever runs. 50 ms was enough there, not after 43 GB
+  // (settle_gbps below); --pause-ms 0 shows the effect.
   int pause_ms = 50;
   // More idle after a case that allocated much: its bytes / settle_gbps
   // (0: none). Session 62, H100: B = 64 L = 1k after B = 16 L = 128k

@@ -497,8 +497,7 @@ sanitize() {
   [ "$MODE" = trace ] && MAIN_TARGETS=(--target ferrum_engine ferrum_kernel_trace)
   [ "$MODE" = l2probe ] && MAIN_TARGETS=(--target ferrum_bench_l2_residency ferrum_kernel_trace)
   [ "$MODE" = decodeorder ] && MAIN_TARGETS=(--target ferrum_bench)
-  [ "$MODE" = decodegap ] && MAIN_TARGETS=(--target ferrum_bench ferrum_attention_tuning)
-  modes_within "decodeorder decodegap" && [[ "$MODE" == *,* ]] && MAIN_TARGETS=(--target ferrum_bench ferrum_attention_tuning)
+  modes_within "decodeorder decodegap" && [ "$MODE" != decodeorder ] && MAIN_TARGETS=(--target ferrum_bench ferrum_attention_tuning)
   modes_within "trace engineswitches" && [ "$MODE" != trace ] && MAIN_TARGETS=(--target ferrum_engine ferrum_kernel_trace)
   # Tests and the engine only (no benchmark): the test binaries, the NCCL
   # worker the 2-GPU tests spawn, and the engine (session 58: the test
