@@ -209,6 +209,13 @@
 #                                duration of one launch of each: where the
 #                                bench's per-call figure parts from the
 #                                tool's (session 62: 111 against 98 us)
+#   scripts/gpu_suite.sh decodesource  ncu's source counters (per SASS
+#                                instruction) over one launch of the
+#                                block-merge decode kernel and one of the
+#                                warp-slice kernel with shared partials
+#                                (patches/decode_warp_slices.patch) at
+#                                DECODESOURCE_POINT (B:L, default 64:1024),
+#                                summarized by bench/ncu_source_summary.py
 #   scripts/gpu_suite.sh enginebrief  the engine tests, then the llama3-8b
 #                                engine once each: f16 graph and eager, GPTQ
 #                                graph and eager, and qwen3-0.6b f16 graph and
@@ -229,7 +236,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch engineswitches l2probe decodeorder enginebrief decodeablate decodegap)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch engineswitches l2probe decodeorder enginebrief decodeablate decodegap decodesource)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -466,6 +473,15 @@ sanitize() {
       echo "decodeablate: the patch does not apply to this tree"
     fi
   fi
+  # decodesource: the same patched tree, the tuning tool alone.
+  if has_mode decodesource; then
+    DS_SRC="${B}-decodesource-src"
+    if patched_tree "$DS_SRC" docs/design/patches/decode_warp_slices.patch; then
+      side_build "${B}-warpsrc" "$DS_SRC" "warp slices (tuning tool)" 8 "-DFERRUM_BUILD_TESTS=OFF" ferrum_attention_tuning
+    else
+      echo "decodesource: the patch does not apply to this tree"
+    fi
+  fi
   # gptqpatch: the tree with GPTQ_PATCH applied, its GPU tests and GPTQ
   # bench (wgmmaworkspace times it too). No earlier call's binaries stand in
   # for a build that is not made or fails.
@@ -509,6 +525,8 @@ sanitize() {
       ninja -C "$B" -t query "$t" > /dev/null 2>&1 && MAIN_TARGETS+=("$t")
     done
   fi
+  # The decode patch's modes run only their side builds' binaries.
+  modes_within "decodeablate decodesource" && MAIN_TARGETS=(--target ferrum_attention_tuning)
   modes_within "wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch" && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate ferrum_cluster_placement)
   [ "$MODE" = decodeablate ] && MAIN_TARGETS=(--target ferrum_attention_tuning)
   cmake --build $B -j$([ -d base ] && has_mode ab && echo 10 || echo 16) "${MAIN_TARGETS[@]}" 2>&1 \
@@ -1153,6 +1171,33 @@ if has_mode decodeablate; then
         done
       done
     done
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode decodesource; then
+  # Where the decode's warps stall, per SASS instruction (ncu's source
+  # counters over one launch): the block-merge kernel (decode-exp's
+  # default) and the warp-slice kernel with its shared partials (warpauto)
+  # at DECODESOURCE_POINT (B:L, default 64:1024), each CSV summarized by
+  # bench/ncu_source_summary.py and kept in $OUT. (Session 62: the
+  # warp-slice kernel without its row merge ran 4 us faster at B = 64
+  # L = 1k; this says where in the code the time goes.)
+  {
+    point="${DECODESOURCE_POINT:-64:1024}"
+    bin="${B}-warpsrc/bench/ferrum_attention_tuning"
+    echo "== decode source counters at B:L $point ($(date +%T))"
+    if [ -x "$bin" ]; then
+      for kernel in attention_decode_kernel attention_decode_warp_slices_kernel; do
+        csv="$OUT/ncu_source_${kernel}.csv"
+        timeout 120 ncu --clock-control none -k "regex:^${kernel}" --launch-skip 2 --launch-count 1 \
+          --section SourceCounters --section WarpStateStats --page source --print-source sass --csv \
+          "$bin" decode-exp "${point%%:*}" "${point##*:}" > "$csv" 2>&1
+        echo "-- $kernel: ncu exit $?"
+        python3 bench/ncu_source_summary.py "$csv" --top 30
+      done
+    else
+      echo "no patched tuning-tool build"
+    fi
   } 2>&1 | tee -a "$LOG"
 fi
 
