@@ -184,15 +184,16 @@ struct Options {
   // clock 1980 MHz throughout, 430 W at most, memory at 66 C at most;
   // a B = 16 L = 32k predecessor, 2 x 4 GB, none). The reading: the
   // driver zeroing the freed memory in the background, which takes
-  // bandwidth from whatever runs. 50 ms was enough there, not after 43 GB
-  // (settle_gbps below); --pause-ms 0 shows the effect.
+  // bandwidth from whatever runs. 50 ms was enough there, not after 34 GB
+  // (settle_gbps below); --pause-ms 0 --settle-gbps 0 shows the effect.
   int pause_ms = 50;
   // More idle after a case that allocated much: its bytes / settle_gbps
   // (0: none). Session 62, H100: B = 64 L = 1k after B = 16 L = 128k
-  // (which allocated 43 GB: K, V and its copy reference) ran 114.6 us
-  // after 0 or 50 ms idle, 99.9 after 3 s, 100.0 alone; the copy reference
-  // timed right after it read 2495 GB/s against 2881. 50 GB/s waits 0.86 s
-  // there and ~10 ms after a case of 0.5 GB.
+  // (which allocated 34 GB: K and V two 8.6 GB sets each, its copy
+  // reference 2 x 8.6 GB) ran 114.6 us after 0 or 50 ms idle, 98-100
+  // after 100 ms to 3 s, 100.0 alone; the copy reference timed right after
+  // it read 2495 GB/s against 2881. 50 GB/s waits 0.69 s there and ~10 ms
+  // after a case of 0.5 GB.
   double settle_gbps = 50.0;
   ferrum::PrefillKernel prefill_kernel = ferrum::PrefillKernel::Auto;
 };
@@ -273,11 +274,16 @@ class Bench {
     }
   }
 
-  // Every allocation of a case goes through here: its bytes set the idle
-  // before the next case (Options::settle_gbps).
+  // Every allocation of a case goes through these two: its bytes set the
+  // idle before the next case (Options::settle_gbps).
   Buffer alloc(DType dt, std::size_t n) {
     Buffer b = be_.alloc(dt, n);
     case_bytes_ += n * ferrum::size_of(dt);
+    return b;
+  }
+  Buffer upload(const std::vector<float>& host, DType dt) {
+    Buffer b = be_.upload(host, dt);
+    case_bytes_ += host.size() * ferrum::size_of(dt);
     return b;
   }
 
@@ -351,6 +357,7 @@ class Bench {
     if (!want(spec)) return;
     std::fflush(stdout);
     try {
+      case_bytes_ = 0;
       const double settle_ms =
           opt_.settle_gbps > 0.0 ? static_cast<double>(prev_case_bytes_) / (opt_.settle_gbps * 1e6) : 0.0;
       const auto idle = std::chrono::microseconds(static_cast<long long>((opt_.pause_ms + settle_ms) * 1e3));
@@ -358,7 +365,6 @@ class Bench {
         be_.synchronize();
         std::this_thread::sleep_for(idle);
       }
-      case_bytes_ = 0;
       body();
       prev_case_bytes_ = case_bytes_;
     } catch (const std::exception& e) {
@@ -783,8 +789,8 @@ void upload_rope_tables(Bench& b, std::size_t max_pos, std::size_t hd, Buffer& c
       sn[p * half + i] = static_cast<float>(std::sin(dbl(p) * inv_freq));
     }
   }
-  cos_t = b.be().upload(c, DType::F32);
-  sin_t = b.be().upload(sn, DType::F32);
+  cos_t = b.upload(c, DType::F32);
+  sin_t = b.upload(sn, DType::F32);
 }
 
 void bench_qk_norm_rope(Bench& b, DType dt, std::size_t T, std::size_t H, std::size_t hd, bool graph) {
@@ -998,7 +1004,7 @@ void usage(const char* argv0) {
       "                (default 50: a case right after one that freed tens of GB\n"
       "                otherwise shares the memory with the driver zeroing it)\n"
       "  --settle-gbps R  idle longer after a case that allocated much: its bytes / R\n"
-      "                (default 50 GB/s: 0.86 s after 43 GB; 0: none)\n",
+      "                (default 50 GB/s: 0.69 s after 34 GB; 0: none, else at least 1)\n",
       argv0);
 }
 
@@ -1032,7 +1038,7 @@ Options parse_args(int argc, char** argv) {
       if (o.pause_ms < 0) throw std::runtime_error("--pause-ms must not be negative");
     } else if (a == "--settle-gbps") {
       o.settle_gbps = std::stod(value());
-      if (!(o.settle_gbps >= 0.0)) throw std::runtime_error("--settle-gbps must not be negative");
+      if (!(o.settle_gbps == 0.0 || o.settle_gbps >= 1.0)) throw std::runtime_error("--settle-gbps must be 0 or at least 1");
     } else if (a == "--prefill-kernel") {
       const std::string k = value();
       if (k == "auto") {

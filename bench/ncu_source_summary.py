@@ -81,12 +81,19 @@ def main():
     total = sum(s for _, _, s in insts)
     print(f"{args.csv}: {len(insts)} instructions, {total:.0f} stall samples")
 
-    # The last backward branch: a BRA whose target lies at or before it.
+    # The last backward branch: a BRA whose target lies before it (not at it:
+    # every kernel ends with EXIT and a BRA to itself). A target below the
+    # first address is taken as relative to the function's start.
+    base = insts[0][0]
     last_back = None
     for i, (a, src, _) in enumerate(insts):
         m = re.search(r"\bBRA\b.*?(0x[0-9a-fA-F]+)", src)
-        if m and int(m.group(1), 16) <= a:
-            last_back = i
+        if m:
+            target = int(m.group(1), 16)
+            if target < base:
+                target += base
+            if target < a:
+                last_back = i
     if last_back is not None:
         tail = sum(s for _, _, s in insts[last_back + 1:])
         print(f"after the last backward branch (at 0x{insts[last_back][0]:x}, instruction {last_back}): "

@@ -224,12 +224,17 @@ def run_case(ctx, op, dt, shape, graph, nbytes, setup, flops=0.0, compile_ok=Tru
             impls.append("torch_compile")
     sets = sets_for(nbytes)
     state = None
+    setup_error = None
     try:
         state = setup(sets)
     except Exception as e:  # noqa: BLE001 - record and go on
+        setup_error = f"setup: {type(e).__name__}: {e}"
+    if setup_error is not None:
+        # Out of the except block: its traceback no longer holds setup's
+        # frame, so cleanup() can free the tensors it had made.
         for impl in impls:
             rec = base_record(op, dt, shape, mode, impl, nbytes, flops, sets)
-            rec["error"] = f"setup: {type(e).__name__}: {e}"
+            rec["error"] = setup_error
             print_row(rec)
             ctx.records.append(rec)
         ctx.released = cleanup()
@@ -592,8 +597,8 @@ def main():
                     help="also idle the bytes the case before handed back / this rate (default 50 GB/s, "
                          "as ferrum_bench; 0: none)")
     args = ap.parse_args()
-    if args.pause_ms < 0 or args.settle_gbps < 0:
-        ap.error("--pause-ms and --settle-gbps must not be negative")
+    if not (args.pause_ms >= 0 and (args.settle_gbps == 0 or args.settle_gbps >= 1)):
+        ap.error("--pause-ms must not be negative, --settle-gbps must be 0 or at least 1")
 
     import torch as _torch
     import torch.nn.functional as _F

@@ -463,6 +463,7 @@ sanitize() {
   # applied, built as it is (tests too) and once per ablation mask.
   if has_mode decodeablate; then
     DA_SRC="${B}-decodeablate-src"
+    rm -rf "${B}"-warp[0-9]*  # no older binary left where a build fails
     if patched_tree "$DA_SRC" docs/design/patches/decode_warp_slices.patch; then
       side_build "${B}-warp0" "$DA_SRC" "warp slices" 6 "" ferrum_attention_tuning ferrum_tests_gpu
       for mask in ${DECODE_ABLATE_MASKS:-1 2 3}; do
@@ -473,9 +474,12 @@ sanitize() {
       echo "decodeablate: the patch does not apply to this tree"
     fi
   fi
-  # decodesource: the same patched tree, the tuning tool alone.
-  if has_mode decodesource; then
+  # decodesource: the same patched tree, the tuning tool alone (decodeablate's
+  # build where that runs too). The build folder goes first, so that a patch
+  # that no longer applies leaves no older binary to profile.
+  if has_mode decodesource && ! has_mode decodeablate; then
     DS_SRC="${B}-decodesource-src"
+    rm -rf "${B}-warpsrc"
     if patched_tree "$DS_SRC" docs/design/patches/decode_warp_slices.patch; then
       side_build "${B}-warpsrc" "$DS_SRC" "warp slices (tuning tool)" 8 "-DFERRUM_BUILD_TESTS=OFF" ferrum_attention_tuning
     else
@@ -528,7 +532,6 @@ sanitize() {
   # The decode patch's modes run only their side builds' binaries.
   modes_within "decodeablate decodesource" && MAIN_TARGETS=(--target ferrum_attention_tuning)
   modes_within "wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch" && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate ferrum_cluster_placement)
-  [ "$MODE" = decodeablate ] && MAIN_TARGETS=(--target ferrum_attention_tuning)
   cmake --build $B -j$([ -d base ] && has_mode ab && echo 10 || echo 16) "${MAIN_TARGETS[@]}" 2>&1 \
     | grep -E "error|warning|FAILED" || echo "build ok"
   wait
@@ -1019,6 +1022,7 @@ if has_mode decodeorder; then
     smi_pid=$!
     IFS=';' read -r -a befores <<< "${DECODEORDER_BEFORE:-B=16 L=131072}"
     for before in "${befores[@]}"; do
+      [ -n "$before" ] || continue
       for pause in ${DECODEORDER_PAUSES:-0 3000}; do
         echo "-- $before, then $case_filter; --pause-ms $pause --settle-gbps 0 ($(date +%T))"
         timeout 150 $B/bench/ferrum_bench --pause-ms $pause --settle-gbps 0 --filter "$before,$case_filter" 2>&1 \
@@ -1044,15 +1048,18 @@ if has_mode decodegap; then
       echo "-- decode-exp, pass $pass"
       timeout 60 $B/bench/ferrum_attention_tuning decode-exp "$gb" "$gl" 2>&1 | grep -E "^ *B |default|packed|v\+36k|failed"
     done
-    # One launch of each under ncu (serialized: no launch overlaps another).
+    # One launch of each under ncu (serialized: no launch overlaps another),
+    # the lines of its report kept:
+    ncu_keep="Duration|Grid Size|Block Size|Registers|Shared Memory Config|Dynamic Shared|DRAM Throughput"
+    ncu_keep+="|Memory Throughput|Elapsed Cycles|SM Frequency|DRAM Frequency|Achieved Occupancy|==PROF==|ERROR"
     NCU=(ncu --clock-control none -k regex:attention_decode --launch-skip 8 --launch-count 1
          --section LaunchStats --section SpeedOfLight --section Occupancy)
     echo "-- ncu: ferrum_bench's launch"
     timeout 90 "${NCU[@]}" $B/bench/ferrum_bench --reps 20 --filter "attention_decode f16 B=$gb L=$gl " 2>&1 |
-      grep -E "Duration|Grid Size|Block Size|Registers|Shared Memory Config|Dynamic Shared|DRAM Throughput|Memory Throughput|Elapsed Cycles|SM Frequency|DRAM Frequency|Achieved Occupancy|==PROF==|ERROR"
+      grep -E "$ncu_keep"
     echo "-- ncu: decode-exp's default launch"
     timeout 90 "${NCU[@]}" $B/bench/ferrum_attention_tuning decode-exp "$gb" "$gl" 2>&1 |
-      grep -E "Duration|Grid Size|Block Size|Registers|Shared Memory Config|Dynamic Shared|DRAM Throughput|Memory Throughput|Elapsed Cycles|SM Frequency|DRAM Frequency|Achieved Occupancy|==PROF==|ERROR"
+      grep -E "$ncu_keep"
   } 2>&1 | tee -a "$LOG"
 fi
 
@@ -1185,11 +1192,12 @@ if has_mode decodesource; then
   {
     point="${DECODESOURCE_POINT:-64:1024}"
     bin="${B}-warpsrc/bench/ferrum_attention_tuning"
+    has_mode decodeablate && bin="${B}-warp0/bench/ferrum_attention_tuning"
     echo "== decode source counters at B:L $point ($(date +%T))"
     if [ -x "$bin" ]; then
       for kernel in attention_decode_kernel attention_decode_warp_slices_kernel; do
         csv="$OUT/ncu_source_${kernel}.csv"
-        timeout 120 ncu --clock-control none -k "regex:^${kernel}" --launch-skip 2 --launch-count 1 \
+        timeout 120 ncu --clock-control none -k "regex:${kernel}" --launch-skip 2 --launch-count 1 \
           --section SourceCounters --section WarpStateStats --page source --print-source sass --csv \
           "$bin" decode-exp "${point%%:*}" "${point##*:}" > "$csv" 2>&1
         echo "-- $kernel: ncu exit $?"
