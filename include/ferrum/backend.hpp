@@ -10,10 +10,11 @@
 // runs): attention and the GPTQ ops need 16-byte-aligned buffers
 // (Misaligned; the GPTQ ops' row operands: a, out, residual, x, norm_w,
 // normed, gate_up), attention head_dim 64 / 128 / 256 and at most 65535
-// heads (Unsupported), and the norms' and row_sum_squares' row lengths
-// have kernel limits (2^30 columns for the norms, 65535 x 512 for
-// row_sum_squares; Unsupported), and attention, the GPTQ ops and the
-// collectives refuse host memory (InvalidArgument; see alloc_host).
+// heads (Unsupported), the RoPE ops head_dim <= 512 (Unsupported), and the
+// norms' and row_sum_squares' row lengths have kernel limits (2^30 columns
+// for the norms, 65535 x 512 for row_sum_squares and for
+// gemm_gptq_add_residual's n; Unsupported), and attention, the GPTQ ops and
+// the collectives refuse host memory (InvalidArgument; see alloc_host).
 //
 // Layout conventions (row-major everywhere):
 //   token-major activations  [tokens, dim]
@@ -24,6 +25,31 @@
 //   linear weight            [n, k]   (out = a · weightᵀ)
 // Buffers may be larger than an op needs (scratch sized for the maximum);
 // the op touches exactly the elements its sizes name.
+//
+// Dtypes, in the ops from Norms on: a buffer whose comment names no dtype
+// holds f16 or bf16, the same as the op's other such buffers
+// (DTypeMismatch otherwise; copy_slice and the host copies take any dtype);
+// the
+// comments name the rest (i32 ids, positions and lengths; f32 RoPE tables
+// and row sums; argmax and the collectives take f32 too).
+// Sizes: every count and dimension argument (tokens, rows, dim, m, n, k,
+// batch, heads, head_dim, q_len, kv_len, len, ...) lies in [1, 2^31 - 1]
+// (InvalidArgument); offsets and positions (pos_offset, cache_len, the
+// copy offsets) may be 0.
+//
+// Graph capture (CudaBackend; Op::GraphCapture): every op from Norms on may
+// be captured between begin_graph_capture and end_graph_capture, and so
+// may copy_slice and advance_decode_state. A capture bakes in every host
+// argument (sizes, pos_offset, cache_len, kv_len, eps, ...); what a replay
+// sees anew comes only from device or alloc_host memory: the decode state
+// (set_device_state_mode), the positions / kv_lens arrays of the ragged
+// ops, and what copy_slice reads from an alloc_host buffer. The setup
+// calls refuse a capture in progress (GraphCapture): alloc, alloc_host,
+// upload, write, write_bytes, download, read_bytes, load_gptq,
+// set_decode_state, synchronize, replay_last_graph, reset_graph and a
+// second begin_graph_capture. Any error thrown during a capture, these
+// included, first ends and discards the capture (the stream stays usable;
+// end_graph_capture then throws GraphCapture): capture again.
 //
 // Outputs and inputs: views of one allocation may share bytes, and an op
 // refuses (InvalidArgument, naming both arguments and their byte ranges) an
@@ -159,7 +185,7 @@ enum class GptqZeroFormat { V1, V2 };
 // A GPTQ checkpoint's tensors as they sit on disk (host memory).
 struct GptqHostTensors {
   std::span<const std::int32_t> qweight;  // [k / 8, n], packed along k, low nibble first
-  std::span<const std::int32_t> qzeros;   // [groups, n / 8], packed along n
+  std::span<const std::int32_t> qzeros;   // [groups, n / 8], packed along n (groups: see load_gptq)
   std::span<const float> scales;          // [groups, n]
   std::span<const std::int32_t> g_idx;    // [k] group of each input row; may be empty
   int bits = 4;
@@ -287,7 +313,10 @@ class Backend {
   // reset_graph act for all.
   // Device-state mode is per object. CpuBackend keeps all of it per object.
   // Sets token, pos = step and kv_len = step + 1 in the backend's decode
-  // state. Stream-ordered and allocation-free; call it before each replay.
+  // state. Stream-ordered and allocation-free; call it before each replay,
+  // not inside a capture (GraphCapture: it records host values; inside a
+  // step, advance_decode_state moves the state). token <= 2^31 - 1 and
+  // step < 2^31 - 1 (InvalidArgument).
   void set_decode_state(std::uint32_t token, std::uint32_t step);
   // The decode state's step on the device, for decode steps enqueued back to
   // back (one captured step replayed with no host read of the token in
@@ -376,8 +405,9 @@ class Backend {
   // ── Embedding and reshaping ────────────────────────────────────────────
   // out[t, :] = table[ids[t], :]; ids is i32 in [0, vocab). In device-state
   // mode with tokens == 1 the id comes from the decode state and `ids` is
-  // not read. An id outside [0, vocab) throws on CpuBackend; on CudaBackend
-  // the kernel writes a zero row and synchronize() throws DeviceCheck.
+  // not read. An id outside [0, vocab) throws InvalidArgument on
+  // CpuBackend; on CudaBackend the kernel writes a zero row and
+  // synchronize() throws DeviceCheck.
   void embedding_lookup(const Buffer& table /*[vocab, dim]*/, const Buffer& ids /*[tokens] i32*/,
                         Buffer& out /*[tokens, dim]*/, std::size_t tokens, std::size_t dim, std::size_t vocab);
   // qkv[t] = [q | k | v] -> q[t], k[t], v[t]
@@ -391,7 +421,10 @@ class Backend {
   // NeoX RoPE (rotate halves) at position pos_offset + t, from tables
   // cos/sin [max_pos, head_dim / 2] in f32. Reads token-major, writes
   // head-major. In device-state mode with tokens == 1 the position is the
-  // decode state's pos (a position past max_pos: see embedding_lookup).
+  // decode state's pos. Host positions pos_offset .. pos_offset + tokens - 1
+  // past max_pos throw CapacityExceeded; a decode-state pos past it throws
+  // CapacityExceeded on CpuBackend, and on CudaBackend that row is left
+  // unwritten and synchronize() throws DeviceCheck.
   void qk_norm_rope(const Buffer& input /*[tokens, heads, head_dim]*/,
                     const Buffer* norm_w /*[head_dim]; null in RopeOnly mode*/,
                     const Buffer& cos /*[max_pos, head_dim/2] f32*/,
@@ -401,6 +434,9 @@ class Backend {
                     float eps, RopeMode mode);
   // cache[h, cache_len + t, :] = new[h, t, :] for K and V. In device-state
   // mode with new_tokens == 1, cache_len is the decode state's pos.
+  // cache_len + new_tokens past capacity throws CapacityExceeded; a
+  // decode-state pos past it throws CapacityExceeded on CpuBackend, and on
+  // CudaBackend nothing is written and synchronize() throws DeviceCheck.
   void kv_cache_append_head_major(Buffer& cache_k /*[nkv, capacity, hd]*/,
                                   Buffer& cache_v /*[nkv, capacity, hd]*/, std::size_t cache_len,
                                   std::size_t capacity, const Buffer& new_k /*[nkv, new_tokens, hd]*/,
@@ -454,7 +490,15 @@ class Backend {
   // cfg.kv_seq_stride must be set (the cache capacity); the host kv_len is
   // then not used but still checked (1 .. kv_seq_stride). CudaBackend: q, k, v
   // and out 16-byte aligned; head_dim 64, 128 or 256; at most 65535 heads,
-  // and at most 65535 sequences when q_len > 1.
+  // and at most 65535 sequences when q_len > 1. Errors: kv_len past
+  // cfg.kv_seq_stride is CapacityExceeded; causal queries at positions
+  // pos_offset .. pos_offset + q_len - 1 need pos_offset + q_len <= kv_len
+  // (InvalidArgument); device-state decode without cfg.kv_seq_stride is
+  // InvalidArgument; a device-state kv_len outside [1, kv_seq_stride] is
+  // thrown (CPU, CapacityExceeded) or reported at synchronize() (CUDA,
+  // DeviceCheck, zeros written); on CUDA a decode whose split-K scratch
+  // exceeds CudaBackendConfig::attention_workspace_bytes is
+  // CapacityExceeded (attention_decode_workspace_bytes sizes it).
   void flash_attention(const Buffer& q /*[batch, num_heads, q_len, head_dim]*/,
                        const Buffer& k /*[batch, num_kv_heads, kv_seq_stride, head_dim]*/,
                        const Buffer& v /*[batch, num_kv_heads, kv_seq_stride, head_dim]*/,
@@ -472,12 +516,21 @@ class Backend {
                            const Buffer& v /*[batch, num_kv_heads, kv_seq_stride, head_dim]*/,
                            Buffer& out /*[batch, num_heads, head_dim]*/, const Buffer& kv_lens /*[batch] i32*/,
                            std::size_t batch, const AttnConfig& cfg);
-  void mla_attention(const Buffer& q /*[batch, num_heads, q_len, kv_lora_rank + rope_dim]*/,
-                     const Buffer& kv_latent /*[batch, kv_len, kv_lora_rank + rope_dim]*/,
+  void mla_attention(const Buffer& q /*[batch, num_heads, q_len, kv_lora_rank + qk_rope_head_dim]*/,
+                     const Buffer& kv_latent /*[batch, kv_len, kv_lora_rank + qk_rope_head_dim]*/,
                      Buffer& out /*[batch, num_heads, q_len, v_head_dim]*/, std::size_t batch,
                      std::size_t q_len, std::size_t kv_len, const MlaConfig& cfg);
 
   // ── Quantized GEMM ─────────────────────────────────────────────────────
+  // Repacks a GPTQ checkpoint's tensors for this backend (setup-time).
+  // groups = k / group_size, or 1 for group_size -1. Refused: bits other
+  // than 4 (Unsupported); k or n not a multiple of 8, or outside
+  // [1, 2^31 - 1] (InvalidArgument); group_size not -1 and not positive
+  // (InvalidArgument), not a multiple of 8 (Unsupported) or not dividing k
+  // (ShapeMismatch); qweight, qzeros, scales (and g_idx, when not empty)
+  // not exactly their shapes above (ShapeMismatch); a g_idx entry outside
+  // [0, groups) (InvalidArgument); a scale not finite or past f16's range,
+  // |s| > 65504 (InvalidArgument).
   std::unique_ptr<QuantWeight> load_gptq(const GptqHostTensors& tensors);
   // out[m, n] = a[m, k] · dequant(w)  (w is [k, n] as GPTQ stores it).
   // CudaBackend: a and out 16-byte aligned.
