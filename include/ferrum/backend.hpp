@@ -28,10 +28,9 @@
 //
 // Dtypes, in the ops from Norms on: a buffer whose comment names no dtype
 // holds f16 or bf16, the same as the op's other such buffers
-// (DTypeMismatch otherwise; copy_slice and the host copies take any dtype);
-// the
-// comments name the rest (i32 ids, positions and lengths; f32 RoPE tables
-// and row sums; argmax and the collectives take f32 too).
+// (DTypeMismatch otherwise; copy_slice and the host copies take any
+// dtype); the comments name the rest (i32 ids, positions and lengths; f32
+// RoPE tables and row sums; argmax and the collectives take f32 too).
 // Sizes: every count and dimension argument (tokens, rows, dim, m, n, k,
 // batch, heads, head_dim, q_len, kv_len, len, ...) lies in [1, 2^31 - 1]
 // (InvalidArgument); offsets and positions (pos_offset, cache_len, the
