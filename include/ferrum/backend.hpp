@@ -36,9 +36,9 @@
 // (InvalidArgument); offsets and positions (pos_offset, cache_len, the
 // copy offsets) may be 0.
 //
-// Graph capture (CudaBackend; Op::GraphCapture): every op from Norms on may
-// be captured between begin_graph_capture and end_graph_capture, and so
-// may copy_slice and advance_decode_state. A capture bakes in every host
+// Graph capture (CudaBackend; Op::GraphCapture): every op from Norms on but
+// load_gptq may be captured between begin_graph_capture and
+// end_graph_capture, and so may copy_slice and advance_decode_state. A capture bakes in every host
 // argument (sizes, pos_offset, cache_len, kv_len, eps, ...); what a replay
 // sees anew comes only from device or alloc_host memory: the decode state
 // (set_device_state_mode), the positions / kv_lens arrays of the ragged
