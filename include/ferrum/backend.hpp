@@ -468,7 +468,8 @@ class Backend {
   // Row b is bitwise what qkv_rope_append writes for one token at
   // pos_offset = positions[b] into sequence b's views. A position outside
   // [0, min(cfg.capacity, cfg.max_pos)) refuses the whole op (nothing
-  // written): thrown (CPU) or reported at synchronize() (CUDA).
+  // written): thrown (CPU, CapacityExceeded) or reported at synchronize()
+  // (CUDA, DeviceCheck).
   void qkv_rope_append_ragged(const Buffer& qkv /*[batch, (heads + 2 kv_heads) * head_dim]*/,
                               const Buffer* q_norm /*[head_dim]*/, const Buffer* k_norm /*[head_dim]*/,
                               const Buffer& cos /*[max_pos, head_dim/2] f32*/,
@@ -509,7 +510,8 @@ class Backend {
   // is read on the device (I32), so one captured graph serves every step.
   // cfg.kv_seq_stride is the cache capacity and is required; cfg.causal does
   // not matter (the query is the newest position). A kv_lens[b] outside
-  // [1, capacity] is reported at synchronize() (CUDA) or thrown (CPU).
+  // [1, capacity] is reported at synchronize() (CUDA, DeviceCheck) or
+  // thrown (CPU, CapacityExceeded).
   void flash_decode_ragged(const Buffer& q /*[batch, num_heads, head_dim]*/,
                            const Buffer& k /*[batch, num_kv_heads, kv_seq_stride, head_dim]*/,
                            const Buffer& v /*[batch, num_kv_heads, kv_seq_stride, head_dim]*/,
