@@ -20,9 +20,11 @@
 // Method: CUDA events around R back-to-back launches (R so that a sample is
 // >= ~200 us), inputs rotated over sets >= 256 MiB together (past the 50 MB
 // L2), median of 15 samples; each decode variant also one launch per event
-// pair, median of 31 ("call": what ferrum_bench measures, with no PDL
-// overlap to hide a launch's ramp and tail; session 60 on the H100: B = 64
-// L = 1k 98.9 back to back, 112.1 per call); decode counts K+V bytes, prefill causal FLOPs
+// pair, median of 31 ("call": as ferrum_bench times a case, with no PDL
+// overlap to hide a launch's ramp and tail; session 62 on the H100: B = 64
+// L = 1k 98.7 back to back, 99.1 per call, so the bench's 111 of sessions
+// 60-61 was not the tail but its process history, decode_attention.md
+// §4.21); decode counts K+V bytes, prefill causal FLOPs
 // (4 * heads * S^2 * hd / 2).
 #include <cuda_runtime.h>
 
@@ -38,6 +40,7 @@
 #include <vector>
 
 #include "bench/cuda_check.hpp"
+#include "bench/median.hpp"
 #include "ferrum/cuda_backend.hpp"
 #include "kernels/attention.hpp"
 
@@ -95,7 +98,7 @@ constexpr double kRotateBytes = 256.0 * 1024 * 1024;
 // inputs): two warm-up samples, then 15 of `reps` back-to-back launches.
 double median_us(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1, int reps,
                  const std::function<void(int)>& launch) {
-  std::vector<float> samples;
+  std::vector<double> samples;
   for (int sample = -2; sample < 15; ++sample) {
     check(cudaEventRecord(e0, stream), "cudaEventRecord");
     for (int r = 0; r < reps; ++r) launch(r);
@@ -103,10 +106,9 @@ double median_us(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1, int reps,
     check(cudaEventSynchronize(e1), "cudaEventSynchronize");
     float ms = 0;
     check(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
-    if (sample >= 0) samples.push_back(ms * 1000.0f / static_cast<float>(reps));
+    if (sample >= 0) samples.push_back(ms * 1000.0 / reps);
   }
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
+  return median(std::move(samples));
 }
 
 // The median of `samples` launches timed one by one, an event pair around
@@ -126,16 +128,15 @@ double median_call_us(cudaStream_t stream, int samples, const std::function<void
     check(cudaEventRecord(stop[static_cast<std::size_t>(i)], stream), "cudaEventRecord");
   }
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  std::vector<float> us(start.size());
+  std::vector<double> us(start.size());
   for (std::size_t i = 0; i < start.size(); ++i) {
     float ms = 0;
     check(cudaEventElapsedTime(&ms, start[i], stop[i]), "cudaEventElapsedTime");
-    us[i] = ms * 1000.0f;
+    us[i] = ms * 1000.0;
     check(cudaEventDestroy(start[i]), "cudaEventDestroy");
     check(cudaEventDestroy(stop[i]), "cudaEventDestroy");
   }
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
+  return median(std::move(us));
 }
 
 // Causal prefill, batch 1, 32 heads, hd 128: the mma.sync kernel and the

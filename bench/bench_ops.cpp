@@ -357,18 +357,18 @@ class Bench {
     if (!want(spec)) return;
     std::fflush(stdout);
     try {
-      case_bytes_ = 0;
+      // case_bytes_ holds what the case before allocated until it starts
+      // counting this case's.
       const double settle_ms =
-          opt_.settle_gbps > 0.0 ? static_cast<double>(prev_case_bytes_) / (opt_.settle_gbps * 1e6) : 0.0;
+          opt_.settle_gbps > 0.0 ? static_cast<double>(case_bytes_) / (opt_.settle_gbps * 1e6) : 0.0;
+      case_bytes_ = 0;
       const auto idle = std::chrono::microseconds(static_cast<long long>((opt_.pause_ms + settle_ms) * 1e3));
       if (idle.count() > 0) {
         be_.synchronize();
         std::this_thread::sleep_for(idle);
       }
       body();
-      prev_case_bytes_ = case_bytes_;
     } catch (const std::exception& e) {
-      prev_case_bytes_ = case_bytes_;
       Record r = base_record(spec, 0);
       r.error = e.what();
       print_row(r);
@@ -619,8 +619,7 @@ class Bench {
   double copy_gbps_ = 0.0;
   double copy_us_ = 0.0;
   std::map<std::size_t, double> copy_same_;
-  std::size_t case_bytes_ = 0;       // allocated by the case running
-  std::size_t prev_case_bytes_ = 0;  // allocated by the case before it
+  std::size_t case_bytes_ = 0;  // allocated by the case running, or by the last one between cases
   std::vector<Record> records_;
   std::map<DType, Buffer> pools_;
   Rng fill_rng_{0xC0FFEEull};

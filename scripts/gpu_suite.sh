@@ -459,31 +459,26 @@ sanitize() {
       echo "wgmmaablate: the patch does not apply to this tree"
     fi
   fi
-  # decodeablate: the tree with docs/design/patches/decode_warp_slices.patch
-  # applied, built as it is (tests too) and once per ablation mask.
-  if has_mode decodeablate; then
+  # decodeablate and decodesource: the tree with docs/design/patches/
+  # decode_warp_slices.patch applied, built once as it is (${B}-warp0: the
+  # tuning tool, and the tests for decodeablate), and for decodeablate once
+  # per ablation mask. The build folders go first, so that a patch that no
+  # longer applies leaves no older binary to run.
+  if has_mode decodeablate || has_mode decodesource; then
     DA_SRC="${B}-decodeablate-src"
-    rm -rf "${B}"-warp[0-9]*  # no older binary left where a build fails
+    rm -rf "${B}"-warp[0-9]*
     if patched_tree "$DA_SRC" docs/design/patches/decode_warp_slices.patch; then
-      side_build "${B}-warp0" "$DA_SRC" "warp slices" 6 "" ferrum_attention_tuning ferrum_tests_gpu
-      for mask in ${DECODE_ABLATE_MASKS:-1 2 3}; do
-        side_build "${B}-warp$mask" "$DA_SRC" "warp slices, ablation mask $mask" 3 \
-          "-DFERRUM_BUILD_TESTS=OFF -DCMAKE_CUDA_FLAGS=-DFERRUM_DECODE_ABLATE=$mask" ferrum_attention_tuning
-      done
+      if has_mode decodeablate; then
+        side_build "${B}-warp0" "$DA_SRC" "warp slices" 6 "" ferrum_attention_tuning ferrum_tests_gpu
+        for mask in ${DECODE_ABLATE_MASKS:-1 2 3}; do
+          side_build "${B}-warp$mask" "$DA_SRC" "warp slices, ablation mask $mask" 3 \
+            "-DFERRUM_BUILD_TESTS=OFF -DCMAKE_CUDA_FLAGS=-DFERRUM_DECODE_ABLATE=$mask" ferrum_attention_tuning
+        done
+      else
+        side_build "${B}-warp0" "$DA_SRC" "warp slices (tuning tool)" 8 "-DFERRUM_BUILD_TESTS=OFF" ferrum_attention_tuning
+      fi
     else
-      echo "decodeablate: the patch does not apply to this tree"
-    fi
-  fi
-  # decodesource: the same patched tree, the tuning tool alone (decodeablate's
-  # build where that runs too). The build folder goes first, so that a patch
-  # that no longer applies leaves no older binary to profile.
-  if has_mode decodesource && ! has_mode decodeablate; then
-    DS_SRC="${B}-decodesource-src"
-    rm -rf "${B}-warpsrc"
-    if patched_tree "$DS_SRC" docs/design/patches/decode_warp_slices.patch; then
-      side_build "${B}-warpsrc" "$DS_SRC" "warp slices (tuning tool)" 8 "-DFERRUM_BUILD_TESTS=OFF" ferrum_attention_tuning
-    else
-      echo "decodesource: the patch does not apply to this tree"
+      echo "decodeablate / decodesource: the patch does not apply to this tree"
     fi
   fi
   # gptqpatch: the tree with GPTQ_PATCH applied, its GPU tests and GPTQ
@@ -1191,8 +1186,7 @@ if has_mode decodesource; then
   # L = 1k; this says where in the code the time goes.)
   {
     point="${DECODESOURCE_POINT:-64:1024}"
-    bin="${B}-warpsrc/bench/ferrum_attention_tuning"
-    has_mode decodeablate && bin="${B}-warp0/bench/ferrum_attention_tuning"
+    bin="${B}-warp0/bench/ferrum_attention_tuning"
     echo "== decode source counters at B:L $point ($(date +%T))"
     if [ -x "$bin" ]; then
       for kernel in attention_decode_kernel attention_decode_warp_slices_kernel; do

@@ -533,11 +533,12 @@ TEST_F(CudaWrap, CpuBackendRefusesDeviceMemory) {
 class CudaCollectives : public CudaTest {};
 TEST_F(CudaCollectives, HostMemoryIsRefusedAtWorldSizeOne) {
   Backend& be = cuda();
+  constexpr std::size_t len = 64;
   ASSERT_EQ(be.world_size(), 1u);
-  expect_collectives_refuse_host_memory(be, 64);
-  Buffer dev = be.upload(std::vector<float>(64, 1.0f), DType::F32);
-  be.all_reduce(dev, 64, ReduceOp::Sum);  // device memory: the identity
-  EXPECT_EQ(be.download(dev), std::vector<float>(64, 1.0f));
+  expect_collectives_refuse_host_memory(be, len);
+  Buffer dev = be.upload(std::vector<float>(len, 1.0f), DType::F32);
+  be.all_reduce(dev, len, ReduceOp::Sum);  // device memory: the identity
+  EXPECT_EQ(be.download(dev), std::vector<float>(len, 1.0f));
 }
 
 // A request larger than the whole device: OutOfMemory naming the op, the
