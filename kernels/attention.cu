@@ -1378,8 +1378,9 @@ std::vector<DecodeTimelineBlock> decode_timeline_read() {
 
 std::size_t attention_workspace_floats(int batch, int num_heads, int q_len, int head_dim, long long kv_stride) {
   if (q_len != 1) return 0;
-  const auto rows = static_cast<std::size_t>(batch) * static_cast<std::size_t>(num_heads);
-  return rows * static_cast<std::size_t>(attention_decode_splits(kv_stride)) * static_cast<std::size_t>(head_dim + 1);
+  return attention_decode_workspace_floats(static_cast<std::size_t>(batch), static_cast<std::size_t>(num_heads),
+                                           static_cast<std::size_t>(head_dim), kv_stride)
+      .value();
 }
 
 void launch_attention(const AttentionArgs& a, cudaStream_t stream) {

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 
 #include <cuda_runtime_api.h>
@@ -306,10 +307,25 @@ struct AttentionArgs {
   PrefillTuning prefill_tuning;  // q_len > 1, wgmma kernel only
 };
 
-// Floats of split-K scratch a decode call needs (0 for prefill): batch *
-// num_heads * attention_decode_splits(kv_stride) * (head_dim + 1), at most
-// kAttnDecodeMaxSplits (16) splits (the public attention_decode_workspace_bytes
-// is this times 4).
+// The decode's split-K scratch in floats, the one formula both the launcher
+// and the public attention_decode_workspace_bytes (this times 4) use:
+// batch * num_heads * attention_decode_splits(kv_stride) * (head_dim + 1),
+// at most kAttnDecodeMaxSplits (16) splits; nullopt where the product
+// passes size_t.
+inline std::optional<std::size_t> attention_decode_workspace_floats(std::size_t batch, std::size_t num_heads,
+                                                                    std::size_t head_dim, long long kv_stride) {
+  std::size_t floats = 1;
+  for (const std::size_t factor : {batch, num_heads, static_cast<std::size_t>(attention_decode_splits(kv_stride)),
+                                   head_dim + 1}) {
+    if (factor != 0 && floats > static_cast<std::size_t>(-1) / factor) return std::nullopt;
+    floats *= factor;
+  }
+  return floats;
+}
+
+// Floats of split-K scratch a call needs: 0 for prefill (q_len > 1), else
+// attention_decode_workspace_floats (the op's validated sizes cannot pass
+// size_t).
 std::size_t attention_workspace_floats(int batch, int num_heads, int q_len, int head_dim, long long kv_stride);
 
 // Points a.partial_out and a.partial_lse into `workspace` (f32, `floats` of

@@ -103,18 +103,15 @@ std::size_t attention_decode_workspace_bytes(std::size_t batch, std::size_t num_
                    "attention_decode_workspace_bytes: argument '{}' = {} is outside [1, {}]", name, value, kMost);
     }
   }
-  const auto splits = static_cast<std::size_t>(kernels::attention_decode_splits(static_cast<long long>(kv_seq_stride)));
-  std::size_t bytes = sizeof(float);
-  for (const std::size_t factor : {batch, num_heads, splits, head_dim + 1}) {
-    if (bytes > std::numeric_limits<std::size_t>::max() / factor) {
-      detail::fail(ErrorCode::InvalidArgument,
-                   "attention_decode_workspace_bytes: batch = {} x num_heads = {} x {} splits x (head_dim = {} + 1) "
-                   "floats pass 2^64 bytes",
-                   batch, num_heads, splits, head_dim);
-    }
-    bytes *= factor;
+  const std::optional<std::size_t> floats =
+      kernels::attention_decode_workspace_floats(batch, num_heads, head_dim, static_cast<long long>(kv_seq_stride));
+  if (!floats || *floats > std::numeric_limits<std::size_t>::max() / sizeof(float)) {
+    detail::fail(ErrorCode::InvalidArgument,
+                 "attention_decode_workspace_bytes: batch = {} x num_heads = {} x {} splits x (head_dim = {} + 1) "
+                 "floats pass 2^64 bytes",
+                 batch, num_heads, kernels::attention_decode_splits(static_cast<long long>(kv_seq_stride)), head_dim);
   }
-  return bytes;
+  return *floats * sizeof(float);
 }
 
 PrefillKernel CudaBackend::checked_prefill_kernel(PrefillKernel requested) {

@@ -175,8 +175,9 @@ TEST(DecodePlan, TailFreeRuleStaysInRange) {
 
 // attention_decode_workspace_bytes, the public size of the decode's split-K
 // scratch (CudaBackendConfig::attention_workspace_bytes): the floats the
-// launcher asks for (kernels::attention_workspace_floats) times 4, for
-// caches of one slice, of the 16-slice bound and between; bad sizes named.
+// launcher asks for (kernels::attention_workspace_floats; both go through
+// kernels::attention_decode_workspace_floats) times 4, for caches of one
+// slice, of the 16-slice bound and between; bad sizes named.
 TEST(DecodePlan, WorkspaceBytesArePublicAndMatchTheLauncher) {
   struct Case {
     std::size_t batch, heads, head_dim, capacity, splits;
