@@ -133,7 +133,8 @@
 #                                adds ferrum_bench on those ops (its --filter),
 #                                AB_RUNS passes alternated, one table
 #                                (bench/ab_table.py, also $OUT/ab_ops.md);
-#                                AB_SKIP_GPTQ_BENCH=1 leaves out the GPTQ bench
+#                                AB_SKIP_GPTQ_BENCH=1 leaves out the GPTQ bench,
+#                                AB_SKIP_ENGINE=1 the engine runs
 #   scripts/gpu_suite.sh rowsq   the llama3-8b GPTQ graph decode with and
 #                                without --gptq-row-sq-norms, alternated
 #                                AB_RUNS (2) times, tok/s and the tokens' md5;
@@ -1322,6 +1323,7 @@ if has_mode ab && [ -d base ]; then
     # tokens (equal tokens: equal md5).
     AB_ENGINE_FLAGS="${AB_ENGINE_FLAGS:---random llama3-8b --dtype f16 --quant gptq --steps 128 --graph}"
     for i in $(seq 1 "${AB_RUNS:-2}"); do
+      [ -n "${AB_SKIP_ENGINE:-}" ] && break
       for b in "${!AB_BUILDS[@]}"; do
         timeout 120 "${AB_BUILDS[$b]}/apps/engine/ferrum_engine" $AB_ENGINE_FLAGS > /tmp/ferrum_ab_engine.log 2>&1
         rc=$?
