@@ -161,6 +161,15 @@ void abort_locked(Impl& im, std::string reason) noexcept {
   }
 }
 
+// The communicator's pending asynchronous error, ncclSuccess where there is
+// none (ncclInProgress is none); a failing query counts as one.
+ncclResult_t pending_async_error(ncclComm_t comm) noexcept {
+  ncclResult_t async = ncclSuccess;
+  const ncclResult_t query = ncclCommGetAsyncError(comm, &async);
+  if (query != ncclSuccess) return query;
+  return async == ncclInProgress ? ncclSuccess : async;
+}
+
 #endif  // FERRUM_HAVE_NCCL
 
 }  // namespace
@@ -204,10 +213,8 @@ std::string nccl_async_error(Communicator& comm) {
   Impl& im = CommunicatorAccess::impl(comm);
   std::lock_guard<std::mutex> lock(im.mutex);
   if (im.aborted.load(std::memory_order_acquire) || im.comm == nullptr) return {};
-  ncclResult_t async = ncclSuccess;
-  const ncclResult_t query = ncclCommGetAsyncError(im.comm, &async);
-  if (query != ncclSuccess) async = query;
-  if (async == ncclSuccess || async == ncclInProgress) return {};
+  const ncclResult_t async = pending_async_error(im.comm);
+  if (async == ncclSuccess) return {};
   const char* last = ncclGetLastError(im.comm);
   return fmt::format("{} (ncclResult {}){}{}", ncclGetErrorString(async), static_cast<int>(async),
                      (last != nullptr && *last != '\0') ? "; NCCL says: " : "", last != nullptr ? last : "");
@@ -258,8 +265,7 @@ Communicator::~Communicator() {
     detail::DeviceScope scope(impl_->device);
     // A communicator with a pending asynchronous error cannot be destroyed
     // cleanly (destroy would wait on a peer that is gone): abort it instead.
-    ncclResult_t async = ncclSuccess;
-    if (ncclCommGetAsyncError(impl_->comm, &async) != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+    if (detail::pending_async_error(impl_->comm) != ncclSuccess) {
       ncclCommAbort(impl_->comm);
     } else {
       ncclCommDestroy(impl_->comm);  // communicators of one create_all are released together by NCCL
