@@ -1378,9 +1378,11 @@ std::vector<DecodeTimelineBlock> decode_timeline_read() {
 
 std::size_t attention_workspace_floats(int batch, int num_heads, int q_len, int head_dim, long long kv_stride) {
   if (q_len != 1) return 0;
+  // Past size_t: the most there is, which no workspace holds (the caller's
+  // capacity check then names it).
   return attention_decode_workspace_floats(static_cast<std::size_t>(batch), static_cast<std::size_t>(num_heads),
                                            static_cast<std::size_t>(head_dim), kv_stride)
-      .value();
+      .value_or(static_cast<std::size_t>(-1));
 }
 
 void launch_attention(const AttentionArgs& a, cudaStream_t stream) {

@@ -324,8 +324,7 @@ inline std::optional<std::size_t> attention_decode_workspace_floats(std::size_t 
 }
 
 // Floats of split-K scratch a call needs: 0 for prefill (q_len > 1), else
-// attention_decode_workspace_floats (the op's validated sizes cannot pass
-// size_t).
+// attention_decode_workspace_floats, saturated at size_t's largest value.
 std::size_t attention_workspace_floats(int batch, int num_heads, int q_len, int head_dim, long long kv_stride);
 
 // Points a.partial_out and a.partial_lse into `workspace` (f32, `floats` of

@@ -61,11 +61,14 @@ std::optional<Problem> cuda_attention_problem(const AttnConfig& cfg,
   }
   *need = kernels::attention_workspace_floats(static_cast<int>(batch), static_cast<int>(cfg.num_heads),
                                               static_cast<int>(q_len), static_cast<int>(cfg.head_dim), stride);
-  if (*need * sizeof(float) > workspace_bytes) {
+  if (*need > workspace_bytes / sizeof(float)) {
+    const std::string bytes = *need > std::numeric_limits<std::size_t>::max() / sizeof(float)
+                                  ? std::string("more than 2^64")
+                                  : fmt::format("{}", *need * sizeof(float));
     return Problem{ErrorCode::CapacityExceeded,
                    fmt::format("decode split-K scratch needs {} bytes, more than "
                                "CudaBackendConfig::attention_workspace_bytes = {}",
-                               *need * sizeof(float), workspace_bytes)};
+                               bytes, workspace_bytes)};
   }
   return std::nullopt;
 }
