@@ -86,6 +86,15 @@
 #                                64, auto m = 1 / 8 / 16 / 64 (a kernel change
 #                                to test and time before it lands; session
 #                                51 landed splitk_finish_merge.patch this way)
+#   scripts/gpu_suite.sh decodepatch  the tree with DECODE_PATCH (a patch's
+#                                path in the tree; default docs/design/
+#                                patches/decode_slice_fold.patch) applied: its
+#                                decode GPU tests (6 shards) and memcheck over
+#                                them (8 shards), then ferrum_bench's decode
+#                                points (DECODE_PATCH_POINTS, --filter items)
+#                                main against patched, two alternated passes
+#                                (bench/ab_table.py), and decode-exp at
+#                                DECODE_PATCH_EXP (B:L list) in both builds
 #   scripts/gpu_suite.sh engineswitches  ferrum_engine's launch switches A/B
 #                                on one model (SWITCH_MODEL, default
 #                                qwen3-0.6b; SWITCH_QUANT=gptq for its GPTQ
@@ -237,7 +246,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch engineswitches l2probe decodeorder enginebrief decodeablate decodegap decodesource)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch engineswitches l2probe decodeorder enginebrief decodeablate decodegap decodesource decodepatch)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -288,6 +297,7 @@ LOG="$OUT/suite.log"
 # $OUT. A device call brings back only a few files (8 on this workplace's
 # machines), so $OUT holds the summary (suite.log), the JSON and what failed.
 DETAIL="${DETAIL_DIR:-/tmp/ferrum_suite_detail}"
+DECODE_PATCH="${DECODE_PATCH:-docs/design/patches/decode_slice_fold.patch}"  # decodepatch
 mkdir -p "$DETAIL"
 keep_log() { cp "$1" "$OUT/" && echo "(kept $(basename "$1") in \$OUT)"; }
 # gptq_rows LABEL BINARY ARGS...: a ferrum_bench_gptq run (90 s at most),
@@ -495,6 +505,17 @@ sanitize() {
       echo "gptqpatch: $GPTQ_PATCH does not apply to this tree"
     fi
   fi
+  # decodepatch: the tree with DECODE_PATCH applied, its tests, bench and
+  # tuning tool; no earlier call's binaries stand in for a failed build.
+  rm -rf "${B}-dpatched"
+  if has_mode decodepatch; then
+    if patched_tree "${B}-dpatched-src" "$DECODE_PATCH"; then
+      side_build "${B}-dpatched" "${B}-dpatched-src" "decode patched" 8 "" ferrum_tests_gpu ferrum_bench \
+        ferrum_attention_tuning
+    else
+      echo "decodepatch: $DECODE_PATCH does not apply to this tree"
+    fi
+  fi
   # wgmmafold: the tree with docs/design/patches/gptq_wgmma_lop3_fold.patch
   # applied, its GPU tests and GPTQ bench (a kernel to test, not timing only).
   if has_mode wgmmafold; then
@@ -527,6 +548,7 @@ sanitize() {
   fi
   # The decode patch's modes run only their side builds' binaries.
   modes_within "decodeablate decodesource" && MAIN_TARGETS=(--target ferrum_attention_tuning)
+  [ "$MODE" = decodepatch ] && MAIN_TARGETS=(--target ferrum_bench ferrum_attention_tuning)
   modes_within "wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch" && MAIN_TARGETS=(--target ferrum_bench_gptq ferrum_wgmma_rate ferrum_cluster_placement)
   cmake --build $B -j$([ -d base ] && has_mode ab && echo 10 || echo 16) "${MAIN_TARGETS[@]}" 2>&1 \
     | grep -E "error|warning|FAILED" || echo "build ok"
@@ -910,6 +932,50 @@ if has_mode gptqpatch; then
         gptq_rows "pass $pass $build stream" "$bin" --kernel stream --ms 1 --shapes 4096x4096,14336x4096,8192x28672
         gptq_rows "pass $pass $build fused" "$bin" --kernel fused --ms 17,33,64 --shapes 4096x4096,8192x8192,14336x4096
         gptq_rows "pass $pass $build auto" "$bin" --kernel auto --ms 1,8,16,64 --shapes 4096x4096,14336x4096,8192x28672
+      done
+    done
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode decodepatch; then
+  # A decode kernel patch before it lands: the patched build's decode tests
+  # (knob variants bitwise against each other, batch against single, the
+  # flash specs against the CPU), memcheck over them, then main against
+  # patched on ferrum_bench's decode points and in decode-exp.
+  {
+    DB="${B}-dpatched"
+    DECODE_TESTS='*Decode*:*FlashAttention*:*FlashDecodeRagged*:*DeviceState.Flash*'
+    if [ -x "$DB/tests/ferrum_tests_gpu" ]; then
+      echo "== decode patched ($(basename "$DECODE_PATCH")): decode GPU tests ($(date +%T))"
+      gtest_shards "$DB/tests/ferrum_tests_gpu" dpatched_tests 6 240 --gtest_filter="$DECODE_TESTS"
+      echo "== decode patched: memcheck over the decode tests ($(date +%T))"
+      SANITIZE_SHARDS=8 SANITIZE_BIN="$DB/tests/ferrum_tests_gpu" sanitize memcheck 240 "$DECODE_TESTS-*4096Steps*" 3
+    else
+      echo "decodepatch: no patched build"
+    fi
+    points="${DECODE_PATCH_POINTS:-B=64 L=1024,B=16 L=1024,B=1 L=1024,B=1 L=4096,B=1 L=32768,B=16 L=8192,B=64 L=8192}"
+    echo "== decode, main against patched: ferrum_bench '$points' ($(date +%T))"
+    table_args=()
+    for pass in 1 2; do
+      for build in main patched; do
+        bin="$B/bench/ferrum_bench"
+        [ "$build" = patched ] && bin="$DB/bench/ferrum_bench"
+        [ -x "$bin" ] || continue
+        json="$DETAIL/decodepatch.$build.$pass.json"
+        rm -f "$json"
+        timeout 150 "$bin" --filter "$points" --json "$json" > /dev/null 2>&1
+        echo "-- $build pass $pass: exit $?"
+        [ -s "$json" ] && table_args+=("${build}_$pass=$json")
+      done
+    done
+    [ ${#table_args[@]} -gt 0 ] && python3 bench/ab_table.py "${table_args[@]}" | tee "$OUT/decodepatch.md"
+    for point in ${DECODE_PATCH_EXP:-64:1024 16:8192 64:8192}; do
+      for build in main patched; do
+        bin="$B/bench/ferrum_attention_tuning"
+        [ "$build" = patched ] && bin="$DB/bench/ferrum_attention_tuning"
+        [ -x "$bin" ] || continue
+        echo "-- decode-exp ${point%%:*} ${point##*:}, $build"
+        timeout 60 "$bin" decode-exp "${point%%:*}" "${point##*:}" 2>&1 | grep -E "^[0-9]+ "
       done
     done
   } 2>&1 | tee -a "$LOG"
