@@ -300,6 +300,46 @@ DETAIL="${DETAIL_DIR:-/tmp/ferrum_suite_detail}"
 DECODE_PATCH="${DECODE_PATCH:-docs/design/patches/decode_slice_fold.patch}"  # decodepatch
 mkdir -p "$DETAIL"
 keep_log() { cp "$1" "$OUT/" && echo "(kept $(basename "$1") in \$OUT)"; }
+# ops_ab FILTER TABLE NAME=FERRUM_BENCH...: ferrum_bench --filter FILTER
+# from each build, AB_RUNS (2) passes alternating the builds, as one table
+# (bench/ab_table.py: the first build over the second) printed and kept at
+# TABLE (ab's AB_OPS_FILTER, decodepatch).
+ops_ab() {
+  local filter=$1 table=$2 pass spec name bin json
+  shift 2
+  local args=()
+  for pass in $(seq 1 "${AB_RUNS:-2}"); do
+    for spec in "$@"; do
+      name=${spec%%=*}
+      bin=${spec#*=}
+      [ -x "$bin" ] || continue
+      json="$DETAIL/ops_ab.$name.$pass.json"
+      rm -f "$json"  # ferrum_bench writes it at its end: a run cut short leaves none
+      timeout 150 "$bin" --filter "$filter" --json "$json" > /dev/null 2>&1
+      echo "-- ferrum_bench '$filter', $name pass $pass: exit $?"
+      [ -s "$json" ] && args+=("$name=$json")
+    done
+  done
+  if [ ${#args[@]} -gt 0 ]; then
+    python3 bench/ab_table.py "${args[@]}" | tee "$table"
+  else
+    echo "no ferrum_bench run finished"
+  fi
+}
+# patched_tests DIR LABEL FILTER MEMCHECK_FILTER: a patched build's GPU
+# tests over FILTER (6 shards, 240 s) and memcheck over MEMCHECK_FILTER (8
+# shards) (gptqpatch, decodepatch).
+patched_tests() {
+  local dir=$1 label=$2
+  if [ -x "$dir/tests/ferrum_tests_gpu" ]; then
+    echo "== $label: GPU tests '$3' ($(date +%T))"
+    gtest_shards "$dir/tests/ferrum_tests_gpu" "$(basename "$dir")_tests" 6 240 --gtest_filter="$3"
+    echo "== $label: memcheck over '$4' ($(date +%T))"
+    SANITIZE_SHARDS=8 SANITIZE_BIN="$dir/tests/ferrum_tests_gpu" sanitize memcheck 240 "$4" 3
+  else
+    echo "$label: no patched build"
+  fi
+}
 # gptq_rows LABEL BINARY ARGS...: a ferrum_bench_gptq run (90 s at most),
 # each of its rows as one line "LABEL k x n m M: us plan" (wgmmaablate,
 # wgmmasplits).
@@ -913,14 +953,7 @@ if has_mode gptqpatch; then
   # them, then both builds' kernels alternated, two passes.
   {
     PB="${B}-patched"
-    if [ -x "$PB/tests/ferrum_tests_gpu" ]; then
-      echo "== patched ($(basename "$GPTQ_PATCH")): *Gptq* GPU tests ($(date +%T))"
-      gtest_shards "$PB/tests/ferrum_tests_gpu" patched_tests 6 240 --gtest_filter='*Gptq*'
-      echo "== patched: memcheck over CudaGptq* ($(date +%T))"
-      SANITIZE_SHARDS=8 SANITIZE_BIN="$PB/tests/ferrum_tests_gpu" sanitize memcheck 240 'CudaGptq*' 3
-    else
-      echo "gptqpatch: no patched build"
-    fi
+    patched_tests "$PB" "gptqpatch ($(basename "$GPTQ_PATCH"))" '*Gptq*' 'CudaGptq*'
     echo "== GPTQ kernels, main against patched ($(date +%T))"
     for pass in 1 2; do
       for build in main patched; do
@@ -945,30 +978,10 @@ if has_mode decodepatch; then
   {
     DB="${B}-dpatched"
     DECODE_TESTS='*Decode*:*FlashAttention*:*FlashDecodeRagged*:*DeviceState.Flash*'
-    if [ -x "$DB/tests/ferrum_tests_gpu" ]; then
-      echo "== decode patched ($(basename "$DECODE_PATCH")): decode GPU tests ($(date +%T))"
-      gtest_shards "$DB/tests/ferrum_tests_gpu" dpatched_tests 6 240 --gtest_filter="$DECODE_TESTS"
-      echo "== decode patched: memcheck over the decode tests ($(date +%T))"
-      SANITIZE_SHARDS=8 SANITIZE_BIN="$DB/tests/ferrum_tests_gpu" sanitize memcheck 240 "$DECODE_TESTS-*4096Steps*" 3
-    else
-      echo "decodepatch: no patched build"
-    fi
+    patched_tests "$DB" "decodepatch ($(basename "$DECODE_PATCH"))" "$DECODE_TESTS" "$DECODE_TESTS-*4096Steps*"
     points="${DECODE_PATCH_POINTS:-B=64 L=1024,B=16 L=1024,B=1 L=1024,B=1 L=4096,B=1 L=32768,B=16 L=8192,B=64 L=8192}"
-    echo "== decode, main against patched: ferrum_bench '$points' ($(date +%T))"
-    table_args=()
-    for pass in 1 2; do
-      for build in main patched; do
-        bin="$B/bench/ferrum_bench"
-        [ "$build" = patched ] && bin="$DB/bench/ferrum_bench"
-        [ -x "$bin" ] || continue
-        json="$DETAIL/decodepatch.$build.$pass.json"
-        rm -f "$json"
-        timeout 150 "$bin" --filter "$points" --json "$json" > /dev/null 2>&1
-        echo "-- $build pass $pass: exit $?"
-        [ -s "$json" ] && table_args+=("${build}_$pass=$json")
-      done
-    done
-    [ ${#table_args[@]} -gt 0 ] && python3 bench/ab_table.py "${table_args[@]}" | tee "$OUT/decodepatch.md"
+    echo "== decode, patched against main: ferrum_bench ($(date +%T))"
+    ops_ab "$points" "$OUT/decodepatch.md" "patched=$DB/bench/ferrum_bench" "main=$B/bench/ferrum_bench"
     for point in ${DECODE_PATCH_EXP:-64:1024 16:8192 64:8192}; do
       for build in main patched; do
         bin="$B/bench/ferrum_attention_tuning"
@@ -1399,21 +1412,9 @@ if has_mode ab && [ -d base ]; then
     # AB_OPS_FILTER: ferrum_bench on those ops, AB_RUNS passes alternating
     # the builds, as one table (bench/ab_table.py).
     if [ -n "${AB_OPS_FILTER:-}" ]; then
-      AB_TABLE_ARGS=()
-      for i in $(seq 1 "${AB_RUNS:-2}"); do
-        for b in "${!AB_BUILDS[@]}"; do
-          json="$DETAIL/ab_ops.$b.$i.json"
-          rm -f "$json"  # ferrum_bench writes it at its end: a run cut short leaves none
-          timeout 120 "${AB_BUILDS[$b]}/bench/ferrum_bench" --filter "$AB_OPS_FILTER" --json "$json" > /dev/null 2>&1
-          echo "-- ferrum_bench '$AB_OPS_FILTER', ${AB_NAMES[$b]} pass $i: exit $?"
-          [ -s "$json" ] && AB_TABLE_ARGS+=("${AB_NAMES[$b]// /_}=$json")
-        done
-      done
-      if [ ${#AB_TABLE_ARGS[@]} -gt 0 ]; then
-        python3 bench/ab_table.py "${AB_TABLE_ARGS[@]}" | tee "$OUT/ab_ops.md"
-      else
-        echo "ab: no ferrum_bench run finished"
-      fi
+      specs=()
+      for b in "${!AB_BUILDS[@]}"; do specs+=("${AB_NAMES[$b]// /_}=${AB_BUILDS[$b]}/bench/ferrum_bench"); done
+      ops_ab "$AB_OPS_FILTER" "$OUT/ab_ops.md" "${specs[@]}"
     fi
     if [ -z "${AB_SKIP_GPTQ_BENCH:-}" ]; then
       for b in "${!AB_BUILDS[@]}"; do
