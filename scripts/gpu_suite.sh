@@ -94,7 +94,7 @@
 #                                points (DECODE_PATCH_POINTS, --filter items)
 #                                main against patched, two alternated passes
 #                                (bench/ab_table.py), and decode-exp at
-#                                DECODE_PATCH_EXP (B:L list) in both builds
+#                                DECODE_PATCH_EXP (B:L list; empty: none) in both builds
 #   scripts/gpu_suite.sh engineswitches  ferrum_engine's launch switches A/B
 #                                on one model (SWITCH_MODEL, default
 #                                qwen3-0.6b; SWITCH_QUANT=gptq for its GPTQ
@@ -982,7 +982,7 @@ if has_mode decodepatch; then
     points="${DECODE_PATCH_POINTS:-B=64 L=1024,B=16 L=1024,B=1 L=1024,B=1 L=4096,B=1 L=32768,B=16 L=8192,B=64 L=8192}"
     echo "== decode, patched against main: ferrum_bench ($(date +%T))"
     ops_ab "$points" "$OUT/decodepatch.md" "patched=$DB/bench/ferrum_bench" "main=$B/bench/ferrum_bench"
-    for point in ${DECODE_PATCH_EXP:-64:1024 16:8192 64:8192}; do
+    for point in ${DECODE_PATCH_EXP-64:1024 16:8192 64:8192}; do  # set and empty: none
       for build in main patched; do
         bin="$B/bench/ferrum_attention_tuning"
         [ "$build" = patched ] && bin="$DB/bench/ferrum_attention_tuning"
