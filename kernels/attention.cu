@@ -29,7 +29,9 @@
 // last -- an arrival counter, which that block returns to zero -- merges
 // the slices' partials in slice order (merge_slice_partials), so there is
 // no second kernel; a row with one valid slice is written directly, a block
-// that holds every valid slice of its row merges them itself. Large
+// that holds every valid slice of its row merges them itself (folding each
+// into the output as it ends, where a thread owns one output item). Every
+// merge runs the same steps in slice order (SliceWeights). Large
 // launches of several blocks per row (DecodeTuning::fused_max_groups_per_sm)
 // merge in a second kernel instead, attention_combine_kernel: the same
 // arithmetic.
@@ -175,28 +177,81 @@ struct ClusterPartials {
   __device__ void release(int, int) const {}  // shared memory: nothing to drop
 };
 
+// The merge of a row's slice partials, one slice at a time in slice order:
+// after slices 0 .. s, with M_s the largest of their base-2 log-sum-exps,
+//   l = sum 2^(lse - M_s),   acc = sum 2^(lse - M_s) O   (O normalized per slice),
+// and the output is acc / l. Step s rescales the running sums by
+// alpha_s = 2^(M_{s-1} - M_s) (0 at the first: M_{-1} = -inf) and adds the
+// slice with weight beta_s = 2^(lse_s - M_s), through explicit roundings (no
+// contraction left to the compiler). The weights depend on the lse alone,
+// so a merge may compute them apart from the columns (merge_slice_partials:
+// a warp per head); every merge of the decode runs these steps in slice
+// order on the same values (a block holding its whole row as each slice
+// ends, the row's last block, the cluster, the combine kernel), so every
+// path gives the same bits. A valid slice's lse is finite (its row sum is
+// > 0).
+struct SliceWeights {
+  float alpha, beta;
+  // Slice weights with the running max m_prev before it and m after.
+  __device__ __forceinline__ static SliceWeights of(float m_prev, float m, float lse) {
+    return {exp2f(m_prev - m), exp2f(lse - m)};
+  }
+  __device__ __forceinline__ float fold_sum(float l) const { return __fmaf_rn(l, alpha, beta); }
+  __device__ __forceinline__ void fold_quad(float (&acc)[4], const float4& o) const {
+    acc[0] = __fmaf_rn(acc[0], alpha, __fmul_rn(beta, o.x));
+    acc[1] = __fmaf_rn(acc[1], alpha, __fmul_rn(beta, o.y));
+    acc[2] = __fmaf_rn(acc[2], alpha, __fmul_rn(beta, o.z));
+    acc[3] = __fmaf_rn(acc[3], alpha, __fmul_rn(beta, o.w));
+  }
+};
+
+// 4 columns of the merged output: acc / l (zeros where no slice was folded).
+template <class T>
+__device__ __forceinline__ void store_folded_quad(T* dst, const float (&acc)[4], float l) {
+  vec_t<T, 4> o;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) o.set(c, l > 0.0f ? __fdiv_rn(acc[c], l) : 0.0f);
+  o.store(dst);
+}
+
+// A slice's partial: its 4 accumulated columns normalized by its row sum.
+__device__ __forceinline__ float4 slice_partial_quad(const float (&acc)[4], float sum) {
+  return make_float4(__fdiv_rn(acc[0], sum), __fdiv_rn(acc[1], sum), __fdiv_rn(acc[2], sum), __fdiv_rn(acc[3], sum));
+}
+
+// One (head, 4 columns) item's running fold (a block holding its whole row).
+struct SliceFold {
+  float m = -INFINITY;
+  float l = 0.0f;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  __device__ __forceinline__ void add(float lse, const float4& o) {
+    const float mx = fmaxf(m, lse);
+    const SliceWeights w = SliceWeights::of(m, mx, lse);
+    l = w.fold_sum(l);
+    w.fold_quad(acc, o);
+    m = mx;
+  }
+};
+
 // Merges the decode slice partials of heads h_begin .. h_end - 1 of one
 // sequence (slices 0 .. used - 1 hold a valid key) into out ([heads][HD]
-// from head 0), in slice order:
-//   out = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max).
-// The arithmetic depends on the partials alone, so the same bits come out
-// whichever block, kernel or source runs it; used == 0 writes zeros. Every
-// thread of the block calls it (it holds __syncthreads); blockDim.x is a
-// multiple of 32; smem: (h_end - h_begin) * (splits + 1) floats. It ends
-// with src.release: workspace partials are dropped from L2 unwritten where
-// their discard is set (DecodeTuning::partials_in_l2), so nothing may read
-// them after it.
+// from head 0) by the steps of SliceWeights, in slice order; used == 0
+// writes zeros. Every thread of the block calls it (it holds
+// __syncthreads); blockDim.x is a multiple of 32; smem: (h_end - h_begin) *
+// 2 * kAttnDecodeMaxSplits floats, 8-byte aligned. It ends with src.release: workspace partials
+// are dropped from L2 unwritten where their discard is set
+// (DecodeTuning::partials_in_l2), so nothing may read them after it.
 //
 // It is latency, not bandwidth: at B = 1 one block per (sequence, kv head)
 // runs it alone after the decode. So every partial a thread reads is
 // requested at once (up to kAttnDecodeMaxSplits float4 in registers), its
 // first item's before the weights exist (one round trip covers those and
-// the lse), and each head's weights come from one warp (max and sum as
-// shuffle trees) instead of a serial loop. (Session 15, B = 1 L = 4k: the
-// serial weights and batches of 8 slices took 3.3 us after the last arrival.)
+// the lse), and each head's weights come from one warp (the running max as
+// a shuffle scan, lane s computing slice s's) instead of a serial loop.
+// (Session 15, B = 1 L = 4k: the serial weights and batches of 8 slices
+// took 3.3 us after the last arrival.)
 template <class T, int HD, class Partials>
-__device__ void merge_slice_partials(const Partials& src, T* out, int h_begin, int h_end, int splits, int used,
-                                     float* smem) {
+__device__ void merge_slice_partials(const Partials& src, T* out, int h_begin, int h_end, int used, float* smem) {
   static_assert(HD % 4 == 0, "4 columns per thread");
   static_assert(kAttnDecodeMaxSplits <= 32, "one slice per lane in the weight step");
   constexpr int kQuads = HD / 4;
@@ -205,9 +260,11 @@ __device__ void merge_slice_partials(const Partials& src, T* out, int h_begin, i
   const int nthreads = static_cast<int>(blockDim.x);
   const int lane = tid % 32;
   const int heads = h_end - h_begin;
-  const int items = heads * kQuads;            // (head, 4 columns)
-  float* const w_s = smem;                     // [heads][splits]: lse, then weights
-  float* const sum_s = smem + heads * splits;  // [heads]
+  const int items = heads * kQuads;                 // (head, 4 columns)
+  // [heads][kMaxUsed]: (lse, -), then (alpha, beta), written for every
+  // step (past `used`: (1, 0)), so each fold step loads 8 bytes at a fixed
+  // offset
+  float2* const ab_s = reinterpret_cast<float2*>(smem);
   // Item idx's partials of slices 0 .. used - 1.
   auto load_item = [&](int idx, float4 (&x)[kMaxUsed]) {
     const int h = h_begin + idx / kQuads;
@@ -215,25 +272,32 @@ __device__ void merge_slice_partials(const Partials& src, T* out, int h_begin, i
 #pragma unroll
     for (int s = 0; s < kMaxUsed; ++s) x[s] = s < used ? src.quad_at(h, s, d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   };
+  // Every thread folds its head's l beside its columns (one more fma per
+  // step, off the columns' chains), so no lane folds l alone before the
+  // block may start. The steps are branch-free (each loads its weights and
+  // computes; one past `used` keeps the old values): a ten-instruction step
+  // under an `if` stays a branch in SASS with its load behind it, so each
+  // step waited a shared-load latency (session 64, v4: B = 1 L = 4k 0.37 us
+  // slower than the flat sum, whose 5-wide steps ptxas predicates, loads
+  // hoisted).
   auto finish_item = [&](int idx, const float4 (&x)[kMaxUsed]) {
     const int hl = idx / kQuads;
     const int d = (idx % kQuads) * 4;
-    const float* const w = w_s + hl * splits;
+    const float2* const ab = ab_s + hl * kMaxUsed;
+    float l = 0.0f;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int s = 0; s < kMaxUsed; ++s) {
-      if (s < used) {
-        acc[0] = fmaf(w[s], x[s].x, acc[0]);
-        acc[1] = fmaf(w[s], x[s].y, acc[1]);
-        acc[2] = fmaf(w[s], x[s].z, acc[2]);
-        acc[3] = fmaf(w[s], x[s].w, acc[3]);
-      }
-    }
-    const float sum = sum_s[hl];
-    vec_t<T, 4> o;
+      const SliceWeights w{ab[s].x, ab[s].y};
+      float l_next = w.fold_sum(l);
+      float acc_next[4] = {acc[0], acc[1], acc[2], acc[3]};
+      w.fold_quad(acc_next, x[s]);
+      const bool on = s < used;
+      l = on ? l_next : l;
 #pragma unroll
-    for (int c = 0; c < 4; ++c) o.set(c, sum > 0.0f ? acc[c] / sum : 0.0f);
-    o.store(out + static_cast<long long>(h_begin + hl) * HD + d);
+      for (int c = 0; c < 4; ++c) acc[c] = on ? acc_next[c] : acc[c];
+    }
+    store_folded_quad(out + static_cast<long long>(h_begin + hl) * HD + d, acc, l);
   };
   // The thread's first item, in flight across the weight step.
   float4 first[kMaxUsed];
@@ -241,22 +305,24 @@ __device__ void merge_slice_partials(const Partials& src, T* out, int h_begin, i
   for (int i = tid; i < heads * used; i += nthreads) {
     const int hl = i / used;
     const int s = i % used;
-    w_s[hl * splits + s] = src.lse_at(h_begin + hl, s);
+    ab_s[hl * kMaxUsed + s].x = src.lse_at(h_begin + hl, s);
   }
   __syncthreads();
-  // Weights 2^(lse_s - max) and their sum, a warp per head, lane s.
+  // The weights of slice s of a head in lane s: M_s, the running max, by a
+  // shuffle scan (max is exact, so any order gives SliceFold's M_s), M_{s-1}
+  // from the lane below.
   for (int hl = tid / 32; hl < heads; hl += nthreads / 32) {
-    float* const w = w_s + hl * splits;
-    const float lse = lane < used ? w[lane] : -INFINITY;
-    float mx = lse;  // finite: a valid slice has sum > 0
+    const float lse = lane < used ? ab_s[hl * kMaxUsed + lane].x : -INFINITY;
+    float m = lse;
 #pragma unroll
-    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    const float e = lane < used ? exp2f(lse - mx) : 0.0f;
-    float sum = e;
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (lane < used) w[lane] = e;
-    if (lane == 0) sum_s[hl] = sum;
+    for (int off = 1; off < 32; off *= 2) {
+      const float below = __shfl_up_sync(0xffffffffu, m, off);
+      if (lane >= off) m = fmaxf(m, below);
+    }
+    float m_prev = __shfl_up_sync(0xffffffffu, m, 1);
+    if (lane == 0) m_prev = -INFINITY;
+    const SliceWeights w = SliceWeights::of(m_prev, m, lse);
+    if (lane < kMaxUsed) ab_s[hl * kMaxUsed + lane] = lane < used ? make_float2(w.alpha, w.beta) : make_float2(1.0f, 0.0f);
   }
   __syncthreads();
   if (tid < items) finish_item(tid, first);
@@ -468,7 +534,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_rows_kernel(const Atten
     const long long row = row_base + static_cast<long long>(h) * a.q_len;
     if (splits > 1) {
       a.partial_out[(row * splits + split) * HD + d] = acc / sum;
-      if (d == 0) a.partial_lse[row * splits + split] = mx + log2f(sum);
+      if (d == 0) a.partial_lse[row * splits + split] = __fadd_rn(mx, log2f(sum));
     } else {
       static_cast<T*>(a.out)[row * HD + d] = from_float<T>(acc / sum);
     }
@@ -532,9 +598,9 @@ struct DecodeShape {
   // beside the largest merge scratch (which starts at the ring's start).
   static constexpr int kClusterFloats = kMaxHeads * (HD + 1);
   static_assert((kMergeFloats + kClusterFloats) * 4 <= kRingElems * 2, "the cluster partials fit beside the scratch");
-  static_assert(kMaxHeads * (kDecodeMaxClusterSlices + 1) * 4 <= kQElems * 2, "the cluster merge's weights fit in Q");
+  static_assert(kMaxHeads * 2 * kAttnDecodeMaxSplits * 4 <= kQElems * 2, "the cluster merge's weights fit in Q");
   static_assert(kAttnDecodeMinSliceKeys % kTileKeys == 0, "whole tiles per slice (powers of two from 128)");
-  static_assert(kMaxHeads * (kAttnDecodeMaxSplits + 1) * 4 <= kRingElems * 2, "the slice merge fits in the ring");
+  static_assert(kMaxHeads * 2 * kAttnDecodeMaxSplits * 4 <= kRingElems * 2, "the slice merge fits in the ring");
   static_assert(kChunks >= 8, "the swizzle permutes 8 chunks of a row");
   static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of sm_90");
 };
@@ -788,6 +854,17 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   // bound), which only that warp read: it publishes there without waiting
   // for the block.
   const bool slot_merge = overlap && mtiles == 1 && a.decode_tuning.slot_merge;
+  // A block that holds every valid slice of its row and merges it (fused),
+  // under the slot merge with at most one (head, 4 columns) item per
+  // thread, folds each slice into its row's output as the slice ends
+  // (SliceFold in registers) and stores only the output: no partial stores,
+  // no read back and no merge after its last slice. The same steps on the
+  // same values as merge_slice_partials, so the same bits.
+  // (Not at hd 256: its kernel is at ptxas's 255 registers, and the fold's 6
+  // spill there.)
+  const bool fold_in_block =
+      HD <= 128 && fused && !cluster && !direct && arrivals == 1 && slot_merge && heads * (HD / 4) <= nthreads;
+  SliceFold row_fold;
   // Head h's columns d .. d + 3 of a slice, normalized by its row sum: the
   // row's output where this is its only valid slice (direct), else the
   // slice's partial (in the cluster's shared memory, or the workspace).
@@ -798,7 +875,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       for (int c = 0; c < 4; ++c) out.set(c, acc[c] / sum);
       out.store(static_cast<T*>(a.out) + (row0 + h) * HD + d);
     } else {
-      const float4 quad = make_float4(acc[0] / sum, acc[1] / sum, acc[2] / sum, acc[3] / sum);
+      const float4 quad = slice_partial_quad(acc, sum);
       if (cluster) {
         *reinterpret_cast<float4*>(cluster_out + h * HD + d) = quad;
       } else {
@@ -1014,13 +1091,17 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
         }
         float sum;  // > 0: key 0 of the slice is valid and belongs to key warp 0
         const float mx = slice_warp_weights(mw, lw, f, sum);
-        if (d == 0) store_slice_lse(h, split, mx + log2f(sum));
+        if (d == 0 && !fold_in_block) store_slice_lse(h, split, __fadd_rn(mx, log2f(sum)));
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int w = 0; w < Sh::kKeyWarps; ++w) {
           slice_warp_accumulate(acc, f[w], *reinterpret_cast<const float4*>(warp_slot(w) + h * Sh::kOStride + d));
         }
-        store_slice_quad(h, d, split, acc, sum);
+        if (fold_in_block) {  // the lse and partial store_slice_lse / store_slice_quad would store
+          row_fold.add(__fadd_rn(mx, log2f(sum)), slice_partial_quad(acc, sum));
+        } else {
+          store_slice_quad(h, d, split, acc, sum);
+        }
       }
       __syncthreads();  // every thread is done with the slots: the next slice's first refill takes that stage
       timeline_mark(DecodeTimelinePoint::SliceStored);
@@ -1064,7 +1145,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
 #pragma unroll
       for (int w = 0; w < Sh::kKeyWarps; ++w) mm[wrow + w * hrows] = f[w];
       ml[wrow] = sum;  // key 0 of the slice is valid and belongs to key warp 0: sum > 0
-      store_slice_lse(h, split, mx + log2f(sum));
+      store_slice_lse(h, split, __fadd_rn(mx, log2f(sum)));
     }
     __syncthreads();
     constexpr int kQuads = HD / 4;
@@ -1085,6 +1166,10 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     if (!overlap && has_next) prologue(next, false, stage);
     cur = next;
   }  // slices
+  if (fold_in_block) {
+    if (tid < heads * (HD / 4)) store_folded_quad(static_cast<T*>(a.out) + row0 * HD + tid * 4, row_fold.acc, row_fold.l);
+    return;
+  }
   if (cluster && used > 1) {
     // The row's slices are this cluster's blocks (block rank = slice): after
     // the barrier every block's (O, lse) is readable through distributed
@@ -1099,7 +1184,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       const int h_end = (split0 + 1) * heads / used;
       if (h_begin < h_end) {
         merge_slice_partials<T, HD>(ClusterPartials<HD>{cluster_out, cluster_lse}, static_cast<T*>(a.out) + row0 * HD,
-                                    h_begin, h_end, splits, used, reinterpret_cast<float*>(sQ));
+                                    h_begin, h_end, used, reinterpret_cast<float*>(sQ));
       }
     }
     cooperative_groups::this_cluster().sync();
@@ -1114,7 +1199,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     // The block holds every valid slice of the row: its own partials,
     // visible to it after the barrier above, merge here.
     merge_slice_partials<T, HD>(WorkspacePartials<HD>::of(a, row0, splits),
-                                static_cast<T*>(a.out) + row0 * HD, 0, heads, splits, used,
+                                static_cast<T*>(a.out) + row0 * HD, 0, heads, used,
                                 reinterpret_cast<float*>(smem_raw));
     return;
   }
@@ -1140,7 +1225,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   if (*s_last == 0) return;
   __threadfence();
   merge_slice_partials<T, HD>(WorkspacePartials<HD>::of(a, row0, splits),
-                              static_cast<T*>(a.out) + row0 * HD, 0, heads, splits, used,
+                              static_cast<T*>(a.out) + row0 * HD, 0, heads, used,
                               reinterpret_cast<float*>(smem_raw));
   __syncthreads();
   timeline_mark(DecodeTimelinePoint::RowMerged);
@@ -1159,12 +1244,12 @@ constexpr int kCombineThreads = 64;
 template <class T, int HD>
 __global__ void __launch_bounds__(kCombineThreads)
     attention_combine_kernel(const AttentionArgs a, int splits, int slice_keys) {
-  __shared__ float smem[kAttnDecodeMaxSplits + 1];
+  __shared__ __align__(8) float smem[2 * kAttnDecodeMaxSplits];
   const long long row = blockIdx.x;  // b * num_heads + head (q_len == 1)
   const long long limit = key_limit(a, static_cast<int>(blockIdx.x / static_cast<unsigned>(a.num_heads)), 0, false);
   const int used = used_slices(limit, splits, slice_keys);
   merge_slice_partials<T, HD>(WorkspacePartials<HD>::of(a, row, splits),
-                              static_cast<T*>(a.out) + row * HD, 0, 1, splits, used, smem);
+                              static_cast<T*>(a.out) + row * HD, 0, 1, used, smem);
 }
 
 // Blocks of Kernel resident per SM at `threads` threads (128 or 256) and

@@ -404,8 +404,9 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   // The partials kept in L2 and dropped once merged (partials_in_l2, on by
   // default but only past the device's L2 in footprint, which no case here
   // reaches: its floor at 0 takes it at every size): merged by the last
-  // block, by the combine kernel, and by a block holding the whole row; and
-  // the knob off.
+  // block, by the combine kernel, and by a block holding the whole row
+  // (through the workspace where a thread has more than one output item,
+  // else folded in registers with no partial stored); and the knob off.
   for (const int merge : {0, 1, 2}) {
     variants.push_back({});
     variants.back().partials_in_l2_min_bytes = 0.0;
