@@ -87,8 +87,8 @@
 #                                to test and time before it lands; session
 #                                51 landed splitk_finish_merge.patch this way)
 #   scripts/gpu_suite.sh decodepatch  the tree with DECODE_PATCH (a patch's
-#                                path in the tree; default docs/design/
-#                                patches/decode_slice_fold.patch) applied: its
+#                                path in the tree; no default: session 65
+#                                landed decode_slice_fold.patch) applied: its
 #                                decode GPU tests (6 shards) and memcheck over
 #                                them (8 shards), then ferrum_bench's decode
 #                                points (DECODE_PATCH_POINTS, --filter items)
@@ -297,7 +297,6 @@ LOG="$OUT/suite.log"
 # $OUT. A device call brings back only a few files (8 on this workplace's
 # machines), so $OUT holds the summary (suite.log), the JSON and what failed.
 DETAIL="${DETAIL_DIR:-/tmp/ferrum_suite_detail}"
-DECODE_PATCH="${DECODE_PATCH:-docs/design/patches/decode_slice_fold.patch}"  # decodepatch
 mkdir -p "$DETAIL"
 keep_log() { cp "$1" "$OUT/" && echo "(kept $(basename "$1") in \$OUT)"; }
 # ops_ab FILTER TABLE NAME=FERRUM_BENCH...: ferrum_bench --filter FILTER
@@ -549,7 +548,9 @@ sanitize() {
   # tuning tool; no earlier call's binaries stand in for a failed build.
   rm -rf "${B}-dpatched"
   if has_mode decodepatch; then
-    if patched_tree "${B}-dpatched-src" "$DECODE_PATCH"; then
+    if [ -z "${DECODE_PATCH:-}" ]; then
+      echo "decodepatch: set DECODE_PATCH to the patch's path in the tree"
+    elif patched_tree "${B}-dpatched-src" "$DECODE_PATCH"; then
       side_build "${B}-dpatched" "${B}-dpatched-src" "decode patched" 8 "" ferrum_tests_gpu ferrum_bench \
         ferrum_attention_tuning
     else
@@ -978,7 +979,7 @@ if has_mode decodepatch; then
   {
     DB="${B}-dpatched"
     DECODE_TESTS='*Decode*:*FlashAttention*:*FlashDecodeRagged*:*DeviceState.Flash*'
-    patched_tests "$DB" "decodepatch ($(basename "$DECODE_PATCH"))" "$DECODE_TESTS" "$DECODE_TESTS-*4096Steps*"
+    patched_tests "$DB" "decodepatch ($(basename "${DECODE_PATCH:-none}"))" "$DECODE_TESTS" "$DECODE_TESTS-*4096Steps*"
     points="${DECODE_PATCH_POINTS:-B=64 L=1024,B=16 L=1024,B=1 L=1024,B=1 L=4096,B=1 L=32768,B=16 L=8192,B=64 L=8192}"
     echo "== decode, patched against main: ferrum_bench ($(date +%T))"
     ops_ab "$points" "$OUT/decodepatch.md" "patched=$DB/bench/ferrum_bench" "main=$B/bench/ferrum_bench"
