@@ -24,6 +24,7 @@
 // Usage: ferrum_bench [--json PATH] [--quick] [--filter SUBSTR[,SUBSTR...]]
 //                     [--reps N] [--chain N] [--graph-api]
 //                     [--prefill-kernel auto|mma_sync] [--pause-ms N] [--settle-gbps R]
+//                     [--attention-kv-before-wait]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -196,6 +197,9 @@ struct Options {
   // after a case of 0.5 GB.
   double settle_gbps = 50.0;
   ferrum::PrefillKernel prefill_kernel = ferrum::PrefillKernel::Auto;
+  // CudaBackendConfig::attention_kv_before_wait: the promise holds here
+  // (nothing the benchmark runs writes a K / V cache that a decode reads).
+  bool attention_kv_before_wait = false;
 };
 
 struct Record {
@@ -989,7 +993,7 @@ void write_json(const std::string& path, const Bench& b, const std::string& devi
 void usage(const char* argv0) {
   std::printf(
       "usage: %s [--json PATH] [--quick] [--filter SUBSTR[,SUBSTR...]] [--reps N] [--chain N] [--graph-api]\n"
-      "          [--prefill-kernel auto|mma_sync] [--pause-ms N] [--settle-gbps R]\n"
+      "          [--prefill-kernel auto|mma_sync] [--pause-ms N] [--settle-gbps R] [--attention-kv-before-wait]\n"
       "  --json PATH   write results as JSON\n"
       "  --quick       fewer repetitions\n"
       "  --filter S    run only cases whose \"op dtype shape mode\" contains S (comma: any of)\n"
@@ -1003,7 +1007,9 @@ void usage(const char* argv0) {
       "                (default 50: a case right after one that freed tens of GB\n"
       "                otherwise shares the memory with the driver zeroing it)\n"
       "  --settle-gbps R  idle longer after a case that allocated much: its bytes / R\n"
-      "                (default 50 GB/s: 0.69 s after 34 GB; 0: none, else at least 1)\n",
+      "                (default 50 GB/s: 0.69 s after 34 GB; 0: none, else at least 1)\n"
+      "  --attention-kv-before-wait  CudaBackendConfig::attention_kv_before_wait (the\n"
+      "                decode attention requests its older K / V rows before its PDL wait)\n",
       argv0);
 }
 
@@ -1047,6 +1053,8 @@ Options parse_args(int argc, char** argv) {
       } else {
         throw std::runtime_error("--prefill-kernel takes auto or mma_sync, got " + k);
       }
+    } else if (a == "--attention-kv-before-wait") {
+      o.attention_kv_before_wait = true;
     } else if (a == "-h" || a == "--help") {
       usage(argv[0]);
       std::exit(0);
@@ -1067,6 +1075,7 @@ int run(int argc, char** argv) {
   ferrum::CudaBackendConfig config;
   config.attention_workspace_bytes = std::size_t{1} << 30;
   config.prefill_kernel = opt.prefill_kernel;
+  config.attention_kv_before_wait = opt.attention_kv_before_wait;
   ferrum::CudaBackend be(config);
   FB_CUDA(cudaSetDevice(be.device()));
   cudaDeviceProp prop{};

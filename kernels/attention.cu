@@ -676,8 +676,13 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
                             int slices_per_block, bool prefetch_l2, bool fused, bool cluster, bool trigger) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   timeline_mark(DecodeTimelinePoint::Entry);
-  pdl_begin();  // launched with launch_pdl: nothing global is touched before this
-  if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
+  // Launched with launch_pdl: nothing global is touched before the wait,
+  // but for the first sub-tiles below the newest row under a.kv_before_wait
+  // (below).
+  if (!a.kv_before_wait) {
+    pdl_begin();
+    if (trigger) pdl_trigger_dependents();  // the A/B switch of launch.cuh
+  }
   using Sh = DecodeShape<HD>;
   constexpr int kStages = Sh::kStages;
   constexpr int kChunks = Sh::kChunks;
@@ -724,11 +729,44 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   const int heads = min(16 * mtiles, kvh * group + group - head0);
   const long long row0 = static_cast<long long>(b) * a.num_heads + head0;  // q / out row of head0
 
+  const int ptid = mt * 32 + lane;  // index among the warps sharing this warp's keys
+  const long long plane_row0 = (static_cast<long long>(b) * a.num_kv_heads + kvh) * a.kv_stride;
+  // a.kv_before_wait (the caller's promise: nothing still running writes
+  // kv_len or the rows below the newest): this warp's sub-tile 0 of the
+  // block's first slice, where its 16 keys all lie below the newest row
+  // (kv_len - 1, which the kernel before may be appending), requested into
+  // ring stage 0 before the wait. The prologue commits it as the group it
+  // would have loaded; after the wait kv_len reads the same, so it is the
+  // same data. kv_len is read without a report (a write): a bad one
+  // requests nothing here and is reported after the wait.
+  bool sub0_requested = false;
+  if (a.kv_before_wait) {
+    const long long early_limit = key_limit(a, b, 0, false);
+    const long long key0 = static_cast<long long>(split0) * slice_keys + kw * Sh::kSub;
+    sub0_requested = key0 + Sh::kSub <= early_limit - 1;
+    if (sub0_requested) {
+      T* const dk = ring + kw * 2 * Sh::kSubElems;  // stage 0, as the prologue's load_sub(cur, 0, 0)
+      const T* const gk = static_cast<const T*>(a.k) + (plane_row0 + key0) * HD;
+      const T* const gv = static_cast<const T*>(a.v) + (plane_row0 + key0) * HD;
+      if (mtiles == 1) {
+        load_sub_tile<T, HD, 32>(dk, dk + Sh::kSubElems, gk, gv, Sh::kSub, ptid);
+      } else {
+        load_sub_tile<T, HD, 64>(dk, dk + Sh::kSubElems, gk, gv, Sh::kSub, ptid);
+      }
+    }
+    pdl_begin();
+    if (trigger) pdl_trigger_dependents();
+  }
+
   const long long limit = key_limit(a, b, 0, split0 == 0 && chunk == 0 && tid == 0);
   if (static_cast<long long>(split0) * slice_keys >= limit) {
     // Slices past the valid keys take no part (the block does not arrive;
     // in a cluster it passes the cluster's two barriers). With no valid key
     // at all (a reported bad kv_len), slice 0 writes zeros.
+    if (sub0_requested) {  // a broken promise (kv_len changed): nothing lands after the exit
+      cp_async_commit();
+      cp_async_wait<0>();
+    }
     if (split0 == 0) {
       T* const out = static_cast<T*>(a.out) + row0 * HD;
       for (int idx = tid; idx < heads * HD; idx += nthreads) out[idx] = from_float<T>(0.0f);
@@ -737,10 +775,8 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     return;
   }
   timeline_mark(DecodeTimelinePoint::KvLenKnown);
-  const int ptid = mt * 32 + lane;  // index among the warps sharing this warp's keys
   const int l2_ahead = a.decode_tuning.l2_ahead;
   const bool prefetch_ahead = !prefetch_l2 && l2_ahead > 0 && mt == 0 && lane == 0;
-  const long long plane_row0 = (static_cast<long long>(b) * a.num_kv_heads + kvh) * a.kv_stride;
   const float scale_log2 = a.scale * kLog2e;
 
   // The block's slices one after another, each exactly as a block of its own
@@ -805,7 +841,9 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   // block's first slice also loads Q, as the second group: the stream from
   // DRAM starts before anything else of the set-up (at B = 1 the set-up is
   // hundreds of instructions per warp at one warp per scheduler).
-  auto prologue = [&](const SliceView& sv, bool with_q, int first_stage) {
+  // sub0_requested: sub-tile 0 is already in flight (requested before the
+  // wait), so the first group commits it.
+  auto prologue = [&](const SliceView& sv, bool with_q, int first_stage, bool sub0_in_flight) {
     if (prefetch_l2 && chunk == 0 && tid == 0) {
       // A small grid (about one block per SM): request the whole slice from
       // DRAM at once, so the cp.async stream is served from L2.
@@ -815,7 +853,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     }
 #pragma unroll
     for (int t = 0; t < kStages - 1; ++t) {
-      if (t < sv.n_sub) load_sub(sv, t, (first_stage + t) % kStages);
+      if (t < sv.n_sub && !(t == 0 && sub0_in_flight)) load_sub(sv, t, (first_stage + t) % kStages);
       cp_async_commit();
       if (t == 0 && with_q) load_q();
     }
@@ -826,7 +864,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     }
   };
   SliceView cur = view_of(split0);
-  prologue(cur, true, 0);
+  prologue(cur, true, 0, sub0_requested);
   // The ring stages carry across the block's slices: a slice's sub-tile 0
   // takes the stage after its predecessor's last one.
   int stage = 0;                   // of sub-tile t
@@ -1068,7 +1106,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
       if (!flow) cp_async_wait<0>();
       __syncwarp();  // the warp's lanes are done reading its slot
       timeline_mark(DecodeTimelinePoint::SliceComputed);
-      if (has_next && !flow) prologue(next, false, stage);  // fills the other stages
+      if (has_next && !flow) prologue(next, false, stage, false);  // fills the other stages
       auto warp_slot = [&](int w) {  // [heads][kOStride] O, then [heads] m, [heads] l
         return reinterpret_cast<float*>(ring + (refill_stage * Sh::kKeyWarps + w) * 2 * Sh::kSubElems);
       };
@@ -1115,7 +1153,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     timeline_mark(DecodeTimelinePoint::SliceComputed);
     // Fills the next kStages - 1 ring stages (from `stage`, that of sub-tile
     // n_iter), not the scratch's: refill_stage, that of the last sub-tile.
-    if (overlap && has_next && !flow) prologue(next, false, stage);
+    if (overlap && has_next && !flow) prologue(next, false, stage, false);
     float* const mo = overlap ? reinterpret_cast<float*>(ring + refill_stage * Sh::kKeyWarps * 2 * Sh::kSubElems)
                               : reinterpret_cast<float*>(smem_raw);  // [warps][hrows][kOStride]
     float* const mm = mo + Sh::kMaxWarps / Sh::kMaxMTiles * mtiles * hrows * Sh::kOStride;  // [warps][hrows]
@@ -1163,7 +1201,7 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     }
     __syncthreads();  // every thread is done with the scratch: the ring refills over it
     timeline_mark(DecodeTimelinePoint::SliceStored);
-    if (!overlap && has_next) prologue(next, false, stage);
+    if (!overlap && has_next) prologue(next, false, stage, false);
     cur = next;
   }  // slices
   if (fold_in_block) {

@@ -301,6 +301,13 @@ struct AttentionArgs {
   float* partial_out = nullptr;  // [batch * num_heads][splits][head_dim] f32
   float* partial_lse = nullptr;  // [batch * num_heads][splits] f32, base 2
   DecodeTuning decode_tuning;  // q_len == 1, tensor-core kernel only
+  // q_len == 1, tensor-core kernel: CudaBackendConfig::attention_kv_before_wait,
+  // the caller's promise that no kernel still running writes a sequence's
+  // kv_len (state or kv_lens) or its K / V rows below the newest (kv_len - 1).
+  // Each warp then requests its first sub-tile, where it lies wholly below
+  // the newest row, before the PDL wait; Q, the newest row and every write
+  // after it. The same bits either way.
+  bool kv_before_wait = false;
   // q_len > 1: the wgmma kernel (kernels/attention_prefill_wgmma.cu) where
   // it applies, else the mma.sync kernel (CudaBackendConfig::prefill_kernel).
   bool prefill_wgmma = true;

@@ -281,6 +281,7 @@ __device__ __forceinline__ bool fused_row_position(const QkvRopeAppendArgs& a, c
 template <class T, bool NORM>
 __global__ void qkv_rope_append_vec_kernel(const QkvRopeAppendArgs a, FusedRowDivisors divisors, int group) {
   pdl_begin();
+  if (a.release_next) pdl_trigger_dependents();
   const bool ragged_ok = a.positions == nullptr || ragged_positions_fit(a);  // grid-uniform branch
   const auto [r, g] = group_row_lane(group);
   const FusedRow f = fused_row(r, a.tokens, divisors);
@@ -306,6 +307,7 @@ __global__ void qkv_rope_append_vec_kernel(const QkvRopeAppendArgs a, FusedRowDi
 template <class T, int PAIRS, bool NORM>
 __global__ void qkv_rope_append_kernel(const QkvRopeAppendArgs a, FusedRowDivisors divisors) {
   pdl_begin();
+  if (a.release_next) pdl_trigger_dependents();
   const bool ragged_ok = a.positions == nullptr || ragged_positions_fit(a);  // grid-uniform branch, before any exit
   const std::uint32_t r = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;

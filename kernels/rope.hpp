@@ -74,6 +74,10 @@ struct QkvRopeAppendArgs {
   float eps = 0.0f;
   DeviceErrorLog* error_log = nullptr;  // [1] DeviceErrorLog (host-mapped), null: none; gets
                                         // kErrRopePosition / kErrKvAppendPosition (above)
+  // Release the next PDL kernel right after this one's own wait
+  // (CudaBackendConfig::attention_kv_before_wait: the decode attention after
+  // it then requests its older K / V rows while this runs).
+  bool release_next = false;
 };
 
 // More than kFastDivmodMax (2^31 - 1) rows (tokens x (heads + 2 kv_heads)):

@@ -3,7 +3,7 @@
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N] [--batch N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
 //                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--[no-]pdl-chain-release] [--gemm-prefetch]
-//                      [--no-gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]
+//                      [--no-gemm-early-weights] [--attention-early-kv] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]
 //                      [--skinny-max-m N] [--gptq-fused-max-m N] [--gptq-ctas-per-sm N] [--pipeline]
 //                      [--gptq-row-sq-norms] [--no-gptq-fuse-residual-add]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
@@ -50,6 +50,13 @@
 //                    the GPTQ gate|up GEMM releases the down projection early
 //                    (llama3-8b GPTQ +5 %, f16 level: session 22, session 6).
 //                    --gemm-early-weights (the default) is still accepted
+//   --attention-early-kv  CudaBackendConfig::attention_kv_before_wait (the
+//                    same logits): the engine's decode step appends its one
+//                    new K / V row (qkv_rope_append) just before the
+//                    attention, so it may make that promise; then the append
+//                    releases the attention early and the attention requests
+//                    its older rows before its PDL wait. Off until measured
+//                    (docs/design/decode_attention.md §4.23)
 //   --no-gptq-evict-first  CudaBackendConfig::gptq_weights_evict_first =
 //                    false (on by default; the same): the GPTQ streaming
 //                    kernel's weight copies without the L2 evict-first policy
@@ -156,6 +163,7 @@ struct Options {
   std::optional<bool> pdl_chain_release;
   bool gemm_prefetch = false;
   bool gemm_early_weights = true;  // the engine's promise (see --no-gemm-early-weights)
+  bool attention_early_kv = false;  // the promise of --attention-early-kv
   bool gptq_evict_first = true;  // CudaBackendConfig's default
   GptqKernel gptq_kernel = GptqKernel::Auto;
   bool gptq_cluster_reduce = true;
@@ -216,7 +224,7 @@ void usage(std::FILE* out) {
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3[;4,5]\"] [--steps N] [--batch N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
                "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--[no-]pdl-chain-release] [--gemm-prefetch]\n"
-               "                     [--no-gemm-early-weights] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]\n"
+               "                     [--no-gemm-early-weights] [--attention-early-kv] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]\n"
                "                     [--skinny-max-m N] [--gptq-fused-max-m N] [--gptq-ctas-per-sm N] [--pipeline]\n"
                "                     [--gptq-row-sq-norms] [--no-gptq-fuse-residual-add]\n"
                "presets:");
@@ -318,6 +326,8 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.gemm_early_weights = true;
     } else if (arg == "--no-gemm-early-weights") {
       opt.gemm_early_weights = false;
+    } else if (arg == "--attention-early-kv") {
+      opt.attention_early_kv = true;
     } else if (arg == "--no-gptq-evict-first") {
       opt.gptq_evict_first = false;
     } else if (arg == "--no-gptq-cluster-reduce") {
@@ -432,6 +442,7 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       config.pdl_chain_release = opt.pdl_chain_release.value_or(gptq_graph_single);
       config.gemm_prefetch_before_wait = opt.gemm_prefetch;
       config.gemm_weights_before_wait = opt.gemm_early_weights;
+      config.attention_kv_before_wait = opt.attention_early_kv;
       config.gptq_weights_evict_first = opt.gptq_evict_first;
       config.gptq_kernel = opt.gptq_kernel;
       config.gptq_cluster_reduce = opt.gptq_cluster_reduce;

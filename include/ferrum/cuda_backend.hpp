@@ -166,6 +166,25 @@ struct CudaBackendConfig {
   // GPTQ graph decode 439-446 -> 467-469 tok/s, session 22). Results are
   // bitwise the same. Per device, like programmatic_dependent_launch.
   bool gemm_weights_before_wait = false;
+  // A promise, off by default: when a decode flash_attention or
+  // flash_decode_ragged (q_len = 1) starts, no kernel ordered before it that
+  // may not have completed writes a sequence's kv_len (the decode state's or
+  // kv_lens) or its keys and values below the newest row (kv_len - 1). True
+  // for a decode step whose one new row is appended by the op just before
+  // the attention (qkv_rope_append, kv_cache_append_head_major) and whose
+  // older rows by earlier steps: ferrum's kernels release the next one only
+  // after their own wait, so every kernel two launches back has completed
+  // (under pdl_chain_release the norms and SiLU·mul release theirs before
+  // it: then the op just before the attention must not be one of them).
+  // With it, the decode attention requests each warp's first sub-tile of
+  // those rows before it waits on the previous kernel (PDL), and
+  // qkv_rope_append releases the kernel after it right after its own wait,
+  // so the attention's K / V stream starts during the append; Q, the newest
+  // row and every write come after the wait. Results are bitwise the same.
+  // Per device, like programmatic_dependent_launch. (Session 30 measured the
+  // attention half alone, without the append's release: level in the
+  // engine; docs/design/decode_attention.md §4.7, §4.23.)
+  bool attention_kv_before_wait = false;
   // The GPTQ INT4 kernel per launch of up to 64 rows (see GptqKernel); with
   // gptq_fused_max_m = -1 it also picks the crossover rule (Auto and Wgmma
   // where the wgmma kernel runs: that kernel's). Per backend object (it

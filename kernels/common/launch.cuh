@@ -19,9 +19,13 @@
 // of weights (gemm_weights_before_wait); the GPTQ streaming kernel's bulk
 // source, which sets up its mbarriers and zeroes shared memory before its
 // wait, and on the same promise requests its first ring fills' weights and
-// scale rows there (bulk copies into shared memory); and the GPTQ wgmma kernel, which zeroes the
-// activation rows past m in its shared-memory ring before its wait. None
-// writes global memory before the wait.
+// scale rows there (bulk copies into shared memory); the GPTQ wgmma kernel, which zeroes the
+// activation rows past m in its shared-memory ring before its wait; and, on
+// the caller's promise that nothing in flight writes a decode's kv_len or its
+// K / V rows below the newest (attention_kv_before_wait), the decode
+// attention, which reads kv_len and requests each warp's first sub-tile of
+// those rows before its wait (qkv_rope_append then releases it right after
+// its own wait). None writes global memory before the wait.
 //
 // Early triggers (griddepcontrol.launch_dependents): without one the next
 // kernel is scheduled as this one's blocks exit. A first version triggered at the top of every kernel;

@@ -758,11 +758,12 @@ void CudaBackend::do_qk_norm_rope(const Buffer& input, const Buffer* norm_w, con
 namespace {
 
 // The launch arguments both qkv_rope_append forms share (positions, pos_offset
-// and state are the caller's).
+// and state are the caller's); release_next: the attention_kv_before_wait
+// promise (the decode attention after the append starts early).
 kernels::QkvRopeAppendArgs qkv_rope_append_args(const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm,
                                                 const Buffer& cos, const Buffer& sin, Buffer& q_out, Buffer& k_cache,
                                                 Buffer& v_cache, std::size_t tokens, const QkvRopeAppendConfig& cfg,
-                                                kernels::DeviceErrorLog* error_log) {
+                                                kernels::DeviceErrorLog* error_log, bool release_next) {
   const bool norm = cfg.mode == RopeMode::NormAndRope;
   kernels::QkvRopeAppendArgs a;
   a.dtype = qkv.dtype();
@@ -782,6 +783,7 @@ kernels::QkvRopeAppendArgs qkv_rope_append_args(const Buffer& qkv, const Buffer*
   a.max_pos = static_cast<long long>(cfg.max_pos);
   a.eps = cfg.eps;
   a.error_log = error_log;
+  a.release_next = release_next;
   return a;
 }
 
@@ -794,7 +796,8 @@ void CudaBackend::do_qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, co
   check_rope_head_dim("qkv_rope_append", "cfg.head_dim", cfg.head_dim);
   detail::activate_device(device_);
   kernels::QkvRopeAppendArgs a =
-      qkv_rope_append_args(qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, tokens, cfg, rt_->error_device);
+      qkv_rope_append_args(qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, tokens, cfg, rt_->error_device,
+                           rt_->attention_kv);
   a.pos_offset = static_cast<long long>(pos_offset);
   a.state = use_decode_state ? rt_->decode_state : nullptr;
   kernels::launch_qkv_rope_append(a, rt_->stream);
@@ -807,7 +810,8 @@ void CudaBackend::do_qkv_rope_append_ragged(const Buffer& qkv, const Buffer* q_n
   check_rope_head_dim("qkv_rope_append_ragged", "cfg.head_dim", cfg.head_dim);
   detail::activate_device(device_);
   kernels::QkvRopeAppendArgs a =
-      qkv_rope_append_args(qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, batch, cfg, rt_->error_device);
+      qkv_rope_append_args(qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, batch, cfg, rt_->error_device,
+                           rt_->attention_kv);
   a.positions = ptr<std::int32_t>(positions);
   kernels::launch_qkv_rope_append(a, rt_->stream);
 }

@@ -75,7 +75,7 @@ std::optional<Problem> cuda_attention_problem(const AttnConfig& cfg,
 
 kernels::AttentionArgs attention_args(const Buffer& q, const Buffer& k, const Buffer& v, Buffer& out,
                                       std::size_t batch, std::size_t q_len, const AttnConfig& cfg, long long stride,
-                                      float* workspace, std::size_t workspace_floats) {
+                                      float* workspace, std::size_t workspace_floats, bool kv_before_wait) {
   kernels::AttentionArgs a;
   a.dtype = q.dtype();
   a.q = ptr(q);
@@ -91,6 +91,7 @@ kernels::AttentionArgs attention_args(const Buffer& q, const Buffer& k, const Bu
   a.causal = cfg.causal;
   a.scale = cfg.scale > 0.0f ? cfg.scale : 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
   kernels::set_decode_workspace(a, workspace, workspace_floats);
+  a.kv_before_wait = kv_before_wait;
   return a;
 }
 
@@ -140,7 +141,7 @@ void CudaBackend::do_flash_attention(const Buffer& q, const Buffer& k, const Buf
   }
   detail::activate_device(device_);
   kernels::AttentionArgs a =
-      attention_args(q, k, v, out, batch, q_len, cfg, stride, rt_->attention_workspace, need);
+      attention_args(q, k, v, out, batch, q_len, cfg, stride, rt_->attention_workspace, need, rt_->attention_kv);
   a.kv_len = static_cast<int>(kv_len);
   a.pos_offset = static_cast<long long>(pos_offset);
   a.prefill_wgmma = prefill_kernel_ == PrefillKernel::Auto;
@@ -161,7 +162,8 @@ void CudaBackend::do_flash_decode_ragged(const Buffer& q, const Buffer& k, const
     detail::fail(problem->code, "flash_decode_ragged: {}", problem->message);
   }
   detail::activate_device(device_);
-  kernels::AttentionArgs a = attention_args(q, k, v, out, batch, 1, cfg, stride, rt_->attention_workspace, need);
+  kernels::AttentionArgs a = attention_args(q, k, v, out, batch, 1, cfg, stride, rt_->attention_workspace, need,
+                                            rt_->attention_kv);
   a.kv_len = 0;  // per sequence, from kv_lens on the device
   a.kv_lens = ptr<int>(kv_lens);
   a.error_log = rt_->error_device;

@@ -125,6 +125,7 @@ CudaRuntime* create_runtime_steps(CudaRuntime* rt, const CudaBackendConfig& conf
   rt->pdl_chain = rt->pdl && config.pdl_chain_release;
   rt->gemm_prefetch = config.gemm_prefetch_before_wait;
   rt->gemm_weights = config.gemm_weights_before_wait;
+  rt->attention_kv = config.attention_kv_before_wait;
   rt->gptq_evict_first = config.gptq_weights_evict_first;
   check_cuda(cudaDeviceGetAttribute(&rt->num_sms, cudaDevAttrMultiProcessorCount, config.device), op,
              "cudaDeviceGetAttribute");
@@ -222,6 +223,8 @@ CudaRuntime& cuda_runtime(const CudaBackendConfig& config) {
                  existing->gemm_prefetch);
       must_agree("gemm_weights_before_wait", config.gemm_weights_before_wait, config.gemm_weights_before_wait,
                  existing->gemm_weights);
+      must_agree("attention_kv_before_wait", config.attention_kv_before_wait, config.attention_kv_before_wait,
+                 existing->attention_kv);
       must_agree("gptq_weights_evict_first", config.gptq_weights_evict_first, config.gptq_weights_evict_first,
                  existing->gptq_evict_first);
       must_agree("cublas_workspace_bytes", config.cublas_workspace_bytes, config.cublas_workspace_bytes,

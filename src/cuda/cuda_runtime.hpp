@@ -54,6 +54,7 @@ struct CudaRuntime {
   bool gptq_evict_first = false;      // config.gptq_weights_evict_first
   bool gemm_prefetch = false;  // config.gemm_prefetch_before_wait
   bool gemm_weights = false;   // config.gemm_weights_before_wait
+  bool attention_kv = false;   // config.attention_kv_before_wait
 
   // Library device memory freed while a graph may point at it (see
   // free_device_memory), under retire_mutex: a Buffer may be destroyed on

@@ -194,7 +194,7 @@ void expect_gpu_backend_when_present(const std::string& output) {
 // The decode-step launch switches change no bit: each run's logits equal the
 // default run's, eager and graph: PDL on and off, the early trigger off, the
 // chain release on and off, the L2 prefetch, the pre-wait weight loads off (gemm_weights_before_wait, the
-// engine's promise by default) and the
+// engine's promise by default), the pre-wait K / V requests on (attention_kv_before_wait) and the
 // GPTQ weights' L2 policy off (gptq_weights_evict_first), which no other test can turn on
 // (the first backend on a device fixes them), the GPTQ cluster reduce
 // turned off and SiLU·mul outside the GPTQ gate|up GEMM's epilogue
@@ -210,7 +210,8 @@ void expect_launch_switches_keep_logits(const std::filesystem::path& dir, const 
     ASSERT_EQ(run_engine(base + " --dump-logits \"" + (dir / "a.bin").string() + "\"", log), 0) << read_text(log);
     expect_gpu_backend_when_present(read_text(log));
     for (const char* switches : {"--no-pdl", "--no-pdl-trigger", "--pdl-chain-release", "--no-pdl-chain-release",
-                                 "--no-gemm-early-weights",
+                                 "--no-gemm-early-weights", "--attention-early-kv",
+                                 "--attention-early-kv --pdl-chain-release",
                                  "--no-pdl-trigger --gemm-prefetch", "--no-gptq-cluster-reduce",
                                  "--no-gptq-evict-first --no-gemm-early-weights", "--no-gptq-fuse-silu-mul",
                                  "--no-gptq-fuse-silu-mul --no-gemm-early-weights"}) {

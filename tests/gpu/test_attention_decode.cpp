@@ -298,7 +298,7 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   auto* const guard_after = guard_before + kGuardBytes + ws_bytes;
   void *const dws = guard_before + kGuardBytes, *const dflag = dflag_mem.get();
 
-  auto args_for = [&](const kernels::DecodeTuning& tuning) {
+  auto args_for = [&](const kernels::DecodeTuning& tuning, bool kv_before_wait = false) {
     kernels::AttentionArgs a = attention_args(dt, dq, dk, dv, dout,
                                               {.batch = c.batch,
                                                .heads = c.heads,
@@ -313,6 +313,7 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
     a.error_log = static_cast<kernels::DeviceErrorLog*>(dflag);
     kernels::set_decode_workspace(a, static_cast<float*>(dws), ws);
     a.decode_tuning = tuning;
+    a.kv_before_wait = kv_before_wait;
     return a;
   };
   // Before each run the workspace holds NaN in DRAM (poisoned, then pushed
@@ -325,7 +326,7 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   const std::size_t flush_bytes = 2 * static_cast<std::size_t>(std::max(l2_bytes, 1 << 20));
   DeviceBytes flush_mem(flush_bytes);
   int run_index = 0;
-  auto run_with = [&](const kernels::DecodeTuning& tuning) {
+  auto run_with = [&](const kernels::DecodeTuning& tuning, bool kv_before_wait = false) {
     const auto guard_byte = static_cast<std::uint8_t>(0x40 + run_index++ % 64);
     EXPECT_EQ(cudaMemset(dout, kPoisonByte, q.size()), cudaSuccess);
     EXPECT_EQ(cudaMemset(dws, 0xff, ws_bytes), cudaSuccess);
@@ -334,7 +335,7 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
     // dirty in L2 when it runs.
     EXPECT_EQ(cudaMemset(guard_before, guard_byte, kGuardBytes), cudaSuccess);
     EXPECT_EQ(cudaMemset(guard_after, guard_byte, kGuardBytes), cudaSuccess);
-    kernels::launch_attention(args_for(tuning), nullptr);
+    kernels::launch_attention(args_for(tuning, kv_before_wait), nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<std::uint8_t> out(q.size()), guards(2 * kGuardBytes);
     EXPECT_EQ(cudaMemcpy(out.data(), dout, out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -420,6 +421,25 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   variants.back().sole_block_per_sm = false;
   for (std::size_t i = 0; i < variants.size(); ++i) {
     EXPECT_TRUE(reference == run_with(variants[i])) << "variant " << i << " changed the output";
+  }
+  // AttentionArgs::kv_before_wait (CudaBackendConfig::attention_kv_before_wait):
+  // each warp's first sub-tile below the newest row requested before the
+  // PDL wait. By default, and with several slices per block (2, 16: the
+  // first slice's prologue is the one it changes), the combine kernel, the
+  // cluster merge with a block per slice, and the L2 prefetches ahead.
+  EXPECT_TRUE(reference == run_with({}, true)) << "kv_before_wait changed the output";
+  {
+    std::vector<kernels::DecodeTuning> early(5);
+    early[0].slices_per_block = 2;
+    early[1].slices_per_block = 16;
+    early[2].fused_merge = false;
+    early[2].slices_per_block = 1;
+    early[3].cluster_merge = true;
+    early[3].slices_per_block = 1;
+    early[4].l2_ahead = 5;
+    for (std::size_t i = 0; i < early.size(); ++i) {
+      EXPECT_TRUE(reference == run_with(early[i], true)) << "kv_before_wait variant " << i << " changed the output";
+    }
   }
   // The cluster merge ran where it applies (an sm_90 device: 2..8 slices,
   // one head chunk), so the comparison above covered it.
@@ -524,6 +544,52 @@ TEST_F(CudaDecodeCheck, KvLensOutOfRangeIsADeviceCheck) {
   // Still usable.
   const RaggedDecodeCase ok = make_ragged_decode_case(rng, DType::F16, cfg, {5, 9});
   EXPECT_TRUE(run(be, ok).guards_ok());
+}
+
+// Straight through the launcher with AttentionArgs::kv_before_wait (kv_len
+// read before the PDL wait, without a report): a bad device-side kv_len is
+// still reported (after the wait), its sequence gets zeros, and every byte
+// equals the launch without it; a good sequence long enough for the early
+// requests is computed alike.
+TEST_F(CudaDecodeCheck, KvBeforeWaitStillReportsABadKvLen) {
+  FERRUM_SEEDED_RNG(rng);
+  cuda();  // device 0 current, its runtime made
+  constexpr int kBatch = 2, kHeads = 8, kKvHeads = 2, kHd = 128, kCap = 700;
+  const std::size_t q_elems = std::size_t{kBatch} * kHeads * kHd;
+  const std::size_t kv_elems = std::size_t{kBatch} * kKvHeads * kCap * kHd;
+  const DeviceBytes dq(encode_bytes(random_uniform(rng, DType::F16, q_elems)));
+  const DeviceBytes dk(encode_bytes(random_uniform(rng, DType::F16, kv_elems)));
+  const DeviceBytes dv(encode_bytes(random_uniform(rng, DType::F16, kv_elems)));
+  const std::size_t ws = kernels::attention_workspace_floats(kBatch, kHeads, 1, kHd, kCap);
+  DeviceBytes dout(q_elems * 2), dlog(sizeof(kernels::DeviceErrorLog)), dws(ws * sizeof(float));
+  for (std::int32_t bad : {0, -3, kCap + 1}) {
+    SCOPED_TRACE(cat("kv_lens[1] = ", bad));
+    const std::int32_t lens[kBatch] = {kCap, bad};
+    std::vector<std::uint8_t> lens_bytes(sizeof lens);
+    std::memcpy(lens_bytes.data(), lens, sizeof lens);
+    const DeviceBytes dlens(lens_bytes);
+    auto run_with = [&](bool kv_before_wait) {
+      dout.fill(kPoisonByte);
+      dlog.fill(0);
+      kernels::AttentionArgs a = attention_args(DType::F16, dq.get(), dk.get(), dv.get(), dout.get(),
+                                                {.batch = kBatch, .heads = kHeads, .kv_heads = kKvHeads, .q_len = 1,
+                                                 .head_dim = kHd, .kv_stride = kCap, .kv_len = 0, .pos_offset = 0});
+      a.kv_lens = static_cast<const int*>(dlens.get());
+      a.error_log = static_cast<kernels::DeviceErrorLog*>(dlog.get());
+      kernels::set_decode_workspace(a, static_cast<float*>(dws.get()), ws);
+      a.kv_before_wait = kv_before_wait;
+      kernels::launch_attention(a, nullptr);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      kernels::DeviceErrorLog log{};
+      EXPECT_EQ(cudaMemcpy(&log, dlog.get(), sizeof log, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_NE(log.slots[kernels::kErrAttnKvLen], 0u) << "the bad kv_len was not reported";
+      return dout.read();
+    };
+    const std::vector<std::uint8_t> early = run_with(true);
+    const std::size_t row_bytes = std::size_t{kHeads} * kHd * 2;
+    for (std::size_t i = row_bytes; i < 2 * row_bytes; ++i) ASSERT_EQ(early[i], 0) << "byte " << i;
+    EXPECT_TRUE(early == run_with(false));
+  }
 }
 
 // Past the kernels' grid limits (65535 heads; 65535 sequences at prefill):

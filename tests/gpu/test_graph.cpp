@@ -400,6 +400,7 @@ TEST_F(CudaGraphErrors, LaunchSwitchesMustAgreeWithTheDevice) {
       {"gemm_prefetch_before_wait",
        [](CudaBackendConfig& c) { c.gemm_prefetch_before_wait = !c.gemm_prefetch_before_wait; }},
       {"gemm_weights_before_wait", [](CudaBackendConfig& c) { c.gemm_weights_before_wait = !c.gemm_weights_before_wait; }},
+      {"attention_kv_before_wait", [](CudaBackendConfig& c) { c.attention_kv_before_wait = !c.attention_kv_before_wait; }},
       {"gptq_weights_evict_first", [](CudaBackendConfig& c) { c.gptq_weights_evict_first = !c.gptq_weights_evict_first; }},
   };
   for (const Case& c : cases) {
