@@ -181,9 +181,10 @@ struct CudaBackendConfig {
   // qkv_rope_append releases the kernel after it right after its own wait,
   // so the attention's K / V stream starts during the append; Q, the newest
   // row and every write come after the wait. Results are bitwise the same.
-  // Per device, like programmatic_dependent_launch. (Session 30 measured the
-  // attention half alone, without the append's release: level in the
-  // engine; docs/design/decode_attention.md §4.7, §4.23.)
+  // Per device, like programmatic_dependent_launch. Measured (H100, session
+  // 65): qwen3-0.6b f16 graph decode +1.6 %, llama3-8b GPTQ -1.4 %; session
+  // 30's attention half alone was level (docs/design/decode_attention.md
+  // §4.7, §4.23).
   bool attention_kv_before_wait = false;
   // The GPTQ INT4 kernel per launch of up to 64 rows (see GptqKernel); with
   // gptq_fused_max_m = -1 it also picks the crossover rule (Auto and Wgmma
