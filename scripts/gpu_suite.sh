@@ -26,7 +26,9 @@
 #                                under bench/kernel_trace.cpp's CUPTI tracer: every
 #                                kernel's in-step time and overlap (needs .deps);
 #                                TRACE_RUNS='qwen3-0.6b:f16 llama3-8b:gptq' picks
-#                                other model:quant pairs (quant gptq or f16)
+#                                other model:quant pairs (quant gptq or f16),
+#                                each with engine switches as a third field
+#                                (llama3-8b:gptq:attention-early-kv)
 #   scripts/gpu_suite.sh normprobe  why fused_add_rms_norm at [32768 x 4096]
 #                                runs ~7 % slower in bf16 than in f16 (their
 #                                kernels' PTX is the same but for the
@@ -1068,20 +1070,26 @@ if has_mode trace; then
   # ~25 % (bench/kernel_trace.cpp). The summary is per kernel and grid:
   # its time on the GPU and how far it pushed the step's end.
   {
-    # TRACE_RUNS: space-separated model:quant pairs (quant gptq or f16).
+    # TRACE_RUNS: space-separated model:quant[:flags] (quant gptq or f16;
+    # flags: engine switches without their dashes, comma-separated, e.g.
+    # llama3-8b:gptq:attention-early-kv).
     for run in ${TRACE_RUNS:-llama3-8b:gptq llama3-8b:f16}; do
       model=${run%%:*}
-      name=${run##*:}
-      case "$run:$name" in
-        *:*:gptq | *:*:f16) ;;
-        *) echo "trace: '$run' is not model:gptq or model:f16"; continue ;;
+      rest=${run#*:}
+      name=${rest%%:*}
+      flags=""
+      [ "$rest" != "$name" ] && flags=$(echo "${rest#*:}" | sed 's/^/--/; s/,/ --/g')
+      case "$name" in
+        gptq | f16) ;;
+        *) echo "trace: '$run' is not model:gptq[:flags] or model:f16[:flags]"; continue ;;
       esac
       quant=$([ "$name" = gptq ] && echo "--quant gptq" || true)
-      csv="$OUT/trace_${model}_$name.csv"
-      echo "== kernel trace: $model $name, eager ($(date +%T))"
+      csv="$OUT/trace_${model}_$name${flags:+_${rest#*:}}.csv"
+      echo "== kernel trace: $model $name $flags, eager ($(date +%T))"
       rm -f "$csv"  # a run that dies writes none: never summarise an old one
+      # shellcheck disable=SC2086  # quant and flags are lists of arguments
       timeout 240 env LD_PRELOAD=$B/bench/libferrum_kernel_trace.so FERRUM_KERNEL_TRACE="$csv" \
-        $B/apps/engine/ferrum_engine --random "$model" $quant --dtype f16 --eager --steps 16 2>&1 | grep -E "decode:|trace"
+        $B/apps/engine/ferrum_engine --random "$model" $quant $flags --dtype f16 --eager --steps 16 2>&1 | grep -E "decode:|trace"
       python3 bench/kernel_trace_summary.py "$csv" --steps 8
     done
   } 2>&1 | tee -a "$LOG"
