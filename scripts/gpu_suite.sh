@@ -301,6 +301,9 @@ LOG="$OUT/suite.log"
 DETAIL="${DETAIL_DIR:-/tmp/ferrum_suite_detail}"
 mkdir -p "$DETAIL"
 keep_log() { cp "$1" "$OUT/" && echo "(kept $(basename "$1") in \$OUT)"; }
+# ab_binary BUILD PATCHED_DIR REL: the binary REL of main's build ($B) or,
+# for BUILD "patched", of the build in PATCHED_DIR (the A/B modes' loops).
+ab_binary() { if [ "$1" = patched ]; then echo "$2/$3"; else echo "$B/$3"; fi; }
 # ops_ab FILTER TABLE NAME=FERRUM_BENCH...: ferrum_bench --filter FILTER
 # from each build, AB_RUNS (2) passes alternating the builds, as one table
 # (bench/ab_table.py: the first build over the second) printed and kept at
@@ -961,8 +964,7 @@ if has_mode gptqpatch; then
     echo "== GPTQ kernels, main against patched ($(date +%T))"
     for pass in 1 2; do
       for build in main patched; do
-        bin="$B/bench/ferrum_bench_gptq"
-        [ "$build" = patched ] && bin="$PB/bench/ferrum_bench_gptq"
+        bin=$(ab_binary "$build" "$PB" bench/ferrum_bench_gptq)
         [ -x "$bin" ] || continue
         gptq_rows "pass $pass $build bulk" "$bin" --kernel bulk --ms 1,8 \
           --shapes 4096x4096,14336x1024,8192x3840,14336x4096,8192x8192,8192x28672
@@ -988,8 +990,7 @@ if has_mode decodepatch; then
     ops_ab "$points" "$OUT/decodepatch.md" "patched=$DB/bench/ferrum_bench" "main=$B/bench/ferrum_bench"
     for point in ${DECODE_PATCH_EXP-64:1024 16:8192 64:8192}; do  # set and empty: none
       for build in main patched; do
-        bin="$B/bench/ferrum_attention_tuning"
-        [ "$build" = patched ] && bin="$DB/bench/ferrum_attention_tuning"
+        bin=$(ab_binary "$build" "$DB" bench/ferrum_attention_tuning)
         [ -x "$bin" ] || continue
         echo "-- decode-exp ${point%%:*} ${point##*:}, $build"
         timeout 60 "$bin" decode-exp "${point%%:*}" "${point##*:}" 2>&1 | grep -E "^[0-9]+ "
@@ -1012,8 +1013,7 @@ if has_mode wgmmaworkspace; then
     echo "== wgmma workspace against cluster reduction, main and patched ($(date +%T))"
     for pass in 1 2; do
       for build in main patched; do
-        bin="$B/bench/ferrum_bench_gptq"
-        [ "$build" = patched ] && bin="$CB/bench/ferrum_bench_gptq"
+        bin=$(ab_binary "$build" "$CB" bench/ferrum_bench_gptq)
         [ -x "$bin" ] || continue
         for reduce in cluster workspace; do
           flag=""
