@@ -739,20 +739,24 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   // would have loaded; after the wait kv_len reads the same, so it is the
   // same data. kv_len is read without a report (a write): a bad one
   // requests nothing here and is reported after the wait.
+  // 16 key rows of K and V (from gk / gv, rows >= valid zero-filled) into
+  // this key warp's slot of ring stage `stage`, by the warps sharing it.
+  auto load_rows = [&](int stage, const T* gk, const T* gv, int valid) {
+    T* const dk = ring + (stage * Sh::kKeyWarps + kw) * 2 * Sh::kSubElems;
+    if (mtiles == 1) {
+      load_sub_tile<T, HD, 32>(dk, dk + Sh::kSubElems, gk, gv, valid, ptid);
+    } else {
+      load_sub_tile<T, HD, 64>(dk, dk + Sh::kSubElems, gk, gv, valid, ptid);
+    }
+  };
   bool sub0_requested = false;
   if (a.kv_before_wait) {
     const long long early_limit = key_limit(a, b, 0, false);
     const long long key0 = static_cast<long long>(split0) * slice_keys + kw * Sh::kSub;
     sub0_requested = key0 + Sh::kSub <= early_limit - 1;
-    if (sub0_requested) {
-      T* const dk = ring + kw * 2 * Sh::kSubElems;  // stage 0, as the prologue's load_sub(cur, 0, 0)
-      const T* const gk = static_cast<const T*>(a.k) + (plane_row0 + key0) * HD;
-      const T* const gv = static_cast<const T*>(a.v) + (plane_row0 + key0) * HD;
-      if (mtiles == 1) {
-        load_sub_tile<T, HD, 32>(dk, dk + Sh::kSubElems, gk, gv, Sh::kSub, ptid);
-      } else {
-        load_sub_tile<T, HD, 64>(dk, dk + Sh::kSubElems, gk, gv, Sh::kSub, ptid);
-      }
+    if (sub0_requested) {  // what the prologue's load_sub(cur, 0, 0) would load
+      load_rows(0, static_cast<const T*>(a.k) + (plane_row0 + key0) * HD,
+                static_cast<const T*>(a.v) + (plane_row0 + key0) * HD, Sh::kSub);
     }
     pdl_begin();
     if (trigger) pdl_trigger_dependents();
@@ -806,13 +810,8 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   // take consecutive stages (mod kStages) across its slices.
   auto load_sub = [&](const SliceView& sv, int t, int stage) {
     const int key0 = t * Sh::kTileKeys + kw * Sh::kSub;
-    T* const dk = ring + (stage * Sh::kKeyWarps + kw) * 2 * Sh::kSubElems;
     const long long goff = static_cast<long long>(key0) * HD;
-    if (mtiles == 1) {
-      load_sub_tile<T, HD, 32>(dk, dk + Sh::kSubElems, sv.k + goff, sv.v + goff, sv.n_keys - key0, ptid);
-    } else {
-      load_sub_tile<T, HD, 64>(dk, dk + Sh::kSubElems, sv.k + goff, sv.v + goff, sv.n_keys - key0, ptid);
-    }
+    load_rows(stage, sv.k + goff, sv.v + goff, sv.n_keys - key0);
   };
   // Each warp may ask L2 for its sub-tiles l2_ahead beyond the ring (lane 0
   // of m-tile 0): more bytes in flight per SM without more shared memory. At
@@ -841,8 +840,8 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
   // block's first slice also loads Q, as the second group: the stream from
   // DRAM starts before anything else of the set-up (at B = 1 the set-up is
   // hundreds of instructions per warp at one warp per scheduler).
-  // sub0_requested: sub-tile 0 is already in flight (requested before the
-  // wait), so the first group commits it.
+  // sub0_in_flight: sub-tile 0 was requested before the wait
+  // (sub0_requested), so the first group only commits it.
   auto prologue = [&](const SliceView& sv, bool with_q, int first_stage, bool sub0_in_flight) {
     if (prefetch_l2 && chunk == 0 && tid == 0) {
       // A small grid (about one block per SM): request the whole slice from
@@ -1205,7 +1204,9 @@ __global__ void __launch_bounds__(DecodeShape<HD>::kMaxThreads)
     cur = next;
   }  // slices
   if (fold_in_block) {
-    if (tid < heads * (HD / 4)) store_folded_quad(static_cast<T*>(a.out) + row0 * HD + tid * 4, row_fold.acc, row_fold.l);
+    if (tid < heads * (HD / 4)) {
+      store_folded_quad(static_cast<T*>(a.out) + row0 * HD + tid * 4, row_fold.acc, row_fold.l);
+    }
     return;
   }
   if (cluster && used > 1) {
