@@ -140,8 +140,9 @@ void CudaBackend::do_flash_attention(const Buffer& q, const Buffer& k, const Buf
     detail::fail(problem->code, "flash_attention: {}", problem->message);
   }
   detail::activate_device(device_);
-  kernels::AttentionArgs a =
-      attention_args(q, k, v, out, batch, q_len, cfg, stride, rt_->attention_workspace, need, rt_->attention_kv);
+  // The promise concerns the decode kernel (q_len == 1) only; prefill launches carry it off.
+  kernels::AttentionArgs a = attention_args(q, k, v, out, batch, q_len, cfg, stride, rt_->attention_workspace, need,
+                                            rt_->attention_kv && q_len == 1);
   a.kv_len = static_cast<int>(kv_len);
   a.pos_offset = static_cast<long long>(pos_offset);
   a.prefill_wgmma = prefill_kernel_ == PrefillKernel::Auto;
