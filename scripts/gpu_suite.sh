@@ -938,7 +938,8 @@ if has_mode engineswitches; then
     quant=$([ "${SWITCH_QUANT:-}" = gptq ] && echo "--quant gptq" || true)
     echo "== engine switches: $model ${quant:-f16}, graph, ${SWITCH_ROUNDS:-3} rounds ($(date +%T))"
     sets=("--graph" "--graph --gemm-prefetch" "--graph --pdl-chain-release" "--graph --no-pdl-chain-release"
-      "--graph --no-pdl-trigger" "--graph --no-gemm-early-weights" "--graph --attention-early-kv" "--graph --no-pdl"
+      "--graph --no-pdl-trigger" "--graph --no-gemm-early-weights" "--graph --attention-early-kv"
+      "--graph --no-attention-early-kv" "--graph --no-pdl"
       "--eager")
     for round in $(seq 1 "${SWITCH_ROUNDS:-3}"); do
       for set in "${sets[@]}"; do

@@ -3,7 +3,7 @@
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N] [--batch N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
 //                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--[no-]pdl-chain-release] [--gemm-prefetch]
-//                      [--no-gemm-early-weights] [--attention-early-kv] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]
+//                      [--no-gemm-early-weights] [--[no-]attention-early-kv] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]
 //                      [--skinny-max-m N] [--gptq-fused-max-m N] [--gptq-ctas-per-sm N] [--pipeline]
 //                      [--gptq-row-sq-norms] [--no-gptq-fuse-residual-add]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
@@ -50,13 +50,17 @@
 //                    the GPTQ gate|up GEMM releases the down projection early
 //                    (llama3-8b GPTQ +5 %, f16 level: session 22, session 6).
 //                    --gemm-early-weights (the default) is still accepted
-//   --attention-early-kv  CudaBackendConfig::attention_kv_before_wait (the
-//                    same logits): the engine's decode step appends its one
-//                    new K / V row (qkv_rope_append) just before the
-//                    attention, so it may make that promise; then the append
-//                    releases the attention early and the attention requests
-//                    its older rows before its PDL wait. Off: measured once
-//                    (H100), qwen3-0.6b +1.6 %, llama3-8b GPTQ -1.4 %
+//   --attention-early-kv, --no-attention-early-kv  CudaBackendConfig::
+//                    attention_kv_before_wait (the same logits): the engine's
+//                    decode step appends its one new K / V row
+//                    (qkv_rope_append) just before the attention, so it may
+//                    make that promise; then the append releases the
+//                    attention early and the attention requests its older
+//                    rows before its PDL wait. On by default where measured
+//                    faster: a dense model decoding one sequence with --graph
+//                    (qwen3-0.6b f16 +1.5 %, three rounds, H100, session 66);
+//                    off elsewhere (GPTQ level to -1.4 %, sessions 65-66;
+//                    eager and batch decoding not measured)
 //                    (docs/design/decode_attention.md §4.23)
 //   --no-gptq-evict-first  CudaBackendConfig::gptq_weights_evict_first =
 //                    false (on by default; the same): the GPTQ streaming
@@ -164,7 +168,8 @@ struct Options {
   std::optional<bool> pdl_chain_release;
   bool gemm_prefetch = false;
   bool gemm_early_weights = true;  // the engine's promise (see --no-gemm-early-weights)
-  bool attention_early_kv = false;  // the promise of --attention-early-kv
+  // Unset: the engine's choice by model and batch (choose_backend).
+  std::optional<bool> attention_early_kv;
   bool gptq_evict_first = true;  // CudaBackendConfig's default
   GptqKernel gptq_kernel = GptqKernel::Auto;
   bool gptq_cluster_reduce = true;
@@ -225,7 +230,7 @@ void usage(std::FILE* out) {
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3[;4,5]\"] [--steps N] [--batch N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
                "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--[no-]pdl-chain-release] [--gemm-prefetch]\n"
-               "                     [--no-gemm-early-weights] [--attention-early-kv] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]\n"
+               "                     [--no-gemm-early-weights] [--[no-]attention-early-kv] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]\n"
                "                     [--skinny-max-m N] [--gptq-fused-max-m N] [--gptq-ctas-per-sm N] [--pipeline]\n"
                "                     [--gptq-row-sq-norms] [--no-gptq-fuse-residual-add]\n"
                "presets:");
@@ -329,6 +334,8 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.gemm_early_weights = false;
     } else if (arg == "--attention-early-kv") {
       opt.attention_early_kv = true;
+    } else if (arg == "--no-attention-early-kv") {
+      opt.attention_early_kv = false;
     } else if (arg == "--no-gptq-evict-first") {
       opt.gptq_evict_first = false;
     } else if (arg == "--no-gptq-cluster-reduce") {
@@ -443,7 +450,11 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       config.pdl_chain_release = opt.pdl_chain_release.value_or(gptq_graph_single);
       config.gemm_prefetch_before_wait = opt.gemm_prefetch;
       config.gemm_weights_before_wait = opt.gemm_early_weights;
-      config.attention_kv_before_wait = opt.attention_early_kv;
+      // A dense model decoding one sequence from a graph: the append releases
+      // the attention early and the attention requests its older K / V rows
+      // before its wait (qwen3-0.6b f16 graph +1.5 %, session 66; GPTQ level
+      // or slower, so off there, as in eager and batch steps: not measured).
+      config.attention_kv_before_wait = opt.attention_early_kv.value_or(!gptq && !batch && opt.graph);
       config.gptq_weights_evict_first = opt.gptq_evict_first;
       config.gptq_kernel = opt.gptq_kernel;
       config.gptq_cluster_reduce = opt.gptq_cluster_reduce;
@@ -453,6 +464,8 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       config.gptq_stream_ctas_per_sm = opt.gptq_ctas_per_sm.value_or(gptq_graph_single ? kEngineGptqCtasPerSm : 0);
       config.gemm_skinny_max_m = opt.skinny_max_m;
       backend = std::make_unique<CudaBackend>(config);
+      std::printf("ferrum_engine: attention launches: attention_kv_before_wait %s\n",
+                  config.attention_kv_before_wait ? "on" : "off");
       if (gptq) {  // the chain release needs PDL (the runtime drops it without)
         const bool chain = config.pdl_chain_release && config.programmatic_dependent_launch;
         std::printf("ferrum_engine: GPTQ launches: pdl_chain_release %s, gptq_stream_ctas_per_sm %d\n",

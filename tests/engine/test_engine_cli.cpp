@@ -194,7 +194,8 @@ void expect_gpu_backend_when_present(const std::string& output) {
 // The decode-step launch switches change no bit: each run's logits equal the
 // default run's, eager and graph: PDL on and off, the early trigger off, the
 // chain release on and off, the L2 prefetch, the pre-wait weight loads off (gemm_weights_before_wait, the
-// engine's promise by default), the pre-wait K / V requests on (attention_kv_before_wait) and the
+// engine's promise by default), the pre-wait K / V requests on and off (attention_kv_before_wait, the
+// engine's default for dense graph steps) and the
 // GPTQ weights' L2 policy off (gptq_weights_evict_first), which no other test can turn on
 // (the first backend on a device fixes them), the GPTQ cluster reduce
 // turned off and SiLU·mul outside the GPTQ gate|up GEMM's epilogue
@@ -210,7 +211,7 @@ void expect_launch_switches_keep_logits(const std::filesystem::path& dir, const 
     ASSERT_EQ(run_engine(base + " --dump-logits \"" + (dir / "a.bin").string() + "\"", log), 0) << read_text(log);
     expect_gpu_backend_when_present(read_text(log));
     for (const char* switches : {"--no-pdl", "--no-pdl-trigger", "--pdl-chain-release", "--no-pdl-chain-release",
-                                 "--no-gemm-early-weights", "--attention-early-kv",
+                                 "--no-gemm-early-weights", "--attention-early-kv", "--no-attention-early-kv",
                                  "--attention-early-kv --pdl-chain-release",
                                  "--no-pdl-trigger --gemm-prefetch", "--no-gptq-cluster-reduce",
                                  "--no-gptq-evict-first --no-gemm-early-weights", "--no-gptq-fuse-silu-mul",
@@ -329,6 +330,34 @@ TEST(EngineCli, GptqLaunchPlanDefaults) {
     SCOPED_TRACE(c.flags);
     ASSERT_EQ(run_engine(base + " " + c.flags, log), 0) << read_text(log);
     EXPECT_NE(read_text(log).find(std::string("GPTQ launches: ") + c.plan), std::string::npos) << read_text(log);
+  }
+}
+
+// The engine's attention launch plan on CudaBackend (the line it prints): a
+// dense model decoding one sequence from a graph makes the
+// attention_kv_before_wait promise; a GPTQ model, batch decoding and eager
+// steps keep the library's default (off); either flag overrides. GPU only:
+// the plan configures CudaBackend.
+TEST(EngineCli, AttentionLaunchPlanDefaults) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU: the launch plan only configures CudaBackend";
+  const std::filesystem::path dir = testing::scratch_dir();
+  const std::filesystem::path log = dir / "engine.log";
+  const std::filesystem::path dense = write_gpu_tiny_checkpoint(dir);
+  const std::filesystem::path gptq = write_gptq_tiny_checkpoint(dir);
+  struct Case {
+    const std::filesystem::path* model;
+    const char* flags;
+    const char* plan;
+  };
+  for (const Case& c : {Case{&dense, "--graph", "on"}, Case{&dense, "--eager", "off"},
+                        Case{&dense, "--graph --batch 2", "off"}, Case{&dense, "--graph --no-attention-early-kv", "off"},
+                        Case{&dense, "--eager --attention-early-kv", "on"}, Case{&gptq, "--graph", "off"},
+                        Case{&gptq, "--graph --attention-early-kv", "on"}}) {
+    SCOPED_TRACE(c.model->filename().string() + " " + c.flags);
+    ASSERT_EQ(run_engine("--model \"" + c.model->string() + "\" --steps 2 " + c.flags, log), 0) << read_text(log);
+    EXPECT_NE(read_text(log).find(std::string("attention launches: attention_kv_before_wait ") + c.plan + "\n"),
+              std::string::npos)
+        << read_text(log);
   }
 }
 
