@@ -58,9 +58,10 @@
 //                    attention early and the attention requests its older
 //                    rows before its PDL wait. On by default where measured
 //                    faster: a dense model decoding one sequence with --graph
-//                    (qwen3-0.6b f16 +1.5 %, three rounds, H100, session 66);
-//                    off elsewhere (GPTQ level to -1.4 %, sessions 65-66;
-//                    eager and batch decoding not measured)
+//                    (H100, session 66: qwen3-0.6b f16 +1.5 % over three
+//                    rounds, llama3-8b f16 +0.6 % over two); off elsewhere
+//                    (llama3-8b GPTQ -1.4 %, level, +1.8 % in three runs,
+//                    sessions 65-66; eager and batch decoding not measured)
 //                    (docs/design/decode_attention.md §4.23)
 //   --no-gptq-evict-first  CudaBackendConfig::gptq_weights_evict_first =
 //                    false (on by default; the same): the GPTQ streaming
@@ -452,8 +453,9 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       config.gemm_weights_before_wait = opt.gemm_early_weights;
       // A dense model decoding one sequence from a graph: the append releases
       // the attention early and the attention requests its older K / V rows
-      // before its wait (qwen3-0.6b f16 graph +1.5 %, session 66; GPTQ level
-      // or slower, so off there, as in eager and batch steps: not measured).
+      // before its wait (qwen3-0.6b f16 graph +1.5 %, llama3-8b f16 +0.6 %,
+      // session 66; GPTQ within its noise, -1.4 to +1.8 %, so off there, as
+      // in eager and batch steps, which were not measured).
       config.attention_kv_before_wait = opt.attention_early_kv.value_or(!gptq && !batch && opt.graph);
       config.gptq_weights_evict_first = opt.gptq_evict_first;
       config.gptq_kernel = opt.gptq_kernel;
