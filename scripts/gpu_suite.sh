@@ -191,6 +191,14 @@
 #                                the modes of L2PROBE_MODES, and
 #                                bench/l2_residency_trace.py's table: when
 #                                each stage ran against its GEMM
+#   scripts/gpu_suite.sh persistentprobe  ferrum_persistent_layer_probe: the
+#                                llama3-8b GPTQ step's weight bytes streamed
+#                                one kernel per projection (graph, PDL, L2
+#                                prefetch before the wait) against one
+#                                cooperative kernel with grid barriers, and
+#                                each boundary alone (what a persistent
+#                                decode-layer kernel could win on its
+#                                schedule; docs/design/engine_decode.md)
 #   scripts/gpu_suite.sh decodeorder  the B = 64 L = 8k decode
 #                                (DECODEORDER_CASE, a --filter) after B = 16
 #                                L = 128k (DECODEORDER_BEFORE, filters with
@@ -248,7 +256,7 @@ mkdir -p "$OUT"
 MODE="${1:-all}"
 # What `all` leaves out (each runs only when named): one list, so that a new
 # mode is added in one place.
-OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch engineswitches l2probe decodeorder enginebrief decodeablate decodegap decodesource decodepatch)
+OPT_IN_MODES=(nccl trace gptq engine quicktests gptqbench race racelong raceknobs hf sdpa profile tuning verify gptqtimeline decodetimeline decodesweep ab rowsq slicegeom normprobe wgmmaablate wgmmasplits wgmmafold wgmmaworkspace gptqpatch engineswitches l2probe decodeorder enginebrief decodeablate decodegap decodesource decodepatch persistentprobe)
 # verify runs the GPU test binary (quicktests, 8 shards) first.
 if [[ ",$MODE," == *",verify,"* ]]; then
   MODE="$MODE,quicktests"
@@ -580,6 +588,7 @@ sanitize() {
   [ "$MODE" = trace ] && MAIN_TARGETS=(--target ferrum_engine ferrum_kernel_trace)
   [ "$MODE" = l2probe ] && MAIN_TARGETS=(--target ferrum_bench_l2_residency ferrum_kernel_trace)
   [ "$MODE" = decodeorder ] && MAIN_TARGETS=(--target ferrum_bench)
+  [ "$MODE" = persistentprobe ] && MAIN_TARGETS=(--target ferrum_persistent_layer_probe)
   modes_within "decodeorder decodegap" && [ "$MODE" != decodeorder ] && MAIN_TARGETS=(--target ferrum_bench ferrum_attention_tuning)
   modes_within "trace engineswitches" && [ "$MODE" != trace ] && MAIN_TARGETS=(--target ferrum_engine ferrum_kernel_trace)
   # Tests and the engine only (no benchmark): the test binaries, the NCCL
@@ -1164,6 +1173,14 @@ if has_mode l2probe; then
       python3 bench/l2_residency_trace.py "$csv" --modes "$modes" --window 6 | tee "$OUT/l2_residency_trace.txt"
       gzip -f "$csv"
     fi
+  } 2>&1 | tee -a "$LOG"
+fi
+
+if has_mode persistentprobe; then
+  {
+    echo "== persistent layer probe ($(date +%T))"
+    timeout 240 $B/bench/ferrum_persistent_layer_probe --prefetch-kb "${PERSISTENT_PREFETCH_KB:-16,64,128}" 2>&1 \
+      | tee "$OUT/persistent_layer_probe.md"
   } 2>&1 | tee -a "$LOG"
 fi
 
