@@ -17,7 +17,9 @@
 //   persistent_pf    and before each barrier each CTA asks L2 for the first
 //                    --prefetch-kb of its share of the next projection
 // and the boundaries alone (the same passes with no bytes): µs per kernel
-// boundary or grid barrier. The engine's GEMMs (engine_decode.md, session 60,
+// boundary or grid barrier. Each table is repeated with --work dependent
+// multiply-adds per 16-byte vector, a stand-in for the dequantization and
+// MMAs that hold up a GEMM's next loads. The engine's GEMMs (engine_decode.md, session 60,
 // H100) take 51.7 µs a layer against 37.8 of bytes: if `graph_pdl_pf` sits
 // near `ceiling`, the boundaries are not what costs the GEMMs their 14 µs,
 // and a persistent kernel would have to win inside the GEMMs; if
@@ -83,7 +85,10 @@ __device__ __forceinline__ Share share_of(long long vecs) {
   return {begin, min(vecs, begin + per)};
 }
 
-__device__ __forceinline__ std::uint32_t read_share(const uint4* __restrict__ src, long long vecs) {
+// `work`: dependent multiply-adds per 16-byte vector after its load, a
+// stand-in for the GEMM's dequantization and MMAs (0: a plain read), so that
+// the schedules are also compared where arithmetic holds up the next loads.
+__device__ __forceinline__ std::uint32_t read_share(const uint4* __restrict__ src, long long vecs, int work) {
   const Share s = share_of(vecs);
   std::uint32_t acc = 0;
   for (long long base = s.begin + threadIdx.x; base < s.end; base += kThreads * kInFlight) {
@@ -94,7 +99,11 @@ __device__ __forceinline__ std::uint32_t read_share(const uint4* __restrict__ sr
       v[i] = at < s.end ? load_once(src + at) : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
-    for (int i = 0; i < kInFlight; ++i) acc ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+    for (int i = 0; i < kInFlight; ++i) {
+      std::uint32_t x = v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+      for (int k = 0; k < work; ++k) x = x * 0x9e3779b1u + 0x7f4a7c15u;
+      acc ^= x;
+    }
   }
   return acc;
 }
@@ -127,7 +136,8 @@ __device__ __forceinline__ void publish(std::uint32_t acc, std::uint32_t* sink) 
 // One projection as its own kernel (graph variants).
 template <bool kPdl>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
-    projection_kernel(const uint4* __restrict__ src, long long vecs, std::uint32_t* sink, int prefetch_bytes) {
+    projection_kernel(const uint4* __restrict__ src, long long vecs, std::uint32_t* sink, int prefetch_bytes,
+                      int work) {
   if constexpr (kPdl) {
     prefetch_share(src, vecs, prefetch_bytes);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -135,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
   }
-  publish(read_share(src, vecs), sink);
+  publish(read_share(src, vecs, work), sink);
 }
 
 // A sense-reversing grid barrier over co-resident CTAs (cooperative launch):
@@ -161,11 +171,12 @@ __device__ __forceinline__ void grid_barrier(unsigned* count, unsigned* generati
 
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     persistent_kernel(const uint4* __restrict__ base, PassPlan plan, std::uint32_t* sink, unsigned* count,
-                      unsigned* generation, int prefetch_bytes) {
+                      unsigned* generation, int prefetch_bytes, int work) {
   std::uint32_t acc = 0;
   for (int l = 0; l < plan.layers; ++l) {
+#pragma unroll  // (constant indices into plan: no copy of it in local memory)
     for (int j = 0; j < kProjections; ++j) {
-      acc ^= read_share(base + l * plan.layer_vecs + plan.offset[j], plan.vecs[j]);
+      acc ^= read_share(base + l * plan.layer_vecs + plan.offset[j], plan.vecs[j], work);
       const int nl = j + 1 < kProjections ? l : l + 1, nj = (j + 1) % kProjections;
       if (nl < plan.layers) prefetch_share(base + nl * plan.layer_vecs + plan.offset[nj], plan.vecs[nj], prefetch_bytes);
       grid_barrier(count, generation);
@@ -178,14 +189,17 @@ struct Options {
   int layers = 32;
   int reps = 20;
   std::vector<int> prefetch_kb = {16, 64};
+  std::vector<int> work = {0, 32};
 };
 
 void usage() {
   std::printf(
-      "usage: ferrum_persistent_layer_probe [--layers N] [--reps N] [--prefetch-kb LIST]\n"
+      "usage: ferrum_persistent_layer_probe [--layers N] [--reps N] [--prefetch-kb LIST] [--work LIST]\n"
       "  --layers N        layers a pass streams (default 32: 3.6 GB, past L2 from pass to pass)\n"
       "  --reps N          timed passes per variant, after 3 warm-up passes (default 20; the median is printed)\n"
-      "  --prefetch-kb L   comma list of KiB per CTA asked into L2 ahead in the _pf variants (default 16,64)\n");
+      "  --prefetch-kb L   comma list of KiB per CTA asked into L2 ahead in the _pf variants (default 16,64)\n"
+      "  --work L          comma list of dependent multiply-adds per 16-byte vector, one table each\n"
+      "                    (default 0,32: a plain read, and arithmetic that holds up the next loads)\n");
 }
 
 class Probe {
@@ -254,7 +268,7 @@ class Probe {
   }
 
   // One kernel per projection, captured once into a graph; `empty`: no bytes.
-  double graph(bool pdl, int prefetch_bytes, bool empty) {
+  double graph(bool pdl, int prefetch_bytes, int work, bool empty) {
     cudaGraph_t g = nullptr;
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     for (int l = 0; l < plan_.layers; ++l) {
@@ -271,9 +285,9 @@ class Probe {
         cfg.attrs = pdl ? &attr : nullptr;
         cfg.numAttrs = pdl ? 1 : 0;
         if (pdl) {
-          check(cudaLaunchKernelEx(&cfg, projection_kernel<true>, src, vecs, sink_, prefetch_bytes), "launch");
+          check(cudaLaunchKernelEx(&cfg, projection_kernel<true>, src, vecs, sink_, prefetch_bytes, work), "launch");
         } else {
-          check(cudaLaunchKernelEx(&cfg, projection_kernel<false>, src, vecs, sink_, prefetch_bytes), "launch");
+          check(cudaLaunchKernelEx(&cfg, projection_kernel<false>, src, vecs, sink_, prefetch_bytes, work), "launch");
         }
       }
     }
@@ -286,7 +300,7 @@ class Probe {
     return us;
   }
 
-  double persistent(int prefetch_bytes, bool empty) {
+  double persistent(int prefetch_bytes, int work, bool empty) {
     PassPlan plan = plan_;
     if (empty) {
       for (long long& v : plan.vecs) v = 0;
@@ -294,7 +308,7 @@ class Probe {
     const uint4* base = weights_;
     unsigned* count = barrier_;
     unsigned* generation = barrier_ + 1;
-    void* args[] = {&base, &plan, &sink_, &count, &generation, &prefetch_bytes};
+    void* args[] = {&base, &plan, &sink_, &count, &generation, &prefetch_bytes, &work};
     return time_pass([&] {
       check(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(persistent_kernel),
                                         dim3(static_cast<unsigned>(num_sms_ * kBlocksPerSm)), dim3(kThreads), args, 0,
@@ -346,6 +360,8 @@ int main(int argc, char** argv) {
       opt.reps = std::atoi(value().c_str());
     } else if (arg == "--prefetch-kb") {
       opt.prefetch_kb = comma_ints(value());
+    } else if (arg == "--work") {
+      opt.work = comma_ints(value());
     } else if (arg == "--help" || arg == "-h") {
       usage();
       return 0;
@@ -355,8 +371,12 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (opt.layers < 1 || opt.layers > 64 || opt.reps < 1) {
-    std::fprintf(stderr, "--layers takes 1..64 and --reps at least 1\n");
+  const auto outside = [](const std::vector<int>& v, int lo, int hi) {
+    return v.empty() || std::any_of(v.begin(), v.end(), [&](int x) { return x < lo || x > hi; });
+  };
+  if (opt.layers < 1 || opt.layers > 64 || opt.reps < 1 || outside(opt.prefetch_kb, 1, 1024) ||
+      outside(opt.work, 0, 4096)) {
+    std::fprintf(stderr, "--layers takes 1..64, --reps at least 1, --prefetch-kb 1..1024 each, --work 0..4096 each\n");
     return 2;
   }
   cudaDeviceProp prop{};
@@ -369,24 +389,30 @@ int main(int argc, char** argv) {
   const double ceiling = probe.ceiling();
   std::printf("# %s, %d SMs; %d layers of %.1f MB (llama3-8b GPTQ: q|k|v, o, gate|up, down); copy %.0f GB/s\n",
               prop.name, prop.multiProcessorCount, opt.layers, layer_mb, copy);
-  std::printf("| variant | µs / layer | GB/s | of ceiling | of copy |\n| --- | ---: | ---: | ---: | ---: |\n");
   auto row = [&](const std::string& name, double us) {
     const double per = us / opt.layers;
     const double gbs = static_cast<double>(probe.bytes()) / (us * 1e3);
-    std::printf("| %s | %.2f | %.0f | %.3f | %.3f |\n", name.c_str(), per, gbs, ceiling / us,
-                gbs / copy);
+    std::printf("| %s | %.2f | %.0f | %.3f | %.3f |\n", name.c_str(), per, gbs, ceiling / us, gbs / copy);
   };
-  row("ceiling (one launch)", ceiling);
-  row("graph", probe.graph(false, 0, false));
-  row("graph_pdl", probe.graph(true, 0, false));
-  for (int kb : opt.prefetch_kb) row("graph_pdl_pf " + std::to_string(kb) + " KiB", probe.graph(true, kb * 1024, false));
-  row("persistent", probe.persistent(0, false));
-  for (int kb : opt.prefetch_kb) row("persistent_pf " + std::to_string(kb) + " KiB", probe.persistent(kb * 1024, false));
+  for (int work : opt.work) {
+    std::printf("\nwork %d (dependent multiply-adds per 16-byte vector)\n\n", work);
+    std::printf("| variant | µs / layer | GB/s | of ceiling | of copy |\n| --- | ---: | ---: | ---: | ---: |\n");
+    row("ceiling (one launch, no work)", ceiling);
+    row("graph", probe.graph(false, 0, work, false));
+    row("graph_pdl", probe.graph(true, 0, work, false));
+    for (int kb : opt.prefetch_kb) {
+      row("graph_pdl_pf " + std::to_string(kb) + " KiB", probe.graph(true, kb * 1024, work, false));
+    }
+    row("persistent", probe.persistent(0, work, false));
+    for (int kb : opt.prefetch_kb) {
+      row("persistent_pf " + std::to_string(kb) + " KiB", probe.persistent(kb * 1024, work, false));
+    }
+  }
   // The boundaries alone: 4 a layer.
   const double boundaries = 4.0 * opt.layers;
   std::printf("\n| boundary, no bytes | µs each |\n| --- | ---: |\n");
-  std::printf("| kernel in a graph | %.3f |\n", probe.graph(false, 0, true) / boundaries);
-  std::printf("| kernel in a graph, PDL | %.3f |\n", probe.graph(true, 0, true) / boundaries);
-  std::printf("| grid barrier | %.3f |\n", probe.persistent(0, true) / boundaries);
+  std::printf("| kernel in a graph | %.3f |\n", probe.graph(false, 0, 0, true) / boundaries);
+  std::printf("| kernel in a graph, PDL | %.3f |\n", probe.graph(true, 0, 0, true) / boundaries);
+  std::printf("| grid barrier | %.3f |\n", probe.persistent(0, 0, true) / boundaries);
   return 0;
 }
