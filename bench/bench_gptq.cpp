@@ -61,6 +61,7 @@
 #include "quant/gptq_repack.hpp"
 #include "comma_items.hpp"
 #include "cuda_check.hpp"
+#include "option_value.hpp"
 #include "read_ceiling.cuh"
 
 namespace {
@@ -143,13 +144,7 @@ int main(int argc, char** argv) {
   Options opt;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+    auto value = [&] { return option_value(argc, argv, i); };
     if (a == "--json") {
       opt.json = value();
     } else if (a == "--iters") {

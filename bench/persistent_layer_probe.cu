@@ -37,10 +37,16 @@
 
 #include "comma_items.hpp"
 #include "cuda_check.hpp"
+#include "kernels/common/launch.cuh"
+#include "kernels/common/mma.cuh"
+#include "load_once.cuh"
 #include "median.hpp"
+#include "option_value.hpp"
 #include "read_ceiling.cuh"
 
 namespace {
+
+using ferrum::bench::load_once;
 
 constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 2;     // a kernel's CTAs per SM; the next one's fit beside them (4 x 256 threads)
@@ -65,14 +71,6 @@ struct PassPlan {
   long long layer_vecs;
   int layers;
 };
-
-__device__ __forceinline__ uint4 load_once(const uint4* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
 
 // The CTA's contiguous share [begin, end) of `vecs` vectors (as a GEMM's
 // CTA streams its own column blocks).
@@ -116,12 +114,7 @@ __device__ __forceinline__ void prefetch_share(const uint4* src, long long vecs,
   const long long first = min(s.end, s.begin + bytes / 16);
   constexpr long long kChunkVecs = 16 * 1024 / 16;
   for (long long at = s.begin + threadIdx.x * kChunkVecs; at < first; at += 32 * kChunkVecs) {
-    const auto size = static_cast<std::uint32_t>(min(kChunkVecs, first - at) * 16);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (other archs: main exits before any launch)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + at), "r"(size) : "memory");
-#else
-    (void)size;
-#endif
+    ferrum::kernels::prefetch_l2_bulk(src + at, static_cast<std::uint32_t>(min(kChunkVecs, first - at) * 16));
   }
 }
 
@@ -140,10 +133,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
                       int work) {
   if constexpr (kPdl) {
     prefetch_share(src, vecs, prefetch_bytes);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+    ferrum::kernels::pdl_trigger_dependents();
+    ferrum::kernels::pdl_begin();
   }
   publish(read_share(src, vecs, work), sink);
 }
@@ -347,13 +338,7 @@ int main(int argc, char** argv) {
   Options opt;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+    auto value = [&] { return option_value(argc, argv, i); };
     if (arg == "--layers") {
       opt.layers = std::atoi(value().c_str());
     } else if (arg == "--reps") {

@@ -1,5 +1,7 @@
 #include "read_ceiling.cuh"
 
+#include "load_once.cuh"
+
 #include <cstdio>
 #include <cstdlib>
 
@@ -9,14 +11,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 4;
 constexpr int kInFlight = 8;  // 16-byte loads per thread before any is used
-
-__device__ __forceinline__ uint4 load_once(const uint4* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
 
 // The grid-stride walk both kernels share: each thread loads kN vectors
 // (zero past the end) before any is used, then use(v, base, stride) consumes
