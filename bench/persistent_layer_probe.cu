@@ -8,9 +8,12 @@
 //   graph            one kernel per projection (128 a pass), one CUDA graph
 //   graph_pdl        the same with programmatic dependent launch: each
 //                    kernel releases the next at its top and waits before
-//                    its reads (the engine's GEMMs with their activations)
-//   graph_pdl_pf     and before its wait each CTA asks L2 for the first
-//                    --prefetch-kb of its share (the weights-before-wait
+//                    its reads (launches run two kernels ahead, as the
+//                    engine's norms do under pdl_chain_release)
+//   graph_pdl_after  each kernel releases the next right after its own
+//                    wait (one kernel ahead: the library's default)
+//   graph_pdl_pf,    and before its wait each CTA asks L2 for the first
+//   graph_pdl_after_pf  --prefetch-kb of its share (the weights-before-wait
 //                    promise: the engine's GEMMs fill their rings so)
 //   persistent       one cooperative kernel, a grid barrier between
 //                    projections (what a persistent layer kernel pays)
@@ -126,15 +129,19 @@ __device__ __forceinline__ void publish(std::uint32_t acc, std::uint32_t* sink) 
   if (threadIdx.x % 32 == 0 && acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
 }
 
+// Where a PDL projection kernel releases the next one (graph variants).
+enum class Release { None, BeforeWait, AfterWait };
+
 // One projection as its own kernel (graph variants).
-template <bool kPdl>
+template <Release kRelease>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     projection_kernel(const uint4* __restrict__ src, long long vecs, std::uint32_t* sink, int prefetch_bytes,
                       int work) {
-  if constexpr (kPdl) {
+  if constexpr (kRelease != Release::None) {
     prefetch_share(src, vecs, prefetch_bytes);
-    ferrum::kernels::pdl_trigger_dependents();
+    if constexpr (kRelease == Release::BeforeWait) ferrum::kernels::pdl_trigger_dependents();
     ferrum::kernels::pdl_begin();
+    if constexpr (kRelease == Release::AfterWait) ferrum::kernels::pdl_trigger_dependents();
   }
   publish(read_share(src, vecs, work), sink);
 }
@@ -259,7 +266,8 @@ class Probe {
   }
 
   // One kernel per projection, captured once into a graph; `empty`: no bytes.
-  double graph(bool pdl, int prefetch_bytes, int work, bool empty) {
+  double graph(Release release, int prefetch_bytes, int work, bool empty) {
+    const bool pdl = release != Release::None;
     cudaGraph_t g = nullptr;
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     for (int l = 0; l < plan_.layers; ++l) {
@@ -275,11 +283,10 @@ class Probe {
         attr.val.programmaticStreamSerializationAllowed = 1;
         cfg.attrs = pdl ? &attr : nullptr;
         cfg.numAttrs = pdl ? 1 : 0;
-        if (pdl) {
-          check(cudaLaunchKernelEx(&cfg, projection_kernel<true>, src, vecs, sink_, prefetch_bytes, work), "launch");
-        } else {
-          check(cudaLaunchKernelEx(&cfg, projection_kernel<false>, src, vecs, sink_, prefetch_bytes, work), "launch");
-        }
+        auto* const kernel = release == Release::BeforeWait  ? projection_kernel<Release::BeforeWait>
+                             : release == Release::AfterWait ? projection_kernel<Release::AfterWait>
+                                                             : projection_kernel<Release::None>;
+        check(cudaLaunchKernelEx(&cfg, kernel, src, vecs, sink_, prefetch_bytes, work), "launch");
       }
     }
     check(cudaStreamEndCapture(stream_, &g), "cudaStreamEndCapture");
@@ -383,10 +390,12 @@ int main(int argc, char** argv) {
     std::printf("\nwork %d (dependent multiply-adds per 16-byte vector)\n\n", work);
     std::printf("| variant | µs / layer | GB/s | of ceiling | of copy |\n| --- | ---: | ---: | ---: | ---: |\n");
     row("ceiling (one launch, no work)", ceiling);
-    row("graph", probe.graph(false, 0, work, false));
-    row("graph_pdl", probe.graph(true, 0, work, false));
+    row("graph", probe.graph(Release::None, 0, work, false));
+    row("graph_pdl", probe.graph(Release::BeforeWait, 0, work, false));
+    row("graph_pdl_after", probe.graph(Release::AfterWait, 0, work, false));
     for (int kb : opt.prefetch_kb) {
-      row("graph_pdl_pf " + std::to_string(kb) + " KiB", probe.graph(true, kb * 1024, work, false));
+      row("graph_pdl_pf " + std::to_string(kb) + " KiB", probe.graph(Release::BeforeWait, kb * 1024, work, false));
+      row("graph_pdl_after_pf " + std::to_string(kb) + " KiB", probe.graph(Release::AfterWait, kb * 1024, work, false));
     }
     row("persistent", probe.persistent(0, work, false));
     for (int kb : opt.prefetch_kb) {
@@ -396,8 +405,10 @@ int main(int argc, char** argv) {
   // The boundaries alone: 4 a layer.
   const double boundaries = 4.0 * opt.layers;
   std::printf("\n| boundary, no bytes | µs each |\n| --- | ---: |\n");
-  std::printf("| kernel in a graph | %.3f |\n", probe.graph(false, 0, 0, true) / boundaries);
-  std::printf("| kernel in a graph, PDL | %.3f |\n", probe.graph(true, 0, 0, true) / boundaries);
+  std::printf("| kernel in a graph | %.3f |\n", probe.graph(Release::None, 0, 0, true) / boundaries);
+  std::printf("| kernel in a graph, PDL | %.3f |\n", probe.graph(Release::BeforeWait, 0, 0, true) / boundaries);
+  std::printf("| kernel in a graph, PDL, released after the wait | %.3f |\n",
+              probe.graph(Release::AfterWait, 0, 0, true) / boundaries);
   std::printf("| grid barrier | %.3f |\n", probe.persistent(0, 0, true) / boundaries);
   return 0;
 }
