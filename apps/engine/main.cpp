@@ -621,7 +621,8 @@ int run(const Options& opt) {
               c.num_key_value_heads, c.head_dim, c.intermediate_size, c.vocab_size,
               std::string(ferrum::to_string(c.dtype)).c_str(), quant.c_str(),
               c.tie_word_embeddings ? ", tied embeddings" : "", rope.c_str());
-  std::printf("  loaded in %.2f s\n", seconds_since(load_start));
+  std::printf("  loaded in %.2f s (%.2f s of it in Backend calls: alloc, write_bytes, upload, load_gptq)\n",
+              seconds_since(load_start), weights.backend_load_seconds);
 
   Decoder decoder(*backend, weights, total, longest, mode, batch, {.gptq_row_sq_norms = opt.gptq_row_sq_norms});
   if (opt.gptq_row_sq_norms) std::printf("  norms: in the GPTQ projections (--gptq-row-sq-norms)\n");

@@ -1,6 +1,7 @@
 #include "weights.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -160,6 +161,22 @@ class WeightLoader {
     for (ProjectionShape& p : projection_shapes(config)) projections_.emplace(p.suffix, std::move(p));
   }
 
+  // Seconds spent inside Backend calls so far (alloc, write_bytes,
+  // load_gptq): the load's own share is the rest (reading, generating, joining).
+  double backend_seconds() const noexcept { return backend_seconds_; }
+
+  // Runs `call` (a Backend call) and adds its time to backend_seconds_.
+  template <class Call>
+  decltype(auto) in_backend(Call&& call) const {
+    const auto start = std::chrono::steady_clock::now();
+    struct AddOnExit {
+      double& total;
+      std::chrono::steady_clock::time_point start;
+      ~AddOnExit() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); }
+    } add{backend_seconds_, start};
+    return call();
+  }
+
   ExpectedTensor expected_of(const std::string& name) const {
     const auto it = expected_.find(name);
     if (it != expected_.end()) return it->second;
@@ -198,7 +215,7 @@ class WeightLoader {
   // fresh buffers cost more than generating or copying the values).
   void write_tensor(const std::string& name, Buffer& dst, std::size_t offset) const {
     const std::span<const std::uint16_t> bits = read_tensor_bits(name);
-    backend_.write_bytes(dst, bits.data(), bits.size_bytes(), offset * sizeof(std::uint16_t));
+    in_backend([&] { backend_.write_bytes(dst, bits.data(), bits.size_bytes(), offset * sizeof(std::uint16_t)); });
   }
   // Float tensor `name` (checked) as config-dtype bits in the reused host
   // buffer (valid until the next call).
@@ -214,7 +231,7 @@ class WeightLoader {
   Buffer upload(const std::string& name) const {
     std::size_t numel = 1;
     for (std::size_t dim : expected_of(name).shape) numel *= dim;
-    Buffer b = backend_.alloc(config_.dtype, numel);
+    Buffer b = in_backend([&] { return backend_.alloc(config_.dtype, numel); });
     write_tensor(name, b, 0);
     return b;
   }
@@ -353,7 +370,7 @@ class WeightLoader {
     out.n = p.n;
     out.k = p.k;
     if (!p.quantized) {
-      out.dense = backend_.alloc(config_.dtype, p.n * p.k);
+      out.dense = in_backend([&] { return backend_.alloc(config_.dtype, p.n * p.k); });
       write_tensor(p.dense, out.dense, 0);
       return out;
     }
@@ -369,7 +386,7 @@ class WeightLoader {
     t.symmetric = config_.gptq->sym;
     t.zero_format = config_.gptq->zero_format;
     try {
-      out.gptq = backend_.load_gptq(t);
+      out.gptq = in_backend([&] { return backend_.load_gptq(t); });
     } catch (const Error& e) {
       // load_gptq checks the values (g_idx in range, finite scales) but can
       // name only its argument: say which tensors, and where they live.
@@ -407,7 +424,7 @@ class WeightLoader {
     Projection joined;
     joined.n = 2 * n;
     joined.k = k;
-    joined.dense = backend_.alloc(config_.dtype, joined.n * k);
+    joined.dense = in_backend([&] { return backend_.alloc(config_.dtype, joined.n * k); });
     if (interleaved_.size() < joined.n * k) interleaved_.resize(joined.n * k);
     for (std::size_t part = 0; part < 2; ++part) {
       const std::span<const std::uint16_t> rows = read_tensor_bits(part == 0 ? gate.dense : up.dense);
@@ -415,7 +432,7 @@ class WeightLoader {
         std::copy_n(rows.data() + j * k, k, interleaved_.data() + (2 * j + part) * k);
       }
     }
-    backend_.write_bytes(joined.dense, interleaved_.data(), joined.n * k * sizeof(std::uint16_t));
+    in_backend([&] { backend_.write_bytes(joined.dense, interleaved_.data(), joined.n * k * sizeof(std::uint16_t)); });
     FusedProjection fused;
     fused.parts.push_back(std::move(joined));
     fused.interleaved_pairs = true;
@@ -438,7 +455,7 @@ class WeightLoader {
       Projection joined;
       joined.k = parts.front().k;
       for (const HostProjection& p : parts) joined.n += p.n;
-      joined.dense = backend_.alloc(config_.dtype, joined.n * joined.k);
+      joined.dense = in_backend([&] { return backend_.alloc(config_.dtype, joined.n * joined.k); });
       std::size_t row = 0;
       for (const HostProjection& p : parts) {
         write_tensor(p.dense, joined.dense, row * joined.k);
@@ -485,6 +502,7 @@ class WeightLoader {
   // fuse_gate_up's joined rows, reused across layers: 2 * im * hidden halves
   // of host memory while loading (235 MB for llama3-8b, ~940 MB at 70B).
   mutable std::vector<std::uint16_t> interleaved_;
+  mutable double backend_seconds_ = 0.0;  // in_backend's sum
 };
 
 }  // namespace
@@ -565,8 +583,11 @@ ModelWeights load_weights(Backend& backend, const ModelConfig& config, const Ten
   std::vector<float> cos, sin;
   make_rope_tables(config, options.rope_positions != 0 ? options.rope_positions : config.max_position_embeddings, cos,
                    sin);
+  const auto rope_start = std::chrono::steady_clock::now();
   w.rope_cos = backend.upload(cos, DType::F32);
   w.rope_sin = backend.upload(sin, DType::F32);
+  w.backend_load_seconds = loader.backend_seconds() +
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - rope_start).count();
   return w;
 }
 

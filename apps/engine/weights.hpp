@@ -82,6 +82,10 @@ struct ModelWeights {
   Buffer lm_head;     // [vocab, hidden]; null when tie_word_embeddings
   Buffer rope_cos;    // [rope_positions(), hd / 2] f32
   Buffer rope_sin;    // [rope_positions(), hd / 2] f32
+  // Seconds the load spent inside Backend calls (alloc, write_bytes, upload,
+  // load_gptq with its host repack); the rest of it read or generated the
+  // values and joined the projections.
+  double backend_load_seconds = 0.0;
 
   // The RoPE tables' rows: the positions a decoder may reach.
   std::size_t rope_positions() const noexcept {

@@ -1,5 +1,6 @@
 // Loading a tiny checkpoint directory: fused layouts, tables, and every error.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -96,8 +97,14 @@ TEST_P(WeightsTest, LoadsShardedCheckpointIntoFusedLayouts) {
   const auto dir = testing::scratch_dir() / "ckpt";
   write_checkpoint(dir, config, src, SafetensorsDType::F16, 3);
   CpuBackend be;
+  const auto start = std::chrono::steady_clock::now();
   const ModelWeights w = load_checkpoint(be, dir);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   expect_loaded_like(be, w, src);
+  // The load's time in Backend calls (every tensor went through one): some,
+  // and no more than the whole load.
+  EXPECT_GT(w.backend_load_seconds, 0.0);
+  EXPECT_LE(w.backend_load_seconds, seconds);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, WeightsTest, ::testing::Values("tiny-llama", "tiny-qwen3"));
