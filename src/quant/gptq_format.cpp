@@ -175,13 +175,7 @@ void validate_gptq(const GptqHostTensors& t, std::string_view op) {
 }
 
 GptqUnpacked unpack_gptq(const GptqHostTensors& t, std::string_view op, unsigned threads) {
-  validate_gptq(t, op);
-
-  GptqUnpacked w;
-  w.k = t.k;
-  w.n = t.n;
-  w.group_size = t.group_size;
-  w.groups = gptq_groups(t.k, t.n, t.group_size, op);
+  GptqUnpacked w = unpack_gptq_groups(t, op);
   const std::size_t k = w.k;
   const std::size_t n = w.n;
 
@@ -193,6 +187,19 @@ GptqUnpacked unpack_gptq(const GptqHostTensors& t, std::string_view op, unsigned
       for (std::size_t col = 0; col < n; ++col) w.q[row * n + col] = nibble(packed[col], row % kPack);
     }
   });
+  return w;
+}
+
+GptqUnpacked unpack_gptq_groups(const GptqHostTensors& t, std::string_view op) {
+  validate_gptq(t, op);
+
+  GptqUnpacked w;
+  w.k = t.k;
+  w.n = t.n;
+  w.group_size = t.group_size;
+  w.groups = gptq_groups(t.k, t.n, t.group_size, op);
+  const std::size_t k = w.k;
+  const std::size_t n = w.n;
 
   // qzeros [groups, n / 8]: column c of group g is nibble c % 8 of word c / 8.
   const unsigned zero_offset = t.zero_format == GptqZeroFormat::V1 ? 1u : 0u;

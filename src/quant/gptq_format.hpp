@@ -73,6 +73,9 @@ struct GptqUnpacked {
 // Validates `t` (under `op`), then unpacks it.
 // threads: the host threads the unpacking may use (0: every core).
 GptqUnpacked unpack_gptq(const GptqHostTensors& t, std::string_view op = "unpack_gptq", unsigned threads = 0);
+// The same without the weights: validates `t`, unpacks zero, scale, g_idx and
+// perm, and leaves q empty (for repack_gptq's straight path from qweight).
+GptqUnpacked unpack_gptq_groups(const GptqHostTensors& t, std::string_view op = "unpack_gptq");
 
 // W as f32, [k][n]: W[k][n] = float(q - zero) * scale[g_idx[k]][n]. Exact:
 // q - zero is a small integer (exactly representable), so the only rounding

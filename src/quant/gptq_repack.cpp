@@ -93,10 +93,12 @@ std::size_t checked_groups(std::string_view op, std::size_t k, std::size_t n, in
 }
 }  // namespace
 
-GptqRepacked repack_gptq(const GptqUnpacked& w, std::string_view op) {
+namespace {
+
+// Checks every array of `w` but q; returns the group count.
+std::size_t checked_groups_of(const GptqUnpacked& w, std::string_view op) {
   const std::size_t groups = checked_groups(op, w.k, w.n, w.group_size, w.groups);
   const std::size_t k = w.k, n = w.n;
-  size_is(op, "q", w.q.size(), k * n, "[k, n]");
   size_is(op, "zero", w.zero.size(), groups * n, "[groups, n]");
   size_is(op, "scale", w.scale.size(), groups * n, "[groups, n]");
   size_is(op, "g_idx", w.g_idx.size(), k, "[k]");
@@ -108,12 +110,6 @@ GptqRepacked repack_gptq(const GptqUnpacked& w, std::string_view op) {
     }
   }
   check_permutation(op, "perm", w.perm, k);
-  for (std::size_t i = 0; i < w.q.size(); ++i) {
-    if (w.q[i] > 15) {
-      fail(ErrorCode::InvalidArgument, "{}: 'q' entry {} (row {}, column {}) = {} does not fit in 4 bits (0..15)", op,
-           i, i / n, i % n, w.q[i]);
-    }
-  }
   for (std::size_t i = 0; i < w.zero.size(); ++i) {
     if (w.zero[i] > 16) {
       fail(ErrorCode::InvalidArgument, "{}: 'zero' entry {} (group {}, column {}) = {} is above 16 (V1 15 + 1)", op, i,
@@ -126,7 +122,13 @@ GptqRepacked repack_gptq(const GptqUnpacked& w, std::string_view op) {
            i % n, w.scale[i]);
     }
   }
+  return groups;
+}
 
+// Everything of the repacked weight but the values of qweight, which is
+// sized (k_pad * n_pad / 8 words) and zero.
+GptqRepacked repacked_groups(const GptqUnpacked& w, std::size_t groups) {
+  const std::size_t k = w.k, n = w.n;
   GptqRepacked r;
   r.k = k;
   r.n = n;
@@ -144,18 +146,7 @@ GptqRepacked repack_gptq(const GptqUnpacked& w, std::string_view op) {
   r.scale_rows = r.fused() ? r.k_pad / r.group_rows : groups;
   if (r.scale_rows < groups) r.scale_rows = groups;  // (never: k_pad / rows >= k / rows)
 
-  // Weights: repacked row j is checkpoint row perm[j].
-  // Rows split in whole k-tiles: a word holds nibbles of one tile only.
   r.qweight.assign(r.k_pad * r.n_pad / 8, 0u);
-  parallel_for(k, kGptqTileK, kGptqTileK, 0, [&](std::size_t begin, std::size_t end) {
-    for (std::size_t j = begin; j < end; ++j) {
-      const std::uint8_t* src = w.q.data() + static_cast<std::size_t>(w.perm[j]) * n;
-      for (std::size_t col = 0; col < n; ++col) {
-        const GptqNibbleAddress at = gptq_nibble_address(r.k_pad, j, col);
-        r.qweight[at.word] |= static_cast<std::uint32_t>(src[col] & 0xFu) << (4 * at.slot);
-      }
-    }
-  });
 
   // Scales and zeros: per group, columns permuted; padding 0.
   r.scales.assign(r.scale_rows * r.n_pad, 0.0f);
@@ -173,7 +164,60 @@ GptqRepacked repack_gptq(const GptqUnpacked& w, std::string_view op) {
   return r;
 }
 
-GptqRepacked repack_gptq(const GptqHostTensors& t, std::string_view op) { return repack_gptq(unpack_gptq(t, op), op); }
+}  // namespace
+
+GptqRepacked repack_gptq(const GptqUnpacked& w, std::string_view op) {
+  const std::size_t groups = checked_groups_of(w, op);
+  const std::size_t k = w.k, n = w.n;
+  size_is(op, "q", w.q.size(), k * n, "[k, n]");
+  for (std::size_t i = 0; i < w.q.size(); ++i) {
+    if (w.q[i] > 15) {
+      fail(ErrorCode::InvalidArgument, "{}: 'q' entry {} (row {}, column {}) = {} does not fit in 4 bits (0..15)", op,
+           i, i / n, i % n, w.q[i]);
+    }
+  }
+  GptqRepacked r = repacked_groups(w, groups);
+  // Weights: repacked row j is checkpoint row perm[j].
+  // Rows split in whole k-tiles: a word holds nibbles of one tile only.
+  parallel_for(k, kGptqTileK, kGptqTileK, 0, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t j = begin; j < end; ++j) {
+      const std::uint8_t* src = w.q.data() + static_cast<std::size_t>(w.perm[j]) * n;
+      for (std::size_t col = 0; col < n; ++col) {
+        const GptqNibbleAddress at = gptq_nibble_address(r.k_pad, j, col);
+        r.qweight[at.word] |= static_cast<std::uint32_t>(src[col] & 0xFu) << (4 * at.slot);
+      }
+    }
+  });
+  return r;
+}
+
+// Straight from the checkpoint's qweight (no byte per weight in between, as
+// unpack_gptq + the overload above make): one 64-column block at a time, so
+// that each k16 tile reads its rows' 64 words (256 contiguous bytes per row)
+// and writes its own 512 bytes. The bits are those of the two-step path
+// (GptqRepack.StraightPathGivesTheTwoStepBits).
+GptqRepacked repack_gptq(const GptqHostTensors& t, std::string_view op) {
+  const GptqUnpacked w = unpack_gptq_groups(t, op);
+  GptqRepacked r = repacked_groups(w, checked_groups_of(w, op));
+  const std::size_t k = w.k, n = w.n;
+  constexpr std::size_t kPackRows = 8;  // rows per qweight word
+  parallel_for(r.n_pad / kGptqTileN, 1, 1, 0, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t nb = begin; nb < end; ++nb) {
+      const std::size_t col0 = nb * kGptqTileN;
+      const std::size_t cols = std::min(kGptqTileN, n - col0);  // n_pad's padding stays zero
+      for (std::size_t j = 0; j < k; ++j) {
+        const std::size_t row = static_cast<std::size_t>(w.perm[j]);
+        const std::int32_t* packed = t.qweight.data() + (row / kPackRows) * n + col0;
+        const unsigned shift = static_cast<unsigned>(4 * (row % kPackRows));
+        for (std::size_t c = 0; c < cols; ++c) {
+          const GptqNibbleAddress at = gptq_nibble_address(r.k_pad, j, col0 + c);
+          r.qweight[at.word] |= ((static_cast<std::uint32_t>(packed[c]) >> shift) & 0xFu) << (4 * at.slot);
+        }
+      }
+    }
+  });
+  return r;
+}
 
 GptqUnpacked unpack_repacked(const GptqRepacked& r, std::string_view op) {
   const std::size_t groups = checked_groups(op, r.k, r.n, r.group_size, r.groups);

@@ -115,7 +115,9 @@ GptqNibbleAddress gptq_nibble_address(std::size_t k_pad, std::size_t row, std::s
 // identity or the stable sort of g_idx, as unpack_gptq makes it). Checks
 // every array (see the error codes above) under `op`.
 GptqRepacked repack_gptq(const GptqUnpacked& w, std::string_view op = "repack_gptq");
-// validate + unpack + repack.
+// Validates and repacks a checkpoint: the same result as
+// repack_gptq(unpack_gptq(t)), with the weights taken straight from qweight
+// (no byte per weight in between: load_gptq's path).
 GptqRepacked repack_gptq(const GptqHostTensors& t, std::string_view op = "repack_gptq");
 
 // The inverse, for tests and tools: back to the checkpoint's row order, true

@@ -5,6 +5,8 @@
 //     symmetric and asymmetric, V1 and V2, with and without act-order, square
 //     and non-square k / n, sizes that need padding, and the general
 //     (non-fused) layouts: group sizes 8 and 24, uneven act-order groups.
+//   * The checkpoint's path (weights straight from qweight) gives the bits of
+//     repack after unpack, every field and word.
 //   * Layout: the mma.sync B fragments a lane gets from its 16-byte word group
 //     with the magic-number extraction ((w >> 4i) & 0x000F000F) are the ones
 //     the PTX fragment definition asks for, and a lane's 8 consecutive scales
@@ -131,6 +133,51 @@ TEST(GptqRepack, RoundTripIsExactForEveryStandardLayout) {
     EXPECT_TRUE(again.qzeros == packed.qzeros);
     EXPECT_TRUE(again.scales == packed.scales);
   }
+}
+
+// repack_gptq on the checkpoint (load_gptq's path, the weights straight from
+// qweight) and on its unpacked form (a byte per weight in between): the same
+// repacked weight, every field and every word, padding included.
+TEST(GptqRepack, StraightPathGivesTheTwoStepBits) {
+  FERRUM_SEEDED_RNG(rng);
+  std::vector<RepackCase> cases;
+  for (int gs : {32, 128, -1}) {
+    for (bool act : {false, true}) {
+      if (gs == -1 && act) continue;
+      cases.push_back({384, 200, gs, false, act, GptqZeroFormat::V1});  // k and n padded
+      cases.push_back({256, 64, gs, true, act, GptqZeroFormat::V2});
+    }
+  }
+  cases.push_back({64, 24, 8, false, false, GptqZeroFormat::V1});   // general layouts
+  cases.push_back({96, 136, 24, false, true, GptqZeroFormat::V2});
+  cases.push_back({16, 8, -1, true, false, GptqZeroFormat::V1});
+  for (const RepackCase& c : cases) {
+    SCOPED_TRACE(describe(c));
+    const GptqPacked packed = random_checkpoint(c, rng);
+    const GptqRepacked straight = detail::repack_gptq(packed.host_tensors());
+    const GptqRepacked two_step = detail::repack_gptq(detail::unpack_gptq(packed.host_tensors()));
+    EXPECT_EQ(straight.k_pad, two_step.k_pad);
+    EXPECT_EQ(straight.n_pad, two_step.n_pad);
+    EXPECT_EQ(straight.groups, two_step.groups);
+    EXPECT_EQ(straight.group_rows, two_step.group_rows);
+    EXPECT_EQ(straight.scale_rows, two_step.scale_rows);
+    EXPECT_EQ(straight.act_order, two_step.act_order);
+    EXPECT_EQ(straight.uniform_zero, two_step.uniform_zero);
+    EXPECT_EQ(straight.zero_value, two_step.zero_value);
+    EXPECT_TRUE(straight.qweight == two_step.qweight) << "the weight words differ";
+    EXPECT_TRUE(straight.scales == two_step.scales);
+    EXPECT_TRUE(straight.zeros == two_step.zeros);
+    EXPECT_TRUE(straight.perm == two_step.perm);
+    EXPECT_TRUE(straight.row_group == two_step.row_group);
+  }
+  // Uneven act-order groups (g_idx drawn at random).
+  RepackCase c{128, 40, 32, false, false, GptqZeroFormat::V1};
+  GptqPacked packed = random_checkpoint(c, rng);
+  std::uniform_int_distribution<int> group(0, 3);
+  for (auto& g : packed.g_idx) g = group(rng.engine());
+  packed.g_idx[0] = 1;
+  EXPECT_TRUE(detail::repack_gptq(packed.host_tensors()).qweight ==
+              detail::repack_gptq(detail::unpack_gptq(packed.host_tensors())).qweight);
 }
 
 TEST(GptqRepack, GeneralLayoutsRoundTripAndAreNotFused) {
