@@ -192,26 +192,53 @@ GptqRepacked repack_gptq(const GptqUnpacked& w, std::string_view op) {
 }
 
 // Straight from the checkpoint's qweight (no byte per weight in between, as
-// unpack_gptq + the overload above make): one 64-column block at a time, so
-// that each k16 tile reads its rows' 64 words (256 contiguous bytes per row)
-// and writes its own 512 bytes. The bits are those of the two-step path
-// (GptqRepack.StraightPathGivesTheTwoStepBits).
+// unpack_gptq + the overload above make), each repacked word written once:
+// one 64-column block per task, one k16 tile at a time (its 16 rows' 64
+// columns, 4 KB of the checkpoint, stay in L1 while its 512 bytes are
+// written in order). gptq_nibble_address inverted: word (tile kt, lane
+// 4 gid + t, w) holds rows 2t, 2t + 1, 2t + 8, 2t + 9 of the tile and
+// columns 16 w + gid, 16 w + 8 + gid of the block, value (r, tile) in slot
+// 4 (r % 2) + (r >= 8) + 2 (tile % 2). The bits are those of the two-step
+// path (GptqRepack.StraightPathGivesTheTwoStepBits).
 GptqRepacked repack_gptq(const GptqHostTensors& t, std::string_view op) {
   const GptqUnpacked w = unpack_gptq_groups(t, op);
   GptqRepacked r = repacked_groups(w, checked_groups_of(w, op));
   const std::size_t k = w.k, n = w.n;
+  const std::size_t k_tiles = r.k_pad / 16;
   constexpr std::size_t kPackRows = 8;  // rows per qweight word
   parallel_for(r.n_pad / kGptqTileN, 1, 1, 0, [&](std::size_t begin, std::size_t end) {
     for (std::size_t nb = begin; nb < end; ++nb) {
       const std::size_t col0 = nb * kGptqTileN;
-      const std::size_t cols = std::min(kGptqTileN, n - col0);  // n_pad's padding stays zero
-      for (std::size_t j = 0; j < k; ++j) {
-        const std::size_t row = static_cast<std::size_t>(w.perm[j]);
-        const std::int32_t* packed = t.qweight.data() + (row / kPackRows) * n + col0;
-        const unsigned shift = static_cast<unsigned>(4 * (row % kPackRows));
-        for (std::size_t c = 0; c < cols; ++c) {
-          const GptqNibbleAddress at = gptq_nibble_address(r.k_pad, j, col0 + c);
-          r.qweight[at.word] |= ((static_cast<std::uint32_t>(packed[c]) >> shift) & 0xFu) << (4 * at.slot);
+      for (std::size_t kt = 0; kt < k_tiles; ++kt) {
+        // The tile's rows: checkpoint row perm[j] as (packed row pointer at
+        // the block, shift); rows past k read as zero.
+        const std::int32_t* rows[16];
+        unsigned shift[16];
+        for (std::size_t rr = 0; rr < 16; ++rr) {
+          const std::size_t j = kt * 16 + rr;
+          const std::size_t row = j < k ? static_cast<std::size_t>(w.perm[j]) : 0;
+          rows[rr] = j < k ? t.qweight.data() + (row / kPackRows) * n : nullptr;
+          shift[rr] = static_cast<unsigned>(4 * (row % kPackRows));
+        }
+        std::uint32_t* out = r.qweight.data() + (nb * k_tiles + kt) * 128;
+        for (std::size_t lane = 0; lane < 32; ++lane) {
+          const std::size_t gid = lane / 4, tq = lane % 4;
+          for (std::size_t word = 0; word < 4; ++word) {
+            std::uint32_t v = 0;
+            for (std::size_t odd_tile = 0; odd_tile < 2; ++odd_tile) {
+              const std::size_t col = col0 + (2 * word + odd_tile) * 8 + gid;
+              if (col >= n) continue;  // n_pad's padding stays zero
+              for (std::size_t hi = 0; hi < 2; ++hi) {
+                for (std::size_t odd_row = 0; odd_row < 2; ++odd_row) {
+                  const std::size_t rr = hi * 8 + 2 * tq + odd_row;
+                  if (rows[rr] == nullptr) continue;  // k_pad's padding stays zero
+                  const std::uint32_t q = (static_cast<std::uint32_t>(rows[rr][col]) >> shift[rr]) & 0xFu;
+                  v |= q << (4 * (4 * odd_row + hi + 2 * odd_tile));
+                }
+              }
+            }
+            out[lane * 4 + word] = v;
+          }
         }
       }
     }
