@@ -125,8 +125,8 @@ std::size_t checked_groups_of(const GptqUnpacked& w, std::string_view op) {
   return groups;
 }
 
-// Everything of the repacked weight but the values of qweight, which is
-// sized (k_pad * n_pad / 8 words) and zero.
+// Everything of the repacked weight but qweight, which the caller sizes
+// (k_pad * n_pad / 8 words) and fills.
 GptqRepacked repacked_groups(const GptqUnpacked& w, std::size_t groups) {
   const std::size_t k = w.k, n = w.n;
   GptqRepacked r;
@@ -145,8 +145,6 @@ GptqRepacked repacked_groups(const GptqUnpacked& w, std::size_t groups) {
   r.group_rows = fused_group_rows(r.row_group, w.group_size, k, r.k_pad);
   r.scale_rows = r.fused() ? r.k_pad / r.group_rows : groups;
   if (r.scale_rows < groups) r.scale_rows = groups;  // (never: k_pad / rows >= k / rows)
-
-  r.qweight.assign(r.k_pad * r.n_pad / 8, 0u);
 
   // Scales and zeros: per group, columns permuted; padding 0.
   r.scales.assign(r.scale_rows * r.n_pad, 0.0f);
@@ -177,6 +175,7 @@ GptqRepacked repack_gptq(const GptqUnpacked& w, std::string_view op) {
     }
   }
   GptqRepacked r = repacked_groups(w, groups);
+  r.qweight.assign(r.k_pad * r.n_pad / 8, 0u);  // the nibbles are or'ed in below
   // Weights: repacked row j is checkpoint row perm[j].
   // Rows split in whole k-tiles: a word holds nibbles of one tile only.
   parallel_for(k, kGptqTileK, kGptqTileK, 0, [&](std::size_t begin, std::size_t end) {
@@ -205,6 +204,7 @@ GptqRepacked repack_gptq(const GptqHostTensors& t, std::string_view op) {
   GptqRepacked r = repacked_groups(w, checked_groups_of(w, op));
   const std::size_t k = w.k, n = w.n;
   const std::size_t k_tiles = r.k_pad / 16;
+  r.qweight.resize(r.k_pad * r.n_pad / 8);  // uninitialized: every word is written below, padding included
   constexpr std::size_t kPackRows = 8;  // rows per qweight word
   parallel_for(r.n_pad / kGptqTileN, 1, 1, 0, [&](std::size_t begin, std::size_t end) {
     for (std::size_t nb = begin; nb < end; ++nb) {
