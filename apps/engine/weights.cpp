@@ -583,11 +583,9 @@ ModelWeights load_weights(Backend& backend, const ModelConfig& config, const Ten
   std::vector<float> cos, sin;
   make_rope_tables(config, options.rope_positions != 0 ? options.rope_positions : config.max_position_embeddings, cos,
                    sin);
-  const auto rope_start = std::chrono::steady_clock::now();
-  w.rope_cos = backend.upload(cos, DType::F32);
-  w.rope_sin = backend.upload(sin, DType::F32);
-  w.backend_load_seconds = loader.backend_seconds() +
-                           std::chrono::duration<double>(std::chrono::steady_clock::now() - rope_start).count();
+  w.rope_cos = loader.in_backend([&] { return backend.upload(cos, DType::F32); });
+  w.rope_sin = loader.in_backend([&] { return backend.upload(sin, DType::F32); });
+  w.backend_load_seconds = loader.backend_seconds();
   return w;
 }
 

@@ -200,8 +200,11 @@ GptqRepacked repack_gptq(const GptqUnpacked& w, std::string_view op) {
 // 4 (r % 2) + (r >= 8) + 2 (tile % 2). The bits are those of the two-step
 // path (GptqRepack.StraightPathGivesTheTwoStepBits).
 GptqRepacked repack_gptq(const GptqHostTensors& t, std::string_view op) {
+  // unpack_gptq_groups validated t, and what it derives holds by construction
+  // (zeros of 4 bits + 1, perm a stable sort): checked_groups_of would check
+  // the same arrays again.
   const GptqUnpacked w = unpack_gptq_groups(t, op);
-  GptqRepacked r = repacked_groups(w, checked_groups_of(w, op));
+  GptqRepacked r = repacked_groups(w, w.groups);
   const std::size_t k = w.k, n = w.n;
   const std::size_t k_tiles = r.k_pad / 16;
   r.qweight.resize(r.k_pad * r.n_pad / 8);  // uninitialized: every word is written below, padding included
