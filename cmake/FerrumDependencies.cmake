@@ -1,5 +1,6 @@
 # Finds what ferrum_kernels needs and defines:
-#   CUDA::cudart / CUDA::cublas / CUDA::cublasLt / CUDA::nvrtc  (CUDAToolkit)
+#   CUDA::cudart / CUDA::cublas / CUDA::cublasLt  (CUDAToolkit; no kernel is
+#   compiled at run time, so NVRTC is not linked)
 #   NCCL::NCCL and FERRUM_WITH_NCCL (on when NCCL is found)
 #   ferrum_fmt: fmt, header-only, linked privately (never in our public headers)
 find_package(CUDAToolkit REQUIRED)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what building ferrum needs on a Debian/Ubuntu machine, skipping
-# what is already there. The CUDA toolkit (nvcc, cuBLAS, NVRTC, NCCL) must
+# what is already there. The CUDA toolkit (nvcc, cuBLAS, NCCL) must
 # already be installed (/usr/local/cuda).
 set -euo pipefail
 need=()
