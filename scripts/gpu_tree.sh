@@ -44,5 +44,14 @@ for i in "${!ALTS[@]}"; do
   git rev-parse --short "${ALTS[$i]}" > "$dir/COMMIT"
   ALT_NAMES="$ALT_NAMES $(cat "$dir/COMMIT")"
 done
-[ -d .deps ] && cp -r .deps .gpu-tree/
+# .deps: what the GPU machine lacks for the engine (nlohmann-json's headers and
+# CMake package), made from this machine's Debian package when missing;
+# without it gpu_suite.sh's build leaves the engine out.
+if [ ! -d .deps ] && [ -d /usr/include/nlohmann ] && [ -d /usr/share/cmake/nlohmann_json ]; then
+  grep -qx "/.deps/" .git/info/exclude 2>/dev/null || echo "/.deps/" >> .git/info/exclude
+  mkdir -p .deps/include .deps/share/cmake
+  cp -r /usr/include/nlohmann .deps/include/
+  cp -r /usr/share/cmake/nlohmann_json .deps/share/cmake/
+fi
+[ -d .deps ] && cp -r .deps .gpu-tree/ || echo "gpu_tree: no .deps (nlohmann-json): the GPU build will leave the engine out" >&2
 echo "exported $(cat .gpu-tree/COMMIT) to .gpu-tree${BASE:+, base $(cat .gpu-tree/base/COMMIT)}${ALT_NAMES:+, alt$ALT_NAMES}"
