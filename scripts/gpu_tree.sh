@@ -53,5 +53,9 @@ if [ ! -d .deps ] && [ -d /usr/include/nlohmann ] && [ -d /usr/share/cmake/nlohm
   cp -r /usr/include/nlohmann .deps/include/
   cp -r /usr/share/cmake/nlohmann_json .deps/share/cmake/
 fi
-[ -d .deps ] && cp -r .deps .gpu-tree/ || echo "gpu_tree: no .deps (nlohmann-json): the GPU build will leave the engine out" >&2
+if [ -d .deps ]; then
+  cp -r .deps .gpu-tree/
+else
+  echo "gpu_tree: no .deps (nlohmann-json): the GPU build will leave the engine out" >&2
+fi
 echo "exported $(cat .gpu-tree/COMMIT) to .gpu-tree${BASE:+, base $(cat .gpu-tree/base/COMMIT)}${ALT_NAMES:+, alt$ALT_NAMES}"

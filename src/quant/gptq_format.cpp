@@ -17,7 +17,6 @@ namespace ferrum::detail {
 
 namespace {
 
-constexpr std::size_t kPack = 8;  // 4-bit values per int32
 constexpr std::size_t kMaxDim = static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max());
 
 // The 4-bit value at position `slot` (0..7, low nibble first) of `word`.
@@ -103,11 +102,11 @@ std::size_t gptq_groups(std::size_t k, std::size_t n, int group_size, std::strin
   if (n > kMaxDim) {
     fail(ErrorCode::InvalidArgument, "{}: argument 'n' = {} exceeds the 32-bit limit {}", op, n, kMaxDim);
   }
-  if (k % kPack != 0) {
+  if (k % kGptqPack != 0) {
     fail(ErrorCode::InvalidArgument, "{}: argument 'k' = {} is not a multiple of 8 (qweight packs 8 rows per int32)",
          op, k);
   }
-  if (n % kPack != 0) {
+  if (n % kGptqPack != 0) {
     fail(ErrorCode::InvalidArgument, "{}: argument 'n' = {} is not a multiple of 8 (qzeros packs 8 columns per int32)",
          op, n);
   }
@@ -118,7 +117,7 @@ std::size_t gptq_groups(std::size_t k, std::size_t n, int group_size, std::strin
          "group)",
          op, group_size);
   }
-  if (group_size % static_cast<int>(kPack) != 0) {
+  if (group_size % static_cast<int>(kGptqPack) != 0) {
     fail(ErrorCode::Unsupported,
          "{}: argument 'group_size' = {} is not a multiple of 8 (a group must span whole int32 rows of qweight)", op,
          group_size);
@@ -147,8 +146,8 @@ void validate_gptq(const GptqHostTensors& t, std::string_view op) {
            have, shape, rows, cols, rows * cols);
     }
   };
-  size_is("qweight", t.qweight.size(), t.k / kPack, t.n, "[k / 8, n]");
-  size_is("qzeros", t.qzeros.size(), groups, t.n / kPack, "[groups, n / 8]");
+  size_is("qweight", t.qweight.size(), t.k / kGptqPack, t.n, "[k / 8, n]");
+  size_is("qzeros", t.qzeros.size(), groups, t.n / kGptqPack, "[groups, n / 8]");
   size_is("scales", t.scales.size(), groups, t.n, "[groups, n]");
   if (!t.g_idx.empty() && t.g_idx.size() != t.k) {
     fail(ErrorCode::ShapeMismatch,
@@ -183,8 +182,8 @@ GptqUnpacked unpack_gptq(const GptqHostTensors& t, std::string_view op, unsigned
   w.q.resize(k * n);
   parallel_for(k, 1, 256, threads, [&](std::size_t begin, std::size_t end) {
     for (std::size_t row = begin; row < end; ++row) {
-      const std::int32_t* packed = t.qweight.data() + (row / kPack) * n;
-      for (std::size_t col = 0; col < n; ++col) w.q[row * n + col] = nibble(packed[col], row % kPack);
+      const std::int32_t* packed = t.qweight.data() + (row / kGptqPack) * n;
+      for (std::size_t col = 0; col < n; ++col) w.q[row * n + col] = nibble(packed[col], row % kGptqPack);
     }
   });
   return w;
@@ -205,9 +204,9 @@ GptqUnpacked unpack_gptq_groups(const GptqHostTensors& t, std::string_view op) {
   const unsigned zero_offset = t.zero_format == GptqZeroFormat::V1 ? 1u : 0u;
   w.zero.resize(w.groups * n);
   for (std::size_t g = 0; g < w.groups; ++g) {
-    const std::int32_t* packed = t.qzeros.data() + g * (n / kPack);
+    const std::int32_t* packed = t.qzeros.data() + g * (n / kGptqPack);
     for (std::size_t col = 0; col < n; ++col) {
-      w.zero[g * n + col] = static_cast<std::uint8_t>(nibble(packed[col / kPack], col % kPack) + zero_offset);
+      w.zero[g * n + col] = static_cast<std::uint8_t>(nibble(packed[col / kGptqPack], col % kGptqPack) + zero_offset);
     }
   }
 
@@ -359,23 +358,23 @@ GptqPacked pack_gptq(const GptqUnpacked& w, GptqZeroFormat format, bool write_g_
   p.group_size = w.group_size;
   p.zero_format = format;
 
-  p.qweight.assign((k / kPack) * n, 0);
+  p.qweight.assign((k / kGptqPack) * n, 0);
   for (std::size_t row = 0; row < k; ++row) {
     for (std::size_t col = 0; col < n; ++col) {
-      std::int32_t& word = p.qweight[(row / kPack) * n + col];
-      word = static_cast<std::int32_t>(static_cast<std::uint32_t>(word) | nibble_bits(w.q[row * n + col], row % kPack));
+      std::int32_t& word = p.qweight[(row / kGptqPack) * n + col];
+      word = static_cast<std::int32_t>(static_cast<std::uint32_t>(word) | nibble_bits(w.q[row * n + col], row % kGptqPack));
     }
   }
 
   const unsigned zero_offset = v1 ? 1u : 0u;
-  p.qzeros.assign(w.groups * (n / kPack), 0);
+  p.qzeros.assign(w.groups * (n / kGptqPack), 0);
   p.symmetric = true;
   for (std::size_t g = 0; g < w.groups; ++g) {
     for (std::size_t col = 0; col < n; ++col) {
       const unsigned z = w.zero[g * n + col];
       if (z != 8) p.symmetric = false;
-      std::int32_t& word = p.qzeros[g * (n / kPack) + col / kPack];
-      word = static_cast<std::int32_t>(static_cast<std::uint32_t>(word) | nibble_bits(z - zero_offset, col % kPack));
+      std::int32_t& word = p.qzeros[g * (n / kGptqPack) + col / kGptqPack];
+      word = static_cast<std::int32_t>(static_cast<std::uint32_t>(word) | nibble_bits(z - zero_offset, col % kGptqPack));
     }
   }
 

@@ -45,6 +45,9 @@
 
 namespace ferrum::detail {
 
+// 4-bit values per int32 word of qweight (along k) and qzeros (along n).
+inline constexpr std::size_t kGptqPack = 8;
+
 // Checks every rule above on `t`; throws ferrum::Error whose message starts
 // with `op` (the public op doing the check, e.g. "load_gptq").
 void validate_gptq(const GptqHostTensors& t, std::string_view op);

@@ -208,7 +208,6 @@ GptqRepacked repack_gptq(const GptqHostTensors& t, std::string_view op) {
   const std::size_t k = w.k, n = w.n;
   const std::size_t k_tiles = r.k_pad / 16;
   r.qweight.resize(r.k_pad * r.n_pad / 8);  // uninitialized: every word is written below, padding included
-  constexpr std::size_t kPackRows = 8;  // rows per qweight word
   parallel_for(r.n_pad / kGptqTileN, 1, 1, 0, [&](std::size_t begin, std::size_t end) {
     for (std::size_t nb = begin; nb < end; ++nb) {
       const std::size_t col0 = nb * kGptqTileN;
@@ -220,8 +219,8 @@ GptqRepacked repack_gptq(const GptqHostTensors& t, std::string_view op) {
         for (std::size_t rr = 0; rr < 16; ++rr) {
           const std::size_t j = kt * 16 + rr;
           const std::size_t row = j < k ? static_cast<std::size_t>(w.perm[j]) : 0;
-          rows[rr] = j < k ? t.qweight.data() + (row / kPackRows) * n : nullptr;
-          shift[rr] = static_cast<unsigned>(4 * (row % kPackRows));
+          rows[rr] = j < k ? t.qweight.data() + (row / kGptqPack) * n : nullptr;
+          shift[rr] = static_cast<unsigned>(4 * (row % kGptqPack));
         }
         std::uint32_t* out = r.qweight.data() + (nb * k_tiles + kt) * 128;
         for (std::size_t lane = 0; lane < 32; ++lane) {
