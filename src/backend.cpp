@@ -95,7 +95,7 @@ void refuse_during_capture(const OpCheck& check) {
   }
 }
 
-void encode_from_f32(DType dtype, std::span<const float> src, void* dst) {
+void encode_from_f32(const char* op, DType dtype, std::span<const float> src, void* dst) {
   switch (dtype) {
     case DType::F16: {
       auto* d = static_cast<std::uint16_t*>(dst);
@@ -116,7 +116,7 @@ void encode_from_f32(DType dtype, std::span<const float> src, void* dst) {
         // -2^31 is exact in f32 and fits (-2147483649.0f rounds to it, so a
         // strict > refused INT_MIN); NaN fails both tests.
         if (!(src[i] >= -2147483648.0f && src[i] < 2147483648.0f)) {
-          detail::fail(ErrorCode::InvalidArgument, "write: value {} at index {} does not fit an i32", src[i], i);
+          detail::fail(ErrorCode::InvalidArgument, "{}: value {} at index {} does not fit an i32", op, src[i], i);
         }
         d[i] = static_cast<std::int32_t>(src[i]);
       }
@@ -126,7 +126,7 @@ void encode_from_f32(DType dtype, std::span<const float> src, void* dst) {
       auto* d = static_cast<std::uint8_t*>(dst);
       for (std::size_t i = 0; i < src.size(); ++i) {
         if (!(src[i] > -1.0f && src[i] < 256.0f)) {
-          detail::fail(ErrorCode::InvalidArgument, "write: value {} at index {} does not fit a u8", src[i], i);
+          detail::fail(ErrorCode::InvalidArgument, "{}: value {} at index {} does not fit a u8", op, src[i], i);
         }
         d[i] = static_cast<std::uint8_t>(src[i]);
       }
@@ -292,22 +292,30 @@ Buffer Backend::alloc_host(DType dtype, std::size_t numel) {
 }
 
 Buffer Backend::upload(std::span<const float> host, DType dtype) {
-  Buffer b = alloc(dtype, host.size());
-  write(b, host, 0);
+  if (host.empty()) {
+    OpCheck check(*this, "upload");
+    check.fail(ErrorCode::InvalidArgument, "upload: argument 'host' is empty, must hold at least 1 value");
+  }
+  Buffer b = checked_alloc("upload", dtype, host.size(), false);
+  checked_write("upload", b, host, 0);
   return b;
 }
 
 void Backend::write(Buffer& dst, std::span<const float> host, std::size_t dst_offset) {
-  OpCheck check(*this, "write");
+  checked_write("write", dst, host, dst_offset);
+}
+
+void Backend::checked_write(const char* op, Buffer& dst, std::span<const float> host, std::size_t dst_offset) {
+  OpCheck check(*this, op);
   refuse_during_capture(check);
   check.buffer("dst", dst);
   if (dst_offset > dst.numel() || host.size() > dst.numel() - dst_offset) {
-    check.fail(ErrorCode::ShapeMismatch, "write: {} values at offset {} run past 'dst' ({} elements)",
-         host.size(), dst_offset, dst.numel());
+    check.fail(ErrorCode::ShapeMismatch, "{}: {} values at offset {} run past 'dst' ({} elements)", op, host.size(),
+               dst_offset, dst.numel());
   }
   if (host.empty()) return;
-  std::vector<std::uint8_t> staged = host_staging<std::uint8_t>("write", host.size() * size_of(dst.dtype()));
-  encode_from_f32(dst.dtype(), host, staged.data());
+  std::vector<std::uint8_t> staged = host_staging<std::uint8_t>(op, host.size() * size_of(dst.dtype()));
+  encode_from_f32(op, dst.dtype(), host, staged.data());
   do_write_bytes(dst, dst_offset * size_of(dst.dtype()), staged.data(), staged.size());
 }
 
@@ -452,7 +460,7 @@ void check_row_norm(OpCheck& check, const Buffer& x, std::initializer_list<Named
                     std::initializer_list<NamedBuffer> params, float eps, std::size_t tokens, std::size_t dim) {
   check.size("tokens", tokens);
   check.size("dim", dim);
-  check.eps(eps);
+  check.eps("eps", eps);
   check.buffer("x", x);
   check.activation("x", x);
   const std::size_t n = check.product({tokens, dim});
@@ -692,7 +700,7 @@ void check_rope(const OpCheck& check, std::string_view cfg, std::string_view act
   check.dtype("cos", cos, DType::F32);
   check.dtype("sin", sin, DType::F32);
   if (mode == RopeMode::NormAndRope) {
-    check.eps(eps);
+    check.eps(fmt::format("{}eps", cfg), eps);
     for (const auto& [name, w] : norms) {
       if (w == nullptr) {
         check.fail(ErrorCode::NullBuffer, "{}: argument '{}' is null but '{}mode' is NormAndRope", check.op(), name,
@@ -929,6 +937,7 @@ void Backend::flash_attention(const Buffer& q, const Buffer& k, const Buffer& v,
                "the host kv_len = {} into a captured graph",
                kv_len);
   }
+  if (cfg.kv_seq_stride > 0) check.size("cfg.kv_seq_stride", cfg.kv_seq_stride);
   const std::size_t stride = cfg.kv_seq_stride > 0 ? cfg.kv_seq_stride : kv_len;
   if (kv_len > stride) {
     check.fail(ErrorCode::CapacityExceeded, "flash_attention: kv_len = {} exceeds cfg.kv_seq_stride = {}", kv_len,
@@ -1120,7 +1129,7 @@ void check_row_sq(const OpCheck& check, const Buffer& row_sq, std::size_t rows, 
 // row_sq of x, norm_w [k], eps, normed [m, k] beside a GEMM on normed.
 void check_norm_in(const OpCheck& check, const Buffer& x, const Buffer& row_sq, const Buffer& norm_w, float eps,
                    const QuantWeight& w, const Buffer& normed, std::size_t m) {
-  check.eps(eps);
+  check.eps("eps", eps);
   check.buffer("x", x);
   check.activation("x", x);
   const std::size_t elems = check.product({m, w.k()});

@@ -737,6 +737,8 @@ class Backend {
   // alloc and alloc_host: one set of checks, then device (host = false) or
   // host memory.
   Buffer checked_alloc(const char* op, DType dtype, std::size_t numel, bool host);
+  // write and upload: f32 values converted into dst, errors under `op`.
+  void checked_write(const char* op, Buffer& dst, std::span<const float> host, std::size_t dst_offset);
 
   bool device_state_mode_ = false;
   std::shared_ptr<detail::BufferOwner> owner_;  // every Buffer of this backend holds it too

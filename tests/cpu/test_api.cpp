@@ -679,8 +679,14 @@ TEST_P(ApiOnBackend, UploadConvertsLikeTheDocumentation) {
   // The i32 range's ends as f32 holds them: -2^31 fits, 2^31 does not.
   EXPECT_EQ(backend().download(backend().upload(std::vector<float>{-2147483648.0f}, DType::I32)),
             (std::vector<float>{-2147483648.0f}));
-  expect_error(ErrorCode::InvalidArgument, "write",
+  expect_error(ErrorCode::InvalidArgument, "upload",
                [&] { (void)backend().upload(std::vector<float>{2147483648.0f}, DType::I32); }, "does not fit an i32");
+  expect_error(ErrorCode::InvalidArgument, "write", [&] {
+    Buffer b = backend().alloc(DType::U8, 1);
+    backend().write(b, std::vector<float>{256.0f});
+  }, "does not fit a u8");
+  // Nothing to upload is named as upload's own argument, not alloc's.
+  expect_error(ErrorCode::InvalidArgument, "upload", [&] { (void)backend().upload({}, DType::F16); }, "'host' is empty");
   EXPECT_EQ(backend().download(backend().upload(std::vector<float>{0.0f, 1.5f, 254.9f, 255.0f}, DType::U8)),
             (std::vector<float>{0.0f, 1.0f, 254.0f, 255.0f}));
 }

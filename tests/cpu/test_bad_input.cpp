@@ -260,7 +260,7 @@ TEST_P(BadInput, QkvRopeAppendDomainAndPositions) {
   expect_call_error(op, ErrorCode::InvalidArgument, "'cfg.mode'", [](OpArgs& a) { a.mode = static_cast<RopeMode>(9); });
   expect_call_error(op, ErrorCode::NullBuffer, "'q_norm'", [](OpArgs& a) { a.null_norm_w = true; });
   expect_call_error(op, ErrorCode::NullBuffer, "'k_norm'", [](OpArgs& a) { a.null_k_norm = true; });
-  expect_call_error(op, ErrorCode::InvalidArgument, "'eps'", [](OpArgs& a) { a.eps = kNaN; });
+  expect_call_error(op, ErrorCode::InvalidArgument, "'cfg.eps'", [](OpArgs& a) { a.eps = kNaN; });
   // Each head count fits 32 bits, a qkv row's heads do not.
   expect_call_error(op, ErrorCode::InvalidArgument, "'cfg.heads + 2 * cfg.kv_heads'",
                     [](OpArgs& a) { a.sizes["cfg.kv_heads"] = std::size_t{1} << 30; });
@@ -301,7 +301,7 @@ TEST_P(BadInput, QkvRopeAppendRaggedDomain) {
   expect_call_error(op, ErrorCode::InvalidArgument, "'cfg.mode'", [](OpArgs& a) { a.mode = static_cast<RopeMode>(9); });
   expect_call_error(op, ErrorCode::NullBuffer, "'q_norm'", [](OpArgs& a) { a.null_norm_w = true; });
   expect_call_error(op, ErrorCode::NullBuffer, "'k_norm'", [](OpArgs& a) { a.null_k_norm = true; });
-  expect_call_error(op, ErrorCode::InvalidArgument, "'eps'", [](OpArgs& a) { a.eps = kNaN; });
+  expect_call_error(op, ErrorCode::InvalidArgument, "'cfg.eps'", [](OpArgs& a) { a.eps = kNaN; });
   // Caches for 2 sequences: a batch of 3 needs more of every buffer.
   expect_call_error(op, ErrorCode::ShapeMismatch, "'qkv'", [](OpArgs& a) { a.sizes["batch"] = 3; });
 }
@@ -311,6 +311,9 @@ TEST_P(BadInput, QkvRopeAppendRaggedDomain) {
 TEST_P(BadInput, FlashAttentionDomain) {
   expect_call_error(Op::FlashAttention, ErrorCode::CapacityExceeded, "cfg.kv_seq_stride",
                     [](OpArgs& a) { a.kv_seq_stride = 2; });  // kv_len 3 > stride 2
+  // A stride past 32 bits is refused as a size before any buffer is sized by it.
+  expect_call_error(Op::FlashAttention, ErrorCode::InvalidArgument, "'cfg.kv_seq_stride' = 2147483648",
+                    [](OpArgs& a) { a.kv_seq_stride = kHuge; });
   expect_call_error(Op::FlashAttention, ErrorCode::InvalidArgument, "cfg.num_kv_heads",
                     [](OpArgs& a) { a.sizes["cfg.num_kv_heads"] = 3; });  // 4 heads are not groups of 3
   for (float scale : {kNaN, -0.5f, kInf}) {
@@ -535,7 +538,7 @@ TEST_P(BadInput, AllocSizes) {
   const auto bad = static_cast<DType>(9);
   expect_error(ErrorCode::InvalidArgument, "alloc", [&] { (void)backend().alloc(bad, 4); }, "'dtype'");
   const std::vector<float> four(4, 1.0f);
-  expect_error(ErrorCode::InvalidArgument, "alloc", [&] { (void)backend().upload(four, bad); }, "'dtype'");
+  expect_error(ErrorCode::InvalidArgument, "upload", [&] { (void)backend().upload(four, bad); }, "'dtype'");
   Buffer base = zeros(backend(), DType::U8, 16);
   expect_error(ErrorCode::InvalidArgument, "Buffer::wrap", [&] { (void)Buffer::wrap(backend(), base.data(), bad, 4); },
                "'dtype'");
