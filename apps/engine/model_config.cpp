@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -64,8 +65,9 @@ Architecture parse_architecture(const Json& config, const std::string& source) {
 // where the caller gives one (the weights are converted at load). A float32
 // checkpoint needs one: the backends run half-precision activations only.
 DType parse_torch_dtype(const Json& config, const std::string& source, std::optional<DType> run_dtype) {
-  // Newer transformers write "dtype"; older ones "torch_dtype".
-  const char* key = config.contains("torch_dtype") ? "torch_dtype" : "dtype";
+  // Newer transformers write "dtype"; older ones "torch_dtype" (a null one
+  // beside "dtype" is taken as absent).
+  const char* key = config.contains("torch_dtype") && !config["torch_dtype"].is_null() ? "torch_dtype" : "dtype";
   if (!config.contains(key) || config[key].is_null()) {
     fail(ErrorCode::InvalidArgument, source, ": required field \"torch_dtype\" (or \"dtype\") is missing");
   }
@@ -426,8 +428,9 @@ std::vector<double> checked_rope_inverse_frequencies(const ModelConfig& config, 
     fail(ErrorCode::InvalidArgument, context, ": RoPE ", to_string(config.rope_scaling), " with rope_theta = ",
          config.rope_theta, " gives ", what, " = ", value, ": not finite");
   };
+  // The tables are f32: a factor past FLT_MAX would write inf into them.
   const double scale = rope_attention_factor(config);
-  if (!std::isfinite(scale)) refuse("attention factor", scale);
+  if (!(std::abs(scale) <= std::numeric_limits<float>::max())) refuse("attention factor (as f32)", scale);
   for (std::size_t i = 0; i < inv_freqs.size(); ++i) {
     if (!std::isfinite(inv_freqs[i])) refuse(concat("pair ", i, "'s inverse frequency"), inv_freqs[i]);
   }
@@ -458,7 +461,10 @@ void ModelConfig::validate(const std::string& source) const {
          " is not a multiple of num_key_value_heads = ", num_key_value_heads);
   }
   if (head_dim % 2 != 0) fail(ErrorCode::InvalidArgument, source, ": head_dim = ", head_dim, " must be even (RoPE)");
-  if (!(rms_norm_eps > 0.0)) fail(ErrorCode::InvalidArgument, source, ": rms_norm_eps = ", rms_norm_eps, " must be > 0");
+  // The norms take it as f32: past FLT_MAX it would reach them as inf.
+  if (!(rms_norm_eps > 0.0) || rms_norm_eps > std::numeric_limits<float>::max()) {
+    fail(ErrorCode::InvalidArgument, source, ": rms_norm_eps = ", rms_norm_eps, " must be > 0 and fit an f32");
+  }
   if (!(rope_theta > 0.0) || !std::isfinite(rope_theta)) {
     fail(ErrorCode::InvalidArgument, source, ": rope_theta = ", rope_theta, " must be a positive number");
   }

@@ -572,6 +572,19 @@ ModelWeights load_weights(Backend& backend, const ModelConfig& config, const Ten
     fail(ErrorCode::ShapeMismatch, "load_weights: the config has num_hidden_layers = ", config.num_hidden_layers,
          ", but the checkpoint has no tensor '", last_layer, "' (", source.describe(last_layer), ")");
   }
+  // Per-head q / k norms in a checkpoint whose config runs none (a Qwen3
+  // checkpoint under a Llama config): decoding without them would run
+  // another model, so refused rather than left unread.
+  if (!config.has_qk_norm()) {
+    for (const char* suffix : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"}) {
+      const std::string name = layer_tensor_name(0, suffix);
+      if (source.contains(name)) {
+        fail(ErrorCode::ShapeMismatch, "load_weights: tensor '", name, "' (", source.describe(name),
+             ") exists, but the config's architecture (", to_string(config.architecture),
+             ") has no per-head q / k norm: is config.json's \"architectures\" right?");
+      }
+    }
+  }
   const WeightLoader loader(backend, config, source, options);
   loader.check_all();
   ModelWeights w;

@@ -323,6 +323,17 @@ TEST(ModelConfig, RopeSettingsWithNonFiniteFrequenciesAreRefused) {
                       "inverse frequency = inf");
   l["rope_theta"] = 500000.0;
   EXPECT_NO_THROW(parse_model_config(l.dump(), "c"));
+  // A yarn attention factor a double holds and an f32 does not: the
+  // tables would hold inf (found by review, session 69). Given directly or
+  // through mscale / mscale_all_dim.
+  j["rope_scaling"] = yarn;
+  j["rope_scaling"]["attention_factor"] = 1e39;
+  EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument, "c: RoPE yarn",
+                      "attention factor (as f32) = 1e+39", "not finite");
+  j["rope_scaling"] = yarn;
+  j["rope_scaling"]["mscale"] = 1e300;
+  j["rope_scaling"]["mscale_all_dim"] = 1.0;
+  EXPECT_ENGINE_ERROR(parse_model_config(j.dump(), "c"), ErrorCode::InvalidArgument, "attention factor (as f32)");
 }
 
 // The dtype the model runs in: the checkpoint's torch_dtype, or the one the
@@ -345,6 +356,9 @@ TEST(ModelConfig, NewerDTypeKey) {
   nlohmann::json j = nlohmann::json::parse(kQwen3Config);
   j.erase("torch_dtype");
   j["dtype"] = "float16";
+  EXPECT_EQ(parse_model_config(j.dump(), "cfg").dtype, DType::F16);
+  // A null torch_dtype beside it is absent, not a missing dtype.
+  j["torch_dtype"] = nullptr;
   EXPECT_EQ(parse_model_config(j.dump(), "cfg").dtype, DType::F16);
 }
 
@@ -373,6 +387,10 @@ TEST(ModelConfig, BadValues) {
   EXPECT_ENGINE_ERROR(parse_model_config(with("num_key_value_heads", 5), "c"), ErrorCode::InvalidArgument,
                       "num_key_value_heads = 5");
   EXPECT_ENGINE_ERROR(parse_model_config(with("rms_norm_eps", -1), "c"), ErrorCode::InvalidArgument, "rms_norm_eps");
+  // The norms take eps as f32: one past FLT_MAX is refused here, not by the
+  // first norm after every weight has loaded.
+  EXPECT_ENGINE_ERROR(parse_model_config(with("rms_norm_eps", 1e39), "c"), ErrorCode::InvalidArgument,
+                      "rms_norm_eps = 1e+39", "fit an f32");
   EXPECT_ENGINE_ERROR(parse_model_config(with("torch_dtype", "float32"), "c"), ErrorCode::DTypeMismatch, "float32");
   EXPECT_ENGINE_ERROR(parse_model_config(with("architectures", {"MistralForCausalLM"}), "c"), ErrorCode::Unsupported,
                       "MistralForCausalLM");

@@ -461,6 +461,21 @@ TEST(Weights, CheckpointHasMoreLayersThanTheConfig) {
                       concat("num_hidden_layers = ", config.num_hidden_layers));
 }
 
+// A Qwen3 checkpoint (per-head q / k norms) under a Llama config: refused,
+// naming the norm tensor and the architecture, where it decoded another model
+// with the norms left unread (found by review, session 69).
+TEST(Weights, QkNormsUnderAConfigWithoutThemAreRefused) {
+  ModelConfig config = preset_config("tiny-qwen3");
+  const RandomTensorSource src(config, 5);
+  const auto dir = testing::scratch_dir() / "ckpt";
+  write_checkpoint(dir, config, src, SafetensorsDType::F16, 1);
+  config.architecture = Architecture::Llama;
+  std::ofstream(dir / "config.json") << testing::config_json(config);
+  CpuBackend be;
+  EXPECT_ENGINE_ERROR(load_checkpoint(be, dir), ErrorCode::ShapeMismatch,
+                      concat("'", layer_tensor_name(0, "self_attn.q_norm.weight"), "'"), "no per-head q / k norm");
+}
+
 // And fewer: refused, naming the last layer's tensor, before the loader
 // tables every layer's tensors (a config claiming 2^24 layers beside a small
 // checkpoint used to build tens of GB of names first).
