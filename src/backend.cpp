@@ -1235,7 +1235,8 @@ void Backend::gemm_quant(const Buffer& a, const QuantWeight& w, Buffer& out, std
       return;
     case QuantKind::Awq:
     case QuantKind::Fp8:
-      check.fail(ErrorCode::Unsupported, "gemm_quant: quant kind {} is not supported", quant_kind_name(w.kind()));
+      check.fail(ErrorCode::Unsupported, "gemm_quant: argument 'w' has quant kind {}, which no backend runs yet (GPTQ only)",
+                 quant_kind_name(w.kind()));
   }
   check.fail(ErrorCode::InvalidArgument, "gemm_quant: argument 'w' has unknown quant kind {}", static_cast<int>(w.kind()));
 }

@@ -313,6 +313,12 @@ TEST_P(ApiOnBackend, SupportsHeadDimMatchesBehaviour) {
     }
   };
   auto up = [](Backend& b, const HostTensor& t) { return b.upload(t.values, t.dtype); };
+  // An output's values once its guards are checked (outputs are GuardedOutputs:
+  // poisoned, or holding their initial rows, with sentinels past both ends).
+  auto guarded_values = [](const GuardedOutput& o, Op op, const char* name) {
+    EXPECT_TRUE(o.check_guard(to_string(op), name, "head_dim sweep"));
+    return o.values();
+  };
   for (std::size_t hd : {8, 16, 48, 64, 96, 128, 256, 384, 512, 640}) {
     const std::size_t heads = 2, kv_heads = 1, kv_len = 3, max_pos = 4;
     const std::size_t q_size = heads * hd, cache_size = kv_heads * kv_len * hd;
@@ -328,45 +334,49 @@ TEST_P(ApiOnBackend, SupportsHeadDimMatchesBehaviour) {
     const AttnConfig cfg{.num_heads = heads, .num_kv_heads = kv_heads, .head_dim = hd, .causal = true};
     expect_runs_as_said(Op::FlashAttention, hd, [&](Backend& b) {
       const Buffer bq = up(b, q), bk = up(b, k), bv = up(b, v);
-      Buffer out = b.alloc(DType::F16, q_size);
-      b.flash_attention(bq, bk, bv, out, 1, 1, kv_len, kv_len - 1, cfg);
+      GuardedOutput out(b, DType::F16, q_size);
+      b.flash_attention(bq, bk, bv, out.view(), 1, 1, kv_len, kv_len - 1, cfg);
       b.synchronize();
-      return Outputs{b.download(out)};
+      return Outputs{guarded_values(out, Op::FlashAttention, "out")};
     });
     expect_runs_as_said(Op::QkNormRope, hd, [&](Backend& b) {
       const Buffer bq = up(b, q), w = up(b, norm_w), bcos = up(b, cos), bsin = up(b, sin);
-      Buffer out = b.alloc(DType::F16, q_size);
-      b.qk_norm_rope(bq, &w, bcos, bsin, out, 1, heads, hd, 2, max_pos, 1e-6f, RopeMode::NormAndRope);
+      GuardedOutput out(b, DType::F16, q_size);
+      b.qk_norm_rope(bq, &w, bcos, bsin, out.view(), 1, heads, hd, 2, max_pos, 1e-6f, RopeMode::NormAndRope);
       b.synchronize();
-      return Outputs{b.download(out)};
+      return Outputs{guarded_values(out, Op::QkNormRope, "output")};
     });
     // One sequence of the ragged forms (batch 1, cache capacity kv_len).
     const AttnConfig ragged{.num_heads = heads, .num_kv_heads = kv_heads, .head_dim = hd, .kv_seq_stride = kv_len};
     expect_runs_as_said(Op::FlashDecodeRagged, hd, [&](Backend& b) {
       const Buffer bq = up(b, q), bk = up(b, k), bv = up(b, v);
       const Buffer kv_lens = b.upload(std::vector<float>{static_cast<float>(kv_len)}, DType::I32);
-      Buffer out = b.alloc(DType::F16, q_size);
-      b.flash_decode_ragged(bq, bk, bv, out, kv_lens, 1, ragged);
+      GuardedOutput out(b, DType::F16, q_size);
+      b.flash_decode_ragged(bq, bk, bv, out.view(), kv_lens, 1, ragged);
       b.synchronize();
-      return Outputs{b.download(out)};
+      return Outputs{guarded_values(out, Op::FlashDecodeRagged, "out")};
     });
     // The appends: q_out and both caches (initially k and v: the rows the
     // append must keep), at position 1 / 2 of the 3.
     auto run_append = [&](Backend& b, bool ragged_form) {
       const Buffer bqkv = up(b, qkv), w = up(b, norm_w), bcos = up(b, cos), bsin = up(b, sin);
-      Buffer q_out = b.alloc(DType::F16, q_size), k_cache = up(b, k), v_cache = up(b, v);
+      GuardedOutput q_out(b, DType::F16, q_size), k_cache(b, k), v_cache(b, v);
       if (ragged_form) {
         const QkvRopeAppendConfig append{.heads = heads, .kv_heads = kv_heads, .head_dim = hd, .capacity = kv_len,
                                          .max_pos = max_pos, .mode = RopeMode::NormAndRope};
         const Buffer positions = b.upload(std::vector<float>{2.0f}, DType::I32);
-        b.qkv_rope_append_ragged(bqkv, &w, &w, bcos, bsin, q_out, k_cache, v_cache, positions, 1, append);
+        b.qkv_rope_append_ragged(bqkv, &w, &w, bcos, bsin, q_out.view(), k_cache.view(), v_cache.view(), positions, 1,
+                                 append);
       } else {
         const QkvRopeAppendConfig append{
             .heads = heads, .kv_heads = kv_heads, .head_dim = hd, .capacity = kv_len, .max_pos = max_pos};
-        b.qkv_rope_append(bqkv, nullptr, nullptr, bcos, bsin, q_out, k_cache, v_cache, 1, 1, append);
+        b.qkv_rope_append(bqkv, nullptr, nullptr, bcos, bsin, q_out.view(), k_cache.view(), v_cache.view(), 1, 1,
+                          append);
       }
       b.synchronize();
-      return Outputs{b.download(q_out), b.download(k_cache), b.download(v_cache)};
+      const Op op = ragged_form ? Op::QkvRopeAppendRagged : Op::QkvRopeAppend;
+      return Outputs{guarded_values(q_out, op, "q_out"), guarded_values(k_cache, op, "k_cache"),
+                     guarded_values(v_cache, op, "v_cache")};
     };
     expect_runs_as_said(Op::QkvRopeAppend, hd, [&](Backend& b) { return run_append(b, false); });
     expect_runs_as_said(Op::QkvRopeAppendRagged, hd, [&](Backend& b) { return run_append(b, true); });

@@ -435,13 +435,13 @@ TEST_P(BadInput, QuantWeightChecks) {
     });
   }
   for (QuantKind kind : {QuantKind::Awq, QuantKind::Fp8}) {
-    expect_call_error(Op::GemmQuant, ErrorCode::Unsupported, "gemm_quant", [&](OpArgs& a) {
+    expect_call_error(Op::GemmQuant, ErrorCode::Unsupported, "'w'", [&](OpArgs& a) {
       a.weight = std::make_unique<FakeQuantWeight>(&backend(), kind, a.weight->k(), a.weight->n());
     });
   }
   // Every backend validates the checkpoint before anything else.
   GptqHostTensors empty;
-  expect_error(ErrorCode::InvalidArgument, "load_gptq", [&] { (void)backend().load_gptq(empty); });
+  expect_error(ErrorCode::InvalidArgument, "load_gptq", [&] { (void)backend().load_gptq(empty); }, "argument 'k' = 0");
   // A weight that claims this backend but was not made by its load_gptq,
   // refused under the name of the op called.
   for (Op op : kQuantOps) {

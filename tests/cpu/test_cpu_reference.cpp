@@ -608,26 +608,29 @@ TEST_P(CpuDeviceState, OutOfRangeTokenThrows) {
   FERRUM_SEEDED_RNG(rng);
   auto c = make_embedding_case(rng, dt(), 1, 64, kEmbeddingVocab);
   expect_error(ErrorCode::InvalidArgument, "embedding_lookup",
-               [&] { run(cpu_, c, RunOptions{0, DecodeStep{kEmbeddingVocab, 0}}); });
+               [&] { run(cpu_, c, RunOptions{0, DecodeStep{kEmbeddingVocab, 0}}); },
+               cat("token id ", kEmbeddingVocab, " (decode-state token)"));
   expect_error(ErrorCode::InvalidArgument, "embedding_lookup",
-               [&] { run(cpu_, c, RunOptions{0, DecodeStep{0x7fffffffu, 0}}); });
+               [&] { run(cpu_, c, RunOptions{0, DecodeStep{0x7fffffffu, 0}}); }, "(decode-state token)");
   EXPECT_FALSE(cpu_.device_state_mode()) << "device-state mode must be restored after the throw";
   // Out-of-range ids from the ids buffer, too (-1 and vocab).
   auto multi = make_embedding_case(rng, dt(), 7, 64, kEmbeddingVocab);
   multi.ids.values[3] = static_cast<float>(kEmbeddingVocab);
-  expect_error(ErrorCode::InvalidArgument, "embedding_lookup", [&] { run(cpu_, multi); });
+  expect_error(ErrorCode::InvalidArgument, "embedding_lookup", [&] { run(cpu_, multi); },
+               cat("token id ", kEmbeddingVocab, " (ids[3])"));
   multi.ids.values[3] = -1.0f;
-  expect_error(ErrorCode::InvalidArgument, "embedding_lookup", [&] { run(cpu_, multi); });
+  expect_error(ErrorCode::InvalidArgument, "embedding_lookup", [&] { run(cpu_, multi); }, "token id -1 (ids[3])");
 }
 
 TEST_P(CpuDeviceState, StatePositionPastCapacityThrows) {
   FERRUM_SEEDED_RNG(rng);
   const auto kv = make_kv_append_case(rng, dt(), 2, 16, 64, 0, 1);
   expect_error(ErrorCode::CapacityExceeded, "kv_cache_append_head_major",
-               [&] { run(cpu_, kv, RunOptions{0, DecodeStep{0, 16}}); });
+               [&] { run(cpu_, kv, RunOptions{0, DecodeStep{0, 16}}); }, "decode-state position 16");
   const auto rope = make_qk_norm_rope_case(rng, dt(), 1, 4, 64, 0, RopeMode::RopeOnly, kRopeTheta10k, 20);
   expect_error(ErrorCode::CapacityExceeded, "qk_norm_rope",
-               [&] { run(cpu_, rope, RunOptions{0, DecodeStep{0, static_cast<std::uint32_t>(rope.tables.max_pos)}}); });
+               [&] { run(cpu_, rope, RunOptions{0, DecodeStep{0, static_cast<std::uint32_t>(rope.tables.max_pos)}}); },
+               cat("decode-state position ", rope.tables.max_pos, " is outside the ", rope.tables.max_pos, " positions"));
   AttnConfig cfg;
   cfg.num_heads = 4;
   cfg.num_kv_heads = 2;
@@ -635,7 +638,8 @@ TEST_P(CpuDeviceState, StatePositionPastCapacityThrows) {
   cfg.kv_seq_stride = 32;
   const auto attn = make_flash_case(rng, dt(), 1, 1, 1, 0, cfg);
   expect_error(ErrorCode::CapacityExceeded, "flash_attention",
-               [&] { run(cpu_, attn, RunOptions{0, DecodeStep{0, 32}}); });  // kv_len 33 > stride 32
+               [&] { run(cpu_, attn, RunOptions{0, DecodeStep{0, 32}}); },  // kv_len 33 > stride 32
+               "decode-state kv_len 33 is outside [1, 32]");
   // The last legal step of each still works.
   EXPECT_NO_THROW(run(cpu_, kv, RunOptions{0, DecodeStep{0, 15}}));
   EXPECT_NO_THROW(run(cpu_, attn, RunOptions{0, DecodeStep{0, 31}}));

@@ -276,7 +276,8 @@ TEST(CpuGptq, WeightFromAnotherBackendIsRefused) {
     FAIL() << "a weight of another backend was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::WrongBackend);
-    EXPECT_NE(std::string(e.what()).find("gemm_gptq"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("gemm_gptq"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'w'"), std::string::npos) << e.what();
   }
 }
 

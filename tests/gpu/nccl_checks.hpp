@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -136,14 +137,19 @@ class Checker {
     failures_.push_back("rank " + std::to_string(rank_) + " of " + std::to_string(world_) + ": " + what);
   }
 
-  // Expects fn to throw ferrum::Error with `code` (a local validation error: no collective is issued).
+  // Expects fn to throw ferrum::Error with `code` (a local validation error: no collective is issued), its message
+  // naming the op and the argument (`arg`, quoted as the messages quote it).
   template <class Fn>
-  void expect_error(ErrorCode code, const std::string& what, Fn&& fn) {
+  void expect_error(ErrorCode code, const std::string& op, const std::string& arg, const std::string& what, Fn&& fn) {
     try {
       fn();
       fail(what + ": did not throw");
     } catch (const Error& e) {
-      if (e.code() != code) fail(what + ": threw " + std::string(to_string(e.code())) + ": " + e.what());
+      const std::string message = e.what();
+      if (e.code() != code) fail(what + ": threw " + std::string(to_string(e.code())) + ": " + message);
+      for (const std::string& part : {op + ":", "'" + arg + "'"}) {
+        if (message.find(part) == std::string::npos) fail(what + ": the message does not name " + part + ": " + message);
+      }
     }
   }
 
@@ -166,7 +172,8 @@ class Checker {
       for (std::size_t i = 0; i < len; ++i) want[r * len + i] = value(r, i);
     }
     Buffer in = be_.upload(local, dt);
-    Buffer out = upload_guarded(std::vector<float>(world_ * len, -1.0f), dt);
+    // Poisoned: NaN equals no expected value, so an element left unwritten fails.
+    Buffer out = upload_guarded(std::vector<float>(world_ * len, std::numeric_limits<float>::quiet_NaN()), dt);
     be_.all_gather(in, out, len);
     expect(out, want, label("all_gather", dt, len, ""));
   }
@@ -190,7 +197,8 @@ class Checker {
     for (std::size_t g = 0; g < world_ * len; ++g) in[g] = reduce_input(op, rank_, g);
     for (std::size_t i = 0; i < len; ++i) want[i] = reduce_expect(op, world_, rank_ * len + i);
     Buffer input = be_.upload(in, dt);
-    Buffer output = upload_guarded(std::vector<float>(len, -1.0f), dt);
+    // Poisoned (NaN): -1 is an expected value of some elements, which a skipped write would have passed.
+    Buffer output = upload_guarded(std::vector<float>(len, std::numeric_limits<float>::quiet_NaN()), dt);
     be_.reduce_scatter(input, output, len, op);
     expect(output, want, label("reduce_scatter", dt, len, op_name(op)));
   }
@@ -200,13 +208,13 @@ class Checker {
     const std::size_t len = 8;
     Buffer f16 = be_.alloc(DType::F16, world_ * len), f32 = be_.alloc(DType::F32, world_ * len);
     Buffer small = be_.alloc(DType::F16, world_ * len - 1);
-    expect_error(ErrorCode::ShapeMismatch, "reduce_scatter with a short input",
+    expect_error(ErrorCode::ShapeMismatch, "reduce_scatter", "input", "reduce_scatter with a short input",
                  [&] { be_.reduce_scatter(small, f16, len, ReduceOp::Sum); });
-    expect_error(ErrorCode::DTypeMismatch, "reduce_scatter with mixed dtypes",
+    expect_error(ErrorCode::DTypeMismatch, "reduce_scatter", "output", "reduce_scatter with mixed dtypes",
                  [&] { be_.reduce_scatter(f16, f32, len, ReduceOp::Sum); });
-    expect_error(ErrorCode::ShapeMismatch, "all_gather with a short global",
+    expect_error(ErrorCode::ShapeMismatch, "all_gather", "global", "all_gather with a short global",
                  [&] { be_.all_gather(f16, small, len); });
-    expect_error(ErrorCode::InvalidArgument, "broadcast from rank world_size",
+    expect_error(ErrorCode::InvalidArgument, "broadcast", "src_rank", "broadcast from rank world_size",
                  [&] { be_.broadcast(f16, len, world_); });
   }
 
