@@ -543,6 +543,38 @@ TEST_P(CpuFlashAttention, MatchesFp64) {
 INSTANTIATE_TEST_SUITE_P(Specs, CpuFlashAttention, ::testing::ValuesIn(dtype_case_params(flash_specs().size())),
                          dtype_case_param_name);
 
+// CpuBackend takes head dims the CUDA kernels do not (those take 64 / 128 /
+// 256, which flash_specs covers): the others against fp64 too, a decode query
+// past a longer stride, a causal chunk at pos_offset > 0 in a batch of two,
+// and a non-causal prefill.
+std::vector<FlashSpec> cpu_only_head_dim_flash_specs() {
+  std::vector<FlashSpec> specs;
+  for (std::size_t hd : {8, 48, 96, 384}) {
+    AttnConfig cfg;
+    cfg.num_heads = 8;
+    cfg.num_kv_heads = 2;
+    cfg.head_dim = hd;
+    cfg.causal = true;
+    cfg.kv_seq_stride = 150;
+    specs.push_back({1, 1, 129, 128, cfg});
+    cfg.kv_seq_stride = 0;
+    specs.push_back({2, 5, 129, 60, cfg});
+    cfg.causal = false;
+    specs.push_back({1, 7, 7, 0, cfg});
+  }
+  return specs;
+}
+
+class CpuFlashAttentionOtherHeadDims : public CpuCaseOps {};
+TEST_P(CpuFlashAttentionOtherHeadDims, MatchesFp64) {
+  FERRUM_SEEDED_RNG(rng);
+  const FlashSpec s = cpu_only_head_dim_flash_specs()[index()];
+  verify(cpu_, make_flash_case(rng, dt(), s.batch, s.q_len, s.kv_len, s.pos_offset, s.cfg));
+}
+INSTANTIATE_TEST_SUITE_P(Specs, CpuFlashAttentionOtherHeadDims,
+                         ::testing::ValuesIn(dtype_case_params(cpu_only_head_dim_flash_specs().size())),
+                         dtype_case_param_name);
+
 // flash_decode_ragged is, per sequence, the single-query flash_attention
 // decode checked above: bitwise, so the fp64 check carries over.
 class CpuFlashDecodeRagged : public CpuCaseOps {};
