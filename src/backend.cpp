@@ -460,7 +460,7 @@ void check_row_norm(OpCheck& check, const Buffer& x, std::initializer_list<Named
                     std::initializer_list<NamedBuffer> params, float eps, std::size_t tokens, std::size_t dim) {
   check.size("tokens", tokens);
   check.size("dim", dim);
-  check.eps("eps", eps);
+  check.eps("", eps);
   check.buffer("x", x);
   check.activation("x", x);
   const std::size_t n = check.product({tokens, dim});
@@ -700,7 +700,7 @@ void check_rope(const OpCheck& check, std::string_view cfg, std::string_view act
   check.dtype("cos", cos, DType::F32);
   check.dtype("sin", sin, DType::F32);
   if (mode == RopeMode::NormAndRope) {
-    check.eps(fmt::format("{}eps", cfg), eps);
+    check.eps(cfg, eps);
     for (const auto& [name, w] : norms) {
       if (w == nullptr) {
         check.fail(ErrorCode::NullBuffer, "{}: argument '{}' is null but '{}mode' is NormAndRope", check.op(), name,
@@ -1129,7 +1129,7 @@ void check_row_sq(const OpCheck& check, const Buffer& row_sq, std::size_t rows, 
 // row_sq of x, norm_w [k], eps, normed [m, k] beside a GEMM on normed.
 void check_norm_in(const OpCheck& check, const Buffer& x, const Buffer& row_sq, const Buffer& norm_w, float eps,
                    const QuantWeight& w, const Buffer& normed, std::size_t m) {
-  check.eps("eps", eps);
+  check.eps("", eps);
   check.buffer("x", x);
   check.activation("x", x);
   const std::size_t elems = check.product({m, w.k()});

@@ -108,11 +108,11 @@ class OpCheck {
     }
   }
 
-  // A norm's epsilon: finite and >= 0 (`arg`: "eps", or "cfg.eps" where a
-  // config struct carries it).
-  void eps(std::string_view arg, float v) const {
+  // A norm's epsilon: finite and >= 0. `prefix`: "" where the op takes eps
+  // itself, "cfg." where a config struct carries it (joined only on failure).
+  void eps(std::string_view prefix, float v) const {
     if (!(v >= 0.0f) || !std::isfinite(v)) {
-      fail(ErrorCode::InvalidArgument, "{}: argument '{}' = {} must be finite and >= 0", op_, arg, v);
+      fail(ErrorCode::InvalidArgument, "{}: argument '{}eps' = {} must be finite and >= 0", op_, prefix, v);
     }
   }
 

@@ -24,6 +24,15 @@ namespace {
 
 using testing::write_checkpoint;
 
+// `config`'s random weights (seed 5) as a one-file f16 checkpoint in a fresh
+// scratch directory, for the tests that then change its config.json.
+std::filesystem::path write_random_checkpoint(const ModelConfig& config) {
+  const RandomTensorSource src(config, 5);
+  const auto dir = testing::scratch_dir() / "ckpt";
+  write_checkpoint(dir, config, src, SafetensorsDType::F16, 1);
+  return dir;
+}
+
 std::vector<float> rows_of(const std::vector<std::vector<float>>& parts) {
   std::vector<float> out;
   for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
@@ -450,9 +459,7 @@ TEST(Weights, ShardIndexMustAgreeWithTheFiles) {
 // first layers only).
 TEST(Weights, CheckpointHasMoreLayersThanTheConfig) {
   ModelConfig config = preset_config("tiny-llama");
-  const RandomTensorSource src(config, 5);
-  const auto dir = testing::scratch_dir() / "ckpt";
-  write_checkpoint(dir, config, src, SafetensorsDType::F16, 1);
+  const auto dir = write_random_checkpoint(config);
   config.num_hidden_layers -= 1;
   std::ofstream(dir / "config.json") << testing::config_json(config);
   CpuBackend be;
@@ -466,9 +473,7 @@ TEST(Weights, CheckpointHasMoreLayersThanTheConfig) {
 // with the norms left unread (found by review, session 69).
 TEST(Weights, QkNormsUnderAConfigWithoutThemAreRefused) {
   ModelConfig config = preset_config("tiny-qwen3");
-  const RandomTensorSource src(config, 5);
-  const auto dir = testing::scratch_dir() / "ckpt";
-  write_checkpoint(dir, config, src, SafetensorsDType::F16, 1);
+  const auto dir = write_random_checkpoint(config);
   config.architecture = Architecture::Llama;
   std::ofstream(dir / "config.json") << testing::config_json(config);
   CpuBackend be;
@@ -481,9 +486,7 @@ TEST(Weights, QkNormsUnderAConfigWithoutThemAreRefused) {
 // checkpoint used to build tens of GB of names first).
 TEST(Weights, CheckpointHasFewerLayersThanTheConfig) {
   ModelConfig config = preset_config("tiny-llama");
-  const RandomTensorSource src(config, 5);
-  const auto dir = testing::scratch_dir() / "ckpt";
-  write_checkpoint(dir, config, src, SafetensorsDType::F16, 1);
+  const auto dir = write_random_checkpoint(config);
   for (const std::size_t layers : {config.num_hidden_layers + 1, std::size_t{1} << 24}) {
     config.num_hidden_layers = layers;
     std::ofstream(dir / "config.json") << testing::config_json(config);
@@ -518,9 +521,7 @@ void load_in_bounded_memory(const std::filesystem::path& dir) {
 // tensors first: tens of GB, then std::bad_alloc or the OOM killer.
 TEST(Weights, LayerCountPastTheCheckpointNamesTheFirstMissingTensorInBoundedMemory) {
   ModelConfig config = preset_config("tiny-llama");
-  const RandomTensorSource src(config, 5);
-  const auto dir = testing::scratch_dir() / "ckpt";
-  write_checkpoint(dir, config, src, SafetensorsDType::F16, 1);
+  const auto dir = write_random_checkpoint(config);
   config.num_hidden_layers = ModelConfig::kMaxConfigSize;
   const std::string last = layer_tensor_name(config.num_hidden_layers - 1, "input_layernorm.weight");
   write_safetensors(dir / "last.safetensors",
@@ -537,9 +538,7 @@ TEST(Weights, LayerCountPastTheCheckpointNamesTheFirstMissingTensorInBoundedMemo
 // limits fail with a misleading out-of-memory).
 TEST(Weights, ConfigSizesPastTheCheckpointAreNamedBeforeAnyAllocation) {
   ModelConfig config = preset_config("tiny-llama");
-  const RandomTensorSource src(config, 5);
-  const auto dir = testing::scratch_dir() / "ckpt";
-  write_checkpoint(dir, config, src, SafetensorsDType::F16, 1);
+  const auto dir = write_random_checkpoint(config);
   config.vocab_size = std::size_t{1} << 21;
   config.hidden_size = 2048;
   std::ofstream(dir / "config.json") << testing::config_json(config);
