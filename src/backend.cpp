@@ -316,7 +316,7 @@ void Backend::checked_write(const char* op, Buffer& dst, std::span<const float> 
   if (host.empty()) return;
   std::vector<std::uint8_t> staged = host_staging<std::uint8_t>(op, host.size() * size_of(dst.dtype()));
   encode_from_f32(op, dst.dtype(), host, staged.data());
-  do_write_bytes(dst, dst_offset * size_of(dst.dtype()), staged.data(), staged.size());
+  check.run([&] { do_write_bytes(dst, dst_offset * size_of(dst.dtype()), staged.data(), staged.size()); });
 }
 
 void Backend::write_bytes(Buffer& dst, const void* host, std::size_t bytes, std::size_t dst_byte_offset) {
@@ -328,7 +328,9 @@ void Backend::write_bytes(Buffer& dst, const void* host, std::size_t bytes, std:
     check.fail(ErrorCode::ShapeMismatch, "write_bytes: {} bytes at byte offset {} run past 'dst' ({} bytes)",
          bytes, dst_byte_offset, dst.nbytes());
   }
-  if (host_copy_needed(check, host, "dst", dst, dst_byte_offset, bytes)) do_write_bytes(dst, dst_byte_offset, host, bytes);
+  if (host_copy_needed(check, host, "dst", dst, dst_byte_offset, bytes)) {
+    check.run([&] { do_write_bytes(dst, dst_byte_offset, host, bytes); });
+  }
 }
 
 std::vector<float> Backend::download(const Buffer& src, std::size_t count) {
@@ -340,7 +342,7 @@ std::vector<float> Backend::download(const Buffer& src, std::size_t count) {
          count, src.numel());
   }
   std::vector<std::uint8_t> raw = host_staging<std::uint8_t>("download", count * size_of(src.dtype()));
-  if (count > 0) do_read_bytes(src, 0, raw.data(), raw.size());
+  if (count > 0) check.run([&] { do_read_bytes(src, 0, raw.data(), raw.size()); });
   std::vector<float> out = host_staging<float>("download", count);
   decode_to_f32(src.dtype(), raw.data(), count, out.data());
   return out;
@@ -355,7 +357,9 @@ void Backend::read_bytes(const Buffer& src, void* host, std::size_t bytes, std::
     check.fail(ErrorCode::ShapeMismatch, "read_bytes: {} bytes at byte offset {} run past 'src' ({} bytes)",
          bytes, src_byte_offset, src.nbytes());
   }
-  if (host_copy_needed(check, host, "src", src, src_byte_offset, bytes)) do_read_bytes(src, src_byte_offset, host, bytes);
+  if (host_copy_needed(check, host, "src", src, src_byte_offset, bytes)) {
+    check.run([&] { do_read_bytes(src, src_byte_offset, host, bytes); });
+  }
 }
 
 void Backend::copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
@@ -374,7 +378,7 @@ void Backend::copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst,
                range_text(dst_offset, len), dst.numel());
   }
   if (copy_needed(check, src, src_offset, "src", dst, dst_offset, "dst", len)) {
-    do_copy_slice(src, src_offset, dst, dst_offset, len);
+    check.run([&] { do_copy_slice(src, src_offset, dst, dst_offset, len); });
   }
 }
 
@@ -386,8 +390,10 @@ void Backend::set_decode_state(std::uint32_t token, std::uint32_t step) {
   constexpr auto kMax = static_cast<std::uint32_t>(std::numeric_limits<std::int32_t>::max());
   if (token > kMax) check.fail(ErrorCode::InvalidArgument, "set_decode_state: argument 'token' = {} exceeds {}", token, kMax);
   if (step >= kMax) check.fail(ErrorCode::InvalidArgument, "set_decode_state: argument 'step' = {} must be below {}", step, kMax);
-  do_set_decode_state(static_cast<std::int32_t>(token), static_cast<std::int32_t>(step),
-                      static_cast<std::int32_t>(step) + 1);
+  check.run([&] {
+    do_set_decode_state(static_cast<std::int32_t>(token), static_cast<std::int32_t>(step),
+                        static_cast<std::int32_t>(step) + 1);
+  });
 }
 
 void Backend::advance_decode_state(const Buffer& next_token, Buffer& token_log) {
@@ -407,31 +413,31 @@ void Backend::advance_decode_state(const Buffer& next_token, Buffer& token_log) 
                "are int32)",
                token_log.numel(), kMaxLog);
   }
-  do_advance_decode_state(next_token, token_log);
+  check.run([&] { do_advance_decode_state(next_token, token_log); });
 }
 
 void Backend::begin_graph_capture() {
   OpCheck check(*this, "begin_graph_capture");
   if (is_capturing()) check.fail(ErrorCode::GraphCapture, "begin_graph_capture: a capture is already in progress");
-  do_begin_graph_capture();
+  check.run([&] { do_begin_graph_capture(); });
 }
 
 void Backend::end_graph_capture() {
   OpCheck check(*this, "end_graph_capture");
   if (!is_capturing()) check.fail(ErrorCode::GraphCapture, "end_graph_capture: no capture is in progress");
-  do_end_graph_capture();
+  check.run([&] { do_end_graph_capture(); });
 }
 
 bool Backend::replay_last_graph() {
   OpCheck check(*this, "replay_last_graph");
   if (is_capturing()) check.fail(ErrorCode::GraphCapture, "replay_last_graph: not allowed while capturing");
-  return do_replay_last_graph();
+  return check.run([&] { return do_replay_last_graph(); });
 }
 
 void Backend::reset_graph() {
   OpCheck check(*this, "reset_graph");
   if (is_capturing()) check.fail(ErrorCode::GraphCapture, "reset_graph: not allowed while capturing");
-  do_reset_graph();
+  check.run([&] { do_reset_graph(); });
 }
 
 void Backend::do_begin_graph_capture() {
@@ -485,7 +491,7 @@ void Backend::rms_norm(const Buffer& x, const Buffer& w, float eps, Buffer& out,
   check_row_norm(check, x, {{"out", out}}, {{"w", w}}, eps, tokens, dim);
   const std::size_t n = tokens * dim;
   check_outputs_apart(check, {{"out", out, n}}, {{"x", x, n}, {"w", w, dim}});
-  do_rms_norm(x, w, eps, out, tokens, dim);
+  check.run([&] { do_rms_norm(x, w, eps, out, tokens, dim); });
 }
 
 void Backend::fused_add_rms_norm(Buffer& residual, const Buffer& x, const Buffer& w, float eps,
@@ -494,7 +500,7 @@ void Backend::fused_add_rms_norm(Buffer& residual, const Buffer& x, const Buffer
   check_row_norm(check, x, {{"residual", residual}, {"out", out}}, {{"w", w}}, eps, tokens, dim);
   const std::size_t n = tokens * dim;
   check_outputs_apart(check, {{"residual", residual, n}, {"out", out, n}}, {{"x", x, n}, {"w", w, dim}});
-  do_fused_add_rms_norm(residual, x, w, eps, out, tokens, dim);
+  check.run([&] { do_fused_add_rms_norm(residual, x, w, eps, out, tokens, dim); });
 }
 
 void Backend::layer_norm(const Buffer& x, const Buffer& gamma, const Buffer& beta, float eps,
@@ -503,7 +509,7 @@ void Backend::layer_norm(const Buffer& x, const Buffer& gamma, const Buffer& bet
   check_row_norm(check, x, {{"out", out}}, {{"gamma", gamma}, {"beta", beta}}, eps, tokens, dim);
   const std::size_t n = tokens * dim;
   check_outputs_apart(check, {{"out", out, n}}, {{"x", x, n}, {"gamma", gamma, dim}, {"beta", beta, dim}});
-  do_layer_norm(x, gamma, beta, eps, out, tokens, dim);
+  check.run([&] { do_layer_norm(x, gamma, beta, eps, out, tokens, dim); });
 }
 
 // ── Elementwise ────────────────────────────────────────────────────────────
@@ -522,7 +528,7 @@ void Backend::gelu(const Buffer& x, Buffer& out, std::size_t len, GeluApproximat
          static_cast<int>(approx));
   }
   check_outputs_apart(check, {{"out", out, len}}, {{"x", x, len}});
-  do_gelu(x, out, len, approx);
+  check.run([&] { do_gelu(x, out, len, approx); });
 }
 
 void Backend::add_bias(Buffer& data, const Buffer& bias, std::size_t rows, std::size_t cols) {
@@ -536,7 +542,7 @@ void Backend::add_bias(Buffer& data, const Buffer& bias, std::size_t rows, std::
   check.holds("data", data, check.product({rows, cols}), "[rows, cols]");
   check.holds("bias", bias, cols, "[cols]");
   check_outputs_apart(check, {{"data", data, rows * cols}}, {{"bias", bias, cols}});
-  do_add_bias(data, bias, rows, cols);
+  check.run([&] { do_add_bias(data, bias, rows, cols); });
 }
 
 void Backend::add_inplace(Buffer& residual, const Buffer& x, std::size_t len) {
@@ -549,7 +555,7 @@ void Backend::add_inplace(Buffer& residual, const Buffer& x, std::size_t len) {
   check.holds("residual", residual, len, "[len]");
   check.holds("x", x, len, "[len]");
   check_outputs_apart(check, {{"residual", residual, len}}, {{"x", x, len}});
-  do_add_inplace(residual, x, len);
+  check.run([&] { do_add_inplace(residual, x, len); });
 }
 
 void Backend::argmax(const Buffer& x, Buffer& out, std::size_t rows, std::size_t cols) {
@@ -563,7 +569,7 @@ void Backend::argmax(const Buffer& x, Buffer& out, std::size_t rows, std::size_t
   check.holds("x", x, check.product({rows, cols}), "[rows, cols]");
   check.holds("out", out, rows, "[rows]");
   check_outputs_apart(check, {{"out", out, rows}}, {{"x", x, rows * cols}});
-  do_argmax(x, out, rows, cols);
+  check.run([&] { do_argmax(x, out, rows, cols); });
 }
 
 // ── GEMM ───────────────────────────────────────────────────────────────────
@@ -584,7 +590,7 @@ void Backend::gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m,
   check.holds("b", b, check.product({n, k}), "[n, k]");
   check.holds("out", out, check.product({m, n}), "[m, n]");
   check_outputs_apart(check, {{"out", out, m * n}}, {{"a", a, m * k}, {"b", b, n * k}});
-  do_gemm(a, b, out, m, n, k);
+  check.run([&] { do_gemm(a, b, out, m, n, k); });
 }
 
 void Backend::gemm_silu_mul(const Buffer& a, const Buffer& w, Buffer& gate_up, Buffer& act, std::size_t m,
@@ -608,7 +614,7 @@ void Backend::gemm_silu_mul(const Buffer& a, const Buffer& w, Buffer& gate_up, B
   check.holds("act", act, check.product({m, im}), "[m, im]");
   check_outputs_apart(check, {{"gate_up", gate_up, m * 2 * im}, {"act", act, m * im}},
                       {{"a", a, m * k}, {"w", w, 2 * im * k}});
-  do_gemm_silu_mul(a, w, gate_up, act, m, im, k);
+  check.run([&] { do_gemm_silu_mul(a, w, gate_up, act, m, im, k); });
 }
 
 // ── Embedding and reshaping ────────────────────────────────────────────────
@@ -633,7 +639,7 @@ void Backend::embedding_lookup(const Buffer& table, const Buffer& ids, Buffer& o
   }
   check_outputs_apart(check, {{"out", out, tokens * dim}},
                       {{"table", table, vocab * dim}, {"ids", use_state ? nullptr : &ids, tokens}});
-  do_embedding_lookup(table, ids, out, tokens, dim, vocab, use_state);
+  check.run([&] { do_embedding_lookup(table, ids, out, tokens, dim, vocab, use_state); });
 }
 
 void Backend::split_qkv(const Buffer& qkv, Buffer& q, Buffer& k, Buffer& v, std::size_t tokens,
@@ -657,7 +663,7 @@ void Backend::split_qkv(const Buffer& qkv, Buffer& q, Buffer& k, Buffer& v, std:
   check.holds("v", v, check.product({tokens, kv_dim}), "[tokens, kv_dim]");
   check_outputs_apart(check, {{"q", q, tokens * q_dim}, {"k", k, tokens * kv_dim}, {"v", v, tokens * kv_dim}},
                       {{"qkv", qkv, tokens * row}});
-  do_split_qkv(qkv, q, k, v, tokens, q_dim, kv_dim);
+  check.run([&] { do_split_qkv(qkv, q, k, v, tokens, q_dim, kv_dim); });
 }
 
 void Backend::fused_silu_mul_split(const Buffer& gate_up, Buffer& out, std::size_t tokens, std::size_t im) {
@@ -671,7 +677,7 @@ void Backend::fused_silu_mul_split(const Buffer& gate_up, Buffer& out, std::size
   check.holds("gate_up", gate_up, check.product({tokens, 2, im}), "[tokens, 2*im]");
   check.holds("out", out, check.product({tokens, im}), "[tokens, im]");
   check_outputs_apart(check, {{"out", out, tokens * im}}, {{"gate_up", gate_up, tokens * 2 * im}});
-  do_fused_silu_mul_split(gate_up, out, tokens, im);
+  check.run([&] { do_fused_silu_mul_split(gate_up, out, tokens, im); });
 }
 
 namespace {
@@ -748,8 +754,10 @@ void Backend::qk_norm_rope(const Buffer& input, const Buffer* norm_w, const Buff
                        {"norm_w", mode == RopeMode::NormAndRope ? norm_w : nullptr, head_dim},
                        {"cos", cos, table},
                        {"sin", sin, table}});
-  do_qk_norm_rope(input, norm_w, cos, sin, output, tokens, heads, head_dim, pos_offset, max_pos, eps, mode,
-                  use_state);
+  check.run([&] {
+    do_qk_norm_rope(input, norm_w, cos, sin, output, tokens, heads, head_dim, pos_offset, max_pos, eps, mode,
+                    use_state);
+  });
 }
 
 void Backend::kv_cache_append_head_major(Buffer& cache_k, Buffer& cache_v, std::size_t cache_len,
@@ -782,8 +790,10 @@ void Backend::kv_cache_append_head_major(Buffer& cache_k, Buffer& cache_v, std::
   }
   check_outputs_apart(check, {{"cache_k", cache_k, cache_n}, {"cache_v", cache_v, cache_n}},
                       {{"new_k", new_k, new_n}, {"new_v", new_v, new_n}});
-  do_kv_cache_append_head_major(cache_k, cache_v, cache_len, capacity, new_k, new_v, new_tokens, nkv, hd,
-                                use_state);
+  check.run([&] {
+    do_kv_cache_append_head_major(cache_k, cache_v, cache_len, capacity, new_k, new_v, new_tokens, nkv, hd,
+                                  use_state);
+  });
 }
 
 namespace {
@@ -856,7 +866,7 @@ void Backend::qkv_rope_append(const Buffer& qkv, const Buffer* q_norm, const Buf
     check.fail(ErrorCode::CapacityExceeded, "qkv_rope_append: positions {} run past cfg.capacity = {}",
                range_text(pos_offset, tokens), cfg.capacity);
   }
-  do_qkv_rope_append(qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, tokens, pos_offset, cfg, use_state);
+  check.run([&] { do_qkv_rope_append(qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, tokens, pos_offset, cfg, use_state); });
 }
 
 void Backend::qkv_rope_append_ragged(const Buffer& qkv, const Buffer* q_norm, const Buffer* k_norm, const Buffer& cos,
@@ -867,7 +877,7 @@ void Backend::qkv_rope_append_ragged(const Buffer& qkv, const Buffer* q_norm, co
                         /*pos_offset (unused)=*/0, /*positions_on_device=*/true, cfg, "batch", "[batch, (heads + 2 kv_heads) * head_dim]",
                         "[batch, heads, head_dim]",
                         "[batch, kv_heads, capacity, head_dim]");
-  do_qkv_rope_append_ragged(qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, positions, batch, cfg);
+  check.run([&] { do_qkv_rope_append_ragged(qkv, q_norm, k_norm, cos, sin, q_out, k_cache, v_cache, positions, batch, cfg); });
 }
 
 void Backend::do_qkv_rope_append_ragged(const Buffer&, const Buffer*, const Buffer*, const Buffer&, const Buffer&,
@@ -891,7 +901,7 @@ void Backend::transpose_head_to_token(const Buffer& src, Buffer& dst, std::size_
   check.holds("src", src, n, "[heads, tokens, dim]");
   check.holds("dst", dst, n, "[tokens, heads, dim]");
   check_outputs_apart(check, {{"dst", dst, n}}, {{"src", src, n}});
-  do_transpose_head_to_token(src, dst, tokens, heads, dim);
+  check.run([&] { do_transpose_head_to_token(src, dst, tokens, heads, dim); });
 }
 
 // ── Attention ──────────────────────────────────────────────────────────────
@@ -956,7 +966,7 @@ void Backend::flash_attention(const Buffer& q, const Buffer& k, const Buffer& v,
   check.holds("v", v, kvn, "[batch, num_kv_heads, kv_seq_stride, head_dim]");
   check.holds("out", out, qn, "[batch, num_heads, q_len, head_dim]");
   check_outputs_apart(check, {{"out", out, qn}}, {{"q", q, qn}, {"k", k, kvn}, {"v", v, kvn}});
-  do_flash_attention(q, k, v, out, batch, q_len, kv_len, pos_offset, cfg, use_state);
+  check.run([&] { do_flash_attention(q, k, v, out, batch, q_len, kv_len, pos_offset, cfg, use_state); });
 }
 
 void Backend::do_flash_attention(const Buffer&, const Buffer&, const Buffer&, Buffer&, std::size_t,
@@ -984,7 +994,7 @@ void Backend::flash_decode_ragged(const Buffer& q, const Buffer& k, const Buffer
   check.holds("out", out, qn, "[batch, num_heads, head_dim]");
   check.holds("kv_lens", kv_lens, batch, "[batch]");
   check_outputs_apart(check, {{"out", out, qn}}, {{"q", q, qn}, {"k", k, kvn}, {"v", v, kvn}, {"kv_lens", kv_lens, batch}});
-  do_flash_decode_ragged(q, k, v, out, kv_lens, batch, cfg);
+  check.run([&] { do_flash_decode_ragged(q, k, v, out, kv_lens, batch, cfg); });
 }
 
 void Backend::do_flash_decode_ragged(const Buffer&, const Buffer&, const Buffer&, Buffer&, const Buffer&,
@@ -1021,7 +1031,7 @@ void Backend::mla_attention(const Buffer& q, const Buffer& kv_latent, Buffer& ou
   check.holds("kv_latent", kv_latent, kvn, "[batch, kv_len, kv_lora_rank + rope_dim]");
   check.holds("out", out, outn, "[batch, num_heads, q_len, v_head_dim]");
   check_outputs_apart(check, {{"out", out, outn}}, {{"q", q, qn}, {"kv_latent", kv_latent, kvn}});
-  do_mla_attention(q, kv_latent, out, batch, q_len, kv_len, cfg);
+  check.run([&] { do_mla_attention(q, kv_latent, out, batch, q_len, kv_len, cfg); });
 }
 
 void Backend::do_mla_attention(const Buffer&, const Buffer&, Buffer&, std::size_t, std::size_t, std::size_t,
@@ -1036,7 +1046,7 @@ std::unique_ptr<QuantWeight> Backend::load_gptq(const GptqHostTensors& tensors) 
   OpCheck check(*this, "load_gptq");
   refuse_during_capture(check);
   detail::validate_gptq(tensors, "load_gptq");  // every shape and divisibility rule, for every backend
-  return do_load_gptq(tensors);
+  return check.run([&] { return do_load_gptq(tensors); });
 }
 
 std::unique_ptr<QuantWeight> Backend::do_load_gptq(const GptqHostTensors&) {
@@ -1088,7 +1098,7 @@ void Backend::gemm_gptq(const Buffer& a, const QuantWeight& w, Buffer& out, std:
   check_quant_gemm(check, a, w, out, m);
   check_gptq_weight(check, w);
   check_outputs_apart(check, {{"out", out, m * w.n()}}, {{"a", a, m * w.k()}});
-  do_gemm_gptq(a, w, out, m, "gemm_gptq");
+  check.run([&] { do_gemm_gptq(a, w, out, m, "gemm_gptq"); });
 }
 
 void Backend::do_gemm_gptq(const Buffer&, const QuantWeight&, Buffer&, std::size_t, const char* op) {
@@ -1106,7 +1116,7 @@ void Backend::gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& 
   check.same_dtype("act", act, "a", a);
   check.holds("act", act, check.product({m, w.n() / 2}), "[m, im]");
   check_outputs_apart(check, {{"gate_up", gate_up, m * w.n()}, {"act", act, m * (w.n() / 2)}}, {{"a", a, m * w.k()}});
-  do_gemm_silu_mul_gptq(a, w, gate_up, act, m);
+  check.run([&] { do_gemm_silu_mul_gptq(a, w, gate_up, act, m); });
 }
 
 void Backend::do_gemm_silu_mul_gptq(const Buffer&, const QuantWeight&, Buffer&, Buffer&, std::size_t) {
@@ -1153,7 +1163,7 @@ void Backend::row_sum_squares(const Buffer& x, Buffer& row_sq, std::size_t rows,
   check.holds("x", x, elems, "[rows, cols]");
   check_row_sq(check, row_sq, rows, cols);
   check_outputs_apart(check, {{"row_sq", row_sq, rows * row_sq_groups(cols)}}, {{"x", x, elems}});
-  do_row_sum_squares(x, row_sq, rows, cols);
+  check.run([&] { do_row_sum_squares(x, row_sq, rows, cols); });
 }
 
 void Backend::gemm_gptq_add_residual(const Buffer& a, const QuantWeight& w, Buffer& out, Buffer& residual,
@@ -1169,7 +1179,7 @@ void Backend::gemm_gptq_add_residual(const Buffer& a, const QuantWeight& w, Buff
   check_outputs_apart(
       check, {{"out", out, out_elems}, {"residual", residual, out_elems}, {"row_sq", row_sq, m * row_sq_groups(w.n())}},
       {{"a", a, m * w.k()}});
-  do_gemm_gptq_add_residual(a, w, out, residual, row_sq, m);
+  check.run([&] { do_gemm_gptq_add_residual(a, w, out, residual, row_sq, m); });
 }
 
 void Backend::rms_norm_gemm_gptq(const Buffer& x, const Buffer& row_sq, const Buffer& norm_w, float eps,
@@ -1180,7 +1190,7 @@ void Backend::rms_norm_gemm_gptq(const Buffer& x, const Buffer& row_sq, const Bu
   check_norm_in(check, x, row_sq, norm_w, eps, w, normed, m);
   check_outputs_apart(check, {{"normed", normed, m * w.k()}, {"out", out, m * w.n()}},
                       {{"x", x, m * w.k()}, {"row_sq", row_sq, m * row_sq_groups(w.k())}, {"norm_w", norm_w, w.k()}});
-  do_rms_norm_gemm_gptq(x, row_sq, norm_w, eps, w, normed, out, m);
+  check.run([&] { do_rms_norm_gemm_gptq(x, row_sq, norm_w, eps, w, normed, out, m); });
 }
 
 void Backend::rms_norm_gemm_silu_mul_gptq(const Buffer& x, const Buffer& row_sq, const Buffer& norm_w, float eps,
@@ -1196,7 +1206,7 @@ void Backend::rms_norm_gemm_silu_mul_gptq(const Buffer& x, const Buffer& row_sq,
   check_outputs_apart(
       check, {{"normed", normed, m * w.k()}, {"gate_up", gate_up, m * w.n()}, {"act", act, m * (w.n() / 2)}},
       {{"x", x, m * w.k()}, {"row_sq", row_sq, m * row_sq_groups(w.k())}, {"norm_w", norm_w, w.k()}});
-  do_rms_norm_gemm_silu_mul_gptq(x, row_sq, norm_w, eps, w, normed, gate_up, act, m);
+  check.run([&] { do_rms_norm_gemm_silu_mul_gptq(x, row_sq, norm_w, eps, w, normed, gate_up, act, m); });
 }
 
 void Backend::do_row_sum_squares(const Buffer&, Buffer&, std::size_t, std::size_t) {
@@ -1231,7 +1241,7 @@ void Backend::gemm_quant(const Buffer& a, const QuantWeight& w, Buffer& out, std
         check.fail(ErrorCode::Unsupported, "gemm_quant: GPTQ weights need gemm_gptq, which the {} backend lacks yet",
                    name());
       }
-      do_gemm_gptq(a, w, out, m, "gemm_quant");
+      check.run([&] { do_gemm_gptq(a, w, out, m, "gemm_quant"); });
       return;
     case QuantKind::Awq:
     case QuantKind::Fp8:
@@ -1294,14 +1304,14 @@ void Backend::all_reduce(Buffer& buf, std::size_t len, ReduceOp op) {
   check.one_of("buf", buf, {DType::F16, DType::BF16, DType::F32});
   check.holds("buf", buf, len, "[len]");
   check_reduce_op(check, op);
-  do_all_reduce(buf, len, op);
+  check.run([&] { do_all_reduce(buf, len, op); });
 }
 
 void Backend::all_gather(const Buffer& local, Buffer& global, std::size_t local_len) {
   OpCheck check(*this, "all_gather");
   check_shard_pair(check, {"local", local}, {"global", global}, /*source_is_full=*/false, "local_len", local_len,
                    world_size(), rank());
-  do_all_gather(local, global, local_len);
+  check.run([&] { do_all_gather(local, global, local_len); });
 }
 
 void Backend::broadcast(Buffer& buf, std::size_t len, std::size_t src_rank) {
@@ -1314,7 +1324,7 @@ void Backend::broadcast(Buffer& buf, std::size_t len, std::size_t src_rank) {
     check.fail(ErrorCode::InvalidArgument, "broadcast: argument 'src_rank' = {} is not below world size {}", src_rank,
          world_size());
   }
-  do_broadcast(buf, len, src_rank);
+  check.run([&] { do_broadcast(buf, len, src_rank); });
 }
 
 void Backend::reduce_scatter(const Buffer& input, Buffer& output, std::size_t len, ReduceOp op) {
@@ -1322,7 +1332,7 @@ void Backend::reduce_scatter(const Buffer& input, Buffer& output, std::size_t le
   check_shard_pair(check, {"input", input}, {"output", output}, /*source_is_full=*/true, "len", len, world_size(),
                    rank());
   check_reduce_op(check, op);
-  do_reduce_scatter(input, output, len, op);
+  check.run([&] { do_reduce_scatter(input, output, len, op); });
 }
 
 // World size 1 without a communicator: the collectives are identities.

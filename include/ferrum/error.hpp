@@ -1,5 +1,6 @@
-// ferrum::Error: the one exception type every public op throws (host memory
-// running out inside CpuBackend's ops may still surface as std::bad_alloc).
+// ferrum::Error: the one exception type every public op throws. Host memory
+// running out inside an op (CpuBackend's scratch, load_gptq's host repack) is
+// OutOfMemory too, not std::bad_alloc.
 #pragma once
 
 #include <stdexcept>

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <new>
+#include <stdexcept>
 #include <string_view>
 #include <utility>
 
@@ -30,6 +32,21 @@ class OpCheck {
   [[noreturn]] void fail(ErrorCode code, fmt::format_string<Args...> format, Args&&... args) const {
     backend_.abandon_capture();
     detail::fail(code, format, std::forward<Args>(args)...);
+  }
+
+  // Runs the backend's implementation of the op. Host memory running out
+  // inside it (CpuBackend's scratch rows, load_gptq's host unpack and
+  // repack) is OutOfMemory naming the op, through fail (a capture in
+  // progress is abandoned as for any failure), not a std::bad_alloc or
+  // std::length_error past the API. No cost unless something throws.
+  template <class Body>
+  decltype(auto) run(Body&& body) const {
+    try {
+      return std::forward<Body>(body)();
+    } catch (const std::bad_alloc&) {
+    } catch (const std::length_error&) {
+    }
+    fail(ErrorCode::OutOfMemory, "{}: host memory for the op's working storage could not be allocated", op_);
   }
 
   // Not null, owned by this backend, element-aligned.

@@ -437,17 +437,15 @@ TEST(DefaultBackend, FollowsDeviceCount) {
   EXPECT_EQ(be->kind(), runs_here ? BackendKind::Cuda : BackendKind::Cpu);
 }
 
-// Host staging that cannot be had is OutOfMemory naming the op, not a
-// std::bad_alloc past the API: a forked child whose address space may grow
-// by 160 MiB downloads 32 Mi f16 values (64 MiB of raw staging, then 128 MiB
-// of floats, which no longer fit).
-void download_in_bounded_memory() {
-  CpuBackend be(CpuBackendConfig{.num_threads = 1});
-  Buffer b = be.alloc(DType::F16, std::size_t{32} << 20);
-  bound_address_space_growth(std::size_t{160} << 20);
+// In a forked child: `body` after the address space is bounded to grow by
+// `growth` more bytes; prints what came out (the error's message, or
+// "returned") on stderr for EXPECT_EXIT to match, then exits 0.
+template <class Body>
+void run_in_bounded_memory(std::size_t growth, Body&& body) {
+  bound_address_space_growth(growth);
   try {
-    (void)be.download(b);
-    std::fprintf(stderr, "downloaded\n");
+    body();
+    std::fprintf(stderr, "returned\n");
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
   } catch (const std::exception& e) {
@@ -455,6 +453,42 @@ void download_in_bounded_memory() {
   }
   std::fflush(stderr);
   std::_Exit(0);
+}
+
+// Host staging that cannot be had is OutOfMemory naming the op, not a
+// std::bad_alloc past the API: a child whose address space may grow by
+// 160 MiB downloads 32 Mi f16 values (64 MiB of raw staging, then 128 MiB
+// of floats, which no longer fit).
+void download_in_bounded_memory() {
+  CpuBackend be(CpuBackendConfig{.num_threads = 1});
+  Buffer b = be.alloc(DType::F16, std::size_t{32} << 20);
+  run_in_bounded_memory(std::size_t{160} << 20, [&] { (void)be.download(b); });
+}
+
+// The same for an op's own working storage (Backend's check.run): rms_norm
+// over one row of 32 Mi f16 values decodes the weight into 128 MiB of
+// floats, past a 96 MiB bound.
+void rms_norm_in_bounded_memory() {
+  CpuBackend be(CpuBackendConfig{.num_threads = 1});
+  const std::size_t dim = std::size_t{32} << 20;
+  Buffer x = be.alloc(DType::F16, dim), w = be.alloc(DType::F16, dim), out = be.alloc(DType::F16, dim);
+  run_in_bounded_memory(std::size_t{96} << 20, [&] { be.rms_norm(x, w, 1e-5f, out, 1, dim); });
+}
+
+// And for load_gptq, whose CPU weight is the dequantized [n, k] in floats:
+// 4096 x 4096 (8 MiB packed) needs 64 MiB, past a 32 MiB bound.
+void load_gptq_in_bounded_memory() {
+  CpuBackend be(CpuBackendConfig{.num_threads = 1});
+  const std::size_t k = 4096, n = 4096, groups = k / 128;
+  const std::vector<std::int32_t> qweight(k / 8 * n, 0x12345678), qzeros(groups * n / 8, 0x77777777);
+  const std::vector<float> scales(groups * n, 0.5f);
+  GptqHostTensors t;
+  t.qweight = qweight;
+  t.qzeros = qzeros;
+  t.scales = scales;
+  t.k = k;
+  t.n = n;
+  run_in_bounded_memory(std::size_t{32} << 20, [&] { (void)be.load_gptq(t); });
 }
 
 // Under AddressSanitizer a failed mmap is a report and an exit, not a
@@ -475,6 +509,14 @@ TEST(HostStagingDeathTest, OutOfHostMemoryIsAnError) {
   if (kAddressSanitizer) GTEST_SKIP() << "AddressSanitizer exits on a failed mmap instead of throwing std::bad_alloc";
   EXPECT_EXIT(download_in_bounded_memory(), ::testing::ExitedWithCode(0),
               "\\[OutOfMemory\\] download: host staging of 33554432 elements of 4 bytes");
+}
+
+TEST(HostMemoryDeathTest, RunningOutInsideAnOpIsOutOfMemoryNamingTheOp) {
+  if (kAddressSanitizer) GTEST_SKIP() << "AddressSanitizer exits on a failed mmap instead of throwing std::bad_alloc";
+  EXPECT_EXIT(rms_norm_in_bounded_memory(), ::testing::ExitedWithCode(0),
+              "\\[OutOfMemory\\] rms_norm: host memory for the op's working storage could not be allocated");
+  EXPECT_EXIT(load_gptq_in_bounded_memory(), ::testing::ExitedWithCode(0),
+              "\\[OutOfMemory\\] load_gptq: host memory for the op's working storage could not be allocated");
 }
 
 TEST(CpuDeterminism, ResultsDoNotDependOnThreadCount) {

@@ -17,7 +17,10 @@
 //   ragged form, row_sum_squares, every GPTQ op, the collectives on a world of
 //   one, advance_decode_state, ...), on the registry's small valid call with
 //   random float inputs: eager against record + replay, every buffer it
-//   writes compared whole.
+//   writes compared whole; the recording runs under StrictCapture, so an op
+//   that allocates or synchronizes there fails.
+// test_graph_cold.cpp records the registry's ops in a fresh process, before
+// any of them has run.
 //
 // Skipped (GTEST_SKIP) when no CUDA device is visible.
 #include <gtest/gtest.h>
@@ -29,6 +32,7 @@
 
 #include "support/op_registry.hpp"
 #include "support/op_runners.hpp"
+#include "support/strict_capture.hpp"
 #include "support/test_support.hpp"
 
 namespace ferrum::test {
@@ -129,23 +133,6 @@ INSTANTIATE_TEST_SUITE_P(DTypes, CudaGraphOps, ::testing::ValuesIn(kHalfDTypes),
 
 // ── Every op of the registry ─────────────────────────────────────────────────
 
-// Every buffer's bytes, in spec order.
-std::vector<std::vector<std::uint8_t>> read_all(Backend& be, const OpSpec& spec, OpArgs& a) {
-  std::vector<std::vector<std::uint8_t>> bytes;
-  for (const BufferArg& b : spec.buffers) {
-    Buffer& buf = a.buf(b.name);
-    bytes.emplace_back(buf.nbytes());
-    be.read_bytes(buf, bytes.back().data(), buf.nbytes());
-  }
-  return bytes;
-}
-
-void write_all(Backend& be, const OpSpec& spec, OpArgs& a, const std::vector<std::vector<std::uint8_t>>& bytes) {
-  for (std::size_t i = 0; i < spec.buffers.size(); ++i) {
-    be.write_bytes(a.buf(spec.buffers[i].name), bytes[i].data(), bytes[i].size());
-  }
-}
-
 class CudaGraphEveryOp : public CudaParamTest<std::size_t> {
  protected:
   const OpSpec& spec() const { return op_specs()[GetParam()]; }
@@ -157,42 +144,12 @@ TEST_P(CudaGraphEveryOp, ReplayWritesWhatTheEagerCallWrites) {
   Rng rng;
   SCOPED_TRACE(cat(s.name, " ", rng.describe()));
   OpArgs a = make_args(cuda(), s);
-  // Random float inputs (integer buffers keep the registry's valid ids and
-  // lengths; f32 ones, sums of squares among them, stay positive); outputs
-  // poisoned, so a replay that skips a write shows.
-  for (const BufferArg& b : s.buffers) {
-    Buffer& buf = a.buf(b.name);
-    if (b.role == Role::Output) {
-      const std::vector<std::uint8_t> poison(buf.nbytes(), 0xA5);
-      cuda().write_bytes(buf, poison.data(), poison.size());
-    } else if (b.dtype == DType::F32) {
-      std::vector<float> v(buf.numel());
-      for (float& x : v) x = rng.uniform(0.5f, 2.0f);
-      cuda().write(buf, v);
-    } else if (b.dtype == DType::F16 || b.dtype == DType::BF16) {
-      cuda().write(buf, random_normal(rng, b.dtype, buf.numel()).values);
-    }
-  }
-  // advance_decode_state reads and moves the decode state: each run starts
-  // from the same one, set outside the capture (set_decode_state is refused
-  // during one, so the registry's call, which sets it first, is not used),
-  // with a next token whose write into token_log shows.
-  const bool advance = s.op == Op::AdvanceDecodeState;
-  auto call = [&] {
-    if (advance) {
-      cuda().advance_decode_state(a.buf("next_token"), a.buf("token_log"));
-    } else {
-      s.call(cuda(), a);
-    }
-  };
-  if (advance) {
-    const std::int32_t seven = 7;
-    cuda().write_bytes(a.buf("next_token"), &seven, sizeof(seven));
-  }
+  fill_random(cuda(), s, a, rng);
+  // Each run starts from the same decode state, set outside the capture.
   const std::vector<std::vector<std::uint8_t>> initial = read_all(cuda(), s, a);
 
   cuda().set_decode_state(1, 0);
-  call();
+  call_capturable(cuda(), s, a);
   cuda().synchronize();
   const std::vector<std::vector<std::uint8_t>> eager = read_all(cuda(), s, a);
   // (all_reduce and broadcast on a world of one change nothing, by contract.)
@@ -202,9 +159,17 @@ TEST_P(CudaGraphEveryOp, ReplayWritesWhatTheEagerCallWrites) {
 
   write_all(cuda(), s, a, initial);
   cuda().set_decode_state(1, 0);
-  cuda().begin_graph_capture();
-  call();
-  cuda().end_graph_capture();
+  {
+    // The op's recording (after the eager call above did its first-call
+    // setup) under CUDA's strictest capture rule: no allocation or
+    // synchronization of any kind (StrictCapture).
+    StrictCapture strict;
+    ASSERT_TRUE(strict.began());
+    cuda().begin_graph_capture();
+    call_capturable(cuda(), s, a);
+    EXPECT_TRUE(strict.finish()) << "the op made a call a capture forbids (an allocation or a synchronization)";
+    cuda().end_graph_capture();
+  }
   EXPECT_EQ(read_all(cuda(), s, a), initial) << "recording ran the op";
   ASSERT_TRUE(cuda().replay_last_graph());
   cuda().synchronize();

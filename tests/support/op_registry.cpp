@@ -1,6 +1,8 @@
 #include "support/op_registry.hpp"
 
+#include <cstdint>
 #include <stdexcept>
+#include <vector>
 
 #include "support/op_runners.hpp"
 
@@ -359,6 +361,50 @@ OpArgs make_args(Backend& backend, const OpSpec& spec) {
     }
   }
   return a;
+}
+
+void fill_random(Backend& backend, const OpSpec& spec, OpArgs& a, Rng& rng) {
+  for (const BufferArg& b : spec.buffers) {
+    Buffer& buf = a.buf(b.name);
+    if (b.role == Role::Output) {
+      const std::vector<std::uint8_t> poison(buf.nbytes(), 0xA5);
+      backend.write_bytes(buf, poison.data(), poison.size());
+    } else if (b.dtype == DType::F32) {
+      std::vector<float> v(buf.numel());
+      for (float& x : v) x = rng.uniform(0.5f, 2.0f);
+      backend.write(buf, v);
+    } else if (b.dtype == DType::F16 || b.dtype == DType::BF16) {
+      backend.write(buf, random_normal(rng, b.dtype, buf.numel()).values);
+    }
+  }
+  if (spec.op == Op::AdvanceDecodeState) {
+    const std::int32_t seven = 7;
+    backend.write_bytes(a.buf("next_token"), &seven, sizeof(seven));
+  }
+}
+
+void call_capturable(Backend& backend, const OpSpec& spec, OpArgs& a) {
+  if (spec.op == Op::AdvanceDecodeState) {
+    backend.advance_decode_state(a.buf("next_token"), a.buf("token_log"));
+  } else {
+    spec.call(backend, a);
+  }
+}
+
+std::vector<std::vector<std::uint8_t>> read_all(Backend& backend, const OpSpec& spec, OpArgs& a) {
+  std::vector<std::vector<std::uint8_t>> bytes;
+  for (const BufferArg& b : spec.buffers) {
+    Buffer& buf = a.buf(b.name);
+    bytes.emplace_back(buf.nbytes());
+    backend.read_bytes(buf, bytes.back().data(), buf.nbytes());
+  }
+  return bytes;
+}
+
+void write_all(Backend& backend, const OpSpec& spec, OpArgs& a, const std::vector<std::vector<std::uint8_t>>& bytes) {
+  for (std::size_t i = 0; i < spec.buffers.size(); ++i) {
+    backend.write_bytes(a.buf(spec.buffers[i].name), bytes[i].data(), bytes[i].size());
+  }
 }
 
 void call_op_validly(Backend& backend, Op op) {

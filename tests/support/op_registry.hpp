@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -105,6 +106,22 @@ const OpSpec& op_spec(Op op);
 OpArgs make_args(Backend& backend, const OpSpec& spec);
 // A zero-filled buffer.
 Buffer zeros(Backend& backend, DType dtype, std::size_t numel);
+
+// ── Graph tests over the registry (test_graph_ops.cpp, test_graph_cold.cpp) ──
+
+// Random float inputs (integer buffers keep make_args's valid ids and
+// lengths; f32 ones, sums of squares among them, stay positive), outputs
+// poisoned with 0xA5 bytes so that a run that skips a write shows, and for
+// advance_decode_state a next token (7) whose write into token_log shows.
+void fill_random(Backend& backend, const OpSpec& spec, OpArgs& a, Rng& rng);
+// The spec's call as a capture may record it: the registry's
+// advance_decode_state call sets the decode state first, which a capture
+// refuses, so here it is advance_decode_state alone (the caller sets the
+// state outside the capture).
+void call_capturable(Backend& backend, const OpSpec& spec, OpArgs& a);
+// Every buffer's bytes, in spec order; and written back.
+std::vector<std::vector<std::uint8_t>> read_all(Backend& backend, const OpSpec& spec, OpArgs& a);
+void write_all(Backend& backend, const OpSpec& spec, OpArgs& a, const std::vector<std::vector<std::uint8_t>>& bytes);
 
 // A valid call of ANY Op (including LoadGptq, GraphCapture and
 // DeviceStateMode), for the supports() consistency test; synchronizes.

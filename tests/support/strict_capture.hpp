@@ -1,0 +1,52 @@
+// StrictCapture: while alive, the calling thread holds a capture of its own
+// in cudaStreamCaptureModeGlobal on a private stream, so CUDA refuses, on
+// this thread, every call that could allocate or synchronize behind a
+// stream's back (cudaMalloc, cudaMemcpy, cudaStreamSynchronize, ...) with
+// cudaErrorStreamCaptureUnsupported, even inside the backend's own capture,
+// which is relaxed (CUDA's rule: a thread with an ongoing capture that was
+// not begun relaxed may make no potentially unsafe call). Wrapped around an
+// op's capture, it turns "ops never allocate or synchronize in the hot path"
+// from a review claim into a driver check. Ends its capture on finish() or
+// destruction; finish() says whether it ended cleanly.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+namespace ferrum::test {
+
+class StrictCapture {
+ public:
+  StrictCapture() {
+    ok_ = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) == cudaSuccess &&
+          cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal) == cudaSuccess;
+    capturing_ = ok_;
+  }
+  ~StrictCapture() {
+    (void)finish();
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  }
+  StrictCapture(const StrictCapture&) = delete;
+  StrictCapture& operator=(const StrictCapture&) = delete;
+
+  // Whether the strict capture began (false: nothing was enforced).
+  bool began() const noexcept { return ok_; }
+
+  // Ends the strict capture: true when it began and was not invalidated
+  // (an unsafe call made while it was open invalidates it).
+  bool finish() noexcept {
+    if (!capturing_) return false;
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    const cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    return err == cudaSuccess;
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  bool ok_ = false;
+  bool capturing_ = false;
+};
+
+}  // namespace ferrum::test
