@@ -641,33 +641,36 @@ TEST_P(ApiOnBackend, WorldSizeOneCollectives) {
   EXPECT_EQ(backend().world_size(), 1u);
   EXPECT_EQ(backend().rank(), 0u);
   for (DType dt : {DType::F16, DType::BF16, DType::F32}) {
-    const HostTensor data = random_uniform(rng, dt, 1000);
-    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod, ReduceOp::Avg}) {
-      SCOPED_TRACE(cat(to_string(dt), " all_reduce op ", static_cast<int>(op)));
-      GuardedOutput buf(backend(), data);
-      backend().all_reduce(buf.view(), 1000, op);
-      backend().synchronize();
-      EXPECT_TRUE(buf.check_guard());
-      EXPECT_TRUE(bitwise_equal(buf.bytes(), encode_bytes(data), size_of(dt)));
-    }
-    {
-      SCOPED_TRACE(cat(to_string(dt), " all_gather"));
-      const DeviceTensor local(backend(), data);
-      GuardedOutput global(backend(), dt, 1000);
-      backend().all_gather(local.view(), global.view(), 1000);
-      backend().synchronize();
-      EXPECT_TRUE(global.check_guard());
-      EXPECT_TRUE(bitwise_equal(global.bytes(), encode_bytes(data), size_of(dt)));
-    }
-    {
-      SCOPED_TRACE(cat(to_string(dt), " broadcast"));
-      GuardedOutput buf(backend(), data);
-      backend().broadcast(buf.view(), 1000, 0);
-      backend().synchronize();
-      EXPECT_TRUE(buf.check_guard());
-      EXPECT_TRUE(bitwise_equal(buf.bytes(), encode_bytes(data), size_of(dt)));
-      expect_error(ErrorCode::InvalidArgument, "broadcast", [&] { backend().broadcast(buf.view(), 1000, 1); },
-                   "'src_rank'");
+    // Odd lengths too (1, 7: under one vector; 1000; 4097: past a round count).
+    for (std::size_t len : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{4097}}) {
+      const HostTensor data = random_uniform(rng, dt, len);
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod, ReduceOp::Avg}) {
+        SCOPED_TRACE(cat(to_string(dt), " len=", len, " all_reduce op ", static_cast<int>(op)));
+        GuardedOutput buf(backend(), data);
+        backend().all_reduce(buf.view(), len, op);
+        backend().synchronize();
+        EXPECT_TRUE(buf.check_guard());
+        EXPECT_TRUE(bitwise_equal(buf.bytes(), encode_bytes(data), size_of(dt)));
+      }
+      {
+        SCOPED_TRACE(cat(to_string(dt), " len=", len, " all_gather"));
+        const DeviceTensor local(backend(), data);
+        GuardedOutput global(backend(), dt, len);
+        backend().all_gather(local.view(), global.view(), len);
+        backend().synchronize();
+        EXPECT_TRUE(global.check_guard());
+        EXPECT_TRUE(bitwise_equal(global.bytes(), encode_bytes(data), size_of(dt)));
+      }
+      {
+        SCOPED_TRACE(cat(to_string(dt), " len=", len, " broadcast"));
+        GuardedOutput buf(backend(), data);
+        backend().broadcast(buf.view(), len, 0);
+        backend().synchronize();
+        EXPECT_TRUE(buf.check_guard());
+        EXPECT_TRUE(bitwise_equal(buf.bytes(), encode_bytes(data), size_of(dt)));
+        expect_error(ErrorCode::InvalidArgument, "broadcast", [&] { backend().broadcast(buf.view(), len, 1); },
+                     "'src_rank'");
+      }
     }
   }
 }

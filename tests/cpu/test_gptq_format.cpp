@@ -145,22 +145,6 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// Calls fn; expects ferrum::Error with `code` whose message contains `op` + ':' and every one of `parts`.
-void expect_error(ErrorCode code, std::string_view op, const std::function<void()>& fn,
-                  std::initializer_list<std::string_view> parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected ferrum::Error [" << to_string(code) << "] from " << op << ", nothing was thrown";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_EQ(e.code(), code) << msg;
-    EXPECT_NE(msg.find(std::string(op) + ":"), std::string::npos) << "message does not name the op: " << msg;
-    for (std::string_view part : parts) {
-      EXPECT_NE(msg.find(part), std::string::npos) << "message lacks \"" << part << "\": " << msg;
-    }
-  }
-}
-
 struct Shape {
   std::size_t k;
   std::size_t n;

@@ -323,7 +323,7 @@ namespace {
 // ── Errors ───────────────────────────────────────────────────────────────────
 
 ::testing::AssertionResult throws_error(ErrorCode code, std::string_view op, const std::function<void()>& fn,
-                                        std::string_view arg) {
+                                        std::initializer_list<std::string_view> parts) {
   try {
     fn();
   } catch (const Error& e) {
@@ -336,9 +336,10 @@ namespace {
       return ::testing::AssertionFailure() << "error " << to_string(code) << " does not name the op '" << op
                                            << "': " << msg;
     }
-    if (!arg.empty() && msg.find(arg) == std::string_view::npos) {
-      return ::testing::AssertionFailure() << "error " << to_string(code) << " does not name the argument " << arg
-                                           << ": " << msg;
+    for (std::string_view part : parts) {
+      if (!part.empty() && msg.find(part) == std::string_view::npos) {
+        return ::testing::AssertionFailure() << "error " << to_string(code) << " lacks \"" << part << "\": " << msg;
+      }
     }
     return ::testing::AssertionSuccess();
   } catch (const std::exception& e) {
@@ -349,10 +350,20 @@ namespace {
                                        << " but nothing was thrown";
 }
 
+::testing::AssertionResult throws_error(ErrorCode code, std::string_view op, const std::function<void()>& fn,
+                                        std::string_view arg) {
+  return throws_error(code, op, fn, {arg});
+}
+
+void expect_error(ErrorCode code, std::string_view op, const std::function<void()>& fn,
+                  std::initializer_list<std::string_view> parts, std::source_location where) {
+  const ::testing::AssertionResult result = throws_error(code, op, fn, parts);
+  if (!result) ADD_FAILURE_AT(where.file_name(), static_cast<int>(where.line())) << result.message();
+}
+
 void expect_error(ErrorCode code, std::string_view op, const std::function<void()>& fn, std::string_view arg,
                   std::source_location where) {
-  const ::testing::AssertionResult result = throws_error(code, op, fn, arg);
-  if (!result) ADD_FAILURE_AT(where.file_name(), static_cast<int>(where.line())) << result.message();
+  expect_error(code, op, fn, {arg}, where);
 }
 
 void expect_collectives_refuse_host_memory(Backend& be, std::size_t len, std::source_location where) {

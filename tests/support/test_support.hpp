@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <source_location>
@@ -180,10 +181,17 @@ class GuardedOutput {
 // ── Errors ───────────────────────────────────────────────────────────────────
 
 // Success iff fn() throws ferrum::Error with `code` whose message contains
-// `op` (and `arg` when non-empty).
+// `op` and every one of `parts` (an argument's name, the offending value, the
+// rule that failed).
+::testing::AssertionResult throws_error(ErrorCode code, std::string_view op, const std::function<void()>& fn,
+                                        std::initializer_list<std::string_view> parts);
+// The same with one part, `arg` (none when empty).
 ::testing::AssertionResult throws_error(ErrorCode code, std::string_view op, const std::function<void()>& fn,
                                         std::string_view arg = {});
-// Non-fatal expectation of the above, reported at the caller's line.
+// Non-fatal expectations of the above, reported at the caller's line.
+void expect_error(ErrorCode code, std::string_view op, const std::function<void()>& fn,
+                  std::initializer_list<std::string_view> parts,
+                  std::source_location where = std::source_location::current());
 void expect_error(ErrorCode code, std::string_view op, const std::function<void()>& fn, std::string_view arg = {},
                   std::source_location where = std::source_location::current());
 
