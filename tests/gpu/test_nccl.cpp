@@ -13,7 +13,8 @@
 // (3) A TP=2 MLP block: column-parallel [gate|up] (each rank holds its half
 //     of the gate rows and of the up rows), fused_silu_mul_split, row-parallel
 //     down (its half of the columns), all_reduce(Sum) equals the TP=1 block
-//     within the f16 tolerance (gemm scale over the intermediate size).
+//     on CpuBackend within the f16 tolerance (gemm scale over the
+//     intermediate size); every intermediate starts as NaN.
 // (4) A CUDA graph holding copy_slice + add_inplace + all_reduce, captured on
 //     each rank's backend in its own thread and replayed 100 times with fresh
 //     inputs written between replays, every result checked exactly; a held
@@ -35,6 +36,7 @@
 #include <array>
 #include <chrono>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -232,7 +234,7 @@ TEST_F(NcclTest, PeerGoneIsAnErrorNotAHang) {
 
 // ── (3) TP=2 MLP block ───────────────────────────────────────────────────────
 
-TEST_F(NcclTest, TensorParallelMlpMatchesOneGpu) {
+TEST_F(NcclTest, TensorParallelMlpMatchesCpuBackend) {
   FERRUM_SEEDED_RNG(rng);
   constexpr DType dt = DType::F16;
   constexpr std::size_t T = 7, H = 256, I = 512, Ih = I / 2;
@@ -240,19 +242,17 @@ TEST_F(NcclTest, TensorParallelMlpMatchesOneGpu) {
   const HostTensor gate_up = random_uniform(rng, dt, 2 * I * H, -0.1f, 0.1f);  // [2I, H] = [gate | up]
   const HostTensor down = random_uniform(rng, dt, H * I, -0.1f, 0.1f);          // [H, I]
 
-  // TP=1: one backend, the full weights.
+  // TP=1 on CpuBackend (fp32 accumulation), the full weights: the reference.
   std::vector<float> ref;
   {
-    CudaBackend one;
+    CpuBackend one;
     Buffer xb = one.upload(x.values, dt), gu = one.upload(gate_up.values, dt), dn = one.upload(down.values, dt);
     Buffer gu_out = one.alloc(dt, T * 2 * I), act = one.alloc(dt, T * I), out = one.alloc(dt, T * H);
     one.gemm(xb, gu, gu_out, T, 2 * I, H);
     one.fused_silu_mul_split(gu_out, act, T, I);
     one.gemm(act, dn, out, T, H, I);
-    one.synchronize();
     ref = one.download(out, T * H);
   }
-
   // TP=2: rank r holds gate rows and up rows [r*Ih, (r+1)*Ih) as its own
   // [gate_half | up_half] block, and down columns [r*Ih, (r+1)*Ih).
   std::array<std::vector<float>, 2> gate_up_half, down_half;
@@ -271,7 +271,11 @@ TEST_F(NcclTest, TensorParallelMlpMatchesOneGpu) {
   std::array<std::vector<float>, 2> got;
   expect_no_failures(on_both_ranks(ranks, [&](std::size_t r, CudaBackend& be, std::vector<std::string>&) {
     Buffer xb = be.upload(x.values, dt), gu = be.upload(gate_up_half[r], dt), dn = be.upload(down_half[r], dt);
-    Buffer gu_out = be.alloc(dt, T * I), act = be.alloc(dt, T * Ih), out = be.alloc(dt, T * H);
+    // Every intermediate and the output poisoned with NaN: an element a step
+    // leaves unwritten shows in the result.
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    Buffer gu_out = be.upload(std::vector<float>(T * I, nan), dt), act = be.upload(std::vector<float>(T * Ih, nan), dt),
+           out = be.upload(std::vector<float>(T * H, nan), dt);
     be.gemm(xb, gu, gu_out, T, I, H);            // [T, Ih gate | Ih up]
     be.fused_silu_mul_split(gu_out, act, T, Ih);  // [T, Ih]
     be.gemm(act, dn, out, T, H, Ih);              // partial [T, H]
