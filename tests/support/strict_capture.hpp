@@ -17,13 +17,18 @@ namespace ferrum::test {
 class StrictCapture {
  public:
   StrictCapture() {
-    ok_ = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) == cudaSuccess &&
+    // One memset node, so that the capture is never empty (its end then
+    // fails only if something invalidated it).
+    ok_ = cudaMalloc(&word_, sizeof(int)) == cudaSuccess &&
+          cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) == cudaSuccess &&
           cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal) == cudaSuccess;
     capturing_ = ok_;
+    if (ok_) ok_ = cudaMemsetAsync(word_, 0, sizeof(int), stream_) == cudaSuccess;
   }
   ~StrictCapture() {
     (void)finish();
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+    if (word_ != nullptr) (void)cudaFree(word_);
   }
   StrictCapture(const StrictCapture&) = delete;
   StrictCapture& operator=(const StrictCapture&) = delete;
@@ -44,6 +49,7 @@ class StrictCapture {
   }
 
  private:
+  void* word_ = nullptr;  // the memset node's target
   cudaStream_t stream_ = nullptr;
   bool ok_ = false;
   bool capturing_ = false;
