@@ -221,7 +221,7 @@ class CudaGraphErrors : public CudaTest {
     Buffer b = cuda().upload(std::vector<float>(64, 2.0f), DType::F16);
     cuda().begin_graph_capture();
     cuda().add_inplace(a, b, 64);
-    expect_error(code, op, refused, {}, where);
+    expect_error(code, op, refused, std::string_view{}, where);
     EXPECT_FALSE(cuda().is_capturing()) << "the capture must be ended by the error";
     EXPECT_FALSE(cuda().replay_last_graph()) << "a half-recorded graph must never be kept for replay";
     EXPECT_EQ(cuda().download(a), std::vector<float>(64, 1.0f)) << "the recorded op must not have run";

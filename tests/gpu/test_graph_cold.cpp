@@ -1,6 +1,8 @@
 // The registry's ops (support/op_registry: every buffer-taking op that
 // CudaBackend supports) recorded into one graph in a fresh process, before
-// any of them has run there. Whatever an op sets up on its first call
+// any of them has run there (only the setup runs first: allocations,
+// uploads, load_gptq for the GPTQ ops' weights, and set_decode_state's
+// kernel). Whatever an op sets up on its first call
 // (module loading, shared-memory opt-ins, occupancy and cluster queries,
 // cuBLAS's own) then happens inside the backend's capture, as in an engine
 // that captures its first decode step without an eager one. Every other graph

@@ -161,8 +161,8 @@ TEST_P(CudaGraphEveryOp, ReplayWritesWhatTheEagerCallWrites) {
   cuda().set_decode_state(1, 0);
   {
     // The op's recording (after the eager call above did its first-call
-    // setup) under CUDA's strictest capture rule: no allocation or
-    // synchronization of any kind (StrictCapture).
+    // setup) under StrictCapture: no allocation or synchronization of any
+    // kind on this thread.
     StrictCapture strict;
     ASSERT_TRUE(strict.began());
     cuda().begin_graph_capture();

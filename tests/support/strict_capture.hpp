@@ -1,10 +1,11 @@
 // StrictCapture: while alive, the calling thread holds a capture of its own
-// in cudaStreamCaptureModeGlobal on a private stream, so CUDA refuses, on
-// this thread, every call that could allocate or synchronize behind a
+// in cudaStreamCaptureModeThreadLocal on a private stream, so CUDA refuses,
+// on this thread, every call that could allocate or synchronize behind a
 // stream's back (cudaMalloc, cudaMemcpy, cudaStreamSynchronize, ...) with
 // cudaErrorStreamCaptureUnsupported, even inside the backend's own capture,
 // which is relaxed (CUDA's rule: a thread with an ongoing capture that was
-// not begun relaxed may make no potentially unsafe call). Wrapped around an
+// not begun relaxed may make no potentially unsafe call). Thread-local, not
+// Global: other threads of the process are left alone. Wrapped around an
 // op's capture, it turns "ops never allocate or synchronize in the hot path"
 // from a review claim into a driver check. Ends its capture on finish() or
 // destruction; finish() says whether it ended cleanly.
@@ -21,7 +22,7 @@ class StrictCapture {
     // fails only if something invalidated it).
     ok_ = cudaMalloc(&word_, sizeof(int)) == cudaSuccess &&
           cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) == cudaSuccess &&
-          cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal) == cudaSuccess;
+          cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
     capturing_ = ok_;
     if (ok_) ok_ = cudaMemsetAsync(word_, 0, sizeof(int), stream_) == cudaSuccess;
   }

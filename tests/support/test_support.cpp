@@ -322,8 +322,13 @@ namespace {
 
 // ── Errors ───────────────────────────────────────────────────────────────────
 
-::testing::AssertionResult throws_error(ErrorCode code, std::string_view op, const std::function<void()>& fn,
-                                        std::initializer_list<std::string_view> parts) {
+namespace {
+
+// throws_error's work: `op_text` is what the message must contain to name
+// the op (the op itself, or "op:" where the caller asks for the prefix).
+::testing::AssertionResult throws_error_naming(ErrorCode code, std::string_view op, std::string_view op_text,
+                                               const std::function<void()>& fn,
+                                               std::initializer_list<std::string_view> parts) {
   try {
     fn();
   } catch (const Error& e) {
@@ -332,14 +337,16 @@ namespace {
       return ::testing::AssertionFailure() << "expected ferrum::Error " << to_string(code) << " but got "
                                            << to_string(e.code()) << ": " << msg;
     }
-    if (msg.find(op) == std::string_view::npos) {
-      return ::testing::AssertionFailure() << "error " << to_string(code) << " does not name the op '" << op
+    if (msg.find(op_text) == std::string_view::npos) {
+      return ::testing::AssertionFailure() << "error " << to_string(code) << " does not name the op as '" << op_text
                                            << "': " << msg;
     }
+    std::string missing;
     for (std::string_view part : parts) {
-      if (!part.empty() && msg.find(part) == std::string_view::npos) {
-        return ::testing::AssertionFailure() << "error " << to_string(code) << " lacks \"" << part << "\": " << msg;
-      }
+      if (!part.empty() && msg.find(part) == std::string_view::npos) missing += cat(" \"", part, "\"");
+    }
+    if (!missing.empty()) {
+      return ::testing::AssertionFailure() << "error " << to_string(code) << " lacks" << missing << ": " << msg;
     }
     return ::testing::AssertionSuccess();
   } catch (const std::exception& e) {
@@ -350,9 +357,17 @@ namespace {
                                        << " but nothing was thrown";
 }
 
+}  // namespace
+
+::testing::AssertionResult throws_error(ErrorCode code, std::string_view op, const std::function<void()>& fn,
+                                        std::initializer_list<std::string_view> parts) {
+  const std::string prefix = cat(op, ":");
+  return throws_error_naming(code, op, prefix, fn, parts);
+}
+
 ::testing::AssertionResult throws_error(ErrorCode code, std::string_view op, const std::function<void()>& fn,
                                         std::string_view arg) {
-  return throws_error(code, op, fn, {arg});
+  return throws_error_naming(code, op, op, fn, {arg});
 }
 
 void expect_error(ErrorCode code, std::string_view op, const std::function<void()>& fn,
@@ -363,7 +378,8 @@ void expect_error(ErrorCode code, std::string_view op, const std::function<void(
 
 void expect_error(ErrorCode code, std::string_view op, const std::function<void()>& fn, std::string_view arg,
                   std::source_location where) {
-  expect_error(code, op, fn, {arg}, where);
+  const ::testing::AssertionResult result = throws_error(code, op, fn, arg);
+  if (!result) ADD_FAILURE_AT(where.file_name(), static_cast<int>(where.line())) << result.message();
 }
 
 void expect_collectives_refuse_host_memory(Backend& be, std::size_t len, std::source_location where) {

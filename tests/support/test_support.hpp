@@ -181,11 +181,11 @@ class GuardedOutput {
 // ── Errors ───────────────────────────────────────────────────────────────────
 
 // Success iff fn() throws ferrum::Error with `code` whose message contains
-// `op` and every one of `parts` (an argument's name, the offending value, the
-// rule that failed).
+// "op:" (the op as the message's prefix names it) and every one of `parts`
+// (an argument's name, the offending value, the rule that failed).
 ::testing::AssertionResult throws_error(ErrorCode code, std::string_view op, const std::function<void()>& fn,
                                         std::initializer_list<std::string_view> parts);
-// The same with one part, `arg` (none when empty).
+// With one part, `arg` (none when empty); `op` anywhere in the message.
 ::testing::AssertionResult throws_error(ErrorCode code, std::string_view op, const std::function<void()>& fn,
                                         std::string_view arg = {});
 // Non-fatal expectations of the above, reported at the caller's line.
