@@ -482,12 +482,7 @@ void load_gptq_in_bounded_memory() {
   const std::size_t k = 4096, n = 4096, groups = k / 128;
   const std::vector<std::int32_t> qweight(k / 8 * n, 0x12345678), qzeros(groups * n / 8, 0x77777777);
   const std::vector<float> scales(groups * n, 0.5f);
-  GptqHostTensors t;
-  t.qweight = qweight;
-  t.qzeros = qzeros;
-  t.scales = scales;
-  t.k = k;
-  t.n = n;
+  const GptqHostTensors t{.qweight = qweight, .qzeros = qzeros, .scales = scales, .k = k, .n = n};
   run_in_bounded_memory(std::size_t{32} << 20, [&] { (void)be.load_gptq(t); });
 }
 

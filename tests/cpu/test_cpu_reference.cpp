@@ -550,12 +550,8 @@ INSTANTIATE_TEST_SUITE_P(Specs, CpuFlashAttention, ::testing::ValuesIn(dtype_cas
 std::vector<FlashSpec> cpu_only_head_dim_flash_specs() {
   std::vector<FlashSpec> specs;
   for (std::size_t hd : {8, 48, 96, 384}) {
-    AttnConfig cfg;
-    cfg.num_heads = 8;
-    cfg.num_kv_heads = 2;
-    cfg.head_dim = hd;
+    AttnConfig cfg = attn_config(8, 2, hd, 150);
     cfg.causal = true;
-    cfg.kv_seq_stride = 150;
     specs.push_back({1, 1, 129, 128, cfg});
     cfg.kv_seq_stride = 0;
     specs.push_back({2, 5, 129, 60, cfg});
