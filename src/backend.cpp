@@ -280,7 +280,7 @@ Buffer Backend::checked_alloc(const char* op, DType dtype, std::size_t numel, bo
     check.fail(ErrorCode::InvalidArgument, "{}: argument 'dtype' = {} is not a DType", op, static_cast<int>(dtype));
   }
   if (numel == 0) check.fail(ErrorCode::InvalidArgument, "{}: argument 'numel' = 0, must be at least 1", op);
-  const std::size_t bytes = check.product({numel, size_of(dtype)});
+  const std::size_t bytes = check.product("argument 'numel' x the dtype's bytes", {numel, size_of(dtype)});
   void* p = host ? allocate_host_bytes(bytes) : allocate_bytes(bytes);
   return make_buffer(p, dtype, numel, /*host_memory=*/host);
 }
@@ -316,7 +316,7 @@ void Backend::checked_write(const char* op, Buffer& dst, std::span<const float> 
   if (host.empty()) return;
   std::vector<std::uint8_t> staged = host_staging<std::uint8_t>(op, host.size() * size_of(dst.dtype()));
   encode_from_f32(op, dst.dtype(), host, staged.data());
-  check.run([&] { do_write_bytes(dst, dst_offset * size_of(dst.dtype()), staged.data(), staged.size()); });
+  check.run([&] { do_write_bytes(op, dst, dst_offset * size_of(dst.dtype()), staged.data(), staged.size()); });
 }
 
 void Backend::write_bytes(Buffer& dst, const void* host, std::size_t bytes, std::size_t dst_byte_offset) {
@@ -329,7 +329,7 @@ void Backend::write_bytes(Buffer& dst, const void* host, std::size_t bytes, std:
          bytes, dst_byte_offset, dst.nbytes());
   }
   if (host_copy_needed(check, host, "dst", dst, dst_byte_offset, bytes)) {
-    check.run([&] { do_write_bytes(dst, dst_byte_offset, host, bytes); });
+    check.run([&] { do_write_bytes("write_bytes", dst, dst_byte_offset, host, bytes); });
   }
 }
 
@@ -342,7 +342,7 @@ std::vector<float> Backend::download(const Buffer& src, std::size_t count) {
          count, src.numel());
   }
   std::vector<std::uint8_t> raw = host_staging<std::uint8_t>("download", count * size_of(src.dtype()));
-  if (count > 0) check.run([&] { do_read_bytes(src, 0, raw.data(), raw.size()); });
+  if (count > 0) check.run([&] { do_read_bytes("download", src, 0, raw.data(), raw.size()); });
   std::vector<float> out = host_staging<float>("download", count);
   decode_to_f32(src.dtype(), raw.data(), count, out.data());
   return out;
@@ -358,7 +358,7 @@ void Backend::read_bytes(const Buffer& src, void* host, std::size_t bytes, std::
          bytes, src_byte_offset, src.nbytes());
   }
   if (host_copy_needed(check, host, "src", src, src_byte_offset, bytes)) {
-    check.run([&] { do_read_bytes(src, src_byte_offset, host, bytes); });
+    check.run([&] { do_read_bytes("read_bytes", src, src_byte_offset, host, bytes); });
   }
 }
 
@@ -378,7 +378,7 @@ void Backend::copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst,
                range_text(dst_offset, len), dst.numel());
   }
   if (copy_needed(check, src, src_offset, "src", dst, dst_offset, "dst", len)) {
-    check.run([&] { do_copy_slice(src, src_offset, dst, dst_offset, len); });
+    check.run([&] { do_copy_slice("copy_slice", src, src_offset, dst, dst_offset, len); });
   }
 }
 
@@ -469,7 +469,7 @@ void check_row_norm(OpCheck& check, const Buffer& x, std::initializer_list<Named
   check.eps("", eps);
   check.buffer("x", x);
   check.activation("x", x);
-  const std::size_t n = check.product({tokens, dim});
+  const std::size_t n = check.product("[tokens, dim]", {tokens, dim});
   check.holds("x", x, n, "[tokens, dim]");
   for (const NamedBuffer& b : rows) {
     check.buffer(b.name, b.buffer);
@@ -539,7 +539,7 @@ void Backend::add_bias(Buffer& data, const Buffer& bias, std::size_t rows, std::
   check.buffer("bias", bias);
   check.activation("data", data);
   check.same_dtype("bias", bias, "data", data);
-  check.holds("data", data, check.product({rows, cols}), "[rows, cols]");
+  check.holds("data", data, {rows, cols}, "[rows, cols]");
   check.holds("bias", bias, cols, "[cols]");
   check_outputs_apart(check, {{"data", data, rows * cols}}, {{"bias", bias, cols}});
   check.run([&] { do_add_bias(data, bias, rows, cols); });
@@ -566,7 +566,7 @@ void Backend::argmax(const Buffer& x, Buffer& out, std::size_t rows, std::size_t
   check.buffer("out", out);
   check.one_of("x", x, {DType::F16, DType::BF16, DType::F32});
   check.dtype("out", out, DType::I32);
-  check.holds("x", x, check.product({rows, cols}), "[rows, cols]");
+  check.holds("x", x, {rows, cols}, "[rows, cols]");
   check.holds("out", out, rows, "[rows]");
   check_outputs_apart(check, {{"out", out, rows}}, {{"x", x, rows * cols}});
   check.run([&] { do_argmax(x, out, rows, cols); });
@@ -586,9 +586,9 @@ void Backend::gemm(const Buffer& a, const Buffer& b, Buffer& out, std::size_t m,
   check.activation("a", a);
   check.same_dtype("b", b, "a", a);
   check.same_dtype("out", out, "a", a);
-  check.holds("a", a, check.product({m, k}), "[m, k]");
-  check.holds("b", b, check.product({n, k}), "[n, k]");
-  check.holds("out", out, check.product({m, n}), "[m, n]");
+  check.holds("a", a, {m, k}, "[m, k]");
+  check.holds("b", b, {n, k}, "[n, k]");
+  check.holds("out", out, {m, n}, "[m, n]");
   check_outputs_apart(check, {{"out", out, m * n}}, {{"a", a, m * k}, {"b", b, n * k}});
   check.run([&] { do_gemm(a, b, out, m, n, k); });
 }
@@ -599,7 +599,7 @@ void Backend::gemm_silu_mul(const Buffer& a, const Buffer& w, Buffer& gate_up, B
   check.size("m", m);
   check.size("im", im);
   check.size("k", k);
-  check.size("2 * im", check.product({2, im}));
+  check.size("2 * im", check.product("2 * im", {2, im}));
   check.buffer("a", a);
   check.buffer("w", w);
   check.buffer("gate_up", gate_up);
@@ -608,10 +608,10 @@ void Backend::gemm_silu_mul(const Buffer& a, const Buffer& w, Buffer& gate_up, B
   check.same_dtype("w", w, "a", a);
   check.same_dtype("gate_up", gate_up, "a", a);
   check.same_dtype("act", act, "a", a);
-  check.holds("a", a, check.product({m, k}), "[m, k]");
-  check.holds("w", w, check.product({2, im, k}), "[2*im, k]");
-  check.holds("gate_up", gate_up, check.product({m, 2, im}), "[m, 2*im]");
-  check.holds("act", act, check.product({m, im}), "[m, im]");
+  check.holds("a", a, {m, k}, "[m, k]");
+  check.holds("w", w, {2, im, k}, "[2*im, k]");
+  check.holds("gate_up", gate_up, {m, 2, im}, "[m, 2*im]");
+  check.holds("act", act, {m, im}, "[m, im]");
   check_outputs_apart(check, {{"gate_up", gate_up, m * 2 * im}, {"act", act, m * im}},
                       {{"a", a, m * k}, {"w", w, 2 * im * k}});
   check.run([&] { do_gemm_silu_mul(a, w, gate_up, act, m, im, k); });
@@ -629,8 +629,8 @@ void Backend::embedding_lookup(const Buffer& table, const Buffer& ids, Buffer& o
   check.buffer("out", out);
   check.activation("table", table);
   check.same_dtype("out", out, "table", table);
-  check.holds("table", table, check.product({vocab, dim}), "[vocab, dim]");
-  check.holds("out", out, check.product({tokens, dim}), "[tokens, dim]");
+  check.holds("table", table, {vocab, dim}, "[vocab, dim]");
+  check.holds("out", out, {tokens, dim}, "[tokens, dim]");
   const bool use_state = device_state_mode_ && tokens == 1;
   if (!use_state) {
     check.buffer("ids", ids);
@@ -657,10 +657,10 @@ void Backend::split_qkv(const Buffer& qkv, Buffer& q, Buffer& k, Buffer& v, std:
   check.same_dtype("k", k, "qkv", qkv);
   check.same_dtype("v", v, "qkv", qkv);
   const std::size_t row = q_dim + 2 * kv_dim;
-  check.holds("qkv", qkv, check.product({tokens, row}), "[tokens, q_dim + 2*kv_dim]");
-  check.holds("q", q, check.product({tokens, q_dim}), "[tokens, q_dim]");
-  check.holds("k", k, check.product({tokens, kv_dim}), "[tokens, kv_dim]");
-  check.holds("v", v, check.product({tokens, kv_dim}), "[tokens, kv_dim]");
+  check.holds("qkv", qkv, {tokens, row}, "[tokens, q_dim + 2*kv_dim]");
+  check.holds("q", q, {tokens, q_dim}, "[tokens, q_dim]");
+  check.holds("k", k, {tokens, kv_dim}, "[tokens, kv_dim]");
+  check.holds("v", v, {tokens, kv_dim}, "[tokens, kv_dim]");
   check_outputs_apart(check, {{"q", q, tokens * q_dim}, {"k", k, tokens * kv_dim}, {"v", v, tokens * kv_dim}},
                       {{"qkv", qkv, tokens * row}});
   check.run([&] { do_split_qkv(qkv, q, k, v, tokens, q_dim, kv_dim); });
@@ -674,8 +674,8 @@ void Backend::fused_silu_mul_split(const Buffer& gate_up, Buffer& out, std::size
   check.buffer("out", out);
   check.activation("gate_up", gate_up);
   check.same_dtype("out", out, "gate_up", gate_up);
-  check.holds("gate_up", gate_up, check.product({tokens, 2, im}), "[tokens, 2*im]");
-  check.holds("out", out, check.product({tokens, im}), "[tokens, im]");
+  check.holds("gate_up", gate_up, {tokens, 2, im}, "[tokens, 2*im]");
+  check.holds("out", out, {tokens, im}, "[tokens, im]");
   check_outputs_apart(check, {{"out", out, tokens * im}}, {{"gate_up", gate_up, tokens * 2 * im}});
   check.run([&] { do_fused_silu_mul_split(gate_up, out, tokens, im); });
 }
@@ -717,7 +717,7 @@ void check_rope(const OpCheck& check, std::string_view cfg, std::string_view act
       check.holds(name, *w, head_dim, "[head_dim]");
     }
   }
-  const std::size_t table = check.product({max_pos, head_dim / 2});
+  const std::size_t table = check.product("[max_pos, head_dim/2]", {max_pos, head_dim / 2});
   check.holds("cos", cos, table, "[max_pos, head_dim/2]");
   check.holds("sin", sin, table, "[max_pos, head_dim/2]");
   if (!use_state && (pos_offset > max_pos || tokens > max_pos - pos_offset)) {
@@ -742,7 +742,7 @@ void Backend::qk_norm_rope(const Buffer& input, const Buffer* norm_w, const Buff
   check.buffer("output", output);
   check.activation("input", input);
   check.same_dtype("output", output, "input", input);
-  const std::size_t n = check.product({tokens, heads, head_dim});
+  const std::size_t n = check.product("[tokens, heads, head_dim]", {tokens, heads, head_dim});
   check.holds("input", input, n, "[tokens, heads, head_dim]");
   check.holds("output", output, n, "[heads, tokens, head_dim]");
   const bool use_state = device_state_mode() && tokens == 1;
@@ -776,10 +776,10 @@ void Backend::kv_cache_append_head_major(Buffer& cache_k, Buffer& cache_v, std::
   check.same_dtype("cache_v", cache_v, "cache_k", cache_k);
   check.same_dtype("new_k", new_k, "cache_k", cache_k);
   check.same_dtype("new_v", new_v, "cache_k", cache_k);
-  const std::size_t cache_n = check.product({nkv, capacity, hd});
+  const std::size_t cache_n = check.product("[nkv, capacity, hd]", {nkv, capacity, hd});
   check.holds("cache_k", cache_k, cache_n, "[nkv, capacity, hd]");
   check.holds("cache_v", cache_v, cache_n, "[nkv, capacity, hd]");
-  const std::size_t new_n = check.product({nkv, new_tokens, hd});
+  const std::size_t new_n = check.product("[nkv, new_tokens, hd]", {nkv, new_tokens, hd});
   check.holds("new_k", new_k, new_n, "[nkv, new_tokens, hd]");
   check.holds("new_v", new_v, new_n, "[nkv, new_tokens, hd]");
   const bool use_state = device_state_mode_ && new_tokens == 1;
@@ -826,10 +826,10 @@ void check_qkv_rope_append(const OpCheck& check, const Buffer& qkv, const Buffer
   check.same_dtype("q_out", q_out, "qkv", qkv);
   check.same_dtype("k_cache", k_cache, "qkv", qkv);
   check.same_dtype("v_cache", v_cache, "qkv", qkv);
-  const std::size_t row = check.product({cfg.heads + 2 * cfg.kv_heads, cfg.head_dim});
-  check.holds("qkv", qkv, check.product({tokens, row}), qkv_layout);
-  check.holds("q_out", q_out, check.product({cfg.heads, tokens, cfg.head_dim}), q_layout);
-  const std::size_t cache_n = check.product({sequences, cfg.kv_heads, cfg.capacity, cfg.head_dim});
+  const std::size_t row = check.product("[heads + 2*kv_heads, head_dim]", {cfg.heads + 2 * cfg.kv_heads, cfg.head_dim});
+  check.holds("qkv", qkv, {tokens, row}, qkv_layout);
+  check.holds("q_out", q_out, {cfg.heads, tokens, cfg.head_dim}, q_layout);
+  const std::size_t cache_n = check.product(cache_layout, {sequences, cfg.kv_heads, cfg.capacity, cfg.head_dim});
   check.holds("k_cache", k_cache, cache_n, cache_layout);
   check.holds("v_cache", v_cache, cache_n, cache_layout);
   check_rope(check, "cfg.", "qkv", qkv, {{"q_norm", q_norm}, {"k_norm", k_norm}}, cos, sin, tokens, cfg.head_dim,
@@ -897,7 +897,7 @@ void Backend::transpose_head_to_token(const Buffer& src, Buffer& dst, std::size_
   check.buffer("dst", dst);
   check.activation("src", src);
   check.same_dtype("dst", dst, "src", src);
-  const std::size_t n = check.product({tokens, heads, dim});
+  const std::size_t n = check.product("[tokens, heads, dim]", {tokens, heads, dim});
   check.holds("src", src, n, "[heads, tokens, dim]");
   check.holds("dst", dst, n, "[tokens, heads, dim]");
   check_outputs_apart(check, {{"dst", dst, n}}, {{"src", src, n}});
@@ -959,8 +959,8 @@ void Backend::flash_attention(const Buffer& q, const Buffer& k, const Buffer& v,
                "past 'kv_len' = {}",
                range_text(pos_offset, q_len), pos_offset, q_len, kv_len);
   }
-  const std::size_t qn = check.product({batch, cfg.num_heads, q_len, cfg.head_dim});
-  const std::size_t kvn = check.product({batch, cfg.num_kv_heads, stride, cfg.head_dim});
+  const std::size_t qn = check.product("[batch, num_heads, q_len, head_dim]", {batch, cfg.num_heads, q_len, cfg.head_dim});
+  const std::size_t kvn = check.product("[batch, num_kv_heads, kv_seq_stride, head_dim]", {batch, cfg.num_kv_heads, stride, cfg.head_dim});
   check.holds("q", q, qn, "[batch, num_heads, q_len, head_dim]");
   check.holds("k", k, kvn, "[batch, num_kv_heads, kv_seq_stride, head_dim]");
   check.holds("v", v, kvn, "[batch, num_kv_heads, kv_seq_stride, head_dim]");
@@ -986,8 +986,8 @@ void Backend::flash_decode_ragged(const Buffer& q, const Buffer& k, const Buffer
   check_attention_common(check, cfg, q, k, v, out);
   check.buffer("kv_lens", kv_lens);
   check.dtype("kv_lens", kv_lens, DType::I32);
-  const std::size_t qn = check.product({batch, cfg.num_heads, cfg.head_dim});
-  const std::size_t kvn = check.product({batch, cfg.num_kv_heads, cfg.kv_seq_stride, cfg.head_dim});
+  const std::size_t qn = check.product("[batch, num_heads, head_dim]", {batch, cfg.num_heads, cfg.head_dim});
+  const std::size_t kvn = check.product("[batch, num_kv_heads, kv_seq_stride, head_dim]", {batch, cfg.num_kv_heads, cfg.kv_seq_stride, cfg.head_dim});
   check.holds("q", q, qn, "[batch, num_heads, head_dim]");
   check.holds("k", k, kvn, "[batch, num_kv_heads, kv_seq_stride, head_dim]");
   check.holds("v", v, kvn, "[batch, num_kv_heads, kv_seq_stride, head_dim]");
@@ -1024,9 +1024,9 @@ void Backend::mla_attention(const Buffer& q, const Buffer& kv_latent, Buffer& ou
   check.activation("q", q);
   check.same_dtype("kv_latent", kv_latent, "q", q);
   check.same_dtype("out", out, "q", q);
-  const std::size_t qn = check.product({batch, cfg.num_heads, q_len, latent});
-  const std::size_t kvn = check.product({batch, kv_len, latent});
-  const std::size_t outn = check.product({batch, cfg.num_heads, q_len, cfg.v_head_dim});
+  const std::size_t qn = check.product("[batch, num_heads, q_len, kv_lora_rank + rope_dim]", {batch, cfg.num_heads, q_len, latent});
+  const std::size_t kvn = check.product("[batch, kv_len, kv_lora_rank + rope_dim]", {batch, kv_len, latent});
+  const std::size_t outn = check.product("[batch, num_heads, q_len, v_head_dim]", {batch, cfg.num_heads, q_len, cfg.v_head_dim});
   check.holds("q", q, qn, "[batch, num_heads, q_len, kv_lora_rank + rope_dim]");
   check.holds("kv_latent", kv_latent, kvn, "[batch, kv_len, kv_lora_rank + rope_dim]");
   check.holds("out", out, outn, "[batch, num_heads, q_len, v_head_dim]");
@@ -1070,8 +1070,8 @@ void check_quant_gemm(OpCheck& check, const Buffer& a, const QuantWeight& w,
   check.buffer(out_name, out);
   check.activation(a_name, a);
   check.same_dtype(out_name, out, a_name, a);
-  check.holds(a_name, a, check.product({m, w.k()}), "[m, k]");
-  check.holds(out_name, out, check.product({m, w.n()}), "[m, n]");
+  check.holds(a_name, a, {m, w.k()}, "[m, k]");
+  check.holds(out_name, out, {m, w.n()}, "[m, n]");
 }
 
 std::string_view quant_kind_name(QuantKind kind) noexcept {
@@ -1114,7 +1114,7 @@ void Backend::gemm_silu_mul_gptq(const Buffer& a, const QuantWeight& w, Buffer& 
   // w.n() is even: load_gptq takes multiples of 8 only.
   check.buffer("act", act);
   check.same_dtype("act", act, "a", a);
-  check.holds("act", act, check.product({m, w.n() / 2}), "[m, im]");
+  check.holds("act", act, {m, w.n() / 2}, "[m, im]");
   check_outputs_apart(check, {{"gate_up", gate_up, m * w.n()}, {"act", act, m * (w.n() / 2)}}, {{"a", a, m * w.k()}});
   check.run([&] { do_gemm_silu_mul_gptq(a, w, gate_up, act, m); });
 }
@@ -1132,7 +1132,7 @@ namespace {
 void check_row_sq(const OpCheck& check, const Buffer& row_sq, std::size_t rows, std::size_t cols) {
   check.buffer("row_sq", row_sq);
   check.dtype("row_sq", row_sq, DType::F32);
-  check.holds("row_sq", row_sq, check.product({rows, row_sq_groups(cols)}), "[rows, ceil(cols / 16)]");
+  check.holds("row_sq", row_sq, {rows, row_sq_groups(cols)}, "[rows, ceil(cols / 16)]");
 }
 
 // The norm half of rms_norm_gemm_gptq and its SiLU·mul form: x [m, k],
@@ -1142,7 +1142,7 @@ void check_norm_in(const OpCheck& check, const Buffer& x, const Buffer& row_sq, 
   check.eps("", eps);
   check.buffer("x", x);
   check.activation("x", x);
-  const std::size_t elems = check.product({m, w.k()});
+  const std::size_t elems = check.product("[m, k]", {m, w.k()});
   check.holds("x", x, elems, "[m, k]");
   check_row_sq(check, row_sq, m, w.k());
   check.buffer("norm_w", norm_w);
@@ -1159,7 +1159,7 @@ void Backend::row_sum_squares(const Buffer& x, Buffer& row_sq, std::size_t rows,
   check.size("cols", cols);
   check.buffer("x", x);
   check.activation("x", x);
-  const std::size_t elems = check.product({rows, cols});
+  const std::size_t elems = check.product("[rows, cols]", {rows, cols});
   check.holds("x", x, elems, "[rows, cols]");
   check_row_sq(check, row_sq, rows, cols);
   check_outputs_apart(check, {{"row_sq", row_sq, rows * row_sq_groups(cols)}}, {{"x", x, elems}});
@@ -1173,7 +1173,7 @@ void Backend::gemm_gptq_add_residual(const Buffer& a, const QuantWeight& w, Buff
   check_gptq_weight(check, w);
   check.buffer("residual", residual);
   check.same_dtype("residual", residual, "a", a);
-  const std::size_t out_elems = check.product({m, w.n()});
+  const std::size_t out_elems = check.product("[m, n]", {m, w.n()});
   check.holds("residual", residual, out_elems, "[m, n]");
   check_row_sq(check, row_sq, m, w.n());
   check_outputs_apart(
@@ -1202,7 +1202,7 @@ void Backend::rms_norm_gemm_silu_mul_gptq(const Buffer& x, const Buffer& row_sq,
   check_norm_in(check, x, row_sq, norm_w, eps, w, normed, m);
   check.buffer("act", act);
   check.same_dtype("act", act, "x", x);
-  check.holds("act", act, check.product({m, w.n() / 2}), "[m, im]");
+  check.holds("act", act, {m, w.n() / 2}, "[m, im]");
   check_outputs_apart(
       check, {{"normed", normed, m * w.k()}, {"gate_up", gate_up, m * w.n()}, {"act", act, m * (w.n() / 2)}},
       {{"x", x, m * w.k()}, {"row_sq", row_sq, m * row_sq_groups(w.k())}, {"norm_w", norm_w, w.k()}});
@@ -1272,7 +1272,7 @@ void check_shard_pair(const OpCheck& check, NamedBuffer source, NamedBuffer dest
   const NamedBuffer& full = source_is_full ? source : dest;
   const NamedBuffer& shard = source_is_full ? dest : source;
   check.holds(shard.name, shard.buffer, len, "[len]");
-  const std::size_t full_len = check.product({world, len});
+  const std::size_t full_len = check.product("[world_size * len]", {world, len});
   check.holds(full.name, full.buffer, full_len, "[world_size * len]");
   const ByteSpan s = byte_span(shard.buffer, 0, len), f = byte_span(full.buffer, 0, full_len);
   if (s.overlaps(f) && s.begin != byte_span(full.buffer, rank * len, len).begin) {
@@ -1351,7 +1351,7 @@ void Backend::do_all_gather(const Buffer& local, Buffer& global, std::size_t loc
          world_size(), name());
   }
   if (copy_needed(check, local, 0, "local", global, 0, "global", local_len)) {
-    do_copy_slice(local, 0, global, 0, local_len);
+    do_copy_slice("all_gather", local, 0, global, 0, local_len);
   }
 }
 
@@ -1371,7 +1371,7 @@ void Backend::do_reduce_scatter(const Buffer& input, Buffer& output, std::size_t
          world_size(), name());
   }
   if (copy_needed(check, input, 0, "input", output, 0, "output", len)) {
-    do_copy_slice(input, 0, output, 0, len);
+    do_copy_slice("reduce_scatter", input, 0, output, 0, len);
   }
 }
 

@@ -645,11 +645,13 @@ class Backend {
   // For the QuantWeights a backend makes (QuantWeight::backend()).
   detail::BackendRef backend_ref() const noexcept { return detail::BackendRef(owner_); }
 
-  virtual void do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host,
+  // `op`: the public op the copy serves (upload, download, all_gather, ...),
+  // which a failure's message names.
+  virtual void do_write_bytes(const char* op, Buffer& dst, std::size_t dst_byte_offset, const void* host,
                               std::size_t bytes) = 0;
-  virtual void do_read_bytes(const Buffer& src, std::size_t src_byte_offset, void* host,
+  virtual void do_read_bytes(const char* op, const Buffer& src, std::size_t src_byte_offset, void* host,
                              std::size_t bytes) = 0;
-  virtual void do_copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst,
+  virtual void do_copy_slice(const char* op, const Buffer& src, std::size_t src_offset, Buffer& dst,
                              std::size_t dst_offset, std::size_t len) = 0;
   virtual void do_set_decode_state(std::int32_t token, std::int32_t pos, std::int32_t kv_len) = 0;
   virtual void do_advance_decode_state(const Buffer& next_token, Buffer& token_log) = 0;

@@ -328,12 +328,12 @@ class CudaBackend final : public Backend {
   // (reachable from kernels); pageable host memory and another device's
   // memory are refused.
   bool check_wrapped(const void* ptr, std::size_t bytes) const override;
-  void do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host,
+  void do_write_bytes(const char* op, Buffer& dst, std::size_t dst_byte_offset, const void* host,
                       std::size_t bytes) override;
-  void do_read_bytes(const Buffer& src, std::size_t src_byte_offset, void* host,
+  void do_read_bytes(const char* op, const Buffer& src, std::size_t src_byte_offset, void* host,
                      std::size_t bytes) override;
-  void do_copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
-                     std::size_t len) override;
+  void do_copy_slice(const char* op, const Buffer& src, std::size_t src_offset, Buffer& dst,
+                     std::size_t dst_offset, std::size_t len) override;
   void do_set_decode_state(std::int32_t token, std::int32_t pos, std::int32_t kv_len) override;
   void do_advance_decode_state(const Buffer& next_token, Buffer& token_log) override;
 

@@ -13,6 +13,8 @@
 #include <string_view>
 #include <utility>
 
+#include <fmt/ranges.h>
+
 #include "common/fail.hpp"
 #include "ferrum/backend.hpp"
 
@@ -133,19 +135,38 @@ class OpCheck {
     }
   }
 
-  // a * b * ..., refusing overflow of size_t.
-  std::size_t product(std::initializer_list<std::size_t> factors) const {
+  // holds() for a buffer of `dims` elements' product (overflow refused,
+  // naming the argument, its shape and the sizes).
+  void holds(std::string_view arg, const Buffer& b, std::initializer_list<std::size_t> dims,
+             std::string_view shape) const {
+    holds(arg, b, product_named(arg, shape, dims), shape);
+  }
+
+  // a * b * ..., refusing overflow of size_t; `what` names the product in the
+  // message (its shape, e.g. "[tokens, dim]").
+  std::size_t product(std::string_view what, std::initializer_list<std::size_t> factors) const {
+    return product_named({}, what, factors);
+  }
+
+ private:
+  // `arg`: the argument whose size this is, or empty.
+  std::size_t product_named(std::string_view arg, std::string_view what,
+                            std::initializer_list<std::size_t> factors) const {
     std::size_t p = 1;
     for (std::size_t f : factors) {
       if (f != 0 && p > std::numeric_limits<std::size_t>::max() / f) {
-        fail(ErrorCode::InvalidArgument, "{}: the sizes given overflow a 64-bit element count", op_);
+        if (arg.empty()) {
+          fail(ErrorCode::InvalidArgument, "{}: {} = {} overflows 64 bits", op_, what,
+               fmt::join(factors, " x "));
+        }
+        fail(ErrorCode::InvalidArgument, "{}: argument '{}' {} = {} overflows 64 bits", op_, arg,
+             what, fmt::join(factors, " x "));
       }
       p *= f;
     }
     return p;
   }
 
- private:
   Backend& backend_;
   std::string_view op_;
 };

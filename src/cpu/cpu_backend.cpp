@@ -342,17 +342,18 @@ void* CpuBackend::allocate_bytes(std::size_t bytes) { return aligned_host_bytes(
 
 void* CpuBackend::allocate_host_bytes(std::size_t bytes) { return aligned_host_bytes(bytes, "alloc_host"); }
 
-void CpuBackend::do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host,
+// The three copies ignore `op`: a memcpy cannot fail.
+void CpuBackend::do_write_bytes(const char* /*op*/, Buffer& dst, std::size_t dst_byte_offset, const void* host,
                                 std::size_t bytes) {
   std::memcpy(bytes_of(dst) + dst_byte_offset, host, bytes);
 }
 
-void CpuBackend::do_read_bytes(const Buffer& src, std::size_t src_byte_offset, void* host,
+void CpuBackend::do_read_bytes(const char* /*op*/, const Buffer& src, std::size_t src_byte_offset, void* host,
                                std::size_t bytes) {
   std::memcpy(host, bytes_of(src) + src_byte_offset, bytes);
 }
 
-void CpuBackend::do_copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst,
+void CpuBackend::do_copy_slice(const char* /*op*/, const Buffer& src, std::size_t src_offset, Buffer& dst,
                                std::size_t dst_offset, std::size_t len) {
   // memmove: src and dst may be views of one buffer (disjoint ranges:
   // Backend::copy_slice refuses overlapping ones, as the CUDA copy would be

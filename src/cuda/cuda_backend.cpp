@@ -474,29 +474,31 @@ bool CudaBackend::check_wrapped(const void* ptr, std::size_t bytes) const {
 }
 
 
-void CudaBackend::do_write_bytes(Buffer& dst, std::size_t dst_byte_offset, const void* host, std::size_t bytes) {
+void CudaBackend::do_write_bytes(const char* op, Buffer& dst, std::size_t dst_byte_offset, const void* host,
+                                 std::size_t bytes) {
   detail::activate_device(device_);
   check_cuda(cudaMemcpyAsync(ptr<std::uint8_t>(dst) + dst_byte_offset, host, bytes, cudaMemcpyDefault,
                              rt_->stream),
-             "write", "cudaMemcpyAsync");
-  wait_stream("write");
+             op, "cudaMemcpyAsync");
+  wait_stream(op);
 }
 
-void CudaBackend::do_read_bytes(const Buffer& src, std::size_t src_byte_offset, void* host, std::size_t bytes) {
+void CudaBackend::do_read_bytes(const char* op, const Buffer& src, std::size_t src_byte_offset, void* host,
+                                std::size_t bytes) {
   detail::activate_device(device_);
   check_cuda(cudaMemcpyAsync(host, ptr<std::uint8_t>(src) + src_byte_offset, bytes, cudaMemcpyDefault,
                              rt_->stream),
-             "read", "cudaMemcpyAsync");
-  wait_stream("read");
+             op, "cudaMemcpyAsync");
+  wait_stream(op);
 }
 
-void CudaBackend::do_copy_slice(const Buffer& src, std::size_t src_offset, Buffer& dst, std::size_t dst_offset,
-                                std::size_t len) {
+void CudaBackend::do_copy_slice(const char* op, const Buffer& src, std::size_t src_offset, Buffer& dst,
+                                std::size_t dst_offset, std::size_t len) {
   detail::activate_device(device_);
   const std::size_t es = size_of(src.dtype());
   check_cuda(cudaMemcpyAsync(ptr<std::uint8_t>(dst) + dst_offset * es, ptr<std::uint8_t>(src) + src_offset * es,
                              len * es, cudaMemcpyDefault, rt_->stream),
-             "copy_slice", "cudaMemcpyAsync");
+             op, "cudaMemcpyAsync");
 }
 
 void CudaBackend::do_set_decode_state(std::int32_t token, std::int32_t pos, std::int32_t kv_len) {

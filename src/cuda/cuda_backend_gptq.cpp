@@ -169,18 +169,25 @@ class CudaGptqWeight final : public QuantWeight {
   }
 
   void upload(Backend& be, int device, const detail::GptqRepacked& r, int num_sms) {
-    auto put = [&](Buffer& dst, DType dtype, const void* src, std::size_t count) {
-      dst = be.alloc(dtype, count);
-      be.write_bytes(dst, src, count * size_of(dtype));
+    // A failure inside alloc or write_bytes (device memory running out) is
+    // reported as load_gptq's, naming the tensor it was uploading.
+    auto put = [&](const char* tensor, Buffer& dst, DType dtype, const void* src, std::size_t count) {
+      try {
+        dst = be.alloc(dtype, count);
+        be.write_bytes(dst, src, count * size_of(dtype));
+      } catch (const Error& e) {
+        detail::fail(e.code(), "load_gptq: uploading the repacked '{}' ({} {} values): {}", tensor, count,
+                     to_string(dtype), e.what());
+      }
     };
-    put(qweight_, DType::I32, r.qweight.data(), r.qweight.size());
+    put("qweight", qweight_, DType::I32, r.qweight.data(), r.qweight.size());
     const std::vector<std::uint16_t> f16 = detail::gptq_scales_as(r, DType::F16);
     const std::vector<std::uint16_t> bf16 = detail::gptq_scales_as(r, DType::BF16);
-    put(scales_f16_, DType::F16, f16.data(), f16.size());
-    put(scales_bf16_, DType::BF16, bf16.data(), bf16.size());
-    if (!r.uniform_zero) put(zeros_, DType::U8, r.zeros.data(), r.zeros.size());
-    put(row_group_, DType::I32, r.row_group.data(), r.row_group.size());
-    if (r.act_order) put(perm_, DType::I32, r.perm.data(), r.perm.size());
+    put("scales (f16)", scales_f16_, DType::F16, f16.data(), f16.size());
+    put("scales (bf16)", scales_bf16_, DType::BF16, bf16.data(), bf16.size());
+    if (!r.uniform_zero) put("zeros", zeros_, DType::U8, r.zeros.data(), r.zeros.size());
+    put("row_group", row_group_, DType::I32, r.row_group.data(), r.row_group.size());
+    if (r.act_order) put("perm", perm_, DType::I32, r.perm.data(), r.perm.size());
     view_.qweight = ptr<std::uint32_t>(qweight_);
     view_.zeros = zeros_.is_null() ? nullptr : ptr<std::uint8_t>(zeros_);
     view_.row_group = ptr<std::int32_t>(row_group_);

@@ -264,6 +264,14 @@ TEST_P(BadInput, QkvRopeAppendDomainAndPositions) {
   // Each head count fits 32 bits, a qkv row's heads do not.
   expect_call_error(op, ErrorCode::InvalidArgument, "'cfg.heads + 2 * cfg.kv_heads'",
                     [](OpArgs& a) { a.sizes["cfg.kv_heads"] = std::size_t{1} << 30; });
+  // Each size fits 32 bits, qkv's element count (16 x (2^30 + 2) x 2^30)
+  // does not fit 64: named, not wrapped around into a small buffer size.
+  expect_call_error(op, ErrorCode::InvalidArgument,
+                    "argument 'qkv' [tokens, (heads + 2 kv_heads) * head_dim] = 16 x ", [](OpArgs& a) {
+                      a.sizes["tokens"] = 16;
+                      a.sizes["cfg.heads"] = std::size_t{1} << 30;
+                      a.sizes["cfg.head_dim"] = std::size_t{1} << 30;
+                    });
   // Tables of 6 positions, caches of 5, 2 tokens: offsets 0..3 fit both.
   expect_call_error(op, ErrorCode::CapacityExceeded, "cfg.capacity", [](OpArgs& a) { a.pos_offset = 4; });
   expect_call_error(op, ErrorCode::CapacityExceeded, "cos/sin tables",
@@ -542,15 +550,18 @@ TEST_P(BadInput, AllocSizes) {
   Buffer base = zeros(backend(), DType::U8, 16);
   expect_error(ErrorCode::InvalidArgument, "Buffer::wrap", [&] { (void)Buffer::wrap(backend(), base.data(), bad, 4); },
                "'dtype'");
-  // An element count whose byte size overflows 64 bits.
+  // An element count whose byte size overflows 64 bits: the message names
+  // the argument and the sizes.
+  const std::string half_max = std::to_string(std::numeric_limits<std::size_t>::max() / 2);
   expect_error(ErrorCode::InvalidArgument, "alloc",
-               [&] { (void)backend().alloc(DType::F32, std::numeric_limits<std::size_t>::max() / 2); }, "overflow");
+               [&] { (void)backend().alloc(DType::F32, std::numeric_limits<std::size_t>::max() / 2); },
+               {"'numel'", half_max + " x 4", "overflows 64 bits"});
   // The same rules for host memory.
   expect_error(ErrorCode::InvalidArgument, "alloc_host", [&] { (void)backend().alloc_host(DType::I32, 0); }, "'numel'");
   expect_error(ErrorCode::InvalidArgument, "alloc_host", [&] { (void)backend().alloc_host(bad, 4); }, "'dtype'");
   expect_error(ErrorCode::InvalidArgument, "alloc_host",
                [&] { (void)backend().alloc_host(DType::F32, std::numeric_limits<std::size_t>::max() / 2); },
-               "overflow");
+               {"'numel'", half_max + " x 4", "overflows 64 bits"});
 }
 
 TEST_P(BadInput, WriteAndReadBounds) {
