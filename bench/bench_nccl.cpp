@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (std::getenv("NCCL_NVLS_ENABLE") == nullptr) setenv("NCCL_NVLS_ENABLE", "0", 1);
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // unless already set
   if (!Communicator::available()) {
     std::printf("bench_nccl: ferrum was built without NCCL; nothing to measure\n");
     return 0;

@@ -190,7 +190,8 @@ bool argmax_cluster_fits() {
 
 // One launch of argmax_kernel<T, kVec>: a cluster of kCluster blocks per row
 // where the grouping asks for it and the device can run one (sm_90 code in
-// the build, a cluster resident), else one block per row.
+// the build, a cluster resident), else one block per row. x: [rows, cols];
+// out: [rows] (so in launch_typed).
 template <class T, int kVec>
 void launch_grouped(const T* x, std::int32_t* out, long long rows, long long cols, long long max_row_groups,
                     ArgmaxGrouping grouping, cudaStream_t stream) {

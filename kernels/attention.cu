@@ -1452,7 +1452,10 @@ bool decode_tc_applies(const AttentionArgs& a) {
   if (a.q_len != 1 || a.kv_stride < 1) return false;
   if (a.dtype != DType::F16 && a.dtype != DType::BF16) return false;
   if (!attention_head_dim_supported(static_cast<std::size_t>(a.head_dim))) return false;
-  if (a.num_kv_heads < 1 || a.num_kv_heads > 65535 || a.num_heads % a.num_kv_heads != 0) return false;
+  if (a.num_kv_heads < 1 || a.num_kv_heads > static_cast<long long>(kAttentionMaxGridYZ) ||
+      a.num_heads % a.num_kv_heads != 0) {
+    return false;
+  }
   return all_aligned16(a.q, a.k, a.v);
 }
 
@@ -1485,12 +1488,7 @@ std::optional<DecodeLaunchPlan> decode_launch_plan(const AttentionArgs& a) {
 }
 
 #if defined(FERRUM_DECODE_TIMELINE)
-void decode_timeline_reset() {
-  void* p = nullptr;
-  cudaError_t err = cudaGetSymbolAddress(&p, g_decode_timeline);
-  if (err == cudaSuccess) err = cudaMemset(p, 0, sizeof(g_decode_timeline));
-  if (err != cudaSuccess) throw_cuda_error("decode_timeline", "cudaMemset", err);
-}
+void decode_timeline_reset() { zero_device_symbol("decode_timeline", g_decode_timeline); }
 
 std::vector<DecodeTimelineBlock> decode_timeline_read() {
   std::vector<DecodeTimelineBlock> rows(kDecodeTimelineBlocks);

@@ -21,6 +21,10 @@ constexpr bool attention_head_dim_supported(std::size_t head_dim) {
   return int_list_contains(AttentionHeadDims{}, head_dim);
 }
 
+// Heads (decode: kv heads; prefill: query heads and sequences) index a grid
+// dimension y or z, which holds at most this many blocks.
+constexpr std::size_t kAttentionMaxGridYZ = 65535;
+
 // Decode (q_len == 1) cuts the key range into slices of
 // attention_decode_slice_keys(kv_stride) keys, one block each: the smallest
 // power-of-two multiple of 128 keys that cuts the cache capacity into at

@@ -446,7 +446,8 @@ bool prefill_tc_applies(const AttentionArgs& a) {
   if (a.state != nullptr || a.kv_lens != nullptr || a.q_len < 2) return false;
   if (a.dtype != DType::F16 && a.dtype != DType::BF16) return false;
   if (!attention_head_dim_supported(static_cast<std::size_t>(a.head_dim))) return false;
-  if (a.batch < 1 || a.batch > 65535 || a.num_heads < 1 || a.num_heads > 65535) return false;
+  constexpr long long kMaxGrid = static_cast<long long>(kAttentionMaxGridYZ);
+  if (a.batch < 1 || a.batch > kMaxGrid || a.num_heads < 1 || a.num_heads > kMaxGrid) return false;
   if (a.num_kv_heads < 1 || a.num_heads % a.num_kv_heads != 0) return false;
   if (a.kv_len < 0 || a.kv_stride < a.kv_len || a.pos_offset < 0 || !(a.scale > 0.0f)) return false;
   // Key indices (tile ends, row limits + 24) are int in the kernels.

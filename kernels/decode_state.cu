@@ -6,16 +6,17 @@
 namespace ferrum::kernels {
 namespace {
 
-__global__ void set_decode_state_kernel(DecodeState* state, std::int32_t token, std::int32_t pos,
-                                        std::int32_t kv_len) {
+__global__ void set_decode_state_kernel(DecodeState* state,  // [1]
+                                        std::int32_t token, std::int32_t pos, std::int32_t kv_len) {
   state->token = token;
   state->pos = pos;
   state->kv_len = kv_len;
 }
 
-__global__ void advance_decode_state_kernel(DecodeState* state, const std::int32_t* next_token,  // [1]
-                                            std::int32_t* token_log,                              // [log_size]
-                                            long long log_size, DeviceErrorLog* error_log) {
+__global__ void advance_decode_state_kernel(DecodeState* state,                // [1]
+                                            const std::int32_t* next_token,    // [1]
+                                            std::int32_t* token_log,           // [log_size]
+                                            long long log_size, DeviceErrorLog* error_log) {  // [1]
   pdl_begin();
   const std::int32_t pos = state->pos;
   const long long at = static_cast<long long>(pos) + 1;

@@ -95,6 +95,7 @@ __global__ void flat_map_kernel(const T* a,             // [n]
 // (speed only: either instance is correct at any size).
 constexpr long long kSmallGridBlocks = 132;
 
+// a: [n]; b: [n], [period] (broadcast, period > 0) or null; out: [n].
 template <class T, class Op>
 void launch_flat_map(const char* name, const T* a, const T* b, T* out, long long n, long long period, Op op,
                      cudaStream_t stream) {
@@ -186,7 +187,7 @@ __global__ void silu_mul_kernel(const T* __restrict__ gate_up,  // Split: [token
 }
 
 // VW = kWide when `wide` (the caller checked alignment and im % kWide),
-// else 1.
+// else 1. gate_up: [tokens, 2 im] laid out as L says; out: [tokens, im].
 template <class T, GateUp L, int kWide>
 void launch_silu_mul(const char* op, bool wide, const void* gate_up, void* out, long long tokens, long long im,
                      cudaStream_t stream) {

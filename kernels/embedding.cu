@@ -10,11 +10,11 @@ template <class T>
 struct EmbeddingRows {
   const T* table;  // [vocab, dim]
   const std::int32_t* ids;  // [tokens] (null when reading the decode state)
-  const DecodeState* state;
+  const DecodeState* state;  // [1]: state->token is the one id (device-state mode; else null)
   T* out;  // [tokens, dim]
   long long dim;
   long long vocab;
-  DeviceErrorLog* error_log;
+  DeviceErrorLog* error_log;  // [1]
 
   __device__ RowPtrs<T> operator()(long long t, long long c) const {
     const long long id = state != nullptr ? state->token : ids[t];

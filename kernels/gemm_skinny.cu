@@ -317,6 +317,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemm_skinny_simt_kernel(const 
   }
 }
 
+// a: [M, k]; b: [n, k]; out: [M, n], or with kSiluPairs [M, n / 2] (b's
+// rows 2j, 2j + 1 are gate_j and up_j).
 template <class T, int M, bool kSiluPairs = false>
 void launch_simt(const char* op, const void* a, const void* b, void* out, long long n, long long k, int num_sms,
                  cudaStream_t stream) {
@@ -336,7 +338,8 @@ void launch_simt(const char* op, const void* a, const void* b, void* out, long l
 }
 
 // launch_simt with the dtype and m (1 or 2) made compile-time constants;
-// `op` names the public op in errors.
+// `op` names the public op in errors. a: [m, k]; b: [n, k]; out: as
+// launch_simt's.
 template <bool kSiluPairs>
 void launch_simt_for(const char* op, DType dtype, const void* a, const void* b, void* out, long long m, long long n,
                      long long k, int num_sms, cudaStream_t stream) {
@@ -536,6 +539,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) gemm_skinny_mma_kernel(cons
   }
 }
 
+// a: [m, k]; b: [n, k]; out: [m, n] (so in launch_mma_groups and launch_mma).
 template <class T, int kTiles, int kGroups>
 void launch_mma_tiles(const void* a, const void* b, void* out, long long m, long long n, long long k, int num_sms,
                       cudaStream_t stream) {

@@ -615,9 +615,8 @@ constexpr int kStreamWarps = kStreamThreads / 32;
 constexpr int kChunkK16 = kGptqTileK / 16;  // k16 steps per chunk (8)
 constexpr int kChunkWords = kChunkK16 * 128;  // u32 of one column block's chunk (4 KiB)
 constexpr int kStreamL2Ahead = 2;           // chunks per warp requested into L2 beyond the register pair
-constexpr int kStreamMaxSplits = 16;
 // StreamParams::splits divides split * chunks (chunks = k_pad / 128, k_pad an int).
-static_assert(static_cast<long long>(kStreamMaxSplits) * (INT_MAX / kGptqTileK) <= kFastDivmodMax,
+static_assert(static_cast<long long>(kGptqMaxStreamSplits) * (INT_MAX / kGptqTileK) <= kFastDivmodMax,
               "the chunk range's numerators fit FastDivmod");
 // Bulk source: bytes from one activation row to the next in a ring slot
 // (256 + 16: rows 8 apart land 4 banks apart, so a B-fragment load is
@@ -798,7 +797,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks<NT, kZeros, k
   const int nb_total = static_cast<int>(gridDim.x);
   const int chunks = p.k_pad / kGptqTileK;
   const int splits = static_cast<int>(p.splits.divisor);
-  // splits * chunks <= 2^31 - 1 (kStreamMaxSplits' static_assert; the launcher checks it too).
+  // splits * chunks <= 2^31 - 1 (kGptqMaxStreamSplits' static_assert; the launcher checks it too).
   const SplitRange chunk_range = split_k_range(p.splits, split, chunks);
   const int c_begin = chunk_range.begin, c_end = chunk_range.end;
   // This column block's weight stream: chunk c at wblock + c * kChunkWords; lane's 16 bytes of k16 step s at + s * 128 + lane * 4.
@@ -1396,7 +1395,7 @@ GptqPlan stream_plan_for(const StreamOccupancy& occ, int dtype_index, bool zeros
   const int per_sm = ctas_per_sm > 0 ? std::min(ctas_per_sm, resident) : resident;
   const long long slots = static_cast<long long>(std::max(num_sms, 1)) * per_sm;
   long long best = -1;
-  for (int s = 1; s <= std::min(kStreamMaxSplits, chunks); ++s) {
+  for (int s = 1; s <= std::min(kGptqMaxStreamSplits, chunks); ++s) {
     // The smallest split still gives every warp a chunk (bulk source: two,
     // so that a CTA's fixed costs, its ring's first fill and the split-K
     // partials, are spread over more than one chunk per warp).
@@ -1469,8 +1468,11 @@ bool stream_applies(const GptqGemmArgs& args) {
 
 // ── Gather (act-order) ──────────────────────────────────────────────────────
 
-__global__ void gather_columns_kernel(const std::uint16_t* a, const std::int32_t* perm, std::uint16_t* out, int m,
-                                      int k) {
+// out[r][j] = a[r][perm[j]] (16-bit elements of either dtype).
+__global__ void gather_columns_kernel(const std::uint16_t* a,     // [m, k]
+                                      const std::int32_t* perm,   // [k]
+                                      std::uint16_t* out,         // [m, k]
+                                      int m, int k) {
   const long long total = static_cast<long long>(m) * k;
   for (long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += static_cast<long long>(gridDim.x) * blockDim.x) {
@@ -1486,7 +1488,7 @@ constexpr int kDequantPitch = kGptqTileN + 8;  // halves per staged row (16-byte
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) gptq_dequant_kernel(const GptqDeviceWeight w, int n0, int cols,
-                                                                 T* scratch) {
+                                                                 T* scratch) {  // [k, cols]: columns n0 ..
   __shared__ __align__(16) T stage[kWarps][16][kDequantPitch];
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int gid = lane >> 2, tig = lane & 3;
@@ -1657,7 +1659,7 @@ void check_launch_knobs(const GptqGemmArgs& args) {
   if (args.stream_ring < 0 || args.stream_ring > kGptqStreamMaxRing) {
     throw_bad_dispatch("gemm_gptq", "stream_ring (chunk slots per warp)", args.stream_ring);
   }
-  if (args.stream_splits < 0 || args.stream_splits > kStreamMaxSplits) {
+  if (args.stream_splits < 0 || args.stream_splits > kGptqMaxStreamSplits) {
     throw_bad_dispatch("gemm_gptq", "stream_splits (CTAs along k)", args.stream_splits);
   }
   if (args.stream_ctas_per_sm < 0 || args.stream_ctas_per_sm > kGptqStreamMaxCtasPerSm) {
@@ -1720,15 +1722,7 @@ void launch_gptq_dequant(DType dtype, const GptqDeviceWeight& w, int n0, int col
 }
 
 #if defined(FERRUM_GPTQ_TIMELINE)
-void gptq_timeline_reset() {
-  void* stamps = nullptr;
-  cudaError_t err = cudaGetSymbolAddress(&stamps, g_gptq_timeline);
-  if (err == cudaSuccess) err = cudaMemset(stamps, 0, sizeof(g_gptq_timeline));
-  // The memset runs on the legacy stream, which a backend's non-blocking
-  // stream does not wait for: done before the next launch can stamp.
-  if (err == cudaSuccess) err = cudaDeviceSynchronize();
-  if (err != cudaSuccess) throw_cuda_error("gptq_timeline", "cudaMemset", err);
-}
+void gptq_timeline_reset() { zero_device_symbol("gptq_timeline", g_gptq_timeline); }
 
 std::vector<GptqTimelineLaunch> gptq_timeline_read() {
   std::vector<std::array<std::array<GptqTimelineStamp, kGptqTimelinePoints>, kGptqTimelineCtas>> stamps(

@@ -286,6 +286,9 @@ struct GptqResidualOut {
   float* row_sq = nullptr;   // [m, ceil(n / 16)] f32
 };
 
+// The most CTAs along k a streaming or wgmma launch splits into.
+constexpr int kGptqMaxStreamSplits = 16;
+
 struct GptqGemmArgs {
   DType dtype = DType::F16;
   GptqDeviceWeight w;
@@ -301,8 +304,8 @@ struct GptqGemmArgs {
   // StreamBulk: chunk slots per warp, 1 .. kGptqStreamMaxRing; 0: the most
   // slots that keep 4 CTAs per SM (kernels/gptq_gemm.cu, stream_ring_for).
   int stream_ring = 0;
-  // Streaming and wgmma kernels: CTAs along k, 1 .. 16; 0: the plan's (a
-  // benchmark's override; CudaBackend always passes 0).
+  // Streaming and wgmma kernels: CTAs along k, 1 .. kGptqMaxStreamSplits;
+  // 0: the plan's (a benchmark's override; CudaBackend always passes 0).
   int stream_splits = 0;
   // Streaming kernel: the plan fills at most this many CTAs per SM (1 ..
   // kGptqStreamMaxCtasPerSm), fewer than its resident slots where that is

@@ -623,7 +623,7 @@ GptqPlan gptq_wgmma_plan(int k_pad, int n_pad, int num_sms, int splits_override)
 
 bool launch_gptq_wgmma(const GptqGemmArgs& args, cudaStream_t stream) {
   if (args.m < 1 || args.m > kGptqMaxM) throw_bad_dispatch("gemm_gptq (wgmma)", "rows per launch m", args.m);
-  if (args.stream_splits < 0 || args.stream_splits > 16) {
+  if (args.stream_splits < 0 || args.stream_splits > kGptqMaxStreamSplits) {
     throw_bad_dispatch("gemm_gptq (wgmma)", "stream_splits (CTAs along k)", args.stream_splits);
   }
   if (!gptq_wgmma_applies(args.w.group_rows)) return false;

@@ -9,15 +9,15 @@ namespace {
 
 template <class T>
 struct KvAppendRows {
-  T* cache_k;
-  T* cache_v;
-  const T* new_k;
-  const T* new_v;
-  long long cache_len;
-  const DecodeState* state;
+  T* cache_k;                // [nkv, capacity, hd]
+  T* cache_v;                // [nkv, capacity, hd]
+  const T* new_k;            // [nkv, new_tokens, hd]
+  const T* new_v;            // [nkv, new_tokens, hd]
+  long long cache_len;       // the first row written (without a decode state)
+  const DecodeState* state;  // [1]: state->pos is the first row written (device-state mode; else null)
   long long capacity, nkv, hd;
   IndexDivider new_tokens;  // the rows appended per head, over r < nkv * new_tokens
-  DeviceErrorLog* error_log;
+  DeviceErrorLog* error_log;  // [1]
 
   // r enumerates [K | V] x [nkv] x [new_tokens].
   __device__ RowPtrs<T> operator()(long long r, long long c) const {

@@ -188,8 +188,12 @@ __global__ void __launch_bounds__(NVEC == 8 ? 256 : 1024) norm_rows_kernel(const
 
 // Block per row, rows longer than registers hold: accumulate, then re-read.
 template <NormKind K, class T>
-__global__ void __launch_bounds__(1024) norm_rows_loop_kernel(const T* __restrict__ x, T* residual, const T* __restrict__ weight,
-                                      const T* __restrict__ bias, T* out, int dim, float eps, PdlTrigger trigger) {
+__global__ void __launch_bounds__(1024) norm_rows_loop_kernel(const T* __restrict__ x,       // [rows, dim]
+                                                              T* residual,                    // [rows, dim] (AddRms)
+                                                              const T* __restrict__ weight,  // [dim]
+                                                              const T* __restrict__ bias,    // [dim] (Layer)
+                                                              T* out,                         // [rows, dim]
+                                                              int dim, float eps, PdlTrigger trigger) {
   pdl_begin_with_trigger(trigger);  // the A/B switches of launch.cuh
   const long long base = static_cast<long long>(blockIdx.x) * dim;
   auto value = [&](int d) {

@@ -63,11 +63,15 @@ __device__ __forceinline__ void rope_row_warp(const T* in, const T* norm_w, cons
 }
 
 template <class T, int PAIRS, bool NORM>
-__global__ void qk_norm_rope_kernel(const T* __restrict__ input, const T* __restrict__ norm_w,
-                                    const float* __restrict__ cos, const float* __restrict__ sin,
-                                    T* __restrict__ output, int tokens, int heads, int head_dim,
-                                    long long pos_offset, const DecodeState* state, long long max_pos, float eps,
-                                    DeviceErrorLog* error_log) {
+__global__ void qk_norm_rope_kernel(const T* __restrict__ input,    // [tokens, heads, head_dim]
+                                    const T* __restrict__ norm_w,   // [head_dim]
+                                    const float* __restrict__ cos,  // [max_pos, head_dim / 2]
+                                    const float* __restrict__ sin,  // [max_pos, head_dim / 2]
+                                    T* __restrict__ output,         // [heads, tokens, head_dim]
+                                    int tokens, int heads, int head_dim, long long pos_offset,
+                                    const DecodeState* state,       // [1] (device-state mode; else null)
+                                    long long max_pos, float eps,
+                                    DeviceErrorLog* error_log) {    // [1]
   pdl_begin();
   const long long row = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;

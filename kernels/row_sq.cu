@@ -78,6 +78,8 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_from_row_sq_kernel(cons
   }
 }
 
+// x: [rows, cols]; residual: [rows, cols] (kAdd: residual += x, then its
+// squares; else null); row_sq: [rows, ceil(cols / 16)] f32, written.
 template <bool kAdd>
 void launch_row_sq(const char* op, DType dtype, const void* x, void* residual, float* row_sq, int rows, int cols,
                    cudaStream_t stream) {

@@ -57,7 +57,9 @@ LaunchSwitches launch_switches();
 // failed query is cleared, not sticky). Callers cache it in a static.
 void* driver_entry_point(const char* name) noexcept;
 
-// Every launcher ends with this: an unchecked launch is a silent failure.
+// Every <<<>>> launch is followed by this: an unchecked launch is a silent
+// failure. (launch_pdl and launch_pdl_clustered check their own
+// cudaLaunchKernelEx.)
 inline void check_launch(const char* op) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) throw_cuda_error(op, "kernel launch", err);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 namespace ferrum::kernels {
 
@@ -14,6 +15,14 @@ struct IntList {};
 template <int... Values>
 constexpr bool int_list_contains(IntList<Values...>, std::size_t value) {
   return ((value == static_cast<std::size_t>(Values)) || ...);
+}
+
+// "64, 128, 256": the list as an error message names it.
+template <int... Values>
+std::string int_list_text(IntList<Values...>) {
+  std::string text;
+  ((text += (text.empty() ? "" : ", ") + std::to_string(Values)), ...);
+  return text;
 }
 
 }  // namespace ferrum::kernels

@@ -233,4 +233,17 @@ void launch_pdl(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block
   launch_pdl_clustered(op, dim3(1, 1, 1), kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
+// Zeroes a __device__ array (a diagnostics build's timeline) before the runs
+// that stamp it. The memset runs on the legacy stream, which the backends'
+// non-blocking stream does not wait for, so it is finished here, before the
+// next launch can stamp.
+template <class Symbol>
+void zero_device_symbol(const char* op, const Symbol& symbol) {
+  void* p = nullptr;
+  cudaError_t err = cudaGetSymbolAddress(&p, symbol);
+  if (err == cudaSuccess) err = cudaMemset(p, 0, sizeof(Symbol));
+  if (err == cudaSuccess) err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) throw_cuda_error(op, "cudaMemset", err);
+}
+
 }  // namespace ferrum::kernels

@@ -44,10 +44,10 @@ std::optional<Problem> cuda_attention_problem(const AttnConfig& cfg,
   }
   if (!kernels::attention_head_dim_supported(cfg.head_dim)) {
     return Problem{ErrorCode::Unsupported,
-                   fmt::format("cfg.head_dim = {} is not one of the CUDA kernel's 64, 128, 256", cfg.head_dim)};
+                   fmt::format("cfg.head_dim = {} is not one of the CUDA kernel's {}", cfg.head_dim,
+                               kernels::int_list_text(kernels::AttentionHeadDims{}))};
   }
-  // Heads (and, at prefill, sequences) index a grid dimension of at most 65535.
-  constexpr std::size_t kGridYZ = 65535;
+  constexpr std::size_t kGridYZ = kernels::kAttentionMaxGridYZ;
   if (cfg.num_heads > kGridYZ) {
     return Problem{ErrorCode::Unsupported,
                    fmt::format("cfg.num_heads = {} exceeds the CUDA kernels' limit of {}", cfg.num_heads, kGridYZ)};

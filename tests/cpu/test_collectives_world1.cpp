@@ -28,7 +28,7 @@ constexpr DType kCollectiveDTypes[] = {DType::F16, DType::BF16, DType::F32};
 
 // Workplace rule: NVLink multicast stays off wherever a communicator may be made.
 void keep_nvls_off() {
-  if (std::getenv("NCCL_NVLS_ENABLE") == nullptr) setenv("NCCL_NVLS_ENABLE", "0", 1);
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // unless already set
 }
 
 CommUniqueId nonzero_id() {

@@ -201,5 +201,12 @@ TEST(DecodePlan, WorkspaceBytesArePublicAndMatchTheLauncher) {
                [] { (void)attention_decode_workspace_bytes(kIntMax, kIntMax, kIntMax, 1 << 20); }, "2^64");
 }
 
+// The head sizes an Unsupported message lists come from the dispatch's own list.
+TEST(AttentionHeadDims, TextListsTheBuiltSizesInOrder) {
+  EXPECT_EQ(kernels::int_list_text(kernels::AttentionHeadDims{}), "64, 128, 256");
+  EXPECT_EQ(kernels::int_list_text(kernels::IntList<7>{}), "7");
+  EXPECT_EQ(kernels::int_list_text(kernels::IntList<>{}), "");
+}
+
 }  // namespace
 }  // namespace ferrum::test

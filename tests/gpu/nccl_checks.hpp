@@ -34,7 +34,7 @@ inline constexpr DType kCollectiveDTypes[] = {DType::F16, DType::BF16, DType::F3
 // Workplace rule: NVLink multicast (NVLS) stays off on the H200 machines.
 // Called before any communicator is created in the process.
 inline void keep_nvls_off() {
-  if (std::getenv("NCCL_NVLS_ENABLE") == nullptr) setenv("NCCL_NVLS_ENABLE", "0", 1);
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // unless already set
 }
 
 inline const char* op_name(ReduceOp op) {

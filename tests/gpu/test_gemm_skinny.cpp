@@ -155,13 +155,17 @@ TEST_P(CudaGemmSkinny, HostMemoryWeightsRunOnCublas) {
   const Buffer a = be.upload(a_host, dt()), b_device = be.upload(b_host, dt());
   Buffer b_pinned = be.alloc_host(dt(), n * k);
   be.copy_slice(b_device, 0, b_pinned, 0, n * k);
-  Buffer out = be.alloc(dt(), m() * n);
-  const std::vector<CapturedLaunch> on_device = captured_launches(be, [&] { be.gemm(a, b_device, out, m(), n, k); });
+  GuardedOutput out(be, dt(), m() * n);
+  const std::vector<CapturedLaunch> on_device =
+      captured_launches(be, [&] { be.gemm(a, b_device, out.view(), m(), n, k); });
   EXPECT_TRUE(launched(on_device, "gemm_skinny_")) << describe_launches(on_device);
-  const std::vector<CapturedLaunch> on_host = captured_launches(be, [&] { be.gemm(a, b_pinned, out, m(), n, k); });
+  const std::vector<CapturedLaunch> on_host =
+      captured_launches(be, [&] { be.gemm(a, b_pinned, out.view(), m(), n, k); });
   EXPECT_FALSE(launched(on_host, "gemm_skinny_")) << describe_launches(on_host);
   EXPECT_FALSE(on_host.empty()) << "no kernel launched for host-memory weights";
-  be.gemm(a, b_pinned, out, m(), n, k);
+  out.poison();  // the bits compared below are this call's
+  be.gemm(a, b_pinned, out.view(), m(), n, k);
+  EXPECT_TRUE(out.check_guard("gemm", "out", "host-memory weights"));
   CudaBackendConfig config;
   config.gemm_skinny_max_m = 0;
   CudaBackend cublas_only(config);
@@ -173,7 +177,7 @@ TEST_P(CudaGemmSkinny, HostMemoryWeightsRunOnCublas) {
     owner.read_bytes(buf, bytes.data(), bytes.size());
     return bytes;
   };
-  EXPECT_TRUE(bitwise_equal(raw(be, out), raw(cublas_only, expected), size_of(dt())));
+  EXPECT_TRUE(bitwise_equal(out.bytes(), raw(cublas_only, expected), size_of(dt())));
 }
 
 TEST_P(CudaGemmSkinny, FallsBack) {

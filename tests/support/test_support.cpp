@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -20,25 +22,32 @@ namespace ferrum::test {
 
 namespace {
 
-// FERRUM_TEST_SEED (documented in test_support.hpp and the README) is an
-// override read here once per process, not at every Rng construction.
-const std::optional<std::uint64_t>& seed_override() {
-  static const std::optional<std::uint64_t> seed = []() -> std::optional<std::uint64_t> {
-    if (const char* env = std::getenv("FERRUM_TEST_SEED"); env != nullptr && *env != '\0') {
-      return std::strtoull(env, nullptr, 0);
-    }
-    return std::nullopt;
-  }();
-  return seed;
-}
+// Set once by the test binaries' main, before any test runs.
+std::optional<std::uint64_t> g_seed_override;
 
 std::uint64_t fresh_seed() {
-  if (const std::optional<std::uint64_t>& seed = seed_override()) return *seed;
+  if (g_seed_override) return *g_seed_override;
   std::random_device device;
   return (static_cast<std::uint64_t>(device()) << 32) ^ device();
 }
 
 }  // namespace
+
+std::optional<std::uint64_t> parse_seed_override(const char* text) {
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  // strtoull itself would accept leading blanks and a sign.
+  const bool starts_with_digit = std::isdigit(static_cast<unsigned char>(text[0])) != 0;
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long value = std::strtoull(text, &end, 0);
+  if (!starts_with_digit || *end != '\0' || errno == ERANGE) {
+    throw std::invalid_argument(cat("FERRUM_TEST_SEED='", text,
+                                    "' is not an unsigned 64-bit integer (decimal, 0x hex or 0-prefixed octal)"));
+  }
+  return static_cast<std::uint64_t>(value);
+}
+
+void set_seed_override(std::optional<std::uint64_t> seed) { g_seed_override = seed; }
 
 Rng::Rng() : Rng(fresh_seed()) {}
 Rng::Rng(std::uint64_t seed) : seed_(seed), engine_(seed) {}

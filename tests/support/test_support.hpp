@@ -15,6 +15,7 @@
 #include <source_location>
 #include <span>
 #include <sstream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -45,8 +46,18 @@ std::string cat(const Args&... args) {
 
 // Every test draws FRESH inputs: the seed comes from std::random_device, or
 // from the environment variable FERRUM_TEST_SEED to reproduce a failure
-// (read once per process; every default-constructed Rng then takes it).
+// (read once, by the test binaries' main: support/main/test_main.cpp; every
+// default-constructed Rng then takes it).
 // Use FERRUM_SEEDED_RNG so the seed is printed with every failure.
+
+// FERRUM_TEST_SEED's text as strtoull reads it (decimal, 0x hex, 0-prefixed
+// octal); nullopt for unset or empty. Anything else (junk, a sign, a value
+// past 64 bits) throws std::invalid_argument: a typo must not quietly seed
+// every test with 0.
+std::optional<std::uint64_t> parse_seed_override(const char* text);
+// The seed every default-constructed Rng takes (nullopt: a fresh one each).
+void set_seed_override(std::optional<std::uint64_t> seed);
+
 class Rng {
  public:
   Rng();
@@ -68,7 +79,8 @@ class Rng {
   std::mt19937_64 engine_;
 };
 
-// Declares `name` and SCOPED_TRACEs its seed for the rest of the scope.
+// Declares `name` and SCOPED_TRACEs its seed for the rest of the scope: two
+// declarations, for block scope only (not the body of an unbraced if / else).
 #define FERRUM_SEEDED_RNG(name)       \
   ::ferrum::test::Rng name;           \
   SCOPED_TRACE(name.describe())
