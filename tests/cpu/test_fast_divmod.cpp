@@ -34,7 +34,7 @@ bool agrees(const FastDivmod& f, std::uint32_t n) {
   return false;
 }
 
-std::vector<std::uint32_t> divisors_to_check(std::mt19937& rng) {
+std::vector<std::uint32_t> divisors_to_check(std::mt19937_64& rng) {
   std::vector<std::uint32_t> d;
   for (std::uint32_t v = 1; v <= 4096; ++v) d.push_back(v);
   for (int b = 12; b <= 31; ++b) {
@@ -65,7 +65,8 @@ TEST(FastDivmod, EveryNumeratorOfSomeDivisors) {
 }
 
 TEST(FastDivmod, NumeratorsAroundMultiplesAndAtRandom) {
-  std::mt19937 rng(20261203u);
+  FERRUM_SEEDED_RNG(seeded);
+  std::mt19937_64& rng = seeded.engine();
   std::uniform_int_distribution<std::uint32_t> any(0, kFastDivmodMax);
   for (std::uint32_t d : divisors_to_check(rng)) {
     const FastDivmod f(d);
@@ -99,7 +100,8 @@ TEST(IndexDivider, PicksFastDivmodOnlyWithinItsRange) {
   EXPECT_FALSE(IndexDivider(512, static_cast<long long>(kFastDivmodMax) + 2).fast_ok);  // 2^31 itself: 64-bit
   EXPECT_FALSE(IndexDivider(static_cast<long long>(kFastDivmodMax) + 1, 1 << 20).fast_ok);
   EXPECT_FALSE(IndexDivider(0, 1 << 20).fast_ok);  // never divided by; not a FastDivmod either
-  std::mt19937_64 rng(7u);
+  FERRUM_SEEDED_RNG(seeded);
+  std::mt19937_64& rng = seeded.engine();
   for (long long d : {1LL, 3LL, 16LL, 512LL, 4097LL, 1LL << 31, (1LL << 33) + 5}) {
     for (long long limit : {1LL << 20, static_cast<long long>(kFastDivmodMax) + 1, 1LL << 40}) {
       const IndexDivider div(d, limit);

@@ -7,10 +7,12 @@
 // 256 and 512 take the CUDA vector path, head_dim 6 and misaligned views the
 // general path; RopeOnly and NormAndRope; 1, 2, 3 and 17 tokens at an
 // offset; and a device-state step (tokens = 1, the position from the decode
-// state).
+// state). On CudaBackend the fused op is also checked against CpuBackend's
+// (q_out and k_cache within the tolerance table, v_cache bitwise).
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "support/test_support.hpp"
@@ -54,12 +56,15 @@ class QkvRopeAppend : public BackendTest {
                      " lead=", c.lead, device_state ? " device-state" : ""));
     const std::size_t hd = c.head_dim, row = (c.heads + 2 * c.kv_heads) * hd;
     const RopeTables tables = make_rope_tables(kMaxPos, hd, kRopeTheta10k);
-    DeviceTensor qkv(be, random_normal(rng, dt, c.tokens * row), c.lead);
-    DeviceTensor q_norm(be, random_uniform(rng, dt, hd, 0.5f, 1.5f));
-    DeviceTensor k_norm(be, random_uniform(rng, dt, hd, 0.5f, 1.5f));
+    const HostTensor qkv_host = random_normal(rng, dt, c.tokens * row);
+    const HostTensor q_norm_host = random_uniform(rng, dt, hd, 0.5f, 1.5f);
+    const HostTensor k_norm_host = random_uniform(rng, dt, hd, 0.5f, 1.5f);
+    DeviceTensor qkv(be, qkv_host, c.lead), q_norm(be, q_norm_host), k_norm(be, k_norm_host);
     DeviceTensor cos(be, tables.cos), sin(be, tables.sin);
     const bool norm = c.mode == RopeMode::NormAndRope;
     const float eps = 1e-6f;
+    // In device-state mode the host position is a decoy the ops must ignore.
+    const std::size_t host_pos = device_state ? c.pos_offset / 2 + 1 : c.pos_offset;
 
     // The sequence the fused op replaces. Its scratch is offset like qkv, so
     // that on CUDA both take the same rope path (the vector and general
@@ -84,8 +89,6 @@ class QkvRopeAppend : public BackendTest {
     {
       DeviceStateScope scope(be, device_state);
       if (device_state) be.set_decode_state(3, static_cast<std::uint32_t>(c.pos_offset));
-      // In device-state mode the host position is a decoy the ops must ignore.
-      const std::size_t host_pos = device_state ? c.pos_offset / 2 + 1 : c.pos_offset;
       be.split_qkv(qkv.view(), q, k, v, c.tokens, c.heads * hd, c.kv_heads * hd);
       be.qk_norm_rope(q, norm ? &q_norm.view() : nullptr, cos.view(), sin.view(), q_ref.view(), c.tokens, c.heads, hd,
                       host_pos, kMaxPos, eps, c.mode);
@@ -99,6 +102,28 @@ class QkvRopeAppend : public BackendTest {
       be.synchronize();
     }
     expect_same_append({&q_out, &k_cache, &v_cache}, {&q_ref, &k_cache_ref, &v_cache_ref}, dt);
+
+    // On CUDA also against CpuBackend, the reference: the chain above shares
+    // the rope rows' code with the fused kernel, so equality with it alone
+    // would not catch a bug there. q_out and k_cache within the table's
+    // tolerance (the norm's sums run in another order), v_cache bitwise (a
+    // copy), untouched cache rows included.
+    if (GetParam() != BackendKind::Cuda) return;
+    const std::unique_ptr<Backend> cpu = make_backend(BackendKind::Cpu);
+    DeviceTensor cpu_qkv(*cpu, qkv_host, c.lead), cpu_q_norm(*cpu, q_norm_host), cpu_k_norm(*cpu, k_norm_host);
+    DeviceTensor cpu_cos(*cpu, tables.cos), cpu_sin(*cpu, tables.sin);
+    GuardedOutput cpu_q(*cpu, dt, c.heads * c.tokens * hd), cpu_k(*cpu, cache_rows), cpu_v(*cpu, cache_rows);
+    {
+      DeviceStateScope scope(*cpu, device_state);
+      if (device_state) cpu->set_decode_state(3, static_cast<std::uint32_t>(c.pos_offset));
+      cpu->qkv_rope_append(cpu_qkv.view(), norm ? &cpu_q_norm.view() : nullptr, norm ? &cpu_k_norm.view() : nullptr,
+                           cpu_cos.view(), cpu_sin.view(), cpu_q.view(), cpu_k.view(), cpu_v.view(), c.tokens,
+                           host_pos, cfg);
+      cpu->synchronize();
+    }
+    EXPECT_TRUE(all_close(q_out.values(), cpu_q.values(), dt)) << "q_out against CpuBackend";
+    EXPECT_TRUE(all_close(k_cache.values(), cpu_k.values(), dt)) << "k_cache against CpuBackend";
+    EXPECT_TRUE(bitwise_equal(v_cache.bytes(), cpu_v.bytes(), size_of(dt))) << "v_cache against CpuBackend";
   }
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -11,6 +12,7 @@
 
 #include "checkpoint_layout.hpp"
 #include "decoder.hpp"
+#include "naive_decoder.hpp"
 
 namespace ferrum::engine::testing {
 
@@ -359,6 +361,41 @@ void expect_device_state_equals_eager(Backend& be, const ModelWeights& weights,
     b = state.decode(argmax(b));
   }
   EXPECT_EQ(a, b);
+}
+
+std::vector<std::int32_t> expect_decodes_like_reference(Backend& be, const ModelWeights& weights,
+                                                        const TensorSource& reference_weights,
+                                                        const std::vector<std::int32_t>& prompt, std::size_t steps,
+                                                        DecodeMode mode, const DecoderOptions& options) {
+  const NaiveDecoder reference(weights.config, reference_weights);
+  Decoder decoder(be, weights, 64, prompt.size(), mode, 1, options);
+  std::vector<std::int32_t> sequence = prompt;
+  std::vector<std::int32_t> generated;
+  std::vector<float> logits = decoder.prefill(prompt);
+  std::size_t exact = 0;
+  const DType dtype = weights.config.dtype;
+  for (std::size_t step = 0; step < steps; ++step) {
+    const std::vector<double> ref = reference.forward(sequence).back();
+    EXPECT_GT(max_abs(ref), 0.5) << "step " << step << ": logits trivially small";
+    const double worst = expect_logits_near(logits, ref, dtype, "step " + std::to_string(step)).worst;
+    const std::int32_t token = argmax(logits);
+    const auto ref_token = static_cast<std::int32_t>(std::max_element(ref.begin(), ref.end()) - ref.begin());
+    if (token == ref_token) {
+      ++exact;
+    } else {
+      EXPECT_LE(ref[ref_token] - ref[token], logit_bound(ref, ref_token, dtype) + logit_bound(ref, token, dtype))
+          << "step " << step << ": engine " << token << ", reference " << ref_token;
+    }
+    if (step == 0) {
+      std::printf("[ info ] prefill: max |engine - fp64| = %.5f (%.2f of the tolerance), max |ref| = %.3f\n",
+                  max_diff(logits, ref), worst, max_abs(ref));
+    }
+    sequence.push_back(token);
+    generated.push_back(token);
+    if (step + 1 < steps) logits = decoder.decode(token);
+  }
+  EXPECT_GE(exact + 1, steps);
+  return generated;
 }
 
 }  // namespace ferrum::engine::testing

@@ -16,6 +16,7 @@
 
 #include "support/tolerance.hpp"
 
+#include "decoder.hpp"
 #include "model_config.hpp"
 #include "safetensors.hpp"
 #include "tensor_source.hpp"
@@ -79,6 +80,17 @@ void write_checkpoint(const std::filesystem::path& dir, const ModelConfig& confi
 void expect_device_state_equals_eager(Backend& be, const ModelWeights& weights,
                                       const std::vector<std::int32_t>& prompt, std::size_t capacity,
                                       std::size_t steps);
+
+// Prefill `prompt`, then `steps` greedy steps in `mode` (a cache of 64
+// positions): every step's logits within the engine tolerance of the fp64
+// reference (NaiveDecoder) on `reference_weights`, and the same tokens (a
+// step where the reference's top two are closer than their bounds may pick
+// either; the sequence then follows the engine's choice), all but at most
+// one step exactly. Returns the generated tokens.
+std::vector<std::int32_t> expect_decodes_like_reference(Backend& be, const ModelWeights& weights,
+                                                        const TensorSource& reference_weights,
+                                                        const std::vector<std::int32_t>& prompt, std::size_t steps,
+                                                        DecodeMode mode, const DecoderOptions& options = {});
 
 // ── GPTQ ─────────────────────────────────────────────────────────────────
 

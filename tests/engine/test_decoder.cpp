@@ -662,5 +662,36 @@ TEST_F(DecoderGpu, GraphBatchStepEqualsEachSequenceAlone) {
               prompts.size(), worst, near_ties);
 }
 
+// The dense decoder on the GPU against the fp64 model, as the CPU tests above
+// check CpuBackend's: tiny-llama (untied lm_head) and tiny-qwen3 (q / k norms,
+// tied) resized for the CUDA attention (head_dim 64), in f16 and bf16, eager
+// and graph, on fresh random weights.
+TEST(DecoderGpuReference, DecodesLikeFp64Reference) {
+  // A GPU this build cannot run fails here (Unsupported), not as a skip.
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU: the CUDA backend is not available";
+  FERRUM_SEEDED_RNG(rng);
+  CudaBackend be;
+  for (const char* preset : {"tiny-llama", "tiny-qwen3"}) {
+    for (const DType dtype : {DType::F16, DType::BF16}) {
+      ModelConfig c = preset_config(preset);
+      c.hidden_size = 256;
+      c.num_attention_heads = 4;
+      c.num_key_value_heads = 2;
+      c.head_dim = 64;
+      c.dtype = dtype;
+      c.validate("gpu test config");
+      const std::uint64_t seed = rng.engine()();
+      const RandomTensorSource source(c, seed);
+      const ModelWeights w = random_weights(be, c, seed);
+      for (const DecodeMode mode : {DecodeMode::Eager, DecodeMode::Graph}) {
+        SCOPED_TRACE(std::string(preset) + " " + std::string(to_string(dtype)) +
+                     (mode == DecodeMode::Graph ? " graph" : " eager"));
+        (void)testing::expect_decodes_like_reference(be, w, source, kPrompt, kSteps, mode);
+        be.reset_graph();
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ferrum::engine

@@ -49,43 +49,13 @@ ModelConfig gptq_config(const std::string& preset, int group_size = 32,
   return c;
 }
 
-// Prefill kPrompt, then greedy decoding for kSteps: every step's logits within
-// the engine tolerance of the fp64 reference on `dequantized`, and the same
-// tokens (a step where the reference's top two are closer than their bounds
-// may pick either, as in test_decoder.cpp). Returns the generated tokens.
+// Prefill kPrompt, then kSteps greedy steps, against the fp64 reference on
+// `dequantized` (engine_test_support.hpp).
 std::vector<std::int32_t> expect_decodes_like_reference(Backend& be, const ModelWeights& weights,
                                                         const TensorSource& dequantized,
                                                         DecodeMode mode = DecodeMode::Eager,
                                                         DecoderOptions options = {}) {
-  const testing::NaiveDecoder reference(weights.config, dequantized);
-  Decoder decoder(be, weights, 64, kPrompt.size(), mode, 1, options);
-  std::vector<std::int32_t> sequence = kPrompt;
-  std::vector<std::int32_t> generated;
-  std::vector<float> logits = decoder.prefill(kPrompt);
-  std::size_t exact = 0;
-  for (std::size_t step = 0; step < kSteps; ++step) {
-    const std::vector<double> ref = reference.forward(sequence).back();
-    const DType dtype = weights.config.dtype;
-    EXPECT_GT(max_abs(ref), 0.5) << "step " << step << ": logits trivially small";
-    const double worst = expect_logits_near(logits, ref, dtype, "step " + std::to_string(step)).worst;
-    const std::int32_t token = argmax(logits);
-    const auto ref_token = static_cast<std::int32_t>(std::max_element(ref.begin(), ref.end()) - ref.begin());
-    if (token == ref_token) {
-      ++exact;
-    } else {
-      EXPECT_LE(ref[ref_token] - ref[token], logit_bound(ref, ref_token, dtype) + logit_bound(ref, token, dtype))
-          << "step " << step << ": engine " << token << ", reference " << ref_token;
-    }
-    if (step == 0) {
-      std::printf("[ info ] prefill: max |engine - fp64| = %.5f (%.2f of the tolerance), max |ref| = %.3f\n",
-                  max_diff(logits, ref), worst, max_abs(ref));
-    }
-    sequence.push_back(token);
-    generated.push_back(token);
-    if (step + 1 < kSteps) logits = decoder.decode(token);
-  }
-  EXPECT_GE(exact, kSteps - 1);
-  return generated;
+  return testing::expect_decodes_like_reference(be, weights, dequantized, kPrompt, kSteps, mode, options);
 }
 
 void expect_projection(const Projection& p, std::size_t n, std::size_t k, bool quantized) {

@@ -26,7 +26,16 @@
 namespace ferrum::test::nccl {
 
 inline constexpr std::size_t kGuard = 17;
-inline constexpr float kGuardValue = 7.0f;
+
+// Guard element j past a buffer on rank r: -(64 + 8 r + j), distinct per rank
+// and position and outside the checks' data (the 2-rank reductions and
+// broadcasts stay within +-10, all_gather's values are >= 0), so a copy, sum,
+// max or min that runs past the end changes it. Exact in f16 and bf16
+// (integers below 256 for up to 8 ranks).
+inline float guard_value(std::size_t rank, std::size_t j) {
+  return -static_cast<float>(64 + 8 * rank + j);
+}
+
 inline constexpr std::size_t kCheckLens[] = {1, 4099, 262147};
 inline constexpr ReduceOp kReduceOps[] = {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod, ReduceOp::Avg};
 inline constexpr DType kCollectiveDTypes[] = {DType::F16, DType::BF16, DType::F32};
@@ -109,7 +118,7 @@ class Checker {
   // [values..., guard...] uploaded as dtype.
   Buffer upload_guarded(const std::vector<float>& values, DType dt) {
     std::vector<float> host = values;
-    host.insert(host.end(), kGuard, kGuardValue);
+    for (std::size_t j = 0; j < kGuard; ++j) host.push_back(guard_value(rank_, j));
     return be_.upload(host, dt);
   }
 
@@ -119,7 +128,7 @@ class Checker {
     const std::vector<float> got = be_.download(buf, want.size() + kGuard);
     std::size_t bad = 0, first = 0;
     for (std::size_t i = 0; i < got.size(); ++i) {
-      const float w = i < want.size() ? want[i] : kGuardValue;
+      const float w = i < want.size() ? want[i] : guard_value(rank_, i - want.size());
       if (!(got[i] == w)) {
         if (bad++ == 0) first = i;
       }
@@ -128,7 +137,7 @@ class Checker {
       std::ostringstream s;
       s << "rank " << rank_ << " of " << world_ << ": " << what << ": " << bad << " wrong element(s); first at "
         << first << (first >= want.size() ? " (guard)" : "") << ": got " << got[first] << ", want "
-        << (first < want.size() ? want[first] : kGuardValue);
+        << (first < want.size() ? want[first] : guard_value(rank_, first - want.size()));
       failures_.push_back(s.str());
     }
   }

@@ -540,9 +540,16 @@ TEST_F(CudaAttentionAlignment, MisalignedRowsAreRefused) {
                  [&] { be.flash_decode_ragged(*o.q, *o.k, *o.v, *o.out, kv_lens, 1, cfg); }, o.name);
   }
   cfg.kv_seq_stride = 0;
+  // out poisoned first (it was uploaded holding 0.25, the expected value),
+  // its 8 elements past q_elems the guard.
+  constexpr float kPoison = -7.0f;
+  be.write(out, std::vector<float>(q_elems + 8, kPoison));
   be.flash_attention(q, k, v, out, 1, kQLen, kKeys, kKeys - kQLen, cfg);
-  const std::vector<float> got = be.download(out, q_elems);
-  EXPECT_EQ(got, std::vector<float>(q_elems, 0.25f)) << "equal values: every output is v's 0.25";
+  const std::vector<float> got = be.download(out, q_elems + 8);
+  EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + q_elems), std::vector<float>(q_elems, 0.25f))
+      << "equal values: every output is v's 0.25";
+  EXPECT_EQ(std::vector<float>(got.begin() + q_elems, got.end()), std::vector<float>(8, kPoison))
+      << "flash_attention wrote past 'out'";
 }
 
 TEST_F(CudaPrefillWgmma, ConfigOutsideTheEnumIsRefused) {

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -561,7 +562,9 @@ TEST_F(CudaAlloc, OutOfMemoryNamesTheSizeAndTheDevicesMemory) {
       EXPECT_NE(what.find(part), std::string::npos) << "missing '" << part << "' in: " << what;
     }
   }
-  Buffer ones = be.upload(std::vector<float>(64, 1.0f), DType::F16), sums = be.alloc(DType::F32, 4);
+  // sums poisoned: the check below must see this call's values.
+  Buffer ones = be.upload(std::vector<float>(64, 1.0f), DType::F16),
+         sums = be.upload(std::vector<float>(4, std::numeric_limits<float>::quiet_NaN()), DType::F32);
   be.row_sum_squares(ones, sums, 1, 64);
   EXPECT_EQ(be.download(sums), std::vector<float>(4, 16.0f));
 }
@@ -588,7 +591,9 @@ TEST_F(CudaSizeLimits, NamedBeforeAnyLaunch) {
     expect_error(ErrorCode::Unsupported, "row_sum_squares", [&] { be.row_sum_squares(x, sq, 1, cols); }, "cols");
     EXPECT_FALSE(be.is_capturing());
   }
-  Buffer ones = be.upload(std::vector<float>(64, 1.0f), DType::F16), sums = be.alloc(DType::F32, 4);
+  // sums poisoned: the check below must see this call's values.
+  Buffer ones = be.upload(std::vector<float>(64, 1.0f), DType::F16),
+         sums = be.upload(std::vector<float>(4, std::numeric_limits<float>::quiet_NaN()), DType::F32);
   be.row_sum_squares(ones, sums, 1, 64);
   EXPECT_EQ(be.download(sums), std::vector<float>(4, 16.0f));
 }
