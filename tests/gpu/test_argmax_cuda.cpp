@@ -153,7 +153,9 @@ TEST_F(CudaArgmax, RowLoopWithFewGroupsEitherGrouping) {
 void expect_replays_read_current_input(Backend& cuda, Rng& rng, DType dt, std::size_t rows, std::size_t cols) {
   SCOPED_TRACE(cat(to_string(dt), " rows=", rows, " cols=", cols));
   DeviceTensor x(cuda, random_normal(rng, dt, rows * cols));
-  Buffer out = cuda.alloc(DType::I32, rows);
+  constexpr std::size_t kGuard = 4;  // ints past out's rows that must keep the poison
+  Buffer out_storage = cuda.alloc(DType::I32, rows + kGuard);
+  Buffer out = out_storage.view(0, rows);
   cuda.begin_graph_capture();
   cuda.argmax(x.view(), out, rows, cols);
   cuda.end_graph_capture();
@@ -161,12 +163,17 @@ void expect_replays_read_current_input(Backend& cuda, Rng& rng, DType dt, std::s
     const HostTensor input = argmax_input(rng, dt, rows, cols);
     const std::vector<std::uint8_t> bytes = encode_bytes(input);
     cuda.write_bytes(x.view(), bytes.data(), bytes.size());
-    const std::vector<std::int32_t> poison(rows, -7);  // a replay that did not run cannot pass
-    cuda.write_bytes(out, poison.data(), rows * sizeof(std::int32_t));
+    const std::vector<std::int32_t> poison(rows + kGuard, -7);  // a replay that did not run cannot pass
+    cuda.write_bytes(out_storage, poison.data(), poison.size() * sizeof(std::int32_t));
     ASSERT_TRUE(cuda.replay_last_graph());
-    std::vector<std::int32_t> got(rows, -1);
-    cuda.read_bytes(out, got.data(), rows * sizeof(std::int32_t));
-    EXPECT_EQ(got, argmax_reference(input, rows, cols)) << "step " << step;
+    std::vector<std::int32_t> got(rows + kGuard, -1);
+    cuda.read_bytes(out_storage, got.data(), got.size() * sizeof(std::int32_t));
+    EXPECT_EQ(std::vector<std::int32_t>(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(rows)),
+              argmax_reference(input, rows, cols))
+        << "step " << step;
+    EXPECT_EQ(std::vector<std::int32_t>(got.begin() + static_cast<std::ptrdiff_t>(rows), got.end()),
+              std::vector<std::int32_t>(kGuard, -7))
+        << "step " << step << ": argmax wrote past 'out'";
   }
   cuda.reset_graph();
 }

@@ -23,7 +23,8 @@
 //   at synchronize(), zeros are written, and the backend keeps working.
 // - Launch knobs (kernels::DecodeTuning, through the launcher): the L2
 //   prefetch settings and who merges the slices change no bit of the
-//   output, with NaN in the cache past kv_len.
+//   output, with NaN in the cache past kv_len; the default launch's output
+//   within the tolerance table of CpuBackend's.
 //
 // Skipped (GTEST_SKIP) when no CUDA device is visible.
 #include <cuda_runtime_api.h>
@@ -270,9 +271,11 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   };
   const std::size_t q_elems = static_cast<std::size_t>(c.batch) * c.heads * c.head_dim;
   const std::size_t kv_elems = static_cast<std::size_t>(c.batch) * c.kv_heads * c.capacity * c.head_dim;
-  const std::vector<std::uint8_t> q = encode_bytes(random_uniform(rng, dt, q_elems));
-  std::vector<std::uint8_t> k = encode_bytes(random_uniform(rng, dt, kv_elems));
-  std::vector<std::uint8_t> v = encode_bytes(random_uniform(rng, dt, kv_elems));
+  const HostTensor q_host = random_uniform(rng, dt, q_elems), k_host = random_uniform(rng, dt, kv_elems),
+                   v_host = random_uniform(rng, dt, kv_elems);
+  const std::vector<std::uint8_t> q = encode_bytes(q_host);
+  std::vector<std::uint8_t> k = encode_bytes(k_host);
+  std::vector<std::uint8_t> v = encode_bytes(v_host);
   // Rows past the sequence's kv_len .. capacity - 1 of every (sequence,
   // kv head): NaN (0xffff in f16 and bf16).
   const std::size_t row_bytes = static_cast<std::size_t>(c.head_dim) * 2;
@@ -355,10 +358,27 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
     return out;
   };
   const std::vector<std::uint8_t> reference = run_with({});
-  for (std::size_t i = 0; i < reference.size() / 2; ++i) {
-    std::uint16_t bits = 0;
-    std::memcpy(&bits, reference.data() + 2 * i, 2);
-    ASSERT_TRUE(std::isfinite(dt == DType::BF16 ? bf16_to_f32(bits) : f16_to_f32(bits))) << "element " << i;
+  // The default launch against CpuBackend (the variants below against it
+  // bitwise): the same batch as flash_decode_ragged, each sequence at its
+  // kv_len (the decode state's for every sequence in the state cases). The
+  // CPU's k / v rows past kv_len are never read, so its copies need no NaN.
+  {
+    std::vector<float> ref_lens(static_cast<std::size_t>(c.batch));
+    for (int b = 0; b < c.batch; ++b) {
+      ref_lens[static_cast<std::size_t>(b)] = static_cast<float>(c.state ? c.kv_len : seq_len(b));
+    }
+    const RaggedDecodeCase on_cpu{static_cast<std::size_t>(c.batch),
+                                  attn_config(static_cast<std::size_t>(c.heads), static_cast<std::size_t>(c.kv_heads),
+                                              static_cast<std::size_t>(c.head_dim),
+                                              static_cast<std::size_t>(c.capacity)),
+                                  q_host, k_host, v_host, make_tensor(DType::I32, ref_lens)};
+    std::vector<float> got(reference.size() / 2);
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      std::uint16_t bits = 0;
+      std::memcpy(&bits, reference.data() + 2 * i, 2);
+      got[i] = dt == DType::BF16 ? bf16_to_f32(bits) : f16_to_f32(bits);
+    }
+    ASSERT_TRUE(all_close(got, run(cpu(), on_cpu).at("out").values, dt)) << "the default launch against CpuBackend";
   }
   std::vector<kernels::DecodeTuning> variants(6);
   variants[0].l2_ahead = 2;
