@@ -394,7 +394,12 @@ std::vector<std::int32_t> expect_decodes_like_reference(Backend& be, const Model
     generated.push_back(token);
     if (step + 1 < steps) logits = decoder.decode(token);
   }
-  EXPECT_GE(exact + 1, steps);
+  // Each differing step was checked above as a near-tie of the reference;
+  // this only refuses a model whose every step is one (logits too flat to
+  // test anything). Not "all but one": bf16's bounds are wide, and on
+  // CpuBackend 4 of 1000 fresh tiny-llama bf16 models took two near-ties in
+  // 8 steps (none took more; 0 of 1000 for the f16 and tiny-qwen3 ones).
+  EXPECT_GE(2 * exact, steps) << exact << " of " << steps << " steps gave the reference's token";
   return generated;
 }
 

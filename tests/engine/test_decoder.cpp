@@ -671,15 +671,17 @@ TEST_F(DecoderGpu, GraphBatchStepEqualsEachSequenceAlone) {
               prompts.size(), worst, near_ties);
 }
 
-// The dense decoder on the GPU against the fp64 model, as the CPU tests above
-// check CpuBackend's: tiny-llama (untied lm_head) and tiny-qwen3 (q / k norms,
-// tied) resized for the CUDA attention (head_dim 64), in f16 and bf16, eager
-// and graph, on fresh random weights.
-TEST(DecoderGpuReference, DecodesLikeFp64Reference) {
-  // A GPU this build cannot run fails here (Unsupported), not as a skip.
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU: the CUDA backend is not available";
+// The GPU-shaped dense models (tiny-llama with an untied lm_head, tiny-qwen3
+// with q / k norms and a tied one, resized for the CUDA attention: head_dim
+// 64) in f16 and bf16, on fresh random weights, against the fp64 model:
+// on CpuBackend (eager) everywhere, and on CudaBackend (eager and graph)
+// where a GPU is present.
+TEST(DecoderReference, GpuShapedModelsDecodeLikeFp64Reference) {
   FERRUM_SEEDED_RNG(rng);
-  CudaBackend be;
+  CpuBackend cpu;
+  // A GPU this build cannot run fails here (Unsupported), not as a skip.
+  std::unique_ptr<Backend> gpu;
+  if (cuda_device_count() > 0) gpu = std::make_unique<CudaBackend>();
   for (const char* preset : {"tiny-llama", "tiny-qwen3"}) {
     for (const DType dtype : {DType::F16, DType::BF16}) {
       ModelConfig c = preset_config(preset);
@@ -688,15 +690,21 @@ TEST(DecoderGpuReference, DecodesLikeFp64Reference) {
       c.num_key_value_heads = 2;
       c.head_dim = 64;
       c.dtype = dtype;
-      c.validate("gpu test config");
+      c.validate("gpu-shaped test config");
       const std::uint64_t seed = rng.engine()();
       const RandomTensorSource source(c, seed);
-      const ModelWeights w = random_weights(be, c, seed);
+      const std::string model = std::string(preset) + " " + std::string(to_string(dtype));
+      {
+        SCOPED_TRACE(model + " cpu eager");
+        const ModelWeights w = random_weights(cpu, c, seed);
+        (void)testing::expect_decodes_like_reference(cpu, w, source, kPrompt, kSteps, DecodeMode::Eager);
+      }
+      if (gpu == nullptr) continue;
+      const ModelWeights w = random_weights(*gpu, c, seed);
       for (const DecodeMode mode : {DecodeMode::Eager, DecodeMode::Graph}) {
-        SCOPED_TRACE(std::string(preset) + " " + std::string(to_string(dtype)) +
-                     (mode == DecodeMode::Graph ? " graph" : " eager"));
-        (void)testing::expect_decodes_like_reference(be, w, source, kPrompt, kSteps, mode);
-        be.reset_graph();
+        SCOPED_TRACE(model + (mode == DecodeMode::Graph ? " cuda graph" : " cuda eager"));
+        (void)testing::expect_decodes_like_reference(*gpu, w, source, kPrompt, kSteps, mode);
+        gpu->reset_graph();
       }
     }
   }
