@@ -959,12 +959,12 @@ void Backend::flash_attention(const Buffer& q, const Buffer& k, const Buffer& v,
                "past 'kv_len' = {}",
                range_text(pos_offset, q_len), pos_offset, q_len, kv_len);
   }
-  const std::size_t qn = check.product("[batch, num_heads, q_len, head_dim]", {batch, cfg.num_heads, q_len, cfg.head_dim});
-  const std::size_t kvn = check.product("[batch, num_kv_heads, kv_seq_stride, head_dim]", {batch, cfg.num_kv_heads, stride, cfg.head_dim});
-  check.holds("q", q, qn, "[batch, num_heads, q_len, head_dim]");
-  check.holds("k", k, kvn, "[batch, num_kv_heads, kv_seq_stride, head_dim]");
-  check.holds("v", v, kvn, "[batch, num_kv_heads, kv_seq_stride, head_dim]");
-  check.holds("out", out, qn, "[batch, num_heads, q_len, head_dim]");
+  constexpr std::string_view q_shape = "[batch, num_heads, q_len, head_dim]";
+  constexpr std::string_view kv_shape = "[batch, num_kv_heads, kv_seq_stride, head_dim]";
+  const std::size_t qn = check.holds("q", q, {batch, cfg.num_heads, q_len, cfg.head_dim}, q_shape);
+  const std::size_t kvn = check.holds("k", k, {batch, cfg.num_kv_heads, stride, cfg.head_dim}, kv_shape);
+  check.holds("v", v, kvn, kv_shape);
+  check.holds("out", out, qn, q_shape);
   check_outputs_apart(check, {{"out", out, qn}}, {{"q", q, qn}, {"k", k, kvn}, {"v", v, kvn}});
   check.run([&] { do_flash_attention(q, k, v, out, batch, q_len, kv_len, pos_offset, cfg, use_state); });
 }
@@ -986,12 +986,12 @@ void Backend::flash_decode_ragged(const Buffer& q, const Buffer& k, const Buffer
   check_attention_common(check, cfg, q, k, v, out);
   check.buffer("kv_lens", kv_lens);
   check.dtype("kv_lens", kv_lens, DType::I32);
-  const std::size_t qn = check.product("[batch, num_heads, head_dim]", {batch, cfg.num_heads, cfg.head_dim});
-  const std::size_t kvn = check.product("[batch, num_kv_heads, kv_seq_stride, head_dim]", {batch, cfg.num_kv_heads, cfg.kv_seq_stride, cfg.head_dim});
-  check.holds("q", q, qn, "[batch, num_heads, head_dim]");
-  check.holds("k", k, kvn, "[batch, num_kv_heads, kv_seq_stride, head_dim]");
-  check.holds("v", v, kvn, "[batch, num_kv_heads, kv_seq_stride, head_dim]");
-  check.holds("out", out, qn, "[batch, num_heads, head_dim]");
+  constexpr std::string_view q_shape = "[batch, num_heads, head_dim]";
+  constexpr std::string_view kv_shape = "[batch, num_kv_heads, kv_seq_stride, head_dim]";
+  const std::size_t qn = check.holds("q", q, {batch, cfg.num_heads, cfg.head_dim}, q_shape);
+  const std::size_t kvn = check.holds("k", k, {batch, cfg.num_kv_heads, cfg.kv_seq_stride, cfg.head_dim}, kv_shape);
+  check.holds("v", v, kvn, kv_shape);
+  check.holds("out", out, qn, q_shape);
   check.holds("kv_lens", kv_lens, batch, "[batch]");
   check_outputs_apart(check, {{"out", out, qn}}, {{"q", q, qn}, {"k", k, kvn}, {"v", v, kvn}, {"kv_lens", kv_lens, batch}});
   check.run([&] { do_flash_decode_ragged(q, k, v, out, kv_lens, batch, cfg); });
@@ -1024,12 +1024,12 @@ void Backend::mla_attention(const Buffer& q, const Buffer& kv_latent, Buffer& ou
   check.activation("q", q);
   check.same_dtype("kv_latent", kv_latent, "q", q);
   check.same_dtype("out", out, "q", q);
-  const std::size_t qn = check.product("[batch, num_heads, q_len, kv_lora_rank + rope_dim]", {batch, cfg.num_heads, q_len, latent});
-  const std::size_t kvn = check.product("[batch, kv_len, kv_lora_rank + rope_dim]", {batch, kv_len, latent});
-  const std::size_t outn = check.product("[batch, num_heads, q_len, v_head_dim]", {batch, cfg.num_heads, q_len, cfg.v_head_dim});
-  check.holds("q", q, qn, "[batch, num_heads, q_len, kv_lora_rank + rope_dim]");
-  check.holds("kv_latent", kv_latent, kvn, "[batch, kv_len, kv_lora_rank + rope_dim]");
-  check.holds("out", out, outn, "[batch, num_heads, q_len, v_head_dim]");
+  const std::size_t qn =
+      check.holds("q", q, {batch, cfg.num_heads, q_len, latent}, "[batch, num_heads, q_len, kv_lora_rank + rope_dim]");
+  const std::size_t kvn =
+      check.holds("kv_latent", kv_latent, {batch, kv_len, latent}, "[batch, kv_len, kv_lora_rank + rope_dim]");
+  const std::size_t outn =
+      check.holds("out", out, {batch, cfg.num_heads, q_len, cfg.v_head_dim}, "[batch, num_heads, q_len, v_head_dim]");
   check_outputs_apart(check, {{"out", out, outn}}, {{"q", q, qn}, {"kv_latent", kv_latent, kvn}});
   check.run([&] { do_mla_attention(q, kv_latent, out, batch, q_len, kv_len, cfg); });
 }

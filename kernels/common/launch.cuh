@@ -241,9 +241,11 @@ template <class Symbol>
 void zero_device_symbol(const char* op, const Symbol& symbol) {
   void* p = nullptr;
   cudaError_t err = cudaGetSymbolAddress(&p, symbol);
-  if (err == cudaSuccess) err = cudaMemset(p, 0, sizeof(Symbol));
-  if (err == cudaSuccess) err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) throw_cuda_error(op, "cudaGetSymbolAddress", err);
+  err = cudaMemset(p, 0, sizeof(Symbol));
   if (err != cudaSuccess) throw_cuda_error(op, "cudaMemset", err);
+  err = cudaDeviceSynchronize();  // also reports an earlier launch's failure
+  if (err != cudaSuccess) throw_cuda_error(op, "cudaDeviceSynchronize after cudaMemset", err);
 }
 
 }  // namespace ferrum::kernels

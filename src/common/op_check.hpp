@@ -136,10 +136,12 @@ class OpCheck {
   }
 
   // holds() for a buffer of `dims` elements' product (overflow refused,
-  // naming the argument, its shape and the sizes).
-  void holds(std::string_view arg, const Buffer& b, std::initializer_list<std::size_t> dims,
-             std::string_view shape) const {
-    holds(arg, b, product_named(arg, shape, dims), shape);
+  // naming the argument, its shape and the sizes); returns that product.
+  std::size_t holds(std::string_view arg, const Buffer& b, std::initializer_list<std::size_t> dims,
+                    std::string_view shape) const {
+    const std::size_t need = product_named(arg, shape, dims);
+    holds(arg, b, need, shape);
+    return need;
   }
 
   // a * b * ..., refusing overflow of size_t; `what` names the product in the

@@ -1,10 +1,10 @@
 // CudaBackend: construction, memory, the decode state and the graph slot.
 // The ops live one family per file (cuda_backend_<family>.cpp): each do_*
 // turns validated Buffers into raw pointers and calls the kernel family's
-// launcher (kernels/*.hpp) on the device's one stream. Nothing there
-// allocates, synchronizes or touches pageable memory; here only the
-// setup-time buffer calls (alloc, write, read) do, which the base class
-// keeps out of graph capture.
+// launcher (kernels/*.hpp) on the device's one stream, and none allocates,
+// synchronizes or touches pageable memory. Only setup-time calls do, which
+// the base class keeps out of graph capture: the buffer calls here (alloc,
+// write, read) and load_gptq (cuda_backend_gptq.cpp).
 #include "ferrum/cuda_backend.hpp"
 
 #include <fmt/format.h>

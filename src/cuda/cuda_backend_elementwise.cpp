@@ -1,5 +1,5 @@
 // CudaBackend: the elementwise ops (gelu, add_bias, add_inplace,
-// fused_silu_mul_split) and argmax.
+// fused_silu_mul_split).
 // Each do_* turns validated Buffers into raw pointers and calls the kernel
 // family's launcher on the device's one stream (the checks are Backend's,
 // src/backend.cpp).
@@ -7,7 +7,6 @@
 
 #include "cuda/buffer_ptr.hpp"
 #include "cuda/cuda_runtime.hpp"
-#include "kernels/argmax.hpp"
 #include "kernels/elementwise.hpp"
 
 namespace ferrum {
@@ -24,12 +23,6 @@ void CudaBackend::do_add_bias(Buffer& data, const Buffer& bias, std::size_t rows
   detail::activate_device(device_);
   kernels::launch_add_bias(data.dtype(), ptr(data), ptr(bias), static_cast<long long>(rows),
                            static_cast<long long>(cols), rt_->stream);
-}
-
-void CudaBackend::do_argmax(const Buffer& x, Buffer& out, std::size_t rows, std::size_t cols) {
-  detail::activate_device(device_);
-  kernels::launch_argmax(x.dtype(), ptr(x), ptr<std::int32_t>(out), static_cast<long long>(rows),
-                         static_cast<long long>(cols), rt_->stream);
 }
 
 void CudaBackend::do_add_inplace(Buffer& residual, const Buffer& x, std::size_t len) {

@@ -1,5 +1,5 @@
-// CudaBackend: RoPE (qk_norm_rope, qkv_rope_append and its ragged
-// form) and the KV-cache append.
+// CudaBackend: RoPE (qk_norm_rope, and qkv_rope_append and its ragged
+// form, which also append to the KV cache).
 // Each do_* turns validated Buffers into raw pointers and calls the kernel
 // family's launcher on the device's one stream (the checks are Backend's,
 // src/backend.cpp).
@@ -8,7 +8,6 @@
 #include "common/fail.hpp"
 #include "cuda/buffer_ptr.hpp"
 #include "cuda/cuda_runtime.hpp"
-#include "kernels/kv_cache.hpp"
 #include "kernels/rope.hpp"
 
 namespace ferrum {
@@ -107,18 +106,6 @@ void CudaBackend::do_qkv_rope_append_ragged(const Buffer& qkv, const Buffer* q_n
                            rt_->attention_kv);
   a.positions = ptr<std::int32_t>(positions);
   kernels::launch_qkv_rope_append(a, rt_->stream);
-}
-
-void CudaBackend::do_kv_cache_append_head_major(Buffer& cache_k, Buffer& cache_v, std::size_t cache_len,
-                                                std::size_t capacity, const Buffer& new_k, const Buffer& new_v,
-                                                std::size_t new_tokens, std::size_t nkv, std::size_t hd,
-                                                bool use_decode_state) {
-  detail::activate_device(device_);
-  kernels::launch_kv_cache_append(cache_k.dtype(), ptr(cache_k), ptr(cache_v), ptr(new_k), ptr(new_v),
-                                  static_cast<long long>(cache_len), use_decode_state ? rt_->decode_state : nullptr,
-                                  static_cast<long long>(capacity), static_cast<long long>(new_tokens),
-                                  static_cast<long long>(nkv), static_cast<long long>(hd), rt_->error_device,
-                                  rt_->stream);
 }
 
 }  // namespace ferrum

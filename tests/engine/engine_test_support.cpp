@@ -89,14 +89,16 @@ void write_raw_safetensors(const std::filesystem::path& path, const std::string&
   write_raw_safetensors(path, header, data, header.size());
 }
 
-ModelConfig gpu_tiny_llama_config() {
-  ModelConfig c = preset_config("tiny-llama");
+ModelConfig gpu_shaped_config(const std::string& preset) {
+  ModelConfig c = preset_config(preset);
   c.hidden_size = 256;
   c.num_attention_heads = 4;
   c.num_key_value_heads = 2;
   c.head_dim = 64;
   return c;
 }
+
+ModelConfig gpu_tiny_llama_config() { return gpu_shaped_config("tiny-llama"); }
 
 std::string config_json(const ModelConfig& c) {
   nlohmann::json j;
@@ -366,7 +368,8 @@ void expect_device_state_equals_eager(Backend& be, const ModelWeights& weights,
 std::vector<std::int32_t> expect_decodes_like_reference(Backend& be, const ModelWeights& weights,
                                                         const TensorSource& reference_weights,
                                                         const std::vector<std::int32_t>& prompt, std::size_t steps,
-                                                        DecodeMode mode, const DecoderOptions& options) {
+                                                        std::size_t min_exact, DecodeMode mode,
+                                                        const DecoderOptions& options) {
   const NaiveDecoder reference(weights.config, reference_weights);
   Decoder decoder(be, weights, 64, prompt.size(), mode, 1, options);
   std::vector<std::int32_t> sequence = prompt;
@@ -394,12 +397,7 @@ std::vector<std::int32_t> expect_decodes_like_reference(Backend& be, const Model
     generated.push_back(token);
     if (step + 1 < steps) logits = decoder.decode(token);
   }
-  // Each differing step was checked above as a near-tie of the reference;
-  // this only refuses a model whose every step is one (logits too flat to
-  // test anything). Not "all but one": bf16's bounds are wide, and on
-  // CpuBackend 4 of 1000 fresh tiny-llama bf16 models took two near-ties in
-  // 8 steps (none took more; 0 of 1000 for the f16 and tiny-qwen3 ones).
-  EXPECT_GE(2 * exact, steps) << exact << " of " << steps << " steps gave the reference's token";
+  EXPECT_GE(exact, min_exact) << exact << " of " << steps << " steps gave the reference's token";
   return generated;
 }
 

@@ -55,8 +55,10 @@ void write_raw_safetensors(const std::filesystem::path& path, const std::string&
 void write_raw_safetensors(const std::filesystem::path& path, const std::string& header,
                            const std::vector<std::uint8_t>& data);
 
-// tiny-llama resized for the CUDA backend's attention (head_dim 64; 4 / 2
-// heads, hidden 256): the model of the GPU decoder tests.
+// `preset` (tiny-llama or tiny-qwen3) resized for the CUDA backend's
+// attention (head_dim 64; 4 / 2 heads, hidden 256).
+ModelConfig gpu_shaped_config(const std::string& preset);
+// gpu_shaped_config("tiny-llama"): the model of the GPU decoder tests.
 ModelConfig gpu_tiny_llama_config();
 
 // A Hugging Face style config.json for `config` (with a "quantization_config"
@@ -85,12 +87,13 @@ void expect_device_state_equals_eager(Backend& be, const ModelWeights& weights,
 // positions): every step's logits within the engine tolerance of the fp64
 // reference (NaiveDecoder) on `reference_weights`, and the same tokens (a
 // step where the reference's top two are closer than their bounds may pick
-// either; the sequence then follows the engine's choice), at least half the
-// steps exactly. Returns the generated tokens.
+// either; the sequence then follows the engine's choice), at least
+// `min_exact` steps exactly. Returns the generated tokens.
 std::vector<std::int32_t> expect_decodes_like_reference(Backend& be, const ModelWeights& weights,
                                                         const TensorSource& reference_weights,
                                                         const std::vector<std::int32_t>& prompt, std::size_t steps,
-                                                        DecodeMode mode, const DecoderOptions& options = {});
+                                                        std::size_t min_exact, DecodeMode mode,
+                                                        const DecoderOptions& options = {});
 
 // ── GPTQ ─────────────────────────────────────────────────────────────────
 

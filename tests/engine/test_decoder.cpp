@@ -46,8 +46,9 @@ std::vector<std::int32_t> expect_pipelined_equals_decode_next(Decoder& one_by_on
   return want;
 }
 
-// Model's weights where a test names no seed (the error cases and the tables
-// test; the DecoderTest suite draws fresh weights each run).
+// Model's weights where a test names no seed (the error cases, the cut
+// tables, the misread-config rejections; the DecoderTest suite's fp64 and
+// batch tests draw fresh weights each run, its pipelined test names seed 6).
 constexpr std::uint64_t kModelSeed = 2024;
 
 struct Model {
@@ -90,33 +91,16 @@ TEST_P(DecoderTest, EveryPrefixMatchesFp64Reference) {
   }
 }
 
-// Greedy decoding: the engine's tokens equal the reference's. A step where
-// the reference's top two logits are closer than their two bounds may pick
-// either; the sequences then follow the engine's choice.
+// Greedy decoding: the engine's tokens equal the reference's, all but at
+// most one step (400 repeats on fresh f16 models of both presets passed).
+// A step where the reference's top two logits are closer than their two
+// bounds may pick either; the sequences then follow the engine's choice.
 TEST_P(DecoderTest, GreedyDecodingMatchesFp64Reference) {
   FERRUM_SEEDED_RNG(rng);
   Model m(GetParam(), rng.engine()());  // fresh weights each run
-  Decoder decoder(m.be, m.weights, 64, kPrompt.size());
-  std::vector<std::int32_t> sequence = kPrompt;
-  std::vector<float> logits = decoder.prefill(kPrompt);
-  std::size_t exact = 0;
-  for (std::size_t step = 0; step < kSteps; ++step) {
-    const std::vector<double> ref = m.reference.forward(sequence).back();
-    const std::int32_t token = argmax(logits);
-    const auto ref_token = static_cast<std::int32_t>(std::max_element(ref.begin(), ref.end()) - ref.begin());
-    expect_logits_near(logits, ref, m.config.dtype, "step " + std::to_string(step));
-    if (token == ref_token) {
-      ++exact;
-    } else {
-      EXPECT_LE(ref[ref_token] - ref[token], logit_bound(ref, ref_token, m.config.dtype) +
-                                                  logit_bound(ref, token, m.config.dtype))
-          << "step " << step << ": engine " << token << ", reference " << ref_token;
-    }
-    sequence.push_back(token);
-    if (step + 1 < kSteps) logits = decoder.decode(token);
-  }
-  EXPECT_GE(exact, kSteps - 1);
-  std::printf("[ info ] %s greedy: %zu/%zu tokens equal the reference's\n", GetParam().c_str(), exact, kSteps);  // near-ties are rare; all 8 agree with the seeds used here
+  const std::vector<std::int32_t> tokens = testing::expect_decodes_like_reference(
+      m.be, m.weights, m.source, kPrompt, kSteps, /*min_exact=*/kSteps - 1, DecodeMode::Eager);
+  EXPECT_EQ(tokens.size(), kSteps);
 }
 
 // prefill_next / decode_next (Backend::argmax at the end of the forward
@@ -677,6 +661,11 @@ TEST_F(DecoderGpu, GraphBatchStepEqualsEachSequenceAlone) {
 // on CpuBackend (eager) everywhere, and on CudaBackend (eager and graph)
 // where a GPU is present.
 TEST(DecoderReference, GpuShapedModelsDecodeLikeFp64Reference) {
+  // Half the steps exact, not all but one: each differing step is checked as
+  // a near-tie of the reference, and bf16's bounds are wide (on CpuBackend 4
+  // of 1000 fresh bf16 tiny-llama models took two near-ties in 8 steps, none
+  // more; 0 of 1000 for the others).
+  constexpr std::size_t kMinExact = kSteps / 2;
   FERRUM_SEEDED_RNG(rng);
   CpuBackend cpu;
   // A GPU this build cannot run fails here (Unsupported), not as a skip.
@@ -684,11 +673,7 @@ TEST(DecoderReference, GpuShapedModelsDecodeLikeFp64Reference) {
   if (cuda_device_count() > 0) gpu = std::make_unique<CudaBackend>();
   for (const char* preset : {"tiny-llama", "tiny-qwen3"}) {
     for (const DType dtype : {DType::F16, DType::BF16}) {
-      ModelConfig c = preset_config(preset);
-      c.hidden_size = 256;
-      c.num_attention_heads = 4;
-      c.num_key_value_heads = 2;
-      c.head_dim = 64;
+      ModelConfig c = testing::gpu_shaped_config(preset);
       c.dtype = dtype;
       c.validate("gpu-shaped test config");
       const std::uint64_t seed = rng.engine()();
@@ -697,13 +682,13 @@ TEST(DecoderReference, GpuShapedModelsDecodeLikeFp64Reference) {
       {
         SCOPED_TRACE(model + " cpu eager");
         const ModelWeights w = random_weights(cpu, c, seed);
-        (void)testing::expect_decodes_like_reference(cpu, w, source, kPrompt, kSteps, DecodeMode::Eager);
+        (void)testing::expect_decodes_like_reference(cpu, w, source, kPrompt, kSteps, kMinExact, DecodeMode::Eager);
       }
       if (gpu == nullptr) continue;
       const ModelWeights w = random_weights(*gpu, c, seed);
       for (const DecodeMode mode : {DecodeMode::Eager, DecodeMode::Graph}) {
         SCOPED_TRACE(model + (mode == DecodeMode::Graph ? " cuda graph" : " cuda eager"));
-        (void)testing::expect_decodes_like_reference(*gpu, w, source, kPrompt, kSteps, mode);
+        (void)testing::expect_decodes_like_reference(*gpu, w, source, kPrompt, kSteps, kMinExact, mode);
         gpu->reset_graph();
       }
     }

@@ -27,13 +27,14 @@ namespace ferrum::test::nccl {
 
 inline constexpr std::size_t kGuard = 17;
 
-// Guard element j past a buffer on rank r: -(64 + 8 r + j), distinct per rank
-// and position and outside the checks' data (the 2-rank reductions and
-// broadcasts stay within +-10, all_gather's values are >= 0), so a copy, sum,
-// max or min that runs past the end changes it. Exact in f16 and bf16
-// (integers below 256 for up to 8 ranks).
+// Guard element j past a buffer on rank r: -(64 + kGuard r + j), distinct
+// for every rank and position (each rank's run of kGuard values its own) and
+// outside the checks' data (the 2-rank reductions and broadcasts stay within
+// +-10, all_gather's values are >= 0): a copy or sum that runs past the end
+// changes it, as does a max or min on every rank but the one whose guard
+// wins. Exact in f16 and bf16 (integers below 256 for up to 8 ranks).
 inline float guard_value(std::size_t rank, std::size_t j) {
-  return -static_cast<float>(64 + 8 * rank + j);
+  return -static_cast<float>(64 + kGuard * rank + j);
 }
 
 inline constexpr std::size_t kCheckLens[] = {1, 4099, 262147};

@@ -42,7 +42,6 @@
 #include <tuple>
 #include <vector>
 
-#include "ferrum/half.hpp"
 #include "kernels/attention.hpp"
 
 #include "support/attention_args.hpp"
@@ -372,13 +371,8 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
                                               static_cast<std::size_t>(c.head_dim),
                                               static_cast<std::size_t>(c.capacity)),
                                   q_host, k_host, v_host, make_tensor(DType::I32, ref_lens)};
-    std::vector<float> got(reference.size() / 2);
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      std::uint16_t bits = 0;
-      std::memcpy(&bits, reference.data() + 2 * i, 2);
-      got[i] = dt == DType::BF16 ? bf16_to_f32(bits) : f16_to_f32(bits);
-    }
-    ASSERT_TRUE(all_close(got, run(cpu(), on_cpu).at("out").values, dt)) << "the default launch against CpuBackend";
+    ASSERT_TRUE(all_close(decode_bytes(dt, reference), run(cpu(), on_cpu).at("out").values, dt))
+        << "the default launch against CpuBackend";
   }
   std::vector<kernels::DecodeTuning> variants(6);
   variants[0].l2_ahead = 2;

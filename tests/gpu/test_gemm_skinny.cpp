@@ -163,6 +163,8 @@ TEST_P(CudaGemmSkinny, HostMemoryWeightsRunOnCublas) {
       captured_launches(be, [&] { be.gemm(a, b_pinned, out.view(), m(), n, k); });
   EXPECT_FALSE(launched(on_host, "gemm_skinny_")) << describe_launches(on_host);
   EXPECT_FALSE(on_host.empty()) << "no kernel launched for host-memory weights";
+  // captured_launches runs each call once uncaptured too: its guards first.
+  EXPECT_TRUE(out.check_guard("gemm", "out", "device, then host-memory weights"));
   out.poison();  // the bits compared below are this call's
   be.gemm(a, b_pinned, out.view(), m(), n, k);
   EXPECT_TRUE(out.check_guard("gemm", "out", "host-memory weights"));

@@ -154,6 +154,14 @@ TEST_P(CudaGraphDecode, ReplayMatchesEagerBitwiseFor1000Steps) {
       EXPECT_TRUE(b) << "graph replay vs eager host arguments";
       ok = ok && a && b;
     }
+    // Each step's guards, before the next step's poison refills them.
+    for (DecodeBuffers* set : {&graph, &eager_state, &eager_host}) {
+      for (std::size_t i = 0; i < graph_outs.size(); ++i) {
+        const auto guard = set->step_outputs()[i]->check_guard(names[i], "out", cat("step ", step));
+        EXPECT_TRUE(guard);
+        ok = ok && guard;
+      }
+    }
     for (auto [name, member] : {std::pair{"cache_k", &DecodeBuffers::cache_k}, {"cache_v", &DecodeBuffers::cache_v}}) {
       SCOPED_TRACE(cat(name, " row ", step));
       const std::vector<std::uint8_t> g = cache_row(be, graph.*member, step);

@@ -13,8 +13,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>

@@ -46,36 +46,6 @@ void expect_same_outputs(const OpResult& got, const OpResult& want, Match match,
 
 namespace {
 
-std::vector<float> decode_bytes(DType dtype, const std::vector<std::uint8_t>& bytes) {
-  const std::size_t es = size_of(dtype);
-  std::vector<float> out(bytes.size() / es);
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    const std::uint8_t* p = bytes.data() + i * es;
-    switch (dtype) {
-      case DType::F16:
-      case DType::BF16: {
-        std::uint16_t h;
-        std::memcpy(&h, p, 2);
-        out[i] = dtype == DType::F16 ? f16_to_f32(h) : bf16_to_f32(h);
-        break;
-      }
-      case DType::F32:
-        std::memcpy(&out[i], p, 4);
-        break;
-      case DType::I32: {
-        std::int32_t x;
-        std::memcpy(&x, p, 4);
-        out[i] = static_cast<float>(x);
-        break;
-      }
-      case DType::U8:
-        out[i] = static_cast<float>(*p);
-        break;
-    }
-  }
-  return out;
-}
-
 // One op execution: owns the uploaded inputs and the guarded outputs.
 class OpRun {
  public:

@@ -11,11 +11,11 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <random>
 #include <source_location>
 #include <span>
 #include <sstream>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -112,6 +112,8 @@ HostTensor random_ids(Rng& rng, std::size_t n, std::uint32_t vocab);
 
 // Raw element bytes as a buffer of t.dtype stores them.
 std::vector<std::uint8_t> encode_bytes(const HostTensor& t);
+// Raw elements of `dtype` (a device buffer's bytes), decoded to floats.
+std::vector<float> decode_bytes(DType dtype, const std::vector<std::uint8_t>& bytes);
 
 // ── Uploads ──────────────────────────────────────────────────────────────────
 
