@@ -262,6 +262,11 @@ class Backend {
   virtual bool supports_head_dim(Op op, std::size_t /*head_dim*/) const noexcept { return supports(op); }
   // Waits for all queued work; then reports any bad device-side value a
   // kernel found (ErrorCode::DeviceCheck). Not allowed during capture.
+  // download and read_bytes, which wait too, report such values the same
+  // way (after the copy, whose bytes may be what the bad value left), so an
+  // engine reading its tokens or logits learns of them there. Each value is
+  // reported once, by whichever of the three comes first; the log is the
+  // device's, shared by the backends on it.
   virtual void synchronize() = 0;
 
   // ── Buffers (setup-time: these may allocate and synchronize) ──────────
@@ -293,7 +298,8 @@ class Backend {
   // and dst's may be the same (nothing to do) but must not otherwise share
   // bytes (InvalidArgument), as for copy_slice; so for read_bytes.
   void write_bytes(Buffer& dst, const void* host, std::size_t bytes, std::size_t dst_byte_offset = 0);
-  // Reads `count` elements as f32 (synchronizes).
+  // Reads `count` elements as f32 (synchronizes; on CudaBackend then reports
+  // a bad device-side value as synchronize() does: DeviceCheck).
   std::vector<float> download(const Buffer& src, std::size_t count);
   std::vector<float> download(const Buffer& src) { return download(src, src.numel()); }
   void read_bytes(const Buffer& src, void* host, std::size_t bytes, std::size_t src_byte_offset = 0);

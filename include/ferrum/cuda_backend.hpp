@@ -407,6 +407,9 @@ class CudaBackend final : public Backend {
   // (Owning: an abort may drop the graph's reference, perhaps the last.)
   void wait_stream(const char* op) { wait_stream(op, comm_); }
   void wait_stream(const char* op, std::shared_ptr<Communicator> comm);
+  // After a wait for the stream: throws DeviceCheck, naming `op`, when a
+  // kernel of this device logged a bad device-side value (each reported once).
+  void report_device_errors(const char* op);
   // Aborts comm (a peer gone, or past collective_timeout), destroying first
   // the held graph if its collectives are comm's: NCCL's abort waits for
   // such graphs, so it would never return while this thread held one.

@@ -21,7 +21,7 @@ enum class ErrorCode {
   WrongBackend,      // a buffer belongs to another backend
   Unsupported,       // the op (or this variant of it) is not implemented here
   GraphCapture,      // a call not allowed during capture, or a capture-state error
-  DeviceCheck,       // a kernel found a bad device-side value (reported at synchronize)
+  DeviceCheck,       // a kernel found a bad device-side value (reported at synchronize, download, read_bytes)
   Cuda,              // a CUDA runtime call failed
   Cublas,            // a cuBLAS call failed
   Nccl,              // an NCCL call failed

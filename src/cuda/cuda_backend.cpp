@@ -304,10 +304,12 @@ void CudaBackend::synchronize() {
   }
   detail::activate_device(device_);
   wait_stream("synchronize");
+  report_device_errors("synchronize");
+}
+
+void CudaBackend::report_device_errors(const char* op) {
   const std::string found = detail::take_device_errors(*rt_->error_host);
-  if (!found.empty()) {
-    detail::fail(ErrorCode::DeviceCheck, "synchronize: a kernel found a bad device-side value: {}", found);
-  }
+  if (!found.empty()) detail::fail(ErrorCode::DeviceCheck, "{}: a kernel found a bad device-side value: {}", op, found);
 }
 
 // Without a communicator: cudaStreamSynchronize. With one, a collective may
@@ -486,6 +488,9 @@ void CudaBackend::do_read_bytes(const char* op, const Buffer& src, std::size_t s
                              rt_->stream),
              op, "cudaMemcpyAsync");
   wait_stream(op);
+  // The bytes just read may be what a bad device-side value left (zeros,
+  // unwritten rows): say so here, as synchronize() would.
+  report_device_errors(op);
 }
 
 void CudaBackend::do_copy_slice(const char* op, const Buffer& src, std::size_t src_offset, Buffer& dst,

@@ -419,6 +419,36 @@ TEST_F(CudaDeviceCheck, OutOfRangeIdInBuffer) {
   }
 }
 
+// A read of results waits for the device too, so download and read_bytes
+// report a bad device-side value there, naming themselves and the kernel's
+// clause, after their copy (read_bytes' host bytes hold the zero row);
+// the value is then reported no more, and the backend works on.
+TEST_F(CudaDeviceCheck, ReadsReportBadValuesTheyWaitedFor) {
+  FERRUM_SEEDED_RNG(rng);
+  const auto c = make_embedding_case(rng, DType::F16, 3, 64, kEmbeddingVocab);
+  const DeviceTensor table(cuda(), c.table);
+  const std::string clause = cat("embedding_lookup: token id ", kEmbeddingVocab, " outside [0, vocab = ",
+                                 kEmbeddingVocab, ")");
+  for (const bool by_download : {true, false}) {
+    SCOPED_TRACE(by_download ? "download" : "read_bytes");
+    auto bad = c.ids;
+    bad.values[1] = static_cast<float>(kEmbeddingVocab);
+    const DeviceTensor ids(cuda(), bad);
+    GuardedOutput out(cuda(), DType::F16, 3 * 64);
+    EXPECT_NO_THROW(cuda().embedding_lookup(table.view(), ids.view(), out.view(), 3, 64, kEmbeddingVocab));
+    std::vector<std::uint16_t> host(3 * 64, 0xffffu);
+    if (by_download) {
+      expect_error(ErrorCode::DeviceCheck, "download", [&] { (void)cuda().download(out.view()); }, clause);
+    } else {
+      expect_error(ErrorCode::DeviceCheck, "read_bytes",
+                   [&] { cuda().read_bytes(out.view(), host.data(), host.size() * sizeof(std::uint16_t)); }, clause);
+      for (std::size_t i = 64; i < 128; ++i) ASSERT_EQ(host[i], 0u) << "the refused id's row, element " << i;
+    }
+    EXPECT_TRUE(out.check_guard());
+    expect_backend_still_works(rng);
+  }
+}
+
 TEST_F(CudaDeviceCheck, DecodeStatePositionPastRopeTable) {
   FERRUM_SEEDED_RNG(rng);
   const auto c = make_qk_norm_rope_case(rng, DType::F16, 1, 8, 128, 0, RopeMode::NormAndRope, kRopeTheta10k, 20);
