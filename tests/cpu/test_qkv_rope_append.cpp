@@ -47,6 +47,16 @@ void expect_same_append(const AppendOutputs& got, const AppendOutputs& want, DTy
   }
 }
 
+// The fused op's inputs on one backend: qkv (`lead` elements into its
+// allocation), the two norm weights and the rope tables.
+struct FusedInputs {
+  DeviceTensor qkv, q_norm, k_norm, cos, sin;
+  FusedInputs(Backend& be, const HostTensor& qkv_host, std::size_t lead, const HostTensor& q_norm_host,
+              const HostTensor& k_norm_host, const RopeTables& tables)
+      : qkv(be, qkv_host, lead), q_norm(be, q_norm_host), k_norm(be, k_norm_host), cos(be, tables.cos),
+        sin(be, tables.sin) {}
+};
+
 class QkvRopeAppend : public BackendTest {
  protected:
   void run(const Case& c, DType dt, Rng& rng, bool device_state) {
@@ -59,12 +69,21 @@ class QkvRopeAppend : public BackendTest {
     const HostTensor qkv_host = random_normal(rng, dt, c.tokens * row);
     const HostTensor q_norm_host = random_uniform(rng, dt, hd, 0.5f, 1.5f);
     const HostTensor k_norm_host = random_uniform(rng, dt, hd, 0.5f, 1.5f);
-    DeviceTensor qkv(be, qkv_host, c.lead), q_norm(be, q_norm_host), k_norm(be, k_norm_host);
-    DeviceTensor cos(be, tables.cos), sin(be, tables.sin);
+    const FusedInputs in(be, qkv_host, c.lead, q_norm_host, k_norm_host, tables);
+    const DeviceTensor &qkv = in.qkv, &q_norm = in.q_norm, &k_norm = in.k_norm, &cos = in.cos, &sin = in.sin;
     const bool norm = c.mode == RopeMode::NormAndRope;
     const float eps = 1e-6f;
     // In device-state mode the host position is a decoy the ops must ignore.
     const std::size_t host_pos = device_state ? c.pos_offset / 2 + 1 : c.pos_offset;
+    const QkvRopeAppendConfig cfg{.heads = c.heads, .kv_heads = c.kv_heads, .head_dim = hd, .capacity = kCapacity,
+                                  .max_pos = kMaxPos, .eps = eps, .mode = c.mode};
+    // The fused op on one backend's copy of the inputs (this backend's, and
+    // on CUDA CpuBackend's as the reference).
+    auto fused_append = [&](Backend& on, const FusedInputs& x, GuardedOutput& q_o, GuardedOutput& k_c,
+                            GuardedOutput& v_c) {
+      on.qkv_rope_append(x.qkv.view(), norm ? &x.q_norm.view() : nullptr, norm ? &x.k_norm.view() : nullptr,
+                         x.cos.view(), x.sin.view(), q_o.view(), k_c.view(), v_c.view(), c.tokens, host_pos, cfg);
+    };
 
     // The sequence the fused op replaces. Its scratch is offset like qkv, so
     // that on CUDA both take the same rope path (the vector and general
@@ -84,8 +103,6 @@ class QkvRopeAppend : public BackendTest {
     GuardedOutput k_cache_ref(be, cache_rows), v_cache_ref(be, cache_rows), k_cache(be, cache_rows),
         v_cache(be, cache_rows);
 
-    const QkvRopeAppendConfig cfg{.heads = c.heads, .kv_heads = c.kv_heads, .head_dim = hd, .capacity = kCapacity,
-                                  .max_pos = kMaxPos, .eps = eps, .mode = c.mode};
     {
       DeviceStateScope scope(be, device_state);
       if (device_state) be.set_decode_state(3, static_cast<std::uint32_t>(c.pos_offset));
@@ -97,8 +114,7 @@ class QkvRopeAppend : public BackendTest {
       be.transpose_head_to_token(v, v_heads, /*tokens=*/c.kv_heads, /*heads=*/c.tokens, hd);
       be.kv_cache_append_head_major(k_cache_ref.view(), v_cache_ref.view(), host_pos, kCapacity, k_heads, v_heads, c.tokens,
                                     c.kv_heads, hd);
-      be.qkv_rope_append(qkv.view(), norm ? &q_norm.view() : nullptr, norm ? &k_norm.view() : nullptr, cos.view(),
-                         sin.view(), q_out.view(), k_cache.view(), v_cache.view(), c.tokens, host_pos, cfg);
+      fused_append(be, in, q_out, k_cache, v_cache);
       be.synchronize();
     }
     expect_same_append({&q_out, &k_cache, &v_cache}, {&q_ref, &k_cache_ref, &v_cache_ref}, dt);
@@ -110,15 +126,12 @@ class QkvRopeAppend : public BackendTest {
     // copy), untouched cache rows included.
     if (GetParam() != BackendKind::Cuda) return;
     const std::unique_ptr<Backend> cpu = make_backend(BackendKind::Cpu);
-    DeviceTensor cpu_qkv(*cpu, qkv_host, c.lead), cpu_q_norm(*cpu, q_norm_host), cpu_k_norm(*cpu, k_norm_host);
-    DeviceTensor cpu_cos(*cpu, tables.cos), cpu_sin(*cpu, tables.sin);
+    const FusedInputs cpu_in(*cpu, qkv_host, c.lead, q_norm_host, k_norm_host, tables);
     GuardedOutput cpu_q(*cpu, dt, c.heads * c.tokens * hd), cpu_k(*cpu, cache_rows), cpu_v(*cpu, cache_rows);
     {
       DeviceStateScope scope(*cpu, device_state);
       if (device_state) cpu->set_decode_state(3, static_cast<std::uint32_t>(c.pos_offset));
-      cpu->qkv_rope_append(cpu_qkv.view(), norm ? &cpu_q_norm.view() : nullptr, norm ? &cpu_k_norm.view() : nullptr,
-                           cpu_cos.view(), cpu_sin.view(), cpu_q.view(), cpu_k.view(), cpu_v.view(), c.tokens,
-                           host_pos, cfg);
+      fused_append(*cpu, cpu_in, cpu_q, cpu_k, cpu_v);
       cpu->synchronize();
     }
     EXPECT_TRUE(all_close(q_out.values(), cpu_q.values(), dt)) << "q_out against CpuBackend";
