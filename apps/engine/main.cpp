@@ -3,7 +3,7 @@
 // Usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens "1,2,3"] [--steps N] [--batch N]
 //                      [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]
 //                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--[no-]pdl-chain-release] [--gemm-prefetch]
-//                      [--no-gemm-early-weights] [--[no-]attention-early-kv] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]
+//                      [--[no-]gemm-early-weights] [--[no-]attention-early-kv] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]
 //                      [--skinny-max-m N] [--gptq-fused-max-m N] [--gptq-ctas-per-sm N] [--pipeline]
 //                      [--gptq-row-sq-norms] [--no-gptq-fuse-residual-add]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
@@ -231,12 +231,39 @@ void usage(std::FILE* out) {
                "usage: ferrum_engine (--model DIR | --random NAME) [--prompt-tokens \"1,2,3[;4,5]\"] [--steps N] [--batch N]\n"
                "                     [--cpu] [--eager | --graph] [--seed N] [--dtype f16|bf16] [--quant gptq]\n"
                "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--[no-]pdl-chain-release] [--gemm-prefetch]\n"
-               "                     [--no-gemm-early-weights] [--[no-]attention-early-kv] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]\n"
+               "                     [--[no-]gemm-early-weights] [--[no-]attention-early-kv] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]\n"
                "                     [--skinny-max-m N] [--gptq-fused-max-m N] [--gptq-ctas-per-sm N] [--pipeline]\n"
                "                     [--gptq-row-sq-norms] [--no-gptq-fuse-residual-add]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
   std::fprintf(out, "\n");
+}
+
+// --help: usage, then what the everyday flags do and their defaults. The
+// launch switches are A/B knobs for CudaBackendConfig (the tokens and
+// logits do not change); each is explained at the top of this file.
+void help(std::FILE* out) {
+  usage(out);
+  std::fprintf(out,
+               "\n"
+               "  --model DIR          Hugging Face checkpoint: config.json + *.safetensors (f16 or bf16, f32\n"
+               "                       with --dtype; GPTQ INT4 when its config says so)\n"
+               "  --random NAME        seeded random weights for a preset (above)\n"
+               "  --prompt-tokens IDS  comma-separated token ids, ';' between prompts of a batch (default \"1\";\n"
+               "                       there is no tokenizer)\n"
+               "  --steps N            tokens to generate per sequence (default 16)\n"
+               "  --batch N            sequences decoded together (default: one per prompt)\n"
+               "  --dtype f16|bf16     activation and weight dtype (default: the preset's or the checkpoint's)\n"
+               "  --quant gptq         a --random preset with GPTQ INT4 projections (group 128)\n"
+               "  --seed N             the --random weights' seed\n"
+               "  --cpu                CpuBackend even when a GPU is present (default: the GPU when one can\n"
+               "                       run the model, else the CPU)\n"
+               "  --eager | --graph    decode steps launched one by one (default), or each replayed from one\n"
+               "                       captured CUDA graph\n"
+               "  --pipeline           one sequence, tokens fed back on the device (no read between steps)\n"
+               "  --dump-logits FILE   every step's logits as raw f32, one row per step and sequence\n"
+               "  the other flags      CudaBackendConfig launch switches for A/B timing; the same tokens and\n"
+               "                       logits (apps/engine/main.cpp explains each)\n");
 }
 
 std::size_t parse_count(const std::string& flag, const std::string& text) {
@@ -384,9 +411,15 @@ bool parse_options(int argc, char** argv, Options& opt, int& exit_code) {
       opt.graph = true;
     } else if (arg == "--pipeline") {
       opt.pipeline = true;
+    } else if (arg == "--help" || arg == "-h") {
+      help(stdout);
+      exit_code = 0;
+      return false;
     } else {
-      usage(arg == "--help" ? stdout : stderr);
-      exit_code = arg == "--help" ? 0 : 2;
+      std::fprintf(stderr, "ferrum_engine: %s '%s'\n", arg.rfind("-", 0) == 0 ? "unknown option" : "unexpected argument",
+                   arg.c_str());
+      usage(stderr);
+      exit_code = 2;
       return false;
     }
   }
@@ -465,17 +498,29 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
       config.gptq_fused_max_m = opt.gptq_fused_max_m;
       config.gptq_stream_ctas_per_sm = opt.gptq_ctas_per_sm.value_or(gptq_graph_single ? kEngineGptqCtasPerSm : 0);
       config.gemm_skinny_max_m = opt.skinny_max_m;
-      backend = std::make_unique<CudaBackend>(config);
-      std::printf("ferrum_engine: attention launches: attention_kv_before_wait %s\n",
-                  config.attention_kv_before_wait ? "on" : "off");
-      if (gptq) {  // the chain release needs PDL (the runtime drops it without)
-        const bool chain = config.pdl_chain_release && config.programmatic_dependent_launch;
-        std::printf("ferrum_engine: GPTQ launches: pdl_chain_release %s, gptq_stream_ctas_per_sm %d\n",
-                    chain ? "on" : config.pdl_chain_release ? "off (no PDL)" : "off", config.gptq_stream_ctas_per_sm);
+      try {
+        backend = std::make_unique<CudaBackend>(config);
+      } catch (const Error& e) {
+        // Unsupported: the GPU cannot run this build's kernels (e.g. older
+        // than sm_90 under the default 90a build), as make_default_backend
+        // treats it; anything else is an error to see.
+        if (e.code() != ErrorCode::Unsupported) throw;
+        std::printf("ferrum_engine: the GPU cannot run this build (%s); running on the CPU backend\n", e.what());
+      }
+      if (backend != nullptr) {
+        std::printf("ferrum_engine: attention launches: attention_kv_before_wait %s\n",
+                    config.attention_kv_before_wait ? "on" : "off");
+        if (gptq) {  // the chain release needs PDL (the runtime drops it without)
+          const bool chain = config.pdl_chain_release && config.programmatic_dependent_launch;
+          std::printf("ferrum_engine: GPTQ launches: pdl_chain_release %s, gptq_stream_ctas_per_sm %d\n",
+                      chain ? "on" : config.pdl_chain_release ? "off (no PDL)" : "off",
+                      config.gptq_stream_ctas_per_sm);
+        }
       }
     } else {
-      backend = std::make_unique<CpuBackend>();
+      std::printf("ferrum_engine: no CUDA device visible; running on the CPU backend\n");
     }
+    if (backend == nullptr) backend = std::make_unique<CpuBackend>();
     const std::vector<Op> missing = missing_ops(*backend, DecodeMode::Eager, gptq, batch);
     if (!missing.empty()) {
       std::printf("ferrum_engine: the %s backend lacks %s; falling back to the CPU backend\n",
@@ -689,7 +734,7 @@ int run(const Options& opt) {
   }
   if (opt.steps > 1) {
     const double tok_s = static_cast<double>((opt.steps - 1) * batch) / decode_s;
-    std::printf("  decode: %zu steps%s in %.3f s (%.1f tokens/s)\n", opt.steps - 1,
+    std::printf("  decode: %zu step%s%s in %.3f s (%.1f tokens/s)\n", opt.steps - 1, opt.steps == 2 ? "" : "s",
                 batch > 1 ? concat(" x ", batch, " sequences").c_str() : "", decode_s, tok_s);
     // The bandwidth bound of this run: bytes per step (at the mean KV length
     // of the decode steps, summed over the sequences) over the copy bandwidth
@@ -703,9 +748,10 @@ int run(const Options& opt) {
     }
     if (copy_gbps > 0.0) {
       const double bound = static_cast<double>(batch) * copy_gbps * 1e9 / (b.weights + b.kv);
-      std::printf("  bound: %.1f MB per step (weights %.1f, KV %.1f); device copy %.0f GB/s now -> %.1f tokens/s; "
+      std::printf("  bound: %.1f MB per step (weights %.1f, KV %.1f); %s memory copy %.0f GB/s now -> %.1f tokens/s; "
                   "decode at %.1f %% of it\n",
-                  (b.weights + b.kv) / 1e6, b.weights / 1e6, b.kv / 1e6, copy_gbps, bound, 100.0 * tok_s / bound);
+                  (b.weights + b.kv) / 1e6, b.weights / 1e6, b.kv / 1e6, backend->name().c_str(), copy_gbps, bound,
+                  100.0 * tok_s / bound);
     } else {
       std::printf("  bound: %.1f MB per step; the copy bandwidth was not measured (no memory left for its buffers)\n",
                   (b.weights + b.kv) / 1e6);

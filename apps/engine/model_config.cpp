@@ -610,6 +610,17 @@ ModelConfig load_model_config(const std::filesystem::path& config_json, std::opt
 }
 
 ModelConfig load_checkpoint_config(const std::filesystem::path& dir, std::optional<DType> run_dtype) {
+  // The folder first, so that a mistyped path is named as such and not as
+  // a config.json that cannot be opened.
+  std::error_code dir_ec;
+  const auto dir_kind = std::filesystem::status(dir, dir_ec).type();
+  if (dir_kind == std::filesystem::file_type::not_found) {
+    fail(ErrorCode::InvalidArgument, "checkpoint '", dir.string(), "': no such directory");
+  }
+  if (!dir_ec && dir_kind != std::filesystem::file_type::directory) {
+    fail(ErrorCode::InvalidArgument, "checkpoint '", dir.string(),
+         "' is not a directory (give the folder holding config.json and the *.safetensors files)");
+  }
   ModelConfig cfg = load_model_config(dir / "config.json", run_dtype);
   const std::filesystem::path quantize_config = dir / "quantize_config.json";
   // Read wherever the name exists in any form: a FIFO, a dangling link or

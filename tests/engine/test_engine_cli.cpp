@@ -128,6 +128,28 @@ TEST(EngineCli, DumpLogitsRandomPresetHasOneRowPerStep) {
   EXPECT_EQ(generated_tokens(read_text(log)).size(), 3u);
 }
 
+// A usage error names what it could not place (exit 2, with the usage
+// text); --help explains the everyday flags and their defaults (exit 0).
+TEST(EngineCli, UsageErrorsNameTheArgument) {
+  const std::filesystem::path dir = testing::scratch_dir();
+  const std::filesystem::path log = dir / "engine.log";
+  EXPECT_EQ(run_engine("--random tiny-llama --cpu --bogus", log), 2);
+  EXPECT_NE(read_text(log).find("ferrum_engine: unknown option '--bogus'"), std::string::npos) << read_text(log);
+  EXPECT_NE(read_text(log).find("usage: ferrum_engine"), std::string::npos) << read_text(log);
+  EXPECT_EQ(run_engine("--random tiny-llama --cpu tiny-qwen3", log), 2);
+  EXPECT_NE(read_text(log).find("ferrum_engine: unexpected argument 'tiny-qwen3'"), std::string::npos)
+      << read_text(log);
+  ASSERT_EQ(run_engine("--help", log), 0) << read_text(log);
+  const std::string help = read_text(log);
+  for (const char* line : {"usage: ferrum_engine", "--steps N            tokens to generate per sequence (default 16)",
+                           "--[no-]gemm-early-weights", "tiny-llama"}) {
+    EXPECT_NE(help.find(line), std::string::npos) << "missing \"" << line << "\" in:\n" << help;
+  }
+  // A --model folder that is not there is named as one.
+  EXPECT_EQ(run_engine("--model \"" + (dir / "absent").string() + "\" --cpu", log), 1);
+  EXPECT_NE(read_text(log).find("absent': no such directory"), std::string::npos) << read_text(log);
+}
+
 TEST(EngineCli, UnwritableDumpPathIsAnError) {
   const std::filesystem::path dir = testing::scratch_dir();
   const std::filesystem::path log = dir / "engine.log";

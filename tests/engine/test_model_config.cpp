@@ -493,6 +493,11 @@ TEST(ModelConfig, LoadsOnlyABoundedRegularFile) {
   std::ofstream(ckpt / "config.json") << kQwen3Config;
   EXPECT_ENGINE_ERROR(load_checkpoint_config(ckpt), ErrorCode::InvalidArgument, "quantize_config.json",
                       "not a regular file");
+  // The checkpoint folder itself: missing, or a file in its place, is named as such.
+  EXPECT_ENGINE_ERROR(load_checkpoint_config(dir / "no-such-checkpoint"), ErrorCode::InvalidArgument,
+                      "no-such-checkpoint", "no such directory");
+  EXPECT_ENGINE_ERROR(load_checkpoint_config(ckpt / "config.json"), ErrorCode::InvalidArgument, "config.json",
+                      "is not a directory");
   const auto fifo = dir / "fifo.json";
   if (mkfifo(fifo.c_str(), 0600) != 0) GTEST_SKIP() << "no FIFO on this filesystem: " << std::strerror(errno);
   EXPECT_ENGINE_ERROR(load_model_config(fifo), ErrorCode::InvalidArgument, "fifo.json", "not a regular file",
