@@ -5,7 +5,7 @@
 //                      [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--[no-]pdl-chain-release] [--gemm-prefetch]
 //                      [--[no-]gemm-early-weights] [--[no-]attention-early-kv] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]
 //                      [--skinny-max-m N] [--gptq-fused-max-m N] [--gptq-ctas-per-sm N] [--pipeline]
-//                      [--gptq-row-sq-norms] [--no-gptq-fuse-residual-add]
+//                      [--gptq-row-sq-norms] [--no-gptq-fuse-residual-add] [--help]
 //   --model DIR      Hugging Face checkpoint: config.json + *.safetensors; a GPTQ
 //                    INT4 checkpoint (quantization_config quant_method "gptq")
 //                    runs its projections with gemm_gptq
@@ -233,16 +233,17 @@ void usage(std::FILE* out) {
                "                     [--dump-logits FILE] [--no-pdl] [--no-pdl-trigger] [--[no-]pdl-chain-release] [--gemm-prefetch]\n"
                "                     [--[no-]gemm-early-weights] [--[no-]attention-early-kv] [--no-gptq-evict-first] [--gptq-kernel auto|fused|stream|bulk|wgmma] [--no-gptq-cluster-reduce] [--no-gptq-fuse-silu-mul]\n"
                "                     [--skinny-max-m N] [--gptq-fused-max-m N] [--gptq-ctas-per-sm N] [--pipeline]\n"
-               "                     [--gptq-row-sq-norms] [--no-gptq-fuse-residual-add]\n"
+               "                     [--gptq-row-sq-norms] [--no-gptq-fuse-residual-add] [--help]\n"
                "presets:");
   for (const std::string& name : preset_names()) std::fprintf(out, " %s", name.c_str());
   std::fprintf(out, "\n");
 }
 
-// --help: usage, then what the everyday flags do and their defaults. The
-// launch switches are A/B knobs for CudaBackendConfig (the tokens and
-// logits do not change); each is explained at the top of this file.
+// --help: usage, then what the everyday flags do and their defaults (read
+// from Options, so they cannot drift). The other flags are launch and
+// kernel switches for A/B runs, each explained at the top of this file.
 void help(std::FILE* out) {
+  const Options defaults{};
   usage(out);
   std::fprintf(out,
                "\n"
@@ -251,19 +252,23 @@ void help(std::FILE* out) {
                "  --random NAME        seeded random weights for a preset (above)\n"
                "  --prompt-tokens IDS  comma-separated token ids, ';' between prompts of a batch (default \"1\";\n"
                "                       there is no tokenizer)\n"
-               "  --steps N            tokens to generate per sequence (default 16)\n"
+               "  --steps N            tokens to generate per sequence (default %zu)\n"
                "  --batch N            sequences decoded together (default: one per prompt)\n"
                "  --dtype f16|bf16     activation and weight dtype (default: the preset's or the checkpoint's)\n"
                "  --quant gptq         a --random preset with GPTQ INT4 projections (group 128)\n"
-               "  --seed N             the --random weights' seed\n"
+               "  --seed N             the --random weights' seed (default %llu)\n"
                "  --cpu                CpuBackend even when a GPU is present (default: the GPU when one can\n"
                "                       run the model, else the CPU)\n"
                "  --eager | --graph    decode steps launched one by one (default), or each replayed from one\n"
                "                       captured CUDA graph\n"
                "  --pipeline           one sequence, tokens fed back on the device (no read between steps)\n"
                "  --dump-logits FILE   every step's logits as raw f32, one row per step and sequence\n"
-               "  the other flags      CudaBackendConfig launch switches for A/B timing; the same tokens and\n"
-               "                       logits (apps/engine/main.cpp explains each)\n");
+               "  the other flags      launch and kernel switches for A/B runs (CudaBackendConfig, and\n"
+               "                       --gptq-row-sq-norms a decoder option): most leave the tokens and logits\n"
+               "                       bit-identical; --gptq-kernel, --gptq-fused-max-m, --gptq-ctas-per-sm and\n"
+               "                       --gptq-row-sq-norms may round differently (apps/engine/main.cpp explains\n"
+               "                       each)\n",
+               defaults.steps, static_cast<unsigned long long>(defaults.seed));
 }
 
 std::size_t parse_count(const std::string& flag, const std::string& text) {
@@ -469,58 +474,49 @@ std::unique_ptr<Backend> choose_backend(const Options& opt, const ModelConfig& m
   if (opt.force_cpu) {
     backend = std::make_unique<CpuBackend>();
   } else {
-    if (cuda_device_count() > 0) {  // the options' defaults are CudaBackendConfig's, but for the promise
-      CudaBackendConfig config;
-      config.programmatic_dependent_launch = !opt.no_pdl;
-      config.pdl_early_trigger = opt.pdl_trigger;
-      // A GPTQ model decoding one sequence from a graph: its GEMM -> norm ->
-      // GEMM chains released ahead, the streaming splits planned for 3 CTAs
-      // per SM so the next GEMM's early CTAs find room (llama3-8b GPTQ graph
-      // decode 458-468 -> 473-477 tok/s, session 24; either alone gains
-      // nothing). Only with the promise (without it the early CTAs have
-      // nothing to do); elsewhere (dense weights, batch decoding, eager
-      // steps) the library's defaults: not measured with them.
-      const bool gptq_graph_single = gptq && !batch && opt.graph && opt.gemm_early_weights;
-      config.pdl_chain_release = opt.pdl_chain_release.value_or(gptq_graph_single);
-      config.gemm_prefetch_before_wait = opt.gemm_prefetch;
-      config.gemm_weights_before_wait = opt.gemm_early_weights;
-      // A dense model decoding one sequence from a graph: the append releases
-      // the attention early and the attention requests its older K / V rows
-      // before its wait (qwen3-0.6b f16 graph +1.5 %, llama3-8b f16 +0.6 %,
-      // session 66; GPTQ within its noise, -1.4 to +1.8 %, so off there, as
-      // in eager and batch steps, which were not measured).
-      config.attention_kv_before_wait = opt.attention_early_kv.value_or(!gptq && !batch && opt.graph);
-      config.gptq_weights_evict_first = opt.gptq_evict_first;
-      config.gptq_kernel = opt.gptq_kernel;
-      config.gptq_cluster_reduce = opt.gptq_cluster_reduce;
-      config.gptq_fuse_silu_mul = opt.gptq_fuse_silu_mul;
-      config.gptq_fuse_residual_add = opt.gptq_fuse_residual_add;
-      config.gptq_fused_max_m = opt.gptq_fused_max_m;
-      config.gptq_stream_ctas_per_sm = opt.gptq_ctas_per_sm.value_or(gptq_graph_single ? kEngineGptqCtasPerSm : 0);
-      config.gemm_skinny_max_m = opt.skinny_max_m;
-      try {
-        backend = std::make_unique<CudaBackend>(config);
-      } catch (const Error& e) {
-        // Unsupported: the GPU cannot run this build's kernels (e.g. older
-        // than sm_90 under the default 90a build), as make_default_backend
-        // treats it; anything else is an error to see.
-        if (e.code() != ErrorCode::Unsupported) throw;
-        std::printf("ferrum_engine: the GPU cannot run this build (%s); running on the CPU backend\n", e.what());
-      }
-      if (backend != nullptr) {
-        std::printf("ferrum_engine: attention launches: attention_kv_before_wait %s\n",
-                    config.attention_kv_before_wait ? "on" : "off");
-        if (gptq) {  // the chain release needs PDL (the runtime drops it without)
-          const bool chain = config.pdl_chain_release && config.programmatic_dependent_launch;
-          std::printf("ferrum_engine: GPTQ launches: pdl_chain_release %s, gptq_stream_ctas_per_sm %d\n",
-                      chain ? "on" : config.pdl_chain_release ? "off (no PDL)" : "off",
-                      config.gptq_stream_ctas_per_sm);
-        }
+    CudaBackendConfig config;
+    config.programmatic_dependent_launch = !opt.no_pdl;
+    config.pdl_early_trigger = opt.pdl_trigger;
+    // A GPTQ model decoding one sequence from a graph: its GEMM -> norm ->
+    // GEMM chains released ahead, the streaming splits planned for 3 CTAs
+    // per SM so the next GEMM's early CTAs find room (llama3-8b GPTQ graph
+    // decode 458-468 -> 473-477 tok/s, session 24; either alone gains
+    // nothing). Only with the promise (without it the early CTAs have
+    // nothing to do); elsewhere (dense weights, batch decoding, eager
+    // steps) the library's defaults: not measured with them.
+    const bool gptq_graph_single = gptq && !batch && opt.graph && opt.gemm_early_weights;
+    config.pdl_chain_release = opt.pdl_chain_release.value_or(gptq_graph_single);
+    config.gemm_prefetch_before_wait = opt.gemm_prefetch;
+    config.gemm_weights_before_wait = opt.gemm_early_weights;
+    // A dense model decoding one sequence from a graph: the append releases
+    // the attention early and the attention requests its older K / V rows
+    // before its wait (qwen3-0.6b f16 graph +1.5 %, llama3-8b f16 +0.6 %,
+    // session 66; GPTQ within its noise, -1.4 to +1.8 %, so off there, as
+    // in eager and batch steps, which were not measured).
+    config.attention_kv_before_wait = opt.attention_early_kv.value_or(!gptq && !batch && opt.graph);
+    config.gptq_weights_evict_first = opt.gptq_evict_first;
+    config.gptq_kernel = opt.gptq_kernel;
+    config.gptq_cluster_reduce = opt.gptq_cluster_reduce;
+    config.gptq_fuse_silu_mul = opt.gptq_fuse_silu_mul;
+    config.gptq_fuse_residual_add = opt.gptq_fuse_residual_add;
+    config.gptq_fused_max_m = opt.gptq_fused_max_m;
+    config.gptq_stream_ctas_per_sm = opt.gptq_ctas_per_sm.value_or(gptq_graph_single ? kEngineGptqCtasPerSm : 0);
+    config.gemm_skinny_max_m = opt.skinny_max_m;
+    // The GPU when one is visible and this build's kernels run on it, else
+    // the CPU, saying why (the library's rule: make_default_backend).
+    std::string why;
+    backend = make_default_backend(config, &why);
+    if (backend->kind() == BackendKind::Cuda) {
+      std::printf("ferrum_engine: attention launches: attention_kv_before_wait %s\n",
+                  config.attention_kv_before_wait ? "on" : "off");
+      if (gptq) {  // the chain release needs PDL (the runtime drops it without)
+        const bool chain = config.pdl_chain_release && config.programmatic_dependent_launch;
+        std::printf("ferrum_engine: GPTQ launches: pdl_chain_release %s, gptq_stream_ctas_per_sm %d\n",
+                    chain ? "on" : config.pdl_chain_release ? "off (no PDL)" : "off", config.gptq_stream_ctas_per_sm);
       }
     } else {
-      std::printf("ferrum_engine: no CUDA device visible; running on the CPU backend\n");
+      std::printf("ferrum_engine: %s; running on the CPU backend\n", why.c_str());
     }
-    if (backend == nullptr) backend = std::make_unique<CpuBackend>();
     const std::vector<Op> missing = missing_ops(*backend, DecodeMode::Eager, gptq, batch);
     if (!missing.empty()) {
       std::printf("ferrum_engine: the %s backend lacks %s; falling back to the CPU backend\n",

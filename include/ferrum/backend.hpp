@@ -264,9 +264,11 @@ class Backend {
   // kernel found (ErrorCode::DeviceCheck). Not allowed during capture.
   // download and read_bytes, which wait too, report such values the same
   // way (after the copy, whose bytes may be what the bad value left), so an
-  // engine reading its tokens or logits learns of them there. Each value is
-  // reported once, by whichever of the three comes first; the log is the
-  // device's, shared by the backends on it.
+  // engine reading its tokens or logits learns of them there; a read that
+  // copies nothing (count 0, 0 bytes, or a host buffer read into its own
+  // bytes) neither waits nor reports. Each value is reported once, by
+  // whichever comes first; the log is the device's, shared by the backends
+  // on it.
   virtual void synchronize() = 0;
 
   // ── Buffers (setup-time: these may allocate and synchronize) ──────────
@@ -331,7 +333,7 @@ class Backend {
   // and capture-safe; the token is not range-checked here (the next step's
   // embedding_lookup does that). A pos + 1 outside token_log changes
   // nothing: CpuBackend throws CapacityExceeded, CudaBackend raises a device
-  // error that synchronize() throws as DeviceCheck. token_log holds at least
+  // error reported as DeviceCheck (see synchronize()). token_log holds at least
   // 2 elements (ShapeMismatch otherwise).
   void advance_decode_state(const Buffer& next_token /*[1] i32*/, Buffer& token_log /*[positions] i32*/);
   // In device-state mode, single-token embedding_lookup, qk_norm_rope,
@@ -411,8 +413,8 @@ class Backend {
   // out[t, :] = table[ids[t], :]; ids is i32 in [0, vocab). In device-state
   // mode with tokens == 1 the id comes from the decode state and `ids` is
   // not read. An id outside [0, vocab) throws InvalidArgument on
-  // CpuBackend; on CudaBackend the kernel writes a zero row and
-  // synchronize() throws DeviceCheck.
+  // CpuBackend; on CudaBackend the kernel writes a zero row and it is
+  // reported as DeviceCheck (see synchronize()).
   void embedding_lookup(const Buffer& table /*[vocab, dim]*/, const Buffer& ids /*[tokens] i32*/,
                         Buffer& out /*[tokens, dim]*/, std::size_t tokens, std::size_t dim, std::size_t vocab);
   // qkv[t] = [q | k | v] -> q[t], k[t], v[t]
@@ -429,7 +431,7 @@ class Backend {
   // decode state's pos. Host positions pos_offset .. pos_offset + tokens - 1
   // past max_pos throw CapacityExceeded; a decode-state pos past it throws
   // CapacityExceeded on CpuBackend, and on CudaBackend that row is left
-  // unwritten and synchronize() throws DeviceCheck.
+  // unwritten and it is reported as DeviceCheck (see synchronize()).
   void qk_norm_rope(const Buffer& input /*[tokens, heads, head_dim]*/,
                     const Buffer* norm_w /*[head_dim]; null in RopeOnly mode*/,
                     const Buffer& cos /*[max_pos, head_dim/2] f32*/,
@@ -441,7 +443,8 @@ class Backend {
   // mode with new_tokens == 1, cache_len is the decode state's pos.
   // cache_len + new_tokens past capacity throws CapacityExceeded; a
   // decode-state pos past it throws CapacityExceeded on CpuBackend, and on
-  // CudaBackend nothing is written and synchronize() throws DeviceCheck.
+  // CudaBackend nothing is written and it is reported as DeviceCheck (see
+  // synchronize()).
   void kv_cache_append_head_major(Buffer& cache_k /*[nkv, capacity, hd]*/,
                                   Buffer& cache_v /*[nkv, capacity, hd]*/, std::size_t cache_len,
                                   std::size_t capacity, const Buffer& new_k /*[nkv, new_tokens, hd]*/,
@@ -474,8 +477,8 @@ class Backend {
   // Row b is bitwise what qkv_rope_append writes for one token at
   // pos_offset = positions[b] into sequence b's views. A position outside
   // [0, min(cfg.capacity, cfg.max_pos)) refuses the whole op (nothing
-  // written): thrown (CPU, CapacityExceeded) or reported at synchronize()
-  // (CUDA, DeviceCheck).
+  // written): thrown (CPU, CapacityExceeded) or reported as DeviceCheck
+  // (CUDA; see synchronize()).
   void qkv_rope_append_ragged(const Buffer& qkv /*[batch, (heads + 2 kv_heads) * head_dim]*/,
                               const Buffer* q_norm /*[head_dim]*/, const Buffer* k_norm /*[head_dim]*/,
                               const Buffer& cos /*[max_pos, head_dim/2] f32*/,
@@ -501,8 +504,8 @@ class Backend {
   // pos_offset .. pos_offset + q_len - 1 need pos_offset + q_len <= kv_len
   // (InvalidArgument); device-state decode without cfg.kv_seq_stride is
   // InvalidArgument; a device-state kv_len outside [1, kv_seq_stride] is
-  // thrown (CPU, CapacityExceeded) or reported at synchronize() (CUDA,
-  // DeviceCheck, zeros written); on CUDA a decode whose split-K scratch
+  // thrown (CPU, CapacityExceeded) or reported as DeviceCheck (CUDA, zeros
+  // written; see synchronize()); on CUDA a decode whose split-K scratch
   // exceeds CudaBackendConfig::attention_workspace_bytes is
   // CapacityExceeded (attention_decode_workspace_bytes sizes it).
   void flash_attention(const Buffer& q /*[batch, num_heads, q_len, head_dim]*/,
@@ -516,7 +519,7 @@ class Backend {
   // is read on the device (I32), so one captured graph serves every step.
   // cfg.kv_seq_stride is the cache capacity and is required; cfg.causal does
   // not matter (the query is the newest position). A kv_lens[b] outside
-  // [1, capacity] is reported at synchronize() (CUDA, DeviceCheck) or
+  // [1, capacity] is reported as DeviceCheck (CUDA; see synchronize()) or
   // thrown (CPU, CapacityExceeded).
   void flash_decode_ragged(const Buffer& q /*[batch, num_heads, head_dim]*/,
                            const Buffer& k /*[batch, num_kv_heads, kv_seq_stride, head_dim]*/,
@@ -757,8 +760,13 @@ int cuda_device_count() noexcept;
 
 // CudaBackend on device 0 when a GPU is present that this build's kernels
 // run on, else CpuBackend (no GPU, or CudaBackend's constructor refusing
-// device 0 as Unsupported: construct CudaBackend directly to see why).
-// Other errors of CudaBackend's constructor (the driver, memory) throw.
+// device 0 as Unsupported). Other errors of CudaBackend's constructor (the
+// driver, memory) throw.
 std::unique_ptr<Backend> make_default_backend();
+// The same with CudaBackend built from `config`; when it returns CpuBackend,
+// *why (if given) says why: no CUDA device visible, or the Unsupported
+// error's message.
+struct CudaBackendConfig;
+std::unique_ptr<Backend> make_default_backend(const CudaBackendConfig& config, std::string* why = nullptr);
 
 }  // namespace ferrum

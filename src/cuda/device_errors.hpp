@@ -1,4 +1,4 @@
-// What synchronize() says about the bad device-side values kernels reported
+// What synchronize(), download and read_bytes say about the bad device-side values kernels reported
 // (kernels::DeviceErrorLog). Private to src/; host code only, so the CPU
 // tests check the messages.
 #pragma once

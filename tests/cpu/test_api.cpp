@@ -421,6 +421,17 @@ TEST(CpuSupports, ExactlyTheDocumentedSet) {
 TEST(DefaultBackend, FollowsDeviceCount) {
   const std::unique_ptr<Backend> be = make_default_backend();
   ASSERT_NE(be, nullptr);
+  // The overload with a config says why it chose the CPU, and only then.
+  std::string why = "untouched";
+  const std::unique_ptr<Backend> configured = make_default_backend(CudaBackendConfig{}, &why);
+  ASSERT_NE(configured, nullptr);
+  EXPECT_EQ(configured->kind(), be->kind());
+  if (be->kind() == BackendKind::Cuda) {
+    EXPECT_EQ(why, "untouched");
+  } else {
+    EXPECT_NE(why, "untouched");
+    if (cuda_device_count() == 0) EXPECT_EQ(why, "no CUDA device visible");
+  }
   if (cuda_device_count() == 0) {
     EXPECT_EQ(be->kind(), BackendKind::Cpu);
     return;

@@ -234,7 +234,7 @@ TEST_P(QkvRopeAppendRagged, BitwiseEqualsOneAppendPerSequence) {
 FERRUM_INSTANTIATE_ON_ALL_BACKENDS(QkvRopeAppendRagged);
 
 // CpuBackend refuses a position past the caches or the tables, or negative,
-// before writing anything (CudaBackend reports it at synchronize:
+// before writing anything (CudaBackend reports it as DeviceCheck:
 // tests/gpu/test_ops_cuda.cpp); with the tables ending first and with the
 // caches ending first. Ragged: positions[1] of three sequences; else the
 // decode-state position of a one-token qkv_rope_append.

@@ -5,7 +5,8 @@
 // their buffers (2-byte aligned, never 16-byte aligned), so vectorized paths
 // must fall back. Device-state variants set the same decode state on both
 // backends. Bad device-side values must surface as DeviceCheck at
-// synchronize(), and the backend must keep working afterwards.
+// synchronize() (or a download / read_bytes before it), and the backend
+// must keep working afterwards.
 //
 // Skipped (GTEST_SKIP) when no CUDA device is visible.
 #include <cuda_runtime_api.h>
@@ -292,7 +293,7 @@ TEST_P(CudaDeviceState, FlashAttentionDecode) {
 
 INSTANTIATE_TEST_SUITE_P(DTypes, CudaDeviceState, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
 
-// ── Bad device-side values: DeviceCheck at synchronize(), then business as usual ──
+// ── Bad device-side values: DeviceCheck at synchronize() or a read, then business as usual ──
 
 class CudaDeviceCheck : public CudaTest {
  protected:
@@ -421,8 +422,9 @@ TEST_F(CudaDeviceCheck, OutOfRangeIdInBuffer) {
 
 // A read of results waits for the device too, so download and read_bytes
 // report a bad device-side value there, naming themselves and the kernel's
-// clause, after their copy (read_bytes' host bytes hold the zero row);
-// the value is then reported no more, and the backend works on.
+// clause, after their copy (read_bytes' host bytes hold the zero row); a
+// read of nothing does not; the value is then reported no more, and the
+// backend works on.
 TEST_F(CudaDeviceCheck, ReadsReportBadValuesTheyWaitedFor) {
   FERRUM_SEEDED_RNG(rng);
   const auto c = make_embedding_case(rng, DType::F16, 3, 64, kEmbeddingVocab);
@@ -438,6 +440,7 @@ TEST_F(CudaDeviceCheck, ReadsReportBadValuesTheyWaitedFor) {
     EXPECT_NO_THROW(cuda().embedding_lookup(table.view(), ids.view(), out.view(), 3, 64, kEmbeddingVocab));
     std::vector<std::uint16_t> host(3 * 64, 0xffffu);
     if (by_download) {
+      EXPECT_NO_THROW((void)cuda().download(out.view(), 0)) << "a read of nothing neither waits nor reports";
       expect_error(ErrorCode::DeviceCheck, "download", [&] { (void)cuda().download(out.view()); }, clause);
     } else {
       expect_error(ErrorCode::DeviceCheck, "read_bytes",
