@@ -5,7 +5,8 @@
 #                                binary and racecheck over the kernels that
 #                                use shared memory
 #   scripts/gpu_suite.sh bench   build, ferrum_bench, torch's reference
-#                                figures in the same call, one comparison table
+#                                figures in the same call, one comparison table,
+#                                and how long each side ran at the power cap
 #   scripts/gpu_suite.sh all     both (needs about 12 minutes)
 #   scripts/gpu_suite.sh nccl    on a machine with 2+ GPUs: the NCCL tests and
 #                                ferrum_bench_nccl (bus bandwidth vs raw NCCL)
@@ -716,13 +717,31 @@ if has_mode gptq || has_mode gptqbench; then
   } 2>&1 | tee -a "$LOG"
 fi
 
+# Microseconds the driver has held the GPU at its power cap since it started
+# (nvidia-smi's "SW Power Capping" counter; 0 where it cannot say).
+power_capped_us() {
+  local us
+  us=$(nvidia-smi -q -d PERFORMANCE 2>/dev/null | awk -F: '/SW Power Capping/ {gsub(/[^0-9]/, "", $2); print $2; exit}')
+  echo "${us:-0}"
+}
+
 if has_mode bench; then
   {
     echo "== benchmark ($(date +%T))"
+    # A sustained prefill holds an H100 at its 700 W cap (session 72,
+    # docs/design/prefill_attention.md §5): say how long each side spent
+    # capped, with the SM clock and power sampled every 100 ms beside them.
+    nvidia-smi --query-gpu=timestamp,power.draw,clocks.sm --format=csv,noheader -lms 100 > "$OUT/bench_smi.csv" 2>/dev/null &
+    smi_pid=$!
+    cap0=$(power_capped_us)
     timeout 200 $B/bench/ferrum_bench $QUICK "${BF[@]}" --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
     echo "ferrum_bench exit $?"
+    cap1=$(power_capped_us)
     timeout 240 python3 bench/torch_reference.py $QUICK "${BF[@]}" --compile large --json "$OUT/torch.json" >> "$OUT/bench.log" 2>&1
     echo "torch_reference exit $?"
+    cap2=$(power_capped_us)
+    kill "$smi_pid" 2>/dev/null
+    echo "power capped: $(( (cap1 - cap0) / 1000 )) ms during ferrum_bench, $(( (cap2 - cap1) / 1000 )) ms during torch_reference (clocks: bench_smi.csv)"
     python3 bench/compare.py "$OUT/bench.json" "$OUT/torch.json" --markdown-out "$OUT/compare.md" | tail -n 3
     # GEMM against torch.matmul interleaved in one process (the 3 % verdict).
     if [ "${SKIP_GEMM_INTERLEAVED:-0}" != 1 ]; then
