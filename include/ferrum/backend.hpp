@@ -304,6 +304,8 @@ class Backend {
   // a bad device-side value as synchronize() does: DeviceCheck).
   std::vector<float> download(const Buffer& src, std::size_t count);
   std::vector<float> download(const Buffer& src) { return download(src, src.numel()); }
+  // Reads raw bytes (dst's element format), synchronizing and reporting as
+  // download does.
   void read_bytes(const Buffer& src, void* host, std::size_t bytes, std::size_t src_byte_offset = 0);
 
   // dst[dst_offset .. +len) = src[src_offset .. +len); same dtype. Capture-safe.
