@@ -304,7 +304,7 @@ class Backend {
   // a bad device-side value as synchronize() does: DeviceCheck).
   std::vector<float> download(const Buffer& src, std::size_t count);
   std::vector<float> download(const Buffer& src) { return download(src, src.numel()); }
-  // Reads raw bytes (dst's element format), synchronizing and reporting as
+  // Reads raw bytes (in src's element format), synchronizing and reporting as
   // download does.
   void read_bytes(const Buffer& src, void* host, std::size_t bytes, std::size_t src_byte_offset = 0);
 
