@@ -666,7 +666,8 @@ TEST_F(CudaGptq, BadInput) {
 // silu·mul in the streaming kernel's epilogue where that kernel takes the
 // launch with its bulk source, m <= 8 and one split, and gemm_gptq + the
 // pairs kernel elsewhere; a backend with the switch off always runs the
-// latter. act must be the same bits either way, and the fusing backend's
+// latter. act must be the same bits either way (and gate_up and act within
+// the GEMM tolerance of CpuBackend's), and the fusing backend's
 // gate_up keeps its poison exactly where the plan says the epilogue ran (the
 // proof that it ran). Weights with and without zeros, groups of 128 / 32 /
 // 64, k with a short last chunk (416), n not a multiple of 64 (400: the
@@ -711,6 +712,7 @@ TEST_F(CudaGptqSiluMul, EpilogueEqualsGemmThenPairs) {
     const Checkpoint ck = make_checkpoint(c, rng);
     const std::unique_ptr<QuantWeight> w_fusing = cuda().load_gptq(ck.tensors());
     const std::unique_ptr<QuantWeight> w_unfused = unfused_->load_gptq(ck.tensors());
+    const std::unique_ptr<QuantWeight> w_cpu = cpu().load_gptq(ck.tensors());
     const std::size_t im = c.n / 2;
     for (std::size_t m : {1, 2, 5, 8, 9, 16}) {
       const std::vector<float> a = uniform_values(rng, m * c.k, -1.0f, 1.0f);
@@ -741,6 +743,17 @@ TEST_F(CudaGptqSiluMul, EpilogueEqualsGemmThenPairs) {
         fused_runs += fused ? 1 : 0;
         EXPECT_TRUE(same_floats(gate_up.values(), fused ? gate_up_poison.values : want_gate_up))
             << (fused ? "the epilogue must not write gate_up" : "the unfused path writes gate_up");
+
+        // Against the CPU reference (dequantize, then matmul; act-order rows
+        // permuted at load), each within the k-term GEMM tolerance, as
+        // CudaGptqRowSq compares rms_norm_gemm_silu_mul_gptq's act.
+        Buffer a_cpu = cpu().upload(a, dt);
+        GuardedOutput gate_up_cpu(cpu(), gate_up_poison), act_cpu(cpu(), dt, m * im);
+        cpu().gemm_silu_mul_gptq(a_cpu, *w_cpu, gate_up_cpu.view(), act_cpu.view(), m);
+        EXPECT_TRUE(gate_up_cpu.check_guard("gemm_silu_mul_gptq (CPU)", "gate_up", where));
+        EXPECT_TRUE(act_cpu.check_guard("gemm_silu_mul_gptq (CPU)", "act", where));
+        EXPECT_TRUE(all_close(want_gate_up, gate_up_cpu.values(), dt, op_scale::gemm(c.k))) << "gate_up against the CPU";
+        EXPECT_TRUE(all_close(want_act, act_cpu.values(), dt, op_scale::gemm(c.k))) << "act against the CPU";
       }
     }
   }
