@@ -13,8 +13,9 @@
 // (3) A TP=2 MLP block: column-parallel [gate|up] (each rank holds its half
 //     of the gate rows and of the up rows), fused_silu_mul_split, row-parallel
 //     down (its half of the columns), all_reduce(Sum) equals the TP=1 block
-//     on CpuBackend within the f16 tolerance (gemm scale over the
-//     intermediate size); every intermediate starts as NaN.
+//     on CpuBackend within the dtype's tolerance (gemm scale over the
+//     intermediate size), f16 and bf16; every intermediate starts poisoned,
+//     with sentinels past its end.
 // (4) A CUDA graph holding copy_slice + add_inplace + all_reduce, captured on
 //     each rank's backend in its own thread and replayed 100 times with fresh
 //     inputs written between replays, every result checked exactly; a held
@@ -40,6 +41,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gpu/nccl_checks.hpp"
@@ -236,59 +238,67 @@ TEST_F(NcclTest, PeerGoneIsAnErrorNotAHang) {
 
 TEST_F(NcclTest, TensorParallelMlpMatchesCpuBackend) {
   FERRUM_SEEDED_RNG(rng);
-  constexpr DType dt = DType::F16;
   constexpr std::size_t T = 7, H = 256, I = 512, Ih = I / 2;
-  const HostTensor x = random_uniform(rng, dt, T * H);
-  const HostTensor gate_up = random_uniform(rng, dt, 2 * I * H, -0.1f, 0.1f);  // [2I, H] = [gate | up]
-  const HostTensor down = random_uniform(rng, dt, H * I, -0.1f, 0.1f);          // [H, I]
-
-  // TP=1 on CpuBackend (fp32 accumulation), the full weights: the reference.
-  std::vector<float> ref;
-  {
-    CpuBackend one;
-    Buffer xb = one.upload(x.values, dt), gu = one.upload(gate_up.values, dt), dn = one.upload(down.values, dt);
-    Buffer gu_out = one.alloc(dt, T * 2 * I), act = one.alloc(dt, T * I), out = one.alloc(dt, T * H);
-    one.gemm(xb, gu, gu_out, T, 2 * I, H);
-    one.fused_silu_mul_split(gu_out, act, T, I);
-    one.gemm(act, dn, out, T, H, I);
-    ref = one.download(out, T * H);
-  }
-  // TP=2: rank r holds gate rows and up rows [r*Ih, (r+1)*Ih) as its own
-  // [gate_half | up_half] block, and down columns [r*Ih, (r+1)*Ih).
-  std::array<std::vector<float>, 2> gate_up_half, down_half;
-  for (std::size_t r = 0; r < 2; ++r) {
-    for (std::size_t part = 0; part < 2; ++part) {  // gate, then up
-      const std::size_t row0 = part * I + r * Ih;
-      gate_up_half[r].insert(gate_up_half[r].end(), gate_up.values.begin() + static_cast<std::ptrdiff_t>(row0 * H),
-                             gate_up.values.begin() + static_cast<std::ptrdiff_t>((row0 + Ih) * H));
-    }
-    for (std::size_t h = 0; h < H; ++h) {
-      const auto row = down.values.begin() + static_cast<std::ptrdiff_t>(h * I + r * Ih);
-      down_half[r].insert(down_half[r].end(), row, row + static_cast<std::ptrdiff_t>(Ih));
-    }
-  }
   TwoRanks ranks;
-  std::array<std::vector<float>, 2> got;
-  expect_no_failures(on_both_ranks(ranks, [&](std::size_t r, CudaBackend& be, std::vector<std::string>&) {
-    Buffer xb = be.upload(x.values, dt), gu = be.upload(gate_up_half[r], dt), dn = be.upload(down_half[r], dt);
-    // Every intermediate and the output poisoned with NaN: an element a step
-    // leaves unwritten shows in the result.
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    Buffer gu_out = be.upload(std::vector<float>(T * I, nan), dt), act = be.upload(std::vector<float>(T * Ih, nan), dt),
-           out = be.upload(std::vector<float>(T * H, nan), dt);
-    be.gemm(xb, gu, gu_out, T, I, H);            // [T, Ih gate | Ih up]
-    be.fused_silu_mul_split(gu_out, act, T, Ih);  // [T, Ih]
-    be.gemm(act, dn, out, T, H, Ih);              // partial [T, H]
-    be.all_reduce(out, T * H, ReduceOp::Sum);
-    be.synchronize();
-    got[r] = be.download(out, T * H);
-  }));
-  for (std::size_t r = 0; r < 2; ++r) {
-    SCOPED_TRACE(cat("rank ", r));
-    ASSERT_EQ(got[r].size(), ref.size());
-    EXPECT_TRUE(all_close(got[r], ref, dt, op_scale::gemm(I)));
+  for (DType dt : kHalfDTypes) {
+    SCOPED_TRACE(to_string(dt));
+    const HostTensor x = random_uniform(rng, dt, T * H);
+    const HostTensor gate_up = random_uniform(rng, dt, 2 * I * H, -0.1f, 0.1f);  // [2I, H] = [gate | up]
+    const HostTensor down = random_uniform(rng, dt, H * I, -0.1f, 0.1f);          // [H, I]
+
+    // TP=1 on CpuBackend (fp32 accumulation), the full weights: the reference.
+    std::vector<float> ref;
+    {
+      CpuBackend one;
+      Buffer xb = one.upload(x.values, dt), gu = one.upload(gate_up.values, dt), dn = one.upload(down.values, dt);
+      Buffer gu_out = one.alloc(dt, T * 2 * I), act = one.alloc(dt, T * I), out = one.alloc(dt, T * H);
+      one.gemm(xb, gu, gu_out, T, 2 * I, H);
+      one.fused_silu_mul_split(gu_out, act, T, I);
+      one.gemm(act, dn, out, T, H, I);
+      ref = one.download(out, T * H);
+    }
+    // TP=2: rank r holds gate rows and up rows [r*Ih, (r+1)*Ih) as its own
+    // [gate_half | up_half] block, and down columns [r*Ih, (r+1)*Ih).
+    std::array<std::vector<float>, 2> gate_up_half, down_half;
+    for (std::size_t r = 0; r < 2; ++r) {
+      for (std::size_t part = 0; part < 2; ++part) {  // gate, then up
+        const std::size_t row0 = part * I + r * Ih;
+        gate_up_half[r].insert(gate_up_half[r].end(), gate_up.values.begin() + static_cast<std::ptrdiff_t>(row0 * H),
+                               gate_up.values.begin() + static_cast<std::ptrdiff_t>((row0 + Ih) * H));
+      }
+      for (std::size_t h = 0; h < H; ++h) {
+        const auto row = down.values.begin() + static_cast<std::ptrdiff_t>(h * I + r * Ih);
+        down_half[r].insert(down_half[r].end(), row, row + static_cast<std::ptrdiff_t>(Ih));
+      }
+    }
+    std::array<std::vector<float>, 2> got;
+    expect_no_failures(on_both_ranks(ranks, [&](std::size_t r, CudaBackend& be, std::vector<std::string>& failures) {
+      Buffer xb = be.upload(x.values, dt), gu = be.upload(gate_up_half[r], dt), dn = be.upload(down_half[r], dt);
+      // Every intermediate and the output poisoned, with sentinels past
+      // their ends: an element a step leaves unwritten shows in the result,
+      // and one written past the end in the guard.
+      GuardedOutput gu_out(be, dt, T * I), act(be, dt, T * Ih), out(be, dt, T * H);
+      be.gemm(xb, gu, gu_out.view(), T, I, H);                  // [T, Ih gate | Ih up]
+      be.fused_silu_mul_split(gu_out.view(), act.view(), T, Ih);  // [T, Ih]
+      be.gemm(act.view(), dn, out.view(), T, H, Ih);             // partial [T, H]
+      be.all_reduce(out.view(), T * H, ReduceOp::Sum);
+      be.synchronize();
+      const std::string where = cat("rank ", r, " ", to_string(dt));
+      for (const auto& [output, op, name] : {std::tuple{&gu_out, "gemm", "gate_up"},
+                                             std::tuple{&act, "fused_silu_mul_split", "act"},
+                                             std::tuple{&out, "gemm + all_reduce", "out"}}) {
+        const ::testing::AssertionResult guard = output->check_guard(op, name, where);
+        if (!guard) failures.push_back(guard.message());
+      }
+      got[r] = out.values();
+    }));
+    for (std::size_t r = 0; r < 2; ++r) {
+      SCOPED_TRACE(cat("rank ", r));
+      ASSERT_EQ(got[r].size(), ref.size());
+      EXPECT_TRUE(all_close(got[r], ref, dt, op_scale::gemm(I)));
+    }
+    EXPECT_EQ(got[0], got[1]) << "the ranks' all_reduce results differ";
   }
-  EXPECT_EQ(got[0], got[1]) << "the ranks' all_reduce results differ";
 }
 
 // ── (4) a collective inside a CUDA graph ─────────────────────────────────────
