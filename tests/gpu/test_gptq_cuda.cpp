@@ -666,8 +666,9 @@ TEST_F(CudaGptq, BadInput) {
 // silu·mul in the streaming kernel's epilogue where that kernel takes the
 // launch with its bulk source, m <= 8 and one split, and gemm_gptq + the
 // pairs kernel elsewhere; a backend with the switch off always runs the
-// latter. act must be the same bits either way (and gate_up and act within
-// the GEMM tolerance of CpuBackend's), and the fusing backend's
+// latter. act must be the same bits either way (gate_up within the GEMM
+// tolerance of CpuBackend's, act within SiLU·mul's of the CPU's on that
+// gate_up), and the fusing backend's
 // gate_up keeps its poison exactly where the plan says the epilogue ran (the
 // proof that it ran). Weights with and without zeros, groups of 128 / 32 /
 // 64, k with a short last chunk (416), n not a multiple of 64 (400: the
@@ -744,16 +745,26 @@ TEST_F(CudaGptqSiluMul, EpilogueEqualsGemmThenPairs) {
         EXPECT_TRUE(same_floats(gate_up.values(), fused ? gate_up_poison.values : want_gate_up))
             << (fused ? "the epilogue must not write gate_up" : "the unfused path writes gate_up");
 
-        // Against the CPU reference (dequantize, then matmul; act-order rows
-        // permuted at load), each within the k-term GEMM tolerance, as
-        // CudaGptqRowSq compares rms_norm_gemm_silu_mul_gptq's act.
-        Buffer a_cpu = cpu().upload(a, dt);
-        GuardedOutput gate_up_cpu(cpu(), gate_up_poison), act_cpu(cpu(), dt, m * im);
-        cpu().gemm_silu_mul_gptq(a_cpu, *w_cpu, gate_up_cpu.view(), act_cpu.view(), m);
-        EXPECT_TRUE(gate_up_cpu.check_guard("gemm_silu_mul_gptq (CPU)", "gate_up", where));
-        EXPECT_TRUE(act_cpu.check_guard("gemm_silu_mul_gptq (CPU)", "act", where));
-        EXPECT_TRUE(all_close(want_gate_up, gate_up_cpu.values(), dt, op_scale::gemm(c.k))) << "gate_up against the CPU";
-        EXPECT_TRUE(all_close(want_act, act_cpu.values(), dt, op_scale::gemm(c.k))) << "act against the CPU";
+        // Against CpuBackend, a stage at a time: the GEMM (dequantize, then
+        // matmul; act-order rows permuted at load) within its k-term
+        // tolerance, and SiLU·mul on the GPU's own gate_up, de-interleaved
+        // into fused_silu_mul_split's [gate | up]. (Two independently
+        // rounded (gate, up) pairs would differ in act by up to their ulps
+        // times the other value, which no act tolerance should absorb.)
+        EXPECT_TRUE(all_close(want_gate_up, run_gemm(cpu(), *w_cpu, a, dt, m), dt, op_scale::gemm(c.k)))
+            << "gate_up against the CPU's gemm_gptq";
+        std::vector<float> split(m * c.n);
+        for (std::size_t t = 0; t < m; ++t) {
+          for (std::size_t j = 0; j < im; ++j) {
+            split[t * c.n + j] = want_gate_up[t * c.n + 2 * j];
+            split[t * c.n + im + j] = want_gate_up[t * c.n + 2 * j + 1];
+          }
+        }
+        Buffer split_cpu = cpu().upload(split, dt);
+        GuardedOutput act_cpu(cpu(), dt, m * im);
+        cpu().fused_silu_mul_split(split_cpu, act_cpu.view(), m, im);
+        EXPECT_TRUE(act_cpu.check_guard("fused_silu_mul_split (CPU)", "out", where));
+        EXPECT_TRUE(all_close(want_act, act_cpu.values(), dt)) << "act against the CPU's SiLU·mul of gate_up";
       }
     }
   }
