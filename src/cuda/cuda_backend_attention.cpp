@@ -144,7 +144,10 @@ void CudaBackend::do_flash_attention(const Buffer& q, const Buffer& k, const Buf
   kernels::AttentionArgs a = attention_args(q, k, v, out, batch, q_len, cfg, stride, rt_->attention_workspace, need,
                                             rt_->attention_kv && q_len == 1);
   a.kv_len = static_cast<int>(kv_len);
-  a.pos_offset = static_cast<long long>(pos_offset);
+  // pos_offset only places the causal mask. A non-causal call's may be any
+  // value (the shared checks bound it only when causal), and one past 2^63
+  // would reach the kernels negative, which the tensor-core prefills refuse.
+  a.pos_offset = cfg.causal ? static_cast<long long>(pos_offset) : 0;
   a.prefill_wgmma = prefill_kernel_ == PrefillKernel::Auto;
   if (use_decode_state) {
     a.state = rt_->decode_state;

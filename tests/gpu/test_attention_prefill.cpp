@@ -441,6 +441,46 @@ TEST_F(CudaPrefillWgmma, MmaSyncBackendRunsTheOtherKernel) {
   }
 }
 
+// pos_offset only places the causal mask: a non-causal call may pass any
+// value (the shared checks bound it only when causal), and it must change
+// neither the kernel nor the bits. One past 2^63 used to reach the kernels
+// negative, which turned both tensor-core prefills off: the call then ran
+// the CUDA-core fallback, slower and with other bits.
+TEST_F(CudaPrefillWgmma, NonCausalIgnoresPosOffset) {
+  cuda();  // device 0 current
+  if (const std::string why = why_not_here(); !why.empty()) GTEST_SKIP() << why;
+  FERRUM_SEEDED_RNG(rng);
+  AttnConfig cfg;
+  cfg.num_heads = 4;
+  cfg.num_kv_heads = 2;
+  cfg.head_dim = 128;
+  cfg.causal = false;
+  constexpr std::size_t kQLen = 70, kKvLen = 90;
+  for (DType dt : kHalfDTypes) {
+    SCOPED_TRACE(to_string(dt));
+    Buffer q = cuda().upload(uniform_values(rng, cfg.num_heads * kQLen * cfg.head_dim, -1.0f, 1.0f), dt);
+    Buffer k = cuda().upload(uniform_values(rng, cfg.num_kv_heads * kKvLen * cfg.head_dim, -1.0f, 1.0f), dt);
+    Buffer v = cuda().upload(uniform_values(rng, cfg.num_kv_heads * kKvLen * cfg.head_dim, -1.0f, 1.0f), dt);
+    std::vector<std::uint8_t> at_zero;
+    for (const std::size_t pos : {std::size_t{0}, std::size_t{20}, std::size_t{1} << 63, SIZE_MAX}) {
+      SCOPED_TRACE(cat("pos_offset ", pos));
+      GuardedOutput out(cuda(), dt, cfg.num_heads * kQLen * cfg.head_dim);
+      const std::vector<CapturedLaunch> launches =
+          captured_launches(dynamic_cast<CudaBackend&>(cuda()),
+                            [&] { cuda().flash_attention(q, k, v, out.view(), 1, kQLen, kKvLen, pos, cfg); });
+      EXPECT_TRUE(launched(launches, "attention_prefill_wgmma_kernel")) << describe_launches(launches);
+      out.poison();
+      cuda().flash_attention(q, k, v, out.view(), 1, kQLen, kKvLen, pos, cfg);
+      EXPECT_TRUE(out.check_guard("flash_attention", "out", cat(to_string(dt), " pos_offset ", pos)));
+      if (pos == 0) {
+        at_zero = out.bytes();
+      } else {
+        EXPECT_TRUE(bitwise_equal(out.bytes(), at_zero, size_of(dt)));
+      }
+    }
+  }
+}
+
 // Straight through the launcher: blocks of one and of two warpgroups, the
 // automatic choice and the warp-specialized experiment (a producer warp,
 // full / empty barriers per slot) give the same bytes (one warpgroup's within
