@@ -43,6 +43,7 @@
 #include "kernels/common/per_device.hpp"
 #include "kernels/gptq_gemm.hpp"
 #include "support/captured_launches.hpp"
+#include "support/half_reference.hpp"
 #include "support/test_support.hpp"
 
 namespace ferrum::test {
@@ -667,8 +668,8 @@ TEST_F(CudaGptq, BadInput) {
 // launch with its bulk source, m <= 8 and one split, and gemm_gptq + the
 // pairs kernel elsewhere; a backend with the switch off always runs the
 // latter. act must be the same bits either way (gate_up within the GEMM
-// tolerance of CpuBackend's, act within SiLU·mul's of the CPU's on that
-// gate_up), and the fusing backend's
+// tolerance of CpuBackend's, act within the dtype's of the fp64 SiLU·mul of
+// that gate_up), and the fusing backend's
 // gate_up keeps its poison exactly where the plan says the epilogue ran (the
 // proof that it ran). Weights with and without zeros, groups of 128 / 32 /
 // 64, k with a short last chunk (416), n not a multiple of 64 (400: the
@@ -745,26 +746,22 @@ TEST_F(CudaGptqSiluMul, EpilogueEqualsGemmThenPairs) {
         EXPECT_TRUE(same_floats(gate_up.values(), fused ? gate_up_poison.values : want_gate_up))
             << (fused ? "the epilogue must not write gate_up" : "the unfused path writes gate_up");
 
-        // Against CpuBackend, a stage at a time: the GEMM (dequantize, then
-        // matmul; act-order rows permuted at load) within its k-term
-        // tolerance, and SiLU·mul on the GPU's own gate_up, de-interleaved
-        // into fused_silu_mul_split's [gate | up]. (Two independently
-        // rounded (gate, up) pairs would differ in act by up to their ulps
-        // times the other value, which no act tolerance should absorb.)
+        // Against the references a stage at a time: the GEMM against
+        // CpuBackend's (dequantize, then matmul; act-order rows permuted at
+        // load) within its k-term tolerance, and act against the fp64 SiLU·mul
+        // (ref::silu_mul, the reference of fused_silu_mul_split) of the GPU's
+        // own (gate, up) pairs. (Two independently rounded pairs would differ
+        // in act by up to their ulps times the other value, which no act
+        // tolerance should absorb.)
         EXPECT_TRUE(all_close(want_gate_up, run_gemm(cpu(), *w_cpu, a, dt, m), dt, op_scale::gemm(c.k)))
             << "gate_up against the CPU's gemm_gptq";
-        std::vector<float> split(m * c.n);
+        std::vector<double> act_fp64(m * im);
         for (std::size_t t = 0; t < m; ++t) {
           for (std::size_t j = 0; j < im; ++j) {
-            split[t * c.n + j] = want_gate_up[t * c.n + 2 * j];
-            split[t * c.n + im + j] = want_gate_up[t * c.n + 2 * j + 1];
+            act_fp64[t * im + j] = ref::silu_mul(want_gate_up[t * c.n + 2 * j], want_gate_up[t * c.n + 2 * j + 1]);
           }
         }
-        Buffer split_cpu = cpu().upload(split, dt);
-        GuardedOutput act_cpu(cpu(), dt, m * im);
-        cpu().fused_silu_mul_split(split_cpu, act_cpu.view(), m, im);
-        EXPECT_TRUE(act_cpu.check_guard("fused_silu_mul_split (CPU)", "out", where));
-        EXPECT_TRUE(all_close(want_act, act_cpu.values(), dt)) << "act against the CPU's SiLU·mul of gate_up";
+        EXPECT_TRUE(all_close(want_act, act_fp64, dt)) << "act against the fp64 SiLU·mul of gate_up";
       }
     }
   }
