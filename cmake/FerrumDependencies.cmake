@@ -1,13 +1,18 @@
 # Finds what ferrum_kernels needs and defines:
 #   CUDA::cudart / CUDA::cublas / CUDA::cublasLt  (CUDAToolkit; no kernel is
-#   compiled at run time, so NVRTC is not linked)
-#   NCCL::NCCL and FERRUM_WITH_NCCL (on when NCCL is found)
+#   compiled at run time, so NVRTC is not linked), with FERRUM_CUDA only
+#   NCCL::NCCL and FERRUM_WITH_NCCL (on when NCCL is found; never without FERRUM_CUDA)
 #   ferrum_fmt: fmt, header-only, linked privately (never in our public headers)
-find_package(CUDAToolkit REQUIRED)
-
-find_package(NCCL QUIET)
+if(FERRUM_CUDA)
+  find_package(CUDAToolkit REQUIRED)
+  find_package(NCCL QUIET)
+else()
+  set(NCCL_FOUND FALSE)
+endif()
 option(FERRUM_WITH_NCCL "Build the NCCL communicator (tensor parallelism)" ${NCCL_FOUND})
-if(FERRUM_WITH_NCCL AND NOT NCCL_FOUND)
+if(FERRUM_WITH_NCCL AND NOT FERRUM_CUDA)
+  message(FATAL_ERROR "FERRUM_WITH_NCCL is ON but FERRUM_CUDA is OFF (the communicator runs on CudaBackend)")
+elseif(FERRUM_WITH_NCCL AND NOT NCCL_FOUND)
   message(FATAL_ERROR "FERRUM_WITH_NCCL is ON but NCCL was not found (set NCCL_ROOT)")
 endif()
 

@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include "ferrum/dtype.hpp"
+#include "kernels/attention_split.hpp"
 #include "kernels/common/int_list.hpp"
 #include "kernels/decode_state.hpp"
 
@@ -25,44 +26,6 @@ constexpr bool attention_head_dim_supported(std::size_t head_dim) {
 // dimension y or z, which holds at most this many blocks.
 constexpr std::size_t kAttentionMaxGridYZ = 65535;
 
-// Decode (q_len == 1) cuts the key range into slices of
-// attention_decode_slice_keys(kv_stride) keys, one block each: the smallest
-// power-of-two multiple of 128 keys that cuts the cache capacity into at
-// most 16 slices (a capacity up to 2048: 128 keys; 4096: 256; 8192: 512;
-// 128k: 8192). Short caches get many blocks, where latency rules (128 for a
-// batch-1 decode of 8 kv heads on the H200's 132 SMs); long slices stream
-// without draining and keep the merge small at large batch. It depends on
-// the capacity alone -- never on kv_len, the batch or the launch size -- so
-// a result is bitwise the same whatever the batch, and run to run.
-// (Until session 35 caches up to 4096 positions kept 128-key slices, up to
-// 32; at 4096, 256-key slices measured level at B = 1 and 3-6 % faster at
-// B = 4..64: docs/design/decode_attention.md §4.13.)
-//
-// FERRUM_DECODE_MIN_SLICE_KEYS (a CMake cache variable, experiments only:
-// 128 by default, 256 or 512) sets the smallest slice, so that one call can
-// measure the trade between a batch-1 decode's many short blocks and a large
-// batch's fewer slice boundaries (scripts/gpu_suite.sh slicegeom; docs/
-// design/decode_attention.md §4.12-4.13). Caches past 16 times it keep
-// their slices.
-#ifndef FERRUM_DECODE_MIN_SLICE_KEYS
-#define FERRUM_DECODE_MIN_SLICE_KEYS 128
-#endif
-inline constexpr long long kAttnDecodeMinSliceKeys = FERRUM_DECODE_MIN_SLICE_KEYS;
-static_assert(kAttnDecodeMinSliceKeys == 128 || kAttnDecodeMinSliceKeys == 256 || kAttnDecodeMinSliceKeys == 512,
-              "FERRUM_DECODE_MIN_SLICE_KEYS: 128, 256 or 512");
-inline constexpr int kAttnDecodeMaxSplits = 16;  // slices per row, at most (the merge's bound)
-// Always a power of two: the decode kernels count a row's used slices with a
-// shift (used_slices in attention.cu).
-constexpr long long attention_decode_slice_keys(long long kv_stride) {
-  long long keys = kAttnDecodeMinSliceKeys;
-  while (keys * kAttnDecodeMaxSplits < kv_stride) keys *= 2;
-  return keys;
-}
-constexpr int attention_decode_splits(long long kv_stride) {
-  const long long keys = attention_decode_slice_keys(kv_stride);
-  return static_cast<int>((kv_stride + keys - 1) / keys);  // <= kAttnDecodeMaxSplits
-}
-
 // Slices per block for a decode launch of `groups` (sequence, kv head, head
 // chunk) rows of `splits` slices of `slice_keys` keys on `sms` SMs with
 // `slots` block slots, chosen by the launch's last wave
@@ -77,7 +40,7 @@ constexpr int attention_decode_splits(long long kv_stride) {
 // 12288 positions is 12 slices: p = 1, 2 or 4).
 //
 // The bounds, from the H200 sweeps of session 32 (docs/design/
-// decode_attention.md §4.9; tests/cpu/test_decode_plan.cpp pins them):
+// decode_attention.md §4.9; tests/cpu/kernels/test_decode_plan.cpp pins them):
 //   - slices of 512 keys and more (caches past 4096 positions), fewer
 //     groups than slots: 4096 keys. Fitted on 33 points B = 3..32, L =
 //     8k..128k, with session 31's 9: within 2.2 % of the fastest explicit
@@ -122,7 +85,7 @@ constexpr int tail_free_slices_per_block(long long groups, int splits, long long
 // The default slices per block of a decode launch (DecodeTuning::
 // slices_per_block = 0) of `groups` rows of `splits` slices of `slice_keys`
 // keys, `slots` block slots on `sms` SMs; kernels/attention.cu's plan calls
-// it, tests/cpu/test_decode_plan.cpp checks it. tail_free: the rules of
+// it, tests/cpu/kernels/test_decode_plan.cpp checks it. tail_free: the rules of
 // session 32 (DecodeTuning::tail_free_slices), else those before.
 //   - slices under 512 keys (caches up to 4096 positions), any batch: tail-free
 //     within kTailFreeShortBlockKeys when the slices are a power of two (8
@@ -317,22 +280,6 @@ struct AttentionArgs {
   bool prefill_wgmma = true;
   PrefillTuning prefill_tuning;  // q_len > 1, wgmma kernel only
 };
-
-// The decode's split-K scratch in floats, the one formula both the launcher
-// and the public attention_decode_workspace_bytes (this times 4) use:
-// batch * num_heads * attention_decode_splits(kv_stride) * (head_dim + 1),
-// at most kAttnDecodeMaxSplits (16) splits; nullopt where the product
-// passes size_t.
-inline std::optional<std::size_t> attention_decode_workspace_floats(std::size_t batch, std::size_t num_heads,
-                                                                    std::size_t head_dim, long long kv_stride) {
-  std::size_t floats = 1;
-  for (const std::size_t factor : {batch, num_heads, static_cast<std::size_t>(attention_decode_splits(kv_stride)),
-                                   head_dim + 1}) {
-    if (factor != 0 && floats > static_cast<std::size_t>(-1) / factor) return std::nullopt;
-    floats *= factor;
-  }
-  return floats;
-}
 
 // Floats of split-K scratch a call needs: 0 for prefill (q_len > 1), else
 // attention_decode_workspace_floats, saturated at size_t's largest value.

@@ -1,6 +1,6 @@
 // Activation formulas shared by every kernel that applies them, so a fused
 // path and the op it fuses give the same bits. gelu_erf is also compiled by
-// the host compiler: tests/cpu/test_gelu_erf.cpp checks it on the CPU.
+// the host compiler: tests/cpu/kernels/test_gelu_erf.cpp checks it on the CPU.
 #pragma once
 
 #include <cmath>
@@ -66,7 +66,7 @@ struct SfuApprox {
 // t is clamped at 14, where 2^(.) has long flushed to 0, so that +inf gives
 // +inf and -inf gives -0 (not inf * 0); x * x keeps NaN a NaN.
 //
-// Error (tests/cpu/test_gelu_erf.cpp, over all f16 and bf16 inputs and a
+// Error (tests/cpu/kernels/test_gelu_erf.cpp, over all f16 and bf16 inputs and a
 // dense f32 sweep, for every SFU result within the documented error):
 // |gelu_erf(x) - gelu(x)| <= (5e-7 + 6e-8 x^2) |gelu(x)| + 2^-124, and
 // rounded to f16 / bf16 it is within 1 ulp of the correctly rounded gelu

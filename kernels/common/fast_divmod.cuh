@@ -12,7 +12,7 @@
 // - n m' / 2^(32+s) = (n m / 2^32 + n) / 2^s, and umulhi(n, m) + n < 2^32
 //   because umulhi(n, m) < n < 2^31.
 // The launcher builds it on the host (it checks its own sizes against
-// kFastDivmodMax); tests/cpu/test_fast_divmod.cpp checks it on the CPU.
+// kFastDivmodMax); tests/cpu/kernels/test_fast_divmod.cpp checks it on the CPU.
 // Host-compilable: the device's __umulhi, on the host the same 64-bit product.
 #pragma once
 

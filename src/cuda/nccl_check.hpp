@@ -9,13 +9,12 @@
 // call throw at once.
 #pragma once
 
-#include <cuda_runtime_api.h>
-
 #include <cstddef>
 #include <string>
 
 #include "ferrum/backend.hpp"
 #include "ferrum/communicator.hpp"
+#include "ferrum/cuda_backend.hpp"  // cudaStream_t, declared without the CUDA headers
 
 namespace ferrum::detail {
 

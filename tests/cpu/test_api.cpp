@@ -448,6 +448,25 @@ TEST(DefaultBackend, FollowsDeviceCount) {
   EXPECT_EQ(be->kind(), runs_here ? BackendKind::Cuda : BackendKind::Cpu);
 }
 
+// A FERRUM_CUDA=OFF library (the CPU-only build, which tests/CMakeLists.txt's
+// install_and_consume_cpu_only test builds and runs this in): the public API
+// is the same, and the CUDA half refuses by name or finds no GPU.
+TEST(CpuOnlyBuild, CudaBackendRefusesByNameAndTheCpuServes) {
+  if (FERRUM_TEST_CUDA_BUILT) GTEST_SKIP() << "this library was built with CUDA (FERRUM_CUDA=ON)";
+  EXPECT_EQ(cuda_device_count(), 0);
+  EXPECT_FALSE(Communicator::available());
+  expect_error(ErrorCode::Unsupported, "CudaBackend::CudaBackend", [] { CudaBackend cuda; }, "FERRUM_CUDA is OFF");
+  std::string why;
+  const std::unique_ptr<Backend> be = make_default_backend(CudaBackendConfig{}, &why);
+  ASSERT_NE(be, nullptr);
+  EXPECT_EQ(be->kind(), BackendKind::Cpu);
+  EXPECT_EQ(why, "no CUDA device visible");
+  // Host arithmetic of the CUDA backend's config, the same in both builds.
+  EXPECT_EQ(attention_decode_workspace_bytes(2, 32, 128, 32768), 4u * 2u * 32u * 16u * 129u);
+  expect_error(ErrorCode::InvalidArgument, "attention_decode_workspace_bytes",
+               [] { (void)attention_decode_workspace_bytes(0, 32, 128, 1024); }, "'batch'");
+}
+
 // In a forked child: `body` after the address space is bounded to grow by
 // `growth` more bytes; prints what came out (the error's message, or
 // "returned") on stderr for EXPECT_EXIT to match, then exits 0.

@@ -9,10 +9,17 @@
 #     initial cache file: the outer build's toolchain and the dependencies it
 #     found, tests/CMakeLists.txt). A configure without a build type first
 #     checks that ferrum leaves the parent's alone, and one for compute
-#     capability 7.5 that it refuses by name. Then builds the superbuild
+#     capability 7.5 that it refuses by name (a FERRUM_CUDA build only). Then builds the superbuild
 #     with FERRUM_BUILD_JOBS jobs, runs its in-tree consumer, installs it
 #     (ferrum's install rules, through the parent), and checks with FERRUM_NM
 #     that the library exports nothing of fmt's.
+#   cpu_only: configures FERRUM_SOURCE_DIR at top level with FERRUM_CUDA=OFF
+#     and no CUDA toolkit in reach (none on PATH, CUDAToolkit_ROOT and the
+#     CUDA compiler pointing nowhere), with FERRUM_INNER_CACHE (the outer
+#     build's C++ toolchain only); builds the library, the CPU test binary and
+#     the engine; runs the CPU tests (FERRUM_CPU_ONLY_GTEST_FILTER), the
+#     README's main command on the tiny model, and checks that neither
+#     program loads a CUDA library; then installs and consumes it as above.
 if(NOT DEFINED FERRUM_INSTALL_TEST_MODE)
   set(FERRUM_INSTALL_TEST_MODE build_tree)
 endif()
@@ -68,11 +75,13 @@ elseif(FERRUM_INSTALL_TEST_MODE STREQUAL "shared")
     ${CMAKE_COMMAND} -S ${ferrum_superbuild_dir} -B ${WORK_DIR}/superbuild-check -G ${CMAKE_GENERATOR}
     ${ferrum_inner_cache_args} -UCMAKE_BUILD_TYPE
     -DFERRUM_SOURCE_DIR=${FERRUM_SOURCE_DIR} -DSUPERBUILD_CONFIGURE_ONLY=ON)
-  ferrum_run_expect_failure("configuring the superbuild for compute capability 7.5"
-    "CMAKE_CUDA_ARCHITECTURES is '75'"
-    ${CMAKE_COMMAND} -S ${ferrum_superbuild_dir} -B ${WORK_DIR}/superbuild-sm75 -G ${CMAKE_GENERATOR}
-    ${ferrum_inner_cache_args}
-    -DFERRUM_SOURCE_DIR=${FERRUM_SOURCE_DIR} -DSUPERBUILD_CONFIGURE_ONLY=ON -DCMAKE_CUDA_ARCHITECTURES=75)
+  if(FERRUM_CUDA)
+    ferrum_run_expect_failure("configuring the superbuild for compute capability 7.5"
+      "CMAKE_CUDA_ARCHITECTURES is '75'"
+      ${CMAKE_COMMAND} -S ${ferrum_superbuild_dir} -B ${WORK_DIR}/superbuild-sm75 -G ${CMAKE_GENERATOR}
+      ${ferrum_inner_cache_args}
+      -DFERRUM_SOURCE_DIR=${FERRUM_SOURCE_DIR} -DSUPERBUILD_CONFIGURE_ONLY=ON -DCMAKE_CUDA_ARCHITECTURES=75)
+  endif()
   ferrum_run("configuring the superbuild (ferrum as a shared subproject)"
     ${CMAKE_COMMAND} -S ${ferrum_superbuild_dir} -B ${ferrum_lib_build} -G ${CMAKE_GENERATOR}
     ${ferrum_inner_cache_args}
@@ -82,8 +91,54 @@ elseif(FERRUM_INSTALL_TEST_MODE STREQUAL "shared")
   ferrum_find_program(ferrum_in_tree_consumer ${ferrum_lib_build} ferrum_consumer_in_tree)
   ferrum_run("the superbuild's consumer (ferrum::kernels in the build tree)" ${ferrum_in_tree_consumer})
   set(ferrum_install_config --config Release)  # for a multi-config generator
+elseif(FERRUM_INSTALL_TEST_MODE STREQUAL "cpu_only")
+  set(ferrum_lib_build ${WORK_DIR}/cpu-only)
+  if(NOT FERRUM_BUILD_JOBS)
+    set(FERRUM_BUILD_JOBS 1)
+  endif()
+  # No nvcc on PATH for the configure and the build (they inherit this
+  # environment).
+  set(ferrum_path "$ENV{PATH}")
+  string(REPLACE ":" ";" ferrum_path "${ferrum_path}")
+  list(FILTER ferrum_path EXCLUDE REGEX "[Cc][Uu][Dd][Aa]")
+  list(JOIN ferrum_path ":" ferrum_path)
+  set(ENV{PATH} "${ferrum_path}")
+  unset(ENV{CUDACXX})
+  unset(ENV{CUDA_PATH})
+  set(ferrum_inner_cache_args "")
+  if(FERRUM_INNER_CACHE)
+    set(ferrum_inner_cache_args -C ${FERRUM_INNER_CACHE})
+  endif()
+  ferrum_run("configuring the CPU-only build (FERRUM_CUDA=OFF)"
+    ${CMAKE_COMMAND} -S ${FERRUM_SOURCE_DIR} -B ${ferrum_lib_build} -G ${CMAKE_GENERATOR}
+    ${ferrum_inner_cache_args} -DCMAKE_BUILD_TYPE=Release -DFERRUM_CUDA=OFF
+    -DCMAKE_CUDA_COMPILER=${WORK_DIR}/no-nvcc -DCUDAToolkit_ROOT=${WORK_DIR}/no-cuda
+    -DFERRUM_BUILD_TESTS=ON -DFERRUM_BUILD_APPS=ON -DFERRUM_BUILD_BENCHMARKS=OFF)
+  ferrum_run("building the CPU-only library, CPU tests and engine"
+    ${CMAKE_COMMAND} --build ${ferrum_lib_build} --config Release --parallel ${FERRUM_BUILD_JOBS}
+    --target ferrum_tests_cpu ferrum_engine)
+  ferrum_find_program(ferrum_cpu_tests ${ferrum_lib_build} ferrum_tests_cpu)
+  ferrum_find_program(ferrum_engine ${ferrum_lib_build} ferrum_engine)
+  ferrum_run("the CPU tests of the CPU-only build" ${ferrum_cpu_tests} --gtest_brief=1
+    "--gtest_filter=${FERRUM_CPU_ONLY_GTEST_FILTER}")
+  execute_process(COMMAND ${ferrum_engine} --random tiny-qwen3 --prompt-tokens 1,2,3 --steps 8
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "backend cpu ")
+    message(FATAL_ERROR "the CPU-only engine (tiny-qwen3, 8 steps) failed (${rc}) or named no CPU backend:\n${out}")
+  endif()
+  message(STATUS "the CPU-only engine:\n${out}")
+  find_program(ferrum_ldd ldd)
+  if(ferrum_ldd)
+    foreach(ferrum_program IN ITEMS ${ferrum_cpu_tests} ${ferrum_engine})
+      execute_process(COMMAND ${ferrum_ldd} ${ferrum_program} OUTPUT_VARIABLE out ERROR_VARIABLE out)
+      if(out MATCHES "lib(cuda|cudart|cublas|cublasLt|nccl|nvrtc)[.]so")
+        message(FATAL_ERROR "${ferrum_program} of the CPU-only build loads a CUDA library:\n${out}")
+      endif()
+    endforeach()
+  endif()
+  set(ferrum_install_config --config Release)
 else()
-  message(FATAL_ERROR "FERRUM_INSTALL_TEST_MODE is '${FERRUM_INSTALL_TEST_MODE}': build_tree or shared")
+  message(FATAL_ERROR "FERRUM_INSTALL_TEST_MODE is '${FERRUM_INSTALL_TEST_MODE}': build_tree, shared or cpu_only")
 endif()
 
 ferrum_run("cmake --install" ${CMAKE_COMMAND} --install ${ferrum_lib_build} --prefix ${WORK_DIR}/prefix

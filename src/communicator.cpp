@@ -2,7 +2,8 @@
 // collectives (nccl_check.hpp). The only file that includes nccl.h. Built
 // without NCCL, the factories check their arguments and then throw
 // ErrorCode::Unsupported; nothing else can run because no Communicator can
-// exist.
+// exist. That build needs no CUDA either, so a FERRUM_CUDA=OFF library
+// compiles this file too (FERRUM_WITH_NCCL needs FERRUM_CUDA).
 //
 // NVLink multicast (NVLS) must stay off on the H200 machines: nothing here
 // calls cuMulticastCreate, and the processes that create communicators there
@@ -20,12 +21,13 @@
 #include <utility>
 
 #include "common/fail.hpp"
-#include "cuda/cuda_runtime.hpp"
 #include "cuda/nccl_check.hpp"
 
 #if defined(FERRUM_WITH_NCCL) && FERRUM_WITH_NCCL
 #define FERRUM_HAVE_NCCL 1
 #include <nccl.h>
+
+#include "cuda/cuda_runtime.hpp"
 #else
 #define FERRUM_HAVE_NCCL 0
 #endif
@@ -59,6 +61,25 @@ namespace {
 
 using Impl = Communicator::Impl;
 
+[[noreturn]] void fail_without_nccl(const char* op) {
+  fail(ErrorCode::Unsupported,
+       "{}: ferrum was built without NCCL (FERRUM_WITH_NCCL is OFF), so it has no communicator; rebuild with "
+       "NCCL found (NCCL_ROOT) for tensor parallelism",
+       op);
+}
+
+// The device exists (checked after the NCCL check, so that a build without
+// NCCL says so first).
+[[maybe_unused]] void check_device(const char* op, const char* arg, int device) {
+  const int count = cuda_device_count();
+  if (count == 0) fail(ErrorCode::Cuda, "{}: no CUDA device is available (argument '{}' = {})", op, arg, device);
+  if (device >= count) {
+    fail(ErrorCode::InvalidArgument, "{}: argument '{}' = {} but only {} device(s) exist", op, arg, device, count);
+  }
+}
+
+#if FERRUM_HAVE_NCCL
+
 // Makes `device` current for its lifetime, restoring the previous device
 // (errors ignored: used on teardown paths).
 class DeviceScope {
@@ -78,25 +99,6 @@ class DeviceScope {
  private:
   int previous_ = -1;
 };
-
-[[noreturn]] void fail_without_nccl(const char* op) {
-  fail(ErrorCode::Unsupported,
-       "{}: ferrum was built without NCCL (FERRUM_WITH_NCCL is OFF), so it has no communicator; rebuild with "
-       "NCCL found (NCCL_ROOT) for tensor parallelism",
-       op);
-}
-
-// The device exists (checked after the NCCL check, so that a build without
-// NCCL says so first).
-[[maybe_unused]] void check_device(const char* op, const char* arg, int device) {
-  const int count = cuda_device_count();
-  if (count == 0) fail(ErrorCode::Cuda, "{}: no CUDA device is available (argument '{}' = {})", op, arg, device);
-  if (device >= count) {
-    fail(ErrorCode::InvalidArgument, "{}: argument '{}' = {} but only {} device(s) exist", op, arg, device, count);
-  }
-}
-
-#if FERRUM_HAVE_NCCL
 
 static_assert(sizeof(ncclUniqueId) == sizeof(CommUniqueId::bytes), "CommUniqueId must hold an ncclUniqueId");
 
