@@ -14,7 +14,8 @@
 # $FUZZ_DIR/<harness>/crash-* (rerun: $FUZZ_DIR/<harness>/fuzz <file>) and
 # makes the script exit non-zero. Not part of scripts/test.sh: it needs
 # clang++ and runs for minutes. Each harness compiles the sources it tests
-# (listed below) rather than the library, which needs nvcc.
+# (listed below), with src/no_cuda's definitions for the CUDA half of the
+# API, as a FERRUM_CUDA=OFF library does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-300}"
@@ -27,7 +28,7 @@ declare -A sources=(
   [fuzz_engine_parsers]="tests/fuzz/fuzz_engine_parsers.cpp apps/engine/safetensors.cpp apps/engine/model_config.cpp
                          apps/engine/checkpoint_file.cpp src/error.cpp"
   [fuzz_gptq_load]="tests/fuzz/fuzz_gptq_load.cpp src/error.cpp src/buffer.cpp src/backend.cpp src/cpu/cpu_backend.cpp
-                    src/quant/gptq_format.cpp src/quant/gptq_repack.cpp"
+                    src/quant/gptq_format.cpp src/quant/gptq_repack.cpp src/no_cuda/cuda_unavailable.cpp"
 )
 
 # Small valid inputs to start from (each harness's header says its format).

@@ -757,7 +757,8 @@ class Backend {
   std::shared_ptr<detail::BufferOwner> owner_;  // every Buffer of this backend holds it too
 };
 
-// CUDA devices visible to this process; 0 when there is no driver or GPU.
+// CUDA devices visible to this process; 0 when there is no driver or GPU,
+// and in a library built without CUDA (FERRUM_CUDA=OFF).
 int cuda_device_count() noexcept;
 
 // CudaBackend on device 0 when a GPU is present that this build's kernels

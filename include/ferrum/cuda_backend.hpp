@@ -261,6 +261,8 @@ struct CudaBackendConfig {
 std::size_t attention_decode_workspace_bytes(std::size_t batch, std::size_t num_heads, std::size_t head_dim,
                                              std::size_t kv_seq_stride);
 
+// In a library built without CUDA (FERRUM_CUDA=OFF) this header is the
+// same, and the constructor throws Unsupported naming FERRUM_CUDA.
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(CudaBackendConfig config = {});

@@ -66,8 +66,3 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   return 0;
 }
 
-// CpuBackend's Buffer::wrap check asks the CUDA driver whether a pointer is
-// device memory; this harness links no CUDA code: everything is host memory.
-namespace ferrum::detail {
-int device_owning_memory(const void*) noexcept { return -1; }
-}  // namespace ferrum::detail
