@@ -8,11 +8,12 @@
 # expects (the engine's command-line tests expect 1 from a refused run, so
 # a report on an error path does not pass as that refusal).
 # Arguments go to ctest (e.g. -R Safetensors); without any, label cpu runs.
-# The two install tests are left out (unless the arguments give an -E of
+# The install tests are left out (unless the arguments give an -E of
 # their own, which replaces this one): install_and_consume's
 # consumer builds without the sanitizer runtimes, so it cannot link an
-# instrumented static library, and install_and_consume_shared builds and
-# tests a plain library of its own (nothing sanitized, and slow).
+# instrumented static library, and install_and_consume_shared and
+# install_and_consume_cpu_only build and test plain libraries of their own
+# (nothing sanitized, and slow).
 # The kernels and nvcc's host code (the launchers) are not instrumented: on
 # a GPU machine, scripts/gpu_suite.sh tests runs compute-sanitizer's
 # memcheck over the GPU suite (its largest shapes aside) and racecheck over
