@@ -10,6 +10,10 @@ namespace ferrum {
 std::unique_ptr<Backend> make_default_backend() { return make_default_backend(CudaBackendConfig{}); }
 
 std::unique_ptr<Backend> make_default_backend(const CudaBackendConfig& config, std::string* why) {
+  if (!FERRUM_HAVE_CUDA) {  // a GPU may be there; this library cannot use it, and says so
+    if (why != nullptr) *why = "ferrum was built without CUDA (FERRUM_CUDA is OFF)";
+    return std::make_unique<CpuBackend>();
+  }
   if (cuda_device_count() == 0) {
     if (why != nullptr) *why = "no CUDA device visible";
     return std::make_unique<CpuBackend>();

@@ -767,8 +767,8 @@ int cuda_device_count() noexcept;
 // driver, memory) throw.
 std::unique_ptr<Backend> make_default_backend();
 // The same with CudaBackend built from `config`; when it returns CpuBackend,
-// *why (if given) says why: no CUDA device visible, or the Unsupported
-// error's message.
+// *why (if given) says why: built without CUDA (FERRUM_CUDA=OFF), no CUDA
+// device visible, or the Unsupported error's message.
 struct CudaBackendConfig;
 std::unique_ptr<Backend> make_default_backend(const CudaBackendConfig& config, std::string* why = nullptr);
 
