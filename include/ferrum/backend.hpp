@@ -154,6 +154,14 @@ struct QkvRopeAppendConfig {
   RopeMode mode = RopeMode::RopeOnly;
 };
 
+// The largest softmax scale the attention ops take (2^16; real models use
+// 1/sqrt(head_dim) or 1). Why a bound: the GPU kernels scale q·k in fp32 (by
+// scale · log2 e), and past ~2.4e38 that product overflows, so a NaN row would
+// come back where CpuBackend's fp64 softmax is finite. At 2^16, f16 inputs
+// cannot overflow it at any head_dim; bf16 q·k itself must stay within fp32's
+// range, as in every fp32-accumulating kernel.
+inline constexpr float kMaxAttentionScale = 65536.0f;
+
 struct AttnConfig {
   std::size_t num_heads = 0;
   std::size_t num_kv_heads = 0;  // num_heads % num_kv_heads == 0 (GQA group)
@@ -163,7 +171,7 @@ struct AttnConfig {
   // pos_offset = kv_len - q_len, e.g. kv_len - 1 for a decode step. In
   // device-state decode (q_len 1) the state's kv_len - 1 stands in for it.
   bool causal = true;
-  float scale = 0.0f;  // softmax scale; 0 means 1/sqrt(head_dim)
+  float scale = 0.0f;  // softmax scale in [0, kMaxAttentionScale]; 0 means 1/sqrt(head_dim)
   std::size_t kv_seq_stride = 0;  // positions per kv head in k/v; 0 means kv_len
 };
 
@@ -174,7 +182,7 @@ struct MlaConfig {
   std::size_t qk_nope_head_dim = 0;
   std::size_t qk_rope_head_dim = 0;
   std::size_t v_head_dim = 0;
-  float scale = 0.0f;
+  float scale = 0.0f;  // in [0, kMaxAttentionScale]; 0 means the backend's default
 };
 
 // GPTQ zero-point convention: V1 stores zero - 1 (AutoGPTQ's historical

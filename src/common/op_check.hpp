@@ -120,10 +120,12 @@ class OpCheck {
     }
   }
 
-  // A softmax scale: finite and >= 0 (`zero_means`: what 0 selects).
+  // A softmax scale: in [0, kMaxAttentionScale] (`zero_means`: what 0
+  // selects). NaN fails the first comparison.
   void scale(std::string_view arg, float v, std::string_view zero_means) const {
-    if (!(v >= 0.0f) || !std::isfinite(v)) {
-      fail(ErrorCode::InvalidArgument, "{}: {} = {} must be finite and >= 0 (0 means {})", op_, arg, v, zero_means);
+    if (!(v >= 0.0f && v <= kMaxAttentionScale)) {
+      fail(ErrorCode::InvalidArgument, "{}: {} = {} must be in [0, {}] (kMaxAttentionScale; 0 means {})", op_, arg,
+           v, kMaxAttentionScale, zero_means);
     }
   }
 

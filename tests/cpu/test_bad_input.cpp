@@ -324,7 +324,7 @@ TEST_P(BadInput, FlashAttentionDomain) {
                     [](OpArgs& a) { a.kv_seq_stride = kHuge; });
   expect_call_error(Op::FlashAttention, ErrorCode::InvalidArgument, "cfg.num_kv_heads",
                     [](OpArgs& a) { a.sizes["cfg.num_kv_heads"] = 3; });  // 4 heads are not groups of 3
-  for (float scale : {kNaN, -0.5f, kInf}) {
+  for (float scale : {kNaN, -0.5f, kInf, 1e30f, kMaxAttentionScale * 2.0f}) {
     SCOPED_TRACE(cat("scale=", scale));
     expect_call_error(Op::FlashAttention, ErrorCode::InvalidArgument, "cfg.scale",
                       [&](OpArgs& a) { a.scale = scale; });
@@ -347,7 +347,7 @@ TEST_P(BadInput, FlashDecodeRaggedDomain) {
   const Op op = Op::FlashDecodeRagged;
   expect_call_error(op, ErrorCode::InvalidArgument, "cfg.num_kv_heads",
                     [](OpArgs& a) { a.sizes["cfg.num_kv_heads"] = 3; });  // 4 heads are not groups of 3
-  for (float scale : {kNaN, -0.5f, kInf}) {
+  for (float scale : {kNaN, -0.5f, kInf, 1e30f, kMaxAttentionScale * 2.0f}) {
     SCOPED_TRACE(cat("scale=", scale));
     expect_call_error(op, ErrorCode::InvalidArgument, "cfg.scale", [&](OpArgs& a) { a.scale = scale; });
   }
@@ -392,7 +392,7 @@ TEST_P(BadInput, MlaAttentionDomain) {
     cfg.*field = value;
     expect_error(ErrorCode::InvalidArgument, "mla_attention", [&] { call(cfg); }, name);
   }
-  for (float scale : {kNaN, -1.0f, kInf}) {
+  for (float scale : {kNaN, -1.0f, kInf, 1e30f, kMaxAttentionScale * 2.0f}) {
     SCOPED_TRACE(cat("scale=", scale));
     MlaConfig cfg = valid;
     cfg.scale = scale;

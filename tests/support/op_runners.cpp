@@ -8,6 +8,8 @@
 #include <memory>
 #include <stdexcept>
 
+#include "support/tolerance.hpp"
+
 namespace ferrum::test {
 
 // ── Results ──────────────────────────────────────────────────────────────────
@@ -308,6 +310,33 @@ FlashCase make_flash_case(Rng& rng, DType dt, std::size_t batch, std::size_t q_l
   c.k = random_with_nan_tail(rng, dt, batch * cfg.num_kv_heads, stride, c.valid_kv, cfg.head_dim);
   c.v = random_with_nan_tail(rng, dt, batch * cfg.num_kv_heads, stride, c.valid_kv, cfg.head_dim);
   return c;
+}
+
+FlashCase with_largest_scores(FlashCase c) {
+  for (HostTensor* t : {&c.q, &c.k}) {
+    for (float& x : t->values) {
+      if (std::isfinite(x) && x != 0.0f) x = std::copysign(65504.0f, x);
+    }
+    *t = make_tensor(t->dtype, std::move(t->values));
+  }
+  c.cfg.scale = kMaxAttentionScale;
+  return c;
+}
+
+::testing::AssertionResult convex_in_v(const FlashCase& c, const Output& out) {
+  const auto rel = static_cast<float>(tolerance_for(out.dtype).rtol);
+  float v_max = 0.0f;  // over the keys any query sees (rows past valid_kv hold NaN)
+  for (float x : c.v.values) {
+    if (std::isfinite(x)) v_max = std::max(v_max, std::fabs(x));
+  }
+  for (std::size_t i = 0; i < out.values.size(); ++i) {
+    const float x = out.values[i];
+    if (!std::isfinite(x) || std::fabs(x) > v_max * (1.0f + rel)) {
+      return ::testing::AssertionFailure() << "out[" << i << "] = " << x << ", not finite or past max |v| = " << v_max
+                                           << " (relative slack " << rel << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
 }
 
 RaggedDecodeCase make_ragged_decode_case(Rng& rng, DType dt, const AttnConfig& cfg,
