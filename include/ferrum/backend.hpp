@@ -154,13 +154,18 @@ struct QkvRopeAppendConfig {
   RopeMode mode = RopeMode::RopeOnly;
 };
 
-// The largest softmax scale the attention ops take (2^16; real models use
-// 1/sqrt(head_dim) or 1). Why a bound: the GPU kernels scale q·k in fp32 (by
-// scale · log2 e), and past ~2.4e38 that product overflows, so a NaN row would
-// come back where CpuBackend's fp64 softmax is finite. At 2^16, f16 inputs
-// cannot overflow it at any head_dim; bf16 q·k itself must stay within fp32's
-// range, as in every fp32-accumulating kernel.
+// The largest softmax scale the attention ops take (2^16; models use
+// 1/sqrt(head_dim) or 1): a larger one is a units mistake, and past ~2.4e38
+// the kernels' scale · log2 e is inf (NaN rows).
+// Scores: CUDA's softmax forms each exponent with one FMA per score,
+// s · scale · log2 e − (row max · scale · log2 e), FlashAttention's form, so
+// the rounding of the row max in those units enters every weight. While
+// every |q·k| · scale stays within kAttentionExactLogit the weights are off
+// by at most 2^-10 relatively from that (f16's rounding is 2^-11); past it
+// they lose accuracy, and past ~2^30 rows come back NaN. CpuBackend computes
+// in fp64 at any size. bf16 q·k must stay within fp32's range.
 inline constexpr float kMaxAttentionScale = 65536.0f;
+inline constexpr float kAttentionExactLogit = 16384.0f;  // 2^14
 
 struct AttnConfig {
   std::size_t num_heads = 0;

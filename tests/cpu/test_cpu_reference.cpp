@@ -543,26 +543,28 @@ TEST_P(CpuFlashAttention, MatchesFp64) {
 INSTANTIATE_TEST_SUITE_P(Specs, CpuFlashAttention, ::testing::ValuesIn(dtype_case_params(flash_specs().size())),
                          dtype_case_param_name);
 
-// The bound on the softmax scale is taken as well as refused past
-// (test_bad_input.cpp): at scale = kMaxAttentionScale and the largest f16
-// scores, every output is finite and a convex combination of v, as on CUDA
-// (CudaAttentionLargestScale in tests/gpu).
-class CpuFlashAttentionLargestScale : public ::testing::TestWithParam<DType> {};
-TEST_P(CpuFlashAttentionLargestScale, OutputsStayConvexInV) {
+// At the edge of the exact range (kAttentionExactLogit), with q and k at
+// f16's largest (a tiny scale) and at 2^-4 (scale up to kMaxAttentionScale,
+// the largest taken): every output finite and a convex combination of v, as
+// CudaAttentionExactEdge checks on CUDA.
+class CpuFlashAttentionExactEdge : public ::testing::TestWithParam<DType> {};
+TEST_P(CpuFlashAttentionExactEdge, OutputsStayConvexInV) {
   FERRUM_SEEDED_RNG(rng);
   CpuBackend cpu;
-  for (std::size_t hd : {64, 256}) {
-    for (std::size_t q_len : {1, 9}) {
-      const FlashCase c = with_largest_scores(make_flash_case(rng, GetParam(), 2, q_len, 40, 40 - q_len,
-                                                              attn_config(8, 2, hd, 47)));
-      SCOPED_TRACE(describe(c));
-      const OpResult r = run(cpu, c);
-      EXPECT_TRUE(r.guards_ok());
-      EXPECT_TRUE(convex_in_v(c, r.at("out")));
+  for (float magnitude : {65504.0f, 0.0625f}) {
+    for (std::size_t hd : {64, 256}) {
+      for (std::size_t q_len : {1, 9}) {
+        const FlashCase c = with_scores_at_the_exact_edge(
+            make_flash_case(rng, GetParam(), 2, q_len, 40, 40 - q_len, attn_config(8, 2, hd, 47)), magnitude);
+        SCOPED_TRACE(describe(c));
+        const OpResult r = run(cpu, c);
+        EXPECT_TRUE(r.guards_ok());
+        EXPECT_TRUE(convex_in_v(c, r.at("out")));
+      }
     }
   }
 }
-INSTANTIATE_TEST_SUITE_P(DTypes, CpuFlashAttentionLargestScale, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
+INSTANTIATE_TEST_SUITE_P(DTypes, CpuFlashAttentionExactEdge, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
 
 // CpuBackend takes head dims the CUDA kernels do not (those take 64 / 128 /
 // 256, which flash_specs covers): the others against fp64 too, a decode query

@@ -312,14 +312,15 @@ FlashCase make_flash_case(Rng& rng, DType dt, std::size_t batch, std::size_t q_l
   return c;
 }
 
-FlashCase with_largest_scores(FlashCase c) {
+FlashCase with_scores_at_the_exact_edge(FlashCase c, float magnitude) {
+  const float a = round_to(c.q.dtype, magnitude);
   for (HostTensor* t : {&c.q, &c.k}) {
     for (float& x : t->values) {
-      if (std::isfinite(x) && x != 0.0f) x = std::copysign(65504.0f, x);
+      if (std::isfinite(x) && x != 0.0f) x = std::copysign(a, x);
     }
-    *t = make_tensor(t->dtype, std::move(t->values));
   }
-  c.cfg.scale = kMaxAttentionScale;
+  const double most = static_cast<double>(a) * a * static_cast<double>(c.cfg.head_dim);  // the largest |q·k|
+  c.cfg.scale = static_cast<float>(kAttentionExactLogit / most);
   return c;
 }
 

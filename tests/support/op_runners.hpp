@@ -201,11 +201,12 @@ FlashCase make_flash_case(Rng& rng, DType dt, std::size_t batch, std::size_t q_l
                           std::size_t pos_offset, const AttnConfig& cfg, std::size_t valid_kv = 0);
 RaggedDecodeCase make_ragged_decode_case(Rng& rng, DType dt, const AttnConfig& cfg,
                                          const std::vector<std::size_t>& kv_lens);
-// The largest scores the attention ops must take: every finite q and k
-// entry of `c` moved to ±65504 (f16's largest; bf16 rounds it to 65536) by
-// its sign, and cfg.scale = kMaxAttentionScale. So |q·k| · scale · log2 e
-// reaches ~1e17 at head_dim 256: finite in fp32, as the bound promises.
-FlashCase with_largest_scores(FlashCase c);
+// Scores at the edge of the range the attention ops promise exact weights
+// over (kAttentionExactLogit): every finite nonzero q and k entry of `c` set
+// to ±`magnitude` by its sign, and cfg.scale such that a query and key of
+// matching signs give |q·k| · scale = kAttentionExactLogit (random signs stay
+// below it).
+FlashCase with_scores_at_the_exact_edge(FlashCase c, float magnitude);
 // Success iff every element of `out` is finite and within the largest |v| a
 // query can see (softmax weights sum to 1, so out is a convex combination of
 // v rows; the tolerance table's rtol for out's dtype covers the rounding).
