@@ -63,10 +63,12 @@ constexpr int next_pow2(int v) {
   return p;
 }
 
-// 16 bytes of the weight: read-only path, no L1 allocation, L2 evict-first,
-// 256-byte L2 prefetch (the block reads at least 256 contiguous bytes of a
-// row per chunk anyway). Not volatile: the compiler may hoist and batch these
-// loads (every address passed is valid, see "Tails" at the top).
+// 16 bytes of the weight: read-only path, no L1 allocation, L2 evict-first.
+// No .L2::256B prefetch hint: on the H200 it cost the llama3-8b f16 decode
+// step 3 % and qwen3-0.6b's 1.6 % (session 75; level on the H100, session
+// 55), as it cost the decode attention (session 14). Not volatile: the
+// compiler may hoist and batch these loads (every address passed is valid,
+// see "Tails" at the top).
 // kPinned: volatile, so the load stays where it is written relative to other
 // volatile asm, i.e. before pdl_begin()'s griddepcontrol.wait (a plain one
 // was sunk past the wait: it reads no memory the wait's clobber covers).
@@ -76,7 +78,7 @@ __device__ __forceinline__ uint4 load_weight(const uint4* p, std::uint64_t polic
   uint4 r;
   // One instruction and operand list for both forms; only `volatile` differs.
 #define FERRUM_LOAD_WEIGHT_ASM                                                              \
-  ("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;" \
+  ("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;" \
    : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)                                             \
    : "l"(p), "l"(policy))
   if constexpr (kPinned) {
