@@ -11,25 +11,25 @@
 #                               other, starting from small valid seeds and
 #                               the corpus an earlier run left there
 # A crash or a sanitizer report stops that harness, leaves the input as
-# $FUZZ_DIR/<harness>/crash-* (rerun: $FUZZ_DIR/<harness>/fuzz <file>) and
+# $FUZZ_DIR/<harness>/crash-* (rerun: $FUZZ_DIR/build/tests/fuzz/<harness>
+# <file>) and
 # makes the script exit non-zero. Not part of scripts/test.sh: it needs
-# clang++ and runs for minutes. Each harness compiles the sources it tests
-# (listed below), with src/no_cuda's definitions for the CUDA half of the
-# API, as a FERRUM_CUDA=OFF library does.
+# clang++ and runs for minutes. The harnesses are CMake targets of a
+# CPU-only build in $FUZZ_DIR/build (-DFERRUM_BUILD_FUZZERS=ON, FERRUM_CUDA
+# OFF, ASan + UBSan, libFuzzer's coverage over every C++ file): they link the
+# library and the engine's core as those are built, with no list of their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-300}"
 dir="${FUZZ_DIR:-build-fuzz}"
 mkdir -p "$dir"
 cxx="${CXX_FUZZ:-clang++}"
-flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-       -Iinclude -Isrc -Iapps/engine -I. -DFMT_HEADER_ONLY=1)
-declare -A sources=(
-  [fuzz_engine_parsers]="tests/fuzz/fuzz_engine_parsers.cpp apps/engine/safetensors.cpp apps/engine/model_config.cpp
-                         apps/engine/checkpoint_file.cpp src/error.cpp"
-  [fuzz_gptq_load]="tests/fuzz/fuzz_gptq_load.cpp src/error.cpp src/buffer.cpp src/backend.cpp src/cpu/cpu_backend.cpp
-                    src/quant/gptq_format.cpp src/quant/gptq_repack.cpp src/no_cuda/cuda_unavailable.cpp"
-)
+harnesses=(fuzz_engine_parsers fuzz_gptq_load)
+echo "== build ($dir/build)"
+cmake -S . -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER="$cxx" \
+  -DFERRUM_CUDA=OFF -DFERRUM_SANITIZE=address,undefined -DFERRUM_BUILD_FUZZERS=ON \
+  -DFERRUM_BUILD_TESTS=OFF -DFERRUM_BUILD_BENCHMARKS=OFF -DFERRUM_INSTALL=OFF > "$dir/configure.log"
+cmake --build "$dir/build" --target "${harnesses[@]}"
 
 # Small valid inputs to start from (each harness's header says its format).
 python3 - "$dir" <<'PY'
@@ -72,14 +72,12 @@ put("fuzz_gptq_load", "per_channel_v2", bytes([64, 16, 0, 0, 1, 1, 0x80, 0, 0, 0
 PY
 
 status=0
-for harness in fuzz_engine_parsers fuzz_gptq_load; do
+for harness in "${harnesses[@]}"; do
   work="$dir/$harness"
-  echo "== $harness: build"
-  # shellcheck disable=SC2086 # the list's words are file names
-  "$cxx" "${flags[@]}" ${sources[$harness]} -o "$work/fuzz"
+  bin="$(cd "$dir/build/tests/fuzz" && pwd)/$harness"
   echo "== $harness: $seconds s"
   # -artifact_prefix: where a finding's input goes; the corpus grows in place.
-  if ! (cd "$work" && ./fuzz -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 \
+  if ! (cd "$work" && "$bin" -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 \
           -artifact_prefix=./ corpus > fuzz.log 2>&1); then
     status=1
     echo "$harness: FINDING (see $work/fuzz.log and $work/crash-*)"
