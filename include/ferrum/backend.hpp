@@ -159,11 +159,13 @@ struct QkvRopeAppendConfig {
 // the kernels' scale · log2 e is inf (NaN rows).
 // Scores: CUDA's softmax forms each exponent with one FMA per score,
 // s · scale · log2 e − (row max · scale · log2 e), FlashAttention's form, so
-// the rounding of the row max in those units enters every weight. While
-// every |q·k| · scale stays within kAttentionExactLogit the weights are off
-// by at most 2^-10 relatively from that (f16's rounding is 2^-11); past it
-// they lose accuracy, and past ~2^30 rows come back NaN. CpuBackend computes
-// in fp64 at any size. bf16 q·k must stay within fp32's range.
+// the rounding of the row max in those units (half an ulp; twice where the
+// decode merges split partials) enters every weight. While every
+// |q·k| · scale stays within kAttentionExactLogit those units stay below
+// 2^15, so a weight is off by less than 2^-9 relatively (P is rounded to
+// f16 / bf16 for P·V anyway); past it accuracy falls with the logits'
+// magnitude, and past ~2^30 rows come back NaN. CpuBackend computes in fp64
+// at any size. bf16 q·k must stay within fp32's range.
 inline constexpr float kMaxAttentionScale = 65536.0f;
 inline constexpr float kAttentionExactLogit = 16384.0f;  // 2^14
 
