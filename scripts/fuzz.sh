@@ -10,6 +10,7 @@
 #                               $FUZZ_DIR (default build-fuzz/), one after the
 #                               other, starting from small valid seeds and
 #                               the corpus an earlier run left there
+#   CXX_FUZZ=clang++-15 ...     the Clang to build with (default clang++)
 # A crash or a sanitizer report stops that harness, leaves the input as
 # $FUZZ_DIR/<harness>/crash-* (rerun: $FUZZ_DIR/build/tests/fuzz/<harness>
 # <file>) and

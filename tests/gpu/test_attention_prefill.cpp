@@ -45,6 +45,7 @@
 // Skipped (GTEST_SKIP) when no CUDA device is visible.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -130,27 +131,37 @@ std::unique_ptr<Backend> make_mma_sync_backend() {
   return std::make_unique<CudaBackend>(config);
 }
 
-// Both prefill backends, named for traces.
-class CudaPrefillAttention : public CaseParamTest<CudaParamTest<DTypeCaseParam>> {
+// A fixture that runs its cases on both prefill backends: the default one
+// and the mma.sync one (skipped where CUDA has no attention kernel).
+template <class Base>
+class BothPrefillKernels : public Base {
  protected:
   void SetUp() override {
-    CaseParamTest<CudaParamTest<DTypeCaseParam>>::SetUp();
-    if (IsSkipped()) return;
-    if (!cuda().supports(Op::FlashAttention)) {
+    Base::SetUp();
+    if (this->IsSkipped()) return;
+    if (!this->cuda().supports(Op::FlashAttention)) {
       GTEST_SKIP() << "CudaBackend::supports(Op::FlashAttention) is false: no CUDA attention kernel to compare yet";
     }
     mma_sync_ = make_mma_sync_backend();
   }
+  // Both backends, named for traces.
+  std::array<std::pair<const char*, Backend*>, 2> prefill_backends() {
+    return {{{"auto", &this->cuda()}, {"mma_sync", mma_sync_.get()}}};
+  }
+  std::unique_ptr<Backend> mma_sync_;
+};
+
+class CudaPrefillAttention : public BothPrefillKernels<CaseParamTest<CudaParamTest<DTypeCaseParam>>> {
+ protected:
   // Every case on the default backend and on the mma.sync one.
   void expect_both_match_cpu(const FlashCase& c) {
     const OpResult want = run(cpu(), c);
-    for (auto [name, be] : {std::pair<const char*, Backend*>{"auto", &cuda()}, {"mma_sync", mma_sync_.get()}}) {
+    for (auto [name, be] : prefill_backends()) {
       SCOPED_TRACE(name);
       // A convex combination of v: outputs are O(1) (op_scale::kUnit).
       expect_same_outputs(run(*be, c), want, Match::Close);
     }
   }
-  std::unique_ptr<Backend> mma_sync_;
 };
 
 TEST_P(CudaPrefillAttention, MatchesCpu) {
@@ -239,16 +250,12 @@ FlashCase single_sequence(const FlashCase& c, std::size_t b) {
                    c.valid_kv,  slice(c.q, q_seq), slice(c.k, kv_seq), slice(c.v, kv_seq)};
 }
 
-class CudaPrefillBatchInvariance : public CudaParamTest<DType> {};
+class CudaPrefillBatchInvariance : public BothPrefillKernels<CudaParamTest<DType>> {};
 
 TEST_P(CudaPrefillBatchInvariance, SequenceAloneIsBitwiseTheSame) {
-  if (!cuda().supports(Op::FlashAttention)) {
-    GTEST_SKIP() << "CudaBackend::supports(Op::FlashAttention) is false: no CUDA attention kernel to compare yet";
-  }
   FERRUM_SEEDED_RNG(rng);
-  const std::unique_ptr<Backend> mma_sync = make_mma_sync_backend();
-  for (Backend* be : {&cuda(), mma_sync.get()}) {
-  SCOPED_TRACE(be == &cuda() ? "auto" : "mma_sync");
+  for (auto [name, be] : prefill_backends()) {
+  SCOPED_TRACE(name);
   for (std::size_t hd : {std::size_t{64}, std::size_t{128}}) {
     for (bool causal : {true, false}) {
       AttnConfig cfg;
@@ -283,16 +290,12 @@ INSTANTIATE_TEST_SUITE_P(DTypes, CudaPrefillBatchInvariance, ::testing::ValuesIn
 // Repeated launches of the same inputs give the same bits (no atomics, no
 // order that depends on scheduling), causal and not, across several query
 // tiles and GQA groups, in both block shapes.
-class CudaPrefillDeterminism : public CudaParamTest<DType> {};
+class CudaPrefillDeterminism : public BothPrefillKernels<CudaParamTest<DType>> {};
 
 TEST_P(CudaPrefillDeterminism, BitwiseRepeatable) {
-  if (!cuda().supports(Op::FlashAttention)) {
-    GTEST_SKIP() << "CudaBackend::supports(Op::FlashAttention) is false: no CUDA attention kernel to compare yet";
-  }
   FERRUM_SEEDED_RNG(rng);
-  const std::unique_ptr<Backend> mma_sync = make_mma_sync_backend();
-  for (Backend* be : {&cuda(), mma_sync.get()}) {
-  SCOPED_TRACE(be == &cuda() ? "auto" : "mma_sync");
+  for (auto [name, be] : prefill_backends()) {
+  SCOPED_TRACE(name);
   // 8 heads x batch 2: the mma.sync kernel's 64-row shape (and the wgmma
   // kernel's one-warpgroup blocks on devices of more than 128 SMs); 64 heads
   // x batch 4: the 128-row / two-warpgroup shapes.
@@ -330,14 +333,10 @@ INSTANTIATE_TEST_SUITE_P(DTypes, CudaPrefillDeterminism, ::testing::ValuesIn(kHa
 // apart by more than f16's tolerance moves a weight. Decode (q_len 1,
 // without and with a split over the keys) and both prefill kernels, every
 // head_dim.
-class CudaAttentionExactEdge : public CudaParamTest<DType> {};
+class CudaAttentionExactEdge : public BothPrefillKernels<CudaParamTest<DType>> {};
 
 TEST_P(CudaAttentionExactEdge, OutputsStayFiniteAndConvexInV) {
-  if (!cuda().supports(Op::FlashAttention)) {
-    GTEST_SKIP() << "CudaBackend::supports(Op::FlashAttention) is false: no CUDA attention kernel to compare yet";
-  }
   FERRUM_SEEDED_RNG(rng);
-  const std::unique_ptr<Backend> mma_sync = make_mma_sync_backend();
   for (float magnitude : {65504.0f, 0.0625f}) {
     for (std::size_t hd : {64, 128, 256}) {
       for (auto [q_len, kv_len] : {std::pair<std::size_t, std::size_t>{1, 40}, {1, 3000}, {130, 300}}) {
@@ -348,8 +347,8 @@ TEST_P(CudaAttentionExactEdge, OutputsStayFiniteAndConvexInV) {
         const OpResult want = run(cpu(), c);
         ASSERT_TRUE(want.guards_ok());
         ASSERT_TRUE(convex_in_v(c, want.at("out"))) << "CpuBackend";
-        for (Backend* be : {&cuda(), mma_sync.get()}) {
-          SCOPED_TRACE(be == &cuda() ? "auto" : "mma_sync");
+        for (auto [name, be] : prefill_backends()) {
+          SCOPED_TRACE(name);
           const OpResult got = run(*be, c);
           EXPECT_TRUE(got.guards_ok());
           EXPECT_TRUE(convex_in_v(c, got.at("out")));
