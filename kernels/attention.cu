@@ -1456,7 +1456,10 @@ bool decode_tc_applies(const AttentionArgs& a) {
       a.num_heads % a.num_kv_heads != 0) {
     return false;
   }
-  return all_aligned16(a.q, a.k, a.v);
+  // out too: the kernel stores 4 elements at once (8 bytes). A misaligned q
+  // or out falls back to the CUDA-core kernel, which reads q and writes out
+  // one element at a time.
+  return all_aligned16(a.q, a.k, a.v, a.out);
 }
 
 bool launch_attention_decode_tc(const AttentionArgs& a, cudaStream_t stream) {
@@ -1517,6 +1520,17 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
   } else {
     if (a.prefill_wgmma && launch_attention_prefill_wgmma(a, stream)) return;
     if (launch_attention_prefill_tc(a, stream)) return;
+  }
+  // The CUDA-core kernel: what its grid and loads need, which the validating
+  // layer guarantees (every tensor-core kernel declined, so something here
+  // is unusual: name it rather than fault).
+  if (a.num_kv_heads < 1 || a.num_heads < 1 || a.num_heads % a.num_kv_heads != 0) {
+    throw_bad_dispatch("flash_attention", "num_heads / num_kv_heads (fallback kernel)", a.num_kv_heads);
+  }
+  if (a.q_len == 1 && a.kv_stride < 1) throw_bad_dispatch("flash_attention", "kv_stride (fallback kernel)", a.kv_stride);
+  if (!all_aligned16(a.k, a.v)) {
+    throw_bad_dispatch("flash_attention", "k / v 16-byte alignment (fallback kernel's vector loads)",
+                       static_cast<long long>(reinterpret_cast<std::uintptr_t>(all_aligned16(a.k) ? a.v : a.k) % 16));
   }
   const int splits = a.q_len == 1 ? attention_decode_splits(a.kv_stride) : 1;
   const int slice_keys = static_cast<int>(attention_decode_slice_keys(a.kv_stride));

@@ -1637,19 +1637,6 @@ GptqPlan gptq_stream_plan(DType dtype, bool zeros, int m, int k, int k_pad, int 
       .plan;  // as launch_stream
 }
 
-bool launch_gptq_gemm_silu_mul(const GptqGemmArgs& args, cudaStream_t stream) {
-  if (args.residual_out.residual != nullptr) throw_bad_dispatch("gemm_silu_mul_gptq", "residual_out (not an epilogue of it)", 0);
-  if (!stream_applies(args) || args.m > kGptqSiluMulMaxM || args.w.n % 2 != 0) return false;
-  const StreamLaunch l = stream_launch_for(args);
-  static_assert(kGptqSiluMulMaxM <= 8, "one row tile");
-  if (!l.bulk || l.plan.splits != 1) return false;
-  dispatch_half_dtype(args.dtype, "gemm_silu_mul_gptq", [&](auto tag) {
-    launch_stream_nt<typename decltype(tag)::type, 1, StreamSource::Bulk, true>(args, 1, l.ring, stream);
-  });
-  check_launch("gemm_silu_mul_gptq (stream)");
-  return true;
-}
-
 namespace {
 
 // The launch knobs every entry point checks (a benchmark may set them).
@@ -1668,6 +1655,20 @@ void check_launch_knobs(const GptqGemmArgs& args) {
 }
 
 }  // namespace
+
+bool launch_gptq_gemm_silu_mul(const GptqGemmArgs& args, cudaStream_t stream) {
+  check_launch_knobs(args);
+  if (args.residual_out.residual != nullptr) throw_bad_dispatch("gemm_silu_mul_gptq", "residual_out (not an epilogue of it)", 0);
+  if (!stream_applies(args) || args.m > kGptqSiluMulMaxM || args.w.n % 2 != 0) return false;
+  const StreamLaunch l = stream_launch_for(args);
+  static_assert(kGptqSiluMulMaxM <= 8, "one row tile");
+  if (!l.bulk || l.plan.splits != 1) return false;
+  dispatch_half_dtype(args.dtype, "gemm_silu_mul_gptq", [&](auto tag) {
+    launch_stream_nt<typename decltype(tag)::type, 1, StreamSource::Bulk, true>(args, 1, l.ring, stream);
+  });
+  check_launch("gemm_silu_mul_gptq (stream)");
+  return true;
+}
 
 bool launch_gptq_gemm_row_sq(const GptqGemmArgs& args, cudaStream_t stream) {
   check_launch_knobs(args);

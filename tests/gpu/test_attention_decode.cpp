@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "kernels/attention.hpp"
+#include "kernels/attention_prefill.hpp"
 
 #include "support/attention_args.hpp"
 #include "support/device_bytes.hpp"
@@ -190,10 +191,10 @@ TEST_P(CudaDecodeBatch, SliceEdgesMatchCpuAndRepeatBitwise) {
     std::size_t nh, nkv, hd, cap;
   };
   // Slice 128 (8 slices, the last partial), slice 512 (10 slices), GQA 32
-  // (two m-tiles), GQA 48 (two chunks, hd 64; 12 slices of 256), hd 256
-  // with GQA 1.
+  // (two m-tiles), GQA 48 (two chunks, hd 64; 12 slices of 256), GQA 40
+  // (two chunks, 32 + 8 heads, hd 128), hd 256 with GQA 1.
   for (const Shape& sh : {Shape{32, 8, 128, 1000}, Shape{32, 8, 128, 5000}, Shape{64, 2, 128, 700},
-                          Shape{48, 1, 64, 3000}, Shape{4, 4, 256, 300}}) {
+                          Shape{48, 1, 64, 3000}, Shape{80, 2, 128, 1500}, Shape{4, 4, 256, 300}}) {
     std::vector<std::size_t> lens;
     for (std::size_t len : {std::size_t{1}, std::size_t{127}, std::size_t{128}, std::size_t{129}, std::size_t{255},
                             std::size_t{257}, std::size_t{511}, std::size_t{512}, std::size_t{513}, sh.cap - 1,
@@ -208,6 +209,41 @@ TEST_P(CudaDecodeBatch, SliceEdgesMatchCpuAndRepeatBitwise) {
     EXPECT_TRUE(bitwise_equal(first.at("out").bytes, second.at("out").bytes, size_of(dt)));
     EXPECT_TRUE(ragged_equals_single_decodes(be, c));
   }
+}
+
+// A batch whose default plan finishes its rows in the combine kernel: more
+// (sequence, kv head) groups than the in-kernel merge takes (40 x 8 at a
+// capacity of 1024: 8 slices of 128 keys over several blocks per row, 320
+// groups past fused_max_groups_per_sm x 132 SMs). Ragged lengths (1 and the
+// whole cache among them) against the CPU, and a graph replay bitwise its
+// eager run.
+TEST_P(CudaDecodeBatch, CombineKernelPlanMatchesCpu) {
+  FERRUM_SEEDED_RNG(rng);
+  const DType dt = GetParam();
+  Backend& be = cuda();
+  constexpr std::size_t kBatch = 40, kCap = 1024;
+  const AttnConfig cfg = attn_config(32, 8, 128, kCap);
+  const kernels::AttentionArgs a =
+      attention_args(dt, nullptr, nullptr, nullptr, nullptr,
+                     {.batch = kBatch, .heads = 32, .kv_heads = 8, .q_len = 1, .head_dim = 128, .kv_stride = kCap});
+  const std::optional<kernels::DecodeLaunchPlan> plan = kernels::decode_launch_plan(a);
+  ASSERT_TRUE(plan.has_value());
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  if (sms == 132) {
+    EXPECT_FALSE(plan->fused) << "the combine kernel on 132 SMs (" << plan->row_blocks << " blocks per row)";
+  }
+  std::vector<std::size_t> lens(kBatch);
+  for (std::size_t& len : lens) len = 1 + rng.below(kCap);
+  lens[0] = 1;
+  lens[1] = kCap;
+  const RaggedDecodeCase c = make_ragged_decode_case(rng, dt, cfg, lens);
+  SCOPED_TRACE(describe(c));
+  const OpResult eager = run(be, c);
+  expect_same_outputs(eager, run(cpu(), c), Match::Close);
+  RunOptions graph;
+  graph.graph = true;
+  expect_same_outputs(run(be, c, graph), eager, Match::Exact);
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, CudaDecodeBatch, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
@@ -251,7 +287,11 @@ constexpr DecodeKnobCase kDecodeKnobCases[] = {
     // The largest head counts whose warps' merge rows fit a ring slot (13 at
     // hd 64, 14 at 128, 15 at 256: DecodeTuning::slot_merge's bound).
     {1, 3000, 4096, 13, 1, 64},      {2, 900, 1024, 28, 2, 128},
-    {2, 1000, 1024, 15, 1, 256}};
+    {2, 1000, 1024, 15, 1, 256},
+    // One slice per row (capacity 128): every row merged in its own block,
+    // whatever fused_merge says, and kv_before_wait's early request on a
+    // row stored directly; one with GQA 20, ragged.
+    {2, 100, 128, 8, 2, 64},         {3, 120, 128, 20, 1, 128, true}};
 
 // One test per (dtype, case), so that a sanitizer run shards them (the two
 // tests of 15 cases each did not finish under racecheck in 230 s).
@@ -449,10 +489,12 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
   // each warp's first sub-tile below the newest row requested before the
   // PDL wait. By default, and with several slices per block (2, 16: the
   // first slice's prologue is the one it changes), the combine kernel, the
-  // cluster merge with a block per slice, and the L2 prefetches ahead.
+  // cluster merge with a block per slice, the L2 prefetches ahead, and the
+  // whole-slice L2 prefetch in the same prologue (with one and 16 slices per
+  // block).
   EXPECT_TRUE(reference == run_with({}, true)) << "kv_before_wait changed the output";
   {
-    std::vector<kernels::DecodeTuning> early(5);
+    std::vector<kernels::DecodeTuning> early(7);
     early[0].slices_per_block = 2;
     early[1].slices_per_block = 16;
     early[2].fused_merge = false;
@@ -460,6 +502,9 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
     early[3].cluster_merge = true;
     early[3].slices_per_block = 1;
     early[4].l2_ahead = 5;
+    early[5].l2_prefetch_bytes = 1e12;
+    early[6].l2_prefetch_bytes = 1e12;
+    early[6].slices_per_block = 16;
     for (std::size_t i = 0; i < early.size(); ++i) {
       EXPECT_TRUE(reference == run_with(early[i], true)) << "kv_before_wait variant " << i << " changed the output";
     }
@@ -576,6 +621,39 @@ TEST_F(CudaDecodeCheck, KvLensOutOfRangeIsADeviceCheck) {
   EXPECT_TRUE(run(be, ok).guards_ok());
 }
 
+// The same check where kv_len comes from the decode state: a step past the
+// cache (set_decode_state(0, 700) on a capacity of 700: kv_len 701) is a
+// named DeviceCheck at the next synchronize and its output zeros, at head
+// dims 64 and 128 and capacities 100 (one slice) and 700 (six); the backend
+// works after.
+TEST_F(CudaDecodeCheck, DecodeStateKvLenPastTheCapacityIsADeviceCheck) {
+  FERRUM_SEEDED_RNG(rng);
+  Backend& be = cuda();
+  for (std::size_t hd : {64, 128}) {
+    for (std::size_t capacity : {100, 700}) {
+      SCOPED_TRACE(cat("head_dim ", hd, ", capacity ", capacity));
+      const AttnConfig cfg = attn_config(8, 2, hd, capacity);
+      // Host kv_len 1 / pos_offset 0 are decoys (device-state mode reads the state).
+      const FlashCase c = make_flash_case(rng, DType::F16, 1, 1, 1, 0, cfg, capacity);
+      DeviceTensor q(be, c.q), k(be, c.k), v(be, c.v);
+      GuardedOutput out(be, DType::F16, c.q.size());
+      be.set_decode_state(0, static_cast<std::uint32_t>(capacity));
+      {
+        DeviceStateScope scope(be, true);
+        be.flash_attention(q.view(), k.view(), v.view(), out.view(), 1, 1, 1, 0, cfg);
+      }
+      expect_error(ErrorCode::DeviceCheck, "flash_attention", [&] { be.synchronize(); },
+                   cat("device-side kv_len ", capacity + 1, " (decode state or kv_lens) outside [1, kv_seq_stride = ",
+                       capacity, "]"));
+      for (float x : out.values()) ASSERT_EQ(x, 0.0f);
+      EXPECT_TRUE(out.check_guard());
+    }
+  }
+  be.set_decode_state(0, 0);
+  const RaggedDecodeCase ok = make_ragged_decode_case(rng, DType::F16, attn_config(8, 2, 128, 700), {5, 9});
+  EXPECT_TRUE(run(be, ok).guards_ok());
+}
+
 // Straight through the launcher with AttentionArgs::kv_before_wait (kv_len
 // read before the PDL wait, without a report): a bad device-side kv_len is
 // still reported (after the wait), its sequence gets zeros, and every byte
@@ -619,6 +697,71 @@ TEST_F(CudaDecodeCheck, KvBeforeWaitStillReportsABadKvLen) {
     const std::size_t row_bytes = std::size_t{kHeads} * kHd * 2;
     for (std::size_t i = row_bytes; i < 2 * row_bytes; ++i) ASSERT_EQ(early[i], 0) << "byte " << i;
     EXPECT_TRUE(early == run_with(false));
+  }
+}
+
+// The CUDA-core kernel (attention_rows_kernel, and its combine over split
+// slices): the fallback where no tensor-core kernel applies (a device before
+// sm_80, or operands their 16-byte loads cannot take). Reached here through
+// the launcher with q 2 bytes past a 16-byte boundary (this kernel reads q
+// one element at a time), against CpuBackend, f16 and bf16, every head_dim,
+// GQA 10 (blocks of 8 heads: two per kv head): a batch of three decodes
+// over 8 slices (the combine), a decode query before the newest key, and
+// prefill chunks, causal at pos_offset > 0 and not. out is poisoned, with a
+// guard past its end.
+TEST_F(CudaDecodeCheck, CudaCoreFallbackMatchesCpu) {
+  FERRUM_SEEDED_RNG(rng);
+  cuda();  // device 0 current, its runtime made
+  constexpr std::size_t kHeads = 20, kKvHeads = 2, kGuardBytes = 64;
+  struct Shape {
+    std::size_t batch, q_len, kv_len, pos_offset, capacity;
+    bool causal;
+  };
+  const Shape shapes[] = {{3, 1, 1000, 999, 1000, true},
+                          {2, 1, 1000, 300, 1300, true},
+                          {1, 70, 200, 130, 200, true},
+                          {2, 70, 200, 0, 260, false}};
+  for (DType dt : kHalfDTypes) {
+    for (std::size_t hd : {64, 128, 256}) {
+      for (const Shape& sh : shapes) {
+        AttnConfig cfg = attn_config(kHeads, kKvHeads, hd, sh.capacity);
+        cfg.causal = sh.causal;
+        const FlashCase c = make_flash_case(rng, dt, sh.batch, sh.q_len, sh.kv_len, sh.pos_offset, cfg);
+        SCOPED_TRACE(describe(c));
+        std::vector<std::uint8_t> q_bytes(2, 0);  // q starts 2 bytes in
+        const std::vector<std::uint8_t> q_encoded = encode_bytes(c.q);
+        q_bytes.insert(q_bytes.end(), q_encoded.begin(), q_encoded.end());
+        const DeviceBytes dq(q_bytes), dk(encode_bytes(c.k)), dv(encode_bytes(c.v));
+        const std::size_t out_bytes = c.q.values.size() * size_of(dt);
+        DeviceBytes dout(out_bytes + kGuardBytes);
+        dout.fill(kPoisonByte);
+        const std::size_t ws = kernels::attention_workspace_floats(
+            static_cast<int>(sh.batch), static_cast<int>(kHeads), static_cast<int>(sh.q_len), static_cast<int>(hd),
+            static_cast<long long>(sh.capacity));
+        DeviceBytes dws(std::max<std::size_t>(ws, 1) * sizeof(float));
+        kernels::AttentionArgs a = attention_args(
+            dt, static_cast<const std::uint8_t*>(dq.get()) + 2, dk.get(), dv.get(), dout.get(),
+            {.batch = static_cast<int>(sh.batch), .heads = static_cast<int>(kHeads),
+             .kv_heads = static_cast<int>(kKvHeads), .q_len = static_cast<int>(sh.q_len), .head_dim = static_cast<int>(hd),
+             .kv_stride = static_cast<long long>(sh.capacity), .kv_len = static_cast<int>(sh.kv_len),
+             .pos_offset = static_cast<long long>(sh.pos_offset), .causal = sh.causal});
+        if (ws > 0) kernels::set_decode_workspace(a, static_cast<float*>(dws.get()), ws);
+        if (sh.q_len == 1) {
+          ASSERT_FALSE(kernels::decode_launch_plan(a).has_value()) << "the tensor-core decode took a misaligned q";
+        } else {
+          ASSERT_FALSE(kernels::prefill_tc_applies(a)) << "a tensor-core prefill took a misaligned q";
+        }
+        kernels::launch_attention(a, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<std::uint8_t> got_bytes = dout.read();
+        for (std::size_t i = out_bytes; i < got_bytes.size(); ++i) {
+          ASSERT_EQ(got_bytes[i], kPoisonByte) << "guard byte " << i - out_bytes << " past out";
+        }
+        got_bytes.resize(out_bytes);
+        const std::vector<float> got = decode_bytes(dt, got_bytes);
+        EXPECT_TRUE(all_close(got, run(cpu(), c).at("out").values, dt));
+      }
+    }
   }
 }
 

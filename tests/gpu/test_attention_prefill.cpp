@@ -45,6 +45,7 @@
 // Skipped (GTEST_SKIP) when no CUDA device is visible.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -424,19 +425,25 @@ TEST_F(CudaPrefillWgmma, RunsWhereItShould) {
       }
     }
   }
-  // An empty cache: either kernel may take it; whichever does writes zeros.
-  kernels::AttentionArgs empty = attention_args(
-      DType::F16, dq, dk, dv, dout,
-      {.heads = kHeads, .kv_heads = kHeads, .q_len = 5, .head_dim = 128, .kv_stride = 8, .kv_len = 0});
-  empty.scale = 0.125f;
-  for (const bool producer_warp : {false, true}) {
-    empty.prefill_tuning.wgmma_producer_warp = producer_warp;
-    dout_mem.fill(kPoisonByte);
-    kernels::launch_attention(empty, nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<std::uint8_t> got = dout_mem.read();
-    for (std::size_t i = 0; i < std::size_t{kHeads} * 5 * 128 * 2; ++i) {
-      ASSERT_EQ(got[i], 0u) << "byte " << i << ", producer warp " << producer_warp;
+  // An empty cache: either kernel may take it; whichever does writes zeros
+  // (the wgmma kernel with and without its producer warp at hd 128, the
+  // mma.sync kernel at every head_dim: no key tile at all).
+  for (const int hd : {64, 128, 256}) {
+    kernels::AttentionArgs empty = attention_args(
+        DType::F16, dq, dk, dv, dout,
+        {.heads = kHeads, .kv_heads = kHeads, .q_len = 5, .head_dim = hd, .kv_stride = 8, .kv_len = 0});
+    empty.scale = 0.125f;
+    for (const int variant : {0, 1, 2}) {  // wgmma; wgmma with the producer warp; mma.sync
+      if (variant < 2 && hd != 128) continue;
+      empty.prefill_tuning.wgmma_producer_warp = variant == 1;
+      empty.prefill_wgmma = variant < 2;
+      dout_mem.fill(kPoisonByte);
+      kernels::launch_attention(empty, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<std::uint8_t> got = dout_mem.read();
+      for (std::size_t i = 0; i < std::size_t{kHeads} * 5 * static_cast<std::size_t>(hd) * 2; ++i) {
+        ASSERT_EQ(got[i], 0u) << "byte " << i << ", hd " << hd << ", variant " << variant;
+      }
     }
   }
 }
@@ -540,7 +547,7 @@ TEST_F(CudaPrefillWgmma, BothBlockShapesGiveTheSameBits) {
   const Case cases[] = {{128, 8, 2, 300, 300, 300, 0, true},     {128, 8, 8, 193, 700, 730, 507, true},
                         {64, 8, 1, 129, 1000, 1000, 0, false},   {64, 4, 4, 250, 377, 400, 127, true},
                         {128, 4, 1, 65, 90, 96, 25, true},       {128, 8, 2, 1100, 2200, 2200, 1100, true},
-                        {64, 4, 4, 64, 1300, 1300, 0, false}};
+                        {64, 4, 4, 64, 1300, 1300, 0, false},    {128, 8, 2, 200, 1500, 1600, 0, false}};
   for (DType dt : kHalfDTypes) {
     for (const Case& c : cases) {
       SCOPED_TRACE(cat(to_string(dt), " hd ", c.hd, " heads ", c.heads, "/", c.kv_heads, " q_len ", c.q_len,
@@ -583,6 +590,34 @@ TEST_F(CudaPrefillWgmma, BothBlockShapesGiveTheSameBits) {
       EXPECT_TRUE(bitwise_equal(run_with(3, true), one, size_of(dt))) << "producer warp, three warpgroups";
     }
   }
+}
+
+// Warpgroup counts the wgmma prefill has no instance for (3 without the
+// producer warp, 1 or 4 with it) are a named error from the launcher, with
+// nothing launched: out keeps its poison.
+TEST_F(CudaPrefillWgmma, WarpgroupCountsWithoutAnInstanceAreNamedErrors) {
+  cuda();  // device 0 current
+  if (const std::string why = why_not_here(); !why.empty()) GTEST_SKIP() << why;
+  FERRUM_SEEDED_RNG(rng);
+  const FlashCase fc = make_flash_case(rng, DType::F16, 1, 100, 100, 0, attn_config(8, 2, 128, 100));
+  const std::vector<std::uint8_t> q = encode_bytes(fc.q);
+  const DeviceBytes dq(q), dk(encode_bytes(fc.k)), dv(encode_bytes(fc.v));
+  DeviceBytes dout(q.size());
+  dout.fill(kPoisonByte);
+  const std::pair<int, bool> unbuilt[] = {{3, false}, {1, true}, {4, true}};
+  for (const auto& [warpgroups, producer_warp] : unbuilt) {
+    SCOPED_TRACE(cat("warpgroups ", warpgroups, producer_warp ? " with the producer warp" : ""));
+    kernels::AttentionArgs a = attention_args(
+        DType::F16, dq.get(), dk.get(), dv.get(), dout.get(),
+        {.batch = 1, .heads = 8, .kv_heads = 2, .q_len = 100, .head_dim = 128, .kv_stride = 100, .kv_len = 100});
+    a.prefill_tuning.wgmma_warpgroups = warpgroups;
+    a.prefill_tuning.wgmma_producer_warp = producer_warp;
+    expect_error(ErrorCode::Internal, "flash_attention", [&] { kernels::launch_attention_prefill_wgmma(a, nullptr); },
+                 "PrefillTuning::wgmma_warpgroups");
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<std::uint8_t> out = dout.read();
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](std::uint8_t b) { return b == kPoisonByte; }));
 }
 
 // Rows the kernels cannot move as 16-byte vectors: each of q, k, v and out

@@ -312,6 +312,32 @@ TEST_F(CudaGemmSkinnyViews, ConfigOutsideItsRangeIsRefused) {
   }
 }
 
+// The default policy (gemm_skinny_max_m = -1) reaches the launch on the
+// device: on the shapes of its table, the default backend launches the
+// skinny kernel exactly where gemm_skinny_default says (read from a captured
+// graph's kernel names), so its cuBLAS branches (n >= 2k below 16k at
+// m = 3..8, the large m <= 2 weights, m > 8) run cuBLAS.
+TEST_F(CudaGemmSkinnyViews, TheDefaultPolicyReachesTheLaunch) {
+  struct Shape {
+    DType dt;
+    std::size_t m, n, k;
+  };
+  const Shape shapes[] = {{DType::F16, 1, 8192, 8192},   {DType::BF16, 1, 8192, 8192},  {DType::F16, 2, 28672, 8192},
+                          {DType::F16, 4, 4096, 4096},   {DType::BF16, 4, 14336, 4096}, {DType::F16, 8, 128256, 4096},
+                          {DType::F16, 16, 4096, 4096}};
+  auto& be = dynamic_cast<CudaBackend&>(cuda());  // CudaBackendConfig's defaults
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(cat(to_string(s.dt), " m=", s.m, " n=", s.n, " k=", s.k));
+    const Buffer a = be.alloc(s.dt, s.m * s.k), b = be.alloc(s.dt, s.n * s.k);
+    Buffer out = be.alloc(s.dt, s.m * s.n);
+    const std::vector<CapturedLaunch> launches = captured_launches(be, [&] { be.gemm(a, b, out, s.m, s.n, s.k); });
+    const bool skinny = kernels::gemm_skinny_default(s.dt, static_cast<long long>(s.m), static_cast<long long>(s.n),
+                                                     static_cast<long long>(s.k));
+    EXPECT_EQ(launched(launches, "gemm_skinny_"), skinny) << describe_launches(launches);
+    EXPECT_FALSE(launches.empty());
+  }
+}
+
 // ── Host only: the dispatch predicate and the default policy ────────────────────────────────────────
 
 TEST(GemmSkinnyApplicable, Rules) {

@@ -11,7 +11,8 @@
 // kernel up to 16 rows, every fused kernel configuration above, row chunking,
 // and the dequantize + cuBLAS path: each m on the default backend, whose
 // measured rule sends these small weights to dequantize + cuBLAS above
-// m = 32, and on one whose fused kernels take every m); split-K,
+// m = 96 where the wgmma kernel runs (sm_90a) and above 32 elsewhere, and on
+// one whose INT4 kernels take every m); split-K,
 // also at every configuration boundary and with partly empty column blocks;
 // general layouts (group size 8, uneven act-order groups); f16 and bf16.
 // Also: bitwise determinism run to run on random (non-exact) data, graph
@@ -100,11 +101,16 @@ struct WeightCase {
   bool act_order;
   GptqZeroFormat format;
   bool exact = true;  // power-of-two scales (else uniform random)
+  // >= 0 (with symmetric false): every zero this one value (0 .. 15 in V2,
+  // 1 .. 16 in V1), so the load drops the zeros array and the kernels
+  // subtract that value (GptqRepacked::uniform_zero); -1: random zeros.
+  int uniform_zero = -1;
 };
 
 std::string describe(const WeightCase& c) {
   return cat("k=", c.k, " n=", c.n, " group=", c.group_size, c.symmetric ? " sym" : " asym",
-             c.act_order ? " act-order" : "", c.format == GptqZeroFormat::V1 ? " v1" : " v2");
+             c.act_order ? " act-order" : "", c.format == GptqZeroFormat::V1 ? " v1" : " v2",
+             c.uniform_zero >= 0 ? cat(" every zero ", c.uniform_zero) : std::string());
 }
 
 // SMs of device 0 (the backends' device), for the launch plans.
@@ -145,6 +151,8 @@ Checkpoint make_checkpoint(const WeightCase& c, Rng& rng) {
   for (auto& v : ck.zero) {
     if (c.symmetric) {
       v = 8;
+    } else if (c.uniform_zero >= 0) {
+      v = static_cast<std::uint8_t>(c.uniform_zero);
     } else {
       v = static_cast<std::uint8_t>(c.format == GptqZeroFormat::V1 ? 1 + rng.below(16) : rng.below(16));
     }
@@ -209,7 +217,7 @@ class CudaGptq : public CudaTest {
  protected:
   // Loads `c` on three backends and compares every m in `ms`, f16 and bf16:
   // on the default backend (the measured rule sends small weights to
-  // dequantize + cuBLAS above m = 32), on one whose INT4 kernels take every m
+  // dequantize + cuBLAS above m = 96 with wgmma, else 32), on one whose INT4 kernels take every m
   // (CudaBackendConfig::gptq_fused_max_m; the launches Auto gives the wgmma
   // kernel, gptq_wgmma_preferred, on it where it runs) and on one that also forces the fused kernel, so
   // every path sees each m.
@@ -332,6 +340,9 @@ TEST_F(CudaGptq, ExactWithSplitKAtConfigBoundaries) {
 TEST_F(CudaGptq, ExactOnGeneralLayouts) {
   FERRUM_SEEDED_RNG(rng);
   expect_exact({128, 40, 8, false, false, GptqZeroFormat::V1}, {1, 17, 300}, rng);
+  // Symmetric: no zeros array, the dequantization's one zero (8); k = 264
+  // ends half way into a 16-row tile.
+  expect_exact({264, 40, 8, true, false, GptqZeroFormat::V2}, {1, 17, 300}, rng);
   expect_exact({96, 64, 24, false, true, GptqZeroFormat::V2}, {3, 64}, rng);
   // Act-order with uneven groups.
   WeightCase c{256, 72, 64, false, false, GptqZeroFormat::V1};
@@ -347,6 +358,73 @@ TEST_F(CudaGptq, ExactOnGeneralLayouts) {
       EXPECT_TRUE(same_floats(run_gemm(cuda(), *on_gpu, a, dt, m), run_gemm(cpu(), *on_cpu, a, dt, m)));
     }
   }
+}
+
+// Groups of 16 rows, the fused layout's smallest (a new scale row at every
+// k16 step, eight per fused-kernel stage). The bulk source needs groups of
+// 32 or more, so Auto runs the register source up to 8 rows and, on a
+// weight of one column group (where the wgmma kernel is not preferred at
+// 9..16 rows), the fused kernel at 9..16; the wgmma kernel (the fused
+// kernel where it does not run) above 16. The other two backends of
+// expect_exact take the wgmma or the fused kernel at every m.
+TEST_F(CudaGptq, ExactWithGroupsOfSixteen) {
+  FERRUM_SEEDED_RNG(rng);
+  const WeightCase narrow{2048, 136, 16, false, true, GptqZeroFormat::V1};
+  expect_exact(narrow, {1, 8, 9, 16, 17, 33, 64, 65}, rng);
+  expect_exact({1024, 200, 16, true, false, GptqZeroFormat::V2}, {1, 9, 16, 48}, rng);
+  const Checkpoint ck = make_checkpoint(narrow, rng);
+  std::unique_ptr<QuantWeight> w = cuda().load_gptq(ck.tensors());
+  for (std::size_t m : {1, 8, 9, 16}) {
+    const std::vector<CapturedLaunch> launches = gptq_launches(cuda(), *w, DType::F16, m);
+    const char* want = m <= 8 ? "gptq_stream_kernel" : "gptq_fused_kernel";
+    EXPECT_TRUE(launched(launches, want)) << "m=" << m << ": " << describe_launches(launches);
+  }
+}
+
+// Asymmetric checkpoints whose zeros are all one value other than 8: the
+// two ends of each format's range (0 in V2, 16 in V1) and 3. The load keeps
+// no zeros array (GptqRepacked::uniform_zero), so every kernel subtracts
+// that one value: the streaming kernel's two sources (groups of 128 and
+// 16), the fused kernel, the wgmma kernel where it runs, and dequantize +
+// cuBLAS on a fused and on a general layout.
+TEST_F(CudaGptq, ExactWithOneZeroForEveryColumn) {
+  FERRUM_SEEDED_RNG(rng);
+  const std::pair<int, GptqZeroFormat> zeros[] = {
+      {0, GptqZeroFormat::V2}, {16, GptqZeroFormat::V1}, {3, GptqZeroFormat::V1}};
+  for (const auto& [zero, format] : zeros) {
+    for (int group : {128, 16}) {
+      WeightCase c{1024, 200, group, false, group == 16, format};
+      c.uniform_zero = zero;
+      expect_exact_on({&cuda(), &fused_everywhere(), &fused_kernel_everywhere(), &stream_bulk()}, c,
+                      {1, 9, 17, 64, 300}, rng);
+    }
+    WeightCase general{128, 40, 8, false, false, format};
+    general.uniform_zero = zero;
+    expect_exact(general, {1, 17}, rng);
+  }
+}
+
+// Dequantize + cuBLAS (gptq_fused_max_m = 0: at every m) over several
+// column chunks: the scratch holds 64 MiB of dequantized weight, 4096
+// columns at k = 8192, so n = 4136 is one whole chunk and a last one whose
+// 64-column block holds 40 live columns (the dequantization covers the
+// chunk's width and skips the blocks past n; cuBLAS multiplies the live
+// columns). Act-order, zeros; groups of 128 and 32.
+TEST_F(CudaGptq, DequantizeAndCublasOverSeveralColumnChunks) {
+  FERRUM_SEEDED_RNG(rng);
+  CudaBackendConfig config;
+  config.gptq_fused_max_m = 0;
+  CudaBackend dequantizing(config);
+  const WeightCase c{8192, 4136, 128, false, true, GptqZeroFormat::V1};
+  expect_exact_on(dequantizing, c, {1, 2}, rng);
+  expect_exact_on(dequantizing, {8192, 4136, 32, true, false, GptqZeroFormat::V2}, {3}, rng);
+  const Checkpoint ck = make_checkpoint(c, rng);
+  std::unique_ptr<QuantWeight> w = dequantizing.load_gptq(ck.tensors());
+  const std::vector<CapturedLaunch> launches = gptq_launches(dequantizing, *w, DType::F16, 1);
+  const auto chunks = std::count_if(launches.begin(), launches.end(), [](const CapturedLaunch& l) {
+    return l.name.find("gptq_dequant_kernel") != std::string::npos;
+  });
+  EXPECT_EQ(chunks, 2) << describe_launches(launches);
 }
 
 // A GPTQ weight destroyed while the device's graph slot holds a graph that
@@ -422,9 +500,10 @@ void expect_deterministic_and_close(Backend& gpu, Backend& cpu, const std::vecto
 TEST_F(CudaGptq, DeterministicRunToRunAndClose) {
   FERRUM_SEEDED_RNG(rng);
   expect_deterministic_and_close(cuda(), cpu(), {1, 16, 40, 64, 300}, 2, rng);
-  // The INT4 kernels at m > 32 (the rule sends these small weights' m = 40
-  // and 64 to dequantize + cuBLAS on the default backend): wgmma where it
-  // runs, and the fused kernel's configurations.
+  // The INT4 kernels at m > 32 (where the wgmma kernel does not run, the
+  // rule sends these small weights' m = 40 and 64 to dequantize + cuBLAS on
+  // the default backend): wgmma where it runs, and the fused kernel's
+  // configurations.
   expect_deterministic_and_close(fused_everywhere(), cpu(), {40, 48, 64}, 2, rng);
   expect_deterministic_and_close(fused_kernel_everywhere(), cpu(), {40, 48, 64}, 2, rng);
 }
@@ -523,7 +602,10 @@ TEST_F(CudaGptq, WeightsOfDifferentSizesCoexist) {
   std::unique_ptr<QuantWeight> gl = cuda().load_gptq(cl.tensors());
   std::unique_ptr<QuantWeight> ps = cpu().load_gptq(cs.tensors());
   std::unique_ptr<QuantWeight> pl = cpu().load_gptq(cl.tensors());
-  for (std::size_t m : {1, 32, 64}) {  // 32: the fused kernel with the act-order gather (64: dequantize + cuBLAS)
+  // 32 and 64: the wgmma kernel (sm_90a; else the fused kernel at 32 and
+  // dequantize + cuBLAS at 64) with the act-order gather; 100: dequantize +
+  // cuBLAS with act-order on either (the wgmma rule's 96 at these sizes).
+  for (std::size_t m : {1, 32, 64, 100}) {
     const std::vector<float> as = integer_activations(rng, m * small.k), al = integer_activations(rng, m * large.k);
     EXPECT_TRUE(same_floats(run_gemm(cuda(), *gs, as, DType::F16, m), run_gemm(cpu(), *ps, as, DType::F16, m)));
     EXPECT_TRUE(same_floats(run_gemm(cuda(), *gl, al, DType::F16, m), run_gemm(cpu(), *pl, al, DType::F16, m)));
@@ -1032,6 +1114,35 @@ TEST_F(CudaGptqStreamBulk, CtasPerSmCapsThePlan) {
   }
 }
 
+// The default plan of llama3-8b's down projection (14336 x 4096 at m = 1):
+// 64 column blocks x 8 splits, 512 CTAs, past kGptqClusterMaxCtasPerSm per
+// SM on 132 SMs, so the splits sum through the workspace although the
+// cluster reduce is asked for (the default). Exact against the CPU at the
+// default plan (CtasPerSmCapsThePlan checks the capped plans), and no
+// launch goes out in clusters where gptq_cluster_reduces says so.
+TEST_F(CudaGptqStreamBulk, SplitsPastTheClusterCapSumThroughTheWorkspace) {
+  if (!kernels::gptq_bulk_copy_supported()) GTEST_SKIP() << "no bulk copies (sm_90+) on this device";
+  FERRUM_SEEDED_RNG(rng);
+  const WeightCase c{14336, 4096, 128, true, false, GptqZeroFormat::V1};
+  auto bulk = bulk_backend();
+  ASSERT_TRUE(bulk->gptq_cluster_reduce());
+  const Checkpoint ck = make_checkpoint(c, rng);
+  std::unique_ptr<QuantWeight> w = bulk->load_gptq(ck.tensors());
+  for (std::size_t m : {1, 4}) {
+    SCOPED_TRACE(cat("m=", m));
+    const BulkPlan plan = bulk_stream_plan(c, m, DType::F16);
+    ASSERT_TRUE(plan.applies);
+    const long long ctas = static_cast<long long>(c.n / kernels::kGptqTileN) * plan.splits;
+    const bool clustered = kernels::gptq_cluster_reduces(true, plan.splits, ctas, device0_sms());
+    if (device0_sms() == 132) {
+      EXPECT_FALSE(clustered) << plan.splits << " splits, " << ctas << " CTAs: the workspace path on 132 SMs";
+    }
+    const std::vector<CapturedLaunch> launches = gptq_launches(*bulk, *w, DType::F16, m);
+    EXPECT_EQ(any_clustered(launches), clustered) << describe_launches(launches);
+  }
+  expect_exact_on(*bulk, c, {1, 4}, rng);
+}
+
 // CudaBackendConfig::gptq_cluster_reduce: the splits of a column block summed
 // through distributed shared memory give the workspace reduction's bits (the
 // same partial sums added in the same order). Shapes whose plan has 2, 3, 4
@@ -1275,7 +1386,7 @@ class CudaGptqWgmma : public CudaGptq {
 constexpr std::initializer_list<std::size_t> kWgmmaM = {1, 16, 17, 31, 32, 33, 63, 64, 65, 130};
 
 // Every standard layout (scale rows changing inside a 64-row stage at group
-// 32; n = 200 pads to 256: the CTA's last warp has no column block).
+// 32; n = 200 pads to 256: the CTA's last column block holds 8 live columns).
 TEST_F(CudaGptqWgmma, ExactOnEveryStandardLayout) {
   FERRUM_SEEDED_RNG(rng);
   for_each_standard_layout([&](const WeightCase& c) { expect_exact_on(wgmma(), c, kWgmmaM, rng); });
@@ -1523,7 +1634,12 @@ TEST_F(CudaGptqRowSq, FusedEqualsComposedAndMatchesCpu) {
       {{4096, 4096, 128, true, false, GptqZeroFormat::V1, false}, {4096, 1024, 128, true, false, GptqZeroFormat::V1, false}},
       {{416, 256, 32, false, false, GptqZeroFormat::V2, false}, {256, 512, 32, false, false, GptqZeroFormat::V2, false}},
       {{1024, 192, 64, false, true, GptqZeroFormat::V1, false}, {192, 128, 64, false, true, GptqZeroFormat::V1, false}},
-      {{14336, 512, 128, true, false, GptqZeroFormat::V1, false}, {512, 384, 128, true, false, GptqZeroFormat::V1, false}}};
+      {{14336, 512, 128, true, false, GptqZeroFormat::V1, false}, {512, 384, 128, true, false, GptqZeroFormat::V1, false}},
+      // Groups of 16: the streaming kernel's register source (the bulk
+      // source needs 32) carries the residual epilogue, at k = 1024 and
+      // at k = 416 (padded to 512: fewer splits, the last stage half past k).
+      {{1024, 400, 16, false, false, GptqZeroFormat::V2, false}, {400, 256, 16, true, false, GptqZeroFormat::V1, false}},
+      {{416, 400, 16, true, false, GptqZeroFormat::V1, false}, {400, 512, 16, false, false, GptqZeroFormat::V2, false}}};
   for (const Pair& pair : pairs) {
     SCOPED_TRACE(cat(describe(pair.out), " then ", describe(pair.in)));
     const Checkpoint ck_out = make_checkpoint(pair.out, rng), ck_in = make_checkpoint(pair.in, rng);

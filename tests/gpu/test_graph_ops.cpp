@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "ferrum/cuda_backend.hpp"
 #include "support/op_registry.hpp"
 #include "support/op_runners.hpp"
 #include "support/strict_capture.hpp"
@@ -87,11 +88,21 @@ TEST_P(CudaGraphOps, RopeAndKvCache) {
 
 TEST_P(CudaGraphOps, Gemm) {
   SCOPED_TRACE(rng_.describe());
-  // m = 1 and 16: the skinny kernels; 83 and 1024: cuBLAS (odd n and k too).
-  for (const GemmShape& s : std::vector<GemmShape>{{1, 4096, 4096}, {16, 4096, 4096}, {83, 769, 769}, {1024, 2048, 1024}}) {
-    expect_graph_equals_eager(cuda(), make_gemm_case(rng_, dt(), s.m, s.n, s.k));
-  }
+  // m = 1 and 8: the skinny kernel under the default policy (the SIMT and
+  // the mma form); 16 (cuBLAS by default), 83 and 1024: cuBLAS (odd n and k
+  // too).
+  const std::vector<GemmShape> shapes = {{1, 4096, 4096}, {8, 4096, 4096}, {16, 4096, 4096}, {83, 769, 769},
+                                         {1024, 2048, 1024}};
+  for (const GemmShape& s : shapes) expect_graph_equals_eager(cuda(), make_gemm_case(rng_, dt(), s.m, s.n, s.k));
   for (std::size_t m : {1, 16, 100}) expect_graph_equals_eager(cuda(), make_gemm_silu_mul_case(rng_, dt(), m, 1024, 4096));
+  // The skinny kernel at 9..16 rows (two groups of 8), where only
+  // gemm_skinny_max_m = 16 takes it.
+  CudaBackendConfig config;
+  config.gemm_skinny_max_m = 16;
+  CudaBackend skinny16(config);
+  expect_graph_equals_eager(skinny16, make_gemm_case(rng_, dt(), 16, 4096, 4096));
+  expect_graph_equals_eager(skinny16, make_gemm_case(rng_, dt(), 11, 769, 1000));
+  expect_graph_equals_eager(skinny16, make_gemm_silu_mul_case(rng_, dt(), 16, 1024, 4096));
 }
 
 TEST_P(CudaGraphOps, Attention) {

@@ -730,6 +730,18 @@ std::vector<FlashSpec> flash_specs() {
     cfg.kv_seq_stride = 0;
     specs.push_back({1, 9, kv, kv - 9, cfg});
   }
+  // One causal query before the newest key (it sees pos_offset + 1 of the
+  // kv_len keys: the decode kernels' limit below kv_len), several slices in
+  // from the cache's end.
+  for (std::size_t hd : {64, 128}) {
+    AttnConfig cfg;
+    cfg.num_heads = 8;
+    cfg.num_kv_heads = 2;
+    cfg.head_dim = hd;
+    cfg.causal = true;
+    cfg.kv_seq_stride = 1300;
+    specs.push_back({2, 1, 1000, 300, cfg});
+  }
   return specs;
 }
 
