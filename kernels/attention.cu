@@ -1457,8 +1457,9 @@ bool decode_tc_applies(const AttentionArgs& a) {
     return false;
   }
   // out too: the kernel stores 4 elements at once (8 bytes). A misaligned q
-  // or out falls back to the CUDA-core kernel, which reads q and writes out
-  // one element at a time.
+  // falls back to the CUDA-core kernel, which reads q one element at a time;
+  // so does a misaligned out, which that kernel writes one element at a
+  // time where a row has one slice (its combine stores 4 at once).
   return all_aligned16(a.q, a.k, a.v, a.out);
 }
 
@@ -1533,6 +1534,10 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
                        static_cast<long long>(reinterpret_cast<std::uintptr_t>(all_aligned16(a.k) ? a.v : a.k) % 16));
   }
   const int splits = a.q_len == 1 ? attention_decode_splits(a.kv_stride) : 1;
+  if (splits > 1 && reinterpret_cast<std::uintptr_t>(a.out) % 8 != 0) {
+    throw_bad_dispatch("flash_attention", "out 8-byte alignment (the fallback's split combine stores 4 elements)",
+                       static_cast<long long>(reinterpret_cast<std::uintptr_t>(a.out) % 8));
+  }
   const int slice_keys = static_cast<int>(attention_decode_slice_keys(a.kv_stride));
   const int group = a.num_heads / a.num_kv_heads;
   const int heads_per_block = group < kMaxGroupPerBlock ? group : kMaxGroupPerBlock;

@@ -24,6 +24,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ferrum/error.hpp"
@@ -133,6 +134,33 @@ TEST(GptqRepack, RoundTripIsExactForEveryStandardLayout) {
     EXPECT_TRUE(again.qweight == packed.qweight);
     EXPECT_TRUE(again.qzeros == packed.qzeros);
     EXPECT_TRUE(again.scales == packed.scales);
+  }
+}
+
+// Every zero one value other than 8 (the two ends of each format's range,
+// 0 in V2 and 16 in V1, and 3): the repack keeps no zeros array but that
+// value (uniform_zero, zero_value), on both paths, and the weight round-trips;
+// one zero changed makes the zeros per column again.
+TEST(GptqRepack, OneZeroForEveryColumnIsKeptAsOneValue) {
+  FERRUM_SEEDED_RNG(rng);
+  const std::pair<int, GptqZeroFormat> zeros[] = {
+      {0, GptqZeroFormat::V2}, {16, GptqZeroFormat::V1}, {3, GptqZeroFormat::V1}};
+  for (const auto& [zero, format] : zeros) {
+    for (const RepackCase& c : {RepackCase{384, 200, 128, false, false, format},
+                                RepackCase{256, 136, 16, false, true, format}}) {
+      SCOPED_TRACE(describe(c) + " every zero " + std::to_string(zero));
+      GptqUnpacked w = detail::unpack_gptq(random_checkpoint(c, rng).host_tensors());
+      std::fill(w.zero.begin(), w.zero.end(), static_cast<std::uint8_t>(zero));
+      const GptqPacked packed = detail::pack_gptq(w, format);
+      for (const GptqRepacked& r :
+           {detail::repack_gptq(packed.host_tensors()), detail::repack_gptq(detail::unpack_gptq(packed.host_tensors()))}) {
+        EXPECT_TRUE(r.uniform_zero);
+        EXPECT_EQ(r.zero_value, zero);
+        expect_same_weight(detail::unpack_repacked(r), w);
+      }
+      w.zero[w.zero.size() / 2] = static_cast<std::uint8_t>(zero == 3 ? 4 : 8);
+      EXPECT_FALSE(detail::repack_gptq(detail::pack_gptq(w, format).host_tensors()).uniform_zero);
+    }
   }
 }
 

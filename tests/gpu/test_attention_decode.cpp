@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -503,6 +504,7 @@ TEST_P(CudaDecodeKnobs, DecodeTuningKnobsChangeNoBit) {
     early[3].slices_per_block = 1;
     early[4].l2_ahead = 5;
     early[5].l2_prefetch_bytes = 1e12;
+    early[5].slices_per_block = 1;
     early[6].l2_prefetch_bytes = 1e12;
     early[6].slices_per_block = 16;
     for (std::size_t i = 0; i < early.size(); ++i) {
@@ -707,7 +709,10 @@ TEST_F(CudaDecodeCheck, KvBeforeWaitStillReportsABadKvLen) {
 // one element at a time), against CpuBackend, f16 and bf16, every head_dim,
 // GQA 10 (blocks of 8 heads: two per kv head): a batch of three decodes
 // over 8 slices (the combine), a decode query before the newest key, and
-// prefill chunks, causal at pos_offset > 0 and not. out is poisoned, with a
+// prefill chunks, causal at pos_offset > 0 and not; then out 2 bytes in
+// (q aligned): a decode of one slice per row runs there too (this kernel
+// writes out one element at a time), one of several slices is a named
+// error (the combine stores 4 elements at once). out is poisoned, with a
 // guard past its end.
 TEST_F(CudaDecodeCheck, CudaCoreFallbackMatchesCpu) {
   FERRUM_SEEDED_RNG(rng);
@@ -716,49 +721,64 @@ TEST_F(CudaDecodeCheck, CudaCoreFallbackMatchesCpu) {
   struct Shape {
     std::size_t batch, q_len, kv_len, pos_offset, capacity;
     bool causal;
+    std::size_t q_offset = 2, out_offset = 0;  // bytes past a 16-byte boundary
   };
   const Shape shapes[] = {{3, 1, 1000, 999, 1000, true},
                           {2, 1, 1000, 300, 1300, true},
                           {1, 70, 200, 130, 200, true},
-                          {2, 70, 200, 0, 260, false}};
+                          {2, 70, 200, 0, 260, false},
+                          {2, 1, 100, 99, 100, true, 0, 2},
+                          {1, 1, 1000, 999, 1000, true, 0, 2}};
   for (DType dt : kHalfDTypes) {
     for (std::size_t hd : {64, 128, 256}) {
       for (const Shape& sh : shapes) {
         AttnConfig cfg = attn_config(kHeads, kKvHeads, hd, sh.capacity);
         cfg.causal = sh.causal;
         const FlashCase c = make_flash_case(rng, dt, sh.batch, sh.q_len, sh.kv_len, sh.pos_offset, cfg);
-        SCOPED_TRACE(describe(c));
-        std::vector<std::uint8_t> q_bytes(2, 0);  // q starts 2 bytes in
+        SCOPED_TRACE(cat(describe(c), ", q ", sh.q_offset, " and out ", sh.out_offset, " bytes in"));
+        std::vector<std::uint8_t> q_bytes(sh.q_offset, 0);
         const std::vector<std::uint8_t> q_encoded = encode_bytes(c.q);
         q_bytes.insert(q_bytes.end(), q_encoded.begin(), q_encoded.end());
         const DeviceBytes dq(q_bytes), dk(encode_bytes(c.k)), dv(encode_bytes(c.v));
         const std::size_t out_bytes = c.q.values.size() * size_of(dt);
-        DeviceBytes dout(out_bytes + kGuardBytes);
+        DeviceBytes dout(sh.out_offset + out_bytes + kGuardBytes);
         dout.fill(kPoisonByte);
         const std::size_t ws = kernels::attention_workspace_floats(
             static_cast<int>(sh.batch), static_cast<int>(kHeads), static_cast<int>(sh.q_len), static_cast<int>(hd),
             static_cast<long long>(sh.capacity));
         DeviceBytes dws(std::max<std::size_t>(ws, 1) * sizeof(float));
         kernels::AttentionArgs a = attention_args(
-            dt, static_cast<const std::uint8_t*>(dq.get()) + 2, dk.get(), dv.get(), dout.get(),
+            dt, static_cast<const std::uint8_t*>(dq.get()) + sh.q_offset, dk.get(), dv.get(),
+            static_cast<std::uint8_t*>(dout.get()) + sh.out_offset,
             {.batch = static_cast<int>(sh.batch), .heads = static_cast<int>(kHeads),
              .kv_heads = static_cast<int>(kKvHeads), .q_len = static_cast<int>(sh.q_len), .head_dim = static_cast<int>(hd),
              .kv_stride = static_cast<long long>(sh.capacity), .kv_len = static_cast<int>(sh.kv_len),
              .pos_offset = static_cast<long long>(sh.pos_offset), .causal = sh.causal});
         if (ws > 0) kernels::set_decode_workspace(a, static_cast<float*>(dws.get()), ws);
         if (sh.q_len == 1) {
-          ASSERT_FALSE(kernels::decode_launch_plan(a).has_value()) << "the tensor-core decode took a misaligned q";
+          ASSERT_FALSE(kernels::decode_launch_plan(a).has_value()) << "the tensor-core decode took a misaligned operand";
         } else {
-          ASSERT_FALSE(kernels::prefill_tc_applies(a)) << "a tensor-core prefill took a misaligned q";
+          ASSERT_FALSE(kernels::prefill_tc_applies(a)) << "a tensor-core prefill took a misaligned operand";
+        }
+        if (sh.out_offset != 0 && kernels::attention_decode_splits(a.kv_stride) > 1) {
+          expect_error(ErrorCode::Internal, "flash_attention", [&] { kernels::launch_attention(a, nullptr); },
+                       "out 8-byte alignment");
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const std::vector<std::uint8_t> untouched = dout.read();
+          EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(), [](std::uint8_t b) { return b == kPoisonByte; }))
+              << "nothing may be launched";
+          continue;
         }
         kernels::launch_attention(a, nullptr);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         std::vector<std::uint8_t> got_bytes = dout.read();
-        for (std::size_t i = out_bytes; i < got_bytes.size(); ++i) {
-          ASSERT_EQ(got_bytes[i], kPoisonByte) << "guard byte " << i - out_bytes << " past out";
+        for (std::size_t i = 0; i < got_bytes.size(); ++i) {
+          if (i >= sh.out_offset && i < sh.out_offset + out_bytes) continue;
+          ASSERT_EQ(got_bytes[i], kPoisonByte) << "guard byte " << i << " around out";
         }
-        got_bytes.resize(out_bytes);
-        const std::vector<float> got = decode_bytes(dt, got_bytes);
+        const std::vector<std::uint8_t> out_only(got_bytes.begin() + static_cast<std::ptrdiff_t>(sh.out_offset),
+                                                 got_bytes.begin() + static_cast<std::ptrdiff_t>(sh.out_offset + out_bytes));
+        const std::vector<float> got = decode_bytes(dt, out_only);
         EXPECT_TRUE(all_close(got, run(cpu(), c).at("out").values, dt));
       }
     }

@@ -426,15 +426,16 @@ TEST_F(CudaPrefillWgmma, RunsWhereItShould) {
     }
   }
   // An empty cache: either kernel may take it; whichever does writes zeros
-  // (the wgmma kernel with and without its producer warp at hd 128, the
-  // mma.sync kernel at every head_dim: no key tile at all).
+  // (the wgmma kernel with and without its producer warp at hd 64 and 128,
+  // the mma.sync kernel at every head_dim: no key tile at all).
   for (const int hd : {64, 128, 256}) {
     kernels::AttentionArgs empty = attention_args(
         DType::F16, dq, dk, dv, dout,
         {.heads = kHeads, .kv_heads = kHeads, .q_len = 5, .head_dim = hd, .kv_stride = 8, .kv_len = 0});
     empty.scale = 0.125f;
+    ASSERT_TRUE(kernels::prefill_tc_applies(empty)) << "hd " << hd << ": the mma.sync kernel takes an empty cache";
     for (const int variant : {0, 1, 2}) {  // wgmma; wgmma with the producer warp; mma.sync
-      if (variant < 2 && hd != 128) continue;
+      if (variant < 2 && hd == 256) continue;
       empty.prefill_tuning.wgmma_producer_warp = variant == 1;
       empty.prefill_wgmma = variant < 2;
       dout_mem.fill(kPoisonByte);

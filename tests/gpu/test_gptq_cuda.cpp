@@ -230,8 +230,12 @@ class CudaGptq : public CudaTest {
   }
   void expect_exact_on(std::initializer_list<Backend*> gpus, const WeightCase& c, std::initializer_list<std::size_t> ms,
                        Rng& rng) {
+    expect_exact_on(gpus, c, make_checkpoint(c, rng), ms, rng);
+  }
+  // The same on `ck`, c's checkpoint made by the caller (who uses it again).
+  void expect_exact_on(std::initializer_list<Backend*> gpus, const WeightCase& c, const Checkpoint& ck,
+                       std::initializer_list<std::size_t> ms, Rng& rng) {
     SCOPED_TRACE(describe(c));
-    const Checkpoint ck = make_checkpoint(c, rng);
     std::vector<std::unique_ptr<QuantWeight>> on_gpus;
     for (Backend* gpu : gpus) {
       on_gpus.push_back(gpu->load_gptq(ck.tensors()));
@@ -364,9 +368,12 @@ TEST_F(CudaGptq, ExactOnGeneralLayouts) {
 // k16 step, eight per fused-kernel stage). The bulk source needs groups of
 // 32 or more, so Auto runs the register source up to 8 rows and, on a
 // weight of one column group (where the wgmma kernel is not preferred at
-// 9..16 rows), the fused kernel at 9..16; the wgmma kernel (the fused
-// kernel where it does not run) above 16. The other two backends of
-// expect_exact take the wgmma or the fused kernel at every m.
+// 9..16 rows), the fused kernel at 9..16; above 16 the wgmma kernel where
+// it runs (sm_90a; elsewhere the fused kernel up to the crossover, then
+// dequantize + cuBLAS). Of expect_exact's other two backends, one takes the
+// INT4 kernels Auto picks at every m, the other the fused kernel at every m.
+// (Groups of 16 cannot take the bulk source, so a streaming launch here is
+// the register source.)
 TEST_F(CudaGptq, ExactWithGroupsOfSixteen) {
   FERRUM_SEEDED_RNG(rng);
   const WeightCase narrow{2048, 136, 16, false, true, GptqZeroFormat::V1};
@@ -409,16 +416,15 @@ TEST_F(CudaGptq, ExactWithOneZeroForEveryColumn) {
 // columns at k = 8192, so n = 4136 is one whole chunk and a last one whose
 // 64-column block holds 40 live columns (the dequantization covers the
 // chunk's width and skips the blocks past n; cuBLAS multiplies the live
-// columns). Act-order, zeros; groups of 128 and 32.
+// columns). Act-order, zeros, groups of 128.
 TEST_F(CudaGptq, DequantizeAndCublasOverSeveralColumnChunks) {
   FERRUM_SEEDED_RNG(rng);
   CudaBackendConfig config;
   config.gptq_fused_max_m = 0;
   CudaBackend dequantizing(config);
   const WeightCase c{8192, 4136, 128, false, true, GptqZeroFormat::V1};
-  expect_exact_on(dequantizing, c, {1, 2}, rng);
-  expect_exact_on(dequantizing, {8192, 4136, 32, true, false, GptqZeroFormat::V2}, {3}, rng);
   const Checkpoint ck = make_checkpoint(c, rng);
+  expect_exact_on({&dequantizing}, c, ck, {1, 2, 3}, rng);
   std::unique_ptr<QuantWeight> w = dequantizing.load_gptq(ck.tensors());
   const std::vector<CapturedLaunch> launches = gptq_launches(dequantizing, *w, DType::F16, 1);
   const auto chunks = std::count_if(launches.begin(), launches.end(), [](const CapturedLaunch& l) {
@@ -1127,6 +1133,7 @@ TEST_F(CudaGptqStreamBulk, SplitsPastTheClusterCapSumThroughTheWorkspace) {
   auto bulk = bulk_backend();
   ASSERT_TRUE(bulk->gptq_cluster_reduce());
   const Checkpoint ck = make_checkpoint(c, rng);
+  expect_exact_on({bulk.get()}, c, ck, {1, 4}, rng);
   std::unique_ptr<QuantWeight> w = bulk->load_gptq(ck.tensors());
   for (std::size_t m : {1, 4}) {
     SCOPED_TRACE(cat("m=", m));
@@ -1140,7 +1147,6 @@ TEST_F(CudaGptqStreamBulk, SplitsPastTheClusterCapSumThroughTheWorkspace) {
     const std::vector<CapturedLaunch> launches = gptq_launches(*bulk, *w, DType::F16, m);
     EXPECT_EQ(any_clustered(launches), clustered) << describe_launches(launches);
   }
-  expect_exact_on(*bulk, c, {1, 4}, rng);
 }
 
 // CudaBackendConfig::gptq_cluster_reduce: the splits of a column block summed
@@ -1636,8 +1642,9 @@ TEST_F(CudaGptqRowSq, FusedEqualsComposedAndMatchesCpu) {
       {{1024, 192, 64, false, true, GptqZeroFormat::V1, false}, {192, 128, 64, false, true, GptqZeroFormat::V1, false}},
       {{14336, 512, 128, true, false, GptqZeroFormat::V1, false}, {512, 384, 128, true, false, GptqZeroFormat::V1, false}},
       // Groups of 16: the streaming kernel's register source (the bulk
-      // source needs 32) carries the residual epilogue, at k = 1024 and
-      // at k = 416 (padded to 512: fewer splits, the last stage half past k).
+      // source needs 32) carries the residual epilogue, at k = 1024 and at
+      // k = 416 (padded to 512: fewer splits, the last stage three quarters
+      // past k).
       {{1024, 400, 16, false, false, GptqZeroFormat::V2, false}, {400, 256, 16, true, false, GptqZeroFormat::V1, false}},
       {{416, 400, 16, true, false, GptqZeroFormat::V1, false}, {400, 512, 16, false, false, GptqZeroFormat::V2, false}}};
   for (const Pair& pair : pairs) {

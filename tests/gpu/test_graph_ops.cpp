@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "ferrum/cuda_backend.hpp"
+#include "support/captured_launches.hpp"
 #include "support/op_registry.hpp"
 #include "support/op_runners.hpp"
 #include "support/strict_capture.hpp"
@@ -100,6 +101,13 @@ TEST_P(CudaGraphOps, Gemm) {
   CudaBackendConfig config;
   config.gemm_skinny_max_m = 16;
   CudaBackend skinny16(config);
+  {
+    const Buffer a = skinny16.alloc(dt(), 16 * 4096), b = skinny16.alloc(dt(), 4096 * 4096);
+    Buffer out = skinny16.alloc(dt(), 16 * 4096);
+    const std::vector<CapturedLaunch> launches =
+        captured_launches(skinny16, [&] { skinny16.gemm(a, b, out, 16, 4096, 4096); });
+    ASSERT_TRUE(launched(launches, "gemm_skinny_")) << describe_launches(launches);
+  }
   expect_graph_equals_eager(skinny16, make_gemm_case(rng_, dt(), 16, 4096, 4096));
   expect_graph_equals_eager(skinny16, make_gemm_case(rng_, dt(), 11, 769, 1000));
   expect_graph_equals_eager(skinny16, make_gemm_silu_mul_case(rng_, dt(), 16, 1024, 4096));
