@@ -23,7 +23,9 @@
 #include "common/device_memory.hpp"
 #include "common/fail.hpp"
 #include "common/parallel.hpp"
+#include "cpu/cpu_simd.hpp"
 #include "ferrum/half.hpp"
+
 
 namespace ferrum {
 
@@ -54,8 +56,7 @@ std::byte* bytes_of(Buffer& b) { return static_cast<std::byte*>(b.data()); }
 void decode(const Buffer& src, std::size_t offset, std::size_t count, float* dst) {
   switch (src.dtype()) {
     case DType::F16: {
-      const auto* s = static_cast<const std::uint16_t*>(src.data()) + offset;
-      for (std::size_t i = 0; i < count; ++i) dst[i] = f16_to_f32(s[i]);
+      detail::f16_to_f32_block(static_cast<const std::uint16_t*>(src.data()) + offset, count, dst);
       return;
     }
     case DType::BF16: {
@@ -204,33 +205,6 @@ void rope_row(float* x /*[head_dim]*/, const float* weight /*[head_dim] or null*
   for (std::size_t i = 0; i < half; ++i) {
     rotated[i] = x[i] * c[i] - x[i + half] * s[i];
     rotated[i + half] = x[i + half] * c[i] + x[i] * s[i];
-  }
-}
-
-// sums[r] = a_r · b for kRows rows a_r = a + r * lda, each in f64. Loading each
-// element of b once for several rows of a, and keeping several independent
-// partial sums per row (so the adds need not wait on each other), is what
-// makes this usable at 4096³; the partial sums are combined in a fixed order.
-template <std::size_t kRows>
-void dot_rows(const float* a /*[kRows, lda]*/, std::size_t lda, const float* b /*[k]*/, std::size_t k,
-              double* sums /*[kRows]*/) {
-  constexpr std::size_t kLanes = 4;
-  double partial[kRows][kLanes] = {};
-  std::size_t i = 0;
-  for (; i + kLanes <= k; i += kLanes) {
-    for (std::size_t r = 0; r < kRows; ++r) {
-      const float* a_row = a + r * lda + i;
-      for (std::size_t l = 0; l < kLanes; ++l) {
-        partial[r][l] += static_cast<double>(a_row[l]) * static_cast<double>(b[i + l]);
-      }
-    }
-  }
-  for (std::size_t r = 0; r < kRows; ++r) {
-    double sum = (partial[r][0] + partial[r][1]) + (partial[r][2] + partial[r][3]);
-    for (std::size_t j = i; j < k; ++j) {
-      sum += static_cast<double>(a[r * lda + j]) * static_cast<double>(b[j]);
-    }
-    sums[r] = sum;
   }
 }
 
@@ -590,9 +564,9 @@ void CpuBackend::gemm_f32(const std::vector<float>& a_values /*[m, k]*/, std::si
       for (std::size_t j = j_begin; j < j_end; ++j) {
         const float* b_row = b_block.data() + (j - j_begin) * k;
         if (rows == kRowsAtOnce) {
-          dot_rows<kRowsAtOnce>(a_values.data() + i * k, k, b_row, k, sums);
+          detail::dot_rows<kRowsAtOnce>(a_values.data() + i * k, k, b_row, k, sums);
         } else {
-          for (std::size_t r = 0; r < rows; ++r) dot_rows<1>(a_values.data() + (i + r) * k, k, b_row, k, &sums[r]);
+          for (std::size_t r = 0; r < rows; ++r) detail::dot_rows<1>(a_values.data() + (i + r) * k, k, b_row, k, &sums[r]);
         }
         for (std::size_t r = 0; r < rows; ++r) store_f64(sums[r], out, (i + r) * n + j);
       }
