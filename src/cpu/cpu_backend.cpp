@@ -26,7 +26,6 @@
 #include "cpu/cpu_simd.hpp"
 #include "ferrum/half.hpp"
 
-
 namespace ferrum {
 
 using detail::fail;
