@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/fail.hpp"
+#include "common/host_simd.hpp"
 #include "common/op_check.hpp"
 #include "quant/gptq_format.hpp"
 #include "ferrum/half.hpp"
@@ -137,11 +138,9 @@ void encode_from_f32(const char* op, DType dtype, std::span<const float> src, vo
 
 void decode_to_f32(DType dtype, const void* src, std::size_t count, float* dst) {
   switch (dtype) {
-    case DType::F16: {
-      const auto* s = static_cast<const std::uint16_t*>(src);
-      for (std::size_t i = 0; i < count; ++i) dst[i] = f16_to_f32(s[i]);
+    case DType::F16:
+      detail::f16_to_f32_block(static_cast<const std::uint16_t*>(src), count, dst);
       return;
-    }
     case DType::BF16: {
       const auto* s = static_cast<const std::uint16_t*>(src);
       for (std::size_t i = 0; i < count; ++i) dst[i] = bf16_to_f32(s[i]);

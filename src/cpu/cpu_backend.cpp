@@ -22,8 +22,8 @@
 
 #include "common/device_memory.hpp"
 #include "common/fail.hpp"
+#include "common/host_simd.hpp"
 #include "common/parallel.hpp"
-#include "cpu/cpu_simd.hpp"
 #include "ferrum/half.hpp"
 
 namespace ferrum {

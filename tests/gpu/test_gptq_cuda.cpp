@@ -222,7 +222,11 @@ class CudaGptq : public CudaTest {
   // kernel, gptq_wgmma_preferred, on it where it runs) and on one that also forces the fused kernel, so
   // every path sees each m.
   void expect_exact(const WeightCase& c, std::initializer_list<std::size_t> ms, Rng& rng) {
-    expect_exact_on({&cuda(), &fused_everywhere(), &fused_kernel_everywhere()}, c, ms, rng);
+    expect_exact(c, make_checkpoint(c, rng), ms, rng);
+  }
+  // The same on `ck`, c's checkpoint made by the caller (who uses it again).
+  void expect_exact(const WeightCase& c, const Checkpoint& ck, std::initializer_list<std::size_t> ms, Rng& rng) {
+    expect_exact_on({&cuda(), &fused_everywhere(), &fused_kernel_everywhere()}, c, ck, ms, rng);
   }
   // The same on `gpu` (a CudaBackend with its own config).
   void expect_exact_on(Backend& gpu, const WeightCase& c, std::initializer_list<std::size_t> ms, Rng& rng) {
@@ -377,9 +381,9 @@ TEST_F(CudaGptq, ExactOnGeneralLayouts) {
 TEST_F(CudaGptq, ExactWithGroupsOfSixteen) {
   FERRUM_SEEDED_RNG(rng);
   const WeightCase narrow{2048, 136, 16, false, true, GptqZeroFormat::V1};
-  expect_exact(narrow, {1, 8, 9, 16, 17, 33, 64, 65}, rng);
-  expect_exact({1024, 200, 16, true, false, GptqZeroFormat::V2}, {1, 9, 16, 48}, rng);
   const Checkpoint ck = make_checkpoint(narrow, rng);
+  expect_exact(narrow, ck, {1, 8, 9, 16, 17, 33, 64, 65}, rng);
+  expect_exact({1024, 200, 16, true, false, GptqZeroFormat::V2}, {1, 9, 16, 48}, rng);
   std::unique_ptr<QuantWeight> w = cuda().load_gptq(ck.tensors());
   for (std::size_t m : {1, 8, 9, 16}) {
     const std::vector<CapturedLaunch> launches = gptq_launches(cuda(), *w, DType::F16, m);

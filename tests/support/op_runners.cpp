@@ -733,15 +733,7 @@ std::vector<FlashSpec> flash_specs() {
   // One causal query before the newest key (it sees pos_offset + 1 of the
   // kv_len keys: the decode kernels' limit below kv_len), several slices in
   // from the cache's end.
-  for (std::size_t hd : {64, 128}) {
-    AttnConfig cfg;
-    cfg.num_heads = 8;
-    cfg.num_kv_heads = 2;
-    cfg.head_dim = hd;
-    cfg.causal = true;
-    cfg.kv_seq_stride = 1300;
-    specs.push_back({2, 1, 1000, 300, cfg});
-  }
+  for (std::size_t hd : {64, 128}) specs.push_back({2, 1, 1000, 300, attn_config(8, 2, hd, 1300)});
   return specs;
 }
 

@@ -1,9 +1,10 @@
-// CpuBackend's two inner loops, with x86 vector forms picked at run time
-// (the CPU is asked once): the f16 -> f32 decode of a buffer, and the f64 dot
-// products of its gemm. Each vector form gives the bits of its plain form
-// exactly, so the reference does not depend on the machine
-// (tests/cpu/test_cpu_simd.cpp checks every f16 value and the dot sums).
-// They are what CpuBackend's decode-size gemm runs on: qwen3-0.6b f16 on two
+// Host loops with x86 vector forms picked at run time (the CPU is asked
+// once): the f16 -> f32 decode of a buffer (CpuBackend's decode and the
+// validating layer's download), and the f64 dot products of CpuBackend's
+// gemm. Each vector form gives the bits of its plain form exactly, so the
+// reference does not depend on the machine (tests/cpu/test_host_simd.cpp
+// checks every f16 value and the dot sums). They are what CpuBackend's
+// decode-size gemm runs on: qwen3-0.6b f16 on two
 // threads decoded 1.5-2.0 tokens/s with the plain forms, 5.0 with these
 // (docs/PERFORMANCE.md, session 76).
 #pragma once

@@ -1,4 +1,4 @@
-// CpuBackend's vector inner loops (src/cpu/cpu_simd.hpp) give the bits of
+// The host vector loops (src/common/host_simd.hpp) give the bits of
 // their plain forms: the f16 decode for every one of the 65536 f16 values
 // (at every offset of an 8-wide group, so NaN groups and tails go both ways),
 // and the f64 dot products of gemm on random, cancelling and huge / tiny
@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "cpu/cpu_simd.hpp"
+#include "common/host_simd.hpp"
 #include "ferrum/half.hpp"
 #include "support/test_support.hpp"
 
@@ -21,7 +21,7 @@ namespace {
 
 bool same_bits(float x, float y) { return std::memcmp(&x, &y, sizeof x) == 0; }
 
-TEST(CpuSimd, F16DecodeGivesThePlainBitsForEveryValue) {
+TEST(HostSimd, F16DecodeGivesThePlainBitsForEveryValue) {
 #if FERRUM_CPU_X86_SIMD
   if (!detail::cpu_has_f16c()) GTEST_SKIP() << "no F16C on this CPU: CpuBackend decodes with f16_to_f32";
   std::vector<std::uint16_t> all(65536);
@@ -49,7 +49,7 @@ TEST(CpuSimd, F16DecodeGivesThePlainBitsForEveryValue) {
 #endif
 }
 
-TEST(CpuSimd, DotRowsGiveThePlainSums) {
+TEST(HostSimd, DotRowsGiveThePlainSums) {
 #if FERRUM_CPU_X86_SIMD
   if (!detail::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2 / FMA on this CPU: CpuBackend runs dot_rows_plain";
   FERRUM_SEEDED_RNG(rng);
