@@ -427,10 +427,18 @@ TEST_F(CudaGptq, DequantizeAndCublasOverSeveralColumnChunks) {
   config.gptq_fused_max_m = 0;
   CudaBackend dequantizing(config);
   const WeightCase c{8192, 4136, 128, false, true, GptqZeroFormat::V1};
-  expect_exact_on(dequantizing, c, {1, 2, 3}, rng);
-  // (The launches are not counted from a captured graph here: reading a
-  // cuBLAS kernel node's parameters fails, which compute-sanitizer reports
-  // as an API error, and this test runs under memcheck in `verify`.)
+  const Checkpoint ck = make_checkpoint(c, rng);
+  expect_exact_on({&dequantizing}, c, ck, {1, 2, 3}, rng);
+  // 64 MiB of scratch holds 4096 columns of k = 8192: two chunks, each a
+  // dequantize launch and a cuBLAS GEMM.
+  std::unique_ptr<QuantWeight> w = dequantizing.load_gptq(ck.tensors());
+  const std::vector<CapturedLaunch> launches = gptq_launches(dequantizing, *w, DType::F16, 1);
+  const auto chunks = std::count_if(launches.begin(), launches.end(), [](const CapturedLaunch& l) {
+    return l.name.find("gptq_dequant_kernel") != std::string::npos;
+  });
+  EXPECT_EQ(chunks, 2) << describe_launches(launches);
+  EXPECT_EQ(std::count_if(launches.begin(), launches.end(), [](const CapturedLaunch& l) { return l.name == "?"; }), 0)
+      << "every node (cuBLAS's too) is named: " << describe_launches(launches);
 }
 
 // A GPTQ weight destroyed while the device's graph slot holds a graph that

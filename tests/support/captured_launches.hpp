@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include <cuda.h>  // the driver's types; its functions come through cudaGetDriverEntryPointByVersion
 #include <cuda_runtime_api.h>
 
 #include "ferrum/cuda_backend.hpp"
@@ -25,6 +26,51 @@ struct CapturedLaunch {
   std::string name;      // the kernel's (mangled) name; "?" where it could not be read
   unsigned cluster = 1;  // blocks per cluster (x * y * z; 1: not clustered)
   std::size_t shared_bytes = 0;  // dynamic shared memory per block
+};
+
+// A kernel node's name and dynamic shared memory, read through the driver
+// API. The runtime's cudaGraphKernelNodeGetParams fails on the nodes of
+// kernels the runtime did not register (cuBLAS's), and compute-sanitizer
+// reports that failure as an API error; the driver's call reads every
+// kernel node. Its entry points are looked up by version, so the test
+// binary does not link libcuda (it must start on machines without a GPU).
+struct KernelNodeReader {
+  using GetParamsFn = CUresult (*)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS*);
+  using FuncNameFn = CUresult (*)(const char**, CUfunction);
+  using KernelNameFn = CUresult (*)(const char**, CUkernel);
+  GetParamsFn get_params = nullptr;  // cuGraphKernelNodeGetParams (v2 parameters: CUDA 12.0)
+  FuncNameFn func_name = nullptr;    // cuFuncGetName (CUDA 12.3)
+  KernelNameFn kernel_name = nullptr;  // cuKernelGetName (CUDA 12.3)
+
+  static void* entry(const char* symbol, unsigned version) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    return fn;
+  }
+
+  KernelNodeReader()
+      : get_params(reinterpret_cast<GetParamsFn>(entry("cuGraphKernelNodeGetParams", 12000))),
+        func_name(reinterpret_cast<FuncNameFn>(entry("cuFuncGetName", 12030))),
+        kernel_name(reinterpret_cast<KernelNameFn>(entry("cuKernelGetName", 12030))) {}
+
+  // False where the driver lacks the calls (then the runtime's are tried).
+  bool read(cudaGraphNode_t node, std::string& name, std::size_t& shared_bytes) const {
+    if (get_params == nullptr || func_name == nullptr || kernel_name == nullptr) return false;
+    CUDA_KERNEL_NODE_PARAMS params{};
+    if (get_params(node, &params) != CUDA_SUCCESS) return false;
+    shared_bytes = params.sharedMemBytes;
+    const char* text = nullptr;
+    const CUresult named = params.func != nullptr ? func_name(&text, params.func)
+                           : params.kern != nullptr ? kernel_name(&text, params.kern)
+                                                    : CUDA_ERROR_INVALID_VALUE;
+    if (named == CUDA_SUCCESS && text != nullptr) name = text;
+    return true;
+  }
 };
 
 // The kernel nodes `op` records on be.stream(), in the graph's node order.
@@ -62,15 +108,18 @@ std::vector<CapturedLaunch> captured_launches(CudaBackend& be, Op&& op) {
   EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &count), cudaSuccess);
   std::vector<cudaGraphNode_t> nodes(count);
   EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &count), cudaSuccess);
+  const KernelNodeReader reader;
   for (cudaGraphNode_t node : nodes) {
     cudaGraphNodeType type{};
     if (cudaGraphNodeGetType(node, &type) != cudaSuccess || type != cudaGraphNodeTypeKernel) continue;
     CapturedLaunch launch{"?", 1};
-    cudaKernelNodeParams params{};
-    const char* name = nullptr;
-    if (cudaGraphKernelNodeGetParams(node, &params) == cudaSuccess) {
-      launch.shared_bytes = params.sharedMemBytes;
-      if (cudaFuncGetName(&name, params.func) == cudaSuccess && name != nullptr) launch.name = name;
+    if (!reader.read(node, launch.name, launch.shared_bytes)) {
+      cudaKernelNodeParams params{};
+      const char* name = nullptr;
+      if (cudaGraphKernelNodeGetParams(node, &params) == cudaSuccess) {
+        launch.shared_bytes = params.sharedMemBytes;
+        if (cudaFuncGetName(&name, params.func) == cudaSuccess && name != nullptr) launch.name = name;
+      }
     }
     cudaLaunchAttributeValue value{};
     if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &value) == cudaSuccess) {
