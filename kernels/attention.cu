@@ -341,8 +341,8 @@ __device__ void merge_slice_partials(const Partials& src, T* out, int h_begin, i
 // one device must not run concurrently (the backend queues every op of a
 // device on one stream), as for the split-K workspace. A launch with more
 // groups (or past DecodeTuning's fused size) merges in
-// attention_combine_kernel instead (the same bits).
-constexpr int kDecodeArrivalSlots = 1 << 16;
+// attention_combine_kernel instead (the same bits). kDecodeArrivalSlots:
+// kernels/attention.hpp.
 __device__ unsigned int g_decode_arrivals[kDecodeArrivalSlots];
 
 // The merge of one slice's key warps for one q head, shared by both forms

@@ -26,6 +26,11 @@ constexpr bool attention_head_dim_supported(std::size_t head_dim) {
 // dimension y or z, which holds at most this many blocks.
 constexpr std::size_t kAttentionMaxGridYZ = 65535;
 
+// Arrival counters of the decode kernel's in-kernel merge, one per
+// (sequence, kv head, head chunk) group of a launch: a launch of more
+// groups merges in the combine kernel, whatever DecodeTuning allows.
+constexpr int kDecodeArrivalSlots = 1 << 16;
+
 // Slices per block for a decode launch of `groups` (sequence, kv head, head
 // chunk) rows of `splits` slices of `slice_keys` keys on `sms` SMs with
 // `slots` block slots, chosen by the launch's last wave

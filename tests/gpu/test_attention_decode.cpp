@@ -247,6 +247,35 @@ TEST_P(CudaDecodeBatch, CombineKernelPlanMatchesCpu) {
   expect_same_outputs(run(be, c, graph), eager, Match::Exact);
 }
 
+// The in-kernel merge counts each (sequence, kv head, head chunk) group's
+// arrivals in one of kDecodeArrivalSlots counters, so a launch of more
+// groups merges in the combine kernel even where DecodeTuning lets the
+// kernel merge any number per SM. Plans only (nothing is launched or
+// allocated): one slice per block over a 256-key cache (two blocks per row,
+// so the row is merged across blocks), 8 kv heads, batches of exactly the
+// counters' groups and of one sequence more.
+TEST_P(CudaDecodeBatch, ArrivalCountersBoundTheInKernelMerge) {
+  constexpr int kKvHeads = 8, kCap = 256;
+  static_assert(kernels::kDecodeArrivalSlots % kKvHeads == 0);
+  constexpr int kFullBatch = kernels::kDecodeArrivalSlots / kKvHeads;
+  for (const int batch : {kFullBatch, kFullBatch + 1}) {
+    SCOPED_TRACE(cat("batch=", batch));
+    kernels::AttentionArgs a = attention_args(
+        GetParam(), nullptr, nullptr, nullptr, nullptr,
+        {.batch = batch, .heads = 32, .kv_heads = kKvHeads, .q_len = 1, .head_dim = 128, .kv_stride = kCap});
+    a.decode_tuning.slices_per_block = 1;
+    a.decode_tuning.fused_max_groups_per_sm = 1e9;
+    const std::optional<kernels::DecodeLaunchPlan> plan = kernels::decode_launch_plan(a);
+    ASSERT_TRUE(plan.has_value());
+    ASSERT_EQ(plan->splits, 2);
+    ASSERT_EQ(plan->row_blocks, 2);
+    ASSERT_EQ(plan->head_chunks, 1);
+    ASSERT_FALSE(plan->cluster);
+    EXPECT_EQ(plan->fused, batch == kFullBatch) << batch * kKvHeads << " groups against "
+                                                 << kernels::kDecodeArrivalSlots << " arrival counters";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(DTypes, CudaDecodeBatch, ::testing::ValuesIn(kHalfDTypes), dtype_param_name);
 
 // Straight through the launcher, on raw device memory: every DecodeTuning
