@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <cuda.h>  // the driver's types; its functions come through cudaGetDriverEntryPointByVersion
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include "ferrum/cuda_backend.hpp"
@@ -35,12 +36,12 @@ struct CapturedLaunch {
 // kernel node. Its entry points are looked up by version, so the test
 // binary does not link libcuda (it must start on machines without a GPU).
 struct KernelNodeReader {
-  using GetParamsFn = CUresult (*)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS*);
-  using FuncNameFn = CUresult (*)(const char**, CUfunction);
-  using KernelNameFn = CUresult (*)(const char**, CUkernel);
-  GetParamsFn get_params = nullptr;  // cuGraphKernelNodeGetParams (v2 parameters: CUDA 12.0)
-  FuncNameFn func_name = nullptr;    // cuFuncGetName (CUDA 12.3)
-  KernelNameFn kernel_name = nullptr;  // cuKernelGetName (CUDA 12.3)
+  using GetParamsFn = PFN_cuGraphKernelNodeGetParams_v12000;  // CUDA_KERNEL_NODE_PARAMS_v2
+  using FuncNameFn = PFN_cuFuncGetName_v12030;
+  using KernelNameFn = PFN_cuKernelGetName_v12030;
+  GetParamsFn get_params = nullptr;
+  FuncNameFn func_name = nullptr;
+  KernelNameFn kernel_name = nullptr;
 
   static void* entry(const char* symbol, unsigned version) {
     void* fn = nullptr;
@@ -61,7 +62,7 @@ struct KernelNodeReader {
   // False where the driver lacks the calls (then the runtime's are tried).
   bool read(cudaGraphNode_t node, std::string& name, std::size_t& shared_bytes) const {
     if (get_params == nullptr || func_name == nullptr || kernel_name == nullptr) return false;
-    CUDA_KERNEL_NODE_PARAMS params{};
+    CUDA_KERNEL_NODE_PARAMS_v2 params{};
     if (get_params(node, &params) != CUDA_SUCCESS) return false;
     shared_bytes = params.sharedMemBytes;
     const char* text = nullptr;
