@@ -15,6 +15,7 @@
 #include "ferrum/half.hpp"
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #define FERRUM_CPU_X86_SIMD 1
 #else
@@ -48,8 +49,14 @@ __attribute__((target("avx,f16c"))) inline void f16_to_f32_block_f16c(const std:
   f16_to_f32_block_plain(s + i, count - i, dst + i);
 }
 
+// F16C is read from CPUID leaf 1 (ECX bit 29): Clang before 16 has no
+// __builtin_cpu_supports("f16c"). "avx" also says the OS saves the YMM
+// registers the 256-bit convert writes.
 inline bool cpu_has_f16c() {
-  static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  }();
   return has;
 }
 #endif

@@ -20,6 +20,11 @@
 #     the engine; runs the CPU tests (FERRUM_CPU_ONLY_GTEST_FILTER), the
 #     README's main command on the tiny model, and checks that neither
 #     program loads a CUDA library; then installs and consumes it as above.
+#     With FERRUM_CPU_ONLY_TESTS=OFF the CPU test binary is neither built nor
+#     run (a build with another compiler, whose standard library may lack
+#     what the tests use: Clang 14 has no std::source_location on
+#     libstdc++); FERRUM_CONSUMER_CXX then also builds the consumer, so the
+#     installed headers are compiled by that compiler too.
 if(NOT DEFINED FERRUM_INSTALL_TEST_MODE)
   set(FERRUM_INSTALL_TEST_MODE build_tree)
 endif()
@@ -114,13 +119,23 @@ elseif(FERRUM_INSTALL_TEST_MODE STREQUAL "cpu_only")
     ${ferrum_inner_cache_args} -DCMAKE_BUILD_TYPE=Release -DFERRUM_CUDA=OFF
     -DCMAKE_CUDA_COMPILER=${WORK_DIR}/no-nvcc -DCUDAToolkit_ROOT=${WORK_DIR}/no-cuda
     -DFERRUM_BUILD_TESTS=ON -DFERRUM_BUILD_APPS=ON -DFERRUM_BUILD_BENCHMARKS=OFF)
-  ferrum_run("building the CPU-only library, CPU tests and engine"
+  if(NOT DEFINED FERRUM_CPU_ONLY_TESTS)
+    set(FERRUM_CPU_ONLY_TESTS ON)
+  endif()
+  set(ferrum_cpu_only_targets ferrum_engine)
+  if(FERRUM_CPU_ONLY_TESTS)
+    list(APPEND ferrum_cpu_only_targets ferrum_tests_cpu)
+  endif()
+  ferrum_run("building the CPU-only library and ${ferrum_cpu_only_targets}"
     ${CMAKE_COMMAND} --build ${ferrum_lib_build} --config Release --parallel ${FERRUM_BUILD_JOBS}
-    --target ferrum_tests_cpu ferrum_engine)
-  ferrum_find_program(ferrum_cpu_tests ${ferrum_lib_build} ferrum_tests_cpu)
+    --target ${ferrum_cpu_only_targets})
   ferrum_find_program(ferrum_engine ${ferrum_lib_build} ferrum_engine)
-  ferrum_run("the CPU tests of the CPU-only build" ${ferrum_cpu_tests} --gtest_brief=1
-    "--gtest_filter=${FERRUM_CPU_ONLY_GTEST_FILTER}")
+  set(ferrum_cpu_tests "")
+  if(FERRUM_CPU_ONLY_TESTS)
+    ferrum_find_program(ferrum_cpu_tests ${ferrum_lib_build} ferrum_tests_cpu)
+    ferrum_run("the CPU tests of the CPU-only build" ${ferrum_cpu_tests} --gtest_brief=1
+      "--gtest_filter=${FERRUM_CPU_ONLY_GTEST_FILTER}")
+  endif()
   execute_process(COMMAND ${ferrum_engine} --random tiny-qwen3 --prompt-tokens 1,2,3 --steps 8
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
   if(NOT rc EQUAL 0 OR NOT out MATCHES "backend cpu ")
@@ -186,9 +201,13 @@ if(FERRUM_INSTALL_TEST_MODE STREQUAL "shared")
   endif()
 endif()
 
+set(ferrum_consumer_args "")
+if(FERRUM_CONSUMER_CXX)
+  set(ferrum_consumer_args -DCMAKE_CXX_COMPILER=${FERRUM_CONSUMER_CXX})
+endif()
 ferrum_run("configuring the consumer"
   ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build -G ${CMAKE_GENERATOR}
-  -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+  -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix ${ferrum_consumer_args})
 ferrum_run("building the consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/build --config Release)
 ferrum_find_program(ferrum_consumer ${WORK_DIR}/build ferrum_consumer)
 ferrum_run("the consumer" ${ferrum_consumer})
